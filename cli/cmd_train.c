@@ -1,0 +1,366 @@
+/*
+ * rk train: the reference workload. Loads Fashion-MNIST, builds a model, trains it on the CPU
+ * backend, evaluates on the 10,000 test images and reports (terminal progress bar or plain
+ * lines, optional metrics JSON and safetensors weights).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "nn/idx.h"
+#include "nn/model.h"
+#include "nn/train.h"
+#include "rekindle/fileio.h"
+#include "rk.h"
+
+static const char usage_text[] =
+    "usage: rk train [OPTIONS]\n"
+    "\n"
+    "Train a Fashion-MNIST classifier on the CPU (oneDNN) and report its test accuracy.\n"
+    "\n"
+    "  --model NAME         mlp | cnn | cnn-small (default cnn-small)\n"
+    "  --epochs N           passes over the 60,000 training images (default 1)\n"
+    "  --max-steps N        stop after N optimiser steps (default: no limit)\n"
+    "  --batch N            mini-batch size (default 64)\n"
+    "  --optimizer NAME     sgd (Nesterov momentum) | adamw (default sgd)\n"
+    "  --lr X               learning rate (default 0.01 for sgd, 0.001 for adamw)\n"
+    "  --momentum X         sgd momentum (default 0.9)\n"
+    "  --weight-decay X     L2 (sgd) or decoupled (adamw) decay (default 0 / 0.01)\n"
+    "  --schedule NAME      constant | cosine learning rate over the run (default constant)\n"
+    "  --seed N             seed for weights, shuffling and dropout (default 1)\n"
+    "  --threads N          CPU threads (default: all online CPUs)\n"
+    "  --data DIR           Fashion-MNIST IDX files, gzip or raw\n"
+    "                       (default " RK_FMNIST_DEFAULT_DIR ")\n"
+    "  --init FILE          start from weights saved by --save (safetensors)\n"
+    "  --save FILE          write the final weights (safetensors)\n"
+    "  --metrics-json FILE  write the run's numbers as JSON\n"
+    "  --no-eval            skip test-set evaluation (benchmarks)\n"
+    "  -h, --help           show this help\n"
+    "\n"
+    "Same seed, same flags and same thread count give bitwise identical weights.\n";
+
+typedef struct train_opts {
+    const char *model, *data, *init, *save, *metrics;
+    int threads;
+    rk_train_config cfg;
+} train_opts;
+
+static int usage_error(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "rk train: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n\n%s", usage_text);
+    return RK_EXIT_USAGE;
+}
+
+static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        char range[64];
+        snprintf(range, sizeof range, "an integer in %ld..%ld", lo, hi);
+        fprintf(stderr, "rk train: %s '%s' is not %s\n\n%s", flag, s, range, usage_text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *flag, const char *s, double lo, double hi, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "rk train: %s '%s' is not a number in [%g, %g]\n\n%s", flag, s, lo, hi,
+                usage_text);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+/* The directory that will hold `path` must exist and be writable: checked before training so
+ * a long run does not end in a failed write. */
+static int check_writable(const char *flag, const char *path)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    const char *dir = dirname(buf);
+    if (access(dir, W_OK) != 0) {
+        fprintf(stderr, "rk train: %s %s: directory %s is not writable (%s)\n", flag, path, dir,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+enum { OPT_MAX_STEPS = 256, OPT_OPTIM, OPT_METRICS, OPT_NO_EVAL, OPT_WD, OPT_SCHEDULE };
+
+static int parse_args(int argc, char **argv, train_opts *o)
+{
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'},     {"epochs", required_argument, 0, 'e'},
+        {"max-steps", required_argument, 0, OPT_MAX_STEPS},
+        {"batch", required_argument, 0, 'b'},     {"lr", required_argument, 0, 'l'},
+        {"momentum", required_argument, 0, 'M'},  {"weight-decay", required_argument, 0, OPT_WD},
+        {"optimizer", required_argument, 0, OPT_OPTIM},
+        {"schedule", required_argument, 0, OPT_SCHEDULE},
+        {"seed", required_argument, 0, 's'},      {"threads", required_argument, 0, 't'},
+        {"data", required_argument, 0, 'd'},      {"init", required_argument, 0, 'i'},
+        {"save", required_argument, 0, 'o'},      {"metrics-json", required_argument, 0, OPT_METRICS},
+        {"no-eval", no_argument, 0, OPT_NO_EVAL}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    /* Two passes: the optimiser decides the defaults the other flags override. */
+    rk_optim_kind kind = RK_OPTIM_SGD;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (strcmp(argv[i], "--optimizer") == 0 && i + 1 < argc)
+            v = argv[i + 1];
+        else if (strncmp(argv[i], "--optimizer=", 12) == 0)
+            v = argv[i] + 12;
+        if (v && strcmp(v, "adamw") == 0)
+            kind = RK_OPTIM_ADAMW;
+    }
+    memset(o, 0, sizeof *o);
+    o->model = "cnn-small";
+    o->data = RK_FMNIST_DEFAULT_DIR;
+    rk_train_config_default(&o->cfg, kind);
+    opterr = 0;
+    optind = 1;
+    long v;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'e':
+            if (parse_long("--epochs", optarg, 1, 100000, &v))
+                return RK_EXIT_USAGE;
+            o->cfg.epochs = (int)v;
+            break;
+        case OPT_MAX_STEPS:
+            if (parse_long("--max-steps", optarg, 1, LONG_MAX, &v))
+                return RK_EXIT_USAGE;
+            o->cfg.max_steps = v;
+            break;
+        case 'b':
+            if (parse_long("--batch", optarg, 1, 60000, &v))
+                return RK_EXIT_USAGE;
+            o->cfg.batch = (int)v;
+            break;
+        case 'l':
+            if (parse_float("--lr", optarg, 1e-12, 100.0, &o->cfg.lr))
+                return RK_EXIT_USAGE;
+            break;
+        case 'M':
+            if (parse_float("--momentum", optarg, 0.0, 0.999999, &o->cfg.momentum))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_WD:
+            if (parse_float("--weight-decay", optarg, 0.0, 10.0, &o->cfg.weight_decay))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_OPTIM:
+            if (strcmp(optarg, "sgd") && strcmp(optarg, "adamw"))
+                return usage_error("--optimizer '%s' is not sgd or adamw%s", optarg, "");
+            break;
+        case OPT_SCHEDULE:
+            if (strcmp(optarg, "constant") == 0)
+                o->cfg.schedule = RK_LR_CONSTANT;
+            else if (strcmp(optarg, "cosine") == 0)
+                o->cfg.schedule = RK_LR_COSINE;
+            else
+                return usage_error("--schedule '%s' is not constant or cosine%s", optarg, "");
+            break;
+        case 's':
+            if (parse_long("--seed", optarg, 0, LONG_MAX, &v))
+                return RK_EXIT_USAGE;
+            o->cfg.seed = (uint64_t)v;
+            break;
+        case 't':
+            if (parse_long("--threads", optarg, 1, 1024, &v))
+                return RK_EXIT_USAGE;
+            o->threads = (int)v;
+            break;
+        case 'd': o->data = optarg; break;
+        case 'i': o->init = optarg; break;
+        case 'o': o->save = optarg; break;
+        case OPT_METRICS: o->metrics = optarg; break;
+        case OPT_NO_EVAL: o->cfg.eval = 0; break;
+        case 'h': fputs(usage_text, stdout); return -1;
+        case ':':
+        case '?':
+        default:
+            if (optopt && optopt < 256 && optopt != '?')
+                return usage_error("option -%s needs a value or is unknown%s",
+                                   (char[]){(char)optopt, 0}, "");
+            return usage_error("unknown option or missing value: '%s'%s", argv[optind - 1], "");
+        }
+    }
+    if (optind < argc)
+        return usage_error("unexpected argument '%s'%s", argv[optind], "");
+    int known = 0;
+    for (int i = 0; rk_model_names[i]; i++)
+        known |= strcmp(o->model, rk_model_names[i]) == 0;
+    if (!known)
+        return usage_error("--model '%s' is not mlp, cnn or cnn-small%s", o->model, "");
+    if ((o->save && check_writable("--save", o->save)) ||
+        (o->metrics && check_writable("--metrics-json", o->metrics)))
+        return RK_EXIT_USAGE;
+    return RK_EXIT_OK;
+}
+
+typedef struct view {
+    int tty;
+    int last_decile;
+} view;
+
+static void fmt_eta(double s, char *buf, size_t n)
+{
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void on_progress(const rk_train_progress *p, void *user)
+{
+    view *v = user;
+    if (p->epoch_done) {
+        if (v->tty)
+            printf("\r\033[K");
+        printf("epoch %d/%d  steps %lld  loss %.4f  %.0f samples/s", p->epoch, p->epochs,
+               (long long)p->step, p->loss, p->samples_per_s);
+        if (p->test_accuracy >= 0)
+            printf("  test accuracy %.4f", p->test_accuracy);
+        printf("\n");
+        fflush(stdout);
+        v->last_decile = 0;
+        return;
+    }
+    char eta[32];
+    fmt_eta(p->eta_s, eta, sizeof eta);
+    double frac = (double)p->step_in_epoch / (double)p->steps_in_epoch;
+    if (v->tty) {
+        enum { W = 30 };
+        char bar[W + 1];
+        int filled = (int)(frac * W);
+        for (int i = 0; i < W; i++)
+            bar[i] = i < filled ? '#' : '.';
+        bar[W] = 0;
+        printf("\r\033[Kepoch %d/%d [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s", p->epoch,
+               p->epochs, bar, (long long)p->step_in_epoch, (long long)p->steps_in_epoch, p->loss,
+               p->samples_per_s, eta);
+        fflush(stdout);
+    } else {
+        int decile = (int)(frac * 10);
+        if (decile > v->last_decile) {
+            v->last_decile = decile;
+            printf("epoch %d/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n", p->epoch,
+                   p->epochs, (long long)p->step_in_epoch, (long long)p->steps_in_epoch, p->loss,
+                   p->samples_per_s, eta);
+            fflush(stdout);
+        }
+    }
+}
+
+static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_result *r,
+                         const char *device, rk_err *err)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    char hash[17];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)rk_model_hash(m));
+    json_t *j = json_object();
+    json_object_set_new(j, "model", json_string(o->model));
+    json_object_set_new(j, "device", json_string(device));
+    json_object_set_new(j, "threads", json_integer(o->threads));
+    json_object_set_new(j, "optimizer", json_string(o->cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd"));
+    json_object_set_new(j, "lr", json_real(o->cfg.lr));
+    json_object_set_new(j, "batch", json_integer(o->cfg.batch));
+    json_object_set_new(j, "seed", json_integer((json_int_t)o->cfg.seed));
+    json_object_set_new(j, "epochs", json_integer(r->epochs_run));
+    json_object_set_new(j, "steps", json_integer(r->steps));
+    json_object_set_new(j, "parameters", json_integer((json_int_t)m->numel));
+    json_object_set_new(j, "test_accuracy",
+                        r->test_accuracy >= 0 ? json_real(r->test_accuracy) : json_null());
+    json_object_set_new(j, "test_loss", r->test_accuracy >= 0 ? json_real(r->test_loss) : json_null());
+    json_object_set_new(j, "final_train_loss", json_real(r->final_train_loss));
+    json_object_set_new(j, "train_samples_per_s", json_real(r->train_samples_per_s));
+    json_object_set_new(j, "train_seconds", json_real(r->train_seconds));
+    json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
+    json_object_set_new(j, "weights_xxh64", json_string(hash));
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(j);
+    if (!text)
+        return rk_err_set(err, RK_ENOMEM, "metrics: cannot encode JSON");
+    size_t len = strlen(text);
+    text[len] = '\n'; /* replace the terminator: the file ends with a newline */
+    int rc = rk_file_write_atomic(o->metrics, text, len + 1, err);
+    free(text);
+    return rc;
+}
+
+int rk_cmd_train(int argc, char **argv)
+{
+    train_opts o;
+    int st = parse_args(argc, argv, &o);
+    if (st != RK_EXIT_OK)
+        return st < 0 ? RK_EXIT_OK : st;
+
+    rk_err err = {0};
+    rk_dataset train = {0}, test = {0};
+    rk_model m = {0};
+    int rc = RK_OK;
+    const rk_backend *be = rk_backend_get(RK_DEVICE_CPU, &err);
+    if (!be)
+        rc = err.code;
+    if (!be || (rc = be->init(o.threads, &err)))
+        goto fail;
+    if ((rc = rk_dataset_load_fmnist(o.data, 1, &train, &err)) ||
+        (o.cfg.eval && (rc = rk_dataset_load_fmnist(o.data, 0, &test, &err))))
+        goto fail;
+    if ((rc = rk_model_create(&m, o.model, o.cfg.batch, be, o.cfg.seed, &err)))
+        goto fail;
+    if (o.init && (rc = rk_model_load(&m, o.init, &err)))
+        goto fail;
+    if (o.threads <= 0)
+        o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    printf("rk train: model %s (%zu parameters), %s, %d threads, batch %d, %s lr %g, "
+           "%d train / %d test images\n",
+           o.model, m.numel, be->name, o.threads, o.cfg.batch,
+           o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
+    view v = {isatty(STDOUT_FILENO), 0};
+    rk_train_result res;
+    if ((rc = rk_train(&m, &train, o.cfg.eval ? &test : NULL, &o.cfg, on_progress, &v, &res, &err)))
+        goto fail;
+    if (res.test_accuracy >= 0)
+        printf("test accuracy %.4f on %d images (loss %.4f)\n", res.test_accuracy, test.n,
+               res.test_loss);
+    printf("trained %lld steps in %.1f s: %.0f samples/s, final train loss %.4f, weights "
+           "xxh64 %016llx\n",
+           (long long)res.steps, res.train_seconds, res.train_samples_per_s, res.final_train_loss,
+           (unsigned long long)rk_model_hash(&m));
+    if (o.save && (rc = rk_model_save(&m, o.save, &err)))
+        goto fail;
+    if (o.metrics && (rc = write_metrics(&o, &m, &res, be->name, &err)))
+        goto fail;
+    rk_model_destroy(&m);
+    rk_dataset_free(&train);
+    rk_dataset_free(&test);
+    return RK_EXIT_OK;
+fail:
+    fprintf(stderr, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+    rk_model_destroy(&m);
+    rk_dataset_free(&train);
+    rk_dataset_free(&test);
+    return rk_cli_status(rc ? rc : err.code);
+}

@@ -1,0 +1,79 @@
+/*
+ * The compute seam of the reference workload: every op a layer or optimiser runs goes through
+ * one table of function pointers, chosen by the device the tensors live on (nvtop's vendor
+ * table is the model). The CPU backend (backend_cpu.c) runs on oneDNN; a CUDA backend plugs
+ * in by filling the same table. Ops are synchronous; buffers are device pointers of that
+ * backend; every op returns 0 or a negative RK_E* code and fills `err`.
+ */
+#ifndef RK_NN_BACKEND_H
+#define RK_NN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+
+typedef enum rk_device { RK_DEVICE_CPU = 0, RK_DEVICE_CUDA = 1 } rk_device;
+
+const char *rk_device_name(rk_device d);
+
+/* A fused convolution block: conv k x k, stride 1, "same" padding, bias, ReLU, then 2x2 max
+ * pooling with stride 2. Input NCHW [n, ic, h, w]; output NCHW [n, oc, h/2, w/2]. Weights
+ * OIHW [oc, ic, k, k]. */
+typedef struct rk_convblock_shape {
+    int n, ic, h, w, oc, k;
+} rk_convblock_shape;
+
+/* Per-layer state a backend keeps between calls (primitives, saved activations). Opaque. */
+typedef struct rk_op_cache rk_op_cache;
+
+typedef struct rk_backend {
+    const char *name;
+    rk_device device;
+    /* Threads the backend may use (0: all online CPUs). Call before any op. */
+    int (*init)(int threads, rk_err *err);
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*cache_free)(rk_op_cache *c);
+
+    /* y[n, out] = x[n, in] * w[out, in]^T + b, then ReLU if relu != 0. */
+    int (*dense_forward)(int n, int in, int out, const float *x, const float *w, const float *b,
+                         float *y, int relu, rk_err *err);
+    /* Given y (the forward output) and dy, write dw, db and (if dx != NULL) dx. With relu,
+     * dy is masked in place by y > 0 first. */
+    int (*dense_backward)(int n, int in, int out, const float *x, const float *w, const float *y,
+                          float *dy, float *dx, float *dw, float *db, int relu, rk_err *err);
+
+    /* Forward saves what backward needs in *cache (created on first use, rebuilt when the
+     * shape changes). Backward must follow a forward of the same shape. dx may be NULL. */
+    int (*convblock_forward)(rk_op_cache **cache, const rk_convblock_shape *s, const float *x,
+                             const float *w, const float *b, float *y, rk_err *err);
+    int (*convblock_backward)(rk_op_cache **cache, const rk_convblock_shape *s, const float *dy,
+                              float *dx, float *dw, float *db, rk_err *err);
+
+    /* Inverted dropout: y = x * mask / (1 - p) with mask[i] ~ Bernoulli(1 - p) drawn from
+     * (seed, stream); mask is kept (n values) for backward. */
+    int (*dropout_forward)(size_t n, float p, uint64_t seed, uint64_t stream, const float *x,
+                           float *y, uint8_t *mask, rk_err *err);
+    int (*dropout_backward)(size_t n, float p, const uint8_t *mask, const float *dy, float *dx,
+                            rk_err *err);
+
+    /* Mean softmax cross-entropy over n rows of `classes` logits; writes dlogits (already
+     * divided by n) when not NULL, the mean loss to *loss and the count of rows whose argmax
+     * equals the label to *correct (either may be NULL). */
+    int (*softmax_xent)(int n, int classes, const float *logits, const uint8_t *labels,
+                        float *dlogits, double *loss, int *correct, rk_err *err);
+
+    /* Optimiser updates over n parameters. */
+    int (*sgd_step)(size_t n, float *p, const float *g, float *v, float lr, float momentum,
+                    float weight_decay, int nesterov, rk_err *err);
+    int (*adamw_step)(size_t n, float *p, const float *g, float *m, float *v, float lr, float b1,
+                      float b2, float eps, float weight_decay, int64_t t, rk_err *err);
+} rk_backend;
+
+/* The backend for a device, or NULL (and err filled) when this build or machine has none. */
+const rk_backend *rk_backend_get(rk_device device, rk_err *err);
+
+extern const rk_backend rk_backend_cpu;
+
+#endif

@@ -1,0 +1,315 @@
+/*
+ * Models of the reference workload (model.h): layer lists for mlp, cnn and cnn-small, weight
+ * initialisation, forward/backward through the backend table, hashing and safetensors I/O.
+ */
+#include "nn/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "rekindle/rng.h"
+#include "rekindle/safetensors.h"
+
+const char *const rk_model_names[] = {"mlp", "cnn", "cnn-small", NULL};
+
+static rk_param *param_add(rk_model *m, const char *layer, const char *what, int ndim,
+                           const int64_t *shape)
+{
+    rk_param *p = &m->params[m->nparams++];
+    snprintf(p->name, sizeof p->name, "%s.%s", layer, what);
+    p->ndim = ndim;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        p->shape[i] = shape[i];
+        p->numel *= (size_t)shape[i];
+    }
+    m->numel += p->numel;
+    return p;
+}
+
+static rk_layer *layer_add(rk_model *m, rk_layer_kind kind, const char *name)
+{
+    rk_layer *l = &m->layers[m->nlayers++];
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    return l;
+}
+
+static void add_dense(rk_model *m, const char *name, int in, int out, int relu)
+{
+    rk_layer *l = layer_add(m, RK_LAYER_DENSE, name);
+    l->in_size = in;
+    l->out_size = out;
+    l->relu = relu;
+    l->w = param_add(m, name, "weight", 2, (int64_t[]){out, in});
+    l->b = param_add(m, name, "bias", 1, (int64_t[]){out});
+}
+
+static void add_conv(rk_model *m, const char *name, int c, int hw, int oc, int k)
+{
+    rk_layer *l = layer_add(m, RK_LAYER_CONVBLOCK, name);
+    l->in_c = c;
+    l->in_h = l->in_w = hw;
+    l->out_c = oc;
+    l->k = k;
+    l->in_size = c * hw * hw;
+    l->out_size = oc * (hw / 2) * (hw / 2);
+    l->w = param_add(m, name, "weight", 4, (int64_t[]){oc, c, k, k});
+    l->b = param_add(m, name, "bias", 1, (int64_t[]){oc});
+}
+
+static void add_dropout(rk_model *m, const char *name, int size, float rate)
+{
+    rk_layer *l = layer_add(m, RK_LAYER_DROPOUT, name);
+    l->in_size = l->out_size = size;
+    l->rate = rate;
+}
+
+static int define_layers(rk_model *m, const char *name, rk_err *err)
+{
+    if (strcmp(name, "mlp") == 0) {
+        add_dense(m, "fc1", 784, 256, 1);
+        add_dense(m, "fc2", 256, 128, 1);
+        add_dense(m, "fc3", 128, RK_CLASSES, 0);
+    } else if (strcmp(name, "cnn") == 0) {
+        add_conv(m, "conv1", 1, 28, 32, 5);
+        add_conv(m, "conv2", 32, 14, 64, 5);
+        add_dense(m, "fc1", 64 * 7 * 7, 1024, 1);
+        add_dropout(m, "dropout", 1024, 0.4f);
+        add_dense(m, "fc2", 1024, RK_CLASSES, 0);
+    } else if (strcmp(name, "cnn-small") == 0) {
+        add_conv(m, "conv1", 1, 28, 32, 3);
+        add_conv(m, "conv2", 32, 14, 64, 3);
+        add_dense(m, "fc1", 64 * 7 * 7, 128, 1);
+        add_dense(m, "fc2", 128, RK_CLASSES, 0);
+    } else {
+        return rk_err_set(err, RK_EINVAL, "unknown model '%s' (expected mlp, cnn or cnn-small)",
+                          name);
+    }
+    return RK_OK;
+}
+
+static void init_weights(rk_model *m, uint64_t seed)
+{
+    rk_rng r;
+    rk_rng_seed(&r, seed);
+    for (int i = 0; i < m->nlayers; i++) {
+        rk_layer *l = &m->layers[i];
+        if (!l->w)
+            continue;
+        size_t receptive = l->w->numel / (size_t)(l->w->shape[0] * l->w->shape[1]);
+        size_t fan_in = (size_t)l->w->shape[1] * receptive;
+        size_t fan_out = (size_t)l->w->shape[0] * receptive;
+        int last = i == m->nlayers - 1;
+        double bound = last ? sqrt(6.0 / (double)(fan_in + fan_out)) : sqrt(6.0 / (double)fan_in);
+        for (size_t j = 0; j < l->w->numel; j++)
+            l->w->data[j] = (float)((2.0 * rk_rng_uniform(&r) - 1.0) * bound);
+        memset(l->b->data, 0, l->b->numel * sizeof(float));
+    }
+}
+
+int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backend *be,
+                    uint64_t seed, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    if (max_batch < 1)
+        return rk_err_set(err, RK_EINVAL, "batch size %d must be at least 1", max_batch);
+    int rc = define_layers(m, name, err);
+    if (rc)
+        return rc;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->be = be;
+    m->max_batch = max_batch;
+    for (int i = 0; i < m->nparams; i++) {
+        rk_param *p = &m->params[i];
+        p->data = be->alloc(p->numel * sizeof(float));
+        p->grad = be->alloc(p->numel * sizeof(float));
+        if (!p->data || !p->grad)
+            goto oom;
+        memset(p->grad, 0, p->numel * sizeof(float));
+    }
+    for (int i = 0; i <= m->nlayers; i++) {
+        size_t per = i == 0 ? (size_t)m->layers[0].in_size : (size_t)m->layers[i - 1].out_size;
+        if (i > 0) { /* act[0] and dact[0] point at caller memory / are unused by layer 0 */
+            m->act[i] = be->alloc((size_t)max_batch * per * sizeof(float));
+            if (!m->act[i])
+                goto oom;
+        }
+        if (i > 0 || m->layers[0].kind != RK_LAYER_CONVBLOCK) {
+            m->dact[i] = be->alloc((size_t)max_batch * per * sizeof(float));
+            if (!m->dact[i])
+                goto oom;
+        }
+    }
+    for (int i = 0; i < m->nlayers; i++) {
+        rk_layer *l = &m->layers[i];
+        if (l->kind == RK_LAYER_DROPOUT) {
+            l->mask = be->alloc((size_t)max_batch * l->in_size);
+            if (!l->mask)
+                goto oom;
+        }
+    }
+    init_weights(m, seed);
+    return RK_OK;
+oom:
+    rk_model_destroy(m);
+    return rk_err_set(err, RK_ENOMEM, "model %s: out of memory for batch %d", name, max_batch);
+}
+
+void rk_model_destroy(rk_model *m)
+{
+    if (!m->be)
+        return;
+    for (int i = 0; i < m->nparams; i++) {
+        m->be->free(m->params[i].data);
+        m->be->free(m->params[i].grad);
+    }
+    for (int i = 0; i <= m->nlayers; i++) {
+        if (i > 0)
+            m->be->free(m->act[i]);
+        m->be->free(m->dact[i]);
+    }
+    for (int i = 0; i < m->nlayers; i++) {
+        m->be->free(m->layers[i].mask);
+        m->be->cache_free(m->layers[i].cache);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+static rk_convblock_shape conv_shape(const rk_layer *l, int n)
+{
+    rk_convblock_shape s = {n, l->in_c, l->in_h, l->in_w, l->out_c, l->k};
+    return s;
+}
+
+int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed,
+                     uint64_t step, const float **logits, rk_err *err)
+{
+    if (n < 1 || n > m->max_batch)
+        return rk_err_set(err, RK_EINVAL, "batch of %d is outside 1..%d", n, m->max_batch);
+    m->act[0] = (float *)x;
+    const rk_backend *be = m->be;
+    for (int i = 0; i < m->nlayers; i++) {
+        rk_layer *l = &m->layers[i];
+        const float *in = m->act[i];
+        float *out = m->act[i + 1];
+        int rc = RK_OK;
+        switch (l->kind) {
+        case RK_LAYER_DENSE:
+            rc = be->dense_forward(n, l->in_size, l->out_size, in, l->w->data, l->b->data, out,
+                                   l->relu, err);
+            break;
+        case RK_LAYER_CONVBLOCK: {
+            rk_convblock_shape s = conv_shape(l, n);
+            rc = be->convblock_forward(&l->cache, &s, in, l->w->data, l->b->data, out, err);
+            break;
+        }
+        case RK_LAYER_DROPOUT:
+            if (training) {
+                rc = be->dropout_forward((size_t)n * l->in_size, l->rate, seed,
+                                         step * RK_MAX_LAYERS + (uint64_t)i, in, out, l->mask,
+                                         err);
+            } else {
+                memcpy(out, in, (size_t)n * l->in_size * sizeof(float));
+            }
+            break;
+        }
+        if (rc)
+            return rc;
+    }
+    *logits = m->act[m->nlayers];
+    return RK_OK;
+}
+
+int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err)
+{
+    const rk_backend *be = m->be;
+    size_t last = (size_t)n * m->layers[m->nlayers - 1].out_size;
+    memcpy(m->dact[m->nlayers], dlogits, last * sizeof(float));
+    for (int i = m->nlayers - 1; i >= 0; i--) {
+        rk_layer *l = &m->layers[i];
+        float *dout = m->dact[i + 1];
+        float *din = i > 0 ? m->dact[i] : NULL; /* no input gradient for the first layer */
+        int rc = RK_OK;
+        switch (l->kind) {
+        case RK_LAYER_DENSE:
+            rc = be->dense_backward(n, l->in_size, l->out_size, m->act[i], l->w->data,
+                                    m->act[i + 1], dout, din, l->w->grad, l->b->grad, l->relu,
+                                    err);
+            break;
+        case RK_LAYER_CONVBLOCK: {
+            rk_convblock_shape s = conv_shape(l, n);
+            rc = be->convblock_backward(&l->cache, &s, dout, din, l->w->grad, l->b->grad, err);
+            break;
+        }
+        case RK_LAYER_DROPOUT:
+            rc = be->dropout_backward((size_t)n * l->in_size, l->rate, l->mask, dout, din, err);
+            break;
+        }
+        if (rc)
+            return rc;
+    }
+    return RK_OK;
+}
+
+uint64_t rk_model_hash(const rk_model *m)
+{
+    XXH64_state_t *st = XXH64_createState();
+    XXH64_reset(st, 0);
+    for (int i = 0; i < m->nparams; i++)
+        XXH64_update(st, m->params[i].data, m->params[i].numel * sizeof(float));
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+int rk_model_save(const rk_model *m, const char *path, rk_err *err)
+{
+    rk_st_entry entries[RK_MAX_PARAMS];
+    for (int i = 0; i < m->nparams; i++) {
+        entries[i].name = m->params[i].name;
+        entries[i].data = m->params[i].data;
+        entries[i].ndim = m->params[i].ndim;
+        entries[i].shape = m->params[i].shape;
+    }
+    const char *meta[] = {"format", "rekindle-weights-1", "model", m->name, NULL};
+    return rk_st_write(path, entries, (size_t)m->nparams, meta, err);
+}
+
+int rk_model_load(rk_model *m, const char *path, rk_err *err)
+{
+    rk_st_file f;
+    int rc = rk_st_read(path, &f, err);
+    if (rc)
+        return rc;
+    const char *model = rk_st_meta(&f, "model");
+    if (model && strcmp(model, m->name) != 0) {
+        rc = rk_err_set(err, RK_EMISMATCH, "%s: holds weights of model '%s', not '%s'", path,
+                        model, m->name);
+        goto out;
+    }
+    for (int i = 0; i < m->nparams && !rc; i++) {
+        const rk_param *p = &m->params[i];
+        const rk_st_tensor *t = rk_st_find(&f, p->name);
+        if (!t) {
+            rc = rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' is missing", path, p->name);
+            break;
+        }
+        int same = strcmp(t->dtype, "F32") == 0 && t->ndim == p->ndim;
+        for (int d = 0; same && d < p->ndim; d++)
+            same = t->shape[d] == p->shape[d];
+        if (!same)
+            rc = rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' has dtype %s and another shape "
+                            "than model %s expects", path, p->name, t->dtype, m->name);
+    }
+    for (int i = 0; i < m->nparams && !rc; i++) {
+        const rk_st_tensor *t = rk_st_find(&f, m->params[i].name);
+        memcpy(m->params[i].data, t->data, m->params[i].numel * sizeof(float));
+    }
+out:
+    rk_st_free(&f);
+    return rc;
+}

@@ -1,0 +1,81 @@
+/*
+ * The reference workload's models: a short list of layers (dense, fused conv blocks, dropout)
+ * ending in 10 logits, with their parameters, gradients and activation buffers. All compute
+ * goes through the model's backend (backend.h), so the same model runs wherever a backend
+ * exists. Parameter order (layer order, weight then bias) is the order used for hashing and
+ * saving; docs/weights.md documents it.
+ */
+#ifndef RK_NN_MODEL_H
+#define RK_NN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nn/backend.h"
+#include "rekindle/error.h"
+
+#define RK_MAX_LAYERS 8
+#define RK_MAX_PARAMS 16
+#define RK_CLASSES 10
+
+typedef struct rk_param {
+    char name[32];  /* e.g. "conv1.weight" */
+    int ndim;
+    int64_t shape[4];
+    size_t numel;
+    float *data;    /* device memory of the model's backend */
+    float *grad;
+} rk_param;
+
+typedef enum rk_layer_kind { RK_LAYER_DENSE, RK_LAYER_CONVBLOCK, RK_LAYER_DROPOUT } rk_layer_kind;
+
+typedef struct rk_layer {
+    rk_layer_kind kind;
+    char name[16];
+    int in_size, out_size; /* values per sample */
+    int relu;              /* dense: ReLU on the output */
+    int in_c, in_h, in_w, out_c, k; /* conv block geometry (input side) */
+    float rate;            /* dropout */
+    rk_param *w, *b;
+    rk_op_cache *cache;
+    uint8_t *mask;
+} rk_layer;
+
+typedef struct rk_model {
+    char name[16];
+    const rk_backend *be;
+    int nlayers, nparams;
+    rk_layer layers[RK_MAX_LAYERS];
+    rk_param params[RK_MAX_PARAMS];
+    int max_batch;
+    float *act[RK_MAX_LAYERS + 1];  /* act[0]: input batch; act[i+1]: output of layer i */
+    float *dact[RK_MAX_LAYERS + 1];
+    size_t numel; /* total parameter count */
+} rk_model;
+
+/* Names accepted by rk_model_create, NULL-terminated. */
+extern const char *const rk_model_names[];
+
+/* Build a model by name ("mlp", "cnn", "cnn-small") for batches up to max_batch, with weights
+ * initialised from `seed` (He-uniform for ReLU layers, Glorot-uniform for the output layer,
+ * zero biases). */
+int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backend *be,
+                    uint64_t seed, rk_err *err);
+void rk_model_destroy(rk_model *m);
+
+/* Forward n samples (n * 784 floats at x) to logits (returned in *logits). In training mode
+ * dropout is active with masks drawn from (seed, step). */
+int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed,
+                     uint64_t step, const float **logits, rk_err *err);
+/* Backward from dlogits (n x 10) through every layer: fills every param's grad. */
+int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err);
+
+/* xxHash64 of all parameters in order (raw little-endian float32 bytes, seed 0). */
+uint64_t rk_model_hash(const rk_model *m);
+
+/* Save / load weights in the safetensors layout (metadata: model name, format). Load checks
+ * that every tensor is present with the right dtype and shape and names the first that is not. */
+int rk_model_save(const rk_model *m, const char *path, rk_err *err);
+int rk_model_load(rk_model *m, const char *path, rk_err *err);
+
+#endif

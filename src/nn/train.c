@@ -1,0 +1,246 @@
+/*
+ * Training loop of the reference workload (train.h): per-epoch seeded permutation, batch
+ * gather, forward, softmax cross-entropy, backward, optimiser step; evaluation on the test set.
+ * Deterministic: every random choice derives from the config's seed.
+ */
+#include "nn/train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rekindle/rng.h"
+
+#define LOSS_WINDOW 100
+
+void rk_train_config_default(rk_train_config *c, rk_optim_kind optim)
+{
+    memset(c, 0, sizeof *c);
+    c->epochs = 1;
+    c->batch = 64;
+    c->optim = optim;
+    c->momentum = 0.9f;
+    c->nesterov = 1;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.999f;
+    c->eps = 1e-8f;
+    c->seed = 1;
+    c->eval = 1;
+    c->schedule = RK_LR_CONSTANT;
+    if (optim == RK_OPTIM_ADAMW) {
+        c->lr = 1e-3f;
+        c->weight_decay = 0.01f;
+    } else {
+        c->lr = 0.01f;
+        c->weight_decay = 0.0f;
+    }
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int rk_optim_init(rk_optim *o, rk_optim_kind kind, const rk_model *m, rk_err *err)
+{
+    memset(o, 0, sizeof *o);
+    o->kind = kind;
+    for (int i = 0; i < m->nparams; i++) {
+        size_t bytes = m->params[i].numel * sizeof(float);
+        o->s1[i] = m->be->alloc(bytes);
+        o->s2[i] = kind == RK_OPTIM_ADAMW ? m->be->alloc(bytes) : NULL;
+        if (!o->s1[i] || (kind == RK_OPTIM_ADAMW && !o->s2[i])) {
+            rk_optim_free(o, m);
+            return rk_err_set(err, RK_ENOMEM, "optimiser: out of memory");
+        }
+        memset(o->s1[i], 0, bytes);
+        if (o->s2[i])
+            memset(o->s2[i], 0, bytes);
+    }
+    return RK_OK;
+}
+
+void rk_optim_free(rk_optim *o, const rk_model *m)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        m->be->free(o->s1[i]);
+        m->be->free(o->s2[i]);
+        o->s1[i] = o->s2[i] = NULL;
+    }
+}
+
+int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, rk_err *err)
+{
+    o->t++;
+    for (int i = 0; i < m->nparams; i++) {
+        rk_param *p = &m->params[i];
+        int rc = o->kind == RK_OPTIM_ADAMW
+                     ? m->be->adamw_step(p->numel, p->data, p->grad, o->s1[i], o->s2[i], lr,
+                                         c->beta1, c->beta2, c->eps, c->weight_decay, o->t, err)
+                     : m->be->sgd_step(p->numel, p->data, p->grad, o->s1[i], lr, c->momentum,
+                                       c->weight_decay, c->nesterov, err);
+        if (rc)
+            return rc;
+    }
+    return RK_OK;
+}
+
+int rk_evaluate(rk_model *m, const rk_dataset *ds, double *accuracy, double *loss, rk_err *err)
+{
+    int pixels = ds->rows * ds->cols, right = 0;
+    double total = 0.0;
+    for (int start = 0; start < ds->n; start += m->max_batch) {
+        int n = ds->n - start < m->max_batch ? ds->n - start : m->max_batch;
+        const float *logits;
+        int rc = rk_model_forward(m, n, ds->images + (size_t)start * pixels, 0, 0, 0, &logits,
+                                  err);
+        double l;
+        int c;
+        if (!rc)
+            rc = m->be->softmax_xent(n, RK_CLASSES, logits, ds->labels + start, NULL, &l, &c, err);
+        if (rc)
+            return rc;
+        total += l * n;
+        right += c;
+    }
+    *accuracy = (double)right / ds->n;
+    if (loss)
+        *loss = total / ds->n;
+    return RK_OK;
+}
+
+/* Mean of the loss window: the last min(steps, LOSS_WINDOW) losses. */
+static double window_mean(const double *window, int64_t steps)
+{
+    int w = steps < LOSS_WINDOW ? (int)steps : LOSS_WINDOW;
+    double sum = 0.0;
+    for (int i = 0; i < w; i++)
+        sum += window[i];
+    return w ? sum / w : NAN;
+}
+
+static float lr_at(const rk_train_config *c, int64_t step, int64_t total)
+{
+    if (c->schedule == RK_LR_COSINE && total > 0)
+        return (float)(0.5 * c->lr * (1.0 + cos(M_PI * (double)step / (double)total)));
+    return c->lr;
+}
+
+int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
+             const rk_train_config *c, rk_train_progress_fn progress, void *user,
+             rk_train_result *res, rk_err *err)
+{
+    memset(res, 0, sizeof *res);
+    res->test_accuracy = -1.0;
+    if (c->batch < 1 || c->batch > m->max_batch)
+        return rk_err_set(err, RK_EINVAL, "batch %d is outside 1..%d", c->batch, m->max_batch);
+    if (train->rows * train->cols != m->layers[0].in_size)
+        return rk_err_set(err, RK_EMISMATCH, "model %s expects %d inputs per sample, data has %d",
+                          m->name, m->layers[0].in_size, train->rows * train->cols);
+    const rk_backend *be = m->be;
+    int pixels = train->rows * train->cols;
+    int64_t steps_per_epoch = (train->n + c->batch - 1) / c->batch;
+    int64_t total_steps = steps_per_epoch * c->epochs;
+    if (c->max_steps > 0 && c->max_steps < total_steps)
+        total_steps = c->max_steps;
+
+    rk_optim opt;
+    int rc = rk_optim_init(&opt, c->optim, m, err);
+    if (rc)
+        return rc;
+    uint32_t *order = malloc((size_t)train->n * sizeof *order);
+    float *xb = be->alloc((size_t)c->batch * pixels * sizeof(float));
+    float *dlogits = be->alloc((size_t)c->batch * RK_CLASSES * sizeof(float));
+    uint8_t *yb = malloc((size_t)c->batch);
+    double window[LOSS_WINDOW];
+    int64_t step = 0, total_samples = 0;
+    if (!order || !xb || !dlogits || !yb) {
+        rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
+        goto out;
+    }
+
+    for (int epoch = 0; epoch < c->epochs && step < total_steps && !rc; epoch++) {
+        rk_rng r;
+        rk_rng_derive(&r, c->seed, 0x6570636fULL, (uint64_t)epoch);
+        rk_rng_permutation(&r, order, (size_t)train->n);
+        double t0 = now_s(), last_report = 0.0;
+        int64_t samples = 0;
+        int64_t in_epoch = steps_per_epoch;
+        if (total_steps - step < in_epoch)
+            in_epoch = total_steps - step;
+        for (int64_t s = 0; s < in_epoch; s++) {
+            int start = (int)(s * c->batch);
+            int n = train->n - start < c->batch ? train->n - start : c->batch;
+            for (int i = 0; i < n; i++) {
+                uint32_t k = order[start + i];
+                memcpy(xb + (size_t)i * pixels, train->images + (size_t)k * pixels,
+                       (size_t)pixels * sizeof(float));
+                yb[i] = train->labels[k];
+            }
+            const float *logits;
+            double loss;
+            if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step, &logits, err)) ||
+                (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, &loss, NULL, err)) ||
+                (rc = rk_model_backward(m, n, dlogits, err)) ||
+                (rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)))
+                break;
+            window[step % LOSS_WINDOW] = loss;
+            step++;
+            samples += n;
+            double t = now_s() - t0;
+            if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
+                last_report = t;
+                rk_train_progress p = {
+                    .epoch = epoch + 1,
+                    .epochs = c->epochs,
+                    .step_in_epoch = s + 1,
+                    .steps_in_epoch = in_epoch,
+                    .step = step,
+                    .loss = window_mean(window, step),
+                    .samples_per_s = t > 0 ? samples / t : 0.0,
+                    .eta_s = (double)(in_epoch - s - 1) * t / (double)(s + 1),
+                    .test_accuracy = -1.0,
+                };
+                progress(&p, user);
+            }
+        }
+        double epoch_s = now_s() - t0;
+        res->train_seconds += epoch_s;
+        res->epochs_run = epoch + 1;
+        if (rc)
+            break;
+        if (c->eval && test)
+            rc = rk_evaluate(m, test, &res->test_accuracy, &res->test_loss, err);
+        if (progress && !rc) {
+            rk_train_progress p = {
+                .epoch = epoch + 1,
+                .epochs = c->epochs,
+                .step_in_epoch = in_epoch,
+                .steps_in_epoch = in_epoch,
+                .step = step,
+                .loss = window_mean(window, step),
+                .samples_per_s = epoch_s > 0 ? samples / epoch_s : 0.0,
+                .eta_s = 0.0,
+                .epoch_done = 1,
+                .test_accuracy = c->eval && test ? res->test_accuracy : -1.0,
+            };
+            progress(&p, user);
+        }
+        total_samples += samples;
+    }
+    if (!rc) {
+        res->final_train_loss = window_mean(window, step);
+        res->steps = step;
+        res->train_samples_per_s = res->train_seconds > 0 ? total_samples / res->train_seconds : 0;
+    }
+out:
+    rk_optim_free(&opt, m);
+    free(order);
+    be->free(xb);
+    be->free(dlogits);
+    free(yb);
+    return rc;
+}

@@ -1,0 +1,75 @@
+/*
+ * The training loop of the reference workload: seeded per-epoch shuffling, mini-batch SGD
+ * (Nesterov) or AdamW on a model, evaluation on the test set, and the numbers `rk train`
+ * reports. No printing here: progress goes to a callback the CLI renders.
+ */
+#ifndef RK_NN_TRAIN_H
+#define RK_NN_TRAIN_H
+
+#include <stdint.h>
+
+#include "nn/idx.h"
+#include "nn/model.h"
+
+typedef enum rk_optim_kind { RK_OPTIM_SGD, RK_OPTIM_ADAMW } rk_optim_kind;
+typedef enum rk_lr_schedule { RK_LR_CONSTANT, RK_LR_COSINE } rk_lr_schedule;
+
+typedef struct rk_train_config {
+    int epochs;          /* full passes over the training set */
+    int64_t max_steps;   /* stop after this many optimiser steps (0: no limit) */
+    int batch;
+    rk_optim_kind optim;
+    float lr, momentum, weight_decay;
+    int nesterov;
+    float beta1, beta2, eps;
+    rk_lr_schedule schedule;
+    uint64_t seed;
+    int eval;            /* evaluate on the test set after each epoch and at the end */
+} rk_train_config;
+
+/* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
+ * 0.01, betas 0.9/0.999, eps 1e-8), batch 64, 1 epoch, seed 1, constant lr, eval on. */
+void rk_train_config_default(rk_train_config *c, rk_optim_kind optim);
+
+typedef struct rk_train_progress {
+    int epoch, epochs;         /* 1-based epoch */
+    int64_t step_in_epoch, steps_in_epoch;
+    int64_t step;              /* global optimiser steps done */
+    double loss;               /* mean loss over the last few steps */
+    double samples_per_s;      /* training throughput so far in this epoch */
+    double eta_s;              /* seconds left in this epoch */
+    int epoch_done;            /* 1 on the call that ends an epoch */
+    double test_accuracy;      /* at epoch end when eval is on, else -1 */
+} rk_train_progress;
+
+typedef void (*rk_train_progress_fn)(const rk_train_progress *p, void *user);
+
+typedef struct rk_train_result {
+    int epochs_run;
+    int64_t steps;
+    double final_train_loss;   /* mean loss over the last min(100, steps) steps */
+    double train_samples_per_s;/* samples / training seconds (evaluation excluded) */
+    double train_seconds;
+    double test_accuracy;      /* full test set, -1 when not evaluated */
+    double test_loss;
+} rk_train_result;
+
+/* Optimiser state for a model (velocity, or AdamW moments). */
+typedef struct rk_optim {
+    rk_optim_kind kind;
+    float *s1[RK_MAX_PARAMS], *s2[RK_MAX_PARAMS];
+    int64_t t;
+} rk_optim;
+
+int rk_optim_init(rk_optim *o, rk_optim_kind kind, const rk_model *m, rk_err *err);
+void rk_optim_free(rk_optim *o, const rk_model *m);
+int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, rk_err *err);
+
+/* Accuracy and mean loss of the model on a dataset, in batches of up to m->max_batch. */
+int rk_evaluate(rk_model *m, const rk_dataset *ds, double *accuracy, double *loss, rk_err *err);
+
+int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
+             const rk_train_config *c, rk_train_progress_fn progress, void *user,
+             rk_train_result *res, rk_err *err);
+
+#endif

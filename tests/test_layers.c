@@ -1,0 +1,324 @@
+/*
+ * Each layer's backward pass against central finite differences of its forward pass, on the
+ * CPU backend: dense (with and without ReLU), the fused conv block (conv + bias + ReLU + 2x2
+ * max pool, input and weight gradients), dropout and softmax cross-entropy. The scalar probed
+ * is L = sum(y * r) for a fixed random r, so dL/dy = r.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "nn/backend.h"
+#include "rekindle/rng.h"
+
+static const rk_backend *be;
+
+static float *rand_buf(rk_rng *r, size_t n, float scale)
+{
+    float *p = be->alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        p[i] = (2.0f * rk_rng_uniform(r) - 1.0f) * scale;
+    return p;
+}
+
+static double dot(const float *a, const float *b, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+/* Relative error between numeric and analytic gradients over probed coordinates. */
+typedef struct gradcheck {
+    double num2, diff2;
+} gradcheck;
+
+static void gc_add(gradcheck *g, double numeric, double analytic)
+{
+    g->num2 += numeric * numeric;
+    g->diff2 += (numeric - analytic) * (numeric - analytic);
+}
+
+static double gc_rel(const gradcheck *g) { return sqrt(g->diff2 / (g->num2 + 1e-30)); }
+
+/* ---- dense ---- */
+
+typedef struct dense_case {
+    int n, in, out, relu;
+    float *x, *w, *b, *y, *r;
+} dense_case;
+
+static double dense_loss(dense_case *c)
+{
+    assert_int_equal(be->dense_forward(c->n, c->in, c->out, c->x, c->w, c->b, c->y, c->relu, NULL),
+                     0);
+    return dot(c->y, c->r, (size_t)c->n * c->out);
+}
+
+static void check_dense(int relu)
+{
+    rk_rng rng;
+    rk_rng_seed(&rng, 42 + relu);
+    dense_case c = {.n = 5, .in = 7, .out = 6, .relu = relu};
+    c.x = rand_buf(&rng, (size_t)c.n * c.in, 1.0f);
+    c.w = rand_buf(&rng, (size_t)c.out * c.in, 0.5f);
+    c.b = rand_buf(&rng, (size_t)c.out, 0.3f);
+    c.y = be->alloc((size_t)c.n * c.out * sizeof(float));
+    c.r = rand_buf(&rng, (size_t)c.n * c.out, 1.0f);
+    float *dy = be->alloc((size_t)c.n * c.out * sizeof(float));
+    float *dx = be->alloc((size_t)c.n * c.in * sizeof(float));
+    float *dw = be->alloc((size_t)c.out * c.in * sizeof(float));
+    float *db = be->alloc((size_t)c.out * sizeof(float));
+    dense_loss(&c);
+    memcpy(dy, c.r, (size_t)c.n * c.out * sizeof(float));
+    assert_int_equal(be->dense_backward(c.n, c.in, c.out, c.x, c.w, c.y, dy, dx, dw, db, relu, NULL), 0);
+
+    const float h = 1e-3f;
+    struct { float *v, *g; size_t n; const char *what; } sets[] = {
+        {c.x, dx, (size_t)c.n * c.in, "x"}, {c.w, dw, (size_t)c.out * c.in, "w"}, {c.b, db, (size_t)c.out, "b"}};
+    for (int s = 0; s < 3; s++) {
+        gradcheck g = {0};
+        for (size_t i = 0; i < sets[s].n; i++) {
+            float keep = sets[s].v[i];
+            sets[s].v[i] = keep + h;
+            double lp = dense_loss(&c);
+            sets[s].v[i] = keep - h;
+            double lm = dense_loss(&c);
+            sets[s].v[i] = keep;
+            gc_add(&g, (lp - lm) / (2.0 * h), sets[s].g[i]);
+        }
+        printf("dense relu=%d d%s: relative error %.2e\n", relu, sets[s].what, gc_rel(&g));
+        assert_true(gc_rel(&g) < 1e-2);
+        assert_true(g.num2 > 0.0); /* the probe saw a non-zero gradient */
+    }
+    float *bufs[] = {c.x, c.w, c.b, c.y, c.r, dy, dx, dw, db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(bufs[i]);
+}
+
+static void dense_backward_matches_finite_differences(void **state)
+{
+    (void)state;
+    check_dense(0);
+}
+
+static void dense_relu_backward_matches_finite_differences(void **state)
+{
+    (void)state;
+    check_dense(1);
+}
+
+/* ---- conv block ---- */
+
+static double conv_loss(rk_op_cache **cache, const rk_convblock_shape *s, const float *x,
+                        const float *w, const float *b, float *y, const float *r)
+{
+    assert_int_equal(be->convblock_forward(cache, s, x, w, b, y, NULL), 0);
+    return dot(y, r, (size_t)s->n * s->oc * (s->h / 2) * (s->w / 2));
+}
+
+static void check_conv(int ic, int oc, int k, int hw)
+{
+    rk_rng rng;
+    rk_rng_seed(&rng, 7 + (uint64_t)k + (uint64_t)ic * 100);
+    rk_convblock_shape s = {2, ic, hw, hw, oc, k};
+    size_t nx = (size_t)s.n * ic * hw * hw, nw = (size_t)oc * ic * k * k;
+    size_t ny = (size_t)s.n * oc * (hw / 2) * (hw / 2);
+    float *x = rand_buf(&rng, nx, 1.0f), *w = rand_buf(&rng, nw, 0.5f);
+    float *b = rand_buf(&rng, (size_t)oc, 0.2f), *r = rand_buf(&rng, ny, 1.0f);
+    float *y = be->alloc(ny * sizeof(float)), *dy = be->alloc(ny * sizeof(float));
+    float *dx = be->alloc(nx * sizeof(float)), *dw = be->alloc(nw * sizeof(float));
+    float *db = be->alloc((size_t)oc * sizeof(float));
+    rk_op_cache *cache = NULL;
+    rk_err err = {0};
+
+    conv_loss(&cache, &s, x, w, b, y, r);
+    memcpy(dy, r, ny * sizeof(float));
+    int rc = be->convblock_backward(&cache, &s, dy, dx, dw, db, &err);
+    if (rc)
+        fail_msg("%s", err.msg);
+
+    /* The block is piecewise linear (ReLU, max pool): a probe whose +h and -h slopes differ
+     * straddles a kink, where no derivative exists; such probes are skipped and counted. */
+    const float h = 1e-3f;
+    double l0 = conv_loss(&cache, &s, x, w, b, y, r);
+    struct { float *v, *g; size_t n; const char *what; } sets[] = {
+        {x, dx, nx, "x"}, {w, dw, nw, "w"}, {b, db, (size_t)oc, "b"}};
+    for (int t = 0; t < 3; t++) {
+        gradcheck g = {0};
+        int probes = 0, kinks = 0;
+        size_t stride = sets[t].n > 200 ? sets[t].n / 200 : 1; /* probe up to ~200 values */
+        for (size_t i = 0; i < sets[t].n; i += stride) {
+            float keep = sets[t].v[i];
+            sets[t].v[i] = keep + h;
+            double lp = conv_loss(&cache, &s, x, w, b, y, r);
+            sets[t].v[i] = keep - h;
+            double lm = conv_loss(&cache, &s, x, w, b, y, r);
+            sets[t].v[i] = keep;
+            probes++;
+            if (fabs(lp - 2.0 * l0 + lm) > 1e-4 * (fabs(lp - lm) + 1e-2)) {
+                kinks++;
+                continue;
+            }
+            gc_add(&g, (lp - lm) / (2.0 * h), sets[t].g[i]);
+        }
+        printf("conv block ic=%d oc=%d k=%d d%s: relative error %.2e (%d of %d probes at kinks)\n",
+               ic, oc, k, sets[t].what, gc_rel(&g), kinks, probes);
+        assert_true(gc_rel(&g) < 2e-3);
+        assert_true(g.num2 > 0.0);
+        assert_true(kinks * 4 < probes);
+    }
+    be->cache_free(cache);
+    float *bufs[] = {x, w, b, r, y, dy, dx, dw, db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(bufs[i]);
+}
+
+static void convblock_3x3_backward_matches_finite_differences(void **state)
+{
+    (void)state;
+    check_conv(3, 8, 3, 8);
+}
+
+static void convblock_5x5_backward_matches_finite_differences(void **state)
+{
+    (void)state;
+    check_conv(8, 16, 5, 10);
+}
+
+static void convblock_single_channel_input_backward_matches(void **state)
+{
+    (void)state;
+    check_conv(1, 8, 3, 12); /* the first layer of every CNN: one input channel */
+}
+
+static void convblock_backward_without_forward_is_an_error(void **state)
+{
+    (void)state;
+    rk_op_cache *cache = NULL;
+    rk_convblock_shape s = {1, 1, 4, 4, 2, 3};
+    float dy[8] = {0}, dw[18], db[2];
+    rk_err err = {0};
+    assert_int_equal(be->convblock_backward(&cache, &s, dy, NULL, dw, db, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "backward"));
+}
+
+/* ---- dropout ---- */
+
+static void dropout_backward_matches_finite_differences(void **state)
+{
+    (void)state;
+    enum { N = 400 };
+    rk_rng rng;
+    rk_rng_seed(&rng, 3);
+    float *x = rand_buf(&rng, N, 1.0f), *r = rand_buf(&rng, N, 1.0f);
+    float y[N], dx[N];
+    uint8_t mask[N];
+    assert_int_equal(be->dropout_forward(N, 0.4f, 11, 5, x, y, mask, NULL), 0);
+    int kept = 0;
+    for (int i = 0; i < N; i++)
+        kept += mask[i];
+    assert_true(kept > N * 0.45 && kept < N * 0.75); /* about 60% kept */
+    assert_int_equal(be->dropout_backward(N, 0.4f, mask, r, dx, NULL), 0);
+    gradcheck g = {0};
+    const float h = 1e-2f;
+    for (int i = 0; i < N; i++) {
+        float keep = x[i];
+        x[i] = keep + h;
+        be->dropout_forward(N, 0.4f, 11, 5, x, y, mask, NULL);
+        double lp = dot(y, r, N);
+        x[i] = keep - h;
+        be->dropout_forward(N, 0.4f, 11, 5, x, y, mask, NULL);
+        double lm = dot(y, r, N);
+        x[i] = keep;
+        gc_add(&g, (lp - lm) / (2.0 * h), dx[i]);
+    }
+    printf("dropout dx: relative error %.2e\n", gc_rel(&g));
+    assert_true(gc_rel(&g) < 1e-3);
+    be->free(x);
+    be->free(r);
+}
+
+/* ---- softmax cross-entropy ---- */
+
+static void softmax_xent_gradient_matches_finite_differences(void **state)
+{
+    (void)state;
+    enum { N = 4, C = 10 };
+    rk_rng rng;
+    rk_rng_seed(&rng, 5);
+    float *z = rand_buf(&rng, N * C, 3.0f);
+    float dz[N * C];
+    uint8_t labels[N] = {0, 3, 9, 3};
+    double loss, lp, lm;
+    int correct;
+    assert_int_equal(be->softmax_xent(N, C, z, labels, dz, &loss, &correct, NULL), 0);
+    assert_true(loss > 0.0);
+    gradcheck g = {0};
+    const float h = 1e-3f;
+    for (int i = 0; i < N * C; i++) {
+        float keep = z[i];
+        z[i] = keep + h;
+        be->softmax_xent(N, C, z, labels, NULL, &lp, NULL, NULL);
+        z[i] = keep - h;
+        be->softmax_xent(N, C, z, labels, NULL, &lm, NULL, NULL);
+        z[i] = keep;
+        gc_add(&g, (lp - lm) / (2.0 * h), dz[i]);
+    }
+    printf("softmax xent dz: relative error %.2e\n", gc_rel(&g));
+    assert_true(gc_rel(&g) < 1e-3);
+    uint8_t bad[N] = {0, 10, 0, 0};
+    assert_int_equal(be->softmax_xent(N, C, z, bad, NULL, &loss, NULL, NULL), RK_EINVAL);
+    be->free(z);
+}
+
+/* ---- optimisers ---- */
+
+static void sgd_nesterov_step_matches_formula(void **state)
+{
+    (void)state;
+    float p[2] = {1.0f, -2.0f}, g[2] = {0.5f, 0.25f}, v[2] = {0.1f, 0.0f};
+    assert_int_equal(be->sgd_step(2, p, g, v, 0.1f, 0.9f, 0.0f, 1, NULL), 0);
+    /* v = 0.9 v + g; p -= lr (g + 0.9 v) */
+    assert_float_equal(v[0], 0.59f, 1e-6);
+    assert_float_equal(p[0], 1.0f - 0.1f * (0.5f + 0.9f * 0.59f), 1e-6);
+    assert_float_equal(p[1], -2.0f - 0.1f * (0.25f + 0.9f * 0.25f), 1e-6);
+}
+
+static void adamw_first_step_moves_by_lr(void **state)
+{
+    (void)state;
+    float p[2] = {1.0f, 1.0f}, g[2] = {3.0f, -0.01f}, m[2] = {0}, v[2] = {0};
+    assert_int_equal(be->adamw_step(2, p, g, m, v, 0.01f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, NULL), 0);
+    /* bias-corrected first step is lr * sign(g) */
+    assert_float_equal(p[0], 0.99f, 1e-5);
+    assert_float_equal(p[1], 1.01f, 1e-5);
+}
+
+int main(void)
+{
+    be = rk_backend_get(RK_DEVICE_CPU, NULL);
+    if (!be || be->init(2, NULL) != 0)
+        return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(dense_backward_matches_finite_differences),
+        cmocka_unit_test(dense_relu_backward_matches_finite_differences),
+        cmocka_unit_test(convblock_3x3_backward_matches_finite_differences),
+        cmocka_unit_test(convblock_5x5_backward_matches_finite_differences),
+        cmocka_unit_test(convblock_single_channel_input_backward_matches),
+        cmocka_unit_test(convblock_backward_without_forward_is_an_error),
+        cmocka_unit_test(dropout_backward_matches_finite_differences),
+        cmocka_unit_test(softmax_xent_gradient_matches_finite_differences),
+        cmocka_unit_test(sgd_nesterov_step_matches_formula),
+        cmocka_unit_test(adamw_first_step_moves_by_lr),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
