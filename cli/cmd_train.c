@@ -27,7 +27,8 @@ static const char usage_text[] =
     "Train a Fashion-MNIST classifier on the CPU (oneDNN) and report its test accuracy.\n"
     "\n"
     "  --model NAME         mlp | cnn | cnn-small (default cnn-small)\n"
-    "  --epochs N           passes over the 60,000 training images (default 1)\n"
+    "  --epochs N           passes over the 60,000 training images (default 1);\n"
+    "                       0 only evaluates (with --init: check saved weights)\n"
     "  --max-steps N        stop after N optimiser steps (default: no limit)\n"
     "  --batch N            mini-batch size (default 64)\n"
     "  --optimizer NAME     sgd (Nesterov momentum) | adamw (default sgd)\n"
@@ -144,7 +145,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'e':
-            if (parse_long("--epochs", optarg, 1, 100000, &v))
+            if (parse_long("--epochs", optarg, 0, 100000, &v))
                 return RK_EXIT_USAGE;
             o->cfg.epochs = (int)v;
             break;
@@ -339,8 +340,12 @@ int rk_cmd_train(int argc, char **argv)
            o.model, m.numel, be->name, o.threads, o.cfg.batch,
            o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
     view v = {isatty(STDOUT_FILENO), 0};
-    rk_train_result res;
-    if ((rc = rk_train(&m, &train, o.cfg.eval ? &test : NULL, &o.cfg, on_progress, &v, &res, &err)))
+    rk_train_result res = {.test_accuracy = -1.0};
+    if (o.cfg.epochs > 0)
+        rc = rk_train(&m, &train, o.cfg.eval ? &test : NULL, &o.cfg, on_progress, &v, &res, &err);
+    else if (o.cfg.eval) /* evaluation only */
+        rc = rk_evaluate(&m, &test, &res.test_accuracy, &res.test_loss, &err);
+    if (rc)
         goto fail;
     if (res.test_accuracy >= 0)
         printf("test accuracy %.4f on %d images (loss %.4f)\n", res.test_accuracy, test.n,

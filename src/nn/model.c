@@ -269,12 +269,12 @@ uint64_t rk_model_hash(const rk_model *m)
 int rk_model_save(const rk_model *m, const char *path, rk_err *err)
 {
     rk_st_entry entries[RK_MAX_PARAMS];
-    for (int i = 0; i < m->nparams; i++) {
-        entries[i].name = m->params[i].name;
-        entries[i].data = m->params[i].data;
-        entries[i].ndim = m->params[i].ndim;
-        entries[i].shape = m->params[i].shape;
-    }
+    for (int i = 0; i < m->nparams; i++)
+        entries[i] = (rk_st_entry){.name = m->params[i].name,
+                                   .data = m->params[i].data,
+                                   .ndim = m->params[i].ndim,
+                                   .shape = m->params[i].shape,
+                                   .dtype = "F32"};
     const char *meta[] = {"format", "rekindle-weights-1", "model", m->name, NULL};
     return rk_st_write(path, entries, (size_t)m->nparams, meta, err);
 }

@@ -1,0 +1,75 @@
+/*
+ * Crash-safe file writes and bounded whole-file reads.
+ *
+ * An atomic write never leaves a torn file at its target path: the bytes go to a temporary
+ * file in the same directory (`<path>.tmp.<pid>.<n>`, created with O_EXCL, mode 0644), which
+ * is fsync'ed, renamed over the target, and then the directory is fsync'ed so the rename
+ * itself survives a power loss. Until the rename the target keeps its old content (or stays
+ * absent); on any failure the temporary file is removed.
+ *
+ *     rk_afile *f;
+ *     if (rk_afile_open(&f, "model.safetensors", &err) < 0) return err.code;
+ *     if (rk_afile_write(f, hdr, hdr_len, &err) < 0 || rk_afile_write(f, data, n, &err) < 0) {
+ *         rk_afile_abort(f);
+ *         return err.code;
+ *     }
+ *     return rk_afile_commit(f, &err);   (frees f whatever happens)
+ *
+ * Errors: RK_EINVAL (bad argument), RK_ENOENT (the directory or file does not exist),
+ * RK_EIO (open, write, fsync, close or rename failed), RK_ENOMEM, RK_EFORMAT (a file to read
+ * is larger than the caller allows). Messages name the path and the failing call.
+ */
+#ifndef REKINDLE_FILEIO_H
+#define REKINDLE_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An atomic write in progress: an open temporary file beside its target path. */
+typedef struct rk_afile rk_afile;
+
+/* Create the temporary file for an atomic write of `path`. On success *out owns it and must
+ * be finished with rk_afile_commit or rk_afile_abort. On failure *out is NULL and nothing
+ * was created. A missing directory gives RK_ENOENT. */
+int rk_afile_open(rk_afile **out, const char *path, rk_err *err);
+
+/* Append `len` bytes (short writes and EINTR are retried). After a failure the file is
+ * marked failed: further writes and rk_afile_commit fail; call rk_afile_abort. */
+int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err);
+
+/* fsync and close the temporary file, rename it over the target, fsync the directory.
+ * Always frees `f`. On failure before the rename the target is unchanged and the temporary
+ * file is removed; if only the final directory fsync fails, the target already holds the new
+ * content and RK_EIO says so. */
+int rk_afile_commit(rk_afile *f, rk_err *err);
+
+/* Close and remove the temporary file, leaving the target untouched; frees `f`. NULL-safe. */
+void rk_afile_abort(rk_afile *f);
+
+/* The target path of an atomic write in progress. */
+const char *rk_afile_path(const rk_afile *f);
+
+/* Atomically replace `path` with `len` bytes from `buf` (open + write + commit). */
+int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *err);
+
+/* Read a whole file into a new buffer (*buf, free() it) of *len bytes. The buffer has one
+ * extra NUL byte after the data (not counted in *len) so text can be parsed in place.
+ * RK_ENOENT if the file does not exist, RK_EFORMAT if it is larger than `max_len` bytes
+ * (pass SIZE_MAX for no limit), RK_EIO if it cannot be read (a directory, an I/O error).
+ * On failure *buf is NULL and *len is 0. */
+int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err);
+
+/* fsync a directory so that creations and renames inside it are durable. Filesystems that
+ * cannot fsync a directory (EINVAL) are accepted. RK_ENOENT if it does not exist. */
+int rk_fsync_dir(const char *dir, rk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,104 @@
+/*
+ * The safetensors layout: how rekindle stores model weights (and checkpoint tensors) so that
+ * Python's `safetensors` package reads them unchanged. See docs/safetensors.md.
+ *
+ *   u64 little-endian N | N bytes of JSON header, space-padded | data section
+ *
+ * The header maps each tensor name to {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}
+ * (offsets relative to the data section) plus an optional "__metadata__": {string: string}.
+ * Tensors are little-endian, C order, contiguous, in the order given, with no holes. Writers
+ * pad N to a multiple of 8 so the data section starts 8-byte aligned.
+ *
+ * Writing goes through the atomic writer (rekindle/fileio.h): a crash never leaves a torn file
+ * at the target path. Reading validates every field strictly; a bad file gives RK_EFORMAT and
+ * a one-line message naming the file, the tensor or field, and the problem.
+ */
+#ifndef REKINDLE_SAFETENSORS_H
+#define REKINDLE_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RK_ST_MAX_DIMS 8
+#define RK_ST_MAX_HEADER 100000000u /* bytes of JSON header, as in the Python package */
+
+/* One tensor to write. `dtype` NULL means "F32"; other names: F64 F16 BF16 I64 I32 I16 I8
+ * U64 U32 U16 U8 BOOL F8_E4M3 F8_E5M2. `data` holds numel * dtype-size bytes in host order
+ * (little-endian hosts only) and may be NULL when numel is 0. `shape` may be NULL when
+ * ndim is 0 (a scalar, one element). Names are UTF-8, unique and not "__metadata__". */
+typedef struct rk_st_entry {
+    const char *name;
+    const void *data;
+    int ndim;
+    const int64_t *shape;
+    const char *dtype;
+} rk_st_entry;
+
+/* Atomically write `n` tensors, in order, to `path`. `meta` is NULL or a NULL-terminated
+ * list of key, value strings stored in "__metadata__" (keys unique). RK_EINVAL for bad
+ * entries (nothing is written then); I/O errors as in rekindle/fileio.h. */
+int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *const *meta,
+                rk_err *err);
+
+/* The same file as rk_st_write, built in memory: *out (free() it) of *out_len bytes. */
+int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
+                 size_t *out_len, rk_err *err);
+
+typedef struct rk_st_tensor {
+    char *name;
+    char dtype[8]; /* "F32", ... NUL-terminated */
+    int ndim;
+    int64_t shape[RK_ST_MAX_DIMS];
+    size_t numel;        /* product of shape (1 for a scalar) */
+    size_t nbytes;       /* numel * dtype size */
+    size_t offset;       /* begin, relative to the data section */
+    const uint8_t *data; /* points into rk_st_file.buf; may be unaligned for other writers'
+                            files: copy with memcpy or rk_st_load_f32 */
+} rk_st_tensor;
+
+typedef struct rk_st_file {
+    char *name;   /* file name used in messages */
+    uint8_t *buf; /* the whole file (owned) */
+    size_t len;
+    size_t data_start;     /* 8 + header length */
+    rk_st_tensor *tensors; /* in data-section order, which is the order they were written */
+    size_t ntensors;
+    char **meta_keys; /* "__metadata__", in header order */
+    char **meta_vals;
+    size_t nmeta;
+} rk_st_file;
+
+/* Parse and validate a safetensors file held in memory (copied; `buf` is not kept). `name`
+ * labels messages (NULL: "<memory>"). On failure *out is zeroed and needs no rk_st_free. */
+int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err);
+
+/* Read and validate `path`. RK_ENOENT if it does not exist, RK_EFORMAT if malformed. */
+int rk_st_read(const char *path, rk_st_file *out, rk_err *err);
+
+/* The tensor called `name`, or NULL. */
+const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name);
+
+/* The metadata value for `key`, or NULL. */
+const char *rk_st_meta(const rk_st_file *f, const char *key);
+
+/* Copy the F32 tensor `name` into `dst` (room for the product of `shape`) after checking that
+ * it exists (RK_ENOENT), is F32 and has exactly this shape (RK_EMISMATCH). */
+int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
+                   float *dst, rk_err *err);
+
+/* Free everything a successful parse or read allocated and zero *f. NULL-safe. */
+void rk_st_free(rk_st_file *f);
+
+/* Bytes per element of a dtype name, or 0 if rekindle does not know it. */
+size_t rk_st_dtype_size(const char *dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

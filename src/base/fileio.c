@@ -1,0 +1,327 @@
+/*
+ * Crash-safe file writes (temporary file + fsync + rename + directory fsync) and bounded
+ * whole-file reads. POSIX only; see rekindle/fileio.h for the contract. Every libc call is
+ * checked and its errno turned into an RK_E* code and a message naming the path.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "rekindle/fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+struct rk_afile {
+    int fd;
+    int failed; /* a write failed: the content is incomplete, never commit it */
+    char *path; /* target */
+    char *tmp;  /* temporary file beside it */
+};
+
+/* Distinguishes temporary files of concurrent writers in one process (the pid does the rest). */
+static atomic_ulong tmp_counter;
+
+/* Largest single write(2); keeps each call well inside ssize_t and lets EINTR retry cheaply. */
+#define RK_IO_CHUNK ((size_t)1 << 30)
+
+static const char *errstr(int e, char *buf, size_t cap)
+{
+    if (strerror_r(e, buf, cap) != 0)
+        snprintf(buf, cap, "errno %d", e);
+    return buf;
+}
+
+/* Map errno from a failed call to a code, fill err with "<path>: <what>: <strerror>". */
+static int io_fail(rk_err *err, int e, const char *path, const char *what)
+{
+    char eb[128];
+    int code = (e == ENOENT || e == ENOTDIR) ? RK_ENOENT : e == ENOMEM ? RK_ENOMEM : RK_EIO;
+    return rk_err_set(err, code, "%s: %s: %s", path, what, errstr(e, eb, sizeof eb));
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+/* The directory holding `path` ("." for a bare name, "/" for "/x"); NULL if out of memory. */
+static char *dir_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return dup_str(".");
+    size_t n = (size_t)(slash - path);
+    if (n == 0)
+        n = 1; /* keep the root "/" */
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, path, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+static void afile_free(rk_afile *f)
+{
+    free(f->path);
+    free(f->tmp);
+    free(f);
+}
+
+int rk_afile_open(rk_afile **out, const char *path, rk_err *err)
+{
+    if (!out)
+        return rk_err_set(err, RK_EINVAL, "rk_afile_open: out is NULL");
+    *out = NULL;
+    if (!path || !*path)
+        return rk_err_set(err, RK_EINVAL, "rk_afile_open: empty path");
+    size_t plen = strlen(path);
+    if (path[plen - 1] == '/')
+        return rk_err_set(err, RK_EINVAL, "%s: path names a directory, not a file", path);
+
+    rk_afile *f = calloc(1, sizeof *f);
+    size_t cap = plen + 64;
+    char *tmp = malloc(cap);
+    char *dpath = dup_str(path);
+    if (!f || !tmp || !dpath) {
+        free(f);
+        free(tmp);
+        free(dpath);
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", path);
+    }
+    f->path = dpath;
+    f->tmp = tmp;
+
+    int fd = -1;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        unsigned long n = atomic_fetch_add(&tmp_counter, 1);
+        snprintf(tmp, cap, "%s.tmp.%ld.%lu", path, (long)getpid(), n);
+        do {
+            fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        } while (fd < 0 && errno == EINTR);
+        if (fd >= 0 || errno != EEXIST) /* EEXIST: a stale file from a reused pid; next name */
+            break;
+    }
+    if (fd < 0) {
+        int e = errno;
+        int rc = io_fail(err, e, path, "cannot create temporary file");
+        afile_free(f);
+        return rc;
+    }
+    f->fd = fd;
+    *out = f;
+    return RK_OK;
+}
+
+int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err)
+{
+    if (!f)
+        return rk_err_set(err, RK_EINVAL, "rk_afile_write: file is NULL");
+    if (f->failed)
+        return rk_err_set(err, RK_EIO, "%s: an earlier write failed", f->path);
+    if (len > 0 && !buf) {
+        f->failed = 1;
+        return rk_err_set(err, RK_EINVAL, "%s: write of %zu bytes from NULL", f->path, len);
+    }
+    const unsigned char *p = buf;
+    while (len > 0) {
+        size_t chunk = len < RK_IO_CHUNK ? len : RK_IO_CHUNK;
+        ssize_t n = write(f->fd, p, chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            f->failed = 1;
+            return io_fail(err, n < 0 ? errno : EIO, f->path, "write failed");
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return RK_OK;
+}
+
+int rk_afile_commit(rk_afile *f, rk_err *err)
+{
+    if (!f)
+        return rk_err_set(err, RK_EINVAL, "rk_afile_commit: file is NULL");
+    if (f->failed) {
+        int rc = rk_err_set(err, RK_EIO, "%s: not committed: an earlier write failed", f->path);
+        rk_afile_abort(f);
+        return rc;
+    }
+    int rc = RK_OK;
+    int r;
+    do {
+        r = fsync(f->fd);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        rc = io_fail(err, errno, f->path, "fsync of temporary file failed");
+        rk_afile_abort(f);
+        return rc;
+    }
+    r = close(f->fd); /* never retried: the descriptor is gone either way */
+    f->fd = -1;
+    if (r < 0) {
+        rc = io_fail(err, errno, f->path, "close of temporary file failed");
+        rk_afile_abort(f);
+        return rc;
+    }
+    if (rename(f->tmp, f->path) < 0) {
+        rc = io_fail(err, errno, f->path, "rename of temporary file over target failed");
+        rk_afile_abort(f);
+        return rc;
+    }
+    char *dir = dir_of(f->path);
+    if (!dir)
+        rc = rk_err_set(err, RK_ENOMEM, "%s: written, but out of memory before directory fsync",
+                        f->path);
+    else
+        rc = rk_fsync_dir(dir, err);
+    free(dir);
+    afile_free(f);
+    return rc;
+}
+
+void rk_afile_abort(rk_afile *f)
+{
+    if (!f)
+        return;
+    if (f->fd >= 0)
+        close(f->fd);
+    unlink(f->tmp);
+    afile_free(f);
+}
+
+const char *rk_afile_path(const rk_afile *f)
+{
+    return f ? f->path : NULL;
+}
+
+int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *err)
+{
+    rk_afile *f;
+    int rc = rk_afile_open(&f, path, err);
+    if (rc < 0)
+        return rc;
+    rc = rk_afile_write(f, buf, len, err);
+    if (rc < 0) {
+        rk_afile_abort(f);
+        return rc;
+    }
+    return rk_afile_commit(f, err);
+}
+
+int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err)
+{
+    if (!buf || !len)
+        return rk_err_set(err, RK_EINVAL, "rk_file_read_all: buf or len is NULL");
+    *buf = NULL;
+    *len = 0;
+    if (!path || !*path)
+        return rk_err_set(err, RK_EINVAL, "rk_file_read_all: empty path");
+
+    int fd;
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return io_fail(err, errno, path, "cannot open");
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int rc = io_fail(err, errno, path, "cannot stat");
+        close(fd);
+        return rc;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return rk_err_set(err, RK_EIO, "%s: is a directory, not a file", path);
+    }
+    if (S_ISREG(st.st_mode) && (uintmax_t)st.st_size > max_len) {
+        close(fd);
+        return rk_err_set(err, RK_EFORMAT, "%s: file is %jd bytes, more than the limit of %zu",
+                          path, (intmax_t)st.st_size, max_len);
+    }
+
+    /* Size hint from fstat; the loop still copes with files that grow or lie (pipes, /proc). */
+    size_t cap = (S_ISREG(st.st_mode) && st.st_size > 0) ? (size_t)st.st_size : 4096;
+    if (cap > max_len)
+        cap = max_len;
+    if (cap < SIZE_MAX)
+        cap += 1; /* room for the NUL, and to see EOF without growing */
+    uint8_t *data = malloc(cap);
+    size_t used = 0;
+    int rc = RK_OK;
+    if (!data)
+        rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes", path, cap);
+    while (rc == RK_OK) {
+        if (used == cap) {
+            if (used > max_len) {
+                rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %zu bytes",
+                                path, max_len);
+                break;
+            }
+            size_t ncap = cap <= SIZE_MAX / 2 ? cap * 2 : SIZE_MAX;
+            uint8_t *nd = ncap > cap ? realloc(data, ncap) : NULL;
+            if (!nd) {
+                rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes", path, ncap);
+                break;
+            }
+            data = nd;
+            cap = ncap;
+        }
+        size_t want = cap - used < RK_IO_CHUNK ? cap - used : RK_IO_CHUNK;
+        ssize_t n = read(fd, data + used, want);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = io_fail(err, errno, path, "read failed");
+            break;
+        }
+        if (n == 0)
+            break; /* EOF with used < cap: the NUL fits */
+        used += (size_t)n;
+    }
+    close(fd);
+    if (rc == RK_OK && used > max_len)
+        rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %zu bytes", path,
+                        max_len);
+    if (rc < 0) {
+        free(data);
+        return rc;
+    }
+    data[used] = '\0';
+    *buf = data;
+    *len = used;
+    return RK_OK;
+}
+
+int rk_fsync_dir(const char *dir, rk_err *err)
+{
+    if (!dir || !*dir)
+        return rk_err_set(err, RK_EINVAL, "rk_fsync_dir: empty path");
+    int fd;
+    do {
+        fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return io_fail(err, errno, dir, "cannot open directory for fsync");
+    int r;
+    do {
+        r = fsync(fd);
+    } while (r < 0 && errno == EINTR);
+    int e = errno;
+    close(fd);
+    if (r < 0 && e != EINVAL)
+        return io_fail(err, e, dir, "directory fsync failed");
+    return RK_OK;
+}

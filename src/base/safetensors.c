@@ -1,0 +1,727 @@
+/*
+ * safetensors reader and writer (see rekindle/safetensors.h and docs/safetensors.md).
+ * Relies on jansson for the JSON header and on rekindle/fileio.h for atomic writes. The reader
+ * trusts nothing: every length, offset and count is checked before use, and every message
+ * names the file and the tensor or field at fault.
+ */
+#include "rekindle/safetensors.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rekindle/fileio.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors data is little-endian; this code copies host bytes and needs a LE host"
+#endif
+
+#define META_KEY "__metadata__"
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[] = {
+    {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+    {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+    {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1},
+};
+
+size_t rk_st_dtype_size(const char *dtype)
+{
+    if (!dtype)
+        return 0;
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (strcmp(dtype, dtypes[i].name) == 0)
+            return dtypes[i].size;
+    return 0;
+}
+
+/* Length of the well-formed UTF-8 sequence at s[0..avail), or 0 if there is none. */
+static size_t utf8_seq(const uint8_t *s, size_t avail)
+{
+    uint8_t c = s[0];
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 1, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef)
+        n = 2, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4)
+        n = 3, cp = c & 0x07;
+    else
+        return 0;
+    if (avail <= n)
+        return 0;
+    for (size_t k = 1; k <= n; k++) {
+        if ((s[k] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[k] & 0x3f);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n + 1;
+}
+
+/* Offset of the first byte that is not well-formed UTF-8, or `len` if all of it is. */
+static size_t utf8_bad_at(const uint8_t *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        size_t n = utf8_seq(s + i, len - i);
+        if (n == 0)
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+/* Copy `s` for a one-line message: control bytes and broken UTF-8 become '?', long strings
+ * end in "...". */
+static const char *show(char *dst, size_t cap, const char *s)
+{
+    const uint8_t *u = (const uint8_t *)s;
+    size_t len = strlen(s), i = 0, j = 0;
+    while (i < len) {
+        size_t n = utf8_seq(u + i, len - i);
+        if (j + (n ? n : 1) + 4 > cap) /* room for this, "..." and the NUL */
+            break;
+        if (n == 0 || u[i] < 0x20 || u[i] == 0x7f) {
+            dst[j++] = '?';
+            i++;
+        } else {
+            memcpy(dst + j, s + i, n);
+            i += n;
+            j += n;
+        }
+    }
+    if (i < len) {
+        memcpy(dst + j, "...", 3);
+        j += 3;
+    }
+    dst[j] = '\0';
+    return dst;
+}
+
+static bool utf8_ok(const char *s)
+{
+    size_t n = strlen(s);
+    return utf8_bad_at((const uint8_t *)s, n) == n;
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+/* "[2,3]" into buf (the dims, as many as fit). */
+static const char *fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t j = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && j < cap; i++)
+        j += (size_t)snprintf(buf + j, cap - j, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (j < cap)
+        snprintf(buf + j, cap - j, "]");
+    return buf;
+}
+
+/* ---- writer ---------------------------------------------------------------------------- */
+
+/* Check one entry; its byte size in *nbytes. */
+static int entry_check(const char *label, const rk_st_entry *e, size_t idx, size_t *nbytes,
+                       rk_err *err)
+{
+    char nb[96];
+    if (!e->name || !*e->name)
+        return rk_err_set(err, RK_EINVAL, "%s: tensor #%zu has no name", label, idx);
+    const char *nm = show(nb, sizeof nb, e->name);
+    if (strcmp(e->name, META_KEY) == 0)
+        return rk_err_set(err, RK_EINVAL, "%s: tensor #%zu: the name '%s' is reserved", label, idx,
+                          META_KEY);
+    if (!utf8_ok(e->name))
+        return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': name is not valid UTF-8", label, nm);
+    const char *dt = e->dtype ? e->dtype : "F32";
+    size_t esize = rk_st_dtype_size(dt);
+    if (esize == 0) {
+        char db[32];
+        return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': unknown dtype '%s'", label, nm,
+                          show(db, sizeof db, dt));
+    }
+    if (e->ndim < 0 || e->ndim > RK_ST_MAX_DIMS)
+        return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': ndim %d is outside 0..%d", label, nm,
+                          e->ndim, RK_ST_MAX_DIMS);
+    if (e->ndim > 0 && !e->shape)
+        return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': shape is NULL", label, nm);
+    size_t numel = 1;
+    for (int i = 0; i < e->ndim; i++) {
+        if (e->shape[i] < 0)
+            return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': shape[%d] is negative (%lld)",
+                              label, nm, i, (long long)e->shape[i]);
+        if ((uint64_t)e->shape[i] > SIZE_MAX)
+            return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': element count overflows", label,
+                              nm);
+        size_t d = (size_t)e->shape[i];
+        if (d != 0 && numel > SIZE_MAX / d)
+            return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': element count overflows", label,
+                              nm);
+        numel *= d;
+    }
+    if (numel > SIZE_MAX / esize)
+        return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': byte size overflows", label, nm);
+    *nbytes = numel * esize;
+    if (*nbytes > 0 && !e->data)
+        return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': data is NULL", label, nm);
+    return RK_OK;
+}
+
+static int meta_to_json(const char *label, const char *const *meta, json_t *root, rk_err *err)
+{
+    if (!meta || !meta[0])
+        return RK_OK;
+    json_t *m = json_object();
+    if (!m || json_object_set_new(root, META_KEY, m) < 0)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
+    char kb[96];
+    for (size_t i = 0; meta[i]; i += 2) {
+        const char *k = meta[i], *v = meta[i + 1];
+        const char *ks = show(kb, sizeof kb, k);
+        if (!v)
+            return rk_err_set(err, RK_EINVAL, "%s: metadata key '%s' has no value", label, ks);
+        if (!utf8_ok(k) || !utf8_ok(v))
+            return rk_err_set(err, RK_EINVAL, "%s: metadata '%s': key or value is not UTF-8", label,
+                              ks);
+        if (json_object_get(m, k))
+            return rk_err_set(err, RK_EINVAL, "%s: metadata key '%s' appears twice", label, ks);
+        if (json_object_set_new(m, k, json_string(v)) < 0)
+            return rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
+    }
+    return RK_OK;
+}
+
+static json_t *tensor_json(const rk_st_entry *e, size_t begin, size_t end)
+{
+    json_t *o = json_object(), *shape = json_array(), *offs = json_array();
+    bool ok = o && shape && offs;
+    ok = ok && json_object_set_new(o, "dtype", json_string(e->dtype ? e->dtype : "F32")) == 0;
+    for (int i = 0; ok && i < e->ndim; i++)
+        ok = json_array_append_new(shape, json_integer(e->shape[i])) == 0;
+    ok = ok && json_array_append_new(offs, json_integer((json_int_t)begin)) == 0;
+    ok = ok && json_array_append_new(offs, json_integer((json_int_t)end)) == 0;
+    ok = ok && json_object_set(o, "shape", shape) == 0;
+    ok = ok && json_object_set(o, "data_offsets", offs) == 0;
+    json_decref(shape);
+    json_decref(offs);
+    if (!ok) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Build the 8-byte length + padded JSON header for `t`; total data bytes in *data_len. */
+static int build_header(const char *label, const rk_st_entry *t, size_t n, const char *const *meta,
+                        uint8_t **hdr, size_t *hdr_len, size_t *data_len, rk_err *err)
+{
+    *hdr = NULL;
+    *hdr_len = 0;
+    *data_len = 0;
+    if (n > 0 && !t)
+        return rk_err_set(err, RK_EINVAL, "%s: %zu tensors but the list is NULL", label, n);
+    json_t *root = json_object();
+    if (!root)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
+    int rc = meta_to_json(label, meta, root, err);
+    size_t off = 0;
+    for (size_t i = 0; rc == RK_OK && i < n; i++) {
+        size_t nbytes = 0;
+        rc = entry_check(label, &t[i], i, &nbytes, err);
+        if (rc < 0)
+            break;
+        char nb[96];
+        if (json_object_get(root, t[i].name)) {
+            rc = rk_err_set(err, RK_EINVAL, "%s: tensor name '%s' appears twice", label,
+                            show(nb, sizeof nb, t[i].name));
+            break;
+        }
+        if (nbytes > (size_t)INT64_MAX - off) {
+            rc = rk_err_set(err, RK_EINVAL, "%s: tensor '%s': data section overflows", label,
+                            show(nb, sizeof nb, t[i].name));
+            break;
+        }
+        json_t *o = tensor_json(&t[i], off, off + nbytes);
+        if (!o || json_object_set_new(root, t[i].name, o) < 0) {
+            rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
+            break;
+        }
+        off += nbytes;
+    }
+    char *js = rc == RK_OK ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    if (rc < 0)
+        return rc;
+    if (!js)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
+    size_t jlen = strlen(js);
+    size_t padded = (jlen + 7) & ~(size_t)7;
+    if (padded > RK_ST_MAX_HEADER) {
+        free(js);
+        return rk_err_set(err, RK_EINVAL, "%s: header would be %zu bytes, over the limit of %u",
+                          label, padded, RK_ST_MAX_HEADER);
+    }
+    uint8_t *h = malloc(8 + padded);
+    if (!h) {
+        free(js);
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
+    }
+    for (int i = 0; i < 8; i++)
+        h[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    memcpy(h + 8, js, jlen);
+    memset(h + 8 + jlen, ' ', padded - jlen);
+    free(js);
+    *hdr = h;
+    *hdr_len = 8 + padded;
+    *data_len = off;
+    return RK_OK;
+}
+
+/* Byte size of an entry already checked by build_header. */
+static size_t entry_nbytes(const rk_st_entry *e)
+{
+    size_t numel = 1;
+    for (int i = 0; i < e->ndim; i++)
+        numel *= (size_t)e->shape[i];
+    return numel * rk_st_dtype_size(e->dtype ? e->dtype : "F32");
+}
+
+int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *const *meta,
+                rk_err *err)
+{
+    if (!path || !*path)
+        return rk_err_set(err, RK_EINVAL, "rk_st_write: empty path");
+    uint8_t *hdr;
+    size_t hdr_len, data_len;
+    rk_afile *f = NULL;
+    int rc = build_header(path, t, n, meta, &hdr, &hdr_len, &data_len, err);
+    if (rc < 0)
+        return rc;
+    rc = rk_afile_open(&f, path, err);
+    if (rc == RK_OK)
+        rc = rk_afile_write(f, hdr, hdr_len, err);
+    for (size_t i = 0; rc == RK_OK && i < n; i++)
+        rc = rk_afile_write(f, t[i].data, entry_nbytes(&t[i]), err);
+    free(hdr);
+    if (rc < 0) {
+        if (f)
+            rk_afile_abort(f);
+        return rc;
+    }
+    return rk_afile_commit(f, err);
+}
+
+int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
+                 size_t *out_len, rk_err *err)
+{
+    if (!out || !out_len)
+        return rk_err_set(err, RK_EINVAL, "rk_st_encode: out or out_len is NULL");
+    *out = NULL;
+    *out_len = 0;
+    uint8_t *hdr;
+    size_t hdr_len, data_len;
+    int rc = build_header("safetensors", t, n, meta, &hdr, &hdr_len, &data_len, err);
+    if (rc < 0)
+        return rc;
+    if (data_len > SIZE_MAX - hdr_len) {
+        free(hdr);
+        return rk_err_set(err, RK_EINVAL, "safetensors: file size overflows");
+    }
+    uint8_t *buf = realloc(hdr, hdr_len + data_len);
+    if (!buf) {
+        free(hdr);
+        return rk_err_set(err, RK_ENOMEM, "safetensors: out of memory for %zu bytes",
+                          hdr_len + data_len);
+    }
+    size_t pos = hdr_len;
+    for (size_t i = 0; i < n; i++) {
+        size_t nb = entry_nbytes(&t[i]);
+        if (nb)
+            memcpy(buf + pos, t[i].data, nb);
+        pos += nb;
+    }
+    *out = buf;
+    *out_len = pos;
+    return RK_OK;
+}
+
+/* ---- reader ---------------------------------------------------------------------------- */
+
+typedef struct parse_ctx {
+    char label[256]; /* file name, printable */
+    size_t data_len; /* bytes in the data section */
+    rk_err *err;
+} parse_ctx;
+
+/* A non-negative JSON integer into *v, or false. */
+static bool json_uint(const json_t *j, uint64_t *v)
+{
+    if (!json_is_integer(j) || json_integer_value(j) < 0)
+        return false;
+    *v = (uint64_t)json_integer_value(j);
+    return true;
+}
+
+static int parse_entry(parse_ctx *c, const char *key, json_t *val, rk_st_tensor *t)
+{
+    char nb[96], fb[64];
+    const char *nm = show(nb, sizeof nb, key);
+    const char *L = c->label;
+    rk_err *err = c->err;
+    if (!json_is_object(val))
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': entry is not a JSON object", L, nm);
+    const char *fk;
+    json_t *fv;
+    json_object_foreach(val, fk, fv)
+    {
+        if (strcmp(fk, "dtype") && strcmp(fk, "shape") && strcmp(fk, "data_offsets"))
+            return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': unknown field '%s'", L, nm,
+                              show(fb, sizeof fb, fk));
+    }
+
+    json_t *jd = json_object_get(val, "dtype");
+    if (!jd)
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': missing field 'dtype'", L, nm);
+    if (!json_is_string(jd))
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': 'dtype' is not a string", L, nm);
+    size_t esize = rk_st_dtype_size(json_string_value(jd));
+    if (esize == 0)
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': unknown dtype '%s'", L, nm,
+                          show(fb, sizeof fb, json_string_value(jd)));
+    snprintf(t->dtype, sizeof t->dtype, "%s", json_string_value(jd));
+
+    json_t *js = json_object_get(val, "shape");
+    if (!js)
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': missing field 'shape'", L, nm);
+    if (!json_is_array(js))
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': 'shape' is not an array", L, nm);
+    size_t nd = json_array_size(js);
+    if (nd > RK_ST_MAX_DIMS)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: tensor '%s': 'shape' has %zu dimensions, more than %d", L, nm, nd,
+                          RK_ST_MAX_DIMS);
+    uint64_t numel = 1;
+    for (size_t i = 0; i < nd; i++) {
+        uint64_t d;
+        if (!json_uint(json_array_get(js, i), &d))
+            return rk_err_set(err, RK_EFORMAT,
+                              "%s: tensor '%s': 'shape'[%zu] is not a non-negative integer", L, nm,
+                              i);
+        if (d != 0 && numel > UINT64_MAX / d)
+            return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': 'shape' element count overflows",
+                              L, nm);
+        numel *= d;
+        t->shape[i] = (int64_t)d;
+    }
+    t->ndim = (int)nd;
+    if (numel > UINT64_MAX / esize)
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': 'shape' byte size overflows", L, nm);
+    uint64_t need = numel * esize;
+
+    json_t *jo = json_object_get(val, "data_offsets");
+    if (!jo)
+        return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': missing field 'data_offsets'", L, nm);
+    if (!json_is_array(jo) || json_array_size(jo) != 2)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: tensor '%s': 'data_offsets' is not an array of two integers", L, nm);
+    uint64_t b, e;
+    if (!json_uint(json_array_get(jo, 0), &b) || !json_uint(json_array_get(jo, 1), &e))
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: tensor '%s': 'data_offsets' are not non-negative integers", L, nm);
+    if (b > e)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: tensor '%s': 'data_offsets' begin %llu is after end %llu", L, nm,
+                          (unsigned long long)b, (unsigned long long)e);
+    if (e > c->data_len)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: tensor '%s': 'data_offsets' end %llu is past the end of the data "
+                          "section (%zu bytes)",
+                          L, nm, (unsigned long long)e, c->data_len);
+    if (e - b != need) {
+        char sb[96];
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: tensor '%s': 'data_offsets' span %llu bytes but %s %s needs %llu", L,
+                          nm, (unsigned long long)(e - b), t->dtype,
+                          fmt_shape(sb, sizeof sb, t->ndim, t->shape), (unsigned long long)need);
+    }
+    /* e <= data_len, so all of these fit in size_t. */
+    t->numel = (size_t)numel;
+    t->nbytes = (size_t)need;
+    t->offset = (size_t)b;
+    t->name = dup_str(key);
+    if (!t->name)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);
+    return RK_OK;
+}
+
+static int parse_meta(parse_ctx *c, json_t *m, rk_st_file *out)
+{
+    rk_err *err = c->err;
+    if (!json_is_object(m))
+        return rk_err_set(err, RK_EFORMAT, "%s: '%s' is not a JSON object", c->label, META_KEY);
+    size_t n = json_object_size(m);
+    out->meta_keys = calloc(n ? n : 1, sizeof *out->meta_keys);
+    out->meta_vals = calloc(n ? n : 1, sizeof *out->meta_vals);
+    if (!out->meta_keys || !out->meta_vals)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", c->label);
+    const char *k;
+    json_t *v;
+    json_object_foreach(m, k, v)
+    {
+        char kb[96];
+        if (!json_is_string(v))
+            return rk_err_set(err, RK_EFORMAT, "%s: '%s': value of '%s' is not a string", c->label,
+                              META_KEY, show(kb, sizeof kb, k));
+        char *dk = dup_str(k), *dv = dup_str(json_string_value(v));
+        if (!dk || !dv) {
+            free(dk);
+            free(dv);
+            return rk_err_set(err, RK_ENOMEM, "%s: out of memory", c->label);
+        }
+        out->meta_keys[out->nmeta] = dk;
+        out->meta_vals[out->nmeta] = dv;
+        out->nmeta++;
+    }
+    return RK_OK;
+}
+
+static int cmp_offset(const void *pa, const void *pb)
+{
+    const rk_st_tensor *a = pa, *b = pb;
+    if (a->offset != b->offset)
+        return a->offset < b->offset ? -1 : 1;
+    if (a->nbytes != b->nbytes)
+        return a->nbytes < b->nbytes ? -1 : 1;
+    return strcmp(a->name, b->name); /* names are unique: a total order */
+}
+
+/* Tensors sorted by offset must tile the data section exactly: no overlap, no hole. */
+static int check_layout(parse_ctx *c, rk_st_file *out)
+{
+    char ab[96], bb[96];
+    size_t expect = 0;
+    qsort(out->tensors, out->ntensors, sizeof *out->tensors, cmp_offset);
+    for (size_t i = 0; i < out->ntensors; i++) {
+        const rk_st_tensor *t = &out->tensors[i];
+        if (t->offset < expect)
+            return rk_err_set(c->err, RK_EFORMAT, "%s: tensors '%s' and '%s' overlap", c->label,
+                              show(ab, sizeof ab, out->tensors[i - 1].name),
+                              show(bb, sizeof bb, t->name));
+        if (t->offset > expect)
+            return rk_err_set(
+                c->err, RK_EFORMAT,
+                "%s: tensor '%s': hole in the data section, bytes %zu..%zu belong to no tensor",
+                c->label, show(ab, sizeof ab, t->name), expect, t->offset);
+        expect = t->offset + t->nbytes;
+    }
+    if (expect != c->data_len)
+        return rk_err_set(c->err, RK_EFORMAT,
+                          "%s: data section is %zu bytes but the tensors cover only %zu", c->label,
+                          c->data_len, expect);
+    return RK_OK;
+}
+
+/* Parse `buf` (owned from here on: kept in `out` or freed). */
+static int parse_owned(uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err)
+{
+    parse_ctx c = {.err = err};
+    show(c.label, sizeof c.label, name ? name : "<memory>");
+    const char *L = c.label;
+    memset(out, 0, sizeof *out);
+    out->buf = buf;
+    out->len = len;
+    out->name = dup_str(name ? name : "<memory>");
+    if (!out->name) {
+        rk_st_free(out);
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);
+    }
+
+    int rc = RK_OK;
+    json_t *root = NULL;
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8 && len >= 8; i++)
+        hlen |= (uint64_t)buf[i] << (8 * i);
+    if (len < 8) {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: file is %zu bytes, shorter than the 8-byte header length", L, len);
+    } else if (hlen > RK_ST_MAX_HEADER) {
+        rc = rk_err_set(err, RK_EFORMAT, "%s: header length %llu is over the limit of %u bytes", L,
+                        (unsigned long long)hlen, RK_ST_MAX_HEADER);
+    } else if (hlen > len - 8) {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: header length %llu runs past the end of the file (%zu bytes)", L,
+                        (unsigned long long)hlen, len);
+    } else if (hlen == 0) {
+        rc = rk_err_set(err, RK_EFORMAT, "%s: header length is 0", L);
+    } else if (buf[8] != '{') {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: header is not a JSON object (starts with byte 0x%02x, not '{')", L,
+                        buf[8]);
+    }
+    if (rc == RK_OK) {
+        size_t bad = utf8_bad_at(buf + 8, (size_t)hlen);
+        if (bad != hlen)
+            rc =
+                rk_err_set(err, RK_EFORMAT, "%s: header is not valid UTF-8 (byte %zu)", L, 8 + bad);
+    }
+    if (rc == RK_OK) {
+        json_error_t je;
+        root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+        if (!root) {
+            char tb[JSON_ERROR_TEXT_LENGTH];
+            show(tb, sizeof tb, je.text);
+            if (json_error_code(&je) == json_error_duplicate_key)
+                rc = rk_err_set(err, RK_EFORMAT, "%s: duplicate key in header: %s", L, tb);
+            else if (json_error_code(&je) == json_error_out_of_memory)
+                rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory parsing the header", L);
+            else
+                rc = rk_err_set(err, RK_EFORMAT, "%s: header is not valid JSON: %s (byte %d)", L,
+                                tb, 8 + je.position);
+        } else if (!json_is_object(root)) {
+            rc = rk_err_set(err, RK_EFORMAT, "%s: header is not a JSON object", L);
+        }
+    }
+    if (rc == RK_OK) {
+        out->data_start = 8 + (size_t)hlen;
+        c.data_len = len - out->data_start;
+        size_t n = json_object_size(root);
+        out->tensors = calloc(n ? n : 1, sizeof *out->tensors);
+        if (!out->tensors)
+            rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);
+        const char *key;
+        json_t *val;
+        json_object_foreach(root, key, val)
+        {
+            if (rc < 0)
+                break;
+            if (strcmp(key, META_KEY) == 0) {
+                rc = parse_meta(&c, val, out);
+            } else {
+                /* parse_entry sets the name last, so a failed entry owns nothing */
+                rc = parse_entry(&c, key, val, &out->tensors[out->ntensors]);
+                if (rc == RK_OK)
+                    out->ntensors++;
+            }
+        }
+    }
+    json_decref(root);
+    if (rc == RK_OK)
+        rc = check_layout(&c, out);
+    if (rc < 0) {
+        rk_st_free(out);
+        return rc;
+    }
+    for (size_t i = 0; i < out->ntensors; i++)
+        out->tensors[i].data = out->buf + out->data_start + out->tensors[i].offset;
+    return RK_OK;
+}
+
+int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err)
+{
+    if (!out)
+        return rk_err_set(err, RK_EINVAL, "rk_st_parse: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!buf && len > 0)
+        return rk_err_set(err, RK_EINVAL, "rk_st_parse: buf is NULL");
+    uint8_t *copy = malloc(len ? len : 1);
+    if (!copy)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes",
+                          name ? name : "<memory>", len);
+    if (len)
+        memcpy(copy, buf, len);
+    return parse_owned(copy, len, name, out, err);
+}
+
+int rk_st_read(const char *path, rk_st_file *out, rk_err *err)
+{
+    if (!out)
+        return rk_err_set(err, RK_EINVAL, "rk_st_read: out is NULL");
+    memset(out, 0, sizeof *out);
+    uint8_t *buf;
+    size_t len;
+    int rc = rk_file_read_all(path, &buf, &len, SIZE_MAX, err);
+    if (rc < 0)
+        return rc;
+    return parse_owned(buf, len, path, out, err);
+}
+
+const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name)
+{
+    if (!f || !name)
+        return NULL;
+    for (size_t i = 0; i < f->ntensors; i++)
+        if (strcmp(f->tensors[i].name, name) == 0)
+            return &f->tensors[i];
+    return NULL;
+}
+
+const char *rk_st_meta(const rk_st_file *f, const char *key)
+{
+    if (!f || !key)
+        return NULL;
+    for (size_t i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta_keys[i], key) == 0)
+            return f->meta_vals[i];
+    return NULL;
+}
+
+int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
+                   float *dst, rk_err *err)
+{
+    if (!f || !name || ndim < 0 || ndim > RK_ST_MAX_DIMS || (ndim > 0 && !shape))
+        return rk_err_set(err, RK_EINVAL, "rk_st_load_f32: bad argument");
+    char lb[256], nb[96], hb[96], wb[96];
+    const char *L = show(lb, sizeof lb, f->name ? f->name : "<memory>");
+    const rk_st_tensor *t = rk_st_find(f, name);
+    if (!t)
+        return rk_err_set(err, RK_ENOENT, "%s: no tensor '%s'", L, show(nb, sizeof nb, name));
+    if (strcmp(t->dtype, "F32") != 0)
+        return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' is %s, expected F32", L,
+                          show(nb, sizeof nb, name), t->dtype);
+    bool same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++)
+        same = t->shape[i] == shape[i];
+    if (!same)
+        return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' has shape %s, expected %s", L,
+                          show(nb, sizeof nb, name), fmt_shape(hb, sizeof hb, t->ndim, t->shape),
+                          fmt_shape(wb, sizeof wb, ndim, shape));
+    if (t->nbytes > 0 && !dst)
+        return rk_err_set(err, RK_EINVAL, "rk_st_load_f32: dst is NULL");
+    if (t->nbytes > 0)
+        memcpy(dst, t->data, t->nbytes);
+    return RK_OK;
+}
+
+void rk_st_free(rk_st_file *f)
+{
+    if (!f)
+        return;
+    for (size_t i = 0; i < f->ntensors; i++)
+        free(f->tensors[i].name);
+    for (size_t i = 0; i < f->nmeta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_vals[i]);
+    }
+    free(f->tensors);
+    free(f->meta_keys);
+    free(f->meta_vals);
+    free(f->buf);
+    free(f->name);
+    memset(f, 0, sizeof *f);
+}

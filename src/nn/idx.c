@@ -1,0 +1,395 @@
+/*
+ * IDX reader and Fashion-MNIST loader (see idx.h). One parser reads from a source that is
+ * either a memory buffer or a zlib gzFile; zlib's gzread detects gzip by its 1f 8b magic and
+ * reads anything else as-is, so raw and compressed files share a path. Relies on zlib and
+ * POSIX open().
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "nn/idx.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+/* Where the parser reads from: a memory buffer when gz is NULL, else a gzFile. */
+typedef struct idx_src {
+    const char *name; /* for messages */
+    const uint8_t *buf;
+    size_t len, pos;
+    gzFile gz;
+} idx_src;
+
+/* zlib prefixes its messages with the path it was given ("<fd:3>: "); drop that prefix. */
+static const char *gz_message(gzFile gz, int *zerr)
+{
+    const char *m = gzerror(gz, zerr);
+    if (m && strncmp(m, "<fd:", 4) == 0) {
+        const char *p = strstr(m, ": ");
+        if (p)
+            m = p + 2;
+    }
+    return m && *m ? m : "unknown zlib error";
+}
+
+/* Turn the gzFile's error state into an RK_E* code and message. */
+static int gz_fail(idx_src *s, int saved_errno, rk_err *err)
+{
+    int zerr = Z_OK;
+    const char *zmsg = gz_message(s->gz, &zerr);
+    switch (zerr) {
+    case Z_ERRNO:
+        return rk_err_set(err, RK_EIO, "%s: read failed: %s", s->name,
+                          saved_errno ? strerror(saved_errno) : "unknown error");
+    case Z_MEM_ERROR: return rk_err_set(err, RK_ENOMEM, "%s: zlib: out of memory", s->name);
+    case Z_BUF_ERROR:
+        return rk_err_set(err, RK_EFORMAT, "%s: truncated gzip stream: %s", s->name, zmsg);
+    default: return rk_err_set(err, RK_EFORMAT, "%s: corrupt gzip stream: %s", s->name, zmsg);
+    }
+}
+
+/* Read up to n bytes into dst; *got is short only at the end of the input. A gzip stream
+ * that ends early, fails its checks or cannot be read is an error, not a short read. */
+static int src_read(idx_src *s, uint8_t *dst, size_t n, size_t *got, rk_err *err)
+{
+    *got = 0;
+    if (!s->gz) {
+        size_t avail = s->len - s->pos;
+        size_t k = n < avail ? n : avail;
+        if (k)
+            memcpy(dst, s->buf + s->pos, k);
+        s->pos += k;
+        *got = k;
+        return RK_OK;
+    }
+    while (*got < n) {
+        size_t want = n - *got;
+        if (want > ((size_t)1 << 30))
+            want = (size_t)1 << 30;
+        errno = 0;
+        int r = gzread(s->gz, dst + *got, (unsigned)want);
+        if (r < 0)
+            return gz_fail(s, errno, err);
+        if (r == 0)
+            break;
+        *got += (size_t)r;
+    }
+    if (*got < n) {
+        int zerr = Z_OK;
+        int saved = errno;
+        gzerror(s->gz, &zerr);
+        if (zerr != Z_OK)
+            return gz_fail(s, saved, err);
+    }
+    return RK_OK;
+}
+
+/* Count the bytes left in the source (stopping past RK_IDX_MAX_BYTES). Reading a gzip stream
+ * to its end is also what checks its CRC and length trailer. */
+static int src_count_rest(idx_src *s, size_t *count, rk_err *err)
+{
+    if (!s->gz) {
+        *count = s->len - s->pos;
+        return RK_OK;
+    }
+    uint8_t scratch[16384];
+    *count = 0;
+    for (;;) {
+        size_t got;
+        int rc = src_read(s, scratch, sizeof scratch, &got, err);
+        if (rc)
+            return rc;
+        *count += got;
+        if (got < sizeof scratch || *count > RK_IDX_MAX_BYTES)
+            return RK_OK;
+    }
+}
+
+static void format_dims(char *buf, size_t size, int ndim, const uint32_t *dims)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ndim && used < size; i++) {
+        int k = snprintf(buf + used, size - used, "%s%u", i ? "x" : "", (unsigned)dims[i]);
+        if (k < 0)
+            break;
+        used += (size_t)k;
+    }
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+/* Parse one IDX file from `s` into `out` (zeroed by the caller). */
+static int idx_read(idx_src *s, rk_idx *out, rk_err *err)
+{
+    uint8_t hdr[4 + 4 * RK_IDX_MAX_DIMS];
+    size_t got;
+    int rc = src_read(s, hdr, 4, &got, err);
+    if (rc)
+        return rc;
+    if (got < 4)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: truncated header: file has %zu bytes, an IDX magic needs 4", s->name,
+                          got);
+    if (hdr[0] != 0 || hdr[1] != 0)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: bad magic %02x %02x %02x %02x: an IDX file starts with 00 00%s",
+                          s->name, hdr[0], hdr[1], hdr[2], hdr[3],
+                          hdr[0] == 0x1f && hdr[1] == 0x8b ? " (this looks like gzip)" : "");
+    if (hdr[2] != RK_IDX_UBYTE)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: unsupported data type 0x%02x: only 0x08 (unsigned byte) is "
+                          "accepted",
+                          s->name, hdr[2]);
+    int ndim = hdr[3];
+    if (ndim < 1 || ndim > RK_IDX_MAX_DIMS)
+        return rk_err_set(err, RK_EFORMAT, "%s: bad number of dimensions %d: expected 1 to %d",
+                          s->name, ndim, RK_IDX_MAX_DIMS);
+
+    size_t need = 4 * (size_t)ndim;
+    rc = src_read(s, hdr + 4, need, &got, err);
+    if (rc)
+        return rc;
+    if (got < need)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: truncated header: %zu of the %zu bytes of sizes for %d dimensions",
+                          s->name, got, need, ndim);
+
+    uint32_t dims[RK_IDX_MAX_DIMS] = {0};
+    for (int i = 0; i < ndim; i++)
+        dims[i] = be32(hdr + 4 + 4 * i);
+    char shape[64];
+    format_dims(shape, sizeof shape, ndim, dims);
+
+    size_t nbytes = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] == 0)
+            return rk_err_set(err, RK_EFORMAT, "%s: dimension %d of %s is zero", s->name, i, shape);
+        /* nbytes <= RK_IDX_MAX_BYTES throughout, so this test cannot overflow. */
+        if (dims[i] > RK_IDX_MAX_BYTES / nbytes)
+            return rk_err_set(err, RK_EFORMAT,
+                              "%s: too large: header says %s, more than the limit of %zu bytes",
+                              s->name, shape, RK_IDX_MAX_BYTES);
+        nbytes *= dims[i];
+    }
+
+    /* Grow the buffer as data arrives, so a short file with a big header costs little. */
+    uint8_t *data = NULL;
+    size_t cap = 0;
+    got = 0;
+    while (got < nbytes) {
+        if (got == cap) {
+            size_t ncap = cap ? 2 * cap : (size_t)1 << 16; /* cap <= 1 GiB: no overflow */
+            ncap = ncap < nbytes ? ncap : nbytes;
+            uint8_t *p = realloc(data, ncap);
+            if (!p) {
+                rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes of data (%s)",
+                                s->name, nbytes, shape);
+                goto fail;
+            }
+            data = p;
+            cap = ncap;
+        }
+        size_t k;
+        rc = src_read(s, data + got, cap - got, &k, err);
+        if (rc)
+            goto fail;
+        got += k;
+        if (got < cap)
+            break; /* end of input */
+    }
+    if (got < nbytes) {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: truncated: header says %s = %zu bytes of data, file has %zu", s->name,
+                        shape, nbytes, got);
+        goto fail;
+    }
+    size_t rest;
+    rc = src_count_rest(s, &rest, err);
+    if (rc)
+        goto fail;
+    if (rest) {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: %s%zu trailing bytes after the %zu bytes of data the header (%s) "
+                        "describes",
+                        s->name, rest > RK_IDX_MAX_BYTES ? "more than " : "",
+                        rest > RK_IDX_MAX_BYTES ? RK_IDX_MAX_BYTES : rest, nbytes, shape);
+        goto fail;
+    }
+
+    out->dtype = hdr[2];
+    out->ndim = ndim;
+    memcpy(out->dims, dims, sizeof dims);
+    out->nbytes = nbytes;
+    out->data = data;
+    return RK_OK;
+
+fail:
+    free(data);
+    return rc;
+}
+
+int rk_idx_parse(const uint8_t *buf, size_t len, const char *name, rk_idx *out, rk_err *err)
+{
+    if (!name)
+        name = "<memory>";
+    if (!out)
+        return rk_err_set(err, RK_EINVAL, "%s: rk_idx_parse: no output struct", name);
+    memset(out, 0, sizeof *out);
+    if (!buf && len)
+        return rk_err_set(err, RK_EINVAL, "%s: rk_idx_parse: NULL buffer of %zu bytes", name, len);
+    idx_src s = {.name = name, .buf = buf, .len = buf ? len : 0};
+    return idx_read(&s, out, err);
+}
+
+int rk_idx_load(const char *path, rk_idx *out, rk_err *err)
+{
+    if (!out || !path)
+        return rk_err_set(err, RK_EINVAL, "rk_idx_load: %s", !path ? "no path" : "no output");
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            return rk_err_set(err, RK_ENOENT, "%s: not found: %s", path, strerror(e));
+        return rk_err_set(err, RK_EIO, "%s: cannot open: %s", path, strerror(e));
+    }
+    gzFile gz = gzdopen(fd, "rb");
+    if (!gz) {
+        close(fd);
+        return rk_err_set(err, RK_ENOMEM, "%s: cannot start a zlib reader: out of memory", path);
+    }
+    gzbuffer(gz, 1u << 17);
+    idx_src s = {.name = path, .gz = gz};
+    int rc = idx_read(&s, out, err);
+    gzclose(gz); /* closes fd; read errors were already reported by idx_read */
+    return rc;
+}
+
+void rk_idx_free(rk_idx *idx)
+{
+    if (!idx)
+        return;
+    free(idx->data);
+    memset(idx, 0, sizeof *idx);
+}
+
+/* Load <dir>/<base>.gz if it exists, else <dir>/<base>; `path` gets the one used. */
+static int load_either(const char *dir, const char *base, rk_idx *out, char *path, size_t size,
+                       rk_err *err)
+{
+    int k = snprintf(path, size, "%s/%s.gz", dir, base);
+    if (k < 0 || (size_t)k >= size)
+        return rk_err_set(err, RK_EINVAL, "%s: directory path too long", dir);
+    int rc = rk_idx_load(path, out, err);
+    if (rc != RK_ENOENT)
+        return rc;
+    snprintf(path, size, "%s/%s", dir, base);
+    rc = rk_idx_load(path, out, err);
+    if (rc == RK_ENOENT)
+        rc = rk_err_set(err, RK_ENOENT, "%s: not found (tried %s.gz, then %s)", path, path, path);
+    return rc;
+}
+
+enum { RK_PATH_MAX = 4096 };
+
+int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *err)
+{
+    if (!out)
+        return rk_err_set(err, RK_EINVAL, "rk_dataset_load_fmnist: no output struct");
+    memset(out, 0, sizeof *out);
+    if (!dir)
+        dir = RK_FMNIST_DEFAULT_DIR;
+
+    const char *prefix = train ? "train" : "t10k";
+    char base[64], img_path[RK_PATH_MAX], lab_path[RK_PATH_MAX];
+    rk_idx img = {0}, lab = {0};
+    char shape[64];
+
+    snprintf(base, sizeof base, "%s-images-idx3-ubyte", prefix);
+    int rc = load_either(dir, base, &img, img_path, sizeof img_path, err);
+    if (rc)
+        return rc;
+    format_dims(shape, sizeof shape, img.ndim, img.dims);
+    if (img.ndim != 3) {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: images must have 3 dimensions (n x %d x %d), header says %s", img_path,
+                        RK_FMNIST_ROWS, RK_FMNIST_COLS, shape);
+        goto fail;
+    }
+    if (img.dims[1] != RK_FMNIST_ROWS || img.dims[2] != RK_FMNIST_COLS) {
+        rc = rk_err_set(err, RK_EFORMAT, "%s: images must be %dx%d, header says %s", img_path,
+                        RK_FMNIST_ROWS, RK_FMNIST_COLS, shape);
+        goto fail;
+    }
+
+    snprintf(base, sizeof base, "%s-labels-idx1-ubyte", prefix);
+    rc = load_either(dir, base, &lab, lab_path, sizeof lab_path, err);
+    if (rc)
+        goto fail;
+    if (lab.ndim != 1) {
+        format_dims(shape, sizeof shape, lab.ndim, lab.dims);
+        rc = rk_err_set(err, RK_EFORMAT, "%s: labels must have 1 dimension, header says %s",
+                        lab_path, shape);
+        goto fail;
+    }
+    if (lab.dims[0] != img.dims[0]) {
+        rc = rk_err_set(err, RK_EFORMAT, "%s: %u labels, but %s has %u images", lab_path,
+                        (unsigned)lab.dims[0], img_path, (unsigned)img.dims[0]);
+        goto fail;
+    }
+    for (size_t i = 0; i < lab.nbytes; i++) {
+        if (lab.data[i] >= RK_FMNIST_CLASSES) {
+            rc = rk_err_set(err, RK_EFORMAT, "%s: label %u at index %zu is out of range 0..%d",
+                            lab_path, lab.data[i], i, RK_FMNIST_CLASSES - 1);
+            goto fail;
+        }
+    }
+
+    if (img.nbytes > SIZE_MAX / sizeof(float)) {
+        rc = rk_err_set(err, RK_ENOMEM, "%s: %zu pixels do not fit in memory as floats", img_path,
+                        img.nbytes);
+        goto fail;
+    }
+    float *images = malloc(img.nbytes * sizeof(float));
+    if (!images) {
+        rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu normalised pixels", img_path,
+                        img.nbytes);
+        goto fail;
+    }
+    float lut[256];
+    for (int v = 0; v < 256; v++)
+        lut[v] = ((float)v / 255.0f - RK_FMNIST_MEAN) / RK_FMNIST_STD;
+    for (size_t i = 0; i < img.nbytes; i++)
+        images[i] = lut[img.data[i]];
+
+    out->n = (int)img.dims[0]; /* <= RK_IDX_MAX_BYTES / (28*28), fits an int */
+    out->rows = RK_FMNIST_ROWS;
+    out->cols = RK_FMNIST_COLS;
+    out->images = images;
+    out->labels = lab.data; /* take ownership */
+    lab.data = NULL;
+    rk_idx_free(&img);
+    return RK_OK;
+
+fail:
+    rk_idx_free(&img);
+    rk_idx_free(&lab);
+    return rc;
+}
+
+void rk_dataset_free(rk_dataset *ds)
+{
+    if (!ds)
+        return;
+    free(ds->images);
+    free(ds->labels);
+    memset(ds, 0, sizeof *ds);
+}
