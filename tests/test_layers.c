@@ -200,6 +200,12 @@ static void convblock_single_channel_input_backward_matches(void **state)
     check_conv(1, 8, 3, 12); /* the first layer of every CNN: one input channel */
 }
 
+static void convblock_channels_not_multiple_of_block_backward_matches(void **state)
+{
+    (void)state;
+    check_conv(2, 12, 3, 6); /* 12 channels: blocked layouts carry padded lanes */
+}
+
 static void convblock_backward_without_forward_is_an_error(void **state)
 {
     (void)state;
@@ -314,6 +320,7 @@ int main(void)
         cmocka_unit_test(convblock_3x3_backward_matches_finite_differences),
         cmocka_unit_test(convblock_5x5_backward_matches_finite_differences),
         cmocka_unit_test(convblock_single_channel_input_backward_matches),
+        cmocka_unit_test(convblock_channels_not_multiple_of_block_backward_matches),
         cmocka_unit_test(convblock_backward_without_forward_is_an_error),
         cmocka_unit_test(dropout_backward_matches_finite_differences),
         cmocka_unit_test(softmax_xent_gradient_matches_finite_differences),

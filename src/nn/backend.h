@@ -34,6 +34,9 @@ typedef struct rk_backend {
     int (*init)(int threads, rk_err *err);
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
+    /* Copies between host memory and this backend's memory (memcpy on the CPU). */
+    void (*upload)(void *dst_dev, const void *src_host, size_t bytes);
+    void (*download)(void *dst_host, const void *src_dev, size_t bytes);
     void (*cache_free)(rk_op_cache *c);
 
     /* y[n, out] = x[n, in] * w[out, in]^T + b, then ReLU if relu != 0. */

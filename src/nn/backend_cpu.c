@@ -1,7 +1,7 @@
 /*
- * CPU backend: convolutions and pooling on oneDNN primitives (blocked layouts chosen by
- * oneDNN, reordered at the block's edges), dense layers on oneDNN's sgemm, and plain C loops
- * for the element-wise work. Everything runs on one OpenMP thread pool, sized once by init.
+ * CPU backend: convolutions on oneDNN primitives (blocked layouts chosen by oneDNN, reordered
+ * at the block's edges), 2x2 max pooling fused with the ReLU in plain C on the convolution's
+ * own layout, dense layers on oneDNN's sgemm, and plain C loops for the element-wise work. Everything runs on one OpenMP thread pool, sized once by init.
  * Deterministic for a fixed thread count: no op depends on thread timing.
  */
 #include <math.h>
@@ -11,6 +11,9 @@
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "nn/backend.h"
 #include "rekindle/rng.h"
@@ -50,6 +53,8 @@ static void *cpu_alloc(size_t bytes)
 }
 
 static void cpu_free(void *p) { free(p); }
+
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 /* ---- dense ---------------------------------------------------------------------------- */
 
@@ -105,19 +110,24 @@ typedef struct plan {
     rk_convblock_shape s;
     int valid;
     /* user (plain) layouts */
-    dnnl_memory_desc_t x_md, w_md, b_md, y_md;
-    /* forward */
-    dnnl_primitive_desc_t conv_pd, pool_pd;
-    dnnl_primitive_t conv, pool;
-    dnnl_memory_t m_xc, m_wc, m_b, m_c, m_p, m_ws;
-    float *xc, *wc, *c, *p, *ws; /* owned buffers (xc, wc NULL when the user layout is used) */
-    reorder r_x, r_w, r_y;
+    dnnl_memory_desc_t x_md, w_md, b_md;
+    /* forward: conv (+bias, +ReLU post-op) into c, in a layout with channel blocks of `blk`
+     * (1 = plain NCHW, 8 = nChw8c, 16 = nChw16c); pooling by pool_forward into the user's y */
+    dnnl_primitive_desc_t conv_pd;
+    dnnl_primitive_t conv;
+    dnnl_memory_t m_xc, m_wc, m_b, m_c;
+    float *xc, *wc, *c;  /* owned buffers (xc, wc NULL when the user layout is used) */
+    float *pm, *win;     /* pooled maxima and window winners (0..3), in c's layout, pooled */
+    float *dpm;          /* pooled gradient in that layout (when it is not plain NCHW) */
+    int blk;
+    dnnl_memory_desc_t y_md, pm_md;
+    reorder r_x, r_w, r_y, r_dy; /* pm layout <-> the user's NCHW y (none when blk is 1) */
     /* backward */
-    dnnl_primitive_desc_t poolb_pd, bw_pd, bd_pd;
-    dnnl_primitive_t poolb, bw, bd;
-    dnnl_memory_t m_dp, m_dc, m_bw_src, m_bw_ddst, m_bw_dw, m_db, m_bd_w, m_bd_ddst, m_bd_dsrc;
-    float *dp, *dc, *bw_src, *bw_ddst, *bw_dw, *bd_w, *bd_ddst, *bd_dsrc;
-    reorder r_dy, r_bw_src, r_bw_ddst, r_dw, r_bd_w, r_bd_ddst, r_dx;
+    dnnl_primitive_desc_t bw_pd, bd_pd;
+    dnnl_primitive_t bw, bd;
+    dnnl_memory_t m_dc, m_bw_src, m_bw_ddst, m_bw_dw, m_db, m_bd_w, m_bd_ddst, m_bd_dsrc;
+    float *dc, *bw_src, *bw_ddst, *bw_dw, *bd_w, *bd_ddst, *bd_dsrc;
+    reorder r_bw_src, r_bw_ddst, r_dw, r_bd_w, r_bd_ddst, r_dx;
     const float *x_user, *w_user; /* the inputs of the last forward, for backward */
     int has_bwd;
 } plan;
@@ -162,23 +172,22 @@ static void prim_free(dnnl_primitive_t *p, dnnl_primitive_desc_t *pd)
 static void plan_free(plan *pl)
 {
     prim_free(&pl->conv, &pl->conv_pd);
-    prim_free(&pl->pool, &pl->pool_pd);
-    prim_free(&pl->poolb, &pl->poolb_pd);
     prim_free(&pl->bw, &pl->bw_pd);
     prim_free(&pl->bd, &pl->bd_pd);
-    dnnl_memory_t *mems[] = {&pl->m_xc,     &pl->m_wc,      &pl->m_b,     &pl->m_c,
-                             &pl->m_p,      &pl->m_ws,      &pl->m_dp,    &pl->m_dc,
-                             &pl->m_bw_src, &pl->m_bw_ddst, &pl->m_bw_dw, &pl->m_db,
-                             &pl->m_bd_w,   &pl->m_bd_ddst, &pl->m_bd_dsrc};
+    dnnl_memory_t *mems[] = {&pl->m_xc,     &pl->m_wc,     &pl->m_b,       &pl->m_c,
+                             &pl->m_dc,     &pl->m_bw_src, &pl->m_bw_ddst, &pl->m_bw_dw,
+                             &pl->m_db,     &pl->m_bd_w,   &pl->m_bd_ddst, &pl->m_bd_dsrc};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
         mem_free(mems[i]);
-    float *bufs[] = {pl->xc,     pl->wc,      pl->c,     pl->p,    pl->ws,     pl->dp,
-                     pl->dc,     pl->bw_src,  pl->bw_ddst, pl->bw_dw, pl->bd_w, pl->bd_ddst,
-                     pl->bd_dsrc};
+    float *bufs[] = {pl->xc,      pl->wc,    pl->c,    pl->dc,      pl->bw_src,
+                     pl->bw_ddst, pl->bw_dw, pl->bd_w, pl->bd_ddst, pl->bd_dsrc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
-    reorder *rs[] = {&pl->r_x,      &pl->r_w,       &pl->r_y,  &pl->r_dy, &pl->r_bw_src,
-                     &pl->r_bw_ddst, &pl->r_dw,     &pl->r_bd_w, &pl->r_bd_ddst, &pl->r_dx};
+    free(pl->pm);
+    free(pl->win);
+    free(pl->dpm);
+    reorder *rs[] = {&pl->r_x,    &pl->r_w,  &pl->r_y, &pl->r_dy, &pl->r_bw_src, &pl->r_bw_ddst,
+                     &pl->r_dw,   &pl->r_bd_w,    &pl->r_bd_ddst, &pl->r_dx};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
         reorder_free(rs[i]);
     memset(pl, 0, sizeof *pl);
@@ -247,27 +256,30 @@ static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, const dnnl_me
     return rc;
 }
 
-static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
+/* Channel block of a conv output layout we can pool in place: 1 (nchw), 8 or 16 (nChw8c,
+ * nChw16c); 0 for any other layout. */
+static int block_of(const dnnl_memory_desc_t *md, const dnnl_dims_t dims)
+{
+    static const struct { dnnl_format_tag_t tag; int blk; } known[] = {
+        {dnnl_nChw8c, 8}, {dnnl_nChw16c, 16}, {dnnl_nchw, 1}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        dnnl_memory_desc_t k;
+        if (dnnl_memory_desc_init_by_tag(&k, 4, dims, dnnl_f32, known[i].tag) == dnnl_success &&
+            dnnl_memory_desc_equal(&k, md))
+            return known[i].blk;
+    }
+    return 0;
+}
+
+static int conv_pd_create(plan *pl, const dnnl_memory_desc_t *xa, const dnnl_memory_desc_t *wa,
+                          const dnnl_memory_desc_t *ca, const rk_convblock_shape *s, rk_err *err)
 {
     int pad = s->k / 2;
-    dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k}, bd = {s->oc};
-    dnnl_dims_t cd = {s->n, s->oc, s->h, s->w}, yd = {s->n, s->oc, s->h / 2, s->w / 2};
     dnnl_dims_t stride1 = {1, 1}, padl = {pad, pad}, padr = {pad, pad};
-    dnnl_dims_t stride2 = {2, 2}, kern2 = {2, 2}, zero = {0, 0};
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->x_md, 4, xd, dnnl_f32, dnnl_nchw));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->w_md, 4, wd, dnnl_f32, dnnl_oihw));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->b_md, 1, bd, dnnl_f32, dnnl_x));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->y_md, 4, yd, dnnl_f32, dnnl_nchw));
-    dnnl_memory_desc_t xa, wa, ca, pa;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&xa, 4, xd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&ca, 4, cd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pa, 4, yd, dnnl_f32, dnnl_format_tag_any));
-
     dnnl_convolution_desc_t conv_d;
     DNNL_TRY(dnnl_convolution_forward_desc_init(&conv_d, dnnl_forward_training,
-                                                dnnl_convolution_direct, &xa, &wa, &pl->b_md,
-                                                &ca, stride1, padl, padr));
+                                                dnnl_convolution_direct, xa, wa, &pl->b_md, ca,
+                                                stride1, padl, padr));
     dnnl_primitive_attr_t attr;
     dnnl_post_ops_t po;
     DNNL_TRY(dnnl_primitive_attr_create(&attr));
@@ -280,9 +292,33 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
     if (st != dnnl_success)
         return rk_err_set(err, RK_EBACKEND, "oneDNN: no convolution for %dx%dx%dx%d k%d (%d)",
                           s->n, s->ic, s->h, s->w, s->k, (int)st);
-    DNNL_TRY(dnnl_primitive_create(&pl->conv, pl->conv_pd));
+    return RK_OK;
+}
 
-    int rc;
+static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
+{
+    dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k}, bd = {s->oc};
+    dnnl_dims_t cd = {s->n, s->oc, s->h, s->w};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->x_md, 4, xd, dnnl_f32, dnnl_nchw));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->w_md, 4, wd, dnnl_f32, dnnl_oihw));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->b_md, 1, bd, dnnl_f32, dnnl_x));
+    dnnl_memory_desc_t xa, wa, ca;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&xa, 4, xd, dnnl_f32, dnnl_format_tag_any));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&ca, 4, cd, dnnl_f32, dnnl_format_tag_any));
+    int rc = conv_pd_create(pl, &xa, &wa, &ca, s, err);
+    if (rc)
+        return rc;
+    pl->blk = block_of(dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0), cd);
+    if (!pl->blk) { /* a layout the pooling loop does not know: ask for plain NCHW */
+        dnnl_primitive_desc_destroy(pl->conv_pd);
+        pl->conv_pd = NULL;
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&ca, 4, cd, dnnl_f32, dnnl_nchw));
+        if ((rc = conv_pd_create(pl, &xa, &wa, &ca, s, err)))
+            return rc;
+        pl->blk = 1;
+    }
+    DNNL_TRY(dnnl_primitive_create(&pl->conv, pl->conv_pd));
     if ((rc = layout_for(pl->conv_pd, dnnl_query_src_md, &pl->x_md, &pl->r_x, &pl->m_xc, &pl->xc,
                          err)) ||
         (rc = layout_for(pl->conv_pd, dnnl_query_weights_md, &pl->w_md, &pl->r_w, &pl->m_wc,
@@ -292,22 +328,141 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
     const dnnl_memory_desc_t *c_md = dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
     if ((rc = mem_owned(&pl->m_c, &pl->c, c_md, err)))
         return rc;
-
-    dnnl_pooling_v2_desc_t pool_d;
-    DNNL_TRY(dnnl_pooling_v2_forward_desc_init(&pool_d, dnnl_forward_training, dnnl_pooling_max,
-                                               c_md, &pa, stride2, kern2, zero, zero, zero));
-    DNNL_TRY(dnnl_primitive_desc_create(&pl->pool_pd, &pool_d, NULL, g_engine, NULL));
-    DNNL_TRY(dnnl_primitive_create(&pl->pool, pl->pool_pd));
-    const dnnl_memory_desc_t *p_md = dnnl_primitive_desc_query_md(pl->pool_pd, dnnl_query_dst_md, 0);
-    const dnnl_memory_desc_t *ws_md =
-        dnnl_primitive_desc_query_md(pl->pool_pd, dnnl_query_workspace_md, 0);
-    if ((rc = mem_owned(&pl->m_p, &pl->p, p_md, err)) ||
-        (rc = mem_owned(&pl->m_ws, &pl->ws, ws_md, err)) ||
-        (rc = reorder_init(&pl->r_y, p_md, &pl->y_md, err)))
+    static const dnnl_format_tag_t tag_of_blk[17] = {[1] = dnnl_nchw, [8] = dnnl_nChw8c,
+                                                     [16] = dnnl_nChw16c};
+    dnnl_dims_t yd = {s->n, s->oc, s->h / 2, s->w / 2};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->y_md, 4, yd, dnnl_f32, dnnl_nchw));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->pm_md, 4, yd, dnnl_f32, tag_of_blk[pl->blk]));
+    size_t pooled = dnnl_memory_desc_get_size(&pl->pm_md);
+    pl->pm = cpu_alloc(pooled);
+    pl->win = cpu_alloc(pooled);
+    pl->dpm = cpu_alloc(pooled);
+    if (!pl->pm || !pl->win || !pl->dpm)
+        return rk_err_set(err, RK_ENOMEM, "conv block: out of memory for pooling");
+    memset(pl->dpm, 0, pooled);
+    if ((rc = reorder_init(&pl->r_y, &pl->pm_md, &pl->y_md, err)) ||
+        (rc = reorder_init(&pl->r_dy, &pl->y_md, &pl->pm_md, err)))
         return rc;
     pl->s = *s;
     pl->valid = 1;
     return RK_OK;
+}
+
+/* 2x2/2 max pooling of c (ReLU already applied; channel blocks of `blk`) into pm (same
+ * layout, pooled), remembering each window's winner (0..3, as float) in win. Windows tile c
+ * exactly (h, w even). One output row (n, channel block cb, row i) per call; inlined with a
+ * constant blk so the lane loop vectorises. */
+static inline __attribute__((always_inline)) void
+pool_fwd_row(const rk_convblock_shape *s, int blk, const float *c, float *pm, float *win, int n,
+             int cb, int i)
+{
+    const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
+    const float *r0 = c + (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
+    const float *r1 = r0 + (size_t)s->w * blk;
+    size_t o = (((size_t)n * cb_n + cb) * oh + i) * ow * blk;
+#ifdef __SSE2__
+    if (blk % 4 == 0) { /* 4 lanes at a time; same ties as the scalar loop below */
+        const __m128 one = _mm_set1_ps(1.0f), two = _mm_set1_ps(2.0f);
+        for (int j = 0; j < ow; j++)
+            for (int k = 0; k < blk; k += 4) {
+                __m128 v0 = _mm_loadu_ps(r0 + (2 * j) * blk + k);
+                __m128 v1 = _mm_loadu_ps(r0 + (2 * j + 1) * blk + k);
+                __m128 v2 = _mm_loadu_ps(r1 + (2 * j) * blk + k);
+                __m128 v3 = _mm_loadu_ps(r1 + (2 * j + 1) * blk + k);
+                __m128 m01 = _mm_max_ps(v0, v1), m23 = _mm_max_ps(v2, v3);
+                __m128 w01 = _mm_and_ps(_mm_cmpgt_ps(v1, v0), one);
+                __m128 w23 = _mm_add_ps(two, _mm_and_ps(_mm_cmpgt_ps(v3, v2), one));
+                __m128 hi = _mm_cmpgt_ps(m23, m01);
+                _mm_storeu_ps(pm + o + j * blk + k, _mm_max_ps(m01, m23));
+                _mm_storeu_ps(win + o + j * blk + k,
+                              _mm_or_ps(_mm_and_ps(hi, w23), _mm_andnot_ps(hi, w01)));
+            }
+        return;
+    }
+#endif
+    for (int j = 0; j < ow; j++)
+        for (int k = 0; k < blk; k++) {
+            float v0 = r0[(2 * j) * blk + k], v1 = r0[(2 * j + 1) * blk + k];
+            float v2 = r1[(2 * j) * blk + k], v3 = r1[(2 * j + 1) * blk + k];
+            float m01 = v1 > v0 ? v1 : v0, w01 = v1 > v0 ? 1.0f : 0.0f;
+            float m23 = v3 > v2 ? v3 : v2, w23 = v3 > v2 ? 3.0f : 2.0f;
+            pm[o + j * blk + k] = m23 > m01 ? m23 : m01;
+            win[o + j * blk + k] = m23 > m01 ? w23 : w01;
+        }
+}
+
+/* Gradient of pool(ReLU(conv)) with respect to the conv output, one pooled row: dpm (same
+ * layout as pm) goes to each window's winner when the window's maximum is positive; zero
+ * everywhere else, so dc is fully written. */
+static inline __attribute__((always_inline)) void
+pool_bwd_row(const rk_convblock_shape *s, int blk, const float *pm, const float *win,
+             const float *dpm, float *dc, int n, int cb, int i)
+{
+    const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
+    float *r0 = dc + (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
+    float *r1 = r0 + (size_t)s->w * blk;
+    size_t o = (((size_t)n * cb_n + cb) * oh + i) * ow * blk;
+#ifdef __SSE2__
+    if (blk % 4 == 0) {
+        const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
+        const __m128 two = _mm_set1_ps(2.0f), three = _mm_set1_ps(3.0f);
+        for (int j = 0; j < ow; j++)
+            for (int k = 0; k < blk; k += 4) {
+                size_t q = o + j * blk + k;
+                __m128 g = _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(pm + q), zero),
+                                      _mm_loadu_ps(dpm + q));
+                __m128 w = _mm_loadu_ps(win + q);
+                _mm_storeu_ps(r0 + (2 * j) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, zero), g));
+                _mm_storeu_ps(r0 + (2 * j + 1) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, one), g));
+                _mm_storeu_ps(r1 + (2 * j) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, two), g));
+                _mm_storeu_ps(r1 + (2 * j + 1) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, three), g));
+            }
+        return;
+    }
+#endif
+    for (int j = 0; j < ow; j++)
+        for (int k = 0; k < blk; k++) {
+            float g = pm[o + j * blk + k] > 0.0f ? dpm[o + j * blk + k] : 0.0f;
+            float w = win[o + j * blk + k];
+            r0[(2 * j) * blk + k] = w == 0.0f ? g : 0.0f;
+            r0[(2 * j + 1) * blk + k] = w == 1.0f ? g : 0.0f;
+            r1[(2 * j) * blk + k] = w == 2.0f ? g : 0.0f;
+            r1[(2 * j + 1) * blk + k] = w == 3.0f ? g : 0.0f;
+        }
+}
+
+static void pool_forward(const plan *pl)
+{
+    const rk_convblock_shape *s = &pl->s;
+    const int blk = pl->blk, cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int n = 0; n < s->n; n++)
+        for (int cb = 0; cb < cb_n; cb++)
+            for (int i = 0; i < oh; i++) {
+                if (blk == 8)
+                    pool_fwd_row(s, 8, pl->c, pl->pm, pl->win, n, cb, i);
+                else if (blk == 16)
+                    pool_fwd_row(s, 16, pl->c, pl->pm, pl->win, n, cb, i);
+                else
+                    pool_fwd_row(s, blk, pl->c, pl->pm, pl->win, n, cb, i);
+            }
+}
+
+static void pool_backward(const plan *pl, const float *dpm)
+{
+    const rk_convblock_shape *s = &pl->s;
+    const int blk = pl->blk, cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int n = 0; n < s->n; n++)
+        for (int cb = 0; cb < cb_n; cb++)
+            for (int i = 0; i < oh; i++) {
+                if (blk == 8)
+                    pool_bwd_row(s, 8, pl->pm, pl->win, dpm, pl->dc, n, cb, i);
+                else if (blk == 16)
+                    pool_bwd_row(s, 16, pl->pm, pl->win, dpm, pl->dc, n, cb, i);
+                else
+                    pool_bwd_row(s, blk, pl->pm, pl->win, dpm, pl->dc, n, cb, i);
+            }
 }
 
 /* Backward primitives, built on the first backward of a plan (inference never needs them). */
@@ -318,23 +473,8 @@ static int plan_build_backward(plan *pl, rk_err *err)
     dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k};
     dnnl_dims_t cd = {s->n, s->oc, s->h, s->w};
     dnnl_dims_t stride1 = {1, 1}, padl = {pad, pad}, padr = {pad, pad};
-    dnnl_dims_t stride2 = {2, 2}, kern2 = {2, 2}, zero = {0, 0};
-    const dnnl_memory_desc_t *c_md = dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
-    const dnnl_memory_desc_t *p_md = dnnl_primitive_desc_query_md(pl->pool_pd, dnnl_query_dst_md, 0);
+    const dnnl_memory_desc_t *dc_md = dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
     int rc;
-
-    dnnl_pooling_v2_desc_t poolb_d;
-    DNNL_TRY(dnnl_pooling_v2_backward_desc_init(&poolb_d, dnnl_pooling_max, c_md, p_md, stride2,
-                                                kern2, zero, zero, zero));
-    DNNL_TRY(dnnl_primitive_desc_create(&pl->poolb_pd, &poolb_d, NULL, g_engine, pl->pool_pd));
-    DNNL_TRY(dnnl_primitive_create(&pl->poolb, pl->poolb_pd));
-    if ((rc = layout_for(pl->poolb_pd, dnnl_query_diff_dst_md, &pl->y_md, &pl->r_dy, &pl->m_dp,
-                         &pl->dp, err)))
-        return rc;
-    const dnnl_memory_desc_t *dc_md =
-        dnnl_primitive_desc_query_md(pl->poolb_pd, dnnl_query_diff_src_md, 0);
-    if (!dnnl_memory_desc_equal(dc_md, c_md))
-        return rk_err_set(err, RK_EBACKEND, "oneDNN: pooling gradient layout differs from conv");
     if ((rc = mem_owned(&pl->m_dc, &pl->dc, dc_md, err)))
         return rc;
 
@@ -458,15 +598,12 @@ static int cpu_convblock_forward(rk_op_cache **cache, const rk_convblock_shape *
                                 {DNNL_ARG_BIAS, pl->m_b},
                                 {DNNL_ARG_DST, pl->m_c}};
     DNNL_TRY(dnnl_primitive_execute(pl->conv, g_stream, 4, cargs));
-    dnnl_exec_arg_t pargs[3] = {
-        {DNNL_ARG_SRC, pl->m_c}, {DNNL_ARG_DST, pl->m_p}, {DNNL_ARG_WORKSPACE, pl->m_ws}};
+    pool_forward(pl);
     if (pl->r_y.prim) {
-        DNNL_TRY(dnnl_primitive_execute(pl->pool, g_stream, 3, pargs));
-        if ((rc = reorder_run(&pl->r_y, pl->p, y, err)))
+        if ((rc = reorder_run(&pl->r_y, pl->pm, y, err)))
             return rc;
     } else {
-        DNNL_TRY(dnnl_memory_set_data_handle(pl->m_p, y));
-        DNNL_TRY(dnnl_primitive_execute(pl->pool, g_stream, 3, pargs));
+        memcpy(y, pl->pm, dnnl_memory_desc_get_size(&pl->y_md));
     }
     pl->x_user = x;
     pl->w_user = w;
@@ -483,27 +620,13 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
     if (!pl->has_bwd && (rc = plan_build_backward(pl, err)))
         return rc;
 
-    /* pooling backward: dy (user layout) -> dc (conv dst layout) */
-    const float *dps = dy;
+    const float *dpm = dy;
     if (pl->r_dy.prim) {
-        if ((rc = reorder_run(&pl->r_dy, dy, pl->dp, err)))
+        if ((rc = reorder_run(&pl->r_dy, dy, pl->dpm, err)))
             return rc;
-        dps = pl->dp;
+        dpm = pl->dpm;
     }
-    DNNL_TRY(dnnl_memory_set_data_handle(pl->m_dp, (void *)dps));
-    dnnl_exec_arg_t pargs[3] = {
-        {DNNL_ARG_DIFF_DST, pl->m_dp}, {DNNL_ARG_DIFF_SRC, pl->m_dc}, {DNNL_ARG_WORKSPACE, pl->m_ws}};
-    DNNL_TRY(dnnl_primitive_execute(pl->poolb, g_stream, 3, pargs));
-
-    /* ReLU backward, in place: the conv output is post-ReLU, so mask where it is zero. */
-    size_t nc = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0)) /
-                sizeof(float);
-    float *dc = pl->dc;
-    const float *c = pl->c;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < nc; i++)
-        if (c[i] <= 0.0f)
-            dc[i] = 0.0f;
+    pool_backward(pl, dpm);
 
     /* weights and bias gradient */
     const float *src = pl->xc ? pl->xc : pl->x_user;
@@ -662,6 +785,8 @@ const rk_backend rk_backend_cpu = {
     .init = cpu_init,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
     .cache_free = cpu_cache_free,
     .dense_forward = cpu_dense_forward,
     .dense_backward = cpu_dense_backward,

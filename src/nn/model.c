@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -92,10 +93,17 @@ static int define_layers(rk_model *m, const char *name, rk_err *err)
     return RK_OK;
 }
 
-static void init_weights(rk_model *m, uint64_t seed)
+/* Weights are drawn on the host and uploaded, so every backend starts from the same bits. */
+static int init_weights(rk_model *m, uint64_t seed)
 {
     rk_rng r;
     rk_rng_seed(&r, seed);
+    size_t most = 0;
+    for (int i = 0; i < m->nparams; i++)
+        most = m->params[i].numel > most ? m->params[i].numel : most;
+    float *host = malloc(most * sizeof(float));
+    if (!host)
+        return RK_ENOMEM;
     for (int i = 0; i < m->nlayers; i++) {
         rk_layer *l = &m->layers[i];
         if (!l->w)
@@ -106,9 +114,13 @@ static void init_weights(rk_model *m, uint64_t seed)
         int last = i == m->nlayers - 1;
         double bound = last ? sqrt(6.0 / (double)(fan_in + fan_out)) : sqrt(6.0 / (double)fan_in);
         for (size_t j = 0; j < l->w->numel; j++)
-            l->w->data[j] = (float)((2.0 * rk_rng_uniform(&r) - 1.0) * bound);
-        memset(l->b->data, 0, l->b->numel * sizeof(float));
+            host[j] = (float)((2.0 * rk_rng_uniform(&r) - 1.0) * bound);
+        m->be->upload(l->w->data, host, l->w->numel * sizeof(float));
+        memset(host, 0, l->b->numel * sizeof(float));
+        m->be->upload(l->b->data, host, l->b->numel * sizeof(float));
     }
+    free(host);
+    return RK_OK;
 }
 
 int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backend *be,
@@ -125,11 +137,11 @@ int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backe
     m->max_batch = max_batch;
     for (int i = 0; i < m->nparams; i++) {
         rk_param *p = &m->params[i];
+        p->device = be->device;
         p->data = be->alloc(p->numel * sizeof(float));
         p->grad = be->alloc(p->numel * sizeof(float));
         if (!p->data || !p->grad)
             goto oom;
-        memset(p->grad, 0, p->numel * sizeof(float));
     }
     for (int i = 0; i <= m->nlayers; i++) {
         size_t per = i == 0 ? (size_t)m->layers[0].in_size : (size_t)m->layers[i - 1].out_size;
@@ -152,8 +164,8 @@ int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backe
                 goto oom;
         }
     }
-    init_weights(m, seed);
-    return RK_OK;
+    if (init_weights(m, seed) == RK_OK)
+        return RK_OK;
 oom:
     rk_model_destroy(m);
     return rk_err_set(err, RK_ENOMEM, "model %s: out of memory for batch %d", name, max_batch);
@@ -255,28 +267,45 @@ int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err)
     return RK_OK;
 }
 
+/* A host copy of every parameter, in order (for hashing and saving). NULL when out of memory. */
+static float *params_to_host(const rk_model *m)
+{
+    float *host = malloc(m->numel * sizeof(float));
+    if (!host)
+        return NULL;
+    size_t off = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        m->be->download(host + off, m->params[i].data, m->params[i].numel * sizeof(float));
+        off += m->params[i].numel;
+    }
+    return host;
+}
+
 uint64_t rk_model_hash(const rk_model *m)
 {
-    XXH64_state_t *st = XXH64_createState();
-    XXH64_reset(st, 0);
-    for (int i = 0; i < m->nparams; i++)
-        XXH64_update(st, m->params[i].data, m->params[i].numel * sizeof(float));
-    uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
+    float *host = params_to_host(m);
+    uint64_t h = host ? XXH64(host, m->numel * sizeof(float), 0) : 0;
+    free(host);
     return h;
 }
 
 int rk_model_save(const rk_model *m, const char *path, rk_err *err)
 {
     rk_st_entry entries[RK_MAX_PARAMS];
-    for (int i = 0; i < m->nparams; i++)
+    float *host = params_to_host(m);
+    if (!host)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory copying weights", path);
+    size_t off = 0;
+    for (int i = 0; i < m->nparams; off += m->params[i].numel, i++)
         entries[i] = (rk_st_entry){.name = m->params[i].name,
-                                   .data = m->params[i].data,
+                                   .data = host + off,
                                    .ndim = m->params[i].ndim,
                                    .shape = m->params[i].shape,
                                    .dtype = "F32"};
     const char *meta[] = {"format", "rekindle-weights-1", "model", m->name, NULL};
-    return rk_st_write(path, entries, (size_t)m->nparams, meta, err);
+    int rc = rk_st_write(path, entries, (size_t)m->nparams, meta, err);
+    free(host);
+    return rc;
 }
 
 int rk_model_load(rk_model *m, const char *path, rk_err *err)
@@ -307,7 +336,7 @@ int rk_model_load(rk_model *m, const char *path, rk_err *err)
     }
     for (int i = 0; i < m->nparams && !rc; i++) {
         const rk_st_tensor *t = rk_st_find(&f, m->params[i].name);
-        memcpy(m->params[i].data, t->data, m->params[i].numel * sizeof(float));
+        m->be->upload(m->params[i].data, t->data, m->params[i].numel * sizeof(float));
     }
 out:
     rk_st_free(&f);

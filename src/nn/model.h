@@ -23,7 +23,8 @@ typedef struct rk_param {
     int ndim;
     int64_t shape[4];
     size_t numel;
-    float *data;    /* device memory of the model's backend */
+    rk_device device; /* where data and grad live */
+    float *data;      /* memory of the model's backend (device memory) */
     float *grad;
 } rk_param;
 
