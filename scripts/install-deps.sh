@@ -8,7 +8,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config clang libclang-rt-14-dev python3
-  libdnnl-dev libopenblas-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev
+  libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then
