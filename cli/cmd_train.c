@@ -9,6 +9,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,11 +55,14 @@ typedef struct train_opts {
     rk_train_config cfg;
 } train_opts;
 
-static int usage_error(const char *fmt, const char *a, const char *b)
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
 {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "rk train: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n\n%s", usage_text);
+    va_end(ap);
     return RK_EXIT_USAGE;
 }
 
@@ -173,7 +177,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
             break;
         case OPT_OPTIM:
             if (strcmp(optarg, "sgd") && strcmp(optarg, "adamw"))
-                return usage_error("--optimizer '%s' is not sgd or adamw%s", optarg, "");
+                return usage_error("--optimizer '%s' is not sgd or adamw", optarg);
             break;
         case OPT_SCHEDULE:
             if (strcmp(optarg, "constant") == 0)
@@ -181,7 +185,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
             else if (strcmp(optarg, "cosine") == 0)
                 o->cfg.schedule = RK_LR_COSINE;
             else
-                return usage_error("--schedule '%s' is not constant or cosine%s", optarg, "");
+                return usage_error("--schedule '%s' is not constant or cosine", optarg);
             break;
         case 's':
             if (parse_long("--seed", optarg, 0, LONG_MAX, &v))
@@ -202,19 +206,16 @@ static int parse_args(int argc, char **argv, train_opts *o)
         case ':':
         case '?':
         default:
-            if (optopt && optopt < 256 && optopt != '?')
-                return usage_error("option -%s needs a value or is unknown%s",
-                                   (char[]){(char)optopt, 0}, "");
-            return usage_error("unknown option or missing value: '%s'%s", argv[optind - 1], "");
+            return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
-        return usage_error("unexpected argument '%s'%s", argv[optind], "");
+        return usage_error("unexpected argument '%s'", argv[optind]);
     int known = 0;
     for (int i = 0; rk_model_names[i]; i++)
         known |= strcmp(o->model, rk_model_names[i]) == 0;
     if (!known)
-        return usage_error("--model '%s' is not mlp, cnn or cnn-small%s", o->model, "");
+        return usage_error("--model '%s' is not mlp, cnn or cnn-small", o->model);
     if ((o->save && check_writable("--save", o->save)) ||
         (o->metrics && check_writable("--metrics-json", o->metrics)))
         return RK_EXIT_USAGE;
@@ -294,7 +295,8 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "test_accuracy",
                         r->test_accuracy >= 0 ? json_real(r->test_accuracy) : json_null());
     json_object_set_new(j, "test_loss", r->test_accuracy >= 0 ? json_real(r->test_loss) : json_null());
-    json_object_set_new(j, "final_train_loss", json_real(r->final_train_loss));
+    json_object_set_new(j, "final_train_loss",
+                        r->steps > 0 ? json_real(r->final_train_loss) : json_null());
     json_object_set_new(j, "train_samples_per_s", json_real(r->train_samples_per_s));
     json_object_set_new(j, "train_seconds", json_real(r->train_seconds));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
@@ -335,9 +337,9 @@ int rk_cmd_train(int argc, char **argv)
         goto fail;
     if (o.threads <= 0)
         o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    printf("rk train: model %s (%zu parameters), %s, %d threads, batch %d, %s lr %g, "
+    printf("rk train: model %s (%zu parameters), %s, %d thread%s, batch %d, %s lr %g, "
            "%d train / %d test images\n",
-           o.model, m.numel, be->name, o.threads, o.cfg.batch,
+           o.model, m.numel, be->name, o.threads, o.threads == 1 ? "" : "s", o.cfg.batch,
            o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
     view v = {isatty(STDOUT_FILENO), 0};
     rk_train_result res = {.test_accuracy = -1.0};

@@ -143,18 +143,13 @@ int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backe
         if (!p->data || !p->grad)
             goto oom;
     }
-    for (int i = 0; i <= m->nlayers; i++) {
-        size_t per = i == 0 ? (size_t)m->layers[0].in_size : (size_t)m->layers[i - 1].out_size;
-        if (i > 0) { /* act[0] and dact[0] point at caller memory / are unused by layer 0 */
-            m->act[i] = be->alloc((size_t)max_batch * per * sizeof(float));
-            if (!m->act[i])
-                goto oom;
-        }
-        if (i > 0 || m->layers[0].kind != RK_LAYER_CONVBLOCK) {
-            m->dact[i] = be->alloc((size_t)max_batch * per * sizeof(float));
-            if (!m->dact[i])
-                goto oom;
-        }
+    /* act[0] is the caller's input batch and dact[0] is never needed (no input gradient). */
+    for (int i = 1; i <= m->nlayers; i++) {
+        size_t bytes = (size_t)max_batch * (size_t)m->layers[i - 1].out_size * sizeof(float);
+        m->act[i] = be->alloc(bytes);
+        m->dact[i] = be->alloc(bytes);
+        if (!m->act[i] || !m->dact[i])
+            goto oom;
     }
     for (int i = 0; i < m->nlayers; i++) {
         rk_layer *l = &m->layers[i];
@@ -179,9 +174,8 @@ void rk_model_destroy(rk_model *m)
         m->be->free(m->params[i].data);
         m->be->free(m->params[i].grad);
     }
-    for (int i = 0; i <= m->nlayers; i++) {
-        if (i > 0)
-            m->be->free(m->act[i]);
+    for (int i = 1; i <= m->nlayers; i++) {
+        m->be->free(m->act[i]);
         m->be->free(m->dact[i]);
     }
     for (int i = 0; i < m->nlayers; i++) {
