@@ -228,7 +228,7 @@ static void dropout_backward_matches_finite_differences(void **state)
     float *x = rand_buf(&rng, N, 1.0f), *r = rand_buf(&rng, N, 1.0f);
     float y[N], dx[N];
     uint8_t mask[N];
-    assert_int_equal(be->dropout_forward(N, 0.4f, 11, 5, x, y, mask, NULL), 0);
+    assert_int_equal(be->dropout_forward(4, N / 4, 0.4f, 11, 5, 0, x, y, mask, NULL), 0);
     int kept = 0;
     for (int i = 0; i < N; i++)
         kept += mask[i];
@@ -239,10 +239,10 @@ static void dropout_backward_matches_finite_differences(void **state)
     for (int i = 0; i < N; i++) {
         float keep = x[i];
         x[i] = keep + h;
-        be->dropout_forward(N, 0.4f, 11, 5, x, y, mask, NULL);
+        be->dropout_forward(4, N / 4, 0.4f, 11, 5, 0, x, y, mask, NULL);
         double lp = dot(y, r, N);
         x[i] = keep - h;
-        be->dropout_forward(N, 0.4f, 11, 5, x, y, mask, NULL);
+        be->dropout_forward(4, N / 4, 0.4f, 11, 5, 0, x, y, mask, NULL);
         double lm = dot(y, r, N);
         x[i] = keep;
         gc_add(&g, (lp - lm) / (2.0 * h), dx[i]);
@@ -251,6 +251,24 @@ static void dropout_backward_matches_finite_differences(void **state)
     assert_true(gc_rel(&g) < 1e-3);
     be->free(x);
     be->free(r);
+}
+
+static void dropout_mask_of_a_sample_does_not_depend_on_its_batch_slot(void **state)
+{
+    (void)state;
+    enum { ROWS = 6, COLS = 50 };
+    float x[ROWS * COLS], y[ROWS * COLS], y2[2 * COLS];
+    uint8_t mask[ROWS * COLS], mask2[2 * COLS];
+    for (int i = 0; i < ROWS * COLS; i++)
+        x[i] = 1.0f;
+    /* the whole batch (samples 10..15), then samples 13..14 alone as a second rank would */
+    assert_int_equal(be->dropout_forward(ROWS, COLS, 0.5f, 9, 2, 10, x, y, mask, NULL), 0);
+    assert_int_equal(be->dropout_forward(2, COLS, 0.5f, 9, 2, 13, x, y2, mask2, NULL), 0);
+    assert_memory_equal(mask + 3 * COLS, mask2, 2 * COLS);
+    assert_memory_equal(y + 3 * COLS, y2, 2 * COLS * sizeof(float));
+    /* and another step draws other masks */
+    assert_int_equal(be->dropout_forward(2, COLS, 0.5f, 9, 3, 13, x, y2, mask2, NULL), 0);
+    assert_true(memcmp(mask + 3 * COLS, mask2, 2 * COLS) != 0);
 }
 
 /* ---- softmax cross-entropy ---- */
@@ -323,6 +341,7 @@ int main(void)
         cmocka_unit_test(convblock_channels_not_multiple_of_block_backward_matches),
         cmocka_unit_test(convblock_backward_without_forward_is_an_error),
         cmocka_unit_test(dropout_backward_matches_finite_differences),
+        cmocka_unit_test(dropout_mask_of_a_sample_does_not_depend_on_its_batch_slot),
         cmocka_unit_test(softmax_xent_gradient_matches_finite_differences),
         cmocka_unit_test(sgd_nesterov_step_matches_formula),
         cmocka_unit_test(adamw_first_step_moves_by_lr),

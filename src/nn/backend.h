@@ -54,10 +54,13 @@ typedef struct rk_backend {
     int (*convblock_backward)(rk_op_cache **cache, const rk_convblock_shape *s, const float *dy,
                               float *dx, float *dw, float *db, rk_err *err);
 
-    /* Inverted dropout: y = x * mask / (1 - p) with mask[i] ~ Bernoulli(1 - p) drawn from
-     * (seed, stream); mask is kept (n values) for backward. */
-    int (*dropout_forward)(size_t n, float p, uint64_t seed, uint64_t stream, const float *x,
-                           float *y, uint8_t *mask, rk_err *err);
+    /* Inverted dropout over `rows` samples of `cols` values: y = x * mask / (1 - p), with
+     * mask ~ Bernoulli(1 - p). Row r draws from (seed, stream, first_row + r) alone, so a
+     * sample gets the same mask whichever rank or batch slot computes it. The mask is kept
+     * for backward. */
+    int (*dropout_forward)(size_t rows, size_t cols, float p, uint64_t seed, uint64_t stream,
+                           uint64_t first_row, const float *x, float *y, uint8_t *mask,
+                           rk_err *err);
     int (*dropout_backward)(size_t n, float p, const uint8_t *mask, const float *dy, float *dx,
                             rk_err *err);
 

@@ -684,17 +684,21 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
 
 /* ---- element-wise ops, loss, optimisers --------------------------------------------------- */
 
-static int cpu_dropout_forward(size_t n, float p, uint64_t seed, uint64_t stream, const float *x,
-                               float *y, uint8_t *mask, rk_err *err)
+static int cpu_dropout_forward(size_t rows, size_t cols, float p, uint64_t seed, uint64_t stream,
+                               uint64_t first_row, const float *x, float *y, uint8_t *mask,
+                               rk_err *err)
 {
     if (!(p >= 0.0f && p < 1.0f))
         return rk_err_set(err, RK_EINVAL, "dropout: rate %g is outside [0, 1)", (double)p);
-    rk_rng r;
-    rk_rng_derive(&r, seed, stream, 0x64726f70ULL);
     float scale = 1.0f / (1.0f - p);
-    for (size_t i = 0; i < n; i++) {
-        mask[i] = rk_rng_uniform(&r) >= p;
-        y[i] = mask[i] ? x[i] * scale : 0.0f;
+    for (size_t r = 0; r < rows; r++) {
+        rk_rng g;
+        rk_rng_derive(&g, seed ^ 0x64726f706f7574ULL, stream, first_row + r);
+        size_t base = r * cols;
+        for (size_t i = 0; i < cols; i++) {
+            mask[base + i] = rk_rng_uniform(&g) >= p;
+            y[base + i] = mask[base + i] ? x[base + i] * scale : 0.0f;
+        }
     }
     return RK_OK;
 }

@@ -192,7 +192,7 @@ static rk_convblock_shape conv_shape(const rk_layer *l, int n)
 }
 
 int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed,
-                     uint64_t step, const float **logits, rk_err *err)
+                     uint64_t step, uint64_t sample0, const float **logits, rk_err *err)
 {
     if (n < 1 || n > m->max_batch)
         return rk_err_set(err, RK_EINVAL, "batch of %d is outside 1..%d", n, m->max_batch);
@@ -215,9 +215,9 @@ int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t 
         }
         case RK_LAYER_DROPOUT:
             if (training) {
-                rc = be->dropout_forward((size_t)n * l->in_size, l->rate, seed,
-                                         step * RK_MAX_LAYERS + (uint64_t)i, in, out, l->mask,
-                                         err);
+                rc = be->dropout_forward((size_t)n, (size_t)l->in_size, l->rate, seed,
+                                         step * RK_MAX_LAYERS + (uint64_t)i, sample0, in, out,
+                                         l->mask, err);
             } else {
                 memcpy(out, in, (size_t)n * l->in_size * sizeof(float));
             }

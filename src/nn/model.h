@@ -65,9 +65,10 @@ int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backe
 void rk_model_destroy(rk_model *m);
 
 /* Forward n samples (n * 784 floats at x) to logits (returned in *logits). In training mode
- * dropout is active with masks drawn from (seed, step). */
+ * dropout is active, each sample's mask drawn from (seed, step, sample0 + its row): sample0 is
+ * the batch's first sample in the global batch, so a split batch draws the same masks. */
 int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed,
-                     uint64_t step, const float **logits, rk_err *err);
+                     uint64_t step, uint64_t sample0, const float **logits, rk_err *err);
 /* Backward from dlogits (n x 10) through every layer: fills every param's grad. */
 int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err);
 

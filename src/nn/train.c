@@ -95,7 +95,7 @@ int rk_evaluate(rk_model *m, const rk_dataset *ds, double *accuracy, double *los
     for (int start = 0; start < ds->n; start += m->max_batch) {
         int n = ds->n - start < m->max_batch ? ds->n - start : m->max_batch;
         const float *logits;
-        int rc = rk_model_forward(m, n, ds->images + (size_t)start * pixels, 0, 0, 0, &logits,
+        int rc = rk_model_forward(m, n, ds->images + (size_t)start * pixels, 0, 0, 0, 0, &logits,
                                   err);
         double l;
         int c;
@@ -182,7 +182,7 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
             }
             const float *logits;
             double loss;
-            if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step, &logits, err)) ||
+            if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step, 0, &logits, err)) ||
                 (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, &loss, NULL, err)) ||
                 (rc = rk_model_backward(m, n, dlogits, err)) ||
                 (rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)))
