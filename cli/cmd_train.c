@@ -19,6 +19,7 @@
 #include "nn/idx.h"
 #include "nn/model.h"
 #include "nn/train.h"
+#include "rekindle/comm.h"
 #include "rekindle/fileio.h"
 #include "rk.h"
 
@@ -31,26 +32,29 @@ static const char usage_text[] =
     "  --epochs N           passes over the 60,000 training images (default 1);\n"
     "                       0 only evaluates (with --init: check saved weights)\n"
     "  --max-steps N        stop after N optimiser steps (default: no limit)\n"
-    "  --batch N            mini-batch size (default 64)\n"
+    "  --batch N            global mini-batch size, split over ranks (default 64)\n"
     "  --optimizer NAME     sgd (Nesterov momentum) | adamw (default sgd)\n"
     "  --lr X               learning rate (default 0.01 for sgd, 0.001 for adamw)\n"
     "  --momentum X         sgd momentum (default 0.9)\n"
     "  --weight-decay X     L2 (sgd) or decoupled (adamw) decay (default 0 / 0.01)\n"
     "  --schedule NAME      constant | cosine learning rate over the run (default constant)\n"
     "  --seed N             seed for weights, shuffling and dropout (default 1)\n"
-    "  --threads N          CPU threads (default: all online CPUs)\n"
+    "  --threads N          CPU threads per rank (default: online CPUs / ranks on the node)\n"
     "  --data DIR           Fashion-MNIST IDX files, gzip or raw\n"
     "                       (default " RK_FMNIST_DEFAULT_DIR ")\n"
     "  --init FILE          start from weights saved by --save (safetensors)\n"
     "  --save FILE          write the final weights (safetensors)\n"
     "  --metrics-json FILE  write the run's numbers as JSON\n"
     "  --no-eval            skip test-set evaluation (benchmarks)\n"
+    "  --loss-log FILE      write \"step loss\" per optimiser step (the global batch's mean)\n"
     "  -h, --help           show this help\n"
     "\n"
-    "Same seed, same flags and same thread count give bitwise identical weights.\n";
+    "Data-parallel: run under Open MPI (mpirun -np N rk train ...); the global batch is split\n"
+    "over the ranks and one step equals a one-process step on the same samples.\n"
+    "Same seed, same flags, ranks and threads give bitwise identical weights.\n";
 
 typedef struct train_opts {
-    const char *model, *data, *init, *save, *metrics;
+    const char *model, *data, *init, *save, *metrics, *loss_log;
     int threads;
     rk_train_config cfg;
 } train_opts;
@@ -110,7 +114,7 @@ static int check_writable(const char *flag, const char *path)
     return 0;
 }
 
-enum { OPT_MAX_STEPS = 256, OPT_OPTIM, OPT_METRICS, OPT_NO_EVAL, OPT_WD, OPT_SCHEDULE };
+enum { OPT_MAX_STEPS = 256, OPT_OPTIM, OPT_METRICS, OPT_NO_EVAL, OPT_WD, OPT_SCHEDULE, OPT_LOSS_LOG };
 
 static int parse_args(int argc, char **argv, train_opts *o)
 {
@@ -125,6 +129,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         {"data", required_argument, 0, 'd'},      {"init", required_argument, 0, 'i'},
         {"save", required_argument, 0, 'o'},      {"metrics-json", required_argument, 0, OPT_METRICS},
         {"no-eval", no_argument, 0, OPT_NO_EVAL}, {"help", no_argument, 0, 'h'},
+        {"loss-log", required_argument, 0, OPT_LOSS_LOG},
         {0, 0, 0, 0}};
     /* Two passes: the optimiser decides the defaults the other flags override. */
     rk_optim_kind kind = RK_OPTIM_SGD;
@@ -202,6 +207,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         case 'o': o->save = optarg; break;
         case OPT_METRICS: o->metrics = optarg; break;
         case OPT_NO_EVAL: o->cfg.eval = 0; break;
+        case OPT_LOSS_LOG: o->loss_log = optarg; break;
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
         case '?':
@@ -217,7 +223,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
     if (!known)
         return usage_error("--model '%s' is not mlp, cnn or cnn-small", o->model);
     if ((o->save && check_writable("--save", o->save)) ||
-        (o->metrics && check_writable("--metrics-json", o->metrics)))
+        (o->metrics && check_writable("--metrics-json", o->metrics)) ||
+        (o->loss_log && check_writable("--loss-log", o->loss_log)))
         return RK_EXIT_USAGE;
     return RK_EXIT_OK;
 }
@@ -275,7 +282,7 @@ static void on_progress(const rk_train_progress *p, void *user)
 }
 
 static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_result *r,
-                         const char *device, rk_err *err)
+                         const char *device, int ranks, rk_err *err)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -285,6 +292,7 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "model", json_string(o->model));
     json_object_set_new(j, "device", json_string(device));
     json_object_set_new(j, "threads", json_integer(o->threads));
+    json_object_set_new(j, "ranks", json_integer(ranks));
     json_object_set_new(j, "optimizer", json_string(o->cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd"));
     json_object_set_new(j, "lr", json_real(o->cfg.lr));
     json_object_set_new(j, "batch", json_integer(o->cfg.batch));
@@ -322,7 +330,18 @@ int rk_cmd_train(int argc, char **argv)
     rk_err err = {0};
     rk_dataset train = {0}, test = {0};
     rk_model m = {0};
-    int rc = RK_OK;
+    rk_comm *comm = NULL;
+    FILE *loss_log = NULL;
+    int rc = rk_comm_open(&comm, "auto", &err);
+    if (rc)
+        goto fail;
+    int rank = rk_comm_rank(comm), nranks = rk_comm_size(comm);
+    if (o.threads <= 0) { /* share the node's cores among its ranks */
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        o.threads = (int)(cpus > 0 ? cpus : 1) / rk_comm_local_size(comm);
+        if (o.threads < 1)
+            o.threads = 1;
+    }
     const rk_backend *be = rk_backend_get(RK_DEVICE_CPU, &err);
     if (!be)
         rc = err.code;
@@ -331,43 +350,72 @@ int rk_cmd_train(int argc, char **argv)
     if ((rc = rk_dataset_load_fmnist(o.data, 1, &train, &err)) ||
         (o.cfg.eval && (rc = rk_dataset_load_fmnist(o.data, 0, &test, &err))))
         goto fail;
+    if (o.cfg.batch < nranks) {
+        rc = rk_err_set(&err, RK_EINVAL, "--batch %d is smaller than the %d ranks", o.cfg.batch,
+                        nranks);
+        goto fail;
+    }
     if ((rc = rk_model_create(&m, o.model, o.cfg.batch, be, o.cfg.seed, &err)))
         goto fail;
     if (o.init && (rc = rk_model_load(&m, o.init, &err)))
         goto fail;
-    if (o.threads <= 0)
-        o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    printf("rk train: model %s (%zu parameters), %s, %d thread%s, batch %d, %s lr %g, "
-           "%d train / %d test images\n",
-           o.model, m.numel, be->name, o.threads, o.threads == 1 ? "" : "s", o.cfg.batch,
-           o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
-    view v = {isatty(STDOUT_FILENO), 0};
+    if (rank == 0 && o.loss_log && !(loss_log = fopen(o.loss_log, "w"))) {
+        rc = rk_err_set(&err, RK_EIO, "--loss-log %s: %s", o.loss_log, strerror(errno));
+        goto fail;
+    }
+    o.cfg.loss_log = loss_log;
+    if (rank == 0) {
+        printf("rk train: model %s (%zu parameters), %s, %d thread%s", o.model, m.numel, be->name,
+               o.threads, o.threads == 1 ? "" : "s");
+        if (nranks > 1)
+            printf(" x %d ranks (%s)", nranks, rk_comm_backend(comm));
+        printf(", batch %d, %s lr %g, %d train / %d test images\n", o.cfg.batch,
+               o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
+    }
+    view v = {nranks == 1 && isatty(STDOUT_FILENO), 0}; /* mpirun output: plain lines */
     rk_train_result res = {.test_accuracy = -1.0};
     if (o.cfg.epochs > 0)
-        rc = rk_train(&m, &train, o.cfg.eval ? &test : NULL, &o.cfg, on_progress, &v, &res, &err);
+        rc = rk_train(&m, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
+                      rank == 0 ? on_progress : NULL, &v, &res, &err);
     else if (o.cfg.eval) /* evaluation only */
-        rc = rk_evaluate(&m, &test, &res.test_accuracy, &res.test_loss, &err);
+        rc = rk_evaluate(&m, &test, comm, &res.test_accuracy, &res.test_loss, &err);
     if (rc)
         goto fail;
-    if (res.test_accuracy >= 0)
-        printf("test accuracy %.4f on %d images (loss %.4f)\n", res.test_accuracy, test.n,
-               res.test_loss);
-    printf("trained %lld steps in %.1f s: %.0f samples/s, final train loss %.4f, weights "
-           "xxh64 %016llx\n",
-           (long long)res.steps, res.train_seconds, res.train_samples_per_s, res.final_train_loss,
-           (unsigned long long)rk_model_hash(&m));
-    if (o.save && (rc = rk_model_save(&m, o.save, &err)))
-        goto fail;
-    if (o.metrics && (rc = write_metrics(&o, &m, &res, be->name, &err)))
-        goto fail;
+    if (rank == 0) {
+        if (res.test_accuracy >= 0)
+            printf("test accuracy %.4f on %d images (loss %.4f)\n", res.test_accuracy, test.n,
+                   res.test_loss);
+        printf("trained %lld steps in %.1f s: %.0f samples/s, final train loss %.4f, weights "
+               "xxh64 %016llx\n",
+               (long long)res.steps, res.train_seconds, res.train_samples_per_s,
+               res.final_train_loss, (unsigned long long)rk_model_hash(&m));
+        if (o.save && (rc = rk_model_save(&m, o.save, &err)))
+            goto fail;
+        if (o.metrics && (rc = write_metrics(&o, &m, &res, be->name, nranks, &err)))
+            goto fail;
+        if (loss_log && fclose(loss_log) != 0) {
+            loss_log = NULL;
+            rc = rk_err_set(&err, RK_EIO, "--loss-log %s: write failed", o.loss_log);
+            goto fail;
+        }
+        loss_log = NULL;
+    }
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
+    rk_comm_close(comm);
     return RK_EXIT_OK;
 fail:
-    fprintf(stderr, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+    if (comm && rk_comm_size(comm) > 1)
+        fprintf(stderr, "rk train (rank %d): %s\n", rk_comm_rank(comm),
+                err.msg[0] ? err.msg : rk_strerror(rc));
+    else
+        fprintf(stderr, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+    if (loss_log)
+        fclose(loss_log);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
+    rk_comm_close(comm);
     return rk_cli_status(rc ? rc : err.code);
 }

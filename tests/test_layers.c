@@ -284,23 +284,23 @@ static void softmax_xent_gradient_matches_finite_differences(void **state)
     uint8_t labels[N] = {0, 3, 9, 3};
     double loss, lp, lm;
     int correct;
-    assert_int_equal(be->softmax_xent(N, C, z, labels, dz, &loss, &correct, NULL), 0);
+    assert_int_equal(be->softmax_xent(N, C, z, labels, dz, N, &loss, &correct, NULL), 0);
     assert_true(loss > 0.0);
     gradcheck g = {0};
     const float h = 1e-3f;
     for (int i = 0; i < N * C; i++) {
         float keep = z[i];
         z[i] = keep + h;
-        be->softmax_xent(N, C, z, labels, NULL, &lp, NULL, NULL);
+        be->softmax_xent(N, C, z, labels, NULL, N, &lp, NULL, NULL);
         z[i] = keep - h;
-        be->softmax_xent(N, C, z, labels, NULL, &lm, NULL, NULL);
+        be->softmax_xent(N, C, z, labels, NULL, N, &lm, NULL, NULL);
         z[i] = keep;
         gc_add(&g, (lp - lm) / (2.0 * h), dz[i]);
     }
     printf("softmax xent dz: relative error %.2e\n", gc_rel(&g));
     assert_true(gc_rel(&g) < 1e-3);
     uint8_t bad[N] = {0, 10, 0, 0};
-    assert_int_equal(be->softmax_xent(N, C, z, bad, NULL, &loss, NULL, NULL), RK_EINVAL);
+    assert_int_equal(be->softmax_xent(N, C, z, bad, NULL, N, &loss, NULL, NULL), RK_EINVAL);
     be->free(z);
 }
 

@@ -64,11 +64,12 @@ typedef struct rk_backend {
     int (*dropout_backward)(size_t n, float p, const uint8_t *mask, const float *dy, float *dx,
                             rk_err *err);
 
-    /* Mean softmax cross-entropy over n rows of `classes` logits; writes dlogits (already
-     * divided by n) when not NULL, the mean loss to *loss and the count of rows whose argmax
-     * equals the label to *correct (either may be NULL). */
+    /* Softmax cross-entropy over n rows of `classes` logits: the mean loss over the rows to
+     * *loss, the count of rows whose argmax equals the label to *correct (either may be NULL)
+     * and, when dlogits is not NULL, the gradient of (sum of row losses) / denom, where denom
+     * is the global batch size (n for one process). */
     int (*softmax_xent)(int n, int classes, const float *logits, const uint8_t *labels,
-                        float *dlogits, double *loss, int *correct, rk_err *err);
+                        float *dlogits, int denom, double *loss, int *correct, rk_err *err);
 
     /* Optimiser updates over n parameters. */
     int (*sgd_step)(size_t n, float *p, const float *g, float *v, float lr, float momentum,

@@ -714,7 +714,7 @@ static int cpu_dropout_backward(size_t n, float p, const uint8_t *mask, const fl
 }
 
 static int cpu_softmax_xent(int n, int classes, const float *logits, const uint8_t *labels,
-                            float *dlogits, double *loss, int *correct, rk_err *err)
+                            float *dlogits, int denom, double *loss, int *correct, rk_err *err)
 {
     double total = 0.0;
     int right = 0;
@@ -739,8 +739,8 @@ static int cpu_softmax_xent(int n, int classes, const float *logits, const uint8
         if (dlogits) {
             float *d = dlogits + (size_t)i * classes;
             for (int j = 0; j < classes; j++)
-                d[j] = (float)(exp((double)z[j] - lse) / n);
-            d[labels[i]] -= 1.0f / (float)n;
+                d[j] = (float)(exp((double)z[j] - lse) / denom);
+            d[labels[i]] -= 1.0f / (float)denom;
         }
     }
     if (loss)

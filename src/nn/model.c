@@ -135,13 +135,25 @@ int rk_model_create(rk_model *m, const char *name, int max_batch, const rk_backe
     snprintf(m->name, sizeof m->name, "%s", name);
     m->be = be;
     m->max_batch = max_batch;
+    /* All weights in one block and all gradients in another (each tensor starts on a 64-byte
+     * boundary), so a collective or a checkpoint moves them in one piece. */
+    size_t offs[RK_MAX_PARAMS], total = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        offs[i] = total;
+        total += (m->params[i].numel + 15) & ~(size_t)15;
+    }
+    m->block_len = total;
+    m->data_block = be->alloc(total * sizeof(float));
+    m->grad_block = be->alloc(total * sizeof(float));
+    if (!m->data_block || !m->grad_block)
+        goto oom;
+    memset(m->grad_block, 0, total * sizeof(float));
+    memset(m->data_block, 0, total * sizeof(float));
     for (int i = 0; i < m->nparams; i++) {
         rk_param *p = &m->params[i];
         p->device = be->device;
-        p->data = be->alloc(p->numel * sizeof(float));
-        p->grad = be->alloc(p->numel * sizeof(float));
-        if (!p->data || !p->grad)
-            goto oom;
+        p->data = m->data_block + offs[i];
+        p->grad = m->grad_block + offs[i];
     }
     /* act[0] is the caller's input batch and dact[0] is never needed (no input gradient). */
     for (int i = 1; i <= m->nlayers; i++) {
@@ -170,10 +182,8 @@ void rk_model_destroy(rk_model *m)
 {
     if (!m->be)
         return;
-    for (int i = 0; i < m->nparams; i++) {
-        m->be->free(m->params[i].data);
-        m->be->free(m->params[i].grad);
-    }
+    m->be->free(m->data_block);
+    m->be->free(m->grad_block);
     for (int i = 1; i <= m->nlayers; i++) {
         m->be->free(m->act[i]);
         m->be->free(m->dact[i]);

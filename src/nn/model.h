@@ -51,7 +51,10 @@ typedef struct rk_model {
     int max_batch;
     float *act[RK_MAX_LAYERS + 1];  /* act[0]: input batch; act[i+1]: output of layer i */
     float *dact[RK_MAX_LAYERS + 1];
-    size_t numel; /* total parameter count */
+    size_t numel;      /* total parameter count */
+    float *data_block; /* every param's data, in order, padded: block_len floats */
+    float *grad_block; /* every param's grad, same layout (padding stays zero) */
+    size_t block_len;
 } rk_model;
 
 /* Names accepted by rk_model_create, NULL-terminated. */

@@ -48,67 +48,67 @@ int rk_optim_init(rk_optim *o, rk_optim_kind kind, const rk_model *m, rk_err *er
 {
     memset(o, 0, sizeof *o);
     o->kind = kind;
-    for (int i = 0; i < m->nparams; i++) {
-        size_t bytes = m->params[i].numel * sizeof(float);
-        o->s1[i] = m->be->alloc(bytes);
-        o->s2[i] = kind == RK_OPTIM_ADAMW ? m->be->alloc(bytes) : NULL;
-        if (!o->s1[i] || (kind == RK_OPTIM_ADAMW && !o->s2[i])) {
-            rk_optim_free(o, m);
-            return rk_err_set(err, RK_ENOMEM, "optimiser: out of memory");
-        }
-        memset(o->s1[i], 0, bytes);
-        if (o->s2[i])
-            memset(o->s2[i], 0, bytes);
+    size_t bytes = m->block_len * sizeof(float);
+    o->s1 = m->be->alloc(bytes);
+    o->s2 = kind == RK_OPTIM_ADAMW ? m->be->alloc(bytes) : NULL;
+    if (!o->s1 || (kind == RK_OPTIM_ADAMW && !o->s2)) {
+        rk_optim_free(o, m);
+        return rk_err_set(err, RK_ENOMEM, "optimiser: out of memory");
     }
+    memset(o->s1, 0, bytes);
+    if (o->s2)
+        memset(o->s2, 0, bytes);
     return RK_OK;
 }
 
 void rk_optim_free(rk_optim *o, const rk_model *m)
 {
-    for (int i = 0; i < m->nparams; i++) {
-        m->be->free(o->s1[i]);
-        m->be->free(o->s2[i]);
-        o->s1[i] = o->s2[i] = NULL;
-    }
+    m->be->free(o->s1);
+    m->be->free(o->s2);
+    o->s1 = o->s2 = NULL;
 }
 
+/* One update of the whole parameter block (padding stays zero: its gradient is zero). */
 int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, rk_err *err)
 {
     o->t++;
-    for (int i = 0; i < m->nparams; i++) {
-        rk_param *p = &m->params[i];
-        int rc = o->kind == RK_OPTIM_ADAMW
-                     ? m->be->adamw_step(p->numel, p->data, p->grad, o->s1[i], o->s2[i], lr,
-                                         c->beta1, c->beta2, c->eps, c->weight_decay, o->t, err)
-                     : m->be->sgd_step(p->numel, p->data, p->grad, o->s1[i], lr, c->momentum,
-                                       c->weight_decay, c->nesterov, err);
-        if (rc)
-            return rc;
-    }
-    return RK_OK;
+    if (o->kind == RK_OPTIM_ADAMW)
+        return m->be->adamw_step(m->block_len, m->data_block, m->grad_block, o->s1, o->s2, lr,
+                                 c->beta1, c->beta2, c->eps, c->weight_decay, o->t, err);
+    return m->be->sgd_step(m->block_len, m->data_block, m->grad_block, o->s1, lr, c->momentum,
+                           c->weight_decay, c->nesterov, err);
 }
 
-int rk_evaluate(rk_model *m, const rk_dataset *ds, double *accuracy, double *loss, rk_err *err)
+int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accuracy, double *loss,
+                rk_err *err)
 {
-    int pixels = ds->rows * ds->cols, right = 0;
-    double total = 0.0;
-    for (int start = 0; start < ds->n; start += m->max_batch) {
-        int n = ds->n - start < m->max_batch ? ds->n - start : m->max_batch;
+    int rank = comm ? rk_comm_rank(comm) : 0, size = comm ? rk_comm_size(comm) : 1;
+    int pixels = ds->rows * ds->cols;
+    int lo = (int)((int64_t)ds->n * rank / size), hi = (int)((int64_t)ds->n * (rank + 1) / size);
+    double sums[2] = {0.0, 0.0}; /* correct predictions, summed loss */
+    for (int start = lo; start < hi; start += m->max_batch) {
+        int n = hi - start < m->max_batch ? hi - start : m->max_batch;
         const float *logits;
         int rc = rk_model_forward(m, n, ds->images + (size_t)start * pixels, 0, 0, 0, 0, &logits,
                                   err);
         double l;
         int c;
         if (!rc)
-            rc = m->be->softmax_xent(n, RK_CLASSES, logits, ds->labels + start, NULL, &l, &c, err);
+            rc = m->be->softmax_xent(n, RK_CLASSES, logits, ds->labels + start, NULL, n, &l, &c,
+                                     err);
         if (rc)
             return rc;
-        total += l * n;
-        right += c;
+        sums[0] += c;
+        sums[1] += l * n;
     }
-    *accuracy = (double)right / ds->n;
+    if (comm) {
+        int rc = rk_comm_allreduce_sum_f64(comm, sums, 2, err);
+        if (rc)
+            return rc;
+    }
+    *accuracy = sums[0] / ds->n;
     if (loss)
-        *loss = total / ds->n;
+        *loss = sums[1] / ds->n;
     return RK_OK;
 }
 
@@ -129,14 +129,48 @@ static float lr_at(const rk_train_config *c, int64_t step, int64_t total)
     return c->lr;
 }
 
+/* Even split: global / nranks each, the remainder to the lowest ranks. */
+static void split_even(int64_t global, int nranks, int64_t *shares)
+{
+    for (int r = 0; r < nranks; r++)
+        shares[r] = global / nranks + (r < global % nranks);
+}
+
+/* The shares of this step: the policy's for a full batch, an even split for the short last
+ * batch of an epoch. Checked, since a bad split would silently skip or repeat samples. */
+static int step_shares(const rk_train_config *c, int64_t global, int nranks, int max_share,
+                       int64_t *shares, rk_err *err)
+{
+    if (c->shares && global == c->batch) {
+        int rc = c->shares(c->shares_user, global, nranks, shares, err);
+        if (rc)
+            return rc;
+    } else {
+        split_even(global, nranks, shares);
+    }
+    int64_t sum = 0;
+    for (int r = 0; r < nranks; r++) {
+        if (shares[r] < 0 || shares[r] > max_share)
+            return rk_err_set(err, RK_EINVAL, "batch policy gave rank %d a share of %lld (0..%d)",
+                              r, (long long)shares[r], max_share);
+        sum += shares[r];
+    }
+    if (sum != global)
+        return rk_err_set(err, RK_EINVAL, "batch policy shares sum to %lld, not %lld",
+                          (long long)sum, (long long)global);
+    return RK_OK;
+}
+
 int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
-             const rk_train_config *c, rk_train_progress_fn progress, void *user,
-             rk_train_result *res, rk_err *err)
+             const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
+             void *user, rk_train_result *res, rk_err *err)
 {
     memset(res, 0, sizeof *res);
     res->test_accuracy = -1.0;
-    if (c->batch < 1 || c->batch > m->max_batch)
-        return rk_err_set(err, RK_EINVAL, "batch %d is outside 1..%d", c->batch, m->max_batch);
+    int rank = comm ? rk_comm_rank(comm) : 0, nranks = comm ? rk_comm_size(comm) : 1;
+    if (c->batch < nranks)
+        return rk_err_set(err, RK_EINVAL, "global batch %d is smaller than the %d ranks",
+                          c->batch, nranks);
     if (train->rows * train->cols != m->layers[0].in_size)
         return rk_err_set(err, RK_EMISMATCH, "model %s expects %d inputs per sample, data has %d",
                           m->name, m->layers[0].in_size, train->rows * train->cols);
@@ -151,13 +185,15 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
     int rc = rk_optim_init(&opt, c->optim, m, err);
     if (rc)
         return rc;
+    int cap = m->max_batch; /* the most samples one rank takes in a step */
     uint32_t *order = malloc((size_t)train->n * sizeof *order);
-    float *xb = be->alloc((size_t)c->batch * pixels * sizeof(float));
-    float *dlogits = be->alloc((size_t)c->batch * RK_CLASSES * sizeof(float));
-    uint8_t *yb = malloc((size_t)c->batch);
+    int64_t *shares = malloc((size_t)nranks * sizeof *shares);
+    float *xb = be->alloc((size_t)cap * pixels * sizeof(float));
+    float *dlogits = be->alloc((size_t)cap * RK_CLASSES * sizeof(float));
+    uint8_t *yb = malloc((size_t)cap);
     double window[LOSS_WINDOW];
     int64_t step = 0, total_samples = 0;
-    if (!order || !xb || !dlogits || !yb) {
+    if (!order || !shares || !xb || !dlogits || !yb) {
         rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
         goto out;
     }
@@ -172,24 +208,46 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
         if (total_steps - step < in_epoch)
             in_epoch = total_steps - step;
         for (int64_t s = 0; s < in_epoch; s++) {
+            /* this step's global batch: order[start, start + global); this rank's slice */
             int start = (int)(s * c->batch);
-            int n = train->n - start < c->batch ? train->n - start : c->batch;
+            int global = train->n - start < c->batch ? train->n - start : c->batch;
+            if ((rc = step_shares(c, global, nranks, cap, shares, err)))
+                break;
+            int offset = 0;
+            for (int q = 0; q < rank; q++)
+                offset += (int)shares[q];
+            int n = (int)shares[rank];
             for (int i = 0; i < n; i++) {
-                uint32_t k = order[start + i];
+                uint32_t k = order[start + offset + i];
                 memcpy(xb + (size_t)i * pixels, train->images + (size_t)k * pixels,
                        (size_t)pixels * sizeof(float));
                 yb[i] = train->labels[k];
             }
-            const float *logits;
-            double loss;
-            if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step, 0, &logits, err)) ||
-                (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, &loss, NULL, err)) ||
-                (rc = rk_model_backward(m, n, dlogits, err)) ||
-                (rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)))
+            double loss = 0.0, loss_sum = 0.0;
+            if (n > 0) {
+                const float *logits;
+                if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
+                                           (uint64_t)(start + offset), &logits, err)) ||
+                    (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &loss, NULL,
+                                           err)) ||
+                    (rc = rk_model_backward(m, n, dlogits, err)))
+                    break;
+                loss_sum = loss * n;
+            } else {
+                memset(m->grad_block, 0, m->block_len * sizeof(float));
+            }
+            if (nranks > 1 &&
+                ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
+                 (rc = rk_comm_allreduce_sum_f64(comm, &loss_sum, 1, err))))
                 break;
+            if ((rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)))
+                break;
+            loss = loss_sum / global;
+            if (c->loss_log)
+                fprintf(c->loss_log, "%lld %.9g\n", (long long)step, loss);
             window[step % LOSS_WINDOW] = loss;
             step++;
-            samples += n;
+            samples += global;
             double t = now_s() - t0;
             if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
                 last_report = t;
@@ -213,7 +271,7 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
         if (rc)
             break;
         if (c->eval && test)
-            rc = rk_evaluate(m, test, &res->test_accuracy, &res->test_loss, err);
+            rc = rk_evaluate(m, test, comm, &res->test_accuracy, &res->test_loss, err);
         if (progress && !rc) {
             rk_train_progress p = {
                 .epoch = epoch + 1,
@@ -239,6 +297,7 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
 out:
     rk_optim_free(&opt, m);
     free(order);
+    free(shares);
     be->free(xb);
     be->free(dlogits);
     free(yb);

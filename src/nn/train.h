@@ -7,11 +7,18 @@
 #define RK_NN_TRAIN_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "nn/idx.h"
 #include "nn/model.h"
+#include "rekindle/comm.h"
 
 typedef enum rk_optim_kind { RK_OPTIM_SGD, RK_OPTIM_ADAMW } rk_optim_kind;
+
+/* How a global batch of `global` samples is split over nranks ranks: fills shares[nranks]
+ * (each >= 0, summing to global). Must give the same answer on every rank. */
+typedef int (*rk_train_shares_fn)(void *user, int64_t global, int nranks, int64_t *shares,
+                                  rk_err *err);
 typedef enum rk_lr_schedule { RK_LR_CONSTANT, RK_LR_COSINE } rk_lr_schedule;
 
 typedef struct rk_train_config {
@@ -25,6 +32,9 @@ typedef struct rk_train_config {
     rk_lr_schedule schedule;
     uint64_t seed;
     int eval;            /* evaluate on the test set after each epoch and at the end */
+    FILE *loss_log;      /* when set: one line per step, "step loss" (global mean loss) */
+    rk_train_shares_fn shares; /* NULL: even split */
+    void *shares_user;
 } rk_train_config;
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
@@ -54,10 +64,11 @@ typedef struct rk_train_result {
     double test_loss;
 } rk_train_result;
 
-/* Optimiser state for a model (velocity, or AdamW moments). */
+/* Optimiser state for a model: velocity (sgd) or AdamW moments, each one block laid out like
+ * the model's parameter block, and the step count. */
 typedef struct rk_optim {
     rk_optim_kind kind;
-    float *s1[RK_MAX_PARAMS], *s2[RK_MAX_PARAMS];
+    float *s1, *s2; /* s2 only for AdamW */
     int64_t t;
 } rk_optim;
 
@@ -65,11 +76,21 @@ int rk_optim_init(rk_optim *o, rk_optim_kind kind, const rk_model *m, rk_err *er
 void rk_optim_free(rk_optim *o, const rk_model *m);
 int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, rk_err *err);
 
-/* Accuracy and mean loss of the model on a dataset, in batches of up to m->max_batch. */
-int rk_evaluate(rk_model *m, const rk_dataset *ds, double *accuracy, double *loss, rk_err *err);
+/* Accuracy and mean loss of the model on a dataset, in batches of up to m->max_batch. With a
+ * communicator of several ranks each rank scores a contiguous part and the counts are summed,
+ * so every rank gets the result. comm may be NULL (one process). */
+int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accuracy, double *loss,
+                rk_err *err);
 
+/* Train data-parallel over comm (NULL: one process). c->batch is the global batch: every step
+ * takes the next c->batch samples of one seeded global order per epoch (independent of the
+ * rank count) and splits them into contiguous slices, one per rank, of sizes given by
+ * c->shares (NULL: even); each rank scales its gradient by its share of the global batch and
+ * the sum over ranks is the gradient of the whole batch, so a step equals a one-process step
+ * on the same samples. The model's max_batch must be at least the largest share. Progress
+ * callbacks and results are the same on every rank. */
 int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
-             const rk_train_config *c, rk_train_progress_fn progress, void *user,
-             rk_train_result *res, rk_err *err);
+             const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
+             void *user, rk_train_result *res, rk_err *err);
 
 #endif
