@@ -19,6 +19,7 @@
 #include "nn/idx.h"
 #include "nn/model.h"
 #include "nn/train.h"
+#include "rekindle/batch.h"
 #include "rekindle/comm.h"
 #include "rekindle/fileio.h"
 #include "rk.h"
@@ -33,6 +34,9 @@ static const char usage_text[] =
     "                       0 only evaluates (with --init: check saved weights)\n"
     "  --max-steps N        stop after N optimiser steps (default: no limit)\n"
     "  --batch N            global mini-batch size, split over ranks (default 64)\n"
+    "  --batch-policy NAME  how ranks split the batch: even | throughput (by measured\n"
+    "                       samples/s) | fault-aware (by --fault-rates) (default even)\n"
+    "  --fault-rates LIST   faults per hour of each rank's device, comma-separated\n"
     "  --optimizer NAME     sgd (Nesterov momentum) | adamw (default sgd)\n"
     "  --lr X               learning rate (default 0.01 for sgd, 0.001 for adamw)\n"
     "  --momentum X         sgd momentum (default 0.9)\n"
@@ -54,7 +58,8 @@ static const char usage_text[] =
     "Same seed, same flags, ranks and threads give bitwise identical weights.\n";
 
 typedef struct train_opts {
-    const char *model, *data, *init, *save, *metrics, *loss_log;
+    const char *model, *data, *init, *save, *metrics, *loss_log, *fault_rates;
+    rk_batch_kind policy;
     int threads;
     rk_train_config cfg;
 } train_opts;
@@ -114,7 +119,17 @@ static int check_writable(const char *flag, const char *path)
     return 0;
 }
 
-enum { OPT_MAX_STEPS = 256, OPT_OPTIM, OPT_METRICS, OPT_NO_EVAL, OPT_WD, OPT_SCHEDULE, OPT_LOSS_LOG };
+enum {
+    OPT_MAX_STEPS = 256,
+    OPT_OPTIM,
+    OPT_METRICS,
+    OPT_NO_EVAL,
+    OPT_WD,
+    OPT_SCHEDULE,
+    OPT_LOSS_LOG,
+    OPT_POLICY,
+    OPT_FAULT_RATES
+};
 
 static int parse_args(int argc, char **argv, train_opts *o)
 {
@@ -130,6 +145,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
         {"save", required_argument, 0, 'o'},      {"metrics-json", required_argument, 0, OPT_METRICS},
         {"no-eval", no_argument, 0, OPT_NO_EVAL}, {"help", no_argument, 0, 'h'},
         {"loss-log", required_argument, 0, OPT_LOSS_LOG},
+        {"batch-policy", required_argument, 0, OPT_POLICY},
+        {"fault-rates", required_argument, 0, OPT_FAULT_RATES},
         {0, 0, 0, 0}};
     /* Two passes: the optimiser decides the defaults the other flags override. */
     rk_optim_kind kind = RK_OPTIM_SGD;
@@ -208,6 +225,12 @@ static int parse_args(int argc, char **argv, train_opts *o)
         case OPT_METRICS: o->metrics = optarg; break;
         case OPT_NO_EVAL: o->cfg.eval = 0; break;
         case OPT_LOSS_LOG: o->loss_log = optarg; break;
+        case OPT_POLICY:
+            if (rk_batch_kind_parse(optarg, &o->policy, NULL))
+                return usage_error("--batch-policy '%s' is not even, throughput or fault-aware",
+                                   optarg);
+            break;
+        case OPT_FAULT_RATES: o->fault_rates = optarg; break;
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
         case '?':
@@ -217,6 +240,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
+    if (o->fault_rates && o->policy != RK_BATCH_FAULT_AWARE)
+        return usage_error("--fault-rates needs --batch-policy fault-aware");
     int known = 0;
     for (int i = 0; rk_model_names[i]; i++)
         known |= strcmp(o->model, rk_model_names[i]) == 0;
@@ -293,6 +318,11 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "device", json_string(device));
     json_object_set_new(j, "threads", json_integer(o->threads));
     json_object_set_new(j, "ranks", json_integer(ranks));
+    json_object_set_new(j, "batch_policy", json_string(rk_batch_kind_name(o->policy)));
+    json_t *sh = json_array();
+    for (int q = 0; q < ranks && q < 8; q++)
+        json_array_append_new(sh, json_integer(r->last_shares[q]));
+    json_object_set_new(j, "last_shares", sh);
     json_object_set_new(j, "optimizer", json_string(o->cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd"));
     json_object_set_new(j, "lr", json_real(o->cfg.lr));
     json_object_set_new(j, "batch", json_integer(o->cfg.batch));
@@ -320,6 +350,65 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     return rc;
 }
 
+/* The batch policy as rk_train sees it: shares from the policy, throughput observations
+ * gathered from every rank each step so all ranks feed the policy the same numbers. */
+typedef struct policy_glue {
+    rk_batch_policy *policy;
+    rk_comm *comm;
+} policy_glue;
+
+static int glue_shares(void *user, int64_t global, int nranks, int64_t *shares, rk_err *err)
+{
+    (void)global, (void)nranks;
+    return rk_batch_shares(((policy_glue *)user)->policy, shares, err);
+}
+
+static int glue_observe(void *user, int64_t step, int n_local, double seconds, rk_err *err)
+{
+    (void)step;
+    policy_glue *g = user;
+    int nranks = rk_comm_size(g->comm);
+    uint64_t mine, all[RK_BATCH_MAX_RANKS > 1024 ? 1024 : RK_BATCH_MAX_RANKS];
+    double rate = n_local > 0 && seconds > 0 ? n_local / seconds : 0.0;
+    memcpy(&mine, &rate, sizeof mine);
+    if (nranks > 1024)
+        return rk_err_set(err, RK_ENOTSUP, "throughput policy: more than 1024 ranks");
+    int rc = rk_comm_allgather_u64(g->comm, mine, all, err);
+    for (int r = 0; r < nranks && !rc; r++) {
+        double v;
+        memcpy(&v, &all[r], sizeof v);
+        if (v > 0) /* a rank with no samples this step has nothing to report */
+            rc = rk_batch_observe_throughput(g->policy, r, v, err);
+    }
+    return rc;
+}
+
+/* --fault-rates "a,b,c": exactly one non-negative number per rank. */
+static int parse_fault_rates(const char *list, rk_batch_policy *p, int nranks, rk_err *err)
+{
+    const char *s = list;
+    int count = 0;
+    for (;;) {
+        char *end;
+        errno = 0;
+        double v = strtod(s, &end);
+        if (end == s || errno || (*end != ',' && *end != '\0'))
+            return rk_err_set(err, RK_EINVAL, "--fault-rates '%s': item %d is not a number", list,
+                              count + 1);
+        if (count < nranks && rk_batch_set_fault_rate(p, count, v, NULL) != RK_OK)
+            return rk_err_set(err, RK_EINVAL, "--fault-rates '%s': item %d (%g) is not a rate "
+                              "in faults per hour", list, count + 1, v);
+        count++;
+        if (*end == '\0')
+            break;
+        s = end + 1;
+    }
+    if (count != nranks)
+        return rk_err_set(err, RK_EINVAL, "--fault-rates '%s' has %d values for %d ranks", list,
+                          count, nranks);
+    return RK_OK;
+}
+
 int rk_cmd_train(int argc, char **argv)
 {
     train_opts o;
@@ -332,6 +421,7 @@ int rk_cmd_train(int argc, char **argv)
     rk_model m = {0};
     rk_comm *comm = NULL;
     FILE *loss_log = NULL;
+    policy_glue glue = {0};
     int rc = rk_comm_open(&comm, "auto", &err);
     if (rc)
         goto fail;
@@ -355,6 +445,13 @@ int rk_cmd_train(int argc, char **argv)
                         nranks);
         goto fail;
     }
+    if ((rc = rk_batch_policy_create(&glue.policy, o.policy, nranks, o.cfg.batch, &err)) ||
+        (o.fault_rates && (rc = parse_fault_rates(o.fault_rates, glue.policy, nranks, &err))))
+        goto fail;
+    glue.comm = comm;
+    o.cfg.shares = glue_shares;
+    o.cfg.observe = o.policy == RK_BATCH_THROUGHPUT ? glue_observe : NULL;
+    o.cfg.shares_user = &glue;
     if ((rc = rk_model_create(&m, o.model, o.cfg.batch, be, o.cfg.seed, &err)))
         goto fail;
     if (o.init && (rc = rk_model_load(&m, o.init, &err)))
@@ -369,6 +466,8 @@ int rk_cmd_train(int argc, char **argv)
                o.threads, o.threads == 1 ? "" : "s");
         if (nranks > 1)
             printf(" x %d ranks (%s)", nranks, rk_comm_backend(comm));
+        if (nranks > 1)
+            printf(", %s batch split", rk_batch_kind_name(o.policy));
         printf(", batch %d, %s lr %g, %d train / %d test images\n", o.cfg.batch,
                o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
     }
@@ -403,6 +502,7 @@ int rk_cmd_train(int argc, char **argv)
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
+    rk_batch_policy_free(glue.policy);
     rk_comm_close(comm);
     return RK_EXIT_OK;
 fail:
@@ -416,6 +516,7 @@ fail:
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
+    rk_batch_policy_free(glue.policy);
     rk_comm_close(comm);
     return rk_cli_status(rc ? rc : err.code);
 }

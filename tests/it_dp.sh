@@ -82,6 +82,23 @@ run ep-1 1 --model mlp --epochs 1 && run ep-4 4 --model mlp --epochs 1 &&
      msg=$(agree ep-1 ep-4); then ok "one epoch on 4 ranks = one process: 63 steps, $msg"
   else bad "epoch on 4 ranks: steps $(json "$work/ep-4.json" steps) ${msg:-}"; fi
 
+# batch policies: fault-aware gives the flaky rank less work (f = 0, 3: f-bar 1.5, weights 1.5
+# and 0.5 -> 48 and 16 of 64) and the step is still the same one-process step; throughput
+# runs and keeps the global batch.
+run fa-2 2 --model mlp --max-steps 50 --batch-policy fault-aware --fault-rates 0,3 &&
+  if [[ "$(json "$work/fa-2.json" last_shares)" == "[48, 16]" ]] && msg=$(agree mlp-1 fa-2); then
+    ok "fault-aware split 48/16 matches N=1: $msg"
+  else bad "fault-aware: shares $(json "$work/fa-2.json" last_shares) ${msg:-}"; fi
+run tp-2 2 --model mlp --max-steps 50 --batch-policy throughput &&
+  if python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['last_shares']; sys.exit(0 if sum(s)==64 and min(s)>=1 else 1)" "$work/tp-2.json" &&
+     msg=$(agree mlp-1 tp-2); then ok "throughput policy keeps the batch: $msg"
+  else bad "throughput policy: shares $(json "$work/tp-2.json" last_shares) ${msg:-}"; fi
+"${mpi[@]}" -np 2 "$RK" train --data "$work/sub" --batch-policy fault-aware --fault-rates 1 \
+  --max-steps 1 --threads 1 >"$work/fr.out" 2>&1
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q "1 values for 2 ranks" "$work/fr.out"; then ok "--fault-rates count checked"
+else bad "--fault-rates count: exit $rc $(head -2 "$work/fr.out")"; fi
+
 # a global batch smaller than the rank count is refused with exit status 2
 "${mpi[@]}" -np 4 "$RK" train --data "$work/sub" --batch 2 --max-steps 1 --threads 1 \
   >"$work/small.out" 2>&1

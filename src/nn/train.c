@@ -223,7 +223,7 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
                        (size_t)pixels * sizeof(float));
                 yb[i] = train->labels[k];
             }
-            double loss = 0.0, loss_sum = 0.0;
+            double loss = 0.0, loss_sum = 0.0, tc = now_s();
             if (n > 0) {
                 const float *logits;
                 if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
@@ -236,11 +236,16 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
             } else {
                 memset(m->grad_block, 0, m->block_len * sizeof(float));
             }
+            tc = now_s() - tc;
+            if (global == c->batch)
+                for (int q = 0; q < nranks && q < 8; q++)
+                    res->last_shares[q] = shares[q];
             if (nranks > 1 &&
                 ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
                  (rc = rk_comm_allreduce_sum_f64(comm, &loss_sum, 1, err))))
                 break;
-            if ((rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)))
+            if ((rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)) ||
+                (c->observe && (rc = c->observe(c->shares_user, step, n, tc, err))))
                 break;
             loss = loss_sum / global;
             if (c->loss_log)

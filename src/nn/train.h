@@ -34,7 +34,11 @@ typedef struct rk_train_config {
     int eval;            /* evaluate on the test set after each epoch and at the end */
     FILE *loss_log;      /* when set: one line per step, "step loss" (global mean loss) */
     rk_train_shares_fn shares; /* NULL: even split */
-    void *shares_user;
+    /* Called on every rank after each step with this rank's sample count and the seconds
+     * its forward and backward took (for throughput-based policies); may be NULL. A
+     * collective may be used inside: every rank calls it at the same step. */
+    int (*observe)(void *user, int64_t step, int n_local, double seconds, rk_err *err);
+    void *shares_user; /* passed to shares and observe */
 } rk_train_config;
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
@@ -60,6 +64,7 @@ typedef struct rk_train_result {
     double final_train_loss;   /* mean loss over the last min(100, steps) steps */
     double train_samples_per_s;/* samples / training seconds (evaluation excluded) */
     double train_seconds;
+    int64_t last_shares[8];    /* the split of the last full step, first 8 ranks */
     double test_accuracy;      /* full test set, -1 when not evaluated */
     double test_loss;
 } rk_train_result;
