@@ -337,6 +337,7 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
                         r->steps > 0 ? json_real(r->final_train_loss) : json_null());
     json_object_set_new(j, "train_samples_per_s", json_real(r->train_samples_per_s));
     json_object_set_new(j, "train_seconds", json_real(r->train_seconds));
+    json_object_set_new(j, "allreduce_seconds", json_real(r->allreduce_seconds));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
     json_object_set_new(j, "weights_xxh64", json_string(hash));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
@@ -473,9 +474,14 @@ int rk_cmd_train(int argc, char **argv)
     }
     view v = {nranks == 1 && isatty(STDOUT_FILENO), 0}; /* mpirun output: plain lines */
     rk_train_result res = {.test_accuracy = -1.0};
-    if (o.cfg.epochs > 0)
-        rc = rk_train(&m, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
+    if (o.cfg.epochs > 0) {
+        rk_optim opt;
+        if ((rc = rk_optim_init(&opt, o.cfg.optim, &m, &err)))
+            goto fail;
+        rc = rk_train(&m, &opt, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
                       rank == 0 ? on_progress : NULL, &v, &res, &err);
+        rk_optim_free(&opt, &m);
+    }
     else if (o.cfg.eval) /* evaluation only */
         rc = rk_evaluate(&m, &test, comm, &res.test_accuracy, &res.test_loss, &err);
     if (rc)

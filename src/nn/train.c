@@ -161,7 +161,7 @@ static int step_shares(const rk_train_config *c, int64_t global, int nranks, int
     return RK_OK;
 }
 
-int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
+int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_dataset *test,
              const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
              void *user, rk_train_result *res, rk_err *err)
 {
@@ -181,10 +181,10 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
     if (c->max_steps > 0 && c->max_steps < total_steps)
         total_steps = c->max_steps;
 
-    rk_optim opt;
-    int rc = rk_optim_init(&opt, c->optim, m, err);
-    if (rc)
-        return rc;
+    if (c->start_step < 0 || c->start_step > total_steps)
+        return rk_err_set(err, RK_EINVAL, "resume step %lld is outside 0..%lld",
+                          (long long)c->start_step, (long long)total_steps);
+    int rc = RK_OK;
     int cap = m->max_batch; /* the most samples one rank takes in a step */
     uint32_t *order = malloc((size_t)train->n * sizeof *order);
     int64_t *shares = malloc((size_t)nranks * sizeof *shares);
@@ -192,22 +192,24 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
     float *dlogits = be->alloc((size_t)cap * RK_CLASSES * sizeof(float));
     uint8_t *yb = malloc((size_t)cap);
     double window[LOSS_WINDOW];
-    int64_t step = 0, total_samples = 0;
+    int64_t step = c->start_step, total_samples = 0, taken = 0; /* taken: steps in this run */
     if (!order || !shares || !xb || !dlogits || !yb) {
         rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
         goto out;
     }
 
-    for (int epoch = 0; epoch < c->epochs && step < total_steps && !rc; epoch++) {
+    for (int epoch = (int)(step / steps_per_epoch); epoch < c->epochs && step < total_steps && !rc;
+         epoch++) {
         rk_rng r;
         rk_rng_derive(&r, c->seed, 0x6570636fULL, (uint64_t)epoch);
         rk_rng_permutation(&r, order, (size_t)train->n);
         double t0 = now_s(), last_report = 0.0;
         int64_t samples = 0;
+        int64_t first = step - (int64_t)epoch * steps_per_epoch; /* > 0 only when resuming */
         int64_t in_epoch = steps_per_epoch;
-        if (total_steps - step < in_epoch)
-            in_epoch = total_steps - step;
-        for (int64_t s = 0; s < in_epoch; s++) {
+        if (total_steps - (int64_t)epoch * steps_per_epoch < in_epoch)
+            in_epoch = total_steps - (int64_t)epoch * steps_per_epoch;
+        for (int64_t s = first; s < in_epoch; s++) {
             /* this step's global batch: order[start, start + global); this rank's slice */
             int start = (int)(s * c->batch);
             int global = train->n - start < c->batch ? train->n - start : c->batch;
@@ -240,19 +242,25 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
             if (global == c->batch)
                 for (int q = 0; q < nranks && q < 8; q++)
                     res->last_shares[q] = shares[q];
+            double ta = now_s();
             if (nranks > 1 &&
                 ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
                  (rc = rk_comm_allreduce_sum_f64(comm, &loss_sum, 1, err))))
                 break;
-            if ((rc = rk_optim_step(&opt, m, c, lr_at(c, step, total_steps), err)) ||
+            res->allreduce_seconds += now_s() - ta;
+            if ((rc = rk_optim_step(opt, m, c, lr_at(c, step, total_steps), err)) ||
                 (c->observe && (rc = c->observe(c->shares_user, step, n, tc, err))))
                 break;
             loss = loss_sum / global;
             if (c->loss_log)
                 fprintf(c->loss_log, "%lld %.9g\n", (long long)step, loss);
-            window[step % LOSS_WINDOW] = loss;
+            window[taken % LOSS_WINDOW] = loss;
+            taken++;
             step++;
             samples += global;
+            if (c->step_end &&
+                (rc = c->step_end(c->step_end_user, step, epoch, (int64_t)start + global, err)))
+                break;
             double t = now_s() - t0;
             if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
                 last_report = t;
@@ -262,9 +270,9 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
                     .step_in_epoch = s + 1,
                     .steps_in_epoch = in_epoch,
                     .step = step,
-                    .loss = window_mean(window, step),
+                    .loss = window_mean(window, taken),
                     .samples_per_s = t > 0 ? samples / t : 0.0,
-                    .eta_s = (double)(in_epoch - s - 1) * t / (double)(s + 1),
+                    .eta_s = (double)(in_epoch - s - 1) * t / (double)(s + 1 - first),
                     .test_accuracy = -1.0,
                 };
                 progress(&p, user);
@@ -284,7 +292,7 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
                 .step_in_epoch = in_epoch,
                 .steps_in_epoch = in_epoch,
                 .step = step,
-                .loss = window_mean(window, step),
+                .loss = window_mean(window, taken),
                 .samples_per_s = epoch_s > 0 ? samples / epoch_s : 0.0,
                 .eta_s = 0.0,
                 .epoch_done = 1,
@@ -295,12 +303,11 @@ int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
         total_samples += samples;
     }
     if (!rc) {
-        res->final_train_loss = window_mean(window, step);
+        res->final_train_loss = window_mean(window, taken);
         res->steps = step;
         res->train_samples_per_s = res->train_seconds > 0 ? total_samples / res->train_seconds : 0;
     }
 out:
-    rk_optim_free(&opt, m);
     free(order);
     free(shares);
     be->free(xb);

@@ -39,6 +39,15 @@ typedef struct rk_train_config {
      * collective may be used inside: every rank calls it at the same step. */
     int (*observe)(void *user, int64_t step, int n_local, double seconds, rk_err *err);
     void *shares_user; /* passed to shares and observe */
+    /* Resume: the global step to start from (0: a fresh run). Epoch and position in the epoch
+     * follow from it, and every random choice is derived from (seed, epoch, step), so a
+     * resumed run continues bit for bit given the model and optimiser state. */
+    int64_t start_step;
+    /* Called on every rank after each optimiser step with the steps done, the epoch (0-based)
+     * and the samples consumed in it, for checkpointing; a collective may be used inside.
+     * Returning an error stops training with it. May be NULL. */
+    int (*step_end)(void *user, int64_t steps_done, int epoch, int64_t cursor, rk_err *err);
+    void *step_end_user;
 } rk_train_config;
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
@@ -61,9 +70,10 @@ typedef void (*rk_train_progress_fn)(const rk_train_progress *p, void *user);
 typedef struct rk_train_result {
     int epochs_run;
     int64_t steps;
-    double final_train_loss;   /* mean loss over the last min(100, steps) steps */
+    double final_train_loss;   /* mean loss over the last min(100, steps) steps of this run */
     double train_samples_per_s;/* samples / training seconds (evaluation excluded) */
     double train_seconds;
+    double allreduce_seconds;  /* of train_seconds, time in the gradient allreduce */
     int64_t last_shares[8];    /* the split of the last full step, first 8 ranks */
     double test_accuracy;      /* full test set, -1 when not evaluated */
     double test_loss;
@@ -87,14 +97,15 @@ int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, 
 int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accuracy, double *loss,
                 rk_err *err);
 
-/* Train data-parallel over comm (NULL: one process). c->batch is the global batch: every step
+/* Train data-parallel over comm (NULL: one process), updating m with the optimiser opt (made
+ * by rk_optim_init for m; its state may have been restored from a checkpoint). c->batch is the global batch: every step
  * takes the next c->batch samples of one seeded global order per epoch (independent of the
  * rank count) and splits them into contiguous slices, one per rank, of sizes given by
  * c->shares (NULL: even); each rank scales its gradient by its share of the global batch and
  * the sum over ranks is the gradient of the whole batch, so a step equals a one-process step
  * on the same samples. The model's max_batch must be at least the largest share. Progress
  * callbacks and results are the same on every rank. */
-int rk_train(rk_model *m, const rk_dataset *train, const rk_dataset *test,
+int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_dataset *test,
              const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
              void *user, rk_train_result *res, rk_err *err);
 
