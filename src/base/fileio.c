@@ -46,21 +46,13 @@ static int io_fail(rk_err *err, int e, const char *path, const char *what)
     return rk_err_set(err, code, "%s: %s: %s", path, what, errstr(e, eb, sizeof eb));
 }
 
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
 
 /* The directory holding `path` ("." for a bare name, "/" for "/x"); NULL if out of memory. */
 static char *dir_of(const char *path)
 {
     const char *slash = strrchr(path, '/');
     if (!slash)
-        return dup_str(".");
+        return strdup(".");
     size_t n = (size_t)(slash - path);
     if (n == 0)
         n = 1; /* keep the root "/" */
@@ -93,7 +85,7 @@ int rk_afile_open(rk_afile **out, const char *path, rk_err *err)
     rk_afile *f = calloc(1, sizeof *f);
     size_t cap = plen + 64;
     char *tmp = malloc(cap);
-    char *dpath = dup_str(path);
+    char *dpath = strdup(path);
     if (!f || !tmp || !dpath) {
         free(f);
         free(tmp);

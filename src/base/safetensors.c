@@ -114,14 +114,6 @@ static bool utf8_ok(const char *s)
     return utf8_bad_at((const uint8_t *)s, n) == n;
 }
 
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d)
-        memcpy(d, s, n);
-    return d;
-}
 
 /* "[2,3]" into buf (the dims, as many as fit). */
 static const char *fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
@@ -464,7 +456,7 @@ static int parse_entry(parse_ctx *c, const char *key, json_t *val, rk_st_tensor 
     t->numel = (size_t)numel;
     t->nbytes = (size_t)need;
     t->offset = (size_t)b;
-    t->name = dup_str(key);
+    t->name = strdup(key);
     if (!t->name)
         return rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);
     return RK_OK;
@@ -488,7 +480,7 @@ static int parse_meta(parse_ctx *c, json_t *m, rk_st_file *out)
         if (!json_is_string(v))
             return rk_err_set(err, RK_EFORMAT, "%s: '%s': value of '%s' is not a string", c->label,
                               META_KEY, show(kb, sizeof kb, k));
-        char *dk = dup_str(k), *dv = dup_str(json_string_value(v));
+        char *dk = strdup(k), *dv = strdup(json_string_value(v));
         if (!dk || !dv) {
             free(dk);
             free(dv);
@@ -546,7 +538,7 @@ static int parse_owned(uint8_t *buf, size_t len, const char *name, rk_st_file *o
     memset(out, 0, sizeof *out);
     out->buf = buf;
     out->len = len;
-    out->name = dup_str(name ? name : "<memory>");
+    out->name = strdup(name ? name : "<memory>");
     if (!out->name) {
         rk_st_free(out);
         return rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);

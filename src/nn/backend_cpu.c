@@ -240,6 +240,17 @@ static int reorder_run(reorder *r, const void *src, void *dst, rk_err *err)
     return RK_OK;
 }
 
+/* `src` in the layout a reorder was built for: reordered into `buf` when the reorder exists,
+ * else `src` itself (the layouts are equal). The result is in *out. */
+static int staged(reorder *r, const float *src, float *buf, const float **out, rk_err *err)
+{
+    *out = src;
+    if (!r->prim)
+        return RK_OK;
+    *out = buf;
+    return reorder_run(r, src, buf, err);
+}
+
 /* The layout a primitive wants for `what`; a buffer in that layout (owned when it differs
  * from the user layout) and the reorder from the user layout. */
 static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, const dnnl_memory_desc_t *user,
@@ -579,17 +590,10 @@ static int cpu_convblock_forward(rk_op_cache **cache, const rk_convblock_shape *
     if (!pl)
         return err ? err->code : RK_EBACKEND;
     int rc;
-    const float *xs = x, *ws = w;
-    if (pl->r_x.prim) {
-        if ((rc = reorder_run(&pl->r_x, x, pl->xc, err)))
-            return rc;
-        xs = pl->xc;
-    }
-    if (pl->r_w.prim) {
-        if ((rc = reorder_run(&pl->r_w, w, pl->wc, err)))
-            return rc;
-        ws = pl->wc;
-    }
+    const float *xs, *ws;
+    if ((rc = staged(&pl->r_x, x, pl->xc, &xs, err)) ||
+        (rc = staged(&pl->r_w, w, pl->wc, &ws, err)))
+        return rc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_xc, (void *)xs));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_wc, (void *)ws));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_b, (void *)b));
@@ -620,27 +624,18 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
     if (!pl->has_bwd && (rc = plan_build_backward(pl, err)))
         return rc;
 
-    const float *dpm = dy;
-    if (pl->r_dy.prim) {
-        if ((rc = reorder_run(&pl->r_dy, dy, pl->dpm, err)))
-            return rc;
-        dpm = pl->dpm;
-    }
+    const float *dpm;
+    if ((rc = staged(&pl->r_dy, dy, pl->dpm, &dpm, err)))
+        return rc;
     pool_backward(pl, dpm);
 
     /* weights and bias gradient */
-    const float *src = pl->xc ? pl->xc : pl->x_user;
-    if (pl->r_bw_src.prim) {
-        if ((rc = reorder_run(&pl->r_bw_src, src, pl->bw_src, err)))
-            return rc;
-        src = pl->bw_src;
-    }
-    const float *ddst = pl->dc;
-    if (pl->r_bw_ddst.prim) {
-        if ((rc = reorder_run(&pl->r_bw_ddst, pl->dc, pl->bw_ddst, err)))
-            return rc;
-        ddst = pl->bw_ddst;
-    }
+    const float *src;
+    if ((rc = staged(&pl->r_bw_src, pl->xc ? pl->xc : pl->x_user, pl->bw_src, &src, err)))
+        return rc;
+    const float *ddst;
+    if ((rc = staged(&pl->r_bw_ddst, pl->dc, pl->bw_ddst, &ddst, err)))
+        return rc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bw_src, (void *)src));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bw_ddst, (void *)ddst));
     if (!pl->r_dw.prim)
@@ -657,18 +652,12 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
     if (!dx)
         return RK_OK;
     /* data gradient (weights are unchanged since the forward that saved w_user) */
-    const float *wb = pl->w_user;
-    if (pl->r_bd_w.prim) {
-        if ((rc = reorder_run(&pl->r_bd_w, pl->w_user, pl->bd_w, err)))
-            return rc;
-        wb = pl->bd_w;
-    }
-    const float *bdd = pl->dc;
-    if (pl->r_bd_ddst.prim) {
-        if ((rc = reorder_run(&pl->r_bd_ddst, pl->dc, pl->bd_ddst, err)))
-            return rc;
-        bdd = pl->bd_ddst;
-    }
+    const float *wb;
+    if ((rc = staged(&pl->r_bd_w, pl->w_user, pl->bd_w, &wb, err)))
+        return rc;
+    const float *bdd;
+    if ((rc = staged(&pl->r_bd_ddst, pl->dc, pl->bd_ddst, &bdd, err)))
+        return rc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_w, (void *)wb));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_ddst, (void *)bdd));
     if (!pl->r_dx.prim)
