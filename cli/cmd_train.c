@@ -19,7 +19,9 @@
 #include "nn/idx.h"
 #include "nn/model.h"
 #include "nn/train.h"
+#include "nn/train_ckpt.h"
 #include "rekindle/batch.h"
+#include "rekindle/ckpt.h"
 #include "rekindle/comm.h"
 #include "rekindle/fileio.h"
 #include "rk.h"
@@ -51,6 +53,13 @@ static const char usage_text[] =
     "  --metrics-json FILE  write the run's numbers as JSON\n"
     "  --no-eval            skip test-set evaluation (benchmarks)\n"
     "  --loss-log FILE      write \"step loss\" per optimiser step (the global batch's mean)\n"
+    "  --ckpt-dir DIR       write checkpoints to DIR (docs/checkpoint.md)\n"
+    "  --resume             continue from the newest valid checkpoint in --ckpt-dir\n"
+    "  --ckpt-every K|auto  steps between checkpoints (default 500); auto: Daly's optimum\n"
+    "                       from the measured save cost and --mtbf\n"
+    "  --mtbf SECONDS       mean time between failures for auto (default 3600)\n"
+    "  --keep N             checkpoints to keep (default 3)\n"
+    "  --ckpt-async         snapshot at the step, write from a background thread\n"
     "  -h, --help           show this help\n"
     "\n"
     "Data-parallel: run under Open MPI (mpirun -np N rk train ...); the global batch is split\n"
@@ -58,8 +67,11 @@ static const char usage_text[] =
     "Same seed, same flags, ranks and threads give bitwise identical weights.\n";
 
 typedef struct train_opts {
-    const char *model, *data, *init, *save, *metrics, *loss_log, *fault_rates;
+    const char *model, *data, *init, *save, *metrics, *loss_log, *fault_rates, *ckpt_dir;
     rk_batch_kind policy;
+    int resume, ckpt_async, keep;
+    int64_t ckpt_every; /* 0: auto */
+    double mtbf;
     int threads;
     rk_train_config cfg;
 } train_opts;
@@ -128,7 +140,13 @@ enum {
     OPT_SCHEDULE,
     OPT_LOSS_LOG,
     OPT_POLICY,
-    OPT_FAULT_RATES
+    OPT_FAULT_RATES,
+    OPT_CKPT_DIR,
+    OPT_RESUME,
+    OPT_CKPT_EVERY,
+    OPT_MTBF,
+    OPT_KEEP,
+    OPT_CKPT_ASYNC
 };
 
 static int parse_args(int argc, char **argv, train_opts *o)
@@ -147,6 +165,12 @@ static int parse_args(int argc, char **argv, train_opts *o)
         {"loss-log", required_argument, 0, OPT_LOSS_LOG},
         {"batch-policy", required_argument, 0, OPT_POLICY},
         {"fault-rates", required_argument, 0, OPT_FAULT_RATES},
+        {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
+        {"resume", no_argument, 0, OPT_RESUME},
+        {"ckpt-every", required_argument, 0, OPT_CKPT_EVERY},
+        {"mtbf", required_argument, 0, OPT_MTBF},
+        {"keep", required_argument, 0, OPT_KEEP},
+        {"ckpt-async", no_argument, 0, OPT_CKPT_ASYNC},
         {0, 0, 0, 0}};
     /* Two passes: the optimiser decides the defaults the other flags override. */
     rk_optim_kind kind = RK_OPTIM_SGD;
@@ -160,6 +184,9 @@ static int parse_args(int argc, char **argv, train_opts *o)
             kind = RK_OPTIM_ADAMW;
     }
     memset(o, 0, sizeof *o);
+    o->keep = RK_CKPT_KEEP_DEFAULT;
+    o->ckpt_every = RK_CKPT_EVERY_DEFAULT;
+    o->mtbf = 3600.0;
     o->model = "cnn-small";
     o->data = RK_FMNIST_DEFAULT_DIR;
     rk_train_config_default(&o->cfg, kind);
@@ -231,6 +258,25 @@ static int parse_args(int argc, char **argv, train_opts *o)
                                    optarg);
             break;
         case OPT_FAULT_RATES: o->fault_rates = optarg; break;
+        case OPT_CKPT_DIR: o->ckpt_dir = optarg; break;
+        case OPT_RESUME: o->resume = 1; break;
+        case OPT_CKPT_ASYNC: o->ckpt_async = 1; break;
+        case OPT_CKPT_EVERY:
+            if (rk_ckpt_every_parse(optarg, &o->ckpt_every, NULL))
+                return usage_error("--ckpt-every '%s' is not a step count >= 1 or auto", optarg);
+            break;
+        case OPT_MTBF: {
+            float f;
+            if (parse_float("--mtbf", optarg, 1.0, 1e12, &f))
+                return RK_EXIT_USAGE;
+            o->mtbf = f;
+            break;
+        }
+        case OPT_KEEP:
+            if (parse_long("--keep", optarg, 1, 1000000, &v))
+                return RK_EXIT_USAGE;
+            o->keep = (int)v;
+            break;
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
         case '?':
@@ -242,6 +288,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
         return usage_error("unexpected argument '%s'", argv[optind]);
     if (o->fault_rates && o->policy != RK_BATCH_FAULT_AWARE)
         return usage_error("--fault-rates needs --batch-policy fault-aware");
+    if (!o->ckpt_dir && (o->resume || o->ckpt_async))
+        return usage_error("%s needs --ckpt-dir", o->resume ? "--resume" : "--ckpt-async");
     int known = 0;
     for (int i = 0; rk_model_names[i]; i++)
         known |= strcmp(o->model, rk_model_names[i]) == 0;
@@ -410,6 +458,72 @@ static int parse_fault_rates(const char *list, rk_batch_policy *p, int nranks, r
     return RK_OK;
 }
 
+/* Valid checkpoints already in DIR (0 when it is missing or holds none). */
+static size_t valid_checkpoints(const char *dir)
+{
+    rk_ckpt_info *items = NULL;
+    size_t n = 0, ntemp = 0, valid = 0;
+    if (rk_ckpt_list(dir, &items, &n, &ntemp, NULL) == RK_OK)
+        for (size_t i = 0; i < n; i++)
+            valid += items[i].valid != 0;
+    free(items);
+    return valid;
+}
+
+/* rk_train with a checkpoint every --ckpt-every steps (and one at the end), resuming first
+ * with --resume. A directory that holds another run's checkpoints is refused, never mixed. */
+static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *opt,
+                                  const rk_dataset *train, const rk_dataset *test, rk_comm *comm,
+                                  rk_batch_policy *policy, view *v, rk_train_result *res,
+                                  rk_err *err)
+{
+    int rank = rk_comm_rank(comm);
+    rk_train_config cfg = o->cfg;
+    rk_trainer_ckpt t = {.dir = o->ckpt_dir, .keep = o->keep, .every = o->ckpt_every,
+                         .mtbf_s = o->mtbf, .async = o->ckpt_async, .m = m, .opt = opt,
+                         .policy = policy, .comm = comm, .cfg = &cfg,
+                         .log = rank == 0 ? stdout : NULL};
+    int rc = rk_trainer_ckpt_init(&t, err);
+    if (rc)
+        return rc;
+    size_t existing = valid_checkpoints(o->ckpt_dir);
+    if (o->resume) {
+        int64_t step = 0;
+        rc = rk_trainer_ckpt_resume(&t, &step, err);
+        if (rc == RK_ENOENT && existing > 0)
+            rc = rk_err_set(err, RK_EMISMATCH, "--ckpt-dir %s holds %zu checkpoint(s), none of "
+                            "this run (model %s, optimizer, seed %llu, batch %d); choose another "
+                            "directory", o->ckpt_dir, existing, m->name,
+                            (unsigned long long)cfg.seed, cfg.batch);
+        else if (rc == RK_ENOENT) {
+            if (rank == 0)
+                printf("checkpoint: none in %s yet, starting from step 0\n", o->ckpt_dir);
+            rc = RK_OK;
+        }
+        cfg.start_step = step;
+    } else if (existing > 0) {
+        rc = rk_err_set(err, RK_EINVAL, "--ckpt-dir %s already holds %zu checkpoint(s): add "
+                        "--resume to continue that run, or choose an empty directory",
+                        o->ckpt_dir, existing);
+    }
+    if (rc) {
+        rk_trainer_ckpt_finish(&t, NULL);
+        return rc;
+    }
+    cfg.step_end = rk_trainer_ckpt_step_end;
+    cfg.step_end_user = &t;
+    rc = rk_train(m, opt, train, cfg.eval ? test : NULL, &cfg, comm, rank == 0 ? on_progress : NULL,
+                  v, res, err);
+    /* a final checkpoint, unless the last step was just saved (or nothing ran) */
+    if (!rc && res->steps > t.last_step && res->steps > cfg.start_step) {
+        int64_t per_epoch = (train->n + cfg.batch - 1) / cfg.batch, in = res->steps % per_epoch;
+        rc = rk_trainer_ckpt_save(&t, res->steps, (int)(res->steps / per_epoch),
+                                  in * cfg.batch, err);
+    }
+    int frc = rk_trainer_ckpt_finish(&t, rc ? NULL : err);
+    return rc ? rc : frc;
+}
+
 int rk_cmd_train(int argc, char **argv)
 {
     train_opts o;
@@ -478,8 +592,10 @@ int rk_cmd_train(int argc, char **argv)
         rk_optim opt;
         if ((rc = rk_optim_init(&opt, o.cfg.optim, &m, &err)))
             goto fail;
-        rc = rk_train(&m, &opt, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
-                      rank == 0 ? on_progress : NULL, &v, &res, &err);
+        rc = o.ckpt_dir ? train_with_checkpoints(&o, &m, &opt, &train, &test, comm, glue.policy,
+                                                 &v, &res, &err)
+                        : rk_train(&m, &opt, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
+                                   rank == 0 ? on_progress : NULL, &v, &res, &err);
         rk_optim_free(&opt, &m);
     }
     else if (o.cfg.eval) /* evaluation only */

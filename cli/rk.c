@@ -16,6 +16,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"train", rk_cmd_train, "train a Fashion-MNIST model (mlp, cnn, cnn-small) on the CPU"},
+    {"ckpt", rk_cmd_ckpt, "list, verify and export checkpoints"},
 };
 
 int rk_cli_status(int code)

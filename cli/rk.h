@@ -10,5 +10,6 @@ enum { RK_EXIT_OK = 0, RK_EXIT_FAIL = 1, RK_EXIT_USAGE = 2 };
 int rk_cli_status(int code);
 
 int rk_cmd_train(int argc, char **argv);
+int rk_cmd_ckpt(int argc, char **argv);
 
 #endif

@@ -1,0 +1,278 @@
+/*
+ * Trainer checkpoints (train_ckpt.h): the reference trainer's state as checkpoint items,
+ * saving from the step hook (every K steps or at Daly's interval), and resuming by rank 0
+ * reading the store and broadcasting to every rank.
+ */
+#include "nn/train_ckpt.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_ITEMS (3 * RK_MAX_PARAMS + 2)
+#define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct item_set {
+    rk_ckpt_item items[MAX_ITEMS];
+    char names[MAX_ITEMS][48];
+    int64_t shape8[1], shape_policy[1];
+    uint8_t t_le[8];
+    size_t n;
+} item_set;
+
+static void add_item(item_set *s, const char *prefix, const rk_param *p, const float *data)
+{
+    snprintf(s->names[s->n], sizeof s->names[s->n], "%s%s", prefix, p->name);
+    s->items[s->n] = (rk_ckpt_item){.name = s->names[s->n], .dtype = "F32", .ndim = p->ndim,
+                                    .shape = p->shape, .data = data};
+    s->n++;
+}
+
+/* The trainer's tensors: weights, optimiser moments (laid out like the weights), the
+ * optimiser's step count and, when given, the batch policy's state blob. */
+static void build_items(const rk_trainer_ckpt *t, item_set *s, const uint8_t *policy,
+                        size_t policy_len)
+{
+    const rk_model *m = t->m;
+    s->n = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const rk_param *p = &m->params[i];
+        size_t off = (size_t)(p->data - m->data_block);
+        add_item(s, "model.", p, p->data);
+        if (t->opt->kind == RK_OPTIM_ADAMW) {
+            add_item(s, "optim.m.", p, t->opt->s1 + off);
+            add_item(s, "optim.v.", p, t->opt->s2 + off);
+        } else {
+            add_item(s, "optim.v.", p, t->opt->s1 + off);
+        }
+    }
+    uint64_t tt = (uint64_t)t->opt->t;
+    for (int b = 0; b < 8; b++)
+        s->t_le[b] = (uint8_t)(tt >> (8 * b));
+    s->shape8[0] = 8;
+    s->items[s->n++] = (rk_ckpt_item){.name = "optim.t", .dtype = "U8", .ndim = 1,
+                                      .shape = s->shape8, .data = s->t_le};
+    if (policy) {
+        s->shape_policy[0] = (int64_t)policy_len;
+        s->items[s->n++] = (rk_ckpt_item){.name = "policy", .dtype = "U8", .ndim = 1,
+                                          .shape = s->shape_policy, .data = policy};
+    }
+}
+
+int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err)
+{
+    const rk_train_config *c = t->cfg;
+    snprintf(t->config, sizeof t->config,
+             "{\"model\":\"%s\",\"optimizer\":\"%s\",\"seed\":%llu,\"batch\":%d}", t->m->name,
+             c->optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (unsigned long long)c->seed, c->batch);
+    t->next_at = t->every > 0 ? t->every : AUTO_FIRST_SAVE;
+    t->writer = NULL;
+    t->last_step_t = now_s();
+    if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0))
+        return rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
+    return RK_OK;
+}
+
+int rk_trainer_ckpt_finish(rk_trainer_ckpt *t, rk_err *err)
+{
+    int rc = RK_OK;
+    if (t->writer) {
+        rc = rk_ckpt_writer_wait(t->writer, NULL, err);
+        rk_ckpt_writer_free(t->writer);
+        t->writer = NULL;
+    }
+    return rc;
+}
+
+int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cursor, rk_err *err)
+{
+    int rank = t->comm ? rk_comm_rank(t->comm) : 0;
+    int world = t->comm ? rk_comm_size(t->comm) : 1;
+    int rc = RK_OK;
+    double t0 = now_s();
+    if (rank == 0) {
+        uint8_t *policy = NULL;
+        size_t policy_len = 0;
+        if (t->policy && (rc = rk_batch_state_save(t->policy, &policy, &policy_len, err)))
+            return rc;
+        item_set s;
+        build_items(t, &s, policy, policy_len);
+        rk_ckpt_meta meta = {.step = step, .epoch = epoch, .cursor = cursor, .world_size = world,
+                             .config_json = t->config};
+        rc = t->writer ? rk_ckpt_writer_submit(t->writer, &meta, s.items, s.n, err)
+                       : rk_ckpt_save(t->dir, &meta, s.items, s.n, t->keep, err);
+        free(policy);
+        if (!rc && t->log)
+            fprintf(t->log, "checkpoint: step %lld %s %s\n", (long long)step,
+                    t->writer ? "snapshot, writing in the background to" : "saved in", t->dir);
+    }
+    /* every rank learns whether rank 0 managed, so none trains on alone after a failure */
+    if (t->comm && world > 1) {
+        double status = rc;
+        int crc = rk_comm_allreduce_sum_f64(t->comm, &status, 1, rank == 0 ? NULL : err);
+        if (crc)
+            return crc;
+        if (rank != 0 && status != 0)
+            return rk_err_set(err, RK_EIO, "checkpoint: rank 0 could not save step %lld",
+                              (long long)step);
+    }
+    if (!rc) {
+        t->last_save_s = now_s() - t0;
+        t->saves++;
+    }
+    return rc;
+}
+
+int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t cursor,
+                             rk_err *err)
+{
+    rk_trainer_ckpt *t = user;
+    double now = now_s();
+    double dt = now - t->last_step_t;
+    t->last_step_t = now;
+    t->step_s = t->step_s > 0 ? 0.9 * t->step_s + 0.1 * dt : dt;
+    if (steps_done < t->next_at)
+        return RK_OK;
+    int rc = rk_trainer_ckpt_save(t, steps_done, epoch, cursor, err);
+    if (rc)
+        return rc;
+    t->last_step = steps_done;
+    int64_t every = t->every;
+    if (every <= 0) { /* auto: Daly's interval from this save's cost and the step time */
+        every = rk_ckpt_auto_steps(t->last_save_s, t->mtbf_s, t->step_s);
+        if (every <= 0)
+            every = RK_CKPT_EVERY_DEFAULT;
+        if (t->comm && rk_comm_size(t->comm) > 1) { /* every rank must agree on the schedule */
+            double e = (double)every;
+            if ((rc = rk_comm_bcast(t->comm, &e, sizeof e, 0, err)))
+                return rc;
+            every = (int64_t)e;
+        }
+    }
+    t->next_at = steps_done + every;
+    t->last_step_t = now_s(); /* the save is not a training step */
+    return RK_OK;
+}
+
+int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
+{
+    rk_model *m = t->m;
+    int rank = t->comm ? rk_comm_rank(t->comm) : 0;
+    int world = t->comm ? rk_comm_size(t->comm) : 1;
+    int adamw = t->opt->kind == RK_OPTIM_ADAMW;
+    /* header broadcast from rank 0: status, step, policy blob length, optimiser t */
+    int64_t hdr[4] = {0, 0, 0, 0};
+    uint8_t *policy = NULL;
+    rk_ckpt *c = NULL;
+    int rc = RK_OK;
+    if (rank == 0) {
+        item_set s;
+        build_items(t, &s, NULL, 0);
+        rk_ckpt_expect expect = {.config_json = t->config, .items = s.items, .nitems = s.n};
+        char report[4096] = "";
+        rc = rk_ckpt_load_latest(t->dir, &expect, &c, report, sizeof report, err);
+        if (report[0] && t->log)
+            fprintf(t->log, "checkpoint: skipped in %s:\n%s", t->dir, report);
+        if (!rc) {
+            const rk_st_file *f = rk_ckpt_file(c);
+            for (size_t i = 0; i < s.n && !rc; i++) {
+                if (strcmp(s.items[i].dtype, "F32") != 0)
+                    continue;
+                rc = rk_st_load_f32(f, s.items[i].name, s.items[i].ndim, s.items[i].shape,
+                                    (float *)s.items[i].data, err);
+            }
+            const rk_st_tensor *tt = rk_ckpt_find(c, "optim.t");
+            const rk_st_tensor *pt = rk_ckpt_find(c, "policy");
+            if (!rc && (!tt || tt->nbytes != 8))
+                rc = rk_err_set(err, RK_EFORMAT, "%s: optim.t is missing", rk_ckpt_path(c));
+            if (!rc) {
+                uint64_t v = 0;
+                for (int b = 0; b < 8; b++)
+                    v |= (uint64_t)tt->data[b] << (8 * b);
+                hdr[3] = (int64_t)v;
+                hdr[1] = rk_ckpt_meta_of(c)->step;
+                if (pt && pt->nbytes > 0) {
+                    policy = malloc(pt->nbytes);
+                    if (!policy)
+                        rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory");
+                    else
+                        memcpy(policy, pt->data, pt->nbytes);
+                    hdr[2] = (int64_t)pt->nbytes;
+                }
+            }
+            if (!rc && t->log)
+                fprintf(t->log, "checkpoint: resuming from %s (step %lld, written by %d rank%s)\n",
+                        rk_ckpt_path(c), (long long)hdr[1], rk_ckpt_meta_of(c)->world_size,
+                        rk_ckpt_meta_of(c)->world_size == 1 ? "" : "s");
+        }
+        hdr[0] = rc;
+    }
+    if (world > 1) {
+        int brc = rk_comm_bcast(t->comm, hdr, sizeof hdr, 0, rank == 0 ? NULL : err);
+        if (brc) {
+            rc = brc;
+            goto out;
+        }
+        if (rank != 0 && hdr[0] != 0) {
+            rc = (int)hdr[0] == RK_ENOENT
+                     ? rk_err_set(err, RK_ENOENT, "checkpoint: none in %s", t->dir)
+                     : rk_err_set(err, (int)hdr[0], "checkpoint: rank 0 could not resume");
+            goto out;
+        }
+        if (hdr[0] != 0)
+            goto out;
+        if (rank != 0 && hdr[2] > 0 && !(policy = malloc((size_t)hdr[2]))) {
+            rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory");
+            goto out; /* the other ranks then fail in the next collective */
+        }
+        size_t bytes = m->block_len * sizeof(float);
+        if ((rc = rk_comm_bcast(t->comm, m->data_block, bytes, 0, err)) ||
+            (rc = rk_comm_bcast(t->comm, t->opt->s1, bytes, 0, err)) ||
+            (adamw && (rc = rk_comm_bcast(t->comm, t->opt->s2, bytes, 0, err))) ||
+            (hdr[2] > 0 && (rc = rk_comm_bcast(t->comm, policy, (size_t)hdr[2], 0, err))))
+            goto out;
+    }
+    if (rc)
+        goto out;
+    t->opt->t = hdr[3];
+    if (policy && t->policy) {
+        rk_batch_policy *loaded = NULL;
+        if ((rc = rk_batch_state_load(&loaded, policy, (size_t)hdr[2], err)))
+            goto out;
+        int old_n = rk_batch_policy_nranks(loaded);
+        if (old_n != world || rk_batch_policy_kind(loaded) != rk_batch_policy_kind(t->policy) ||
+            rk_batch_policy_global_batch(loaded) != rk_batch_policy_global_batch(t->policy)) {
+            rk_batch_policy_free(loaded); /* another world or policy: keep the fresh one */
+        } else {
+            /* same world: carry the measured state over rank by rank */
+            for (int r = 0; r < world && !rc; r++) {
+                rk_batch_rank_state st;
+                if ((rc = rk_batch_rank_get(loaded, r, &st, err)))
+                    break;
+                if (st.observations > 0)
+                    rc = rk_batch_observe_throughput(t->policy, r, st.throughput, err);
+                if (!rc)
+                    rc = rk_batch_set_fault_rate(t->policy, r, st.fault_rate, err);
+            }
+            rk_batch_policy_free(loaded);
+        }
+    }
+    *step = hdr[1];
+    t->next_at = hdr[1] + (t->every > 0 ? t->every : AUTO_FIRST_SAVE);
+    t->last_step = hdr[1];
+out:
+    free(policy);
+    rk_ckpt_free(c);
+    if (rc == RK_OK)
+        return RK_OK;
+    *step = 0;
+    return rc;
+}
