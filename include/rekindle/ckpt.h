@@ -18,9 +18,11 @@
  * DIR/latest is a one-line text file naming the newest verified checkpoint file.
  *
  * Saving (rk_ckpt_save): the file is written to a temporary name, fsync'ed, renamed into
- * place and the directory fsync'ed (rekindle/fileio.h); it is then read back from disk and
- * verified; only then is `latest` replaced the same way; then retention runs. A crash at any
- * moment leaves `latest` naming a complete, verified checkpoint (or absent before the first).
+ * place and the directory fsync'ed (rekindle/fileio.h); only then is `latest` replaced the
+ * same way; then retention runs. Checksums are computed from the memory the bytes are
+ * streamed from; the file is not read back (that would read the page cache, not the disk).
+ * A crash at any moment leaves `latest` naming a complete checkpoint (or absent before the
+ * first); every load verifies every checksum.
  *
  * Retention (keep K >= 1): checkpoints with a step below the new one are verified newest
  * first; the first K-1 that verify are kept with the new one, older ones that verify are
@@ -102,10 +104,9 @@ int rk_ckpt_name_step(const char *name, int64_t *step);
 /* ---- saving ----------------------------------------------------------------------------- */
 
 /* Save `n` items and `meta` as DIR/ckpt-<step>.safetensors (creating DIR and its parents if
- * missing), verify it from disk, point `latest` at it and apply retention with `keep` >= 1
- * (see above). Bad arguments are RK_EINVAL and change nothing on disk. A checkpoint that
- * fails verification after the rename is left in place (loads skip it), `latest` is not
- * moved and RK_EIO names the problem. Files retention cannot remove are retried next time. */
+ * missing), point `latest` at it and apply retention with `keep` >= 1 (see above). Bad
+ * arguments are RK_EINVAL and change nothing on disk; a failed write (RK_EIO) leaves no
+ * file and does not move `latest`. Files retention cannot remove are retried next time. */
 int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
                  int keep, rk_err *err);
 
