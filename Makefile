@@ -37,9 +37,9 @@ fuzz-build: deps
 FUZZ_SECONDS ?= 60
 fuzz: fuzz-build
 	@for f in $(FUZZ_BUILD)/fuzz/fuzz_*; do \
-	  [ -x "$$f" ] || continue; n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/fuzz/work/$$n; \
+	  [ -x "$$f" ] || continue; n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/fuzz/runs/$$n; \
 	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) $(FUZZ_BUILD)/fuzz/work/$$n fuzz/corpus/$$n || exit 1; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) $(FUZZ_BUILD)/fuzz/runs/$$n fuzz/corpus/$$n || exit 1; \
 	done
 
 # The main job: train cnn-small for one epoch on Fashion-MNIST and print its test accuracy.

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "rekindle/fileio.h"
+#include "testutil.h"
 
 #ifndef RK_TEST_TMPDIR
 #define RK_TEST_TMPDIR "/tmp"
@@ -31,25 +32,6 @@
 
 static char g_dir[512];
 
-/* Remove a directory tree of plain files and directories (what these tests create). */
-static void rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char sub[1024];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            rm_tree(sub);
-        }
-        closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
 
 static int setup(void **state)
 {

@@ -22,6 +22,7 @@
 
 #include "rekindle/fileio.h"
 #include "rekindle/safetensors.h"
+#include "testutil.h"
 
 #ifndef RK_TEST_TMPDIR
 #define RK_TEST_TMPDIR "/tmp"
@@ -29,24 +30,6 @@
 
 static char g_dir[512];
 
-static void rm_tree(const char *path)
-{
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            char sub[1024];
-            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-            rm_tree(sub);
-        }
-        closedir(d);
-        rmdir(path);
-    } else {
-        unlink(path);
-    }
-}
 
 static int setup(void **state)
 {
