@@ -156,6 +156,9 @@ int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t 
                 return rc;
             every = (int64_t)e;
         }
+        if (t->log)
+            fprintf(t->log, "checkpoint: save took %.3f s, step %.4f s, MTBF %.0f s: next in %lld "
+                    "steps (Daly)\n", t->last_save_s, t->step_s, t->mtbf_s, (long long)every);
     }
     t->next_at = steps_done + every;
     t->last_step_t = now_s(); /* the save is not a training step */
