@@ -306,6 +306,23 @@ static int conv_pd_create(plan *pl, const dnnl_memory_desc_t *xa, const dnnl_mem
     return RK_OK;
 }
 
+/* The mirror of layout_for for a primitive's output `what`: a buffer in its layout (owned when
+ * it differs from the user layout) and the reorder back to the user layout. */
+static int output_layout(dnnl_primitive_desc_t pd, dnnl_query_t what,
+                         const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m,
+                         float **buf, rk_err *err)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
+    if (dnnl_memory_desc_equal(md, user)) {
+        DNNL_TRY(dnnl_memory_create(m, md, g_engine, DNNL_MEMORY_NONE));
+        return RK_OK;
+    }
+    int rc = reorder_init(r, md, user, err);
+    if (rc == RK_OK)
+        rc = mem_owned(m, buf, md, err);
+    return rc;
+}
+
 static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
 {
     dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k}, bd = {s->oc};
@@ -506,15 +523,9 @@ static int plan_build_backward(plan *pl, rk_err *err)
         (rc = layout_for(pl->bw_pd, dnnl_query_diff_dst_md, dc_md, &pl->r_bw_ddst, &pl->m_bw_ddst,
                          &pl->bw_ddst, err)))
         return rc;
-    const dnnl_memory_desc_t *dw_md =
-        dnnl_primitive_desc_query_md(pl->bw_pd, dnnl_query_diff_weights_md, 0);
-    if (!dnnl_memory_desc_equal(dw_md, &pl->w_md)) {
-        if ((rc = reorder_init(&pl->r_dw, dw_md, &pl->w_md, err)) ||
-            (rc = mem_owned(&pl->m_bw_dw, &pl->bw_dw, dw_md, err)))
-            return rc;
-    } else {
-        DNNL_TRY(dnnl_memory_create(&pl->m_bw_dw, dw_md, g_engine, DNNL_MEMORY_NONE));
-    }
+    if ((rc = output_layout(pl->bw_pd, dnnl_query_diff_weights_md, &pl->w_md, &pl->r_dw,
+                            &pl->m_bw_dw, &pl->bw_dw, err)))
+        return rc;
     DNNL_TRY(dnnl_memory_create(&pl->m_db, &pl->b_md, g_engine, DNNL_MEMORY_NONE));
 
     /* data gradient */
@@ -528,15 +539,9 @@ static int plan_build_backward(plan *pl, rk_err *err)
         (rc = layout_for(pl->bd_pd, dnnl_query_diff_dst_md, dc_md, &pl->r_bd_ddst, &pl->m_bd_ddst,
                          &pl->bd_ddst, err)))
         return rc;
-    const dnnl_memory_desc_t *dsrc_md =
-        dnnl_primitive_desc_query_md(pl->bd_pd, dnnl_query_diff_src_md, 0);
-    if (!dnnl_memory_desc_equal(dsrc_md, &pl->x_md)) {
-        if ((rc = reorder_init(&pl->r_dx, dsrc_md, &pl->x_md, err)) ||
-            (rc = mem_owned(&pl->m_bd_dsrc, &pl->bd_dsrc, dsrc_md, err)))
-            return rc;
-    } else {
-        DNNL_TRY(dnnl_memory_create(&pl->m_bd_dsrc, dsrc_md, g_engine, DNNL_MEMORY_NONE));
-    }
+    if ((rc = output_layout(pl->bd_pd, dnnl_query_diff_src_md, &pl->x_md, &pl->r_dx,
+                            &pl->m_bd_dsrc, &pl->bd_dsrc, err)))
+        return rc;
     pl->has_bwd = 1;
     return RK_OK;
 }
