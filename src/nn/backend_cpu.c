@@ -1,8 +1,9 @@
 /*
  * CPU backend: convolutions on oneDNN primitives (blocked layouts chosen by oneDNN, reordered
  * at the block's edges), 2x2 max pooling fused with the ReLU in plain C on the convolution's
- * own layout, dense layers on oneDNN's sgemm, and plain C loops for the element-wise work. Everything runs on one OpenMP thread pool, sized once by init.
- * Deterministic for a fixed thread count: no op depends on thread timing.
+ * own layout, dense layers on oneDNN's sgemm, and plain C loops for the element-wise work.
+ * Everything runs on one OpenMP thread pool, sized once by init. Deterministic for a fixed thread
+ * count: no op depends on thread timing.
  */
 #include <math.h>
 #include <omp.h>
@@ -21,12 +22,12 @@
 static dnnl_engine_t g_engine;
 static dnnl_stream_t g_stream;
 
-#define DNNL_TRY(call)                                                                          \
-    do {                                                                                        \
-        dnnl_status_t st_ = (call);                                                             \
-        if (st_ != dnnl_success)                                                                \
-            return rk_err_set(err, RK_EBACKEND, "oneDNN: %s failed with status %d (%s:%d)",    \
-                              #call, (int)st_, __FILE__, __LINE__);                             \
+#define DNNL_TRY(call)                                                                             \
+    do {                                                                                           \
+        dnnl_status_t st_ = (call);                                                                \
+        if (st_ != dnnl_success)                                                                   \
+            return rk_err_set(err, RK_EBACKEND, "oneDNN: %s failed with status %d (%s:%d)", #call, \
+                              (int)st_, __FILE__, __LINE__);                                       \
     } while (0)
 
 static int cpu_init(int threads, rk_err *err)
@@ -52,14 +53,20 @@ static void *cpu_alloc(size_t bytes)
     return p;
 }
 
-static void cpu_free(void *p) { free(p); }
+static void cpu_free(void *p)
+{
+    free(p);
+}
 
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+}
 
 /* ---- dense ---------------------------------------------------------------------------- */
 
-static int cpu_dense_forward(int n, int in, int out, const float *x, const float *w,
-                             const float *b, float *y, int relu, rk_err *err)
+static int cpu_dense_forward(int n, int in, int out, const float *x, const float *w, const float *b,
+                             float *y, int relu, rk_err *err)
 {
     DNNL_TRY(dnnl_sgemm('N', 'T', n, out, in, 1.0f, x, in, w, in, 0.0f, y, out));
 #pragma omp parallel for schedule(static)
@@ -74,8 +81,8 @@ static int cpu_dense_forward(int n, int in, int out, const float *x, const float
 }
 
 static int cpu_dense_backward(int n, int in, int out, const float *x, const float *w,
-                              const float *y, float *dy, float *dx, float *dw, float *db,
-                              int relu, rk_err *err)
+                              const float *y, float *dy, float *dx, float *dw, float *db, int relu,
+                              rk_err *err)
 {
     if (relu) {
         size_t total = (size_t)n * out;
@@ -116,9 +123,9 @@ typedef struct plan {
     dnnl_primitive_desc_t conv_pd;
     dnnl_primitive_t conv;
     dnnl_memory_t m_xc, m_wc, m_b, m_c;
-    float *xc, *wc, *c;  /* owned buffers (xc, wc NULL when the user layout is used) */
-    float *pm, *win;     /* pooled maxima and window winners (0..3), in c's layout, pooled */
-    float *dpm;          /* pooled gradient in that layout (when it is not plain NCHW) */
+    float *xc, *wc, *c; /* owned buffers (xc, wc NULL when the user layout is used) */
+    float *pm, *win;    /* pooled maxima and window winners (0..3), in c's layout, pooled */
+    float *dpm;         /* pooled gradient in that layout (when it is not plain NCHW) */
     int blk;
     dnnl_memory_desc_t y_md, pm_md;
     reorder r_x, r_w, r_y, r_dy; /* pm layout <-> the user's NCHW y (none when blk is 1) */
@@ -174,9 +181,9 @@ static void plan_free(plan *pl)
     prim_free(&pl->conv, &pl->conv_pd);
     prim_free(&pl->bw, &pl->bw_pd);
     prim_free(&pl->bd, &pl->bd_pd);
-    dnnl_memory_t *mems[] = {&pl->m_xc,     &pl->m_wc,     &pl->m_b,       &pl->m_c,
-                             &pl->m_dc,     &pl->m_bw_src, &pl->m_bw_ddst, &pl->m_bw_dw,
-                             &pl->m_db,     &pl->m_bd_w,   &pl->m_bd_ddst, &pl->m_bd_dsrc};
+    dnnl_memory_t *mems[] = {&pl->m_xc, &pl->m_wc,     &pl->m_b,       &pl->m_c,
+                             &pl->m_dc, &pl->m_bw_src, &pl->m_bw_ddst, &pl->m_bw_dw,
+                             &pl->m_db, &pl->m_bd_w,   &pl->m_bd_ddst, &pl->m_bd_dsrc};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
         mem_free(mems[i]);
     float *bufs[] = {pl->xc,      pl->wc,    pl->c,    pl->dc,      pl->bw_src,
@@ -186,8 +193,8 @@ static void plan_free(plan *pl)
     free(pl->pm);
     free(pl->win);
     free(pl->dpm);
-    reorder *rs[] = {&pl->r_x,    &pl->r_w,  &pl->r_y, &pl->r_dy, &pl->r_bw_src, &pl->r_bw_ddst,
-                     &pl->r_dw,   &pl->r_bd_w,    &pl->r_bd_ddst, &pl->r_dx};
+    reorder *rs[] = {&pl->r_x,       &pl->r_w,  &pl->r_y,    &pl->r_dy,      &pl->r_bw_src,
+                     &pl->r_bw_ddst, &pl->r_dw, &pl->r_bd_w, &pl->r_bd_ddst, &pl->r_dx};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
         reorder_free(rs[i]);
     memset(pl, 0, sizeof *pl);
@@ -251,17 +258,20 @@ static int staged(reorder *r, const float *src, float *buf, const float **out, r
     return reorder_run(r, src, buf, err);
 }
 
-/* The layout a primitive wants for `what`; a buffer in that layout (owned when it differs
- * from the user layout) and the reorder from the user layout. */
-static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, const dnnl_memory_desc_t *user,
-                      reorder *r, dnnl_memory_t *m, float **buf, rk_err *err)
+/* The layout a primitive uses for `what`: a buffer in that layout (owned when it differs from
+ * the user layout) and the reorder between the two: from the user layout for an input
+ * (IN), back to the user layout for an output (OUT). No reorder when they are equal. */
+enum { IN, OUT };
+static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, int dir,
+                      const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m, float **buf,
+                      rk_err *err)
 {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
     if (dnnl_memory_desc_equal(md, user)) {
         DNNL_TRY(dnnl_memory_create(m, md, g_engine, DNNL_MEMORY_NONE));
         return RK_OK;
     }
-    int rc = reorder_init(r, user, md, err);
+    int rc = dir == IN ? reorder_init(r, user, md, err) : reorder_init(r, md, user, err);
     if (rc == RK_OK)
         rc = mem_owned(m, buf, md, err);
     return rc;
@@ -271,8 +281,10 @@ static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, const dnnl_me
  * nChw16c); 0 for any other layout. */
 static int block_of(const dnnl_memory_desc_t *md, const dnnl_dims_t dims)
 {
-    static const struct { dnnl_format_tag_t tag; int blk; } known[] = {
-        {dnnl_nChw8c, 8}, {dnnl_nChw16c, 16}, {dnnl_nchw, 1}};
+    static const struct {
+        dnnl_format_tag_t tag;
+        int blk;
+    } known[] = {{dnnl_nChw8c, 8}, {dnnl_nChw16c, 16}, {dnnl_nchw, 1}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         dnnl_memory_desc_t k;
         if (dnnl_memory_desc_init_by_tag(&k, 4, dims, dnnl_f32, known[i].tag) == dnnl_success &&
@@ -301,26 +313,9 @@ static int conv_pd_create(plan *pl, const dnnl_memory_desc_t *xa, const dnnl_mem
     dnnl_post_ops_destroy(po);
     dnnl_primitive_attr_destroy(attr);
     if (st != dnnl_success)
-        return rk_err_set(err, RK_EBACKEND, "oneDNN: no convolution for %dx%dx%dx%d k%d (%d)",
-                          s->n, s->ic, s->h, s->w, s->k, (int)st);
+        return rk_err_set(err, RK_EBACKEND, "oneDNN: no convolution for %dx%dx%dx%d k%d (%d)", s->n,
+                          s->ic, s->h, s->w, s->k, (int)st);
     return RK_OK;
-}
-
-/* The mirror of layout_for for a primitive's output `what`: a buffer in its layout (owned when
- * it differs from the user layout) and the reorder back to the user layout. */
-static int output_layout(dnnl_primitive_desc_t pd, dnnl_query_t what,
-                         const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m,
-                         float **buf, rk_err *err)
-{
-    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
-    if (dnnl_memory_desc_equal(md, user)) {
-        DNNL_TRY(dnnl_memory_create(m, md, g_engine, DNNL_MEMORY_NONE));
-        return RK_OK;
-    }
-    int rc = reorder_init(r, md, user, err);
-    if (rc == RK_OK)
-        rc = mem_owned(m, buf, md, err);
-    return rc;
 }
 
 static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
@@ -347,17 +342,18 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
         pl->blk = 1;
     }
     DNNL_TRY(dnnl_primitive_create(&pl->conv, pl->conv_pd));
-    if ((rc = layout_for(pl->conv_pd, dnnl_query_src_md, &pl->x_md, &pl->r_x, &pl->m_xc, &pl->xc,
-                         err)) ||
-        (rc = layout_for(pl->conv_pd, dnnl_query_weights_md, &pl->w_md, &pl->r_w, &pl->m_wc,
+    if ((rc = layout_for(pl->conv_pd, dnnl_query_src_md, IN, &pl->x_md, &pl->r_x, &pl->m_xc,
+                         &pl->xc, err)) ||
+        (rc = layout_for(pl->conv_pd, dnnl_query_weights_md, IN, &pl->w_md, &pl->r_w, &pl->m_wc,
                          &pl->wc, err)))
         return rc;
     DNNL_TRY(dnnl_memory_create(&pl->m_b, &pl->b_md, g_engine, DNNL_MEMORY_NONE));
-    const dnnl_memory_desc_t *c_md = dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
+    const dnnl_memory_desc_t *c_md =
+        dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
     if ((rc = mem_owned(&pl->m_c, &pl->c, c_md, err)))
         return rc;
-    static const dnnl_format_tag_t tag_of_blk[17] = {[1] = dnnl_nchw, [8] = dnnl_nChw8c,
-                                                     [16] = dnnl_nChw16c};
+    static const dnnl_format_tag_t tag_of_blk[17] = {
+        [1] = dnnl_nchw, [8] = dnnl_nChw8c, [16] = dnnl_nChw16c};
     dnnl_dims_t yd = {s->n, s->oc, s->h / 2, s->w / 2};
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->y_md, 4, yd, dnnl_f32, dnnl_nchw));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->pm_md, 4, yd, dnnl_f32, tag_of_blk[pl->blk]));
@@ -380,9 +376,9 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
  * layout, pooled), remembering each window's winner (0..3, as float) in win. Windows tile c
  * exactly (h, w even). One output row (n, channel block cb, row i) per call; inlined with a
  * constant blk so the lane loop vectorises. */
-static inline __attribute__((always_inline)) void
-pool_fwd_row(const rk_convblock_shape *s, int blk, const float *c, float *pm, float *win, int n,
-             int cb, int i)
+static inline __attribute__((always_inline)) void pool_fwd_row(const rk_convblock_shape *s, int blk,
+                                                               const float *c, float *pm,
+                                                               float *win, int n, int cb, int i)
 {
     const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
     const float *r0 = c + (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
@@ -422,9 +418,10 @@ pool_fwd_row(const rk_convblock_shape *s, int blk, const float *c, float *pm, fl
 /* Gradient of pool(ReLU(conv)) with respect to the conv output, one pooled row: dpm (same
  * layout as pm) goes to each window's winner when the window's maximum is positive; zero
  * everywhere else, so dc is fully written. */
-static inline __attribute__((always_inline)) void
-pool_bwd_row(const rk_convblock_shape *s, int blk, const float *pm, const float *win,
-             const float *dpm, float *dc, int n, int cb, int i)
+static inline __attribute__((always_inline)) void pool_bwd_row(const rk_convblock_shape *s, int blk,
+                                                               const float *pm, const float *win,
+                                                               const float *dpm, float *dc, int n,
+                                                               int cb, int i)
 {
     const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
     float *r0 = dc + (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
@@ -437,8 +434,8 @@ pool_bwd_row(const rk_convblock_shape *s, int blk, const float *pm, const float 
         for (int j = 0; j < ow; j++)
             for (int k = 0; k < blk; k += 4) {
                 size_t q = o + j * blk + k;
-                __m128 g = _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(pm + q), zero),
-                                      _mm_loadu_ps(dpm + q));
+                __m128 g =
+                    _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(pm + q), zero), _mm_loadu_ps(dpm + q));
                 __m128 w = _mm_loadu_ps(win + q);
                 _mm_storeu_ps(r0 + (2 * j) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, zero), g));
                 _mm_storeu_ps(r0 + (2 * j + 1) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, one), g));
@@ -501,7 +498,8 @@ static int plan_build_backward(plan *pl, rk_err *err)
     dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k};
     dnnl_dims_t cd = {s->n, s->oc, s->h, s->w};
     dnnl_dims_t stride1 = {1, 1}, padl = {pad, pad}, padr = {pad, pad};
-    const dnnl_memory_desc_t *dc_md = dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
+    const dnnl_memory_desc_t *dc_md =
+        dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
     int rc;
     if ((rc = mem_owned(&pl->m_dc, &pl->dc, dc_md, err)))
         return rc;
@@ -517,30 +515,31 @@ static int plan_build_backward(plan *pl, rk_err *err)
                                                          &pl->b_md, &ca, stride1, padl, padr));
     DNNL_TRY(dnnl_primitive_desc_create(&pl->bw_pd, &bw_d, NULL, g_engine, pl->conv_pd));
     DNNL_TRY(dnnl_primitive_create(&pl->bw, pl->bw_pd));
-    const dnnl_memory_desc_t *x_fwd = dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_src_md, 0);
-    if ((rc = layout_for(pl->bw_pd, dnnl_query_src_md, x_fwd, &pl->r_bw_src, &pl->m_bw_src,
+    const dnnl_memory_desc_t *x_fwd =
+        dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_src_md, 0);
+    if ((rc = layout_for(pl->bw_pd, dnnl_query_src_md, IN, x_fwd, &pl->r_bw_src, &pl->m_bw_src,
                          &pl->bw_src, err)) ||
-        (rc = layout_for(pl->bw_pd, dnnl_query_diff_dst_md, dc_md, &pl->r_bw_ddst, &pl->m_bw_ddst,
-                         &pl->bw_ddst, err)))
+        (rc = layout_for(pl->bw_pd, dnnl_query_diff_dst_md, IN, dc_md, &pl->r_bw_ddst,
+                         &pl->m_bw_ddst, &pl->bw_ddst, err)))
         return rc;
-    if ((rc = output_layout(pl->bw_pd, dnnl_query_diff_weights_md, &pl->w_md, &pl->r_dw,
-                            &pl->m_bw_dw, &pl->bw_dw, err)))
+    if ((rc = layout_for(pl->bw_pd, dnnl_query_diff_weights_md, OUT, &pl->w_md, &pl->r_dw,
+                         &pl->m_bw_dw, &pl->bw_dw, err)))
         return rc;
     DNNL_TRY(dnnl_memory_create(&pl->m_db, &pl->b_md, g_engine, DNNL_MEMORY_NONE));
 
     /* data gradient */
     dnnl_convolution_desc_t bd_d;
-    DNNL_TRY(dnnl_convolution_backward_data_desc_init(&bd_d, dnnl_convolution_direct, &xa, &wa,
-                                                      &ca, stride1, padl, padr));
+    DNNL_TRY(dnnl_convolution_backward_data_desc_init(&bd_d, dnnl_convolution_direct, &xa, &wa, &ca,
+                                                      stride1, padl, padr));
     DNNL_TRY(dnnl_primitive_desc_create(&pl->bd_pd, &bd_d, NULL, g_engine, pl->conv_pd));
     DNNL_TRY(dnnl_primitive_create(&pl->bd, pl->bd_pd));
-    if ((rc = layout_for(pl->bd_pd, dnnl_query_weights_md, &pl->w_md, &pl->r_bd_w, &pl->m_bd_w,
+    if ((rc = layout_for(pl->bd_pd, dnnl_query_weights_md, IN, &pl->w_md, &pl->r_bd_w, &pl->m_bd_w,
                          &pl->bd_w, err)) ||
-        (rc = layout_for(pl->bd_pd, dnnl_query_diff_dst_md, dc_md, &pl->r_bd_ddst, &pl->m_bd_ddst,
-                         &pl->bd_ddst, err)))
+        (rc = layout_for(pl->bd_pd, dnnl_query_diff_dst_md, IN, dc_md, &pl->r_bd_ddst,
+                         &pl->m_bd_ddst, &pl->bd_ddst, err)))
         return rc;
-    if ((rc = output_layout(pl->bd_pd, dnnl_query_diff_src_md, &pl->x_md, &pl->r_dx,
-                            &pl->m_bd_dsrc, &pl->bd_dsrc, err)))
+    if ((rc = layout_for(pl->bd_pd, dnnl_query_diff_src_md, OUT, &pl->x_md, &pl->r_dx,
+                         &pl->m_bd_dsrc, &pl->bd_dsrc, err)))
         return rc;
     pl->has_bwd = 1;
     return RK_OK;
@@ -715,8 +714,8 @@ static int cpu_softmax_xent(int n, int classes, const float *logits, const uint8
     for (int i = 0; i < n; i++) {
         const float *z = logits + (size_t)i * classes;
         if (labels[i] >= classes)
-            return rk_err_set(err, RK_EINVAL, "loss: label %d of row %d is not below %d",
-                              labels[i], i, classes);
+            return rk_err_set(err, RK_EINVAL, "loss: label %d of row %d is not below %d", labels[i],
+                              i, classes);
         int arg = 0;
         float mx = z[0];
         for (int j = 1; j < classes; j++)
@@ -761,8 +760,7 @@ static int cpu_sgd_step(size_t n, float *p, const float *g, float *v, float lr, 
 }
 
 static int cpu_adamw_step(size_t n, float *p, const float *g, float *m, float *v, float lr,
-                          float b1, float b2, float eps, float weight_decay, int64_t t,
-                          rk_err *err)
+                          float b1, float b2, float eps, float weight_decay, int64_t t, rk_err *err)
 {
     (void)err;
     float c1 = 1.0f / (1.0f - powf(b1, (float)t));
