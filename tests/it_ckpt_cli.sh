@@ -6,14 +6,9 @@
 # tensor or field, the fallback, that nothing is ever deleted, and that an exported model loads
 # with `rk train --init` (when Fashion-MNIST is installed). Needs RK, RK_SRC, RK_TMP.
 set -u
-RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
-DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-work=$(mktemp -d "$RK_TMP/it_ckpt_cli.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+it_init it_ckpt_cli
 
 # run NAME WANT_STATUS ARGS...: run rk, keep stdout/stderr in $work/out, $work/err.
 run() {
@@ -221,5 +216,4 @@ expect "ls of an empty dir" 0 out "no checkpoints" ckpt ls "$work/empty"
 expect "verify of an empty dir" 1 err "latest: missing" ckpt verify "$work/empty"
 expect "export of an empty dir" 2 err "no checkpoint" ckpt export "$work/empty" -o "$work/x"
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+it_finish

@@ -5,19 +5,9 @@
 # a directory of another run is refused; a checkpoint written by 2 ranks resumes on 3; the
 # exported weights load with --init. Skips (77) without data.
 set -u
-RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
-DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
-if [[ ! -e "$DATA/train-images-idx3-ubyte.gz" && ! -e "$DATA/train-images-idx3-ubyte" ]]; then
-  echo "SKIP: Fashion-MNIST not found in $DATA"
-  exit 77
-fi
-work=$(mktemp -d "$RK_TMP/it_ckpt_train.XXXXXX")
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
-pass=0 fail=0
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+it_need_data
+it_init it_ckpt_train
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 4000 500 || { bad "make subset"; exit 1; }
 train=("$RK" train --model cnn-small --max-steps 200 --epochs 4 --no-eval --data "$work/sub"
        --threads 2 --seed 4)
@@ -106,8 +96,6 @@ rc=$?
 # see tests/it_dp.sh, so the comparison is kept short); a restore that lost any state would
 # be off by far more at once.
 if command -v mpirun >/dev/null; then
-  mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
-       --mca btl_vader_single_copy_mechanism none)
   t1=("$RK" train --model mlp --epochs 4 --no-eval --data "$work/sub" --threads 1 --seed 12)
   "${mpi[@]}" -np 2 "${t1[@]}" --max-steps 110 --loss-log "$work/l2" >/dev/null 2>&1
   "${mpi[@]}" -np 2 "${t1[@]}" --max-steps 100 --ckpt-dir "$work/w" >/dev/null 2>&1 &&
@@ -128,5 +116,4 @@ else
   echo "skip - mpirun not found: world-size resume not tested"
 fi
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+it_finish

@@ -12,23 +12,12 @@
 # real data-parallel error (a wrong slice, scale or missing reduction) moves the loss by 1e-2
 # or more within a few steps, so the test still catches it.
 set -u
-RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
-DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
-if [[ ! -e "$DATA/train-images-idx3-ubyte.gz" && ! -e "$DATA/train-images-idx3-ubyte" ]]; then
-  echo "SKIP: Fashion-MNIST not found in $DATA"
-  exit 77
-fi
-work=$(mktemp -d "$RK_TMP/it_dp.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+it_need_data
+it_init it_dp
 
 # Open MPI as root in a sandbox: allow root, more ranks than cores, shared memory transport.
-mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
-     --mca btl_vader_single_copy_mechanism none)
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 4000 500 || { bad "make subset"; exit 1; }
 
 # run NAME NP ARGS...: train with NP ranks (1 = no mpirun), loss log in $work/NAME.loss
@@ -106,5 +95,4 @@ rc=$?
 if [[ $rc -eq 2 ]] && grep -q "smaller than the 4 ranks" "$work/small.out"; then ok "batch < ranks refused"
 else bad "batch < ranks: exit $rc $(head -2 "$work/small.out")"; fi
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+it_finish

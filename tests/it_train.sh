@@ -4,18 +4,9 @@
 # determinism for a fixed seed, and a save/load round trip through safetensors.
 # Needs: RK (the rk binary), RK_SRC (source tree), RK_TMP (scratch). Skips (77) without data.
 set -u
-RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
-DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
-if [[ ! -e "$DATA/train-images-idx3-ubyte.gz" && ! -e "$DATA/train-images-idx3-ubyte" ]]; then
-  echo "SKIP: Fashion-MNIST not found in $DATA (install dataset-fashion-mnist)"
-  exit 77
-fi
-work=$(mktemp -d "$RK_TMP/it_train.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-pass=0 fail=0
-ok() { echo "ok - $1"; pass=$((pass + 1)); }
-bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
-json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+it_need_data
+it_init it_train
 
 # expect_usage NAME PATTERN ARGS...: exit status 2 and PATTERN in stderr.
 expect_usage() {
@@ -100,5 +91,4 @@ printf 'not a safetensors file' >"$work/junk.safetensors"
 expect_usage "--init with a junk file" "junk.safetensors" train --model mlp \
   --init "$work/junk.safetensors" --epochs 0 "${common[@]}"
 
-echo "$pass passed, $fail failed"
-[[ $fail -eq 0 ]]
+it_finish

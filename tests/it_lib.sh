@@ -1,0 +1,33 @@
+# Shared by the integration tests (tests/it_*.sh), sourced after `set -u`:
+#   it_init NAME      check RK, RK_SRC, RK_TMP; make $work (removed on exit, with any pid in $pids)
+#   it_need_data      skip (exit 77) when Fashion-MNIST is not in $DATA
+#   ok / bad MSG      count a check; it_finish prints "N passed, N failed" and sets the status
+#   json FILE KEY     one key of a JSON file
+#   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
+RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
+DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
+pass=0 fail=0
+pids=()
+mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+     --mca btl_vader_single_copy_mechanism none)
+
+it_init() {
+  work=$(mktemp -d "$RK_TMP/$1.XXXXXX")
+  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
+}
+
+it_need_data() {
+  if [[ ! -e "$DATA/train-images-idx3-ubyte.gz" && ! -e "$DATA/train-images-idx3-ubyte" ]]; then
+    echo "SKIP: Fashion-MNIST not found in $DATA (install dataset-fashion-mnist)"
+    exit 77
+  fi
+}
+
+ok() { echo "ok - $1"; pass=$((pass + 1)); }
+bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+it_finish() {
+  echo "$pass passed, $fail failed"
+  [[ $fail -eq 0 ]]
+}
