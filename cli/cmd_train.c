@@ -417,11 +417,11 @@ static int glue_observe(void *user, int64_t step, int n_local, double seconds, r
     (void)step;
     policy_glue *g = user;
     int nranks = rk_comm_size(g->comm);
-    uint64_t mine, all[RK_BATCH_MAX_RANKS > 1024 ? 1024 : RK_BATCH_MAX_RANKS];
+    uint64_t mine, *all = malloc((size_t)nranks * sizeof *all);
+    if (!all)
+        return rk_err_set(err, RK_ENOMEM, "throughput policy: out of memory");
     double rate = n_local > 0 && seconds > 0 ? n_local / seconds : 0.0;
     memcpy(&mine, &rate, sizeof mine);
-    if (nranks > 1024)
-        return rk_err_set(err, RK_ENOTSUP, "throughput policy: more than 1024 ranks");
     int rc = rk_comm_allgather_u64(g->comm, mine, all, err);
     for (int r = 0; r < nranks && !rc; r++) {
         double v;
@@ -429,6 +429,7 @@ static int glue_observe(void *user, int64_t step, int n_local, double seconds, r
         if (v > 0) /* a rank with no samples this step has nothing to report */
             rc = rk_batch_observe_throughput(g->policy, r, v, err);
     }
+    free(all);
     return rc;
 }
 
@@ -486,10 +487,12 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
     int rc = rk_trainer_ckpt_init(&t, err);
     if (rc)
         return rc;
-    size_t existing = valid_checkpoints(o->ckpt_dir);
+    /* The directory is listed (every checkpoint read and verified) only when the answer
+     * matters: no usable checkpoint of this run, or a fresh start. */
     if (o->resume) {
         int64_t step = 0;
         rc = rk_trainer_ckpt_resume(&t, &step, err);
+        size_t existing = rc == RK_ENOENT ? valid_checkpoints(o->ckpt_dir) : 0;
         if (rc == RK_ENOENT && existing > 0)
             rc = rk_err_set(err, RK_EMISMATCH, "--ckpt-dir %s holds %zu checkpoint(s), none of "
                             "this run (model %s, optimizer, seed %llu, batch %d); choose another "
@@ -501,10 +504,12 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
             rc = RK_OK;
         }
         cfg.start_step = step;
-    } else if (existing > 0) {
-        rc = rk_err_set(err, RK_EINVAL, "--ckpt-dir %s already holds %zu checkpoint(s): add "
-                        "--resume to continue that run, or choose an empty directory",
-                        o->ckpt_dir, existing);
+    } else {
+        size_t existing = valid_checkpoints(o->ckpt_dir);
+        if (existing > 0)
+            rc = rk_err_set(err, RK_EINVAL, "--ckpt-dir %s already holds %zu checkpoint(s): add "
+                            "--resume to continue that run, or choose an empty directory",
+                            o->ckpt_dir, existing);
     }
     if (rc) {
         rk_trainer_ckpt_finish(&t, NULL);
