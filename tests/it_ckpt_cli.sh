@@ -7,7 +7,7 @@
 # with `rk train --init` (when Fashion-MNIST is installed). Needs RK, RK_SRC, RK_TMP.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_ckpt_cli
 
 # run NAME WANT_STATUS ARGS...: run rk, keep stdout/stderr in $work/out, $work/err.

@@ -5,7 +5,7 @@
 # a directory of another run is refused; a checkpoint written by 2 ranks resumes on 3; the
 # exported weights load with --init. Skips (77) without data.
 set -u
-source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_need_data
 it_init it_ckpt_train
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 4000 500 || { bad "make subset"; exit 1; }

@@ -13,7 +13,7 @@
 # or more within a few steps, so the test still catches it.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
-source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_need_data
 it_init it_dp
 

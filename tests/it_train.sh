@@ -4,7 +4,7 @@
 # determinism for a fixed seed, and a save/load round trip through safetensors.
 # Needs: RK (the rk binary), RK_SRC (source tree), RK_TMP (scratch). Skips (77) without data.
 set -u
-source "$(dirname "${BASH_SOURCE[0]}")/it_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_need_data
 it_init it_train
 

@@ -1,4 +1,5 @@
-# Shared by the integration tests (tests/it_*.sh), sourced after `set -u`:
+# Shared by the integration tests (tests/it_*.sh; this file is not one: no it_ prefix),
+# sourced after `set -u`:
 #   it_init NAME      check RK, RK_SRC, RK_TMP; make $work (removed on exit, with any pid in $pids)
 #   it_need_data      skip (exit 77) when Fashion-MNIST is not in $DATA
 #   ok / bad MSG      count a check; it_finish prints "N passed, N failed" and sets the status
