@@ -43,6 +43,11 @@ int rk_afile_open(rk_afile **out, const char *path, rk_err *err);
  * marked failed: further writes and rk_afile_commit fail; call rk_afile_abort. */
 int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err);
 
+/* Overwrite `len` bytes at `offset` of what was already appended (a header written last, once
+ * its checksums are known). The range must lie within the bytes written so far: RK_EINVAL
+ * otherwise. Failures mark the file failed, as for rk_afile_write. */
+int rk_afile_pwrite(rk_afile *f, const void *buf, size_t len, uint64_t offset, rk_err *err);
+
 /* fsync and close the temporary file, rename it over the target, fsync the directory.
  * Always frees `f`. On failure before the rename the target is unchanged and the temporary
  * file is removed; if only the final directory fsync fails, the target already holds the new

@@ -46,6 +46,13 @@ typedef struct rk_st_entry {
 int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *const *meta,
                 rk_err *err);
 
+/* Only the file's first part: the 8-byte length and the padded JSON header that rk_st_write
+ * would write for these entries; the tensors' bytes follow it in entry order. *hdr (free()
+ * it) has *hdr_len bytes; *data_len is the size of the data section. For writers that stream
+ * the data themselves. */
+int rk_st_header(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **hdr,
+                 size_t *hdr_len, size_t *data_len, rk_err *err);
+
 /* The same file as rk_st_write, built in memory: *out (free() it) of *out_len bytes. */
 int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
                  size_t *out_len, rk_err *err);

@@ -319,6 +319,14 @@ int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *co
     return rk_afile_commit(f, err);
 }
 
+int rk_st_header(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **hdr,
+                 size_t *hdr_len, size_t *data_len, rk_err *err)
+{
+    if (!hdr || !hdr_len || !data_len)
+        return rk_err_set(err, RK_EINVAL, "rk_st_header: hdr, hdr_len or data_len is NULL");
+    return build_header("safetensors", t, n, meta, hdr, hdr_len, data_len, err);
+}
+
 int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
                  size_t *out_len, rk_err *err)
 {

@@ -4,8 +4,14 @@
  * flight at a time. pthread comes with glibc's libc (2.34 and later); no extra link needed.
  */
 #include "rekindle/ckpt.h"
+#include "runtime/ckpt_internal.h"
 
 #include <pthread.h>
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,9 +146,14 @@ static double now_s(void)
 static void *write_main(void *arg)
 {
     rk_ckpt_writer *w = arg;
+#if defined(__linux__) && defined(SYS_gettid)
+    /* Lowest CPU priority for this thread only (Linux nice values are per thread): training
+     * keeps its cores and the write fills the gaps. The disk does not care about nice. */
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+#endif
     double t0 = now_s();
-    rk_err_clear(&w->err);
-    w->rc = rk_ckpt_save(w->dir, &w->snap.meta, w->snap.items, w->snap.n, w->keep, &w->err);
+    w->rc = rk_ckpt_save_in(w->dir, &w->snap.meta, w->snap.items, w->snap.n, w->keep, false,
+                            &w->err);
     w->seconds = now_s() - t0;
     atomic_store(&w->done, 1);
     return NULL;
