@@ -22,7 +22,10 @@ enum {
     RK_EBACKEND = -5, /* a compute backend (oneDNN, BLAS, CUDA) reported a failure */
     RK_ENOTSUP = -6,  /* not supported on this build or device */
     RK_ENOENT = -7,   /* a file or item does not exist */
-    RK_EMISMATCH = -8 /* data is valid but does not fit (another model, other shapes) */
+    RK_EMISMATCH = -8, /* data is valid but does not fit (another model, other shapes) */
+    RK_ECOMM = -9,     /* a collective or the link under it failed */
+    RK_ESTOPPED = -10, /* stopped on request (a supervisor's stop command); state was saved */
+    RK_EGUARD = -11    /* a step guard found a fault it could not recover from in-process */
 };
 
 #define RK_ERR_MSG_MAX 512

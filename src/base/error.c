@@ -16,6 +16,9 @@ const char *rk_strerror(int code)
     case RK_ENOTSUP: return "not supported";
     case RK_ENOENT: return "not found";
     case RK_EMISMATCH: return "does not match";
+    case RK_ECOMM: return "communication failure";
+    case RK_ESTOPPED: return "stopped on request";
+    case RK_EGUARD: return "unrecoverable fault";
     default: return "unknown error";
     }
 }

@@ -18,7 +18,7 @@ static int mpi_fail(rk_err *err, const char *what, int code)
     if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS)
         len = 0;
     msg[len] = '\0';
-    return rk_err_set(err, RK_EIO, "comm (mpi): %s failed: %s", what, len ? msg : "unknown error");
+    return rk_err_set(err, RK_ECOMM, "comm (mpi): %s failed: %s", what, len ? msg : "unknown error");
 }
 
 #define MPI_TRY(what, call)                                                                     \

@@ -10,6 +10,11 @@
 #include <string.h>
 #include <time.h>
 
+#include <stdarg.h>
+#include <stdio.h>
+#include <xxhash.h>
+
+#include "rekindle/guard.h"
 #include "rekindle/rng.h"
 
 #define LOSS_WINDOW 100
@@ -28,6 +33,11 @@ void rk_train_config_default(rk_train_config *c, rk_optim_kind optim)
     c->seed = 1;
     c->eval = 1;
     c->schedule = RK_LR_CONSTANT;
+    c->guard = 1;
+    c->hash_every = 10;
+    c->spike_z = RK_SPIKE_Z_DEFAULT;
+    c->spike_window = RK_SPIKE_WINDOW_DEFAULT;
+    c->grad_ratio = RK_GRAD_RATIO_DEFAULT;
     if (optim == RK_OPTIM_ADAMW) {
         c->lr = 1e-3f;
         c->weight_decay = 0.01f;
@@ -161,6 +171,213 @@ static int step_shares(const rk_train_config *c, int64_t global, int nranks, int
     return RK_OK;
 }
 
+/* ---- guards --------------------------------------------------------------------------- */
+
+/* The state of a verified step, kept in memory for rollbacks. */
+typedef struct snapshot {
+    float *data, *s1, *s2;
+    int64_t t, step;
+    int valid;
+} snapshot;
+
+static void snap_free(snapshot *sn, const rk_backend *be)
+{
+    be->free(sn->data);
+    be->free(sn->s1);
+    be->free(sn->s2);
+    memset(sn, 0, sizeof *sn);
+}
+
+static int snap_alloc(snapshot *sn, const rk_model *m, const rk_optim *o, rk_err *err)
+{
+    size_t bytes = m->block_len * sizeof(float);
+    sn->data = m->be->alloc(bytes);
+    sn->s1 = m->be->alloc(bytes);
+    sn->s2 = o->s2 ? m->be->alloc(bytes) : NULL;
+    if (!sn->data || !sn->s1 || (o->s2 && !sn->s2))
+        return rk_err_set(err, RK_ENOMEM, "guards: out of memory for the step snapshot");
+    return RK_OK;
+}
+
+/* Copies between the live state and a snapshot (both in the backend's memory; the CPU
+ * backend's memory is host memory). */
+static void snap_copy(float *dst_data, float *dst_s1, float *dst_s2, const float *data,
+                      const float *s1, const float *s2, size_t n)
+{
+    memcpy(dst_data, data, n * sizeof(float));
+    memcpy(dst_s1, s1, n * sizeof(float));
+    if (dst_s2 && s2)
+        memcpy(dst_s2, s2, n * sizeof(float));
+}
+
+/* xxHash64 of the parameters and the optimiser state of this rank. */
+static uint64_t state_hash(const rk_model *m, const rk_optim *o)
+{
+    XXH64_state_t *st = XXH64_createState();
+    if (!st)
+        return rk_model_hash(m);
+    XXH64_reset(st, 0);
+    size_t bytes = m->block_len * sizeof(float);
+    XXH64_update(st, m->data_block, bytes);
+    XXH64_update(st, o->s1, bytes);
+    if (o->s2)
+        XXH64_update(st, o->s2, bytes);
+    XXH64_update(st, &o->t, sizeof o->t);
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
+static void report(const rk_train_config *c, rk_train_result *res, const char *kind,
+                   const char *action, int64_t step, int blame, int64_t lost, const char *fmt,
+                   ...)
+{
+    res->incidents++;
+    res->redone_steps += lost;
+    if (!c->incident)
+        return;
+    rk_train_incident inc = {kind, action, step, blame, lost, ""};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(inc.detail, sizeof inc.detail, fmt, ap);
+    va_end(ap);
+    c->incident(c->hook_user, &inc);
+}
+
+/* Compare replica hashes; on agreement snapshot the state at `step`. On a mismatch name the
+ * minority, return every rank to the snapshot, broadcast the majority's snapshot (repair) and
+ * check again: *rolled_to gets the snapshot's step (-1 when nothing was rolled back). */
+static int replica_check(rk_model *m, rk_optim *o, rk_comm *comm, snapshot *sn, int64_t step,
+                         const rk_train_config *c, rk_train_result *res, int64_t *rolled_to,
+                         rk_err *err)
+{
+    *rolled_to = -1;
+    int nranks = comm ? rk_comm_size(comm) : 1;
+    size_t n = m->block_len;
+    if (nranks > 1) {
+        uint64_t *all = malloc((size_t)nranks * sizeof *all);
+        unsigned char *flags = malloc((size_t)nranks);
+        if (!all || !flags) {
+            free(all);
+            free(flags);
+            return rk_err_set(err, RK_ENOMEM, "guards: out of memory");
+        }
+        int root = 0, strict = 0;
+        int rc = rk_comm_allgather_u64(comm, state_hash(m, o), all, err);
+        int bad = rc ? 0 : rk_guard_vote(all, nranks, &root, flags, &strict);
+        if (!rc && bad) {
+            char who[96] = "";
+            size_t k = 0;
+            int blame = -1;
+            for (int r = 0; r < nranks && k + 8 < sizeof who; r++)
+                if (flags[r]) {
+                    k += (size_t)snprintf(who + k, sizeof who - k, k ? ",%d" : "%d", r);
+                    blame = blame < 0 ? r : blame;
+                }
+            if (!sn->valid) {
+                rc = rk_err_set(err, RK_EGUARD,
+                                "step %lld: replicas differ (rank %s) and there is no verified "
+                                "snapshot to return to",
+                                (long long)step, who);
+            } else {
+                /* back to the last verified state, then everyone takes the majority's */
+                snap_copy(m->data_block, o->s1, o->s2, sn->data, sn->s1, sn->s2, n);
+                o->t = sn->t;
+                if ((rc = rk_comm_bcast(comm, m->data_block, n * sizeof(float), root, err)) ||
+                    (rc = rk_comm_bcast(comm, o->s1, n * sizeof(float), root, err)) ||
+                    (o->s2 && (rc = rk_comm_bcast(comm, o->s2, n * sizeof(float), root, err))) ||
+                    (rc = rk_comm_bcast(comm, &o->t, sizeof o->t, root, err)))
+                    goto done;
+                snap_copy(sn->data, sn->s1, sn->s2, m->data_block, o->s1, o->s2, n);
+                sn->t = o->t;
+                report(c, res, "replica_mismatch", "rollback", step, strict ? blame : -1,
+                       step - sn->step,
+                       "parameters of rank %s differ from the majority's (%d of %d ranks); "
+                       "repaired from rank %d, replaying from step %lld",
+                       who, nranks - bad, nranks, root, (long long)sn->step);
+                *rolled_to = sn->step;
+                if ((rc = rk_comm_allgather_u64(comm, state_hash(m, o), all, err)))
+                    goto done;
+                if (rk_guard_vote(all, nranks, &root, flags, &strict))
+                    rc = rk_err_set(err, RK_EGUARD,
+                                    "step %lld: replicas still differ after the repair",
+                                    (long long)step);
+            }
+        }
+    done:
+        free(all);
+        free(flags);
+        if (rc || *rolled_to >= 0)
+            return rc;
+    }
+    snap_copy(sn->data, sn->s1, sn->s2, m->data_block, o->s1, o->s2, n);
+    sn->t = o->t;
+    sn->step = step;
+    sn->valid = 1;
+    return RK_OK;
+}
+
+/* Gradient norm of this rank, scaled to a full batch (each rank's gradient carries its share
+ * n / global of the batch); NAN when the loss or a gradient is not finite; -1 without samples. */
+static double grad_norm(const rk_model *m, int n, int global, double loss)
+{
+    if (n <= 0)
+        return -1.0;
+    double s = 0.0;
+    const float *g = m->grad_block;
+    for (size_t i = 0; i < m->block_len; i++)
+        s += (double)g[i] * g[i];
+    if (!isfinite(s) || !isfinite(loss))
+        return NAN;
+    return sqrt(s) * (double)global / n;
+}
+
+/* Allgather every rank's gradient norm (as bits) and decide. *trip: 0 none, 1 non-finite,
+ * 2 outlier; *blame the first flagged rank. */
+static int grads_check(rk_comm *comm, double mine, double ratio, int *trip, int *blame,
+                       char *who, size_t cap, rk_err *err)
+{
+    int nranks = comm ? rk_comm_size(comm) : 1;
+    double *norms = malloc((size_t)nranks * sizeof *norms);
+    uint64_t *bits = malloc((size_t)nranks * sizeof *bits);
+    unsigned char *flags = malloc((size_t)nranks);
+    int rc = norms && bits && flags ? RK_OK : rk_err_set(err, RK_ENOMEM, "guards: out of memory");
+    if (!rc && nranks > 1) {
+        uint64_t b;
+        memcpy(&b, &mine, sizeof b);
+        rc = rk_comm_allgather_u64(comm, b, bits, err);
+        for (int r = 0; r < nranks && !rc; r++)
+            memcpy(&norms[r], &bits[r], sizeof norms[r]);
+    } else if (!rc) {
+        norms[0] = mine;
+    }
+    *trip = 0;
+    *blame = -1;
+    who[0] = '\0';
+    if (!rc && rk_guard_outliers(norms, nranks, ratio, flags)) {
+        size_t k = 0;
+        *trip = 2;
+        for (int r = 0; r < nranks; r++)
+            if (flags[r]) {
+                if (!isfinite(norms[r]))
+                    *trip = 1;
+                if (*blame < 0)
+                    *blame = r;
+                if (k + 40 < cap)
+                    k += (size_t)snprintf(who + k, cap - k, "%srank %d norm %.3g", k ? ", " : "",
+                                          r, norms[r]);
+            }
+    }
+    free(norms);
+    free(bits);
+    free(flags);
+    return rc;
+}
+
+/* ---- the loop ----------------------------------------------------------------------------- */
+
+#define MAX_REDO 3 /* trips in a row at one step before a rollback */
+
 int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_dataset *test,
              const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
              void *user, rk_train_result *res, rk_err *err)
@@ -193,99 +410,186 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     uint8_t *yb = malloc((size_t)cap);
     double window[LOSS_WINDOW];
     int64_t step = c->start_step, total_samples = 0, taken = 0; /* taken: steps in this run */
+    snapshot sn = {0};
+    rk_spike spike = {0};
     if (!order || !shares || !xb || !dlogits || !yb) {
         rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
         goto out;
     }
+    if (c->guard &&
+        (rc = rk_spike_init(&spike, c->spike_window, c->spike_z, err)))
+        goto out;
+    if (c->guard && c->hash_every > 0 && (rc = snap_alloc(&sn, m, opt, err)))
+        goto out;
 
-    for (int epoch = (int)(step / steps_per_epoch); epoch < c->epochs && step < total_steps && !rc;
-         epoch++) {
-        rk_rng r;
-        rk_rng_derive(&r, c->seed, 0x6570636fULL, (uint64_t)epoch);
-        rk_rng_permutation(&r, order, (size_t)train->n);
-        double t0 = now_s(), last_report = 0.0;
-        int64_t samples = 0;
-        int64_t first = step - (int64_t)epoch * steps_per_epoch; /* > 0 only when resuming */
-        int64_t in_epoch = steps_per_epoch;
-        if (total_steps - (int64_t)epoch * steps_per_epoch < in_epoch)
-            in_epoch = total_steps - (int64_t)epoch * steps_per_epoch;
-        for (int64_t s = first; s < in_epoch; s++) {
-            /* this step's global batch: order[start, start + global); this rank's slice */
-            int start = (int)(s * c->batch);
-            int global = train->n - start < c->batch ? train->n - start : c->batch;
-            if ((rc = step_shares(c, global, nranks, cap, shares, err)))
+    int epoch = -1, redo = 0, spike_redone = 0;
+    double spike_loss = 0.0, t0 = 0.0, last_report = 0.0;
+    int64_t samples = 0, first = 0, in_epoch = 0;
+    while (step < total_steps) {
+        if (step / steps_per_epoch != epoch) { /* a new epoch (or back to an earlier one) */
+            epoch = (int)(step / steps_per_epoch);
+            rk_rng r;
+            rk_rng_derive(&r, c->seed, 0x6570636fULL, (uint64_t)epoch);
+            rk_rng_permutation(&r, order, (size_t)train->n);
+            t0 = now_s();
+            last_report = 0.0;
+            samples = 0;
+            first = step - (int64_t)epoch * steps_per_epoch; /* > 0 only when resuming */
+            in_epoch = steps_per_epoch;
+            if (total_steps - (int64_t)epoch * steps_per_epoch < in_epoch)
+                in_epoch = total_steps - (int64_t)epoch * steps_per_epoch;
+        }
+        int64_t s = step - (int64_t)epoch * steps_per_epoch;
+        double tstep = now_s();
+        if (c->point && (rc = c->point(c->hook_user, RK_POINT_STEP, step, m, err)))
+            break;
+        if (c->guard && c->hash_every > 0 && step % c->hash_every == 0 &&
+            !(sn.valid && sn.step == step)) {
+            int64_t back;
+            if ((rc = replica_check(m, opt, comm, &sn, step, c, res, &back, err)))
                 break;
-            int offset = 0;
-            for (int q = 0; q < rank; q++)
-                offset += (int)shares[q];
-            int n = (int)shares[rank];
-            for (int i = 0; i < n; i++) {
-                uint32_t k = order[start + offset + i];
-                memcpy(xb + (size_t)i * pixels, train->images + (size_t)k * pixels,
-                       (size_t)pixels * sizeof(float));
-                yb[i] = train->labels[k];
-            }
-            double loss = 0.0, loss_sum = 0.0, tc = now_s();
-            if (n > 0) {
-                const float *logits;
-                if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
-                                           (uint64_t)(start + offset), &logits, err)) ||
-                    (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &loss, NULL,
-                                           err)) ||
-                    (rc = rk_model_backward(m, n, dlogits, err)))
-                    break;
-                loss_sum = loss * n;
-            } else {
-                memset(m->grad_block, 0, m->block_len * sizeof(float));
-            }
-            tc = now_s() - tc;
-            if (global == c->batch)
-                for (int q = 0; q < nranks && q < 8; q++)
-                    res->last_shares[q] = shares[q];
-            double ta = now_s();
-            if (nranks > 1 &&
-                ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
-                 (rc = rk_comm_allreduce_sum_f64(comm, &loss_sum, 1, err))))
-                break;
-            res->allreduce_seconds += now_s() - ta;
-            if ((rc = rk_optim_step(opt, m, c, lr_at(c, step, total_steps), err)) ||
-                (c->observe && (rc = c->observe(c->shares_user, step, n, tc, err))))
-                break;
-            loss = loss_sum / global;
-            if (c->loss_log)
-                fprintf(c->loss_log, "%lld %.9g\n", (long long)step, loss);
-            window[taken % LOSS_WINDOW] = loss;
-            taken++;
-            step++;
-            samples += global;
-            if (c->step_end &&
-                (rc = c->step_end(c->step_end_user, step, epoch, (int64_t)start + global, err)))
-                break;
-            double t = now_s() - t0;
-            if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
-                last_report = t;
-                rk_train_progress p = {
-                    .epoch = epoch + 1,
-                    .epochs = c->epochs,
-                    .step_in_epoch = s + 1,
-                    .steps_in_epoch = in_epoch,
-                    .step = step,
-                    .loss = window_mean(window, taken),
-                    .samples_per_s = t > 0 ? samples / t : 0.0,
-                    .eta_s = (double)(in_epoch - s - 1) * t / (double)(s + 1 - first),
-                    .test_accuracy = -1.0,
-                };
-                progress(&p, user);
+            if (back >= 0) {
+                step = back;
+                redo = 0;
+                spike_redone = 0;
+                rk_spike_reset(&spike);
+                continue;
             }
         }
+        /* this step's global batch: order[start, start + global); this rank's slice */
+        int start = (int)(s * c->batch);
+        int global = train->n - start < c->batch ? train->n - start : c->batch;
+        if ((rc = step_shares(c, global, nranks, cap, shares, err)))
+            break;
+        int offset = 0;
+        for (int q = 0; q < rank; q++)
+            offset += (int)shares[q];
+        int n = (int)shares[rank];
+        for (int i = 0; i < n; i++) {
+            uint32_t k = order[start + offset + i];
+            memcpy(xb + (size_t)i * pixels, train->images + (size_t)k * pixels,
+                   (size_t)pixels * sizeof(float));
+            yb[i] = train->labels[k];
+        }
+        double loss = 0.0, loss_sum = 0.0, tc = now_s();
+        if (n > 0) {
+            const float *logits;
+            if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
+                                       (uint64_t)(start + offset), &logits, err)) ||
+                (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &loss, NULL,
+                                       err)) ||
+                (rc = rk_model_backward(m, n, dlogits, err)))
+                break;
+            loss_sum = loss * n;
+        } else {
+            memset(m->grad_block, 0, m->block_len * sizeof(float));
+        }
+        tc = now_s() - tc;
+        if (c->point && (rc = c->point(c->hook_user, RK_POINT_GRADS, step, m, err)))
+            break;
+        if (c->guard) {
+            int trip, blame;
+            char who[160];
+            if ((rc = grads_check(comm, grad_norm(m, n, global, loss), c->grad_ratio, &trip,
+                                  &blame, who, sizeof who, err)))
+                break;
+            if (trip) {
+                if (++redo < MAX_REDO || !sn.valid || sn.step >= step) {
+                    if (redo >= MAX_REDO + 2) {
+                        rc = rk_err_set(err, RK_EGUARD, "step %lld: %s, %d times in a row",
+                                        (long long)step, who, redo);
+                        break;
+                    }
+                    report(c, res, trip == 1 ? "nan" : "grad_outlier", "redo", step, blame, 1,
+                           "%s%s", trip == 1 ? "non-finite loss or gradient: " :
+                           "gradient far off the other ranks': ", who);
+                    continue;
+                }
+                report(c, res, trip == 1 ? "nan" : "grad_outlier", "rollback", step, blame,
+                       step - sn.step, "%s, %d times in a row; back to step %lld", who, redo,
+                       (long long)sn.step);
+                snap_copy(m->data_block, opt->s1, opt->s2, sn.data, sn.s1, sn.s2,
+                          m->block_len);
+                opt->t = sn.t;
+                step = sn.step;
+                redo = 0;
+                rk_spike_reset(&spike);
+                continue;
+            }
+        }
+        if (global == c->batch)
+            for (int q = 0; q < nranks && q < 8; q++)
+                res->last_shares[q] = shares[q];
+        if (c->point && (rc = c->point(c->hook_user, RK_POINT_COMM, step, m, err)))
+            break;
+        double ta = now_s();
+        if (nranks > 1 &&
+            ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
+             (rc = rk_comm_allreduce_sum_f64(comm, &loss_sum, 1, err))))
+            break;
+        res->allreduce_seconds += now_s() - ta;
+        loss = loss_sum / global;
+        if (c->guard) {
+            double z;
+            if (rk_spike_test(&spike, loss, &z)) {
+                if (!spike_redone) { /* once: a transient fault goes away, data does not */
+                    spike_redone = 1;
+                    spike_loss = loss;
+                    report(c, res, "loss_spike", "redo", step, -1, 1,
+                           "loss %.6g, robust z %.1f over the last %d steps", loss, z,
+                           c->spike_window);
+                    continue;
+                }
+                report(c, res, "spike_kept", "kept", step, -1, 0,
+                       "loss %.6g again on the redo (%s): the data, not a fault", loss,
+                       loss == spike_loss ? "same bits" : "a different value");
+            }
+        }
+        if ((rc = rk_optim_step(opt, m, c, lr_at(c, step, total_steps), err)) ||
+            (c->observe && (rc = c->observe(c->shares_user, step, n, tc, err))))
+            break;
+        if (c->guard)
+            rk_spike_push(&spike, loss);
+        redo = 0;
+        spike_redone = 0;
+        if (c->loss_log)
+            fprintf(c->loss_log, "%lld %.9g\n", (long long)step, loss);
+        window[taken % LOSS_WINDOW] = loss;
+        taken++;
+        step++;
+        samples += global;
+        if (c->stepped)
+            c->stepped(c->hook_user, step, loss, now_s() - tstep);
+        if (c->step_end &&
+            (rc = c->step_end(c->step_end_user, step, epoch, (int64_t)start + global, err)))
+            break;
+        double t = now_s() - t0;
+        if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
+            last_report = t;
+            rk_train_progress p = {
+                .epoch = epoch + 1,
+                .epochs = c->epochs,
+                .step_in_epoch = s + 1,
+                .steps_in_epoch = in_epoch,
+                .step = step,
+                .loss = window_mean(window, taken),
+                .samples_per_s = t > 0 ? samples / t : 0.0,
+                .eta_s = (double)(in_epoch - s - 1) * t / (double)(s + 1 - first),
+                .test_accuracy = -1.0,
+            };
+            progress(&p, user);
+        }
+        if (s + 1 < in_epoch)
+            continue;
+        /* the epoch's last step */
         double epoch_s = now_s() - t0;
         res->train_seconds += epoch_s;
         res->epochs_run = epoch + 1;
-        if (rc)
+        total_samples += samples;
+        if (c->eval && test &&
+            (rc = rk_evaluate(m, test, comm, &res->test_accuracy, &res->test_loss, err)))
             break;
-        if (c->eval && test)
-            rc = rk_evaluate(m, test, comm, &res->test_accuracy, &res->test_loss, err);
-        if (progress && !rc) {
+        if (progress) {
             rk_train_progress p = {
                 .epoch = epoch + 1,
                 .epochs = c->epochs,
@@ -300,7 +604,6 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             };
             progress(&p, user);
         }
-        total_samples += samples;
     }
     if (!rc) {
         res->final_train_loss = window_mean(window, taken);
@@ -313,5 +616,8 @@ out:
     be->free(xb);
     be->free(dlogits);
     free(yb);
+    if (sn.data || sn.s1)
+        snap_free(&sn, be);
+    rk_spike_free(&spike);
     return rc;
 }

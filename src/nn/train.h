@@ -21,6 +21,23 @@ typedef int (*rk_train_shares_fn)(void *user, int64_t global, int nranks, int64_
                                   rk_err *err);
 typedef enum rk_lr_schedule { RK_LR_CONSTANT, RK_LR_COSINE } rk_lr_schedule;
 
+/* Points in a step where the caller's hook runs (fault injection, heartbeats). */
+typedef enum rk_train_point {
+    RK_POINT_STEP,  /* start of a step, before the replica check: crash, hang, slow, bitflip */
+    RK_POINT_GRADS, /* this rank's gradient is ready, before the guards see it: nan, gradflip */
+    RK_POINT_COMM,  /* about to enter the gradient allreduce: commfail, the heartbeat "comm" */
+} rk_train_point;
+
+/* A guard trip (docs/guards.md), reported to the incident hook on every rank alike. */
+typedef struct rk_train_incident {
+    const char *kind;   /* "nan", "grad_outlier", "loss_spike", "spike_kept", "replica_mismatch" */
+    const char *action; /* "redo", "rollback", "kept" */
+    int64_t step;       /* the step it happened at */
+    int blame;          /* the rank held responsible, -1 when none can be named */
+    int64_t lost_steps; /* steps thrown away (redone) */
+    char detail[200];
+} rk_train_incident;
+
 typedef struct rk_train_config {
     int epochs;          /* full passes over the training set */
     int64_t max_steps;   /* stop after this many optimiser steps (0: no limit) */
@@ -48,10 +65,31 @@ typedef struct rk_train_config {
      * Returning an error stops training with it. May be NULL. */
     int (*step_end)(void *user, int64_t steps_done, int epoch, int64_t cursor, rk_err *err);
     void *step_end_user;
+    /* Guards (docs/guards.md). guard = 1 checks every step, before the update, for a
+     * non-finite loss or gradient on any rank, a rank whose gradient norm is grad_ratio times
+     * the others', and a loss spike (robust z above spike_z over the last spike_window
+     * steps); a trip redoes the step (params untouched), three trips in a row roll back.
+     * hash_every = K > 0 compares an xxHash64 of each rank's parameters and optimiser state
+     * every K steps: on agreement the state is snapshotted in memory; a minority rank is
+     * named, every rank returns to the snapshot, the majority rank's snapshot is broadcast
+     * to all (repair) and the steps since are replayed. None of it changes a fault-free run's
+     * bits. */
+    int guard;
+    int64_t hash_every;
+    double spike_z, grad_ratio;
+    int spike_window;
+    /* Hooks for a supervisor and fault injection; each may be NULL. point: at the points
+     * above (an error stops training with it). incident: each guard trip. stepped: after each
+     * applied step, with the global loss and the step's seconds. */
+    int (*point)(void *user, rk_train_point where, int64_t step, rk_model *m, rk_err *err);
+    void (*incident)(void *user, const rk_train_incident *inc);
+    void (*stepped)(void *user, int64_t step, double loss, double seconds);
+    void *hook_user;
 } rk_train_config;
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
- * 0.01, betas 0.9/0.999, eps 1e-8), batch 64, 1 epoch, seed 1, constant lr, eval on. */
+ * 0.01, betas 0.9/0.999, eps 1e-8), batch 64, 1 epoch, seed 1, constant lr, eval on; guards
+ * on, replica hashes every 10 steps, spike z 6 over 32 steps, gradient ratio 50. */
 void rk_train_config_default(rk_train_config *c, rk_optim_kind optim);
 
 typedef struct rk_train_progress {
@@ -77,6 +115,8 @@ typedef struct rk_train_result {
     int64_t last_shares[8];    /* the split of the last full step, first 8 ranks */
     double test_accuracy;      /* full test set, -1 when not evaluated */
     double test_loss;
+    int64_t redone_steps;      /* steps redone or replayed by the guards */
+    int64_t incidents;         /* guard trips */
 } rk_train_result;
 
 /* Optimiser state for a model: velocity (sgd) or AdamW moments, each one block laid out like
