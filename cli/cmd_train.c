@@ -25,6 +25,7 @@
 #include "rekindle/comm.h"
 #include "rekindle/fileio.h"
 #include "rk.h"
+#include "worker.h"
 
 static const char usage_text[] =
     "usage: rk train [OPTIONS]\n"
@@ -60,11 +61,20 @@ static const char usage_text[] =
     "  --mtbf SECONDS       mean time between failures for auto (default 3600)\n"
     "  --keep N             checkpoints to keep (default 3)\n"
     "  --ckpt-async         snapshot at the step, write from a background thread\n"
+    "  --guard on|off       step guards: non-finite values, gradient outliers across ranks,\n"
+    "                       loss spikes; a trip redoes the step (default on; docs/guards.md)\n"
+    "  --hash-every K       compare replica hashes every K steps, roll back and repair on a\n"
+    "                       mismatch (default 10; 0: never)\n"
+    "  --spike-z Z          robust z-score of a loss spike (default 6)\n"
+    "  --grad-ratio R       a rank's gradient norm R times the others' is wrong arithmetic\n"
+    "                       (default 50)\n"
     "  -h, --help           show this help\n"
     "\n"
     "Data-parallel: run under Open MPI (mpirun -np N rk train ...); the global batch is split\n"
     "over the ranks and one step equals a one-process step on the same samples.\n"
-    "Same seed, same flags, ranks and threads give bitwise identical weights.\n";
+    "Same seed, same flags, ranks and threads give bitwise identical weights.\n"
+    "Under rk run (docs/protocol.md) it reports to the supervisor through RK_HEARTBEAT, takes\n"
+    "RK_CKPT_DIR and RK_RESUME=1 in place of --ckpt-dir and --resume, and RK_INJECT faults.\n";
 
 typedef struct train_opts {
     const char *model, *data, *init, *save, *metrics, *loss_log, *fault_rates, *ckpt_dir;
@@ -146,7 +156,11 @@ enum {
     OPT_CKPT_EVERY,
     OPT_MTBF,
     OPT_KEEP,
-    OPT_CKPT_ASYNC
+    OPT_CKPT_ASYNC,
+    OPT_GUARD,
+    OPT_HASH_EVERY,
+    OPT_SPIKE_Z,
+    OPT_GRAD_RATIO
 };
 
 static int parse_args(int argc, char **argv, train_opts *o)
@@ -171,6 +185,10 @@ static int parse_args(int argc, char **argv, train_opts *o)
         {"mtbf", required_argument, 0, OPT_MTBF},
         {"keep", required_argument, 0, OPT_KEEP},
         {"ckpt-async", no_argument, 0, OPT_CKPT_ASYNC},
+        {"guard", required_argument, 0, OPT_GUARD},
+        {"hash-every", required_argument, 0, OPT_HASH_EVERY},
+        {"spike-z", required_argument, 0, OPT_SPIKE_Z},
+        {"grad-ratio", required_argument, 0, OPT_GRAD_RATIO},
         {0, 0, 0, 0}};
     /* Two passes: the optimiser decides the defaults the other flags override. */
     rk_optim_kind kind = RK_OPTIM_SGD;
@@ -277,6 +295,33 @@ static int parse_args(int argc, char **argv, train_opts *o)
                 return RK_EXIT_USAGE;
             o->keep = (int)v;
             break;
+        case OPT_GUARD:
+            if (strcmp(optarg, "on") == 0)
+                o->cfg.guard = 1;
+            else if (strcmp(optarg, "off") == 0)
+                o->cfg.guard = 0;
+            else
+                return usage_error("--guard '%s' is not on or off", optarg);
+            break;
+        case OPT_HASH_EVERY:
+            if (parse_long("--hash-every", optarg, 0, LONG_MAX, &v))
+                return RK_EXIT_USAGE;
+            o->cfg.hash_every = v;
+            break;
+        case OPT_SPIKE_Z: {
+            float f;
+            if (parse_float("--spike-z", optarg, 1.0, 1e6, &f))
+                return RK_EXIT_USAGE;
+            o->cfg.spike_z = f;
+            break;
+        }
+        case OPT_GRAD_RATIO: {
+            float f;
+            if (parse_float("--grad-ratio", optarg, 2.0, 1e30, &f))
+                return RK_EXIT_USAGE;
+            o->cfg.grad_ratio = f;
+            break;
+        }
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
         case '?':
@@ -286,6 +331,12 @@ static int parse_args(int argc, char **argv, train_opts *o)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
+    /* under a supervisor: its checkpoint directory and resume flag */
+    const char *env_dir = getenv("RK_CKPT_DIR"), *env_resume = getenv("RK_RESUME");
+    if (!o->ckpt_dir && env_dir && *env_dir)
+        o->ckpt_dir = env_dir;
+    if (env_resume && strcmp(env_resume, "1") == 0 && o->ckpt_dir)
+        o->resume = 1;
     if (o->fault_rates && o->policy != RK_BATCH_FAULT_AWARE)
         return usage_error("--fault-rates needs --batch-policy fault-aware");
     if (!o->ckpt_dir && (o->resume || o->ckpt_async))
@@ -473,10 +524,26 @@ static size_t valid_checkpoints(const char *dir)
 
 /* rk_train with a checkpoint every --ckpt-every steps (and one at the end), resuming first
  * with --resume. A directory that holds another run's checkpoints is refused, never mixed. */
+/* rk_train's step hook under a supervisor: checkpoints as configured, then its commands. */
+static int worker_step_end(void *user, int64_t steps_done, int epoch, int64_t cursor, rk_err *err)
+{
+    rk_worker *w = user;
+    if (w->ck) {
+        int64_t saves = w->ck->saves;
+        double t0 = w->ck->last_save_s;
+        int rc = rk_trainer_ckpt_step_end(w->ck, steps_done, epoch, cursor, err);
+        if (rc)
+            return rc;
+        if (w->ck->saves != saves)
+            rk_worker_saved(w, steps_done, w->ck->last_save_s > 0 ? w->ck->last_save_s : t0);
+    }
+    return rk_worker_commands(w, steps_done, epoch, cursor, err);
+}
+
 static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *opt,
                                   const rk_dataset *train, const rk_dataset *test, rk_comm *comm,
-                                  rk_batch_policy *policy, view *v, rk_train_result *res,
-                                  rk_err *err)
+                                  rk_batch_policy *policy, view *v, rk_worker *w,
+                                  rk_train_result *res, rk_err *err)
 {
     int rank = rk_comm_rank(comm);
     rk_train_config cfg = o->cfg;
@@ -515,8 +582,13 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
         rk_trainer_ckpt_finish(&t, NULL);
         return rc;
     }
-    cfg.step_end = rk_trainer_ckpt_step_end;
-    cfg.step_end_user = &t;
+    w->ck = &t;
+    if ((rc = rk_worker_hello(w, cfg.start_step, err))) {
+        rk_trainer_ckpt_finish(&t, NULL);
+        return rc;
+    }
+    cfg.step_end = worker_step_end;
+    cfg.step_end_user = w;
     rc = rk_train(m, opt, train, cfg.eval ? test : NULL, &cfg, comm, rank == 0 ? on_progress : NULL,
                   v, res, err);
     /* a final checkpoint, unless the last step was just saved (or nothing ran) */
@@ -524,8 +596,11 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
         int64_t per_epoch = (train->n + cfg.batch - 1) / cfg.batch, in = res->steps % per_epoch;
         rc = rk_trainer_ckpt_save(&t, res->steps, (int)(res->steps / per_epoch),
                                   in * cfg.batch, err);
+        if (!rc)
+            rk_worker_saved(w, res->steps, t.last_save_s);
     }
     int frc = rk_trainer_ckpt_finish(&t, rc ? NULL : err);
+    w->ck = NULL;
     return rc ? rc : frc;
 }
 
@@ -542,8 +617,10 @@ int rk_cmd_train(int argc, char **argv)
     rk_comm *comm = NULL;
     FILE *loss_log = NULL;
     policy_glue glue = {0};
+    rk_worker w = {0};
+    rk_train_result res = {.test_accuracy = -1.0};
     int rc = rk_comm_open(&comm, "auto", &err);
-    if (rc)
+    if (rc || (rc = rk_worker_open(&w, comm, o.cfg.seed, &err)))
         goto fail;
     int rank = rk_comm_rank(comm), nranks = rk_comm_size(comm);
     if (o.threads <= 0) { /* share the node's cores among its ranks */
@@ -591,16 +668,25 @@ int rk_cmd_train(int argc, char **argv)
         printf(", batch %d, %s lr %g, %d train / %d test images\n", o.cfg.batch,
                o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
     }
-    view v = {nranks == 1 && isatty(STDOUT_FILENO), 0}; /* mpirun output: plain lines */
-    rk_train_result res = {.test_accuracy = -1.0};
+    /* a bar only on a terminal of our own: under mpirun (even one rank) or a supervisor,
+     * plain lines */
+    view v = {nranks == 1 && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
+                  !getenv("RK_HEARTBEAT"),
+              0};
+    rk_worker_hooks(&w, &o.cfg);
     if (o.cfg.epochs > 0) {
         rk_optim opt;
         if ((rc = rk_optim_init(&opt, o.cfg.optim, &m, &err)))
             goto fail;
-        rc = o.ckpt_dir ? train_with_checkpoints(&o, &m, &opt, &train, &test, comm, glue.policy,
-                                                 &v, &res, &err)
-                        : rk_train(&m, &opt, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
-                                   rank == 0 ? on_progress : NULL, &v, &res, &err);
+        if (o.ckpt_dir) {
+            rc = train_with_checkpoints(&o, &m, &opt, &train, &test, comm, glue.policy, &v, &w,
+                                        &res, &err);
+        } else if (!(rc = rk_worker_hello(&w, 0, &err))) {
+            o.cfg.step_end = worker_step_end;
+            o.cfg.step_end_user = &w;
+            rc = rk_train(&m, &opt, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
+                          rank == 0 ? on_progress : NULL, &v, &res, &err);
+        }
         rk_optim_free(&opt, &m);
     }
     else if (o.cfg.eval) /* evaluation only */
@@ -626,6 +712,7 @@ int rk_cmd_train(int argc, char **argv)
         }
         loss_log = NULL;
     }
+    rk_worker_close(&w, res.steps, RK_EXIT_OK);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
@@ -640,10 +727,14 @@ fail:
         fprintf(stderr, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
     if (loss_log)
         fclose(loss_log);
+    int status = rk_cli_status(rc ? rc : err.code);
+    rk_worker_close(&w, res.steps, status);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
     rk_batch_policy_free(glue.policy);
+    if (status == RK_EXIT_COMM) /* peers may be stuck in a collective: do not wait for them */
+        _exit(status);
     rk_comm_close(comm);
-    return rk_cli_status(rc ? rc : err.code);
+    return status;
 }

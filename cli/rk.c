@@ -17,6 +17,7 @@ typedef struct command {
 static const command commands[] = {
     {"train", rk_cmd_train, "train a Fashion-MNIST model (mlp, cnn, cnn-small) on the CPU"},
     {"ckpt", rk_cmd_ckpt, "list, verify and export checkpoints"},
+    {"run", rk_cmd_run, "supervise a training job through crashes, hangs and corruption"},
 };
 
 int rk_cli_status(int code)
@@ -27,6 +28,9 @@ int rk_cli_status(int code)
     case RK_EFORMAT:
     case RK_ENOENT:
     case RK_EMISMATCH: return RK_EXIT_USAGE;
+    case RK_ECOMM: return RK_EXIT_COMM;
+    case RK_ESTOPPED: return RK_EXIT_STOPPED;
+    case RK_EGUARD: return RK_EXIT_GUARD;
     default: return RK_EXIT_FAIL;
     }
 }

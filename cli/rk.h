@@ -3,13 +3,14 @@
 #define RK_CLI_H
 
 #include "rekindle/error.h"
+#include "rekindle/heartbeat.h" /* RK_EXIT_*: a worker's exit statuses are part of the protocol */
 
-enum { RK_EXIT_OK = 0, RK_EXIT_FAIL = 1, RK_EXIT_USAGE = 2 };
-
-/* Exit status for a library error: 2 for bad input or usage, 1 for everything else. */
+/* Exit status for a library error: 2 for bad input or usage, 3 communication failure, 4
+ * stopped on request, 5 a guard could not recover, 1 for everything else. */
 int rk_cli_status(int code);
 
 int rk_cmd_train(int argc, char **argv);
 int rk_cmd_ckpt(int argc, char **argv);
+int rk_cmd_run(int argc, char **argv);
 
 #endif

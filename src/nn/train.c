@@ -485,7 +485,8 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             memset(m->grad_block, 0, m->block_len * sizeof(float));
         }
         tc = now_s() - tc;
-        if (c->point && (rc = c->point(c->hook_user, RK_POINT_GRADS, step, m, err)))
+        if (c->point && ((rc = c->point(c->hook_user, RK_POINT_GRADS, step, m, err)) ||
+                         (rc = c->point(c->hook_user, RK_POINT_COMM, step, m, err))))
             break;
         if (c->guard) {
             int trip, blame;
@@ -520,8 +521,6 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (global == c->batch)
             for (int q = 0; q < nranks && q < 8; q++)
                 res->last_shares[q] = shares[q];
-        if (c->point && (rc = c->point(c->hook_user, RK_POINT_COMM, step, m, err)))
-            break;
         double ta = now_s();
         if (nranks > 1 &&
             ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||

@@ -23,9 +23,11 @@ typedef enum rk_lr_schedule { RK_LR_CONSTANT, RK_LR_COSINE } rk_lr_schedule;
 
 /* Points in a step where the caller's hook runs (fault injection, heartbeats). */
 typedef enum rk_train_point {
-    RK_POINT_STEP,  /* start of a step, before the replica check: crash, hang, slow, bitflip */
-    RK_POINT_GRADS, /* this rank's gradient is ready, before the guards see it: nan, gradflip */
-    RK_POINT_COMM,  /* about to enter the gradient allreduce: commfail, the heartbeat "comm" */
+    RK_POINT_STEP,  /* start of a step, before the replica check: crash, slow, bitflip */
+    RK_POINT_GRADS, /* this rank's gradient is ready, before the guards see it: nan, gradflip,
+                     * hang (compute that never returns) */
+    RK_POINT_COMM,  /* right after GRADS, about to enter the step's collectives (the guards'
+                     * allgather, then the allreduce): commfail, the heartbeat "comm" */
 } rk_train_point;
 
 /* A guard trip (docs/guards.md), reported to the incident hook on every rank alike. */

@@ -1,0 +1,257 @@
+/*
+ * rk run: the supervisor command. Parses flags, checks them (a bad fault spec is refused with
+ * its position), and hands the job to src/supervisor (supervisor.h).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rekindle/inject.h"
+#include "rk.h"
+#include "supervisor/supervisor.h"
+
+static const char usage_text[] =
+    "usage: rk run -n N [OPTIONS] -- WORKER [ARGS...]\n"
+    "\n"
+    "Run a training job of N ranks and keep it going through crashes, hangs, communication\n"
+    "failures, NaNs and silent data corruption: relaunch from the latest good checkpoint,\n"
+    "quarantine devices that keep failing and carry on with the rest (docs/run.md).\n"
+    "\n"
+    "  -n N                    ranks to start with\n"
+    "  --devices LIST          device ids, comma-separated, one per rank and spares\n"
+    "                          (default 0..N-1); rank i of a launch uses the i-th healthy one\n"
+    "  --ckpt-dir DIR          the job's checkpoint directory (RK_CKPT_DIR for the workers;\n"
+    "                          every launch resumes from its latest good checkpoint)\n"
+    "  --heartbeat-timeout S   a rank silent this many seconds is hung (default 30)\n"
+    "  --startup-timeout S     seconds for every rank to say hello (default 120)\n"
+    "  --failure-threshold K   failures that quarantine a device (default 2)\n"
+    "  --max-restarts R        relaunches before giving up (default 10)\n"
+    "  --min-ranks M           fewest ranks worth running on (default 1)\n"
+    "  --inject SPEC           faults to inject (simulated; docs/inject.md), e.g.\n"
+    "                          crash@step=120:rank=2,hang@step=300:rank=1,crash@mtbf=120s\n"
+    "                          (default: $RK_INJECT)\n"
+    "  --events FILE           append one JSON line per incident\n"
+    "  --summary-json FILE     write the run's summary (goodput, restarts, incidents)\n"
+    "  --launcher NAME         mpirun (default) | srun (under Slurm)\n"
+    "  --launcher-arg ARG      pass ARG to the launcher (repeat as needed)\n"
+    "  --quiet                 no periodic status lines\n"
+    "  -h, --help              show this help\n"
+    "\n"
+    "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices);\n"
+    "2 bad usage, or the worker rejected its arguments; 130 interrupted (the ranks were asked\n"
+    "to checkpoint and stop).\n";
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rk run: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n\n%s", usage_text);
+    va_end(ap);
+    return RK_EXIT_USAGE;
+}
+
+static int num(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return usage_error("%s '%s' is not a number in [%g, %g]", flag, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int integer(const char *flag, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return usage_error("%s '%s' is not an integer in %ld..%ld", flag, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int writable(const char *flag, const char *path)
+{
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    const char *dir = dirname(buf);
+    if (access(dir, W_OK) != 0) {
+        fprintf(stderr, "rk run: %s %s: directory %s is not writable (%s)\n", flag, path, dir,
+                strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* --devices "a,b,c": ids of 1..63 printable characters other than ',' and space. */
+static int parse_devices(char *list, rk_sup_opts *o)
+{
+    o->ndevices = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        size_t n = strlen(t);
+        int ok = n >= 1 && n <= 63;
+        for (size_t i = 0; i < n && ok; i++)
+            ok = t[i] > ' ' && t[i] < 127;
+        if (!ok)
+            return usage_error("--devices: '%s' is not a device id (1-63 printable characters)", t);
+        for (int d = 0; d < o->ndevices; d++)
+            if (strcmp(o->devices[d], t) == 0)
+                return usage_error("--devices: '%s' appears twice", t);
+        if (o->ndevices == RK_SUP_MAX_DEVICES)
+            return usage_error("--devices: more than %d devices", RK_SUP_MAX_DEVICES);
+        o->devices[o->ndevices++] = t;
+    }
+    return 0;
+}
+
+enum {
+    OPT_DEVICES = 256,
+    OPT_CKPT_DIR,
+    OPT_HB,
+    OPT_STARTUP,
+    OPT_THRESHOLD,
+    OPT_RESTARTS,
+    OPT_MIN_RANKS,
+    OPT_INJECT,
+    OPT_EVENTS,
+    OPT_SUMMARY,
+    OPT_LAUNCHER,
+    OPT_LAUNCHER_ARG,
+    OPT_QUIET
+};
+
+int rk_cmd_run(int argc, char **argv)
+{
+    static const struct option longs[] = {
+        {"devices", required_argument, 0, OPT_DEVICES},
+        {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
+        {"heartbeat-timeout", required_argument, 0, OPT_HB},
+        {"startup-timeout", required_argument, 0, OPT_STARTUP},
+        {"failure-threshold", required_argument, 0, OPT_THRESHOLD},
+        {"max-restarts", required_argument, 0, OPT_RESTARTS},
+        {"min-ranks", required_argument, 0, OPT_MIN_RANKS},
+        {"inject", required_argument, 0, OPT_INJECT},
+        {"events", required_argument, 0, OPT_EVENTS},
+        {"summary-json", required_argument, 0, OPT_SUMMARY},
+        {"launcher", required_argument, 0, OPT_LAUNCHER},
+        {"launcher-arg", required_argument, 0, OPT_LAUNCHER_ARG},
+        {"quiet", no_argument, 0, OPT_QUIET},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    rk_sup_opts o = {.n = 0,
+                     .hb_timeout_s = 30,
+                     .startup_timeout_s = 120,
+                     .failure_threshold = 2,
+                     .max_restarts = 10,
+                     .min_ranks = 1,
+                     .launcher = RK_LAUNCH_MPIRUN};
+    static char *largs[64];
+    int nlargs = 0;
+    char *devices = NULL;
+    opterr = 0;
+    optind = 1;
+    int c;
+    /* "+": stop at the first non-option, so the worker's own flags are never ours */
+    while ((c = getopt_long(argc, argv, "+hn:", longs, NULL)) != -1) {
+        switch (c) {
+        case 'n':
+            if (integer("-n", optarg, 1, RK_SUP_MAX_DEVICES, &o.n))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_DEVICES: devices = optarg; break;
+        case OPT_CKPT_DIR: o.ckpt_dir = optarg; break;
+        case OPT_HB:
+            if (num("--heartbeat-timeout", optarg, 0.1, 86400, &o.hb_timeout_s))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_STARTUP:
+            if (num("--startup-timeout", optarg, 0.1, 86400, &o.startup_timeout_s))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_THRESHOLD:
+            if (integer("--failure-threshold", optarg, 1, 1000000, &o.failure_threshold))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_RESTARTS:
+            if (integer("--max-restarts", optarg, 0, 1000000, &o.max_restarts))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_MIN_RANKS:
+            if (integer("--min-ranks", optarg, 1, RK_SUP_MAX_DEVICES, &o.min_ranks))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_INJECT: o.inject = optarg; break;
+        case OPT_EVENTS: o.events_path = optarg; break;
+        case OPT_SUMMARY: o.summary_path = optarg; break;
+        case OPT_LAUNCHER:
+            if (strcmp(optarg, "mpirun") == 0)
+                o.launcher = RK_LAUNCH_MPIRUN;
+            else if (strcmp(optarg, "srun") == 0)
+                o.launcher = RK_LAUNCH_SRUN;
+            else
+                return usage_error("--launcher '%s' is not mpirun or srun", optarg);
+            break;
+        case OPT_LAUNCHER_ARG:
+            if (nlargs == 62)
+                return usage_error("more than 62 --launcher-arg");
+            largs[nlargs++] = optarg;
+            break;
+        case OPT_QUIET: o.quiet = 1; break;
+        case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
+        default:
+            return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc && strcmp(argv[optind], "--") == 0)
+        optind++;
+    if (optind >= argc)
+        return usage_error("no worker command after --");
+    if (o.n < 1)
+        return usage_error("-n N is required");
+    o.worker = argv + optind;
+    o.launcher_args = nlargs ? largs : NULL;
+    static char default_devices[RK_SUP_MAX_DEVICES * 4];
+    if (!devices) {
+        size_t used = 0;
+        for (int r = 0; r < o.n; r++)
+            used += (size_t)snprintf(default_devices + used, sizeof default_devices - used,
+                                     r ? ",%d" : "%d", r);
+        devices = default_devices;
+    }
+    if (parse_devices(devices, &o))
+        return RK_EXIT_USAGE;
+    if (o.ndevices < o.n)
+        return usage_error("--devices lists %d device%s for -n %d", o.ndevices,
+                           o.ndevices == 1 ? "" : "s", o.n);
+    if (o.min_ranks > o.n)
+        return usage_error("--min-ranks %d is more than -n %d", o.min_ranks, o.n);
+    if (!o.inject) {
+        const char *env = getenv("RK_INJECT");
+        if (env && *env)
+            o.inject = env;
+    }
+    if (o.inject) {
+        rk_inject *spec = NULL;
+        rk_err err = {0};
+        if (rk_inject_parse(o.inject, &spec, &err)) {
+            fprintf(stderr, "rk run: --inject: %s\n", err.msg);
+            return RK_EXIT_USAGE;
+        }
+        rk_inject_free(spec);
+    }
+    if ((o.events_path && writable("--events", o.events_path)) ||
+        (o.summary_path && writable("--summary-json", o.summary_path)))
+        return RK_EXIT_USAGE;
+    return rk_sup_run(&o);
+}

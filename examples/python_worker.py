@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""A tiny training worker that speaks the rekindle heartbeat protocol (docs/protocol.md).
+
+It fits y = 3x + 2 with SGD on synthetic data. Every step's batch comes from its own seeded
+generator, random.Random(seed * 1000003 + step), and the only other randomness (a per-step
+learning-rate jitter) comes from one generator whose state is checkpointed; so a run that is
+killed and resumed ends with bitwise the same w and b as a run that was never interrupted.
+
+    python3 examples/python_worker.py --steps 200
+    python3 examples/python_worker.py --steps 200 --ckpt-dir /tmp/ck      # kill -9 it, then
+    python3 examples/python_worker.py --steps 200 --ckpt-dir /tmp/ck --resume
+
+Under `rk run` the supervisor sets RK_HEARTBEAT (its socket), RK_CKPT_DIR, RK_RESUME and
+RK_DEVICES; rank and world come from the launcher's variables. Without RK_HEARTBEAT the worker
+runs standalone. Python 3 standard library only.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_COMM, EXIT_STOPPED, EXIT_GUARD = 0, 1, 2, 3, 4, 5
+LINE_MAX = 4096  # bytes per protocol line, newline included
+STATE_FORMAT = "rekindle-python-worker-1"
+
+
+def rank_world():
+    """Rank and world size from the launcher (Open MPI, PMI, Slurm); 0 of 1 without one."""
+    for r, w in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("SLURM_PROCID", "SLURM_NTASKS")):
+        if r in os.environ and w in os.environ:
+            return int(os.environ[r]), int(os.environ[w])
+    return 0, 1
+
+
+def device_for(rank):
+    """Item `rank` of RK_DEVICES (a comma list), or "cpu"."""
+    items = [d for d in os.environ.get("RK_DEVICES", "").split(",") if d]
+    return items[rank] if rank < len(items) else "cpu"
+
+
+class Heartbeat:
+    """The worker's end of the protocol. A None socket (no RK_HEARTBEAT) makes every call a
+    no-op; when the supervisor goes, the first failure is reported on stderr and the worker
+    carries on without it."""
+
+    def __init__(self, rank, world, device, start_step):
+        self.rank = rank
+        self.sock = None
+        self.pending = set()
+        self.buf = b""
+        path = os.environ.get("RK_HEARTBEAT", "")
+        if not path:
+            return
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(path)
+        except OSError as e:
+            raise SystemExit(f"heartbeat: cannot connect to the supervisor at {path} "
+                             f"(RK_HEARTBEAT): {e.strerror}")
+        self.send({"type": "hello", "v": 1, "rank": rank, "world": world, "pid": os.getpid(),
+                   "device": device, "step": start_step})
+
+    def _gone(self, why):
+        print(f"heartbeat: the supervisor has gone ({why}); no heartbeat from now on",
+              file=sys.stderr)
+        self.sock.close()
+        self.sock = None
+
+    def send(self, msg):
+        if self.sock is None:
+            return
+        line = (json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+                + "\n").encode()
+        if len(line) > LINE_MAX:
+            raise ValueError(f"heartbeat line of {len(line)} bytes")
+        try:
+            self.sock.sendall(line)  # Python ignores SIGPIPE: a gone peer is BrokenPipeError
+        except OSError as e:
+            self._gone(e.strerror or str(e))
+
+    def step(self, step, loss, dt):
+        self.send({"type": "step", "rank": self.rank, "step": step,
+                   "loss": loss if math.isfinite(loss) else None, "dt": dt})
+
+    def ckpt(self, step, seconds):
+        self.send({"type": "ckpt", "rank": self.rank, "step": step, "seconds": seconds})
+
+    def bye(self, step, status):
+        self.send({"type": "bye", "rank": self.rank, "step": step, "status": status})
+
+    def poll(self):
+        """The most urgent command that arrived ("stop" > "checkpoint"), or None. Never
+        blocks."""
+        while self.sock is not None:
+            try:
+                data = self.sock.recv(LINE_MAX, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as e:
+                self._gone(e.strerror or str(e))
+                break
+            if not data:
+                self._gone("it closed the connection")
+                break
+            self.buf += data
+            while b"\n" in self.buf:
+                line, self.buf = self.buf.split(b"\n", 1)
+                try:
+                    cmd = json.loads(line).get("cmd")
+                except (ValueError, AttributeError):
+                    cmd = None
+                if cmd in ("checkpoint", "stop"):
+                    self.pending.add(cmd)
+                else:
+                    print(f"heartbeat: ignoring a line that is not a command: {line[:80]!r}",
+                          file=sys.stderr)
+            if len(self.buf) >= LINE_MAX:
+                print("heartbeat: a command line is too long; dropped", file=sys.stderr)
+                self.buf = b""
+        for cmd in ("stop", "checkpoint"):
+            if cmd in self.pending:
+                self.pending.clear()  # stop implies checkpoint
+                return cmd
+        return None
+
+
+def save_state(path, state):
+    """Write `state` as JSON to `path` atomically: temporary file, fsync, rename, fsync dir."""
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, (json.dumps(state, separators=(",", ":")) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def load_state(path, seed):
+    with open(path) as f:
+        s = json.load(f)
+    if s.get("format") != STATE_FORMAT or s.get("seed") != seed:
+        raise ValueError(f"{path}: not a checkpoint of this worker with seed {seed}")
+    version, internal, gauss_next = s["rng"]
+    return s["step"], s["w"], s["b"], (version, tuple(internal), gauss_next)
+
+
+def batch(seed, step, n):
+    """The batch of `step`: the same for the same (seed, step), however the run got there."""
+    g = random.Random(seed * 1000003 + step)
+    xs = [g.uniform(-1.0, 1.0) for _ in range(n)]
+    ys = [3.0 * x + 2.0 + g.gauss(0.0, 0.1) for x in xs]
+    return xs, ys
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200, help="train until this step (default 200)")
+    ap.add_argument("--ckpt-every", type=int, default=20, help="checkpoint every N steps")
+    ap.add_argument("--ckpt-dir", default=os.environ.get("RK_CKPT_DIR", ""),
+                    help="checkpoint directory (default $RK_CKPT_DIR; none: no checkpoints)")
+    ap.add_argument("--resume", action="store_true", default=os.environ.get("RK_RESUME") == "1",
+                    help="resume from the checkpoint (default: RK_RESUME=1)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sleep", type=float, default=0.01, help="seconds per step, to watch it")
+    ap.add_argument("--result", help="write {step, w, b} as JSON to this file at the end")
+    args = ap.parse_args()
+    if args.steps < 0 or args.ckpt_every < 1 or args.batch < 1:
+        ap.error("--steps must be >= 0, --ckpt-every and --batch >= 1")
+
+    rank, world = rank_world()
+    if not 0 <= rank < world:
+        print(f"rank {rank} is not below world {world}", file=sys.stderr)
+        return EXIT_USAGE
+    ckpt_path = (os.path.join(args.ckpt_dir, f"python_worker.rank{rank}.json")
+                 if args.ckpt_dir else "")
+
+    step, w, b = 0, 0.0, 0.0
+    rng = random.Random(args.seed)  # the learning-rate jitter: its state is checkpointed
+    if args.resume and ckpt_path and os.path.exists(ckpt_path):
+        try:
+            step, w, b, rng_state = load_state(ckpt_path, args.seed)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"cannot resume: {e}", file=sys.stderr)
+            return EXIT_FAIL
+        rng.setstate(rng_state)
+        print(f"resumed from {ckpt_path} at step {step}", file=sys.stderr)
+    elif args.resume:
+        print("nothing to resume from: starting at step 0", file=sys.stderr)
+
+    hb = Heartbeat(rank, world, device_for(rank), step)
+
+    saved = [step]  # the step of the newest checkpoint (a resumed run starts on one)
+
+    def checkpoint():
+        if not ckpt_path or saved[0] == step:
+            return
+        saved[0] = step
+        t0 = time.monotonic()
+        save_state(ckpt_path, {"format": STATE_FORMAT, "seed": args.seed, "step": step,
+                               "w": w, "b": b, "rng": list(rng.getstate())})
+        hb.ckpt(step, time.monotonic() - t0)
+
+    while step < args.steps:
+        t0 = time.monotonic()
+        xs, ys = batch(args.seed, step, args.batch)
+        gw = gb = loss = 0.0
+        for x, y in zip(xs, ys):
+            err = w * x + b - y
+            loss += err * err
+            gw += 2.0 * err * x
+            gb += 2.0 * err
+        n = float(len(xs))
+        lr = args.lr * (0.9 + 0.2 * rng.random())
+        w -= lr * gw / n
+        b -= lr * gb / n
+        step += 1
+        time.sleep(args.sleep)
+        hb.step(step, loss / n, time.monotonic() - t0)
+
+        cmd = hb.poll()
+        if step % args.ckpt_every == 0 or cmd is not None:
+            checkpoint()
+        if cmd == "stop":
+            hb.bye(step, "stopped")
+            print(f"stopped at step {step} on the supervisor's command", file=sys.stderr)
+            return EXIT_STOPPED
+
+    checkpoint()
+    print(f"w = {w!r}, b = {b!r} (target 3, 2)")
+    print(f"final step {step} w {w!r} b {b!r}")
+    if args.result:
+        with open(args.result, "w") as f:
+            json.dump({"step": step, "w": w, "b": b}, f)
+            f.write("\n")
+    hb.bye(step, "done")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

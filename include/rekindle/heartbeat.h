@@ -1,0 +1,199 @@
+/*
+ * The heartbeat protocol between a training worker (one process per rank) and the `rk run`
+ * supervisor. See docs/protocol.md for the protocol itself, with examples.
+ *
+ * Transport. The supervisor listens on a Unix stream socket and puts its path in the worker's
+ * environment as RK_HEARTBEAT. Each rank connects once, at start, and says hello. Both
+ * directions carry newline-delimited JSON: UTF-8, one object per line, at most
+ * RK_HB_LINE_MAX (4096) bytes per line including the newline. Unknown fields are ignored;
+ * unknown "type" or "cmd" values are errors.
+ *
+ *   worker -> supervisor ("type"): hello step comm event ckpt inject bye
+ *   supervisor -> worker ("cmd"):  checkpoint stop
+ *
+ * Client (worker side). rk_hb_open connects and sends hello; with RK_HEARTBEAT unset (or
+ * empty) there is no supervisor: the handle is NULL and every other call is a no-op on NULL.
+ * Each send formats one whole line (rk_hb_msg_format) and writes it with
+ * send(..., MSG_NOSIGNAL): never SIGPIPE; EINTR and short writes are retried; a send blocks
+ * while the supervisor's socket buffer is full. A mutex keeps lines from two threads apart.
+ * When the supervisor has gone (a send fails, or rk_hb_poll reads end of file) the handle
+ * turns dead: that call (or the next, see rk_hb_poll) returns RK_EIO with a message
+ * (rk_hb_error), and every later call is a silent no-op returning RK_OK. Whether to carry on
+ * without a supervisor is the caller's choice. A send with a bad argument returns RK_EINVAL,
+ * sends nothing and leaves the handle alive.
+ *
+ * Parser (supervisor side). rk_hb_msg_parse and rk_hb_cmd_parse take one line without its
+ * newline and check every field; rk_hb_lines splits a connection's byte stream into lines.
+ * Errors are RK_EFORMAT with one line naming the field:
+ *   heartbeat message: field "step": expected an integer >= 0
+ *
+ * Exit statuses of a worker (RK_EXIT_*) are part of the protocol: the supervisor decides
+ * what to do next from them.
+ */
+#ifndef REKINDLE_HEARTBEAT_H
+#define REKINDLE_HEARTBEAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RK_HB_ENV "RK_HEARTBEAT" /* the socket path's environment variable */
+#define RK_HB_VERSION 1          /* "v" in hello */
+#define RK_HB_LINE_MAX 4096      /* bytes per line, newline included */
+#define RK_HB_RANK_MAX 65535     /* ranks are 0..65535, world 1..65536 */
+#define RK_HB_DETAIL_MAX 512     /* bytes of an event's detail */
+
+/* Worker exit statuses. */
+#define RK_EXIT_OK 0      /* finished (bye "done") */
+#define RK_EXIT_FAIL 1    /* failed: the job's fault or an unexpected error */
+#define RK_EXIT_USAGE 2   /* bad usage or bad input: relaunching will not help */
+#define RK_EXIT_COMM 3    /* communication failure (a peer rank or the link died) */
+#define RK_EXIT_STOPPED 4 /* stopped on command ("stop"), checkpoint saved (bye "stopped") */
+#define RK_EXIT_GUARD 5   /* a guard tripped and could not recover in-process */
+
+/* ---- messages --------------------------------------------------------------------------- */
+
+typedef enum {
+    RK_HB_HELLO,
+    RK_HB_STEP,
+    RK_HB_COMM,
+    RK_HB_EVENT,
+    RK_HB_CKPT,
+    RK_HB_INJECT,
+    RK_HB_BYE
+} rk_hb_type;
+
+/* One worker message. Fields a type does not carry are 0 / "" (blame 0 too).
+ *
+ *   type    fields (besides type, rank)           ranges
+ *   hello   version world pid device step         version >= 1, world 1..65536, rank < world,
+ *                                                 pid >= 1, device <= 63 bytes (may be "")
+ *   step    step loss(+loss_finite) dt            loss any finite number or null, dt >= 0
+ *   comm    step
+ *   event   step kind blame action lost_steps     kind, action: [a-z_]{1,31}; blame -1..65535
+ *           detail                                (-1 unknown); lost_steps >= 0; detail <= 512
+ *                                                 bytes, may be absent (= "")
+ *   ckpt    step seconds                          seconds >= 0
+ *   inject  step index kind                       index >= 0, kind [a-z_]{1,31}
+ *   bye     step status                           status "done" or "stopped"
+ *
+ * Always: rank 0..65535, step >= 0; numbers finite; strings valid UTF-8 without control
+ * characters (U+0000-U+001F, U+007F-U+009F). A null loss (sent for NaN or infinity) reads as
+ * loss = NAN, loss_finite = false. */
+typedef struct rk_hb_msg {
+    rk_hb_type type;
+    int rank, world, blame, index, version;
+    long pid;
+    int64_t step, lost_steps;
+    double loss, dt, seconds;
+    bool loss_finite;
+    char device[64], kind[32], action[32], status[16], detail[RK_HB_DETAIL_MAX + 1];
+} rk_hb_msg;
+
+/* Parse one line (without its newline; need not be NUL-terminated) into *m. RK_EFORMAT with a
+ * message naming the field for anything but a valid message; *m is then unspecified. */
+int rk_hb_msg_parse(const char *line, size_t len, rk_hb_msg *m, rk_err *err);
+
+/* The line for *m, newline included, NUL-terminated, into line[cap] (RK_HB_LINE_MAX always
+ * suffices); its length without the NUL to *len (may be NULL). Fields in the documented
+ * order; numbers in the shortest form that reads back to the same double; loss null unless
+ * loss_finite. RK_EINVAL, with the same message the parser would give, if *m breaks a rule
+ * above, so that whatever this writes rk_hb_msg_parse reads back equal (in every field the
+ * type carries; the others are not written and read back as 0); RK_EINVAL if cap is too
+ * small. */
+int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk_err *err);
+
+/* "hello", "step", ...; "?" for a value outside the enum. */
+const char *rk_hb_type_name(rk_hb_type t);
+
+/* ---- commands --------------------------------------------------------------------------- */
+
+typedef enum { RK_HB_CMD_NONE, RK_HB_CMD_CHECKPOINT, RK_HB_CMD_STOP } rk_hb_cmd;
+
+/* Parse one supervisor line ({"cmd":"checkpoint"} or {"cmd":"stop"}; other fields ignored).
+ * RK_EFORMAT naming the field otherwise. */
+int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err);
+
+/* ---- line splitter ---------------------------------------------------------------------- */
+
+/* Splits one connection's bytes into lines. Zero-initialise (or memset) before the first
+ * feed: rk_hb_lines b = {0}. */
+typedef struct rk_hb_lines {
+    char buf[RK_HB_LINE_MAX];
+    size_t used; /* bytes of an incomplete line held in buf */
+} rk_hb_lines;
+
+/* Feed n bytes; call on_line(ctx, line, len) for each complete line, without its newline and
+ * NUL-terminated at len (a stray NUL byte inside the line stays: trust len). The tail of an
+ * incomplete line is kept for the next feed. A line longer than RK_HB_LINE_MAX bytes with
+ * its newline is RK_EFORMAT (the splitter is reset; the rest of this feed is dropped; the
+ * stream cannot be trusted after it: close the connection). A nonzero return of on_line
+ * stops the feed (the bytes after that line are dropped) and is returned. */
+int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,
+                     int (*on_line)(void *ctx, const char *line, size_t len), void *ctx,
+                     rk_err *err);
+
+/* ---- client ----------------------------------------------------------------------------- */
+
+typedef struct rk_hb rk_hb;
+
+/* Connect to $RK_HEARTBEAT and send hello (version RK_HB_VERSION, this process's pid).
+ * RK_HEARTBEAT unset or empty: *out = NULL and RK_OK. RK_EINVAL for a bad argument (rank
+ * 0..65535 below world, world 1..65536, start_step >= 0, device NULL (= "") or <= 63 bytes
+ * of UTF-8 without control characters) or a path too long for a Unix socket; RK_EIO naming
+ * the path if it cannot connect or send; RK_ENOMEM. On failure *out = NULL. */
+int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
+               rk_err *err);
+
+/* After step `step` was applied: its loss (NaN or infinite is sent as null) and the seconds
+ * it took (>= 0, finite). */
+int rk_hb_step(rk_hb *h, int64_t step, double loss, double dt_s);
+
+/* About to enter the gradient collective of `step`. */
+int rk_hb_comm(rk_hb *h, int64_t step);
+
+/* A guard trip or suspicion at `step`: kind and action are words [a-z_]{1,31}; blame is the
+ * rank held responsible (-1 unknown); lost_steps >= 0. `detail` (NULL = "") is free text: it
+ * is cleaned, not refused: control characters and bytes that are not UTF-8 become '?', and
+ * it is cut to 512 bytes on a character boundary. */
+int rk_hb_event(rk_hb *h, int64_t step, const char *kind, int blame, const char *action,
+                int64_t lost_steps, const char *detail);
+
+/* A checkpoint of `step` is durable; it took `seconds` (>= 0, finite). */
+int rk_hb_ckpt(rk_hb *h, int64_t step, double seconds);
+
+/* Injected fault number `index` (>= 0) of kind `kind` ([a-z_]{1,31}) is about to fire. The
+ * line is on the socket when this returns. */
+int rk_hb_inject(rk_hb *h, int64_t step, int index, const char *kind);
+
+/* The worker is leaving: status "done" or "stopped". */
+int rk_hb_bye(rk_hb *h, int64_t step, const char *status);
+
+/* Read, without blocking, whatever commands arrived and return the most urgent pending one
+ * (stop > checkpoint > none) in *cmd and RK_OK. Returning a command consumes all pending
+ * ones (stop implies checkpoint). A line that is not a valid command: RK_EFORMAT (message
+ * in rk_hb_error), *cmd = NONE, the handle stays alive and valid commands stay pending for
+ * the next call. End of file: the handle turns dead; a command that arrived before it is
+ * still returned (RK_OK), and RK_EIO comes on the next call. NULL h: NONE and RK_OK. */
+int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd);
+
+/* 1 while connected, 0 when dead or NULL. */
+int rk_hb_alive(rk_hb *h);
+
+/* The last failure a call on h returned (code and message) into *err; returns its code,
+ * RK_OK (empty message) if none. */
+int rk_hb_error(rk_hb *h, rk_err *err);
+
+/* Close the connection and free. NULL-safe. Does not send bye. */
+void rk_hb_close(rk_hb *h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,231 @@
+/*
+ * The supervisor's ledger (supervisor.h): every incident as one JSON line in the events file,
+ * the time of each applied step for goodput, and the closing summary (JSON and text).
+ * Relies on jansson for JSON and rekindle/fileio.h for the atomic summary file.
+ */
+#include "supervisor/supervisor.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rekindle/fileio.h"
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
+{
+    memset(g, 0, sizeof *g);
+    g->t0 = mono();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    g->wall0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    g->first_step = -1;
+    if (events_path && !(g->events = fopen(events_path, "a")))
+        return rk_err_set(err, RK_EIO, "--events %s: %s", events_path, strerror(errno));
+    return RK_OK;
+}
+
+void rk_ledger_close(rk_ledger *g)
+{
+    if (g->events)
+        fclose(g->events);
+    free(g->inc);
+    free(g->dt);
+    memset(g, 0, sizeof *g);
+}
+
+double rk_ledger_now(const rk_ledger *g)
+{
+    return mono() - g->t0;
+}
+
+rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
+                           const char *action, const char *fmt, ...)
+{
+    if (g->ninc == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 64;
+        rk_incident *p = realloc(g->inc, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        g->inc = p;
+        g->cap = cap;
+    }
+    rk_incident *i = &g->inc[g->ninc++];
+    memset(i, 0, sizeof *i);
+    i->t = rk_ledger_now(g);
+    snprintf(i->kind, sizeof i->kind, "%s", kind);
+    i->rank = rank;
+    snprintf(i->device, sizeof i->device, "%s", device ? device : "");
+    snprintf(i->action, sizeof i->action, "%s", action);
+    i->lost_steps = -1;
+    i->recovery_s = -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(i->detail, sizeof i->detail, fmt, ap);
+    va_end(ap);
+    return i;
+}
+
+static json_t *incident_json(const rk_ledger *g, const rk_incident *i)
+{
+    double at = g->wall0 + i->t;
+    time_t wall = (time_t)at;
+    char iso[40], frac[8];
+    struct tm tm;
+    gmtime_r(&wall, &tm);
+    strftime(iso, 24, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(frac, sizeof frac, ".%03dZ", (int)((at - (double)wall) * 1000) % 1000);
+    strcat(iso, frac);
+    json_t *j = json_object();
+    json_object_set_new(j, "time", json_string(iso));
+    json_object_set_new(j, "t", json_real(round(i->t * 1000) / 1000));
+    json_object_set_new(j, "kind", json_string(i->kind));
+    json_object_set_new(j, "rank", i->rank >= 0 ? json_integer(i->rank) : json_null());
+    json_object_set_new(j, "device", i->device[0] ? json_string(i->device) : json_null());
+    json_object_set_new(j, "action", json_string(i->action));
+    json_object_set_new(j, "lost_steps",
+                        i->lost_steps >= 0 ? json_integer(i->lost_steps) : json_null());
+    json_object_set_new(j, "recovery_s",
+                        i->recovery_s >= 0 ? json_real(round(i->recovery_s * 1000) / 1000)
+                                           : json_null());
+    json_object_set_new(j, "detail", json_string(i->detail));
+    return j;
+}
+
+void rk_ledger_write(rk_ledger *g, const rk_incident *i)
+{
+    if (!g->events)
+        return;
+    json_t *j = incident_json(g, i);
+    char *line = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    json_decref(j);
+    if (!line)
+        return;
+    fprintf(g->events, "%s\n", line);
+    free(line);
+    fflush(g->events);
+    fsync(fileno(g->events));
+}
+
+void rk_ledger_step(rk_ledger *g, int64_t k, double dt)
+{
+    if (k < 1 || !(dt >= 0) || !isfinite(dt))
+        return;
+    if (k > g->capdt) {
+        int64_t cap = g->capdt ? g->capdt : 1024;
+        while (cap < k)
+            cap *= 2;
+        double *p = realloc(g->dt, (size_t)cap * sizeof *p);
+        if (!p)
+            return;
+        for (int64_t q = g->capdt; q < cap; q++)
+            p[q] = 0.0;
+        g->dt = p;
+        g->capdt = cap;
+    }
+    g->dt[k - 1] = dt;
+    if (k > g->ndt)
+        g->ndt = k;
+}
+
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Incidents that are failures (not injections or kept spikes). */
+static int is_incident(const rk_incident *i)
+{
+    return strcmp(i->kind, "inject") != 0;
+}
+
+int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_step,
+                      int final_ranks, const char *outcome, rk_err *err)
+{
+    double wall = rk_ledger_now(g), productive = 0.0;
+    int64_t from = g->first_step > 0 ? g->first_step : 0;
+    for (int64_t k = from + 1; k <= final_step && k <= g->ndt; k++)
+        productive += g->dt[k - 1];
+    double *rec = malloc((g->ninc ? g->ninc : 1) * sizeof *rec);
+    size_t nrec = 0;
+    json_t *by_kind = json_object();
+    for (size_t q = 0; q < g->ninc; q++) {
+        const rk_incident *i = &g->inc[q];
+        if (!is_incident(i))
+            continue;
+        json_t *c = json_object_get(by_kind, i->kind);
+        json_object_set_new(by_kind, i->kind, json_integer(c ? json_integer_value(c) + 1 : 1));
+        if (rec && i->recovery_s >= 0)
+            rec[nrec++] = i->recovery_s;
+    }
+    double med = -1, max = -1;
+    if (rec && nrec) {
+        qsort(rec, nrec, sizeof *rec, dbl_cmp);
+        med = nrec % 2 ? rec[nrec / 2] : 0.5 * (rec[nrec / 2 - 1] + rec[nrec / 2]);
+        max = rec[nrec - 1];
+    }
+    free(rec);
+    double goodput = wall > 0 ? productive / wall : 0.0;
+    json_t *j = json_object();
+    json_object_set_new(j, "outcome", json_string(outcome));
+    json_object_set_new(j, "wall_s", json_real(wall));
+    json_object_set_new(j, "productive_s", json_real(productive));
+    json_object_set_new(j, "goodput", json_real(goodput));
+    json_object_set_new(j, "steps", json_integer(final_step));
+    json_object_set_new(j, "first_step", json_integer(from));
+    json_object_set_new(j, "final_ranks", json_integer(final_ranks));
+    json_object_set_new(j, "restarts", json_integer(g->restarts));
+    json_object_set_new(j, "quarantined", json_integer(g->quarantined));
+    json_object_set_new(j, "injected_faults", json_integer(g->injected));
+    json_object_set_new(j, "incidents", by_kind);
+    json_object_set_new(j, "recovery_median_s", med >= 0 ? json_real(med) : json_null());
+    json_object_set_new(j, "recovery_max_s", max >= 0 ? json_real(max) : json_null());
+    int rc = RK_OK;
+    if (path) {
+        char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+        if (!text) {
+            rc = rk_err_set(err, RK_ENOMEM, "summary: cannot encode JSON");
+        } else {
+            size_t len = strlen(text);
+            text[len] = '\n';
+            rc = rk_file_write_atomic(path, text, len + 1, err);
+            free(text);
+        }
+    }
+    if (out) {
+        fprintf(out, "rk run: %s: %lld steps on %d rank%s in %.1f s; goodput %.3f "
+                     "(%.1f s productive)\n",
+                outcome, (long long)final_step, final_ranks, final_ranks == 1 ? "" : "s", wall,
+                goodput, productive);
+        fprintf(out, "rk run: %d restart%s, %d device%s quarantined, %d fault%s injected",
+                g->restarts, g->restarts == 1 ? "" : "s", g->quarantined,
+                g->quarantined == 1 ? "" : "s", g->injected, g->injected == 1 ? "" : "s");
+        if (med >= 0)
+            fprintf(out, ", recovery median %.2f s max %.2f s", med, max);
+        fprintf(out, "\n");
+        const char *key;
+        json_t *v;
+        int first = 1;
+        json_object_foreach(by_kind, key, v) {
+            fprintf(out, "%s%s %lld", first ? "rk run: incidents: " : ", ", key,
+                    (long long)json_integer_value(v));
+            first = 0;
+        }
+        if (!first)
+            fprintf(out, "\n");
+    }
+    json_decref(j);
+    return rc;
+}

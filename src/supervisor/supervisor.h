@@ -1,0 +1,109 @@
+/*
+ * The supervisor behind `rk run` (layer 3 of DESIGN.md): launches the ranks of a training job
+ * through an existing launcher, watches their heartbeats (rekindle/heartbeat.h) and exits,
+ * classifies each failure, relaunches from the latest good checkpoint, quarantines devices
+ * that keep failing and shrinks the job onto the rest, and keeps the ledger (events, goodput).
+ * Pieces: launch.c (argv for mpirun or srun, fork/exec, kill), watch.c (the loop), ledger.c
+ * (events file, summary JSON, the closing summary).
+ */
+#ifndef RK_SUPERVISOR_H
+#define RK_SUPERVISOR_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "rekindle/error.h"
+
+#define RK_SUP_MAX_DEVICES 256
+
+typedef enum rk_launcher { RK_LAUNCH_MPIRUN, RK_LAUNCH_SRUN } rk_launcher;
+
+typedef struct rk_sup_opts {
+    int n;                      /* ranks to start with */
+    const char *devices[RK_SUP_MAX_DEVICES]; /* device ids, at least n */
+    int ndevices;
+    const char *ckpt_dir;       /* RK_CKPT_DIR for the workers; NULL: none */
+    double hb_timeout_s;        /* a rank silent this long is hung */
+    double startup_timeout_s;   /* from launch to every rank's hello */
+    int failure_threshold;      /* failures that quarantine a device */
+    int max_restarts;
+    int min_ranks;
+    const char *inject;         /* fault spec (already checked) or NULL */
+    const char *events_path;    /* NULL: no events file */
+    const char *summary_path;   /* NULL: no summary file */
+    rk_launcher launcher;
+    char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
+    char *const *worker;        /* WORKER ARGS..., NULL-terminated */
+    int quiet;                  /* no live status lines */
+} rk_sup_opts;
+
+/* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
+ * could not (out of restarts, below --min-ranks, a worker error that relaunching cannot fix),
+ * 2 a worker said its usage or input is bad, 130 interrupted. Says what happened on stderr. */
+int rk_sup_run(const rk_sup_opts *o);
+
+/* ---- launch.c ---------------------------------------------------------------------------- */
+
+typedef struct rk_launch {
+    pid_t pid;  /* the launcher process, leader of its own process group */
+    int exited; /* reaped */
+    int status; /* wait status once exited */
+} rk_launch;
+
+/* Start the launcher for `n` ranks of `worker` with `env` (NAME=VALUE strings, NULL-ended)
+ * added to this process's environment. argv is built here, never a shell string. */
+int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
+                    char *const *worker, char *const *env, rk_err *err);
+/* Reap without blocking: 1 once exited (l->status set), else 0. */
+int rk_launch_poll(rk_launch *l);
+/* Tear down: SIGTERM to the launcher's process group, up to `grace_s` for it to exit, then
+ * SIGKILL to the group; reaps. The ranks' own pids are the caller's to kill as well. */
+void rk_launch_kill(rk_launch *l, double grace_s);
+/* The launcher's argv for a printout (static storage, for messages). */
+const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
+                               char *const *worker, char *buf, size_t cap);
+
+/* ---- ledger.c ---------------------------------------------------------------------------- */
+
+typedef struct rk_incident {
+    double t;                 /* seconds since the supervisor started */
+    char kind[32];            /* crash, hang, commfail, guard_failed, nan, grad_outlier, ... */
+    int rank;                 /* -1 unknown */
+    char device[64];          /* "" unknown */
+    char action[32];          /* relaunch, redo, rollback, quarantine, stop, ... */
+    int64_t lost_steps;       /* -1 unknown */
+    double recovery_s;        /* -1 unknown */
+    char detail[256];
+} rk_incident;
+
+typedef struct rk_ledger {
+    FILE *events;             /* NULL: none */
+    double t0;                /* monotonic start */
+    double wall0;             /* the same instant, seconds since the epoch */
+    rk_incident *inc;         /* every incident, for the summary */
+    size_t ninc, cap;
+    double *dt;               /* seconds of the applied step k (index k-1), final lineage */
+    int64_t ndt, capdt;
+    int64_t first_step;       /* the step the job began from */
+    int restarts, quarantined;
+    int injected;
+} rk_ledger;
+
+int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err);
+void rk_ledger_close(rk_ledger *g);
+double rk_ledger_now(const rk_ledger *g);
+/* Record an incident (written to the events file when final: see rk_ledger_write). */
+rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
+                           const char *action, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* Write one incident's line to the events file (fsync'ed per line: a crash of the supervisor
+ * keeps what was written). */
+void rk_ledger_write(rk_ledger *g, const rk_incident *i);
+/* Step k (1-based: steps done) took dt seconds; a replay overwrites. */
+void rk_ledger_step(rk_ledger *g, int64_t k, double dt);
+/* Summary JSON to `path` (atomic) and the human summary to `out`. */
+int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_step,
+                      int final_ranks, const char *outcome, rk_err *err);
+
+#endif

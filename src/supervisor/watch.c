@@ -1,0 +1,702 @@
+/*
+ * The supervisor's loop (supervisor.h): one listening Unix socket for heartbeats, one launch
+ * at a time. Each launch is watched with poll() on the socket, the ranks' connections and a
+ * 100 ms tick, until the job finishes, a failure is classified (crash, hang, communication
+ * failure, guard gave up) and the job is torn down and relaunched, or the job cannot go on.
+ */
+#include "supervisor/supervisor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rekindle/heartbeat.h"
+#include "rekindle/inject.h"
+
+#define MAX_CONNS 1024
+#define TICK_MS 100
+#define CRASH_GRACE_S 2.0 /* after a rank vanishes, how long the launcher may take to exit */
+
+typedef struct conn {
+    int fd;
+    int rank; /* -1 until hello */
+    long pid;
+    rk_hb_lines lines;
+    double last; /* time of the last message */
+    int64_t done; /* steps done */
+    int64_t progress; /* 2 x steps done, +1 while in the step's collective */
+    int bye;
+    char status[16];
+} conn;
+
+typedef enum outcome { GO_ON, FINISHED, RELAUNCH, GIVE_UP, BAD_USAGE, INTERRUPTED } outcome;
+
+typedef struct sup {
+    const rk_sup_opts *o;
+    rk_ledger g;
+    rk_inject *spec;
+    int listen_fd;
+    char dir[64], sock[96];
+    int fails[RK_SUP_MAX_DEVICES];
+    int quarantined[RK_SUP_MAX_DEVICES];
+    unsigned char *fired; /* fixed faults that already fired */
+    /* this launch */
+    int n, launch_no;
+    int dev[RK_SUP_MAX_DEVICES]; /* rank -> index into o->devices */
+    rk_launch l;
+    double t_launch;
+    conn c[MAX_CONNS];
+    int nconn, hellos;
+    int64_t start_step;  /* resume step of this launch (rank 0's hello) */
+    int64_t last_done;   /* most steps done by any rank, across launches */
+    double loss;
+    int first_step_seen;
+    /* a failure seen in this launch, to classify once the launcher has exited */
+    int failing;
+    char fkind[32];
+    int frank;
+    double ftime;
+    char fdetail[200];
+    int stop_sent;
+    int quarantine_stop; /* stop sent to shrink the job */
+    /* incidents waiting for the job to be back at work (index into g.inc) */
+    size_t pending[64];
+    int npending;
+    int64_t pending_last_done;
+    double last_status;
+} sup;
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupted++;
+}
+
+static void say(const sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const sup *s, const char *fmt, ...)
+{
+    (void)s;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rk run: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+static const char *devname(const sup *s, int rank)
+{
+    if (rank < 0 || rank >= s->n)
+        return "";
+    return s->o->devices[s->dev[rank]];
+}
+
+/* ---- incidents ----------------------------------------------------------------------------- */
+
+static void count_failure(sup *s, int rank, const char *why);
+
+/* An incident whose recovery is measured when the job next applies a step. */
+static void pend(sup *s, rk_incident *i)
+{
+    if (!i)
+        return;
+    size_t idx = (size_t)(i - s->g.inc);
+    if (s->npending < 64)
+        s->pending[s->npending++] = idx;
+    else
+        rk_ledger_write(&s->g, i);
+}
+
+static void resolve_pending(sup *s, int64_t resumed_from)
+{
+    double now = rk_ledger_now(&s->g);
+    for (int k = 0; k < s->npending; k++) {
+        rk_incident *i = &s->g.inc[s->pending[k]];
+        i->recovery_s = now - i->t;
+        if (i->lost_steps < 0 && resumed_from >= 0)
+            i->lost_steps = s->pending_last_done > resumed_from ? s->pending_last_done - resumed_from
+                                                                : 0;
+        rk_ledger_write(&s->g, i);
+    }
+    s->npending = 0;
+}
+
+static void flush_pending(sup *s)
+{
+    for (int k = 0; k < s->npending; k++)
+        rk_ledger_write(&s->g, &s->g.inc[s->pending[k]]);
+    s->npending = 0;
+}
+
+static void send_all(sup *s, const char *line)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].fd >= 0 && !s->c[k].bye)
+            (void)send(s->c[k].fd, line, strlen(line), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+static void count_failure(sup *s, int rank, const char *why)
+{
+    if (rank < 0 || rank >= s->n)
+        return;
+    int d = s->dev[rank];
+    s->fails[d]++;
+    if (s->fails[d] < s->o->failure_threshold || s->quarantined[d])
+        return;
+    s->quarantined[d] = 1;
+    s->g.quarantined++;
+    rk_incident *i = rk_ledger_add(&s->g, "quarantine", rank, s->o->devices[d], "quarantine",
+                                   "device %s failed %d times (last: %s); set aside",
+                                   s->o->devices[d], s->fails[d], why);
+    if (i) {
+        i->lost_steps = 0;
+        rk_ledger_write(&s->g, i);
+    }
+    say(s, "device %s quarantined after %d failures (last: %s)", s->o->devices[d], s->fails[d],
+        why);
+    if (!s->failing && !s->stop_sent) { /* the job is healthy: stop it cleanly to shrink */
+        send_all(s, "{\"cmd\":\"stop\"}\n");
+        s->stop_sent = 1;
+        s->quarantine_stop = 1;
+    }
+}
+
+static void fail(sup *s, const char *kind, int rank, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fail(sup *s, const char *kind, int rank, const char *fmt, ...)
+{
+    if (s->failing)
+        return;
+    s->failing = 1;
+    snprintf(s->fkind, sizeof s->fkind, "%s", kind);
+    s->frank = rank;
+    s->ftime = rk_ledger_now(&s->g);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->fdetail, sizeof s->fdetail, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- messages ------------------------------------------------------------------------------ */
+
+static conn *by_rank(sup *s, int rank)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].rank == rank)
+            return &s->c[k];
+    return NULL;
+}
+
+static void on_event(sup *s, const rk_hb_msg *m)
+{
+    int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
+    int counted = strcmp(m->kind, "spike_kept") != 0 && strcmp(m->kind, "loss_spike") != 0;
+    rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, devname(s, blame), m->action,
+                                   "step %lld: %s", (long long)m->step, m->detail);
+    if (i)
+        i->lost_steps = m->lost_steps;
+    say(s, "step %lld: %s on rank %d%s%s -> %s (in-process, no restart)", (long long)m->step,
+        m->kind, blame, blame >= 0 ? " device " : "", devname(s, blame), m->action);
+    pend(s, i);
+    if (counted && blame >= 0)
+        count_failure(s, blame, m->kind);
+}
+
+static void on_inject(sup *s, const rk_hb_msg *m)
+{
+    s->g.injected++;
+    size_t idx = (size_t)m->index;
+    if (s->spec && idx < rk_inject_count(s->spec) && rk_inject_get(s->spec, idx)->mtbf_s <= 0)
+        s->fired[idx] = 1;
+    rk_incident *i = rk_ledger_add(&s->g, "inject", m->rank, devname(s, m->rank), "none",
+                                   "injected fault %d (%s) at step %lld (simulated)", m->index,
+                                   m->kind, (long long)m->step);
+    if (i) {
+        i->lost_steps = 0;
+        rk_ledger_write(&s->g, i);
+    }
+}
+
+static int on_line(void *ctx, const char *line, size_t len)
+{
+    void **pair = ctx;
+    sup *s = pair[0];
+    conn *c = pair[1];
+    rk_hb_msg m;
+    rk_err err = {0};
+    if (rk_hb_msg_parse(line, len, &m, &err)) {
+        say(s, "ignored a bad heartbeat message%s: %s", c->rank >= 0 ? " from a rank" : "",
+            err.msg);
+        return 0;
+    }
+    double now = rk_ledger_now(&s->g);
+    if (m.type == RK_HB_HELLO) {
+        if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || by_rank(s, m.rank)) {
+            say(s, "ignored a hello for rank %d of %d (this launch has %d ranks)", m.rank,
+                m.world, s->n);
+            return 0;
+        }
+        c->rank = m.rank;
+        c->pid = m.pid;
+        c->last = now;
+        c->done = m.step;
+        c->progress = 2 * m.step;
+        s->hellos++;
+        if (m.rank == 0)
+            s->start_step = m.step;
+        if (s->g.first_step < 0 && m.rank == 0)
+            s->g.first_step = m.step;
+        return 0;
+    }
+    if (c->rank < 0 || m.rank != c->rank) {
+        say(s, "ignored a %s message before hello or from another rank", rk_hb_type_name(m.type));
+        return 0;
+    }
+    c->last = now;
+    switch (m.type) {
+    case RK_HB_STEP:
+        c->done = m.step;
+        c->progress = 2 * m.step;
+        if (m.step > s->last_done)
+            s->last_done = m.step;
+        if (c->rank == 0) {
+            rk_ledger_step(&s->g, m.step, m.dt);
+            s->loss = m.loss_finite ? m.loss : NAN;
+            if (s->npending)
+                resolve_pending(s, s->first_step_seen ? -1 : s->start_step);
+            s->first_step_seen = 1;
+        }
+        break;
+    case RK_HB_COMM: c->progress = 2 * m.step + 1; break;
+    case RK_HB_EVENT:
+        if (!s->failing)
+            on_event(s, &m);
+        break;
+    case RK_HB_INJECT: on_inject(s, &m); break;
+    case RK_HB_CKPT: break;
+    case RK_HB_BYE:
+        c->bye = 1;
+        snprintf(c->status, sizeof c->status, "%s", m.status);
+        break;
+    case RK_HB_HELLO: break;
+    }
+    return 0;
+}
+
+static void drop_conn(sup *s, conn *c, const char *why)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
+        fail(s, "crash", c->rank, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
+             devname(s, c->rank), c->pid, why, (long long)c->done);
+}
+
+/* Read what is there; 1 if bytes were read (more may follow), 0 if none or closed. */
+static int read_conn(sup *s, conn *c)
+{
+    char buf[8192];
+    ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    if (r <= 0) {
+        drop_conn(s, c, "vanished without saying bye");
+        return 0;
+    }
+    void *pair[2] = {s, c};
+    rk_err err = {0};
+    if (rk_hb_lines_feed(&c->lines, buf, (size_t)r, on_line, pair, &err) == RK_EFORMAT) {
+        say(s, "closing a heartbeat connection: %s", err.msg);
+        drop_conn(s, c, "broke the heartbeat protocol");
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- one launch ---------------------------------------------------------------------------- */
+
+static int start_launch(sup *s, rk_err *err)
+{
+    memset(&s->l, 0, sizeof s->l);
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].fd >= 0)
+            close(s->c[k].fd);
+    s->nconn = s->hellos = 0;
+    s->failing = s->stop_sent = s->quarantine_stop = 0;
+    s->first_step_seen = 0;
+    s->start_step = -1;
+    static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
+        env_done[8192];
+    const char *env[8];
+    int e = 0;
+    snprintf(env_hb, sizeof env_hb, "RK_HEARTBEAT=%s", s->sock);
+    env[e++] = env_hb;
+    size_t used = (size_t)snprintf(env_dev, sizeof env_dev, "RK_DEVICES=");
+    for (int r = 0; r < s->n && used < sizeof env_dev; r++)
+        used += (size_t)snprintf(env_dev + used, sizeof env_dev - used, r ? ",%s" : "%s",
+                                 s->o->devices[s->dev[r]]);
+    env[e++] = env_dev;
+    snprintf(env_launch, sizeof env_launch, "RK_LAUNCH=%d", s->launch_no);
+    env[e++] = env_launch;
+    if (s->o->ckpt_dir) {
+        snprintf(env_dir, sizeof env_dir, "RK_CKPT_DIR=%s", s->o->ckpt_dir);
+        env[e++] = env_dir;
+        env[e++] = "RK_RESUME=1";
+    }
+    if (s->o->inject) {
+        snprintf(env_inj, sizeof env_inj, "RK_INJECT=%s", s->o->inject);
+        env[e++] = env_inj;
+        used = (size_t)snprintf(env_done, sizeof env_done, "RK_INJECT_DONE=");
+        int any = 0;
+        for (size_t i = 0; i < rk_inject_count(s->spec) && used + 24 < sizeof env_done; i++)
+            if (s->fired[i]) {
+                used += (size_t)snprintf(env_done + used, sizeof env_done - used,
+                                         any ? ",%zu" : "%zu", i);
+                any = 1;
+            }
+        if (any)
+            env[e++] = env_done;
+    }
+    env[e] = NULL;
+    s->t_launch = rk_ledger_now(&s->g);
+    return rk_launch_start(&s->l, s->o->launcher, s->o->launcher_args, s->n, s->o->worker,
+                           (char *const *)env, err);
+}
+
+/* Kill whatever is left of this launch: the launcher's group and every rank we know. */
+static void teardown(sup *s, double grace)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].pid > 1 && grace == 0)
+            kill((pid_t)s->c[k].pid, SIGKILL);
+    rk_launch_kill(&s->l, grace);
+    for (int k = 0; k < s->nconn; k++) {
+        if (s->c[k].pid > 1)
+            kill((pid_t)s->c[k].pid, SIGKILL);
+        if (s->c[k].fd >= 0)
+            close(s->c[k].fd);
+        s->c[k].fd = -1;
+    }
+}
+
+/* Ranks that made the least progress (a hang's suspects); the first into *rank. */
+static int stuck_ranks(sup *s, int *rank, char *who, size_t cap)
+{
+    int64_t least = INT64_MAX, most = -1;
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].rank >= 0) {
+            if (s->c[k].progress < least)
+                least = s->c[k].progress;
+            if (s->c[k].progress > most)
+                most = s->c[k].progress;
+        }
+    *rank = -1;
+    size_t used = 0;
+    who[0] = '\0';
+    int count = 0;
+    for (int r = 0; r < s->n; r++) {
+        conn *c = by_rank(s, r);
+        if (!c || (c->progress == least && least < most)) {
+            if (*rank < 0)
+                *rank = r;
+            count++;
+            if (used + 16 < cap)
+                used += (size_t)snprintf(who + used, cap - used, used ? ",%d" : "%d", r);
+        }
+    }
+    return count;
+}
+
+static void check_timeouts(sup *s)
+{
+    double now = rk_ledger_now(&s->g);
+    if (s->failing)
+        return;
+    if (s->hellos < s->n) {
+        if (now - s->t_launch > s->o->startup_timeout_s) {
+            int r;
+            char who[256];
+            stuck_ranks(s, &r, who, sizeof who);
+            fail(s, "hang", r, "rank %s did not start within %.0f s", who,
+                 s->o->startup_timeout_s);
+        }
+        return;
+    }
+    for (int k = 0; k < s->nconn; k++) {
+        conn *c = &s->c[k];
+        if (c->rank < 0 || c->bye || now - c->last <= s->o->hb_timeout_s)
+            continue;
+        int r;
+        char who[256];
+        int nstuck = stuck_ranks(s, &r, who, sizeof who);
+        conn *sc = r >= 0 ? by_rank(s, r) : c;
+        if (nstuck == 0 || r < 0) {
+            r = c->rank;
+            snprintf(who, sizeof who, "%d", r);
+        }
+        fail(s, "hang", nstuck == s->n ? -1 : r,
+             "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
+             devname(s, r), now - (sc ? sc->last : c->last), (long long)(sc ? sc->done : c->done),
+             nstuck < s->n ? "; the other ranks wait for it" : "");
+        return;
+    }
+}
+
+static void status_line(sup *s)
+{
+    double now = rk_ledger_now(&s->g);
+    if (s->o->quiet || now - s->last_status < 10.0)
+        return;
+    s->last_status = now;
+    say(s, "%.0f s: step %lld, loss %.4f, %d ranks, %d restarts", now, (long long)s->last_done,
+        s->loss, s->n, s->g.restarts);
+}
+
+/* Watch one launch until it ends; returns what to do next. */
+static outcome watch(sup *s)
+{
+    for (;;) {
+        if (interrupted && !s->stop_sent) {
+            say(s, "interrupted: asking the ranks to checkpoint and stop");
+            send_all(s, "{\"cmd\":\"stop\"}\n");
+            s->stop_sent = 1;
+        }
+        if (interrupted > 1) {
+            teardown(s, 0);
+            return INTERRUPTED;
+        }
+        struct pollfd p[MAX_CONNS + 1];
+        int np = 0;
+        p[np++] = (struct pollfd){s->listen_fd, POLLIN, 0};
+        int map[MAX_CONNS];
+        for (int k = 0; k < s->nconn; k++)
+            if (s->c[k].fd >= 0) {
+                map[np - 1] = k;
+                p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
+            }
+        int r = poll(p, (nfds_t)np, TICK_MS);
+        if (r > 0) {
+            if (p[0].revents & POLLIN) {
+                int fd = accept(s->listen_fd, NULL, NULL);
+                if (fd >= 0 && s->nconn < MAX_CONNS) {
+                    fcntl(fd, F_SETFD, FD_CLOEXEC);
+                    conn *c = &s->c[s->nconn++];
+                    memset(c, 0, sizeof *c);
+                    c->fd = fd;
+                    c->rank = -1;
+                    c->last = rk_ledger_now(&s->g);
+                } else if (fd >= 0) {
+                    close(fd);
+                }
+            }
+            for (int q = 1; q < np; q++)
+                if (p[q].revents & (POLLIN | POLLHUP | POLLERR))
+                    read_conn(s, &s->c[map[q - 1]]);
+        }
+        check_timeouts(s);
+        status_line(s);
+        int exited = rk_launch_poll(&s->l);
+        double now = rk_ledger_now(&s->g);
+        if (exited) {
+            /* read what the ranks said last before judging */
+            for (int k = 0; k < s->nconn; k++)
+                while (s->c[k].fd >= 0 && read_conn(s, &s->c[k]))
+                    ;
+            int st = s->l.status;
+            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            int all_done = s->hellos == s->n;
+            for (int k = 0; k < s->nconn; k++)
+                if (s->c[k].rank >= 0 && strcmp(s->c[k].status, "done") != 0)
+                    all_done = 0;
+            teardown(s, 0.5);
+            if (code == 0 && all_done)
+                return FINISHED;
+            if (code == RK_EXIT_USAGE) {
+                say(s, "the worker rejected its arguments or input (exit status 2): stopping");
+                return BAD_USAGE;
+            }
+            if (s->stop_sent && !s->failing && (code == RK_EXIT_STOPPED || code == 0))
+                return interrupted ? INTERRUPTED : RELAUNCH;
+            if (code == RK_EXIT_COMM)
+                snprintf(s->fkind, sizeof s->fkind, "commfail");
+            else if (code == RK_EXIT_GUARD)
+                snprintf(s->fkind, sizeof s->fkind, "guard_failed");
+            if (!s->failing) {
+                int who = -1;
+                for (int k = 0; k < s->nconn; k++)
+                    if (s->c[k].rank >= 0 && !s->c[k].bye && who < 0)
+                        who = s->c[k].rank;
+                fail(s, code == RK_EXIT_COMM    ? "commfail"
+                        : code == RK_EXIT_GUARD ? "guard_failed"
+                                                : "crash",
+                     who, "the launcher exited with status %d at step %lld", code,
+                     (long long)s->last_done);
+            } else {
+                size_t len = strlen(s->fdetail);
+                snprintf(s->fdetail + len, sizeof s->fdetail - len, "; launcher exit status %d",
+                         code);
+            }
+            return RELAUNCH;
+        }
+        if (s->failing) {
+            if (strcmp(s->fkind, "hang") == 0) {
+                teardown(s, 0); /* a hung rank will not exit by itself */
+                return RELAUNCH;
+            }
+            if (now - s->ftime > CRASH_GRACE_S) {
+                teardown(s, 0.5);
+                return RELAUNCH;
+            }
+        }
+    }
+}
+
+/* ---- the job ------------------------------------------------------------------------------- */
+
+static int open_socket(sup *s, rk_err *err)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(s->dir, sizeof s->dir, "%s/rk-run.XXXXXX",
+             tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
+    if (!mkdtemp(s->dir))
+        return rk_err_set(err, RK_EIO, "cannot create a directory for the heartbeat socket: %s",
+                          strerror(errno));
+    snprintf(s->sock, sizeof s->sock, "%s/hb.sock", s->dir);
+    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", s->sock);
+    if (s->listen_fd < 0 || bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        listen(s->listen_fd, 256) < 0)
+        return rk_err_set(err, RK_EIO, "heartbeat socket %s: %s", s->sock, strerror(errno));
+    return RK_OK;
+}
+
+/* Pick the devices of the next launch: the first n that are not quarantined. */
+static int pick_devices(sup *s)
+{
+    int k = 0;
+    for (int d = 0; d < s->o->ndevices && k < s->o->n; d++)
+        if (!s->quarantined[d])
+            s->dev[k++] = d;
+    s->n = k;
+    return k;
+}
+
+int rk_sup_run(const rk_sup_opts *o)
+{
+    sup *s = calloc(1, sizeof *s);
+    if (!s) {
+        fprintf(stderr, "rk run: out of memory\n");
+        return RK_EXIT_FAIL;
+    }
+    s->o = o;
+    s->listen_fd = -1;
+    rk_err err = {0};
+    int status = RK_EXIT_FAIL;
+    const char *result = "failed";
+    if (rk_ledger_open(&s->g, o->events_path, &err) || rk_inject_parse(o->inject, &s->spec, &err) ||
+        !(s->fired = calloc(rk_inject_count(s->spec) + 1, 1)) || open_socket(s, &err)) {
+        fprintf(stderr, "rk run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pick_devices(s);
+    char desc[1024];
+    say(s, "%s", rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc,
+                                    sizeof desc));
+    char devs[512];
+    size_t used = 0;
+    devs[0] = '\0';
+    for (int r = 0; r < s->n && used + 2 < sizeof devs; r++)
+        used += (size_t)snprintf(devs + used, sizeof devs - used, r ? ",%s" : "%s",
+                                 o->devices[s->dev[r]]);
+    say(s, "%d ranks on devices %s; heartbeat timeout %.0f s, quarantine after %d failures",
+        s->n, devs, o->hb_timeout_s, o->failure_threshold);
+    if (o->inject)
+        say(s, "injecting faults (simulated): %s", o->inject);
+    for (;;) {
+        if (start_launch(s, &err)) {
+            say(s, "%s", err.msg);
+            break;
+        }
+        outcome oc = watch(s);
+        if (oc == FINISHED) {
+            flush_pending(s);
+            status = RK_EXIT_OK;
+            result = "finished";
+            break;
+        }
+        if (oc == BAD_USAGE) {
+            flush_pending(s);
+            status = RK_EXIT_USAGE;
+            break;
+        }
+        if (oc == INTERRUPTED) {
+            flush_pending(s);
+            status = 130;
+            result = "interrupted";
+            break;
+        }
+        /* a failure (or a stop to shrink the job): account, then relaunch */
+        if (s->failing) {
+            int r = s->frank;
+            rk_incident *i = rk_ledger_add(&s->g, s->fkind, r, devname(s, r), "relaunch", "%s",
+                                           s->fdetail);
+            if (i)
+                i->t = s->ftime; /* when it was seen, not when the teardown ended */
+            say(s, "%s: %s", s->fkind, s->fdetail);
+            s->pending_last_done = s->last_done;
+            pend(s, i);
+            count_failure(s, r, s->fkind);
+        }
+        s->g.restarts++;
+        if (s->g.restarts > o->max_restarts) {
+            flush_pending(s);
+            say(s, "giving up: %d restarts, more than --max-restarts %d", s->g.restarts - 1,
+                o->max_restarts);
+            break;
+        }
+        int n = pick_devices(s);
+        if (n < o->min_ranks || n < 1) {
+            flush_pending(s);
+            say(s, "giving up: %d device%s left, below --min-ranks %d", n, n == 1 ? "" : "s",
+                o->min_ranks);
+            break;
+        }
+        s->launch_no++;
+        say(s, "relaunch %d on %d rank%s from the latest good checkpoint", s->launch_no, n,
+            n == 1 ? "" : "s");
+    }
+out:
+    if (s->g.t0 > 0 && rk_ledger_summary(&s->g, o->summary_path, stderr, s->last_done, s->n,
+                                         result, &err))
+        fprintf(stderr, "rk run: %s\n", err.msg);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->sock[0])
+        unlink(s->sock);
+    if (s->dir[0])
+        rmdir(s->dir);
+    rk_inject_free(s->spec);
+    free(s->fired);
+    rk_ledger_close(&s->g);
+    free(s);
+    return status;
+}
