@@ -712,7 +712,7 @@ int rk_cmd_train(int argc, char **argv)
         }
         loss_log = NULL;
     }
-    rk_worker_close(&w, res.steps, RK_EXIT_OK);
+    rk_worker_close(&w, res.steps, RK_EXIT_OK, NULL);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
@@ -728,7 +728,7 @@ fail:
     if (loss_log)
         fclose(loss_log);
     int status = rk_cli_status(rc ? rc : err.code);
-    rk_worker_close(&w, res.steps, status);
+    rk_worker_close(&w, res.steps, status, err.msg);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);

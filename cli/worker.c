@@ -67,10 +67,15 @@ int rk_worker_hello(rk_worker *w, int64_t start_step, rk_err *err)
                       start_step, err);
 }
 
-void rk_worker_close(rk_worker *w, int64_t step, int status)
+void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why)
 {
     if (w->hb && (status == RK_EXIT_OK || status == RK_EXIT_STOPPED))
         rk_hb_bye(w->hb, step, status == RK_EXIT_OK ? "done" : "stopped");
+    /* a failure the supervisor cannot see from outside: say it before leaving, so it can
+     * tear the job down at once instead of waiting for the launcher's exit status */
+    else if (w->hb && (status == RK_EXIT_COMM || status == RK_EXIT_GUARD))
+        rk_hb_event(w->hb, step > w->last_step ? step : w->last_step, status == RK_EXIT_COMM ? "commfail" : "guard_failed", w->rank,
+                    "exit", 0, why);
     rk_hb_close(w->hb);
     rk_inject_free(w->inj);
     w->hb = NULL;
@@ -218,6 +223,7 @@ static void hook_incident(void *user, const rk_train_incident *inc)
 static void hook_stepped(void *user, int64_t step, double loss, double seconds)
 {
     rk_worker *w = user;
+    w->last_step = step;
     rk_hb_step(w->hb, step, loss, seconds);
 }
 

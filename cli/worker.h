@@ -27,6 +27,7 @@ typedef struct rk_worker {
     int64_t slow_until; /* its last step (INT64_MAX: to the end) */
     rk_trainer_ckpt *ck; /* for saves on command; NULL without --ckpt-dir */
     int stopped;        /* a stop command was carried out */
+    int64_t last_step;  /* steps done, as last reported */
 } rk_worker;
 
 /* Reads RK_HEARTBEAT (connects, says hello with the start step later: see
@@ -34,7 +35,9 @@ typedef struct rk_worker {
 int rk_worker_open(rk_worker *w, rk_comm *comm, uint64_t seed, rk_err *err);
 /* Connect to the supervisor and say hello (once the start step is known). */
 int rk_worker_hello(rk_worker *w, int64_t start_step, rk_err *err);
-void rk_worker_close(rk_worker *w, int64_t step, int status);
+/* Say goodbye (bye for exit statuses 0 and 4; an "exit" event naming the failure for 3 and
+ * 5, with `why`), disconnect, free. */
+void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why);
 
 /* Install the hooks on a config (point, incident, stepped). */
 void rk_worker_hooks(rk_worker *w, rk_train_config *c);

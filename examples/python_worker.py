@@ -179,7 +179,13 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--sleep", type=float, default=0.01, help="seconds per step, to watch it")
     ap.add_argument("--result", help="write {step, w, b} as JSON to this file at the end")
+    ap.add_argument("--pid-file", help="write this process's pid to this file at start (for a "
+                    "test or an operator that signals the worker)")
     args = ap.parse_args()
+    if args.pid_file:
+        with open(args.pid_file + ".tmp", "w") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(args.pid_file + ".tmp", args.pid_file)
     if args.steps < 0 or args.ckpt_every < 1 or args.batch < 1:
         ap.error("--steps must be >= 0, --ckpt-every and --batch >= 1")
 

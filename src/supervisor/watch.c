@@ -26,7 +26,6 @@
 
 #define MAX_CONNS 1024
 #define TICK_MS 100
-#define CRASH_GRACE_S 2.0 /* after a rank vanishes, how long the launcher may take to exit */
 
 typedef struct conn {
     int fd;
@@ -87,10 +86,9 @@ static void on_signal(int sig)
 static void say(const sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(const sup *s, const char *fmt, ...)
 {
-    (void)s;
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "rk run: ");
+    fprintf(stderr, "rk run: [%6.1f s] ", rk_ledger_now(&s->g));
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
@@ -201,6 +199,11 @@ static conn *by_rank(sup *s, int rank)
 
 static void on_event(sup *s, const rk_hb_msg *m)
 {
+    if (strcmp(m->action, "exit") == 0) { /* a rank is leaving with this failure */
+        fail(s, m->kind, m->rank, "rank %d (device %s) exits at step %lld: %s", m->rank,
+             devname(s, m->rank), (long long)m->step, m->detail);
+        return;
+    }
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
     int counted = strcmp(m->kind, "spike_kept") != 0 && strcmp(m->kind, "loss_spike") != 0;
     rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, devname(s, blame), m->action,
@@ -530,9 +533,9 @@ static outcome watch(sup *s)
             }
             if (s->stop_sent && !s->failing && (code == RK_EXIT_STOPPED || code == 0))
                 return interrupted ? INTERRUPTED : RELAUNCH;
-            if (code == RK_EXIT_COMM)
+            if (s->failing && strcmp(s->fkind, "crash") == 0 && code == RK_EXIT_COMM)
                 snprintf(s->fkind, sizeof s->fkind, "commfail");
-            else if (code == RK_EXIT_GUARD)
+            else if (s->failing && strcmp(s->fkind, "crash") == 0 && code == RK_EXIT_GUARD)
                 snprintf(s->fkind, sizeof s->fkind, "guard_failed");
             if (!s->failing) {
                 int who = -1;
@@ -551,15 +554,13 @@ static outcome watch(sup *s)
             }
             return RELAUNCH;
         }
+        /* A failure seen: the rest of the job is lost work waiting in a collective. Tear it
+         * down now (the failure is already classified: a rank that vanished without a word
+         * crashed; one that said it exits named its failure). */
         if (s->failing) {
-            if (strcmp(s->fkind, "hang") == 0) {
-                teardown(s, 0); /* a hung rank will not exit by itself */
-                return RELAUNCH;
-            }
-            if (now - s->ftime > CRASH_GRACE_S) {
-                teardown(s, 0.5);
-                return RELAUNCH;
-            }
+            (void)now;
+            teardown(s, 0);
+            return RELAUNCH;
         }
     }
 }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# rk run supervising a worker that is not rekindle's: examples/python_worker.py (Python
+# standard library only) speaks the heartbeat protocol and checkpoints on its own. The test
+# kills it with SIGKILL (a real signal, by its pid) after its first checkpoints; rk run sees
+# the crash, relaunches it with RK_RESUME=1, and the run ends with bitwise the same w and b as
+# an uninterrupted run. Also: the supervisor's stop command (on SIGINT to rk run) makes the
+# worker checkpoint and exit 4, and rk run exits 130. Skips (77) without mpirun or python3.
+set -u
+command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
+command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
+it_init it_pyworker
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+py=(python3 "$RK_SRC/examples/python_worker.py" --steps 150 --sleep 0.02 --ckpt-every 10)
+
+"${py[@]}" --result "$work/ref.json" >"$work/ref.out" 2>&1 || { bad "standalone run"; it_finish; exit; }
+ok "standalone python worker runs"
+
+# wait_for COND_CMD SECONDS: poll until the command succeeds
+wait_for() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done
+  return 1
+}
+ckpt_step() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" "$work/ck/python_worker.rank0.json" 2>/dev/null || echo 0; }
+
+"$RK" run -n 1 --ckpt-dir "$work/ck" --heartbeat-timeout 5 --events "$work/ev" \
+  --summary-json "$work/sum" --quiet -- "${py[@]}" --pid-file "$work/pid" --result "$work/out.json" \
+  >"$work/run.out" 2>&1 &
+sup=$!
+pids+=("$sup")
+if wait_for '[[ $(ckpt_step) -ge 40 ]]' 30; then
+  victim=$(cat "$work/pid")
+  kill -9 "$victim" && ok "killed the worker (pid $victim) after its checkpoint of step $(ckpt_step)"
+else
+  bad "no checkpoint of step 40 within 30 s"
+fi
+wait "$sup"; st=$?
+[[ $st == 0 ]] && ok "rk run finished the job (exit 0)" || bad "rk run exit $st: $(tail -5 "$work/run.out")"
+python3 - "$work/ref.json" "$work/out.json" <<'PY' && ok "w and b equal the uninterrupted run's, bit for bit" || bad "results differ"
+import json, sys
+a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"uninterrupted step {a['step']} w {a['w']!r} b {a['b']!r}; supervised w {b['w']!r} b {b['b']!r}")
+assert a["step"] == b["step"] == 150 and a["w"] == b["w"] and a["b"] == b["b"]
+PY
+python3 - "$work/ev" "$work/sum" <<'PY' && ok "the crash is in the events and the summary" || bad "events/summary"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+crash = [e for e in ev if e["kind"] == "crash"]
+assert len(crash) == 1 and crash[0]["action"] == "relaunch" and crash[0]["recovery_s"] is not None, ev
+s = json.load(open(sys.argv[2]))
+assert s["restarts"] == 1 and s["incidents"] == {"crash": 1} and s["steps"] == 150, s
+print(f"crash: lost {crash[0]['lost_steps']} steps, recovered in {crash[0]['recovery_s']} s")
+PY
+
+# SIGINT to rk run: the worker is told to stop, checkpoints, exits 4; rk run exits 130
+rm -rf "$work/ck2"
+"$RK" run -n 1 --ckpt-dir "$work/ck2" --quiet -- "${py[@]}" --steps 100000 >"$work/int.out" 2>&1 &
+sup=$!
+pids+=("$sup")
+wait_for '[[ -e $work/ck2/python_worker.rank0.json ]]' 30
+kill -INT "$sup"
+wait "$sup"; st=$?
+[[ $st == 130 ]] && ok "interrupted rk run exits 130" || bad "interrupt: exit $st: $(tail -3 "$work/int.out")"
+grep -q "interrupted" "$work/int.out" && ok "it says it was interrupted" || bad "no interrupt message"
+it_finish
