@@ -513,19 +513,49 @@ static void write_split(const char *dir, const char *prefix, int gz, uint32_t n_
     free(b);
 }
 
+static float normalised(int v)
+{
+    return ((float)v / 255.0f - 0.2860f) / 0.3530f;
+}
+
+/* The loader keeps the file's bytes, its lut maps each byte to (v/255 - 0.2860)/0.3530, and
+ * rk_dataset_images gives exactly lut[byte] for any range of images, nothing outside it. */
 static void check_synthetic(const rk_dataset *ds)
 {
     assert_int_equal(ds->n, SYN_N);
     assert_int_equal(ds->rows, 28);
     assert_int_equal(ds->cols, 28);
     assert_memory_equal(ds->labels, syn_labels, SYN_N);
-    for (size_t i = 0; i < (size_t)SYN_N * PIX; i++) {
-        float want = ((float)syn_pixel(i) / 255.0f - 0.2860f) / 0.3530f;
-        if (fabsf(ds->images[i] - want) > 1e-6f)
-            fail_msg("pixel %zu: got %f, want %f", i, (double)ds->images[i], (double)want);
-    }
+    for (size_t i = 0; i < (size_t)SYN_N * PIX; i++)
+        if (ds->pixels[i] != syn_pixel(i))
+            fail_msg("pixel %zu: got byte %u, want %u", i, ds->pixels[i], syn_pixel(i));
+    for (int v = 0; v < 256; v++)
+        if (fabsf(ds->lut[v] - normalised(v)) > 1e-6f)
+            fail_msg("lut[%d]: got %f, want %f", v, (double)ds->lut[v], (double)normalised(v));
     /* Spot values: 0 -> -0.2860/0.3530, 255 -> (1-0.2860)/0.3530. */
-    assert_true(fabsf(ds->images[0] - (-0.2860f / 0.3530f)) < 1e-6f); /* syn_pixel(0) == 0 */
+    assert_true(fabsf(ds->lut[0] - (-0.2860f / 0.3530f)) < 1e-6f);
+    assert_true(fabsf(ds->lut[255] - ((1.0f - 0.2860f) / 0.3530f)) < 1e-6f);
+
+    /* All images, then images 1..2 alone, into a buffer with a guard value either side. */
+    static float buf[1 + SYN_N * PIX + 1];
+    const float guard = -1234.5f;
+    for (int first = 0; first < 2; first++) {
+        int count = SYN_N - first;
+        for (size_t i = 0; i < sizeof buf / sizeof buf[0]; i++)
+            buf[i] = guard;
+        rk_dataset_images(ds, first, count, buf + 1);
+        assert_true(buf[0] == guard);
+        assert_true(buf[1 + (size_t)count * PIX] == guard);
+        for (size_t i = 0; i < (size_t)count * PIX; i++) {
+            float want = ds->lut[syn_pixel((size_t)first * PIX + i)];
+            if (memcmp(&buf[1 + i], &want, sizeof want) != 0)
+                fail_msg("images from %d, value %zu: got %f, want %f", first, i, (double)buf[1 + i],
+                         (double)want);
+        }
+    }
+    buf[1] = guard;
+    rk_dataset_images(ds, SYN_N, 0, buf + 1); /* an empty range writes nothing */
+    assert_true(buf[1] == guard);
 }
 
 static void dataset_loads_raw_synthetic_split_and_normalises_pixels(void **state)
@@ -540,7 +570,7 @@ static void dataset_loads_raw_synthetic_split_and_normalises_pixels(void **state
     assert_int_equal(rk_dataset_load_fmnist(dir, 1, &ds, &err), RK_OK);
     check_synthetic(&ds);
     rk_dataset_free(&ds);
-    assert_null(ds.images);
+    assert_null(ds.pixels);
     /* The test split is a different file set: absent here. */
     assert_int_equal(rk_dataset_load_fmnist(dir, 0, &ds, &err), RK_ENOENT);
     check_msg(&err, RK_ENOENT, "t10k-images-idx3-ubyte", "not found");
@@ -579,7 +609,7 @@ static void expect_dataset_error(const char *dirname, int code, const char *file
     rk_err_clear(&err);
     assert_int_equal(rk_dataset_load_fmnist(dir, 1, &ds, &err), code);
     assert_int_equal(ds.n, 0);
-    assert_null(ds.images);
+    assert_null(ds.pixels);
     assert_null(ds.labels);
     check_msg(&err, code, file, what);
 }
@@ -692,13 +722,22 @@ static void check_real_split(int train, int n)
         hist[ds.labels[i]]++;
     for (int c = 0; c < 10; c++)
         assert_int_equal(hist[c], n / 10);
-    /* The normalisation constants are the training set's mean and std. */
+    /* The normalisation constants are the training set's mean and std: check them on what
+     * the model sees, the floats from rk_dataset_images, a chunk of images at a time. */
+    enum { CHUNK = 1000 };
+    float *x = malloc((size_t)CHUNK * PIX * sizeof *x);
+    assert_non_null(x);
     double sum = 0, sq = 0;
     size_t npix = (size_t)ds.n * PIX;
-    for (size_t i = 0; i < npix; i++) {
-        sum += ds.images[i];
-        sq += (double)ds.images[i] * ds.images[i];
+    for (int first = 0; first < ds.n; first += CHUNK) {
+        int count = ds.n - first < CHUNK ? ds.n - first : CHUNK;
+        rk_dataset_images(&ds, first, count, x);
+        for (size_t i = 0; i < (size_t)count * PIX; i++) {
+            sum += x[i];
+            sq += (double)x[i] * x[i];
+        }
     }
+    free(x);
     double mean = sum / (double)npix, sd = sqrt(sq / (double)npix - mean * mean);
     if (fabs(mean) > 0.01 || fabs(sd - 1.0) > 0.01)
         fail_msg("normalised pixels have mean %f, std %f; want about 0 and 1", mean, sd);

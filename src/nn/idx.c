@@ -353,27 +353,13 @@ int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *
         }
     }
 
-    if (img.nbytes > SIZE_MAX / sizeof(float)) {
-        rc = rk_err_set(err, RK_ENOMEM, "%s: %zu pixels do not fit in memory as floats", img_path,
-                        img.nbytes);
-        goto fail;
-    }
-    float *images = malloc(img.nbytes * sizeof(float));
-    if (!images) {
-        rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu normalised pixels", img_path,
-                        img.nbytes);
-        goto fail;
-    }
-    float lut[256];
-    for (int v = 0; v < 256; v++)
-        lut[v] = ((float)v / 255.0f - RK_FMNIST_MEAN) / RK_FMNIST_STD;
-    for (size_t i = 0; i < img.nbytes; i++)
-        images[i] = lut[img.data[i]];
-
     out->n = (int)img.dims[0]; /* <= RK_IDX_MAX_BYTES / (28*28), fits an int */
     out->rows = RK_FMNIST_ROWS;
     out->cols = RK_FMNIST_COLS;
-    out->images = images;
+    for (int v = 0; v < 256; v++)
+        out->lut[v] = ((float)v / 255.0f - RK_FMNIST_MEAN) / RK_FMNIST_STD;
+    out->pixels = img.data; /* take ownership */
+    img.data = NULL;
     out->labels = lab.data; /* take ownership */
     lab.data = NULL;
     rk_idx_free(&img);
@@ -385,11 +371,19 @@ fail:
     return rc;
 }
 
+void rk_dataset_images(const rk_dataset *ds, int first, int count, float *out)
+{
+    size_t len = (size_t)count * (size_t)ds->rows * (size_t)ds->cols;
+    const uint8_t *px = ds->pixels + (size_t)first * (size_t)ds->rows * (size_t)ds->cols;
+    for (size_t i = 0; i < len; i++)
+        out[i] = ds->lut[px[i]];
+}
+
 void rk_dataset_free(rk_dataset *ds)
 {
     if (!ds)
         return;
-    free(ds->images);
+    free(ds->pixels);
     free(ds->labels);
     memset(ds, 0, sizeof *ds);
 }

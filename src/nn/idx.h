@@ -49,11 +49,15 @@ void rk_idx_free(rk_idx *idx);
 #define RK_FMNIST_CLASSES 10
 #define RK_FMNIST_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
 
+/* The images stay as the file's bytes (a quarter of the memory of floats, and nothing to
+ * convert at load); lut[] maps a byte to its normalised float, and rk_dataset_images or a
+ * lookup per pixel gives the model's input. */
 typedef struct rk_dataset {
     int n;           /* number of examples */
     int rows, cols;  /* 28, 28 */
-    float *images;   /* n*rows*cols, normalised: (x/255 - 0.2860)/0.3530 */
+    uint8_t *pixels; /* n*rows*cols raw bytes, row-major */
     uint8_t *labels; /* n values in 0..9 */
+    float lut[256];  /* lut[v] = ((float)v / 255 - RK_FMNIST_MEAN) / RK_FMNIST_STD */
 } rk_dataset;
 
 /* Load the train (train != 0: train-images-idx3-ubyte, train-labels-idx1-ubyte) or test
@@ -61,7 +65,12 @@ typedef struct rk_dataset {
  * Images must be n x 28 x 28, labels n values below 10. RK_ENOENT names the paths tried. */
 int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *err);
 
-/* Free images and labels and zero the struct. Safe on a zeroed struct and on NULL. */
+/* Write the normalised pixels of images first .. first+count-1 to out (count*rows*cols
+ * floats, row-major), through ds->lut. The caller keeps 0 <= first, 0 <= count and
+ * first + count <= ds->n. */
+void rk_dataset_images(const rk_dataset *ds, int first, int count, float *out);
+
+/* Free pixels and labels and zero the struct. Safe on a zeroed struct and on NULL. */
 void rk_dataset_free(rk_dataset *ds);
 
 #endif

@@ -96,21 +96,28 @@ int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accura
     int pixels = ds->rows * ds->cols;
     int lo = (int)((int64_t)ds->n * rank / size), hi = (int)((int64_t)ds->n * (rank + 1) / size);
     double sums[2] = {0.0, 0.0}; /* correct predictions, summed loss */
+    float *xb = m->be->alloc((size_t)m->max_batch * pixels * sizeof(float));
+    if (!xb)
+        return rk_err_set(err, RK_ENOMEM, "evaluation: out of memory for a batch of %d images",
+                          m->max_batch);
     for (int start = lo; start < hi; start += m->max_batch) {
         int n = hi - start < m->max_batch ? hi - start : m->max_batch;
         const float *logits;
-        int rc = rk_model_forward(m, n, ds->images + (size_t)start * pixels, 0, 0, 0, 0, &logits,
-                                  err);
+        rk_dataset_images(ds, start, n, xb);
+        int rc = rk_model_forward(m, n, xb, 0, 0, 0, 0, &logits, err);
         double l;
         int c;
         if (!rc)
             rc = m->be->softmax_xent(n, RK_CLASSES, logits, ds->labels + start, NULL, n, &l, &c,
                                      err);
-        if (rc)
+        if (rc) {
+            m->be->free(xb);
             return rc;
+        }
         sums[0] += c;
         sums[1] += l * n;
     }
+    m->be->free(xb);
     if (comm) {
         int rc = rk_comm_allreduce_sum_f64(comm, sums, 2, err);
         if (rc)
@@ -467,8 +474,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         int n = (int)shares[rank];
         for (int i = 0; i < n; i++) {
             uint32_t k = order[start + offset + i];
-            memcpy(xb + (size_t)i * pixels, train->images + (size_t)k * pixels,
-                   (size_t)pixels * sizeof(float));
+            rk_dataset_images(train, (int)k, 1, xb + (size_t)i * pixels);
             yb[i] = train->labels[k];
         }
         double loss = 0.0, loss_sum = 0.0, tc = now_s();
