@@ -16,6 +16,8 @@
 
 #include "rekindle/rng.h"
 
+#define COMMAND_EVERY 8 /* steps between agreements on the supervisor's commands */
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -243,7 +245,9 @@ void rk_worker_saved(rk_worker *w, int64_t step, double seconds)
 
 int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t cursor, rk_err *err)
 {
-    if (!w->hb)
+    /* every COMMAND_EVERY steps: agreeing costs a collective, which oversubscribed ranks
+     * feel; a stop waits at most that many steps */
+    if (!w->hb || steps_done % COMMAND_EVERY != 0)
         return RK_OK;
     rk_hb_cmd cmd = RK_HB_CMD_NONE;
     rk_hb_poll(w->hb, &cmd);

@@ -42,8 +42,9 @@ void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why);
 /* Install the hooks on a config (point, incident, stepped). */
 void rk_worker_hooks(rk_worker *w, rk_train_config *c);
 
-/* Commands from the supervisor, agreed by all ranks (a collective when supervised):
- * "checkpoint" saves now, "stop" saves and returns RK_ESTOPPED. Call at each step end. */
+/* Commands from the supervisor, agreed by all ranks every 8 steps (a collective when
+ * supervised): "checkpoint" saves now, "stop" saves and returns RK_ESTOPPED. Call at each
+ * step end. */
 int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t cursor, rk_err *err);
 
 /* Tell the supervisor a checkpoint of `step` was saved. */

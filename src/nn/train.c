@@ -339,29 +339,18 @@ static double grad_norm(const rk_model *m, int n, int global, double loss)
     return sqrt(s) * (double)global / n;
 }
 
-/* Allgather every rank's gradient norm (as bits) and decide. *trip: 0 none, 1 non-finite,
- * 2 outlier; *blame the first flagged rank. */
-static int grads_check(rk_comm *comm, double mine, double ratio, int *trip, int *blame,
+/* Decide from every rank's gradient norm (gathered by the step's loss allreduce). *trip: 0
+ * none, 1 non-finite, 2 outlier; *blame the first flagged rank; `who` names them. */
+static int grads_judge(const double *norms, int nranks, double ratio, int *trip, int *blame,
                        char *who, size_t cap, rk_err *err)
 {
-    int nranks = comm ? rk_comm_size(comm) : 1;
-    double *norms = malloc((size_t)nranks * sizeof *norms);
-    uint64_t *bits = malloc((size_t)nranks * sizeof *bits);
     unsigned char *flags = malloc((size_t)nranks);
-    int rc = norms && bits && flags ? RK_OK : rk_err_set(err, RK_ENOMEM, "guards: out of memory");
-    if (!rc && nranks > 1) {
-        uint64_t b;
-        memcpy(&b, &mine, sizeof b);
-        rc = rk_comm_allgather_u64(comm, b, bits, err);
-        for (int r = 0; r < nranks && !rc; r++)
-            memcpy(&norms[r], &bits[r], sizeof norms[r]);
-    } else if (!rc) {
-        norms[0] = mine;
-    }
+    if (!flags)
+        return rk_err_set(err, RK_ENOMEM, "guards: out of memory");
     *trip = 0;
     *blame = -1;
     who[0] = '\0';
-    if (!rc && rk_guard_outliers(norms, nranks, ratio, flags)) {
+    if (rk_guard_outliers(norms, nranks, ratio, flags)) {
         size_t k = 0;
         *trip = 2;
         for (int r = 0; r < nranks; r++)
@@ -375,10 +364,8 @@ static int grads_check(rk_comm *comm, double mine, double ratio, int *trip, int 
                                           r, norms[r]);
             }
     }
-    free(norms);
-    free(bits);
     free(flags);
-    return rc;
+    return RK_OK;
 }
 
 /* ---- the loop ----------------------------------------------------------------------------- */
@@ -412,6 +399,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     int cap = m->max_batch; /* the most samples one rank takes in a step */
     uint32_t *order = malloc((size_t)train->n * sizeof *order);
     int64_t *shares = malloc((size_t)nranks * sizeof *shares);
+    double *red = malloc((1 + (size_t)nranks) * sizeof *red); /* loss sum, per-rank norms */
     float *xb = be->alloc((size_t)cap * pixels * sizeof(float));
     float *dlogits = be->alloc((size_t)cap * RK_CLASSES * sizeof(float));
     uint8_t *yb = malloc((size_t)cap);
@@ -419,7 +407,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     int64_t step = c->start_step, total_samples = 0, taken = 0; /* taken: steps in this run */
     snapshot sn = {0};
     rk_spike spike = {0};
-    if (!order || !shares || !xb || !dlogits || !yb) {
+    if (!order || !shares || !red || !xb || !dlogits || !yb) {
         rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
         goto out;
     }
@@ -494,11 +482,29 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (c->point && ((rc = c->point(c->hook_user, RK_POINT_GRADS, step, m, err)) ||
                          (rc = c->point(c->hook_user, RK_POINT_COMM, step, m, err))))
             break;
+        /* the guards' numbers ride in the loss allreduce: slot 0 the loss sum, slot 1 + r
+         * rank r's gradient norm (zero elsewhere, so the sum is an allgather) */
+        red[0] = loss_sum;
         if (c->guard) {
-            int trip, blame;
+            memset(red + 1, 0, (size_t)nranks * sizeof *red);
+            red[1 + rank] = grad_norm(m, n, global, loss);
+        }
+        if (global == c->batch)
+            for (int q = 0; q < nranks && q < 8; q++)
+                res->last_shares[q] = shares[q];
+        double ta = now_s();
+        if (nranks > 1 &&
+            ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
+             (rc = rk_comm_allreduce_sum_f64(comm, red, c->guard ? 1 + (size_t)nranks : 1,
+                                             err))))
+            break;
+        res->allreduce_seconds += now_s() - ta;
+        loss = red[0] / global;
+        if (c->guard) {
+            int trip = 0, blame = -1;
             char who[160];
-            if ((rc = grads_check(comm, grad_norm(m, n, global, loss), c->grad_ratio, &trip,
-                                  &blame, who, sizeof who, err)))
+            if ((rc = grads_judge(red + 1, nranks, c->grad_ratio, &trip, &blame, who,
+                                  sizeof who, err)))
                 break;
             if (trip) {
                 if (++redo < MAX_REDO || !sn.valid || sn.step >= step) {
@@ -524,16 +530,6 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                 continue;
             }
         }
-        if (global == c->batch)
-            for (int q = 0; q < nranks && q < 8; q++)
-                res->last_shares[q] = shares[q];
-        double ta = now_s();
-        if (nranks > 1 &&
-            ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
-             (rc = rk_comm_allreduce_sum_f64(comm, &loss_sum, 1, err))))
-            break;
-        res->allreduce_seconds += now_s() - ta;
-        loss = loss_sum / global;
         if (c->guard) {
             double z;
             if (rk_spike_test(&spike, loss, &z)) {
@@ -618,6 +614,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
 out:
     free(order);
     free(shares);
+    free(red);
     be->free(xb);
     be->free(dlogits);
     free(yb);
