@@ -67,7 +67,7 @@ static const char usage_text[] =
     "                       mismatch (default 10; 0: never)\n"
     "  --spike-z Z          robust z-score of a loss spike (default 6)\n"
     "  --grad-ratio R       a rank's gradient norm R times the others' is wrong arithmetic\n"
-    "                       (default 50)\n"
+    "                       unless a redo reproduces it (default 1000)\n"
     "  -h, --help           show this help\n"
     "\n"
     "Data-parallel: run under Open MPI (mpirun -np N rk train ...); the global batch is split\n"

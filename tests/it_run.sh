@@ -85,6 +85,16 @@ acc=$(json "$work/quar.json" test_accuracy 2>/dev/null)
 python3 -c "import sys; a, r = float(sys.argv[1]), float(sys.argv[2]); print(f'accuracy {a:.4f} vs fault-free {r:.4f}'); sys.exit(abs(a - r) > 0.005)" "$acc" "$ref_acc" \
   && ok "test accuracy within 0.5 points of the fault-free run" || bad "accuracy $acc vs $ref_acc"
 
+# --- giving up: out of restarts, too few devices -------------------------------------------
+"$RK" run -n 2 --ckpt-dir "$work/g1.ck" --quiet --max-restarts 0 --inject crash@step=20:rank=1 \
+  -- "${worker[@]}" --max-steps 60 >"$work/g1.out" 2>&1
+[[ $? == 1 ]] && grep -q "giving up: the job failed again after 0 relaunches (--max-restarts 0)" "$work/g1.out" \
+  && ok "out of restarts: exit 1 with one clear line" || bad "max-restarts: $(grep 'rk run' "$work/g1.out" | tail -2)"
+"$RK" run -n 2 --ckpt-dir "$work/g2.ck" --quiet --min-ranks 2 --failure-threshold 1 \
+  --inject crash@step=20:rank=1 -- "${worker[@]}" --max-steps 60 >"$work/g2.out" 2>&1
+[[ $? == 1 ]] && grep -q "giving up: 1 device left, below --min-ranks 2" "$work/g2.out" \
+  && ok "below --min-ranks: exit 1 with one clear line" || bad "min-ranks: $(grep 'rk run' "$work/g2.out" | tail -2)"
+
 # --- bad usage ------------------------------------------------------------------------------
 "$RK" run -n 2 --inject "crash@step=1:rnk=2" -- true >"$work/u1.out" 2>&1
 [[ $? == 2 ]] && grep -q "position 14" "$work/u1.out" && ok "bad fault spec: exit 2 with its position" \

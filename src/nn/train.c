@@ -417,7 +417,9 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     if (c->guard && c->hash_every > 0 && (rc = snap_alloc(&sn, m, opt, err)))
         goto out;
 
-    int epoch = -1, redo = 0, spike_redone = 0;
+    int epoch = -1, redo = 0, spike_redone = 0, outlier_rank = -1;
+    int64_t outlier_step = -1;
+    double outlier_norm = 0.0;
     double spike_loss = 0.0, t0 = 0.0, last_report = 0.0;
     int64_t samples = 0, first = 0, in_epoch = 0;
     while (step < total_steps) {
@@ -506,6 +508,28 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             if ((rc = grads_judge(red + 1, nranks, c->grad_ratio, &trip, &blame, who,
                                   sizeof who, err)))
                 break;
+            /* An outlier is first only a suspect: the step is redone. If the redo reproduces
+             * it bit for bit, it is the data (a batch slice of hard examples), not a fault,
+             * and is kept; if the redo comes out clean, it was a transient fault in that
+             * rank's arithmetic, and only then is it counted against the rank. */
+            int suspect = outlier_step == step;
+            if (trip == 2 && suspect && outlier_rank == blame &&
+                outlier_norm == red[1 + blame]) {
+                report(c, res, "grad_kept", "kept", step, -1, 0,
+                       "%s again on the redo, same bits: the data, not a fault", who);
+                trip = 0;
+                outlier_step = -1;
+            } else if (trip == 0 && suspect) {
+                report(c, res, "grad_outlier", "redo", step, outlier_rank, 1,
+                       "rank %d's gradient norm was %.3g, %g times the others' or more; the "
+                       "redo came out clean: a transient fault in its arithmetic",
+                       outlier_rank, outlier_norm, c->grad_ratio);
+                outlier_step = -1;
+            } else if (trip == 2) {
+                outlier_step = step;
+                outlier_rank = blame;
+                outlier_norm = red[1 + blame];
+            }
             if (trip) {
                 if (++redo < MAX_REDO || !sn.valid || sn.step >= step) {
                     if (redo >= MAX_REDO + 2) {
@@ -513,9 +537,12 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                                         (long long)step, who, redo);
                         break;
                     }
-                    report(c, res, trip == 1 ? "nan" : "grad_outlier", "redo", step, blame, 1,
-                           "%s%s", trip == 1 ? "non-finite loss or gradient: " :
-                           "gradient far off the other ranks': ", who);
+                    report(c, res, trip == 1 ? "nan" : "grad_suspect", "redo", step,
+                           trip == 1 ? blame : -1, 1, "%s%s",
+                           trip == 1 ? "non-finite loss or gradient: "
+                                     : "gradient far off the other ranks' (redo to tell a "
+                                       "fault from the data): ",
+                           who);
                     continue;
                 }
                 report(c, res, trip == 1 ? "nan" : "grad_outlier", "rollback", step, blame,

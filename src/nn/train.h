@@ -32,7 +32,8 @@ typedef enum rk_train_point {
 
 /* A guard trip (docs/guards.md), reported to the incident hook on every rank alike. */
 typedef struct rk_train_incident {
-    const char *kind;   /* "nan", "grad_outlier", "loss_spike", "spike_kept", "replica_mismatch" */
+    const char *kind;   /* "nan", "grad_suspect", "grad_outlier", "grad_kept", "loss_spike",
+                         * "spike_kept", "replica_mismatch" */
     const char *action; /* "redo", "rollback", "kept" */
     int64_t step;       /* the step it happened at */
     int blame;          /* the rank held responsible, -1 when none can be named */
@@ -91,7 +92,7 @@ typedef struct rk_train_config {
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
  * 0.01, betas 0.9/0.999, eps 1e-8), batch 64, 1 epoch, seed 1, constant lr, eval on; guards
- * on, replica hashes every 10 steps, spike z 6 over 32 steps, gradient ratio 50. */
+ * on, replica hashes every 10 steps, spike z 6 over 32 steps, gradient ratio 1000. */
 void rk_train_config_default(rk_train_config *c, rk_optim_kind optim);
 
 typedef struct rk_train_progress {

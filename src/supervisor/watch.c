@@ -205,7 +205,9 @@ static void on_event(sup *s, const rk_hb_msg *m)
         return;
     }
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
-    int counted = strcmp(m->kind, "spike_kept") != 0 && strcmp(m->kind, "loss_spike") != 0;
+    /* loss spikes and kept outliers are the data until proven otherwise; not the device's */
+    int counted = strcmp(m->kind, "spike_kept") != 0 && strcmp(m->kind, "loss_spike") != 0 &&
+                  strcmp(m->kind, "grad_kept") != 0 && strcmp(m->kind, "grad_suspect") != 0;
     rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, devname(s, blame), m->action,
                                    "step %lld: %s", (long long)m->step, m->detail);
     if (i)
@@ -387,7 +389,7 @@ static void teardown(sup *s, double grace)
             kill((pid_t)s->c[k].pid, SIGKILL);
     rk_launch_kill(&s->l, grace);
     for (int k = 0; k < s->nconn; k++) {
-        if (s->c[k].pid > 1)
+        if (s->c[k].pid > 1 && !s->c[k].bye) /* a rank that said bye is leaving by itself */
             kill((pid_t)s->c[k].pid, SIGKILL);
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);
@@ -670,8 +672,8 @@ int rk_sup_run(const rk_sup_opts *o)
         s->g.restarts++;
         if (s->g.restarts > o->max_restarts) {
             flush_pending(s);
-            say(s, "giving up: %d restarts, more than --max-restarts %d", s->g.restarts - 1,
-                o->max_restarts);
+            say(s, "giving up: the job failed again after %d relaunch%s (--max-restarts %d)",
+                s->g.restarts - 1, s->g.restarts - 1 == 1 ? "" : "es", o->max_restarts);
             break;
         }
         int n = pick_devices(s);
