@@ -65,7 +65,7 @@ static const char usage_text[] =
     "                       loss spikes; a trip redoes the step (default on; docs/guards.md)\n"
     "  --hash-every K       compare replica hashes every K steps, roll back and repair on a\n"
     "                       mismatch (default 10; 0: never)\n"
-    "  --spike-z Z          robust z-score of a loss spike (default 6)\n"
+    "  --spike-z Z          robust z-score of a loss spike (default 10)\n"
     "  --grad-ratio R       a rank's gradient norm R times the others' is wrong arithmetic\n"
     "                       unless a redo reproduces it (default 1000)\n"
     "  -h, --help           show this help\n"

@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define RK_SPIKE_WINDOW_DEFAULT 32  /* losses the robust z-score looks back over */
-#define RK_SPIKE_Z_DEFAULT 6.0      /* z above which a loss is a spike */
+#define RK_SPIKE_Z_DEFAULT 10.0     /* z above which a loss is a spike */
 #define RK_GRAD_RATIO_DEFAULT 1000.0 /* a rank's gradient norm this many times the others' */
 
 /* Loss spike detector: a robust z-score of a new loss against the last `window` accepted

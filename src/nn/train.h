@@ -92,7 +92,7 @@ typedef struct rk_train_config {
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
  * 0.01, betas 0.9/0.999, eps 1e-8), batch 64, 1 epoch, seed 1, constant lr, eval on; guards
- * on, replica hashes every 10 steps, spike z 6 over 32 steps, gradient ratio 1000. */
+ * on, replica hashes every 10 steps, spike z 10 over 32 steps, gradient ratio 1000. */
 void rk_train_config_default(rk_train_config *c, rk_optim_kind optim);
 
 typedef struct rk_train_progress {
