@@ -418,7 +418,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         goto out;
 
     int epoch = -1, redo = 0, spike_redone = 0, outlier_rank = -1;
-    int64_t outlier_step = -1;
+    int64_t outlier_step = -1, rolled_for = -1; /* rolled_for: a rollback's failing step */
     double outlier_norm = 0.0;
     double spike_loss = 0.0, t0 = 0.0, last_report = 0.0;
     int64_t samples = 0, first = 0, in_epoch = 0;
@@ -545,6 +545,13 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                            who);
                     continue;
                 }
+                if (rolled_for == step) { /* it came back after a rollback: not transient */
+                    rc = rk_err_set(err, RK_EGUARD,
+                                    "step %lld: %s, again after rolling back to step %lld",
+                                    (long long)step, who, (long long)sn.step);
+                    break;
+                }
+                rolled_for = step;
                 report(c, res, trip == 1 ? "nan" : "grad_outlier", "rollback", step, blame,
                        step - sn.step, "%s, %d times in a row; back to step %lld", who, redo,
                        (long long)sn.step);
