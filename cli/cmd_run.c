@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
 #include "supervisor/supervisor.h"
@@ -42,6 +43,15 @@ static const char usage_text[] =
     "  --launcher NAME         mpirun (default) | srun (under Slurm)\n"
     "  --launcher-arg ARG      pass ARG to the launcher (repeat as needed)\n"
     "  --quiet                 no periodic status lines\n"
+    "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
+    "                          default), nvml, sim (a simulated fleet: device ids are its GPU\n"
+    "                          indices), off. GPUs scoring below --health-threshold are left\n"
+    "                          out before each launch and drained during a run\n"
+    "  --health-threshold T    default 60\n"
+    "  --health-interval S     seconds between readings during a run (default 5)\n"
+    "  --sim-seed S            the simulated fleet's seed (default 1)\n"
+    "  --sim-time-scale X      simulated seconds per real second (default 60)\n"
+    "  --sim-age HOURS         hours of service the simulated GPUs start with (default 0)\n"
     "  -h, --help              show this help\n"
     "\n"
     "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices);\n"
@@ -128,7 +138,13 @@ enum {
     OPT_SUMMARY,
     OPT_LAUNCHER,
     OPT_LAUNCHER_ARG,
-    OPT_QUIET
+    OPT_QUIET,
+    OPT_HEALTH,
+    OPT_HEALTH_THRESHOLD,
+    OPT_HEALTH_INTERVAL,
+    OPT_SIM_SEED,
+    OPT_SIM_SCALE,
+    OPT_SIM_AGE
 };
 
 int rk_cmd_run(int argc, char **argv)
@@ -147,6 +163,12 @@ int rk_cmd_run(int argc, char **argv)
         {"launcher", required_argument, 0, OPT_LAUNCHER},
         {"launcher-arg", required_argument, 0, OPT_LAUNCHER_ARG},
         {"quiet", no_argument, 0, OPT_QUIET},
+        {"health", required_argument, 0, OPT_HEALTH},
+        {"health-threshold", required_argument, 0, OPT_HEALTH_THRESHOLD},
+        {"health-interval", required_argument, 0, OPT_HEALTH_INTERVAL},
+        {"sim-seed", required_argument, 0, OPT_SIM_SEED},
+        {"sim-time-scale", required_argument, 0, OPT_SIM_SCALE},
+        {"sim-age", required_argument, 0, OPT_SIM_AGE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     rk_sup_opts o = {.n = 0,
@@ -155,7 +177,12 @@ int rk_cmd_run(int argc, char **argv)
                      .failure_threshold = 2,
                      .max_restarts = 10,
                      .min_ranks = 1,
-                     .launcher = RK_LAUNCH_MPIRUN};
+                     .launcher = RK_LAUNCH_MPIRUN,
+                     .health = "auto",
+                     .health_seed = 1,
+                     .health_time_scale = 60,
+                     .health_threshold = RK_HEALTH_THRESHOLD_DEFAULT,
+                     .health_interval_s = 5};
     static char *largs[64];
     int nlargs = 0;
     char *devices = NULL;
@@ -208,6 +235,37 @@ int rk_cmd_run(int argc, char **argv)
             largs[nlargs++] = optarg;
             break;
         case OPT_QUIET: o.quiet = 1; break;
+        case OPT_HEALTH:
+            if (strcmp(optarg, "off") == 0)
+                o.health = NULL;
+            else if (!strcmp(optarg, "auto") || !strcmp(optarg, "nvml") || !strcmp(optarg, "sim"))
+                o.health = optarg;
+            else
+                return usage_error("--health '%s' is not auto, nvml, sim or off", optarg);
+            break;
+        case OPT_HEALTH_THRESHOLD:
+            if (num("--health-threshold", optarg, 0, 100, &o.health_threshold))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_HEALTH_INTERVAL:
+            if (num("--health-interval", optarg, 0.1, 86400, &o.health_interval_s))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_SIM_SEED: {
+            double v;
+            if (num("--sim-seed", optarg, 0, 9007199254740992.0, &v))
+                return RK_EXIT_USAGE;
+            o.health_seed = (uint64_t)v;
+            break;
+        }
+        case OPT_SIM_SCALE:
+            if (num("--sim-time-scale", optarg, 1e-3, 1e9, &o.health_time_scale))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_SIM_AGE:
+            if (num("--sim-age", optarg, 0, 1e6, &o.health_age_h))
+                return RK_EXIT_USAGE;
+            break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default:
             return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
@@ -236,6 +294,20 @@ int rk_cmd_run(int argc, char **argv)
                            o.ndevices == 1 ? "" : "s", o.n);
     if (o.min_ranks > o.n)
         return usage_error("--min-ranks %d is more than -n %d", o.min_ranks, o.n);
+    if (o.health && strcmp(o.health, "sim") == 0) { /* the fleet covers every device index */
+        o.health_sim_gpus = 1;
+        for (int d = 0; d < o.ndevices; d++) {
+            char *end;
+            long v = strtol(o.devices[d], &end, 10);
+            if (*end || v < 0 || v >= 1024)
+                return usage_error("--health sim: device '%s' is not a GPU index 0..1023",
+                                   o.devices[d]);
+            if (v + 1 > o.health_sim_gpus)
+                o.health_sim_gpus = (int)v + 1;
+        }
+    } else {
+        o.health_sim_gpus = 1;
+    }
     if (!o.inject) {
         const char *env = getenv("RK_INJECT");
         if (env && *env)

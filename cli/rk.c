@@ -18,6 +18,9 @@ static const command commands[] = {
     {"train", rk_cmd_train, "train a Fashion-MNIST model (mlp, cnn, cnn-small) on the CPU"},
     {"ckpt", rk_cmd_ckpt, "list, verify and export checkpoints"},
     {"run", rk_cmd_run, "supervise a training job through crashes, hangs and corruption"},
+    {"doctor", rk_cmd_doctor, "score this node's GPUs 0-100 and say what to fix"},
+    {"tune", rk_cmd_tune, "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
+    {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},
 };
 
 int rk_cli_status(int code)

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# make demo: the main job. rk run supervises 4 ranks of `rk train --model cnn-small` (one
-# epoch of Fashion-MNIST) while a scripted set of faults is injected: a crash, a NaN, a hang,
-# a flipped bit in one replica's parameters, a flipped gradient exponent and a communication
-# failure. Two devices fail twice and are quarantined, so the job shrinks from 4 ranks to 2
-# and still finishes; the summary at the end says what happened and what it cost.
-# The 4 ranks are CPU processes standing in for 4 GPUs; the faults are injected (simulated).
+# make demo: the main job. A node of 5 simulated GPUs (seed 4, 8,000 hours of service, ageing
+# 480,000x faster than real time; one spare): rk doctor checks them, rk exporter serves their
+# health to Prometheus while the run goes, and rk run supervises 4 ranks of
+# `rk train --model cnn-small` (one epoch of Fashion-MNIST) through a scripted set of injected
+# faults: a crash, a NaN, a hang, a flipped bit in one replica's parameters, a flipped
+# gradient exponent and a communication failure. The health gate drains GPUs that degrade
+# (the spare takes the first one's place); the device behind rank 2 fails three times
+# (--failure-threshold 3) and is quarantined, and the job shrinks onto the rest.
+# The summary at the end says what happened and what it cost. The ranks are CPU processes
+# standing in for the GPUs; GPUs and faults are simulated, and every line about them says so.
 # Usage: scripts/demo.sh [BUILD_DIR]   (files in runs/demo/)
 set -euo pipefail
 build=${1:-build}
@@ -15,16 +19,35 @@ mkdir -p "$out"
 # Open MPI inside containers: shared memory without cross-memory attach (harmless elsewhere)
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
-faults="crash@step=150:rank=2,nan@step=250:rank=0,hang@step=350:rank=1,bitflip@step=450:rank=3"
-faults+=",gradflip@step=550:rank=1,commfail@step=700:rank=0"
-echo "demo: 4 CPU ranks stand in for 4 GPUs (no GPU is used); faults are injected (simulated):"
-echo "demo:   $faults"
+fleet=(--sim 5 --seed 4 --age 8000)
+
+echo "== rk doctor: the node's GPUs (simulated fleet)"
 set +e
-"$rk" run -n 4 --ckpt-dir "$out/ckpt" --heartbeat-timeout 5 \
+"$rk" doctor "${fleet[@]}"
+set -e
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$rk" exporter "${fleet[@]}" --time-scale 480000 --interval 2s --listen "127.0.0.1:$port" \
+  >"$out/exporter.log" 2>&1 &
+exporter=$!
+trap 'kill "$exporter" 2>/dev/null; wait "$exporter" 2>/dev/null' EXIT
+echo
+echo "== rk exporter: http://127.0.0.1:$port/metrics (simulated GPUs; log in $out/exporter.log)"
+echo
+
+faults="crash@step=150:rank=2,nan@step=250:rank=0,hang@step=350:rank=1,bitflip@step=450:rank=2"
+faults+=",gradflip@step=550:rank=0,commfail@step=700:rank=2"
+echo "== rk run: 4 CPU ranks stand in for 4 of the GPUs; faults are injected (simulated):"
+echo "   $faults"
+set +e
+"$rk" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$out/ckpt" --heartbeat-timeout 5 \
+  --failure-threshold 3 --health sim --sim-seed 4 --sim-age 8000 --sim-time-scale 480000 \
+  --health-interval 2 \
   --events "$out/events.jsonl" --summary-json "$out/summary.json" --inject "$faults" \
   -- "$rk" train --model cnn-small --epochs 1 --ckpt-every 50 --ckpt-async \
   --metrics-json "$out/metrics.json"
 st=$?
 set -e
-echo "demo: events in $out/events.jsonl, summary in $out/summary.json, checkpoints in $out/ckpt"
+echo "demo: exporter was at http://127.0.0.1:$port/metrics; events in $out/events.jsonl,"
+echo "demo: summary in $out/summary.json, checkpoints in $out/ckpt"
 exit $st

@@ -36,6 +36,14 @@ typedef struct rk_sup_opts {
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
     char *const *worker;        /* WORKER ARGS..., NULL-terminated */
     int quiet;                  /* no live status lines */
+    /* the health gate (gate.c): NULL backend = none */
+    const char *health;         /* "nvml" or "sim" */
+    int health_sim_gpus;        /* sim: fleet size (at least the devices' largest index + 1) */
+    uint64_t health_seed;       /* sim */
+    double health_time_scale;   /* sim: simulated seconds per real second */
+    double health_age_h;        /* sim: hours of service at the start */
+    double health_threshold;    /* a GPU below this is left out or drained */
+    double health_interval_s;   /* between readings during a run */
 } rk_sup_opts;
 
 /* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
@@ -63,6 +71,23 @@ void rk_launch_kill(rk_launch *l, double grace_s);
 /* The launcher's argv for a printout (static storage, for messages). */
 const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
                                char *const *worker, char *buf, size_t cap);
+
+/* ---- gate.c ------------------------------------------------------------------------------ */
+
+/* The health gate: GPUs' scores (rekindle/health.h) for the devices of a job. A device id is
+ * the GPU's index in the telemetry backend. */
+typedef struct rk_gate rk_gate;
+
+int rk_gate_open(rk_gate **out, const rk_sup_opts *o, rk_err *err);
+void rk_gate_close(rk_gate *g);
+/* Read every GPU now (at most once per call) and rescore. */
+int rk_gate_sample(rk_gate *g, rk_err *err);
+/* The latest score of device `id` (0..100), or -1 when it names no GPU; the worst finding's
+ * code and message in `why` when below the threshold. */
+int rk_gate_score(const rk_gate *g, const char *id, char *why, size_t cap);
+/* 1 if the device id is a GPU index the backend knows. */
+int rk_gate_knows(const rk_gate *g, const char *id);
+const char *rk_gate_backend(const rk_gate *g);
 
 /* ---- ledger.c ---------------------------------------------------------------------------- */
 

@@ -74,6 +74,10 @@ typedef struct sup {
     int npending;
     int64_t pending_last_done;
     double last_status;
+    rk_gate *gate;         /* the health gate, NULL without --health */
+    double last_gate;      /* when the gate last read the GPUs */
+    int drained[RK_SUP_MAX_DEVICES]; /* drained during a run: out for the rest of the job */
+    int held[RK_SUP_MAX_DEVICES];    /* left out at a launch: back only with a margin */
 } sup;
 
 static volatile sig_atomic_t interrupted;
@@ -104,6 +108,7 @@ static const char *devname(const sup *s, int rank)
 /* ---- incidents ----------------------------------------------------------------------------- */
 
 static void count_failure(sup *s, int rank, const char *why);
+static void gate_tick(sup *s);
 
 /* An incident whose recovery is measured when the job next applies a step. */
 static void pend(sup *s, rk_incident *i)
@@ -212,8 +217,12 @@ static void on_event(sup *s, const rk_hb_msg *m)
                                    "step %lld: %s", (long long)m->step, m->detail);
     if (i)
         i->lost_steps = m->lost_steps;
-    say(s, "step %lld: %s on rank %d%s%s -> %s (in-process, no restart)", (long long)m->step,
-        m->kind, blame, blame >= 0 ? " device " : "", devname(s, blame), m->action);
+    if (blame >= 0)
+        say(s, "step %lld: %s on rank %d device %s -> %s (in-process, no restart)",
+            (long long)m->step, m->kind, blame, devname(s, blame), m->action);
+    else
+        say(s, "step %lld: %s -> %s (in-process, no restart)", (long long)m->step, m->kind,
+            m->action);
     pend(s, i);
     if (counted && blame >= 0)
         count_failure(s, blame, m->kind);
@@ -259,6 +268,8 @@ static int on_line(void *ctx, const char *line, size_t len)
         c->done = m.step;
         c->progress = 2 * m.step;
         s->hellos++;
+        if (s->stop_sent) /* a stop went out before this rank connected: it must hear it */
+            (void)send(c->fd, "{\"cmd\":\"stop\"}\n", 15, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (m.rank == 0)
             s->start_step = m.step;
         if (s->g.first_step < 0 && m.rank == 0)
@@ -466,8 +477,9 @@ static void status_line(sup *s)
     if (s->o->quiet || now - s->last_status < 10.0)
         return;
     s->last_status = now;
-    say(s, "%.0f s: step %lld, loss %.4f, %d ranks, %d restarts", now, (long long)s->last_done,
-        s->loss, s->n, s->g.restarts);
+    say(s, "%.0f s: step %lld, loss %.4f, %d rank%s, %d restart%s", now,
+        (long long)s->last_done, s->loss, s->n, s->n == 1 ? "" : "s", s->g.restarts,
+        s->g.restarts == 1 ? "" : "s");
 }
 
 /* Watch one launch until it ends; returns what to do next. */
@@ -512,6 +524,7 @@ static outcome watch(sup *s)
                     read_conn(s, &s->c[map[q - 1]]);
         }
         check_timeouts(s);
+        gate_tick(s);
         status_line(s);
         int exited = rk_launch_poll(&s->l);
         double now = rk_ledger_now(&s->g);
@@ -587,15 +600,75 @@ static int open_socket(sup *s, rk_err *err)
     return RK_OK;
 }
 
-/* Pick the devices of the next launch: the first n that are not quarantined. */
+/* Pick the devices of the next launch: the first n that are not quarantined and, with the
+ * health gate, score at least the threshold now (a GPU left out may come back later). */
 static int pick_devices(sup *s)
 {
+    rk_err err = {0};
+    if (s->gate && rk_gate_sample(s->gate, &err))
+        say(s, "health gate: %s", err.msg);
+    s->last_gate = rk_ledger_now(&s->g);
     int k = 0;
-    for (int d = 0; d < s->o->ndevices && k < s->o->n; d++)
-        if (!s->quarantined[d])
-            s->dev[k++] = d;
+    for (int d = 0; d < s->o->ndevices && k < s->o->n; d++) {
+        if (s->quarantined[d] || s->drained[d])
+            continue;
+        char why[200];
+        int score = s->gate ? rk_gate_score(s->gate, s->o->devices[d], why, sizeof why) : 100;
+        /* a device left out before comes back only 10 points above the threshold, so a
+         * score hovering at the threshold does not flap in and out of the job */
+        double need = s->o->health_threshold + (s->held[d] ? 10 : 0);
+        if (score < need) {
+            s->held[d] = 1;
+            rk_incident *i = rk_ledger_add(&s->g, "health_gate", -1, s->o->devices[d], "left_out",
+                                           "score %d below %.0f: %s", score, need,
+                                           why[0] ? why : "below the margin to come back");
+            if (i) {
+                i->lost_steps = 0;
+                rk_ledger_write(&s->g, i);
+            }
+            say(s, "health gate: device %s left out of this launch: score %d (%s)",
+                s->o->devices[d], score, why[0] ? why : "below the margin to come back");
+            continue;
+        }
+        s->held[d] = 0;
+        s->dev[k++] = d;
+    }
     s->n = k;
     return k;
+}
+
+/* During a run: read the GPUs every --health-interval; drain a device of this launch whose
+ * score fell below the threshold (checkpoint and stop, then relaunch without it). */
+static void gate_tick(sup *s)
+{
+    double now = rk_ledger_now(&s->g);
+    /* a drain needs every rank to hear the stop: wait until all said hello */
+    if (!s->gate || s->failing || s->stop_sent || s->hellos < s->n ||
+        now - s->last_gate < s->o->health_interval_s)
+        return;
+    s->last_gate = now;
+    rk_err err = {0};
+    if (rk_gate_sample(s->gate, &err))
+        say(s, "health gate: %s", err.msg);
+    for (int r = 0; r < s->n; r++) {
+        char why[200];
+        int score = rk_gate_score(s->gate, devname(s, r), why, sizeof why);
+        if (score >= s->o->health_threshold)
+            continue;
+        rk_incident *i = rk_ledger_add(&s->g, "health_drain", r, devname(s, r), "drain",
+                                       "score %d fell below %.0f at step %lld: %s", score,
+                                       s->o->health_threshold, (long long)s->last_done, why);
+        if (i) {
+            i->lost_steps = 0;
+            rk_ledger_write(&s->g, i);
+        }
+        say(s, "health gate: draining device %s (rank %d): score %d (%s)", devname(s, r), r,
+            score, why);
+        s->drained[s->dev[r]] = 1;
+        send_all(s, "{\"cmd\":\"stop\"}\n");
+        s->stop_sent = 1;
+        return;
+    }
 }
 
 int rk_sup_run(const rk_sup_opts *o)
@@ -615,12 +688,36 @@ int rk_sup_run(const rk_sup_opts *o)
         fprintf(stderr, "rk run: %s\n", err.msg[0] ? err.msg : "out of memory");
         goto out;
     }
+    int gate_auto = o->health && strcmp(o->health, "auto") == 0;
+    if (o->health && rk_gate_open(&s->gate, o, &err)) {
+        if (!gate_auto) {
+            fprintf(stderr, "rk run: health gate: %s\n", err.msg);
+            goto out;
+        }
+        say(s, "health gate off: %s", err.msg); /* no NVML here: run without it */
+        s->gate = NULL;
+    }
+    if (s->gate) {
+        for (int d = 0; d < o->ndevices; d++)
+            if (!rk_gate_knows(s->gate, o->devices[d])) {
+                fprintf(stderr, "rk run: health gate: device '%s' is not a GPU index of the %s "
+                                "backend\n", o->devices[d], rk_gate_backend(s->gate));
+                goto out;
+            }
+        say(s, "health gate: %s GPUs%s, threshold %.0f, read every %.1f s", rk_gate_backend(s->gate),
+            strcmp(rk_gate_backend(s->gate), "sim") == 0 ? " (simulated)" : "",
+            o->health_threshold, o->health_interval_s);
+    }
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    pick_devices(s);
+    if (pick_devices(s) < o->min_ranks || s->n < 1) {
+        say(s, "cannot start: %d healthy device%s, below --min-ranks %d", s->n,
+            s->n == 1 ? "" : "s", o->min_ranks);
+        goto out;
+    }
     char desc[1024];
     say(s, "%s", rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc,
                                     sizeof desc));
@@ -684,8 +781,14 @@ int rk_sup_run(const rk_sup_opts *o)
             break;
         }
         s->launch_no++;
-        say(s, "relaunch %d on %d rank%s from the latest good checkpoint", s->launch_no, n,
-            n == 1 ? "" : "s");
+        char list[512];
+        size_t len = 0;
+        list[0] = '\0';
+        for (int r = 0; r < n && len + 2 < sizeof list; r++)
+            len += (size_t)snprintf(list + len, sizeof list - len, r ? ",%s" : "%s",
+                                    o->devices[s->dev[r]]);
+        say(s, "relaunch %d on %d rank%s (devices %s) from the latest good checkpoint",
+            s->launch_no, n, n == 1 ? "" : "s", list);
     }
 out:
     if (s->g.t0 > 0 && rk_ledger_summary(&s->g, o->summary_path, stderr, s->last_done, s->n,
@@ -698,6 +801,7 @@ out:
     if (s->dir[0])
         rmdir(s->dir);
     rk_inject_free(s->spec);
+    rk_gate_close(s->gate);
     free(s->fired);
     rk_ledger_close(&s->g);
     free(s);

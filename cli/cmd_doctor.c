@@ -1,0 +1,273 @@
+/*
+ * rk doctor: a health check of this node's GPUs. Reads each GPU a few times (for rates and
+ * dT/dt), scores it (rekindle/health.h, docs/health.md) and prints a table or JSON; exit
+ * status 1 when any GPU scores below the threshold, so scripts and schedulers can gate on it.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rekindle/health.h"
+#include "rk.h"
+
+static const char usage_text[] =
+    "usage: rk doctor [--sim N [--seed S] [--age HOURS]] [--json] [--threshold T]\n"
+    "                 [--textfile-dir DIR] [--samples K] [--interval SECONDS]\n"
+    "\n"
+    "Score each GPU of this node 0-100 (docs/health.md) and say what to fix.\n"
+    "\n"
+    "  --sim N             a simulated fleet of N GPUs instead of NVML (marked as simulated)\n"
+    "  --seed S            the simulated fleet's seed (default 1)\n"
+    "  --age HOURS         hours of service before the check, on top of each simulated\n"
+    "                      profile's own wear (default 0)\n"
+    "  --json              the same as JSON on stdout\n"
+    "  --threshold T       a GPU below T fails (default 60)\n"
+    "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
+    "                      node_exporter textfiles in DIR (docs/textfile.md)\n"
+    "  --samples K         readings per GPU, for rates and dT/dt (default 5)\n"
+    "  --interval SECONDS  between readings (default 0.5; a simulated fleet ages 120x faster)\n"
+    "  -h, --help          show this help\n"
+    "\n"
+    "Exit status: 0 every GPU at or above the threshold, 1 one or more below it (or no GPU\n"
+    "could be read), 2 bad usage.\n";
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rk doctor: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n\n%s", usage_text);
+    va_end(ap);
+    return RK_EXIT_USAGE;
+}
+
+static int num(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return usage_error("%s '%s' is not a number in [%g, %g]", flag, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static void nap(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* The sample's valid fields as a JSON object (absent fields absent). */
+static json_t *sample_json(const rk_gpu_sample *s)
+{
+    json_t *o = json_object();
+    if (s->lost) {
+        json_object_set_new(o, "lost", json_true());
+        return o;
+    }
+    struct {
+        rk_field f;
+        double v;
+    } d[] = {
+        {RK_F_TEMP, s->temp_c},
+        {RK_F_FAN, s->fan_pct},
+        {RK_F_POWER, s->power_w},
+        {RK_F_POWER_LIMIT, s->power_limit_w},
+        {RK_F_SM_CLOCK, s->sm_mhz},
+        {RK_F_MEM_CLOCK, s->mem_mhz},
+        {RK_F_CLOCK_REASONS, (double)s->clock_reasons},
+        {RK_F_UTIL, s->util_pct},
+        {RK_F_MEM_USED, (double)s->mem_used_bytes},
+        {RK_F_MEM_TOTAL, (double)s->mem_total_bytes},
+        {RK_F_ECC_CORRECTED, (double)s->ecc_corrected},
+        {RK_F_ECC_UNCORRECTED, (double)s->ecc_uncorrected},
+        {RK_F_RETIRED, (double)s->retired_pages},
+        {RK_F_RETIRED_PENDING, (double)s->retired_pending},
+        {RK_F_REMAPPED, (double)s->remapped_rows},
+        {RK_F_PCIE_GEN, s->pcie_gen},
+        {RK_F_PCIE_WIDTH, s->pcie_width},
+        {RK_F_PCIE_GEN_MAX, s->pcie_gen_max},
+        {RK_F_PCIE_WIDTH_MAX, s->pcie_width_max},
+        {RK_F_PCIE_REPLAY, (double)s->pcie_replay},
+        {RK_F_ENERGY, s->energy_j},
+        {RK_F_XID, s->last_xid},
+        {RK_F_VRM_RIPPLE, s->vrm_ripple_mv},
+        {RK_F_FAN_VIB, s->fan_vib_hz},
+    };
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        if (rk_field_valid(s, d[i].f))
+            json_object_set_new(o, rk_field_name(d[i].f), json_real(d[i].v));
+    return o;
+}
+
+int rk_cmd_doctor(int argc, char **argv)
+{
+    static const struct option longs[] = {
+        {"sim", required_argument, 0, 'S'},      {"seed", required_argument, 0, 's'},
+        {"age", required_argument, 0, 'a'},      {"json", no_argument, 0, 'j'},
+        {"threshold", required_argument, 0, 't'}, {"textfile-dir", required_argument, 0, 'x'},
+        {"samples", required_argument, 0, 'k'},  {"interval", required_argument, 0, 'i'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
+    int sim = 0, as_json = 0;
+    double threshold = RK_HEALTH_THRESHOLD_DEFAULT, samples = 5, interval = 0.5, v;
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'S':
+            if (num("--sim", optarg, 1, 1024, &v))
+                return RK_EXIT_USAGE;
+            sim = (int)v;
+            if (sim != v)
+                return usage_error("--sim '%s' is not a whole number", optarg);
+            break;
+        case 's':
+            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
+                return RK_EXIT_USAGE;
+            o.seed = (uint64_t)v;
+            break;
+        case 'a':
+            if (num("--age", optarg, 0, 1e6, &o.start_age_h))
+                return RK_EXIT_USAGE;
+            break;
+        case 'j': as_json = 1; break;
+        case 't':
+            if (num("--threshold", optarg, 0, 100, &threshold))
+                return RK_EXIT_USAGE;
+            break;
+        case 'x': o.textfile_dir = optarg; break;
+        case 'k':
+            if (num("--samples", optarg, 1, 1000, &samples))
+                return RK_EXIT_USAGE;
+            break;
+        case 'i':
+            if (num("--interval", optarg, 0, 60, &interval))
+                return RK_EXIT_USAGE;
+            break;
+        case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
+        default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return usage_error("unexpected argument '%s'", argv[optind]);
+    rk_err err = {0};
+    rk_telemetry *t = NULL;
+    if (sim) {
+        o.sim_gpus = sim;
+        o.time_scale = 120.0;
+    }
+    if (rk_telemetry_open(&t, sim ? "sim" : "nvml", &o, &err)) {
+        fprintf(stderr, "rk doctor: %s\n", err.msg);
+        if (!sim)
+            fprintf(stderr, "rk doctor: no GPU to check; --sim N checks a simulated fleet\n");
+        return RK_EXIT_FAIL;
+    }
+    int n = rk_telemetry_count(t);
+    rk_gpu_info *info = calloc((size_t)(n ? n : 1), sizeof *info);
+    rk_gpu_sample *smp = calloc((size_t)(n ? n : 1), sizeof *smp);
+    rk_gpu_history *h = calloc((size_t)(n ? n : 1), sizeof *h);
+    int status = RK_EXIT_OK, warned = 0;
+    if (!info || !smp || !h) {
+        fprintf(stderr, "rk doctor: out of memory\n");
+        status = RK_EXIT_FAIL;
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        if (rk_history_init(&h[i], (int)samples + 1, &err)) {
+            fprintf(stderr, "rk doctor: %s\n", err.msg);
+            status = RK_EXIT_FAIL;
+            goto out;
+        }
+    for (int k = 0; k < (int)samples; k++) {
+        if (k)
+            nap(interval);
+        if (rk_telemetry_read_all(t, info, smp, &err) && !warned) {
+            fprintf(stderr, "rk doctor: %s\n", err.msg); /* once: the rest is still read */
+            warned = 1;
+        }
+        for (int i = 0; i < n; i++)
+            rk_history_push(&h[i], &smp[i]);
+    }
+    if (n == 0) {
+        fprintf(stderr, "rk doctor: %s found no GPU\n", rk_telemetry_backend(t));
+        status = RK_EXIT_FAIL;
+    }
+    json_t *arr = json_array();
+    if (!as_json)
+        printf("%-4s %-46s %5s  %-4s  %s\n", "GPU", "NAME", "SCORE", "", "FINDINGS");
+    for (int i = 0; i < n; i++) {
+        rk_gpu_signals g;
+        rk_signals_compute(&h[i], &g);
+        rk_finding f[RK_MAX_FINDINGS];
+        int nf = 0;
+        int score = rk_health_score(&smp[i], &g, f, &nf);
+        int pass = score >= threshold;
+        if (!pass)
+            status = RK_EXIT_FAIL;
+        if (as_json) {
+            json_t *o2 = json_object();
+            json_object_set_new(o2, "index", json_integer(info[i].index));
+            json_object_set_new(o2, "name", json_string(info[i].name));
+            json_object_set_new(o2, "uuid", json_string(info[i].uuid));
+            json_object_set_new(o2, "simulated", json_boolean(info[i].simulated));
+            if (info[i].profile[0])
+                json_object_set_new(o2, "profile", json_string(info[i].profile));
+            json_object_set_new(o2, "score", json_integer(score));
+            json_object_set_new(o2, "pass", json_boolean(pass));
+            json_t *fa = json_array();
+            for (int q = 0; q < nf; q++) {
+                json_t *fo = json_object();
+                json_object_set_new(fo, "code", json_string(f[q].code));
+                json_object_set_new(fo, "severity", json_string(rk_severity_name(f[q].severity)));
+                json_object_set_new(fo, "penalty", json_integer(f[q].penalty));
+                json_object_set_new(fo, "message", json_string(f[q].message));
+                json_object_set_new(fo, "action", json_string(f[q].action));
+                json_array_append_new(fa, fo);
+            }
+            json_object_set_new(o2, "findings", fa);
+            json_object_set_new(o2, "sample", sample_json(&smp[i]));
+            json_array_append_new(arr, o2);
+            continue;
+        }
+        char name[128];
+        snprintf(name, sizeof name, "%s%s", info[i].name, info[i].simulated ? " (simulated)" : "");
+        printf("%-4d %-46.46s %5d  %-4s  %s\n", info[i].index, name, score, pass ? "ok" : "FAIL",
+               nf ? "" : "none");
+        for (int q = 0; q < nf; q++)
+            printf("       %-4s %-20s %s -> %s\n", rk_severity_name(f[q].severity), f[q].code,
+                   f[q].message, f[q].action);
+    }
+    if (as_json) {
+        json_t *root = json_object();
+        json_object_set_new(root, "backend", json_string(rk_telemetry_backend(t)));
+        json_object_set_new(root, "threshold", json_real(threshold));
+        json_object_set_new(root, "gpus", arr);
+        char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        if (text)
+            printf("%s\n", text);
+        free(text);
+        json_decref(root);
+    } else {
+        json_decref(arr);
+        printf("threshold %.0f: %s\n", threshold,
+               status == RK_EXIT_OK ? "every GPU passes" : "one or more GPUs fail");
+    }
+out:
+    for (int i = 0; h && i < n; i++)
+        rk_history_free(&h[i]);
+    free(h);
+    free(info);
+    free(smp);
+    rk_telemetry_close(t);
+    return status;
+}

@@ -1,0 +1,206 @@
+/*
+ * rk exporter: serve this node's GPU health to Prometheus (docs/exporter.md; the metrics are
+ * docs/metrics.md). Parses flags, starts the exporter (src/exporter/), prints where it listens,
+ * then waits for SIGINT or SIGTERM and stops it cleanly. What the collector notices (a GPU
+ * below the threshold, lost, collection failing) is printed to stderr as it happens.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "exporter/exporter.h"
+#include "rk.h"
+
+static const char usage_text[] =
+    "usage: rk exporter [--listen ADDR:PORT] [--interval DURATION] [--sim N [--seed S]\n"
+    "                   [--age HOURS] [--time-scale X]]\n"
+    "                   [--textfile-dir DIR] [--threshold T]\n"
+    "\n"
+    "Serve this node's GPU health to Prometheus: /metrics (docs/metrics.md), /healthz, /.\n"
+    "\n"
+    "  --listen ADDR:PORT  where to listen (default " RK_EXPORTER_DEFAULT_LISTEN ": this machine\n"
+    "                      only, because the exporter has no authentication and describes the\n"
+    "                      node's hardware; 0.0.0.0:9835 exposes it on every interface, "
+    "[::1]:PORT\n"
+    "                      for IPv6; port 0 picks a free one)\n"
+    "  --interval D        read every GPU this often: 5s (default), 500ms, 1m, or bare seconds\n"
+    "  --sim N             a simulated fleet of N GPUs instead of NVML (marked as simulated)\n"
+    "  --seed S            the simulated fleet's seed (default 1)\n"
+    "  --age HOURS         hours of service the simulated GPUs start with (default 0)\n"
+    "  --time-scale X      simulated seconds per real second (default 1)\n"
+    "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
+    "                      node_exporter textfiles in DIR\n"
+    "  --threshold T       report on stderr when a GPU scores below T (default 60)\n"
+    "  -h, --help          show this help\n"
+    "\n"
+    "Runs until SIGINT or SIGTERM. Exit status: 0 stopped by a signal, 1 it could not start (no\n"
+    "NVML and no --sim, the address in use), 2 bad usage.\n";
+
+__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rk exporter: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n\n%s", usage_text);
+    va_end(ap);
+    return RK_EXIT_USAGE;
+}
+
+static int num(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return usage_error("%s '%s' is not a number in [%g, %g]", flag, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+/* "5s", "500ms", "1m", "2h" or bare seconds ("5", "0.5") into seconds; -1 if malformed. */
+static double parse_duration(const char *s)
+{
+    char *end;
+    errno = 0;
+    if (!*s || *s == '-' || *s == '+' || *s == ' ')
+        return -1;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0)
+        return -1;
+    if (!*end || strcmp(end, "s") == 0)
+        return v;
+    if (strcmp(end, "ms") == 0)
+        return v / 1000;
+    if (strcmp(end, "m") == 0)
+        return v * 60;
+    if (strcmp(end, "h") == 0)
+        return v * 3600;
+    return -1;
+}
+
+static void print_event(void *ctx, const char *line)
+{
+    (void)ctx;
+    fprintf(stderr, "rk exporter: %s\n", line);
+    fflush(stderr);
+}
+
+int rk_cmd_exporter(int argc, char **argv)
+{
+    static const struct option longs[] = {{"listen", required_argument, 0, 'l'},
+                                          {"interval", required_argument, 0, 'i'},
+                                          {"sim", required_argument, 0, 'S'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"age", required_argument, 0, 'a'},
+                                          {"time-scale", required_argument, 0, 'T'},
+                                          {"textfile-dir", required_argument, 0, 'x'},
+                                          {"threshold", required_argument, 0, 't'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    rk_exporter_opts o = RK_EXPORTER_OPTS_DEFAULT;
+    int sim = 0, seeded = 0;
+    double v;
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'l': o.listen = optarg; break;
+        case 'i':
+            o.interval_s = parse_duration(optarg);
+            if (!(o.interval_s >= 0.1 && o.interval_s <= 86400))
+                return usage_error("--interval '%s' is not a duration from 100ms to 24h (5s, "
+                                   "500ms, 1m, or bare seconds)",
+                                   optarg);
+            break;
+        case 'S':
+            if (num("--sim", optarg, 1, 1024, &v))
+                return RK_EXIT_USAGE;
+            sim = (int)v;
+            if (sim != v)
+                return usage_error("--sim '%s' is not a whole number", optarg);
+            break;
+        case 's':
+            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
+                return RK_EXIT_USAGE;
+            if (v != floor(v))
+                return usage_error("--seed '%s' is not a whole number", optarg);
+            o.telemetry.seed = (uint64_t)v;
+            seeded = 1;
+            break;
+        case 'a':
+            if (num("--age", optarg, 0, 1e6, &o.telemetry.start_age_h))
+                return RK_EXIT_USAGE;
+            seeded = 1;
+            break;
+        case 'T':
+            if (num("--time-scale", optarg, 1e-3, 1e9, &o.telemetry.time_scale))
+                return RK_EXIT_USAGE;
+            seeded = 1;
+            break;
+        case 'x': o.telemetry.textfile_dir = optarg; break;
+        case 't':
+            if (num("--threshold", optarg, 0, 100, &o.threshold))
+                return RK_EXIT_USAGE;
+            break;
+        case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
+        default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return usage_error("unexpected argument '%s'", argv[optind]);
+    if (seeded && !sim)
+        return usage_error("--seed, --age and --time-scale need --sim N");
+    rk_err err = {0};
+    struct sockaddr_storage ss;
+    unsigned sslen;
+    if (rk_exporter_parse_listen(o.listen, &ss, &sslen, &err))
+        return usage_error("--listen: %s", err.msg);
+    if (sim) {
+        o.backend = "sim";
+        o.telemetry.sim_gpus = sim;
+    }
+    o.on_event = print_event;
+
+    /* SIGINT and SIGTERM are taken with sigwait below: block them before any thread starts so
+     * that every thread inherits the mask and none of them is interrupted. */
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rk_exporter *x = NULL;
+    int rc = rk_exporter_start(&x, &o, &err);
+    if (rc) {
+        if (rc == RK_ENOTSUP && !sim)
+            fprintf(stderr,
+                    "rk exporter: %s; no GPU to watch (--sim N serves a simulated "
+                    "fleet)\n",
+                    err.msg);
+        else
+            fprintf(stderr, "rk exporter: %s\n", err.msg);
+        pthread_sigmask(SIG_UNBLOCK, &stop, NULL);
+        return rc == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
+    }
+    int n = rk_exporter_gpus(x);
+    printf("rk exporter: serving http://%s/metrics: %d %sGPU%s (%s backend), read every %g s\n",
+           rk_exporter_address(x), n, rk_exporter_simulated(x) ? "simulated " : "",
+           n == 1 ? "" : "s", rk_exporter_backend(x), o.interval_s);
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&stop, &sig) != 0)
+        ;
+    fprintf(stderr, "rk exporter: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rk_exporter_stop(x);
+    return RK_EXIT_OK;
+}

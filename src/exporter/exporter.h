@@ -1,0 +1,156 @@
+/*
+ * rk exporter (docs/exporter.md): this node's GPU health served to Prometheus. Two halves:
+ *
+ *   prom.c   the Prometheus text format 0.0.4 encoding of the node's GPU state: exactly the
+ *            metric names, types, units and labels of docs/metrics.md (the contract alert rules
+ *            and dashboards are built on). Pure functions over plain structs: no I/O.
+ *   http.c   the exporter itself: a collector thread that reads every GPU each interval
+ *            (rekindle/health.h), keeps a window of samples per GPU, scores it and renders the
+ *            whole /metrics text into a new buffer that it swaps in; and a libmicrohttpd server
+ *            whose scrapes only hand out the latest text (/metrics, /healthz, /).
+ *
+ * Like the rest of the library, nothing here prints or exits: errors come back as RK_E* codes
+ * with a message, and what the collector notices (a GPU below the threshold, lost, a failing
+ * collection) goes to an optional callback that the caller prints.
+ *
+ *     rk_exporter_opts o = RK_EXPORTER_OPTS_DEFAULT;
+ *     o.backend = "sim"; o.telemetry.sim_gpus = 8;
+ *     rk_exporter *x;
+ *     if (rk_exporter_start(&x, &o, &err)) return err.code;
+ *     printf("listening on http://%s/metrics\n", rk_exporter_address(x));
+ *     ... wait for SIGTERM ...
+ *     rk_exporter_stop(x);
+ */
+#ifndef RK_EXPORTER_H
+#define RK_EXPORTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+#include "rekindle/health.h"
+
+/* ---- Prometheus text encoding (prom.c) ---------------------------------------------------- */
+
+/* A growable text buffer. An allocation failure sets `failed` and makes later appends no-ops,
+ * so a renderer checks once at the end. */
+typedef struct rk_buf {
+    char *p; /* NUL-terminated while not failed */
+    size_t len, cap;
+    bool failed;
+} rk_buf;
+
+void rk_buf_free(rk_buf *b);
+/* Append `len` bytes / a printf-style string. */
+void rk_buf_put(rk_buf *b, const char *s, size_t len);
+void rk_buf_printf(rk_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One GPU as the encoder sees it: what it is, its latest sample, the signals over its window
+ * and its score with findings (filled by rk_prom_gpu_assess, or by hand in tests).
+ *
+ *   sample.lost          rk_gpu_up 0, and only rk_gpu_info, rk_gpu_up and rk_gpu_health_score
+ *   sample.valid == 0    the read failed this cycle: rk_gpu_up 0, rk_gpu_info, and the score
+ *                        only if has_score
+ *   otherwise            rk_gpu_up 1 and a series for every valid field and signal */
+typedef struct rk_prom_gpu {
+    rk_gpu_info info;
+    rk_gpu_sample sample;
+    bool has_signals;
+    rk_gpu_signals sig;
+    bool has_score;
+    int score;
+    int nfindings;
+    rk_finding findings[RK_MAX_FINDINGS];
+} rk_prom_gpu;
+
+/* The exporter's own counters (rk_exporter_* metrics). A negative duration or a timestamp of
+ * 0 or less leaves that series out. */
+typedef struct rk_prom_stats {
+    uint64_t collections, errors;
+    double duration_s;
+    double last_ts;
+    int gpus;
+} rk_prom_stats;
+
+/* Fill g from one GPU's info, latest sample and window: signals (rk_signals_compute), score
+ * and findings (rk_health_score). A failed read (valid == 0, not lost) gets no signals and no
+ * score. `h` may be NULL (no window: signals absent). */
+void rk_prom_gpu_assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sample *latest,
+                        const rk_gpu_history *h);
+
+/* Append the per-GPU metric families for n GPUs (HELP and TYPE once per family, then one
+ * series per GPU in order; a family with no series is left out). Values that are not finite
+ * (NaN, Inf) are treated as absent: no series. */
+void rk_prom_render_gpus(rk_buf *b, const rk_prom_gpu *g, int n);
+/* Append the rk_exporter_* families. */
+void rk_prom_render_stats(rk_buf *b, const rk_prom_stats *s);
+
+/* A sample value as Prometheus text: integers exactly ("42", "-3"), other values in the
+ * shortest of %.15g / %.17g that reads back to the same double. Returns false (and writes
+ * nothing useful) for NaN and infinities, which rekindle never exposes. cap >= 32. */
+bool rk_prom_format_value(double v, char *buf, size_t cap);
+/* Append a label value escaped for the text format: backslash, double quote and line feed
+ * become \\, \" and \n; bytes that are not valid UTF-8 become U+FFFD. */
+void rk_prom_escape_label(rk_buf *b, const char *s);
+
+/* The Content-Type of what rk_prom_render_* produce. */
+#define RK_PROM_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* ---- the exporter (http.c) ---------------------------------------------------------------- */
+
+#define RK_EXPORTER_DEFAULT_PORT 9835
+#define RK_EXPORTER_DEFAULT_LISTEN "127.0.0.1:9835"
+#define RK_EXPORTER_PATH_MAX 1024 /* longer request paths get 414 */
+
+typedef struct rk_exporter rk_exporter;
+
+typedef struct rk_exporter_opts {
+    const char *listen;  /* "ADDR:PORT", IPv6 as "[ADDR]:PORT"; port 0 picks a free one */
+    double interval_s;   /* between collections: 0.1 .. 86400 */
+    int history;         /* samples kept per GPU for signals: 2 .. 100000 */
+    const char *backend; /* "nvml", "sim" or "auto" (rk_telemetry_open) */
+    rk_telemetry_opts telemetry;
+    double threshold;         /* a GPU scoring below this is reported through on_event */
+    unsigned max_connections; /* concurrent HTTP connections */
+    unsigned timeout_s;       /* an idle or slow connection is closed after this */
+    unsigned threads;         /* HTTP worker threads (1 .. 64) */
+    /* Called from the collector thread with one line (no newline) when something changes: a
+     * GPU falls below the threshold or recovers, a GPU is lost, collection starts failing or
+     * recovers. NULL for none. */
+    void (*on_event)(void *ctx, const char *line);
+    void *event_ctx;
+} rk_exporter_opts;
+
+#define RK_EXPORTER_OPTS_DEFAULT                                                                   \
+    {                                                                                              \
+        RK_EXPORTER_DEFAULT_LISTEN, 5.0, 60, "nvml", RK_TELEMETRY_OPTS_DEFAULT,                    \
+            RK_HEALTH_THRESHOLD_DEFAULT, 128, 10, 2, NULL, NULL                                    \
+    }
+
+/* Bind the listening socket (first: a port in use is the likeliest mistake), open the
+ * telemetry backend, run the first collection, then start serving and the collector thread.
+ * Errors: RK_EINVAL (bad options or listen address), RK_ENOTSUP (NVML absent: the message says
+ * so), RK_EIO (the address cannot be bound, e.g. in use: the message names it), RK_ENOMEM.
+ * Nothing is left running on error. */
+int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err);
+/* Stop serving (open connections are closed), stop and join the collector, close the
+ * backend and free everything. NULL is a no-op. */
+void rk_exporter_stop(rk_exporter *x);
+
+/* The address actually bound, "127.0.0.1:9835" or "[::1]:9835" (with the real port when 0
+ * was asked for). */
+const char *rk_exporter_address(const rk_exporter *x);
+/* The backend's name ("nvml", "sim"), how many GPUs it watches, and whether they are
+ * simulated. */
+const char *rk_exporter_backend(const rk_exporter *x);
+int rk_exporter_gpus(const rk_exporter *x);
+bool rk_exporter_simulated(const rk_exporter *x);
+
+/* Parse "ADDR:PORT" / "[ADDR]:PORT" (numeric addresses only: no name lookups) into a socket
+ * address. RK_EINVAL naming the problem. */
+struct sockaddr_storage;
+int rk_exporter_parse_listen(const char *s, struct sockaddr_storage *ss, unsigned *sslen,
+                             rk_err *err);
+
+#endif

@@ -1,0 +1,135 @@
+/*
+ * Telemetry dispatch (rekindle/health.h): picks a backend's operation table, forwards to it,
+ * and merges textfile sensors into every sample read. Backends: nvml.c, sim.c.
+ */
+#include "rekindle/health.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct rk_telemetry {
+    const rk_telemetry_ops *ops;
+    void *state;
+    char *textfile_dir;
+};
+
+static const char *const field_names[RK_F_COUNT] = {
+    "temp",        "fan",         "power",           "power_limit",   "sm_clock",
+    "mem_clock",   "clock_reasons", "util",          "mem_used",      "mem_total",
+    "ecc_corrected", "ecc_uncorrected", "retired_pages", "retired_pending", "remapped_rows",
+    "pcie_gen",    "pcie_width",  "pcie_gen_max",    "pcie_width_max", "pcie_replay",
+    "energy",      "xid",         "vrm_ripple",      "fan_vibration",
+};
+
+const char *rk_field_name(rk_field f)
+{
+    return (unsigned)f < RK_F_COUNT ? field_names[f] : "?";
+}
+
+static int check_opts(const rk_telemetry_opts *o, rk_err *err)
+{
+    if (o->sim_gpus < 1 || o->sim_gpus > 1024)
+        return rk_err_set(err, RK_EINVAL, "telemetry: %d simulated GPUs (1..1024)", o->sim_gpus);
+    if (!(o->time_scale > 0) || o->time_scale > 1e9)
+        return rk_err_set(err, RK_EINVAL, "telemetry: time scale %g (> 0, <= 1e9)", o->time_scale);
+    if (!(o->start_age_h >= 0) || o->start_age_h > 1e6)
+        return rk_err_set(err, RK_EINVAL, "telemetry: start age %g h (0..1e6)", o->start_age_h);
+    return RK_OK;
+}
+
+int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetry_opts *o,
+                      rk_err *err)
+{
+    *out = NULL;
+    rk_telemetry_opts def = RK_TELEMETRY_OPTS_DEFAULT;
+    if (!o)
+        o = &def;
+    int rc = check_opts(o, err);
+    if (rc)
+        return rc;
+    const rk_telemetry_ops *ops = NULL;
+    if (!backend || strcmp(backend, "auto") == 0 || strcmp(backend, "nvml") == 0)
+        ops = &rk_telemetry_nvml;
+    else if (strcmp(backend, "sim") == 0)
+        ops = &rk_telemetry_sim;
+    else
+        return rk_err_set(err, RK_EINVAL, "telemetry: unknown backend '%.32s' (nvml, sim, auto)",
+                          backend);
+    rk_telemetry *t = calloc(1, sizeof *t);
+    if (!t)
+        return rk_err_set(err, RK_ENOMEM, "telemetry: out of memory");
+    t->ops = ops;
+    if (o->textfile_dir && !(t->textfile_dir = strdup(o->textfile_dir))) {
+        free(t);
+        return rk_err_set(err, RK_ENOMEM, "telemetry: out of memory");
+    }
+    rc = ops->open(&t->state, o, err);
+    if (rc) {
+        free(t->textfile_dir);
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return RK_OK;
+}
+
+void rk_telemetry_close(rk_telemetry *t)
+{
+    if (!t)
+        return;
+    t->ops->close(t->state);
+    free(t->textfile_dir);
+    free(t);
+}
+
+int rk_telemetry_count(const rk_telemetry *t)
+{
+    return t->ops->count(t->state);
+}
+
+const char *rk_telemetry_backend(const rk_telemetry *t)
+{
+    return t->ops->name;
+}
+
+int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= t->ops->count(t->state))
+        return RK_EINVAL;
+    return t->ops->info(t->state, i, out);
+}
+
+int rk_telemetry_read(rk_telemetry *t, int i, rk_gpu_sample *out, rk_err *err)
+{
+    memset(out, 0, sizeof *out);
+    int n = t->ops->count(t->state);
+    if (i < 0 || i >= n)
+        return rk_err_set(err, RK_EINVAL, "telemetry: GPU %d out of range (0..%d)", i, n - 1);
+    return t->ops->read(t->state, i, out, err);
+}
+
+int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *samples,
+                          rk_err *err)
+{
+    int n = t->ops->count(t->state), first = RK_OK;
+    rk_err e = {0};
+    for (int i = 0; i < n; i++) {
+        rk_telemetry_info(t, i, &infos[i]);
+        int rc = rk_telemetry_read(t, i, &samples[i], &e);
+        if (rc && !first) {
+            first = rc;
+            if (err)
+                *err = e;
+        }
+    }
+    if (t->textfile_dir) {
+        int rc = rk_textfile_merge_dir(t->textfile_dir, infos, samples, n, &e);
+        if (rc && !first) {
+            first = rc;
+            if (err)
+                *err = e;
+        }
+    }
+    return first;
+}

@@ -1,0 +1,853 @@
+/*
+ * Textfile sensors (rekindle/health.h, docs/textfile.md): node_exporter textfiles (*.prom,
+ * Prometheus text format 0.0.4) from sensors NVML cannot read. The whole file is checked the
+ * way node_exporter's parser checks it; only rk_gpu_vrm_ripple_millivolts and
+ * rk_gpu_fan_vibration_hertz are merged into the samples, and only when the file parsed.
+ * Relies on libc alone (strtod for decimal values). Never prints or exits.
+ */
+#include "rekindle/health.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES 65536         /* a line, without its newline */
+#define LABELS_MAX 64                /* labels of one sample */
+#define FILE_MAX_BYTES (1024 * 1024) /* a file merge_dir reads */
+#define SHOW_CAP 56                  /* a fragment of the file shown in a message */
+#define SHOW_PATH_CAP 224            /* a path shown in a message */
+#define UUID_MAX 128                 /* longer label values cannot name a GPU */
+
+/* The two metrics that matter, and the sample field each one sets. */
+static const struct {
+    const char *name;
+    rk_field field;
+} sensors[2] = {
+    {"rk_gpu_vrm_ripple_millivolts", RK_F_VRM_RIPPLE},
+    {"rk_gpu_fan_vibration_hertz", RK_F_FAN_VIB},
+};
+
+/* ---- messages --------------------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 character at s (n bytes left), 0 if it is not one (Go's rules:
+ * no overlong forms, no surrogates, nothing above U+10FFFF). */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0], lo = 0x80, hi = 0xbf;
+    size_t k;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        k = 2;
+    else if (c == 0xe0)
+        k = 3, lo = 0xa0;
+    else if (c == 0xed)
+        k = 3, hi = 0x9f;
+    else if (c >= 0xe1 && c <= 0xef)
+        k = 3;
+    else if (c == 0xf0)
+        k = 4, lo = 0x90;
+    else if (c == 0xf4)
+        k = 4, hi = 0x8f;
+    else if (c >= 0xf1 && c <= 0xf3)
+        k = 4;
+    else
+        return 0;
+    if (n < k || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t j = 2; j < k; j++)
+        if ((s[j] & 0xc0) != 0x80)
+            return 0;
+    return k;
+}
+
+/* Copy untrusted bytes for a message: \n, \r, \t and other control bytes or bytes that are
+ * not UTF-8 become escapes (\xNN), and what does not fit in `cap` ends in "..." (cut between
+ * characters). The result is always one printable line. */
+static const char *show(char *dst, size_t cap, const char *s, size_t len)
+{
+    size_t i = 0, j = 0;
+    while (i < len) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[8];
+        const char *out = esc;
+        size_t k = 0, adv = 1;
+        if (c == '\n' || c == '\r' || c == '\t') {
+            esc[0] = '\\', esc[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't', k = 2;
+        } else if (c < 0x20 || c == 0x7f) {
+            k = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c);
+        } else if (c < 0x80) {
+            esc[0] = (char)c, k = 1;
+        } else if ((adv = utf8_len((const unsigned char *)s + i, len - i)) > 0) {
+            out = s + i, k = adv;
+        } else {
+            k = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c), adv = 1;
+        }
+        if (j + k + 4 > cap)
+            break;
+        memcpy(dst + j, out, k);
+        j += k;
+        i += adv;
+    }
+    if (i < len) {
+        memcpy(dst + j, "...", 3);
+        j += 3;
+    }
+    dst[j] = '\0';
+    return dst;
+}
+
+static const char *show_str(char *dst, size_t cap, const char *s)
+{
+    return show(dst, cap, s, strlen(s));
+}
+
+/* ---- metric names seen (for the HELP and TYPE rules) ------------------------------------- */
+
+enum { SEEN_HELP = 1, SEEN_TYPE = 2, SEEN_SAMPLE = 4 };
+
+/* Metric types, in the order of `types` below; T_NONE until a TYPE line says. */
+enum { T_NONE, T_COUNTER, T_GAUGE, T_HISTOGRAM, T_SUMMARY, T_UNTYPED, T_GAUGE_HISTOGRAM };
+static const char *const types[] = {"",        "counter", "gauge",          "histogram",
+                                    "summary", "untyped", "gauge_histogram"};
+
+/* A metric family: a name with its HELP, TYPE and samples seen so far. */
+typedef struct name_ent {
+    const char *p; /* into the file's text; NULL: free slot */
+    size_t len;
+    unsigned flags; /* SEEN_* */
+    int type;       /* T_* */
+} name_ent;
+
+typedef struct name_set {
+    name_ent *v;
+    size_t cap, used;
+} name_set;
+
+static uint64_t hash(const char *p, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
+static name_ent *names_slot(name_ent *v, size_t cap, const char *p, size_t len)
+{
+    size_t i = (size_t)hash(p, len) & (cap - 1);
+    while (v[i].p && !(v[i].len == len && memcmp(v[i].p, p, len) == 0))
+        i = (i + 1) & (cap - 1);
+    return &v[i];
+}
+
+static name_ent *names_find(name_set *t, const char *p, size_t len)
+{
+    if (!t->cap)
+        return NULL;
+    name_ent *e = names_slot(t->v, t->cap, p, len);
+    return e->p ? e : NULL;
+}
+
+/* The entry of a name, added if new; NULL when out of memory. */
+static name_ent *names_get(name_set *t, const char *p, size_t len)
+{
+    if (2 * (t->used + 1) > t->cap) {
+        size_t nc = t->cap ? 2 * t->cap : 64;
+        name_ent *nv = calloc(nc, sizeof *nv);
+        if (!nv)
+            return NULL;
+        for (size_t i = 0; i < t->cap; i++)
+            if (t->v[i].p)
+                *names_slot(nv, nc, t->v[i].p, t->v[i].len) = t->v[i];
+        free(t->v);
+        t->v = nv;
+        t->cap = nc;
+    }
+    name_ent *e = names_slot(t->v, t->cap, p, len);
+    if (!e->p) {
+        *e = (name_ent){p, len, 0, T_NONE};
+        t->used++;
+    }
+    return e;
+}
+
+/* ---- the parser ------------------------------------------------------------------------- */
+
+typedef struct pending {
+    double v;
+    int line; /* where it was given; 0: not given */
+} pending;
+
+typedef struct parser {
+    char path[SHOW_PATH_CAP]; /* shown in messages */
+    int line;
+    rk_err *err;
+    name_set names;
+    const rk_gpu_info *infos;
+    int n;
+    pending *pend; /* pend[2 * gpu + sensor] */
+} parser;
+
+typedef struct span {
+    const char *p;
+    size_t len;
+} span;
+
+/* RK_EFORMAT, "<path>:<line>: <problem>". Fragments of the file in `fmt`'s arguments have
+ * been through show(). */
+__attribute__((format(printf, 2, 3))) static int bad(parser *P, const char *fmt, ...)
+{
+    char buf[RK_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return rk_err_set(P->err, RK_EFORMAT, "%s:%d: %s", P->path, P->line, buf);
+}
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t';
+}
+static int name_start(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
+}
+static int name_char(char c)
+{
+    return name_start(c) || (c >= '0' && c <= '9');
+}
+static int label_start(char c)
+{
+    return name_start(c) && c != ':';
+}
+static int label_char(char c)
+{
+    return name_char(c) && c != ':';
+}
+
+static size_t skip_blank(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_blank(s[i]))
+        i++;
+    return i;
+}
+
+/* The end of the token at i: the first byte of `stop` (or the line's end). */
+static size_t token_end(const char *s, size_t n, size_t i, const char *stop)
+{
+    while (i < n && (s[i] == '\0' || !strchr(stop, s[i])))
+        i++;
+    return i;
+}
+
+static int span_is(span a, const char *s)
+{
+    return a.len == strlen(s) && memcmp(a.p, s, a.len) == 0;
+}
+
+/* a ends in `suffix`: *base is the rest */
+static int span_cut(span a, const char *suffix, span *base)
+{
+    size_t k = strlen(suffix);
+    if (a.len <= k || memcmp(a.p + a.len - k, suffix, k) != 0)
+        return 0;
+    *base = (span){a.p, a.len - k};
+    return 1;
+}
+
+static int span_eq(span a, span b)
+{
+    return a.len == b.len && memcmp(a.p, b.p, a.len) == 0;
+}
+
+static int ieq(const char *s, size_t n, const char *lower)
+{
+    if (n != strlen(lower))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] - 'A' + 'a') : s[i];
+        if (c != lower[i])
+            return 0;
+    }
+    return 1;
+}
+
+/* A value as Go's strconv.ParseFloat reads it, less hex floats and underscores (the format's
+ * parser refuses 'p' and '_'): NaN, [+-]Inf, [+-]Infinity (any case), or a decimal with an
+ * optional exponent. 1: *out set; 0: not a number; -1: out of range (beyond +-1.8e308);
+ * -2: out of memory. */
+static int parse_float(const char *s, size_t n, double *out)
+{
+    size_t i = 0, digits = 0;
+    int neg = n > 0 && s[0] == '-';
+    if (n > 0 && (s[0] == '+' || s[0] == '-'))
+        i = 1;
+    if (ieq(s + i, n - i, "inf") || ieq(s + i, n - i, "infinity")) {
+        *out = neg ? -INFINITY : INFINITY;
+        return 1;
+    }
+    if (i == 0 && ieq(s, n, "nan")) {
+        *out = NAN;
+        return 1;
+    }
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+        digits++;
+    if (i < n && s[i] == '.')
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+            digits++;
+    if (digits == 0)
+        return 0;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        size_t e = 0;
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        for (; i < n && s[i] >= '0' && s[i] <= '9'; i++)
+            e++;
+        if (e == 0)
+            return 0;
+    }
+    if (i != n)
+        return 0;
+    /* The syntax is checked: strtod (the C locale's '.') only converts. */
+    char small[128], *buf = n < sizeof small ? small : malloc(n + 1);
+    if (!buf)
+        return -2;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    errno = 0;
+    double v = strtod(buf, NULL);
+    int range = errno == ERANGE && isinf(v); /* underflow to 0 is fine, as in Go */
+    if (buf != small)
+        free(buf);
+    if (range)
+        return -1;
+    *out = v;
+    return 1;
+}
+
+/* An int64 in decimal with an optional sign (Go's strconv.ParseInt(s, 10, 64)). */
+static int parse_i64(const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    size_t i = s[0] == '+' || s[0] == '-' ? 1 : 0;
+    uint64_t v = 0, lim = s[0] == '-' ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    if (i == n)
+        return 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return 0;
+        unsigned d = (unsigned)(s[i] - '0');
+        if (v > (lim - d) / 10)
+            return 0;
+        v = v * 10 + d;
+    }
+    return 1;
+}
+
+/* A label value with its escapes (\\, \", \n) undone into buf (cap bytes, NUL added; the
+ * value itself may hold NUL bytes): its length, or SIZE_MAX if it does not fit. */
+static size_t unescape(span raw, char *buf, size_t cap)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < raw.len; i++) {
+        char c = raw.p[i];
+        if (c == '\\') {
+            c = raw.p[++i];
+            if (c == 'n')
+                c = '\n';
+        }
+        if (j + 1 >= cap)
+            return SIZE_MAX;
+        buf[j++] = c;
+    }
+    buf[j] = '\0';
+    return j;
+}
+
+/* The family a metric name belongs to, as node_exporter's parser files it: the name's own if
+ * it has one; foo_sum or foo_count of a summary foo; foo_sum, foo_count or foo_bucket of a
+ * histogram foo; else a new family. NULL when out of memory. */
+static name_ent *family(parser *P, span name)
+{
+    name_ent *e = names_find(&P->names, name.p, name.len);
+    span base;
+    if (e)
+        return e;
+    if ((span_cut(name, "_sum", &base) || span_cut(name, "_count", &base)) &&
+        (e = names_find(&P->names, base.p, base.len)) &&
+        (e->type == T_SUMMARY || e->type == T_HISTOGRAM))
+        return e;
+    if (span_cut(name, "_bucket", &base) && (e = names_find(&P->names, base.p, base.len)) &&
+        e->type == T_HISTOGRAM)
+        return e;
+    return names_get(&P->names, name.p, name.len);
+}
+
+/* "# HELP name text", "# TYPE name type" or any other comment. */
+static int parse_comment(parser *P, const char *s, size_t n, size_t i)
+{
+    char a[SHOW_CAP], b[SHOW_CAP];
+    i = skip_blank(s, n, i + 1);
+    size_t kb = i;
+    i = token_end(s, n, i, " \t");
+    span kw = {s + kb, i - kb};
+    int help = span_is(kw, "HELP");
+    if (i == n || (!help && !span_is(kw, "TYPE")))
+        return RK_OK; /* a plain comment */
+    i = skip_blank(s, n, i);
+    if (i == n)
+        return RK_OK;
+    size_t nb = i;
+    if (name_start(s[i]))
+        while (i < n && name_char(s[i]))
+            i++;
+    if (i == nb || (i < n && !is_blank(s[i]))) {
+        size_t e = token_end(s, n, nb, " \t");
+        return bad(P, "invalid metric name \"%s\" in a %s line", show(a, sizeof a, s + nb, e - nb),
+                   help ? "HELP" : "TYPE");
+    }
+    span name = {s + nb, i - nb};
+    if (i == n)
+        return RK_OK; /* "# HELP name" alone says nothing */
+    name_ent *e = family(P, name);
+    if (!e)
+        return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
+    show(a, sizeof a, e->p, e->len);
+    i = skip_blank(s, n, i);
+    if (i == n)
+        return RK_OK;
+    if (help) {
+        for (; i < n; i++)
+            if (s[i] == '\\') {
+                if (i + 1 == n || (s[i + 1] != '\\' && s[i + 1] != 'n'))
+                    return bad(P,
+                               "invalid escape \"%s\" in the HELP text of \"%s\" (only \\\\ and "
+                               "\\n)",
+                               show(b, sizeof b, s + i, i + 1 == n ? 1 : 2), a);
+                i++;
+            }
+        if (e->flags & SEEN_HELP)
+            return bad(P, "second HELP line for \"%s\"", a);
+        e->flags |= SEEN_HELP;
+        return RK_OK;
+    }
+    int type = T_NONE;
+    for (int k = T_COUNTER; k <= T_GAUGE_HISTOGRAM; k++)
+        if (ieq(s + i, n - i, types[k]))
+            type = k;
+    if (type == T_NONE)
+        return bad(P,
+                   "unknown metric type \"%s\" for \"%s\" (counter, gauge, histogram, summary "
+                   "or untyped)",
+                   show(b, sizeof b, s + i, n - i), a);
+    if (e->flags & SEEN_TYPE)
+        return bad(P, "second TYPE line for \"%s\"", a);
+    if (e->flags & SEEN_SAMPLE)
+        return bad(P, "TYPE line for \"%s\" after its samples", a);
+    e->flags |= SEEN_TYPE;
+    e->type = type;
+    return RK_OK;
+}
+
+/* The label set at s[*pi] == '{' of a sample of a family of type `type`; the values of gpu
+ * and uuid, if present, into *gpu and *uuid (escaped, as in the file). */
+static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi, span *gpu,
+                        span *uuid)
+{
+    char a[SHOW_CAP], b[SHOW_CAP];
+    span labels[LABELS_MAX];
+    int nl = 0;
+    size_t i = *pi + 1;
+    for (;;) {
+        i = skip_blank(s, n, i);
+        if (i == n)
+            return bad(P, "missing '}' at the end of the labels");
+        if (s[i] == '}')
+            break;
+        size_t nb = i;
+        if (label_start(s[i]))
+            while (i < n && label_char(s[i]))
+                i++;
+        if (i == nb || (i < n && !is_blank(s[i]) && s[i] != '=')) {
+            size_t e = token_end(s, n, nb, " \t=,}");
+            if (e == nb)
+                return bad(P, "missing label name");
+            return bad(P, "invalid label name \"%s\"", show(a, sizeof a, s + nb, e - nb));
+        }
+        span name = {s + nb, i - nb};
+        show(a, sizeof a, name.p, name.len);
+        if (nl == LABELS_MAX)
+            return bad(P, "more than %d labels", LABELS_MAX);
+        if (span_is(name, "__name__"))
+            return bad(P, "label name \"__name__\" is reserved");
+        for (int k = 0; k < nl; k++)
+            if (span_eq(labels[k], name))
+                return bad(P, "duplicate label \"%s\"", a);
+        labels[nl++] = name;
+        i = skip_blank(s, n, i);
+        if (i == n || s[i] != '=')
+            return bad(P, "expected '=' after label name \"%s\"", a);
+        i = skip_blank(s, n, i + 1);
+        if (i == n || s[i] != '"')
+            return bad(P, "the value of label \"%s\" is not in double quotes", a);
+        size_t vb = ++i;
+        for (;;) {
+            if (i == n)
+                return bad(P, "unterminated value of label \"%s\" (no closing '\"')", a);
+            unsigned char c = (unsigned char)s[i];
+            if (c == '"')
+                break;
+            if (c == '\\') {
+                if (i + 1 == n || (s[i + 1] != '\\' && s[i + 1] != '"' && s[i + 1] != 'n'))
+                    return bad(P,
+                               "invalid escape \"%s\" in the value of label \"%s\" (only \\\\, "
+                               "\\\" and \\n)",
+                               show(b, sizeof b, s + i, i + 1 == n ? 1 : 2), a);
+                i += 2;
+            } else if (c >= 0x80) {
+                size_t k = utf8_len((const unsigned char *)s + i, n - i);
+                if (!k)
+                    return bad(P, "the value of label \"%s\" is not valid UTF-8", a);
+                i += k;
+            } else {
+                i++;
+            }
+        }
+        span value = {s + vb, i - vb};
+        if ((type == T_SUMMARY && span_is(name, "quantile")) ||
+            (type == T_HISTOGRAM && span_is(name, "le"))) {
+            double bound; /* an escape in the value makes it no number, as in Go */
+            int fr = parse_float(value.p, value.len, &bound);
+            if (fr == -2)
+                return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
+            if (fr != 1)
+                return bad(P, "label %s=\"%s\" is not a number", a,
+                           show(b, sizeof b, value.p, value.len));
+        }
+        if (span_is(name, "gpu"))
+            *gpu = value;
+        else if (span_is(name, "uuid"))
+            *uuid = value;
+        i = skip_blank(s, n, i + 1);
+        if (i < n && s[i] == ',') {
+            i++;
+            continue;
+        }
+        if (i < n && s[i] == '}')
+            break;
+        if (i == n)
+            return bad(P, "missing '}' at the end of the labels");
+        return bad(P, "expected ',' or '}' after the value of label \"%s\"", a);
+    }
+    *pi = i + 1;
+    return RK_OK;
+}
+
+/* The GPU a sample of a sensor metric is about: *pos its entry in infos, -1 if not one of
+ * this node's GPUs. */
+static int select_gpu(parser *P, const char *metric, span gpu, span uuid, int *pos)
+{
+    char a[SHOW_CAP], b[SHOW_CAP], buf[UUID_MAX];
+    int pg = -1, pu = -1;
+    *pos = -1;
+    if (!gpu.p && !uuid.p)
+        return bad(P, "%s needs a label gpu=\"<index>\" or uuid=\"<uuid>\"", metric);
+    if (gpu.p) {
+        size_t len = unescape(gpu, buf, 16);
+        int ok = len >= 1 && len <= 9 && (buf[0] != '0' || len == 1);
+        for (size_t k = 0; ok && k < len; k++)
+            ok = buf[k] >= '0' && buf[k] <= '9';
+        if (!ok)
+            return bad(P, "label gpu=\"%s\" is not a GPU index (0, 1, ...)",
+                       show(a, sizeof a, gpu.p, gpu.len));
+        int idx = atoi(buf);
+        for (int k = 0; k < P->n && pg < 0; k++)
+            if (P->infos[k].index == idx)
+                pg = k;
+        if (pg < 0)
+            return RK_OK; /* not a GPU of this node */
+    }
+    if (uuid.p) {
+        size_t len = unescape(uuid, buf, sizeof buf);
+        for (int k = 0; len != SIZE_MAX && k < P->n && pu < 0; k++) {
+            const char *u = P->infos[k].uuid;
+            if (strnlen(u, sizeof P->infos[k].uuid) == len && memcmp(u, buf, len) == 0)
+                pu = k;
+        }
+        if (pu < 0)
+            return RK_OK;
+    }
+    if (gpu.p && uuid.p && pg != pu)
+        return bad(P, "labels gpu=\"%s\" and uuid=\"%s\" name different GPUs",
+                   show(a, sizeof a, gpu.p, gpu.len), show(b, sizeof b, uuid.p, uuid.len));
+    *pos = gpu.p ? pg : pu;
+    return RK_OK;
+}
+
+/* name{label="value",...} value [timestamp] */
+static int parse_sample(parser *P, const char *s, size_t n, size_t i)
+{
+    char a[SHOW_CAP];
+    size_t nb = i;
+    if (name_start(s[i]))
+        while (i < n && name_char(s[i]))
+            i++;
+    if (i == nb || (i < n && !is_blank(s[i]) && s[i] != '{')) {
+        size_t e = token_end(s, n, nb, " \t{");
+        if (e == nb)
+            return bad(P, "missing metric name before '{'");
+        return bad(P, "invalid metric name \"%s\"", show(a, sizeof a, s + nb, e - nb));
+    }
+    span name = {s + nb, i - nb};
+    span gpu = {NULL, 0}, uuid = {NULL, 0};
+    name_ent *e = family(P, name);
+    if (!e)
+        return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
+    int rc;
+    i = skip_blank(s, n, i);
+    if (i < n && s[i] == '{' && (rc = parse_labels(P, e->type, s, n, &i, &gpu, &uuid)))
+        return rc;
+    i = skip_blank(s, n, i);
+    size_t vb = i;
+    i = token_end(s, n, i, " \t");
+    span vtok = {s + vb, i - vb};
+    double v = 0;
+    if (vtok.len == 0)
+        return bad(P, "missing value");
+    rc = parse_float(vtok.p, vtok.len, &v);
+    if (rc == -2)
+        return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
+    if (rc <= 0)
+        return bad(P, "invalid value \"%s\"%s", show(a, sizeof a, vtok.p, vtok.len),
+                   rc < 0 ? " (out of range)" : "");
+    /* node_exporter's parser refuses blanks at the end of a sample line */
+    size_t end = i;
+    if ((i = skip_blank(s, n, i)) == n && i > end)
+        return bad(P, "space or tab at the end of the line");
+    if (i < n) {
+        size_t tb = i;
+        i = token_end(s, n, i, " \t");
+        if (!parse_i64(s + tb, i - tb))
+            return bad(P, "invalid timestamp \"%s\" (an integer, milliseconds since the epoch)",
+                       show(a, sizeof a, s + tb, i - tb));
+        end = i;
+        if ((i = skip_blank(s, n, i)) == n && i > end)
+            return bad(P, "space or tab at the end of the line");
+        if (i < n)
+            return bad(P, "unexpected \"%s\" after the timestamp", show(a, sizeof a, s + i, n - i));
+    }
+    e->flags |= SEEN_SAMPLE;
+
+    int k = span_is(name, sensors[0].name) ? 0 : span_is(name, sensors[1].name) ? 1 : -1;
+    if (k < 0)
+        return RK_OK; /* another metric: checked, not used */
+    if (!isfinite(v) || v < 0)
+        return bad(P, "%s must be a finite number >= 0, not %s", sensors[k].name,
+                   show(a, sizeof a, vtok.p, vtok.len));
+    int pos;
+    if ((rc = select_gpu(P, sensors[k].name, gpu, uuid, &pos)) || pos < 0)
+        return rc;
+    pending *p = &P->pend[2 * pos + k];
+    if (p->line)
+        return bad(P, "%s for GPU %d already given on line %d", sensors[k].name,
+                   P->infos[pos].index, p->line);
+    p->v = v + 0.0; /* -0 becomes 0 */
+    p->line = P->line;
+    return RK_OK;
+}
+
+int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_gpu_info *infos,
+                      rk_gpu_sample *samples, int n, rk_err *err)
+{
+    parser P = {.err = err, .infos = infos, .n = n};
+    show_str(P.path, sizeof P.path, path ? path : "(textfile)");
+    if (n < 0 || (n > 0 && (!infos || !samples)) || (!text && len))
+        return rk_err_set(err, RK_EINVAL, "%s: rk_textfile_merge: bad arguments", P.path);
+    if (n > 0 && !(P.pend = calloc(2 * (size_t)n, sizeof *P.pend)))
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", P.path);
+    int rc = RK_OK;
+    size_t off = 0;
+    while (!rc && off < len) {
+        const char *s = text + off, *nl = memchr(s, '\n', len - off);
+        size_t ln = nl ? (size_t)(nl - s) : len - off;
+        P.line++;
+        if (ln > LINE_MAX_BYTES)
+            rc = bad(&P, "line longer than %d bytes", LINE_MAX_BYTES);
+        else {
+            size_t i = skip_blank(s, ln, 0);
+            if (i < ln && !nl) /* blanks alone may end a file without a newline, as in Go */
+                rc = bad(&P, "no newline at the end of the file (cut off while being written?)");
+            else if (i < ln)
+                rc = s[i] == '#' ? parse_comment(&P, s, ln, i) : parse_sample(&P, s, ln, i);
+        }
+        off += ln + 1;
+    }
+    for (int g = 0; !rc && g < n; g++)
+        for (int k = 0; k < 2; k++)
+            if (P.pend[2 * g + k].line && !samples[g].lost) {
+                if (sensors[k].field == RK_F_VRM_RIPPLE)
+                    samples[g].vrm_ripple_mv = P.pend[2 * g + k].v;
+                else
+                    samples[g].fan_vib_hz = P.pend[2 * g + k].v;
+                rk_field_set(&samples[g], sensors[k].field);
+            }
+    free(P.pend);
+    free(P.names.v);
+    return rc;
+}
+
+/* ---- a directory of textfiles ----------------------------------------------------------- */
+
+/* strerror, safe when several threads read telemetry. */
+static const char *errstr(int e, char *buf, size_t cap)
+{
+    if (strerror_r(e, buf, cap) != 0)
+        snprintf(buf, cap, "errno %d", e);
+    return buf;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int wanted(const char *name)
+{
+    size_t len = strlen(name);
+    return name[0] != '.' && len > 5 && strcmp(name + len - 5, ".prom") == 0;
+}
+
+/* Read and merge one file. RK_OK also when it is not a regular file or has gone (a writer's
+ * rename): those are not textfiles to read. */
+static int merge_file(const char *path, char *buf, const rk_gpu_info *infos, rk_gpu_sample *samples,
+                      int n, rk_err *err)
+{
+    char sp[SHOW_PATH_CAP], eb[128];
+    int fd, e;
+    do {
+        /* O_NONBLOCK: a FIFO named *.prom must not hang the reader (it is skipped below) */
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0 && (e = errno) == ENOENT)
+        return RK_OK;
+    if (fd < 0)
+        return rk_err_set(err, RK_EIO, "%s: cannot open: %s", show_str(sp, sizeof sp, path),
+                          errstr(e, eb, sizeof eb));
+    struct stat st;
+    int rc = RK_OK;
+    size_t used = 0;
+    if (fstat(fd, &st) < 0) {
+        e = errno;
+        rc = rk_err_set(err, RK_EIO, "%s: cannot stat: %s", show_str(sp, sizeof sp, path),
+                        errstr(e, eb, sizeof eb));
+    } else if (!S_ISREG(st.st_mode)) {
+        rc = RK_OK;
+        goto out;
+    } else if (st.st_size > FILE_MAX_BYTES) {
+        rc = rk_err_set(err, RK_EFORMAT, "%s: file is %jd bytes, more than the limit of %d",
+                        show_str(sp, sizeof sp, path), (intmax_t)st.st_size, FILE_MAX_BYTES);
+    }
+    while (!rc && used <= FILE_MAX_BYTES) { /* the file may have grown since fstat */
+        ssize_t r = read(fd, buf + used, FILE_MAX_BYTES + 1 - used);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            e = errno;
+            rc = rk_err_set(err, RK_EIO, "%s: cannot read: %s", show_str(sp, sizeof sp, path),
+                            errstr(e, eb, sizeof eb));
+        } else if (r == 0)
+            break;
+        else
+            used += (size_t)r;
+    }
+    if (!rc && used > FILE_MAX_BYTES)
+        rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %d bytes",
+                        show_str(sp, sizeof sp, path), FILE_MAX_BYTES);
+    if (!rc)
+        rc = rk_textfile_merge(path, buf, used, infos, samples, n, err);
+out:
+    close(fd);
+    return rc;
+}
+
+int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_sample *samples, int n,
+                          rk_err *err)
+{
+    char sd[SHOW_PATH_CAP], eb[128];
+    if (!dir || !*dir || n < 0 || (n > 0 && (!infos || !samples)))
+        return rk_err_set(err, RK_EINVAL, "rk_textfile_merge_dir: bad arguments");
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        return rk_err_set(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
+                          "%s: cannot open the textfile directory: %s",
+                          show_str(sd, sizeof sd, dir), errstr(e, eb, sizeof eb));
+    }
+    char **names = NULL, *buf = NULL;
+    size_t cnt = 0, cap = 0;
+    int first = RK_OK;
+    struct dirent *de;
+    errno = 0;
+    while ((de = readdir(d))) {
+        if (!wanted(de->d_name)) {
+            errno = 0;
+            continue;
+        }
+        if (cnt == cap) {
+            size_t nc = cap ? 2 * cap : 16;
+            char **nv = realloc(names, nc * sizeof *nv);
+            if (!nv)
+                break;
+            names = nv;
+            cap = nc;
+        }
+        size_t a = strlen(dir), b = strlen(de->d_name);
+        int slash = dir[a - 1] != '/';
+        char *p = malloc(a + (size_t)slash + b + 1);
+        if (!p)
+            break;
+        memcpy(p, dir, a);
+        if (slash)
+            p[a] = '/';
+        memcpy(p + a + (size_t)slash, de->d_name, b + 1);
+        names[cnt++] = p;
+        errno = 0;
+    }
+    int e = errno;
+    if (de) /* the loop stopped early: out of memory */
+        first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));
+    else if (e)
+        first = rk_err_set(err, RK_EIO, "%s: cannot read the textfile directory: %s",
+                           show_str(sd, sizeof sd, dir), errstr(e, eb, sizeof eb));
+    closedir(d);
+    if (!first && cnt && !(buf = malloc(FILE_MAX_BYTES + 1)))
+        first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));
+    if (!first && cnt) {
+        qsort(names, cnt, sizeof *names, by_name);
+        rk_err fe;
+        for (size_t i = 0; i < cnt; i++) {
+            int rc = merge_file(names[i], buf, infos, samples, n, &fe);
+            if (rc && !first) {
+                first = rc;
+                if (err)
+                    *err = fe;
+            }
+        }
+    }
+    for (size_t i = 0; i < cnt; i++)
+        free(names[i]);
+    free(names);
+    free(buf);
+    return first;
+}

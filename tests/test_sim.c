@@ -1,0 +1,645 @@
+/*
+ * Tests for the simulated fleet (rk_telemetry_sim, health/sim.h, docs/sim.md): the same seed
+ * and reads give the same bits and another seed other bits; each profile reports exactly the
+ * fields its real card can; wear only grows and shows (vibration, ripple, errors, heat); a
+ * drawn failure is logged at its time and the GPU is lost from then on; thermal shutdowns and
+ * episodes of wrong arithmetic happen, are logged, and the ground-truth query agrees with the
+ * log whatever the reads were; and lifetimes drawn for the unworn profile fit Titan's Weibull
+ * (titan_fit.h) within 5%, while worn profiles fail sooner.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "health/sim.h"
+#include "health/titan_fit.h"
+#include "rekindle/health.h"
+#include "testutil.h"
+
+#ifndef RK_TEST_TMPDIR
+#define RK_TEST_TMPDIR "/tmp"
+#endif
+
+static char g_dir[512];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "%s/test_sim.%ld", RK_TEST_TMPDIR, (long)getpid());
+    rm_tree(g_dir);
+    return mkdir(g_dir, 0755);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_tree(g_dir);
+    return 0;
+}
+
+static const char *tmp_path(char *buf, size_t cap, const char *name)
+{
+    int n = snprintf(buf, cap, "%s/%s", g_dir, name);
+    assert_true(n > 0 && (size_t)n < cap);
+    unlink(buf);
+    return buf;
+}
+
+static void *fleet_open(int n, uint64_t seed, double start_age_h, const char *events)
+{
+    rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
+    o.sim_gpus = n;
+    o.seed = seed;
+    o.start_age_h = start_age_h;
+    o.events_path = events;
+    void *st = NULL;
+    rk_err err = {0};
+    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_OK);
+    assert_non_null(st);
+    assert_int_equal(rk_telemetry_sim.count(st), n);
+    return st;
+}
+
+static void fleet_read(void *st, double t, int i, rk_gpu_sample *s)
+{
+    rk_err err = {0};
+    assert_int_equal(rk_sim_set_time(st, t), RK_OK);
+    assert_int_equal(rk_telemetry_sim.read(st, i, s, &err), RK_OK);
+    assert_true(s->t == t);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *len = 0;
+        return calloc(1, 1);
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = calloc(1, (size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* One line of the event log. */
+typedef struct ev {
+    double t;
+    int gpu;
+    char uuid[96], event[32];
+} ev;
+
+/* Every line of the log, checked against the documented format. */
+static ev *read_log(const char *path, int *n)
+{
+    size_t len;
+    char *text = slurp(path, &len);
+    int cap = 16, k = 0;
+    ev *e = malloc(sizeof *e * (size_t)cap);
+    assert_non_null(e);
+    for (char *line = text; *line;) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl); /* every line is complete */
+        *nl = '\0';
+        if (k == cap) {
+            cap *= 2;
+            e = realloc(e, sizeof *e * (size_t)cap);
+            assert_non_null(e);
+        }
+        int used = 0;
+        assert_int_equal(
+            sscanf(line,
+                   "{\"t\":%lf,\"gpu\":%d,\"uuid\":\"%95[^\"]\",\"event\":\"%31[^\"]\","
+                   "\"detail\":\"%*[^\"]\"}%n",
+                   &e[k].t, &e[k].gpu, e[k].uuid, e[k].event, &used),
+            4);
+        assert_int_equal((size_t)used, strlen(line));
+        const char *ok[] = {"off_bus", "thermal_shutdown", "sdc_start", "sdc_end", "dbe"};
+        bool known = false;
+        for (size_t j = 0; j < sizeof ok / sizeof ok[0]; j++)
+            known |= strcmp(e[k].event, ok[j]) == 0;
+        assert_true(known);
+        k++;
+        line = nl + 1;
+    }
+    free(text);
+    *n = k;
+    return e;
+}
+
+/* ---- determinism ------------------------------------------------------------------------- */
+
+static const double read_times[] = {0,     5,       10,       600,      3600,
+                                    86400, 2592000, 34560000, 94608000, 94608005};
+#define NTIMES ((int)(sizeof read_times / sizeof read_times[0]))
+
+/* All samples of a 16-GPU fleet at read_times (n GPUs x NTIMES). */
+static void run_fleet(uint64_t seed, const char *events, rk_gpu_sample *out, rk_gpu_info *infos)
+{
+    void *st = fleet_open(16, seed, 1000, events);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(rk_telemetry_sim.info(st, i, &infos[i]), RK_OK);
+    for (int k = 0; k < NTIMES; k++)
+        for (int i = 0; i < 16; i++)
+            fleet_read(st, read_times[k], i, &out[k * 16 + i]);
+    rk_telemetry_sim.close(st);
+}
+
+static void test_same_seed_same_bits_other_seed_other_bits(void **state)
+{
+    (void)state;
+    char pa[600], pb[600], pc[600];
+    rk_gpu_sample *a = calloc(16 * NTIMES, sizeof *a), *b = calloc(16 * NTIMES, sizeof *b);
+    rk_gpu_sample *c = calloc(16 * NTIMES, sizeof *c);
+    rk_gpu_info ia[16], ib[16], ic[16];
+    assert_true(a && b && c);
+    run_fleet(42, tmp_path(pa, sizeof pa, "a.jsonl"), a, ia);
+    run_fleet(42, tmp_path(pb, sizeof pb, "b.jsonl"), b, ib);
+    run_fleet(43, tmp_path(pc, sizeof pc, "c.jsonl"), c, ic);
+
+    assert_memory_equal(a, b, sizeof *a * 16 * NTIMES);
+    for (int i = 0; i < 16; i++) {
+        assert_string_equal(ia[i].uuid, ib[i].uuid);
+        assert_string_equal(ia[i].profile, ib[i].profile);
+    }
+    size_t la, lb;
+    char *ta = slurp(pa, &la), *tb = slurp(pb, &lb);
+    assert_true(la > 0); /* three years of a worn fleet: something failed */
+    assert_int_equal(la, lb);
+    assert_memory_equal(ta, tb, la);
+
+    /* another seed: other GPUs, other readings, other uuids */
+    int differ = 0;
+    for (int k = 0; k < 16 * NTIMES; k++)
+        differ += memcmp(&a[k], &c[k], sizeof a[k]) != 0;
+    assert_true(differ > 16 * NTIMES / 2);
+    assert_string_equal(ia[3].uuid, "SIM-42-3");
+    assert_string_equal(ic[3].uuid, "SIM-43-3");
+    free(ta);
+    free(tb);
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* ---- fields per profile ------------------------------------------------------------------ */
+
+#define ECC_BITS                                                                                   \
+    ((1ull << RK_F_ECC_CORRECTED) | (1ull << RK_F_ECC_UNCORRECTED) | (1ull << RK_F_RETIRED) |      \
+     (1ull << RK_F_RETIRED_PENDING))
+#define FAN_BITS ((1ull << RK_F_FAN) | (1ull << RK_F_FAN_VIB))
+#define REMAP_BIT (1ull << RK_F_REMAPPED)
+
+static void test_each_profile_reports_only_what_its_card_can(void **state)
+{
+    (void)state;
+    void *st = fleet_open(64, 3, 0, NULL);
+    struct {
+        const char *profile, *name;
+        int gen_max;
+        uint64_t mem_gib, present, absent;
+    } want[] = {
+        {"1070ti-mining", "NVIDIA GeForce GTX 1070 Ti", 3, 8, FAN_BITS, ECC_BITS | REMAP_BIT},
+        {"1080ti-gaming", "NVIDIA GeForce GTX 1080 Ti", 3, 11, FAN_BITS, ECC_BITS | REMAP_BIT},
+        {"p100-hpc", "Tesla P100-PCIE-16GB", 3, 16, ECC_BITS, FAN_BITS | REMAP_BIT},
+        {"3090-mining", "NVIDIA GeForce RTX 3090", 4, 24, FAN_BITS | REMAP_BIT, ECC_BITS},
+    };
+    const uint64_t always =
+        (1ull << RK_F_TEMP) | (1ull << RK_F_POWER) | (1ull << RK_F_POWER_LIMIT) |
+        (1ull << RK_F_SM_CLOCK) | (1ull << RK_F_MEM_CLOCK) | (1ull << RK_F_CLOCK_REASONS) |
+        (1ull << RK_F_UTIL) | (1ull << RK_F_MEM_USED) | (1ull << RK_F_MEM_TOTAL) |
+        (1ull << RK_F_PCIE_GEN) | (1ull << RK_F_PCIE_WIDTH) | (1ull << RK_F_PCIE_GEN_MAX) |
+        (1ull << RK_F_PCIE_WIDTH_MAX) | (1ull << RK_F_PCIE_REPLAY) | (1ull << RK_F_ENERGY) |
+        (1ull << RK_F_XID) | (1ull << RK_F_VRM_RIPPLE);
+    for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
+        int found = 0;
+        for (int i = 0; i < 64; i++) {
+            rk_gpu_info in;
+            assert_int_equal(rk_telemetry_sim.info(st, i, &in), RK_OK);
+            if (strcmp(in.profile, want[w].profile) != 0)
+                continue;
+            found++;
+            char uuid[64];
+            snprintf(uuid, sizeof uuid, "SIM-3-%d", i);
+            assert_string_equal(in.uuid, uuid);
+            assert_string_equal(in.name, want[w].name);
+            assert_true(in.simulated);
+            assert_string_equal(in.backend, "sim");
+            assert_int_equal(in.index, i);
+            assert_int_equal(in.serial[0] != '\0', strcmp(want[w].profile, "p100-hpc") == 0);
+            rk_gpu_sample s;
+            fleet_read(st, 0, i, &s);
+            assert_false(s.lost);
+            assert_int_equal(s.valid & always, always);
+            assert_int_equal(s.valid & want[w].present, want[w].present);
+            assert_int_equal(s.valid & want[w].absent, 0);
+            /* absent fields are left zero, never made up */
+            if (want[w].absent & ECC_BITS)
+                assert_true(s.ecc_corrected == 0 && s.ecc_uncorrected == 0 && s.retired_pages == 0);
+            assert_int_equal(s.pcie_gen_max, want[w].gen_max);
+            assert_int_equal(s.pcie_width_max, 16);
+            assert_true(s.pcie_width == 16 || s.pcie_width == 8);
+            assert_true(s.mem_total_bytes == want[w].mem_gib << 30);
+            assert_true(s.temp_c > 20 && s.temp_c < 95);
+        }
+        assert_true(found > 0); /* 64 GPUs of seed 3 hold every drawn profile */
+    }
+    rk_telemetry_sim.close(st);
+}
+
+/* ---- wear -------------------------------------------------------------------------------- */
+
+static void test_wear_only_grows_and_shows(void **state)
+{
+    (void)state;
+    enum { N = 32, STEP_D = 10, YEARS = 3 };
+    void *st = fleet_open(N, 11, 0, NULL);
+    rk_gpu_sample first[N], prev[N];
+    double vib_gain = 0, ripple_gain = 0, hot_early = 0, hot_late = 0;
+    int n_early = 0, n_late = 0;
+    uint64_t ce_gain = 0;
+    int days = 365 * YEARS;
+    for (int d = 0; d <= days; d += STEP_D) {
+        for (int i = 0; i < N; i++) {
+            rk_gpu_sample s;
+            fleet_read(st, d * 86400.0, i, &s);
+            if (d == 0)
+                first[i] = s;
+            else if (!s.lost && !prev[i].lost) {
+                if (rk_field_valid(&s, RK_F_FAN_VIB) && rk_field_valid(&prev[i], RK_F_FAN_VIB))
+                    assert_true(s.fan_vib_hz >= prev[i].fan_vib_hz);
+                assert_true(s.vrm_ripple_mv >= prev[i].vrm_ripple_mv);
+                assert_true(s.ecc_corrected >= prev[i].ecc_corrected);
+                assert_true(s.ecc_uncorrected >= prev[i].ecc_uncorrected);
+                assert_true(s.retired_pages >= prev[i].retired_pages);
+                assert_true(s.remapped_rows >= prev[i].remapped_rows);
+                assert_true(s.pcie_replay >= prev[i].pcie_replay);
+                assert_true(s.energy_j > prev[i].energy_j);
+                assert_true(s.xid_count >= prev[i].xid_count);
+                if (rk_field_valid(&s, RK_F_FAN_VIB) && rk_field_valid(&first[i], RK_F_FAN_VIB))
+                    vib_gain = fmax(vib_gain, s.fan_vib_hz - first[i].fan_vib_hz);
+                ripple_gain = fmax(ripple_gain, s.vrm_ripple_mv - first[i].vrm_ripple_mv);
+                ce_gain += s.ecc_corrected - prev[i].ecc_corrected;
+            }
+            /* busy temperatures of fan cards: the first year against the third */
+            if (!s.lost && s.util_pct >= 90 && rk_field_valid(&s, RK_F_FAN)) {
+                if (d < 365)
+                    hot_early += s.temp_c, n_early++;
+                else if (d >= 730)
+                    hot_late += s.temp_c, n_late++;
+            }
+            prev[i] = s;
+        }
+    }
+    /* wear is visible, not just allowed */
+    assert_true(vib_gain > 100);
+    assert_true(ripple_gain > 20);
+    assert_true(ce_gain > 0);
+    assert_true(n_early > 50 && n_late > 50);
+    assert_true(hot_late / n_late > hot_early / n_early + 1.5);
+    rk_telemetry_sim.close(st);
+}
+
+/* ---- failures ---------------------------------------------------------------------------- */
+
+static void test_drawn_off_bus_is_logged_at_its_time_and_the_gpu_stays_lost(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    const uint64_t seed = 5;
+    const double age = 5000;
+    /* the off-bus GPUs by drawn time, earliest first */
+    int order[N], m = 0;
+    double life[N];
+    for (int i = 0; i < N; i++) {
+        const char *evname = NULL;
+        life[i] = rk_sim_lifetime_hours(seed, i, NULL, age, &evname);
+        assert_true(life[i] >= 0);
+        assert_non_null(evname);
+        if (strcmp(evname, "off_bus") == 0)
+            order[m++] = i;
+    }
+    assert_true(m > 0);
+    for (int a = 0; a < m; a++)
+        for (int b = a + 1; b < m; b++)
+            if (life[order[b]] < life[order[a]]) {
+                int x = order[a];
+                order[a] = order[b];
+                order[b] = x;
+            }
+    char path[600];
+    tmp_path(path, sizeof path, "off_bus.jsonl");
+    void *st = fleet_open(N, seed, age, path);
+    int tested = 0;
+    for (int k = 0; k < m && !tested; k++) {
+        int i = order[k];
+        double tf = life[i] * 3600;
+        rk_gpu_sample s;
+        fleet_read(st, tf - 60, i, &s);
+        if (s.lost)
+            continue; /* it overheated first: try the next */
+        fleet_read(st, tf + 60, i, &s);
+        assert_true(s.lost);
+        assert_int_equal(s.valid, 0);
+        fleet_read(st, tf + 86400, i, &s);
+        assert_true(s.lost);
+        assert_int_equal(rk_sim_sdc_active(st, i), 0);
+        int n;
+        ev *e = read_log(path, &n);
+        int hits = 0;
+        for (int j = 0; j < n; j++)
+            if (e[j].gpu == i && strcmp(e[j].event, "off_bus") == 0) {
+                hits++;
+                assert_true(fabs(e[j].t - tf) < 0.002);
+                char uuid[64];
+                snprintf(uuid, sizeof uuid, "SIM-5-%d", i);
+                assert_string_equal(e[j].uuid, uuid);
+            }
+        assert_int_equal(hits, 1);
+        free(e);
+        tested = 1;
+    }
+    assert_true(tested);
+    rk_telemetry_sim.close(st);
+}
+
+/* A worn mining fleet read every two days for four years: fans seize and cards overheat, VRMs
+ * give wrong answers. */
+static void test_overheating_and_wrong_arithmetic_are_logged_and_queried(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    const uint64_t seed = 9;
+    char path[600];
+    tmp_path(path, sizeof path, "fleet.jsonl");
+    void *st = fleet_open(N, seed, 8000, path);
+    double lost_at[N];
+    bool vib_warned[N] = {0};
+    for (int i = 0; i < N; i++)
+        lost_at[i] = INFINITY;
+    for (int d = 0; d <= 4 * 365; d += 2)
+        for (int i = 0; i < N; i++) {
+            rk_gpu_sample s;
+            fleet_read(st, d * 86400.0, i, &s);
+            if (s.lost && lost_at[i] == INFINITY)
+                lost_at[i] = s.t;
+            if (lost_at[i] < INFINITY)
+                assert_true(s.lost); /* once lost, always lost */
+            if (rk_field_valid(&s, RK_F_FAN_VIB) && s.fan_vib_hz > 400)
+                vib_warned[i] = true;
+        }
+    rk_telemetry_sim.close(st);
+
+    int n;
+    ev *e = read_log(path, &n);
+    int shutdowns = 0, episodes = 0;
+    double last_t[N];
+    for (int i = 0; i < N; i++)
+        last_t[i] = -1;
+    for (int j = 0; j < n; j++) {
+        int i = e[j].gpu;
+        assert_true(i >= 0 && i < N);
+        assert_true(e[j].t >= last_t[i]); /* each GPU's events in time order */
+        last_t[i] = e[j].t;
+        if (strcmp(e[j].event, "thermal_shutdown") == 0) {
+            shutdowns++;
+            /* the first read after it saw the GPU gone; none before */
+            assert_true(lost_at[i] >= e[j].t && lost_at[i] <= e[j].t + 2 * 86400.0);
+            assert_true(vib_warned[i]); /* the bearing screamed first */
+        }
+        if (strcmp(e[j].event, "sdc_start") == 0 && j + 1 < n) {
+            /* find its end: the ground-truth query of a fresh fleet that never read agrees */
+            for (int k = j + 1; k < n; k++)
+                if (e[k].gpu == i) {
+                    if (strcmp(e[k].event, "sdc_end") != 0)
+                        break;
+                    if (episodes < 5) {
+                        void *q = fleet_open(N, seed, 8000, NULL);
+                        assert_int_equal(rk_sim_set_time(q, 0.5 * (e[j].t + e[k].t)), RK_OK);
+                        assert_int_equal(rk_sim_sdc_active(q, i), 1);
+                        assert_int_equal(rk_sim_set_time(q, e[k].t + 0.01), RK_OK);
+                        assert_int_equal(rk_sim_sdc_active(q, i), 0);
+                        rk_telemetry_sim.close(q);
+                    }
+                    episodes++;
+                    break;
+                }
+        }
+    }
+    assert_true(shutdowns > 0);
+    assert_true(episodes > 0);
+    for (int i = 0; i < N; i++)
+        if (lost_at[i] < INFINITY) { /* every loss has its cause in the log */
+            int causes = 0;
+            for (int j = 0; j < n; j++)
+                causes += e[j].gpu == i && (strcmp(e[j].event, "off_bus") == 0 ||
+                                            strcmp(e[j].event, "thermal_shutdown") == 0);
+            assert_int_equal(causes, 1);
+        }
+    free(e);
+}
+
+/* ---- calibration ------------------------------------------------------------------------- */
+
+/* Censored Weibull MLE (event[i] false = censored): Newton on the shape's profile equation
+ * inside a bisection bracket, as scripts/fit_titan.py does. */
+static void weibull_fit(const double *t, const bool *event, int n, double *k_out, double *lam_out)
+{
+    double s = 0, mean_ev = 0;
+    int r = 0;
+    for (int i = 0; i < n; i++)
+        s = fmax(s, t[i]);
+    for (int i = 0; i < n; i++)
+        if (event[i])
+            mean_ev += log(t[i] / s), r++;
+    assert_true(r > 0);
+    mean_ev /= r;
+    double lo = 0.01, hi = 100, k = 1;
+    for (int it = 0; it < 200; it++) {
+        double a = 0, b = 0, c = 0;
+        for (int i = 0; i < n; i++) {
+            double x = t[i] / s, l = log(x), w = pow(x, k);
+            a += w, b += w * l, c += w * l * l;
+        }
+        b /= a, c /= a;
+        double f = b - 1 / k - mean_ev, df = c - b * b + 1 / (k * k);
+        if (f > 0)
+            hi = k;
+        else
+            lo = k;
+        double nk = k - f / df;
+        if (!(nk > lo && nk < hi))
+            nk = 0.5 * (lo + hi);
+        bool done = fabs(nk - k) < 1e-12 * k;
+        k = nk;
+        if (done)
+            break;
+    }
+    double a = 0;
+    for (int i = 0; i < n; i++)
+        a += pow(t[i] / s, k);
+    *k_out = k;
+    *lam_out = s * pow(a / r, 1 / k);
+}
+
+static double median_life(uint64_t seed, const char *profile, int n)
+{
+    double *t = malloc(sizeof *t * (size_t)n);
+    assert_non_null(t);
+    for (int i = 0; i < n; i++)
+        t[i] = rk_sim_lifetime_hours(seed, i, profile, 0, NULL);
+    for (int i = 1; i < n; i++) /* insertion sort: n is small */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    double m = t[n / 2];
+    free(t);
+    return m;
+}
+
+static void test_unworn_lifetimes_fit_titan_and_worn_fail_sooner(void **state)
+{
+    (void)state;
+    enum { N = 20000 };
+    double *t = malloc(sizeof *t * N);
+    bool *all = malloc(sizeof *all * N), *dbe = malloc(sizeof *dbe * N);
+    assert_true(t && all && dbe);
+    int n_dbe = 0;
+    for (int i = 0; i < N; i++) {
+        const char *e;
+        t[i] = rk_sim_lifetime_hours(2024, i, "k20x-titan", 0, &e);
+        assert_true(t[i] > 0);
+        all[i] = true;
+        dbe[i] = strcmp(e, "dbe") == 0;
+        n_dbe += dbe[i];
+    }
+    double k, lam;
+    weibull_fit(t, all, N, &k, &lam);
+    print_message("k20x-titan, %d draws: k %.4f (Titan %.4f), lambda %.0f h (Titan %.0f h)\n", N, k,
+                  RK_TITAN_ANY_SHAPE, lam, RK_TITAN_ANY_SCALE_H);
+    assert_true(fabs(k / RK_TITAN_ANY_SHAPE - 1) < 0.05);
+    assert_true(fabs(lam / RK_TITAN_ANY_SCALE_H - 1) < 0.05);
+
+    /* the causes follow Titan's cause-specific fits: time to DBE with off-bus censored */
+    weibull_fit(t, dbe, N, &k, &lam);
+    print_message("  DBE: %d events, k %.4f (Titan %.4f), lambda %.0f h (Titan %.0f h)\n", n_dbe, k,
+                  RK_TITAN_DBE_SHAPE, lam, RK_TITAN_DBE_SCALE_H);
+    assert_true(fabs(k / RK_TITAN_DBE_SHAPE - 1) < 0.05);
+    assert_true(fabs(lam / RK_TITAN_DBE_SCALE_H - 1) < 0.05);
+    for (int i = 0; i < N; i++)
+        dbe[i] = !dbe[i];
+    weibull_fit(t, dbe, N, &k, &lam);
+    print_message("  OTB: %d events, k %.4f (Titan %.4f), lambda %.0f h (Titan %.0f h)\n",
+                  N - n_dbe, k, RK_TITAN_OTB_SHAPE, lam, RK_TITAN_OTB_SCALE_H);
+    assert_true(fabs(k / RK_TITAN_OTB_SHAPE - 1) < 0.05);
+    assert_true(fabs(lam / RK_TITAN_OTB_SCALE_H - 1) < 0.05);
+    free(t);
+    free(all);
+    free(dbe);
+
+    /* worn profiles fail sooner than the unworn reference, the mining ones soonest */
+    double base = median_life(7, "k20x-titan", 2001);
+    double mining = median_life(7, "1070ti-mining", 2001);
+    double gaming = median_life(7, "1080ti-gaming", 2001);
+    print_message("  median hours to failure: k20x-titan %.0f, 1080ti-gaming %.0f, 1070ti-mining "
+                  "%.0f\n",
+                  base, gaming, mining);
+    assert_true(mining < 0.5 * base);
+    assert_true(gaming < base);
+    assert_true(mining < gaming);
+}
+
+/* ---- interface ----------------------------------------------------------------------------- */
+
+static void test_bad_options_and_arguments_are_refused(void **state)
+{
+    (void)state;
+    rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
+    void *st = (void *)1;
+    rk_err err = {0};
+    o.events_path = "/nonexistent-dir/events.jsonl";
+    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_EIO);
+    assert_null(st);
+    assert_non_null(strstr(err.msg, "/nonexistent-dir/events.jsonl"));
+    o.events_path = NULL;
+    o.sim_gpus = 0;
+    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_EINVAL);
+    o.sim_gpus = 1025;
+    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_EINVAL);
+
+    st = fleet_open(2, 1, 0, NULL);
+    rk_gpu_sample s;
+    assert_int_equal(rk_telemetry_sim.read(st, 2, &s, &err), RK_EINVAL);
+    assert_int_equal(rk_telemetry_sim.read(st, -1, &s, &err), RK_EINVAL);
+    rk_gpu_info in;
+    assert_int_equal(rk_telemetry_sim.info(st, 2, &in), RK_EINVAL);
+    assert_int_equal(rk_sim_sdc_active(st, 2), RK_EINVAL);
+    fleet_read(st, 100, 0, &s);
+    assert_int_equal(rk_sim_set_time(st, 99), RK_EINVAL); /* time never goes back */
+    assert_int_equal(rk_sim_set_time(st, NAN), RK_EINVAL);
+    assert_int_equal(rk_sim_set_time(st, 100), RK_OK);
+    assert_true(rk_sim_now(st) == 100);
+    rk_telemetry_sim.close(st);
+
+    assert_true(isnan(rk_sim_lifetime_hours(1, 0, "no-such-card", 0, NULL)));
+    assert_int_equal(rk_sim_profile_count(), 5);
+    assert_string_equal(rk_sim_profile_name(0), "1070ti-mining");
+    assert_null(rk_sim_profile_name(5));
+}
+
+/* Through the public interface with the monotonic clock: an hour of simulated time per second. */
+static void test_public_interface_runs_on_the_monotonic_clock(void **state)
+{
+    (void)state;
+    rk_telemetry *t;
+    rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
+    o.sim_gpus = 4;
+    o.time_scale = 3600;
+    rk_err err = {0};
+    assert_int_equal(rk_telemetry_open(&t, "sim", &o, &err), RK_OK);
+    assert_string_equal(rk_telemetry_backend(t), "sim");
+    rk_gpu_info infos[4];
+    rk_gpu_sample a[4], b[4];
+    assert_int_equal(rk_telemetry_read_all(t, infos, a, &err), RK_OK);
+    usleep(20000);
+    assert_int_equal(rk_telemetry_read_all(t, infos, b, &err), RK_OK);
+    for (int i = 0; i < 4; i++) {
+        assert_true(infos[i].simulated);
+        assert_true(a[i].t >= 0);
+        assert_true(b[i].t >= a[i].t + 60); /* 20 ms real is 72 s simulated */
+        assert_true(b[i].energy_j > a[i].energy_j);
+    }
+    rk_telemetry_close(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_seed_same_bits_other_seed_other_bits),
+        cmocka_unit_test(test_each_profile_reports_only_what_its_card_can),
+        cmocka_unit_test(test_wear_only_grows_and_shows),
+        cmocka_unit_test(test_drawn_off_bus_is_logged_at_its_time_and_the_gpu_stays_lost),
+        cmocka_unit_test(test_overheating_and_wrong_arithmetic_are_logged_and_queried),
+        cmocka_unit_test(test_unworn_lifetimes_fit_titan_and_worn_fail_sooner),
+        cmocka_unit_test(test_bad_options_and_arguments_are_refused),
+        cmocka_unit_test(test_public_interface_runs_on_the_monotonic_clock),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
