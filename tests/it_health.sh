@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# rk doctor and rk tune end to end: on a simulated fleet (every GPU marked simulated, the
+# table and --json agree, exit 1 exactly when a GPU scores below the threshold), without
+# NVML (one clear line, exit 1), with bad flags (exit 2), and through the real dlopen path
+# against the test's fake libnvidia-ml (RK_NVML_LIB): a passive GeForce whose absent fields
+# stay absent and a lost GPU that scores 0; rk tune --dry-run says what would change and
+# changes nothing; an out-of-range setting is refused before anything is applied.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
+it_init it_health
+fake=${RK_BUILD:?}/tests/libfake_nvml.so
+[[ -e $fake ]] || { echo "SKIP: $fake not built"; exit 77; }
+
+# --- a simulated fleet ------------------------------------------------------------------
+"$RK" doctor --sim 6 --seed 3 --samples 3 --interval 0.1 >"$work/d0" 2>&1; st=$?
+[[ $st == 0 ]] && ok "fresh simulated fleet passes (exit 0)" || bad "exit $st: $(cat "$work/d0")"
+[[ $(grep -c "(simulated)" "$work/d0") == 6 ]] && ok "every simulated GPU is marked" || bad "marks"
+"$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --json >"$work/d1.json" 2>"$work/d1.err"; st=$?
+python3 - "$work/d1.json" "$st" <<'PY' && ok "worn fleet: JSON scores, findings, exit 1 because GPUs fail" || bad "json: $(head -c 300 "$work/d1.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+st = int(sys.argv[2])
+g = d["gpus"]
+assert d["backend"] == "sim" and d["threshold"] == 60 and len(g) == 6
+for x in g:
+    assert x["simulated"] is True and 0 <= x["score"] <= 100 and x["pass"] == (x["score"] >= 60)
+    for f in x["findings"]:
+        assert f["severity"] in ("info", "warn", "crit") and f["code"] and f["action"], f
+    assert "ecc_corrected" not in x["sample"] or not x["name"].startswith("NVIDIA GeForce GTX"), x
+failing = [x["index"] for x in g if not x["pass"]]
+assert failing and st == 1, (failing, st)
+print(f"scores {[x['score'] for x in g]}, failing {failing}")
+PY
+"$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --threshold 0 >/dev/null 2>&1
+[[ $? == 0 ]] && ok "--threshold 0: every GPU passes" || bad "threshold 0"
+
+# --- no NVML, bad flags -----------------------------------------------------------------
+RK_NVML_LIB=$work/none.so "$RK" doctor >"$work/n" 2>&1; st=$?
+[[ $st == 1 ]] && grep -q "NVML not available" "$work/n" && ok "no NVML: one clear line, exit 1" \
+  || bad "no nvml: exit $st: $(cat "$work/n")"
+for args in "--sim 0" "--sim 2 --threshold 101" "--bogus" "--sim 2 extra"; do
+  "$RK" doctor $args >/dev/null 2>&1
+  [[ $? == 2 ]] && ok "doctor $args: exit 2" || bad "doctor $args"
+done
+RK_NVML_LIB=$work/none.so "$RK" tune --dry-run >"$work/t0" 2>&1; st=$?
+[[ $st == 1 ]] && grep -q "NVML not available" "$work/t0" && ok "tune without NVML: exit 1" || bad "tune no nvml: $st"
+"$RK" tune --bogus >/dev/null 2>&1
+[[ $? == 2 ]] && ok "tune --bogus: exit 2" || bad "tune bogus"
+
+# --- the real dlopen path against the fake driver ---------------------------------------
+RK_NVML_LIB=$fake "$RK" doctor --samples 2 --interval 0.1 --json >"$work/f.json" 2>&1; st=$?
+python3 - "$work/f.json" "$st" <<'PY' && ok "fake driver: absent fields absent, the lost GPU scores 0" || bad "fake: $(head -c 400 "$work/f.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+g = d["gpus"]
+assert d["backend"] == "nvml" and len(g) == 2 and int(sys.argv[2]) == 1
+a, lost = g[0], g[1]
+assert a["simulated"] is False and "temp" in a["sample"] and "fan" not in a["sample"] \
+    and "ecc_corrected" not in a["sample"], a["sample"]
+assert lost["score"] == 0 and lost["findings"][0]["code"] == "gpu_lost"
+print(f"GPU 0 score {a['score']}, sample fields {sorted(a['sample'])}")
+PY
+RK_NVML_LIB=$fake "$RK" tune --gpu 0 --lock-clocks 1506 --power-limit 150 --dry-run >"$work/t1" 2>&1; st=$?
+[[ $st == 0 ]] && grep -q "SM clocks locked 1506 MHz" "$work/t1" && grep -q "power limit 150 W" "$work/t1" \
+  && grep -q "dry run: nothing changed" "$work/t1" && ok "tune --dry-run says what would change" \
+  || bad "tune dry run: exit $st: $(cat "$work/t1")"
+RK_NVML_LIB=$fake "$RK" tune --gpu 0 --power-limit 5000 >"$work/t2" 2>&1; st=$?
+[[ $st == 2 ]] && ok "an out-of-range power limit is refused (exit 2)" || bad "tune range: $st $(cat "$work/t2")"
+it_finish
