@@ -240,7 +240,8 @@ int rk_cmd_doctor(int argc, char **argv)
             continue;
         }
         char name[128];
-        snprintf(name, sizeof name, "%s%s", info[i].name, info[i].simulated ? " (simulated)" : "");
+        snprintf(name, sizeof name, "%s%s", info[i].name[0] ? info[i].name : "(unknown: not answering)",
+                 info[i].simulated ? " (simulated)" : "");
         printf("%-4d %-46.46s %5d  %-4s  %s\n", info[i].index, name, score, pass ? "ok" : "FAIL",
                nf ? "" : "none");
         for (int q = 0; q < nf; q++)
