@@ -10,6 +10,7 @@
 #endif
 
 #include "rekindle/fileio.h"
+#include "base/msg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -59,19 +60,12 @@ static void start_writeback(rk_afile *f)
 #endif
 }
 
-static const char *errstr(int e, char *buf, size_t cap)
-{
-    if (strerror_r(e, buf, cap) != 0)
-        snprintf(buf, cap, "errno %d", e);
-    return buf;
-}
-
 /* Map errno from a failed call to a code, fill err with "<path>: <what>: <strerror>". */
 static int io_fail(rk_err *err, int e, const char *path, const char *what)
 {
     char eb[128];
     int code = (e == ENOENT || e == ENOTDIR) ? RK_ENOENT : e == ENOMEM ? RK_ENOMEM : RK_EIO;
-    return rk_err_set(err, code, "%s: %s: %s", path, what, errstr(e, eb, sizeof eb));
+    return rk_err_set(err, code, "%s: %s: %s", path, what, rk_msg_strerror(e, eb, sizeof eb));
 }
 
 

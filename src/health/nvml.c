@@ -6,6 +6,7 @@
  * zero. Relies on libdl and nothing of NVIDIA's at build time. Never prints or exits.
  */
 #include "health/nvml.h"
+#include "base/msg.h"
 
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -136,21 +137,6 @@ struct rk_nvml {
 
 /* ---- messages ----------------------------------------------------------------------------- */
 
-/* rk_err_set with control characters replaced, so a message is one line even when a path or
- * a library's message holds a newline. */
-__attribute__((format(printf, 3, 4))) static int fail(rk_err *err, int code, const char *fmt, ...)
-{
-    char buf[RK_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    for (char *p = buf; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
-    return rk_err_set(err, code, "%s", buf);
-}
-
 static const char *nverr(const rk_nvml *n, nvmlReturn_t rc)
 {
     const char *s = n->f.error_string ? n->f.error_string(rc) : NULL;
@@ -275,18 +261,18 @@ int rk_nvml_open(rk_nvml **out, rk_err *err)
         else if (strncmp(why, path, lp) == 0 && strncmp(why + lp, ": ", 2) == 0)
             why += lp + 2; /* dlerror starts with the path: say it once */
         free(n);
-        return fail(err, RK_ENOTSUP, "NVML not available: %.200s: %s", path, why);
+        return rk_err_set_line(err, RK_ENOTSUP, "NVML not available: %.200s: %s", path, why);
     }
     resolve(n);
     const char *missing = missing_required(n);
     if (missing) {
         rk_nvml_close(n);
-        return fail(err, RK_ENOTSUP, "NVML not available: %.200s has no %s", path, missing);
+        return rk_err_set_line(err, RK_ENOTSUP, "NVML not available: %.200s has no %s", path, missing);
     }
     nvmlReturn_t rc = n->f.init();
     if (rc != NVML_SUCCESS) {
         int code = init_absent(rc) ? RK_ENOTSUP : RK_EIO;
-        fail(err, code, "NVML not available: %.200s: initialising failed: %s", path, nverr(n, rc));
+        rk_err_set_line(err, code, "NVML not available: %.200s: initialising failed: %s", path, nverr(n, rc));
         rk_nvml_close(n);
         return code;
     }
@@ -294,15 +280,15 @@ int rk_nvml_open(rk_nvml **out, rk_err *err)
     unsigned count = 0;
     rc = n->f.count(&count);
     if (rc != NVML_SUCCESS) {
-        fail(err, RK_EIO, "NVML: counting GPUs failed: %s", nverr(n, rc));
+        rk_err_set_line(err, RK_EIO, "NVML: counting GPUs failed: %s", nverr(n, rc));
         rk_nvml_close(n);
         return RK_EIO;
     }
     if (count == 0 || count > 4096) {
         if (count == 0)
-            fail(err, RK_ENOTSUP, "NVML not available: it sees no GPU");
+            rk_err_set_line(err, RK_ENOTSUP, "NVML not available: it sees no GPU");
         else
-            fail(err, RK_EIO, "NVML: it reports %u GPUs (more than 4096)", count);
+            rk_err_set_line(err, RK_EIO, "NVML: it reports %u GPUs (more than 4096)", count);
         rk_nvml_close(n);
         return count == 0 ? RK_ENOTSUP : RK_EIO;
     }
@@ -540,7 +526,7 @@ int rk_nvml_read(rk_nvml *n, int i, rk_gpu_sample *out, rk_err *err)
             out->lost = true;
             return RK_OK;
         }
-        return fail(err, RK_EIO, "nvml: GPU %d: no handle: %s", i, nverr(n, g->handle_rc));
+        return rk_err_set_line(err, RK_EIO, "nvml: GPU %d: no handle: %s", i, nverr(n, g->handle_rc));
     }
     reader r = {n, g->h, false, NVML_SUCCESS, NULL};
     read_fields(&r, out);
@@ -552,7 +538,7 @@ int rk_nvml_read(rk_nvml *n, int i, rk_gpu_sample *out, rk_err *err)
             out->lost = true;
             return RK_OK;
         }
-        return fail(err, RK_EIO, "nvml: GPU %d (%s): %s: %s", i, g->info.name, r.fatal_what,
+        return rk_err_set_line(err, RK_EIO, "nvml: GPU %d (%s): %s: %s", i, g->info.name, r.fatal_what,
                     nverr(n, r.fatal));
     }
     drain_events(n);
@@ -572,7 +558,7 @@ static int handle_of(rk_nvml *n, int i, nvmlDevice_t *h, rk_err *err)
         return rk_err_set(err, RK_EINVAL, "nvml: GPU %d out of range (0..%d)", i,
                           n ? n->n - 1 : -1);
     if (!n->gpus[i].h)
-        return fail(err, RK_EIO, "GPU %d: %s", i,
+        return rk_err_set_line(err, RK_EIO, "GPU %d: %s", i,
                     n->gpus[i].handle_rc == NVML_ERROR_GPU_IS_LOST
                         ? "the GPU is lost (fallen off the bus)"
                         : nverr(n, n->gpus[i].handle_rc));
@@ -589,13 +575,13 @@ static int set_failed(rk_nvml *n, int i, const char *what, nvmlReturn_t rc, cons
     switch (rc) {
     case NVML_ERROR_NOT_SUPPORTED:
     case NVML_ERROR_FUNCTION_NOT_FOUND:
-        return fail(err, RK_ENOTSUP, "GPU %d: %s: NVML: %s (%s)", i, what, why, unsup);
+        return rk_err_set_line(err, RK_ENOTSUP, "GPU %d: %s: NVML: %s (%s)", i, what, why, unsup);
     case NVML_ERROR_NO_PERMISSION:
-        return fail(err, RK_EIO, "GPU %d: %s: NVML: %s (needs root)", i, what, why);
+        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s (needs root)", i, what, why);
     case NVML_ERROR_GPU_IS_LOST:
-        return fail(err, RK_EIO, "GPU %d: %s: NVML: %s (the GPU has fallen off the bus)", i, what,
+        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s (the GPU has fallen off the bus)", i, what,
                     why);
-    default: return fail(err, RK_EIO, "GPU %d: %s: NVML: %s", i, what, why);
+    default: return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s", i, what, why);
     }
 }
 
@@ -637,9 +623,9 @@ int rk_nvml_settings_get(rk_nvml *n, int i, rk_nvml_settings *out, rk_err *err)
         out->persistence_on = e == NVML_FEATURE_ENABLED;
     }
     if (r.lost)
-        return fail(err, RK_EIO, "GPU %d: the GPU is lost (fallen off the bus)", i);
+        return rk_err_set_line(err, RK_EIO, "GPU %d: the GPU is lost (fallen off the bus)", i);
     if (r.fatal)
-        return fail(err, RK_EIO, "GPU %d: %s: NVML: %s", i, r.fatal_what, nverr(n, r.fatal));
+        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s", i, r.fatal_what, nverr(n, r.fatal));
     return RK_OK;
 }
 

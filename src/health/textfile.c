@@ -6,6 +6,7 @@
  * Relies on libc alone (strtod for decimal values). Never prints or exits.
  */
 #include "rekindle/health.h"
+#include "base/msg.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -709,14 +710,6 @@ int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_g
 
 /* ---- a directory of textfiles ----------------------------------------------------------- */
 
-/* strerror, safe when several threads read telemetry. */
-static const char *errstr(int e, char *buf, size_t cap)
-{
-    if (strerror_r(e, buf, cap) != 0)
-        snprintf(buf, cap, "errno %d", e);
-    return buf;
-}
-
 static int by_name(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -743,14 +736,14 @@ static int merge_file(const char *path, char *buf, const rk_gpu_info *infos, rk_
         return RK_OK;
     if (fd < 0)
         return rk_err_set(err, RK_EIO, "%s: cannot open: %s", show_str(sp, sizeof sp, path),
-                          errstr(e, eb, sizeof eb));
+                          rk_msg_strerror(e, eb, sizeof eb));
     struct stat st;
     int rc = RK_OK;
     size_t used = 0;
     if (fstat(fd, &st) < 0) {
         e = errno;
         rc = rk_err_set(err, RK_EIO, "%s: cannot stat: %s", show_str(sp, sizeof sp, path),
-                        errstr(e, eb, sizeof eb));
+                        rk_msg_strerror(e, eb, sizeof eb));
     } else if (!S_ISREG(st.st_mode)) {
         rc = RK_OK;
         goto out;
@@ -765,7 +758,7 @@ static int merge_file(const char *path, char *buf, const rk_gpu_info *infos, rk_
         if (r < 0) {
             e = errno;
             rc = rk_err_set(err, RK_EIO, "%s: cannot read: %s", show_str(sp, sizeof sp, path),
-                            errstr(e, eb, sizeof eb));
+                            rk_msg_strerror(e, eb, sizeof eb));
         } else if (r == 0)
             break;
         else
@@ -792,7 +785,7 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
         int e = errno;
         return rk_err_set(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
                           "%s: cannot open the textfile directory: %s",
-                          show_str(sd, sizeof sd, dir), errstr(e, eb, sizeof eb));
+                          show_str(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
     }
     char **names = NULL, *buf = NULL;
     size_t cnt = 0, cap = 0;
@@ -829,7 +822,7 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
         first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));
     else if (e)
         first = rk_err_set(err, RK_EIO, "%s: cannot read the textfile directory: %s",
-                           show_str(sd, sizeof sd, dir), errstr(e, eb, sizeof eb));
+                           show_str(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
     closedir(d);
     if (!first && cnt && !(buf = malloc(FILE_MAX_BYTES + 1)))
         first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));

@@ -5,6 +5,7 @@
  * libxxhash for checksums and jansson for the caller's config JSON. Never prints or exits.
  */
 #include "rekindle/ckpt.h"
+#include "base/msg.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -43,46 +44,6 @@ struct rk_ckpt {
 };
 
 /* ---- messages --------------------------------------------------------------------------- */
-
-/* Copy `s` for a message: control bytes become '?', long strings end in "..." (cut on a
- * UTF-8 boundary). The reader has already checked that names are valid UTF-8. */
-static const char *show(char *dst, size_t cap, const char *s)
-{
-    size_t len = strlen(s), j = 0, i = 0;
-    for (; i < len && j + 4 < cap; i++, j++)
-        dst[j] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-    if (i < len) {
-        while (j > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
-            i--, j--; /* the cut falls inside a character: cut before its lead byte */
-        memcpy(dst + j, "...", 3);
-        j += 3;
-    }
-    dst[j] = '\0';
-    return dst;
-}
-
-/* rk_err_set with control characters replaced, so a message is always one line even when a
- * path holds a newline. */
-__attribute__((format(printf, 3, 4))) static int fail(rk_err *err, int code, const char *fmt, ...)
-{
-    char buf[RK_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    for (char *p = buf; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
-    return rk_err_set(err, code, "%s", buf);
-}
-
-/* strerror for messages, safe with the background writer thread running. */
-static const char *errstr(int e, char *buf, size_t cap)
-{
-    if (strerror_r(e, buf, cap) != 0)
-        snprintf(buf, cap, "errno %d", e);
-    return buf;
-}
 
 /* "dir/name" into a new string (NULL if out of memory). */
 static char *join(const char *dir, const char *name)
@@ -295,19 +256,19 @@ static void plan_free(plan *p)
 static int check_meta(const char *label, const rk_ckpt_meta *m, rk_err *err)
 {
     if (!m)
-        return fail(err, RK_EINVAL, "%s: meta is NULL", label);
+        return rk_err_set_line(err, RK_EINVAL, "%s: meta is NULL", label);
     if (m->step < 0 || m->epoch < 0 || m->cursor < 0)
-        return fail(err, RK_EINVAL,
+        return rk_err_set_line(err, RK_EINVAL,
                     "%s: step %" PRId64 ", epoch %" PRId64 ", cursor %" PRId64
                     ": none may be negative",
                     label, m->step, m->epoch, m->cursor);
     if (m->world_size < 1)
-        return fail(err, RK_EINVAL, "%s: world_size %d is not at least 1", label, m->world_size);
+        return rk_err_set_line(err, RK_EINVAL, "%s: world_size %d is not at least 1", label, m->world_size);
     if (m->config_json) {
         json_error_t je;
         json_t *j = json_loads(m->config_json, JSON_DECODE_ANY, &je);
         if (!j)
-            return fail(err, RK_EINVAL, "%s: config is not valid JSON: %s", label, je.text);
+            return rk_err_set_line(err, RK_EINVAL, "%s: config is not valid JSON: %s", label, je.text);
         json_decref(j);
     }
     return RK_OK;
@@ -320,31 +281,31 @@ static int check_item(const char *label, const rk_ckpt_item *it, size_t idx, siz
 {
     char nb[SHOW_MAX];
     if (!it->name || !*it->name)
-        return fail(err, RK_EINVAL, "%s: item #%zu has no name", label, idx);
-    const char *nm = show(nb, sizeof nb, it->name);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item #%zu has no name", label, idx);
+    const char *nm = rk_msg_show(nb, sizeof nb, it->name);
     if (strcmp(it->name, MANIFEST_NAME) == 0 || strcmp(it->name, "__metadata__") == 0)
-        return fail(err, RK_EINVAL, "%s: item '%s': the name is reserved", label, nm);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': the name is reserved", label, nm);
     size_t es = rk_st_dtype_size(it->dtype ? it->dtype : "F32");
     if (es == 0)
-        return fail(err, RK_EINVAL, "%s: item '%s': unknown dtype '%.16s'", label, nm, it->dtype);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': unknown dtype '%.16s'", label, nm, it->dtype);
     if (it->ndim < 0 || it->ndim > RK_ST_MAX_DIMS || (it->ndim > 0 && !it->shape))
-        return fail(err, RK_EINVAL, "%s: item '%s': bad ndim %d or NULL shape", label, nm,
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': bad ndim %d or NULL shape", label, nm,
                     it->ndim);
     size_t numel = 1;
     for (int d = 0; d < it->ndim; d++) {
         if (it->shape[d] < 0 || (uint64_t)it->shape[d] > SIZE_MAX)
-            return fail(err, RK_EINVAL, "%s: item '%s': shape[%d] is %" PRId64, label, nm, d,
+            return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': shape[%d] is %" PRId64, label, nm, d,
                         it->shape[d]);
         size_t v = (size_t)it->shape[d];
         if (v && numel > SIZE_MAX / v)
-            return fail(err, RK_EINVAL, "%s: item '%s': size overflows", label, nm);
+            return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': size overflows", label, nm);
         numel *= v;
     }
     if (numel > SIZE_MAX / es)
-        return fail(err, RK_EINVAL, "%s: item '%s': size overflows", label, nm);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': size overflows", label, nm);
     *nbytes = numel * es;
     if (*nbytes && !it->data)
-        return fail(err, RK_EINVAL, "%s: item '%s': data is NULL", label, nm);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': data is NULL", label, nm);
     return RK_OK;
 }
 
@@ -377,19 +338,19 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
     if (rc)
         return rc;
     if (n > 0 && !items)
-        return fail(err, RK_EINVAL, "%s: %zu items but the list is NULL", label, n);
+        return rk_err_set_line(err, RK_EINVAL, "%s: %zu items but the list is NULL", label, n);
     size_t strbytes = 0;
     size_t nn = n ? n : 1;
     p->nbytes = calloc(nn, sizeof *p->nbytes);
     if (!p->nbytes)
-        return fail(err, RK_ENOMEM, "%s: out of memory", label);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
     for (size_t i = 0; i < n && !rc; i++) {
         rc = check_item(label, &items[i], i, &p->nbytes[i], err);
         for (size_t j = 0; j < i && !rc; j++)
             if (strcmp(items[i].name, items[j].name) == 0) {
                 char nb[SHOW_MAX];
-                rc = fail(err, RK_EINVAL, "%s: item name '%s' appears twice", label,
-                          show(nb, sizeof nb, items[i].name));
+                rc = rk_err_set_line(err, RK_EINVAL, "%s: item name '%s' appears twice", label,
+                          rk_msg_show(nb, sizeof nb, items[i].name));
             }
         if (!rc)
             strbytes += KEY_PREFIX_LEN + strlen(items[i].name) + 1 + 17;
@@ -402,7 +363,7 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
     p->sorted = calloc(nmeta, sizeof *p->sorted);
     p->td = calloc(nn, sizeof *p->td);
     if (!rc && (!p->e || !p->meta || !p->strs || !p->sums || !p->sorted || !p->td))
-        rc = fail(err, RK_ENOMEM, "%s: out of memory", label);
+        rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
     if (!rc) {
         snprintf(p->nums[0], sizeof p->nums[0], "%" PRId64, m->step);
         snprintf(p->nums[1], sizeof p->nums[1], "%" PRId64, m->epoch);
@@ -440,7 +401,7 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
         }
         p->npairs = k / 2;
         if (plan_seal(p) != RK_OK) {
-            rc = fail(err, RK_ENOMEM, "%s: out of memory", label);
+            rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
         } else {
             p->meta[k++] = MANIFEST_KEY;
             p->meta[k++] = p->manifest;
@@ -456,7 +417,7 @@ int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n
                    size_t *out_len, rk_err *err)
 {
     if (!out || !out_len)
-        return fail(err, RK_EINVAL, "rk_ckpt_encode: out or out_len is NULL");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_encode: out or out_len is NULL");
     *out = NULL;
     *out_len = 0;
     plan p;
@@ -476,10 +437,10 @@ static int field_i64(const rk_st_file *f, const char *L, const char *key, int64_
     const char *s = rk_st_meta(f, key);
     char vb[SHOW_MAX];
     if (!s)
-        return fail(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L, key);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L, key);
     if (!parse_u63(s, strlen(s), v) || *v > max)
-        return fail(err, RK_EFORMAT, "%s: field '%s' is '%s', not an integer in 0..%" PRId64, L,
-                    key, show(vb, sizeof vb, s), max);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is '%s', not an integer in 0..%" PRId64, L,
+                    key, rk_msg_show(vb, sizeof vb, s), max);
     return RK_OK;
 }
 
@@ -491,43 +452,43 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     char nb[SHOW_MAX], vb[SHOW_MAX];
     const char *format = rk_st_meta(f, "format");
     if (!format)
-        return fail(err, RK_EFORMAT,
+        return rk_err_set_line(err, RK_EFORMAT,
                     "%s: not a rekindle checkpoint: field 'format' is missing "
                     "from '__metadata__'",
                     L);
     if (strcmp(format, RK_CKPT_FORMAT) != 0)
-        return fail(err, RK_EFORMAT, "%s: field 'format' is '%s', expected '%s'", L,
-                    show(vb, sizeof vb, format), RK_CKPT_FORMAT);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'format' is '%s', expected '%s'", L,
+                    rk_msg_show(vb, sizeof vb, format), RK_CKPT_FORMAT);
 
     /* Every tensor has a well-formed checksum; every checksum has its tensor. */
     for (size_t i = 0; i < f->ntensors; i++) {
         const char *name = f->tensors[i].name;
         if (!*name || strcmp(name, MANIFEST_NAME) == 0)
-            return fail(err, RK_EFORMAT, "%s: tensor '%s': the name is empty or reserved", L, name);
+            return rk_err_set_line(err, RK_EFORMAT, "%s: tensor '%s': the name is empty or reserved", L, name);
         for (size_t j = 0; j < f->nmeta && !sums[i]; j++)
             if (strncmp(f->meta_keys[j], KEY_PREFIX, KEY_PREFIX_LEN) == 0 &&
                 strcmp(f->meta_keys[j] + KEY_PREFIX_LEN, name) == 0)
                 sums[i] = f->meta_vals[j];
         if (!sums[i])
-            return fail(err, RK_EFORMAT,
+            return rk_err_set_line(err, RK_EFORMAT,
                         "%s: tensor '%s' has no checksum (field 'xxh64.%s' is "
                         "missing)",
-                        L, show(nb, sizeof nb, name), nb);
+                        L, rk_msg_show(nb, sizeof nb, name), nb);
         if (!is_hex16(sums[i]))
-            return fail(err, RK_EFORMAT,
+            return rk_err_set_line(err, RK_EFORMAT,
                         "%s: tensor '%s': field 'xxh64.%s' is '%s', not 16 hex "
                         "digits",
-                        L, show(nb, sizeof nb, name), nb, show(vb, sizeof vb, sums[i]));
+                        L, rk_msg_show(nb, sizeof nb, name), nb, rk_msg_show(vb, sizeof vb, sums[i]));
     }
     for (size_t i = 0; i < f->nmeta; i++) {
         const char *k = f->meta_keys[i];
         if (strncmp(k, KEY_PREFIX, KEY_PREFIX_LEN) != 0 || strcmp(k, MANIFEST_KEY) == 0)
             continue;
         if (!rk_st_find(f, k + KEY_PREFIX_LEN))
-            return fail(err, RK_EFORMAT,
+            return rk_err_set_line(err, RK_EFORMAT,
                         "%s: tensor '%s' is missing (field '%s' lists its "
                         "checksum)",
-                        L, show(nb, sizeof nb, k + KEY_PREFIX_LEN), show(vb, sizeof vb, k));
+                        L, rk_msg_show(nb, sizeof nb, k + KEY_PREFIX_LEN), rk_msg_show(vb, sizeof vb, k));
     }
 
     /* The scalar fields. */
@@ -542,30 +503,30 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     if (rc)
         return rc;
     if (ws < 1)
-        return fail(err, RK_EFORMAT, "%s: field 'world_size' is 0", L);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'world_size' is 0", L);
     meta->world_size = (int)ws;
     meta->config_json = rk_st_meta(f, "config");
     if (!meta->config_json)
-        return fail(err, RK_EFORMAT, "%s: field 'config' is missing from '__metadata__'", L);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is missing from '__metadata__'", L);
     json_error_t je;
     json_t *cj = json_loads(meta->config_json, JSON_DECODE_ANY, &je);
     if (!cj)
-        return fail(err, RK_EFORMAT, "%s: field 'config' is not valid JSON: %s", L, je.text);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is not valid JSON: %s", L, je.text);
     json_decref(cj);
     int64_t named;
     if (rk_ckpt_name_step(base_name(L), &named) && named != meta->step)
-        return fail(err, RK_EFORMAT,
+        return rk_err_set_line(err, RK_EFORMAT,
                     "%s: field 'step' is %" PRId64 " but the file name says %" PRId64, L,
                     meta->step, named);
 
     /* The manifest checksum: metadata and tensor table as written. */
     const char *mh = rk_st_meta(f, MANIFEST_KEY);
     if (!mh)
-        return fail(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L,
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L,
                     MANIFEST_KEY);
     if (!is_hex16(mh))
-        return fail(err, RK_EFORMAT, "%s: field '%s' is '%s', not 16 hex digits", L, MANIFEST_KEY,
-                    show(vb, sizeof vb, mh));
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is '%s', not 16 hex digits", L, MANIFEST_KEY,
+                    rk_msg_show(vb, sizeof vb, mh));
     kv *m = calloc(f->nmeta ? f->nmeta : 1, sizeof *m);
     tdesc *td = calloc(f->ntensors ? f->ntensors : 1, sizeof *td);
     uint64_t h = 0;
@@ -581,11 +542,11 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     free(m);
     free(td);
     if (rc)
-        return fail(err, RK_ENOMEM, "%s: out of memory", L);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", L);
     char got[17];
     hex16(got, h);
     if (strcmp(got, mh) != 0)
-        return fail(err, RK_EFORMAT,
+        return rk_err_set_line(err, RK_EFORMAT,
                     "%s: field '%s' does not match: '__metadata__' or the tensor "
                     "table changed after writing (stored %s, computed %s)",
                     L, MANIFEST_KEY, mh, got);
@@ -598,17 +559,17 @@ static int verify_st(const rk_st_file *f, const char *L, rk_ckpt_meta *meta, rk_
 {
     const char **sums = calloc(f->ntensors ? f->ntensors : 1, sizeof *sums);
     if (!sums)
-        return fail(err, RK_ENOMEM, "%s: out of memory", L);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", L);
     int rc = verify_header(f, L, meta, sums, err);
     for (size_t i = 0; i < f->ntensors && !rc; i++) {
         const rk_st_tensor *t = &f->tensors[i];
         char got[17], nb[SHOW_MAX];
         hex16(got, XXH64(t->nbytes ? (const void *)t->data : "", t->nbytes, 0));
         if (strcmp(got, sums[i]) != 0)
-            rc = fail(err, RK_EFORMAT,
+            rc = rk_err_set_line(err, RK_EFORMAT,
                       "%s: tensor '%s': data checksum mismatch (stored %s, "
                       "computed %s over %zu bytes)",
-                      L, show(nb, sizeof nb, t->name), sums[i], got, t->nbytes);
+                      L, rk_msg_show(nb, sizeof nb, t->name), sums[i], got, t->nbytes);
     }
     free(sums);
     return rc;
@@ -618,7 +579,7 @@ static int verify_st(const rk_st_file *f, const char *L, rk_ckpt_meta *meta, rk_
 static int adopt(rk_st_file *f, rk_ckpt **out, rk_err *err)
 {
     char lb[512];
-    show(lb, sizeof lb, f->name ? f->name : "<memory>");
+    rk_msg_show(lb, sizeof lb, f->name ? f->name : "<memory>");
     rk_ckpt_meta meta = {0};
     int rc = verify_st(f, lb, &meta, err);
     if (rc || !out) {
@@ -628,7 +589,7 @@ static int adopt(rk_st_file *f, rk_ckpt **out, rk_err *err)
     rk_ckpt *c = calloc(1, sizeof *c);
     if (!c) {
         rk_st_free(f);
-        return fail(err, RK_ENOMEM, "%s: out of memory", lb);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", lb);
     }
     c->f = *f;
     c->meta = meta; /* config_json points into c->f, which moved but kept its buffers */
@@ -652,7 +613,7 @@ int rk_ckpt_load_file(const char *path, rk_ckpt **out, rk_err *err)
     if (out)
         *out = NULL;
     if (!path || !*path)
-        return fail(err, RK_EINVAL, "rk_ckpt_load_file: empty path");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_file: empty path");
     rk_st_file f;
     int rc = rk_st_read(path, &f, err);
     if (rc)
@@ -709,7 +670,7 @@ static const char *fmt_shape(char *buf, size_t cap, int ndim, const int64_t *sha
 static const char *json_text(char *buf, size_t cap, const json_t *v)
 {
     char *s = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-    show(buf, cap, s ? s : "(absent)");
+    rk_msg_show(buf, cap, s ? s : "(absent)");
     free(s);
     return buf;
 }
@@ -717,17 +678,17 @@ static const char *json_text(char *buf, size_t cap, const json_t *v)
 int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
 {
     if (!c)
-        return fail(err, RK_EINVAL, "rk_ckpt_check: checkpoint is NULL");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_check: checkpoint is NULL");
     if (!e)
         return RK_OK;
     char lb[512], nb[SHOW_MAX], hb[SHOW_MAX], wb[SHOW_MAX];
-    const char *L = show(lb, sizeof lb, c->f.name ? c->f.name : "<memory>");
+    const char *L = rk_msg_show(lb, sizeof lb, c->f.name ? c->f.name : "<memory>");
     if (e->config_json) {
         json_error_t je;
         json_t *want = json_loads(e->config_json, 0, &je);
         if (!json_is_object(want)) {
             json_decref(want);
-            return fail(err, RK_EINVAL, "expected config is not a JSON object: %s",
+            return rk_err_set_line(err, RK_EINVAL, "expected config is not a JSON object: %s",
                         want ? "another JSON value" : je.text);
         }
         json_t *have = json_loads(c->meta.config_json, JSON_DECODE_ANY, &je);
@@ -738,8 +699,8 @@ int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
         {
             json_t *hv = json_is_object(have) ? json_object_get(have, key) : NULL;
             if (!hv || !json_equal(hv, wv)) {
-                rc = fail(err, RK_EMISMATCH, "%s: config '%s' is %s, expected %s", L,
-                          show(nb, sizeof nb, key), json_text(hb, sizeof hb, hv),
+                rc = rk_err_set_line(err, RK_EMISMATCH, "%s: config '%s' is %s, expected %s", L,
+                          rk_msg_show(nb, sizeof nb, key), json_text(hb, sizeof hb, hv),
                           json_text(wb, sizeof wb, wv));
                 break;
             }
@@ -752,18 +713,18 @@ int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
     for (size_t i = 0; i < e->nitems; i++) {
         const rk_ckpt_item *it = &e->items[i];
         if (!it->name)
-            return fail(err, RK_EINVAL, "expected item #%zu has no name", i);
+            return rk_err_set_line(err, RK_EINVAL, "expected item #%zu has no name", i);
         const char *dt = it->dtype ? it->dtype : "F32";
         const rk_st_tensor *t = rk_st_find(&c->f, it->name);
         if (!t)
-            return fail(err, RK_EMISMATCH, "%s: tensor '%s' is missing", L,
-                        show(nb, sizeof nb, it->name));
+            return rk_err_set_line(err, RK_EMISMATCH, "%s: tensor '%s' is missing", L,
+                        rk_msg_show(nb, sizeof nb, it->name));
         bool same = strcmp(t->dtype, dt) == 0 && t->ndim == it->ndim;
         for (int d = 0; same && d < it->ndim; d++)
             same = t->shape[d] == it->shape[d];
         if (!same)
-            return fail(err, RK_EMISMATCH, "%s: tensor '%s' is %s %s, expected %.8s %s", L,
-                        show(nb, sizeof nb, it->name), t->dtype,
+            return rk_err_set_line(err, RK_EMISMATCH, "%s: tensor '%s' is %s %s, expected %.8s %s", L,
+                        rk_msg_show(nb, sizeof nb, it->name), t->dtype,
                         fmt_shape(hb, sizeof hb, t->ndim, t->shape), dt,
                         fmt_shape(wb, sizeof wb, it->ndim < 0 ? 0 : it->ndim, it->shape));
     }
@@ -794,8 +755,8 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
     DIR *d = opendir(dir);
     if (!d) {
         int e = errno;
-        return fail(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
-                    "%s: cannot open checkpoint directory: %s", dir, errstr(e, eb, sizeof eb));
+        return rk_err_set_line(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
+                    "%s: cannot open checkpoint directory: %s", dir, rk_msg_strerror(e, eb, sizeof eb));
     }
     size_t cap = 0;
     entry *v = NULL;
@@ -810,7 +771,7 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
                 size_t nc = cap ? 2 * cap : 16;
                 entry *nv = realloc(v, nc * sizeof *nv);
                 if (!nv) {
-                    rc = fail(err, RK_ENOMEM, "%s: out of memory", dir);
+                    rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
                     break;
                 }
                 v = nv;
@@ -824,7 +785,7 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
         errno = 0;
     }
     if (!rc && errno)
-        rc = fail(err, RK_EIO, "%s: cannot read directory: %s", dir, errstr(errno, eb, sizeof eb));
+        rc = rk_err_set_line(err, RK_EIO, "%s: cannot read directory: %s", dir, rk_msg_strerror(errno, eb, sizeof eb));
     closedir(d);
     if (rc) {
         free(v);
@@ -840,19 +801,19 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
 int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err)
 {
     if (!dir || !name || cap == 0)
-        return fail(err, RK_EINVAL, "rk_ckpt_read_latest: bad argument");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_read_latest: bad argument");
     name[0] = '\0';
     char *path = join(dir, LATEST);
     if (!path)
-        return fail(err, RK_ENOMEM, "%s: out of memory", dir);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
     uint8_t *buf;
     size_t len;
     rk_err e2;
     int rc = rk_file_read_all(path, &buf, &len, LATEST_MAX, &e2);
     if (rc == RK_ENOENT)
-        rc = fail(err, RK_ENOENT, "%s: missing", path);
+        rc = rk_err_set_line(err, RK_ENOENT, "%s: missing", path);
     else if (rc)
-        rc = fail(err, rc, "%s", e2.msg);
+        rc = rk_err_set_line(err, rc, "%s", e2.msg);
     if (rc) {
         free(path);
         return rc;
@@ -861,14 +822,14 @@ int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err)
         buf[--len] = '\0';
     char vb[SHOW_MAX];
     if (len == 0)
-        rc = fail(err, RK_EFORMAT, "%s: is empty", path);
+        rc = rk_err_set_line(err, RK_EFORMAT, "%s: is empty", path);
     else if (memchr(buf, '\0', len))
-        rc = fail(err, RK_EFORMAT, "%s: holds a NUL byte, not a checkpoint file name", path);
+        rc = rk_err_set_line(err, RK_EFORMAT, "%s: holds a NUL byte, not a checkpoint file name", path);
     else if (!rk_ckpt_name_step((const char *)buf, NULL))
-        rc = fail(err, RK_EFORMAT, "%s: '%s' is not a checkpoint file name", path,
-                  show(vb, sizeof vb, (const char *)buf));
+        rc = rk_err_set_line(err, RK_EFORMAT, "%s: '%s' is not a checkpoint file name", path,
+                  rk_msg_show(vb, sizeof vb, (const char *)buf));
     else if (len >= cap)
-        rc = fail(err, RK_EINVAL, "%s: name does not fit in %zu bytes", path, cap);
+        rc = rk_err_set_line(err, RK_EINVAL, "%s: name does not fit in %zu bytes", path, cap);
     else
         memcpy(name, buf, len + 1);
     free(buf);
@@ -900,10 +861,10 @@ static int try_load(const char *dir, const char *name, const rk_ckpt_expect *e, 
 {
     char *path = join(dir, name);
     if (!path)
-        return fail(err, RK_ENOMEM, "%s: out of memory", dir);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
     int rc = rk_ckpt_load_file(path, out, err);
     if (rc == RK_ENOENT)
-        rc = fail(err, RK_ENOENT, "%s: does not exist", path);
+        rc = rk_err_set_line(err, RK_ENOENT, "%s: does not exist", path);
     free(path);
     if (!rc && e && (rc = rk_ckpt_check(*out, e, err))) {
         rk_ckpt_free(*out);
@@ -918,10 +879,10 @@ int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt *
     if (report && report_len)
         report[0] = '\0';
     if (!out)
-        return fail(err, RK_EINVAL, "rk_ckpt_load_latest: out is NULL");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_latest: out is NULL");
     *out = NULL;
     if (!dir || !*dir)
-        return fail(err, RK_EINVAL, "rk_ckpt_load_latest: empty directory");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_latest: empty directory");
     entry *v;
     size_t n;
     int rc = scan_dir(dir, &v, &n, NULL, err);
@@ -962,25 +923,25 @@ int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt *
     }
     free(v);
     if (skipped == 0)
-        return fail(err, RK_ENOENT, "%s: no checkpoint", dir);
-    return fail(err, RK_ENOENT, "%s: no usable checkpoint (%zu file%s skipped, last: %s)", dir,
+        return rk_err_set_line(err, RK_ENOENT, "%s: no checkpoint", dir);
+    return rk_err_set_line(err, RK_ENOENT, "%s: no usable checkpoint (%zu file%s skipped, last: %s)", dir,
                 skipped, skipped == 1 ? "" : "s", e2.msg);
 }
 
 int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err)
 {
     if (!out)
-        return fail(err, RK_EINVAL, "rk_ckpt_load_step: out is NULL");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_step: out is NULL");
     *out = NULL;
     char name[RK_CKPT_NAME_MAX];
     if (!dir || !*dir || rk_ckpt_file_name(step, name, sizeof name) != RK_OK)
-        return fail(err, RK_EINVAL, "rk_ckpt_load_step: bad directory or step %" PRId64, step);
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_step: bad directory or step %" PRId64, step);
     char *path = join(dir, name);
     if (!path)
-        return fail(err, RK_ENOMEM, "%s: out of memory", dir);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
     int rc = rk_ckpt_load_file(path, out, err);
     if (rc == RK_ENOENT)
-        rc = fail(err, RK_ENOENT, "%s: no checkpoint of step %" PRId64, path, step);
+        rc = rk_err_set_line(err, RK_ENOENT, "%s: no checkpoint of step %" PRId64, path, step);
     free(path);
     return rc;
 }
@@ -994,11 +955,11 @@ static int info_asc(const void *a, const void *b)
 int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err)
 {
     if (!items || !n)
-        return fail(err, RK_EINVAL, "rk_ckpt_list: items or n is NULL");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list: items or n is NULL");
     *items = NULL;
     *n = 0;
     if (!dir || !*dir)
-        return fail(err, RK_EINVAL, "rk_ckpt_list: empty directory");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list: empty directory");
     entry *v;
     size_t m;
     int rc = scan_dir(dir, &v, &m, ntemp, err);
@@ -1007,7 +968,7 @@ int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp
     rk_ckpt_info *info = calloc(m ? m : 1, sizeof *info);
     if (!info) {
         free(v);
-        return fail(err, RK_ENOMEM, "%s: out of memory", dir);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
     }
     char lname[RK_CKPT_NAME_MAX] = "";
     if (rk_ckpt_read_latest(dir, lname, sizeof lname, NULL) != RK_OK)
@@ -1053,13 +1014,13 @@ static int make_dirs(const char *dir, rk_err *err)
     struct stat st;
     if (stat(dir, &st) == 0) {
         if (!S_ISDIR(st.st_mode))
-            return fail(err, RK_EIO, "%s: exists and is not a directory", dir);
+            return rk_err_set_line(err, RK_EIO, "%s: exists and is not a directory", dir);
         return RK_OK;
     }
     size_t len = strlen(dir);
     char *p = malloc(len + 1);
     if (!p)
-        return fail(err, RK_ENOMEM, "%s: out of memory", dir);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
     memcpy(p, dir, len + 1);
     int rc = RK_OK;
     for (size_t i = 1; i <= len && !rc; i++) {
@@ -1078,10 +1039,10 @@ static int make_dirs(const char *dir, rk_err *err)
             }
         } else if (errno != EEXIST) {
             int e = errno;
-            rc = fail(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
-                      "%s: cannot create directory %s: %s", dir, p, errstr(e, eb, sizeof eb));
+            rc = rk_err_set_line(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
+                      "%s: cannot create directory %s: %s", dir, p, rk_msg_strerror(e, eb, sizeof eb));
         } else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            rc = fail(err, RK_EIO, "%s: %s exists and is not a directory", dir, p);
+            rc = rk_err_set_line(err, RK_EIO, "%s: %s exists and is not a directory", dir, p);
         }
         p[i] = c;
     }
@@ -1221,11 +1182,11 @@ static int plan_write(const char *path, plan *p, bool beside, rk_err *err)
     hdr = NULL;
     size_t hlen2 = 0;
     if (!rc && plan_seal(p) != RK_OK)
-        rc = fail(err, RK_ENOMEM, "%s: out of memory", path);
+        rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", path);
     if (!rc)
         rc = rk_st_header(p->e, p->n, (const char *const *)p->meta, &hdr, &hlen2, &dlen, err);
     if (!rc && hlen2 != hlen)
-        rc = fail(err, RK_EINVAL, "%s: header changed length (%zu -> %zu bytes)", path, hlen,
+        rc = rk_err_set_line(err, RK_EINVAL, "%s: header changed length (%zu -> %zu bytes)", path, hlen,
                   hlen2);
     if (!rc)
         rc = rk_afile_pwrite(f, hdr, hlen, 0, err);
@@ -1247,17 +1208,17 @@ int rk_ckpt_save_in(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_ite
                     size_t n, int keep, bool hash_beside, rk_err *err)
 {
     if (!dir || !*dir)
-        return fail(err, RK_EINVAL, "rk_ckpt_save: empty directory");
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_save: empty directory");
     if (keep < 1)
-        return fail(err, RK_EINVAL, "%s: keep %d is not at least 1", dir, keep);
+        return rk_err_set_line(err, RK_EINVAL, "%s: keep %d is not at least 1", dir, keep);
     char name[RK_CKPT_NAME_MAX];
     if (!meta || rk_ckpt_file_name(meta->step, name, sizeof name) != RK_OK)
-        return fail(err, RK_EINVAL, "%s: meta is NULL or its step is negative", dir);
+        return rk_err_set_line(err, RK_EINVAL, "%s: meta is NULL or its step is negative", dir);
     char *path = join(dir, name);
     char *lpath = join(dir, LATEST);
     plan p;
     memset(&p, 0, sizeof p);
-    int rc = path && lpath ? RK_OK : fail(err, RK_ENOMEM, "%s: out of memory", dir);
+    int rc = path && lpath ? RK_OK : rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
     if (!rc)
         rc = plan_build(path, meta, items, n, false, &p, err);
     /* Stream the tensors from the caller's memory into the atomic file (the checksums come
@@ -1324,7 +1285,7 @@ int64_t rk_ckpt_auto_steps(double save_cost_s, double mtbf_s, double step_s)
 int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err)
 {
     if (!text || !steps)
-        return fail(err, RK_EINVAL, "--ckpt-every: no value");
+        return rk_err_set_line(err, RK_EINVAL, "--ckpt-every: no value");
     if (strcmp(text, "auto") == 0) {
         *steps = 0;
         return RK_OK;
@@ -1332,8 +1293,8 @@ int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err)
     int64_t v;
     char vb[SHOW_MAX];
     if (!parse_u63(text, strlen(text), &v) || v < 1)
-        return fail(err, RK_EINVAL, "--ckpt-every '%s' is not a step count >= 1 or 'auto'",
-                    show(vb, sizeof vb, text));
+        return rk_err_set_line(err, RK_EINVAL, "--ckpt-every '%s' is not a step count >= 1 or 'auto'",
+                    rk_msg_show(vb, sizeof vb, text));
     *steps = v;
     return RK_OK;
 }

@@ -5,6 +5,7 @@
  * lines are flat). Never prints or exits.
  */
 #include "rekindle/heartbeat.h"
+#include "base/msg.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -28,44 +29,6 @@
 #define PATH_SHOW 128 /* room for any Unix socket path (108 bytes) */
 
 /* ---- messages --------------------------------------------------------------------------- */
-
-/* Copy `s` for a message: control bytes become '?', long strings end in "..." (cut on a
- * UTF-8 boundary). */
-static const char *show(char *dst, size_t cap, const char *s)
-{
-    size_t len = strlen(s), j = 0, i = 0;
-    for (; i < len && j + 4 < cap; i++, j++)
-        dst[j] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-    if (i < len) {
-        while (j > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
-            i--, j--; /* the cut falls inside a character: cut before its lead byte */
-        memcpy(dst + j, "...", 3);
-        j += 3;
-    }
-    dst[j] = '\0';
-    return dst;
-}
-
-/* rk_err_set with control characters replaced: a message is always one line. */
-__attribute__((format(printf, 3, 4))) static int fail(rk_err *err, int code, const char *fmt, ...)
-{
-    char buf[RK_ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    for (char *p = buf; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
-    return rk_err_set(err, code, "%s", buf);
-}
-
-static const char *errstr(int e, char *buf, size_t cap)
-{
-    if (strerror_r(e, buf, cap) != 0)
-        snprintf(buf, cap, "errno %d", e);
-    return buf;
-}
 
 /* ---- text ------------------------------------------------------------------------------- */
 
@@ -208,7 +171,7 @@ const char *rk_hb_type_name(rk_hb_type t)
 
 static int expected(rk_err *err, int code, const char *key, const char *want)
 {
-    return fail(err, code, MSG "field \"%s\": expected %s", key, want);
+    return rk_err_set_line(err, code, MSG "field \"%s\": expected %s", key, want);
 }
 
 static int check_int(const ispec *s, int64_t v, int code, rk_err *err)
@@ -239,7 +202,7 @@ static int check_nonneg(const char *key, double v, int code, rk_err *err)
 static int check_msg(const rk_hb_msg *m, int code, rk_err *err)
 {
     if ((unsigned)m->type >= NTYPES)
-        return fail(err, code, MSG "field \"type\": unknown message type %d", (int)m->type);
+        return rk_err_set_line(err, code, MSG "field \"type\": unknown message type %d", (int)m->type);
     int rc = check_int(&I_RANK, m->rank, code, err);
     if (!rc)
         rc = check_int(&I_STEP, m->step, code, err);
@@ -252,7 +215,7 @@ static int check_msg(const rk_hb_msg *m, int code, rk_err *err)
             !(rc = check_int(&I_PID, m->pid, code, err)))
             rc = check_str(&S_DEVICE, m->device, code, err);
         if (!rc && m->rank >= m->world)
-            rc = fail(err, code, MSG "field \"rank\": expected an integer 0..world-1 (world is %d)",
+            rc = rk_err_set_line(err, code, MSG "field \"rank\": expected an integer 0..world-1 (world is %d)",
                       m->world);
         return rc;
     case RK_HB_STEP:
@@ -283,7 +246,7 @@ static json_t *field(json_t *o, const char *key, const char *want, rk_err *err)
 {
     json_t *v = json_object_get(o, key);
     if (!v)
-        fail(err, RK_EFORMAT, MSG "field \"%s\": missing (expected %s)", key, want);
+        rk_err_set_line(err, RK_EFORMAT, MSG "field \"%s\": missing (expected %s)", key, want);
     return v;
 }
 
@@ -330,7 +293,7 @@ static int get_str(json_t *o, const sspec *s, bool optional, char *dst, rk_err *
         return RK_OK;
     }
     if (!v)
-        return fail(err, RK_EFORMAT, MSG "field \"%s\": missing (expected %s)", s->key, s->want);
+        return rk_err_set_line(err, RK_EFORMAT, MSG "field \"%s\": missing (expected %s)", s->key, s->want);
     if (!json_is_string(v) || json_string_length(v) >= s->cap)
         return expected(err, RK_EFORMAT, s->key, s->want);
     memcpy(dst, json_string_value(v), json_string_length(v) + 1);
@@ -341,7 +304,7 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
 {
     json_t *t = json_object_get(o, "type");
     if (!t)
-        return fail(err, RK_EFORMAT, MSG "field \"type\": missing (expected a string)");
+        return rk_err_set_line(err, RK_EFORMAT, MSG "field \"type\": missing (expected a string)");
     if (!json_is_string(t))
         return expected(err, RK_EFORMAT, "type", "a string");
     size_t k = 0;
@@ -349,8 +312,8 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
         k++;
     if (k == NTYPES) {
         char sb[SHOW_MAX];
-        return fail(err, RK_EFORMAT, MSG "field \"type\": unknown message type \"%s\"",
-                    show(sb, sizeof sb, json_string_value(t)));
+        return rk_err_set_line(err, RK_EFORMAT, MSG "field \"type\": unknown message type \"%s\"",
+                    rk_msg_show(sb, sizeof sb, json_string_value(t)));
     }
     m->type = (rk_hb_type)k;
     int rc = get_i(o, &I_RANK, &m->rank, err);
@@ -406,7 +369,7 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
 static json_t *load_object(const char *line, size_t len, const char *what, rk_err *err)
 {
     if (len >= RK_HB_LINE_MAX) {
-        fail(err, RK_EFORMAT, "%sthe line is %zu bytes, more than %d", what, len,
+        rk_err_set_line(err, RK_EFORMAT, "%sthe line is %zu bytes, more than %d", what, len,
              RK_HB_LINE_MAX - 1);
         return NULL;
     }
@@ -414,13 +377,13 @@ static json_t *load_object(const char *line, size_t len, const char *what, rk_er
     json_t *o = json_loadb(len ? line : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!o) {
         char sb[SHOW_MAX * 2];
-        fail(err, RK_EFORMAT, "%snot JSON: %s (byte %d)", what, show(sb, sizeof sb, je.text),
+        rk_err_set_line(err, RK_EFORMAT, "%snot JSON: %s (byte %d)", what, rk_msg_show(sb, sizeof sb, je.text),
              je.position);
         return NULL;
     }
     if (!json_is_object(o)) {
         json_decref(o);
-        fail(err, RK_EFORMAT, "%snot a JSON object", what);
+        rk_err_set_line(err, RK_EFORMAT, "%snot a JSON object", what);
         return NULL;
     }
     return o;
@@ -429,7 +392,7 @@ static json_t *load_object(const char *line, size_t len, const char *what, rk_er
 int rk_hb_msg_parse(const char *line, size_t len, rk_hb_msg *m, rk_err *err)
 {
     if (!m || (!line && len))
-        return fail(err, RK_EINVAL, MSG "no line or no message to fill");
+        return rk_err_set_line(err, RK_EINVAL, MSG "no line or no message to fill");
     memset(m, 0, sizeof *m);
     json_t *o = load_object(line, len, MSG, err);
     if (!o)
@@ -444,7 +407,7 @@ int rk_hb_msg_parse(const char *line, size_t len, rk_hb_msg *m, rk_err *err)
 int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err)
 {
     if (!cmd || (!line && len))
-        return fail(err, RK_EINVAL, CMD "no line or no command to fill");
+        return rk_err_set_line(err, RK_EINVAL, CMD "no line or no command to fill");
     *cmd = RK_HB_CMD_NONE;
     json_t *o = load_object(line, len, CMD, err);
     if (!o)
@@ -452,18 +415,18 @@ int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err)
     json_t *c = json_object_get(o, "cmd");
     int rc = RK_OK;
     if (!c) {
-        rc = fail(err, RK_EFORMAT,
+        rc = rk_err_set_line(err, RK_EFORMAT,
                   CMD "field \"cmd\": missing (expected \"checkpoint\" or \"stop\")");
     } else if (!json_is_string(c)) {
-        rc = fail(err, RK_EFORMAT, CMD "field \"cmd\": expected \"checkpoint\" or \"stop\"");
+        rc = rk_err_set_line(err, RK_EFORMAT, CMD "field \"cmd\": expected \"checkpoint\" or \"stop\"");
     } else if (strcmp(json_string_value(c), "checkpoint") == 0) {
         *cmd = RK_HB_CMD_CHECKPOINT;
     } else if (strcmp(json_string_value(c), "stop") == 0) {
         *cmd = RK_HB_CMD_STOP;
     } else {
         char sb[SHOW_MAX];
-        rc = fail(err, RK_EFORMAT, CMD "field \"cmd\": unknown command \"%s\"",
-                  show(sb, sizeof sb, json_string_value(c)));
+        rc = rk_err_set_line(err, RK_EFORMAT, CMD "field \"cmd\": unknown command \"%s\"",
+                  rk_msg_show(sb, sizeof sb, json_string_value(c)));
     }
     json_decref(o);
     if (!rc)
@@ -542,14 +505,14 @@ static void put_num(outbuf *o, const char *key, double v)
 int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk_err *err)
 {
     if (!m || !line || cap == 0)
-        return fail(err, RK_EINVAL, MSG "no message or no room to write it");
+        return rk_err_set_line(err, RK_EINVAL, MSG "no message or no room to write it");
     line[0] = '\0';
     int rc = check_msg(m, RK_EINVAL, err);
     if (rc)
         return rc;
     pthread_once(&c_locale_once, c_locale_init);
     if (!c_locale)
-        return fail(err, RK_ENOMEM, MSG "out of memory (no C locale)");
+        return rk_err_set_line(err, RK_ENOMEM, MSG "out of memory (no C locale)");
     outbuf o = {line, cap, 0, false};
     put(&o, "{\"type\":\"%s\"", k_types[m->type]);
     if (m->type == RK_HB_HELLO)
@@ -587,7 +550,7 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
     put(&o, "}\n");
     if (o.over) {
         line[0] = '\0';
-        return fail(err, RK_EINVAL, MSG "a %s line does not fit in %zu bytes", k_types[m->type],
+        return rk_err_set_line(err, RK_EINVAL, MSG "a %s line does not fit in %zu bytes", k_types[m->type],
                     cap);
     }
     if (len)
@@ -603,14 +566,14 @@ int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,
                      rk_err *err)
 {
     if (!b || (!data && n) || !on_line || b->used >= sizeof b->buf)
-        return fail(err, RK_EINVAL, "heartbeat: bad arguments to the line splitter");
+        return rk_err_set_line(err, RK_EINVAL, "heartbeat: bad arguments to the line splitter");
     size_t i = 0;
     while (i < n) {
         const char *nl = memchr(data + i, '\n', n - i);
         size_t take = nl ? (size_t)(nl - (data + i)) : n - i;
         if (take > sizeof b->buf - 1 - b->used) {
             b->used = 0;
-            return fail(err, RK_EFORMAT, "heartbeat: a line is longer than %d bytes",
+            return rk_err_set_line(err, RK_EFORMAT, "heartbeat: a line is longer than %d bytes",
                         RK_HB_LINE_MAX);
         }
         memcpy(b->buf + b->used, data + i, take);
@@ -673,9 +636,9 @@ static void go_dead(rk_hb *h, const char *why)
         close(h->fd);
     h->fd = -1;
     h->dead = true;
-    fail(&h->dead_err, RK_EIO,
+    rk_err_set_line(&h->dead_err, RK_EIO,
          "heartbeat: the supervisor at %s has gone (%s); no heartbeat from now on",
-         show(pb, sizeof pb, h->path), why);
+         rk_msg_show(pb, sizeof pb, h->path), why);
 }
 
 /* RK_EIO the first time after the handle died, RK_OK after that; 1 while alive. With the
@@ -712,7 +675,7 @@ static int hb_send(rk_hb *h, const rk_hb_msg *m)
     rc = RK_OK;
     if (se) {
         char eb[128];
-        go_dead(h, errstr(se, eb, sizeof eb));
+        go_dead(h, rk_msg_strerror(se, eb, sizeof eb));
         rc = dead_result(h);
     }
     pthread_mutex_unlock(&h->mu);
@@ -744,7 +707,7 @@ int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t sta
                rk_err *err)
 {
     if (!out)
-        return fail(err, RK_EINVAL, "heartbeat: rk_hb_open: out is NULL");
+        return rk_err_set_line(err, RK_EINVAL, "heartbeat: rk_hb_open: out is NULL");
     *out = NULL;
     const char *path = getenv(RK_HB_ENV);
     if (!path || !*path) {
@@ -761,8 +724,8 @@ int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t sta
     m.pid = (long)getpid();
     m.step = start_step;
     if (device && strlen(device) >= sizeof m.device)
-        return fail(err, RK_EINVAL, "heartbeat: device \"%s\" is longer than %zu bytes",
-                    show(db, sizeof db, device), sizeof m.device - 1);
+        return rk_err_set_line(err, RK_EINVAL, "heartbeat: device \"%s\" is longer than %zu bytes",
+                    rk_msg_show(db, sizeof db, device), sizeof m.device - 1);
     if (device)
         memcpy(m.device, device, strlen(device) + 1);
     char line[RK_HB_LINE_MAX];
@@ -772,34 +735,34 @@ int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t sta
         return rc;
     rk_hb *h = calloc(1, sizeof *h);
     if (!h)
-        return fail(err, RK_ENOMEM, "heartbeat: out of memory");
+        return rk_err_set_line(err, RK_ENOMEM, "heartbeat: out of memory");
     if (strlen(path) >= sizeof h->path) {
         free(h);
-        return fail(err, RK_EINVAL,
+        return rk_err_set_line(err, RK_EINVAL,
                     "heartbeat: %s=%s is longer than %zu bytes, too long for a "
                     "Unix socket",
-                    RK_HB_ENV, show(pb, sizeof pb, path), sizeof h->path - 1);
+                    RK_HB_ENV, rk_msg_show(pb, sizeof pb, path), sizeof h->path - 1);
     }
     memcpy(h->path, path, strlen(path) + 1);
     h->rank = rank;
     h->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     char eb[128];
     if (h->fd < 0) {
-        rc = fail(err, RK_EIO, "heartbeat: no socket for %s: %s", show(pb, sizeof pb, path),
-                  errstr(errno, eb, sizeof eb));
+        rc = rk_err_set_line(err, RK_EIO, "heartbeat: no socket for %s: %s", rk_msg_show(pb, sizeof pb, path),
+                  rk_msg_strerror(errno, eb, sizeof eb));
         free(h);
         return rc;
     }
     int e = connect_to(h->fd, path);
     if (e)
-        rc = fail(err, RK_EIO, "heartbeat: cannot connect to the supervisor at %s (%s): %s",
-                  show(pb, sizeof pb, path), RK_HB_ENV, errstr(e, eb, sizeof eb));
+        rc = rk_err_set_line(err, RK_EIO, "heartbeat: cannot connect to the supervisor at %s (%s): %s",
+                  rk_msg_show(pb, sizeof pb, path), RK_HB_ENV, rk_msg_strerror(e, eb, sizeof eb));
     else if ((e = send_all(h->fd, line, len)))
-        rc = fail(err, RK_EIO, "heartbeat: cannot send hello to the supervisor at %s: %s",
-                  show(pb, sizeof pb, path), errstr(e, eb, sizeof eb));
+        rc = rk_err_set_line(err, RK_EIO, "heartbeat: cannot send hello to the supervisor at %s: %s",
+                  rk_msg_show(pb, sizeof pb, path), rk_msg_strerror(e, eb, sizeof eb));
     if (rc || pthread_mutex_init(&h->mu, NULL) != 0) {
         if (!rc)
-            rc = fail(err, RK_ENOMEM, "heartbeat: no mutex");
+            rc = rk_err_set_line(err, RK_ENOMEM, "heartbeat: no mutex");
         close(h->fd);
         free(h);
         return rc;
@@ -904,7 +867,7 @@ int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd)
         return RK_OK;
     pthread_mutex_lock(&h->mu);
     if (!cmd) {
-        int rc = fail(&h->last, RK_EINVAL, "heartbeat: rk_hb_poll: cmd is NULL");
+        int rc = rk_err_set_line(&h->last, RK_EINVAL, "heartbeat: rk_hb_poll: cmd is NULL");
         pthread_mutex_unlock(&h->mu);
         return rc;
     }
@@ -925,7 +888,7 @@ int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd)
             break;
         } else if (errno != EINTR) {
             char eb[128];
-            go_dead(h, errstr(errno, eb, sizeof eb));
+            go_dead(h, rk_msg_strerror(errno, eb, sizeof eb));
         }
     }
     int rc = RK_OK;

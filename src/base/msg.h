@@ -1,0 +1,24 @@
+/*
+ * Inside librekindle: the helpers every module uses to build its one-line error messages
+ * (rekindle/error.h) from untrusted text. Not part of the public API.
+ */
+#ifndef RK_BASE_MSG_H
+#define RK_BASE_MSG_H
+
+#include <stddef.h>
+
+#include "rekindle/error.h"
+
+/* Copy `s` for a message into dst[cap]: control bytes become '?', a string that does not fit
+ * ends in "..." (cut on a UTF-8 character boundary). Returns dst. */
+const char *rk_msg_show(char *dst, size_t cap, const char *s);
+
+/* rk_err_set with control characters replaced by '?', so a message stays one line even when
+ * a path or a library's message holds a newline. */
+__attribute__((format(printf, 3, 4))) int rk_err_set_line(rk_err *err, int code,
+                                                          const char *fmt, ...);
+
+/* strerror(e) into buf[cap], thread-safe ("errno N" if unknown). Returns buf. */
+const char *rk_msg_strerror(int e, char *buf, size_t cap);
+
+#endif
