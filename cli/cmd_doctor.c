@@ -37,26 +37,11 @@ static const char usage_text[] =
     "Exit status: 0 every GPU at or above the threshold, 1 one or more below it (or no GPU\n"
     "could be read), 2 bad usage.\n";
 
-__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rk doctor: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage_text);
-    va_end(ap);
-    return RK_EXIT_USAGE;
-}
+#define usage_error(...) rk_cli_usage_error("doctor", usage_text, __VA_ARGS__)
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return usage_error("%s '%s' is not a number in [%g, %g]", flag, s, lo, hi);
-    *out = v;
-    return 0;
+    return rk_cli_number("doctor", usage_text, flag, s, lo, hi, out);
 }
 
 static void nap(double s)

@@ -42,26 +42,11 @@ static const char usage_text[] =
     "Runs until SIGINT or SIGTERM. Exit status: 0 stopped by a signal, 1 it could not start (no\n"
     "NVML and no --sim, the address in use), 2 bad usage.\n";
 
-__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rk exporter: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage_text);
-    va_end(ap);
-    return RK_EXIT_USAGE;
-}
+#define usage_error(...) rk_cli_usage_error("exporter", usage_text, __VA_ARGS__)
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return usage_error("%s '%s' is not a number in [%g, %g]", flag, s, lo, hi);
-    *out = v;
-    return 0;
+    return rk_cli_number("exporter", usage_text, flag, s, lo, hi, out);
 }
 
 /* "5s", "500ms", "1m", "2h" or bare seconds ("5", "0.5") into seconds; -1 if malformed. */

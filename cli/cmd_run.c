@@ -58,26 +58,11 @@ static const char usage_text[] =
     "2 bad usage, or the worker rejected its arguments; 130 interrupted (the ranks were asked\n"
     "to checkpoint and stop).\n";
 
-__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rk run: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage_text);
-    va_end(ap);
-    return RK_EXIT_USAGE;
-}
+#define usage_error(...) rk_cli_usage_error("run", usage_text, __VA_ARGS__)
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return usage_error("%s '%s' is not a number in [%g, %g]", flag, s, lo, hi);
-    *out = v;
-    return 0;
+    return rk_cli_number("run", usage_text, flag, s, lo, hi, out);
 }
 
 static int integer(const char *flag, const char *s, long lo, long hi, int *out)

@@ -39,16 +39,7 @@ static const char usage_text[] =
     "Exit status: 0 done (or nothing to do), 1 NVML is absent or a change failed, 2 bad usage\n"
     "or a value the card does not allow (nothing is changed then).\n";
 
-__attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rk tune: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage_text);
-    va_end(ap);
-    return RK_EXIT_USAGE;
-}
+#define usage_error(...) rk_cli_usage_error("tune", usage_text, __VA_ARGS__)
 
 /* A whole decimal number in [lo, hi]. */
 static bool whole(const char *s, long lo, long hi, long *out)
