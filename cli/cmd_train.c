@@ -530,12 +530,11 @@ static int worker_step_end(void *user, int64_t steps_done, int epoch, int64_t cu
     rk_worker *w = user;
     if (w->ck) {
         int64_t saves = w->ck->saves;
-        double t0 = w->ck->last_save_s;
         int rc = rk_trainer_ckpt_step_end(w->ck, steps_done, epoch, cursor, err);
         if (rc)
             return rc;
         if (w->ck->saves != saves)
-            rk_worker_saved(w, steps_done, w->ck->last_save_s > 0 ? w->ck->last_save_s : t0);
+            rk_worker_saved(w, steps_done, w->ck->last_save_s);
     }
     return rk_worker_commands(w, steps_done, epoch, cursor, err);
 }

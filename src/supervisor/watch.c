@@ -527,7 +527,6 @@ static outcome watch(sup *s)
         gate_tick(s);
         status_line(s);
         int exited = rk_launch_poll(&s->l);
-        double now = rk_ledger_now(&s->g);
         if (exited) {
             /* read what the ranks said last before judging */
             for (int k = 0; k < s->nconn; k++)
@@ -573,7 +572,6 @@ static outcome watch(sup *s)
          * down now (the failure is already classified: a rank that vanished without a word
          * crashed; one that said it exits named its failure). */
         if (s->failing) {
-            (void)now;
             teardown(s, 0);
             return RELAUNCH;
         }
