@@ -68,6 +68,15 @@ static const char usage_text[] =
     "  --spike-z Z          robust z-score of a loss spike (default 10)\n"
     "  --grad-ratio R       a rank's gradient norm R times the others' is wrong arithmetic\n"
     "                       unless a redo reproduces it (default 1000)\n"
+    "  --compress KIND      gradient allreduce: none | fp16 | bf16 | onebit (1-bit signs with\n"
+    "                       error feedback) | onebit-noef (default none; docs/compression.md)\n"
+    "  --compress-warmup N  full-precision allreduce for the first N steps (default 0)\n"
+    "  --precision P        fp32 | fp16 | bf16: activations and gradients stored in P, fp32\n"
+    "                       master weights (default fp32; docs/amp.md)\n"
+    "  --loss-scale X       fp16: initial loss scale (default 32768)\n"
+    "  --loss-scale-min X   fp16: the scale never goes below X (default 1)\n"
+    "  --loss-scale-window N  fp16: double the scale after N clean steps (default 2000)\n"
+    "  --hysteresis N       fp16: overflows absorbed before the scale backs off (default 1)\n"
     "  -h, --help           show this help\n"
     "\n"
     "Data-parallel: run under Open MPI (mpirun -np N rk train ...); the global batch is split\n"
@@ -83,6 +92,8 @@ typedef struct train_opts {
     int64_t ckpt_every; /* 0: auto */
     double mtbf;
     int threads;
+    rk_compress compress;
+    rk_loss_scaler_opts scaler;
     rk_train_config cfg;
 } train_opts;
 
@@ -160,7 +171,14 @@ enum {
     OPT_GUARD,
     OPT_HASH_EVERY,
     OPT_SPIKE_Z,
-    OPT_GRAD_RATIO
+    OPT_GRAD_RATIO,
+    OPT_COMPRESS,
+    OPT_COMPRESS_WARMUP,
+    OPT_PRECISION,
+    OPT_LOSS_SCALE,
+    OPT_LOSS_SCALE_MIN,
+    OPT_LOSS_SCALE_WINDOW,
+    OPT_HYSTERESIS
 };
 
 static int parse_args(int argc, char **argv, train_opts *o)
@@ -189,6 +207,13 @@ static int parse_args(int argc, char **argv, train_opts *o)
         {"hash-every", required_argument, 0, OPT_HASH_EVERY},
         {"spike-z", required_argument, 0, OPT_SPIKE_Z},
         {"grad-ratio", required_argument, 0, OPT_GRAD_RATIO},
+        {"compress", required_argument, 0, OPT_COMPRESS},
+        {"compress-warmup", required_argument, 0, OPT_COMPRESS_WARMUP},
+        {"precision", required_argument, 0, OPT_PRECISION},
+        {"loss-scale", required_argument, 0, OPT_LOSS_SCALE},
+        {"loss-scale-min", required_argument, 0, OPT_LOSS_SCALE_MIN},
+        {"loss-scale-window", required_argument, 0, OPT_LOSS_SCALE_WINDOW},
+        {"hysteresis", required_argument, 0, OPT_HYSTERESIS},
         {0, 0, 0, 0}};
     /* Two passes: the optimiser decides the defaults the other flags override. */
     rk_optim_kind kind = RK_OPTIM_SGD;
@@ -208,6 +233,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
     o->model = "cnn-small";
     o->data = RK_FMNIST_DEFAULT_DIR;
     rk_train_config_default(&o->cfg, kind);
+    rk_loss_scaler_opts_default(&o->scaler);
     opterr = 0;
     optind = 1;
     long v;
@@ -322,6 +348,40 @@ static int parse_args(int argc, char **argv, train_opts *o)
             o->cfg.grad_ratio = f;
             break;
         }
+        case OPT_COMPRESS: {
+            rk_err e = {0};
+            if (rk_compress_parse(optarg, &o->compress, &e))
+                return usage_error("--compress: %s", e.msg);
+            break;
+        }
+        case OPT_COMPRESS_WARMUP:
+            if (parse_long("--compress-warmup", optarg, 0, LONG_MAX, &v))
+                return RK_EXIT_USAGE;
+            o->cfg.compress_warmup = v;
+            break;
+        case OPT_PRECISION:
+            if (rk_dtype_parse(optarg, &o->cfg.precision))
+                return usage_error("--precision '%s' is not fp32, fp16 or bf16", optarg);
+            break;
+        case OPT_LOSS_SCALE:
+            if (parse_float("--loss-scale", optarg, 1.0, 16777216.0, &o->scaler.init_scale))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_LOSS_SCALE_MIN:
+            if (parse_float("--loss-scale-min", optarg, 1.0 / 65536, 16777216.0,
+                            &o->scaler.min_scale))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_LOSS_SCALE_WINDOW:
+            if (parse_long("--loss-scale-window", optarg, 1, INT_MAX, &v))
+                return RK_EXIT_USAGE;
+            o->scaler.growth_interval = (int)v;
+            break;
+        case OPT_HYSTERESIS:
+            if (parse_long("--hysteresis", optarg, 1, 1000, &v))
+                return RK_EXIT_USAGE;
+            o->scaler.hysteresis = (int)v;
+            break;
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
         case '?':
@@ -339,6 +399,15 @@ static int parse_args(int argc, char **argv, train_opts *o)
         o->resume = 1;
     if (o->fault_rates && o->policy != RK_BATCH_FAULT_AWARE)
         return usage_error("--fault-rates needs --batch-policy fault-aware");
+    if (o->cfg.precision != RK_F16 &&
+        (o->scaler.init_scale != RK_LOSS_SCALE_INIT || o->scaler.min_scale != RK_LOSS_SCALE_MIN ||
+         o->scaler.growth_interval != RK_LOSS_SCALE_GROWTH_INTERVAL ||
+         o->scaler.hysteresis != RK_LOSS_SCALE_HYSTERESIS))
+        return usage_error("the loss-scale flags need --precision fp16 (bf16 and fp32 have "
+                           "fp32's exponent range and need no scaling)");
+    if (o->scaler.min_scale > o->scaler.init_scale)
+        return usage_error("--loss-scale-min %g is above --loss-scale %g",
+                           (double)o->scaler.min_scale, (double)o->scaler.init_scale);
     if (!o->ckpt_dir && (o->resume || o->ckpt_async))
         return usage_error("%s needs --ckpt-dir", o->resume ? "--resume" : "--ckpt-async");
     int known = 0;
@@ -437,6 +506,13 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "train_samples_per_s", json_real(r->train_samples_per_s));
     json_object_set_new(j, "train_seconds", json_real(r->train_seconds));
     json_object_set_new(j, "allreduce_seconds", json_real(r->allreduce_seconds));
+    json_object_set_new(j, "compress", json_string(rk_compress_name(o->compress)));
+    json_object_set_new(j, "compress_warmup", json_integer(o->cfg.compress_warmup));
+    json_object_set_new(j, "grad_bytes_sent", json_integer((json_int_t)r->grad_bytes_sent));
+    json_object_set_new(j, "precision", json_string(rk_dtype_name(o->cfg.precision)));
+    json_object_set_new(j, "loss_scale", o->cfg.precision == RK_F16 ? json_real(r->loss_scale)
+                                                                  : json_null());
+    json_object_set_new(j, "amp_skipped_steps", json_integer(r->amp_skipped));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
     json_object_set_new(j, "weights_xxh64", json_string(hash));
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
@@ -618,6 +694,8 @@ int rk_cmd_train(int argc, char **argv)
     policy_glue glue = {0};
     rk_worker w = {0};
     rk_train_result res = {.test_accuracy = -1.0};
+    rk_compressor *compressor = NULL;
+    rk_loss_scaler scaler;
     int rc = rk_comm_open(&comm, "auto", &err);
     if (rc || (rc = rk_worker_open(&w, comm, o.cfg.seed, &err)))
         goto fail;
@@ -652,6 +730,15 @@ int rk_cmd_train(int argc, char **argv)
         goto fail;
     if (o.init && (rc = rk_model_load(&m, o.init, &err)))
         goto fail;
+    if ((rc = rk_model_set_precision(&m, o.cfg.precision, &err)) ||
+        (rc = rk_compressor_create(&compressor, comm, o.compress, m.block_len, &err)))
+        goto fail;
+    o.cfg.compressor = compressor;
+    if (o.cfg.precision == RK_F16) {
+        if ((rc = rk_loss_scaler_init(&scaler, &o.scaler, &err)))
+            goto fail;
+        o.cfg.scaler = &scaler;
+    }
     if (rank == 0 && o.loss_log && !(loss_log = fopen(o.loss_log, "w"))) {
         rc = rk_err_set(&err, RK_EIO, "--loss-log %s: %s", o.loss_log, strerror(errno));
         goto fail;
@@ -666,6 +753,17 @@ int rk_cmd_train(int argc, char **argv)
             printf(", %s batch split", rk_batch_kind_name(o.policy));
         printf(", batch %d, %s lr %g, %d train / %d test images\n", o.cfg.batch,
                o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
+        if (o.compress != RK_COMPRESS_NONE || o.cfg.precision != RK_F32) {
+            printf("rk train: gradients allreduced as %s", rk_compress_name(o.compress));
+            if (o.compress != RK_COMPRESS_NONE && o.cfg.compress_warmup > 0)
+                printf(" after %lld full-precision steps", (long long)o.cfg.compress_warmup);
+            if (o.compress != RK_COMPRESS_NONE && nranks == 1)
+                printf(" (one rank: nothing to send)");
+            printf("; precision %s", rk_dtype_name(o.cfg.precision));
+            if (o.cfg.precision == RK_F16)
+                printf(", loss scale %g", (double)scaler.scale);
+            printf("\n");
+        }
     }
     /* a bar only on a terminal of our own: under mpirun (even one rank) or a supervisor,
      * plain lines */
@@ -716,6 +814,7 @@ int rk_cmd_train(int argc, char **argv)
     rk_dataset_free(&train);
     rk_dataset_free(&test);
     rk_batch_policy_free(glue.policy);
+    rk_compressor_free(compressor);
     rk_comm_close(comm);
     return RK_EXIT_OK;
 fail:
@@ -731,6 +830,7 @@ fail:
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
+    rk_compressor_free(compressor);
     rk_batch_policy_free(glue.policy);
     if (status == RK_EXIT_COMM) /* peers may be stuck in a collective: do not wait for them */
         _exit(status);

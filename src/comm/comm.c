@@ -27,10 +27,12 @@ static int self_f64(rk_comm *c, double *buf, size_t n, rk_err *err)
     return RK_OK;
 }
 
-static int self_allgather(rk_comm *c, uint64_t mine, uint64_t *all, rk_err *err)
+/* one rank: its own piece is the whole result */
+static int self_pieces(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
 {
     (void)c, (void)err;
-    all[0] = mine;
+    if (recv != send)
+        memmove(recv, send, bytes);
     return RK_OK;
 }
 
@@ -54,7 +56,8 @@ const rk_comm_ops rk_comm_self_ops = {
     .close = self_close,
     .allreduce_f32 = self_f32,
     .allreduce_f64 = self_f64,
-    .allgather_u64 = self_allgather,
+    .allgather = self_pieces,
+    .alltoall = self_pieces,
     .bcast = self_bcast,
     .barrier = self_barrier,
 };
@@ -103,19 +106,56 @@ int rk_comm_size(const rk_comm *c) { return c->size; }
 int rk_comm_local_size(const rk_comm *c) { return c->local_size; }
 const char *rk_comm_backend(const rk_comm *c) { return c->ops->name; }
 
+/* Count one call of `op` that sends `bytes` from this rank. */
+static void count(rk_comm *c, rk_comm_op op, double bytes)
+{
+    c->stats.calls[op]++;
+    c->stats.bytes[op] += (uint64_t)(bytes + 0.5);
+}
+
+static double ring_bytes(const rk_comm *c, size_t bytes)
+{
+    return 2.0 * (c->size - 1) / c->size * (double)bytes;
+}
+
 int rk_comm_allreduce_sum_f32(rk_comm *c, float *buf, size_t n, rk_err *err)
 {
+    count(c, RK_COMM_ALLREDUCE, ring_bytes(c, n * sizeof *buf));
     return c->ops->allreduce_f32(c, buf, n, err);
+}
+
+int rk_comm_allreduce_mean_f32(rk_comm *c, float *buf, size_t n, rk_err *err)
+{
+    int rc = rk_comm_allreduce_sum_f32(c, buf, n, err);
+    if (rc || c->size == 1)
+        return rc;
+    float inv = 1.0f / (float)c->size;
+    for (size_t i = 0; i < n; i++)
+        buf[i] *= inv;
+    return RK_OK;
 }
 
 int rk_comm_allreduce_sum_f64(rk_comm *c, double *buf, size_t n, rk_err *err)
 {
+    count(c, RK_COMM_ALLREDUCE, ring_bytes(c, n * sizeof *buf));
     return c->ops->allreduce_f64(c, buf, n, err);
+}
+
+int rk_comm_allgather(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
+{
+    count(c, RK_COMM_ALLGATHER, (double)(c->size - 1) * (double)bytes);
+    return c->ops->allgather(c, send, bytes, recv, err);
 }
 
 int rk_comm_allgather_u64(rk_comm *c, uint64_t mine, uint64_t *all, rk_err *err)
 {
-    return c->ops->allgather_u64(c, mine, all, err);
+    return rk_comm_allgather(c, &mine, sizeof mine, all, err);
+}
+
+int rk_comm_alltoall(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
+{
+    count(c, RK_COMM_ALLTOALL, (double)(c->size - 1) * (double)bytes);
+    return c->ops->alltoall(c, send, bytes, recv, err);
 }
 
 int rk_comm_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *err)
@@ -123,7 +163,31 @@ int rk_comm_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *err)
     if (root < 0 || root >= c->size)
         return rk_err_set(err, RK_EINVAL, "comm: broadcast root %d outside 0..%d", root,
                           c->size - 1);
+    count(c, RK_COMM_BCAST, c->rank == root ? (double)(c->size - 1) * (double)bytes : 0.0);
     return c->ops->bcast(c, buf, bytes, root, err);
 }
 
-int rk_comm_barrier(rk_comm *c, rk_err *err) { return c->ops->barrier(c, err); }
+int rk_comm_barrier(rk_comm *c, rk_err *err)
+{
+    count(c, RK_COMM_BARRIER, 0.0);
+    return c->ops->barrier(c, err);
+}
+
+const char *rk_comm_op_name(rk_comm_op op)
+{
+    static const char *const names[RK_COMM_NOPS] = {"allreduce", "allgather", "alltoall",
+                                                    "bcast", "barrier"};
+    return op >= 0 && op < RK_COMM_NOPS ? names[op] : "?";
+}
+
+void rk_comm_stats_get(const rk_comm *c, rk_comm_stats *out) { *out = c->stats; }
+
+void rk_comm_stats_reset(rk_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+
+uint64_t rk_comm_bytes_sent(const rk_comm *c)
+{
+    uint64_t total = 0;
+    for (int op = 0; op < RK_COMM_NOPS; op++)
+        total += c->stats.bytes[op];
+    return total;
+}

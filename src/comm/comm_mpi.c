@@ -92,12 +92,52 @@ static int mpi_f64(rk_comm *c, double *buf, size_t n, rk_err *err)
     return mpi_allreduce(buf, n, sizeof(double), MPI_DOUBLE, err);
 }
 
-static int mpi_allgather(rk_comm *c, uint64_t mine, uint64_t *all, rk_err *err)
+/* A datatype of `bytes` bytes, so counts stay within an int however large a piece is. */
+static int piece_type(size_t bytes, MPI_Datatype *t, rk_err *err)
+{
+    if (bytes <= INT_MAX) {
+        *t = MPI_BYTE;
+        return RK_OK;
+    }
+    if (bytes % 4096)
+        return rk_err_set(err, RK_EINVAL, "comm (mpi): a piece of %zu bytes is over 2 GiB and "
+                          "not a multiple of 4 KiB", bytes);
+    MPI_Datatype page;
+    MPI_TRY("MPI_Type_contiguous", MPI_Type_contiguous(4096, MPI_BYTE, &page));
+    int rc = MPI_Type_contiguous((int)(bytes / 4096), page, t);
+    MPI_Type_free(&page);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(err, "MPI_Type_contiguous", rc);
+    MPI_TRY("MPI_Type_commit", MPI_Type_commit(t));
+    return RK_OK;
+}
+
+static int mpi_allgather(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
 {
     (void)c;
-    MPI_TRY("MPI_Allgather",
-            MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD));
-    return RK_OK;
+    MPI_Datatype t;
+    int rc = piece_type(bytes, &t, err);
+    if (rc)
+        return rc;
+    int cnt = bytes <= INT_MAX ? (int)bytes : 1;
+    int mrc = MPI_Allgather(send, cnt, t, recv, cnt, t, MPI_COMM_WORLD);
+    if (t != MPI_BYTE)
+        MPI_Type_free(&t);
+    return mrc == MPI_SUCCESS ? RK_OK : mpi_fail(err, "MPI_Allgather", mrc);
+}
+
+static int mpi_alltoall(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
+{
+    (void)c;
+    MPI_Datatype t;
+    int rc = piece_type(bytes, &t, err);
+    if (rc)
+        return rc;
+    int cnt = bytes <= INT_MAX ? (int)bytes : 1;
+    int mrc = MPI_Alltoall(send, cnt, t, recv, cnt, t, MPI_COMM_WORLD);
+    if (t != MPI_BYTE)
+        MPI_Type_free(&t);
+    return mrc == MPI_SUCCESS ? RK_OK : mpi_fail(err, "MPI_Alltoall", mrc);
 }
 
 static int mpi_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *err)
@@ -126,7 +166,8 @@ const rk_comm_ops rk_comm_mpi_ops = {
     .close = mpi_close,
     .allreduce_f32 = mpi_f32,
     .allreduce_f64 = mpi_f64,
-    .allgather_u64 = mpi_allgather,
+    .allgather = mpi_allgather,
+    .alltoall = mpi_alltoall,
     .bcast = mpi_bcast,
     .barrier = mpi_barrier,
 };

@@ -182,6 +182,7 @@ void rk_model_destroy(rk_model *m)
 {
     if (!m->be)
         return;
+    m->be->free(m->work_block);
     m->be->free(m->data_block);
     m->be->free(m->grad_block);
     for (int i = 1; i <= m->nlayers; i++) {
@@ -193,6 +194,48 @@ void rk_model_destroy(rk_model *m)
         m->be->cache_free(m->layers[i].cache);
     }
     memset(m, 0, sizeof *m);
+}
+
+int rk_model_set_precision(rk_model *m, rk_dtype dtype, rk_err *err)
+{
+    if (dtype != RK_F32 && dtype != RK_F16 && dtype != RK_BF16)
+        return rk_err_set(err, RK_EINVAL, "model: unknown precision %d", (int)dtype);
+    if (dtype != RK_F32 && !m->work_block) {
+        m->work_block = m->be->alloc(m->block_len * sizeof(float));
+        if (!m->work_block)
+            return rk_err_set(err, RK_ENOMEM, "model %s: out of memory for the half-precision "
+                              "weights", m->name);
+        memset(m->work_block, 0, m->block_len * sizeof(float));
+    }
+    m->dtype = dtype;
+    return RK_OK;
+}
+
+void rk_round_to(rk_dtype dtype, float *x, size_t n)
+{
+    if (dtype == RK_F32)
+        return;
+    uint16_t h[1024];
+    for (size_t i = 0; i < n; i += 1024) {
+        size_t k = n - i < 1024 ? n - i : 1024;
+        if (dtype == RK_F16) {
+            rk_f32_to_f16_n(x + i, h, k);
+            rk_f16_to_f32_n(h, x + i, k);
+        } else {
+            rk_f32_to_bf16_n(x + i, h, k);
+            rk_bf16_to_f32_n(h, x + i, k);
+        }
+    }
+}
+
+/* Point every parameter's data at the working (rounded) copy, or back at the master block. */
+static void use_work(rk_model *m, int on)
+{
+    if (m->dtype == RK_F32)
+        return;
+    float *from = on ? m->data_block : m->work_block, *to = on ? m->work_block : m->data_block;
+    for (int i = 0; i < m->nparams; i++)
+        m->params[i].data = to + (m->params[i].data - from);
 }
 
 static rk_convblock_shape conv_shape(const rk_layer *l, int n)
@@ -208,6 +251,11 @@ int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t 
         return rk_err_set(err, RK_EINVAL, "batch of %d is outside 1..%d", n, m->max_batch);
     m->act[0] = (float *)x;
     const rk_backend *be = m->be;
+    if (m->dtype != RK_F32) { /* this step's weights: the master weights, rounded */
+        memcpy(m->work_block, m->data_block, m->block_len * sizeof(float));
+        rk_round_to(m->dtype, m->work_block, m->block_len);
+        use_work(m, 1);
+    }
     for (int i = 0; i < m->nlayers; i++) {
         rk_layer *l = &m->layers[i];
         const float *in = m->act[i];
@@ -233,9 +281,13 @@ int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t 
             }
             break;
         }
-        if (rc)
+        if (rc) {
+            use_work(m, 0);
             return rc;
+        }
+        rk_round_to(m->dtype, m->act[i + 1], (size_t)n * l->out_size);
     }
+    use_work(m, 0);
     *logits = m->act[m->nlayers];
     return RK_OK;
 }
@@ -245,11 +297,13 @@ int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err)
     const rk_backend *be = m->be;
     size_t last = (size_t)n * m->layers[m->nlayers - 1].out_size;
     memcpy(m->dact[m->nlayers], dlogits, last * sizeof(float));
+    rk_round_to(m->dtype, m->dact[m->nlayers], last);
+    use_work(m, 1); /* the weights the forward used (its rounded copy) */
+    int rc = RK_OK;
     for (int i = m->nlayers - 1; i >= 0; i--) {
         rk_layer *l = &m->layers[i];
         float *dout = m->dact[i + 1];
         float *din = i > 0 ? m->dact[i] : NULL; /* no input gradient for the first layer */
-        int rc = RK_OK;
         switch (l->kind) {
         case RK_LAYER_DENSE:
             rc = be->dense_backward(n, l->in_size, l->out_size, m->act[i], l->w->data,
@@ -266,8 +320,21 @@ int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err)
             break;
         }
         if (rc)
-            return rc;
+            break;
+        if (din)
+            rk_round_to(m->dtype, din, (size_t)n * l->in_size);
     }
+    use_work(m, 0);
+    if (rc)
+        return rc;
+    /* the padding between tensors in the gradient block is zero again: a compressed allreduce
+     * writes every position of the block, and a stale value there would be fed back */
+    for (int i = 0; i < m->nparams; i++) {
+        const rk_param *p = &m->params[i];
+        float *end = i + 1 < m->nparams ? m->params[i + 1].grad : m->grad_block + m->block_len;
+        memset(p->grad + p->numel, 0, (size_t)(end - (p->grad + p->numel)) * sizeof(float));
+    }
+    rk_round_to(m->dtype, m->grad_block, m->block_len); /* stored in the format too */
     return RK_OK;
 }
 

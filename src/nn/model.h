@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "nn/backend.h"
+#include "rekindle/amp.h"
 #include "rekindle/error.h"
 
 #define RK_MAX_LAYERS 8
@@ -55,6 +56,12 @@ typedef struct rk_model {
     float *data_block; /* every param's data, in order, padded: block_len floats */
     float *grad_block; /* every param's grad, same layout (padding stays zero) */
     size_t block_len;
+    /* Mixed precision (rk_model_set_precision): with RK_F16 or RK_BF16 the forward and
+     * backward run on work_block, the master weights rounded to that format, and every
+     * activation, activation gradient and weight gradient is rounded to it as it is stored.
+     * The CPU backend computes in fp32 between the roundings (docs/amp.md). */
+    rk_dtype dtype;
+    float *work_block;
 } rk_model;
 
 /* Names accepted by rk_model_create, NULL-terminated. */
@@ -74,6 +81,12 @@ int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t 
                      uint64_t step, uint64_t sample0, const float **logits, rk_err *err);
 /* Backward from dlogits (n x 10) through every layer: fills every param's grad. */
 int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err);
+
+/* Store activations and gradients in `dtype` (RK_F32: off, the default), keeping the fp32
+ * master weights in data_block. */
+int rk_model_set_precision(rk_model *m, rk_dtype dtype, rk_err *err);
+/* Round n floats in place to the nearest value of `dtype` (a no-op for RK_F32). */
+void rk_round_to(rk_dtype dtype, float *x, size_t n);
 
 /* xxHash64 of all parameters in order (raw little-endian float32 bytes, seed 0). */
 uint64_t rk_model_hash(const rk_model *m);

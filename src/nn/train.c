@@ -183,6 +183,8 @@ static int step_shares(const rk_train_config *c, int64_t global, int nranks, int
 /* The state of a verified step, kept in memory for rollbacks. */
 typedef struct snapshot {
     float *data, *s1, *s2;
+    float *ef;              /* the compressor's residuals (NULL without error feedback) */
+    rk_loss_scaler scaler;  /* the loss scaler's state */
     int64_t t, step;
     int valid;
 } snapshot;
@@ -192,16 +194,20 @@ static void snap_free(snapshot *sn, const rk_backend *be)
     be->free(sn->data);
     be->free(sn->s1);
     be->free(sn->s2);
+    free(sn->ef);
     memset(sn, 0, sizeof *sn);
 }
 
-static int snap_alloc(snapshot *sn, const rk_model *m, const rk_optim *o, rk_err *err)
+static int snap_alloc(snapshot *sn, const rk_model *m, const rk_optim *o,
+                      const rk_train_config *c, rk_err *err)
 {
     size_t bytes = m->block_len * sizeof(float);
+    size_t ef = c->compressor ? rk_compressor_state_len(c->compressor) : 0;
     sn->data = m->be->alloc(bytes);
     sn->s1 = m->be->alloc(bytes);
     sn->s2 = o->s2 ? m->be->alloc(bytes) : NULL;
-    if (!sn->data || !sn->s1 || (o->s2 && !sn->s2))
+    sn->ef = ef ? malloc(ef * sizeof(float)) : NULL;
+    if (!sn->data || !sn->s1 || (o->s2 && !sn->s2) || (ef && !sn->ef))
         return rk_err_set(err, RK_ENOMEM, "guards: out of memory for the step snapshot");
     return RK_OK;
 }
@@ -215,6 +221,26 @@ static void snap_copy(float *dst_data, float *dst_s1, float *dst_s2, const float
     memcpy(dst_s1, s1, n * sizeof(float));
     if (dst_s2 && s2)
         memcpy(dst_s2, s2, n * sizeof(float));
+}
+
+/* The state beside the weights that a rollback must restore for an exact replay: the
+ * compressor's residuals (this rank's own) and the loss scaler. */
+static void snap_take_extra(snapshot *sn, const rk_train_config *c)
+{
+    if (sn->ef)
+        memcpy(sn->ef, rk_compressor_state(c->compressor),
+               rk_compressor_state_len(c->compressor) * sizeof(float));
+    if (c->scaler)
+        sn->scaler = *c->scaler;
+}
+
+static void snap_restore_extra(const snapshot *sn, const rk_train_config *c)
+{
+    if (sn->ef)
+        memcpy(rk_compressor_state(c->compressor), sn->ef,
+               rk_compressor_state_len(c->compressor) * sizeof(float));
+    if (c->scaler)
+        *c->scaler = sn->scaler;
 }
 
 /* xxHash64 of the parameters and the optimiser state of this rank. */
@@ -289,6 +315,7 @@ static int replica_check(rk_model *m, rk_optim *o, rk_comm *comm, snapshot *sn, 
             } else {
                 /* back to the last verified state, then everyone takes the majority's */
                 snap_copy(m->data_block, o->s1, o->s2, sn->data, sn->s1, sn->s2, n);
+                snap_restore_extra(sn, c);
                 o->t = sn->t;
                 if ((rc = rk_comm_bcast(comm, m->data_block, n * sizeof(float), root, err)) ||
                     (rc = rk_comm_bcast(comm, o->s1, n * sizeof(float), root, err)) ||
@@ -318,6 +345,7 @@ static int replica_check(rk_model *m, rk_optim *o, rk_comm *comm, snapshot *sn, 
             return rc;
     }
     snap_copy(sn->data, sn->s1, sn->s2, m->data_block, o->s1, o->s2, n);
+    snap_take_extra(sn, c);
     sn->t = o->t;
     sn->step = step;
     sn->valid = 1;
@@ -414,7 +442,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     if (c->guard &&
         (rc = rk_spike_init(&spike, c->spike_window, c->spike_z, err)))
         goto out;
-    if (c->guard && c->hash_every > 0 && (rc = snap_alloc(&sn, m, opt, err)))
+    if (c->guard && c->hash_every > 0 && (rc = snap_alloc(&sn, m, opt, c, err)))
         goto out;
 
     int epoch = -1, redo = 0, spike_redone = 0, outlier_rank = -1;
@@ -473,8 +501,12 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
                                        (uint64_t)(start + offset), &logits, err)) ||
                 (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &loss, NULL,
-                                       err)) ||
-                (rc = rk_model_backward(m, n, dlogits, err)))
+                                       err)))
+                break;
+            if (c->scaler) /* the loss, and so every gradient, times the scale */
+                for (size_t i = 0; i < (size_t)n * RK_CLASSES; i++)
+                    dlogits[i] *= c->scaler->scale;
+            if ((rc = rk_model_backward(m, n, dlogits, err)))
                 break;
             loss_sum = loss * n;
         } else {
@@ -495,14 +527,37 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             for (int q = 0; q < nranks && q < 8; q++)
                 res->last_shares[q] = shares[q];
         double ta = now_s();
-        if (nranks > 1 &&
-            ((rc = rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)) ||
-             (rc = rk_comm_allreduce_sum_f64(comm, red, c->guard ? 1 + (size_t)nranks : 1,
-                                             err))))
-            break;
+        int compressed = c->compressor && step >= c->compress_warmup &&
+                         rk_compressor_kind(c->compressor) != RK_COMPRESS_NONE;
+        if (nranks > 1) {
+            uint64_t sent = rk_comm_bytes_sent(comm);
+            if ((rc = compressed ? rk_compressor_allreduce(c->compressor, m->grad_block, 0, err)
+                                 : rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len,
+                                                             err)))
+                break;
+            res->grad_bytes_sent += rk_comm_bytes_sent(comm) - sent;
+            if ((rc = rk_comm_allreduce_sum_f64(comm, red, c->guard ? 1 + (size_t)nranks : 1,
+                                                err)))
+                break;
+        }
         res->allreduce_seconds += now_s() - ta;
         loss = red[0] / global;
-        if (c->guard) {
+        /* the loss scaler first: every rank holds the same summed gradient, so all agree. An
+         * overflow skips the step (the batch is consumed, nothing is updated). */
+        int skip = 0;
+        if (c->scaler && isfinite(loss)) {
+            int overflow = rk_unscale_check_f32(m->grad_block, m->block_len,
+                                                rk_loss_scaler_inv(c->scaler));
+            if (rk_loss_scaler_update(c->scaler, overflow)) {
+                skip = 1;
+                res->amp_skipped++;
+            }
+            else if (c->guard) /* norms of scaled gradients: back to the real ones */
+                for (int q = 0; q < nranks; q++)
+                    if (isfinite(red[1 + q]) && red[1 + q] > 0)
+                        red[1 + q] *= rk_loss_scaler_inv(c->scaler);
+        }
+        if (c->guard && !skip) {
             int trip = 0, blame = -1;
             char who[160];
             if ((rc = grads_judge(red + 1, nranks, c->grad_ratio, &trip, &blame, who,
@@ -557,6 +612,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                        (long long)sn.step);
                 snap_copy(m->data_block, opt->s1, opt->s2, sn.data, sn.s1, sn.s2,
                           m->block_len);
+                snap_restore_extra(&sn, c);
                 opt->t = sn.t;
                 step = sn.step;
                 redo = 0;
@@ -564,7 +620,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                 continue;
             }
         }
-        if (c->guard) {
+        if (c->guard && !skip) {
             double z;
             if (rk_spike_test(&spike, loss, &z)) {
                 if (!spike_redone) { /* once: a transient fault goes away, data does not */
@@ -580,10 +636,13 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                        loss == spike_loss ? "same bits" : "a different value");
             }
         }
-        if ((rc = rk_optim_step(opt, m, c, lr_at(c, step, total_steps), err)) ||
-            (c->observe && (rc = c->observe(c->shares_user, step, n, tc, err))))
+        if (!skip && (rc = rk_optim_step(opt, m, c, lr_at(c, step, total_steps), err)))
             break;
-        if (c->guard)
+        if (!skip && compressed)
+            rk_compressor_commit(c->compressor);
+        if (c->observe && (rc = c->observe(c->shares_user, step, n, tc, err)))
+            break;
+        if (c->guard && !skip)
             rk_spike_push(&spike, loss);
         redo = 0;
         spike_redone = 0;
@@ -640,6 +699,8 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             progress(&p, user);
         }
     }
+    if (c->scaler)
+        res->loss_scale = c->scaler->scale;
     if (!rc) {
         res->final_train_loss = window_mean(window, taken);
         res->steps = step;

@@ -11,6 +11,7 @@
 
 #include "nn/idx.h"
 #include "nn/model.h"
+#include "rekindle/amp.h"
 #include "rekindle/comm.h"
 
 typedef enum rk_optim_kind { RK_OPTIM_SGD, RK_OPTIM_ADAMW } rk_optim_kind;
@@ -88,6 +89,20 @@ typedef struct rk_train_config {
     void (*incident)(void *user, const rk_train_incident *inc);
     void (*stepped)(void *user, int64_t step, double loss, double seconds);
     void *hook_user;
+    /* Gradient compression (docs/compression.md): a compressor the caller made for
+     * m->block_len values on comm (NULL, or kind none: the plain allreduce). The first
+     * compress_warmup steps use the plain allreduce. Its residuals are committed when a step
+     * is applied and are part of the guards' rollback snapshot. */
+    rk_compressor *compressor;
+    int64_t compress_warmup;
+    /* Mixed precision (docs/amp.md): RK_F16 or RK_BF16 store activations, activation
+     * gradients and weight gradients in that format, with fp32 master weights (the model must
+     * be set to it with rk_model_set_precision). scaler (for fp16; NULL: no loss scaling)
+     * multiplies the loss; a step whose gradients are not finite on any rank is skipped and
+     * the scale backs off, and non-finite gradients with a finite loss are the scaler's, not
+     * the guards'. Its state is part of the rollback snapshot. */
+    rk_dtype precision;
+    rk_loss_scaler *scaler;
 } rk_train_config;
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
@@ -120,6 +135,9 @@ typedef struct rk_train_result {
     double test_loss;
     int64_t redone_steps;      /* steps redone or replayed by the guards */
     int64_t incidents;         /* guard trips */
+    int64_t amp_skipped;       /* steps skipped by the loss scaler (gradient overflow) */
+    double loss_scale;         /* the loss scale at the end (0 without a scaler) */
+    uint64_t grad_bytes_sent;  /* bytes this rank sent in gradient allreduces */
 } rk_train_result;
 
 /* Optimiser state for a model: velocity (sgd) or AdamW moments, each one block laid out like

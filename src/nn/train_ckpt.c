@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_ITEMS (3 * RK_MAX_PARAMS + 2)
+#define MAX_ITEMS (3 * RK_MAX_PARAMS + 4)
 #define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
 
 static double now_s(void)
@@ -23,8 +23,9 @@ static double now_s(void)
 typedef struct item_set {
     rk_ckpt_item items[MAX_ITEMS];
     char names[MAX_ITEMS][48];
-    int64_t shape8[1], shape_policy[1];
+    int64_t shape8[1], shape_policy[1], shape_scaler[1], shape_ef[2];
     uint8_t t_le[8];
+    uint8_t scaler[RK_LOSS_SCALER_BYTES];
     size_t n;
 } item_set;
 
@@ -39,7 +40,7 @@ static void add_item(item_set *s, const char *prefix, const rk_param *p, const f
 /* The trainer's tensors: weights, optimiser moments (laid out like the weights), the
  * optimiser's step count and, when given, the batch policy's state blob. */
 static void build_items(const rk_trainer_ckpt *t, item_set *s, const uint8_t *policy,
-                        size_t policy_len)
+                        size_t policy_len, const float *ef, int world)
 {
     const rk_model *m = t->m;
     s->n = 0;
@@ -65,6 +66,42 @@ static void build_items(const rk_trainer_ckpt *t, item_set *s, const uint8_t *po
         s->items[s->n++] = (rk_ckpt_item){.name = "policy", .dtype = "U8", .ndim = 1,
                                           .shape = s->shape_policy, .data = policy};
     }
+    if (t->cfg->scaler && rk_loss_scaler_pack(t->cfg->scaler, s->scaler) == RK_OK) {
+        s->shape_scaler[0] = RK_LOSS_SCALER_BYTES;
+        s->items[s->n++] = (rk_ckpt_item){.name = "scaler.state", .dtype = "U8", .ndim = 1,
+                                          .shape = s->shape_scaler, .data = s->scaler};
+    }
+    if (ef) { /* every rank's error-feedback residuals, one row per rank */
+        s->shape_ef[0] = world;
+        s->shape_ef[1] = (int64_t)rk_compressor_state_len(t->cfg->compressor);
+        s->items[s->n++] = (rk_ckpt_item){.name = "comm.residuals", .dtype = "F32", .ndim = 2,
+                                          .shape = s->shape_ef, .data = ef};
+    }
+}
+
+/* The compressor's residuals of every rank, gathered (NULL without error feedback; *rc set
+ * on failure). Collective. */
+static float *gather_residuals(const rk_trainer_ckpt *t, int world, int *rc, rk_err *err)
+{
+    rk_compressor *z = t->cfg->compressor;
+    size_t len = z ? rk_compressor_state_len(z) : 0;
+    *rc = RK_OK;
+    if (!len)
+        return NULL;
+    float *all = malloc((size_t)world * len * sizeof(float));
+    /* every rank must enter the collective, so a failed allocation is a failed gather */
+    if (!all) {
+        *rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory for the residuals");
+        return NULL;
+    }
+    if (world == 1)
+        memcpy(all, rk_compressor_state(z), len * sizeof(float));
+    else if ((*rc = rk_comm_allgather(t->comm, rk_compressor_state(z), len * sizeof(float), all,
+                                      err))) {
+        free(all);
+        return NULL;
+    }
+    return all;
 }
 
 int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err)
@@ -98,22 +135,30 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
     int world = t->comm ? rk_comm_size(t->comm) : 1;
     int rc = RK_OK;
     double t0 = now_s();
+    float *ef = gather_residuals(t, world, &rc, err);
+    if (rc)
+        return rc;
     if (rank == 0) {
         uint8_t *policy = NULL;
         size_t policy_len = 0;
-        if (t->policy && (rc = rk_batch_state_save(t->policy, &policy, &policy_len, err)))
+        if (t->policy && (rc = rk_batch_state_save(t->policy, &policy, &policy_len, err))) {
+            free(ef);
             return rc;
+        }
         item_set s;
-        build_items(t, &s, policy, policy_len);
+        build_items(t, &s, policy, policy_len, ef, world);
         rk_ckpt_meta meta = {.step = step, .epoch = epoch, .cursor = cursor, .world_size = world,
                              .config_json = t->config};
         rc = t->writer ? rk_ckpt_writer_submit(t->writer, &meta, s.items, s.n, err)
                        : rk_ckpt_save(t->dir, &meta, s.items, s.n, t->keep, err);
         free(policy);
+        free(ef);
+        ef = NULL;
         if (!rc && t->log)
             fprintf(t->log, "checkpoint: step %lld %s %s\n", (long long)step,
                     t->writer ? "snapshot, writing in the background to" : "saved in", t->dir);
     }
+    free(ef);
     /* every rank learns whether rank 0 managed, so none trains on alone after a failure */
     if (t->comm && world > 1) {
         double status = rc;
@@ -171,14 +216,20 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
     int rank = t->comm ? rk_comm_rank(t->comm) : 0;
     int world = t->comm ? rk_comm_size(t->comm) : 1;
     int adamw = t->opt->kind == RK_OPTIM_ADAMW;
-    /* header broadcast from rank 0: status, step, policy blob length, optimiser t */
-    int64_t hdr[4] = {0, 0, 0, 0};
+    /* header broadcast from rank 0: status, step, policy blob length, optimiser t, loss scaler
+     * state found, residuals of this world found */
+    int64_t hdr[6] = {0, 0, 0, 0, 0, 0};
     uint8_t *policy = NULL;
+    uint8_t scaler[RK_LOSS_SCALER_BYTES];
+    float *ef = NULL;
+    rk_compressor *z = t->cfg->compressor;
+    size_t ef_len = z ? rk_compressor_state_len(z) : 0;
     rk_ckpt *c = NULL;
     int rc = RK_OK;
     if (rank == 0) {
         item_set s;
-        build_items(t, &s, NULL, 0);
+        build_items(t, &s, NULL, 0, NULL, world);
+        s.n -= t->cfg->scaler ? 1 : 0; /* optional: a checkpoint of an fp32 run resumes at fp16 */
         rk_ckpt_expect expect = {.config_json = t->config, .items = s.items, .nitems = s.n};
         char report[4096] = "";
         rc = rk_ckpt_load_latest(t->dir, &expect, &c, report, sizeof report, err);
@@ -194,6 +245,24 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
             }
             const rk_st_tensor *tt = rk_ckpt_find(c, "optim.t");
             const rk_st_tensor *pt = rk_ckpt_find(c, "policy");
+            const rk_st_tensor *st = rk_ckpt_find(c, "scaler.state");
+            const rk_st_tensor *et = rk_ckpt_find(c, "comm.residuals");
+            if (t->cfg->scaler && st && st->nbytes == RK_LOSS_SCALER_BYTES) {
+                rk_loss_scaler probe;
+                if (rk_loss_scaler_unpack(&probe, st->data, st->nbytes, NULL) == RK_OK) {
+                    memcpy(scaler, st->data, sizeof scaler);
+                    hdr[4] = 1;
+                }
+            }
+            if (ef_len && et && strcmp(et->dtype, "F32") == 0 && et->ndim == 2 &&
+                et->shape[0] == world && et->shape[1] == (int64_t)ef_len &&
+                (ef = malloc((size_t)world * ef_len * sizeof(float)))) {
+                memcpy(ef, et->data, (size_t)world * ef_len * sizeof(float));
+                hdr[5] = 1;
+            }
+            if (ef_len && !hdr[5] && t->log)
+                fprintf(t->log, "checkpoint: no error-feedback residuals for %d ranks in it: "
+                        "they start from zero\n", world);
             if (!rc && (!tt || tt->nbytes != 8))
                 rc = rk_err_set(err, RK_EFORMAT, "%s: optim.t is missing", rk_ckpt_path(c));
             if (!rc) {
@@ -240,12 +309,25 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
         if ((rc = rk_comm_bcast(t->comm, m->data_block, bytes, 0, err)) ||
             (rc = rk_comm_bcast(t->comm, t->opt->s1, bytes, 0, err)) ||
             (adamw && (rc = rk_comm_bcast(t->comm, t->opt->s2, bytes, 0, err))) ||
-            (hdr[2] > 0 && (rc = rk_comm_bcast(t->comm, policy, (size_t)hdr[2], 0, err))))
+            (hdr[2] > 0 && (rc = rk_comm_bcast(t->comm, policy, (size_t)hdr[2], 0, err))) ||
+            (hdr[4] && (rc = rk_comm_bcast(t->comm, scaler, sizeof scaler, 0, err))))
             goto out;
+        if (hdr[5]) {
+            if (rank != 0 && !(ef = malloc((size_t)world * ef_len * sizeof(float)))) {
+                rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory");
+                goto out;
+            }
+            if ((rc = rk_comm_bcast(t->comm, ef, (size_t)world * ef_len * sizeof(float), 0, err)))
+                goto out;
+        }
     }
     if (rc)
         goto out;
     t->opt->t = hdr[3];
+    if (hdr[4] && (rc = rk_loss_scaler_unpack(t->cfg->scaler, scaler, sizeof scaler, err)))
+        goto out;
+    if (hdr[5])
+        memcpy(rk_compressor_state(z), ef + (size_t)rank * ef_len, ef_len * sizeof(float));
     if (policy && t->policy) {
         rk_batch_policy *loaded = NULL;
         if ((rc = rk_batch_state_load(&loaded, policy, (size_t)hdr[2], err)))
@@ -273,6 +355,7 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
     t->last_step = hdr[1];
 out:
     free(policy);
+    free(ef);
     rk_ckpt_free(c);
     if (rc == RK_OK)
         return RK_OK;

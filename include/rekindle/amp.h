@@ -1,0 +1,158 @@
+/*
+ * Mixed precision: fp16 and bf16 conversions, and the dynamic loss scaler that keeps fp16
+ * gradients inside fp16's range. A trainer keeps fp32 master weights, runs forward and
+ * backward in a 16-bit format, and for fp16 multiplies the loss by a scale so that small
+ * gradients do not underflow; the scaler lowers the scale when a gradient overflows (that
+ * step is skipped) and raises it after a run of clean steps. docs/amp.md has the formats, the
+ * rules and the checkpoint layout.
+ *
+ *     rk_loss_scaler ls;
+ *     rk_loss_scaler_init(&ls, NULL, &err);               // 2^15, x2 per 2000 clean steps
+ *     backward(loss * ls.scale);
+ *     int bad = rk_unscale_check_f32(grad, n, rk_loss_scaler_inv(&ls));
+ *     bad = allreduce_max(bad);                            // every rank decides alike
+ *     if (!rk_loss_scaler_update(&ls, bad)) apply(grad);   // 1 = skip this step
+ *
+ * Conversions. Integer arithmetic (no _Float16, no F16C needed), the same bits on every
+ * machine (in the default floating-point environment: round to nearest):
+ * - fp32 -> fp16 / bf16 round to nearest, ties to even. fp16 results below 2^-14 are
+ *   subnormals (down to 2^-24; 2^-25 itself ties to 0); fp16 overflows to +-inf from 65520
+ *   (the midpoint between 65504, the largest fp16, and 2^16) up; bf16 from the midpoint
+ *   between its largest value and 2^128. -0 stays -0 and inf stays inf.
+ * - A NaN stays a NaN of the same sign in every direction, made quiet (the top mantissa bit
+ *   set), keeping the top payload bits that fit; a NaN never becomes inf (an fp32 NaN whose
+ *   payload is all in the bits fp16 or bf16 drops is kept a NaN by the quiet bit).
+ * - fp16 / bf16 -> fp32 is exact (every value is representable); NaNs are quieted.
+ * The _n forms convert n elements, src and dst must not overlap; they give the same bits as
+ * the scalar forms. They are loops the compiler vectorises; on x86-64 CPUs with F16C the fp16
+ * ones use the hardware instructions instead (same bits, several times faster), unless
+ * rk_amp_use_f16c(0) said not to.
+ */
+#ifndef REKINDLE_AMP_H
+#define REKINDLE_AMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An element type for tensors and the --precision flag. */
+typedef enum rk_dtype { RK_F32 = 0, RK_F16 = 1, RK_BF16 = 2 } rk_dtype;
+
+/* "fp32", "fp16", "bf16"; "?" for a value outside the enum. */
+const char *rk_dtype_name(rk_dtype t);
+/* Exactly "fp32", "fp16" or "bf16" (lower case) into *out; RK_EINVAL (and *out untouched)
+ * for anything else, NULL included. */
+int rk_dtype_parse(const char *s, rk_dtype *out);
+/* Bytes per element: 4, 2, 2; 0 for a value outside the enum. */
+size_t rk_dtype_size(rk_dtype t);
+
+uint16_t rk_f32_to_f16(float x);
+float rk_f16_to_f32(uint16_t h);
+uint16_t rk_f32_to_bf16(float x);
+float rk_bf16_to_f32(uint16_t h);
+
+void rk_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
+void rk_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+void rk_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
+void rk_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+
+/* on = 1: the fp16 _n forms use F16C when the CPU has it (the default); 0: always the
+ * portable loops (for tests and benchmarks). Returns 1 if F16C is used from now on. Set it
+ * before converting, not while other threads convert. */
+int rk_amp_use_f16c(int on);
+
+/*
+ * Dynamic loss scaler, with the rules of PyTorch's GradScaler and DeepSpeed's
+ * DynamicLossScaler. rk_loss_scaler_update(s, found_nonfinite), once per step:
+ *
+ * - A non-finite gradient (found_nonfinite != 0): the step is skipped (returns 1);
+ *   good_steps = 0. If hysteresis_left > 1 it is decremented and the scale is kept;
+ *   otherwise the scale becomes max(scale * backoff_factor, min_scale) and hysteresis_left
+ *   stays 1, so once the hysteresis is used up every further overflow backs off. At
+ *   min_scale an overflow still skips the step and the scale stays: a run that overflows at
+ *   the floor on every step makes no progress, which overflows_in_row shows the trainer.
+ * - A clean step (returns 0, apply it): good_steps + 1. When it reaches growth_interval the
+ *   scale becomes min(scale * growth_factor, max_scale), good_steps = 0 and hysteresis_left =
+ *   hysteresis. With consecutive_hysteresis, every clean step also refills hysteresis_left, so
+ *   only `hysteresis` overflows in a row back off (DeepSpeed's consecutive_hysteresis=True);
+ *   without it (the default, as DeepSpeed) overflows count down until the next growth.
+ *
+ * With hysteresis 1 (the default) every overflow backs off, as in GradScaler. Growth comes
+ * after exactly growth_interval clean steps in a row since the last overflow or growth.
+ * With the defaults (powers of two throughout) the scale and its inverse are always powers
+ * of two, so scaling and unscaling are exact unless a value leaves fp32's normal range.
+ */
+#define RK_LOSS_SCALE_INIT 32768.0f   /* 2^15 */
+#define RK_LOSS_SCALE_MIN 1.0f        /* floor */
+#define RK_LOSS_SCALE_MAX 16777216.0f /* 2^24, cap */
+#define RK_LOSS_SCALE_GROWTH_INTERVAL 2000
+#define RK_LOSS_SCALE_GROWTH 2.0f
+#define RK_LOSS_SCALE_BACKOFF 0.5f
+#define RK_LOSS_SCALE_HYSTERESIS 1
+
+/* Settings. rk_loss_scaler_opts_default() fills the defaults above; change what you need.
+ * Valid: 0 < min_scale <= init_scale <= max_scale, all finite; growth_factor > 1 and
+ * 0 < backoff_factor < 1, finite; growth_interval >= 1; hysteresis >= 1. */
+typedef struct rk_loss_scaler_opts {
+    float init_scale, min_scale, max_scale;
+    float growth_factor, backoff_factor;
+    int growth_interval;
+    int hysteresis;
+    int consecutive_hysteresis; /* 0 or 1 */
+} rk_loss_scaler_opts;
+
+typedef struct rk_loss_scaler {
+    /* settings (from the opts; checkpointed with the state) */
+    float min_scale, max_scale;
+    float growth_factor, backoff_factor;
+    int growth_interval;
+    int hysteresis;
+    int consecutive_hysteresis;
+    /* state */
+    float scale;              /* multiply the loss by this */
+    int good_steps;           /* clean steps since the last overflow or growth */
+    int hysteresis_left;      /* overflows still absorbed before a backoff, 1..hysteresis */
+    int64_t steps;            /* updates so far */
+    int64_t overflows;        /* steps found non-finite (= steps skipped), <= steps */
+    int64_t overflows_in_row; /* the current run of overflows (0 after a clean step) */
+} rk_loss_scaler;
+
+void rk_loss_scaler_opts_default(rk_loss_scaler_opts *o);
+/* o NULL: the defaults. Bad settings: RK_EINVAL with a message naming the field, and *s
+ * untouched. */
+int rk_loss_scaler_init(rk_loss_scaler *s, const rk_loss_scaler_opts *o, rk_err *err);
+/* Record one step; 1: skip it (a gradient was not finite), 0: apply it. Rules above. */
+int rk_loss_scaler_update(rk_loss_scaler *s, int found_nonfinite);
+/* 1 / scale: what the gradients are multiplied by before the update. */
+float rk_loss_scaler_inv(const rk_loss_scaler *s);
+
+/* g[i] *= inv_scale for every i < n (always all n), in one pass that also checks the
+ * products; returns 1 if any product is inf or NaN, else 0. */
+int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
+
+/*
+ * Checkpoint: the whole struct, settings and state, in RK_LOSS_SCALER_BYTES little-endian
+ * bytes (layout in docs/amp.md): magic "RKLS", version byte, flags, fields, and an XXH64 of
+ * the bytes before it. unpack gives back exactly the packed struct. It rejects with
+ * RK_EFORMAT, naming the field, and leaves *s untouched: a wrong length, magic, version,
+ * flag or reserved bits, a checksum mismatch, and any value init and update cannot produce
+ * (a non-finite or non-positive scale, a scale outside [min_scale, max_scale], settings init
+ * would refuse, good_steps outside 0..growth_interval-1, hysteresis_left outside
+ * 1..hysteresis, negative counters, overflows > steps, overflows_in_row > overflows).
+ */
+#define RK_LOSS_SCALER_BYTES 76
+#define RK_LOSS_SCALER_VERSION 1
+
+/* RK_EINVAL if s or out is NULL. */
+int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES]);
+int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
