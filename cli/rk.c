@@ -25,6 +25,7 @@ static const command commands[] = {
     {"doctor", rk_cmd_doctor, "score this node's GPUs 0-100 and say what to fix"},
     {"tune", rk_cmd_tune, "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},
+    {"predict", rk_cmd_predict, "failure predictor: C-MAPSS check, simulated fleet datasets"},
 };
 
 int rk_cli_status(int code)

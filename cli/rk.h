@@ -24,5 +24,6 @@ int rk_cmd_run(int argc, char **argv);
 int rk_cmd_doctor(int argc, char **argv);
 int rk_cmd_tune(int argc, char **argv);
 int rk_cmd_exporter(int argc, char **argv);
+int rk_cmd_predict(int argc, char **argv);
 
 #endif

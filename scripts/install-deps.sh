@@ -10,7 +10,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config clang libclang-rt-14-dev python3
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev
-  libopenmpi-dev openmpi-bin libmicrohttpd-dev
+  libopenmpi-dev openmpi-bin libmicrohttpd-dev libopenblas-dev
   prometheus
   dataset-fashion-mnist
 )

@@ -1,0 +1,372 @@
+/*
+ * Fleet histories for the predictor (rekindle/fleetdata.h): each GPU of a simulated fleet
+ * (rk_telemetry_sim, health/sim.h) read once a simulated minute on a pinned clock, its
+ * features written in the safetensors layout, its ground-truth failure taken from the
+ * simulator's event log (parsed with jansson), and the devices split by a seeded draw.
+ */
+#include "rekindle/fleetdata.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "health/sim.h"
+#include "rekindle/fileio.h"
+#include "rekindle/health.h"
+#include "rekindle/rng.h"
+#include "rekindle/safetensors.h"
+
+const char *const rk_fleet_feature_names[RK_FLEET_FEATURES] = {
+    "temp",        "fan",      "power",         "sm_clock",
+    "util",        "throttle", "ecc_corrected", "ecc_uncorrected",
+    "pcie_replay", "xid",      "vrm_ripple",    "fan_vibration"};
+
+static const char *const split_names[3] = {"train", "val", "test"};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void rk_fleet_data_opts_default(rk_fleet_data_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->gpus = 64;
+    o->hours = 2000;
+    o->seed = 1;
+    o->start_age_h = 20000;
+    o->val_frac = 0.2;
+    o->test_frac = 0.2;
+}
+
+/* One GPU's history and failure. */
+typedef struct gpu_run {
+    char uuid[96], profile[32];
+    size_t steps;
+    long fail_minute; /* -1: none */
+    char fail_event[24];
+    int lost;
+    int split;
+} gpu_run;
+
+/* One minute's features from the sample and the previous one (counters as increments). */
+static void features(const rk_gpu_sample *s, const rk_gpu_sample *prev, float *x, uint8_t *v)
+{
+    const uint64_t thermal = RK_CLOCK_SW_THERMAL | RK_CLOCK_HW_THERMAL | RK_CLOCK_HW_SLOWDOWN;
+    struct {
+        rk_field f;
+        double val;
+    } g[RK_FLEET_FEATURES] = {
+        {RK_F_TEMP, s->temp_c},
+        {RK_F_FAN, s->fan_pct},
+        {RK_F_POWER, s->power_w},
+        {RK_F_SM_CLOCK, s->sm_mhz},
+        {RK_F_UTIL, s->util_pct},
+        {RK_F_CLOCK_REASONS, (s->clock_reasons & thermal) ? 1.0 : 0.0},
+        {RK_F_ECC_CORRECTED, 0},
+        {RK_F_ECC_UNCORRECTED, 0},
+        {RK_F_PCIE_REPLAY, 0},
+        {RK_F_XID, 0},
+        {RK_F_VRM_RIPPLE, s->vrm_ripple_mv},
+        {RK_F_FAN_VIB, s->fan_vib_hz},
+    };
+    if (prev) {
+#define DELTA(field) (s->field >= prev->field ? (double)(s->field - prev->field) : 0.0)
+        if (rk_field_valid(prev, RK_F_ECC_CORRECTED))
+            g[6].val = DELTA(ecc_corrected);
+        if (rk_field_valid(prev, RK_F_ECC_UNCORRECTED))
+            g[7].val = DELTA(ecc_uncorrected);
+        if (rk_field_valid(prev, RK_F_PCIE_REPLAY))
+            g[8].val = DELTA(pcie_replay);
+        if (rk_field_valid(prev, RK_F_XID))
+            g[9].val = DELTA(xid_count);
+#undef DELTA
+    }
+    for (int j = 0; j < RK_FLEET_FEATURES; j++) {
+        v[j] = rk_field_valid(s, g[j].f);
+        x[j] = v[j] ? (float)g[j].val : 0.0f;
+    }
+}
+
+/* The first failure event of `gpu` in the events file `path` (lines of other GPUs are
+ * ignored); its lines are appended to `all`. */
+static int scan_events(const char *path, int gpu, FILE *all, gpu_run *g, rk_err *err)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT ? RK_OK : rk_err_set(err, RK_EIO, "%s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = RK_OK;
+    while (getline(&line, &cap, f) != -1) {
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        json_t *jg = j ? json_object_get(j, "gpu") : NULL;
+        json_t *jt = j ? json_object_get(j, "t") : NULL;
+        json_t *je2 = j ? json_object_get(j, "event") : NULL;
+        if (!json_is_integer(jg) || !json_is_number(jt) || !json_is_string(je2)) {
+            rc = rk_err_set(err, RK_EFORMAT, "%s: a line the simulator wrote does not parse", path);
+            json_decref(j);
+            break;
+        }
+        if (json_integer_value(jg) == gpu) {
+            fputs(line, all);
+            const char *ev = json_string_value(je2);
+            double t = json_number_value(jt);
+            if (g->fail_minute < 0 &&
+                (strcmp(ev, "off_bus") == 0 || strcmp(ev, "thermal_shutdown") == 0 ||
+                 strcmp(ev, "dbe") == 0)) {
+                double m = ceil(t / 60.0) - 1.0;
+                g->fail_minute = m < 0 ? 0 : (long)m;
+                snprintf(g->fail_event, sizeof g->fail_event, "%s", ev);
+            }
+        }
+        json_decref(j);
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* Simulate GPU i alone (a fleet of the same seed and size, only GPU i read) and write its
+ * history to `path`. */
+static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const char *events,
+                   FILE *all, gpu_run *g, rk_err *err)
+{
+    memset(g, 0, sizeof *g);
+    g->fail_minute = -1;
+    const size_t minutes = (size_t)llround(o->hours * 60.0);
+    float *x = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES * sizeof *x);
+    uint8_t *v = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES);
+    if (!x || !v) {
+        free(x);
+        free(v);
+        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory for %zu minutes", minutes);
+    }
+    unlink(events);
+    rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
+    to.sim_gpus = o->gpus;
+    to.seed = o->seed;
+    to.start_age_h = o->start_age_h;
+    to.events_path = events;
+    void *st = NULL;
+    int rc = rk_telemetry_sim.open(&st, &to, err);
+    if (rc)
+        goto out;
+    rk_gpu_info info;
+    rk_telemetry_sim.info(st, i, &info);
+    snprintf(g->uuid, sizeof g->uuid, "%s", info.uuid);
+    snprintf(g->profile, sizeof g->profile, "%s", info.profile);
+    rk_gpu_sample s, prev;
+    size_t n = 0;
+    for (size_t m = 0; m < minutes; m++) {
+        if ((rc = rk_sim_set_time(st, (double)(m + 1) * 60.0)) != RK_OK) {
+            rk_err_set(err, rc, "dataset: the simulator refused minute %zu", m + 1);
+            break;
+        }
+        if ((rc = rk_telemetry_sim.read(st, i, &s, err)))
+            break;
+        if (s.lost) {
+            g->lost = 1;
+            break;
+        }
+        features(&s, n ? &prev : NULL, x + n * RK_FLEET_FEATURES, v + n * RK_FLEET_FEATURES);
+        prev = s;
+        n++;
+    }
+    rk_telemetry_sim.close(st); /* flushes the event log */
+    if (rc)
+        goto out;
+    g->steps = n;
+    if ((rc = scan_events(events, i, all, g, err)))
+        goto out;
+    unlink(events);
+    const int64_t shape[2] = {(int64_t)n, RK_FLEET_FEATURES};
+    rk_st_entry e[2] = {{"x", x, 2, shape, "F32"}, {"valid", v, 2, shape, "U8"}};
+    char fm[32];
+    snprintf(fm, sizeof fm, "%ld", g->fail_minute);
+    const char *meta[] = {"format",
+                          "rekindle-fleet-history",
+                          "version",
+                          "1",
+                          "simulated",
+                          "true",
+                          "uuid",
+                          g->uuid,
+                          "profile",
+                          g->profile,
+                          "step_s",
+                          "60",
+                          "failure_minute",
+                          fm,
+                          "failure_event",
+                          g->fail_event,
+                          NULL};
+    rc = rk_st_write(path, e, 2, meta, err);
+out:
+    free(x);
+    free(v);
+    return rc;
+}
+
+/* Assign splits: among failed and healthy GPUs separately, a seeded permutation, the first
+ * round(n * test) to test, the next round(n * val) to val, the rest to train. */
+static int assign_splits(const rk_fleet_data_opts *o, gpu_run *g, int n, rk_err *err)
+{
+    uint32_t *perm = malloc((size_t)n * sizeof *perm), *idx = malloc((size_t)n * sizeof *idx);
+    if (!perm || !idx) {
+        free(perm);
+        free(idx);
+        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
+    }
+    for (int cls = 0; cls < 2; cls++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if ((g[i].fail_minute >= 0) == cls)
+                idx[m++] = (uint32_t)i;
+        rk_rng r;
+        rk_rng_derive(&r, o->seed, 0x5917, (uint64_t)cls);
+        rk_rng_permutation(&r, perm, (size_t)m);
+        int nt = (int)lround(m * o->test_frac), nv = (int)lround(m * o->val_frac);
+        for (int k = 0; k < m; k++)
+            g[idx[perm[k]]].split = k < nt ? 2 : k < nt + nv ? 1 : 0;
+    }
+    free(perm);
+    free(idx);
+    return RK_OK;
+}
+
+static int write_manifest(const char *path, const rk_fleet_data_opts *o, const gpu_run *g,
+                          rk_err *err)
+{
+    json_t *j = json_object(), *feat = json_array(), *dev = json_array();
+    json_object_set_new(j, "format", json_string("rekindle-fleet-dataset"));
+    json_object_set_new(j, "version", json_integer(1));
+    json_object_set_new(j, "simulated", json_true());
+    json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(j, "gpus", json_integer(o->gpus));
+    json_object_set_new(j, "hours", json_real(o->hours));
+    json_object_set_new(j, "start_age_h", json_real(o->start_age_h));
+    json_object_set_new(j, "step_s", json_integer(60));
+    for (int k = 0; k < RK_FLEET_FEATURES; k++)
+        json_array_append_new(feat, json_string(rk_fleet_feature_names[k]));
+    json_object_set_new(j, "features", feat);
+    for (int i = 0; i < o->gpus; i++) {
+        json_t *d = json_object();
+        char file[32];
+        snprintf(file, sizeof file, "gpu-%04d.safetensors", i);
+        json_object_set_new(d, "index", json_integer(i));
+        json_object_set_new(d, "uuid", json_string(g[i].uuid));
+        json_object_set_new(d, "profile", json_string(g[i].profile));
+        json_object_set_new(d, "split", json_string(split_names[g[i].split]));
+        json_object_set_new(d, "file", json_string(file));
+        json_object_set_new(d, "steps", json_integer((json_int_t)g[i].steps));
+        json_object_set_new(d, "lost", json_boolean(g[i].lost));
+        if (g[i].fail_minute >= 0) {
+            json_t *f = json_object();
+            json_object_set_new(f, "minute", json_integer(g[i].fail_minute));
+            json_object_set_new(f, "event", json_string(g[i].fail_event));
+            json_object_set_new(d, "failure", f);
+        } else {
+            json_object_set_new(d, "failure", json_null());
+        }
+        json_array_append_new(dev, d);
+    }
+    json_object_set_new(j, "devices", dev);
+    char *text = json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(10));
+    json_decref(j);
+    if (!text)
+        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory for the manifest");
+    size_t len = strlen(text);
+    char *nl = realloc(text, len + 2);
+    if (!nl) {
+        free(text);
+        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory for the manifest");
+    }
+    nl[len] = '\n';
+    int rc = rk_file_write_atomic(path, nl, len + 1, err);
+    free(nl);
+    return rc;
+}
+
+int rk_fleet_data_write(const rk_fleet_data_opts *o, rk_fleet_data_report *r, rk_err *err)
+{
+    const double t0 = now_s();
+    memset(r, 0, sizeof *r);
+    if (!o->dir || !*o->dir)
+        return rk_err_set(err, RK_EINVAL, "dataset: no output directory");
+    if (o->gpus < 1 || o->gpus > 1024)
+        return rk_err_set(err, RK_EINVAL, "dataset: %d GPUs is not in [1, 1024]", o->gpus);
+    if (!(o->hours > 0 && o->hours <= 100000) || o->hours * 60.0 < 1.0)
+        return rk_err_set(err, RK_EINVAL, "dataset: %g hours is not in (0, 100000]", o->hours);
+    if (!(o->start_age_h >= 0 && o->start_age_h <= 1e6))
+        return rk_err_set(err, RK_EINVAL, "dataset: start age %g h is not in [0, 1e6]",
+                          o->start_age_h);
+    if (!(o->val_frac >= 0 && o->test_frac >= 0 && o->val_frac + o->test_frac < 1))
+        return rk_err_set(err, RK_EINVAL,
+                          "dataset: validation %g and test %g shares must be >= 0 and leave "
+                          "some devices for training",
+                          o->val_frac, o->test_frac);
+    if (mkdir(o->dir, 0755) != 0 && errno != EEXIST)
+        return rk_err_set(err, RK_EIO, "%s: cannot create: %s", o->dir, strerror(errno));
+    struct stat sb;
+    if (stat(o->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return rk_err_set(err, RK_EIO, "%s: not a directory", o->dir);
+
+    size_t plen = strlen(o->dir) + 64;
+    char *path = malloc(plen), *events = malloc(plen), *all_path = malloc(plen);
+    gpu_run *g = calloc((size_t)o->gpus, sizeof *g);
+    FILE *all = NULL;
+    int rc = RK_OK;
+    if (!path || !events || !all_path || !g) {
+        rc = rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
+        goto out;
+    }
+    snprintf(events, plen, "%s/.events-one.jsonl", o->dir);
+    snprintf(all_path, plen, "%s/events.jsonl", o->dir);
+    if (!(all = fopen(all_path, "w"))) {
+        rc = rk_err_set(err, RK_EIO, "%s: cannot write: %s", all_path, strerror(errno));
+        goto out;
+    }
+    for (int i = 0; i < o->gpus; i++) {
+        snprintf(path, plen, "%s/gpu-%04d.safetensors", o->dir, i);
+        if ((rc = run_gpu(o, i, path, events, all, &g[i], err)))
+            goto out;
+        r->steps += g[i].steps;
+        r->lost += g[i].lost;
+        if (o->progress)
+            o->progress(i, o->gpus, o->ctx);
+    }
+    if (fclose(all) != 0) {
+        all = NULL;
+        rc = rk_err_set(err, RK_EIO, "%s: write failed", all_path);
+        goto out;
+    }
+    all = NULL;
+    if ((rc = assign_splits(o, g, o->gpus, err)))
+        goto out;
+    for (int i = 0; i < o->gpus; i++) {
+        r->devices[g[i].split]++;
+        r->failed[g[i].split] += g[i].fail_minute >= 0;
+    }
+    r->gpus = o->gpus;
+    snprintf(path, plen, "%s/fleet.json", o->dir);
+    rc = write_manifest(path, o, g, err);
+out:
+    if (all)
+        fclose(all);
+    free(path);
+    free(events);
+    free(all_path);
+    free(g);
+    r->seconds = now_s() - t0;
+    return rc;
+}
