@@ -2,7 +2,10 @@
  * rk doctor: a health check of this node's GPUs. Reads each GPU a few times (for rates and
  * dT/dt), scores it (rekindle/health.h, docs/health.md) and prints a table or JSON; exit
  * status 1 when any GPU scores below the threshold, so scripts and schedulers can gate on it.
+ * With --predictor its readings also feed the failure predictor's windows
+ * (rekindle/predict_online.h); a check too short to fill them says so.
  */
+#include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -13,12 +16,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "health/sim.h"
 #include "rekindle/health.h"
+#include "rekindle/predict.h"
+#include "rekindle/predict_online.h"
 #include "rk.h"
 
 static const char usage_text[] =
     "usage: rk doctor [--sim N [--seed S] [--age HOURS]] [--json] [--threshold T]\n"
     "                 [--textfile-dir DIR] [--samples K] [--interval SECONDS]\n"
+    "                 [--predictor MODEL]\n"
     "\n"
     "Score each GPU of this node 0-100 (docs/health.md) and say what to fix.\n"
     "\n"
@@ -32,16 +39,58 @@ static const char usage_text[] =
     "                      node_exporter textfiles in DIR (docs/textfile.md)\n"
     "  --samples K         readings per GPU, for rates and dT/dt (default 5)\n"
     "  --interval SECONDS  between readings (default 0.5; a simulated fleet ages 120x faster)\n"
+    "  --predictor MODEL   also ask this failure predictor (rk predict; docs/predict.md). It\n"
+    "                      reads one row a minute over its window (60 minutes for issue 7's\n"
+    "                      models): a short check cannot fill it, and then says so rather than\n"
+    "                      guess (a simulated fleet: --samples 61 fills 60 minutes; real GPUs:\n"
+    "                      --samples 61 --interval 60, or watch with rk exporter --predictor)\n"
     "  -h, --help          show this help\n"
     "\n"
     "Exit status: 0 every GPU at or above the threshold, 1 one or more below it (or no GPU\n"
-    "could be read), 2 bad usage.\n";
+    "could be read), 2 bad usage or a model file it cannot use.\n";
 
 #define usage_error(...) rk_cli_usage_error("doctor", usage_text, __VA_ARGS__)
+
+/* What a predictor's probability is about: issue 7's horizon (model files do not record it). */
+#define RK_DOCTOR_HORIZON_MIN 60
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
     return rk_cli_number("doctor", usage_text, flag, s, lo, hi, out);
+}
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Load the failure predictor and check that live readings can feed it; NULL (after one line
+ * naming the file) when it cannot be used. */
+static rk_pred_model *load_predictor(const char *path)
+{
+    rk_err err = {0};
+    rk_pred_model *m = NULL;
+    int rc = rk_pred_load(&m, path, &err);
+    if (rc == RK_ENOENT) {
+        fprintf(stderr, "rk doctor: --predictor %s: no such file\n", path);
+        return NULL;
+    }
+    if (rc) {
+        fprintf(stderr, "rk doctor: --predictor: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+        return NULL;
+    }
+    rk_pred_online *probe = NULL;
+    if (rk_pred_online_create(&probe, m, 1, &err)) {
+        fprintf(stderr, "rk doctor: --predictor %s: %s\n", path, err.msg);
+        rk_pred_free(m);
+        return NULL;
+    }
+    rk_pred_online_free(probe);
+    if (!getenv("OPENBLAS_NUM_THREADS"))
+        openblas_set_num_threads(1);
+    return m;
 }
 
 static void nap(double s)
@@ -100,10 +149,12 @@ int rk_cmd_doctor(int argc, char **argv)
         {"age", required_argument, 0, 'a'},      {"json", no_argument, 0, 'j'},
         {"threshold", required_argument, 0, 't'}, {"textfile-dir", required_argument, 0, 'x'},
         {"samples", required_argument, 0, 'k'},  {"interval", required_argument, 0, 'i'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+        {"predictor", required_argument, 0, 'P'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
     int sim = 0, as_json = 0;
     double threshold = RK_HEALTH_THRESHOLD_DEFAULT, samples = 5, interval = 0.5, v;
+    const char *model_path = NULL;
     opterr = 0;
     optind = 1;
     int c;
@@ -139,6 +190,7 @@ int rk_cmd_doctor(int argc, char **argv)
             if (num("--interval", optarg, 0, 60, &interval))
                 return RK_EXIT_USAGE;
             break;
+        case 'P': model_path = optarg; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
@@ -146,6 +198,10 @@ int rk_cmd_doctor(int argc, char **argv)
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
     rk_err err = {0};
+    rk_pred_model *model = NULL;
+    rk_pred_online *pred = NULL;
+    if (model_path && !(model = load_predictor(model_path)))
+        return RK_EXIT_USAGE;
     rk_telemetry *t = NULL;
     if (sim) {
         o.sim_gpus = sim;
@@ -155,6 +211,7 @@ int rk_cmd_doctor(int argc, char **argv)
         fprintf(stderr, "rk doctor: %s\n", err.msg);
         if (!sim)
             fprintf(stderr, "rk doctor: no GPU to check; --sim N checks a simulated fleet\n");
+        rk_pred_free(model);
         return RK_EXIT_FAIL;
     }
     int n = rk_telemetry_count(t);
@@ -173,6 +230,13 @@ int rk_cmd_doctor(int argc, char **argv)
             status = RK_EXIT_FAIL;
             goto out;
         }
+    if (model && n > 0 && rk_pred_online_create(&pred, model, n, &err)) {
+        fprintf(stderr, "rk doctor: %s\n", err.msg);
+        status = RK_EXIT_FAIL;
+        goto out;
+    }
+    /* the predictor's minutes: simulated ones for the simulator, else the monotonic clock */
+    void *sim_state = sim ? rk_telemetry_state(t) : NULL;
     for (int k = 0; k < (int)samples; k++) {
         if (k)
             nap(interval);
@@ -180,8 +244,14 @@ int rk_cmd_doctor(int argc, char **argv)
             fprintf(stderr, "rk doctor: %s\n", err.msg); /* once: the rest is still read */
             warned = 1;
         }
-        for (int i = 0; i < n; i++)
+        double tp = sim_state ? rk_sim_now(sim_state) : mono_s();
+        for (int i = 0; i < n; i++) {
             rk_history_push(&h[i], &smp[i]);
+            if (pred && rk_pred_online_push(pred, i, tp, &smp[i], &err) < 0 && !warned) {
+                fprintf(stderr, "rk doctor: %s\n", err.msg);
+                warned = 1;
+            }
+        }
     }
     if (n == 0) {
         fprintf(stderr, "rk doctor: %s found no GPU\n", rk_telemetry_backend(t));
@@ -193,6 +263,13 @@ int rk_cmd_doctor(int argc, char **argv)
     for (int i = 0; i < n; i++) {
         rk_gpu_signals g;
         rk_signals_compute(&h[i], &g);
+        double p = pred ? rk_pred_online_prob(pred, i) : -1;
+        int minutes = pred ? rk_pred_online_minutes(pred, i) : 0;
+        if (p >= 0) {
+            g.fail_prob_valid = true;
+            g.fail_prob = p;
+            g.fail_horizon_min = RK_DOCTOR_HORIZON_MIN;
+        }
         rk_finding f[RK_MAX_FINDINGS];
         int nf = 0;
         int score = rk_health_score(&smp[i], &g, f, &nf);
@@ -220,6 +297,10 @@ int rk_cmd_doctor(int argc, char **argv)
                 json_array_append_new(fa, fo);
             }
             json_object_set_new(o2, "findings", fa);
+            if (pred) { /* null: the check was too short to fill the window */
+                json_object_set_new(o2, "failure_probability", p >= 0 ? json_real(p) : json_null());
+                json_object_set_new(o2, "prediction_minutes", json_integer(minutes));
+            }
             json_object_set_new(o2, "sample", sample_json(&smp[i]));
             json_array_append_new(arr, o2);
             continue;
@@ -232,6 +313,14 @@ int rk_cmd_doctor(int argc, char **argv)
         for (int q = 0; q < nf; q++)
             printf("       %-4s %-20s %s -> %s\n", rk_severity_name(f[q].severity), f[q].code,
                    f[q].message, f[q].action);
+        if (pred && p >= 0)
+            printf("       prediction: p=%.2f of failing within %d min (a model's estimate "
+                   "over the last %d minutes)\n",
+                   p, RK_DOCTOR_HORIZON_MIN, minutes);
+        else if (pred)
+            printf("       prediction: none: the predictor needs %d minutes of readings, this "
+                   "check saw %d\n",
+                   rk_pred_config_of(model)->window, minutes);
     }
     if (as_json) {
         json_t *root = json_object();
@@ -255,5 +344,7 @@ out:
     free(info);
     free(smp);
     rk_telemetry_close(t);
+    rk_pred_online_free(pred);
+    rk_pred_free(model);
     return status;
 }

@@ -1,9 +1,11 @@
 /*
  * rk exporter: serve this node's GPU health to Prometheus (docs/exporter.md; the metrics are
- * docs/metrics.md). Parses flags, starts the exporter (src/exporter/), prints where it listens,
- * then waits for SIGINT or SIGTERM and stops it cleanly. What the collector notices (a GPU
- * below the threshold, lost, collection failing) is printed to stderr as it happens.
+ * docs/metrics.md). Parses flags, loads the failure predictor when asked (rekindle/predict.h),
+ * starts the exporter (src/exporter/), prints where it listens, then waits for SIGINT or
+ * SIGTERM and stops it cleanly. What the collector notices (a GPU below the threshold, lost,
+ * collection failing) is printed to stderr as it happens.
  */
+#include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -15,12 +17,14 @@
 #include <sys/socket.h>
 
 #include "exporter/exporter.h"
+#include "rekindle/predict.h"
+#include "rekindle/predict_online.h"
 #include "rk.h"
 
 static const char usage_text[] =
     "usage: rk exporter [--listen ADDR:PORT] [--interval DURATION] [--sim N [--seed S]\n"
     "                   [--age HOURS] [--time-scale X]]\n"
-    "                   [--textfile-dir DIR] [--threshold T]\n"
+    "                   [--textfile-dir DIR] [--threshold T] [--predictor MODEL]\n"
     "\n"
     "Serve this node's GPU health to Prometheus: /metrics (docs/metrics.md), /healthz, /.\n"
     "\n"
@@ -37,10 +41,14 @@ static const char usage_text[] =
     "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
     "                      node_exporter textfiles in DIR\n"
     "  --threshold T       report on stderr when a GPU scores below T (default 60)\n"
+    "  --predictor MODEL   serve rk_gpu_failure_probability from this failure predictor (a\n"
+    "                      classification model of rk predict; docs/predict.md) and let the\n"
+    "                      score take it into account; a GPU's probability appears once it has\n"
+    "                      a full window of minutes (60 for issue 7's models)\n"
     "  -h, --help          show this help\n"
     "\n"
     "Runs until SIGINT or SIGTERM. Exit status: 0 stopped by a signal, 1 it could not start (no\n"
-    "NVML and no --sim, the address in use), 2 bad usage.\n";
+    "NVML and no --sim, the address in use), 2 bad usage or a model file it cannot use.\n";
 
 #define usage_error(...) rk_cli_usage_error("exporter", usage_text, __VA_ARGS__)
 
@@ -77,6 +85,49 @@ static void print_event(void *ctx, const char *line)
     fflush(stderr);
 }
 
+/* Load the failure predictor and check that live readings can feed it. Exit status 2 naming
+ * the file when it cannot be used. */
+static int load_predictor(const char *path, rk_pred_model **out)
+{
+    rk_err err = {0};
+    *out = NULL;
+    int rc = rk_pred_load(out, path, &err);
+    if (rc == RK_ENOENT) {
+        fprintf(stderr, "rk exporter: --predictor %s: no such file\n", path);
+        return RK_EXIT_USAGE;
+    }
+    if (rc) {
+        /* rk_pred_load's messages name the file */
+        fprintf(stderr, "rk exporter: --predictor: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+        return RK_EXIT_USAGE;
+    }
+    rk_pred_online *probe = NULL;
+    if ((rc = rk_pred_online_create(&probe, *out, 1, &err))) {
+        fprintf(stderr, "rk exporter: --predictor %s: %s\n", path, err.msg);
+        rk_pred_free(*out);
+        *out = NULL;
+        return RK_EXIT_USAGE;
+    }
+    rk_pred_online_free(probe);
+    /* One BLAS thread unless the user says otherwise: one window at a time is a small product,
+     * and the collector should not spin up a thread pool for it. */
+    if (!getenv("OPENBLAS_NUM_THREADS"))
+        openblas_set_num_threads(1);
+    return RK_EXIT_OK;
+}
+
+/* The predictor reads one row a minute: say so when a collection cycle spans more (its rows
+ * are then further apart than the model was trained on). */
+static void warn_minutes(const rk_exporter_opts *o, int sim)
+{
+    double per_cycle = o->interval_s * (sim ? o->telemetry.time_scale : 1);
+    if (per_cycle > 60)
+        fprintf(stderr,
+                "rk exporter: warning: a collection cycle spans %g %sseconds, more than the "
+                "predictor's minute: its rows will be that far apart (lower --interval%s)\n",
+                per_cycle, sim ? "simulated " : "", sim ? " or --time-scale" : "");
+}
+
 int rk_cmd_exporter(int argc, char **argv)
 {
     static const struct option longs[] = {{"listen", required_argument, 0, 'l'},
@@ -87,10 +138,12 @@ int rk_cmd_exporter(int argc, char **argv)
                                           {"time-scale", required_argument, 0, 'T'},
                                           {"textfile-dir", required_argument, 0, 'x'},
                                           {"threshold", required_argument, 0, 't'},
+                                          {"predictor", required_argument, 0, 'P'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_exporter_opts o = RK_EXPORTER_OPTS_DEFAULT;
     int sim = 0, seeded = 0;
+    const char *model_path = NULL;
     double v;
     opterr = 0;
     optind = 1;
@@ -135,6 +188,7 @@ int rk_cmd_exporter(int argc, char **argv)
             if (num("--threshold", optarg, 0, 100, &o.threshold))
                 return RK_EXIT_USAGE;
             break;
+        case 'P': model_path = optarg; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
@@ -154,6 +208,16 @@ int rk_cmd_exporter(int argc, char **argv)
     }
     o.on_event = print_event;
 
+    rk_pred_model *model = NULL;
+    int rc;
+    if (model_path) {
+        rc = load_predictor(model_path, &model);
+        if (rc)
+            return rc;
+        o.predictor = model;
+        warn_minutes(&o, sim);
+    }
+
     /* SIGINT and SIGTERM are taken with sigwait below: block them before any thread starts so
      * that every thread inherits the mask and none of them is interrupted. */
     sigset_t stop;
@@ -164,7 +228,7 @@ int rk_cmd_exporter(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     rk_exporter *x = NULL;
-    int rc = rk_exporter_start(&x, &o, &err);
+    rc = rk_exporter_start(&x, &o, &err);
     if (rc) {
         if (rc == RK_ENOTSUP && !sim)
             fprintf(stderr,
@@ -174,12 +238,18 @@ int rk_cmd_exporter(int argc, char **argv)
         else
             fprintf(stderr, "rk exporter: %s\n", err.msg);
         pthread_sigmask(SIG_UNBLOCK, &stop, NULL);
+        rk_pred_free(model);
         return rc == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
     }
     int n = rk_exporter_gpus(x);
     printf("rk exporter: serving http://%s/metrics: %d %sGPU%s (%s backend), read every %g s\n",
            rk_exporter_address(x), n, rk_exporter_simulated(x) ? "simulated " : "",
            n == 1 ? "" : "s", rk_exporter_backend(x), o.interval_s);
+    if (model)
+        printf("rk exporter: failure predictor %s: rk_gpu_failure_probability (within %g min) "
+               "once a GPU has %d minutes of readings%s\n",
+               model_path, o.predict_horizon_min, rk_pred_config_of(model)->window,
+               sim ? " (simulated minutes)" : "");
     fflush(stdout);
 
     int sig = 0;
@@ -187,5 +257,6 @@ int rk_cmd_exporter(int argc, char **argv)
         ;
     fprintf(stderr, "rk exporter: %s, stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rk_exporter_stop(x);
+    rk_pred_free(model);
     return RK_EXIT_OK;
 }

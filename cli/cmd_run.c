@@ -52,6 +52,13 @@ static const char usage_text[] =
     "  --sim-seed S            the simulated fleet's seed (default 1)\n"
     "  --sim-time-scale X      simulated seconds per real second (default 60)\n"
     "  --sim-age HOURS         hours of service the simulated GPUs start with (default 0)\n"
+    "  --sim-skip HOURS        start the simulated fleet's clock HOURS in: the job starts\n"
+    "                          there, the GPUs aged as they would have been (default 0)\n"
+    "  --predictor MODEL       a failure model (rk predict train; docs/predict.md): drain a GPU,\n"
+    "                          or leave it out of a launch, once the model gives it at least\n"
+    "                          --drain-probability of failing within its horizon (needs\n"
+    "                          --health nvml or sim; readings once a minute of the GPUs' clock)\n"
+    "  --drain-probability P   default 0.5\n"
     "  -h, --help              show this help\n"
     "\n"
     "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices);\n"
@@ -129,7 +136,10 @@ enum {
     OPT_HEALTH_INTERVAL,
     OPT_SIM_SEED,
     OPT_SIM_SCALE,
-    OPT_SIM_AGE
+    OPT_SIM_AGE,
+    OPT_SIM_SKIP,
+    OPT_PREDICTOR,
+    OPT_DRAIN_PROB
 };
 
 int rk_cmd_run(int argc, char **argv)
@@ -154,6 +164,9 @@ int rk_cmd_run(int argc, char **argv)
         {"sim-seed", required_argument, 0, OPT_SIM_SEED},
         {"sim-time-scale", required_argument, 0, OPT_SIM_SCALE},
         {"sim-age", required_argument, 0, OPT_SIM_AGE},
+        {"sim-skip", required_argument, 0, OPT_SIM_SKIP},
+        {"predictor", required_argument, 0, OPT_PREDICTOR},
+        {"drain-probability", required_argument, 0, OPT_DRAIN_PROB},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     rk_sup_opts o = {.n = 0,
@@ -167,7 +180,8 @@ int rk_cmd_run(int argc, char **argv)
                      .health_seed = 1,
                      .health_time_scale = 60,
                      .health_threshold = RK_HEALTH_THRESHOLD_DEFAULT,
-                     .health_interval_s = 5};
+                     .health_interval_s = 5,
+                     .drain_probability = 0.5};
     static char *largs[64];
     int nlargs = 0;
     char *devices = NULL;
@@ -251,6 +265,15 @@ int rk_cmd_run(int argc, char **argv)
             if (num("--sim-age", optarg, 0, 1e6, &o.health_age_h))
                 return RK_EXIT_USAGE;
             break;
+        case OPT_SIM_SKIP:
+            if (num("--sim-skip", optarg, 0, 1e6, &o.sim_skip_h))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_PREDICTOR: o.predictor = optarg; break;
+        case OPT_DRAIN_PROB:
+            if (num("--drain-probability", optarg, 0.0, 1.0, &o.drain_probability))
+                return RK_EXIT_USAGE;
+            break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default:
             return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
@@ -279,6 +302,12 @@ int rk_cmd_run(int argc, char **argv)
                            o.ndevices == 1 ? "" : "s", o.n);
     if (o.min_ranks > o.n)
         return usage_error("--min-ranks %d is more than -n %d", o.min_ranks, o.n);
+    if (o.predictor && !o.health)
+        return usage_error("--predictor needs the health gate (--health nvml or sim)");
+    if (o.sim_skip_h > 0 && !(o.health && strcmp(o.health, "sim") == 0))
+        return usage_error("--sim-skip needs --health sim");
+    if (o.predictor && access(o.predictor, R_OK) != 0)
+        return usage_error("--predictor %s: %s", o.predictor, strerror(errno));
     if (o.health && strcmp(o.health, "sim") == 0) { /* the fleet covers every device index */
         o.health_sim_gpus = 1;
         for (int d = 0; d < o.ndevices; d++) {

@@ -83,7 +83,7 @@ for b in blocks:
 want = {"RekindleGpuHealthLow", "RekindleGpuTemperatureHigh", "RekindleGpuHeatingFast",
         "RekindleGpuEccUncorrected", "RekindleGpuRetiredPagesPending",
         "RekindleGpuPcieDowntrained", "RekindleGpuCriticalXid", "RekindleGpuLost",
-        "RekindleGpuMissing", "RekindleExporterDown"}
+        "RekindleGpuMissing", "RekindleExporterDown", "RekindleGpuFailurePredicted"}
 for name in sorted(want - set(alerts)):
     problems.append("rules: alert %s is missing" % name)
 for name in sorted(metrics_in(rules) - known):
@@ -149,7 +149,7 @@ for m in ("rk_gpu_health_score", "rk_gpu_temperature_celsius",
           "rk_gpu_ecc_uncorrected_errors_total", "rk_gpu_retired_pages",
           "rk_gpu_pcie_link_generation", "rk_gpu_pcie_link_width_max",
           "rk_gpu_pcie_replays_per_second", "rk_gpu_xid_events_total",
-          "rk_gpu_vrm_ripple_volts"):
+          "rk_gpu_vrm_ripple_volts", "rk_gpu_failure_probability"):
     if m not in used:
         problems.append("dashboard: no panel shows %s" % m)
 

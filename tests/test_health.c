@@ -4,7 +4,8 @@
  * with its code, severity and penalty; absent fields never count as zero; a lost GPU scores
  * 0; findings come worst first; dT/dt is the least-squares slope; rates come from counter
  * differences; an idle GPU's lower link generation is not downtraining but fewer lanes are;
- * replay limits scale with the link.
+ * replay limits scale with the link; the failure predictor's probability, when given, takes
+ * graded points off and, at 0.5 or more, takes the score below the threshold.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -245,6 +246,73 @@ static void rates_and_links(void **state)
     rk_history_free(&h);
 }
 
+/* The failure predictor's probability: unknown changes nothing; below 0.2 nothing; 0.2..0.5
+ * a graded warning of round(50 p) points that keeps a healthy card above the threshold; 0.5
+ * or more a critical finding that takes it below; a value outside [0, 1] is ignored; a lost
+ * GPU still scores 0 with its one finding. */
+static void predicted_failure(void **state)
+{
+    (void)state;
+    rk_gpu_sample s = healthy(0);
+    rk_gpu_history h;
+    assert_int_equal(rk_history_init(&h, 4, NULL), RK_OK);
+    rk_history_push(&h, &s);
+    rk_gpu_signals g;
+    rk_signals_compute(&h, &g);
+    rk_history_free(&h);
+    assert_false(g.fail_prob_valid); /* not derived from the window */
+    rk_finding f[RK_MAX_FINDINGS];
+    int n;
+    g.fail_prob = 0.99; /* not valid: ignored */
+    assert_int_equal(rk_health_score(&s, &g, f, &n), 100);
+    g.fail_prob_valid = true;
+    g.fail_horizon_min = 60;
+    const struct {
+        double p;
+        int score;
+        const char *code;
+    } cases[] = {{0, 100, NULL},
+                 {0.199, 100, NULL},
+                 {0.2, 90, "failure_risk"},
+                 {0.3, 85, "failure_risk"},
+                 {0.499, 75, "failure_risk"},
+                 {0.5, 55, "failure_predicted"},
+                 {0.93, 55, "failure_predicted"},
+                 {1, 55, "failure_predicted"},
+                 {1.5, 100, NULL},
+                 {-0.5, 100, NULL},
+                 {NAN, 100, NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        g.fail_prob = cases[i].p;
+        int sc = rk_health_score(&s, &g, f, &n);
+        assert_int_equal(sc, cases[i].score);
+        assert_int_equal(n, cases[i].code ? 1 : 0);
+        if (!cases[i].code)
+            continue;
+        assert_string_equal(f[0].code, cases[i].code);
+        assert_int_equal(f[0].penalty, 100 - cases[i].score);
+        bool crit = cases[i].p >= RK_HEALTH_FAIL_PROB_PREDICTED;
+        assert_int_equal(f[0].severity, crit ? RK_SEV_CRIT : RK_SEV_WARN);
+        assert_true(crit ? sc < RK_HEALTH_THRESHOLD_DEFAULT : sc >= RK_HEALTH_THRESHOLD_DEFAULT);
+    }
+    g.fail_prob = 0.93;
+    rk_health_score(&s, &g, f, &n);
+    assert_string_equal(f[0].message, "the predictor gives p=0.93 of failing within 60 min");
+    assert_string_equal(f[0].action, "drain its jobs, back up, replace or repair");
+    g.fail_horizon_min = 0; /* not stated */
+    rk_health_score(&s, &g, f, &n);
+    assert_string_equal(f[0].message, "the predictor gives p=0.93 of failing within its horizon");
+    /* with other findings: the penalties add, worst first */
+    s.temp_c = 85;
+    assert_int_equal(rk_health_score(&s, &g, f, &n), 100 - 45 - 20);
+    assert_string_equal(f[0].code, "failure_predicted");
+    assert_string_equal(f[1].code, "thermal_high");
+    s.lost = true;
+    assert_int_equal(rk_health_score(&s, &g, f, &n), 0);
+    assert_int_equal(n, 1);
+    assert_string_equal(f[0].code, "gpu_lost");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,6 +322,7 @@ int main(void)
         cmocka_unit_test(lost_gpu_scores_zero),
         cmocka_unit_test(dtdt_is_the_least_squares_slope),
         cmocka_unit_test(rates_and_links),
+        cmocka_unit_test(predicted_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,7 +4,8 @@
  * with quotes, backslashes and a newline, absent fields giving no series); a lost GPU giving
  * rk_gpu_up 0 and only info/up/score; a failed read giving info and up 0 only; values never
  * NaN or Inf and always reading back to the same double; families grouped with one HELP and
- * TYPE each; duplicate findings merged; and the exporter's own counters.
+ * TYPE each; duplicate findings merged; the failure predictor's probability served and
+ * scored only when known; and the exporter's own counters.
  *
  * The test executables link librekindle but not the exporter library, so the encoder is
  * compiled in here.
@@ -545,6 +546,56 @@ static void buffer_grows(void **state)
     rk_buf_free(&b);
 }
 
+/* The failure predictor's probability (rk_prom_gpu_assess_predicted): served as
+ * rk_gpu_failure_probability with the GPU's labels and taken into the score; unknown
+ * (negative, NaN, above 1), a lost GPU or a failed read give no series and the score without
+ * it. */
+static void failure_probability(void **state)
+{
+    (void)state;
+    rk_gpu_info info = {.index = 3, .name = "Tesla", .uuid = "GPU-3", .backend = "nvml"};
+    rk_gpu_sample s = {.t = 5, .temp_c = 40};
+    rk_field_set(&s, RK_F_TEMP);
+    rk_prom_gpu g;
+    rk_prom_gpu_assess_predicted(&g, &info, &s, NULL, 0.75, 60);
+    assert_int_equal(g.score, 55);
+    assert_string_equal(g.findings[0].code, "failure_predicted");
+    assert_string_equal(g.findings[0].message,
+                        "the predictor gives p=0.75 of failing within 60 min");
+    char *text = render(&g, 1, NULL);
+    assert_int_equal(check_exposition(text), 6); /* info, up, score, finding, probability, temp */
+    assert_non_null(strstr(text,
+                           "# TYPE rk_gpu_failure_probability gauge\n"
+                           "rk_gpu_failure_probability{gpu=\"3\",uuid=\"GPU-3\",name=\"Tesla\","
+                           "simulated=\"false\"} 0.75\n"));
+    free(text);
+    rk_prom_gpu_assess_predicted(&g, &info, &s, NULL, 0.3, 60);
+    assert_int_equal(g.score, 85);
+    assert_string_equal(g.findings[0].code, "failure_risk");
+    const double unknown[] = {-1, NAN, 1.5, INFINITY};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        rk_prom_gpu_assess_predicted(&g, &info, &s, NULL, unknown[i], 60);
+        assert_int_equal(g.score, 100);
+        text = render(&g, 1, NULL);
+        assert_null(strstr(text, "failure"));
+        free(text);
+    }
+    rk_gpu_sample lost = s;
+    lost.lost = true;
+    rk_prom_gpu_assess_predicted(&g, &info, &lost, NULL, 0.9, 60);
+    assert_int_equal(g.score, 0);
+    assert_int_equal(g.nfindings, 1);
+    text = render(&g, 1, NULL);
+    assert_null(strstr(text, "rk_gpu_failure_probability"));
+    free(text);
+    rk_gpu_sample empty = {0};
+    rk_prom_gpu_assess_predicted(&g, &info, &empty, NULL, 0.9, 60);
+    assert_false(g.has_score);
+    text = render(&g, 1, NULL);
+    assert_null(strstr(text, "rk_gpu_failure_probability"));
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -558,6 +609,7 @@ int main(void)
         cmocka_unit_test(families_grouped),
         cmocka_unit_test(duplicate_findings_merged),
         cmocka_unit_test(assess_window),
+        cmocka_unit_test(failure_probability),
         cmocka_unit_test(exporter_stats),
         cmocka_unit_test(buffer_grows),
     };

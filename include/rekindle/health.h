@@ -155,6 +155,9 @@ int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetr
 void rk_telemetry_close(rk_telemetry *t);
 int rk_telemetry_count(const rk_telemetry *t);
 const char *rk_telemetry_backend(const rk_telemetry *t);
+/* The backend's state (what its open returned), for the backend's own extras: for "sim",
+ * the functions of src/health/sim.h (its clock, its ground truth). */
+void *rk_telemetry_state(rk_telemetry *t);
 int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out);
 /* Read GPU i now (the backend only). A GPU that is gone gives lost = true and RK_OK.
  * Errors: RK_EINVAL (i out of range), RK_EIO (the backend failed; message says how). */
@@ -201,6 +204,11 @@ typedef struct rk_gpu_signals {
     double replay_limit_per_min; /* the rate judged bad for this generation and width */
     bool downtrained;    /* link below its max generation or width */
     bool throttled_thermal, throttled_power, hw_slowdown;
+    /* The failure predictor's probability (rekindle/predict_online.h) that the GPU fails
+     * within fail_horizon_min minutes (0: not stated). Not derived from the window:
+     * rk_signals_compute leaves it invalid, and a caller with a model and a full window of
+     * minutes sets it. Invalid, or a value outside [0, 1], changes nothing in the score. */
+    bool fail_prob_valid; double fail_prob; double fail_horizon_min;
 } rk_gpu_signals;
 
 void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
@@ -216,6 +224,9 @@ typedef struct rk_finding {
 } rk_finding;
 
 #define RK_HEALTH_THRESHOLD_DEFAULT 60
+/* A predicted failure probability at or above this takes the score below the default
+ * threshold (finding failure_predicted, docs/health.md). */
+#define RK_HEALTH_FAIL_PROB_PREDICTED 0.5
 #define RK_MAX_FINDINGS 16
 
 /* Score 0..100 (100 healthy) from the latest sample and the signals, with the findings that

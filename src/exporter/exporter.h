@@ -5,9 +5,10 @@
  *            metric names, types, units and labels of docs/metrics.md (the contract alert rules
  *            and dashboards are built on). Pure functions over plain structs: no I/O.
  *   http.c   the exporter itself: a collector thread that reads every GPU each interval
- *            (rekindle/health.h), keeps a window of samples per GPU, scores it and renders the
- *            whole /metrics text into a new buffer that it swaps in; and a libmicrohttpd server
- *            whose scrapes only hand out the latest text (/metrics, /healthz, /).
+ *            (rekindle/health.h), keeps a window of samples per GPU (and, with a failure
+ *            predictor, its minute window: rekindle/predict_online.h), scores it and renders
+ *            the whole /metrics text into a new buffer that it swaps in; and a libmicrohttpd
+ *            server whose scrapes only hand out the latest text (/metrics, /healthz, /).
  *
  * Like the rest of the library, nothing here prints or exits: errors come back as RK_E* codes
  * with a message, and what the collector notices (a GPU below the threshold, lost, a failing
@@ -78,6 +79,13 @@ typedef struct rk_prom_stats {
  * score. `h` may be NULL (no window: signals absent). */
 void rk_prom_gpu_assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sample *latest,
                         const rk_gpu_history *h);
+/* The same with the failure predictor's probability that the GPU fails within horizon_min
+ * minutes (rekindle/predict_online.h): in [0, 1] it goes into the signals (fail_prob_*), so
+ * into the score and the rk_gpu_failure_probability series; negative (no full window yet)
+ * or not finite, it is unknown: no series, and the score as rk_prom_gpu_assess gives it. */
+void rk_prom_gpu_assess_predicted(rk_prom_gpu *g, const rk_gpu_info *info,
+                                  const rk_gpu_sample *latest, const rk_gpu_history *h,
+                                  double fail_prob, double horizon_min);
 
 /* Append the per-GPU metric families for n GPUs (HELP and TYPE once per family, then one
  * series per GPU in order; a family with no series is left out). Values that are not finite
@@ -120,12 +128,20 @@ typedef struct rk_exporter_opts {
      * recovers. NULL for none. */
     void (*on_event)(void *ctx, const char *line);
     void *event_ctx;
+    /* The failure predictor (rekindle/predict.h, a classification model over
+     * RK_FLEET_FEATURES features), borrowed until rk_exporter_stop; NULL for none. Each cycle
+     * feeds every GPU's reading to a rolling window of one row a minute
+     * (rekindle/predict_online.h), on the simulator's clock for "sim" and the monotonic clock
+     * otherwise; once a GPU has a full window its probability is served as
+     * rk_gpu_failure_probability and enters its score. */
+    const struct rk_pred_model *predictor;
+    double predict_horizon_min; /* what the model's probability is about, minutes (60) */
 } rk_exporter_opts;
 
 #define RK_EXPORTER_OPTS_DEFAULT                                                                   \
     {                                                                                              \
         RK_EXPORTER_DEFAULT_LISTEN, 5.0, 60, "nvml", RK_TELEMETRY_OPTS_DEFAULT,                    \
-            RK_HEALTH_THRESHOLD_DEFAULT, 128, 10, 2, NULL, NULL                                    \
+            RK_HEALTH_THRESHOLD_DEFAULT, 128, 10, 2, NULL, NULL, NULL, 60.0                        \
     }
 
 /* Bind the listening socket (first: a port in use is the likeliest mistake), open the

@@ -22,6 +22,9 @@
 
 #include <microhttpd.h>
 
+#include "health/sim.h"
+#include "rekindle/predict_online.h"
+
 /* What the collector last said about a GPU, so that on_event fires on changes only. */
 enum gpu_state { ST_NEW, ST_OK, ST_BELOW, ST_LOST, ST_NOREAD };
 
@@ -35,6 +38,8 @@ struct rk_exporter {
     rk_prom_gpu *gpus;
     enum gpu_state *state;
     rk_prom_stats stats;
+    rk_pred_online *pred; /* the predictor's windows, NULL without --predictor */
+    void *sim_state;      /* the "sim" backend's state (its clock), else NULL */
     bool simulated;
     char backend[16];
     char address[INET6_ADDRSTRLEN + 16];
@@ -268,11 +273,25 @@ static void collect(rk_exporter *x)
     double t0 = now_mono();
     rk_err err = {0};
     int rc = rk_telemetry_read_all(x->t, x->infos, x->samples, &err);
+    /* the predictor's minutes: simulated ones for the simulator, else the monotonic clock
+     * (wall time may step back) */
+    double t_pred = x->sim_state ? rk_sim_now(x->sim_state) : now_mono();
     for (int i = 0; i < x->n; i++) {
         const rk_gpu_sample *s = &x->samples[i];
         if (s->lost || s->valid) /* a failed read (nothing valid) stays out of the window */
             rk_history_push(&x->hist[i], s);
-        rk_prom_gpu_assess(&x->gpus[i], &x->infos[i], s, &x->hist[i]);
+        double p = -1;
+        if (x->pred) {
+            rk_err perr = {0};
+            int prc = rk_pred_online_push(x->pred, i, t_pred, s, &perr);
+            if (prc < 0 && rc == RK_OK) {
+                rc = prc;
+                err = perr;
+            }
+            p = rk_pred_online_prob(x->pred, i);
+        }
+        rk_prom_gpu_assess_predicted(&x->gpus[i], &x->infos[i], s, &x->hist[i], p,
+                                     x->o.predict_horizon_min);
     }
     rk_buf b = {0};
     rk_prom_render_gpus(&b, x->gpus, x->n);
@@ -491,6 +510,9 @@ static int check_opts(const rk_exporter_opts *o, rk_err *err)
                           o->max_connections);
     if (o->threads < 1 || o->threads > 64)
         return rk_err_set(err, RK_EINVAL, "exporter: %u threads (1 .. 64)", o->threads);
+    if (o->predictor && !(o->predict_horizon_min >= 0 && isfinite(o->predict_horizon_min)))
+        return rk_err_set(err, RK_EINVAL, "exporter: predictor horizon %g min (0: unstated)",
+                          o->predict_horizon_min);
     if (o->timeout_s < 1 || o->timeout_s > 3600)
         return rk_err_set(err, RK_EINVAL, "exporter: connection timeout %u s (1 .. 3600)",
                           o->timeout_s);
@@ -524,6 +546,7 @@ void rk_exporter_stop(rk_exporter *x)
     free(x->samples);
     free(x->gpus);
     free(x->state);
+    rk_pred_online_free(x->pred);
     rk_telemetry_close(x->t);
     if (x->lock_ready) {
         pthread_cond_destroy(&x->wake);
@@ -580,6 +603,10 @@ int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err)
         if ((rc = rk_history_init(&x->hist[i], o->history, err)))
             goto fail;
     x->simulated = strcmp(x->backend, "sim") == 0;
+    if (x->simulated)
+        x->sim_state = rk_telemetry_state(x->t);
+    if (o->predictor && x->n > 0 && (rc = rk_pred_online_create(&x->pred, o->predictor, x->n, err)))
+        goto fail;
 
     collect(x); /* the first collection, before the first request */
     for (int i = 0; i < x->n; i++)

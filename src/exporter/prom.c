@@ -168,6 +168,7 @@ enum metric_id {
     M_UP,
     M_SCORE,
     M_FINDINGS,
+    M_FAIL_PROB,
     M_TEMP,
     M_TEMP_RATE,
     M_FAN,
@@ -216,6 +217,11 @@ static const metric metrics[M_COUNT] = {
                     "One series per finding that took points off the health score, by code and "
                     "severity; the value is the penalty in points (count() gives the number of "
                     "findings)."},
+    [M_FAIL_PROB] = {"rk_gpu_failure_probability", "gauge",
+                     "A model's estimate, not a measurement: the failure predictor's probability "
+                     "(0-1) that the GPU fails within its horizon (60 minutes unless the model "
+                     "was trained for another; docs/predict.md), from its last minutes of "
+                     "readings; absent until the GPU's window of minutes is full."},
     [M_TEMP] = {"rk_gpu_temperature_celsius", "gauge", "GPU core temperature in celsius."},
     [M_TEMP_RATE] = {"rk_gpu_temperature_rate_celsius_per_second", "gauge",
                      "dT/dt of the core temperature, least squares over the sample window."},
@@ -330,6 +336,9 @@ static bool gpu_value(int id, const rk_prom_gpu *g, double *v)
         *v = s->last_xid;
         return has(g, RK_F_XID) && s->xid_count > 0;
     case M_VRM_RIPPLE: *v = s->vrm_ripple_mv / 1000.0; return has(g, RK_F_VRM_RIPPLE);
+    case M_FAIL_PROB: /* not derived from the window: present without signals too */
+        *v = q->fail_prob;
+        return answering(g) && q->fail_prob_valid && q->fail_prob >= 0 && q->fail_prob <= 1;
     default: return false;
     }
 }
@@ -518,6 +527,13 @@ void rk_prom_render_stats(rk_buf *b, const rk_prom_stats *s)
 void rk_prom_gpu_assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sample *latest,
                         const rk_gpu_history *h)
 {
+    rk_prom_gpu_assess_predicted(g, info, latest, h, -1, 0);
+}
+
+void rk_prom_gpu_assess_predicted(rk_prom_gpu *g, const rk_gpu_info *info,
+                                  const rk_gpu_sample *latest, const rk_gpu_history *h,
+                                  double fail_prob, double horizon_min)
+{
     memset(g, 0, sizeof *g);
     g->info = *info;
     g->sample = *latest;
@@ -526,6 +542,11 @@ void rk_prom_gpu_assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sa
     if (h && h->n > 0 && !latest->lost) {
         rk_signals_compute(h, &g->sig);
         g->has_signals = true;
+    }
+    if (!latest->lost && fail_prob >= 0 && fail_prob <= 1) {
+        g->sig.fail_prob_valid = true;
+        g->sig.fail_prob = fail_prob;
+        g->sig.fail_horizon_min = horizon_min;
     }
     int nf = 0;
     g->score = rk_health_score(latest, &g->sig, g->findings, &nf);

@@ -5,6 +5,7 @@
  */
 #include "rekindle/health.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,6 +140,20 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
     if (V(XID) && s->xid_count > 0 && xid_critical(s->last_xid))
         add(&a, "xid", RK_SEV_CRIT, 20, "read the Xid in the driver log; reseat; retire if it repeats",
             "critical Xid %d (%llu Xid events)", s->last_xid, (unsigned long long)s->xid_count);
+    if (g && g->fail_prob_valid && g->fail_prob >= 0.2 && g->fail_prob <= 1) {
+        char within[48] = "within its horizon";
+        if (g->fail_horizon_min > 0 && isfinite(g->fail_horizon_min))
+            snprintf(within, sizeof within, "within %.0f min", g->fail_horizon_min);
+        if (g->fail_prob >= RK_HEALTH_FAIL_PROB_PREDICTED)
+            add(&a, "failure_predicted", RK_SEV_CRIT, 45,
+                "drain its jobs, back up, replace or repair",
+                "the predictor gives p=%.2f of failing %s", g->fail_prob, within);
+        else
+            add(&a, "failure_risk", RK_SEV_WARN, (int)lround(50 * g->fail_prob),
+                "watch it: check its other findings, plan a repair",
+                "the predictor gives p=%.2f of failing %s (%.1f or more predicts a failure)",
+                g->fail_prob, within, RK_HEALTH_FAIL_PROB_PREDICTED);
+    }
     if (g && g->throttled_power && !g->hw_slowdown)
         add(&a, "power_capped", RK_SEV_INFO, 0,
             "fine for a worn card; to steady it, lock clocks (e.g. rk tune --lock-clocks 1506)",

@@ -92,6 +92,11 @@ const char *rk_telemetry_backend(const rk_telemetry *t)
     return t->ops->name;
 }
 
+void *rk_telemetry_state(rk_telemetry *t)
+{
+    return t->state;
+}
+
 int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out)
 {
     memset(out, 0, sizeof *out);

@@ -57,8 +57,7 @@ typedef struct gpu_run {
     int split;
 } gpu_run;
 
-/* One minute's features from the sample and the previous one (counters as increments). */
-static void features(const rk_gpu_sample *s, const rk_gpu_sample *prev, float *x, uint8_t *v)
+void rk_fleet_features(const rk_gpu_sample *s, const rk_gpu_sample *prev, float *x, uint8_t *v)
 {
     const uint64_t thermal = RK_CLOCK_SW_THERMAL | RK_CLOCK_HW_THERMAL | RK_CLOCK_HW_SLOWDOWN;
     struct {
@@ -178,7 +177,8 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
             g->lost = 1;
             break;
         }
-        features(&s, n ? &prev : NULL, x + n * RK_FLEET_FEATURES, v + n * RK_FLEET_FEATURES);
+        rk_fleet_features(&s, n ? &prev : NULL, x + n * RK_FLEET_FEATURES,
+                          v + n * RK_FLEET_FEATURES);
         prev = s;
         n++;
     }

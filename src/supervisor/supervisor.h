@@ -44,6 +44,10 @@ typedef struct rk_sup_opts {
     double health_age_h;        /* sim: hours of service at the start */
     double health_threshold;    /* a GPU below this is left out or drained */
     double health_interval_s;   /* between readings during a run */
+    double sim_skip_h;          /* sim: the fleet's clock starts this many hours in */
+    /* the failure predictor (rekindle/predict_online.h): NULL = none */
+    const char *predictor;      /* model file */
+    double drain_probability;   /* drain (or leave out) a GPU whose probability reaches it */
 } rk_sup_opts;
 
 /* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
@@ -87,6 +91,16 @@ int rk_gate_sample(rk_gate *g, rk_err *err);
 int rk_gate_score(const rk_gate *g, const char *id, char *why, size_t cap);
 /* 1 if the device id is a GPU index the backend knows. */
 int rk_gate_knows(const rk_gate *g, const char *id);
+/* 1 if the latest reading found device `id` gone (off the bus, dead). */
+int rk_gate_lost(const rk_gate *g, const char *id);
+/* 1 if device `id` is gone or had an uncorrectable ECC error since the last call (either
+ * ends the process using it); clears the error. */
+int rk_gate_take_fatal(rk_gate *g, const char *id);
+/* With a predictor: device `id`'s probability of failing within the model's horizon, -1
+ * while its window is not full (or without a predictor). */
+double rk_gate_prob(const rk_gate *g, const char *id);
+/* Without a predictor, each sample reads once; with one, the gate reads once a minute of the
+ * GPUs' clock (for the simulator it drives the pinned clock minute by minute up to now). */
 const char *rk_gate_backend(const rk_gate *g);
 
 /* ---- ledger.c ---------------------------------------------------------------------------- */

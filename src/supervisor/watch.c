@@ -610,6 +610,13 @@ static int pick_devices(sup *s)
     for (int d = 0; d < s->o->ndevices && k < s->o->n; d++) {
         if (s->quarantined[d] || s->drained[d])
             continue;
+        if (s->gate && rk_gate_lost(s->gate, s->o->devices[d])) { /* gone, whatever the threshold */
+            s->held[d] = 1;
+            say(s, "health gate: device %s left out of this launch: the GPU is gone%s",
+                s->o->devices[d],
+                strcmp(rk_gate_backend(s->gate), "sim") == 0 ? " (simulated)" : "");
+            continue;
+        }
         char why[200];
         int score = s->gate ? rk_gate_score(s->gate, s->o->devices[d], why, sizeof why) : 100;
         /* a device left out before comes back only 10 points above the threshold, so a
@@ -626,6 +633,20 @@ static int pick_devices(sup *s)
             }
             say(s, "health gate: device %s left out of this launch: score %d (%s)",
                 s->o->devices[d], score, why[0] ? why : "below the margin to come back");
+            continue;
+        }
+        double prob = s->gate ? rk_gate_prob(s->gate, s->o->devices[d]) : -1.0;
+        if (s->o->predictor && prob >= s->o->drain_probability) {
+            s->held[d] = 1;
+            rk_incident *i = rk_ledger_add(&s->g, "predicted_failure", -1, s->o->devices[d],
+                                           "left_out", "the predictor gives p=%.2f of failing "
+                                           "within its horizon", prob);
+            if (i) {
+                i->lost_steps = 0;
+                rk_ledger_write(&s->g, i);
+            }
+            say(s, "health gate: device %s left out of this launch: predicted to fail (p=%.2f)",
+                s->o->devices[d], prob);
             continue;
         }
         s->held[d] = 0;
@@ -648,6 +669,46 @@ static void gate_tick(sup *s)
     rk_err err = {0};
     if (rk_gate_sample(s->gate, &err))
         say(s, "health gate: %s", err.msg);
+    /* A simulated GPU that fails (off the bus, an uncorrectable ECC error) takes its rank
+     * down, as a real one would (a real GPU's failure reaches its process without our help). */
+    if (strcmp(rk_gate_backend(s->gate), "sim") == 0) {
+        int killed = 0;
+        for (int r = 0; r < s->n; r++) {
+            if (!rk_gate_take_fatal(s->gate, devname(s, r)))
+                continue;
+            for (int k = 0; k < s->nconn; k++)
+                if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye) {
+                    say(s, "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "
+                        "failure would", devname(s, r),
+                        rk_gate_lost(s->gate, devname(s, r)) ? "off the bus"
+                                                             : "uncorrectable ECC error",
+                        r, s->c[k].pid);
+                    kill((pid_t)s->c[k].pid, SIGKILL);
+                    killed = 1;
+                }
+        }
+        if (killed)
+            return; /* the crash is classified by the watch loop */
+    }
+    for (int r = 0; r < s->n && s->o->predictor; r++) {
+        double prob = rk_gate_prob(s->gate, devname(s, r));
+        if (prob < s->o->drain_probability)
+            continue;
+        rk_incident *i = rk_ledger_add(&s->g, "predicted_failure", r, devname(s, r), "drain",
+                                       "the predictor gives p=%.2f of failing within its horizon "
+                                       "at step %lld: checkpoint, relaunch without it", prob,
+                                       (long long)s->last_done);
+        if (i) {
+            i->lost_steps = 0;
+            rk_ledger_write(&s->g, i);
+        }
+        say(s, "health gate: draining device %s (rank %d): predicted to fail (p=%.2f)",
+            devname(s, r), r, prob);
+        s->drained[s->dev[r]] = 1;
+        send_all(s, "{\"cmd\":\"stop\"}\n");
+        s->stop_sent = 1;
+        return;
+    }
     for (int r = 0; r < s->n; r++) {
         char why[200];
         int score = rk_gate_score(s->gate, devname(s, r), why, sizeof why);

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# rk run with a simulated fleet whose GPUs fail, and the failure predictor in the health gate:
+#  - a simulated GPU that falls off the bus during the job kills the rank using it (by pid,
+#    said as simulated); the crash is handled like any other and the relaunch leaves the
+#    gone GPU out, even with the score gate off (threshold 0); the job finishes;
+#  - --predictor with a model that predicts failure everywhere drains the running job's GPU
+#    (event predicted_failure, checkpoint, stop, relaunch without it) and leaves it out;
+#  - one that predicts none changes nothing;
+#  - bad flags: --predictor without the gate, --sim-skip without the simulator, a missing
+#    model file: exit 2.
+# Fleet: seed 6, GPU 5 is lost (thermal shutdown, fan seized) about 1929 simulated hours in;
+# --sim-skip 1928.7 puts that about 18 simulated minutes into the job. Skips (77) without
+# mpirun or data.
+set -u
+command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
+it_need_data
+it_init it_drain
+MK=${RK_MKMODEL:?}
+export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
+python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 2000 200 || { bad "make subset"; exit 1; }
+worker=("$RK" train --model cnn-small --data "$work/sub" --epochs 50 --no-eval --threads 1 --ckpt-every 20)
+fleet=(--health sim --sim-seed 6 --sim-skip 1928.7 --sim-time-scale 90 --health-interval 0.5)
+
+# 1. the failure reaches the rank
+"$RK" run -n 2 --devices 4,5,6 "${fleet[@]}" --health-threshold 0 --ckpt-dir "$work/ck1" \
+  --events "$work/ev1.jsonl" --quiet -- "${worker[@]}" --max-steps 500 >"$work/r1.out" 2>&1
+st=$?
+if [[ $st -eq 0 ]] && grep -q "simulated GPU 5 failed (off the bus): killing rank 1" "$work/r1.out" &&
+   grep -q '"kind":"crash"' "$work/ev1.jsonl" &&
+   grep -q "device 5 left out of this launch: the GPU is gone (simulated)" "$work/r1.out"; then
+  ok "a simulated GPU lost mid-job kills its rank; relaunched without it, finished ($(grep -m1 'finished' "$work/r1.out" | sed 's/rk run: //'))"
+else
+  bad "lost GPU delivery: exit $st: $(grep 'rk run' "$work/r1.out" | tail -5)"
+fi
+
+# 2. a model that predicts failure everywhere: the running job's GPU is drained
+"$MK" "$work/hot.model" 5 8 8 >/dev/null && "$MK" "$work/cold.model" 5 8 -8 >/dev/null ||
+  { bad "mkmodel"; it_finish; exit 1; }
+# (no skip: the windows fill 5 simulated minutes into the run, so the job starts first)
+"$RK" run -n 1 --devices 3,4 --health sim --sim-seed 6 --sim-time-scale 90 --health-interval 0.5 \
+  --health-threshold 0 --predictor "$work/hot.model" \
+  --min-ranks 1 --ckpt-dir "$work/ck2" --events "$work/ev2.jsonl" --quiet -- "${worker[@]}" \
+  --max-steps 300 >"$work/r2.out" 2>&1
+st=$?
+if grep -q '"kind":"predicted_failure","rank":0,"device":"3","action":"drain"' "$work/ev2.jsonl" &&
+   grep -Eq "draining device 3 \(rank 0\): predicted to fail \(p=(0\.9|1\.0)" "$work/r2.out" &&
+   grep -q "device 4 left out of this launch: predicted to fail" "$work/r2.out"; then
+  ok "--predictor: a GPU predicted to fail is drained or left out (exit $st: $(grep -m1 'predicted to fail' "$work/r2.out" | sed 's/rk run: \[[^]]*\] //'))"
+else
+  bad "predicted drain: exit $st: $(grep 'rk run' "$work/r2.out" | tail -5)"
+fi
+"$RK" run -n 1 --devices 3 "${fleet[@]}" --health-threshold 0 --predictor "$work/cold.model" \
+  --ckpt-dir "$work/ck3" --events "$work/ev3.jsonl" --quiet -- "${worker[@]}" --max-steps 60 \
+  >"$work/r3.out" 2>&1
+st=$?
+if [[ $st -eq 0 ]] && ! grep -q predicted_failure "$work/ev3.jsonl" 2>/dev/null; then
+  ok "--predictor with a model that predicts no failure: the job runs through"
+else bad "cold model: exit $st: $(tail -3 "$work/r3.out")"; fi
+
+# 3. usage
+expect2() {
+  local what=$1; shift
+  "$RK" run -n 1 "$@" -- "${worker[@]}" >"$work/bad.out" 2>&1
+  local st=$?
+  if [[ $st -eq 2 ]] && grep -q -- "$what" "$work/bad.out"; then ok "refused: $(head -1 "$work/bad.out")"
+  else bad "$* -> exit $st: $(head -2 "$work/bad.out")"; fi
+}
+expect2 "needs the health gate" --health off --predictor "$work/hot.model"
+expect2 "needs --health sim" --health nvml --sim-skip 3
+expect2 "no-such.model" --health sim --predictor "$work/no-such.model"
+it_finish
