@@ -82,8 +82,8 @@ int main(int argc, char **argv)
             int mpi = !strcmp(m, "mpi");
             rk_compress kind = RK_COMPRESS_NONE;
             rk_compressor *z = NULL;
-            if (!mpi && (rk_compress_parse(m, &kind, &err) ||
-                         rk_compressor_create(&z, c, kind, n, &err))) {
+            if (!mpi &&
+                (rk_compress_parse(m, &kind, &err) || rk_compressor_create(&z, c, kind, n, &err))) {
                 fprintf(stderr, "allreduce_bench: %s\n", err.msg);
                 return 2;
             }
@@ -95,7 +95,9 @@ int main(int argc, char **argv)
                 MPI_Barrier(MPI_COMM_WORLD);
                 double t0 = now_s();
                 int rc = mpi ? (MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM,
-                                              MPI_COMM_WORLD) != MPI_SUCCESS ? RK_ECOMM : RK_OK)
+                                              MPI_COMM_WORLD) != MPI_SUCCESS
+                                    ? RK_ECOMM
+                                    : RK_OK)
                              : rk_compressor_allreduce(z, buf, 0, &err);
                 double dt = now_s() - t0;
                 if (rc) {

@@ -203,7 +203,8 @@ static int run_kind(rk_comm *c, rk_compress kind, size_t n, int mean, int steps)
     snprintf(what, sizeof what, "%s n=%zu %s, %d steps: same bits as the one-process reference",
              rk_compress_name(kind), n, mean ? "mean" : "sum", steps);
     check(same, what, rank);
-    snprintf(what, sizeof what, "%s n=%zu: every rank has the same bits", rk_compress_name(kind), n);
+    snprintf(what, sizeof what, "%s n=%zu: every rank has the same bits", rk_compress_name(kind),
+             n);
     check(agree, what, rank);
     if (kind == RK_COMPRESS_ONEBIT) {
         /* invariant: inputs = results + every residual (worker residuals of all ranks, server
@@ -302,9 +303,10 @@ int main(void)
     rk_compressor_allreduce(z, big, 0, &err);
     uint64_t sent = rk_comm_bytes_sent(c);
     char what[160];
-    snprintf(what, sizeof what, "onebit of 1 Mi values sends %llu bytes (counted %llu), %.1fx less "
-             "than a ring allreduce", (unsigned long long)rk_compressor_bytes_per_call(z),
-             (unsigned long long)sent,
+    snprintf(what, sizeof what,
+             "onebit of 1 Mi values sends %llu bytes (counted %llu), %.1fx less "
+             "than a ring allreduce",
+             (unsigned long long)rk_compressor_bytes_per_call(z), (unsigned long long)sent,
              (double)rk_compressor_bytes_per_call(none) / (double)(sent ? sent : 1));
     check(p == 1 || (sent == rk_compressor_bytes_per_call(z) &&
                      sent * 25 < rk_compressor_bytes_per_call(none)),

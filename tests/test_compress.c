@@ -103,13 +103,15 @@ static double tracking_gap(rk_compress kind, int steps)
 static void error_feedback_makes_results_track_inputs(void **state)
 {
     (void)state;
-    double ef100 = tracking_gap(RK_COMPRESS_ONEBIT, 100), ef1600 = tracking_gap(RK_COMPRESS_ONEBIT, 1600);
+    double ef100 = tracking_gap(RK_COMPRESS_ONEBIT, 100),
+           ef1600 = tracking_gap(RK_COMPRESS_ONEBIT, 1600);
     double no100 = tracking_gap(RK_COMPRESS_ONEBIT_NOEF, 100);
     double no1600 = tracking_gap(RK_COMPRESS_ONEBIT_NOEF, 1600);
     print_message("bias per step after 100 and 1600 steps: error feedback %.3g, %.3g; without "
-                  "%.3g, %.3g\n", ef100, ef1600, no100, no1600);
-    assert_true(ef1600 < ef100 / 2.5);       /* fading (measured: about 1/sqrt(T)) */
-    assert_true(no1600 > 0.9 * no100);       /* not fading */
+                  "%.3g, %.3g\n",
+                  ef100, ef1600, no100, no1600);
+    assert_true(ef1600 < ef100 / 2.5); /* fading (measured: about 1/sqrt(T)) */
+    assert_true(no1600 > 0.9 * no100); /* not fading */
     assert_true(no1600 > 20 * ef1600);
 }
 

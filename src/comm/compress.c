@@ -17,7 +17,8 @@
 
 #define B RK_COMPRESS_BLOCK
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__)
 #define HOT __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define HOT
@@ -58,10 +59,12 @@ const char *rk_compress_name(rk_compress kind)
     return "?";
 }
 
-static int is_onebit(rk_compress k) { return k == RK_COMPRESS_ONEBIT || k == RK_COMPRESS_ONEBIT_NOEF; }
+static int is_onebit(rk_compress k)
+{
+    return k == RK_COMPRESS_ONEBIT || k == RK_COMPRESS_ONEBIT_NOEF;
+}
 
-int rk_compressor_create(rk_compressor **out, rk_comm *c, rk_compress kind, size_t n,
-                         rk_err *err)
+int rk_compressor_create(rk_compressor **out, rk_comm *c, rk_compress kind, size_t n, rk_err *err)
 {
     *out = NULL;
     if (kind < RK_COMPRESS_NONE || kind > RK_COMPRESS_ONEBIT_NOEF)
@@ -118,9 +121,18 @@ void rk_compressor_free(rk_compressor *z)
     free(z);
 }
 
-rk_compress rk_compressor_kind(const rk_compressor *z) { return z->kind; }
-size_t rk_compressor_state_len(const rk_compressor *z) { return z->state_len; }
-float *rk_compressor_state(rk_compressor *z) { return z->state[z->cur]; }
+rk_compress rk_compressor_kind(const rk_compressor *z)
+{
+    return z->kind;
+}
+size_t rk_compressor_state_len(const rk_compressor *z)
+{
+    return z->state_len;
+}
+float *rk_compressor_state(rk_compressor *z)
+{
+    return z->state[z->cur];
+}
 
 void rk_compressor_commit(rk_compressor *z)
 {
