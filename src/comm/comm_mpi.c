@@ -112,32 +112,33 @@ static int piece_type(size_t bytes, MPI_Datatype *t, rk_err *err)
     return RK_OK;
 }
 
-static int mpi_allgather(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
+/* MPI_Allgather and MPI_Alltoall take the same arguments: one piece of `bytes` per rank. */
+typedef int (*piece_coll)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm);
+
+static int pieces(piece_coll coll, const char *what, const void *send, size_t bytes, void *recv,
+                  rk_err *err)
 {
-    (void)c;
     MPI_Datatype t;
     int rc = piece_type(bytes, &t, err);
     if (rc)
         return rc;
     int cnt = bytes <= INT_MAX ? (int)bytes : 1;
-    int mrc = MPI_Allgather(send, cnt, t, recv, cnt, t, MPI_COMM_WORLD);
+    int mrc = coll(send, cnt, t, recv, cnt, t, MPI_COMM_WORLD);
     if (t != MPI_BYTE)
         MPI_Type_free(&t);
-    return mrc == MPI_SUCCESS ? RK_OK : mpi_fail(err, "MPI_Allgather", mrc);
+    return mrc == MPI_SUCCESS ? RK_OK : mpi_fail(err, what, mrc);
+}
+
+static int mpi_allgather(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
+{
+    (void)c;
+    return pieces(MPI_Allgather, "MPI_Allgather", send, bytes, recv, err);
 }
 
 static int mpi_alltoall(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err)
 {
     (void)c;
-    MPI_Datatype t;
-    int rc = piece_type(bytes, &t, err);
-    if (rc)
-        return rc;
-    int cnt = bytes <= INT_MAX ? (int)bytes : 1;
-    int mrc = MPI_Alltoall(send, cnt, t, recv, cnt, t, MPI_COMM_WORLD);
-    if (t != MPI_BYTE)
-        MPI_Type_free(&t);
-    return mrc == MPI_SUCCESS ? RK_OK : mpi_fail(err, "MPI_Alltoall", mrc);
+    return pieces(MPI_Alltoall, "MPI_Alltoall", send, bytes, recv, err);
 }
 
 static int mpi_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *err)
