@@ -302,7 +302,7 @@ int rk_cmd_run(int argc, char **argv)
                            o.ndevices == 1 ? "" : "s", o.n);
     if (o.min_ranks > o.n)
         return usage_error("--min-ranks %d is more than -n %d", o.min_ranks, o.n);
-    if (o.predictor && !o.health)
+    if (o.predictor && (!o.health || strcmp(o.health, "auto") == 0))
         return usage_error("--predictor needs the health gate (--health nvml or sim)");
     if (o.sim_skip_h > 0 && !(o.health && strcmp(o.health, "sim") == 0))
         return usage_error("--sim-skip needs --health sim");

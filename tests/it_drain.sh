@@ -8,9 +8,8 @@
 #  - one that predicts none changes nothing;
 #  - bad flags: --predictor without the gate, --sim-skip without the simulator, a missing
 #    model file: exit 2.
-# Fleet: seed 6, GPU 5 is lost (thermal shutdown, fan seized) about 1929 simulated hours in;
-# --sim-skip 1928.7 puts that about 18 simulated minutes into the job. Skips (77) without
-# mpirun or data.
+# Fleet: seed 6 of 8 GPUs; its first failure is read from the simulator's ground truth and
+# --sim-skip puts it 18 simulated minutes into the job. Skips (77) without mpirun or data.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -20,18 +19,38 @@ MK=${RK_MKMODEL:?}
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 2000 200 || { bad "make subset"; exit 1; }
 worker=("$RK" train --model cnn-small --data "$work/sub" --epochs 50 --no-eval --threads 1 --ckpt-every 20)
-fleet=(--health sim --sim-seed 6 --sim-skip 1928.7 --sim-time-scale 90 --health-interval 0.5)
 
-# 1. the failure reaches the rank
-"$RK" run -n 2 --devices 4,5,6 "${fleet[@]}" --health-threshold 0 --ckpt-dir "$work/ck1" \
+# 1. the failure reaches the rank. The fleet's ground truth (rk predict dataset, the same
+# simulator) says which GPU fails first and when; the job starts 18 simulated minutes before.
+"$RK" predict dataset --sim 8 --hours 3000 --seed 6 --age 0 -o "$work/fleet" >/dev/null 2>&1 ||
+  { bad "rk predict dataset"; it_finish; exit 1; }
+read -r g ev hour < <(python3 - "$work/fleet/fleet.json" <<'PY'
+import json, sys
+f = json.load(open(sys.argv[1]))
+lost = [(d["start_minute"] + d["failure"]["minute"] + 1, d["index"], d["failure"]["event"])
+        for d in f["devices"] if d["failure"] and d["failure"]["event"] in ("off_bus", "thermal_shutdown", "dbe")]
+m, i, e = min(lost) if lost else (0, -1, "-")
+print(i, e, m / 60.0)
+PY
+)
+if [[ $g -lt 0 ]]; then bad "no failure in the fleet's first 3000 h"; it_finish; exit 1; fi
+skip=$(python3 -c "print(max(0.0, $hour - 0.3))")
+others=$(python3 -c "print(','.join(str(d) for d in range(8) if d != $g)[:3])")
+"$RK" run -n 2 --devices "$g,$others,7" --health sim --sim-seed 6 --sim-skip "$skip" \
+  --sim-time-scale 90 --health-interval 0.5 --health-threshold 0 --ckpt-dir "$work/ck1" \
   --events "$work/ev1.jsonl" --quiet -- "${worker[@]}" --max-steps 500 >"$work/r1.out" 2>&1
 st=$?
-if [[ $st -eq 0 ]] && grep -q "simulated GPU 5 failed (off the bus): killing rank 1" "$work/r1.out" &&
-   grep -q '"kind":"crash"' "$work/ev1.jsonl" &&
-   grep -q "device 5 left out of this launch: the GPU is gone (simulated)" "$work/r1.out"; then
-  ok "a simulated GPU lost mid-job kills its rank; relaunched without it, finished ($(grep -m1 'finished' "$work/r1.out" | sed 's/rk run: //'))"
+if [[ $ev == dbe ]]; then want="uncorrectable ECC error"; else want="off the bus"; fi
+if [[ $st -eq 0 ]] && grep -q "simulated GPU $g failed ($want): killing rank 0" "$work/r1.out" &&
+   grep -q '"kind":"crash"' "$work/ev1.jsonl"; then
+  ok "GPU $g's $ev (simulated, at $hour h) kills its rank; relaunched, finished ($(grep -m1 'finished' "$work/r1.out" | sed 's/rk run: //'))"
 else
-  bad "lost GPU delivery: exit $st: $(grep 'rk run' "$work/r1.out" | tail -5)"
+  bad "failure delivery ($ev of GPU $g at $hour h, skip $skip): exit $st: $(grep 'rk run' "$work/r1.out" | tail -5)"
+fi
+if [[ $ev != dbe ]]; then
+  grep -q "device $g left out of this launch: the GPU is gone (simulated)" "$work/r1.out" &&
+    ok "the gone GPU is left out of the relaunch, with the score gate off" ||
+    bad "gone GPU not left out: $(grep 'rk run' "$work/r1.out" | tail -4)"
 fi
 
 # 2. a model that predicts failure everywhere: the running job's GPU is drained
@@ -50,7 +69,8 @@ if grep -q '"kind":"predicted_failure","rank":0,"device":"3","action":"drain"' "
 else
   bad "predicted drain: exit $st: $(grep 'rk run' "$work/r2.out" | tail -5)"
 fi
-"$RK" run -n 1 --devices 3 "${fleet[@]}" --health-threshold 0 --predictor "$work/cold.model" \
+"$RK" run -n 1 --devices 3 --health sim --sim-seed 6 --sim-time-scale 90 --health-interval 0.5 \
+  --health-threshold 0 --predictor "$work/cold.model" \
   --ckpt-dir "$work/ck3" --events "$work/ev3.jsonl" --quiet -- "${worker[@]}" --max-steps 60 \
   >"$work/r3.out" 2>&1
 st=$?
@@ -67,6 +87,7 @@ expect2() {
   else bad "$* -> exit $st: $(head -2 "$work/bad.out")"; fi
 }
 expect2 "needs the health gate" --health off --predictor "$work/hot.model"
+expect2 "needs the health gate" --predictor "$work/hot.model"
 expect2 "needs --health sim" --health nvml --sim-skip 3
 expect2 "no-such.model" --health sim --predictor "$work/no-such.model"
 it_finish
