@@ -569,6 +569,58 @@ static void test_early_stopping(void **state)
     rk_pred_free(m);
 }
 
+/* A scripted judge: epoch k scores |k - 4| (best at 4) and remembers the model's output on
+ * one window then; from epoch `fail_at` on it fails. */
+typedef struct judge {
+    int epoch, fail_at;
+    const float *x;
+    float at_best;
+} judge;
+
+static int judge_score(const rk_pred_model *m, void *ctx, double *score, rk_err *err)
+{
+    judge *j = ctx;
+    j->epoch++;
+    if (j->epoch >= j->fail_at)
+        return rk_err_set(err, RK_EIO, "judge failed at epoch %d", j->epoch);
+    *score = fabs(j->epoch - 4.0);
+    if (j->epoch == 4)
+        assert_int_equal(rk_pred_predict(m, j->x, 1, &j->at_best, err), RK_OK);
+    return RK_OK;
+}
+
+static void test_early_stopping_follows_a_validation_score(void **state)
+{
+    (void)state;
+    enum { T = 6, F = 3, N = 120 };
+    static float x[N * T * F], y[N];
+    random_windows(RK_PRED_CLASSIFY, N, T, F, 8, x, y);
+    rk_pred_model *m = make(RK_PRED_CLASSIFY, T, F, 8, 4, 4, 3);
+    rk_pred_train_opts o = RK_PRED_TRAIN_OPTS_DEFAULT;
+    o.max_epochs = 50;
+    o.batch = 16;
+    o.lr = 1e-2f;
+    o.patience = 2;
+    judge j = {0, 1000, x, 0};
+    o.val_score = judge_score;
+    o.ctx = &j;
+    rk_pred_data tr = {N / 2, x, y}, va = {N / 2, x + N / 2 * T * F, y + N / 2};
+    rk_pred_report rep;
+    rk_err err = {0};
+    assert_int_equal(rk_pred_train(m, &tr, &va, &o, &rep, &err), RK_OK);
+    assert_int_equal(rep.best_epoch, 4); /* the score's best, not the loss's */
+    assert_int_equal(rep.epochs, 6);
+    assert_true(rep.best_val_loss == 0.0);
+    float now;
+    assert_int_equal(rk_pred_predict(m, x, 1, &now, &err), RK_OK);
+    assert_true(now == j.at_best); /* the weights of epoch 4 */
+    /* a judge that fails stops training with its error */
+    j = (judge){0, 2, x, 0};
+    assert_int_equal(rk_pred_train(m, &tr, &va, &o, &rep, &err), RK_EIO);
+    assert_non_null(strstr(err.msg, "epoch 2"));
+    rk_pred_free(m);
+}
+
 /* ---- refusals ------------------------------------------------------------------------------- */
 
 static void test_bad_arguments(void **state)
@@ -633,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_learns_marked_signs),
         cmocka_unit_test(test_learns_adding_sum),
         cmocka_unit_test(test_early_stopping),
+        cmocka_unit_test(test_early_stopping_follows_a_validation_score),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

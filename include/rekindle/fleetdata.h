@@ -6,22 +6,30 @@
  *
  * A dataset directory holds:
  *
- *   fleet.json              the manifest: seed, fleet size, hours, start age, step (60 s), the
- *                           feature names, and per GPU its index, uuid, profile, split,
- *                           number of steps, and failure (minute and event, or null)
- *   gpu-NNNN.safetensors    one per GPU: "x" F32 [steps, F] (0 where absent) and "valid" U8
- *                           [steps, F] (1 where the card reported the field); metadata
- *                           format "rekindle-fleet-history", version, simulated, uuid,
- *                           profile, step_s, failure_minute (-1: none), failure_event
- *   events.jsonl            the simulator's ground-truth log, each GPU's lines in time order
- *                           (docs/sim.md: off_bus, thermal_shutdown, dbe, sdc_start, sdc_end)
+ *   fleet.json              the manifest: seed, fleet size, hours, start age, span, step
+ *                           (60 s), the feature names, and per GPU its index, uuid, profile,
+ *                           split, start_minute, number of steps, and failure (minute, event
+ *                           and precursor_minute, or null)
+ *   gpu-NNNN.safetensors    one per GPU: "x" F32 [steps, F] (0 where absent), "valid" U8
+ *                           [steps, F] (1 where the card reported the field) and "score" F32
+ *                           [steps]; metadata format "rekindle-fleet-history", version,
+ *                           simulated, uuid, profile, step_s, start_minute, failure_minute
+ *                           (-1: none), failure_event, precursor_minute (-1: none)
+ *   events.jsonl            the simulator's ground-truth log within each history's minutes,
+ *                           each GPU's lines in time order (docs/sim.md: off_bus,
+ *                           thermal_shutdown, dbe, sdc_start, sdc_end, precursor,
+ *                           episode_start, episode_end)
  *
- * Step m (0-based) is the reading at simulated minute m + 1 after the fleet opened. A GPU's
- * history ends at its last reading before it was lost (off the bus, thermal shutdown) or at
- * the end. Its failure is the first off_bus, thermal_shutdown or dbe event: `minute` is the
- * step at whose reading the event had happened (an event at simulated second t falls in
- * minute ceil(t / 60) - 1 in step terms). A dbe leaves the GPU running, so its history goes
- * on after the failure.
+ * Step m (0-based) is the reading at simulated minute s + m + 1 after the fleet opened, where
+ * s is the history's start_minute (0 unless the dataset was taken from a longer span: see
+ * span_h). A GPU's history ends at its last reading before it was lost (off the bus, thermal
+ * shutdown) or at the end. Its failure is the first off_bus, thermal_shutdown or dbe event:
+ * `minute` is the step at whose reading the event had happened (an event at simulated second
+ * t falls in step ceil(t / 60) - 1 - s). A dbe leaves the GPU running, so its history goes on
+ * after the failure. `precursor_minute` is the step by which its warning signs had begun
+ * (docs/sim.md; -1 or null: it came silently). Each file also holds "score" F32 [steps]: the
+ * health score (rk_health_score) of each minute's reading, with signals over the last six
+ * readings, for the health-score baseline of rk predict eval.
  *
  * Features, one row a minute (RK_FLEET_FEATURES): temp (C), fan (%), power (W), sm_clock
  * (MHz), util (%), throttle (1 when a thermal or hardware slowdown reason is active),
@@ -56,6 +64,12 @@ typedef struct rk_fleet_data_opts {
                            cards, so that failures happen within months) */
     double val_frac, test_frac; /* shares of the devices (defaults 0.2 and 0.2), drawn
                                    separately among GPUs that fail and those that do not */
+    double span_h; /* the fleet's life the histories are taken from (0 or `hours`: every
+                      history starts at the open). Longer: each GPU's `hours` of history are a
+                      stretch of it, the stretch that holds its first failure when it fails
+                      within the span (at a seeded place, at least 6 hours in), else a
+                      seeded stretch: failures are kept, quiet time is sampled, so the
+                      dataset holds far more failures per GPU-hour than the fleet does */
     /* Called after each GPU (NULL: not called). */
     void (*progress)(int gpu, int gpus, void *ctx);
     void *ctx;
@@ -64,12 +78,22 @@ typedef struct rk_fleet_data_opts {
 void rk_fleet_data_opts_default(rk_fleet_data_opts *o);
 
 struct rk_gpu_sample;
-/* One minute's feature row (x[RK_FLEET_FEATURES], 0 where absent, and valid[...]) from a
- * reading and the previous minute's (NULL for the first: counters then give 0): what the
- * dataset stores and what live readings must be turned into for the model
- * (rekindle/predict_online.h). */
+/* One minute's feature row (x[RK_FLEET_FEATURES], 0 where absent, and valid[...]) from a reading and the previous
+ * minute's (NULL for the first: counters then give 0): what the dataset stores and what live
+ * readings must be turned into for the model (rekindle/predict_online.h). */
 void rk_fleet_features(const struct rk_gpu_sample *s, const struct rk_gpu_sample *prev,
                        float *x, uint8_t *valid);
+
+/* The model's input for minute m: the window of a GPU's feature rows ending at m. `rows` holds
+ * `steps` rows of RK_FLEET_FEATURES floats, oldest first, exactly as the dataset stores them
+ * ("x", made by rk_fleet_features: absent fields 0). out (T x RK_FLEET_FEATURES floats) gets
+ * rows m - T + 1 .. m, oldest first, unchanged: out[k * F + j] = rows[(m - T + 1 + k) * F + j].
+ * There is no window before T rows exist: RK_EINVAL when m + 1 < T, m >= steps, T < 1 or a
+ * pointer is NULL (out untouched). Training, evaluation (rk predict train / eval) and live
+ * prediction (a ring of the last T rows unrolled into `rows`, m = T - 1) all build their
+ * windows with it or exactly as it does; its label in a dataset: the GPU's failure minute f
+ * satisfies m < f <= m + horizon. */
+int rk_fleet_window(const float *rows, size_t steps, size_t m, int T, float *out);
 
 typedef struct rk_fleet_data_report {
     int gpus;

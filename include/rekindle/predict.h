@@ -130,9 +130,20 @@ typedef struct rk_pred_train_opts {
     /* Called after each epoch (NULL: not called). */
     void (*on_epoch)(const rk_pred_epoch *e, void *ctx);
     void *ctx;
+    /* Judges the model after each epoch in place of the validation loss, lower is better (for
+     * example minus the average precision on the validation windows, where the loss rewards
+     * calibration more than ranking); called with ctx and only when there is a validation
+     * set. The best epoch and early stopping follow it and rk_pred_epoch.val_loss reports it.
+     * NULL (default): the validation loss. An error it returns stops training. */
+    int (*val_score)(const rk_pred_model *m, void *ctx, double *score, rk_err *err);
+    float level_noise; /* regularisation: a Gaussian offset of this sd added to each feature of
+                          each training window, the same at every step (normalised units), so
+                          that the model reads changes within a window more than the levels
+                          one device happens to run at (default 0: none) */
 } rk_pred_train_opts;
 
-#define RK_PRED_TRAIN_OPTS_DEFAULT {60, 64, 1e-3f, 1.0f, 8, 0.0f, 0.0f, 0.0f, 0.0f, 1, NULL, NULL}
+#define RK_PRED_TRAIN_OPTS_DEFAULT                                                                 \
+    {60, 64, 1e-3f, 1.0f, 8, 0.0f, 0.0f, 0.0f, 0.0f, 1, NULL, NULL, NULL, 0.0f}
 
 typedef struct rk_pred_report {
     int epochs;           /* epochs run */

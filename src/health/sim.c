@@ -113,8 +113,65 @@ static const profile profiles[] = {
 #define DBE_FOLLOW_H 168.0 /* mean hours between DBEs once memory has failed (ECC cards) */
 #define XID_DBE 48
 
-enum { TAG_PROFILE = 1, TAG_WEAR, TAG_LIFE, TAG_EVENTS, TAG_NOISE, TAG_LOAD, TAG_FAN, TAG_SERIAL };
+enum {
+    TAG_PROFILE = 1,
+    TAG_WEAR,
+    TAG_LIFE,
+    TAG_EVENTS,
+    TAG_NOISE,
+    TAG_LOAD,
+    TAG_FAN,
+    TAG_SERIAL,
+    TAG_PRECURSOR,
+    TAG_EPISODE
+};
 enum { FAIL_OTB, FAIL_DBE };
+
+/* Precursors: the warning signs before a failure (docs/sim.md). Each failure draws a lead L
+ * (uniform PRE_LEAD_MIN..PRE_LEAD_MAX minutes before it) and a strength a (log-normal,
+ * median 1, PRE_AMP_SIGMA); its signs grow as a x exp(-(minutes to failure) / PRE_TAU_MIN)
+ * from L before the failure until it happens. PRE_SILENT_P of the failures come without. */
+#define PRE_LEAD_MIN 40.0
+#define PRE_LEAD_MAX 150.0
+#define PRE_TAU_MIN 30.0
+#define PRE_AMP_SIGMA 0.25
+#define PRE_SILENT_P 0.04
+#define PRE_REPLAY_MIN 400.0 /* off the bus: PCIe replays per minute at the failure */
+#define PRE_XID_MIN 0.15     /* ...and Xid 32 (bus error) events per minute */
+#define PRE_DOWNTRAIN 0.3    /* ...the link drops to half width above this level */
+#define PRE_CE_MIN 150.0     /* DBE, ECC cards: corrected errors per minute at the failure */
+#define PRE_RETIRE_P 0.01    /* ...each retires its page with this probability (Xid 63) */
+#define PRE_POWER 0.15       /* DBE, no ECC: board power +15% at the failure... */
+#define PRE_RIPPLE_MV 100.0  /* ...VRM ripple +100 mV... */
+#define PRE_REMAP_MIN 1.0    /* ...rows remapped per minute where the card counts them */
+#define PRE_VIB_HZ 500.0     /* fan seizure: vibration +500 Hz at the seizure... */
+#define PRE_WOBBLE_PCT 30.0  /* ...fan speed wobble +30 points... */
+#define PRE_AIRFLOW 0.5      /* ...and half the fan's airflow lost */
+#define XID_BUS 32
+#define XID_RETIRE 63
+
+/* Benign look-alikes (docs/sim.md): episodes of the same signals that end in no failure, one
+ * after another at exponential gaps of mean EP_GAP_H hours, each of a kind the card can show. */
+#define EP_GAP_H 48.0
+enum { EP_RISER, EP_ECC, EP_POWER, EP_RATTLE, EP_HOT, EP_KINDS };
+enum { PRE_OTB, PRE_DBE_ECC, PRE_DBE_MEM, PRE_FAN };
+
+typedef struct precursor {
+    bool on;          /* false: no such failure, or it comes silently */
+    bool logged;      /* its start is in the event log */
+    int kind;         /* PRE_* */
+    double t0, tf;    /* simulated seconds: the phase [t0, tf) ends at the failure */
+    double amp, lead; /* strength, lead (minutes) */
+} precursor;
+
+typedef struct episode {
+    rk_rng r;       /* the stream that draws the episodes, one after another */
+    double t0, t1;  /* [t0, t1) simulated seconds */
+    int kind;       /* EP_* */
+    double a, b, c; /* the kind's parameters (docs/sim.md) */
+    bool xid;       /* riser: an Xid 32 when it starts */
+    bool started;   /* its start is in the event log */
+} episode;
 
 /* ---- the fleet ---------------------------------------------------------------------------- */
 
@@ -141,6 +198,14 @@ typedef struct sim_gpu {
     double ev_t, sdc_budget, sdc_end_t, next_dbe_t;
     bool sdc_on, sdc_perm, failed;
     rk_rng noise; /* per read: counters and measurement noise */
+    /* warning signs: of the terminal failure and of the fan's seizure */
+    precursor pre_fail, pre_fan;
+    /* benign episodes: the event side's cursor and the thermal model's (the same stream) */
+    episode ep, ep_th;
+    /* expected counts the event side added since the last read (drawn at the read) */
+    double acc_replay, acc_ce, acc_ce_pre, acc_xid, acc_remap;
+    uint64_t xid_due; /* Xid events of episodes since the last read */
+    bool read;        /* read at least once (the fleet's close brings it up to date) */
 } sim_gpu;
 
 typedef struct sim {
@@ -244,6 +309,103 @@ static double exp_rate_integral(double c0, double tau, double a0, double a1)
     return sum;
 }
 
+/* ---- warning signs and benign episodes ----------------------------------------------------- */
+
+/* Level of a precursor at t: a exp(-(tf - t) / tau) inside its phase, else 0. */
+static double pre_level(const precursor *p, double t)
+{
+    if (!p->on || t < p->t0 || t >= p->tf)
+        return 0;
+    return p->amp * exp(-(p->tf - t) / (PRE_TAU_MIN * 60.0));
+}
+
+/* Integral of pre_level over [a, b] (level x seconds). */
+static double pre_integral(const precursor *p, double a, double b)
+{
+    if (!p->on)
+        return 0;
+    a = fmax(a, p->t0);
+    b = fmin(b, p->tf);
+    if (!(b > a))
+        return 0;
+    const double tau = PRE_TAU_MIN * 60.0;
+    return p->amp * tau * (exp(-(p->tf - b) / tau) - exp(-(p->tf - a) / tau));
+}
+
+/* The precursor of a failure at tf of kind `kind`, drawn from r (always three draws). */
+static void pre_draw(precursor *p, rk_rng *r, int kind, double tf, bool exists)
+{
+    double u_silent = u01(r), u_lead = u01(r), z = normal(r);
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->tf = tf;
+    p->lead = PRE_LEAD_MIN + (PRE_LEAD_MAX - PRE_LEAD_MIN) * u_lead;
+    p->t0 = tf - p->lead * 60.0;
+    p->amp = exp(PRE_AMP_SIGMA * z);
+    p->on = exists && isfinite(tf) && u_silent >= PRE_SILENT_P;
+}
+
+static const char *const ep_names[EP_KINDS] = {"riser", "ecc_burst", "power", "fan_rattle",
+                                               "hot_spell"};
+
+/* The next episode after e's current one (the first when e->t1 is 0): a gap, a kind the card
+ * can show, its parameters. Always six draws. */
+static void ep_next(episode *e, const profile *p)
+{
+    double gap = -log(u01(&e->r)) * EP_GAP_H * 3600.0, uk = u01(&e->r);
+    double a = u01(&e->r), b = u01(&e->r), c = u01(&e->r), d = u01(&e->r);
+    int kinds[EP_KINDS], n = 0;
+    for (int k = 0; k < EP_KINDS; k++)
+        if ((k != EP_ECC || p->has_ecc) && (k != EP_RATTLE || p->has_fan))
+            kinds[n++] = k;
+    e->kind = kinds[(int)(uk * n) < n ? (int)(uk * n) : n - 1];
+    e->t0 = e->t1 + gap;
+    e->started = false;
+    e->xid = false;
+    double minutes = 0;
+    switch (e->kind) {
+    case EP_RISER: /* a bumped riser: a replay burst that dies away */
+        e->a = 10.0 * pow(30.0, a);  /* replays per minute at the start: 10..300 */
+        e->b = 3.0 + 27.0 * b;       /* decay time, minutes */
+        e->c = c < 0.5 ? e->b : 0;   /* minutes the link drops to half width */
+        e->xid = d < 0.25;
+        minutes = 4.0 * e->b;
+        break;
+    case EP_ECC: /* a weak cell hit by a workload: corrected errors, then quiet */
+        e->a = 2.0 + 38.0 * a; /* per minute */
+        minutes = 10.0 + 80.0 * b;
+        break;
+    case EP_POWER: /* a sagging supply: more power and ripple at the same load */
+        e->a = 0.02 + 0.08 * a; /* power gain */
+        e->b = 8.0 + 42.0 * b;  /* ripple, mV */
+        minutes = 20.0 + 100.0 * c;
+        break;
+    case EP_RATTLE: /* a cable or dust touching the blades */
+        e->a = 40.0 + 260.0 * a; /* vibration, Hz */
+        e->b = 3.0 + 12.0 * b;   /* wobble, points */
+        minutes = 10.0 + 110.0 * c;
+        break;
+    default: /* a hot spell in the room */
+        e->a = 3.0 + 7.0 * a; /* ambient, C */
+        minutes = 30.0 + 210.0 * b;
+        break;
+    }
+    e->t1 = e->t0 + minutes * 60.0;
+}
+
+/* Bring cursor e to the episode that is on at t or comes next (t never goes back). */
+static const episode *ep_at(episode *e, const profile *p, double t)
+{
+    while (t >= e->t1)
+        ep_next(e, p);
+    return e;
+}
+
+static bool ep_on(const episode *e, double t, int kind)
+{
+    return e->kind == kind && t >= e->t0 && t < e->t1;
+}
+
 /* ---- drawing a GPU ------------------------------------------------------------------------ */
 
 static const profile *profile_named(const char *id)
@@ -345,6 +507,17 @@ static void gpu_draw(sim_gpu *g, uint64_t seed, int i, const profile *p, double 
     g->sdc_budget = -log(u01(&g->ev_rng));
     g->next_dbe_t = INFINITY;
     rk_rng_derive(&g->noise, seed, (uint64_t)i, TAG_NOISE);
+
+    /* Warning signs, from a stream of their own (nothing above changes). */
+    rk_rng pr;
+    rk_rng_derive(&pr, seed, (uint64_t)i, TAG_PRECURSOR);
+    int kind = g->fail_kind == FAIL_OTB ? PRE_OTB : p->has_ecc ? PRE_DBE_ECC : PRE_DBE_MEM;
+    pre_draw(&g->pre_fail, &pr, kind, g->fail_t, true);
+    pre_draw(&g->pre_fan, &pr, PRE_FAN, (g->fan_life_h - g->age0_h) * 3600.0, p->has_fan);
+    rk_rng_derive(&g->ep.r, seed, (uint64_t)i, TAG_EPISODE);
+    g->ep.t1 = 0;
+    ep_next(&g->ep, p);
+    g->ep_th = g->ep;
 }
 
 static void gpu_info_fill(sim_gpu *g, uint64_t seed)
@@ -429,10 +602,80 @@ static int handle_failure(sim *s, sim_gpu *g, double t, rk_err *err)
     return rc;
 }
 
+/* Add the expected counts of g's precursor and episode over [a, b] (both constant in kind
+ * there: the event loop stops at every start and end) to its accumulators. */
+static void accumulate(sim_gpu *g, double a, double b)
+{
+    if (!(b > a))
+        return;
+    const precursor *p = &g->pre_fail;
+    double lm = pre_integral(p, a, b) / 60.0; /* level x minutes */
+    if (lm > 0) {
+        if (p->kind == PRE_OTB) {
+            g->acc_replay += PRE_REPLAY_MIN * lm;
+            g->acc_xid += PRE_XID_MIN * lm;
+        } else if (p->kind == PRE_DBE_ECC) {
+            g->acc_ce_pre += PRE_CE_MIN * lm;
+        } else if (p->kind == PRE_DBE_MEM && g->p->has_remap) {
+            g->acc_remap += PRE_REMAP_MIN * lm;
+        }
+    }
+    const episode *e = &g->ep;
+    double lo = fmax(a, e->t0), hi = fmin(b, e->t1);
+    if (hi > lo && e->kind == EP_RISER) {
+        double tau = e->b * 60.0;
+        g->acc_replay += e->a / 60.0 * tau * (exp(-(lo - e->t0) / tau) - exp(-(hi - e->t0) / tau));
+    } else if (hi > lo && e->kind == EP_ECC) {
+        g->acc_ce += e->a * (hi - lo) / 60.0;
+    }
+}
+
+static const char *const pre_what[] = {
+    "PCIe replays climbing, then link downtraining and Xid 32",
+    "corrected ECC errors climbing, pages retired (Xid 63)",
+    "board power and VRM ripple climbing (no ECC to report the memory)",
+    "fan bearing grinding: vibration and speed wobble climbing, airflow falling"};
+
+static int log_precursor(sim *s, sim_gpu *g, precursor *p, double t, rk_err *err)
+{
+    static const char *const what_fails[] = {"off_bus", "dbe", "dbe", "fan seizure"};
+    char d[200];
+    snprintf(d, sizeof d, "%s: %.0f min before the %s (strength %.2f)", pre_what[p->kind],
+             p->lead, what_fails[p->kind], p->amp);
+    p->logged = true;
+    return log_event(s, g, t, "precursor", d, err);
+}
+
+static int log_episode(sim *s, sim_gpu *g, double t, bool start, rk_err *err)
+{
+    const episode *e = &g->ep;
+    char d[200];
+    if (!start) {
+        snprintf(d, sizeof d, "%s over", ep_names[e->kind]);
+        return log_event(s, g, t, "episode_end", d, err);
+    }
+    switch (e->kind) {
+    case EP_RISER:
+        snprintf(d, sizeof d, "riser bumped: %.0f PCIe replays a minute dying away over %.0f min%s%s",
+                 e->a, e->b, e->c > 0 ? ", link at half width" : "", e->xid ? ", Xid 32" : "");
+        break;
+    case EP_ECC: snprintf(d, sizeof d, "ecc_burst: %.1f corrected errors a minute", e->a); break;
+    case EP_POWER:
+        snprintf(d, sizeof d, "power: supply sag, power +%.0f%%, ripple +%.0f mV", 100 * e->a, e->b);
+        break;
+    case EP_RATTLE:
+        snprintf(d, sizeof d, "fan_rattle: vibration +%.0f Hz, wobble +%.0f points", e->a, e->b);
+        break;
+    default: snprintf(d, sizeof d, "hot_spell: ambient +%.1f C", e->a); break;
+    }
+    return log_event(s, g, t, "episode_start", d, err);
+}
+
 /* Advance the timed events of g to t_to (at most the failure time for an OTB), logging each
  * when s is not NULL. */
 static int events_advance(sim *s, uint64_t seed, sim_gpu *g, double t_to, rk_err *err)
 {
+    enum { E_FAIL, E_DBE, E_SDC_END, E_SDC_START, E_PRE_FAIL, E_PRE_FAN, E_EPISODE };
     int rc = RK_OK;
     while (g->ev_t < t_to && !g->lost && !rc) {
         bool may = !g->sdc_on && ripple_mv(g, age_at(g, t_to)) > SDC_RIPPLE_MV;
@@ -442,25 +685,34 @@ static int events_advance(sim *s, uint64_t seed, sim_gpu *g, double t_to, rk_err
             seg_end = fmin(t_to, (double)(sl + 1) * SLOT_S);
             h = sdc_hazard(seed, g, sl);
         }
-        double t_start = h > 0 ? g->ev_t + g->sdc_budget / h : INFINITY;
-        double t_end = g->sdc_on && !g->sdc_perm ? g->sdc_end_t : INFINITY;
-        double t_fail = g->failed ? INFINITY : g->fail_t;
-        double t_dbe = g->next_dbe_t;
-        double t_next = fmin(fmin(t_start, t_end), fmin(t_fail, t_dbe));
+        double cand[7];
+        cand[E_FAIL] = g->failed ? INFINITY : g->fail_t;
+        cand[E_DBE] = g->next_dbe_t;
+        cand[E_SDC_END] = g->sdc_on && !g->sdc_perm ? g->sdc_end_t : INFINITY;
+        cand[E_SDC_START] = h > 0 ? g->ev_t + g->sdc_budget / h : INFINITY;
+        cand[E_PRE_FAIL] = g->pre_fail.on && !g->pre_fail.logged ? g->pre_fail.t0 : INFINITY;
+        cand[E_PRE_FAN] = g->pre_fan.on && !g->pre_fan.logged ? g->pre_fan.t0 : INFINITY;
+        cand[E_EPISODE] = g->ep.started ? g->ep.t1 : g->ep.t0;
+        int kind = 0;
+        for (int k = 1; k < 7; k++)
+            if (cand[k] < cand[kind])
+                kind = k;
+        double t_next = cand[kind];
         if (t_next > seg_end) {
             g->sdc_budget -= h * (seg_end - g->ev_t);
+            accumulate(g, g->ev_t, seg_end);
             g->ev_t = seg_end;
             continue;
         }
-        int kind = t_next == t_fail ? 0 : t_next == t_dbe ? 1 : t_next == t_end ? 2 : 3;
         if (t_next < g->ev_t)
             t_next = g->ev_t; /* rounding: never log before the last event */
         g->sdc_budget -= h * (t_next - g->ev_t);
+        accumulate(g, g->ev_t, t_next);
         g->ev_t = t_next;
         char d[160];
-        if (kind == 0) {
-            rc = handle_failure(s, g, t_next, err);
-        } else if (kind == 1) {
+        switch (kind) {
+        case E_FAIL: rc = handle_failure(s, g, t_next, err); break;
+        case E_DBE:
             g->ue++;
             if (g->retired < RETIRE_MAX)
                 g->retired++;
@@ -470,16 +722,31 @@ static int events_advance(sim *s, uint64_t seed, sim_gpu *g, double t_to, rk_err
             g->next_dbe_t = t_next + DBE_FOLLOW_H * 3600.0 * -log(u01(&g->ev_rng));
             rc = log_event(s, g, t_next, "dbe", "double-bit ECC error (Xid 48): failing memory",
                            err);
-        } else if (kind == 2) {
+            break;
+        case E_SDC_END:
             g->sdc_on = false;
             g->sdc_budget = -log(u01(&g->ev_rng));
             rc = log_event(s, g, t_next, "sdc_end", "VRM episode over", err);
-        } else {
+            break;
+        case E_SDC_START:
             g->sdc_on = true;
             g->sdc_end_t = t_next + 10.0 + SDC_MEAN_S * -log(u01(&g->ev_rng));
             snprintf(d, sizeof d, "wrong arithmetic: VRM ripple %.1f mV under load",
                      ripple_mv(g, age_at(g, t_next)));
             rc = log_event(s, g, t_next, "sdc_start", d, err);
+            break;
+        case E_PRE_FAIL: rc = log_precursor(s, g, &g->pre_fail, t_next, err); break;
+        case E_PRE_FAN: rc = log_precursor(s, g, &g->pre_fan, t_next, err); break;
+        default:
+            if (!g->ep.started) {
+                g->ep.started = true;
+                g->xid_due += g->ep.xid;
+                rc = log_episode(s, g, t_next, true, err);
+            } else {
+                rc = log_episode(s, g, t_next, false, err);
+                ep_next(&g->ep, g->p);
+            }
+            break;
         }
     }
     return rc;
@@ -503,13 +770,13 @@ static double fan_command(const sim_gpu *g, double td)
 
 /* Heat sink conductance to air (W/K) at fan command cmd (%). A seized bearing stops the fan;
  * a worn one turns slower than commanded. */
-static double sink_conductance(const sim_gpu *g, double age_h, double cmd)
+static double sink_conductance(const sim_gpu *g, double age_h, double cmd, double air)
 {
     double w = fan_wear(g, age_h);
     if (!g->p->has_fan || w >= 1.0)
         return g->p->g_passive_wk;
     double f = cmd / 100.0 * (1.0 - 0.2 * w * w);
-    return g->p->g_passive_wk + g->p->g_fan_wk * pow(f, 0.8);
+    return g->p->g_passive_wk + g->p->g_fan_wk * air * pow(f, 0.8);
 }
 
 static double power_demand(const profile *p, double util)
@@ -517,14 +784,36 @@ static double power_demand(const profile *p, double util)
     return p->idle_w + (p->tdp_w - p->idle_w) * util / 100.0;
 }
 
-/* What a thermal run holds fixed: wear moves by minutes within a run, which is nothing. */
+/* What warning signs and episodes do to the heat at t: a power gain at the same load, a
+ * warmer room, a fan that moves less air. Asked at increasing t (the thermal cursor). */
+typedef struct heat_fx {
+    double pw_gain, amb, air;
+} heat_fx;
+
+static heat_fx heat_fx_at(sim_gpu *g, double t)
+{
+    const episode *e = ep_at(&g->ep_th, g->p, t);
+    heat_fx f = {1.0, 0.0, 1.0};
+    if (g->pre_fail.kind == PRE_DBE_MEM)
+        f.pw_gain += PRE_POWER * pre_level(&g->pre_fail, t);
+    if (ep_on(e, t, EP_POWER))
+        f.pw_gain += e->a;
+    if (ep_on(e, t, EP_HOT))
+        f.amb = e->a;
+    f.air = 1.0 - PRE_AIRFLOW * fmin(1.0, pre_level(&g->pre_fan, t));
+    return f;
+}
+
+/* What a thermal run holds fixed: wear moves by minutes within a run, which is nothing; the
+ * effects of warning signs and episodes are refreshed every simulated minute. */
 typedef struct thermal_ctx {
     double age_h, rp, die_decay, dt;
+    heat_fx fx;
 } thermal_ctx;
 
 static thermal_ctx thermal_ctx_at(const sim_gpu *g, double age_h, double dt)
 {
-    thermal_ctx c = {age_h, r_paste(g, age_h), 0, dt};
+    thermal_ctx c = {age_h, r_paste(g, age_h), 0, dt, {1.0, 0.0, 1.0}};
     c.die_decay = exp(-dt / (g->p->c_die_jk * c.rp));
     return c;
 }
@@ -535,13 +824,14 @@ static void thermal_step(sim_gpu *g, const thermal_ctx *c, double util)
 {
     const profile *p = g->p;
     double rp = c->rp, dt = c->dt;
-    double pw = p->idle_w + (power_demand(p, util) - p->idle_w) * throttle(p, g->td);
+    double pw = (p->idle_w + (power_demand(p, util) - p->idle_w) * throttle(p, g->td)) *
+                c->fx.pw_gain;
     double cmd = fan_command(g, g->td);
-    double gs = sink_conductance(g, c->age_h, cmd);
+    double gs = sink_conductance(g, c->age_h, cmd, c->fx.air);
     double td_eq = g->ts + pw * rp;
     g->td = td_eq + (g->td - td_eq) * c->die_decay;
     double gd = 1.0 / rp;
-    double ts_eq = (g->td * gd + g->ambient_c * gs) / (gd + gs);
+    double ts_eq = (g->td * gd + (g->ambient_c + c->fx.amb) * gs) / (gd + gs);
     g->ts = ts_eq + (g->ts - ts_eq) * exp(-dt * (gd + gs) / p->c_sink_jk);
     g->power_w = pw;
     g->fan_cmd = cmd;
@@ -550,15 +840,16 @@ static void thermal_step(sim_gpu *g, const thermal_ctx *c, double util)
 }
 
 /* Steady state at load util (fixed point of the network with fan curve and throttling). */
-static void thermal_settle(sim_gpu *g, double age_h, double util)
+static void thermal_settle(sim_gpu *g, double age_h, double util, heat_fx fx)
 {
     g->td = g->ts = g->ambient_c + 20.0;
     for (int it = 0; it < 60; it++) {
         const profile *p = g->p;
         double rp = r_paste(g, age_h);
-        double pw = p->idle_w + (power_demand(p, util) - p->idle_w) * throttle(p, g->td);
-        double gs = sink_conductance(g, age_h, fan_command(g, g->td));
-        double ts = g->ambient_c + pw / gs, td = ts + pw * rp;
+        double pw =
+            (p->idle_w + (power_demand(p, util) - p->idle_w) * throttle(p, g->td)) * fx.pw_gain;
+        double gs = sink_conductance(g, age_h, fan_command(g, g->td), fx.air);
+        double ts = g->ambient_c + fx.amb + pw / gs, td = ts + pw * rp;
         g->ts = 0.5 * (g->ts + ts);
         g->td = 0.5 * (g->td + td);
         g->power_w = pw;
@@ -575,7 +866,8 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
 {
     if (settle || !g->thermal_init) {
         thermal_settle(g, age_at(g, from - settle_back_s),
-                       slot_util(seed, g->index, slot_of(from)));
+                       slot_util(seed, g->index, slot_of(from)),
+                       heat_fx_at(g, from - settle_back_s));
         g->thermal_init = true;
     }
     if (!(to > from))
@@ -584,10 +876,17 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
     thermal_ctx c = thermal_ctx_at(g, age_at(g, from), dt);
     double seize = g->p->has_fan ? (g->fan_life_h - g->age0_h) * 3600.0 : INFINITY;
     int64_t sl = INT64_MIN;
+    double fx_next = from;
     for (double k = 0; k < n; k++) {
         double t = from + k * dt;
-        if (t >= seize && c.age_h < g->fan_life_h)
+        if (t >= seize && c.age_h < g->fan_life_h) {
             c = thermal_ctx_at(g, age_at(g, t), dt); /* the fan stops within this run */
+            fx_next = t;
+        }
+        if (t >= fx_next) {
+            c.fx = heat_fx_at(g, t);
+            fx_next = t + 60.0;
+        }
         if (slot_of(t) != sl) {
             sl = slot_of(t);
             util = slot_util(seed, g->index, sl);
@@ -606,7 +905,8 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
 static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
 {
     if (!g->thermal_init) {
-        thermal_settle(g, age_at(g, g->t), slot_util(seed, g->index, slot_of(g->t)));
+        thermal_settle(g, age_at(g, g->t), slot_util(seed, g->index, slot_of(g->t)),
+                       heat_fx_at(g, g->t));
         g->thermal_init = true;
     }
     if (t <= g->t)
@@ -653,27 +953,45 @@ static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
         rc = log_event(s, g, stop, "thermal_shutdown", d, err);
     }
 
-    /* counters over [g->t, stop] */
+    /* counters over [g->t, stop]: wear, plus what precursors and episodes added (every
+     * retirement after open is an Xid 63, as the driver reports it) */
     double a0 = age_at(g, g->t), a1 = age_at(g, stop);
     if (g->p->has_ecc) {
-        uint64_t n = poisson(&g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1));
+        uint64_t n = poisson(&g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1) +
+                                            g->acc_ce);
         uint64_t ret = poisson(&g->noise, (double)n * RETIRE_P);
-        g->ce += n;
+        uint64_t n_pre = poisson(&g->noise, g->acc_ce_pre);
+        ret += poisson(&g->noise, (double)n_pre * PRE_RETIRE_P);
+        g->ce += n + n_pre;
         if (ret) {
-            g->retired = g->retired + ret > RETIRE_MAX ? RETIRE_MAX : g->retired + ret;
+            uint64_t room = RETIRE_MAX - g->retired, add = ret < room ? ret : room;
+            g->retired += add;
             g->pending = 1;
+            if (add) {
+                g->xid_count += add;
+                g->last_xid = XID_RETIRE;
+            }
         }
     }
     if (g->p->has_remap) {
         g->remapped +=
-            poisson(&g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1));
+            poisson(&g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1) +
+                                   g->acc_remap);
         if (g->remapped > REMAP_MAX)
             g->remapped = REMAP_MAX;
+    }
+    uint64_t xids = poisson(&g->noise, g->acc_xid) + g->xid_due;
+    if (xids) {
+        g->xid_count += xids;
+        g->last_xid = XID_BUS;
     }
     double a_open = g->age0_h, per_h = 60.0 * BUSY_P;
     double replays =
         g->riser ? exp_rate_integral(g->replay0_min * per_h, RISER_TAU_H, a0 - a_open, a1 - a_open)
                  : g->replay0_min * per_h * (a1 - a0);
+    replays += g->acc_replay;
+    g->acc_replay = g->acc_ce = g->acc_ce_pre = g->acc_xid = g->acc_remap = 0;
+    g->xid_due = 0;
     g->replay += poisson(&g->noise, replays);
     g->t = t;
     return rc;
@@ -726,14 +1044,20 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
     o->mem_used_bytes = (uint64_t)((double)p->mem_total * (busy ? 0.82 : 0.02));
     rk_field_set(o, RK_F_MEM_TOTAL);
     rk_field_set(o, RK_F_MEM_USED);
+    /* what warning signs and an episode on now add to the readings (docs/sim.md) */
+    const episode *e = &g->ep;
+    double s_fan = pre_level(&g->pre_fan, g->t), s_fail = pre_level(&g->pre_fail, g->t);
+    bool rattle = ep_on(e, g->t, EP_RATTLE);
     if (p->has_fan) {
         double w = fan_wear(g, age);
-        double amp = w >= 1 ? 0 : 12.0 * w * w;
+        double amp =
+            w >= 1 ? 0 : 12.0 * w * w + PRE_WOBBLE_PCT * fmin(1.0, s_fan) + (rattle ? e->b : 0);
         double wob = amp * sin(6.283185307179586 * g->t / g->wobble_s) + amp / 3 * normal(r);
         o->fan_pct = round_to(fmin(100, fmax(0, g->fan_cmd + wob)), 1);
         rk_field_set(o, RK_F_FAN);
         if (w < 1) { /* a stopped fan has no vibration to measure */
-            o->fan_vib_hz = floor(vib_hz(g, age) * 10) / 10;
+            double hz = vib_hz(g, age) + PRE_VIB_HZ * s_fan + (rattle ? e->a : 0);
+            o->fan_vib_hz = floor(hz * 10) / 10;
             rk_field_set(o, RK_F_FAN_VIB);
         }
     }
@@ -753,6 +1077,9 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
     }
     o->pcie_gen = busy ? g->gen : 1; /* idle links drop to Gen1 to save power */
     o->pcie_width = g->width;
+    if ((g->pre_fail.kind == PRE_OTB && s_fail > PRE_DOWNTRAIN) ||
+        (ep_on(e, g->t, EP_RISER) && g->t < e->t0 + e->c * 60.0))
+        o->pcie_width = g->width > 1 ? g->width / 2 : 1; /* the link retrains narrower */
     o->pcie_gen_max = p->gen_max;
     o->pcie_width_max = p->width_max;
     o->pcie_replay = g->replay;
@@ -766,7 +1093,10 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
     o->xid_count = g->xid_count;
     o->last_xid = g->last_xid;
     rk_field_set(o, RK_F_XID);
-    o->vrm_ripple_mv = floor(ripple_mv(g, age) * 10) / 10;
+    double mv = ripple_mv(g, age) + (ep_on(e, g->t, EP_POWER) ? e->b : 0);
+    if (g->pre_fail.kind == PRE_DBE_MEM)
+        mv += PRE_RIPPLE_MV * s_fail;
+    o->vrm_ripple_mv = floor(mv * 10) / 10;
     rk_field_set(o, RK_F_VRM_RIPPLE);
 }
 
@@ -869,6 +1199,7 @@ static int sim_read(void *state, int i, rk_gpu_sample *out, rk_err *err)
     double t = rk_sim_now(s);
     if (t > s->t_max)
         s->t_max = t;
+    s->g[i].read = true;
     int rc = gpu_advance(s, s->seed, &s->g[i], t, err);
     if (rc)
         return rc; /* the event log failed: the sample stays empty */
@@ -876,7 +1207,8 @@ static int sim_read(void *state, int i, rk_gpu_sample *out, rk_err *err)
     return RK_OK;
 }
 
-/* Bring every GPU to the last time any was read, so the event log is complete up to it. */
+/* Bring every GPU that was read to the last time any was read, so the event log is complete
+ * up to it for every GPU anyone asked about (one never read logs nothing). */
 static void sim_close(void *state)
 {
     sim *s = state;
@@ -884,7 +1216,7 @@ static void sim_close(void *state)
         return;
     if (s->events && s->g)
         for (int i = 0; i < s->n; i++)
-            if (gpu_advance(s, s->seed, &s->g[i], s->t_max, NULL))
+            if (s->g[i].read && gpu_advance(s, s->seed, &s->g[i], s->t_max, NULL))
                 break;
     if (s->events)
         fclose(s->events);
@@ -919,6 +1251,17 @@ double rk_sim_lifetime_hours(uint64_t seed, int gpu, const char *profile_id, dou
     if (event)
         *event = g.fail_kind == FAIL_OTB ? "off_bus" : "dbe";
     return g.fail_t / 3600.0;
+}
+
+double rk_sim_precursor_minutes(uint64_t seed, int gpu, const char *profile_id,
+                                double start_age_h)
+{
+    const profile *p = profile_id ? profile_named(profile_id) : profile_drawn(seed, gpu);
+    if (!p || gpu < 0 || !(start_age_h >= 0))
+        return NAN;
+    sim_gpu g;
+    gpu_draw(&g, seed, gpu, p, start_age_h);
+    return g.pre_fail.on ? g.pre_fail.lead : 0.0;
 }
 
 int rk_sim_profile_count(void)

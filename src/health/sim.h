@@ -38,6 +38,13 @@ int rk_sim_sdc_active(void *state, int i);
 double rk_sim_lifetime_hours(uint64_t seed, int gpu, const char *profile, double start_age_h,
                              const char **event);
 
+/* The warning signs before that terminal failure (docs/sim.md, "Warning signs"): the minutes
+ * before the failure at which they begin (drawn uniformly in 40..150), or 0 when the failure
+ * was drawn to come silently. Same arguments as rk_sim_lifetime_hours; NAN for an unknown
+ * profile. The fan's seizure (and the thermal shutdown that follows) has warning signs of its
+ * own, drawn the same way; the event log names both ("precursor"). */
+double rk_sim_precursor_minutes(uint64_t seed, int gpu, const char *profile, double start_age_h);
+
 /* The profiles ("1070ti-mining", ...), 0 <= k < rk_sim_profile_count(); NULL out of range. */
 int rk_sim_profile_count(void);
 const char *rk_sim_profile_name(int k);

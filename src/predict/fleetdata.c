@@ -51,11 +51,22 @@ void rk_fleet_data_opts_default(rk_fleet_data_opts *o)
 typedef struct gpu_run {
     char uuid[96], profile[32];
     size_t steps;
-    long fail_minute; /* -1: none */
+    long start_minute; /* the first step is the reading at minute start_minute + 1 */
+    long fail_minute;  /* -1: none (a step index, as every minute below) */
+    long pre_minute;   /* the step at whose reading its warning signs had begun; -1 none */
     char fail_event[24];
     int lost;
     int split;
 } gpu_run;
+
+int rk_fleet_window(const float *rows, size_t steps, size_t m, int T, float *out)
+{
+    if (!rows || !out || T < 1 || m >= steps || m + 1 < (size_t)T)
+        return RK_EINVAL;
+    memcpy(out, rows + (m + 1 - (size_t)T) * RK_FLEET_FEATURES,
+           (size_t)T * RK_FLEET_FEATURES * sizeof *out);
+    return RK_OK;
+}
 
 void rk_fleet_features(const rk_gpu_sample *s, const rk_gpu_sample *prev, float *x, uint8_t *v)
 {
@@ -96,15 +107,21 @@ void rk_fleet_features(const rk_gpu_sample *s, const rk_gpu_sample *prev, float 
 }
 
 /* The first failure event of `gpu` in the events file `path` (lines of other GPUs are
- * ignored); its lines are appended to `all`. */
-static int scan_events(const char *path, int gpu, FILE *all, gpu_run *g, rk_err *err)
+ * ignored) at or after second `from` (0 for all): its time in *t_fail (INFINITY: none) and,
+ * when g is not NULL, its step and event in g with the start of the warning signs before it
+ * (the latest "precursor" line before the failure). When `all` is not NULL, the GPU's lines
+ * from `from` to `to` seconds are appended to it. */
+static int scan_events(const char *path, int gpu, double from, double to, FILE *all, gpu_run *g,
+                       double *t_fail, rk_err *err)
 {
+    *t_fail = INFINITY;
     FILE *f = fopen(path, "r");
     if (!f)
         return errno == ENOENT ? RK_OK : rk_err_set(err, RK_EIO, "%s: %s", path, strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     int rc = RK_OK;
+    double t_pre = -INFINITY;
     while (getline(&line, &cap, f) != -1) {
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
@@ -116,16 +133,29 @@ static int scan_events(const char *path, int gpu, FILE *all, gpu_run *g, rk_err 
             json_decref(j);
             break;
         }
-        if (json_integer_value(jg) == gpu) {
-            fputs(line, all);
+        double t = json_number_value(jt);
+        if (json_integer_value(jg) == gpu && t >= from) {
+            if (all && t <= to)
+                fputs(line, all);
             const char *ev = json_string_value(je2);
-            double t = json_number_value(jt);
-            if (g->fail_minute < 0 &&
+            if (*t_fail == INFINITY && strcmp(ev, "precursor") == 0)
+                t_pre = t;
+            if (*t_fail == INFINITY &&
                 (strcmp(ev, "off_bus") == 0 || strcmp(ev, "thermal_shutdown") == 0 ||
                  strcmp(ev, "dbe") == 0)) {
-                double m = ceil(t / 60.0) - 1.0;
-                g->fail_minute = m < 0 ? 0 : (long)m;
-                snprintf(g->fail_event, sizeof g->fail_event, "%s", ev);
+                *t_fail = t;
+                if (g) {
+                    double base = (double)g->start_minute;
+                    double m = ceil(t / 60.0) - 1.0 - base;
+                    g->fail_minute = m < 0 ? 0 : (long)m;
+                    snprintf(g->fail_event, sizeof g->fail_event, "%s", ev);
+                    /* warning signs of this failure begin at most 150 minutes before it (a
+                     * seized fan's card overheats within hours: docs/sim.md) */
+                    if (t_pre >= t - 6 * 3600.0) {
+                        double pm = ceil(t_pre / 60.0) - 1.0 - base;
+                        g->pre_minute = pm < 0 ? 0 : (long)pm;
+                    }
+                }
             }
         }
         json_decref(j);
@@ -135,21 +165,18 @@ static int scan_events(const char *path, int gpu, FILE *all, gpu_run *g, rk_err 
     return rc;
 }
 
-/* Simulate GPU i alone (a fleet of the same seed and size, only GPU i read) and write its
- * history to `path`. */
-static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const char *events,
-                   FILE *all, gpu_run *g, rk_err *err)
+/* Where GPU i's history starts (minutes after open). Without a span longer than the history,
+ * at 0. With one, the GPU is first run alone to the span's end to find its first failure: a
+ * GPU that fails within the span is read over the stretch that holds its failure at a seeded
+ * place at least SPAN_LEAD_H hours from the start; any other over a seeded stretch. */
+#define SPAN_LEAD_H 6.0
+static int place_history(const rk_fleet_data_opts *o, int i, const char *events, long *start,
+                         rk_err *err)
 {
-    memset(g, 0, sizeof *g);
-    g->fail_minute = -1;
-    const size_t minutes = (size_t)llround(o->hours * 60.0);
-    float *x = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES * sizeof *x);
-    uint8_t *v = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES);
-    if (!x || !v) {
-        free(x);
-        free(v);
-        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory for %zu minutes", minutes);
-    }
+    *start = 0;
+    const long minutes = llround(o->hours * 60.0), span = llround(o->span_h * 60.0);
+    if (span <= minutes)
+        return RK_OK;
     unlink(events);
     rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
     to.sim_gpus = o->gpus;
@@ -159,6 +186,61 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
     void *st = NULL;
     int rc = rk_telemetry_sim.open(&st, &to, err);
     if (rc)
+        return rc;
+    rk_gpu_sample s;
+    if (!(rc = rk_sim_set_time(st, (double)span * 60.0)))
+        rc = rk_telemetry_sim.read(st, i, &s, err);
+    rk_telemetry_sim.close(st);
+    double t_fail;
+    if (rc || (rc = scan_events(events, i, 0, 0, NULL, NULL, &t_fail, err)))
+        return rc;
+    unlink(events);
+    rk_rng r;
+    rk_rng_derive(&r, o->seed, 0x5fa2, (uint64_t)i);
+    double u = ((double)(rk_rng_next(&r) >> 11) + 0.5) * 0x1p-53;
+    if (t_fail <= (double)span * 60.0) {
+        long lo = llround(fmin(SPAN_LEAD_H * 60.0, minutes / 2.0));
+        long fm = (long)ceil(t_fail / 60.0) - 1;
+        long at = lo + (long)floor(u * (double)(minutes - lo)); /* the failure's step */
+        *start = fm - at > 0 ? fm - at : 0;
+    } else {
+        *start = (long)floor(u * (double)(span - minutes + 1));
+    }
+    return RK_OK;
+}
+
+/* The health score's history: the last SCORE_HISTORY readings (one a minute). */
+#define SCORE_HISTORY 6
+
+/* Simulate GPU i alone (a fleet of the same seed and size, only GPU i read) and write its
+ * history to `path`. */
+static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const char *events,
+                   FILE *all, gpu_run *g, rk_err *err)
+{
+    memset(g, 0, sizeof *g);
+    g->fail_minute = -1;
+    g->pre_minute = -1;
+    const size_t minutes = (size_t)llround(o->hours * 60.0);
+    float *x = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES * sizeof *x);
+    uint8_t *v = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES);
+    float *score = malloc((minutes ? minutes : 1) * sizeof *score);
+    rk_gpu_history hist = {0};
+    int rc = RK_OK;
+    if (!x || !v || !score) {
+        rc = rk_err_set(err, RK_ENOMEM, "dataset: out of memory for %zu minutes", minutes);
+        goto out;
+    }
+    if ((rc = rk_history_init(&hist, SCORE_HISTORY, err)) ||
+        (rc = place_history(o, i, events, &g->start_minute, err)))
+        goto out;
+    unlink(events);
+    rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
+    to.sim_gpus = o->gpus;
+    to.seed = o->seed;
+    to.start_age_h = o->start_age_h;
+    to.events_path = events;
+    void *st = NULL;
+    if ((rc = rk_telemetry_sim.open(&st, &to, err)))
         goto out;
     rk_gpu_info info;
     rk_telemetry_sim.info(st, i, &info);
@@ -166,9 +248,11 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
     snprintf(g->profile, sizeof g->profile, "%s", info.profile);
     rk_gpu_sample s, prev;
     size_t n = 0;
+    const double t0 = (double)g->start_minute * 60.0;
     for (size_t m = 0; m < minutes; m++) {
-        if ((rc = rk_sim_set_time(st, (double)(m + 1) * 60.0)) != RK_OK) {
-            rk_err_set(err, rc, "dataset: the simulator refused minute %zu", m + 1);
+        if ((rc = rk_sim_set_time(st, t0 + (double)(m + 1) * 60.0)) != RK_OK) {
+            rk_err_set(err, rc, "dataset: the simulator refused minute %zu",
+                       (size_t)g->start_minute + m + 1);
             break;
         }
         if ((rc = rk_telemetry_sim.read(st, i, &s, err)))
@@ -179,6 +263,10 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
         }
         rk_fleet_features(&s, n ? &prev : NULL, x + n * RK_FLEET_FEATURES,
                           v + n * RK_FLEET_FEATURES);
+        rk_history_push(&hist, &s);
+        rk_gpu_signals sig;
+        rk_signals_compute(&hist, &sig);
+        score[n] = (float)rk_health_score(&s, &sig, NULL, NULL);
         prev = s;
         n++;
     }
@@ -186,13 +274,18 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
     if (rc)
         goto out;
     g->steps = n;
-    if ((rc = scan_events(events, i, all, g, err)))
+    double t_fail;
+    if ((rc = scan_events(events, i, t0, t0 + (double)minutes * 60.0, all, g, &t_fail, err)))
         goto out;
     unlink(events);
-    const int64_t shape[2] = {(int64_t)n, RK_FLEET_FEATURES};
-    rk_st_entry e[2] = {{"x", x, 2, shape, "F32"}, {"valid", v, 2, shape, "U8"}};
-    char fm[32];
+    const int64_t shape[2] = {(int64_t)n, RK_FLEET_FEATURES}, shape1[1] = {(int64_t)n};
+    rk_st_entry e[3] = {{"x", x, 2, shape, "F32"},
+                        {"valid", v, 2, shape, "U8"},
+                        {"score", score, 1, shape1, "F32"}};
+    char fm[32], sm[32], pm[32];
     snprintf(fm, sizeof fm, "%ld", g->fail_minute);
+    snprintf(sm, sizeof sm, "%ld", g->start_minute);
+    snprintf(pm, sizeof pm, "%ld", g->pre_minute);
     const char *meta[] = {"format",
                           "rekindle-fleet-history",
                           "version",
@@ -205,15 +298,21 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
                           g->profile,
                           "step_s",
                           "60",
+                          "start_minute",
+                          sm,
                           "failure_minute",
                           fm,
                           "failure_event",
                           g->fail_event,
+                          "precursor_minute",
+                          pm,
                           NULL};
-    rc = rk_st_write(path, e, 2, meta, err);
+    rc = rk_st_write(path, e, 3, meta, err);
 out:
+    rk_history_free(&hist);
     free(x);
     free(v);
+    free(score);
     return rc;
 }
 
@@ -255,6 +354,7 @@ static int write_manifest(const char *path, const rk_fleet_data_opts *o, const g
     json_object_set_new(j, "gpus", json_integer(o->gpus));
     json_object_set_new(j, "hours", json_real(o->hours));
     json_object_set_new(j, "start_age_h", json_real(o->start_age_h));
+    json_object_set_new(j, "span_h", json_real(o->span_h > o->hours ? o->span_h : o->hours));
     json_object_set_new(j, "step_s", json_integer(60));
     for (int k = 0; k < RK_FLEET_FEATURES; k++)
         json_array_append_new(feat, json_string(rk_fleet_feature_names[k]));
@@ -268,12 +368,16 @@ static int write_manifest(const char *path, const rk_fleet_data_opts *o, const g
         json_object_set_new(d, "profile", json_string(g[i].profile));
         json_object_set_new(d, "split", json_string(split_names[g[i].split]));
         json_object_set_new(d, "file", json_string(file));
+        json_object_set_new(d, "start_minute", json_integer(g[i].start_minute));
         json_object_set_new(d, "steps", json_integer((json_int_t)g[i].steps));
         json_object_set_new(d, "lost", json_boolean(g[i].lost));
         if (g[i].fail_minute >= 0) {
             json_t *f = json_object();
             json_object_set_new(f, "minute", json_integer(g[i].fail_minute));
             json_object_set_new(f, "event", json_string(g[i].fail_event));
+            json_object_set_new(f, "precursor_minute", g[i].pre_minute >= 0
+                                                           ? json_integer(g[i].pre_minute)
+                                                           : json_null());
             json_object_set_new(d, "failure", f);
         } else {
             json_object_set_new(d, "failure", json_null());
@@ -310,6 +414,11 @@ int rk_fleet_data_write(const rk_fleet_data_opts *o, rk_fleet_data_report *r, rk
     if (!(o->start_age_h >= 0 && o->start_age_h <= 1e6))
         return rk_err_set(err, RK_EINVAL, "dataset: start age %g h is not in [0, 1e6]",
                           o->start_age_h);
+    if (!(o->span_h == 0 || (o->span_h >= o->hours && o->span_h <= 200000)))
+        return rk_err_set(err, RK_EINVAL,
+                          "dataset: a span of %g hours must be at least the %g hours of history "
+                          "and at most 200000",
+                          o->span_h, o->hours);
     if (!(o->val_frac >= 0 && o->test_frac >= 0 && o->val_frac + o->test_frac < 1))
         return rk_err_set(err, RK_EINVAL,
                           "dataset: validation %g and test %g shares must be >= 0 and leave "

@@ -61,6 +61,8 @@ static int check_opts(const rk_pred_train_opts *o, rk_err *err)
         return rk_err_set(err, RK_EINVAL, "predictor: patience %d is negative", o->patience);
     if (!(o->input_noise >= 0.0f) || !isfinite(o->input_noise))
         return rk_err_set(err, RK_EINVAL, "predictor: input_noise %g is not >= 0", o->input_noise);
+    if (!(o->level_noise >= 0.0f) || !isfinite(o->level_noise))
+        return rk_err_set(err, RK_EINVAL, "predictor: level_noise %g is not >= 0", o->level_noise);
     if (!(o->weight_decay >= 0.0f) || !isfinite(o->weight_decay))
         return rk_err_set(err, RK_EINVAL, "predictor: weight_decay %g is not >= 0",
                           o->weight_decay);
@@ -142,6 +144,13 @@ int rk_pred_train(rk_pred_model *m, const rk_pred_data *train, const rk_pred_dat
             if (o->input_noise > 0.0f)
                 for (size_t i = 0, nx = (size_t)b * m->c.window * m->c.features; i < nx; i++)
                     w.xn[i] += o->input_noise * rk_rng_normal(&noise);
+            if (o->level_noise > 0.0f) /* layout [T][b][F]: one offset per window and feature */
+                for (int k = 0; k < b; k++)
+                    for (int j = 0; j < m->c.features; j++) {
+                        float d = o->level_noise * rk_rng_normal(&noise);
+                        for (int t = 0; t < m->c.window; t++)
+                            w.xn[((size_t)t * b + k) * m->c.features + j] += d;
+                    }
             for (int k = 0; k < b; k++)
                 yb[k] = train->y[idx[k0 + k]];
             rk_pred_forward(m, &w);
@@ -181,7 +190,9 @@ int rk_pred_train(rk_pred_model *m, const rk_pred_data *train, const rk_pred_dat
         }
         rk_pred_epoch e = {epoch, sum / (double)n, NAN, now_s() - t0, false};
         if (has_val) {
-            if ((rc = rk_pred_loss(m, val, pw, &e.val_loss, err)))
+            rc = o->val_score ? o->val_score(m, o->ctx, &e.val_loss, err)
+                              : rk_pred_loss(m, val, pw, &e.val_loss, err);
+            if (rc)
                 goto out;
             e.best = e.val_loss < best_val;
         } else {
