@@ -319,13 +319,17 @@ static void gpu_done(int gpu, int gpus, void *ctx)
 
 static int cmd_dataset(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"sim", required_argument, 0, 'S'},  {"hours", required_argument, 0, 'H'},
-        {"seed", required_argument, 0, 's'}, {"age", required_argument, 0, 'a'},
-        {"val", required_argument, 0, 'v'},  {"test", required_argument, 0, 't'},
-        {"out", required_argument, 0, 'o'},  {"json", no_argument, 0, 'j'},
-        {"span", required_argument, 0, 'p'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"sim", required_argument, 0, 'S'},
+                                          {"hours", required_argument, 0, 'H'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"age", required_argument, 0, 'a'},
+                                          {"val", required_argument, 0, 'v'},
+                                          {"test", required_argument, 0, 't'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"span", required_argument, 0, 'p'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     rk_fleet_data_opts o;
     rk_fleet_data_opts_default(&o);
     int have_sim = 0, have_hours = 0, as_json = 0;
@@ -399,6 +403,8 @@ static int cmd_dataset(int argc, char **argv)
         json_t *j = json_object();
         json_object_set_new(j, "simulated", json_true());
         json_object_set_new(j, "dir", json_string(o.dir));
+        json_object_set_new(j, "hours", json_real(o.hours));
+        json_object_set_new(j, "span_h", json_real(o.span_h > o.hours ? o.span_h : o.hours));
         json_object_set_new(j, "gpus", json_integer(r.gpus));
         json_object_set_new(j, "lost", json_integer(r.lost));
         json_object_set_new(j, "steps", json_integer((json_int_t)r.steps));
@@ -531,8 +537,10 @@ static int dataset_dir_ok(const char *dir)
 {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "rk predict: dataset directory '%s' does not exist or is not a "
-                "directory\n", dir);
+        fprintf(stderr,
+                "rk predict: dataset directory '%s' does not exist or is not a "
+                "directory\n",
+                dir);
         return 0;
     }
     return 1;
@@ -540,19 +548,29 @@ static int dataset_dir_ok(const char *dir)
 
 static int cmd_fleet_train(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"out", required_argument, 0, 'o'},      {"window", required_argument, 0, 'w'},
-        {"horizon", required_argument, 0, 'z'},  {"seed", required_argument, 0, 's'},
-        {"hidden", required_argument, 0, 'H'},   {"attn", required_argument, 0, 'A'},
-        {"dense", required_argument, 0, 'D'},    {"epochs", required_argument, 0, 'e'},
-        {"patience", required_argument, 0, 'p'}, {"batch", required_argument, 0, 'b'},
-        {"lr", required_argument, 0, 'l'},       {"near", required_argument, 0, 'n'},
-        {"negatives", required_argument, 0, 'r'}, {"json", no_argument, 0, 'j'},
-        {"hard", required_argument, 0, 'x'},     {"dropout", required_argument, 0, 'P'},
-        {"noise", required_argument, 0, 'N'},    {"weight-decay", required_argument, 0, 'W'},
-        {"level-noise", required_argument, 0, 'L'}, {"min-lead", required_argument, 0, 'M'},
-        {"verbose", no_argument, 0, 'q'},        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"out", required_argument, 0, 'o'},
+                                          {"window", required_argument, 0, 'w'},
+                                          {"horizon", required_argument, 0, 'z'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"hidden", required_argument, 0, 'H'},
+                                          {"attn", required_argument, 0, 'A'},
+                                          {"dense", required_argument, 0, 'D'},
+                                          {"epochs", required_argument, 0, 'e'},
+                                          {"patience", required_argument, 0, 'p'},
+                                          {"batch", required_argument, 0, 'b'},
+                                          {"lr", required_argument, 0, 'l'},
+                                          {"near", required_argument, 0, 'n'},
+                                          {"negatives", required_argument, 0, 'r'},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"hard", required_argument, 0, 'x'},
+                                          {"dropout", required_argument, 0, 'P'},
+                                          {"noise", required_argument, 0, 'N'},
+                                          {"weight-decay", required_argument, 0, 'W'},
+                                          {"level-noise", required_argument, 0, 'L'},
+                                          {"min-lead", required_argument, 0, 'M'},
+                                          {"verbose", no_argument, 0, 'q'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     rk_pred_config cfg = RK_PRED_CONFIG_DEFAULT;
     rk_pred_train_opts to = RK_PRED_TRAIN_OPTS_DEFAULT;
     rk_fleet_sample_opts so = RK_FLEET_SAMPLE_OPTS_DEFAULT;
@@ -727,8 +745,10 @@ static int cmd_fleet_train(int argc, char **argv)
         free(sva);
         str = sva = NULL;
     }
-    fprintf(stderr, "rk predict: %zu training windows (%zu positive), %zu validation windows "
-            "(%zu positive), %.1f s\n", tr.n, tr.positives, va.n, va.positives, now_s() - t0);
+    fprintf(stderr,
+            "rk predict: %zu training windows (%zu positive), %zu validation windows "
+            "(%zu positive), %.1f s\n",
+            tr.n, tr.positives, va.n, va.positives, now_s() - t0);
     if ((rc = rk_pred_create(&m, &cfg, &err)))
         goto out;
     ap_judge judge = {&va, malloc((va.n ? va.n : 1) * sizeof(float))};
@@ -752,8 +772,7 @@ static int cmd_fleet_train(int argc, char **argv)
         rc = rk_err_set(&err, RK_ENOMEM, "out of memory for window summaries");
         goto out;
     }
-    if ((rc = rk_logreg_train(&lr, RK_FLEET_SUMMARY, str, tr.y, tr.n, sva, va.y, va.n, &lo,
-                              &err)))
+    if ((rc = rk_logreg_train(&lr, RK_FLEET_SUMMARY, str, tr.y, tr.n, sva, va.y, va.n, &lo, &err)))
         goto out;
     rk_fleet_windows_free(&tr);
     rk_fleet_windows_free(&va);
@@ -841,12 +860,12 @@ static int cmd_fleet_train(int argc, char **argv)
         fputc('\n', stdout);
     } else {
         printf("trained on %s: predictor %s (+ %s)\n", dir, out, side);
-        printf("val split (thresholds chosen here): %d failures, %.1f GPU-days\n",
-               best[0].failures, best[0].gpu_days);
+        printf("val split (thresholds chosen here): %d failures, %.1f GPU-days\n", best[0].failures,
+               best[0].gpu_days);
         const char *names3[4] = {"LSTM + attention", "logistic regression", "health score < 60",
                                  "logistic, best F1"};
-        printf("%-22s %9s %9s %7s %7s %9s\n", "detector", "threshold", "precision", "recall",
-               "F1", "lead min");
+        printf("%-22s %9s %9s %7s %7s %9s\n", "detector", "threshold", "precision", "recall", "F1",
+               "lead min");
         for (int k = 0; k < 4; k++)
             printf("%-22s %9.4g %9.3f %7.3f %7.3f %9.1f\n", names3[k],
                    k == 2 ? (double)RK_HEALTH_THRESHOLD_DEFAULT : best[k].threshold,
@@ -881,8 +900,10 @@ static int load_sidecar(const char *model, int *window, int *horizon, double *th
     int rc = RK_OK;
     if (!j) {
         rc = access(path, R_OK) != 0
-                 ? rk_err_set(err, RK_ENOENT, "%s: no such file (rk predict train writes it "
-                              "beside the model)", path)
+                 ? rk_err_set(err, RK_ENOENT,
+                              "%s: no such file (rk predict train writes it "
+                              "beside the model)",
+                              path)
                  : rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
         goto out;
     }
@@ -908,8 +929,8 @@ static int load_sidecar(const char *model, int *window, int *horizon, double *th
     *th_lr = json_number_value(json_object_get(jl, "threshold"));
     *th_lr_f1 = json_number_value(json_object_get(jl, "threshold_best_f1"));
     if (*window < 1 || *window > RK_PRED_MAX_WINDOW || *horizon < 1 || *horizon > 1440) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: window %d or horizon %d out of range", path,
-                        *window, *horizon);
+        rc = rk_err_set(err, RK_EFORMAT, "%s: window %d or horizon %d out of range", path, *window,
+                        *horizon);
         goto out;
     }
     lr->d = RK_FLEET_SUMMARY;
@@ -927,8 +948,10 @@ static int load_sidecar(const char *model, int *window, int *horizon, double *th
         if (!json_is_number(a) || !json_is_number(b) || !json_is_number(s) ||
             !(json_number_value(s) > 0) || !isfinite(json_number_value(a)) ||
             !isfinite(json_number_value(b))) {
-            rc = rk_err_set(err, RK_EFORMAT, "%s: logreg value %d is not a finite number (std "
-                            "> 0)", path, k);
+            rc = rk_err_set(err, RK_EFORMAT,
+                            "%s: logreg value %d is not a finite number (std "
+                            "> 0)",
+                            path, k);
             goto out;
         }
         lr->w[k] = (float)json_number_value(a);

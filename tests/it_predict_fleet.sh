@@ -3,7 +3,7 @@
 # small simulated fleet (docs/predict.md; 512 GPUs over 24 hours each, 200 failures to learn
 # from: fewer and the LSTM does not yet beat the logistic regression): rk predict dataset (a
 # span, so that failures are many), rk predict train, rk predict eval --json. Proves that the pipeline runs and writes
-# what it says, that the evaluation is deterministic, that the predictor's F1 on the held-out
+# what it says, that the predictor's F1 on the held-out
 # GPUs beats both baselines' (the logistic regression on window summaries and the health
 # score) on this fleet, and that this comparison can fail: the same model with a threshold that
 # alarms on everything loses to them. Bad flags and inputs exit 2 with one line. About 2
@@ -60,18 +60,14 @@ PY
   --epochs 8 --json >"$tmp/train.json" || fail "rk predict train failed"
 [[ -f $tmp/model.safetensors && -f $tmp/model.safetensors.json ]] || fail "model files missing"
 "$RK" predict eval "$ds" --model "$tmp/model.safetensors" --json >"$tmp/eval.json"
-"$RK" predict eval "$ds" --model "$tmp/model.safetensors" --json >"$tmp/eval2.json"
-"$RK" predict eval "$ds" --model "$tmp/model.safetensors" >"$tmp/eval.txt"
-grep -q "LSTM + attention" "$tmp/eval.txt" || fail "no table"
-# an always-alarming threshold: the comparison below must then fail
-"$RK" predict eval "$ds" --model "$tmp/model.safetensors" --threshold 0.000001 --json >"$tmp/eval0.json"
+# the same model at a threshold that alarms everywhere (the table, not JSON): the comparison
+# below must then fail
+"$RK" predict eval "$ds" --model "$tmp/model.safetensors" --threshold 0.000001 >"$tmp/eval0.txt"
 
-python3 - "$tmp/train.json" "$tmp/eval.json" "$tmp/eval2.json" "$tmp/eval0.json" <<'PY'
+python3 - "$tmp/train.json" "$tmp/eval.json" "$tmp/eval0.txt" <<'PY'
 import json, sys
-tr, ev, ev2, ev0 = (json.load(open(p)) for p in sys.argv[1:5])
-def drop_time(j):
-    return {k: v for k, v in j.items() if k != "seconds"}
-assert drop_time(ev) == drop_time(ev2), "eval is not deterministic"
+tr, ev = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+table = open(sys.argv[3]).read().splitlines()
 assert tr["window"] == 60 and tr["horizon"] == 60 and 0 < tr["predictor"]["threshold"] < 1, tr
 assert ev["simulated"] is True and ev["split"] == "test" and ev["failures"] >= 50, ev
 d = ev["detectors"]
@@ -82,18 +78,21 @@ for k in ("predictor", "logreg", "logreg_best_f1", "health_score"):
         assert f in m and m[f] >= 0, (k, f, m)
     assert m["detected"] <= m["failures"] == ev["failures"], m
     assert 0 <= m["lead_mean_min"] <= ev["horizon"], m
-def beats(e):  # the baselines at both of the logistic regression's operating points
-    d = e["detectors"]
-    return d["predictor"]["f1"] > max(d["logreg"]["f1"], d["logreg_best_f1"]["f1"],
-                                       d["health_score"]["f1"])
+# the baselines at both of the logistic regression's operating points
+best_baseline = max(d["logreg"]["f1"], d["logreg_best_f1"]["f1"], d["health_score"]["f1"])
 p, l, l2, h = (d[k]["f1"] for k in ("predictor", "logreg", "logreg_best_f1", "health_score"))
 print(f"it_predict_fleet: test F1 predictor {p:.3f}, logistic regression {l:.3f} (at its best "
-      f"val F1 {l2:.3f}), health score {h:.3f}; precision {d['predictor']['precision']:.3f}, recall "
-      f"{d['predictor']['recall']:.3f}, mean lead {d['predictor']['lead_mean_min']:.1f} min")
-assert beats(ev), "the predictor does not beat both baselines' F1"
-# the control: alarming everywhere detects everything but every GPU raises false alarms
-c = ev0["detectors"]["predictor"]
-assert c["recall"] == 1.0 and c["false_alarms"] >= ev0["gpus"] // 2, c
-assert not beats(ev0), "the comparison cannot fail"
+      f"val F1 {l2:.3f}), health score {h:.3f}; precision {d['predictor']['precision']:.3f}, "
+      f"recall {d['predictor']['recall']:.3f}, mean lead {d['predictor']['lead_mean_min']:.1f} min")
+assert p > best_baseline, "the predictor does not beat both baselines' F1"
+# the control: alarming everywhere detects everything, but with false alarms on most GPUs its
+# F1 falls below the baselines' (the same baselines: their rows do not change)
+rows = {l.split("  ")[0].strip(): l.split() for l in table
+        if l.startswith(("LSTM + attention", "logistic regression", "health score"))}
+c = rows["LSTM + attention"]
+threshold, precision, recall, f1 = (float(x) for x in c[3:7])
+assert threshold < 0.001 and recall == 1.0, c
+assert f1 <= best_baseline, "the comparison cannot fail: an always-on alarm still wins"
+assert abs(float(rows["logistic regression"][3]) - d["logreg"]["precision"]) < 0.0006, rows
 PY
 echo "it_predict_fleet: ok"

@@ -4,6 +4,8 @@
  * increments); a GPU that falls off the bus ends its history at the minute of its logged
  * failure, which the manifest and the file's metadata give; the same options give the same
  * bytes; the split is by device, stratified by failure, and every device is in one split;
+ * with a span, each failure lies inside its history, which starts where the manifest says,
+ * and the stored health scores are the readings' scores;
  * bad options are refused and leave nothing behind.
  */
 #include <setjmp.h>
@@ -236,6 +238,92 @@ static void test_failure_ends_history(void **state)
     json_decref(j);
 }
 
+/* With a span longer than the histories: every GPU that fails within the span has the stretch
+ * that holds its first failure (at least 6 hours in), warning signs no later than it; a
+ * history is what the fleet reports at minutes start_minute + 1, + 2, ...; the health score of
+ * each minute is rk_health_score of that reading over the last six. */
+static void test_span_keeps_each_failure_inside_its_history(void **state)
+{
+    (void)state;
+    enum { N = 12, HOURS = 8 };
+    char dir[600], path[700];
+    sub(dir, sizeof dir, "s", NULL);
+    rk_fleet_data_opts o = opts(dir, N, HOURS, 4, 20000);
+    o.span_h = 20000;
+    rk_fleet_data_report r;
+    rk_err err = {0};
+    assert_int_equal(rk_fleet_data_write(&o, &r, &err), RK_OK);
+    snprintf(path, sizeof path, "%s/fleet.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    assert_non_null(j);
+    assert_true(json_real_value(json_object_get(j, "span_h")) == 20000.0);
+    json_t *devs = json_object_get(j, "devices");
+    int failed = 0, checked = 0;
+    for (int i = 0; i < N; i++) {
+        json_t *d = json_array_get(devs, (size_t)i), *fl = json_object_get(d, "failure");
+        json_int_t start = json_integer_value(json_object_get(d, "start_minute"));
+        json_int_t steps = json_integer_value(json_object_get(d, "steps"));
+        assert_true(start >= 0 && start + steps <= 20000 * 60 + HOURS * 60);
+        if (!json_is_null(fl)) {
+            failed++;
+            json_int_t m = json_integer_value(json_object_get(fl, "minute"));
+            assert_true(m >= HOURS * 60 / 2 && m <= steps); /* 6 h in, or half of shorter */
+            json_t *pm = json_object_get(fl, "precursor_minute");
+            assert_true(json_is_null(pm) || json_integer_value(pm) <= m);
+        } else {
+            assert_int_equal(steps, HOURS * 60);
+        }
+        if (checked >= 2 || (checked == 1 && json_is_null(fl)))
+            continue;
+        /* the first 30 minutes again, from a fleet of the same seed and size read by hand */
+        rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
+        to.sim_gpus = N;
+        to.seed = 4;
+        to.start_age_h = 20000;
+        void *st;
+        assert_int_equal(rk_telemetry_sim.open(&st, &to, &err), RK_OK);
+        rk_st_file f;
+        snprintf(path, sizeof path, "%s/gpu-%04d.safetensors", dir, i);
+        assert_int_equal(rk_st_read(path, &f, &err), RK_OK);
+        assert_int_equal(strtoll(rk_st_meta(&f, "start_minute"), NULL, 10), start);
+        const rk_st_tensor *tx = rk_st_find(&f, "x"), *ts = rk_st_find(&f, "score");
+        assert_non_null(ts);
+        assert_int_equal(ts->shape[0], steps);
+        rk_gpu_history h;
+        assert_int_equal(rk_history_init(&h, 6, &err), RK_OK);
+        rk_gpu_sample s, prev;
+        for (int m = 0; m < 30 && m < steps; m++) {
+            assert_int_equal(rk_sim_set_time(st, (double)(start + m + 1) * 60.0), RK_OK);
+            assert_int_equal(rk_telemetry_sim.read(st, i, &s, &err), RK_OK);
+            float x[RK_FLEET_FEATURES], want[RK_FLEET_FEATURES], sc;
+            uint8_t v[RK_FLEET_FEATURES];
+            rk_fleet_features(&s, m ? &prev : NULL, want, v);
+            memcpy(x, tx->data + (size_t)m * sizeof x, sizeof x);
+            assert_memory_equal(x, want, sizeof x);
+            rk_history_push(&h, &s);
+            rk_gpu_signals sig;
+            rk_signals_compute(&h, &sig);
+            memcpy(&sc, ts->data + (size_t)m * sizeof sc, sizeof sc);
+            assert_true(sc == (float)rk_health_score(&s, &sig, NULL, NULL));
+            prev = s;
+        }
+        rk_history_free(&h);
+        rk_st_free(&f);
+        rk_telemetry_sim.close(st);
+        checked++;
+    }
+    print_message("%d of %d GPUs fail within the span\n", failed, N);
+    assert_true(failed >= 2 && failed < N);
+    assert_int_equal(failed, r.failed[0] + r.failed[1] + r.failed[2]);
+    assert_int_equal(checked, 2);
+    json_decref(j);
+    /* a span shorter than the histories is refused */
+    o.span_h = HOURS - 1;
+    assert_int_equal(rk_fleet_data_write(&o, &r, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "span"));
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -273,6 +361,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_history_matches_fleet, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_ends_history, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_span_keeps_each_failure_inside_its_history, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_bad_options, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,10 +4,11 @@
  * and does not exist before T rows; the event-level protocol counts detections, lead times,
  * false-alarm episodes (merged within the horizon, early ones named), silent failures and
  * accuracy as docs/predict.md says, on hand-made alarms whose answers are worked out below;
- * the threshold pick maximises F1, under a lead-time requirement when one is given; the training windows hold every positive, the near band and
- * the drawn negatives with the right labels, the same for the same seed; hard negatives are
- * the riskiest; the logistic regression learns a separable rule, the window summary is right
- * on a ramp and average precision on a worked example; a written dataset loads, and broken ones are refused with the file named.
+ * the threshold pick maximises F1, under a lead-time requirement when one is given; the training
+ * windows hold every positive, the near band and the drawn negatives with the right labels, the
+ * same for the same seed; hard negatives are the riskiest; the logistic regression learns a
+ * separable rule, the window summary is right on a ramp and average precision on a worked example;
+ * a written dataset loads, and broken ones are refused with the file named.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,17 +128,17 @@ static void test_event_protocol_on_hand_made_alarms(void **state)
     const long fail[5] = {200, 300, -1, 400, 500}, pre[5] = {120, 200, -1, -1, 420};
     rk_fleet f = fake_fleet(5, steps, fail, pre);
     float **r = no_alarms(&f);
-    raise_alarms(r, 0, 10, 58);    /* before the first full window: no decision, no alarm */
-    raise_alarms(r, 0, 150, 199);  /* A: detected 50 minutes ahead */
-    raise_alarms(r, 1, 100, 105);  /* B: a false alarm... */
-    raise_alarms(r, 1, 120, 120);  /* ...the same episode (20 minutes later, within the horizon) */
-    raise_alarms(r, 1, 230, 299);  /* B: 230..239 false (an early episode), detected 60 ahead */
-    raise_alarms(r, 2, 500, 500);  /* C: two episodes 100 minutes apart... */
+    raise_alarms(r, 0, 10, 58);   /* before the first full window: no decision, no alarm */
+    raise_alarms(r, 0, 150, 199); /* A: detected 50 minutes ahead */
+    raise_alarms(r, 1, 100, 105); /* B: a false alarm... */
+    raise_alarms(r, 1, 120, 120); /* ...the same episode (20 minutes later, within the horizon) */
+    raise_alarms(r, 1, 230, 299); /* B: 230..239 false (an early episode), detected 60 ahead */
+    raise_alarms(r, 2, 500, 500); /* C: two episodes 100 minutes apart... */
     raise_alarms(r, 2, 600, 600);
-    raise_alarms(r, 2, 630, 640);  /* ...and this one merges with the second */
-    r[2][700] = NAN;        /* no decision: never an alarm */
-    raise_alarms(r, 4, 500, 700);  /* E: after its failure the GPU is out of service: not watched */
-    raise_alarms(r, 4, 499, 499);  /* E: detected 1 minute ahead */
+    raise_alarms(r, 2, 630, 640); /* ...and this one merges with the second */
+    r[2][700] = NAN;              /* no decision: never an alarm */
+    raise_alarms(r, 4, 500, 700); /* E: after its failure the GPU is out of service: not watched */
+    raise_alarms(r, 4, 499, 499); /* E: detected 1 minute ahead */
 
     rk_fleet_metrics m;
     rk_err err = {0};
@@ -175,8 +176,8 @@ static void test_event_protocol_on_hand_made_alarms(void **state)
      * each GPU, the NAN minute not breaking C's: precision 4/9, recall 1, F1 0.615) */
     const double cands[3] = {0.95, 0.5, 0.05};
     rk_fleet_metrics best, low;
-    assert_int_equal(
-        rk_fleet_pick_threshold(&f, RK_FLEET_TEST, r, T, H, cands, 3, 0, &best, &err), RK_OK);
+    assert_int_equal(rk_fleet_pick_threshold(&f, RK_FLEET_TEST, r, T, H, cands, 3, 0, &best, &err),
+                     RK_OK);
     assert_int_equal(rk_fleet_evaluate(&f, RK_FLEET_TEST, r, T, H, 0.05, &low, &err), RK_OK);
     assert_int_equal(low.detected, 4);
     assert_int_equal(low.false_alarms, 5);
@@ -313,7 +314,7 @@ static void test_summary_and_logistic_regression(void **state)
             win[t * F + j] = j == 3 ? (float)(2 * t + 1) : (t == 2 ? 5.0f : 1.0f);
     rk_fleet_summary(win, T, s);
     assert_true(s[3] == 15.0f && s[F + 3] == 8.0f && fabsf(s[2 * F + 3] - 2.0f) < 1e-6f &&
-                s[3 * F + 3] == 15.0f);                 /* a ramp: last, mean, slope, max */
+                s[3 * F + 3] == 15.0f); /* a ramp: last, mean, slope, max */
     assert_true(s[0] == 1.0f && s[F] == 1.5f && s[3 * F] == 5.0f); /* a spike */
 
     /* a rule on two of three inputs: y = x0 + 2 x1 > 1.5 (about half the rows) */
@@ -331,16 +332,16 @@ static void test_summary_and_logistic_regression(void **state)
     rk_logreg lr;
     rk_logreg_opts o = RK_LOGREG_OPTS_DEFAULT;
     rk_err err = {0};
-    assert_int_equal(rk_logreg_train(&lr, D, x, y, N - 500, x + (N - 500) * D, y + N - 500, 500,
-                                     &o, &err),
-                     RK_OK);
+    assert_int_equal(
+        rk_logreg_train(&lr, D, x, y, N - 500, x + (N - 500) * D, y + N - 500, 500, &o, &err),
+        RK_OK);
     int right = 0;
     for (int i = N - 500; i < N; i++)
         right += (rk_logreg_prob(&lr, x + i * D) >= 0.5) == (y[i] == 1.0f);
     print_message("logistic regression: %d of 500 validation rows right\n", right);
     assert_true(right >= 480);
-    assert_true(fabsf(lr.w[2]) < 0.1f * fabsf(lr.w[1])); /* the unused input stays small */
-    assert_true(lr.w[1] > 1.5f * lr.w[0] && lr.w[0] > 0);   /* and the rule's 1 : 2 shows */
+    assert_true(fabsf(lr.w[2]) < 0.1f * fabsf(lr.w[1]));  /* the unused input stays small */
+    assert_true(lr.w[1] > 1.5f * lr.w[0] && lr.w[0] > 0); /* and the rule's 1 : 2 shows */
     rk_logreg_free(&lr);
     /* average precision: positives ranked 1st and 3rd: (1/1 + 2/3) / 2; ties by index */
     const float ps[4] = {0.9f, 0.8f, 0.7f, 0.6f}, ys[4] = {1, 0, 1, 0};

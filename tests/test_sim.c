@@ -129,8 +129,8 @@ static ev *read_log(const char *path, int *n)
                    &e[k].t, &e[k].gpu, e[k].uuid, e[k].event, &used),
             4);
         assert_int_equal((size_t)used, strlen(line));
-        const char *ok[] = {"off_bus",   "thermal_shutdown", "sdc_start",  "sdc_end",
-                            "dbe",       "precursor",        "episode_start", "episode_end"};
+        const char *ok[] = {"off_bus", "thermal_shutdown", "sdc_start",     "sdc_end",
+                            "dbe",     "precursor",        "episode_start", "episode_end"};
         bool known = false;
         for (size_t j = 0; j < sizeof ok / sizeof ok[0]; j++)
             known |= strcmp(e[k].event, ok[j]) == 0;

@@ -56,18 +56,19 @@ extern "C" {
 extern const char *const rk_fleet_feature_names[RK_FLEET_FEATURES];
 
 typedef struct rk_fleet_data_opts {
-    const char *dir;    /* created if absent; existing dataset files in it are replaced */
-    int gpus;           /* fleet size, 1..1024 */
-    double hours;       /* simulated hours per GPU, > 0 and at most 100,000 */
-    uint64_t seed;      /* the fleet (as rk doctor --sim --seed) and the split */
-    double start_age_h; /* hours of service before the first minute (default 20,000: worn
-                           cards, so that failures happen within months) */
+    const char *dir;            /* created if absent; existing dataset files in it are replaced */
+    int gpus;                   /* fleet size, 1..1024 */
+    double hours;               /* simulated hours per GPU, > 0 and at most 100,000 */
+    uint64_t seed;              /* the fleet (as rk doctor --sim --seed) and the split */
+    double start_age_h;         /* hours of service before the first minute (default 20,000: worn
+                                   cards, so that failures happen within months) */
     double val_frac, test_frac; /* shares of the devices (defaults 0.2 and 0.2), drawn
                                    separately among GPUs that fail and those that do not */
     double span_h; /* the fleet's life the histories are taken from (0 or `hours`: every
                       history starts at the open). Longer: each GPU's `hours` of history are a
                       stretch of it, the stretch that holds its first failure when it fails
-                      within the span (at a seeded place, at least 6 hours in), else a
+                      within the span (at a seeded place at least 6 hours in, or half the
+                      history when it is shorter than 12 hours), else a
                       seeded stretch: failures are kept, quiet time is sampled, so the
                       dataset holds far more failures per GPU-hour than the fleet does */
     /* Called after each GPU (NULL: not called). */
@@ -78,11 +79,11 @@ typedef struct rk_fleet_data_opts {
 void rk_fleet_data_opts_default(rk_fleet_data_opts *o);
 
 struct rk_gpu_sample;
-/* One minute's feature row (x[RK_FLEET_FEATURES], 0 where absent, and valid[...]) from a reading and the previous
- * minute's (NULL for the first: counters then give 0): what the dataset stores and what live
- * readings must be turned into for the model (rekindle/predict_online.h). */
-void rk_fleet_features(const struct rk_gpu_sample *s, const struct rk_gpu_sample *prev,
-                       float *x, uint8_t *valid);
+/* One minute's feature row (x[RK_FLEET_FEATURES], 0 where absent, and valid[...]) from a reading
+ * and the previous minute's (NULL for the first: counters then give 0): what the dataset stores and
+ * what live readings must be turned into for the model (rekindle/predict_online.h). */
+void rk_fleet_features(const struct rk_gpu_sample *s, const struct rk_gpu_sample *prev, float *x,
+                       uint8_t *valid);
 
 /* The model's input for minute m: the window of a GPU's feature rows ending at m. `rows` holds
  * `steps` rows of RK_FLEET_FEATURES floats, oldest first, exactly as the dataset stores them

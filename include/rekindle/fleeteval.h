@@ -83,7 +83,10 @@ typedef struct rk_fleet_sample_opts {
     uint64_t seed;
 } rk_fleet_sample_opts;
 
-#define RK_FLEET_SAMPLE_OPTS_DEFAULT {60, 60, 120, 2, 1.0, 1}
+#define RK_FLEET_SAMPLE_OPTS_DEFAULT                                                               \
+    {                                                                                              \
+        60, 60, 120, 2, 1.0, 1                                                                     \
+    }
 
 typedef struct rk_fleet_windows {
     size_t n, positives;
@@ -92,8 +95,8 @@ typedef struct rk_fleet_windows {
 } rk_fleet_windows;
 
 /* Labelled windows of the GPUs of `split`: every positive window, the near negatives (every
- * near_step-th), and the random negatives, in GPU then minute order. Deterministic in the seed. RK_EINVAL for bad
- * options or a split with no positive window; RK_ENOMEM. */
+ * near_step-th), and the random negatives, in GPU then minute order. Deterministic in the seed.
+ * RK_EINVAL for bad options or a split with no positive window; RK_ENOMEM. */
 int rk_fleet_sample(const rk_fleet *f, int split, const rk_fleet_sample_opts *o,
                     rk_fleet_windows *out, rk_err *err);
 void rk_fleet_windows_free(rk_fleet_windows *w);
@@ -102,8 +105,8 @@ void rk_fleet_windows_free(rk_fleet_windows *w);
  * (risk as rk_fleet_risk_*) among the negatives outside the near band (the minutes the random
  * negatives are drawn from), riskiest first (ties: GPU then minute order). Fewer when fewer
  * exist. RK_ENOMEM. */
-int rk_fleet_mine(const rk_fleet *f, int split, const rk_fleet_sample_opts *o,
-                  float *const *risk, size_t k, rk_fleet_windows *w, rk_err *err);
+int rk_fleet_mine(const rk_fleet *f, int split, const rk_fleet_sample_opts *o, float *const *risk,
+                  size_t k, rk_fleet_windows *w, rk_err *err);
 
 /* Average precision of scores p against labels y (0 or 1) over n windows: the mean, over the
  * positives, of the precision among the windows scored at least as high (ties broken by
@@ -132,14 +135,16 @@ typedef struct rk_logreg_opts {
     uint64_t seed;
 } rk_logreg_opts;
 
-#define RK_LOGREG_OPTS_DEFAULT {200, 256, 10, 0.01f, 1e-4f, 0.0f, 1}
+#define RK_LOGREG_OPTS_DEFAULT                                                                     \
+    {                                                                                              \
+        200, 256, 10, 0.01f, 1e-4f, 0.0f, 1                                                        \
+    }
 
 /* Fit on n rows of d inputs (x row-major, y 0 or 1) by Adam on the class-weighted
  * cross-entropy plus l2 / 2 |w|^2, stopping early on the validation rows (nv may be 0) and
  * keeping the best epoch's weights. RK_EINVAL for bad options or data; RK_ENOMEM. */
-int rk_logreg_train(rk_logreg *m, int d, const float *x, const float *y, size_t n,
-                    const float *xv, const float *yv, size_t nv, const rk_logreg_opts *o,
-                    rk_err *err);
+int rk_logreg_train(rk_logreg *m, int d, const float *x, const float *y, size_t n, const float *xv,
+                    const float *yv, size_t nv, const rk_logreg_opts *o, rk_err *err);
 double rk_logreg_prob(const rk_logreg *m, const float *x);
 void rk_logreg_free(rk_logreg *m);
 
@@ -150,8 +155,8 @@ void rk_logreg_free(rk_logreg *m);
  * pointers; free with rk_fleet_risk_free. */
 int rk_fleet_risk_model(const rk_fleet *f, int split, const rk_pred_model *m, float ***out,
                         rk_err *err);
-int rk_fleet_risk_logreg(const rk_fleet *f, int split, const rk_logreg *m, int window,
-                         float ***out, rk_err *err);
+int rk_fleet_risk_logreg(const rk_fleet *f, int split, const rk_logreg *m, int window, float ***out,
+                         rk_err *err);
 /* 100 minus the health score of each minute's reading: alarming at risk > 100 - s is alarming
  * at a score below s. Decides from the same minutes as a window detector of `window`. */
 int rk_fleet_risk_score(const rk_fleet *f, int split, int window, float ***out, rk_err *err);
@@ -159,8 +164,8 @@ void rk_fleet_risk_free(const rk_fleet *f, float **risk);
 
 typedef struct rk_fleet_metrics {
     double threshold;
-    int gpus;          /* GPUs watched */
-    double gpu_days;   /* minutes watched / 1440 */
+    int gpus;        /* GPUs watched */
+    double gpu_days; /* minutes watched / 1440 */
     size_t minutes, positive_minutes;
     int failures, detected, false_alarms, early_alarms;
     int silent, silent_detected; /* failures without warning signs (precursor -1) */

@@ -364,28 +364,28 @@ static void ep_next(episode *e, const profile *p)
     e->xid = false;
     double minutes = 0;
     switch (e->kind) {
-    case EP_RISER: /* a bumped riser: a replay burst that dies away */
-        e->a = 10.0 * pow(30.0, a);  /* replays per minute at the start: 10..300 */
-        e->b = 3.0 + 27.0 * b;       /* decay time, minutes */
-        e->c = c < 0.5 ? e->b : 0;   /* minutes the link drops to half width */
+    case EP_RISER:                  /* a bumped riser: a replay burst that dies away */
+        e->a = 10.0 * pow(30.0, a); /* replays per minute at the start: 10..300 */
+        e->b = 3.0 + 27.0 * b;      /* decay time, minutes */
+        e->c = c < 0.5 ? e->b : 0;  /* minutes the link drops to half width */
         e->xid = d < 0.25;
         minutes = 4.0 * e->b;
         break;
-    case EP_ECC: /* a weak cell hit by a workload: corrected errors, then quiet */
+    case EP_ECC:               /* a weak cell hit by a workload: corrected errors, then quiet */
         e->a = 2.0 + 38.0 * a; /* per minute */
         minutes = 10.0 + 80.0 * b;
         break;
-    case EP_POWER: /* a sagging supply: more power and ripple at the same load */
+    case EP_POWER:              /* a sagging supply: more power and ripple at the same load */
         e->a = 0.02 + 0.08 * a; /* power gain */
         e->b = 8.0 + 42.0 * b;  /* ripple, mV */
         minutes = 20.0 + 100.0 * c;
         break;
-    case EP_RATTLE: /* a cable or dust touching the blades */
+    case EP_RATTLE:              /* a cable or dust touching the blades */
         e->a = 40.0 + 260.0 * a; /* vibration, Hz */
         e->b = 3.0 + 12.0 * b;   /* wobble, points */
         minutes = 10.0 + 110.0 * c;
         break;
-    default: /* a hot spell in the room */
+    default:                  /* a hot spell in the room */
         e->a = 3.0 + 7.0 * a; /* ambient, C */
         minutes = 30.0 + 210.0 * b;
         break;
@@ -640,8 +640,8 @@ static int log_precursor(sim *s, sim_gpu *g, precursor *p, double t, rk_err *err
 {
     static const char *const what_fails[] = {"off_bus", "dbe", "dbe", "fan seizure"};
     char d[200];
-    snprintf(d, sizeof d, "%s: %.0f min before the %s (strength %.2f)", pre_what[p->kind],
-             p->lead, what_fails[p->kind], p->amp);
+    snprintf(d, sizeof d, "%s: %.0f min before the %s (strength %.2f)", pre_what[p->kind], p->lead,
+             what_fails[p->kind], p->amp);
     p->logged = true;
     return log_event(s, g, t, "precursor", d, err);
 }
@@ -656,12 +656,14 @@ static int log_episode(sim *s, sim_gpu *g, double t, bool start, rk_err *err)
     }
     switch (e->kind) {
     case EP_RISER:
-        snprintf(d, sizeof d, "riser bumped: %.0f PCIe replays a minute dying away over %.0f min%s%s",
-                 e->a, e->b, e->c > 0 ? ", link at half width" : "", e->xid ? ", Xid 32" : "");
+        snprintf(d, sizeof d,
+                 "riser bumped: %.0f PCIe replays a minute dying away over %.0f min%s%s", e->a,
+                 e->b, e->c > 0 ? ", link at half width" : "", e->xid ? ", Xid 32" : "");
         break;
     case EP_ECC: snprintf(d, sizeof d, "ecc_burst: %.1f corrected errors a minute", e->a); break;
     case EP_POWER:
-        snprintf(d, sizeof d, "power: supply sag, power +%.0f%%, ripple +%.0f mV", 100 * e->a, e->b);
+        snprintf(d, sizeof d, "power: supply sag, power +%.0f%%, ripple +%.0f mV", 100 * e->a,
+                 e->b);
         break;
     case EP_RATTLE:
         snprintf(d, sizeof d, "fan_rattle: vibration +%.0f Hz, wobble +%.0f points", e->a, e->b);
@@ -824,8 +826,8 @@ static void thermal_step(sim_gpu *g, const thermal_ctx *c, double util)
 {
     const profile *p = g->p;
     double rp = c->rp, dt = c->dt;
-    double pw = (p->idle_w + (power_demand(p, util) - p->idle_w) * throttle(p, g->td)) *
-                c->fx.pw_gain;
+    double pw =
+        (p->idle_w + (power_demand(p, util) - p->idle_w) * throttle(p, g->td)) * c->fx.pw_gain;
     double cmd = fan_command(g, g->td);
     double gs = sink_conductance(g, c->age_h, cmd, c->fx.air);
     double td_eq = g->ts + pw * rp;
@@ -865,8 +867,7 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
                           double settle_back_s)
 {
     if (settle || !g->thermal_init) {
-        thermal_settle(g, age_at(g, from - settle_back_s),
-                       slot_util(seed, g->index, slot_of(from)),
+        thermal_settle(g, age_at(g, from - settle_back_s), slot_util(seed, g->index, slot_of(from)),
                        heat_fx_at(g, from - settle_back_s));
         g->thermal_init = true;
     }
@@ -974,9 +975,8 @@ static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
         }
     }
     if (g->p->has_remap) {
-        g->remapped +=
-            poisson(&g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1) +
-                                   g->acc_remap);
+        g->remapped += poisson(
+            &g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1) + g->acc_remap);
         if (g->remapped > REMAP_MAX)
             g->remapped = REMAP_MAX;
     }
@@ -1253,8 +1253,7 @@ double rk_sim_lifetime_hours(uint64_t seed, int gpu, const char *profile_id, dou
     return g.fail_t / 3600.0;
 }
 
-double rk_sim_precursor_minutes(uint64_t seed, int gpu, const char *profile_id,
-                                double start_age_h)
+double rk_sim_precursor_minutes(uint64_t seed, int gpu, const char *profile_id, double start_age_h)
 {
     const profile *p = profile_id ? profile_named(profile_id) : profile_drawn(seed, gpu);
     if (!p || gpu < 0 || !(start_age_h >= 0))

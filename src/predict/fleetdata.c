@@ -375,9 +375,8 @@ static int write_manifest(const char *path, const rk_fleet_data_opts *o, const g
             json_t *f = json_object();
             json_object_set_new(f, "minute", json_integer(g[i].fail_minute));
             json_object_set_new(f, "event", json_string(g[i].fail_event));
-            json_object_set_new(f, "precursor_minute", g[i].pre_minute >= 0
-                                                           ? json_integer(g[i].pre_minute)
-                                                           : json_null());
+            json_object_set_new(f, "precursor_minute",
+                                g[i].pre_minute >= 0 ? json_integer(g[i].pre_minute) : json_null());
             json_object_set_new(d, "failure", f);
         } else {
             json_object_set_new(d, "failure", json_null());

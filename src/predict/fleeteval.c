@@ -80,8 +80,8 @@ static int want_int(json_t *o, const char *key, const char *file, int idx, long 
 {
     json_t *v = json_object_get(o, key);
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return rk_err_set(err, RK_EFORMAT, "%s: device %d: \"%s\" is missing or out of range",
-                          file, idx, key);
+        return rk_err_set(err, RK_EFORMAT, "%s: device %d: \"%s\" is missing or out of range", file,
+                          idx, key);
     *out = (long)json_integer_value(v);
     return RK_OK;
 }
@@ -100,8 +100,10 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
     if (!j) {
         FILE *probe = fopen(path, "r");
         if (!probe)
-            rc = rk_err_set(err, RK_ENOENT, "%s: no such file (not a dataset of rk predict "
-                            "dataset)", path);
+            rc = rk_err_set(err, RK_ENOENT,
+                            "%s: no such file (not a dataset of rk predict "
+                            "dataset)",
+                            path);
         else {
             fclose(probe);
             rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
@@ -163,14 +165,16 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
         g->index = i;
         g->steps = (size_t)steps;
         g->start_minute = start;
-        g->split = !split                       ? -1
+        g->split = !split                        ? -1
                    : strcmp(split, "train") == 0 ? RK_FLEET_TRAIN
                    : strcmp(split, "val") == 0   ? RK_FLEET_VAL
                    : strcmp(split, "test") == 0  ? RK_FLEET_TEST
                                                  : -1;
         if (g->split < 0 || !file || !uuid || !prof || strchr(file, '/') || file[0] == '.') {
-            rc = rk_err_set(err, RK_EFORMAT, "%s: device %d: split, file, uuid or profile "
-                            "missing or malformed", path, i);
+            rc = rk_err_set(err, RK_EFORMAT,
+                            "%s: device %d: split, file, uuid or profile "
+                            "missing or malformed",
+                            path, i);
             break;
         }
         snprintf(g->uuid, sizeof g->uuid, "%s", uuid);
@@ -181,15 +185,14 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
             if ((rc = want_int(fl, "minute", path, i, 0, steps, &g->failure, err)))
                 break;
             if (!ev) {
-                rc = rk_err_set(err, RK_EFORMAT, "%s: device %d: failure without an event", path,
-                                i);
+                rc =
+                    rk_err_set(err, RK_EFORMAT, "%s: device %d: failure without an event", path, i);
                 break;
             }
             snprintf(g->event, sizeof g->event, "%s", ev);
             json_t *pm = json_object_get(fl, "precursor_minute");
             if (pm && !json_is_null(pm) &&
-                (rc = want_int(fl, "precursor_minute", path, i, 0, g->failure, &g->precursor,
-                               err)))
+                (rc = want_int(fl, "precursor_minute", path, i, 0, g->failure, &g->precursor, err)))
                 break;
         }
         if (!((splits >> g->split) & 1u))
@@ -264,8 +267,10 @@ int rk_fleet_sample(const rk_fleet *f, int split, const rk_fleet_sample_opts *o,
     memset(out, 0, sizeof *out);
     if (o->window < 1 || o->window > RK_PRED_MAX_WINDOW || o->horizon < 1 || o->near < 0 ||
         o->near_step < 1 || !(o->neg_ratio >= 0 && o->neg_ratio <= 1000))
-        return rk_err_set(err, RK_EINVAL, "windows: bad options (window %d, horizon %d, near %d, "
-                          "negatives %g)", o->window, o->horizon, o->near, o->neg_ratio);
+        return rk_err_set(err, RK_EINVAL,
+                          "windows: bad options (window %d, horizon %d, near %d, "
+                          "negatives %g)",
+                          o->window, o->horizon, o->near, o->neg_ratio);
     const size_t T = (size_t)o->window;
     size_t pos = 0, near = 0, eligible = 0;
     for (int i = 0; i < f->gpus; i++) {
@@ -284,7 +289,9 @@ int rk_fleet_sample(const rk_fleet *f, int split, const rk_fleet_sample_opts *o,
     }
     if (pos == 0)
         return rk_err_set(err, RK_EINVAL, "windows: the %s split has no failure to learn from",
-                          split == RK_FLEET_TRAIN ? "train" : split == RK_FLEET_VAL ? "val" : "test");
+                          split == RK_FLEET_TRAIN ? "train"
+                          : split == RK_FLEET_VAL ? "val"
+                                                  : "test");
     size_t draws = eligible ? (size_t)llround(o->neg_ratio * (double)pos) : 0;
     uint64_t *pick = malloc((draws ? draws : 1) * sizeof *pick);
     size_t n = pos + near + draws;
@@ -346,8 +353,8 @@ static int cmp_mined(const void *a, const void *b)
     return x->m < y->m ? -1 : x->m > y->m;
 }
 
-int rk_fleet_mine(const rk_fleet *f, int split, const rk_fleet_sample_opts *o,
-                  float *const *risk, size_t k, rk_fleet_windows *w, rk_err *err)
+int rk_fleet_mine(const rk_fleet *f, int split, const rk_fleet_sample_opts *o, float *const *risk,
+                  size_t k, rk_fleet_windows *w, rk_err *err)
 {
     const size_t T = (size_t)o->window;
     size_t cand = 0;
@@ -477,9 +484,8 @@ static double logreg_loss(const rk_logreg *m, const float *x, const float *y, si
     return wsum > 0 ? s / wsum : 0;
 }
 
-int rk_logreg_train(rk_logreg *m, int d, const float *x, const float *y, size_t n,
-                    const float *xv, const float *yv, size_t nv, const rk_logreg_opts *o,
-                    rk_err *err)
+int rk_logreg_train(rk_logreg *m, int d, const float *x, const float *y, size_t n, const float *xv,
+                    const float *yv, size_t nv, const rk_logreg_opts *o, rk_err *err)
 {
     memset(m, 0, sizeof *m);
     if (d < 1 || n < 1 || o->max_epochs < 1 || o->batch < 1 || !(o->lr > 0) || !(o->l2 >= 0) ||
@@ -512,8 +518,8 @@ int rk_logreg_train(rk_logreg *m, int d, const float *x, const float *y, size_t 
         for (size_t i = 0; i < n; i++) {
             double v = x[i * (size_t)d + k];
             if (!isfinite(v)) {
-                rc = rk_err_set(err, RK_EINVAL, "logistic regression: input %zu, %d not finite",
-                                i, k);
+                rc = rk_err_set(err, RK_EINVAL, "logistic regression: input %zu, %d not finite", i,
+                                k);
                 goto out;
             }
             s += v;
@@ -629,8 +635,10 @@ int rk_fleet_risk_model(const rk_fleet *f, int split, const rk_pred_model *m, fl
 {
     const rk_pred_config *c = rk_pred_config_of(m);
     if (c->features != F || c->task != RK_PRED_CLASSIFY)
-        return rk_err_set(err, RK_EINVAL, "the model reads %d features (%s); fleet windows "
-                          "have %d (classification)", c->features,
+        return rk_err_set(err, RK_EINVAL,
+                          "the model reads %d features (%s); fleet windows "
+                          "have %d (classification)",
+                          c->features,
                           c->task == RK_PRED_CLASSIFY ? "classification" : "regression", F);
     int rc = risk_alloc(f, split, out, err);
     if (rc)
@@ -700,8 +708,10 @@ int rk_fleet_risk_score(const rk_fleet *f, int split, int window, float ***out, 
 {
     for (int i = 0; i < f->gpus; i++)
         if (f->gpu[i].split == split && f->gpu[i].x && !f->gpu[i].score)
-            return rk_err_set(err, RK_EFORMAT, "GPU %d's history has no health scores (a dataset "
-                              "from an older rk predict dataset: write it again)", i);
+            return rk_err_set(err, RK_EFORMAT,
+                              "GPU %d's history has no health scores (a dataset "
+                              "from an older rk predict dataset: write it again)",
+                              i);
     int rc = risk_alloc(f, split, out, err);
     if (rc)
         return rc;
@@ -815,8 +825,9 @@ int rk_fleet_pick_threshold(const rk_fleet *f, int split, float *const *risk, in
         if (have_lead && !lead_ok)
             continue;
         if (!have || (lead_ok && !have_lead) || m.f1 > best->f1 ||
-            (m.f1 == best->f1 && (m.precision > best->precision ||
-                                  (m.precision == best->precision && m.threshold > best->threshold)))) {
+            (m.f1 == best->f1 &&
+             (m.precision > best->precision ||
+              (m.precision == best->precision && m.threshold > best->threshold)))) {
             *best = m;
             have = 1;
             have_lead |= lead_ok;
