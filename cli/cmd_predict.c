@@ -888,84 +888,6 @@ out:
     return rc ? fail_line(rc, &err) : RK_EXIT_OK;
 }
 
-/* The baseline and thresholds that rk predict train wrote beside the model. */
-static int load_sidecar(const char *model, int *window, int *horizon, double *th_pred,
-                        double *th_lr, double *th_lr_f1, rk_logreg *lr, rk_err *err)
-{
-    char *path = sidecar_path(model);
-    if (!path)
-        return rk_err_set(err, RK_ENOMEM, "out of memory");
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je), *jl = NULL;
-    int rc = RK_OK;
-    if (!j) {
-        rc = access(path, R_OK) != 0
-                 ? rk_err_set(err, RK_ENOENT,
-                              "%s: no such file (rk predict train writes it "
-                              "beside the model)",
-                              path)
-                 : rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
-        goto out;
-    }
-    json_t *fmt = json_object_get(j, "format");
-    jl = json_object_get(j, "logreg");
-    json_t *jp = json_object_get(j, "predictor");
-    json_t *w = json_object_get(jl, "w"), *mu = json_object_get(jl, "mean"),
-           *sd = json_object_get(jl, "std");
-    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "rekindle-fleet-detectors") ||
-        !json_is_integer(json_object_get(j, "window")) ||
-        !json_is_integer(json_object_get(j, "horizon")) ||
-        !json_is_number(json_object_get(jp, "threshold")) ||
-        !json_is_number(json_object_get(jl, "threshold")) ||
-        !json_is_number(json_object_get(jl, "threshold_best_f1")) ||
-        !json_is_number(json_object_get(jl, "b")) || json_array_size(w) != RK_FLEET_SUMMARY ||
-        json_array_size(mu) != RK_FLEET_SUMMARY || json_array_size(sd) != RK_FLEET_SUMMARY) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: not the detectors file of rk predict train", path);
-        goto out;
-    }
-    *window = (int)json_integer_value(json_object_get(j, "window"));
-    *horizon = (int)json_integer_value(json_object_get(j, "horizon"));
-    *th_pred = json_number_value(json_object_get(jp, "threshold"));
-    *th_lr = json_number_value(json_object_get(jl, "threshold"));
-    *th_lr_f1 = json_number_value(json_object_get(jl, "threshold_best_f1"));
-    if (*window < 1 || *window > RK_PRED_MAX_WINDOW || *horizon < 1 || *horizon > 1440) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: window %d or horizon %d out of range", path, *window,
-                        *horizon);
-        goto out;
-    }
-    lr->d = RK_FLEET_SUMMARY;
-    lr->w = malloc(RK_FLEET_SUMMARY * sizeof *lr->w);
-    lr->mean = malloc(RK_FLEET_SUMMARY * sizeof *lr->mean);
-    lr->std = malloc(RK_FLEET_SUMMARY * sizeof *lr->std);
-    if (!lr->w || !lr->mean || !lr->std) {
-        rc = rk_err_set(err, RK_ENOMEM, "out of memory");
-        goto out;
-    }
-    lr->b = (float)json_number_value(json_object_get(jl, "b"));
-    for (int k = 0; k < RK_FLEET_SUMMARY; k++) {
-        json_t *a = json_array_get(w, (size_t)k), *b = json_array_get(mu, (size_t)k),
-               *s = json_array_get(sd, (size_t)k);
-        if (!json_is_number(a) || !json_is_number(b) || !json_is_number(s) ||
-            !(json_number_value(s) > 0) || !isfinite(json_number_value(a)) ||
-            !isfinite(json_number_value(b))) {
-            rc = rk_err_set(err, RK_EFORMAT,
-                            "%s: logreg value %d is not a finite number (std "
-                            "> 0)",
-                            path, k);
-            goto out;
-        }
-        lr->w[k] = (float)json_number_value(a);
-        lr->mean[k] = (float)json_number_value(b);
-        lr->std[k] = (float)json_number_value(s);
-    }
-out:
-    if (rc)
-        rk_logreg_free(lr);
-    json_decref(j);
-    free(path);
-    return rc;
-}
-
 static int cmd_fleet_eval(int argc, char **argv)
 {
     static const struct option longs[] = {
@@ -1010,19 +932,22 @@ static int cmd_fleet_eval(int argc, char **argv)
     if (!getenv("OPENBLAS_NUM_THREADS"))
         openblas_set_num_threads(1);
     rk_err err = {0};
-    rk_logreg lr = {0};
     rk_pred_model *m = NULL;
     rk_fleet fl = {0};
     float **risk[3] = {NULL, NULL, NULL};
-    int window = 0, horizon = 0;
-    double th[4];
     double t0 = now_s();
-    int rc = load_sidecar(model, &window, &horizon, &th[0], &th[1], &th[3], &lr, &err);
+    rk_fleet_detectors det = {0};
+    char *side = sidecar_path(model);
+    int rc = side ? rk_fleet_detectors_load(&det, side, &err)
+                  : rk_err_set(&err, RK_ENOMEM, "out of memory");
+    free(side);
     if (rc)
         return fail_line(rc, &err);
+    int window = det.window, horizon = det.horizon;
+    double th[4] = {det.threshold, det.lr_threshold, 100.5 - RK_HEALTH_THRESHOLD_DEFAULT,
+                    det.lr_threshold_best_f1};
     if (th_override >= 0)
         th[0] = th_override;
-    th[2] = 100.5 - RK_HEALTH_THRESHOLD_DEFAULT;
     if ((rc = rk_pred_load(&m, model, &err)))
         goto out;
     if (rk_pred_config_of(m)->window != window) {
@@ -1032,7 +957,7 @@ static int cmd_fleet_eval(int argc, char **argv)
     }
     if ((rc = rk_fleet_load(&fl, dir, 1u << split, &err)) ||
         (rc = rk_fleet_risk_model(&fl, split, m, &risk[0], &err)) ||
-        (rc = rk_fleet_risk_logreg(&fl, split, &lr, window, &risk[1], &err)) ||
+        (rc = rk_fleet_risk_logreg(&fl, split, &det.lr, window, &risk[1], &err)) ||
         (rc = rk_fleet_risk_score(&fl, split, window, &risk[2], &err)))
         goto out;
     rk_fleet_metrics r[4];
@@ -1086,7 +1011,7 @@ out:
         rk_fleet_risk_free(&fl, risk[k]);
     rk_fleet_free(&fl);
     rk_pred_free(m);
-    rk_logreg_free(&lr);
+    rk_fleet_detectors_free(&det);
     return rc ? fail_line(rc, &err) : RK_EXIT_OK;
 }
 

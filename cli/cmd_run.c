@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rekindle/fleeteval.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
@@ -58,7 +59,8 @@ static const char usage_text[] =
     "                          or leave it out of a launch, once the model gives it at least\n"
     "                          --drain-probability of failing within its horizon (needs\n"
     "                          --health nvml or sim; readings once a minute of the GPUs' clock)\n"
-    "  --drain-probability P   default 0.5\n"
+    "  --drain-probability P   default: the threshold rk predict train chose for the model\n"
+    "                          (MODEL.json beside it), or 0.5 without that file\n"
     "  -h, --help              show this help\n"
     "\n"
     "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices);\n"
@@ -66,6 +68,32 @@ static const char usage_text[] =
     "to checkpoint and stop).\n";
 
 #define usage_error(...) rk_cli_usage_error("run", usage_text, __VA_ARGS__)
+
+/* --drain-probability's default: the threshold rk predict train chose on its validation split,
+ * from MODEL.json beside the model; 0.5 when there is no such file. 1 (said) when the file is
+ * there but broken. */
+static int drain_default(rk_sup_opts *o)
+{
+    char *side = malloc(strlen(o->predictor) + 6);
+    if (!side) {
+        fprintf(stderr, "rk run: out of memory\n");
+        return 1;
+    }
+    sprintf(side, "%s.json", o->predictor);
+    rk_fleet_detectors d;
+    rk_err err = {0};
+    int rc = rk_fleet_detectors_load(&d, side, &err);
+    free(side);
+    if (rc == RK_ENOENT)
+        return 0;
+    if (rc) {
+        fprintf(stderr, "rk run: --predictor: %s (or give --drain-probability)\n", err.msg);
+        return 1;
+    }
+    o->drain_probability = d.threshold < 0 ? 0 : d.threshold > 1 ? 1 : d.threshold;
+    rk_fleet_detectors_free(&d);
+    return 0;
+}
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
@@ -183,7 +211,7 @@ int rk_cmd_run(int argc, char **argv)
                      .health_interval_s = 5,
                      .drain_probability = 0.5};
     static char *largs[64];
-    int nlargs = 0;
+    int nlargs = 0, drain_given = 0;
     char *devices = NULL;
     opterr = 0;
     optind = 1;
@@ -273,6 +301,7 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_DRAIN_PROB:
             if (num("--drain-probability", optarg, 0.0, 1.0, &o.drain_probability))
                 return RK_EXIT_USAGE;
+            drain_given = 1;
             break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default:
@@ -308,6 +337,8 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--sim-skip needs --health sim");
     if (o.predictor && access(o.predictor, R_OK) != 0)
         return usage_error("--predictor %s: %s", o.predictor, strerror(errno));
+    if (o.predictor && !drain_given && drain_default(&o))
+        return RK_EXIT_USAGE;
     if (o.health && strcmp(o.health, "sim") == 0) { /* the fleet covers every device index */
         o.health_sim_gpus = 1;
         for (int d = 0; d < o.ndevices; d++) {

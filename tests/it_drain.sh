@@ -7,7 +7,7 @@
 #    (event predicted_failure, checkpoint, stop, relaunch without it) and leaves it out;
 #  - one that predicts none changes nothing;
 #  - bad flags: --predictor without the gate, --sim-skip without the simulator, a missing
-#    model file: exit 2.
+#    model file, a broken MODEL.json beside it: exit 2.
 # Fleet: seed 6 of 8 GPUs; its first failure is read from the simulator's ground truth and
 # --sim-skip puts it 3 simulated minutes into the job. Skips (77) without mpirun or data.
 set -u
@@ -92,4 +92,7 @@ expect2 "needs the health gate" --health off --predictor "$work/hot.model"
 expect2 "needs the health gate" --predictor "$work/hot.model"
 expect2 "needs --health sim" --health nvml --sim-skip 3
 expect2 "no-such.model" --health sim --predictor "$work/no-such.model"
+# the drain threshold's default comes from MODEL.json beside the model: a broken one is refused
+cp "$work/hot.model" "$work/broken.model" && echo '{"format": "x"}' >"$work/broken.model.json"
+expect2 "broken.model.json: not the detectors file" --health sim --predictor "$work/broken.model"
 it_finish

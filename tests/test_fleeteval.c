@@ -434,6 +434,104 @@ static void test_dataset_loads_and_broken_ones_are_refused(void **state)
     assert_non_null(strstr(err.msg, "fleet.json"));
 }
 
+/* A detectors file as rk predict train writes it, with `window`, the first std and the first
+ * weight given as text. */
+static char *detectors_text(const char *window, const char *std0, const char *w0)
+{
+    static char t[1 << 14];
+    int n = snprintf(t, sizeof t,
+                     "{\"format\": \"rekindle-fleet-detectors\", \"window\": %s, \"horizon\": 60,"
+                     " \"predictor\": {\"threshold\": 0.9}, \"logreg\": {\"threshold\": 0.8,"
+                     " \"threshold_best_f1\": 0.95, \"b\": -1.5, \"w\": [%s",
+                     window, w0);
+    for (int k = 1; k < RK_FLEET_SUMMARY; k++)
+        n += snprintf(t + n, sizeof t - (size_t)n, ", 0.01");
+    n += snprintf(t + n, sizeof t - (size_t)n, "], \"mean\": [0");
+    for (int k = 1; k < RK_FLEET_SUMMARY; k++)
+        n += snprintf(t + n, sizeof t - (size_t)n, ", 0");
+    n += snprintf(t + n, sizeof t - (size_t)n, "], \"std\": [%s", std0);
+    for (int k = 1; k < RK_FLEET_SUMMARY; k++)
+        n += snprintf(t + n, sizeof t - (size_t)n, ", 2");
+    snprintf(t + n, sizeof t - (size_t)n, "]}}");
+    return t;
+}
+
+static void test_detectors_file_and_manifest_parsers(void **state)
+{
+    (void)state;
+    rk_fleet_detectors d;
+    rk_err err = {0};
+    const char *t = detectors_text("60", "2", "0.5");
+    assert_int_equal(rk_fleet_detectors_parse(&d, t, strlen(t), "m.json", &err), RK_OK);
+    assert_int_equal(d.window, 60);
+    assert_int_equal(d.horizon, 60);
+    assert_true(d.threshold == 0.9 && d.lr_threshold == 0.8 && d.lr_threshold_best_f1 == 0.95);
+    float x[RK_FLEET_SUMMARY] = {0};
+    x[0] = 4; /* standardised 2, weight 0.5: z = -1.5 + 1 */
+    assert_true(fabs(rk_logreg_prob(&d.lr, x) - 1 / (1 + exp(0.5))) < 1e-9);
+    rk_fleet_detectors_free(&d);
+    /* the same from a file; a missing file is RK_ENOENT naming it */
+    char path[700];
+    snprintf(path, sizeof path, "%s/m.json", g_dir);
+    put(path, t);
+    assert_int_equal(rk_fleet_detectors_load(&d, path, &err), RK_OK);
+    rk_fleet_detectors_free(&d);
+    snprintf(path, sizeof path, "%s/none.json", g_dir);
+    assert_int_equal(rk_fleet_detectors_load(&d, path, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "none.json"));
+    /* refused, each with its reason */
+    struct {
+        const char *window, *std0, *w0, *says;
+    } bad[] = {{"0", "2", "0.5", "window 0"},
+               {"99999", "2", "0.5", "out of range"},
+               {"60", "0", "0.5", "std > 0"},
+               {"60", "-1", "0.5", "std > 0"},
+               {"60", "2", "1e300", "finite float"},
+               {"60.5", "2", "0.5", "not the detectors file"},
+               {"60", "2", "\"a\"", "not a number"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        t = detectors_text(bad[i].window, bad[i].std0, bad[i].w0);
+        assert_int_equal(rk_fleet_detectors_parse(&d, t, strlen(t), "m.json", &err), RK_EFORMAT);
+        assert_non_null(strstr(err.msg, "m.json"));
+        if (!strstr(err.msg, bad[i].says))
+            fail_msg("case %zu: '%s' does not say '%s'", i, err.msg, bad[i].says);
+        assert_null(d.lr.w);
+    }
+    assert_int_equal(rk_fleet_detectors_parse(&d, "{", 1, "m.json", &err), RK_EFORMAT);
+
+    /* the manifest alone: metadata without histories; a file outside the directory or a
+     * failure after the history's end is refused */
+    const char *head = "{\"format\": \"rekindle-fleet-dataset\", \"seed\": 3, \"hours\": 2,"
+                       " \"features\": [\"temp\", \"fan\", \"power\", \"sm_clock\", \"util\","
+                       " \"throttle\", \"ecc_corrected\", \"ecc_uncorrected\", \"pcie_replay\","
+                       " \"xid\", \"vrm_ripple\", \"fan_vibration\"], \"devices\": [";
+    char text[2048];
+    rk_fleet f;
+    snprintf(text, sizeof text, "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
+             " \"test\", \"file\": \"gpu-0000.safetensors\", \"steps\": 120, \"failure\":"
+             " {\"minute\": 100, \"event\": \"dbe\", \"precursor_minute\": 40}}]}", head);
+    assert_int_equal(rk_fleet_parse_manifest(&f, text, strlen(text), "fleet.json", &err), RK_OK);
+    assert_int_equal(f.gpus, 1);
+    assert_int_equal(f.gpu[0].split, RK_FLEET_TEST);
+    assert_int_equal(f.gpu[0].failure, 100);
+    assert_int_equal(f.gpu[0].precursor, 40);
+    assert_string_equal(f.gpu[0].file, "gpu-0000.safetensors");
+    assert_null(f.gpu[0].x);
+    rk_fleet_free(&f);
+    snprintf(text, sizeof text, "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
+             " \"test\", \"file\": \"../x\", \"steps\": 120}]}", head);
+    assert_int_equal(rk_fleet_parse_manifest(&f, text, strlen(text), "fleet.json", &err),
+                     RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "device 0"));
+    snprintf(text, sizeof text, "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
+             " \"test\", \"file\": \"g\", \"steps\": 120, \"failure\": {\"minute\": 121,"
+             " \"event\": \"dbe\"}}]}", head);
+    assert_int_equal(rk_fleet_parse_manifest(&f, text, strlen(text), "fleet.json", &err),
+                     RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "minute"));
+    assert_null(f.gpu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +540,8 @@ int main(void)
         cmocka_unit_test(test_training_windows_and_hard_negatives),
         cmocka_unit_test(test_summary_and_logistic_regression),
         cmocka_unit_test_setup_teardown(test_dataset_loads_and_broken_ones_are_refused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_detectors_file_and_manifest_parsers, setup,
                                         teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,6 +42,7 @@ enum { RK_FLEET_TRAIN = 0, RK_FLEET_VAL = 1, RK_FLEET_TEST = 2 };
 typedef struct rk_fleet_gpu {
     int index, split; /* split: RK_FLEET_* */
     char uuid[96], profile[32], event[24];
+    char file[64];  /* its history's file name in the dataset directory */
     size_t steps;
     long start_minute;
     long failure;   /* the step of its failure, -1: none */
@@ -62,6 +63,10 @@ typedef struct rk_fleet {
  * file and problem for anything malformed (another format, a shape that disagrees with the
  * manifest, a non-finite value, a failure outside the history). On failure *f is empty. */
 int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err);
+/* The manifest alone (len bytes of fleet.json's text, `name` for errors): every GPU's metadata,
+ * no history. The same checks and errors as rk_fleet_load. */
+int rk_fleet_parse_manifest(rk_fleet *f, const char *text, size_t len, const char *name,
+                            rk_err *err);
 void rk_fleet_free(rk_fleet *f);
 
 /* 1 when the window ending at minute m is positive (m < failure <= m + horizon), else 0. */
@@ -147,6 +152,27 @@ int rk_logreg_train(rk_logreg *m, int d, const float *x, const float *y, size_t 
                     const float *yv, size_t nv, const rk_logreg_opts *o, rk_err *err);
 double rk_logreg_prob(const rk_logreg *m, const float *x);
 void rk_logreg_free(rk_logreg *m);
+
+/* ---- the detectors file ------------------------------------------------------------------- */
+
+/* What rk predict train writes beside MODEL as MODEL.json: the window and horizon it trained
+ * for, the predictor's threshold and the logistic-regression baseline with its two thresholds
+ * (the predictor's rule, and its own best validation F1), all chosen on the val split. */
+typedef struct rk_fleet_detectors {
+    int window, horizon;
+    double threshold;
+    double lr_threshold, lr_threshold_best_f1;
+    rk_logreg lr;
+} rk_fleet_detectors;
+
+/* Read MODEL.json (RK_ENOENT when missing; RK_EFORMAT naming the problem: another format, a
+ * window or horizon out of range, a weight that is not a finite float, a std that is not > 0).
+ * On failure *d is empty. */
+int rk_fleet_detectors_load(rk_fleet_detectors *d, const char *path, rk_err *err);
+/* The same from len bytes of text (`name` for errors). */
+int rk_fleet_detectors_parse(rk_fleet_detectors *d, const char *text, size_t len,
+                             const char *name, rk_err *err);
+void rk_fleet_detectors_free(rk_fleet_detectors *d);
 
 /* ---- risks and the event-level evaluation ------------------------------------------------- */
 

@@ -86,55 +86,27 @@ static int want_int(json_t *o, const char *key, const char *file, int idx, long 
     return RK_OK;
 }
 
-int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
+/* The manifest's fields into f (every GPU's metadata, no history); `path` names it in errors. */
+static int parse_manifest(rk_fleet *f, json_t *j, const char *path, rk_err *err)
 {
-    memset(f, 0, sizeof *f);
-    size_t plen = strlen(dir) + 64;
-    char *path = malloc(plen);
-    if (!path)
-        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
-    snprintf(path, plen, "%s/fleet.json", dir);
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
     int rc = RK_OK;
-    if (!j) {
-        FILE *probe = fopen(path, "r");
-        if (!probe)
-            rc = rk_err_set(err, RK_ENOENT,
-                            "%s: no such file (not a dataset of rk predict "
-                            "dataset)",
-                            path);
-        else {
-            fclose(probe);
-            rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
-        }
-        free(path);
-        return rc;
-    }
     json_t *fmt = json_object_get(j, "format"), *devs = json_object_get(j, "devices");
     json_t *hours = json_object_get(j, "hours"), *seed = json_object_get(j, "seed");
-    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "rekindle-fleet-dataset") != 0) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: not a rekindle fleet dataset", path);
-        goto out;
-    }
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "rekindle-fleet-dataset") != 0)
+        return rk_err_set(err, RK_EFORMAT, "%s: not a rekindle fleet dataset", path);
     if (!json_is_array(devs) || json_array_size(devs) < 1 || json_array_size(devs) > 1024 ||
-        !json_is_number(hours) || !json_is_integer(seed)) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: devices, hours or seed missing or malformed", path);
-        goto out;
-    }
+        !json_is_number(hours) || !json_is_integer(seed))
+        return rk_err_set(err, RK_EFORMAT, "%s: devices, hours or seed missing or malformed",
+                          path);
     json_t *feat = json_object_get(j, "features");
-    if (!json_is_array(feat) || json_array_size(feat) != F) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: %zu features, expected %d", path,
-                        json_array_size(feat), F);
-        goto out;
-    }
+    if (!json_is_array(feat) || json_array_size(feat) != F)
+        return rk_err_set(err, RK_EFORMAT, "%s: %zu features, expected %d", path,
+                          json_array_size(feat), F);
     for (int k = 0; k < F; k++) {
         json_t *nm = json_array_get(feat, (size_t)k);
-        if (!json_is_string(nm) || strcmp(json_string_value(nm), rk_fleet_feature_names[k])) {
-            rc = rk_err_set(err, RK_EFORMAT, "%s: feature %d is not \"%s\"", path, k,
-                            rk_fleet_feature_names[k]);
-            goto out;
-        }
+        if (!json_is_string(nm) || strcmp(json_string_value(nm), rk_fleet_feature_names[k]))
+            return rk_err_set(err, RK_EFORMAT, "%s: feature %d is not \"%s\"", path, k,
+                              rk_fleet_feature_names[k]);
     }
     f->seed = (uint64_t)json_integer_value(seed);
     f->hours = json_number_value(hours);
@@ -143,10 +115,8 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
     f->start_age_h = json_is_number(age) ? json_number_value(age) : 0;
     f->gpus = (int)json_array_size(devs);
     f->gpu = calloc((size_t)f->gpus, sizeof *f->gpu);
-    if (!f->gpu) {
-        rc = rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
-        goto out;
-    }
+    if (!f->gpu)
+        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
     for (int i = 0; i < f->gpus && !rc; i++) {
         json_t *d = json_array_get(devs, (size_t)i);
         rk_fleet_gpu *g = &f->gpu[i];
@@ -170,13 +140,14 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
                    : strcmp(split, "val") == 0   ? RK_FLEET_VAL
                    : strcmp(split, "test") == 0  ? RK_FLEET_TEST
                                                  : -1;
-        if (g->split < 0 || !file || !uuid || !prof || strchr(file, '/') || file[0] == '.') {
+        if (g->split < 0 || !file || !uuid || !prof || strchr(file, '/') || file[0] == '.' ||
+            strlen(file) >= sizeof g->file) {
             rc = rk_err_set(err, RK_EFORMAT,
-                            "%s: device %d: split, file, uuid or profile "
-                            "missing or malformed",
+                            "%s: device %d: split, file, uuid or profile missing or malformed",
                             path, i);
             break;
         }
+        snprintf(g->file, sizeof g->file, "%s", file);
         snprintf(g->uuid, sizeof g->uuid, "%s", uuid);
         snprintf(g->profile, sizeof g->profile, "%s", prof);
         json_t *fl = json_object_get(d, "failure");
@@ -185,28 +156,73 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
             if ((rc = want_int(fl, "minute", path, i, 0, steps, &g->failure, err)))
                 break;
             if (!ev) {
-                rc =
-                    rk_err_set(err, RK_EFORMAT, "%s: device %d: failure without an event", path, i);
+                rc = rk_err_set(err, RK_EFORMAT, "%s: device %d: failure without an event", path,
+                                i);
                 break;
             }
             snprintf(g->event, sizeof g->event, "%s", ev);
             json_t *pm = json_object_get(fl, "precursor_minute");
             if (pm && !json_is_null(pm) &&
-                (rc = want_int(fl, "precursor_minute", path, i, 0, g->failure, &g->precursor, err)))
+                (rc = want_int(fl, "precursor_minute", path, i, 0, g->failure, &g->precursor,
+                               err)))
                 break;
         }
+    }
+    return rc;
+}
+
+int rk_fleet_parse_manifest(rk_fleet *f, const char *text, size_t len, const char *name,
+                            rk_err *err)
+{
+    memset(f, 0, sizeof *f);
+    json_error_t je;
+    json_t *j = json_loadb(text, len, 0, &je);
+    if (!j)
+        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", name, je.line, je.text);
+    int rc = parse_manifest(f, j, name, err);
+    json_decref(j);
+    if (rc)
+        rk_fleet_free(f);
+    return rc;
+}
+
+int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
+{
+    memset(f, 0, sizeof *f);
+    size_t plen = strlen(dir) + 64;
+    char *path = malloc(plen);
+    if (!path)
+        return rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
+    snprintf(path, plen, "%s/fleet.json", dir);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    int rc = RK_OK;
+    if (!j) {
+        FILE *probe = fopen(path, "r");
+        if (!probe)
+            rc = rk_err_set(err, RK_ENOENT,
+                            "%s: no such file (not a dataset of rk predict dataset)", path);
+        else {
+            fclose(probe);
+            rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+        }
+        free(path);
+        return rc;
+    }
+    rc = parse_manifest(f, j, path, err);
+    for (int i = 0; i < f->gpus && !rc; i++) {
+        rk_fleet_gpu *g = &f->gpu[i];
         if (!((splits >> g->split) & 1u))
             continue;
-        char *hp = malloc(strlen(dir) + strlen(file) + 2);
+        char *hp = malloc(strlen(dir) + strlen(g->file) + 2);
         if (!hp) {
             rc = rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
             break;
         }
-        sprintf(hp, "%s/%s", dir, file);
+        sprintf(hp, "%s/%s", dir, g->file);
         rc = load_history(g, hp, err);
         free(hp);
     }
-out:
     json_decref(j);
     free(path);
     if (rc)
@@ -465,9 +481,10 @@ void rk_logreg_free(rk_logreg *m)
 
 double rk_logreg_prob(const rk_logreg *m, const float *x)
 {
+    /* in double: any finite float weights and std > 0 keep z finite */
     double z = m->b;
     for (int k = 0; k < m->d; k++)
-        z += m->w[k] * ((x[k] - m->mean[k]) / m->std[k]);
+        z += (double)m->w[k] * (((double)x[k] - m->mean[k]) / m->std[k]);
     return 1.0 / (1.0 + exp(-z));
 }
 
@@ -834,4 +851,101 @@ int rk_fleet_pick_threshold(const rk_fleet *f, int split, float *const *risk, in
         }
     }
     return RK_OK;
+}
+
+/* ---- the detectors file (MODEL.json) ------------------------------------------------------ */
+
+void rk_fleet_detectors_free(rk_fleet_detectors *d)
+{
+    if (d)
+        rk_logreg_free(&d->lr);
+}
+
+static int parse_detectors(rk_fleet_detectors *d, json_t *j, const char *path, rk_err *err)
+{
+    json_t *fmt = json_object_get(j, "format"), *jl = json_object_get(j, "logreg");
+    json_t *jp = json_object_get(j, "predictor");
+    json_t *w = json_object_get(jl, "w"), *mu = json_object_get(jl, "mean"),
+           *sd = json_object_get(jl, "std");
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "rekindle-fleet-detectors") ||
+        !json_is_integer(json_object_get(j, "window")) ||
+        !json_is_integer(json_object_get(j, "horizon")) ||
+        !json_is_number(json_object_get(jp, "threshold")) ||
+        !json_is_number(json_object_get(jl, "threshold")) ||
+        !json_is_number(json_object_get(jl, "threshold_best_f1")) ||
+        !json_is_number(json_object_get(jl, "b")) || json_array_size(w) != RK_FLEET_SUMMARY ||
+        json_array_size(mu) != RK_FLEET_SUMMARY || json_array_size(sd) != RK_FLEET_SUMMARY)
+        return rk_err_set(err, RK_EFORMAT, "%s: not the detectors file of rk predict train",
+                          path);
+    json_int_t win = json_integer_value(json_object_get(j, "window"));
+    json_int_t hor = json_integer_value(json_object_get(j, "horizon"));
+    if (win < 1 || win > RK_PRED_MAX_WINDOW || hor < 1 || hor > 1440)
+        return rk_err_set(err, RK_EFORMAT, "%s: window %lld or horizon %lld out of range "
+                          "(1..%d, 1..1440)", path, (long long)win, (long long)hor,
+                          RK_PRED_MAX_WINDOW);
+    d->window = (int)win;
+    d->horizon = (int)hor;
+    d->threshold = json_number_value(json_object_get(jp, "threshold"));
+    d->lr_threshold = json_number_value(json_object_get(jl, "threshold"));
+    d->lr_threshold_best_f1 = json_number_value(json_object_get(jl, "threshold_best_f1"));
+    rk_logreg *lr = &d->lr;
+    lr->d = RK_FLEET_SUMMARY;
+    lr->w = malloc(RK_FLEET_SUMMARY * sizeof *lr->w);
+    lr->mean = malloc(RK_FLEET_SUMMARY * sizeof *lr->mean);
+    lr->std = malloc(RK_FLEET_SUMMARY * sizeof *lr->std);
+    if (!lr->w || !lr->mean || !lr->std)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", path);
+    lr->b = (float)json_number_value(json_object_get(jl, "b"));
+    if (!isfinite(lr->b))
+        return rk_err_set(err, RK_EFORMAT, "%s: logreg b is not a finite float", path);
+    for (int k = 0; k < RK_FLEET_SUMMARY; k++) {
+        json_t *a = json_array_get(w, (size_t)k), *b = json_array_get(mu, (size_t)k),
+               *s = json_array_get(sd, (size_t)k);
+        if (!json_is_number(a) || !json_is_number(b) || !json_is_number(s))
+            return rk_err_set(err, RK_EFORMAT, "%s: logreg value %d is not a number", path, k);
+        lr->w[k] = (float)json_number_value(a);
+        lr->mean[k] = (float)json_number_value(b);
+        lr->std[k] = (float)json_number_value(s);
+        if (!isfinite(lr->w[k]) || !isfinite(lr->mean[k]) || !(lr->std[k] > 0) ||
+            !isfinite(lr->std[k]))
+            return rk_err_set(err, RK_EFORMAT,
+                              "%s: logreg value %d is not a finite float (std > 0)", path, k);
+    }
+    return RK_OK;
+}
+
+int rk_fleet_detectors_parse(rk_fleet_detectors *d, const char *text, size_t len,
+                             const char *name, rk_err *err)
+{
+    memset(d, 0, sizeof *d);
+    json_error_t je;
+    json_t *j = json_loadb(text, len, 0, &je);
+    if (!j)
+        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", name, je.line, je.text);
+    int rc = parse_detectors(d, j, name, err);
+    json_decref(j);
+    if (rc)
+        rk_fleet_detectors_free(d);
+    return rc;
+}
+
+int rk_fleet_detectors_load(rk_fleet_detectors *d, const char *path, rk_err *err)
+{
+    memset(d, 0, sizeof *d);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) {
+        FILE *probe = fopen(path, "r");
+        if (!probe)
+            return rk_err_set(err, RK_ENOENT,
+                              "%s: no such file (rk predict train writes it beside the model)",
+                              path);
+        fclose(probe);
+        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+    }
+    int rc = parse_detectors(d, j, path, err);
+    json_decref(j);
+    if (rc)
+        rk_fleet_detectors_free(d);
+    return rc;
 }
