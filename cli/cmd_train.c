@@ -71,6 +71,8 @@ static const char usage_text[] =
     "  --compress KIND      gradient allreduce: none | fp16 | bf16 | onebit (1-bit signs with\n"
     "                       error feedback) | onebit-noef (default none; docs/compression.md)\n"
     "  --compress-warmup N  full-precision allreduce for the first N steps (default 0)\n"
+    "  --compress-on WHAT   momentum (default: with sgd, each rank's share of the new momentum\n"
+    "                       is compressed, as 1-bit Adam does) | gradient\n"
     "  --precision P        fp32 | fp16 | bf16: activations and gradients stored in P, fp32\n"
     "                       master weights (default fp32; docs/amp.md)\n"
     "  --loss-scale X       fp16: initial loss scale (default 32768)\n"
@@ -174,6 +176,7 @@ enum {
     OPT_GRAD_RATIO,
     OPT_COMPRESS,
     OPT_COMPRESS_WARMUP,
+    OPT_COMPRESS_ON,
     OPT_PRECISION,
     OPT_LOSS_SCALE,
     OPT_LOSS_SCALE_MIN,
@@ -209,6 +212,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         {"grad-ratio", required_argument, 0, OPT_GRAD_RATIO},
         {"compress", required_argument, 0, OPT_COMPRESS},
         {"compress-warmup", required_argument, 0, OPT_COMPRESS_WARMUP},
+        {"compress-on", required_argument, 0, OPT_COMPRESS_ON},
         {"precision", required_argument, 0, OPT_PRECISION},
         {"loss-scale", required_argument, 0, OPT_LOSS_SCALE},
         {"loss-scale-min", required_argument, 0, OPT_LOSS_SCALE_MIN},
@@ -359,6 +363,14 @@ static int parse_args(int argc, char **argv, train_opts *o)
                 return RK_EXIT_USAGE;
             o->cfg.compress_warmup = v;
             break;
+        case OPT_COMPRESS_ON:
+            if (strcmp(optarg, "momentum") == 0)
+                o->cfg.compress_momentum = 1;
+            else if (strcmp(optarg, "gradient") == 0)
+                o->cfg.compress_momentum = 0;
+            else
+                return usage_error("--compress-on: '%s' is not momentum or gradient", optarg);
+            break;
         case OPT_PRECISION:
             if (rk_dtype_parse(optarg, &o->cfg.precision))
                 return usage_error("--precision '%s' is not fp32, fp16 or bf16", optarg);
@@ -508,8 +520,14 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "allreduce_seconds", json_real(r->allreduce_seconds));
     json_object_set_new(j, "compress", json_string(rk_compress_name(o->compress)));
     json_object_set_new(j, "compress_warmup", json_integer(o->cfg.compress_warmup));
+    json_object_set_new(j, "compress_on",
+                        json_string(o->cfg.optim == RK_OPTIM_SGD && o->cfg.momentum != 0.0f &&
+                                            o->cfg.compress_momentum
+                                        ? "momentum"
+                                        : "gradient"));
     json_object_set_new(j, "grad_bytes_sent", json_integer((json_int_t)r->grad_bytes_sent));
     json_object_set_new(j, "precision", json_string(rk_dtype_name(o->cfg.precision)));
+    json_object_set_new(j, "conv_storage", json_string(rk_dtype_name(m->conv_store)));
     json_object_set_new(j, "loss_scale", o->cfg.precision == RK_F16 ? json_real(r->loss_scale)
                                                                   : json_null());
     json_object_set_new(j, "amp_skipped_steps", json_integer(r->amp_skipped));
@@ -755,6 +773,9 @@ int rk_cmd_train(int argc, char **argv)
                o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
         if (o.compress != RK_COMPRESS_NONE || o.cfg.precision != RK_F32) {
             printf("rk train: gradients allreduced as %s", rk_compress_name(o.compress));
+            if (o.compress != RK_COMPRESS_NONE && o.cfg.optim == RK_OPTIM_SGD &&
+                o.cfg.momentum != 0.0f)
+                printf(" (on the %s)", o.cfg.compress_momentum ? "momentum" : "gradient");
             if (o.compress != RK_COMPRESS_NONE && o.cfg.compress_warmup > 0)
                 printf(" after %lld full-precision steps", (long long)o.cfg.compress_warmup);
             if (o.compress != RK_COMPRESS_NONE && nranks == 1)
@@ -764,6 +785,8 @@ int rk_cmd_train(int argc, char **argv)
                 printf(", loss scale %g", (double)scaler.scale);
             printf("\n");
         }
+        if (o.cfg.precision != RK_F32)
+            printf("rk train: %s\n", m.storage_note);
     }
     /* a bar only on a terminal of our own: under mpirun (even one rank) or a supervisor,
      * plain lines */

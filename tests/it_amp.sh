@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compressed gradients and mixed precision in `rk train` under real Open MPI processes:
 # onebit on 4 ranks trains (the loss falls) while sending over 20x fewer gradient bytes than
-# the plain allreduce; fp16 and bf16 train with fp32 master weights and report the loss
+# the plain allreduce; compressing the momentum (the default) with nearly lossless fp16 pieces
+# follows the plain allreduce step by step, with and without the fp16 loss scaler; fp16 and bf16 train with fp32 master weights and report the loss
 # scale; a run of onebit + fp16 stopped at a checkpoint and resumed ends with the same
 # weights as one that never stopped (error-feedback residuals and the loss scaler are in the
 # checkpoint); compression on one process and a warm-up run; bad flags are refused with
@@ -52,6 +53,32 @@ for p in fp16 bf16; do
       ok "--precision $p trains on one process ($msg), loss scale $(json "$work/p-$p.json" loss_scale)"
     else bad "--precision $p: $msg"; fi
 done
+# onebit and fp16 pieces compress each rank's share of the momentum by default; with fp16 pieces
+# (nearly lossless) the run must follow the plain allreduce's loss step by step, also with the
+# loss scaler in between: a momentum of the wrong size (0.45 instead of 0.9) is 0.55 off
+# (measured), a right one 0.05-0.08 (chaos over 60 steps)
+close() { # close A B: the largest relative gap between the per-step losses of runs A and B
+  python3 - "$work/$1.loss" "$work/$2.loss" <<'PY'
+import sys
+a = [float(x.split()[1]) for x in open(sys.argv[1])]
+b = [float(x.split()[1]) for x in open(sys.argv[2])]
+n = min(len(a), len(b))
+gap = max(abs(x - y) / y for x, y in zip(a[:n], b[:n]))
+print(f"{gap:.3f} over {n} steps")
+sys.exit(0 if n >= 50 and gap < 0.2 else 1)
+PY
+}
+run fp16m 4 --max-steps 60 --no-eval --compress fp16 &&
+  if grep -q "as fp16 (on the momentum)" "$work/fp16m.out" && [[ "$(json "$work/fp16m.json" compress_on)" == momentum ]] &&
+     msg=$(close fp16m none); then ok "fp16 pieces of the momentum follow the plain allreduce (largest loss gap $msg)"
+  else bad "fp16 on the momentum: ${msg:-not reported}: $(grep 'allreduced' "$work/fp16m.out")"; fi
+run p16n 4 --max-steps 60 --no-eval --precision fp16 &&
+run p16m 4 --max-steps 60 --no-eval --compress fp16 --precision fp16 &&
+  if msg=$(close p16m p16n); then ok "... and with --precision fp16's loss scaler (largest loss gap $msg)"
+  else bad "fp16 pieces of the momentum under the loss scaler: $msg"; fi
+run obg 4 --max-steps 60 --no-eval --compress onebit --compress-on gradient &&
+  [[ "$(json "$work/obg.json" compress_on)" == gradient ]] && ok "--compress-on gradient: $(falls obg)" ||
+  bad "--compress-on gradient: $(grep 'allreduced' "$work/obg.out")"
 [[ "$(json "$work/p-bf16.json" loss_scale)" == None ]] && ok "bf16 has no loss scale" || bad "bf16 loss scale"
 # fp16 without loss scaling would lose these gradients: the scaler backs off from 2^15 only on
 # overflow, so the run reports a scale and how many steps it skipped
@@ -78,6 +105,7 @@ expect2() {
   else bad "$* -> exit $st: $(head -2 "$work/bad.out")"; fi
 }
 expect2 "'2bit'" --compress 2bit
+expect2 "not momentum or gradient" --compress onebit --compress-on weights
 expect2 "fp8" --precision fp8
 expect2 "need --precision fp16" --loss-scale 1024
 expect2 "need --precision fp16" --precision bf16 --hysteresis 2

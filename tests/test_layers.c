@@ -2,7 +2,8 @@
  * Each layer's backward pass against central finite differences of its forward pass, on the
  * CPU backend: dense (with and without ReLU), the fused conv block (conv + bias + ReLU + 2x2
  * max pool, input and weight gradients), dropout and softmax cross-entropy. The scalar probed
- * is L = sum(y * r) for a fixed random r, so dL/dy = r.
+ * is L = sum(y * r) for a fixed random r, so dL/dy = r. The conv block with bf16 storage is
+ * checked against the fp32 block instead (skipped where the CPU has no bf16 kernels).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -16,6 +17,7 @@
 #include <cmocka.h>
 
 #include "nn/backend.h"
+#include "rekindle/amp.h"
 #include "rekindle/rng.h"
 
 static const rk_backend *be;
@@ -129,7 +131,7 @@ static void check_conv(int ic, int oc, int k, int hw)
 {
     rk_rng rng;
     rk_rng_seed(&rng, 7 + (uint64_t)k + (uint64_t)ic * 100);
-    rk_convblock_shape s = {2, ic, hw, hw, oc, k};
+    rk_convblock_shape s = {2, ic, hw, hw, oc, k, RK_F32};
     size_t nx = (size_t)s.n * ic * hw * hw, nw = (size_t)oc * ic * k * k;
     size_t ny = (size_t)s.n * oc * (hw / 2) * (hw / 2);
     float *x = rand_buf(&rng, nx, 1.0f), *w = rand_buf(&rng, nw, 0.5f);
@@ -210,11 +212,232 @@ static void convblock_backward_without_forward_is_an_error(void **state)
 {
     (void)state;
     rk_op_cache *cache = NULL;
-    rk_convblock_shape s = {1, 1, 4, 4, 2, 3};
+    rk_convblock_shape s = {1, 1, 4, 4, 2, 3, RK_F32};
     float dy[8] = {0}, dw[18], db[2];
     rk_err err = {0};
     assert_int_equal(be->convblock_backward(&cache, &s, dy, NULL, dw, db, &err), RK_EINVAL);
     assert_non_null(strstr(err.msg, "backward"));
+}
+
+/* ---- conv block with bf16 storage ----
+ *
+ * The bf16 block against the fp32 block on the same bf16 values. Its convolutions multiply
+ * bf16 values (the products are exact in fp32) and accumulate in fp32, as the fp32 block
+ * does, and round once where they store: the conv output, the pooled values and dx. So:
+ * - with inputs whose conv outputs are exact in bf16 (small integers times multiples of 1/4,
+ *   at most 64 in magnitude: 8 significant bits hold them), both blocks pick the same window
+ *   winners and y is bit for bit the same; dw and db are fp32 sums of the same exact
+ *   products, equal up to summation order (1e-5 relative, norm-wise, covers fp32's 6e-8 unit
+ *   roundoff over the few hundred terms per sum); dx is the fp32 result rounded to bf16 once,
+ *   so it is within half a bf16 ulp: |dx16 - dx32| <= 2^-8 |dx32| (8-bit mantissa, round to
+ *   nearest), plus the same summation slack;
+ * - with general bf16 inputs, every y is the fp32 y rounded once: within 2^-8 of it,
+ *   relatively. (Gradients are not compared there: a window whose two largest values round
+ *   to the same bf16 may pick another winner, which moves a whole gradient term.) */
+
+static float bf16_round(float v)
+{
+    return rk_bf16_to_f32(rk_f32_to_bf16(v));
+}
+
+/* The blocks need this CPU's bf16 kernels; without them the test says so and is skipped. */
+static int have_bf16(const rk_convblock_shape *s)
+{
+    char why[128] = "";
+    if (be->convblock_storage && be->convblock_storage(s, why, sizeof why) == RK_BF16)
+        return 1;
+    print_message("skipped: no bf16 conv kernels here (%s)\n", why);
+    return 0;
+}
+
+typedef struct conv_run {
+    float *y, *dx, *dw, *db;
+} conv_run;
+
+static void conv_run_block(rk_convblock_shape s, rk_dtype dt, const float *x, const float *w,
+                           const float *b, const float *dy, conv_run *out)
+{
+    size_t nx = (size_t)s.n * s.ic * s.h * s.w, nw = (size_t)s.oc * s.ic * s.k * s.k;
+    size_t ny = (size_t)s.n * s.oc * (s.h / 2) * (s.w / 2);
+    out->y = be->alloc(ny * sizeof(float));
+    out->dx = be->alloc(nx * sizeof(float));
+    out->dw = be->alloc(nw * sizeof(float));
+    out->db = be->alloc((size_t)s.oc * sizeof(float));
+    float *g = be->alloc(ny * sizeof(float));
+    memcpy(g, dy, ny * sizeof(float));
+    rk_op_cache *cache = NULL;
+    rk_err err = {0};
+    s.dtype = dt;
+    if (be->convblock_forward(&cache, &s, x, w, b, out->y, &err) ||
+        be->convblock_backward(&cache, &s, g, out->dx, out->dw, out->db, &err))
+        fail_msg("%s", err.msg);
+    be->cache_free(cache);
+    be->free(g);
+}
+
+static void conv_run_free(conv_run *r)
+{
+    float *bufs[] = {r->y, r->dx, r->dw, r->db};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(bufs[i]);
+}
+
+/* Norm-wise relative difference. */
+static double rel_diff(const float *a, const float *ref, size_t n)
+{
+    double d2 = 0.0, r2 = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        d2 += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        r2 += (double)ref[i] * ref[i];
+    }
+    return sqrt(d2 / (r2 + 1e-30));
+}
+
+/* exact = 1: x in {-1, 0, 1}, w and b multiples of 1/4 in [-1/2, 1/2] (the shapes keep
+ * ic * k * k / 2 + 1/2 <= 64); else uniform values rounded to bf16. dy: uniform, rounded. */
+static void check_conv_bf16(int n, int ic, int oc, int k, int hw, int exact)
+{
+    rk_convblock_shape s = {n, ic, hw, hw, oc, k, RK_BF16};
+    if (!have_bf16(&s)) {
+        skip();
+        return;
+    }
+    assert_true(!exact || ic * k * k / 2 + 1 <= 64);
+    rk_rng rng;
+    rk_rng_seed(&rng, 11 + (uint64_t)oc + (uint64_t)k * 7 + (uint64_t)exact);
+    size_t nx = (size_t)n * ic * hw * hw, nw = (size_t)oc * ic * k * k;
+    size_t ny = (size_t)n * oc * (hw / 2) * (hw / 2);
+    float *x = rand_buf(&rng, nx, 1.0f), *w = rand_buf(&rng, nw, 0.5f);
+    float *b = rand_buf(&rng, (size_t)oc, 0.5f), *dy = rand_buf(&rng, ny, 1.0f);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = exact ? roundf(x[i]) : bf16_round(x[i]);
+    for (size_t i = 0; i < nw; i++)
+        w[i] = exact ? roundf(w[i] * 4.0f) / 4.0f : bf16_round(w[i]);
+    for (int i = 0; i < oc; i++)
+        b[i] = exact ? roundf(b[i] * 4.0f) / 4.0f : bf16_round(b[i]);
+    for (size_t i = 0; i < ny; i++)
+        dy[i] = bf16_round(dy[i]);
+
+    conv_run r32, r16;
+    conv_run_block(s, RK_F32, x, w, b, dy, &r32);
+    conv_run_block(s, RK_BF16, x, w, b, dy, &r16);
+
+    int positive = 0;
+    for (size_t i = 0; i < ny; i++) {
+        positive += r32.y[i] > 0.0f;
+        if (exact) {
+            if (r16.y[i] != r32.y[i])
+                fail_msg("y[%zu]: bf16 %.9g, fp32 %.9g: not bit-equal", i, (double)r16.y[i],
+                         (double)r32.y[i]);
+        } else if (fabsf(r16.y[i] - r32.y[i]) > 0x1p-8f * fabsf(r32.y[i]) * 1.001f + 1e-6f) {
+            fail_msg("y[%zu]: bf16 %.9g, fp32 %.9g: more than half a bf16 ulp apart", i,
+                     (double)r16.y[i], (double)r32.y[i]);
+        }
+        assert_true(r16.y[i] == bf16_round(r16.y[i])); /* stored in bf16: a bf16 value */
+    }
+    assert_true(positive * 4 > (int)ny); /* the ReLU left enough to compare */
+    if (exact) {
+        double edw = rel_diff(r16.dw, r32.dw, nw), edb = rel_diff(r16.db, r32.db, (size_t)oc);
+        double worst = 0.0; /* dx: in units of half a bf16 ulp */
+        for (size_t i = 0; i < nx; i++) {
+            double d = fabs((double)r16.dx[i] - r32.dx[i]);
+            double half_ulp = 0x1p-8 * fabs((double)r32.dx[i]) + 1e-6;
+            worst = d / half_ulp > worst ? d / half_ulp : worst;
+            assert_true(r16.dx[i] == bf16_round(r16.dx[i]));
+        }
+        printf("conv block bf16 n=%d ic=%d oc=%d k=%d: y bit-equal; dw %.1e, db %.1e relative; "
+               "dx within %.2f of half a bf16 ulp\n",
+               n, ic, oc, k, edw, edb, worst);
+        assert_true(edw < 1e-5);
+        assert_true(edb < 1e-5);
+        assert_true(worst <= 1.0);
+        assert_true(dot(r32.dw, r32.dw, nw) > 0.0 && dot(r32.dx, r32.dx, nx) > 0.0);
+    } else {
+        printf("conv block bf16 n=%d ic=%d oc=%d k=%d: y within half a bf16 ulp; dw differs "
+               "by %.1e, dx by %.1e (window ties)\n",
+               n, ic, oc, k, rel_diff(r16.dw, r32.dw, nw), rel_diff(r16.dx, r32.dx, nx));
+    }
+    conv_run_free(&r32);
+    conv_run_free(&r16);
+    float *bufs[] = {x, w, b, dy};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(bufs[i]);
+}
+
+static void convblock_bf16_matches_fp32_3x3(void **state)
+{
+    (void)state;
+    check_conv_bf16(2, 3, 8, 3, 8, 1);
+}
+
+static void convblock_bf16_matches_fp32_single_channel_input(void **state)
+{
+    (void)state;
+    check_conv_bf16(2, 1, 8, 3, 12, 1);
+    check_conv_bf16(3, 1, 32, 5, 28, 1); /* conv1 of cnn */
+}
+
+static void convblock_bf16_matches_fp32_channels_not_multiple_of_block(void **state)
+{
+    (void)state;
+    check_conv_bf16(2, 2, 12, 3, 6, 1);
+}
+
+static void convblock_bf16_matches_fp32_5x5_many_channels(void **state)
+{
+    (void)state;
+    check_conv_bf16(2, 4, 16, 5, 10, 1);
+    check_conv_bf16(3, 8, 64, 3, 14, 1); /* 64 channels: the NHWC layout of AMX kernels */
+}
+
+static void convblock_bf16_output_is_fp32_output_rounded(void **state)
+{
+    (void)state;
+    check_conv_bf16(2, 3, 8, 3, 8, 0);
+    check_conv_bf16(3, 32, 64, 5, 14, 0); /* conv2 of cnn */
+}
+
+/* RK_NO_HALF_KERNELS=1 makes a bf16 (or fp16) block the fp32 block, bit for bit, and the
+ * storage query says fp32. */
+static void convblock_half_kernels_off_is_fp32_exactly(void **state)
+{
+    (void)state;
+    rk_convblock_shape s = {2, 3, 8, 8, 8, 3, RK_BF16};
+    rk_rng rng;
+    rk_rng_seed(&rng, 99);
+    size_t nx = 2 * 3 * 8 * 8, nw = 8 * 3 * 3 * 3, ny = 2 * 8 * 4 * 4;
+    float *x = rand_buf(&rng, nx, 1.0f), *w = rand_buf(&rng, nw, 0.5f);
+    float *b = rand_buf(&rng, 8, 0.2f), *dy = rand_buf(&rng, ny, 1.0f);
+    const char *was = getenv("RK_NO_HALF_KERNELS");
+    char keep[64];
+    snprintf(keep, sizeof keep, "%s", was ? was : "");
+    assert_int_equal(setenv("RK_NO_HALF_KERNELS", "1", 1), 0);
+    char why[128] = "";
+    assert_int_equal(be->convblock_storage(&s, why, sizeof why), RK_F32);
+    assert_non_null(strstr(why, "RK_NO_HALF_KERNELS"));
+    conv_run r32, r16, rh;
+    conv_run_block(s, RK_F32, x, w, b, dy, &r32);
+    conv_run_block(s, RK_BF16, x, w, b, dy, &r16);
+    conv_run_block(s, RK_F16, x, w, b, dy, &rh);
+    if (was) /* as it was: the run may have set it for every test */
+        setenv("RK_NO_HALF_KERNELS", keep, 1);
+    else
+        unsetenv("RK_NO_HALF_KERNELS");
+    assert_memory_equal(r16.y, r32.y, ny * sizeof(float));
+    assert_memory_equal(r16.dx, r32.dx, nx * sizeof(float));
+    assert_memory_equal(r16.dw, r32.dw, nw * sizeof(float));
+    assert_memory_equal(rh.y, r32.y, ny * sizeof(float));
+    assert_memory_equal(rh.dw, r32.dw, nw * sizeof(float));
+    /* fp16 is never stored in 16 bits by this backend: the query says fp32 and why */
+    s.dtype = RK_F16;
+    assert_int_equal(be->convblock_storage(&s, why, sizeof why), RK_F32);
+    assert_true(why[0] != '\0');
+    conv_run *runs[] = {&r32, &r16, &rh};
+    for (int i = 0; i < 3; i++)
+        conv_run_free(runs[i]);
+    float *bufs[] = {x, w, b, dy};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(bufs[i]);
 }
 
 /* ---- dropout ---- */
@@ -340,6 +563,12 @@ int main(void)
         cmocka_unit_test(convblock_single_channel_input_backward_matches),
         cmocka_unit_test(convblock_channels_not_multiple_of_block_backward_matches),
         cmocka_unit_test(convblock_backward_without_forward_is_an_error),
+        cmocka_unit_test(convblock_bf16_matches_fp32_3x3),
+        cmocka_unit_test(convblock_bf16_matches_fp32_single_channel_input),
+        cmocka_unit_test(convblock_bf16_matches_fp32_channels_not_multiple_of_block),
+        cmocka_unit_test(convblock_bf16_matches_fp32_5x5_many_channels),
+        cmocka_unit_test(convblock_bf16_output_is_fp32_output_rounded),
+        cmocka_unit_test(convblock_half_kernels_off_is_fp32_exactly),
         cmocka_unit_test(dropout_backward_matches_finite_differences),
         cmocka_unit_test(dropout_mask_of_a_sample_does_not_depend_on_its_batch_slot),
         cmocka_unit_test(softmax_xent_gradient_matches_finite_differences),

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rekindle/amp.h"
 #include "rekindle/error.h"
 
 typedef enum rk_device { RK_DEVICE_CPU = 0, RK_DEVICE_CUDA = 1 } rk_device;
@@ -19,9 +20,13 @@ const char *rk_device_name(rk_device d);
 
 /* A fused convolution block: conv k x k, stride 1, "same" padding, bias, ReLU, then 2x2 max
  * pooling with stride 2. Input NCHW [n, ic, h, w]; output NCHW [n, oc, h/2, w/2]. Weights
- * OIHW [oc, ic, k, k]. */
+ * OIHW [oc, ic, k, k]. The op's arguments are always fp32; `dtype` asks the backend to keep
+ * the block's own tensors (its copy of x, the conv output, their gradients, the pooled
+ * values) in that type: RK_F32 (0, what an initialiser that omits it gets), or RK_F16 /
+ * RK_BF16, honoured where convblock_storage says so and stored in fp32 otherwise. */
 typedef struct rk_convblock_shape {
     int n, ic, h, w, oc, k;
+    rk_dtype dtype;
 } rk_convblock_shape;
 
 /* Per-layer state a backend keeps between calls (primitives, saved activations). Opaque. */
@@ -53,6 +58,12 @@ typedef struct rk_backend {
                              const float *w, const float *b, float *y, rk_err *err);
     int (*convblock_backward)(rk_op_cache **cache, const rk_convblock_shape *s, const float *dy,
                               float *dx, float *dw, float *db, rk_err *err);
+    /* The type a block of shape s really stores its tensors in when asked for s->dtype:
+     * s->dtype where this backend has kernels for it on this machine, else RK_F32 (the caller
+     * then emulates the format by rounding). `why` gets a short note for the user: the
+     * kernels used, or why there are none. Call after init. NULL in a backend that has no
+     * 16-bit kernels at all: the same as answering RK_F32. */
+    rk_dtype (*convblock_storage)(const rk_convblock_shape *s, char *why, size_t why_len);
 
     /* Inverted dropout over `rows` samples of `cols` values: y = x * mask / (1 - p), with
      * mask ~ Bernoulli(1 - p). Row r draws from (seed, stream, first_row + r) alone, so a

@@ -2,16 +2,20 @@
  * CPU backend: convolutions on oneDNN primitives (blocked layouts chosen by oneDNN, reordered
  * at the block's edges), 2x2 max pooling fused with the ReLU in plain C on the convolution's
  * own layout, dense layers on oneDNN's sgemm, and plain C loops for the element-wise work.
+ * Conv blocks asked for bf16 storage keep their tensors in bf16 and run oneDNN's bf16 kernels
+ * where this CPU has them (AVX512-BF16, AMX), else fp32 (docs/amp.md).
  * Everything runs on one OpenMP thread pool, sized once by init. Deterministic for a fixed thread
  * count: no op depends on thread timing.
  */
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_version.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -113,30 +117,43 @@ typedef struct reorder {
     dnnl_memory_t src, dst;
 } reorder;
 
+/* A plan stores the block's tensors in `dt`: f32, or bf16 when the shape asked for it and
+ * oneDNN has bf16 kernels for it here (cpu_convblock_storage). Only the op boundary is fp32:
+ * the caller's x, w, b, y, dy, dx, dw and db, converted by reorders. In bf16 the convolutions
+ * accumulate in fp32 and round their outputs once; weight and bias gradients stay fp32.
+ *
+ * What a plan holds between forward and backward is the input copy (xc; the caller's x when
+ * its layout is the convolution's) and each window's winner (win). Everything else is a
+ * transient, and the big ones do double duty: c holds the conv output in forward and its
+ * gradient in backward, pm the pooled maxima in forward and the pooled gradient in backward. */
 typedef struct plan {
     rk_convblock_shape s;
     int valid;
-    /* user (plain) layouts */
+    dnnl_data_type_t dt; /* element type of xc, c, pm and the conv's own copies */
+    size_t esz;          /* its size in bytes */
+    /* user (plain, fp32) layouts */
     dnnl_memory_desc_t x_md, w_md, b_md;
     /* forward: conv (+bias, +ReLU post-op) into c, in a layout with channel blocks of `blk`
-     * (1 = plain NCHW, 8 = nChw8c, 16 = nChw16c); pooling by pool_forward into the user's y */
+     * (1 = plain NCHW, 8 = nChw8c, 16 = nChw16c, oc = NHWC); pooling by pool_forward into
+     * pm, reordered into the user's y */
     dnnl_primitive_desc_t conv_pd;
     dnnl_primitive_t conv;
     dnnl_memory_t m_xc, m_wc, m_b, m_c;
-    float *xc, *wc, *c; /* owned buffers (xc, wc NULL when the user layout is used) */
-    float *pm, *win;    /* pooled maxima and window winners (0..3), in c's layout, pooled */
-    float *dpm;         /* pooled gradient in that layout (when it is not plain NCHW) */
+    void *xc, *wc, *c; /* owned buffers (xc, wc NULL when the user layout is used) */
+    void *pm;          /* pooled maxima (forward), pooled gradient (backward); c's layout */
+    uint8_t *win;      /* per pooled value: its window's winner 0..3, or 4: no gradient */
     int blk;
+    dnnl_format_tag_t tag; /* c's layout, which pm shares */
     dnnl_memory_desc_t y_md, pm_md;
-    reorder r_x, r_w, r_y, r_dy; /* pm layout <-> the user's NCHW y (none when blk is 1) */
-    /* backward */
+    reorder r_x, r_w, r_y, r_dy; /* pm <-> the user's NCHW y (none when the same) */
+    /* backward: weights gradient (bw) and data gradient (bd), each built on first use */
     dnnl_primitive_desc_t bw_pd, bd_pd;
     dnnl_primitive_t bw, bd;
-    dnnl_memory_t m_dc, m_bw_src, m_bw_ddst, m_bw_dw, m_db, m_bd_w, m_bd_ddst, m_bd_dsrc;
-    float *dc, *bw_src, *bw_ddst, *bw_dw, *bd_w, *bd_ddst, *bd_dsrc;
+    dnnl_memory_t m_bw_src, m_bw_ddst, m_bw_dw, m_db, m_bd_w, m_bd_ddst, m_bd_dsrc;
+    void *bw_src, *bw_ddst, *bw_dw, *bd_w, *bd_ddst, *bd_dsrc;
     reorder r_bw_src, r_bw_ddst, r_dw, r_bd_w, r_bd_ddst, r_dx;
     const float *x_user, *w_user; /* the inputs of the last forward, for backward */
-    int has_bwd;
+    int has_bw, has_bd;
 } plan;
 
 #define RK_PLAN_SLOTS 3
@@ -181,18 +198,15 @@ static void plan_free(plan *pl)
     prim_free(&pl->conv, &pl->conv_pd);
     prim_free(&pl->bw, &pl->bw_pd);
     prim_free(&pl->bd, &pl->bd_pd);
-    dnnl_memory_t *mems[] = {&pl->m_xc, &pl->m_wc,     &pl->m_b,       &pl->m_c,
-                             &pl->m_dc, &pl->m_bw_src, &pl->m_bw_ddst, &pl->m_bw_dw,
-                             &pl->m_db, &pl->m_bd_w,   &pl->m_bd_ddst, &pl->m_bd_dsrc};
+    dnnl_memory_t *mems[] = {&pl->m_xc,     &pl->m_wc,      &pl->m_b,      &pl->m_c,
+                             &pl->m_bw_src, &pl->m_bw_ddst, &pl->m_bw_dw,  &pl->m_db,
+                             &pl->m_bd_w,   &pl->m_bd_ddst, &pl->m_bd_dsrc};
     for (size_t i = 0; i < sizeof mems / sizeof mems[0]; i++)
         mem_free(mems[i]);
-    float *bufs[] = {pl->xc,      pl->wc,    pl->c,    pl->dc,      pl->bw_src,
-                     pl->bw_ddst, pl->bw_dw, pl->bd_w, pl->bd_ddst, pl->bd_dsrc};
+    void *bufs[] = {pl->xc,      pl->wc,    pl->c,    pl->pm,      pl->win,    pl->bw_src,
+                    pl->bw_ddst, pl->bw_dw, pl->bd_w, pl->bd_ddst, pl->bd_dsrc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
-    free(pl->pm);
-    free(pl->win);
-    free(pl->dpm);
     reorder *rs[] = {&pl->r_x,       &pl->r_w,  &pl->r_y,    &pl->r_dy,      &pl->r_bw_src,
                      &pl->r_bw_ddst, &pl->r_dw, &pl->r_bd_w, &pl->r_bd_ddst, &pl->r_dx};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
@@ -210,7 +224,7 @@ static void cpu_cache_free(rk_op_cache *c)
 }
 
 /* A memory object over a buffer we own, sized for `md` (zeroed: blocked layouts pad). */
-static int mem_owned(dnnl_memory_t *m, float **buf, const dnnl_memory_desc_t *md, rk_err *err)
+static int mem_owned(dnnl_memory_t *m, void **buf, const dnnl_memory_desc_t *md, rk_err *err)
 {
     size_t bytes = dnnl_memory_desc_get_size(md);
     *buf = cpu_alloc(bytes);
@@ -221,7 +235,8 @@ static int mem_owned(dnnl_memory_t *m, float **buf, const dnnl_memory_desc_t *md
     return RK_OK;
 }
 
-/* Prepare a reorder from `from` to `to` layouts; no-op when equal. */
+/* Prepare a reorder from `from` to `to` layouts; no-op when equal. A reorder from f32 to bf16
+ * rounds to nearest even, as rk_f32_to_bf16 does. */
 static int reorder_init(reorder *r, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
                         rk_err *err)
 {
@@ -249,7 +264,7 @@ static int reorder_run(reorder *r, const void *src, void *dst, rk_err *err)
 
 /* `src` in the layout a reorder was built for: reordered into `buf` when the reorder exists,
  * else `src` itself (the layouts are equal). The result is in *out. */
-static int staged(reorder *r, const float *src, float *buf, const float **out, rk_err *err)
+static int staged(reorder *r, const void *src, void *buf, const void **out, rk_err *err)
 {
     *out = src;
     if (!r->prim)
@@ -263,7 +278,7 @@ static int staged(reorder *r, const float *src, float *buf, const float **out, r
  * (IN), back to the user layout for an output (OUT). No reorder when they are equal. */
 enum { IN, OUT };
 static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, int dir,
-                      const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m, float **buf,
+                      const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m, void **buf,
                       rk_err *err)
 {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
@@ -278,69 +293,415 @@ static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, int dir,
 }
 
 /* Channel block of a conv output layout we can pool in place: 1 (nchw), 8 or 16 (nChw8c,
- * nChw16c); 0 for any other layout. */
-static int block_of(const dnnl_memory_desc_t *md, const dnnl_dims_t dims)
+ * nChw16c), or all oc channels (nhwc: one block of oc, what oneDNN's AMX bf16 kernels
+ * choose); 0 for any other layout. */
+static int block_of(const dnnl_memory_desc_t *md, const dnnl_dims_t dims, dnnl_format_tag_t *tag)
 {
     static const struct {
         dnnl_format_tag_t tag;
         int blk;
-    } known[] = {{dnnl_nChw8c, 8}, {dnnl_nChw16c, 16}, {dnnl_nchw, 1}};
+    } known[] = {{dnnl_nChw8c, 8}, {dnnl_nChw16c, 16}, {dnnl_nchw, 1}, {dnnl_nhwc, -1}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
         dnnl_memory_desc_t k;
-        if (dnnl_memory_desc_init_by_tag(&k, 4, dims, dnnl_f32, known[i].tag) == dnnl_success &&
-            dnnl_memory_desc_equal(&k, md))
-            return known[i].blk;
+        if (dnnl_memory_desc_init_by_tag(&k, 4, dims, md->data_type, known[i].tag) ==
+                dnnl_success &&
+            dnnl_memory_desc_equal(&k, md)) {
+            *tag = known[i].tag;
+            return known[i].blk > 0 ? known[i].blk : (int)dims[1];
+        }
     }
     return 0;
 }
 
-static int conv_pd_create(plan *pl, const dnnl_memory_desc_t *xa, const dnnl_memory_desc_t *wa,
-                          const dnnl_memory_desc_t *ca, const rk_convblock_shape *s, rk_err *err)
+static int impl_is_ref(dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+           impl && strncmp(impl, "ref", 3) == 0;
+}
+
+/* The forward convolution with bias and a ReLU post-op. Returns the dnnl status: for bf16,
+ * dnnl_unimplemented is an answer (no kernels here), not an error. */
+static dnnl_status_t conv_pd_create(plan *pl, const dnnl_memory_desc_t *xa,
+                                    const dnnl_memory_desc_t *wa, const dnnl_memory_desc_t *ca,
+                                    const rk_convblock_shape *s)
 {
     int pad = s->k / 2;
     dnnl_dims_t stride1 = {1, 1}, padl = {pad, pad}, padr = {pad, pad};
     dnnl_convolution_desc_t conv_d;
-    DNNL_TRY(dnnl_convolution_forward_desc_init(&conv_d, dnnl_forward_training,
-                                                dnnl_convolution_direct, xa, wa, &pl->b_md, ca,
-                                                stride1, padl, padr));
-    dnnl_primitive_attr_t attr;
-    dnnl_post_ops_t po;
-    DNNL_TRY(dnnl_primitive_attr_create(&attr));
-    DNNL_TRY(dnnl_post_ops_create(&po));
-    DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f));
-    DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po));
-    dnnl_status_t st = dnnl_primitive_desc_create(&pl->conv_pd, &conv_d, attr, g_engine, NULL);
-    dnnl_post_ops_destroy(po);
-    dnnl_primitive_attr_destroy(attr);
-    if (st != dnnl_success)
-        return rk_err_set(err, RK_EBACKEND, "oneDNN: no convolution for %dx%dx%dx%d k%d (%d)", s->n,
-                          s->ic, s->h, s->w, s->k, (int)st);
-    return RK_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_status_t st =
+        dnnl_convolution_forward_desc_init(&conv_d, dnnl_forward_training, dnnl_convolution_direct,
+                                           xa, wa, &pl->b_md, ca, stride1, padl, padr);
+    if (st == dnnl_success)
+        st = dnnl_primitive_attr_create(&attr);
+    if (st == dnnl_success)
+        st = dnnl_post_ops_create(&po);
+    if (st == dnnl_success)
+        st = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (st == dnnl_success)
+        st = dnnl_primitive_attr_set_post_ops(attr, po);
+    if (st == dnnl_success)
+        st = dnnl_primitive_desc_create(&pl->conv_pd, &conv_d, attr, g_engine, NULL);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    return st;
 }
 
-static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
+/* The backward descriptors. The gradient of c goes where c was (the same buffer) and the
+ * weights gradient reads the forward's copy of x, so they are first asked for in exactly
+ * those layouts: no copies. Only when that gives no kernel, or only a reference one, is
+ * oneDNN free to choose (and reorders bridge the layouts). Returns the dnnl status. */
+static dnnl_status_t bwd_pds_create(plan *pl)
+{
+    const rk_convblock_shape *s = &pl->s;
+    int pad = s->k / 2;
+    dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k};
+    dnnl_dims_t cd = {s->n, s->oc, s->h, s->w};
+    dnnl_dims_t stride1 = {1, 1}, padl = {pad, pad}, padr = {pad, pad};
+    const dnnl_memory_desc_t *c_md =
+        dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
+    const dnnl_memory_desc_t *x_fwd =
+        dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_src_md, 0);
+    dnnl_memory_desc_t xa, wa, dwa, ca;
+    dnnl_status_t st;
+    if ((st = dnnl_memory_desc_init_by_tag(&xa, 4, xd, pl->dt, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&wa, 4, wd, pl->dt, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&dwa, 4, wd, dnnl_f32, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&ca, 4, cd, pl->dt, dnnl_format_tag_any)))
+        return st;
+    for (int free_layout = 0; !pl->bw_pd && free_layout < 2; free_layout++) {
+        dnnl_convolution_desc_t d;
+        st = dnnl_convolution_backward_weights_desc_init(
+            &d, dnnl_convolution_direct, free_layout ? &xa : x_fwd, &dwa, &pl->b_md,
+            free_layout ? &ca : c_md, stride1, padl, padr);
+        if (st == dnnl_success)
+            st = dnnl_primitive_desc_create(&pl->bw_pd, &d, NULL, g_engine, pl->conv_pd);
+        if (st == dnnl_success && !free_layout && impl_is_ref(pl->bw_pd))
+            prim_free(NULL, &pl->bw_pd);
+    }
+    if (st != dnnl_success)
+        return st;
+    for (int free_layout = 0; !pl->bd_pd && free_layout < 2; free_layout++) {
+        dnnl_convolution_desc_t d;
+        st = dnnl_convolution_backward_data_desc_init(
+            &d, dnnl_convolution_direct, &xa, &wa, free_layout ? &ca : c_md, stride1, padl, padr);
+        if (st == dnnl_success)
+            st = dnnl_primitive_desc_create(&pl->bd_pd, &d, NULL, g_engine, pl->conv_pd);
+        if (st == dnnl_success && !free_layout && impl_is_ref(pl->bd_pd))
+            prim_free(NULL, &pl->bd_pd);
+    }
+    return st;
+}
+
+/* The descriptors of all three convolutions for shape s stored in `dt`, and c's layout. For
+ * a 16-bit dt a reference kernel counts as none: it would be tens of times slower than fp32. */
+static dnnl_status_t plan_pds_create(plan *pl, const rk_convblock_shape *s, dnnl_data_type_t dt)
 {
     dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k}, bd = {s->oc};
     dnnl_dims_t cd = {s->n, s->oc, s->h, s->w};
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->x_md, 4, xd, dnnl_f32, dnnl_nchw));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->w_md, 4, wd, dnnl_f32, dnnl_oihw));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->b_md, 1, bd, dnnl_f32, dnnl_x));
     dnnl_memory_desc_t xa, wa, ca;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&xa, 4, xd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&ca, 4, cd, dnnl_f32, dnnl_format_tag_any));
-    int rc = conv_pd_create(pl, &xa, &wa, &ca, s, err);
-    if (rc)
-        return rc;
-    pl->blk = block_of(dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0), cd);
+    dnnl_status_t st;
+    pl->s = *s;
+    pl->dt = dt;
+    pl->esz = dt == dnnl_bf16 ? 2 : 4;
+    if ((st = dnnl_memory_desc_init_by_tag(&pl->x_md, 4, xd, dnnl_f32, dnnl_nchw)) ||
+        (st = dnnl_memory_desc_init_by_tag(&pl->w_md, 4, wd, dnnl_f32, dnnl_oihw)) ||
+        (st = dnnl_memory_desc_init_by_tag(&pl->b_md, 1, bd, dnnl_f32, dnnl_x)) ||
+        (st = dnnl_memory_desc_init_by_tag(&xa, 4, xd, dt, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&wa, 4, wd, dt, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&ca, 4, cd, dt, dnnl_format_tag_any)) ||
+        (st = conv_pd_create(pl, &xa, &wa, &ca, s)))
+        return st;
+    pl->blk =
+        block_of(dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0), cd, &pl->tag);
     if (!pl->blk) { /* a layout the pooling loop does not know: ask for plain NCHW */
-        dnnl_primitive_desc_destroy(pl->conv_pd);
-        pl->conv_pd = NULL;
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&ca, 4, cd, dnnl_f32, dnnl_nchw));
-        if ((rc = conv_pd_create(pl, &xa, &wa, &ca, s, err)))
-            return rc;
+        prim_free(NULL, &pl->conv_pd);
+        if ((st = dnnl_memory_desc_init_by_tag(&ca, 4, cd, dt, dnnl_nchw)) ||
+            (st = conv_pd_create(pl, &xa, &wa, &ca, s)))
+            return st;
         pl->blk = 1;
+        pl->tag = dnnl_nchw;
     }
+    if (dt != dnnl_f32) {
+        if (impl_is_ref(pl->conv_pd))
+            return dnnl_unimplemented;
+        if ((st = bwd_pds_create(pl)))
+            return st;
+        if (impl_is_ref(pl->bw_pd) || impl_is_ref(pl->bd_pd))
+            return dnnl_unimplemented;
+    }
+    return dnnl_success;
+}
+
+/* RK_NO_HALF_KERNELS=1 turns the 16-bit kernels off, so tests and benchmarks can run the
+ * fp32 fallback on a machine that has them. */
+static int half_kernels_off(void)
+{
+    const char *e = getenv("RK_NO_HALF_KERNELS");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* What a block of shape s stores in (the convblock_storage entry), with the kernel's name or
+ * the reason for falling back in `why`. The answer comes from creating the three primitive
+ * descriptors, as a plan would: oneDNN answers dnnl_unimplemented where it has no kernel for
+ * this CPU. Only bf16 is used: the pooling has no fp16 path, and oneDNN 2.6 has no fp16
+ * convolution on CPUs anyway (the probe says which, for the note). */
+static rk_dtype cpu_convblock_storage(const rk_convblock_shape *s, char *why, size_t why_len)
+{
+    const char *name = s->dtype == RK_F16 ? "fp16" : "bf16";
+    if (s->dtype != RK_F16 && s->dtype != RK_BF16) {
+        snprintf(why, why_len, "fp32 kernels");
+        return RK_F32;
+    }
+    if (half_kernels_off()) {
+        snprintf(why, why_len, "RK_NO_HALF_KERNELS is set");
+        return RK_F32;
+    }
+    plan pl;
+    memset(&pl, 0, sizeof pl);
+    dnnl_status_t st = g_engine ? plan_pds_create(&pl, s, s->dtype == RK_F16 ? dnnl_f16 : dnnl_bf16)
+                                : dnnl_runtime_error;
+    const char *impl = NULL;
+    if (st == dnnl_success)
+        dnnl_primitive_desc_query(pl.conv_pd, dnnl_query_impl_info_str, 0, &impl);
+    plan_free(&pl);
+    if (st == dnnl_success && s->dtype == RK_BF16) {
+        snprintf(why, why_len, "oneDNN bf16 kernels, %s", impl ? impl : "?");
+        return RK_BF16;
+    }
+    if (st == dnnl_success)
+        snprintf(why, why_len, "oneDNN has %s kernels here, but this backend has no %s path", name,
+                 name);
+    else if (st == dnnl_unimplemented)
+        snprintf(why, why_len, "no %s kernels on this CPU in oneDNN %d.%d: dnnl_unimplemented",
+                 name, DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
+    else
+        snprintf(why, why_len, "oneDNN %s probe failed with status %d", name, (int)st);
+    return RK_F32;
+}
+
+/* Loads and stores of four stored values as fp32 lanes, and the scalar forms: bf16 widens
+ * exactly (it is the top half of an fp32). Every value the pooling stores in bf16 is already
+ * a bf16 value (a maximum of bf16 values, a copy, or zero), so narrowing keeps the top half:
+ * an arithmetic shift puts it in the signed 16-bit range, where the saturating pack is
+ * exact. `bf` is a constant at every call site, so the branches fold away. */
+static inline float ld1(const void *p, size_t i, int bf)
+{
+    if (!bf)
+        return ((const float *)p)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline void st1(void *p, size_t i, float v, int bf)
+{
+    if (!bf) {
+        ((float *)p)[i] = v;
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+}
+
+#ifdef __SSE2__
+static inline __m128 ld4(const void *p, size_t i, int bf)
+{
+    if (!bf)
+        return _mm_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadl_epi64((const __m128i *)((const uint16_t *)p + i));
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+}
+
+static inline void st4(void *p, size_t i, __m128 v, int bf)
+{
+    if (!bf) {
+        _mm_storeu_ps((float *)p + i, v);
+        return;
+    }
+    __m128i t = _mm_srai_epi32(_mm_castps_si128(v), 16);
+    _mm_storel_epi64((__m128i *)((uint16_t *)p + i), _mm_packs_epi32(t, t));
+}
+
+/* Four window codes (0..4, as floats) to bytes, and back to 32-bit lanes. */
+static inline void win_st4(uint8_t *win, size_t i, __m128 w)
+{
+    __m128i b = _mm_cvttps_epi32(w);
+    b = _mm_packs_epi32(b, b);
+    b = _mm_packus_epi16(b, b);
+    int32_t four = _mm_cvtsi128_si32(b);
+    memcpy(win + i, &four, sizeof four);
+}
+
+static inline __m128i win_ld4(const uint8_t *win, size_t i)
+{
+    int32_t four;
+    memcpy(&four, win + i, sizeof four);
+    __m128i z = _mm_setzero_si128();
+    return _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(four), z), z);
+}
+#endif
+
+/* 2x2/2 max pooling of c (ReLU already applied; channel blocks of `blk`) into pm (same
+ * layout, pooled), remembering each window's winner (0..3) in win, or 4 when the window's
+ * maximum is not positive: ReLU's gradient is zero there, so backward needs neither c nor
+ * pm. Windows tile c exactly (h, w even). One output row (n, channel block cb, row i) per
+ * call; inlined with a constant blk and element type so the lane loop vectorises. */
+static inline __attribute__((always_inline)) void pool_fwd_row(const rk_convblock_shape *s, int blk,
+                                                               int bf, const void *c, void *pm,
+                                                               uint8_t *win, int n, int cb, int i)
+{
+    const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
+    const size_t r0 = (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
+    const size_t r1 = r0 + (size_t)s->w * blk;
+    size_t o = (((size_t)n * cb_n + cb) * oh + i) * ow * blk;
+#ifdef __SSE2__
+    if (blk % 4 == 0) { /* 4 lanes at a time; same ties as the scalar loop below */
+        const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
+        const __m128 two = _mm_set1_ps(2.0f), four = _mm_set1_ps(4.0f);
+        for (int j = 0; j < ow; j++)
+            for (int k = 0; k < blk; k += 4) {
+                __m128 v0 = ld4(c, r0 + (2 * j) * blk + k, bf);
+                __m128 v1 = ld4(c, r0 + (2 * j + 1) * blk + k, bf);
+                __m128 v2 = ld4(c, r1 + (2 * j) * blk + k, bf);
+                __m128 v3 = ld4(c, r1 + (2 * j + 1) * blk + k, bf);
+                __m128 m01 = _mm_max_ps(v0, v1), m23 = _mm_max_ps(v2, v3);
+                __m128 w01 = _mm_and_ps(_mm_cmpgt_ps(v1, v0), one);
+                __m128 w23 = _mm_add_ps(two, _mm_and_ps(_mm_cmpgt_ps(v3, v2), one));
+                __m128 hi = _mm_cmpgt_ps(m23, m01);
+                __m128 m = _mm_max_ps(m01, m23);
+                __m128 w = _mm_or_ps(_mm_and_ps(hi, w23), _mm_andnot_ps(hi, w01));
+                __m128 pos = _mm_cmpgt_ps(m, zero);
+                st4(pm, o + j * blk + k, m, bf);
+                win_st4(win, o + j * blk + k,
+                        _mm_or_ps(_mm_and_ps(pos, w), _mm_andnot_ps(pos, four)));
+            }
+        return;
+    }
+#endif
+    for (int j = 0; j < ow; j++)
+        for (int k = 0; k < blk; k++) {
+            float v0 = ld1(c, r0 + (2 * j) * blk + k, bf),
+                  v1 = ld1(c, r0 + (2 * j + 1) * blk + k, bf);
+            float v2 = ld1(c, r1 + (2 * j) * blk + k, bf),
+                  v3 = ld1(c, r1 + (2 * j + 1) * blk + k, bf);
+            float m01 = v1 > v0 ? v1 : v0, w01 = v1 > v0 ? 1.0f : 0.0f;
+            float m23 = v3 > v2 ? v3 : v2, w23 = v3 > v2 ? 3.0f : 2.0f;
+            float m = m23 > m01 ? m23 : m01;
+            st1(pm, o + j * blk + k, m, bf);
+            win[o + j * blk + k] = m > 0.0f ? (uint8_t)(m23 > m01 ? w23 : w01) : 4;
+        }
+}
+
+/* Gradient of pool(ReLU(conv)) with respect to the conv output, one pooled row: dpm (same
+ * layout as pm) goes to each window's winner; zero everywhere else (and in whole windows
+ * coded 4), so dc is fully written. */
+static inline __attribute__((always_inline)) void pool_bwd_row(const rk_convblock_shape *s, int blk,
+                                                               int bf, const uint8_t *win,
+                                                               const void *dpm, void *dc, int n,
+                                                               int cb, int i)
+{
+    const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
+    const size_t r0 = (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
+    const size_t r1 = r0 + (size_t)s->w * blk;
+    size_t o = (((size_t)n * cb_n + cb) * oh + i) * ow * blk;
+#ifdef __SSE2__
+    if (blk % 4 == 0) {
+        const __m128i zero = _mm_setzero_si128(), one = _mm_set1_epi32(1);
+        const __m128i two = _mm_set1_epi32(2), three = _mm_set1_epi32(3);
+        for (int j = 0; j < ow; j++)
+            for (int k = 0; k < blk; k += 4) {
+                size_t q = o + j * blk + k;
+                __m128 g = ld4(dpm, q, bf);
+                __m128i w = win_ld4(win, q);
+                st4(dc, r0 + (2 * j) * blk + k,
+                    _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(w, zero)), g), bf);
+                st4(dc, r0 + (2 * j + 1) * blk + k,
+                    _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(w, one)), g), bf);
+                st4(dc, r1 + (2 * j) * blk + k,
+                    _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(w, two)), g), bf);
+                st4(dc, r1 + (2 * j + 1) * blk + k,
+                    _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(w, three)), g), bf);
+            }
+        return;
+    }
+#endif
+    for (int j = 0; j < ow; j++)
+        for (int k = 0; k < blk; k++) {
+            float g = ld1(dpm, o + j * blk + k, bf);
+            int w = win[o + j * blk + k];
+            st1(dc, r0 + (2 * j) * blk + k, w == 0 ? g : 0.0f, bf);
+            st1(dc, r0 + (2 * j + 1) * blk + k, w == 1 ? g : 0.0f, bf);
+            st1(dc, r1 + (2 * j) * blk + k, w == 2 ? g : 0.0f, bf);
+            st1(dc, r1 + (2 * j + 1) * blk + k, w == 3 ? g : 0.0f, bf);
+        }
+}
+
+/* One pooled row in either direction, with the block and element type as constants for the
+ * common layouts (nChw8c, nChw16c, and nhwc with 32 or 64 channels). */
+#define POOL_DISPATCH(fn, pl, ...)                                                                 \
+    do {                                                                                           \
+        int bf_ = (pl)->dt == dnnl_bf16;                                                           \
+        switch ((pl)->blk * 2 + bf_) {                                                             \
+        case 16: fn(&(pl)->s, 8, 0, __VA_ARGS__); break;                                           \
+        case 17: fn(&(pl)->s, 8, 1, __VA_ARGS__); break;                                           \
+        case 32: fn(&(pl)->s, 16, 0, __VA_ARGS__); break;                                          \
+        case 33: fn(&(pl)->s, 16, 1, __VA_ARGS__); break;                                          \
+        case 64: fn(&(pl)->s, 32, 0, __VA_ARGS__); break;                                          \
+        case 65: fn(&(pl)->s, 32, 1, __VA_ARGS__); break;                                          \
+        case 128: fn(&(pl)->s, 64, 0, __VA_ARGS__); break;                                         \
+        case 129: fn(&(pl)->s, 64, 1, __VA_ARGS__); break;                                         \
+        default:                                                                                   \
+            if (bf_)                                                                               \
+                fn(&(pl)->s, (pl)->blk, 1, __VA_ARGS__);                                           \
+            else                                                                                   \
+                fn(&(pl)->s, (pl)->blk, 0, __VA_ARGS__);                                           \
+        }                                                                                          \
+    } while (0)
+
+static void pool_forward(const plan *pl)
+{
+    const rk_convblock_shape *s = &pl->s;
+    const int cb_n = (s->oc + pl->blk - 1) / pl->blk, oh = s->h / 2;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int n = 0; n < s->n; n++)
+        for (int cb = 0; cb < cb_n; cb++)
+            for (int i = 0; i < oh; i++)
+                POOL_DISPATCH(pool_fwd_row, pl, pl->c, pl->pm, pl->win, n, cb, i);
+}
+
+static void pool_backward(const plan *pl, const void *dpm)
+{
+    const rk_convblock_shape *s = &pl->s;
+    const int cb_n = (s->oc + pl->blk - 1) / pl->blk, oh = s->h / 2;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int n = 0; n < s->n; n++)
+        for (int cb = 0; cb < cb_n; cb++)
+            for (int i = 0; i < oh; i++)
+                POOL_DISPATCH(pool_bwd_row, pl, pl->win, dpm, pl->c, n, cb, i);
+}
+
+/* A plan for shape s: its descriptors in bf16 when s asks for bf16 and this CPU has the
+ * kernels (else fp32, which the caller's rounding turns into the emulation), the forward
+ * primitive and its buffers. */
+static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
+{
+    dnnl_status_t st = dnnl_unimplemented;
+    if (s->dtype == RK_BF16 && !half_kernels_off()) {
+        st = plan_pds_create(pl, s, dnnl_bf16);
+        if (st != dnnl_success)
+            plan_free(pl);
+    }
+    if (st != dnnl_success && (st = plan_pds_create(pl, s, dnnl_f32)) != dnnl_success)
+        return rk_err_set(err, RK_EBACKEND, "oneDNN: no convolution for %dx%dx%dx%d k%d (%d)", s->n,
+                          s->ic, s->h, s->w, s->k, (int)st);
+    int rc;
     DNNL_TRY(dnnl_primitive_create(&pl->conv, pl->conv_pd));
     if ((rc = layout_for(pl->conv_pd, dnnl_query_src_md, IN, &pl->x_md, &pl->r_x, &pl->m_xc,
                          &pl->xc, err)) ||
@@ -352,18 +713,15 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
         dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
     if ((rc = mem_owned(&pl->m_c, &pl->c, c_md, err)))
         return rc;
-    static const dnnl_format_tag_t tag_of_blk[17] = {
-        [1] = dnnl_nchw, [8] = dnnl_nChw8c, [16] = dnnl_nChw16c};
     dnnl_dims_t yd = {s->n, s->oc, s->h / 2, s->w / 2};
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->y_md, 4, yd, dnnl_f32, dnnl_nchw));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->pm_md, 4, yd, dnnl_f32, tag_of_blk[pl->blk]));
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->pm_md, 4, yd, pl->dt, pl->tag));
     size_t pooled = dnnl_memory_desc_get_size(&pl->pm_md);
     pl->pm = cpu_alloc(pooled);
-    pl->win = cpu_alloc(pooled);
-    pl->dpm = cpu_alloc(pooled);
-    if (!pl->pm || !pl->win || !pl->dpm)
+    pl->win = cpu_alloc(pooled / pl->esz);
+    if (!pl->pm || !pl->win)
         return rk_err_set(err, RK_ENOMEM, "conv block: out of memory for pooling");
-    memset(pl->dpm, 0, pooled);
+    memset(pl->pm, 0, pooled);
     if ((rc = reorder_init(&pl->r_y, &pl->pm_md, &pl->y_md, err)) ||
         (rc = reorder_init(&pl->r_dy, &pl->y_md, &pl->pm_md, err)))
         return rc;
@@ -372,176 +730,48 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
     return RK_OK;
 }
 
-/* 2x2/2 max pooling of c (ReLU already applied; channel blocks of `blk`) into pm (same
- * layout, pooled), remembering each window's winner (0..3, as float) in win. Windows tile c
- * exactly (h, w even). One output row (n, channel block cb, row i) per call; inlined with a
- * constant blk so the lane loop vectorises. */
-static inline __attribute__((always_inline)) void pool_fwd_row(const rk_convblock_shape *s, int blk,
-                                                               const float *c, float *pm,
-                                                               float *win, int n, int cb, int i)
+/* Weights-gradient primitive and its buffers, built on the first backward of a plan
+ * (inference never needs them). */
+static int plan_build_bw(plan *pl, rk_err *err)
 {
-    const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
-    const float *r0 = c + (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
-    const float *r1 = r0 + (size_t)s->w * blk;
-    size_t o = (((size_t)n * cb_n + cb) * oh + i) * ow * blk;
-#ifdef __SSE2__
-    if (blk % 4 == 0) { /* 4 lanes at a time; same ties as the scalar loop below */
-        const __m128 one = _mm_set1_ps(1.0f), two = _mm_set1_ps(2.0f);
-        for (int j = 0; j < ow; j++)
-            for (int k = 0; k < blk; k += 4) {
-                __m128 v0 = _mm_loadu_ps(r0 + (2 * j) * blk + k);
-                __m128 v1 = _mm_loadu_ps(r0 + (2 * j + 1) * blk + k);
-                __m128 v2 = _mm_loadu_ps(r1 + (2 * j) * blk + k);
-                __m128 v3 = _mm_loadu_ps(r1 + (2 * j + 1) * blk + k);
-                __m128 m01 = _mm_max_ps(v0, v1), m23 = _mm_max_ps(v2, v3);
-                __m128 w01 = _mm_and_ps(_mm_cmpgt_ps(v1, v0), one);
-                __m128 w23 = _mm_add_ps(two, _mm_and_ps(_mm_cmpgt_ps(v3, v2), one));
-                __m128 hi = _mm_cmpgt_ps(m23, m01);
-                _mm_storeu_ps(pm + o + j * blk + k, _mm_max_ps(m01, m23));
-                _mm_storeu_ps(win + o + j * blk + k,
-                              _mm_or_ps(_mm_and_ps(hi, w23), _mm_andnot_ps(hi, w01)));
-            }
-        return;
-    }
-#endif
-    for (int j = 0; j < ow; j++)
-        for (int k = 0; k < blk; k++) {
-            float v0 = r0[(2 * j) * blk + k], v1 = r0[(2 * j + 1) * blk + k];
-            float v2 = r1[(2 * j) * blk + k], v3 = r1[(2 * j + 1) * blk + k];
-            float m01 = v1 > v0 ? v1 : v0, w01 = v1 > v0 ? 1.0f : 0.0f;
-            float m23 = v3 > v2 ? v3 : v2, w23 = v3 > v2 ? 3.0f : 2.0f;
-            pm[o + j * blk + k] = m23 > m01 ? m23 : m01;
-            win[o + j * blk + k] = m23 > m01 ? w23 : w01;
-        }
-}
-
-/* Gradient of pool(ReLU(conv)) with respect to the conv output, one pooled row: dpm (same
- * layout as pm) goes to each window's winner when the window's maximum is positive; zero
- * everywhere else, so dc is fully written. */
-static inline __attribute__((always_inline)) void pool_bwd_row(const rk_convblock_shape *s, int blk,
-                                                               const float *pm, const float *win,
-                                                               const float *dpm, float *dc, int n,
-                                                               int cb, int i)
-{
-    const int cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2, ow = s->w / 2;
-    float *r0 = dc + (((size_t)n * cb_n + cb) * s->h + 2 * i) * s->w * blk;
-    float *r1 = r0 + (size_t)s->w * blk;
-    size_t o = (((size_t)n * cb_n + cb) * oh + i) * ow * blk;
-#ifdef __SSE2__
-    if (blk % 4 == 0) {
-        const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
-        const __m128 two = _mm_set1_ps(2.0f), three = _mm_set1_ps(3.0f);
-        for (int j = 0; j < ow; j++)
-            for (int k = 0; k < blk; k += 4) {
-                size_t q = o + j * blk + k;
-                __m128 g =
-                    _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(pm + q), zero), _mm_loadu_ps(dpm + q));
-                __m128 w = _mm_loadu_ps(win + q);
-                _mm_storeu_ps(r0 + (2 * j) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, zero), g));
-                _mm_storeu_ps(r0 + (2 * j + 1) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, one), g));
-                _mm_storeu_ps(r1 + (2 * j) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, two), g));
-                _mm_storeu_ps(r1 + (2 * j + 1) * blk + k, _mm_and_ps(_mm_cmpeq_ps(w, three), g));
-            }
-        return;
-    }
-#endif
-    for (int j = 0; j < ow; j++)
-        for (int k = 0; k < blk; k++) {
-            float g = pm[o + j * blk + k] > 0.0f ? dpm[o + j * blk + k] : 0.0f;
-            float w = win[o + j * blk + k];
-            r0[(2 * j) * blk + k] = w == 0.0f ? g : 0.0f;
-            r0[(2 * j + 1) * blk + k] = w == 1.0f ? g : 0.0f;
-            r1[(2 * j) * blk + k] = w == 2.0f ? g : 0.0f;
-            r1[(2 * j + 1) * blk + k] = w == 3.0f ? g : 0.0f;
-        }
-}
-
-static void pool_forward(const plan *pl)
-{
-    const rk_convblock_shape *s = &pl->s;
-    const int blk = pl->blk, cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2;
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int n = 0; n < s->n; n++)
-        for (int cb = 0; cb < cb_n; cb++)
-            for (int i = 0; i < oh; i++) {
-                if (blk == 8)
-                    pool_fwd_row(s, 8, pl->c, pl->pm, pl->win, n, cb, i);
-                else if (blk == 16)
-                    pool_fwd_row(s, 16, pl->c, pl->pm, pl->win, n, cb, i);
-                else
-                    pool_fwd_row(s, blk, pl->c, pl->pm, pl->win, n, cb, i);
-            }
-}
-
-static void pool_backward(const plan *pl, const float *dpm)
-{
-    const rk_convblock_shape *s = &pl->s;
-    const int blk = pl->blk, cb_n = (s->oc + blk - 1) / blk, oh = s->h / 2;
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int n = 0; n < s->n; n++)
-        for (int cb = 0; cb < cb_n; cb++)
-            for (int i = 0; i < oh; i++) {
-                if (blk == 8)
-                    pool_bwd_row(s, 8, pl->pm, pl->win, dpm, pl->dc, n, cb, i);
-                else if (blk == 16)
-                    pool_bwd_row(s, 16, pl->pm, pl->win, dpm, pl->dc, n, cb, i);
-                else
-                    pool_bwd_row(s, blk, pl->pm, pl->win, dpm, pl->dc, n, cb, i);
-            }
-}
-
-/* Backward primitives, built on the first backward of a plan (inference never needs them). */
-static int plan_build_backward(plan *pl, rk_err *err)
-{
-    const rk_convblock_shape *s = &pl->s;
-    int pad = s->k / 2;
-    dnnl_dims_t xd = {s->n, s->ic, s->h, s->w}, wd = {s->oc, s->ic, s->k, s->k};
-    dnnl_dims_t cd = {s->n, s->oc, s->h, s->w};
-    dnnl_dims_t stride1 = {1, 1}, padl = {pad, pad}, padr = {pad, pad};
-    const dnnl_memory_desc_t *dc_md =
+    dnnl_status_t st = bwd_pds_create(pl);
+    if (st != dnnl_success)
+        return rk_err_set(err, RK_EBACKEND, "oneDNN: no backward convolution for this shape (%d)",
+                          (int)st);
+    const dnnl_memory_desc_t *c_md =
         dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
-    int rc;
-    if ((rc = mem_owned(&pl->m_dc, &pl->dc, dc_md, err)))
-        return rc;
-
-    dnnl_memory_desc_t xa, wa, ca;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&xa, 4, xd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&wa, 4, wd, dnnl_f32, dnnl_format_tag_any));
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&ca, 4, cd, dnnl_f32, dnnl_format_tag_any));
-
-    /* weights gradient */
-    dnnl_convolution_desc_t bw_d;
-    DNNL_TRY(dnnl_convolution_backward_weights_desc_init(&bw_d, dnnl_convolution_direct, &xa, &wa,
-                                                         &pl->b_md, &ca, stride1, padl, padr));
-    DNNL_TRY(dnnl_primitive_desc_create(&pl->bw_pd, &bw_d, NULL, g_engine, pl->conv_pd));
-    DNNL_TRY(dnnl_primitive_create(&pl->bw, pl->bw_pd));
     const dnnl_memory_desc_t *x_fwd =
         dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_src_md, 0);
+    int rc;
+    DNNL_TRY(dnnl_primitive_create(&pl->bw, pl->bw_pd));
     if ((rc = layout_for(pl->bw_pd, dnnl_query_src_md, IN, x_fwd, &pl->r_bw_src, &pl->m_bw_src,
                          &pl->bw_src, err)) ||
-        (rc = layout_for(pl->bw_pd, dnnl_query_diff_dst_md, IN, dc_md, &pl->r_bw_ddst,
-                         &pl->m_bw_ddst, &pl->bw_ddst, err)))
-        return rc;
-    if ((rc = layout_for(pl->bw_pd, dnnl_query_diff_weights_md, OUT, &pl->w_md, &pl->r_dw,
+        (rc = layout_for(pl->bw_pd, dnnl_query_diff_dst_md, IN, c_md, &pl->r_bw_ddst,
+                         &pl->m_bw_ddst, &pl->bw_ddst, err)) ||
+        (rc = layout_for(pl->bw_pd, dnnl_query_diff_weights_md, OUT, &pl->w_md, &pl->r_dw,
                          &pl->m_bw_dw, &pl->bw_dw, err)))
         return rc;
     DNNL_TRY(dnnl_memory_create(&pl->m_db, &pl->b_md, g_engine, DNNL_MEMORY_NONE));
+    pl->has_bw = 1;
+    return RK_OK;
+}
 
-    /* data gradient */
-    dnnl_convolution_desc_t bd_d;
-    DNNL_TRY(dnnl_convolution_backward_data_desc_init(&bd_d, dnnl_convolution_direct, &xa, &wa, &ca,
-                                                      stride1, padl, padr));
-    DNNL_TRY(dnnl_primitive_desc_create(&pl->bd_pd, &bd_d, NULL, g_engine, pl->conv_pd));
+/* Data-gradient primitive and its buffers, built on the first backward that wants dx (the
+ * first layer of a model never does). */
+static int plan_build_bd(plan *pl, rk_err *err)
+{
+    const dnnl_memory_desc_t *c_md =
+        dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
+    int rc;
     DNNL_TRY(dnnl_primitive_create(&pl->bd, pl->bd_pd));
     if ((rc = layout_for(pl->bd_pd, dnnl_query_weights_md, IN, &pl->w_md, &pl->r_bd_w, &pl->m_bd_w,
                          &pl->bd_w, err)) ||
-        (rc = layout_for(pl->bd_pd, dnnl_query_diff_dst_md, IN, dc_md, &pl->r_bd_ddst,
-                         &pl->m_bd_ddst, &pl->bd_ddst, err)))
-        return rc;
-    if ((rc = layout_for(pl->bd_pd, dnnl_query_diff_src_md, OUT, &pl->x_md, &pl->r_dx,
+        (rc = layout_for(pl->bd_pd, dnnl_query_diff_dst_md, IN, c_md, &pl->r_bd_ddst,
+                         &pl->m_bd_ddst, &pl->bd_ddst, err)) ||
+        (rc = layout_for(pl->bd_pd, dnnl_query_diff_src_md, OUT, &pl->x_md, &pl->r_dx,
                          &pl->m_bd_dsrc, &pl->bd_dsrc, err)))
         return rc;
-    pl->has_bwd = 1;
+    pl->has_bd = 1;
     return RK_OK;
 }
 
@@ -590,11 +820,13 @@ static int cpu_convblock_forward(rk_op_cache **cache, const rk_convblock_shape *
 {
     if (s->h % 2 || s->w % 2 || s->k % 2 == 0)
         return rk_err_set(err, RK_EINVAL, "conv block: needs even height/width and odd kernel");
+    if (s->dtype != RK_F32 && s->dtype != RK_F16 && s->dtype != RK_BF16)
+        return rk_err_set(err, RK_EINVAL, "conv block: unknown storage type %d", (int)s->dtype);
     plan *pl = plan_get(cache, s, 1, err);
     if (!pl)
         return err ? err->code : RK_EBACKEND;
     int rc;
-    const float *xs, *ws;
+    const void *xs, *ws;
     if ((rc = staged(&pl->r_x, x, pl->xc, &xs, err)) ||
         (rc = staged(&pl->r_w, w, pl->wc, &ws, err)))
         return rc;
@@ -625,20 +857,24 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
     if (!pl)
         return rk_err_set(err, RK_EINVAL, "conv block: backward without a forward of this shape");
     int rc;
-    if (!pl->has_bwd && (rc = plan_build_backward(pl, err)))
+    if (!pl->has_bw && (rc = plan_build_bw(pl, err)))
+        return rc;
+    if (dx && !pl->has_bd && (rc = plan_build_bd(pl, err)))
         return rc;
 
-    const float *dpm;
-    if ((rc = staged(&pl->r_dy, dy, pl->dpm, &dpm, err)))
+    /* the pooled gradient goes into pm and dc into c: the forward is done with both */
+    const void *dpm;
+    if ((rc = staged(&pl->r_dy, dy, pl->pm, &dpm, err)))
         return rc;
     pool_backward(pl, dpm);
 
     /* weights and bias gradient */
-    const float *src;
-    if ((rc = staged(&pl->r_bw_src, pl->xc ? pl->xc : pl->x_user, pl->bw_src, &src, err)))
+    const void *src;
+    if ((rc = staged(&pl->r_bw_src, pl->xc ? pl->xc : (const void *)pl->x_user, pl->bw_src, &src,
+                     err)))
         return rc;
-    const float *ddst;
-    if ((rc = staged(&pl->r_bw_ddst, pl->dc, pl->bw_ddst, &ddst, err)))
+    const void *ddst;
+    if ((rc = staged(&pl->r_bw_ddst, pl->c, pl->bw_ddst, &ddst, err)))
         return rc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bw_src, (void *)src));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bw_ddst, (void *)ddst));
@@ -656,11 +892,11 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
     if (!dx)
         return RK_OK;
     /* data gradient (weights are unchanged since the forward that saved w_user) */
-    const float *wb;
+    const void *wb;
     if ((rc = staged(&pl->r_bd_w, pl->w_user, pl->bd_w, &wb, err)))
         return rc;
-    const float *bdd;
-    if ((rc = staged(&pl->r_bd_ddst, pl->dc, pl->bd_ddst, &bdd, err)))
+    const void *bdd;
+    if ((rc = staged(&pl->r_bd_ddst, pl->c, pl->bd_ddst, &bdd, err)))
         return rc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_w, (void *)wb));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_ddst, (void *)bdd));
@@ -788,6 +1024,7 @@ const rk_backend rk_backend_cpu = {
     .dense_backward = cpu_dense_backward,
     .convblock_forward = cpu_convblock_forward,
     .convblock_backward = cpu_convblock_backward,
+    .convblock_storage = cpu_convblock_storage,
     .dropout_forward = cpu_dropout_forward,
     .dropout_backward = cpu_dropout_backward,
     .softmax_xent = cpu_softmax_xent,

@@ -208,6 +208,46 @@ int rk_model_set_precision(rk_model *m, rk_dtype dtype, rk_err *err)
         memset(m->work_block, 0, m->block_len * sizeof(float));
     }
     m->dtype = dtype;
+    /* Ask the backend per conv block (at the largest batch) what it will store in. The model
+     * keeps its own roundings either way: on values a 16-bit block already stored they change
+     * nothing, and the dense layers and the weights need them. */
+    int convs = 0, real = 0;
+    char why[96] = "";
+    for (int i = 0; i < m->nlayers; i++) {
+        rk_layer *l = &m->layers[i];
+        if (l->kind != RK_LAYER_CONVBLOCK)
+            continue;
+        rk_convblock_shape s = {m->max_batch, l->in_c, l->in_h, l->in_w, l->out_c, l->k, dtype};
+        char note[96] = "no 16-bit kernels in this backend";
+        l->store = dtype == RK_F32            ? RK_F32
+                   : m->be->convblock_storage ? m->be->convblock_storage(&s, note, sizeof note)
+                                              : RK_F32;
+        convs++;
+        real += l->store == dtype;
+        if (!why[0] || (l->store != dtype && real == convs - 1))
+            snprintf(why, sizeof why, "%s", note); /* the first block that falls back, if any */
+    }
+    const char *name = rk_dtype_name(dtype);
+    m->conv_store = convs > 0 && real == convs ? dtype : RK_F32;
+    if (dtype == RK_F32)
+        snprintf(m->storage_note, sizeof m->storage_note, "precision fp32: stored in fp32");
+    else if (convs == 0)
+        snprintf(m->storage_note, sizeof m->storage_note,
+                 "precision %s: rounded to %s, stored in fp32 (no conv blocks in model %s)", name,
+                 name, m->name);
+    else if (real == convs)
+        snprintf(m->storage_note, sizeof m->storage_note,
+                 "precision %s: conv activations stored in %s (%s); the rest rounded to %s, "
+                 "stored in fp32",
+                 name, name, why, name);
+    else if (real == 0)
+        snprintf(m->storage_note, sizeof m->storage_note,
+                 "precision %s: rounded to %s, stored in fp32 (%s)", name, name, why);
+    else
+        snprintf(m->storage_note, sizeof m->storage_note,
+                 "precision %s: %d of %d conv blocks store in %s, the rest rounded to %s and "
+                 "stored in fp32 (%s)",
+                 name, real, convs, name, name, why);
     return RK_OK;
 }
 
@@ -240,7 +280,7 @@ static void use_work(rk_model *m, int on)
 
 static rk_convblock_shape conv_shape(const rk_layer *l, int n)
 {
-    rk_convblock_shape s = {n, l->in_c, l->in_h, l->in_w, l->out_c, l->k};
+    rk_convblock_shape s = {n, l->in_c, l->in_h, l->in_w, l->out_c, l->k, l->store};
     return s;
 }
 

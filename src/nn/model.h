@@ -39,6 +39,7 @@ typedef struct rk_layer {
     int in_c, in_h, in_w, out_c, k; /* conv block geometry (input side) */
     float rate;            /* dropout */
     rk_param *w, *b;
+    rk_dtype store; /* conv block: the type the backend keeps its tensors in */
     rk_op_cache *cache;
     uint8_t *mask;
 } rk_layer;
@@ -59,9 +60,13 @@ typedef struct rk_model {
     /* Mixed precision (rk_model_set_precision): with RK_F16 or RK_BF16 the forward and
      * backward run on work_block, the master weights rounded to that format, and every
      * activation, activation gradient and weight gradient is rounded to it as it is stored.
-     * The CPU backend computes in fp32 between the roundings (docs/amp.md). */
+     * Conv blocks whose backend has kernels for the format also keep their tensors in it
+     * (conv_store); everything else is held in fp32 buffers between the roundings
+     * (docs/amp.md). */
     rk_dtype dtype;
     float *work_block;
+    rk_dtype conv_store;    /* dtype when every conv block stores in it, else RK_F32 */
+    char storage_note[256]; /* one line saying which storage is used, and why */
 } rk_model;
 
 /* Names accepted by rk_model_create, NULL-terminated. */
@@ -83,7 +88,9 @@ int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t 
 int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err);
 
 /* Store activations and gradients in `dtype` (RK_F32: off, the default), keeping the fp32
- * master weights in data_block. */
+ * master weights in data_block. Asks the backend, per conv block, whether it can keep the
+ * block's tensors in `dtype` (real 16-bit storage) or only fp32 (the format is emulated by
+ * rounding); either way the values are those of `dtype`. storage_note says which. */
 int rk_model_set_precision(rk_model *m, rk_dtype dtype, rk_err *err);
 /* Round n floats in place to the nearest value of `dtype` (a no-op for RK_F32). */
 void rk_round_to(rk_dtype dtype, float *x, size_t n);

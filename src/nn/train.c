@@ -27,6 +27,7 @@ void rk_train_config_default(rk_train_config *c, rk_optim_kind optim)
     c->optim = optim;
     c->momentum = 0.9f;
     c->nesterov = 1;
+    c->compress_momentum = 1;
     c->beta1 = 0.9f;
     c->beta2 = 0.999f;
     c->eps = 1e-8f;
@@ -87,6 +88,30 @@ int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, 
                                  c->beta1, c->beta2, c->eps, c->weight_decay, o->t, err);
     return m->be->sgd_step(m->block_len, m->data_block, m->grad_block, o->s1, lr, c->momentum,
                            c->weight_decay, c->nesterov, err);
+}
+
+/* Zero the gradient block between tensors and after the last (rk_model_backward leaves it so). */
+static void zero_padding(rk_model *m)
+{
+    for (int i = 0; i < m->nparams; i++) {
+        const rk_param *p = &m->params[i];
+        float *end = i + 1 < m->nparams ? m->params[i + 1].grad : m->grad_block + m->block_len;
+        memset(p->grad + p->numel, 0, (size_t)(end - (p->grad + p->numel)) * sizeof(float));
+    }
+}
+
+/* grad += k * (momentum * v + weight_decay * w) over the block. With k = scale / ranks on every
+ * rank before the allreduce, the sum of the ranks' blocks is the new momentum (times the loss
+ * scale) that the SGD step would build from the summed gradient; with k = -scale after it, the
+ * block is again a gradient, one from which the step rebuilds exactly that (compressed)
+ * momentum. */
+static void momentum_shift(rk_model *m, const rk_optim *o, const rk_train_config *c, float k)
+{
+    const float mu = c->momentum, wd = c->weight_decay;
+    float *g = m->grad_block;
+    const float *v = o->s1, *w = m->data_block;
+    for (size_t i = 0; i < m->block_len; i++)
+        g[i] += k * (mu * v[i] + wd * w[i]);
 }
 
 int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accuracy, double *loss,
@@ -529,6 +554,11 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         double ta = now_s();
         int compressed = c->compressor && step >= c->compress_warmup &&
                          rk_compressor_kind(c->compressor) != RK_COMPRESS_NONE;
+        int on_momentum = compressed && nranks > 1 && c->compress_momentum &&
+                          opt->kind == RK_OPTIM_SGD && c->momentum != 0.0f;
+        float gscale = c->scaler ? c->scaler->scale : 1.0f;
+        if (on_momentum) /* each rank's share of the new momentum (docs/compression.md) */
+            momentum_shift(m, opt, c, gscale / (float)nranks);
         if (nranks > 1) {
             uint64_t sent = rk_comm_bytes_sent(comm);
             if ((rc = compressed ? rk_compressor_allreduce(c->compressor, m->grad_block, 0, err)
@@ -536,6 +566,13 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                                                              err)))
                 break;
             res->grad_bytes_sent += rk_comm_bytes_sent(comm) - sent;
+            if (on_momentum) /* back to a gradient: the optimiser rebuilds the momentum from it */
+                momentum_shift(m, opt, c, -gscale);
+            /* a compressed block holds +-scale at the padding between tensors too: zero it, or
+             * it would reach the momentum's and weights' padding, which checkpoints do not
+             * keep (and, on the momentum, come back through the compressor) */
+            if (compressed)
+                zero_padding(m);
             if ((rc = rk_comm_allreduce_sum_f64(comm, red, c->guard ? 1 + (size_t)nranks : 1,
                                                 err)))
                 break;

@@ -95,6 +95,10 @@ typedef struct rk_train_config {
      * is applied and are part of the guards' rollback snapshot. */
     rk_compressor *compressor;
     int64_t compress_warmup;
+    /* With SGD momentum, compress each rank's share of the new momentum instead of its
+     * gradient (as DeepSpeed's 1-bit Adam does with Adam's): the optimiser's momentum becomes
+     * the compressed sum. Default 1; ignored by AdamW and by the plain allreduce. */
+    int compress_momentum;
     /* Mixed precision (docs/amp.md): RK_F16 or RK_BF16 store activations, activation
      * gradients and weight gradients in that format, with fp32 master weights (the model must
      * be set to it with rk_model_set_precision). scaler (for fp16; NULL: no loss scaling)
