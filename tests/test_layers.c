@@ -3,7 +3,8 @@
  * CPU backend: dense (with and without ReLU), the fused conv block (conv + bias + ReLU + 2x2
  * max pool, input and weight gradients), dropout and softmax cross-entropy. The scalar probed
  * is L = sum(y * r) for a fixed random r, so dL/dy = r. The conv block with bf16 storage is
- * checked against the fp32 block instead (skipped where the CPU has no bf16 kernels).
+ * checked against the fp32 block instead (skipped where the CPU has no bf16 kernels), and so
+ * is the block with fp16 storage (fp32 kernels: bit-equal on fp16 values).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -419,6 +420,9 @@ static void convblock_half_kernels_off_is_fp32_exactly(void **state)
     conv_run_block(s, RK_F32, x, w, b, dy, &r32);
     conv_run_block(s, RK_BF16, x, w, b, dy, &r16);
     conv_run_block(s, RK_F16, x, w, b, dy, &rh);
+    char why16[128] = "";
+    s.dtype = RK_F16; /* the fp16 query says fp32 too */
+    rk_dtype fp16_storage = be->convblock_storage(&s, why16, sizeof why16);
     if (was) /* as it was: the run may have set it for every test */
         setenv("RK_NO_HALF_KERNELS", keep, 1);
     else
@@ -427,17 +431,140 @@ static void convblock_half_kernels_off_is_fp32_exactly(void **state)
     assert_memory_equal(r16.dx, r32.dx, nx * sizeof(float));
     assert_memory_equal(r16.dw, r32.dw, nw * sizeof(float));
     assert_memory_equal(rh.y, r32.y, ny * sizeof(float));
+    assert_memory_equal(rh.dx, r32.dx, nx * sizeof(float));
     assert_memory_equal(rh.dw, r32.dw, nw * sizeof(float));
-    /* fp16 is never stored in 16 bits by this backend: the query says fp32 and why */
-    s.dtype = RK_F16;
-    assert_int_equal(be->convblock_storage(&s, why, sizeof why), RK_F32);
-    assert_true(why[0] != '\0');
+    assert_int_equal(fp16_storage, RK_F32);
+    assert_non_null(strstr(why16, "RK_NO_HALF_KERNELS"));
     conv_run *runs[] = {&r32, &r16, &rh};
     for (int i = 0; i < 3; i++)
         conv_run_free(runs[i]);
     float *bufs[] = {x, w, b, dy};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         be->free(bufs[i]);
+}
+
+/* ---- conv block with fp16 storage ----
+ *
+ * The fp16 block keeps its input copy in fp16 and runs the fp32 block's kernels on fp32
+ * transients, so on inputs that are fp16 values (what the model hands it: every activation
+ * is rounded to fp16) its y, dx, dw and db are bit-equal to the fp32 block's. The storage
+ * query says fp16 (unless RK_NO_HALF_KERNELS is set for the whole run: then skipped). */
+static float f16_round(float v)
+{
+    return rk_f16_to_f32(rk_f32_to_f16(v));
+}
+
+static int fp16_stored(const rk_convblock_shape *s)
+{
+    char why[128] = "";
+    rk_dtype got = be->convblock_storage(s, why, sizeof why);
+    if (got != RK_F16 && getenv("RK_NO_HALF_KERNELS")) {
+        print_message("skipped: %s\n", why);
+        return 0;
+    }
+    assert_int_equal(got, RK_F16);
+    assert_non_null(strstr(why, "fp32 oneDNN kernels"));
+    return 1;
+}
+
+/* Inputs for shape s (fp16 values) in *x, *w, *b, *dy. */
+static void f16_inputs(const rk_convblock_shape *s, uint64_t seed, float **x, float **w, float **b,
+                       float **dy)
+{
+    rk_rng rng;
+    rk_rng_seed(&rng, seed);
+    size_t nx = (size_t)s->n * s->ic * s->h * s->w, nw = (size_t)s->oc * s->ic * s->k * s->k;
+    size_t ny = (size_t)s->n * s->oc * (s->h / 2) * (s->w / 2);
+    *x = rand_buf(&rng, nx, 1.0f);
+    *w = rand_buf(&rng, nw, 0.5f);
+    *b = rand_buf(&rng, (size_t)s->oc, 0.2f);
+    *dy = rand_buf(&rng, ny, 1.0f);
+    float *bufs[] = {*x, *w, *b, *dy};
+    size_t lens[] = {nx, nw, (size_t)s->oc, ny};
+    for (int k = 0; k < 4; k++)
+        for (size_t i = 0; i < lens[k]; i++)
+            bufs[k][i] = f16_round(bufs[k][i]);
+}
+
+static void assert_runs_equal(const rk_convblock_shape *s, const conv_run *a, const conv_run *ref)
+{
+    size_t nx = (size_t)s->n * s->ic * s->h * s->w, nw = (size_t)s->oc * s->ic * s->k * s->k;
+    size_t ny = (size_t)s->n * s->oc * (s->h / 2) * (s->w / 2);
+    assert_memory_equal(a->y, ref->y, ny * sizeof(float));
+    assert_memory_equal(a->dx, ref->dx, nx * sizeof(float));
+    assert_memory_equal(a->dw, ref->dw, nw * sizeof(float));
+    assert_memory_equal(a->db, ref->db, (size_t)s->oc * sizeof(float));
+}
+
+static void check_conv_f16(int n, int ic, int oc, int k, int hw)
+{
+    rk_convblock_shape s = {n, ic, hw, hw, oc, k, RK_F16};
+    if (!fp16_stored(&s))
+        skip();
+    float *x, *w, *b, *dy;
+    f16_inputs(&s, 4242 + (uint64_t)ic * 100 + (uint64_t)oc, &x, &w, &b, &dy);
+    conv_run r32, r16;
+    conv_run_block(s, RK_F32, x, w, b, dy, &r32);
+    conv_run_block(s, RK_F16, x, w, b, dy, &r16);
+    assert_runs_equal(&s, &r16, &r32);
+    printf("conv block fp16 n=%d ic=%d oc=%d k=%d hw=%d: y, dx, dw, db bit-equal to fp32\n", n, ic,
+           oc, k, hw);
+    conv_run_free(&r32);
+    conv_run_free(&r16);
+    float *bufs[] = {x, w, b, dy};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        be->free(bufs[i]);
+}
+
+static void convblock_fp16_matches_fp32_bit_for_bit(void **state)
+{
+    (void)state;
+    check_conv_f16(2, 3, 8, 3, 8);
+    check_conv_f16(2, 2, 12, 3, 6);   /* channels not a multiple of the block */
+    check_conv_f16(3, 1, 32, 5, 28);  /* conv1 of cnn */
+    check_conv_f16(3, 32, 64, 5, 14); /* conv2 of cnn: its input copy is kept in fp16 */
+}
+
+/* Two fp16 blocks share one scratch: B's forward (which grows it) runs between A's forward
+ * and A's backward, as in a model. A's backward still gives the fp32 block's results, so
+ * nothing A needs between its ops lives in the scratch. */
+static void convblock_fp16_blocks_share_the_scratch(void **state)
+{
+    (void)state;
+    rk_convblock_shape sa = {2, 32, 14, 14, 64, 5, RK_F16}, sb = {4, 1, 28, 28, 32, 5, RK_F16};
+    if (!fp16_stored(&sa))
+        skip();
+    const rk_convblock_shape *sh[2] = {&sa, &sb};
+    float *x[2], *w[2], *b[2], *dy[2];
+    conv_run ref[2], got[2];
+    rk_op_cache *cache[2] = {NULL, NULL};
+    rk_err err = {0};
+    for (int i = 0; i < 2; i++) {
+        f16_inputs(sh[i], 77 + (uint64_t)i, &x[i], &w[i], &b[i], &dy[i]);
+        conv_run_block(*sh[i], RK_F32, x[i], w[i], b[i], dy[i], &ref[i]);
+        const rk_convblock_shape *s = sh[i];
+        size_t nx = (size_t)s->n * s->ic * s->h * s->w, nw = (size_t)s->oc * s->ic * s->k * s->k;
+        size_t ny = (size_t)s->n * s->oc * (s->h / 2) * (s->w / 2);
+        got[i].y = be->alloc(ny * sizeof(float));
+        got[i].dx = be->alloc(nx * sizeof(float));
+        got[i].dw = be->alloc(nw * sizeof(float));
+        got[i].db = be->alloc((size_t)s->oc * sizeof(float));
+    }
+    for (int i = 0; i < 2; i++) /* forward A, then B */
+        if (be->convblock_forward(&cache[i], sh[i], x[i], w[i], b[i], got[i].y, &err))
+            fail_msg("%s", err.msg);
+    for (int i = 1; i >= 0; i--) /* backward B, then A */
+        if (be->convblock_backward(&cache[i], sh[i], dy[i], got[i].dx, got[i].dw, got[i].db, &err))
+            fail_msg("%s", err.msg);
+    for (int i = 0; i < 2; i++) {
+        assert_runs_equal(sh[i], &got[i], &ref[i]);
+        be->cache_free(cache[i]);
+        conv_run_free(&ref[i]);
+        conv_run_free(&got[i]);
+        float *bufs[] = {x[i], w[i], b[i], dy[i]};
+        for (size_t j = 0; j < sizeof bufs / sizeof bufs[0]; j++)
+            be->free(bufs[j]);
+    }
 }
 
 /* ---- dropout ---- */
@@ -568,6 +695,8 @@ int main(void)
         cmocka_unit_test(convblock_bf16_matches_fp32_channels_not_multiple_of_block),
         cmocka_unit_test(convblock_bf16_matches_fp32_5x5_many_channels),
         cmocka_unit_test(convblock_bf16_output_is_fp32_output_rounded),
+        cmocka_unit_test(convblock_fp16_matches_fp32_bit_for_bit),
+        cmocka_unit_test(convblock_fp16_blocks_share_the_scratch),
         cmocka_unit_test(convblock_half_kernels_off_is_fp32_exactly),
         cmocka_unit_test(dropout_backward_matches_finite_differences),
         cmocka_unit_test(dropout_mask_of_a_sample_does_not_depend_on_its_batch_slot),

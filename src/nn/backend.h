@@ -23,7 +23,9 @@ const char *rk_device_name(rk_device d);
  * OIHW [oc, ic, k, k]. The op's arguments are always fp32; `dtype` asks the backend to keep
  * the block's own tensors (its copy of x, the conv output, their gradients, the pooled
  * values) in that type: RK_F32 (0, what an initialiser that omits it gets), or RK_F16 /
- * RK_BF16, honoured where convblock_storage says so and stored in fp32 otherwise. */
+ * RK_BF16, honoured where convblock_storage says so and stored in fp32 otherwise. The CPU
+ * backend honours RK_F16 by storing in fp16 and computing with fp32 kernels, so its values
+ * are those of fp32 storage rounded to fp16 where stored. */
 typedef struct rk_convblock_shape {
     int n, ic, h, w, oc, k;
     rk_dtype dtype;

@@ -3,7 +3,9 @@
  * at the block's edges), 2x2 max pooling fused with the ReLU in plain C on the convolution's
  * own layout, dense layers on oneDNN's sgemm, and plain C loops for the element-wise work.
  * Conv blocks asked for bf16 storage keep their tensors in bf16 and run oneDNN's bf16 kernels
- * where this CPU has them (AVX512-BF16, AMX), else fp32 (docs/amp.md).
+ * where this CPU has them (AVX512-BF16, AMX), else fp32; blocks asked for fp16 keep their input
+ * copy in fp16 and run fp32 kernels on one set of fp32 transients shared by all fp16 blocks
+ * (oneDNN 2.6 has no fp16 convolution on CPUs; docs/amp.md).
  * Everything runs on one OpenMP thread pool, sized once by init. Deterministic for a fixed thread
  * count: no op depends on thread timing.
  */
@@ -125,7 +127,12 @@ typedef struct reorder {
  * What a plan holds between forward and backward is the input copy (xc; the caller's x when
  * its layout is the convolution's) and each window's winner (win). Everything else is a
  * transient, and the big ones do double duty: c holds the conv output in forward and its
- * gradient in backward, pm the pooled maxima in forward and the pooled gradient in backward. */
+ * gradient in backward, pm the pooled maxima in forward and the pooled gradient in backward.
+ *
+ * An fp16 plan (f16) runs the fp32 kernels (dt f32) but keeps only xh, the input copy in fp16
+ * in the convolution's layout, and win; c, pm, the fp32 input copy and the backward's own
+ * copies live in the shared scratch (regions S_*), which holds them only for one op. */
+enum { S_C, S_PM, S_X, S_BWS, S_DD, S_NREG };
 typedef struct plan {
     rk_convblock_shape s;
     int valid;
@@ -154,7 +161,86 @@ typedef struct plan {
     reorder r_bw_src, r_bw_ddst, r_dw, r_bd_w, r_bd_ddst, r_dx;
     const float *x_user, *w_user; /* the inputs of the last forward, for backward */
     int has_bw, has_bd;
+    /* fp16 storage: the input copy in fp16 (xn values, NULL when the caller's x is used) and
+     * the scratch regions: sizes, offsets, total */
+    int f16;
+    uint16_t *xh;
+    size_t xn;
+    size_t sz[S_NREG], off[S_NREG], need;
 } plan;
+
+/* The fp32 transients of fp16 plans: one buffer for the process, grown to the largest plan's
+ * need and freed with the last fp16 plan. The backend runs on one thread at a time. */
+static struct {
+    void *p;
+    size_t cap;
+    int users;
+} g_scratch;
+
+static int scratch_reserve(size_t need, rk_err *err)
+{
+    if (need <= g_scratch.cap)
+        return RK_OK;
+    free(g_scratch.p); /* nothing in it outlives an op */
+    g_scratch.cap = 0;
+    g_scratch.p = NULL;
+    size_t bytes = (need + 63) & ~(size_t)63;
+    if (posix_memalign(&g_scratch.p, 64, bytes) != 0) {
+        g_scratch.p = NULL;
+        return rk_err_set(err, RK_ENOMEM, "conv block: cannot allocate %zu bytes of scratch",
+                          bytes);
+    }
+    memset(g_scratch.p, 0, bytes); /* as mem_owned: blocked layouts pad */
+    g_scratch.cap = bytes;
+    return RK_OK;
+}
+
+static void scratch_release(void)
+{
+    if (--g_scratch.users > 0)
+        return;
+    free(g_scratch.p);
+    memset(&g_scratch, 0, sizeof g_scratch);
+}
+
+/* The regions one after the other, each on a 64-byte boundary; call after each build step. */
+static void plan_scratch_layout(plan *pl)
+{
+    size_t at = 0;
+    for (int r = 0; r < S_NREG; r++) {
+        pl->off[r] = at;
+        at += (pl->sz[r] + 63) & ~(size_t)63;
+    }
+    pl->need = at;
+}
+
+/* A buffer of an fp16 plan: its region of the scratch. */
+static void *scr(const plan *pl, int region)
+{
+    return (char *)g_scratch.p + pl->off[region];
+}
+
+/* fp32 <-> fp16 over many values, on the thread pool (both round as rk_f32_to_f16_n does). */
+#define RK_CVT_CHUNK ((size_t)1 << 16)
+static void to_f16(const float *src, uint16_t *dst, size_t n)
+{
+    long chunks = (long)((n + RK_CVT_CHUNK - 1) / RK_CVT_CHUNK);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < chunks; i++) {
+        size_t o = (size_t)i * RK_CVT_CHUNK, k = n - o < RK_CVT_CHUNK ? n - o : RK_CVT_CHUNK;
+        rk_f32_to_f16_n(src + o, dst + o, k);
+    }
+}
+
+static void from_f16(const uint16_t *src, float *dst, size_t n)
+{
+    long chunks = (long)((n + RK_CVT_CHUNK - 1) / RK_CVT_CHUNK);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < chunks; i++) {
+        size_t o = (size_t)i * RK_CVT_CHUNK, k = n - o < RK_CVT_CHUNK ? n - o : RK_CVT_CHUNK;
+        rk_f16_to_f32_n(src + o, dst + o, k);
+    }
+}
 
 #define RK_PLAN_SLOTS 3
 struct rk_op_cache {
@@ -211,6 +297,9 @@ static void plan_free(plan *pl)
                      &pl->r_bw_ddst, &pl->r_dw, &pl->r_bd_w, &pl->r_bd_ddst, &pl->r_dx};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
         reorder_free(rs[i]);
+    free(pl->xh);
+    if (pl->f16)
+        scratch_release();
     memset(pl, 0, sizeof *pl);
 }
 
@@ -290,6 +379,32 @@ static int layout_for(dnnl_primitive_desc_t pd, dnnl_query_t what, int dir,
     if (rc == RK_OK)
         rc = mem_owned(m, buf, md, err);
     return rc;
+}
+
+/* layout_for in an fp16 plan: the buffer is scratch region `region`, grown to fit (its handle
+ * is set per call). */
+static int layout_for_scratch(plan *pl, dnnl_primitive_desc_t pd, dnnl_query_t what, int dir,
+                              const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m,
+                              int region, rk_err *err)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, what, 0);
+    DNNL_TRY(dnnl_memory_create(m, md, g_engine, DNNL_MEMORY_NONE));
+    if (dnnl_memory_desc_equal(md, user))
+        return RK_OK;
+    size_t bytes = dnnl_memory_desc_get_size(md);
+    if (bytes > pl->sz[region])
+        pl->sz[region] = bytes;
+    plan_scratch_layout(pl);
+    return dir == IN ? reorder_init(r, user, md, err) : reorder_init(r, md, user, err);
+}
+
+/* The layout_for of either kind of plan. */
+static int plan_layout_for(plan *pl, dnnl_primitive_desc_t pd, dnnl_query_t what, int dir,
+                           const dnnl_memory_desc_t *user, reorder *r, dnnl_memory_t *m, void **buf,
+                           int region, rk_err *err)
+{
+    return pl->f16 ? layout_for_scratch(pl, pd, what, dir, user, r, m, region, err)
+                   : layout_for(pd, what, dir, user, r, m, buf, err);
 }
 
 /* Channel block of a conv output layout we can pool in place: 1 (nchw), 8 or 16 (nChw8c,
@@ -448,8 +563,8 @@ static int half_kernels_off(void)
 /* What a block of shape s stores in (the convblock_storage entry), with the kernel's name or
  * the reason for falling back in `why`. The answer comes from creating the three primitive
  * descriptors, as a plan would: oneDNN answers dnnl_unimplemented where it has no kernel for
- * this CPU. Only bf16 is used: the pooling has no fp16 path, and oneDNN 2.6 has no fp16
- * convolution on CPUs anyway (the probe says which, for the note). */
+ * this CPU. fp16 is always stored in fp16 and computed by the fp32 kernels (oneDNN 2.6 has no
+ * fp16 convolution on CPUs; the pooling has no fp16 path either). */
 static rk_dtype cpu_convblock_storage(const rk_convblock_shape *s, char *why, size_t why_len)
 {
     const char *name = s->dtype == RK_F16 ? "fp16" : "bf16";
@@ -460,6 +575,12 @@ static rk_dtype cpu_convblock_storage(const rk_convblock_shape *s, char *why, si
     if (half_kernels_off()) {
         snprintf(why, why_len, "RK_NO_HALF_KERNELS is set");
         return RK_F32;
+    }
+    if (s->dtype == RK_F16) {
+        snprintf(why, why_len,
+                 "fp16 storage, fp32 oneDNN kernels (no fp16 convolution in oneDNN %d.%d)",
+                 DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR);
+        return RK_F16;
     }
     plan pl;
     memset(&pl, 0, sizeof pl);
@@ -665,7 +786,7 @@ static inline __attribute__((always_inline)) void pool_bwd_row(const rk_convbloc
         }                                                                                          \
     } while (0)
 
-static void pool_forward(const plan *pl)
+static void pool_forward(const plan *pl, const void *c, void *pm)
 {
     const rk_convblock_shape *s = &pl->s;
     const int cb_n = (s->oc + pl->blk - 1) / pl->blk, oh = s->h / 2;
@@ -673,10 +794,10 @@ static void pool_forward(const plan *pl)
     for (int n = 0; n < s->n; n++)
         for (int cb = 0; cb < cb_n; cb++)
             for (int i = 0; i < oh; i++)
-                POOL_DISPATCH(pool_fwd_row, pl, pl->c, pl->pm, pl->win, n, cb, i);
+                POOL_DISPATCH(pool_fwd_row, pl, c, pm, pl->win, n, cb, i);
 }
 
-static void pool_backward(const plan *pl, const void *dpm)
+static void pool_backward(const plan *pl, const void *dpm, void *dc)
 {
     const rk_convblock_shape *s = &pl->s;
     const int cb_n = (s->oc + pl->blk - 1) / pl->blk, oh = s->h / 2;
@@ -684,12 +805,13 @@ static void pool_backward(const plan *pl, const void *dpm)
     for (int n = 0; n < s->n; n++)
         for (int cb = 0; cb < cb_n; cb++)
             for (int i = 0; i < oh; i++)
-                POOL_DISPATCH(pool_bwd_row, pl, pl->win, dpm, pl->c, n, cb, i);
+                POOL_DISPATCH(pool_bwd_row, pl, pl->win, dpm, dc, n, cb, i);
 }
 
 /* A plan for shape s: its descriptors in bf16 when s asks for bf16 and this CPU has the
- * kernels (else fp32, which the caller's rounding turns into the emulation), the forward
- * primitive and its buffers. */
+ * kernels (else fp32, which the caller's rounding turns into the emulation; for fp16 with
+ * the input copy stored in fp16 and the transients in the scratch), the forward primitive
+ * and its buffers. */
 static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err)
 {
     dnnl_status_t st = dnnl_unimplemented;
@@ -701,27 +823,47 @@ static int plan_build_forward(plan *pl, const rk_convblock_shape *s, rk_err *err
     if (st != dnnl_success && (st = plan_pds_create(pl, s, dnnl_f32)) != dnnl_success)
         return rk_err_set(err, RK_EBACKEND, "oneDNN: no convolution for %dx%dx%dx%d k%d (%d)", s->n,
                           s->ic, s->h, s->w, s->k, (int)st);
+    if (s->dtype == RK_F16 && !half_kernels_off()) {
+        pl->f16 = 1;
+        g_scratch.users++; /* released by plan_free */
+    }
     int rc;
     DNNL_TRY(dnnl_primitive_create(&pl->conv, pl->conv_pd));
-    if ((rc = layout_for(pl->conv_pd, dnnl_query_src_md, IN, &pl->x_md, &pl->r_x, &pl->m_xc,
-                         &pl->xc, err)) ||
+    if ((rc = plan_layout_for(pl, pl->conv_pd, dnnl_query_src_md, IN, &pl->x_md, &pl->r_x,
+                              &pl->m_xc, &pl->xc, S_X, err)) ||
         (rc = layout_for(pl->conv_pd, dnnl_query_weights_md, IN, &pl->w_md, &pl->r_w, &pl->m_wc,
                          &pl->wc, err)))
         return rc;
+    if (pl->f16 && pl->r_x.prim) { /* the input copy, kept in fp16 */
+        pl->xn = pl->sz[S_X] / sizeof(float);
+        pl->xh = cpu_alloc(pl->xn * sizeof(uint16_t));
+        if (!pl->xh)
+            return rk_err_set(err, RK_ENOMEM, "conv block: out of memory for the fp16 input");
+    }
     DNNL_TRY(dnnl_memory_create(&pl->m_b, &pl->b_md, g_engine, DNNL_MEMORY_NONE));
     const dnnl_memory_desc_t *c_md =
         dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_dst_md, 0);
-    if ((rc = mem_owned(&pl->m_c, &pl->c, c_md, err)))
+    if (pl->f16) {
+        DNNL_TRY(dnnl_memory_create(&pl->m_c, c_md, g_engine, DNNL_MEMORY_NONE));
+        pl->sz[S_C] = dnnl_memory_desc_get_size(c_md);
+    } else if ((rc = mem_owned(&pl->m_c, &pl->c, c_md, err))) {
         return rc;
+    }
     dnnl_dims_t yd = {s->n, s->oc, s->h / 2, s->w / 2};
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->y_md, 4, yd, dnnl_f32, dnnl_nchw));
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&pl->pm_md, 4, yd, pl->dt, pl->tag));
     size_t pooled = dnnl_memory_desc_get_size(&pl->pm_md);
-    pl->pm = cpu_alloc(pooled);
+    if (pl->f16) {
+        pl->sz[S_PM] = pooled;
+        plan_scratch_layout(pl);
+    } else {
+        pl->pm = cpu_alloc(pooled);
+        if (pl->pm)
+            memset(pl->pm, 0, pooled);
+    }
     pl->win = cpu_alloc(pooled / pl->esz);
-    if (!pl->pm || !pl->win)
+    if ((!pl->f16 && !pl->pm) || !pl->win)
         return rk_err_set(err, RK_ENOMEM, "conv block: out of memory for pooling");
-    memset(pl->pm, 0, pooled);
     if ((rc = reorder_init(&pl->r_y, &pl->pm_md, &pl->y_md, err)) ||
         (rc = reorder_init(&pl->r_dy, &pl->y_md, &pl->pm_md, err)))
         return rc;
@@ -744,10 +886,10 @@ static int plan_build_bw(plan *pl, rk_err *err)
         dnnl_primitive_desc_query_md(pl->conv_pd, dnnl_query_src_md, 0);
     int rc;
     DNNL_TRY(dnnl_primitive_create(&pl->bw, pl->bw_pd));
-    if ((rc = layout_for(pl->bw_pd, dnnl_query_src_md, IN, x_fwd, &pl->r_bw_src, &pl->m_bw_src,
-                         &pl->bw_src, err)) ||
-        (rc = layout_for(pl->bw_pd, dnnl_query_diff_dst_md, IN, c_md, &pl->r_bw_ddst,
-                         &pl->m_bw_ddst, &pl->bw_ddst, err)) ||
+    if ((rc = plan_layout_for(pl, pl->bw_pd, dnnl_query_src_md, IN, x_fwd, &pl->r_bw_src,
+                              &pl->m_bw_src, &pl->bw_src, S_BWS, err)) ||
+        (rc = plan_layout_for(pl, pl->bw_pd, dnnl_query_diff_dst_md, IN, c_md, &pl->r_bw_ddst,
+                              &pl->m_bw_ddst, &pl->bw_ddst, S_DD, err)) ||
         (rc = layout_for(pl->bw_pd, dnnl_query_diff_weights_md, OUT, &pl->w_md, &pl->r_dw,
                          &pl->m_bw_dw, &pl->bw_dw, err)))
         return rc;
@@ -766,10 +908,10 @@ static int plan_build_bd(plan *pl, rk_err *err)
     DNNL_TRY(dnnl_primitive_create(&pl->bd, pl->bd_pd));
     if ((rc = layout_for(pl->bd_pd, dnnl_query_weights_md, IN, &pl->w_md, &pl->r_bd_w, &pl->m_bd_w,
                          &pl->bd_w, err)) ||
-        (rc = layout_for(pl->bd_pd, dnnl_query_diff_dst_md, IN, c_md, &pl->r_bd_ddst,
-                         &pl->m_bd_ddst, &pl->bd_ddst, err)) ||
-        (rc = layout_for(pl->bd_pd, dnnl_query_diff_src_md, OUT, &pl->x_md, &pl->r_dx,
-                         &pl->m_bd_dsrc, &pl->bd_dsrc, err)))
+        (rc = plan_layout_for(pl, pl->bd_pd, dnnl_query_diff_dst_md, IN, c_md, &pl->r_bd_ddst,
+                              &pl->m_bd_ddst, &pl->bd_ddst, S_DD, err)) ||
+        (rc = plan_layout_for(pl, pl->bd_pd, dnnl_query_diff_src_md, OUT, &pl->x_md, &pl->r_dx,
+                              &pl->m_bd_dsrc, &pl->bd_dsrc, S_X, err)))
         return rc;
     pl->has_bd = 1;
     return RK_OK;
@@ -826,10 +968,14 @@ static int cpu_convblock_forward(rk_op_cache **cache, const rk_convblock_shape *
     if (!pl)
         return err ? err->code : RK_EBACKEND;
     int rc;
+    if (pl->f16 && (rc = scratch_reserve(pl->need, err)))
+        return rc;
+    void *c = pl->f16 ? scr(pl, S_C) : pl->c, *pm = pl->f16 ? scr(pl, S_PM) : pl->pm;
     const void *xs, *ws;
-    if ((rc = staged(&pl->r_x, x, pl->xc, &xs, err)) ||
+    if ((rc = staged(&pl->r_x, x, pl->f16 ? scr(pl, S_X) : pl->xc, &xs, err)) ||
         (rc = staged(&pl->r_w, w, pl->wc, &ws, err)))
         return rc;
+    DNNL_TRY(dnnl_memory_set_data_handle(pl->m_c, c));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_xc, (void *)xs));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_wc, (void *)ws));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_b, (void *)b));
@@ -838,13 +984,15 @@ static int cpu_convblock_forward(rk_op_cache **cache, const rk_convblock_shape *
                                 {DNNL_ARG_BIAS, pl->m_b},
                                 {DNNL_ARG_DST, pl->m_c}};
     DNNL_TRY(dnnl_primitive_execute(pl->conv, g_stream, 4, cargs));
-    pool_forward(pl);
+    pool_forward(pl, c, pm);
     if (pl->r_y.prim) {
-        if ((rc = reorder_run(&pl->r_y, pl->pm, y, err)))
+        if ((rc = reorder_run(&pl->r_y, pm, y, err)))
             return rc;
     } else {
-        memcpy(y, pl->pm, dnnl_memory_desc_get_size(&pl->y_md));
+        memcpy(y, pm, dnnl_memory_desc_get_size(&pl->y_md));
     }
+    if (pl->xh) /* keep the input copy in fp16; the fp32 one was a transient */
+        to_f16(xs, pl->xh, pl->xn);
     pl->x_user = x;
     pl->w_user = w;
     return RK_OK;
@@ -861,20 +1009,27 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
         return rc;
     if (dx && !pl->has_bd && (rc = plan_build_bd(pl, err)))
         return rc;
+    if (pl->f16 && (rc = scratch_reserve(pl->need, err)))
+        return rc;
+    void *c = pl->f16 ? scr(pl, S_C) : pl->c, *pm = pl->f16 ? scr(pl, S_PM) : pl->pm;
 
     /* the pooled gradient goes into pm and dc into c: the forward is done with both */
     const void *dpm;
-    if ((rc = staged(&pl->r_dy, dy, pl->pm, &dpm, err)))
+    if ((rc = staged(&pl->r_dy, dy, pm, &dpm, err)))
         return rc;
-    pool_backward(pl, dpm);
+    pool_backward(pl, dpm, c);
 
-    /* weights and bias gradient */
+    /* weights and bias gradient; an fp16 plan widens its input copy into the scratch */
+    const void *x_fwd = pl->xc ? pl->xc : (const void *)pl->x_user;
+    if (pl->xh) {
+        from_f16(pl->xh, scr(pl, S_X), pl->xn);
+        x_fwd = scr(pl, S_X);
+    }
     const void *src;
-    if ((rc = staged(&pl->r_bw_src, pl->xc ? pl->xc : (const void *)pl->x_user, pl->bw_src, &src,
-                     err)))
+    if ((rc = staged(&pl->r_bw_src, x_fwd, pl->f16 ? scr(pl, S_BWS) : pl->bw_src, &src, err)))
         return rc;
     const void *ddst;
-    if ((rc = staged(&pl->r_bw_ddst, pl->c, pl->bw_ddst, &ddst, err)))
+    if ((rc = staged(&pl->r_bw_ddst, c, pl->f16 ? scr(pl, S_DD) : pl->bw_ddst, &ddst, err)))
         return rc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bw_src, (void *)src));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bw_ddst, (void *)ddst));
@@ -896,17 +1051,17 @@ static int cpu_convblock_backward(rk_op_cache **cache, const rk_convblock_shape 
     if ((rc = staged(&pl->r_bd_w, pl->w_user, pl->bd_w, &wb, err)))
         return rc;
     const void *bdd;
-    if ((rc = staged(&pl->r_bd_ddst, pl->c, pl->bd_ddst, &bdd, err)))
+    if ((rc = staged(&pl->r_bd_ddst, c, pl->f16 ? scr(pl, S_DD) : pl->bd_ddst, &bdd, err)))
         return rc;
+    void *dsrc = !pl->r_dx.prim ? (void *)dx : pl->f16 ? scr(pl, S_X) : pl->bd_dsrc;
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_w, (void *)wb));
     DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_ddst, (void *)bdd));
-    if (!pl->r_dx.prim)
-        DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_dsrc, dx));
+    DNNL_TRY(dnnl_memory_set_data_handle(pl->m_bd_dsrc, dsrc));
     dnnl_exec_arg_t dargs[3] = {{DNNL_ARG_WEIGHTS, pl->m_bd_w},
                                 {DNNL_ARG_DIFF_DST, pl->m_bd_ddst},
                                 {DNNL_ARG_DIFF_SRC, pl->m_bd_dsrc}};
     DNNL_TRY(dnnl_primitive_execute(pl->bd, g_stream, 3, dargs));
-    if (pl->r_dx.prim && (rc = reorder_run(&pl->r_dx, pl->bd_dsrc, dx, err)))
+    if (pl->r_dx.prim && (rc = reorder_run(&pl->r_dx, dsrc, dx, err)))
         return rc;
     return RK_OK;
 }

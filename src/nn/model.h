@@ -60,7 +60,8 @@ typedef struct rk_model {
     /* Mixed precision (rk_model_set_precision): with RK_F16 or RK_BF16 the forward and
      * backward run on work_block, the master weights rounded to that format, and every
      * activation, activation gradient and weight gradient is rounded to it as it is stored.
-     * Conv blocks whose backend has kernels for the format also keep their tensors in it
+     * Conv blocks whose backend can store the format (the CPU: bf16 where oneDNN has bf16
+     * kernels, fp16 always, computed by fp32 kernels) also keep their tensors in it
      * (conv_store); everything else is held in fp32 buffers between the roundings
      * (docs/amp.md). */
     rk_dtype dtype;
