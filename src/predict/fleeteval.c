@@ -86,6 +86,25 @@ static int want_int(json_t *o, const char *key, const char *file, int idx, long 
     return RK_OK;
 }
 
+/* Parse the JSON file at path: NULL with RK_ENOENT (naming the file and `missing`, what
+ * writes it) when it cannot be opened, RK_EFORMAT with the parser's line and message when it is
+ * not JSON. */
+static json_t *json_file(const char *path, const char *missing, int *rc, rk_err *err)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (j)
+        return j;
+    FILE *probe = fopen(path, "r");
+    if (!probe) {
+        *rc = rk_err_set(err, RK_ENOENT, "%s: no such file (%s)", path, missing);
+        return NULL;
+    }
+    fclose(probe);
+    *rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+    return NULL;
+}
+
 /* The manifest's fields into f (every GPU's metadata, no history); `path` names it in errors. */
 static int parse_manifest(rk_fleet *f, json_t *j, const char *path, rk_err *err)
 {
@@ -194,18 +213,9 @@ int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err)
     if (!path)
         return rk_err_set(err, RK_ENOMEM, "dataset: out of memory");
     snprintf(path, plen, "%s/fleet.json", dir);
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
     int rc = RK_OK;
+    json_t *j = json_file(path, "not a dataset of rk predict dataset", &rc, err);
     if (!j) {
-        FILE *probe = fopen(path, "r");
-        if (!probe)
-            rc = rk_err_set(err, RK_ENOENT,
-                            "%s: no such file (not a dataset of rk predict dataset)", path);
-        else {
-            fclose(probe);
-            rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
-        }
         free(path);
         return rc;
     }
@@ -932,18 +942,11 @@ int rk_fleet_detectors_parse(rk_fleet_detectors *d, const char *text, size_t len
 int rk_fleet_detectors_load(rk_fleet_detectors *d, const char *path, rk_err *err)
 {
     memset(d, 0, sizeof *d);
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    if (!j) {
-        FILE *probe = fopen(path, "r");
-        if (!probe)
-            return rk_err_set(err, RK_ENOENT,
-                              "%s: no such file (rk predict train writes it beside the model)",
-                              path);
-        fclose(probe);
-        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
-    }
-    int rc = parse_detectors(d, j, path, err);
+    int rc = RK_OK;
+    json_t *j = json_file(path, "rk predict train writes it beside the model", &rc, err);
+    if (!j)
+        return rc;
+    rc = parse_detectors(d, j, path, err);
     json_decref(j);
     if (rc)
         rk_fleet_detectors_free(d);
