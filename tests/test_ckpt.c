@@ -35,10 +35,6 @@
 #include "rekindle/safetensors.h"
 #include "testutil.h"
 
-#ifndef RK_TEST_TMPDIR
-#define RK_TEST_TMPDIR "/tmp"
-#endif
-
 static char g_dir[512];
 
 
@@ -46,9 +42,7 @@ static int setup(void **state)
 {
     (void)state;
     umask(022);
-    snprintf(g_dir, sizeof g_dir, "%s/test_ckpt.%ld", RK_TEST_TMPDIR, (long)getpid());
-    rm_tree(g_dir);
-    return mkdir(g_dir, 0755);
+    return test_dir_make(g_dir, sizeof g_dir, "test_ckpt");
 }
 
 static int teardown(void **state)

@@ -25,26 +25,7 @@
 #include "rekindle/rng.h"
 #include "testutil.h"
 
-#ifndef RK_TEST_TMPDIR
-#define RK_TEST_TMPDIR "/tmp"
-#endif
-
-static char g_dir[512];
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "%s/test_cmapss.%ld", RK_TEST_TMPDIR, (long)getpid());
-    rm_tree(g_dir);
-    return mkdir(g_dir, 0755);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    rm_tree(g_dir);
-    return 0;
-}
+RK_TEST_DIR_FIXTURE("test_cmapss")
 
 /* A row: unit, cycle, then 24 values v0 + j (j = 0..23), or `tok` at value index `at`. */
 static int row(char *buf, size_t cap, int unit, int cycle, float v0, int at, const char *tok)

@@ -28,28 +28,9 @@
 #include "rekindle/fleeteval.h"
 #include "testutil.h"
 
-#ifndef RK_TEST_TMPDIR
-#define RK_TEST_TMPDIR "/tmp"
-#endif
-
 #define F RK_FLEET_FEATURES
 
-static char g_dir[512];
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(g_dir, sizeof g_dir, "%s/test_fleeteval.%ld", RK_TEST_TMPDIR, (long)getpid());
-    rm_tree(g_dir);
-    return mkdir(g_dir, 0755);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    rm_tree(g_dir);
-    return 0;
-}
+RK_TEST_DIR_FIXTURE("test_fleeteval")
 
 /* ---- windows ------------------------------------------------------------------------------ */
 

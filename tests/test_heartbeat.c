@@ -39,21 +39,16 @@
 #include "rekindle/heartbeat.h"
 #include "testutil.h"
 
-#ifndef RK_TEST_TMPDIR
-#define RK_TEST_TMPDIR "/tmp"
-#endif
-
 static char g_dir[512];
 static char g_sock[600];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(g_dir, sizeof g_dir, "%s/test_heartbeat.%ld", RK_TEST_TMPDIR, (long)getpid());
-    snprintf(g_sock, sizeof g_sock, "%s/hb.sock", g_dir);
-    rm_tree(g_dir);
     unsetenv(RK_HB_ENV);
-    return mkdir(g_dir, 0755);
+    int rc = test_dir_make(g_dir, sizeof g_dir, "test_heartbeat");
+    snprintf(g_sock, sizeof g_sock, "%s/hb.sock", g_dir);
+    return rc;
 }
 
 static int teardown(void **state)

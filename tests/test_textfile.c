@@ -27,10 +27,6 @@
 #include "rekindle/health.h"
 #include "testutil.h"
 
-#ifndef RK_TEST_TMPDIR
-#define RK_TEST_TMPDIR "/tmp"
-#endif
-
 #define NGPU 3
 #define VRM "rk_gpu_vrm_ripple_millivolts"
 #define FAN "rk_gpu_fan_vibration_hertz"
@@ -51,9 +47,7 @@ static int setup(void **state)
         snprintf(g_info[i].uuid, sizeof g_info[i].uuid, "%s", uuid[i]);
         snprintf(g_info[i].name, sizeof g_info[i].name, "test GPU %d", idx[i]);
     }
-    snprintf(g_dir, sizeof g_dir, "%s/test_textfile.%ld", RK_TEST_TMPDIR, (long)getpid());
-    rm_tree(g_dir);
-    return mkdir(g_dir, 0755);
+    return test_dir_make(g_dir, sizeof g_dir, "test_textfile");
 }
 
 static int teardown(void **state)
