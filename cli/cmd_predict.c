@@ -5,6 +5,7 @@
  */
 #include <cblas.h>
 #include <getopt.h>
+#include <stddef.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +100,59 @@ static int whole(const char *flag, const char *s, double lo, double hi, int *out
     return 0;
 }
 
+/* The model and training options rk predict cmapss and train share, by long name: the value of
+ * `name` into cfg, to or seed. 1 when `name` is not one of them, 0 when parsed, -1 (said) when
+ * the value is bad. */
+static int shared_option(const char *name, const char *arg, rk_pred_config *cfg,
+                         rk_pred_train_opts *to, uint64_t *seed)
+{
+    static const struct {
+        const char *name;
+        int lo, hi;
+        size_t off; /* an int in cfg (model) or in to */
+        int model;
+    } ints[] = {{"hidden", 1, 1024, offsetof(rk_pred_config, hidden), 1},
+                {"attn", 1, 1024, offsetof(rk_pred_config, attn), 1},
+                {"dense", 1, 1024, offsetof(rk_pred_config, dense), 1},
+                {"epochs", 1, 10000, offsetof(rk_pred_train_opts, max_epochs), 0},
+                {"patience", 0, 10000, offsetof(rk_pred_train_opts, patience), 0},
+                {"batch", 1, 65536, offsetof(rk_pred_train_opts, batch), 0}};
+    static const struct {
+        const char *name;
+        double lo, hi;
+        size_t off; /* a float in to */
+    } reals[] = {{"lr", 1e-6, 1, offsetof(rk_pred_train_opts, lr)},
+                 {"noise", 0, 10, offsetof(rk_pred_train_opts, input_noise)},
+                 {"dropout", 0, 0.95, offsetof(rk_pred_train_opts, dropout)},
+                 {"weight-decay", 0, 100, offsetof(rk_pred_train_opts, weight_decay)}};
+    char flag[32];
+    snprintf(flag, sizeof flag, "--%s", name);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (strcmp(name, ints[i].name) == 0) {
+            char *base = ints[i].model ? (char *)cfg : (char *)to;
+            return whole(flag, arg, ints[i].lo, ints[i].hi, (int *)(base + ints[i].off)) ? -1 : 0;
+        }
+    double v;
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+        if (strcmp(name, reals[i].name) == 0) {
+            if (num(flag, arg, reals[i].lo, reals[i].hi, &v))
+                return -1;
+            *(float *)((char *)to + reals[i].off) = (float)v;
+            return 0;
+        }
+    if (strcmp(name, "seed") == 0) {
+        if (num("--seed", arg, 0, 9007199254740992.0, &v))
+            return -1;
+        if (v != (double)(uint64_t)v) {
+            usage_error("--seed '%s' is not a whole number", arg);
+            return -1;
+        }
+        *seed = (uint64_t)v;
+        return 0;
+    }
+    return 1;
+}
+
 static void member_line(int k, const rk_pred_report *r, double val_rmse, void *ctx)
 {
     const rk_cmapss_opts *o = ctx;
@@ -142,85 +196,40 @@ static int cmd_cmapss(int argc, char **argv)
     rk_cmapss_opts o;
     rk_cmapss_opts_default(&o);
     int as_json = 0;
-    double v;
     opterr = 0;
     optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    int c, li = -1, bad;
+    for (; (c = getopt_long(argc, argv, "h", longs, &li)) != -1; li = -1) {
         switch (c) {
         case 'd': o.dir = optarg; break;
         case 'w':
             if (whole("--window", optarg, 1, RK_PRED_MAX_WINDOW, &o.window))
                 return RK_EXIT_USAGE;
             break;
-        case 's':
-            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
-                return RK_EXIT_USAGE;
-            if (v != (double)(uint64_t)v)
-                return usage_error("--seed '%s' is not a whole number", optarg);
-            o.seed = (uint64_t)v;
-            break;
         case 'k':
             if (whole("--ensemble", optarg, 1, RK_CMAPSS_MAX_MEMBERS, &o.ensemble))
-                return RK_EXIT_USAGE;
-            break;
-        case 'H':
-            if (whole("--hidden", optarg, 1, 1024, &o.model.hidden))
-                return RK_EXIT_USAGE;
-            break;
-        case 'e':
-            if (whole("--epochs", optarg, 1, 10000, &o.train.max_epochs))
                 return RK_EXIT_USAGE;
             break;
         case 'v':
             if (whole("--val-engines", optarg, 1, 100000, &o.val_engines))
                 return RK_EXIT_USAGE;
             break;
-        case 'A':
-            if (whole("--attn", optarg, 1, 1024, &o.model.attn))
-                return RK_EXIT_USAGE;
-            break;
-        case 'D':
-            if (whole("--dense", optarg, 1, 1024, &o.model.dense))
-                return RK_EXIT_USAGE;
-            break;
-        case 'p':
-            if (whole("--patience", optarg, 0, 10000, &o.train.patience))
-                return RK_EXIT_USAGE;
-            break;
-        case 'b':
-            if (whole("--batch", optarg, 1, 65536, &o.train.batch))
-                return RK_EXIT_USAGE;
-            break;
-        case 'l':
-            if (num("--lr", optarg, 1e-6, 1, &v))
-                return RK_EXIT_USAGE;
-            o.train.lr = (float)v;
-            break;
         case 'V': o.validate_only = 1; break;
         case 'q': o.train.on_epoch = epoch_line; break;
-        case 'n':
-            if (num("--noise", optarg, 0, 10, &v))
-                return RK_EXIT_USAGE;
-            o.train.input_noise = (float)v;
-            break;
         case 'F':
             if (whole("--first-end", optarg, 1, 100000, &o.first_end))
                 return RK_EXIT_USAGE;
             break;
-        case 'P':
-            if (num("--dropout", optarg, 0, 0.95, &v))
-                return RK_EXIT_USAGE;
-            o.train.dropout = (float)v;
-            break;
-        case 'W':
-            if (num("--weight-decay", optarg, 0, 100, &v))
-                return RK_EXIT_USAGE;
-            o.train.weight_decay = (float)v;
-            break;
         case 'j': as_json = 1; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
-        default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        default:
+            bad = c != '?' && li >= 0
+                      ? shared_option(longs[li].name, optarg, &o.model, &o.train, &o.seed)
+                      : 1;
+            if (bad < 0)
+                return RK_EXIT_USAGE;
+            if (bad > 0)
+                return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
@@ -585,8 +594,8 @@ static int cmd_fleet_train(int argc, char **argv)
     double v;
     opterr = 0;
     optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "ho:", longs, NULL)) != -1) {
+    int c, li = -1, bad;
+    for (; (c = getopt_long(argc, argv, "ho:", longs, &li)) != -1; li = -1) {
         switch (c) {
         case 'o': out = optarg; break;
         case 'w':
@@ -596,42 +605,6 @@ static int cmd_fleet_train(int argc, char **argv)
         case 'z':
             if (whole("--horizon", optarg, 1, 1440, &so.horizon))
                 return RK_EXIT_USAGE;
-            break;
-        case 's':
-            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
-                return RK_EXIT_USAGE;
-            if (v != (double)(uint64_t)v)
-                return usage_error("--seed '%s' is not a whole number", optarg);
-            seed = (uint64_t)v;
-            break;
-        case 'H':
-            if (whole("--hidden", optarg, 1, 1024, &cfg.hidden))
-                return RK_EXIT_USAGE;
-            break;
-        case 'A':
-            if (whole("--attn", optarg, 1, 1024, &cfg.attn))
-                return RK_EXIT_USAGE;
-            break;
-        case 'D':
-            if (whole("--dense", optarg, 1, 1024, &cfg.dense))
-                return RK_EXIT_USAGE;
-            break;
-        case 'e':
-            if (whole("--epochs", optarg, 1, 10000, &to.max_epochs))
-                return RK_EXIT_USAGE;
-            break;
-        case 'p':
-            if (whole("--patience", optarg, 0, 10000, &to.patience))
-                return RK_EXIT_USAGE;
-            break;
-        case 'b':
-            if (whole("--batch", optarg, 1, 65536, &to.batch))
-                return RK_EXIT_USAGE;
-            break;
-        case 'l':
-            if (num("--lr", optarg, 1e-6, 1, &v))
-                return RK_EXIT_USAGE;
-            to.lr = (float)v;
             break;
         case 'n':
             if (whole("--near", optarg, 0, 100000, &so.near))
@@ -646,21 +619,6 @@ static int cmd_fleet_train(int argc, char **argv)
             if (num("--hard", optarg, 0, 1000, &hard))
                 return RK_EXIT_USAGE;
             break;
-        case 'P':
-            if (num("--dropout", optarg, 0, 0.95, &v))
-                return RK_EXIT_USAGE;
-            to.dropout = (float)v;
-            break;
-        case 'N':
-            if (num("--noise", optarg, 0, 10, &v))
-                return RK_EXIT_USAGE;
-            to.input_noise = (float)v;
-            break;
-        case 'W':
-            if (num("--weight-decay", optarg, 0, 100, &v))
-                return RK_EXIT_USAGE;
-            to.weight_decay = (float)v;
-            break;
         case 'L':
             if (num("--level-noise", optarg, 0, 10, &v))
                 return RK_EXIT_USAGE;
@@ -673,7 +631,13 @@ static int cmd_fleet_train(int argc, char **argv)
         case 'j': as_json = 1; break;
         case 'q': to.on_epoch = epoch_line_ap; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
-        default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        default:
+            bad = c != '?' && li >= 0 ? shared_option(longs[li].name, optarg, &cfg, &to, &seed)
+                                      : 1;
+            if (bad < 0)
+                return RK_EXIT_USAGE;
+            if (bad > 0)
+                return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind >= argc)

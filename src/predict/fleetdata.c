@@ -165,6 +165,18 @@ static int scan_events(const char *path, int gpu, double from, double to, FILE *
     return rc;
 }
 
+/* The dataset's simulated fleet, its event log written afresh to `events`. */
+static int open_sim(const rk_fleet_data_opts *o, const char *events, void **st, rk_err *err)
+{
+    unlink(events);
+    rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
+    to.sim_gpus = o->gpus;
+    to.seed = o->seed;
+    to.start_age_h = o->start_age_h;
+    to.events_path = events;
+    return rk_telemetry_sim.open(st, &to, err);
+}
+
 /* Where GPU i's history starts (minutes after open). Without a span longer than the history,
  * at 0. With one, the GPU is first run alone to the span's end to find its first failure: a
  * GPU that fails within the span is read over the stretch that holds its failure at a seeded
@@ -177,14 +189,8 @@ static int place_history(const rk_fleet_data_opts *o, int i, const char *events,
     const long minutes = llround(o->hours * 60.0), span = llround(o->span_h * 60.0);
     if (span <= minutes)
         return RK_OK;
-    unlink(events);
-    rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
-    to.sim_gpus = o->gpus;
-    to.seed = o->seed;
-    to.start_age_h = o->start_age_h;
-    to.events_path = events;
     void *st = NULL;
-    int rc = rk_telemetry_sim.open(&st, &to, err);
+    int rc = open_sim(o, events, &st, err);
     if (rc)
         return rc;
     rk_gpu_sample s;
@@ -233,14 +239,8 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
     if ((rc = rk_history_init(&hist, SCORE_HISTORY, err)) ||
         (rc = place_history(o, i, events, &g->start_minute, err)))
         goto out;
-    unlink(events);
-    rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
-    to.sim_gpus = o->gpus;
-    to.seed = o->seed;
-    to.start_age_h = o->start_age_h;
-    to.events_path = events;
     void *st = NULL;
-    if ((rc = rk_telemetry_sim.open(&st, &to, err)))
+    if ((rc = open_sim(o, events, &st, err)))
         goto out;
     rk_gpu_info info;
     rk_telemetry_sim.info(st, i, &info);
