@@ -2,11 +2,12 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 BENCH_BUILD ?= build-bench
 PREFIX ?= /usr/local
 
-.PHONY: all deps build build-asan fuzz-build test demo install fuzz bench clean format
+.PHONY: all deps build build-asan build-tsan fuzz-build test demo install fuzz bench clean format
 
 all: build
 
@@ -21,12 +22,20 @@ build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_SANITIZE=ON >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
-# Every test: unit + integration in the release build, unit tests again under ASan+UBSan,
-# and a short run of every fuzz target.
-test: build build-asan fuzz-build
+# The unit tests under ThreadSanitizer (the checkpoint writer, the hash thread and the exporter's
+# collector are threads). OpenMP and OpenBLAS are not instrumented: one thread each there.
+build-tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_TSAN=ON >/dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+
+# Every test: unit + integration in the release build, unit tests again under ASan+UBSan and
+# under ThreadSanitizer, and a short run of every fuzz target.
+test: build build-asan build-tsan fuzz-build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  ctest --output-on-failure -j $(JOBS) -L unit
+	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) -L unit
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
 fuzz-build: deps
@@ -60,4 +69,4 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) $(BENCH_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(BENCH_BUILD)

@@ -17,8 +17,9 @@
 
 #define B RK_COMPRESS_BLOCK
 
+/* not under the sanitizers: their instrumented ifunc resolvers run before the runtime starts */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define HOT __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define HOT
