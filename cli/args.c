@@ -38,7 +38,7 @@ static size_t number_len(const char *s, bool whole)
         return 0; /* "010": octal to some readers, ten to others */
     i += d;
     if (whole)
-        return d ? i : 0;
+        return d && !(s[0] == '-' && s[1] == '0') ? i : 0; /* "-0": write 0 */
     if (s[i] == '.') {
         size_t f = digits(s + i + 1);
         if (f == 0)

@@ -279,6 +279,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         case OPT_MTBF:
             if (rk_arg_seconds(&args, "--mtbf", optarg, 1.0, 1e12, &o->mtbf))
                 return RK_EXIT_USAGE;
+            o->mtbf = (float)o->mtbf; /* as before: the same flags, the same auto interval */
             break;
         case OPT_KEEP:
             if (rk_arg_count(&args, "--keep", optarg, 1, 1000000, &o->keep))
@@ -296,14 +297,20 @@ static int parse_args(int argc, char **argv, train_opts *o)
             if (rk_arg_step(&args, "--hash-every", optarg, 0, &o->cfg.hash_every))
                 return RK_EXIT_USAGE;
             break;
-        case OPT_SPIKE_Z:
-            if (rk_arg_real(&args, "--spike-z", optarg, 1.0, 1e6, &o->cfg.spike_z))
+        case OPT_SPIKE_Z: {
+            float f;
+            if (parse_float("--spike-z", optarg, 1.0, 1e6, &f))
                 return RK_EXIT_USAGE;
+            o->cfg.spike_z = f;
             break;
-        case OPT_GRAD_RATIO:
-            if (rk_arg_real(&args, "--grad-ratio", optarg, 2.0, 1e30, &o->cfg.grad_ratio))
+        }
+        case OPT_GRAD_RATIO: {
+            float f;
+            if (parse_float("--grad-ratio", optarg, 2.0, 1e30, &f))
                 return RK_EXIT_USAGE;
+            o->cfg.grad_ratio = f;
             break;
+        }
         case OPT_COMPRESS: {
             rk_err e = {0};
             if (rk_compress_parse(optarg, &o->compress, &e))

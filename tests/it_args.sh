@@ -121,6 +121,14 @@ refused "--save $M/w.safetensors:" "${TRAIN[@]}" --save "$M/w.safetensors"
 refused "--metrics-json $O:" "${TRAIN[@]}" --metrics-json "$O"
 refused "--loss-log $F/loss:" "${TRAIN[@]}" --loss-log "$F/loss"
 
+# under a supervisor the directory comes from RK_CKPT_DIR: the same check, naming it
+(cd "$W" && RK_CKPT_DIR=/proc/version timeout 20 "$RK" "${TRAIN[@]}" >"$work/logs/out" \
+  2>"$work/logs/err")
+rc=$?
+[[ $rc -eq 2 ]] && grep -qF "rk train: RK_CKPT_DIR /proc/version: not a directory" "$work/logs/err" \
+  && ok "RK_CKPT_DIR=/proc/version rk train -> 2" \
+  || bad "RK_CKPT_DIR=/proc/version rk train: exit $rc: $(head -1 "$work/logs/err")"
+
 refused "--ckpt-dir /proc/version:" "${RUN[@]}" --ckpt-dir /proc/version -- true
 refused "--events $O:" "${RUN[@]}" --events "$O" -- true
 refused "--summary-json $M/s.json:" "${RUN[@]}" --summary-json "$M/s.json" -- true

@@ -32,7 +32,7 @@ static rk_args g_a = {.cmd = "test", .usage = "usage: test\n", .quiet = 1};
 /* Strings no whole number accepts, whatever its range. */
 static const char *const not_whole[] = {
     "",      " ",     "10 ",  " 10",  "\t10", "10\n", "+10",  "1.5",   "1.0",
-    "1e3",   "1E3",   "0x10", "0X10", "010",  "00",   "-010", "10abc", "abc",
+    "1e3",   "1E3",   "0x10", "0X10", "010",  "00",   "-010", "-0", "10abc", "abc",
     "1,000", "1_000", "--1",  "-",    "inf",  "nan",  "0b1",  "１０", /* fullwidth digits */
 };
 
