@@ -325,7 +325,7 @@ int rk_arg_path(rk_args *a, const char *flag, const char *path, rk_path_kind kin
     rk_msg_show(dshown, sizeof dshown, dir);
     int rc = 0;
     if (stat(dir, &st) != 0)
-        rc = path_error(a, flag, path, "directory %s: %s", dshown,
+        rc = path_error(a, flag, path, "directory %s is not writable (%s)", dshown,
                         errno == ENOENT ? "no such directory"
                                         : rk_msg_strerror(errno, eb, sizeof eb));
     else if (!S_ISDIR(st.st_mode))

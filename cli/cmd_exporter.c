@@ -172,6 +172,9 @@ int rk_cmd_exporter(int argc, char **argv)
     unsigned sslen;
     if (rk_exporter_parse_listen(o.listen, &ss, &sslen, &err))
         return usage_error("--listen: %s", err.msg);
+    int64_t port; /* the port by the one rule for whole numbers: no "09835" */
+    if (!rk_args_int(strrchr(o.listen, ':') + 1, 0, 65535, &port))
+        return usage_error("--listen '%s': the port is not a whole number in 0..65535", o.listen);
     if (sim) {
         o.backend = "sim";
         o.telemetry.sim_gpus = sim;
