@@ -294,16 +294,11 @@ static int cmd_export(int argc, char **argv)
         return st < 0 ? RK_EXIT_OK : st;
     if (!o.out)
         return usage_error("export", export_usage, "missing -o OUT.safetensors");
+    rk_args args = {.cmd = "ckpt export", .usage = export_usage};
     int64_t step = -1;
-    if (o.step) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(o.step, &end, 10);
-        if (errno || end == o.step || *end || v < 0)
-            return usage_error("export", export_usage, "--step '%s' is not a step number >= 0",
-                               o.step);
-        step = (int64_t)v;
-    }
+    if ((o.step && rk_arg_step(&args, "--step", o.step, 0, &step)) ||
+        rk_arg_path(&args, "-o", o.out, RK_PATH_OUTPUT))
+        return RK_EXIT_USAGE;
     rk_err err = {0};
     rk_ckpt *c = NULL;
     int rc;

@@ -54,10 +54,7 @@ static const char usage_text[] =
 /* What a predictor's probability is about: issue 7's horizon (model files do not record it). */
 #define RK_DOCTOR_HORIZON_MIN 60
 
-static int num(const char *flag, const char *s, double lo, double hi, double *out)
-{
-    return rk_cli_number("doctor", usage_text, flag, s, lo, hi, out);
-}
+static rk_args args = {.cmd = "doctor", .usage = usage_text};
 
 static double mono_s(void)
 {
@@ -153,7 +150,8 @@ int rk_cmd_doctor(int argc, char **argv)
         {0, 0, 0, 0}};
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
     int sim = 0, as_json = 0;
-    double threshold = RK_HEALTH_THRESHOLD_DEFAULT, samples = 5, interval = 0.5, v;
+    double threshold = RK_HEALTH_THRESHOLD_DEFAULT, interval = 0.5;
+    int samples = 5;
     const char *model_path = NULL;
     opterr = 0;
     optind = 1;
@@ -161,33 +159,29 @@ int rk_cmd_doctor(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
         case 'S':
-            if (num("--sim", optarg, 1, 1024, &v))
+            if (rk_arg_count(&args, "--sim", optarg, 1, 1024, &sim))
                 return RK_EXIT_USAGE;
-            sim = (int)v;
-            if (sim != v)
-                return usage_error("--sim '%s' is not a whole number", optarg);
             break;
         case 's':
-            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
+            if (rk_arg_seed(&args, "--seed", optarg, &o.seed))
                 return RK_EXIT_USAGE;
-            o.seed = (uint64_t)v;
             break;
         case 'a':
-            if (num("--age", optarg, 0, 1e6, &o.start_age_h))
+            if (rk_arg_hours(&args, "--age", optarg, &o.start_age_h))
                 return RK_EXIT_USAGE;
             break;
         case 'j': as_json = 1; break;
         case 't':
-            if (num("--threshold", optarg, 0, 100, &threshold))
+            if (rk_arg_score(&args, "--threshold", optarg, &threshold))
                 return RK_EXIT_USAGE;
             break;
         case 'x': o.textfile_dir = optarg; break;
         case 'k':
-            if (num("--samples", optarg, 1, 1000, &samples))
+            if (rk_arg_count(&args, "--samples", optarg, 1, 1000, &samples))
                 return RK_EXIT_USAGE;
             break;
         case 'i':
-            if (num("--interval", optarg, 0, 60, &interval))
+            if (rk_arg_seconds(&args, "--interval", optarg, 0, 60, &interval))
                 return RK_EXIT_USAGE;
             break;
         case 'P': model_path = optarg; break;
@@ -197,6 +191,9 @@ int rk_cmd_doctor(int argc, char **argv)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
+    if ((o.textfile_dir && rk_arg_path(&args, "--textfile-dir", o.textfile_dir, RK_PATH_DIR)) ||
+        (model_path && rk_arg_path(&args, "--predictor", model_path, RK_PATH_FILE)))
+        return RK_EXIT_USAGE;
     rk_err err = {0};
     rk_pred_model *model = NULL;
     rk_pred_online *pred = NULL;

@@ -52,31 +52,7 @@ static const char usage_text[] =
 
 #define usage_error(...) rk_cli_usage_error("exporter", usage_text, __VA_ARGS__)
 
-static int num(const char *flag, const char *s, double lo, double hi, double *out)
-{
-    return rk_cli_number("exporter", usage_text, flag, s, lo, hi, out);
-}
-
-/* "5s", "500ms", "1m", "2h" or bare seconds ("5", "0.5") into seconds; -1 if malformed. */
-static double parse_duration(const char *s)
-{
-    char *end;
-    errno = 0;
-    if (!*s || *s == '-' || *s == '+' || *s == ' ')
-        return -1;
-    double v = strtod(s, &end);
-    if (errno || end == s || !isfinite(v) || v < 0)
-        return -1;
-    if (!*end || strcmp(end, "s") == 0)
-        return v;
-    if (strcmp(end, "ms") == 0)
-        return v / 1000;
-    if (strcmp(end, "m") == 0)
-        return v * 60;
-    if (strcmp(end, "h") == 0)
-        return v * 3600;
-    return -1;
-}
+static rk_args args = {.cmd = "exporter", .usage = usage_text};
 
 static void print_event(void *ctx, const char *line)
 {
@@ -144,7 +120,6 @@ int rk_cmd_exporter(int argc, char **argv)
     rk_exporter_opts o = RK_EXPORTER_OPTS_DEFAULT;
     int sim = 0, seeded = 0;
     const char *model_path = NULL;
-    double v;
     opterr = 0;
     optind = 1;
     int c;
@@ -152,40 +127,31 @@ int rk_cmd_exporter(int argc, char **argv)
         switch (c) {
         case 'l': o.listen = optarg; break;
         case 'i':
-            o.interval_s = parse_duration(optarg);
-            if (!(o.interval_s >= 0.1 && o.interval_s <= 86400))
-                return usage_error("--interval '%s' is not a duration from 100ms to 24h (5s, "
-                                   "500ms, 1m, or bare seconds)",
-                                   optarg);
+            if (rk_arg_seconds(&args, "--interval", optarg, 0.1, RK_ARG_SECONDS_MAX, &o.interval_s))
+                return RK_EXIT_USAGE;
             break;
         case 'S':
-            if (num("--sim", optarg, 1, 1024, &v))
+            if (rk_arg_count(&args, "--sim", optarg, 1, 1024, &sim))
                 return RK_EXIT_USAGE;
-            sim = (int)v;
-            if (sim != v)
-                return usage_error("--sim '%s' is not a whole number", optarg);
             break;
         case 's':
-            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
+            if (rk_arg_seed(&args, "--seed", optarg, &o.telemetry.seed))
                 return RK_EXIT_USAGE;
-            if (v != floor(v))
-                return usage_error("--seed '%s' is not a whole number", optarg);
-            o.telemetry.seed = (uint64_t)v;
             seeded = 1;
             break;
         case 'a':
-            if (num("--age", optarg, 0, 1e6, &o.telemetry.start_age_h))
+            if (rk_arg_hours(&args, "--age", optarg, &o.telemetry.start_age_h))
                 return RK_EXIT_USAGE;
             seeded = 1;
             break;
         case 'T':
-            if (num("--time-scale", optarg, 1e-3, 1e9, &o.telemetry.time_scale))
+            if (rk_arg_real(&args, "--time-scale", optarg, 1e-3, 1e9, &o.telemetry.time_scale))
                 return RK_EXIT_USAGE;
             seeded = 1;
             break;
         case 'x': o.telemetry.textfile_dir = optarg; break;
         case 't':
-            if (num("--threshold", optarg, 0, 100, &o.threshold))
+            if (rk_arg_score(&args, "--threshold", optarg, &o.threshold))
                 return RK_EXIT_USAGE;
             break;
         case 'P': model_path = optarg; break;
@@ -197,11 +163,18 @@ int rk_cmd_exporter(int argc, char **argv)
         return usage_error("unexpected argument '%s'", argv[optind]);
     if (seeded && !sim)
         return usage_error("--seed, --age and --time-scale need --sim N");
+    if ((o.telemetry.textfile_dir &&
+         rk_arg_path(&args, "--textfile-dir", o.telemetry.textfile_dir, RK_PATH_DIR)) ||
+        (model_path && rk_arg_path(&args, "--predictor", model_path, RK_PATH_FILE)))
+        return RK_EXIT_USAGE;
     rk_err err = {0};
     struct sockaddr_storage ss;
     unsigned sslen;
     if (rk_exporter_parse_listen(o.listen, &ss, &sslen, &err))
         return usage_error("--listen: %s", err.msg);
+    int64_t port; /* the port by the one rule for whole numbers: no "09835" */
+    if (!rk_args_int(strrchr(o.listen, ':') + 1, 0, 65535, &port))
+        return usage_error("--listen '%s': the port is not a whole number in 0..65535", o.listen);
     if (sim) {
         o.backend = "sim";
         o.telemetry.sim_gpus = sim;

@@ -84,20 +84,16 @@ static const char usage_text[] =
 
 #define usage_error(...) rk_cli_usage_error("predict", usage_text, __VA_ARGS__)
 
+static rk_args args = {.cmd = "predict", .usage = usage_text};
+
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
-    return rk_cli_number("predict", usage_text, flag, s, lo, hi, out);
+    return rk_arg_real(&args, flag, s, lo, hi, out);
 }
 
-static int whole(const char *flag, const char *s, double lo, double hi, int *out)
+static int whole(const char *flag, const char *s, int lo, int hi, int *out)
 {
-    double v;
-    if (num(flag, s, lo, hi, &v))
-        return RK_EXIT_USAGE;
-    if (v != (double)(int)v)
-        return usage_error("%s '%s' is not a whole number", flag, s);
-    *out = (int)v;
-    return 0;
+    return rk_arg_count(&args, flag, s, lo, hi, out);
 }
 
 /* The model and training options rk predict cmapss and train share, by long name: the value of
@@ -140,16 +136,8 @@ static int shared_option(const char *name, const char *arg, rk_pred_config *cfg,
             *(float *)((char *)to + reals[i].off) = (float)v;
             return 0;
         }
-    if (strcmp(name, "seed") == 0) {
-        if (num("--seed", arg, 0, 9007199254740992.0, &v))
-            return -1;
-        if (v != (double)(uint64_t)v) {
-            usage_error("--seed '%s' is not a whole number", arg);
-            return -1;
-        }
-        *seed = (uint64_t)v;
-        return 0;
-    }
+    if (strcmp(name, "seed") == 0)
+        return rk_arg_seed(&args, "--seed", arg, seed) ? -1 : 0;
     return 1;
 }
 
@@ -342,7 +330,6 @@ static int cmd_dataset(int argc, char **argv)
     rk_fleet_data_opts o;
     rk_fleet_data_opts_default(&o);
     int have_sim = 0, have_hours = 0, as_json = 0;
-    double v;
     opterr = 0;
     optind = 1;
     int c;
@@ -359,14 +346,11 @@ static int cmd_dataset(int argc, char **argv)
             have_hours = 1;
             break;
         case 's':
-            if (num("--seed", optarg, 0, 9007199254740992.0, &v))
+            if (rk_arg_seed(&args, "--seed", optarg, &o.seed))
                 return RK_EXIT_USAGE;
-            if (v != (double)(uint64_t)v)
-                return usage_error("--seed '%s' is not a whole number", optarg);
-            o.seed = (uint64_t)v;
             break;
         case 'a':
-            if (num("--age", optarg, 0, 1e6, &o.start_age_h))
+            if (rk_arg_hours(&args, "--age", optarg, &o.start_age_h))
                 return RK_EXIT_USAGE;
             break;
         case 'v':
@@ -397,6 +381,8 @@ static int cmd_dataset(int argc, char **argv)
         return usage_error("dataset needs --hours H");
     if (!o.dir)
         return usage_error("dataset needs -o DIR");
+    if (rk_arg_path(&args, "-o", o.dir, RK_PATH_DIR_OR_NEW))
+        return RK_EXIT_USAGE;
     if (o.val_frac + o.test_frac >= 1.0)
         return usage_error("--val %g and --test %g leave no devices for training", o.val_frac,
                            o.test_frac);
@@ -647,7 +633,7 @@ static int cmd_fleet_train(int argc, char **argv)
     const char *dir = argv[optind];
     if (!out)
         return usage_error("train needs -o MODEL");
-    if (!dataset_dir_ok(dir))
+    if (!dataset_dir_ok(dir) || rk_arg_path(&args, "-o", out, RK_PATH_OUTPUT))
         return RK_EXIT_USAGE;
     if (!near_set)
         so.near = 2 * so.horizon;
@@ -868,7 +854,7 @@ static int cmd_fleet_eval(int argc, char **argv)
         switch (c) {
         case 'm': model = optarg; break;
         case 't':
-            if (num("--threshold", optarg, 0, 1, &th_override))
+            if (rk_arg_probability(&args, "--threshold", optarg, &th_override))
                 return RK_EXIT_USAGE;
             break;
         case 'S':
@@ -891,7 +877,7 @@ static int cmd_fleet_eval(int argc, char **argv)
     if (!model)
         return usage_error("eval needs --model MODEL (rk predict train -o MODEL)");
     const char *dir = argv[optind];
-    if (!dataset_dir_ok(dir))
+    if (!dataset_dir_ok(dir) || rk_arg_path(&args, "--model", model, RK_PATH_FILE))
         return RK_EXIT_USAGE;
     if (!getenv("OPENBLAS_NUM_THREADS"))
         openblas_set_num_threads(1);

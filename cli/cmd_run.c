@@ -95,33 +95,16 @@ static int drain_default(rk_sup_opts *o)
     return 0;
 }
 
+static rk_args args = {.cmd = "run", .usage = usage_text};
+
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
 {
-    return rk_cli_number("run", usage_text, flag, s, lo, hi, out);
+    return rk_arg_real(&args, flag, s, lo, hi, out);
 }
 
-static int integer(const char *flag, const char *s, long lo, long hi, int *out)
+static int integer(const char *flag, const char *s, int lo, int hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return usage_error("%s '%s' is not an integer in %ld..%ld", flag, s, lo, hi);
-    *out = (int)v;
-    return 0;
-}
-
-static int writable(const char *flag, const char *path)
-{
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    const char *dir = dirname(buf);
-    if (access(dir, W_OK) != 0) {
-        fprintf(stderr, "rk run: %s %s: directory %s is not writable (%s)\n", flag, path, dir,
-                strerror(errno));
-        return -1;
-    }
-    return 0;
+    return rk_arg_count(&args, flag, s, lo, hi, out);
 }
 
 /* --devices "a,b,c": ids of 1..63 printable characters other than ',' and space. */
@@ -226,11 +209,13 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_DEVICES: devices = optarg; break;
         case OPT_CKPT_DIR: o.ckpt_dir = optarg; break;
         case OPT_HB:
-            if (num("--heartbeat-timeout", optarg, 0.1, 86400, &o.hb_timeout_s))
+            if (rk_arg_seconds(&args, "--heartbeat-timeout", optarg, 0.1, RK_ARG_SECONDS_MAX,
+                               &o.hb_timeout_s))
                 return RK_EXIT_USAGE;
             break;
         case OPT_STARTUP:
-            if (num("--startup-timeout", optarg, 0.1, 86400, &o.startup_timeout_s))
+            if (rk_arg_seconds(&args, "--startup-timeout", optarg, 0.1, RK_ARG_SECONDS_MAX,
+                               &o.startup_timeout_s))
                 return RK_EXIT_USAGE;
             break;
         case OPT_THRESHOLD:
@@ -271,35 +256,33 @@ int rk_cmd_run(int argc, char **argv)
                 return usage_error("--health '%s' is not auto, nvml, sim or off", optarg);
             break;
         case OPT_HEALTH_THRESHOLD:
-            if (num("--health-threshold", optarg, 0, 100, &o.health_threshold))
+            if (rk_arg_score(&args, "--health-threshold", optarg, &o.health_threshold))
                 return RK_EXIT_USAGE;
             break;
         case OPT_HEALTH_INTERVAL:
-            if (num("--health-interval", optarg, 0.1, 86400, &o.health_interval_s))
+            if (rk_arg_seconds(&args, "--health-interval", optarg, 0.1, RK_ARG_SECONDS_MAX,
+                               &o.health_interval_s))
                 return RK_EXIT_USAGE;
             break;
-        case OPT_SIM_SEED: {
-            double v;
-            if (num("--sim-seed", optarg, 0, 9007199254740992.0, &v))
+        case OPT_SIM_SEED:
+            if (rk_arg_seed(&args, "--sim-seed", optarg, &o.health_seed))
                 return RK_EXIT_USAGE;
-            o.health_seed = (uint64_t)v;
             break;
-        }
         case OPT_SIM_SCALE:
             if (num("--sim-time-scale", optarg, 1e-3, 1e9, &o.health_time_scale))
                 return RK_EXIT_USAGE;
             break;
         case OPT_SIM_AGE:
-            if (num("--sim-age", optarg, 0, 1e6, &o.health_age_h))
+            if (rk_arg_hours(&args, "--sim-age", optarg, &o.health_age_h))
                 return RK_EXIT_USAGE;
             break;
         case OPT_SIM_SKIP:
-            if (num("--sim-skip", optarg, 0, 1e6, &o.sim_skip_h))
+            if (rk_arg_hours(&args, "--sim-skip", optarg, &o.sim_skip_h))
                 return RK_EXIT_USAGE;
             break;
         case OPT_PREDICTOR: o.predictor = optarg; break;
         case OPT_DRAIN_PROB:
-            if (num("--drain-probability", optarg, 0.0, 1.0, &o.drain_probability))
+            if (rk_arg_probability(&args, "--drain-probability", optarg, &o.drain_probability))
                 return RK_EXIT_USAGE;
             drain_given = 1;
             break;
@@ -335,6 +318,8 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--predictor needs the health gate (--health nvml or sim)");
     if (o.sim_skip_h > 0 && !(o.health && strcmp(o.health, "sim") == 0))
         return usage_error("--sim-skip needs --health sim");
+    if (o.predictor && rk_arg_path(&args, "--predictor", o.predictor, RK_PATH_FILE))
+        return RK_EXIT_USAGE;
     if (o.predictor && access(o.predictor, R_OK) != 0)
         return usage_error("--predictor %s: %s", o.predictor, strerror(errno));
     if (o.predictor && !drain_given && drain_default(&o))
@@ -342,9 +327,8 @@ int rk_cmd_run(int argc, char **argv)
     if (o.health && strcmp(o.health, "sim") == 0) { /* the fleet covers every device index */
         o.health_sim_gpus = 1;
         for (int d = 0; d < o.ndevices; d++) {
-            char *end;
-            long v = strtol(o.devices[d], &end, 10);
-            if (*end || v < 0 || v >= 1024)
+            int64_t v;
+            if (!rk_args_int(o.devices[d], 0, 1023, &v))
                 return usage_error("--health sim: device '%s' is not a GPU index 0..1023",
                                    o.devices[d]);
             if (v + 1 > o.health_sim_gpus)
@@ -367,8 +351,9 @@ int rk_cmd_run(int argc, char **argv)
         }
         rk_inject_free(spec);
     }
-    if ((o.events_path && writable("--events", o.events_path)) ||
-        (o.summary_path && writable("--summary-json", o.summary_path)))
+    if ((o.ckpt_dir && rk_arg_path(&args, "--ckpt-dir", o.ckpt_dir, RK_PATH_DIR_OR_NEW)) ||
+        (o.events_path && rk_arg_path(&args, "--events", o.events_path, RK_PATH_OUTPUT)) ||
+        (o.summary_path && rk_arg_path(&args, "--summary-json", o.summary_path, RK_PATH_OUTPUT)))
         return RK_EXIT_USAGE;
     return rk_sup_run(&o);
 }

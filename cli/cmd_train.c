@@ -110,47 +110,14 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
     return RK_EXIT_USAGE;
 }
 
-static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        char range[64];
-        snprintf(range, sizeof range, "an integer in %ld..%ld", lo, hi);
-        fprintf(stderr, "rk train: %s '%s' is not %s\n\n%s", flag, s, range, usage_text);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
+static rk_args args = {.cmd = "train", .usage = usage_text};
 
 static int parse_float(const char *flag, const char *s, double lo, double hi, float *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
-        fprintf(stderr, "rk train: %s '%s' is not a number in [%g, %g]\n\n%s", flag, s, lo, hi,
-                usage_text);
+    double v;
+    if (rk_arg_real(&args, flag, s, lo, hi, &v))
         return -1;
-    }
     *out = (float)v;
-    return 0;
-}
-
-/* The directory that will hold `path` must exist and be writable: checked before training so
- * a long run does not end in a failed write. */
-static int check_writable(const char *flag, const char *path)
-{
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    const char *dir = dirname(buf);
-    if (access(dir, W_OK) != 0) {
-        fprintf(stderr, "rk train: %s %s: directory %s is not writable (%s)\n", flag, path, dir,
-                strerror(errno));
-        return -1;
-    }
     return 0;
 }
 
@@ -240,25 +207,21 @@ static int parse_args(int argc, char **argv, train_opts *o)
     rk_loss_scaler_opts_default(&o->scaler);
     opterr = 0;
     optind = 1;
-    long v;
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'e':
-            if (parse_long("--epochs", optarg, 0, 100000, &v))
+            if (rk_arg_count(&args, "--epochs", optarg, 0, 100000, &o->cfg.epochs))
                 return RK_EXIT_USAGE;
-            o->cfg.epochs = (int)v;
             break;
         case OPT_MAX_STEPS:
-            if (parse_long("--max-steps", optarg, 1, LONG_MAX, &v))
+            if (rk_arg_step(&args, "--max-steps", optarg, 1, &o->cfg.max_steps))
                 return RK_EXIT_USAGE;
-            o->cfg.max_steps = v;
             break;
         case 'b':
-            if (parse_long("--batch", optarg, 1, 60000, &v))
+            if (rk_arg_count(&args, "--batch", optarg, 1, 60000, &o->cfg.batch))
                 return RK_EXIT_USAGE;
-            o->cfg.batch = (int)v;
             break;
         case 'l':
             if (parse_float("--lr", optarg, 1e-12, 100.0, &o->cfg.lr))
@@ -285,14 +248,12 @@ static int parse_args(int argc, char **argv, train_opts *o)
                 return usage_error("--schedule '%s' is not constant or cosine", optarg);
             break;
         case 's':
-            if (parse_long("--seed", optarg, 0, LONG_MAX, &v))
+            if (rk_arg_seed(&args, "--seed", optarg, &o->cfg.seed))
                 return RK_EXIT_USAGE;
-            o->cfg.seed = (uint64_t)v;
             break;
         case 't':
-            if (parse_long("--threads", optarg, 1, 1024, &v))
+            if (rk_arg_count(&args, "--threads", optarg, 1, 1024, &o->threads))
                 return RK_EXIT_USAGE;
-            o->threads = (int)v;
             break;
         case 'd': o->data = optarg; break;
         case 'i': o->init = optarg; break;
@@ -310,20 +271,19 @@ static int parse_args(int argc, char **argv, train_opts *o)
         case OPT_RESUME: o->resume = 1; break;
         case OPT_CKPT_ASYNC: o->ckpt_async = 1; break;
         case OPT_CKPT_EVERY:
-            if (rk_ckpt_every_parse(optarg, &o->ckpt_every, NULL))
-                return usage_error("--ckpt-every '%s' is not a step count >= 1 or auto", optarg);
-            break;
-        case OPT_MTBF: {
-            float f;
-            if (parse_float("--mtbf", optarg, 1.0, 1e12, &f))
+            if (strcmp(optarg, "auto") == 0)
+                o->ckpt_every = 0;
+            else if (rk_arg_step(&args, "--ckpt-every", optarg, 1, &o->ckpt_every))
                 return RK_EXIT_USAGE;
-            o->mtbf = f;
             break;
-        }
+        case OPT_MTBF:
+            if (rk_arg_seconds(&args, "--mtbf", optarg, 1.0, 1e12, &o->mtbf))
+                return RK_EXIT_USAGE;
+            o->mtbf = (float)o->mtbf; /* as before: the same flags, the same auto interval */
+            break;
         case OPT_KEEP:
-            if (parse_long("--keep", optarg, 1, 1000000, &v))
+            if (rk_arg_count(&args, "--keep", optarg, 1, 1000000, &o->keep))
                 return RK_EXIT_USAGE;
-            o->keep = (int)v;
             break;
         case OPT_GUARD:
             if (strcmp(optarg, "on") == 0)
@@ -334,9 +294,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
                 return usage_error("--guard '%s' is not on or off", optarg);
             break;
         case OPT_HASH_EVERY:
-            if (parse_long("--hash-every", optarg, 0, LONG_MAX, &v))
+            if (rk_arg_step(&args, "--hash-every", optarg, 0, &o->cfg.hash_every))
                 return RK_EXIT_USAGE;
-            o->cfg.hash_every = v;
             break;
         case OPT_SPIKE_Z: {
             float f;
@@ -359,9 +318,8 @@ static int parse_args(int argc, char **argv, train_opts *o)
             break;
         }
         case OPT_COMPRESS_WARMUP:
-            if (parse_long("--compress-warmup", optarg, 0, LONG_MAX, &v))
+            if (rk_arg_step(&args, "--compress-warmup", optarg, 0, &o->cfg.compress_warmup))
                 return RK_EXIT_USAGE;
-            o->cfg.compress_warmup = v;
             break;
         case OPT_COMPRESS_ON:
             if (strcmp(optarg, "momentum") == 0)
@@ -385,14 +343,13 @@ static int parse_args(int argc, char **argv, train_opts *o)
                 return RK_EXIT_USAGE;
             break;
         case OPT_LOSS_SCALE_WINDOW:
-            if (parse_long("--loss-scale-window", optarg, 1, INT_MAX, &v))
+            if (rk_arg_count(&args, "--loss-scale-window", optarg, 1, INT_MAX,
+                             &o->scaler.growth_interval))
                 return RK_EXIT_USAGE;
-            o->scaler.growth_interval = (int)v;
             break;
         case OPT_HYSTERESIS:
-            if (parse_long("--hysteresis", optarg, 1, 1000, &v))
+            if (rk_arg_count(&args, "--hysteresis", optarg, 1, 1000, &o->scaler.hysteresis))
                 return RK_EXIT_USAGE;
-            o->scaler.hysteresis = (int)v;
             break;
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
@@ -427,9 +384,14 @@ static int parse_args(int argc, char **argv, train_opts *o)
         known |= strcmp(o->model, rk_model_names[i]) == 0;
     if (!known)
         return usage_error("--model '%s' is not mlp, cnn or cnn-small", o->model);
-    if ((o->save && check_writable("--save", o->save)) ||
-        (o->metrics && check_writable("--metrics-json", o->metrics)) ||
-        (o->loss_log && check_writable("--loss-log", o->loss_log)))
+    /* every path of the right kind before any work starts */
+    if (rk_arg_path(&args, "--data", o->data, RK_PATH_DIR) ||
+        (o->init && rk_arg_path(&args, "--init", o->init, RK_PATH_FILE)) ||
+        (o->ckpt_dir && rk_arg_path(&args, o->ckpt_dir == env_dir ? "RK_CKPT_DIR" : "--ckpt-dir",
+                                    o->ckpt_dir, RK_PATH_DIR_OR_NEW)) ||
+        (o->save && rk_arg_path(&args, "--save", o->save, RK_PATH_OUTPUT)) ||
+        (o->metrics && rk_arg_path(&args, "--metrics-json", o->metrics, RK_PATH_OUTPUT)) ||
+        (o->loss_log && rk_arg_path(&args, "--loss-log", o->loss_log, RK_PATH_OUTPUT)))
         return RK_EXIT_USAGE;
     return RK_EXIT_OK;
 }
@@ -584,10 +546,15 @@ static int parse_fault_rates(const char *list, rk_batch_policy *p, int nranks, r
     const char *s = list;
     int count = 0;
     for (;;) {
-        char *end;
-        errno = 0;
-        double v = strtod(s, &end);
-        if (end == s || errno || (*end != ',' && *end != '\0'))
+        char item[64];
+        size_t len = strcspn(s, ",");
+        const char *end = s + len;
+        double v = 0;
+        if (len < sizeof item) {
+            memcpy(item, s, len);
+            item[len] = '\0';
+        }
+        if (len >= sizeof item || !rk_args_real(item, -HUGE_VAL, HUGE_VAL, &v))
             return rk_err_set(err, RK_EINVAL, "--fault-rates '%s': item %d is not a number", list,
                               count + 1);
         if (count < nranks && rk_batch_set_fault_rate(p, count, v, NULL) != RK_OK)

@@ -41,16 +41,12 @@ static const char usage_text[] =
 
 #define usage_error(...) rk_cli_usage_error("tune", usage_text, __VA_ARGS__)
 
-/* A whole decimal number in [lo, hi]. */
-static bool whole(const char *s, long lo, long hi, long *out)
+static rk_args args = {.cmd = "tune", .usage = usage_text};
+
+/* A whole decimal number in [lo, hi] (args.h's rules). */
+static bool whole(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi || !(*s >= '0' && *s <= '9'))
-        return false;
-    *out = v;
-    return true;
+    return rk_args_int(s, lo, hi, out);
 }
 
 /* "0,2,5-7" into idx (sorted as given, duplicates kept out). */
@@ -66,7 +62,7 @@ static bool parse_list(const char *s, int *idx, int *n)
         memcpy(part, p, len);
         part[len] = '\0';
         char *dash = strchr(part, '-');
-        long a, b;
+        int64_t a, b;
         if (dash) {
             *dash = '\0';
             if (!whole(part, 0, MAX_SELECT - 1, &a) || !whole(dash + 1, 0, MAX_SELECT - 1, &b) ||
@@ -77,7 +73,7 @@ static bool parse_list(const char *s, int *idx, int *n)
         } else {
             b = a;
         }
-        for (long v = a; v <= b; v++) {
+        for (int64_t v = a; v <= b; v++) {
             bool seen = false;
             for (int k = 0; k < *n; k++)
                 seen |= idx[k] == v;
@@ -252,7 +248,6 @@ int rk_cmd_tune(int argc, char **argv)
     request rq = {0};
     static int sel[MAX_SELECT];
     int nsel = 0; /* 0: every GPU */
-    long v;
     opterr = 0;
     optind = 1;
     int c;
@@ -267,21 +262,16 @@ int rk_cmd_tune(int argc, char **argv)
         case 'l':
             if (strcmp(optarg, "reset") == 0) {
                 rq.lock = -1;
-            } else if (whole(optarg, 1, 100000, &v)) {
-                rq.lock = 1;
-                rq.mhz = (unsigned)v;
+            } else if (rk_arg_mhz(&args, "--lock-clocks", optarg, &rq.mhz)) {
+                return RK_EXIT_USAGE; /* "a clock in MHz"; 'reset' is in the usage */
             } else {
-                return usage_error("--lock-clocks '%s' is neither MHz (1..100000) nor 'reset'",
-                                   optarg);
+                rq.lock = 1;
             }
             break;
         case 'p': {
-            char *end;
-            errno = 0;
-            double w = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !isfinite(w) || w < 1 || w > 100000)
-                return usage_error("--power-limit '%s' is not a number of watts (1..100000)",
-                                   optarg);
+            double w;
+            if (rk_arg_watts(&args, "--power-limit", optarg, &w))
+                return RK_EXIT_USAGE;
             rq.power = true;
             rq.mw = (unsigned)lround(w * 1000.0);
             break;

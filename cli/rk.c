@@ -1,7 +1,4 @@
 /* rk: the rekindle command. Dispatches to one file per subcommand (cmd_*.c). */
-#include <errno.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,30 +38,6 @@ int rk_cli_status(int code)
     case RK_EGUARD: return RK_EXIT_GUARD;
     default: return RK_EXIT_FAIL;
     }
-}
-
-int rk_cli_usage_error(const char *cmd, const char *usage, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rk %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage);
-    va_end(ap);
-    return RK_EXIT_USAGE;
-}
-
-int rk_cli_number(const char *cmd, const char *usage, const char *flag, const char *s, double lo,
-                  double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return rk_cli_usage_error(cmd, usage, "%s '%s' is not a number in [%g, %g]", flag, s, lo,
-                                  hi);
-    *out = v;
-    return 0;
 }
 
 static void usage(FILE *out)

@@ -2,21 +2,13 @@
 #ifndef RK_CLI_H
 #define RK_CLI_H
 
+#include "args.h" /* the option-value parser and rk_cli_usage_error */
 #include "rekindle/error.h"
 #include "rekindle/heartbeat.h" /* RK_EXIT_*: a worker's exit statuses are part of the protocol */
 
 /* Exit status for a library error: 2 for bad input or usage, 3 communication failure, 4
  * stopped on request, 5 a guard could not recover, 1 for everything else. */
 int rk_cli_status(int code);
-
-/* "rk CMD: <message>", a blank line and the command's usage on stderr; returns
- * RK_EXIT_USAGE. */
-__attribute__((format(printf, 3, 4))) int rk_cli_usage_error(const char *cmd, const char *usage,
-                                                             const char *fmt, ...);
-/* A finite number in [lo, hi] from `s` (the value of `flag`) into *out: 0, or the usage
- * error above (RK_EXIT_USAGE) naming the flag and the range. */
-int rk_cli_number(const char *cmd, const char *usage, const char *flag, const char *s, double lo,
-                  double hi, double *out);
 
 int rk_cmd_train(int argc, char **argv);
 int rk_cmd_ckpt(int argc, char **argv);

@@ -23,7 +23,7 @@ expect2 "no subcommand" "usage: rk predict"
 expect2 "unknown subcommand" "unknown subcommand 'fly'" fly
 expect2 "cmapss without --data" "needs --data DIR" cmapss
 expect2 "unknown flag" "unknown option or missing value: '--bogus'" cmapss --data "$work" --bogus
-expect2 "bad window" "--window 'abc' is not a number" cmapss --data "$work" --window abc
+expect2 "bad window" "--window 'abc' is not a whole number" cmapss --data "$work" --window abc
 expect2 "fractional ensemble" "--ensemble '1.5' is not a whole number" cmapss --data "$work" --ensemble 1.5
 expect2 "missing data directory" "data directory '$work/nowhere' does not exist" cmapss --data "$work/nowhere"
 expect2 "directory without the files" "train_FD001.txt" cmapss --data "$work"

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Integration test of rk's one command-line parser (cli/args.h), table-driven over every
+# subcommand: a whole number given as a fraction, an exponent, hex, with spaces, a leading
+# zero or empty, a non-finite or out-of-range number, and a path of the wrong kind
+# (--ckpt-dir /proc/version, --init DIR, --textfile-dir /nonexistent, an output in a missing
+# directory ...) is exit 2 before any work starts, with a message "rk CMD: ..." naming the flag
+# and the value, and nothing is created on disk. Every subcommand's --help still works, and the
+# full range of a seed (2^64 - 1) is accepted. Needs RK, RK_TMP; no data set, GPU or MPI.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
+it_init it_args
+
+W=$work/w
+D=$W/data # an existing, empty directory
+F=$W/file # an existing regular file
+O=$W/out  # an existing, empty directory for outputs
+M=$W/missing
+mkdir -p "$D" "$O" "$work/logs"
+printf 'x\n' >"$F"
+snapshot() { (cd "$W" && find . | sort); }
+
+# refused PATTERN ARGS...: rk ARGS (run in $W, at most 20 s) exits 2, the first line of
+# stderr is "rk SUBCOMMAND: ..." and contains PATTERN, and $W is exactly as it was.
+refused() {
+  local pattern=$1
+  shift
+  local before
+  before=$(snapshot)
+  (cd "$W" && timeout 20 "$RK" "$@" </dev/null >"$work/logs/out" 2>"$work/logs/err")
+  local rc=$? what="rk ${*:1:6}"
+  local first
+  first=$(head -1 "$work/logs/err")
+  if [[ $rc -ne 2 ]]; then
+    bad "$what ... ($pattern): exit $rc, want 2: $(head -c 300 "$work/logs/err")"
+  elif [[ $first != "rk $1"* ]] || ! grep -qF -- "$pattern" <<<"$first"; then
+    bad "$what ... : the message lacks '$pattern': $first"
+  elif [[ $(snapshot) != "$before" ]]; then
+    bad "$what ... ($pattern): files changed: $(diff <(echo "$before") <(snapshot) | head -5)"
+  else
+    ok "$what ... -> 2: $first"
+  fi
+}
+
+TRAIN=(train --data "$D" --epochs 1 --max-steps 1)
+RUN=(run -n 1 --health off --startup-timeout 2 --max-restarts 0)
+DOCTOR=(doctor --sim 1 --samples 1 --interval 0)
+EXPORTER=(exporter --sim 1 --listen 127.0.0.1:0)
+
+# --- whole numbers, numbers and durations -------------------------------------------------
+refused "--batch '1.5'" "${TRAIN[@]}" --batch 1.5
+refused "--epochs ' 1'" "${TRAIN[@]}" --epochs " 1"
+refused "--epochs '1 '" "${TRAIN[@]}" --epochs "1 "
+refused "--seed '0x10'" "${TRAIN[@]}" --seed 0x10
+refused "--seed '1e3'" "${TRAIN[@]}" --seed 1e3
+refused "--seed '18446744073709551616'" "${TRAIN[@]}" --seed 18446744073709551616
+refused "--threads '010'" "${TRAIN[@]}" --threads 010
+refused "--max-steps '10abc'" "${TRAIN[@]}" --max-steps 10abc
+refused "--keep ''" "${TRAIN[@]}" --keep ""
+refused "--lr '0x1p-3'" "${TRAIN[@]}" --lr 0x1p-3
+refused "--lr 'inf'" "${TRAIN[@]}" --lr inf
+refused "--momentum '1.5'" "${TRAIN[@]}" --momentum 1.5
+refused "--mtbf 'nan'" "${TRAIN[@]}" --mtbf nan
+refused "--ckpt-every '1.5'" "${TRAIN[@]}" --ckpt-every 1.5
+refused "--hash-every '+5'" "${TRAIN[@]}" --hash-every +5
+
+refused "-n '1.5'" "${RUN[@]}" -n 1.5 -- true
+refused "--heartbeat-timeout '0x10'" "${RUN[@]}" --heartbeat-timeout 0x10 -- true
+refused "--startup-timeout ' 5'" "${RUN[@]}" --startup-timeout " 5" -- true
+refused "--failure-threshold '2.0'" "${RUN[@]}" --failure-threshold 2.0 -- true
+refused "--max-restarts '-1'" "${RUN[@]}" --max-restarts -1 -- true
+refused "--min-ranks '1e0'" "${RUN[@]}" --min-ranks 1e0 -- true
+refused "--health-threshold '101'" "${RUN[@]}" --health-threshold 101 -- true
+refused "--health-interval 'inf'" "${RUN[@]}" --health-interval inf -- true
+refused "--sim-seed '1.5'" "${RUN[@]}" --sim-seed 1.5 -- true
+refused "--sim-time-scale '0x10'" "${RUN[@]}" --sim-time-scale 0x10 -- true
+refused "--sim-age '-1'" "${RUN[@]}" --sim-age -1 -- true
+refused "--drain-probability '1.5'" "${RUN[@]}" --drain-probability 1.5 -- true
+
+refused "--sim '1.5'" "${DOCTOR[@]}" --sim 1.5
+refused "--seed '-1'" "${DOCTOR[@]}" --seed -1
+refused "--seed '1e3'" "${DOCTOR[@]}" --seed 1e3
+refused "--age 'nan'" "${DOCTOR[@]}" --age nan
+refused "--samples '2.0'" "${DOCTOR[@]}" --samples 2.0
+refused "--interval '0x1'" "${DOCTOR[@]}" --interval 0x1
+refused "--threshold '100.5'" "${DOCTOR[@]}" --threshold 100.5
+
+refused "--interval '0x10'" "${EXPORTER[@]}" --interval 0x10
+refused "--sim ' 2'" "${EXPORTER[@]}" --sim " 2"
+refused "--seed '1e3'" "${EXPORTER[@]}" --seed 1e3
+refused "--age '1e7'" "${EXPORTER[@]}" --age 1e7
+refused "--time-scale 'inf'" "${EXPORTER[@]}" --time-scale inf
+refused "--threshold '-1'" "${EXPORTER[@]}" --threshold -1
+refused "--listen '127.0.0.1:09835'" "${EXPORTER[@]}" --listen 127.0.0.1:09835
+
+refused "--lock-clocks '1.5e3'" tune --lock-clocks 1.5e3
+refused "--power-limit '0x64'" tune --power-limit 0x64
+refused "--power-limit 'nan'" tune --power-limit nan
+
+refused "--step ' 5'" ckpt export "$D" --step " 5" -o "$O/w.safetensors"
+refused "--step '0x10'" ckpt export "$D" --step 0x10 -o "$O/w.safetensors"
+
+refused "--window '1.5'" predict cmapss --data "$D" --window 1.5
+refused "--seed '0x10'" predict cmapss --data "$D" --seed 0x10
+refused "--lr 'inf'" predict cmapss --data "$D" --lr inf
+refused "--ensemble ' 2'" predict cmapss --data "$D" --ensemble " 2"
+refused "--sim '2.5'" predict dataset --sim 2.5 --hours 1 -o "$O/ds"
+refused "--hours '0x1'" predict dataset --sim 2 --hours 0x1 -o "$O/ds"
+refused "--val ' 0.1'" predict dataset --sim 2 --hours 1 --val " 0.1" -o "$O/ds"
+refused "--seed '1.5'" predict dataset --sim 2 --hours 1 --seed 1.5 -o "$O/ds"
+refused "--window '1e2'" predict train "$D" -o "$O/m.safetensors" --window 1e2
+refused "--threshold '2'" predict eval "$D" --model "$F" --threshold 2
+
+# --- paths of the wrong kind ----------------------------------------------------------------
+refused "--ckpt-dir /proc/version:" "${TRAIN[@]}" --ckpt-dir /proc/version
+refused "--ckpt-dir $F/x:" "${TRAIN[@]}" --ckpt-dir "$F/x"
+refused "--init $D:" "${TRAIN[@]}" --init "$D"
+refused "--init $M:" "${TRAIN[@]}" --init "$M"
+refused "--data $M:" train --data "$M"
+refused "--data $F:" train --data "$F"
+refused "--save $O:" "${TRAIN[@]}" --save "$O"
+refused "--save $M/w.safetensors:" "${TRAIN[@]}" --save "$M/w.safetensors"
+refused "--metrics-json $O:" "${TRAIN[@]}" --metrics-json "$O"
+refused "--loss-log $F/loss:" "${TRAIN[@]}" --loss-log "$F/loss"
+
+# under a supervisor the directory comes from RK_CKPT_DIR: the same check, naming it
+(cd "$W" && RK_CKPT_DIR=/proc/version timeout 20 "$RK" "${TRAIN[@]}" >"$work/logs/out" \
+  2>"$work/logs/err")
+rc=$?
+[[ $rc -eq 2 ]] && grep -qF "rk train: RK_CKPT_DIR /proc/version: not a directory" "$work/logs/err" \
+  && ok "RK_CKPT_DIR=/proc/version rk train -> 2" \
+  || bad "RK_CKPT_DIR=/proc/version rk train: exit $rc: $(head -1 "$work/logs/err")"
+
+refused "--ckpt-dir /proc/version:" "${RUN[@]}" --ckpt-dir /proc/version -- true
+refused "--events $O:" "${RUN[@]}" --events "$O" -- true
+refused "--summary-json $M/s.json:" "${RUN[@]}" --summary-json "$M/s.json" -- true
+refused "--predictor $D:" "${RUN[@]}" --health sim --predictor "$D" -- true
+
+refused "--textfile-dir /nonexistent:" "${DOCTOR[@]}" --textfile-dir /nonexistent
+refused "--textfile-dir $F:" "${DOCTOR[@]}" --textfile-dir "$F"
+refused "--predictor $D:" "${DOCTOR[@]}" --predictor "$D"
+
+refused "--textfile-dir /nonexistent:" "${EXPORTER[@]}" --textfile-dir /nonexistent
+refused "--textfile-dir $F:" "${EXPORTER[@]}" --textfile-dir "$F"
+refused "--predictor $D:" "${EXPORTER[@]}" --predictor "$D"
+
+refused "-o $O:" ckpt export "$D" -o "$O"
+refused "-o $M/w.safetensors:" ckpt export "$D" -o "$M/w.safetensors"
+
+refused "-o /proc/version:" predict dataset --sim 2 --hours 1 -o /proc/version
+refused "-o $O:" predict train "$D" -o "$O"
+refused "--model $D:" predict eval "$D" --model "$D"
+
+# --- what stays accepted --------------------------------------------------------------------
+for cmd in train ckpt "ckpt ls" "ckpt verify" "ckpt export" run doctor tune exporter predict \
+  "predict cmapss" "predict dataset" "predict train" "predict eval"; do
+  # shellcheck disable=SC2086 # the words of $cmd are the subcommand
+  "$RK" $cmd --help >"$work/logs/out" 2>"$work/logs/err"
+  rc=$?
+  [[ $rc -eq 0 ]] && grep -q "^usage: rk ${cmd%% *}" "$work/logs/out" \
+    && ok "rk $cmd --help" || bad "rk $cmd --help: exit $rc: $(head -c 200 "$work/logs/err")"
+done
+# a seed is any 64-bit unsigned number, in every subcommand
+"$RK" doctor --sim 2 --samples 1 --interval 0 --seed 18446744073709551615 --json \
+  >"$work/logs/out" 2>"$work/logs/err"
+rc=$?
+[[ $rc -ne 2 ]] && ok "rk doctor --seed 2^64-1 is a seed (exit $rc)" \
+  || bad "rk doctor --seed 2^64-1: $(head -1 "$work/logs/err")"
+# a duration takes its units in every subcommand
+"$RK" doctor --sim 1 --samples 2 --interval 10ms --json >"$work/logs/out" 2>"$work/logs/err"
+rc=$?
+[[ $rc -ne 2 ]] && ok "rk doctor --interval 10ms (exit $rc)" \
+  || bad "rk doctor --interval 10ms: $(head -1 "$work/logs/err")"
+it_finish
