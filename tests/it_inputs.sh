@@ -10,7 +10,7 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_inputs
-T=60
+T=30
 
 # expect NAME STATUS TEXT CMD...: CMD exits STATUS within $T s with TEXT in its stderr
 expect() {
