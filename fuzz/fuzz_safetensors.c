@@ -8,10 +8,10 @@
 #define _GNU_SOURCE /* memfd_create */
 #include <stdint.h>
 #include <stdio.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "rekindle/safetensors.h"
 

@@ -676,7 +676,7 @@ int rk_inject_from_env(rk_inject **out, int rank, rk_err *err)
     if (!out)
         return rk_err_set(err, RK_EINVAL, "fault injection: NULL argument");
     *out = NULL;
-    /* a privileged process takes no faults, and writes no RK_INJECT_DONE file, from its caller */
+    /* a privileged process takes no faults from the environment of whoever started it */
     const char *spec = rk_env_override("RK_INJECT");
     if (!spec)
         return RK_OK;
