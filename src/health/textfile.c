@@ -3,7 +3,8 @@
  * Prometheus text format 0.0.4) from sensors NVML cannot read. The whole file is checked the
  * way node_exporter's parser checks it; only rk_gpu_vrm_ripple_millivolts and
  * rk_gpu_fan_vibration_hertz are merged into the samples, and only when the file parsed.
- * Relies on libc alone (strtod for decimal values). Never prints or exits.
+ * Relies on libc (strtod for decimal values) and the one bounded opener (rekindle/fileio.h).
+ * Never prints or exits.
  */
 #include "base/msg.h"
 #include "rekindle/fileio.h"
@@ -24,7 +25,7 @@
 #define LINE_MAX_BYTES 65536         /* a line, without its newline */
 #define LABELS_MAX 64                /* labels of one sample */
 #define FILE_MAX_BYTES (1024 * 1024) /* a file merge_dir reads */
-#define SHOW_CAP 56                  /* a fragment of the file shown in a message */
+#define SHOW_CAP 56                  /* how a message names a metric or label */
 #define SHOW_PATH_CAP 224            /* a path shown in a message */
 #define UUID_MAX 128                 /* longer label values cannot name a GPU */
 
@@ -203,8 +204,8 @@ typedef struct span {
     size_t len;
 } span;
 
-/* RK_EFORMAT, "<path>:<line>: <problem>". Fragments of the file in `fmt`'s arguments have
- * been through show(). */
+/* RK_EFORMAT, "<path>:<line>: <problem>". `fmt`'s arguments never hold the file's bytes:
+ * columns, numbers, and names rekindle knows (metric_label, label_label). */
 __attribute__((format(printf, 2, 3))) static int bad(parser *P, const char *fmt, ...)
 {
     char buf[RK_ERR_MSG_MAX];
