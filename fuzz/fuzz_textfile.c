@@ -1,9 +1,9 @@
 /*
  * libFuzzer target for the textfile sensor parser (rk_textfile_merge): arbitrary bytes never
  * crash. A rejected file is RK_EFORMAT with a one-line printable ASCII message naming the file
- * and a line within it (quoting none of its bytes), and changes no sample. An accepted file sets only the two sensor fields,
- * each finite and >= 0, leaves every other field and every lost GPU as it was, and is also
- * accepted when the node has no GPUs (fewer checks apply then, never more).
+ * and a line within it (quoting none of its bytes), and changes no sample. An accepted file sets
+ * only the two sensor fields, each finite and >= 0, leaves every other field and every lost GPU as
+ * it was, and is also accepted when the node has no GPUs (fewer checks apply then, never more).
  */
 #include <math.h>
 #include <stdint.h>
