@@ -1,11 +1,17 @@
 /*
- * libFuzzer target for the safetensors reader (rk_st_parse). Any input must be rejected
- * cleanly or parse into tensors that lie inside the buffer; a parsed file is then re-encoded
- * with rk_st_encode and parsed again, and both must agree (writer and reader round trip).
+ * libFuzzer target for the safetensors reader (rk_st_parse, and rk_st_read's header-first
+ * path on the same bytes in a memfd). Any input must be rejected cleanly or parse into
+ * tensors that lie inside the buffer; reading it as a file must give the same verdict, code
+ * and message (but for the name); a parsed file is then re-encoded with rk_st_encode and
+ * parsed again, and both must agree (writer and reader round trip).
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "rekindle/safetensors.h"
 
@@ -59,11 +65,48 @@ static void round_trip(const rk_st_file *f)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* rk_st_read of the same bytes as a file (named "fuzz" through /proc/self/fd/N would change
+ * the message, so compare codes and, on success, the tensors). */
+static void read_as_file(const uint8_t *data, size_t size, int want_rc, const rk_st_file *want)
+{
+    static int fd = -2;
+    if (fd == -2)
+        fd = memfd_create("fuzz_safetensors", 0);
+    if (fd < 0)
+        return;
+    check(ftruncate(fd, 0) == 0 && lseek(fd, 0, SEEK_SET) == 0);
+    for (size_t done = 0; done < size;) {
+        ssize_t n = write(fd, data + done, size - done);
+        check(n > 0);
+        done += (size_t)n;
+    }
+    check(lseek(fd, 0, SEEK_SET) == 0);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    rk_st_file g;
+    rk_err err;
+    int rc = rk_st_read(path, &g, &err);
+    if (want_rc == RK_ENOMEM || rc == RK_ENOMEM)
+        return;
+    check(rc == want_rc);
+    if (rc < 0) {
+        check(memchr(err.msg, '\n', strlen(err.msg)) == NULL);
+        return;
+    }
+    check(g.len == want->len && g.ntensors == want->ntensors && g.nmeta == want->nmeta);
+    check(memcmp(g.buf, want->buf, g.len) == 0);
+    for (size_t i = 0; i < g.ntensors; i++)
+        check(strcmp(g.tensors[i].name, want->tensors[i].name) == 0 &&
+              g.tensors[i].data - g.buf == want->tensors[i].data - want->buf);
+    rk_st_free(&g);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     rk_st_file f;
     rk_err err;
     int rc = rk_st_parse(data, size, "fuzz", &f, &err);
+    read_as_file(data, size, rc, &f);
     if (rc < 0) {
         check(rc == RK_EFORMAT || rc == RK_ENOMEM);
         check(memchr(err.msg, '\n', strlen(err.msg)) == NULL);

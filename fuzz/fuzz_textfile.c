@@ -1,9 +1,9 @@
 /*
  * libFuzzer target for the textfile sensor parser (rk_textfile_merge): arbitrary bytes never
- * crash. A rejected file is RK_EFORMAT with a one-line printable message naming the file and
- * a line within it, and changes no sample. An accepted file sets only the two sensor fields,
- * each finite and >= 0, leaves every other field and every lost GPU as it was, and is also
- * accepted when the node has no GPUs (fewer checks apply then, never more).
+ * crash. A rejected file is RK_EFORMAT with a one-line printable ASCII message naming the file
+ * and a line within it (quoting none of its bytes), and changes no sample. An accepted file sets
+ * only the two sensor fields, each finite and >= 0, leaves every other field and every lost GPU as
+ * it was, and is also accepted when the node has no GPUs (fewer checks apply then, never more).
  */
 #include <math.h>
 #include <stdint.h>
@@ -56,8 +56,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(rc == RK_EFORMAT || rc == RK_ENOMEM);
         check(err.code == rc);
         check(memcmp(s, before, sizeof s) == 0);
+        /* printable ASCII only: the messages are rekindle's own words, numbers and names, never
+         * the file's bytes (any UTF-8 from the file would show up here) */
         for (const char *p = err.msg; *p; p++)
-            check((unsigned char)*p >= 0x20 && *p != 0x7f);
+            check((unsigned char)*p >= 0x20 && (unsigned char)*p < 0x7f);
         if (rc == RK_EFORMAT) {
             size_t lines = 0;
             for (size_t i = 0; i < size; i++)

@@ -188,7 +188,9 @@ expect "verify of a truncated newest" 1 err "ckpt-000000000300.safetensors" ckpt
 cp "$work/good300" "$p300"
 expect "verify good again" 0 out "step 300" ckpt verify "$ck"
 printf 'garbage\n' >"$ck/latest"
-expect "verify with a garbage latest" 1 err "'garbage' is not a checkpoint file name" ckpt verify "$ck"
+expect "verify with a garbage latest" 1 err "latest: does not hold a checkpoint file name" ckpt verify "$ck"
+grep -q garbage "$work/err" && bad "the message quotes latest's content: $(cat "$work/err")" ||
+  ok "the message does not quote latest's content"
 grep -qF "(step 300)" "$work/err" && ok "garbage latest: a resume would scan to 300" ||
   bad "garbage latest fallback: $(cat "$work/err")"
 printf 'ckpt-000000000900.safetensors\n' >"$ck/latest"

@@ -610,8 +610,20 @@ static void test_broken_latest_falls_back_to_scanning(void **state)
     expect_fallback(dir, 2, w_empty);
 
     spit(lp, "../../etc/passwd\n", 17);
-    const char *w_garbage[] = {"'../../etc/passwd' is not a checkpoint file name", p3, NULL};
+    const char *w_garbage[] = {"latest: does not hold a checkpoint file name", p3, NULL};
     expect_fallback(dir, 2, w_garbage);
+    /* ... and never quotes what it holds (latest may be a link to a file the user cannot
+     * read) */
+    spit(lp, "SECRET-HASH-VALUE\n", 18);
+    {
+        rk_ckpt *c = NULL;
+        rk_err err = {0};
+        char report[8192];
+        assert_int_equal(rk_ckpt_load_latest(dir, NULL, &c, report, sizeof report, &err), RK_OK);
+        rk_ckpt_free(c);
+        assert_non_null(strstr(report, "latest: does not hold a checkpoint file name"));
+        assert_null(strstr(report, "SECRET"));
+    }
 
     spit(lp, "ckpt-000000000003.safetensors\0junk", 34);
     const char *w_binary[] = {"holds a NUL byte", NULL};

@@ -15,6 +15,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,6 @@
 #include "testutil.h"
 
 static char g_dir[512];
-
 
 static int setup(void **state)
 {
@@ -328,8 +328,85 @@ static void test_read_all_empty_and_directory(void **state)
     assert_int_equal(buf[0], 0);
     free(buf);
 
-    assert_int_equal(rk_file_read_all(g_dir, &buf, &len, SIZE_MAX, &err), RK_EIO);
+    assert_int_equal(rk_file_read_all(g_dir, &buf, &len, SIZE_MAX, &err), RK_EINVAL);
     assert_null(buf);
+    assert_non_null(strstr(err.msg, "is a directory, not a regular file"));
+}
+
+/* Only regular files are read: a FIFO with no writer is refused at once (the open does not
+ * block: alarm() kills the test if it hangs), /dev/zero and /dev/null are refused before a
+ * byte is read, each with a message naming the file. */
+static void test_read_refuses_fifo_and_devices(void **state)
+{
+    (void)state;
+    char p[1024];
+    rk_err err;
+    uint8_t *buf = (uint8_t *)"x";
+    size_t len = 7;
+    in_dir(p, sizeof p, "fifo.bin");
+    assert_int_equal(mkfifo(p, 0600), 0);
+    alarm(20);
+    assert_int_equal(rk_file_read_all(p, &buf, &len, SIZE_MAX, &err), RK_EINVAL);
+    assert_null(buf);
+    assert_int_equal(len, 0);
+    assert_non_null(strstr(err.msg, p));
+    assert_non_null(strstr(err.msg, "is a FIFO, not a regular file"));
+    int fd = 5;
+    assert_int_equal(rk_file_open_read(p, SIZE_MAX, &fd, NULL, &err), RK_EINVAL);
+    assert_int_equal(fd, -1);
+
+    assert_int_equal(rk_file_read_all("/dev/zero", &buf, &len, SIZE_MAX, &err), RK_EINVAL);
+    assert_string_equal(err.msg, "/dev/zero: is a character device, not a regular file");
+    assert_int_equal(rk_file_read_all("/dev/null", &buf, &len, 10, &err), RK_EINVAL);
+    alarm(0);
+}
+
+/* The size is checked from fstat before reading; read_exact reports a file that ends early. */
+static void test_open_read_checks_size_first(void **state)
+{
+    (void)state;
+    char p[1024];
+    rk_err err;
+    in_dir(p, sizeof p, "ten.bin");
+    assert_int_equal(rk_file_write_atomic(p, "0123456789", 10, &err), RK_OK);
+    int fd;
+    uint64_t size = 0;
+    assert_int_equal(rk_file_open_read(p, 9, &fd, &size, &err), RK_EFORMAT);
+    assert_int_equal(fd, -1);
+    assert_non_null(strstr(err.msg, "file is 10 bytes, more than the limit of 9"));
+    assert_int_equal(rk_file_open_read(p, 10, &fd, &size, &err), RK_OK);
+    assert_int_equal(size, 10);
+    char b[16];
+    assert_int_equal(rk_file_read_exact(fd, b, 4, p, &err), RK_OK);
+    assert_memory_equal(b, "0123", 4);
+    assert_int_equal(rk_file_read_exact(fd, b, 8, p, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "file ended after 6 of 8 bytes"));
+    close(fd);
+}
+
+/* rk_file_openat_read never follows a symbolic link, wherever it points. */
+static void test_openat_refuses_symlinks(void **state)
+{
+    (void)state;
+    char p[1024], l[1024];
+    rk_err err;
+    in_dir(p, sizeof p, "real.txt");
+    assert_int_equal(rk_file_write_atomic(p, "secret", 6, &err), RK_OK);
+    in_dir(l, sizeof l, "link.txt");
+    assert_int_equal(symlink("real.txt", l), 0);
+    int dfd = open(g_dir, O_RDONLY | O_DIRECTORY);
+    assert_true(dfd >= 0);
+    int fd;
+    uint64_t size;
+    assert_int_equal(rk_file_openat_read(dfd, "real.txt", NULL, 100, &fd, &size, &err), RK_OK);
+    assert_int_equal(size, 6);
+    close(fd);
+    assert_int_equal(rk_file_openat_read(dfd, "link.txt", l, 100, &fd, &size, &err), RK_EINVAL);
+    assert_int_equal(fd, -1);
+    assert_non_null(strstr(err.msg, "link.txt: is a symbolic link"));
+    assert_null(strstr(err.msg, "secret"));
+    assert_int_equal(rk_file_openat_read(dfd, "../x", NULL, 100, &fd, &size, &err), RK_EINVAL);
+    close(dfd);
 }
 
 /* Files whose size stat cannot tell (procfs reports 0) are read to EOF and still bounded. */
@@ -394,6 +471,9 @@ int main(void)
         cmocka_unit_test(test_read_all_limit),
         cmocka_unit_test(test_read_all_empty_and_directory),
         cmocka_unit_test(test_read_all_unsized_file),
+        cmocka_unit_test(test_read_refuses_fifo_and_devices),
+        cmocka_unit_test(test_open_read_checks_size_first),
+        cmocka_unit_test(test_openat_refuses_symlinks),
         cmocka_unit_test(test_fsync_dir),
         cmocka_unit_test(test_relative_path),
     };

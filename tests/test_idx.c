@@ -461,15 +461,27 @@ static void load_reports_missing_file_as_enoent_naming_the_path(void **state)
     check_msg(&err, RK_ENOENT, path, "not found");
 }
 
-static void load_reports_unreadable_file_as_eio(void **state)
+/* Only a regular file is read: a directory, a FIFO (the open must not block: the alarm fails
+ * the test if it does) and /dev/zero (endless data) are refused before a byte is read. */
+static void load_refuses_what_is_not_a_regular_file(void **state)
 {
     (void)state;
-    /* A directory opens but cannot be read (EISDIR). */
     rk_idx x;
     rk_err err;
-    assert_int_equal(rk_idx_load(RK_TEST_TMPDIR, &x, &err), RK_EIO);
+    assert_int_equal(rk_idx_load(RK_TEST_TMPDIR, &x, &err), RK_EINVAL);
     assert_true(is_zeroed_idx(&x));
-    check_msg(&err, RK_EIO, RK_TEST_TMPDIR, "read failed");
+    check_msg(&err, RK_EINVAL, RK_TEST_TMPDIR, "is a directory, not a regular file");
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/idx_fifo.%ld", RK_TEST_TMPDIR, (long)getpid());
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    assert_int_equal(rk_idx_load(fifo, &x, &err), RK_EINVAL);
+    check_msg(&err, RK_EINVAL, fifo, "is a FIFO, not a regular file");
+    assert_int_equal(rk_idx_load("/dev/zero", &x, &err), RK_EINVAL);
+    check_msg(&err, RK_EINVAL, "/dev/zero", "is a character device");
+    alarm(0);
+    unlink(fifo);
 }
 
 /* ---- the Fashion-MNIST loader ----------------------------------------------------------- */
@@ -775,7 +787,7 @@ int main(void)
         cmocka_unit_test(load_rejects_corrupt_gzip_with_the_zlib_error),
         cmocka_unit_test(load_rejects_truncated_gzip),
         cmocka_unit_test(load_reports_missing_file_as_enoent_naming_the_path),
-        cmocka_unit_test(load_reports_unreadable_file_as_eio),
+        cmocka_unit_test(load_refuses_what_is_not_a_regular_file),
         cmocka_unit_test(dataset_loads_raw_synthetic_split_and_normalises_pixels),
         cmocka_unit_test(dataset_loads_gzip_split_and_prefers_gz_over_raw),
         cmocka_unit_test(dataset_rejects_label_out_of_range),

@@ -14,10 +14,13 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "rekindle/fileio.h"
@@ -147,7 +150,7 @@ static void test_rejects_bad_json(void **state)
     expect_bad("{\"a\xc0\x80\":" F32_2 "}", 8, "not valid UTF-8"); /* overlong NUL */
     expect_bad("{\"a\\u0000b\":" F32_2 "}", 8, "not valid JSON");  /* escaped NUL */
     expect_bad("{\"a\":" F32_2 ",\"a\":" F32_2 "}", 8,
-               "duplicate key in header: duplicate object key near '\"a\"'");
+               "duplicate key in header: tensor 'a' appears twice");
     expect_bad("{\"__metadata__\":{},\"__metadata__\":{}}", 0, "duplicate key in header");
 }
 
@@ -536,6 +539,194 @@ static void test_dtype_sizes(void **state)
     assert_int_equal(rk_st_dtype_size(NULL), 0);
 }
 
+/* ---- bounded reading: header first, memory a small multiple of the file's content -------- */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define RK_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RK_UNDER_ASAN 1
+#endif
+#endif
+
+typedef struct read_job {
+    const char *path;
+    int want_rc;      /* what rk_st_read must return */
+    const char *want; /* in its message (NULL: nothing checked) */
+    size_t ntensors;  /* on success */
+} read_job;
+
+static int do_read(void *arg)
+{
+    const read_job *j = arg;
+    rk_st_file f;
+    rk_err err = {0};
+    int rc = rk_st_read(j->path, &f, &err);
+    if (rc != j->want_rc || (j->want && !strstr(err.msg, j->want)) ||
+        (rc == RK_OK && f.ntensors != j->ntensors)) {
+        fprintf(stderr, "rk_st_read: rc=%d msg='%s' (want %d '%s')\n", rc, err.msg, j->want_rc,
+                j->want ? j->want : "");
+        return 1;
+    }
+    rk_st_free(&f);
+    return 0;
+}
+
+static int do_nothing(void *arg)
+{
+    (void)arg;
+    return 0;
+}
+
+/* Run fn(arg) in a child; its peak resident memory in KiB (the child's own, from wait4), and
+ * its exit status (fn's result; 99 if it died) in *status. */
+static long child_peak_kib(int (*fn)(void *), void *arg, int *status)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    int st;
+    struct rusage ru;
+    assert_int_equal(wait4(pid, &st, 0, &ru), pid);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 99;
+    return ru.ru_maxrss;
+}
+
+/* A file of `size` bytes (sparse beyond the header): length `hlen`, then `header`. */
+static void write_sparse(const char *p, uint64_t hlen, const char *header, off_t size)
+{
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    uint8_t lb[8];
+    for (int i = 0; i < 8; i++)
+        lb[i] = (uint8_t)(hlen >> (8 * i));
+    assert_int_equal(write(fd, lb, 8), 8);
+    size_t hl = strlen(header);
+    assert_int_equal(write(fd, header, hl), (ssize_t)hl);
+    assert_int_equal(ftruncate(fd, size), 0);
+    close(fd);
+}
+
+/* A 3 GB sparse file whose header is bogus, or valid but not describing the data, is refused
+ * after reading the 8-byte length and the header: the reader's peak memory stays within 64 MiB
+ * of a child that does nothing (reading the file first costs 3 GB). */
+static void test_huge_sparse_file_refused_from_its_header(void **state)
+{
+    (void)state;
+    char p[1024];
+    in_dir(p, sizeof p, "sparse.safetensors");
+    const off_t size = (off_t)3 << 30;
+    int st;
+    long base = child_peak_kib(do_nothing, NULL, &st);
+    assert_int_equal(st, 0);
+
+    write_sparse(p, 0x7fffffffffffull, "", size); /* bogus length */
+    read_job j = {p, RK_EFORMAT, "header length is over the limit", 0};
+    long peak = child_peak_kib(do_read, &j, &st);
+    assert_int_equal(st, 0);
+    assert_true(peak - base < 64 * 1024);
+
+    write_sparse(p, 2, "{}", size); /* a valid header with no tensors */
+    j = (read_job){p, RK_EFORMAT, "data section is 3221225462 bytes but the tensors cover only 0",
+                   0};
+    peak = child_peak_kib(do_read, &j, &st);
+    assert_int_equal(st, 0);
+    assert_true(peak - base < 64 * 1024);
+
+    write_sparse(p, 64, "{\"a\":{\"dtype\":\"U8\",\"shape\":[3221225400],", size);
+    j = (read_job){p, RK_EFORMAT, "not valid JSON", 0};
+    peak = child_peak_kib(do_read, &j, &st);
+    assert_int_equal(st, 0);
+    assert_true(peak - base < 64 * 1024);
+    unlink(p);
+}
+
+/* A header of many zero-size tensors (about 24 MB of JSON, 400000 entries) is read with peak
+ * memory under 8 times the file's size above a child that does nothing. Loading the header as
+ * one jansson tree took about 20 times (an 87 MB header: 1.8 GB). */
+static void test_many_empty_tensors_memory_is_bounded(void **state)
+{
+    (void)state;
+    const size_t n = 400000;
+    size_t cap = n * 64 + 16, used = 0;
+    char *h = malloc(cap);
+    assert_non_null(h);
+    h[used++] = '{';
+    for (size_t i = 0; i < n; i++)
+        used += (size_t)snprintf(
+            h + used, cap - used,
+            "%s\"t%07zu\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}", i ? "," : "",
+            i);
+    h[used++] = '}';
+    h[used] = '\0';
+    char p[1024];
+    in_dir(p, sizeof p, "empty-tensors.safetensors");
+    write_sparse(p, used, h, (off_t)(8 + used));
+    free(h);
+    int st;
+    long base = child_peak_kib(do_nothing, NULL, &st);
+    read_job j = {p, RK_OK, NULL, n};
+    long peak = child_peak_kib(do_read, &j, &st);
+    assert_int_equal(st, 0);
+    long file_kib = (long)((8 + used) / 1024);
+    print_message("header %zu bytes: peak %ld KiB above a child doing nothing (%.1fx)\n", used,
+                  peak - base, (double)(peak - base) / (double)file_kib);
+#ifndef RK_UNDER_ASAN /* ASan's redzones and quarantine make resident memory meaningless */
+    assert_true(peak - base < 8 * file_kib);
+#endif
+    unlink(p);
+}
+
+/* A FIFO or a device given as a model is refused without blocking, naming the file. */
+static void test_read_refuses_fifo_and_device(void **state)
+{
+    (void)state;
+    char p[1024];
+    in_dir(p, sizeof p, "fifo.safetensors");
+    assert_int_equal(mkfifo(p, 0600), 0);
+    rk_st_file f;
+    rk_err err;
+    alarm(20); /* a blocking open would hang here: the alarm fails the test instead */
+    assert_int_equal(rk_st_read(p, &f, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "is a FIFO, not a regular file"));
+    assert_non_null(strstr(err.msg, p));
+    assert_int_equal(rk_st_read("/dev/zero", &f, &err), RK_EINVAL);
+    assert_string_equal(err.msg, "/dev/zero: is a character device, not a regular file");
+    alarm(0);
+    assert_null(f.buf);
+}
+
+/* Messages about a file that is not safetensors quote none of its bytes (not even as the
+ * number its first 8 bytes make). */
+static void test_messages_quote_no_content(void **state)
+{
+    (void)state;
+    static const char *const secrets[] = {
+        "root:$6$saltsalt$hashhashhash:19000:0:99999:7:::\n",
+        "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":SECRETTOKEN}\n",
+        "\x10\x00\x00\x00\x00\x00\x00\x00[SECRETTOKEN___]\n",
+        "\x18\x00\x00\x00\x00\x00\x00\x00{\"SECRETTOKEN\":1 ,2}    ",
+    };
+    for (size_t i = 0; i < sizeof secrets / sizeof secrets[0]; i++) {
+        size_t len = i == 0 ? strlen(secrets[i]) : 8 + strlen(secrets[i] + 8);
+        rk_st_file f;
+        rk_err err;
+        int rc = rk_st_parse((const uint8_t *)secrets[i], len, "x.safetensors", &f, &err);
+        assert_int_equal(rc, RK_EFORMAT);
+        char num[32];
+        uint64_t v = 0;
+        memcpy(&v, secrets[i], 8);
+        snprintf(num, sizeof num, "%llu", (unsigned long long)v);
+        if (strstr(err.msg, "SECRET") || strstr(err.msg, "root") || strstr(err.msg, num))
+            print_error("case %zu quotes content: %s\n", i, err.msg);
+        assert_null(strstr(err.msg, "SECRET"));
+        assert_null(strstr(err.msg, "root"));
+        assert_null(strstr(err.msg, num));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -552,6 +743,10 @@ int main(void)
         cmocka_unit_test(test_failed_write_keeps_previous_file),
         cmocka_unit_test(test_load_f32),
         cmocka_unit_test(test_dtype_sizes),
+        cmocka_unit_test(test_huge_sparse_file_refused_from_its_header),
+        cmocka_unit_test(test_many_empty_tensors_memory_is_bounded),
+        cmocka_unit_test(test_read_refuses_fifo_and_device),
+        cmocka_unit_test(test_messages_quote_no_content),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

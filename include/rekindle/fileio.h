@@ -1,5 +1,5 @@
 /*
- * Crash-safe file writes and bounded whole-file reads.
+ * Crash-safe file writes, and the one bounded opener every file reader uses.
  *
  * An atomic write never leaves a torn file at its target path: the bytes go to a temporary
  * file in the same directory (`<path>.tmp.<pid>.<n>`, created with O_EXCL, mode 0644), which
@@ -17,7 +17,8 @@
  *
  * Errors: RK_EINVAL (bad argument), RK_ENOENT (the directory or file does not exist),
  * RK_EIO (open, write, fsync, close or rename failed), RK_ENOMEM, RK_EFORMAT (a file to read
- * is larger than the caller allows). Messages name the path and the failing call.
+ * is larger than the caller allows), RK_EINVAL (a file to read is not a regular file).
+ * Messages name the path and the failing call.
  */
 #ifndef REKINDLE_FILEIO_H
 #define REKINDLE_FILEIO_H
@@ -63,11 +64,42 @@ const char *rk_afile_path(const rk_afile *f);
 /* Atomically replace `path` with `len` bytes from `buf` (open + write + commit). */
 int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *err);
 
-/* Read a whole file into a new buffer (*buf, free() it) of *len bytes. The buffer has one
- * extra NUL byte after the data (not counted in *len) so text can be parsed in place.
- * RK_ENOENT if the file does not exist, RK_EFORMAT if it is larger than `max_len` bytes
- * (pass SIZE_MAX for no limit), RK_EIO if it cannot be read (a directory, an I/O error).
- * On failure *buf is NULL and *len is 0. */
+/* ---- reading a file a user named -----------------------------------------------------------
+ *
+ * Every reader of a file opens it here, so that each one refuses the same things the same way:
+ * the file is opened with O_NONBLOCK | O_NOCTTY | O_CLOEXEC (a FIFO without a writer does not
+ * hang the open, a terminal is never adopted), and anything but a regular file (a FIFO, a
+ * device such as /dev/zero, a directory, a socket) is RK_EINVAL, "<path>: is a FIFO, not a
+ * regular file", before a byte is read. A file larger than the caller's `max_len` is
+ * RK_EFORMAT, decided from fstat before reading. Messages name the path and never quote the
+ * file's content. */
+
+/* Open `path` for reading as above. On success *fd is the open descriptor (close it) and
+ * *size (may be NULL) the file's size from fstat. On failure *fd is -1: RK_ENOENT (missing),
+ * RK_EINVAL (not a regular file), RK_EFORMAT (more than max_len bytes; SIZE_MAX: no limit),
+ * RK_EIO (cannot open, e.g. permissions). */
+int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t *size, rk_err *err);
+
+/* The same for the entry `name` (no '/') of the directory open as `dirfd`, and never through
+ * a symbolic link (O_NOFOLLOW: a link is RK_EINVAL, "is a symbolic link"). `label` (NULL:
+ * name) is what messages call the file. */
+int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len, int *fd,
+                        uint64_t *size, rk_err *err);
+
+/* Read exactly `n` bytes from `fd` (short reads and EINTR retried). A file that ends first is
+ * RK_EFORMAT ("file ended after K of N bytes"), a failed read RK_EIO; `path` names it. */
+int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_err *err);
+
+/* Read the rest of `fd` (opened by rk_file_open_read, whose size is `size_hint`) into a new
+ * buffer as rk_file_read_all does; the descriptor stays open. */
+int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint, uint8_t **buf,
+                    size_t *len, rk_err *err);
+
+/* Read a whole file (opened with rk_file_open_read) into a new buffer (*buf, free() it) of
+ * *len bytes. The buffer has one extra NUL byte after the data (not counted in *len) so text
+ * can be parsed in place. Errors as for rk_file_open_read, plus RK_EFORMAT if the file grows
+ * past `max_len` while being read and RK_EIO if a read fails. On failure *buf is NULL and
+ * *len is 0. */
 int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err);
 
 /* fsync a directory so that creations and renames inside it are durable. Filesystems that

@@ -174,13 +174,15 @@ int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *sa
 /* Parse one node_exporter textfile (*.prom) and merge what it says about the GPUs into
  * samples: metrics rk_gpu_vrm_ripple_millivolts and rk_gpu_fan_vibration_hertz with a label
  * gpu="<index>" or uuid="<uuid>" (other metrics are ignored). `infos`/`samples` have n
- * entries. A malformed line is RK_EFORMAT naming the file, line and problem; nothing is
- * merged from that file then. */
+ * entries. A malformed line is RK_EFORMAT naming the file, line, column and problem (never
+ * the file's bytes); nothing is merged from that file then. */
 int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_gpu_info *infos,
                       rk_gpu_sample *samples, int n, rk_err *err);
-/* Every regular *.prom file in `dir` (sorted by name, at most 1 MiB each, dot-files
- * skipped), merged with rk_textfile_merge. A file that does not parse is reported (the first
- * problem, RK_EFORMAT) but does not stop the others. */
+/* Every regular *.prom file in `dir` (sorted by name, at most 1 MiB each, dot-files,
+ * directories, FIFOs and devices skipped), merged with rk_textfile_merge. A symbolic link is
+ * followed only to a regular file named by a plain name in the same directory; any other link
+ * is reported (RK_EINVAL) and not read (docs/textfile.md). A file that does not parse is
+ * reported (the first problem, RK_EFORMAT) but does not stop the others. */
 int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_sample *samples,
                           int n, rk_err *err);
 

@@ -26,9 +26,9 @@
 
 struct rk_afile {
     int fd;
-    int failed; /* a write failed: the content is incomplete, never commit it */
-    char *path; /* target */
-    char *tmp;  /* temporary file beside it */
+    int failed;       /* a write failed: the content is incomplete, never commit it */
+    char *path;       /* target */
+    char *tmp;        /* temporary file beside it */
     uint64_t written; /* bytes appended so far */
     uint64_t flushed; /* bytes whose writeback has been started */
 };
@@ -67,7 +67,6 @@ static int io_fail(rk_err *err, int e, const char *path, const char *what)
     int code = (e == ENOENT || e == ENOTDIR) ? RK_ENOENT : e == ENOMEM ? RK_ENOMEM : RK_EIO;
     return rk_err_set(err, code, "%s: %s: %s", path, what, rk_msg_strerror(e, eb, sizeof eb));
 }
-
 
 /* The directory holding `path` ("." for a bare name, "/" for "/x"); NULL if out of memory. */
 static char *dir_of(const char *path)
@@ -267,39 +266,122 @@ int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *
     return rk_afile_commit(f, err);
 }
 
-int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err)
+/* What a non-regular file is, for messages. */
+static const char *kind_of(mode_t m)
 {
-    if (!buf || !len)
-        return rk_err_set(err, RK_EINVAL, "rk_file_read_all: buf or len is NULL");
-    *buf = NULL;
-    *len = 0;
-    if (!path || !*path)
-        return rk_err_set(err, RK_EINVAL, "rk_file_read_all: empty path");
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISLNK(m)  ? "a symbolic link"
+                         : "not a plain file";
+}
 
-    int fd;
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return io_fail(err, errno, path, "cannot open");
+/* Check the open descriptor `fd` of `path` (closed on failure): a regular file of at most
+ * max_len bytes. */
+static int check_regular(int fd, const char *path, size_t max_len, uint64_t *size, rk_err *err)
+{
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int rc = io_fail(err, errno, path, "cannot stat");
         close(fd);
         return rc;
     }
-    if (S_ISDIR(st.st_mode)) {
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return rk_err_set(err, RK_EIO, "%s: is a directory, not a file", path);
+        return rk_err_set_line(err, RK_EINVAL, "%s: is %s, not a regular file", path,
+                               kind_of(st.st_mode));
     }
-    if (S_ISREG(st.st_mode) && (uintmax_t)st.st_size > max_len) {
+    if ((uintmax_t)st.st_size > max_len) {
         close(fd);
-        return rk_err_set(err, RK_EFORMAT, "%s: file is %jd bytes, more than the limit of %zu",
-                          path, (intmax_t)st.st_size, max_len);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: file is %jd bytes, more than the limit of %zu",
+                               path, (intmax_t)st.st_size, max_len);
     }
+    if (size)
+        *size = (uint64_t)st.st_size;
+    return RK_OK;
+}
 
-    /* Size hint from fstat; the loop still copes with files that grow or lie (pipes, /proc). */
-    size_t cap = (S_ISREG(st.st_mode) && st.st_size > 0) ? (size_t)st.st_size : 4096;
+int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t *size, rk_err *err)
+{
+    if (!fd)
+        return rk_err_set(err, RK_EINVAL, "rk_file_open_read: fd is NULL");
+    *fd = -1;
+    if (size)
+        *size = 0;
+    if (!path || !*path)
+        return rk_err_set(err, RK_EINVAL, "rk_file_open_read: empty path");
+    int f;
+    do {
+        /* O_NONBLOCK: opening a FIFO with no writer must not hang; the check below refuses
+         * it. O_NOCTTY: a terminal device never becomes our controlling terminal. */
+        f = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0)
+        return io_fail(err, errno, path, "cannot open");
+    int rc = check_regular(f, path, max_len, size, err);
+    if (rc == RK_OK)
+        *fd = f;
+    return rc;
+}
+
+int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len, int *fd,
+                        uint64_t *size, rk_err *err)
+{
+    if (!fd)
+        return rk_err_set(err, RK_EINVAL, "rk_file_openat_read: fd is NULL");
+    *fd = -1;
+    if (size)
+        *size = 0;
+    if (!name || !*name || strchr(name, '/'))
+        return rk_err_set(err, RK_EINVAL, "rk_file_openat_read: not a plain file name");
+    if (!label)
+        label = name;
+    int f;
+    do {
+        f = openat(dirfd, name, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0 && errno == ELOOP)
+        return rk_err_set_line(err, RK_EINVAL, "%s: is a symbolic link, not a regular file", label);
+    if (f < 0)
+        return io_fail(err, errno, label, "cannot open");
+    int rc = check_regular(f, label, max_len, size, err);
+    if (rc == RK_OK)
+        *fd = f;
+    return rc;
+}
+
+int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_err *err)
+{
+    unsigned char *p = buf;
+    size_t got = 0;
+    while (got < n) {
+        size_t want = n - got < RK_IO_CHUNK ? n - got : RK_IO_CHUNK;
+        ssize_t r = read(fd, p + got, want);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return io_fail(err, errno, path, "read failed");
+        if (r == 0)
+            return rk_err_set_line(err, RK_EFORMAT,
+                                   "%s: file ended after %zu of %zu bytes (cut while being "
+                                   "read?)",
+                                   path, got, n);
+        got += (size_t)r;
+    }
+    return RK_OK;
+}
+
+int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint, uint8_t **buf,
+                    size_t *len, rk_err *err)
+{
+    if (!buf || !len)
+        return rk_err_set(err, RK_EINVAL, "rk_file_read_fd: buf or len is NULL");
+    *buf = NULL;
+    *len = 0;
+    /* The size from fstat; the loop still copes with a file that grows or shrinks meanwhile. */
+    size_t cap = size_hint > 0 && size_hint <= max_len ? (size_t)size_hint : 4096;
     if (cap > max_len)
         cap = max_len;
     if (cap < SIZE_MAX)
@@ -317,6 +399,8 @@ int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_le
                 break;
             }
             size_t ncap = cap <= SIZE_MAX / 2 ? cap * 2 : SIZE_MAX;
+            if (max_len < SIZE_MAX && ncap > max_len + 1)
+                ncap = max_len + 1;
             uint8_t *nd = ncap > cap ? realloc(data, ncap) : NULL;
             if (!nd) {
                 rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes", path, ncap);
@@ -337,7 +421,6 @@ int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_le
             break; /* EOF with used < cap: the NUL fits */
         used += (size_t)n;
     }
-    close(fd);
     if (rc == RK_OK && used > max_len)
         rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %zu bytes", path,
                         max_len);
@@ -349,6 +432,22 @@ int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_le
     *buf = data;
     *len = used;
     return RK_OK;
+}
+
+int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err)
+{
+    if (!buf || !len)
+        return rk_err_set(err, RK_EINVAL, "rk_file_read_all: buf or len is NULL");
+    *buf = NULL;
+    *len = 0;
+    int fd;
+    uint64_t size;
+    int rc = rk_file_open_read(path, max_len, &fd, &size, err);
+    if (rc < 0)
+        return rc;
+    rc = rk_file_read_fd(fd, path, max_len, size, buf, len, err);
+    close(fd);
+    return rc;
 }
 
 int rk_fsync_dir(const char *dir, rk_err *err)

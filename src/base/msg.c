@@ -41,3 +41,16 @@ const char *rk_msg_strerror(int e, char *buf, size_t cap)
         snprintf(buf, cap, "errno %d", e);
     return buf;
 }
+
+const char *rk_msg_parser_text(char *dst, size_t cap, const char *text)
+{
+    /* jansson's messages end in " near '<token>'" (the bytes it stopped at): cut there */
+    const char *near = strstr(text, " near '");
+    size_t n = near ? (size_t)(near - text) : strlen(text);
+    char tmp[256];
+    if (n >= sizeof tmp)
+        n = sizeof tmp - 1;
+    memcpy(tmp, text, n);
+    tmp[n] = '\0';
+    return rk_msg_show(dst, cap, tmp);
+}

@@ -15,8 +15,13 @@ const char *rk_msg_show(char *dst, size_t cap, const char *s);
 
 /* rk_err_set with control characters replaced by '?', so a message stays one line even when
  * a path or a library's message holds a newline. */
-__attribute__((format(printf, 3, 4))) int rk_err_set_line(rk_err *err, int code,
-                                                          const char *fmt, ...);
+__attribute__((format(printf, 3, 4))) int rk_err_set_line(rk_err *err, int code, const char *fmt,
+                                                          ...);
+
+/* A parser's own error text (jansson's json_error_t.text) for a message, without the part
+ * that quotes the input it stopped at (" near '<bytes>'"): a message names where and what,
+ * never the content of a file the process read. Returns dst. */
+const char *rk_msg_parser_text(char *dst, size_t cap, const char *text);
 
 /* strerror(e) into buf[cap], thread-safe ("errno N" if unknown). Returns buf. */
 const char *rk_msg_strerror(int e, char *buf, size_t cap);

@@ -6,12 +6,15 @@
  */
 #include "rekindle/safetensors.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/msg.h"
 #include "rekindle/fileio.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -113,7 +116,6 @@ static bool utf8_ok(const char *s)
     size_t n = strlen(s);
     return utf8_bad_at((const uint8_t *)s, n) == n;
 }
-
 
 /* "[2,3]" into buf (the dims, as many as fit). */
 static const char *fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
@@ -537,98 +539,261 @@ static int check_layout(parse_ctx *c, rk_st_file *out)
     return RK_OK;
 }
 
-/* Parse `buf` (owned from here on: kept in `out` or freed). */
-static int parse_owned(uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err)
-{
-    parse_ctx c = {.err = err};
-    show(c.label, sizeof c.label, name ? name : "<memory>");
-    const char *L = c.label;
-    memset(out, 0, sizeof *out);
-    out->buf = buf;
-    out->len = len;
-    out->name = strdup(name ? name : "<memory>");
-    if (!out->name) {
-        rk_st_free(out);
-        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);
-    }
+/* ---- the header, one top-level entry at a time ------------------------------------------
+ *
+ * The header is not loaded as one JSON tree: for a header of many small entries jansson's tree
+ * costs about 20 times the header's size (an 87 MB header of empty tensors took 1.8 GB). A
+ * small scanner walks the top-level object { "name": value, ... } and hands each name and
+ * value, as a span of bytes, to jansson on its own, so at most one entry's tree is alive at a
+ * time and memory stays a small multiple of the header (the rk_st_tensor array and the
+ * names). jansson still decides what is valid JSON inside each span. */
 
-    int rc = RK_OK;
-    json_t *root = NULL;
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8 && len >= 8; i++)
-        hlen |= (uint64_t)buf[i] << (8 * i);
-    if (len < 8) {
-        rc = rk_err_set(err, RK_EFORMAT,
-                        "%s: file is %zu bytes, shorter than the 8-byte header length", L, len);
-    } else if (hlen > RK_ST_MAX_HEADER) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: header length %llu is over the limit of %u bytes", L,
-                        (unsigned long long)hlen, RK_ST_MAX_HEADER);
-    } else if (hlen > len - 8) {
-        rc = rk_err_set(err, RK_EFORMAT,
-                        "%s: header length %llu runs past the end of the file (%zu bytes)", L,
-                        (unsigned long long)hlen, len);
-    } else if (hlen == 0) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: header length is 0", L);
-    } else if (buf[8] != '{') {
-        rc = rk_err_set(err, RK_EFORMAT,
-                        "%s: header is not a JSON object (starts with byte 0x%02x, not '{')", L,
-                        buf[8]);
+static bool json_ws(uint8_t c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static size_t skip_ws(const uint8_t *s, size_t n, size_t i)
+{
+    while (i < n && json_ws(s[i]))
+        i++;
+    return i;
+}
+
+/* One past the JSON string that starts at s[i] == '"'; 0 if it does not end. */
+static size_t string_end(const uint8_t *s, size_t n, size_t i)
+{
+    for (i++; i < n; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
     }
-    if (rc == RK_OK) {
-        size_t bad = utf8_bad_at(buf + 8, (size_t)hlen);
-        if (bad != hlen)
-            rc =
-                rk_err_set(err, RK_EFORMAT, "%s: header is not valid UTF-8 (byte %zu)", L, 8 + bad);
-    }
-    if (rc == RK_OK) {
-        json_error_t je;
-        root = json_loadb((const char *)buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
-        if (!root) {
-            char tb[JSON_ERROR_TEXT_LENGTH];
-            show(tb, sizeof tb, je.text);
-            if (json_error_code(&je) == json_error_duplicate_key)
-                rc = rk_err_set(err, RK_EFORMAT, "%s: duplicate key in header: %s", L, tb);
-            else if (json_error_code(&je) == json_error_out_of_memory)
-                rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory parsing the header", L);
-            else
-                rc = rk_err_set(err, RK_EFORMAT, "%s: header is not valid JSON: %s (byte %d)", L,
-                                tb, 8 + je.position);
-        } else if (!json_is_object(root)) {
-            rc = rk_err_set(err, RK_EFORMAT, "%s: header is not a JSON object", L);
+    return 0;
+}
+
+/* One past the JSON value that starts at s[i] (its extent only; jansson checks it); 0 if
+ * it does not end. */
+static size_t value_end(const uint8_t *s, size_t n, size_t i)
+{
+    if (i >= n)
+        return 0;
+    if (s[i] == '"')
+        return string_end(s, n, i);
+    if (s[i] == '{' || s[i] == '[') {
+        size_t depth = 0;
+        while (i < n) {
+            uint8_t c = s[i];
+            if (c == '"') {
+                if (!(i = string_end(s, n, i)))
+                    return 0;
+                continue;
+            }
+            if (c == '{' || c == '[')
+                depth++;
+            else if ((c == '}' || c == ']') && --depth == 0)
+                return i + 1;
+            i++;
         }
+        return 0;
     }
-    if (rc == RK_OK) {
-        out->data_start = 8 + (size_t)hlen;
-        c.data_len = len - out->data_start;
-        size_t n = json_object_size(root);
-        out->tensors = calloc(n ? n : 1, sizeof *out->tensors);
-        if (!out->tensors)
-            rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory", L);
-        const char *key;
-        json_t *val;
-        json_object_foreach(root, key, val)
-        {
-            if (rc < 0)
-                break;
+    size_t b = i;
+    while (i < n && !json_ws(s[i]) && s[i] != ',' && s[i] != '}' && s[i] != ']')
+        i++;
+    return i > b ? i : 0;
+}
+
+/* "not valid JSON" for the header byte `at` of the file (the message never quotes bytes). */
+static int bad_json(parse_ctx *c, const char *what, size_t at)
+{
+    return rk_err_set(c->err, RK_EFORMAT, "%s: header is not valid JSON: %s (byte %zu)", c->label,
+                      what, 8 + at);
+}
+
+/* jansson's verdict on the span at header byte `at`. */
+static int span_error(parse_ctx *c, const json_error_t *je, size_t at)
+{
+    char tb[JSON_ERROR_TEXT_LENGTH];
+    rk_msg_parser_text(tb, sizeof tb, je->text);
+    if (json_error_code(je) == json_error_duplicate_key)
+        return rk_err_set(c->err, RK_EFORMAT, "%s: duplicate key in header: %s (byte %zu)",
+                          c->label, tb, 8 + at + (size_t)je->position);
+    if (json_error_code(je) == json_error_out_of_memory)
+        return rk_err_set(c->err, RK_ENOMEM, "%s: out of memory parsing the header", c->label);
+    return bad_json(c, tb, at + (size_t)(je->position > 0 ? je->position - 1 : 0));
+}
+
+/* Walk the top-level object of h[0..n). With out NULL only count its entries into *count
+ * (and check its outline); else parse each one into out. */
+static int walk_header(parse_ctx *c, const uint8_t *h, size_t n, rk_st_file *out, size_t *count)
+{
+    size_t i = skip_ws(h, n, 1), entries = 0;
+    bool meta_seen = false;
+    if (i < n && h[i] == '}')
+        goto closed;
+    for (;;) {
+        if (i >= n)
+            return bad_json(c, "the object is not closed", n);
+        if (h[i] != '"')
+            return bad_json(c, "expected a quoted name", i);
+        size_t kb = i, ke = string_end(h, n, i);
+        if (!ke)
+            return bad_json(c, "a name is not closed", kb);
+        i = skip_ws(h, n, ke);
+        if (i >= n || h[i] != ':')
+            return bad_json(c, "expected ':' after a name", i);
+        size_t vb = skip_ws(h, n, i + 1), ve = value_end(h, n, vb);
+        if (!ve)
+            return bad_json(c, "a value is missing or not closed", vb);
+        entries++;
+        if (out) {
+            json_error_t je;
+            json_t *k = json_loadb((const char *)h + kb, ke - kb, JSON_DECODE_ANY, &je);
+            if (!k)
+                return span_error(c, &je, kb);
+            json_t *v = json_loadb((const char *)h + vb, ve - vb,
+                                   JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+            if (!v) {
+                json_decref(k);
+                return span_error(c, &je, vb);
+            }
+            const char *key = json_string_value(k);
+            int rc;
             if (strcmp(key, META_KEY) == 0) {
-                rc = parse_meta(&c, val, out);
+                rc = meta_seen ? rk_err_set(c->err, RK_EFORMAT,
+                                            "%s: duplicate key in header: '%s' appears twice",
+                                            c->label, META_KEY)
+                               : parse_meta(c, v, out);
+                meta_seen = true;
             } else {
                 /* parse_entry sets the name last, so a failed entry owns nothing */
-                rc = parse_entry(&c, key, val, &out->tensors[out->ntensors]);
+                rc = parse_entry(c, key, v, &out->tensors[out->ntensors]);
                 if (rc == RK_OK)
                     out->ntensors++;
             }
+            json_decref(v);
+            json_decref(k);
+            if (rc < 0)
+                return rc;
         }
+        i = skip_ws(h, n, ve);
+        if (i < n && h[i] == ',') {
+            i = skip_ws(h, n, i + 1);
+            continue;
+        }
+        if (i < n && h[i] == '}')
+            break;
+        return bad_json(c, "expected ',' or '}' after a value", i);
     }
-    json_decref(root);
-    if (rc == RK_OK)
-        rc = check_layout(&c, out);
-    if (rc < 0) {
-        rk_st_free(out);
+closed:
+    if (skip_ws(h, n, i + 1) != n)
+        return bad_json(c, "text after the header object", skip_ws(h, n, i + 1));
+    if (count)
+        *count = entries;
+    return RK_OK;
+}
+
+static int cmp_name(const void *pa, const void *pb)
+{
+    return strcmp(*(char *const *)pa, *(char *const *)pb);
+}
+
+/* No tensor name twice (what JSON_REJECT_DUPLICATES said of the whole tree before). */
+static int check_unique(parse_ctx *c, const rk_st_file *out)
+{
+    if (out->ntensors < 2)
+        return RK_OK;
+    char **names = malloc(out->ntensors * sizeof *names);
+    if (!names)
+        return rk_err_set(c->err, RK_ENOMEM, "%s: out of memory", c->label);
+    for (size_t i = 0; i < out->ntensors; i++)
+        names[i] = out->tensors[i].name;
+    qsort(names, out->ntensors, sizeof *names, cmp_name);
+    int rc = RK_OK;
+    for (size_t i = 1; i < out->ntensors && rc == RK_OK; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            char nb[96];
+            rc = rk_err_set(c->err, RK_EFORMAT,
+                            "%s: duplicate key in header: tensor '%s' appears twice", c->label,
+                            show(nb, sizeof nb, names[i]));
+        }
+    free(names);
+    return rc;
+}
+
+/* The 8-byte length against the file's size. Messages give no value read from the file:
+ * for a file that is not safetensors at all those bytes would be its content. */
+static int check_length(parse_ctx *c, uint64_t hlen, uint64_t file_len)
+{
+    if (file_len < 8)
+        return rk_err_set(c->err, RK_EFORMAT,
+                          "%s: file is %llu bytes, shorter than the 8-byte header length", c->label,
+                          (unsigned long long)file_len);
+    if (hlen > RK_ST_MAX_HEADER)
+        return rk_err_set(c->err, RK_EFORMAT,
+                          "%s: header length is over the limit of %u bytes (not a safetensors "
+                          "file?)",
+                          c->label, RK_ST_MAX_HEADER);
+    if (hlen > file_len - 8)
+        return rk_err_set(c->err, RK_EFORMAT,
+                          "%s: header length runs past the end of the file (%llu bytes)", c->label,
+                          (unsigned long long)file_len);
+    if (hlen == 0)
+        return rk_err_set(c->err, RK_EFORMAT, "%s: header length is 0", c->label);
+    return RK_OK;
+}
+
+/* Parse and check the header h[0..hlen) of a file whose data section has data_len bytes into
+ * `out` (tensors with offsets; data pointers are set once the data is in memory). */
+static int parse_header(parse_ctx *c, const uint8_t *h, size_t hlen, size_t data_len,
+                        rk_st_file *out)
+{
+    if (h[0] != '{')
+        return rk_err_set(c->err, RK_EFORMAT, "%s: header is not a JSON object (no '{' at byte 8)",
+                          c->label);
+    size_t bad = utf8_bad_at(h, hlen);
+    if (bad != hlen)
+        return rk_err_set(c->err, RK_EFORMAT, "%s: header is not valid UTF-8 (byte %zu)", c->label,
+                          8 + bad);
+    out->data_start = 8 + hlen;
+    c->data_len = data_len;
+    size_t n = 0;
+    int rc = walk_header(c, h, hlen, NULL, &n); /* count first: one allocation, exact size */
+    if (rc < 0)
         return rc;
-    }
+    out->tensors = calloc(n ? n : 1, sizeof *out->tensors);
+    if (!out->tensors)
+        return rk_err_set(c->err, RK_ENOMEM, "%s: out of memory for %zu tensors", c->label, n);
+    if ((rc = walk_header(c, h, hlen, out, NULL)) < 0)
+        return rc;
+    if ((rc = check_unique(c, out)) < 0)
+        return rc;
+    return check_layout(c, out);
+}
+
+static void point_data(rk_st_file *out)
+{
     for (size_t i = 0; i < out->ntensors; i++)
         out->tensors[i].data = out->buf + out->data_start + out->tensors[i].offset;
+}
+
+static uint64_t le64(const uint8_t *b)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)b[i] << (8 * i);
+    return v;
+}
+
+static int start_file(parse_ctx *c, const char *name, rk_st_file *out, rk_err *err)
+{
+    memset(c, 0, sizeof *c);
+    c->err = err;
+    show(c->label, sizeof c->label, name ? name : "<memory>");
+    memset(out, 0, sizeof *out);
+    out->name = strdup(name ? name : "<memory>");
+    if (!out->name)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", c->label);
     return RK_OK;
 }
 
@@ -639,13 +804,72 @@ int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *ou
     memset(out, 0, sizeof *out);
     if (!buf && len > 0)
         return rk_err_set(err, RK_EINVAL, "rk_st_parse: buf is NULL");
-    uint8_t *copy = malloc(len ? len : 1);
-    if (!copy)
-        return rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes",
-                          name ? name : "<memory>", len);
-    if (len)
-        memcpy(copy, buf, len);
-    return parse_owned(copy, len, name, out, err);
+    parse_ctx c;
+    int rc = start_file(&c, name, out, err);
+    uint64_t hlen = len >= 8 ? le64(buf) : 0;
+    if (rc == RK_OK)
+        rc = check_length(&c, hlen, len);
+    if (rc == RK_OK)
+        rc = parse_header(&c, buf + 8, (size_t)hlen, len - 8 - (size_t)hlen, out);
+    if (rc == RK_OK && !(out->buf = malloc(len)))
+        rc = rk_err_set(err, RK_ENOMEM, "%s: out of memory for %zu bytes", c.label, len);
+    if (rc < 0) {
+        rk_st_free(out);
+        return rc;
+    }
+    memcpy(out->buf, buf, len);
+    out->len = len;
+    point_data(out);
+    return RK_OK;
+}
+
+/* Read `path` header first: the 8-byte length, checked against the file's size; the header,
+ * parsed and checked against the data section's size; only then the data. A file whose header
+ * is bogus or does not describe its data is refused after reading at most 8 bytes plus the
+ * header, whatever its size. */
+static int read_file(int fd, const char *path, uint64_t size, parse_ctx *c, rk_st_file *out)
+{
+    rk_err *err = c->err;
+    uint8_t lenb[8];
+    int rc = size < 8 ? check_length(c, 0, size) : RK_OK;
+    if (rc == RK_OK)
+        rc = rk_file_read_exact(fd, lenb, 8, c->label, err);
+    uint64_t hlen = rc == RK_OK ? le64(lenb) : 0;
+    if (rc == RK_OK)
+        rc = check_length(c, hlen, size);
+    if (rc < 0)
+        return rc;
+    if (size > SIZE_MAX - 1)
+        return rk_err_set(err, RK_EFORMAT, "%s: file is too large for this machine", c->label);
+    uint8_t *hdr = malloc(8 + (size_t)hlen);
+    if (!hdr)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory for the header", c->label);
+    out->buf = hdr;
+    memcpy(hdr, lenb, 8);
+    if ((rc = rk_file_read_exact(fd, hdr + 8, (size_t)hlen, c->label, err)) < 0)
+        return rc;
+    size_t data_len = (size_t)(size - 8 - hlen);
+    if ((rc = parse_header(c, hdr + 8, (size_t)hlen, data_len, out)) < 0)
+        return rc;
+    uint8_t *all = realloc(hdr, (size_t)size ? (size_t)size : 1);
+    if (!all)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory for %llu bytes", c->label,
+                          (unsigned long long)size);
+    out->buf = all;
+    out->len = (size_t)size;
+    if ((rc = rk_file_read_exact(fd, all + out->data_start, data_len, c->label, err)) < 0)
+        return rc;
+    uint8_t extra;
+    ssize_t r;
+    do {
+        r = read(fd, &extra, 1);
+    } while (r < 0 && errno == EINTR);
+    if (r != 0)
+        return rk_err_set(err, r > 0 ? RK_EFORMAT : RK_EIO,
+                          "%s: the file grew or failed while being read", c->label);
+    (void)path;
+    point_data(out);
+    return RK_OK;
 }
 
 int rk_st_read(const char *path, rk_st_file *out, rk_err *err)
@@ -653,12 +877,19 @@ int rk_st_read(const char *path, rk_st_file *out, rk_err *err)
     if (!out)
         return rk_err_set(err, RK_EINVAL, "rk_st_read: out is NULL");
     memset(out, 0, sizeof *out);
-    uint8_t *buf;
-    size_t len;
-    int rc = rk_file_read_all(path, &buf, &len, SIZE_MAX, err);
+    int fd;
+    uint64_t size;
+    int rc = rk_file_open_read(path, SIZE_MAX, &fd, &size, err);
     if (rc < 0)
         return rc;
-    return parse_owned(buf, len, path, out, err);
+    parse_ctx c;
+    rc = start_file(&c, path, out, err);
+    if (rc == RK_OK)
+        rc = read_file(fd, path, size, &c, out);
+    close(fd);
+    if (rc < 0)
+        rk_st_free(out);
+    return rc;
 }
 
 const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name)

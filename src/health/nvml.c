@@ -6,6 +6,7 @@
  * zero. Relies on libdl and nothing of NVIDIA's at build time. Never prints or exits.
  */
 #include "health/nvml.h"
+#include "base/env.h"
 #include "base/msg.h"
 
 #include <dlfcn.h>
@@ -245,7 +246,8 @@ static bool init_absent(nvmlReturn_t rc)
 int rk_nvml_open(rk_nvml **out, rk_err *err)
 {
     *out = NULL;
-    const char *path = getenv(RK_NVML_LIB_ENV);
+    /* ignored when privileged: whoever started a set-user-ID rk must not choose its code */
+    const char *path = rk_env_override(RK_NVML_LIB_ENV);
     if (!path || !*path)
         path = RK_NVML_LIB_DEFAULT;
     rk_nvml *n = calloc(1, sizeof *n);

@@ -2,7 +2,8 @@
  * The NVML backend's own interface (src/health/nvml.c): the session behind the "nvml"
  * telemetry backend, plus the getters and setters `rk tune` uses (docs/tune.md). NVML is
  * loaded with dlopen from libnvidia-ml.so.1, or from $RK_NVML_LIB when set (tests point it at a
- * fake library). Internal to rekindle: the public face of this backend is rk_telemetry_nvml.
+ * fake library) and the process is not privileged (set-user-ID: base/env.h ignores it).
+ * Internal to rekindle: the public face of this backend is rk_telemetry_nvml.
  *
  * Errors: RK_ENOTSUP when NVML or the operation is not there (no driver, an old card, an old
  * driver), RK_EIO when NVML refuses or fails (the message carries NVML's own error string, with

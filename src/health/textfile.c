@@ -3,10 +3,12 @@
  * Prometheus text format 0.0.4) from sensors NVML cannot read. The whole file is checked the
  * way node_exporter's parser checks it; only rk_gpu_vrm_ripple_millivolts and
  * rk_gpu_fan_vibration_hertz are merged into the samples, and only when the file parsed.
- * Relies on libc alone (strtod for decimal values). Never prints or exits.
+ * Relies on libc (strtod for decimal values) and the one bounded opener (rekindle/fileio.h).
+ * Never prints or exits.
  */
-#include "rekindle/health.h"
 #include "base/msg.h"
+#include "rekindle/fileio.h"
+#include "rekindle/health.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,7 +25,7 @@
 #define LINE_MAX_BYTES 65536         /* a line, without its newline */
 #define LABELS_MAX 64                /* labels of one sample */
 #define FILE_MAX_BYTES (1024 * 1024) /* a file merge_dir reads */
-#define SHOW_CAP 56                  /* a fragment of the file shown in a message */
+#define SHOW_CAP 56                  /* how a message names a metric or label */
 #define SHOW_PATH_CAP 224            /* a path shown in a message */
 #define UUID_MAX 128                 /* longer label values cannot name a GPU */
 
@@ -202,8 +204,8 @@ typedef struct span {
     size_t len;
 } span;
 
-/* RK_EFORMAT, "<path>:<line>: <problem>". Fragments of the file in `fmt`'s arguments have
- * been through show(). */
+/* RK_EFORMAT, "<path>:<line>: <problem>". `fmt`'s arguments never hold the file's bytes:
+ * columns, numbers, and names rekindle knows (metric_label, label_label). */
 __attribute__((format(printf, 2, 3))) static int bad(parser *P, const char *fmt, ...)
 {
     char buf[RK_ERR_MSG_MAX];
@@ -395,10 +397,36 @@ static name_ent *family(parser *P, span name)
     return names_get(&P->names, name.p, name.len);
 }
 
+/* How messages name things from the file without quoting it: a metric by name only when it is
+ * one of the two sensors (a name rekindle knows, not the file's bytes), a label by name only
+ * when it is one the reader knows (gpu, uuid, le, quantile), else by its column. */
+static const char *metric_label(char *dst, size_t cap, span name)
+{
+    for (int k = 0; k < 2; k++)
+        if (span_is(name, sensors[k].name)) {
+            snprintf(dst, cap, "\"%s\"", sensors[k].name);
+            return dst;
+        }
+    snprintf(dst, cap, "this metric");
+    return dst;
+}
+
+static const char *label_label(char *dst, size_t cap, span name, size_t at)
+{
+    static const char *const known[] = {"gpu", "uuid", "le", "quantile"};
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+        if (span_is(name, known[k])) {
+            snprintf(dst, cap, "label %s", known[k]);
+            return dst;
+        }
+    snprintf(dst, cap, "the label at column %zu", at + 1);
+    return dst;
+}
+
 /* "# HELP name text", "# TYPE name type" or any other comment. */
 static int parse_comment(parser *P, const char *s, size_t n, size_t i)
 {
-    char a[SHOW_CAP], b[SHOW_CAP];
+    char a[SHOW_CAP];
     i = skip_blank(s, n, i + 1);
     size_t kb = i;
     i = token_end(s, n, i, " \t");
@@ -415,8 +443,9 @@ static int parse_comment(parser *P, const char *s, size_t n, size_t i)
             i++;
     if (i == nb || (i < n && !is_blank(s[i]))) {
         size_t e = token_end(s, n, nb, " \t");
-        return bad(P, "invalid metric name \"%s\" in a %s line", show(a, sizeof a, s + nb, e - nb),
-                   help ? "HELP" : "TYPE");
+        (void)e;
+        return bad(P, "invalid metric name in a %s line (column %zu)", help ? "HELP" : "TYPE",
+                   nb + 1);
     }
     span name = {s + nb, i - nb};
     if (i == n)
@@ -424,7 +453,7 @@ static int parse_comment(parser *P, const char *s, size_t n, size_t i)
     name_ent *e = family(P, name);
     if (!e)
         return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
-    show(a, sizeof a, e->p, e->len);
+    metric_label(a, sizeof a, (span){e->p, e->len});
     i = skip_blank(s, n, i);
     if (i == n)
         return RK_OK;
@@ -433,13 +462,13 @@ static int parse_comment(parser *P, const char *s, size_t n, size_t i)
             if (s[i] == '\\') {
                 if (i + 1 == n || (s[i + 1] != '\\' && s[i + 1] != 'n'))
                     return bad(P,
-                               "invalid escape \"%s\" in the HELP text of \"%s\" (only \\\\ and "
+                               "invalid escape in the HELP text of %s (column %zu; only \\\\ and "
                                "\\n)",
-                               show(b, sizeof b, s + i, i + 1 == n ? 1 : 2), a);
+                               a, i + 1);
                 i++;
             }
         if (e->flags & SEEN_HELP)
-            return bad(P, "second HELP line for \"%s\"", a);
+            return bad(P, "second HELP line for %s", a);
         e->flags |= SEEN_HELP;
         return RK_OK;
     }
@@ -449,13 +478,13 @@ static int parse_comment(parser *P, const char *s, size_t n, size_t i)
             type = k;
     if (type == T_NONE)
         return bad(P,
-                   "unknown metric type \"%s\" for \"%s\" (counter, gauge, histogram, summary "
+                   "unknown metric type for %s (column %zu; counter, gauge, histogram, summary "
                    "or untyped)",
-                   show(b, sizeof b, s + i, n - i), a);
+                   a, i + 1);
     if (e->flags & SEEN_TYPE)
-        return bad(P, "second TYPE line for \"%s\"", a);
+        return bad(P, "second TYPE line for %s", a);
     if (e->flags & SEEN_SAMPLE)
-        return bad(P, "TYPE line for \"%s\" after its samples", a);
+        return bad(P, "TYPE line for %s after its samples", a);
     e->flags |= SEEN_TYPE;
     e->type = type;
     return RK_OK;
@@ -466,7 +495,7 @@ static int parse_comment(parser *P, const char *s, size_t n, size_t i)
 static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi, span *gpu,
                         span *uuid)
 {
-    char a[SHOW_CAP], b[SHOW_CAP];
+    char a[SHOW_CAP];
     span labels[LABELS_MAX];
     int nl = 0;
     size_t i = *pi + 1;
@@ -484,42 +513,42 @@ static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi
             size_t e = token_end(s, n, nb, " \t=,}");
             if (e == nb)
                 return bad(P, "missing label name");
-            return bad(P, "invalid label name \"%s\"", show(a, sizeof a, s + nb, e - nb));
+            return bad(P, "invalid label name (column %zu)", nb + 1);
         }
         span name = {s + nb, i - nb};
-        show(a, sizeof a, name.p, name.len);
+        label_label(a, sizeof a, name, nb);
         if (nl == LABELS_MAX)
             return bad(P, "more than %d labels", LABELS_MAX);
         if (span_is(name, "__name__"))
             return bad(P, "label name \"__name__\" is reserved");
         for (int k = 0; k < nl; k++)
             if (span_eq(labels[k], name))
-                return bad(P, "duplicate label \"%s\"", a);
+                return bad(P, "%s is given twice", a);
         labels[nl++] = name;
         i = skip_blank(s, n, i);
         if (i == n || s[i] != '=')
-            return bad(P, "expected '=' after label name \"%s\"", a);
+            return bad(P, "expected '=' after %s", a);
         i = skip_blank(s, n, i + 1);
         if (i == n || s[i] != '"')
-            return bad(P, "the value of label \"%s\" is not in double quotes", a);
+            return bad(P, "the value of %s is not in double quotes", a);
         size_t vb = ++i;
         for (;;) {
             if (i == n)
-                return bad(P, "unterminated value of label \"%s\" (no closing '\"')", a);
+                return bad(P, "unterminated value of %s (no closing '\"')", a);
             unsigned char c = (unsigned char)s[i];
             if (c == '"')
                 break;
             if (c == '\\') {
                 if (i + 1 == n || (s[i + 1] != '\\' && s[i + 1] != '"' && s[i + 1] != 'n'))
                     return bad(P,
-                               "invalid escape \"%s\" in the value of label \"%s\" (only \\\\, "
+                               "invalid escape in the value of %s (column %zu; only \\\\, "
                                "\\\" and \\n)",
-                               show(b, sizeof b, s + i, i + 1 == n ? 1 : 2), a);
+                               a, i + 1);
                 i += 2;
             } else if (c >= 0x80) {
                 size_t k = utf8_len((const unsigned char *)s + i, n - i);
                 if (!k)
-                    return bad(P, "the value of label \"%s\" is not valid UTF-8", a);
+                    return bad(P, "the value of %s is not valid UTF-8", a);
                 i += k;
             } else {
                 i++;
@@ -533,8 +562,7 @@ static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi
             if (fr == -2)
                 return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
             if (fr != 1)
-                return bad(P, "label %s=\"%s\" is not a number", a,
-                           show(b, sizeof b, value.p, value.len));
+                return bad(P, "the value of %s is not a number", a);
         }
         if (span_is(name, "gpu"))
             *gpu = value;
@@ -549,7 +577,7 @@ static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi
             break;
         if (i == n)
             return bad(P, "missing '}' at the end of the labels");
-        return bad(P, "expected ',' or '}' after the value of label \"%s\"", a);
+        return bad(P, "expected ',' or '}' after the value of %s", a);
     }
     *pi = i + 1;
     return RK_OK;
@@ -559,7 +587,7 @@ static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi
  * this node's GPUs. */
 static int select_gpu(parser *P, const char *metric, span gpu, span uuid, int *pos)
 {
-    char a[SHOW_CAP], b[SHOW_CAP], buf[UUID_MAX];
+    char buf[UUID_MAX];
     int pg = -1, pu = -1;
     *pos = -1;
     if (!gpu.p && !uuid.p)
@@ -570,8 +598,7 @@ static int select_gpu(parser *P, const char *metric, span gpu, span uuid, int *p
         for (size_t k = 0; ok && k < len; k++)
             ok = buf[k] >= '0' && buf[k] <= '9';
         if (!ok)
-            return bad(P, "label gpu=\"%s\" is not a GPU index (0, 1, ...)",
-                       show(a, sizeof a, gpu.p, gpu.len));
+            return bad(P, "label gpu is not a GPU index (0, 1, ...)");
         int idx = atoi(buf);
         for (int k = 0; k < P->n && pg < 0; k++)
             if (P->infos[k].index == idx)
@@ -590,8 +617,7 @@ static int select_gpu(parser *P, const char *metric, span gpu, span uuid, int *p
             return RK_OK;
     }
     if (gpu.p && uuid.p && pg != pu)
-        return bad(P, "labels gpu=\"%s\" and uuid=\"%s\" name different GPUs",
-                   show(a, sizeof a, gpu.p, gpu.len), show(b, sizeof b, uuid.p, uuid.len));
+        return bad(P, "labels gpu and uuid name different GPUs");
     *pos = gpu.p ? pg : pu;
     return RK_OK;
 }
@@ -599,7 +625,6 @@ static int select_gpu(parser *P, const char *metric, span gpu, span uuid, int *p
 /* name{label="value",...} value [timestamp] */
 static int parse_sample(parser *P, const char *s, size_t n, size_t i)
 {
-    char a[SHOW_CAP];
     size_t nb = i;
     if (name_start(s[i]))
         while (i < n && name_char(s[i]))
@@ -608,7 +633,7 @@ static int parse_sample(parser *P, const char *s, size_t n, size_t i)
         size_t e = token_end(s, n, nb, " \t{");
         if (e == nb)
             return bad(P, "missing metric name before '{'");
-        return bad(P, "invalid metric name \"%s\"", show(a, sizeof a, s + nb, e - nb));
+        return bad(P, "invalid metric name (column %zu)", nb + 1);
     }
     span name = {s + nb, i - nb};
     span gpu = {NULL, 0}, uuid = {NULL, 0};
@@ -630,8 +655,7 @@ static int parse_sample(parser *P, const char *s, size_t n, size_t i)
     if (rc == -2)
         return rk_err_set(P->err, RK_ENOMEM, "%s: out of memory", P->path);
     if (rc <= 0)
-        return bad(P, "invalid value \"%s\"%s", show(a, sizeof a, vtok.p, vtok.len),
-                   rc < 0 ? " (out of range)" : "");
+        return bad(P, "invalid value (column %zu%s)", vb + 1, rc < 0 ? ", out of range" : "");
     /* node_exporter's parser refuses blanks at the end of a sample line */
     size_t end = i;
     if ((i = skip_blank(s, n, i)) == n && i > end)
@@ -640,13 +664,14 @@ static int parse_sample(parser *P, const char *s, size_t n, size_t i)
         size_t tb = i;
         i = token_end(s, n, i, " \t");
         if (!parse_i64(s + tb, i - tb))
-            return bad(P, "invalid timestamp \"%s\" (an integer, milliseconds since the epoch)",
-                       show(a, sizeof a, s + tb, i - tb));
+            return bad(P,
+                       "invalid timestamp (column %zu; an integer, milliseconds since the epoch)",
+                       tb + 1);
         end = i;
         if ((i = skip_blank(s, n, i)) == n && i > end)
             return bad(P, "space or tab at the end of the line");
         if (i < n)
-            return bad(P, "unexpected \"%s\" after the timestamp", show(a, sizeof a, s + i, n - i));
+            return bad(P, "unexpected text after the timestamp (column %zu)", i + 1);
     }
     e->flags |= SEEN_SAMPLE;
 
@@ -654,8 +679,7 @@ static int parse_sample(parser *P, const char *s, size_t n, size_t i)
     if (k < 0)
         return RK_OK; /* another metric: checked, not used */
     if (!isfinite(v) || v < 0)
-        return bad(P, "%s must be a finite number >= 0, not %s", sensors[k].name,
-                   show(a, sizeof a, vtok.p, vtok.len));
+        return bad(P, "%s must be a finite number >= 0 (column %zu)", sensors[k].name, vb + 1);
     int pos;
     if ((rc = select_gpu(P, sensors[k].name, gpu, uuid, &pos)) || pos < 0)
         return rc;
@@ -721,43 +745,69 @@ static int wanted(const char *name)
     return name[0] != '.' && len > 5 && strcmp(name + len - 5, ".prom") == 0;
 }
 
-/* Read and merge one file. RK_OK also when it is not a regular file or has gone (a writer's
- * rename): those are not textfiles to read. */
-static int merge_file(const char *path, char *buf, const rk_gpu_info *infos, rk_gpu_sample *samples,
-                      int n, rk_err *err)
+/* Which entry of the directory to read for `name`: the name itself for a regular file; for a
+ * symbolic link, its target when that is a plain name in the same directory (one hop, no '/');
+ * NULL (and *rc RK_OK) to skip something that is not a textfile (a directory, FIFO, device or a
+ * file gone since readdir). A link to anywhere else is not followed: *rc says so. */
+static const char *entry_to_read(int dfd, const char *name, const char *label, char *tgt,
+                                 size_t cap, int *rc, rk_err *err)
 {
-    char sp[SHOW_PATH_CAP], eb[128];
-    int fd, e;
-    do {
-        /* O_NONBLOCK: a FIFO named *.prom must not hang the reader (it is skipped below) */
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0 && (e = errno) == ENOENT)
-        return RK_OK;
-    if (fd < 0)
-        return rk_err_set(err, RK_EIO, "%s: cannot open: %s", show_str(sp, sizeof sp, path),
-                          rk_msg_strerror(e, eb, sizeof eb));
+    char eb[128];
     struct stat st;
-    int rc = RK_OK;
-    size_t used = 0;
-    if (fstat(fd, &st) < 0) {
-        e = errno;
-        rc = rk_err_set(err, RK_EIO, "%s: cannot stat: %s", show_str(sp, sizeof sp, path),
-                        rk_msg_strerror(e, eb, sizeof eb));
-    } else if (!S_ISREG(st.st_mode)) {
-        rc = RK_OK;
-        goto out;
-    } else if (st.st_size > FILE_MAX_BYTES) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: file is %jd bytes, more than the limit of %d",
-                        show_str(sp, sizeof sp, path), (intmax_t)st.st_size, FILE_MAX_BYTES);
+    *rc = RK_OK;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        int e = errno;
+        if (e != ENOENT)
+            *rc = rk_err_set(err, RK_EIO, "%s: cannot stat: %s", label,
+                             rk_msg_strerror(e, eb, sizeof eb));
+        return NULL;
     }
+    if (S_ISREG(st.st_mode))
+        return name;
+    if (!S_ISLNK(st.st_mode))
+        return NULL;
+    ssize_t k = readlinkat(dfd, name, tgt, cap - 1);
+    if (k < 0)
+        return NULL; /* gone meanwhile */
+    tgt[k] = '\0';
+    if (k == 0 || (size_t)k == cap - 1 || memchr(tgt, '/', (size_t)k) || !strcmp(tgt, ".") ||
+        !strcmp(tgt, "..")) {
+        *rc = rk_err_set(err, RK_EINVAL,
+                         "%s: is a symbolic link out of the textfile directory; not followed "
+                         "(only a link to a file in the same directory is read)",
+                         label);
+        return NULL;
+    }
+    if (fstatat(dfd, tgt, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+        return NULL; /* dangling, a link to a link, or not a regular file: not a textfile */
+    return tgt;
+}
+
+/* Read and merge the entry `name` of the directory open as `dfd` (`path` names it in
+ * messages). RK_OK also when it is not a textfile to read (see entry_to_read). */
+static int merge_file(int dfd, const char *name, const char *path, char *buf,
+                      const rk_gpu_info *infos, rk_gpu_sample *samples, int n, rk_err *err)
+{
+    char sp[SHOW_PATH_CAP], eb[128], tgt[256];
+    show_str(sp, sizeof sp, path);
+    int rc;
+    const char *what = entry_to_read(dfd, name, sp, tgt, sizeof tgt, &rc, err);
+    if (!what)
+        return rc;
+    int fd;
+    uint64_t size;
+    /* the one opener: O_NONBLOCK (a FIFO put there meanwhile cannot hang us), O_NOFOLLOW (a
+     * link put there meanwhile is refused), a regular file of at most FILE_MAX_BYTES */
+    if ((rc = rk_file_openat_read(dfd, what, sp, FILE_MAX_BYTES, &fd, &size, err)) < 0)
+        return rc == RK_ENOENT ? RK_OK : rc;
+    size_t used = 0;
     while (!rc && used <= FILE_MAX_BYTES) { /* the file may have grown since fstat */
         ssize_t r = read(fd, buf + used, FILE_MAX_BYTES + 1 - used);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            e = errno;
-            rc = rk_err_set(err, RK_EIO, "%s: cannot read: %s", show_str(sp, sizeof sp, path),
+            int e = errno;
+            rc = rk_err_set(err, RK_EIO, "%s: cannot read: %s", sp,
                             rk_msg_strerror(e, eb, sizeof eb));
         } else if (r == 0)
             break;
@@ -765,11 +815,10 @@ static int merge_file(const char *path, char *buf, const rk_gpu_info *infos, rk_
             used += (size_t)r;
     }
     if (!rc && used > FILE_MAX_BYTES)
-        rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %d bytes",
-                        show_str(sp, sizeof sp, path), FILE_MAX_BYTES);
+        rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %d bytes", sp,
+                        FILE_MAX_BYTES);
     if (!rc)
         rc = rk_textfile_merge(path, buf, used, infos, samples, n, err);
-out:
     close(fd);
     return rc;
 }
@@ -805,15 +854,9 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
             names = nv;
             cap = nc;
         }
-        size_t a = strlen(dir), b = strlen(de->d_name);
-        int slash = dir[a - 1] != '/';
-        char *p = malloc(a + (size_t)slash + b + 1);
+        char *p = strdup(de->d_name);
         if (!p)
             break;
-        memcpy(p, dir, a);
-        if (slash)
-            p[a] = '/';
-        memcpy(p + a + (size_t)slash, de->d_name, b + 1);
         names[cnt++] = p;
         errno = 0;
     }
@@ -823,14 +866,17 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
     else if (e)
         first = rk_err_set(err, RK_EIO, "%s: cannot read the textfile directory: %s",
                            show_str(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
-    closedir(d);
     if (!first && cnt && !(buf = malloc(FILE_MAX_BYTES + 1)))
         first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));
     if (!first && cnt) {
         qsort(names, cnt, sizeof *names, by_name);
         rk_err fe;
+        size_t a = strlen(dir);
+        int slash = dir[a - 1] != '/';
         for (size_t i = 0; i < cnt; i++) {
-            int rc = merge_file(names[i], buf, infos, samples, n, &fe);
+            char path[SHOW_PATH_CAP + 256 + 2];
+            snprintf(path, sizeof path, "%.*s%s%s", SHOW_PATH_CAP, dir, slash ? "/" : "", names[i]);
+            int rc = merge_file(dirfd(d), names[i], path, buf, infos, samples, n, &fe);
             if (rc && !first) {
                 first = rc;
                 if (err)
@@ -838,6 +884,7 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
             }
         }
     }
+    closedir(d);
     for (size_t i = 0; i < cnt; i++)
         free(names[i]);
     free(names);

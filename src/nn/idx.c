@@ -2,11 +2,12 @@
  * IDX reader and Fashion-MNIST loader (see idx.h). One parser reads from a source that is
  * either a memory buffer or a zlib gzFile; zlib's gzread detects gzip by its 1f 8b magic and
  * reads anything else as-is, so raw and compressed files share a path. Relies on zlib and
- * POSIX open().
+ * the one bounded opener (rekindle/fileio.h).
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "nn/idx.h"
+#include "rekindle/fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -254,13 +255,14 @@ int rk_idx_load(const char *path, rk_idx *out, rk_err *err)
     if (!out || !path)
         return rk_err_set(err, RK_EINVAL, "rk_idx_load: %s", !path ? "no path" : "no output");
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ENOENT || e == ENOTDIR)
-            return rk_err_set(err, RK_ENOENT, "%s: not found: %s", path, strerror(e));
-        return rk_err_set(err, RK_EIO, "%s: cannot open: %s", path, strerror(e));
-    }
+    /* the one opener: no blocking on a FIFO, regular files only (the data is bounded by the
+     * header's RK_IDX_MAX_BYTES as it is read, gzip or not) */
+    int fd;
+    int rc = rk_file_open_read(path, SIZE_MAX, &fd, NULL, err);
+    if (rc == RK_ENOENT)
+        return rk_err_set(err, RK_ENOENT, "%s: not found", path);
+    if (rc < 0)
+        return rc;
     gzFile gz = gzdopen(fd, "rb");
     if (!gz) {
         close(fd);
@@ -268,7 +270,7 @@ int rk_idx_load(const char *path, rk_idx *out, rk_err *err)
     }
     gzbuffer(gz, 1u << 17);
     idx_src s = {.name = path, .gz = gz};
-    int rc = idx_read(&s, out, err);
+    rc = idx_read(&s, out, err);
     gzclose(gz); /* closes fd; read errors were already reported by idx_read */
     return rc;
 }

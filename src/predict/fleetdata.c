@@ -115,12 +115,17 @@ static int scan_events(const char *path, int gpu, double from, double to, FILE *
                        double *t_fail, rk_err *err)
 {
     *t_fail = INFINITY;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return errno == ENOENT ? RK_OK : rk_err_set(err, RK_EIO, "%s: %s", path, strerror(errno));
+    int fd;
+    int rc = rk_file_open_read(path, SIZE_MAX, &fd, NULL, err);
+    if (rc < 0)
+        return rc == RK_ENOENT ? RK_OK : rc;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", path);
+    }
     char *line = NULL;
     size_t cap = 0;
-    int rc = RK_OK;
     double t_pre = -INFINITY;
     while (getline(&line, &cap, f) != -1) {
         json_error_t je;

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/msg.h"
+#include "rekindle/fileio.h"
 #include "rekindle/rng.h"
 #include "rekindle/safetensors.h"
 
@@ -86,23 +88,35 @@ static int want_int(json_t *o, const char *key, const char *file, int idx, long 
     return RK_OK;
 }
 
-/* Parse the JSON file at path: NULL with RK_ENOENT (naming the file and `missing`, what
- * writes it) when it cannot be opened, RK_EFORMAT with the parser's line and message when it is
- * not JSON. */
+/* Largest JSON file read (the manifest, MODEL.json): far above what rekindle writes. */
+#define JSON_FILE_MAX ((size_t)64 << 20)
+
+/* Parse the JSON file at path, read through the one bounded opener (regular file, at most
+ * JSON_FILE_MAX bytes, no blocking on a FIFO): NULL with RK_ENOENT (naming the file and
+ * `missing`, what writes it) when it does not exist, RK_EFORMAT with the parser's line and
+ * message (never the bytes it stopped at) when it is not JSON, the opener's error otherwise. */
 static json_t *json_file(const char *path, const char *missing, int *rc, rk_err *err)
 {
-    json_error_t je;
-    json_t *j = json_load_file(path, 0, &je);
-    if (j)
-        return j;
-    FILE *probe = fopen(path, "r");
-    if (!probe) {
+    uint8_t *buf;
+    size_t len;
+    int r = rk_file_read_all(path, &buf, &len, JSON_FILE_MAX, err);
+    if (r == RK_ENOENT) {
         *rc = rk_err_set(err, RK_ENOENT, "%s: no such file (%s)", path, missing);
         return NULL;
     }
-    fclose(probe);
-    *rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
-    return NULL;
+    if (r < 0) {
+        *rc = r;
+        return NULL;
+    }
+    json_error_t je;
+    json_t *j = json_loadb((const char *)buf, len, 0, &je);
+    free(buf);
+    if (!j) {
+        char tb[JSON_ERROR_TEXT_LENGTH];
+        *rc = rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", path, je.line,
+                         rk_msg_parser_text(tb, sizeof tb, je.text));
+    }
+    return j;
 }
 
 /* The manifest's fields into f (every GPU's metadata, no history); `path` names it in errors. */
@@ -196,8 +210,10 @@ int rk_fleet_parse_manifest(rk_fleet *f, const char *text, size_t len, const cha
     memset(f, 0, sizeof *f);
     json_error_t je;
     json_t *j = json_loadb(text, len, 0, &je);
+    char tb[JSON_ERROR_TEXT_LENGTH];
     if (!j)
-        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", name, je.line, je.text);
+        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", name, je.line,
+                          rk_msg_parser_text(tb, sizeof tb, je.text));
     int rc = parse_manifest(f, j, name, err);
     json_decref(j);
     if (rc)
@@ -930,8 +946,10 @@ int rk_fleet_detectors_parse(rk_fleet_detectors *d, const char *text, size_t len
     memset(d, 0, sizeof *d);
     json_error_t je;
     json_t *j = json_loadb(text, len, 0, &je);
+    char tb[JSON_ERROR_TEXT_LENGTH];
     if (!j)
-        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", name, je.line, je.text);
+        return rk_err_set(err, RK_EFORMAT, "%s: line %d: %s", name, je.line,
+                          rk_msg_parser_text(tb, sizeof tb, je.text));
     int rc = parse_detectors(d, j, name, err);
     json_decref(j);
     if (rc)

@@ -510,8 +510,10 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
         return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is missing from '__metadata__'", L);
     json_error_t je;
     json_t *cj = json_loads(meta->config_json, JSON_DECODE_ANY, &je);
-    if (!cj)
-        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is not valid JSON: %s", L, je.text);
+    char jt[JSON_ERROR_TEXT_LENGTH];
+    if (!cj) /* jansson's text without the bytes it stopped at */
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is not valid JSON: %s", L,
+                               rk_msg_parser_text(jt, sizeof jt, je.text));
     json_decref(cj);
     int64_t named;
     if (rk_ckpt_name_step(base_name(L), &named) && named != meta->step)
@@ -820,14 +822,14 @@ int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err)
     }
     if (len > 0 && buf[len - 1] == '\n')
         buf[--len] = '\0';
-    char vb[SHOW_MAX];
     if (len == 0)
         rc = rk_err_set_line(err, RK_EFORMAT, "%s: is empty", path);
     else if (memchr(buf, '\0', len))
         rc = rk_err_set_line(err, RK_EFORMAT, "%s: holds a NUL byte, not a checkpoint file name", path);
     else if (!rk_ckpt_name_step((const char *)buf, NULL))
-        rc = rk_err_set_line(err, RK_EFORMAT, "%s: '%s' is not a checkpoint file name", path,
-                  rk_msg_show(vb, sizeof vb, (const char *)buf));
+        rc = rk_err_set_line(err, RK_EFORMAT,
+                             "%s: does not hold a checkpoint file name (ckpt-<step>.safetensors)",
+                             path); /* never its bytes: `latest` may be a link to any file */
     else if (len >= cap)
         rc = rk_err_set_line(err, RK_EINVAL, "%s: name does not fit in %zu bytes", path, cap);
     else

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/env.h"
 #include "rekindle/rng.h"
 
 typedef struct fault_state {
@@ -675,7 +676,8 @@ int rk_inject_from_env(rk_inject **out, int rank, rk_err *err)
     if (!out)
         return rk_err_set(err, RK_EINVAL, "fault injection: NULL argument");
     *out = NULL;
-    const char *spec = getenv("RK_INJECT");
+    /* a privileged process takes no faults from the environment of whoever started it */
+    const char *spec = rk_env_override("RK_INJECT");
     if (!spec)
         return RK_OK;
     const char *ltext = getenv("RK_LAUNCH");
@@ -691,7 +693,7 @@ int rk_inject_from_env(rk_inject **out, int rank, rk_err *err)
     int rc = rk_inject_parse(spec, &inj, &e);
     if (rc < 0)
         return rk_err_set(err, rc, "RK_INJECT: %s", e.msg);
-    rc = rk_inject_arm(inj, rank, launch, getenv("RK_INJECT_DONE"), &e);
+    rc = rk_inject_arm(inj, rank, launch, rk_env_override("RK_INJECT_DONE"), &e);
     if (rc < 0) {
         rk_inject_free(inj);
         return rk_err_set(err, rc, "RK_INJECT_DONE: %s", e.msg);
