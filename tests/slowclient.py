@@ -9,7 +9,7 @@ Holds N idle connections (connected, never a byte sent) and N trickling ones (a 
 never ends, one byte every S seconds) open to HOST:PORT from this machine's address, for
 --seconds. A connection the server closes is opened again at once, up to --max-connects
 connections in all, so the attack stays in force for as long as it runs; both bounds keep it
-finite. --ready FILE is written once every slot has connected once. At the end it prints one
+finite; SIGTERM ends it early. --ready FILE is written once every slot has connected once. At the end it prints one
 JSON object: connects, closed_by_server (the server ended it), refused (connect failed),
 max_open (the most connected at once, as this side sees it), responses (trickling
 connections that got an HTTP answer: a 4xx or nothing is expected, never a 200),
@@ -19,6 +19,7 @@ import argparse
 import errno
 import json
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -83,10 +84,12 @@ for i in range(a.idle + a.trickle):
                       sent=0, next=0.0))
 t0 = time.monotonic()
 end = t0 + a.seconds
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # stop early, still print the stats
 for i in range(len(slots)):
     open_slot(i)
 
-while time.monotonic() < end:
+while time.monotonic() < end and not stop:
     now = time.monotonic()
     for key, ev in sel.select(timeout=0.02):
         i = key.data
