@@ -156,7 +156,7 @@ typedef struct rk_exporter_opts {
 #define RK_EXPORTER_OPTS_DEFAULT                                                                   \
     {                                                                                              \
         RK_EXPORTER_DEFAULT_LISTEN, 5.0, 60, "nvml", RK_TELEMETRY_OPTS_DEFAULT,                    \
-            RK_HEALTH_THRESHOLD_DEFAULT, 512, 5, 2, NULL, NULL, NULL, 60.0, 128                    \
+            RK_HEALTH_THRESHOLD_DEFAULT, 512, 10, 2, NULL, NULL, NULL, 60.0, 128                    \
     }
 
 /* Bind the listening socket (first: a port in use is the likeliest mistake), open the
