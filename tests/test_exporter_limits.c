@@ -72,6 +72,10 @@ static void test_never_one_being_answered(void **state)
     assert_int_equal(pick(s, 3, 2, 2), 2);
     /* with a cap of 1 and nothing else waiting, still the new one, never a busy one */
     assert_int_equal(pick(s, 3, 2, 1), 2);
+    /* the new one already closing and the busy ones still over the cap: nothing left to
+     * close (-1, not the same connection again) */
+    s[2].closing = true;
+    assert_int_equal(pick(s, 3, 2, 1), -1);
 }
 
 static void test_new_one_kept_over_older_unserved(void **state)

@@ -156,7 +156,7 @@ typedef struct rk_exporter_opts {
 #define RK_EXPORTER_OPTS_DEFAULT                                                                   \
     {                                                                                              \
         RK_EXPORTER_DEFAULT_LISTEN, 5.0, 60, "nvml", RK_TELEMETRY_OPTS_DEFAULT,                    \
-            RK_HEALTH_THRESHOLD_DEFAULT, 512, 10, 2, NULL, NULL, NULL, 60.0, 128                    \
+            RK_HEALTH_THRESHOLD_DEFAULT, 512, 10, 2, NULL, NULL, NULL, 60.0, 128                   \
     }
 
 /* Bind the listening socket (first: a port in use is the likeliest mistake), open the
@@ -193,7 +193,7 @@ typedef struct rk_conn_state {
  * than `cap` of them are not closing, one goes: the oldest waiting connection (not busy, not
  * closing, not `fresh`) that never completed a request; else the oldest waiting one that did
  * (an idle kept-alive connection); else `fresh` itself (every other one is being answered).
- * Returns its index, or -1 when the cap is not exceeded. */
+ * Returns its index, or -1 when the cap is not exceeded or nothing is left to close. */
 long rk_exporter_pick_victim(const rk_conn_state *const *c, size_t n, size_t fresh, unsigned cap);
 
 /* Parse "ADDR:PORT" / "[ADDR]:PORT" (numeric addresses only: no name lookups) into a socket

@@ -71,8 +71,10 @@ struct rk_exporter {
     pthread_mutex_t conn_lock;
     struct conn **conns;
     size_t nconns, capconns;
-    const rk_conn_state **scratch; /* capconns entries, for rk_exporter_pick_victim */
-    pthread_cond_t reap_wake;      /* with `lock` and `stopping` */
+    /* capconns entries each, for rk_exporter_pick_victim: the candidates and their states */
+    struct conn **cand;
+    const rk_conn_state **scratch;
+    pthread_cond_t reap_wake; /* with `lock` and `stopping` */
 
     bool lock_ready, thread_started, reaper_started;
     pthread_t collector, reaper;
@@ -474,7 +476,7 @@ long rk_exporter_pick_victim(const rk_conn_state *const *c, size_t n, size_t fre
         return unserved;
     if (served >= 0)
         return served;
-    return fresh < n ? (long)fresh : -1;
+    return fresh < n && !c[fresh]->closing ? (long)fresh : -1;
 }
 
 static void conn_key(const struct sockaddr *sa, unsigned char key[17])
@@ -527,13 +529,13 @@ static void enforce_cap(rk_exporter *x, const struct conn *fresh, const unsigned
                 continue;
             if (k == fresh)
                 fi = n;
+            x->cand[n] = x->conns[i];
             x->scratch[n++] = &k->st;
         }
         long v = rk_exporter_pick_victim(x->scratch, n, fi, cap);
         if (v < 0)
             return;
-        /* st is the first member of struct conn */
-        struct conn *k = (struct conn *)(void *)(uintptr_t)x->scratch[v];
+        struct conn *k = x->cand[v];
         if (k != fresh && request_waiting(k->fd))
             k->st.busy = true;
         else
@@ -576,10 +578,13 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         struct conn **a = realloc(x->conns, cap * sizeof *a);
         if (a)
             x->conns = a;
-        const rk_conn_state **b = a ? realloc(x->scratch, cap * sizeof *b) : NULL;
+        struct conn **d = a ? realloc(x->cand, cap * sizeof *d) : NULL;
+        if (d)
+            x->cand = d;
+        const rk_conn_state **b = d ? realloc(x->scratch, cap * sizeof *b) : NULL;
         if (b)
             x->scratch = b;
-        if (!a || !b) {
+        if (!a || !b || !d) {
             pthread_mutex_unlock(&x->conn_lock);
             free(k);
             shutdown(fd->connect_fd, SHUT_RDWR); /* no memory to watch it: refuse it */
@@ -783,6 +788,7 @@ void rk_exporter_stop(rk_exporter *x)
     for (size_t i = 0; i < x->nconns; i++)
         free(x->conns[i]);
     free(x->conns);
+    free(x->cand);
     free(x->scratch);
     struct MHD_Response *rs[] = {x->metrics, x->r_ok,  x->r_index, x->r_404,
                                  x->r_405,   x->r_413, x->r_414};
