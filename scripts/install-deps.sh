@@ -3,19 +3,21 @@
 # packages already installed are left alone. As root it uses apt-get; otherwise it prints the
 # exact command to run and exits 1.
 #   scripts/install-deps.sh          build + test + demo dependencies
-#   scripts/install-deps.sh --bench  also the benchmark tools (libtorch-dev, large; wrk)
-# prometheus gives the real server and promtool for the exporter's integration tests.
+#   scripts/install-deps.sh --bench  also the benchmark tools (libtorch-dev, large; wrk and
+#                                    prometheus-node-exporter for bench/exporter_load)
+# prometheus gives the real server and promtool for the exporter's integration tests; curl
+# is the scraper of tests/it_exporter_slow.sh.
 set -euo pipefail
 
 pkgs=(
   build-essential cmake pkg-config clang libclang-rt-14-dev python3
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev
   libopenmpi-dev openmpi-bin libmicrohttpd-dev libopenblas-dev
-  prometheus
+  prometheus curl
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(libtorch-dev wrk)
+  pkgs+=(libtorch-dev wrk prometheus-node-exporter)
 elif [[ -n "${1:-}" ]]; then
   echo "usage: $0 [--bench]" >&2
   exit 2

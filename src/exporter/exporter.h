@@ -8,7 +8,8 @@
  *            (rekindle/health.h), keeps a window of samples per GPU (and, with a failure
  *            predictor, its minute window: rekindle/predict_online.h), scores it and renders
  *            the whole /metrics text into a new buffer that it swaps in; and a libmicrohttpd
- *            server whose scrapes only hand out the latest text (/metrics, /healthz, /).
+ *            server whose scrapes only hand out the latest text (/metrics, /healthz, /), with
+ *            a reaper thread that enforces the connection limits below.
  *
  * Like the rest of the library, nothing here prints or exits: errors come back as RK_E* codes
  * with a message, and what the collector notices (a GPU below the threshold, lost, a failing
@@ -119,10 +120,23 @@ typedef struct rk_exporter_opts {
     int history;         /* samples kept per GPU for signals: 2 .. 100000 */
     const char *backend; /* "nvml", "sim" or "auto" (rk_telemetry_open) */
     rk_telemetry_opts telemetry;
-    double threshold;         /* a GPU scoring below this is reported through on_event */
-    unsigned max_connections; /* concurrent HTTP connections */
-    unsigned timeout_s;       /* an idle or slow connection is closed after this */
-    unsigned threads;         /* HTTP worker threads (1 .. 64) */
+    double threshold; /* a GPU scoring below this is reported through on_event */
+    /* The limits that keep slow and idle clients from blinding the server (docs/exporter.md,
+     * "Limits"). A connection "waits" from when it opens, or its previous answer was sent,
+     * until a whole request has arrived; then it is being answered.
+     *   timeout_s        the total deadline: a connection that has not received its whole
+     *                    request AND had its answer sent within timeout_s of starting to wait
+     *                    is closed, however steadily it trickles bytes (1 .. 3600)
+     *   max_per_client   open connections per client address (1 .. 65536); a new connection
+     *                    over it closes that client's oldest waiting connection, preferring
+     *                    one that never completed a request; a connection being answered is
+     *                    never closed for it, so a client that sends its request promptly is
+     *                    served however many connections it (or an attacker at its address)
+     *                    holds open
+     *   max_connections  the same over all clients (1 .. 65536) */
+    unsigned max_connections;
+    unsigned timeout_s;
+    unsigned threads; /* HTTP worker threads (1 .. 64) */
     /* Called from the collector thread with one line (no newline) when something changes: a
      * GPU falls below the threshold or recovers, a GPU is lost, collection starts failing or
      * recovers. NULL for none. */
@@ -136,12 +150,13 @@ typedef struct rk_exporter_opts {
      * rk_gpu_failure_probability and enters its score. */
     const struct rk_pred_model *predictor;
     double predict_horizon_min; /* what the model's probability is about, minutes (60) */
+    unsigned max_per_client;    /* see max_connections above */
 } rk_exporter_opts;
 
 #define RK_EXPORTER_OPTS_DEFAULT                                                                   \
     {                                                                                              \
         RK_EXPORTER_DEFAULT_LISTEN, 5.0, 60, "nvml", RK_TELEMETRY_OPTS_DEFAULT,                    \
-            RK_HEALTH_THRESHOLD_DEFAULT, 128, 10, 2, NULL, NULL, NULL, 60.0                        \
+            RK_HEALTH_THRESHOLD_DEFAULT, 512, 10, 2, NULL, NULL, NULL, 60.0, 128                   \
     }
 
 /* Bind the listening socket (first: a port in use is the likeliest mistake), open the
@@ -162,6 +177,24 @@ const char *rk_exporter_address(const rk_exporter *x);
 const char *rk_exporter_backend(const rk_exporter *x);
 int rk_exporter_gpus(const rk_exporter *x);
 bool rk_exporter_simulated(const rk_exporter *x);
+
+/* ---- connection limits (http.c; docs/exporter.md, "Limits") ----------------------------- */
+
+/* One open connection as the limits see it. */
+typedef struct rk_conn_state {
+    double since; /* when it started waiting: opened, or its previous answer was sent */
+    bool busy;    /* its whole request is in and is being answered */
+    bool served;  /* it has completed a request before */
+    bool closing; /* a limit has already closed it (it no longer counts) */
+} rk_conn_state;
+
+/* The policy behind max_per_client and max_connections, a pure function. `c` holds the n open
+ * connections of one client (or of all clients), `fresh` the one just accepted. While more
+ * than `cap` of them are not closing, one goes: the oldest waiting connection (not busy, not
+ * closing, not `fresh`) that never completed a request; else the oldest waiting one that did
+ * (an idle kept-alive connection); else `fresh` itself (every other one is being answered).
+ * Returns its index, or -1 when the cap is not exceeded or nothing is left to close. */
+long rk_exporter_pick_victim(const rk_conn_state *const *c, size_t n, size_t fresh, unsigned cap);
 
 /* Parse "ADDR:PORT" / "[ADDR]:PORT" (numeric addresses only: no name lookups) into a socket
  * address. RK_EINVAL naming the problem. */

@@ -2,8 +2,10 @@
  * The exporter (exporter/exporter.h, docs/exporter.md): a collector thread that reads every
  * GPU each interval, scores it and swaps in freshly rendered /metrics text, and a
  * libmicrohttpd server (internal epoll threads) whose scrapes only hand out that text, so a
- * scrape never waits on a GPU. Relies on rekindle/health.h for telemetry and scores and on
- * prom.c for the encoding. Never prints or exits.
+ * scrape never waits on a GPU; and a reaper thread that, with libmicrohttpd's connection
+ * notifications, keeps the limits on slow and idle clients (a total deadline per request, a
+ * cap per client address). Relies on rekindle/health.h for telemetry and scores and on prom.c
+ * for the encoding. Never prints or exits.
  */
 #include "exporter/exporter.h"
 
@@ -11,6 +13,7 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +27,14 @@
 
 #include "health/sim.h"
 #include "rekindle/predict_online.h"
+
+/* One open connection (libmicrohttpd's socket context): what the limits need to know. */
+struct conn {
+    rk_conn_state st;
+    int fd;                /* libmicrohttpd's socket; valid until the CLOSED notification */
+    unsigned char key[17]; /* the client: address family and address, no port */
+    size_t slot;           /* index in rk_exporter.conns */
+};
 
 /* What the collector last said about a GPU, so that on_event fires on changes only. */
 enum gpu_state { ST_NEW, ST_OK, ST_BELOW, ST_LOST, ST_NOREAD };
@@ -53,8 +64,20 @@ struct rk_exporter {
     char last_err[RK_ERR_MSG_MAX]; /* why the last failing collection failed; "" if none */
     bool stopping;
 
-    bool lock_ready, thread_started;
-    pthread_t collector;
+    /* Open connections, for the limits. conn_lock is taken by libmicrohttpd's threads (in
+     * its notifications and on_request) and by the reaper; never together with `lock`. A
+     * connection closed by a limit is shut down (shutdown(2)) under conn_lock, so its fd is
+     * still libmicrohttpd's: it is closed only after the CLOSED notification removed it. */
+    pthread_mutex_t conn_lock;
+    struct conn **conns;
+    size_t nconns, capconns;
+    /* capconns entries each, for rk_exporter_pick_victim: the candidates and their states */
+    struct conn **cand;
+    const rk_conn_state **scratch;
+    pthread_cond_t reap_wake; /* with `lock` and `stopping` */
+
+    bool lock_ready, thread_started, reaper_started;
+    pthread_t collector, reaper;
     int listen_fd;
     struct MHD_Daemon *daemon;
     struct MHD_Response *r_ok, *r_index, *r_404, *r_405, *r_413, *r_414;
@@ -201,7 +224,17 @@ static int open_listener(rk_exporter *x, rk_err *err)
                                              "--listen ADDR:PORT)"
                                            : "");
     }
-    if (listen(fd, 256) != 0) {
+#ifdef TCP_DEFER_ACCEPT
+    /* A connection reaches accept() (and libmicrohttpd) once its first bytes have arrived, or
+     * after about a second without any: idle connections wait in the kernel instead of
+     * taking a place among the ones being read, and a prompt client's request is already in
+     * its socket when it is accepted (enforce_cap spares such a connection). */
+    int defer = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof defer);
+#endif
+    /* a deep backlog (the kernel caps it at net.core.somaxconn): a flood of connections must
+     * not overflow it, or a prompt client's SYN is dropped and retried a second later */
+    if (listen(fd, 4096) != 0) {
         int en = errno;
         close(fd);
         return rk_err_set(err, RK_EIO, "listen on %s: %s", shown, errstr(en, e, sizeof e));
@@ -421,6 +454,215 @@ static enum MHD_Result healthz(rk_exporter *x, struct MHD_Connection *c)
     return ret;
 }
 
+/* ---- connection limits -------------------------------------------------------------------- */
+
+long rk_exporter_pick_victim(const rk_conn_state *const *c, size_t n, size_t fresh, unsigned cap)
+{
+    size_t live = 0;
+    for (size_t i = 0; i < n; i++)
+        live += !c[i]->closing;
+    if (live <= cap)
+        return -1;
+    long unserved = -1, served = -1;
+    for (size_t i = 0; i < n; i++) {
+        const rk_conn_state *s = c[i];
+        if (i == fresh || s->busy || s->closing)
+            continue;
+        long *best = s->served ? &served : &unserved;
+        if (*best < 0 || s->since < c[*best]->since)
+            *best = (long)i;
+    }
+    if (unserved >= 0)
+        return unserved;
+    if (served >= 0)
+        return served;
+    return fresh < n && !c[fresh]->closing ? (long)fresh : -1;
+}
+
+static void conn_key(const struct sockaddr *sa, unsigned char key[17])
+{
+    memset(key, 0, 17);
+    if (!sa)
+        return;
+    key[0] = (unsigned char)sa->sa_family;
+    if (sa->sa_family == AF_INET)
+        memcpy(key + 1, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+    else if (sa->sa_family == AF_INET6)
+        memcpy(key + 1, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, 16);
+}
+
+/* Close a connection for a limit. conn_lock held: the fd is still libmicrohttpd's, which sees
+ * the end of the stream and closes the connection on its own thread. */
+static void conn_shut(struct conn *k)
+{
+    k->st.closing = true;
+    shutdown(k->fd, SHUT_RDWR);
+}
+
+/* Whether a whole request header already waits in the socket for libmicrohttpd to read: a
+ * prompt client that the server has not got to yet (under a flood of connections that can
+ * take longer than the flood takes to make a connection the oldest). Peeking leaves the bytes
+ * where they are. */
+static bool request_waiting(int fd)
+{
+    char buf[2048];
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 4)
+        return false;
+    for (ssize_t i = 0; i + 3 < n; i++)
+        if (buf[i] == '\r' && buf[i + 1] == '\n' && buf[i + 2] == '\r' && buf[i + 3] == '\n')
+            return true;
+    return false;
+}
+
+/* Over a cap: close the victim among the connections of `key` (NULL: of every client); a
+ * victim found to have its whole request waiting counts as being answered and is spared.
+ * conn_lock held. */
+static void enforce_cap(rk_exporter *x, const struct conn *fresh, const unsigned char *key,
+                        unsigned cap)
+{
+    for (;;) {
+        size_t n = 0, fi = 0;
+        for (size_t i = 0; i < x->nconns; i++) {
+            const struct conn *k = x->conns[i];
+            if (key && memcmp(k->key, key, sizeof k->key) != 0)
+                continue;
+            if (k == fresh)
+                fi = n;
+            x->cand[n] = x->conns[i];
+            x->scratch[n++] = &k->st;
+        }
+        long v = rk_exporter_pick_victim(x->scratch, n, fi, cap);
+        if (v < 0)
+            return;
+        struct conn *k = x->cand[v];
+        if (k != fresh && request_waiting(k->fd))
+            k->st.busy = true;
+        else
+            conn_shut(k);
+    }
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    rk_exporter *x = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct conn *k = *socket_context;
+        if (!k)
+            return;
+        pthread_mutex_lock(&x->conn_lock);
+        struct conn *last = x->conns[--x->nconns];
+        x->conns[k->slot] = last;
+        last->slot = k->slot;
+        pthread_mutex_unlock(&x->conn_lock);
+        free(k);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *peer =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    struct conn *k = calloc(1, sizeof *k);
+    if (!k || !fd) {
+        free(k); /* untracked: still under libmicrohttpd's own timeout and limit */
+        return;
+    }
+    k->fd = fd->connect_fd;
+    k->st.since = now_mono();
+    conn_key(peer ? peer->client_addr : NULL, k->key);
+    pthread_mutex_lock(&x->conn_lock);
+    if (x->nconns == x->capconns) {
+        size_t cap = x->capconns ? 2 * x->capconns : 64;
+        struct conn **a = realloc(x->conns, cap * sizeof *a);
+        if (a)
+            x->conns = a;
+        struct conn **d = a ? realloc(x->cand, cap * sizeof *d) : NULL;
+        if (d)
+            x->cand = d;
+        const rk_conn_state **b = d ? realloc(x->scratch, cap * sizeof *b) : NULL;
+        if (b)
+            x->scratch = b;
+        if (!a || !b || !d) {
+            pthread_mutex_unlock(&x->conn_lock);
+            free(k);
+            shutdown(fd->connect_fd, SHUT_RDWR); /* no memory to watch it: refuse it */
+            return;
+        }
+        x->capconns = cap;
+    }
+    k->slot = x->nconns;
+    x->conns[x->nconns++] = k;
+    *socket_context = k;
+    enforce_cap(x, k, k->key, x->o.max_per_client);
+    enforce_cap(x, k, NULL, x->o.max_connections);
+    pthread_mutex_unlock(&x->conn_lock);
+}
+
+/* A request's headers are in: it is being answered (on_request's first call). */
+static void conn_busy(rk_exporter *x, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn *k = i ? i->socket_context : NULL;
+    if (!k)
+        return;
+    pthread_mutex_lock(&x->conn_lock);
+    k->st.busy = true;
+    pthread_mutex_unlock(&x->conn_lock);
+}
+
+/* A request ended (answered, or abandoned): the connection waits for its next one. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    rk_exporter *x = cls;
+    (void)req_cls;
+    const union MHD_ConnectionInfo *i =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct conn *k = i ? i->socket_context : NULL;
+    if (!k)
+        return;
+    pthread_mutex_lock(&x->conn_lock);
+    k->st.busy = false;
+    k->st.served = k->st.served || toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    k->st.since = now_mono();
+    pthread_mutex_unlock(&x->conn_lock);
+}
+
+/* The total deadline: every REAP_TICK_S, close each connection that has waited and been
+ * answered for longer than timeout_s in all, however steadily it trickles bytes. */
+#define REAP_TICK_S 0.1
+
+static void *reaper_main(void *arg)
+{
+    rk_exporter *x = arg;
+    pthread_mutex_lock(&x->lock);
+    while (!x->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)(REAP_TICK_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&x->reap_wake, &x->lock, &ts);
+        if (x->stopping)
+            break;
+        pthread_mutex_unlock(&x->lock);
+        double cutoff = now_mono() - (double)x->o.timeout_s;
+        pthread_mutex_lock(&x->conn_lock);
+        for (size_t i = 0; i < x->nconns; i++) {
+            struct conn *k = x->conns[i];
+            if (!k->st.closing && k->st.since < cutoff)
+                conn_shut(k);
+        }
+        pthread_mutex_unlock(&x->conn_lock);
+        pthread_mutex_lock(&x->lock);
+    }
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **req_cls)
@@ -430,6 +672,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     (void)upload_data;
     if (!*req_cls) {
+        conn_busy(x, c);
         /* First call, headers only. Refusals go out now (libmicrohttpd then closes the
          * connection, which is what a refused body needs); a good request is answered on the
          * next call, once it has been read whole, so that the connection can be kept alive. */
@@ -514,8 +757,11 @@ static int check_opts(const rk_exporter_opts *o, rk_err *err)
         return rk_err_set(err, RK_EINVAL, "exporter: predictor horizon %g min (0: unstated)",
                           o->predict_horizon_min);
     if (o->timeout_s < 1 || o->timeout_s > 3600)
-        return rk_err_set(err, RK_EINVAL, "exporter: connection timeout %u s (1 .. 3600)",
+        return rk_err_set(err, RK_EINVAL, "exporter: request deadline %u s (1 .. 3600)",
                           o->timeout_s);
+    if (o->max_per_client < 1 || o->max_per_client > 65536)
+        return rk_err_set(err, RK_EINVAL, "exporter: %u connections per client (1 .. 65536)",
+                          o->max_per_client);
     return RK_OK;
 }
 
@@ -527,13 +773,23 @@ void rk_exporter_stop(rk_exporter *x)
         MHD_stop_daemon(x->daemon); /* closes the listening socket and every connection */
     else if (x->listen_fd >= 0)
         close(x->listen_fd);
-    if (x->thread_started) {
+    if (x->thread_started || x->reaper_started) {
         pthread_mutex_lock(&x->lock);
         x->stopping = true;
         pthread_cond_signal(&x->wake);
+        pthread_cond_signal(&x->reap_wake);
         pthread_mutex_unlock(&x->lock);
-        pthread_join(x->collector, NULL);
     }
+    if (x->thread_started)
+        pthread_join(x->collector, NULL);
+    if (x->reaper_started)
+        pthread_join(x->reaper, NULL);
+    /* every CLOSED notification has come (MHD_stop_daemon): nothing is left but the arrays */
+    for (size_t i = 0; i < x->nconns; i++)
+        free(x->conns[i]);
+    free(x->conns);
+    free(x->cand);
+    free(x->scratch);
     struct MHD_Response *rs[] = {x->metrics, x->r_ok,  x->r_index, x->r_404,
                                  x->r_405,   x->r_413, x->r_414};
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
@@ -549,7 +805,9 @@ void rk_exporter_stop(rk_exporter *x)
     rk_pred_online_free(x->pred);
     rk_telemetry_close(x->t);
     if (x->lock_ready) {
+        pthread_cond_destroy(&x->reap_wake);
         pthread_cond_destroy(&x->wake);
+        pthread_mutex_destroy(&x->conn_lock);
         pthread_mutex_destroy(&x->lock);
     }
     free(x);
@@ -571,8 +829,21 @@ int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err)
         free(x);
         return rk_err_set(err, RK_ENOMEM, "exporter: cannot create a mutex");
     }
+    if (pthread_mutex_init(&x->conn_lock, NULL) != 0) {
+        pthread_mutex_destroy(&x->lock);
+        free(x);
+        return rk_err_set(err, RK_ENOMEM, "exporter: cannot create a mutex");
+    }
     if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
         pthread_cond_init(&x->wake, &ca) != 0) {
+        pthread_mutex_destroy(&x->conn_lock);
+        pthread_mutex_destroy(&x->lock);
+        free(x);
+        return rk_err_set(err, RK_ENOMEM, "exporter: cannot create a condition variable");
+    }
+    if (pthread_cond_init(&x->reap_wake, &ca) != 0) {
+        pthread_cond_destroy(&x->wake);
+        pthread_mutex_destroy(&x->conn_lock);
         pthread_mutex_destroy(&x->lock);
         free(x);
         return rk_err_set(err, RK_ENOMEM, "exporter: cannot create a condition variable");
@@ -620,12 +891,20 @@ int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err)
         goto fail;
     }
 
+    /* libmicrohttpd's own limit refuses connections (it stops accepting), which would lock a
+     * prompt client out behind idle ones: it is only a backstop well above max_connections,
+     * which on_connection enforces by closing the oldest waiting connection instead. Its
+     * inactivity timeout is the deadline too; the reaper enforces the total. */
+    unsigned hard = o->max_connections > 32768 ? 65536 : 2 * o->max_connections;
+    if (hard < o->max_connections + 2 * o->threads)
+        hard = o->max_connections + 2 * o->threads;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
-    x->daemon =
-        MHD_start_daemon(flags, 0, NULL, NULL, on_request, x, MHD_OPTION_EXTERNAL_LOGGER, mhd_quiet,
-                         NULL, MHD_OPTION_LISTEN_SOCKET, x->listen_fd, MHD_OPTION_THREAD_POOL_SIZE,
-                         o->threads, MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
-                         MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s, MHD_OPTION_END);
+    x->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, x, MHD_OPTION_EXTERNAL_LOGGER,
+                                 mhd_quiet, NULL, MHD_OPTION_LISTEN_SOCKET, x->listen_fd,
+                                 MHD_OPTION_THREAD_POOL_SIZE, o->threads,
+                                 MHD_OPTION_CONNECTION_LIMIT, hard, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 o->timeout_s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, x,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, x, MHD_OPTION_END);
     if (!x->daemon) {
         rc =
             rk_err_set(err, RK_EIO, "exporter: the HTTP server (libmicrohttpd) did not start on %s",
@@ -638,6 +917,11 @@ int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err)
         goto fail;
     }
     x->thread_started = true;
+    if (pthread_create(&x->reaper, NULL, reaper_main, x) != 0) {
+        rc = rk_err_set(err, RK_ENOMEM, "exporter: cannot start the connection reaper thread");
+        goto fail;
+    }
+    x->reaper_started = true;
     *out = x;
     return RK_OK;
 fail:
