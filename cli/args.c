@@ -6,6 +6,8 @@
  */
 #include "args.h"
 
+#include "rekindle/fileio.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -283,30 +285,30 @@ int rk_arg_path(rk_args *a, const char *flag, const char *path, rk_path_kind kin
         if (!have)
             return path_error(a, flag, path, "%s", e == ENOENT ? "no such directory" : why);
         if (!S_ISDIR(st.st_mode))
-            return path_error(a, flag, path, "not a directory");
+            return path_error(a, flag, path, "is %s, not a directory",
+                              rk_file_kind_name(st.st_mode));
         return 0;
     case RK_PATH_DIR_OR_NEW:
         /* ENOENT: every part that exists is a directory (else ENOTDIR), so it can be made */
         if (!have && e != ENOENT)
             return path_error(a, flag, path, "%s", why);
         if (have && !S_ISDIR(st.st_mode))
-            return path_error(a, flag, path, "not a directory");
+            return path_error(a, flag, path, "is %s, not a directory",
+                              rk_file_kind_name(st.st_mode));
         return 0;
     case RK_PATH_FILE:
         if (!have)
             return path_error(a, flag, path, "%s", e == ENOENT ? "no such file" : why);
-        if (S_ISDIR(st.st_mode))
-            return path_error(a, flag, path, "a directory, not a file");
         if (!S_ISREG(st.st_mode))
-            return path_error(a, flag, path, "not a regular file");
+            return path_error(a, flag, path, "is %s, not a regular file",
+                              rk_file_kind_name(st.st_mode));
         return 0;
     case RK_PATH_OUTPUT: break;
     }
     size_t len = strlen(path);
-    if (have && S_ISDIR(st.st_mode))
-        return path_error(a, flag, path, "a directory, not a file");
     if (have && !S_ISREG(st.st_mode))
-        return path_error(a, flag, path, "not a regular file");
+        return path_error(a, flag, path, "is %s, not a regular file",
+                          rk_file_kind_name(st.st_mode));
     if (!have && e != ENOENT)
         return path_error(a, flag, path, "%s", why);
     if (path[len - 1] == '/')

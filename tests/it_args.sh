@@ -126,7 +126,7 @@ refused "--loss-log $F/loss:" "${TRAIN[@]}" --loss-log "$F/loss"
 (cd "$W" && RK_CKPT_DIR=/proc/version timeout 20 "$RK" "${TRAIN[@]}" >"$work/logs/out" \
   2>"$work/logs/err")
 rc=$?
-[[ $rc -eq 2 ]] && grep -qF "rk train: RK_CKPT_DIR /proc/version: not a directory" "$work/logs/err" \
+[[ $rc -eq 2 ]] && grep -qF "rk train: RK_CKPT_DIR /proc/version: is a regular file, not a directory" "$work/logs/err" \
   && ok "RK_CKPT_DIR=/proc/version rk train -> 2" \
   || bad "RK_CKPT_DIR=/proc/version rk train: exit $rc: $(head -1 "$work/logs/err")"
 

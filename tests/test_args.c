@@ -271,7 +271,7 @@ static void test_paths(void **state)
     assert_int_equal(rk_arg_path(&g_a, "--init", file, RK_PATH_FILE), 0);
     assert_int_equal(rk_arg_path(&g_a, "--init", sub, RK_PATH_FILE), RK_EXIT_USAGE);
     assert_non_null(strstr(g_a.msg, "--init"));
-    assert_non_null(strstr(g_a.msg, "a directory, not a file"));
+    assert_non_null(strstr(g_a.msg, "is a directory, not a regular file"));
     assert_int_equal(rk_arg_path(&g_a, "--predictor", missing, RK_PATH_FILE), RK_EXIT_USAGE);
     assert_non_null(strstr(g_a.msg, "no such file"));
     assert_int_equal(rk_arg_path(&g_a, "--init", "/dev/null", RK_PATH_FILE), RK_EXIT_USAGE);
@@ -282,7 +282,7 @@ static void test_paths(void **state)
     assert_int_equal(rk_arg_path(&g_a, "--save", missing, RK_PATH_OUTPUT), 0);
     assert_int_equal(rk_arg_path(&g_a, "--save", "relative-name", RK_PATH_OUTPUT), 0);
     assert_int_equal(rk_arg_path(&g_a, "--save", sub, RK_PATH_OUTPUT), RK_EXIT_USAGE);
-    assert_non_null(strstr(g_a.msg, "a directory, not a file"));
+    assert_non_null(strstr(g_a.msg, "is a directory, not a regular file"));
     assert_int_equal(rk_arg_path(&g_a, "--events", deep, RK_PATH_OUTPUT), RK_EXIT_USAGE);
     assert_non_null(strstr(g_a.msg, "--events"));
     assert_non_null(strstr(g_a.msg, "no such directory"));

@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "rekindle/error.h"
 
@@ -73,6 +74,10 @@ int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *
  * regular file", before a byte is read. A file larger than the caller's `max_len` is
  * RK_EFORMAT, decided from fstat before reading. Messages name the path and never quote the
  * file's content. */
+
+/* What a file of mode `m` is, for messages: "a directory", "a FIFO", "a character device",
+ * ... ("a regular file" for one). Every "not a regular file" message uses it. */
+const char *rk_file_kind_name(mode_t m);
 
 /* Open `path` for reading as above. On success *fd is the open descriptor (close it) and
  * *size (may be NULL) the file's size from fstat. On failure *fd is -1: RK_ENOENT (missing),

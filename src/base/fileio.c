@@ -266,10 +266,10 @@ int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *
     return rk_afile_commit(f, err);
 }
 
-/* What a non-regular file is, for messages. */
-static const char *kind_of(mode_t m)
+const char *rk_file_kind_name(mode_t m)
 {
-    return S_ISDIR(m)    ? "a directory"
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISDIR(m)  ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
@@ -291,7 +291,7 @@ static int check_regular(int fd, const char *path, size_t max_len, uint64_t *siz
     if (!S_ISREG(st.st_mode)) {
         close(fd);
         return rk_err_set_line(err, RK_EINVAL, "%s: is %s, not a regular file", path,
-                               kind_of(st.st_mode));
+                               rk_file_kind_name(st.st_mode));
     }
     if ((uintmax_t)st.st_size > max_len) {
         close(fd);
