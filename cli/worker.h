@@ -16,18 +16,18 @@
 #include "rekindle/inject.h"
 
 typedef struct rk_worker {
-    rk_hb *hb;          /* NULL: no supervisor */
-    rk_inject *inj;     /* NULL: no faults to inject */
+    rk_hb *hb;      /* NULL: no supervisor */
+    rk_inject *inj; /* NULL: no faults to inject */
     rk_comm *comm;
     int rank, world;
-    uint64_t seed;      /* for the choices of bitflip, nan and gradflip */
-    double t_arm;       /* when injection was armed (random faults count from here) */
+    uint64_t seed; /* for the choices of bitflip, nan and gradflip */
+    double t_arm;  /* when injection was armed (random faults count from here) */
     int pending_hang, pending_nan, pending_gradflip, pending_commfail; /* due, later point */
-    int slow_ms;        /* an active slow fault: extra sleep per step */
-    int64_t slow_until; /* its last step (INT64_MAX: to the end) */
+    int slow_ms;         /* an active slow fault: extra sleep per step */
+    int64_t slow_until;  /* its last step (INT64_MAX: to the end) */
     rk_trainer_ckpt *ck; /* for saves on command; NULL without --ckpt-dir */
-    int stopped;        /* a stop command was carried out */
-    int64_t last_step;  /* steps done, as last reported */
+    int stopped;         /* a stop command was carried out */
+    int64_t last_step;   /* steps done, as last reported */
 } rk_worker;
 
 /* Reads RK_HEARTBEAT (connects, says hello with the start step later: see
@@ -46,6 +46,10 @@ void rk_worker_hooks(rk_worker *w, rk_train_config *c);
  * supervised): "checkpoint" saves now, "stop" saves and returns RK_ESTOPPED. Call at each
  * step end. */
 int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t cursor, rk_err *err);
+
+/* The checkpoint store's last check before it writes (rk_trainer_ckpt.may_save; `user` is
+ * the rk_worker): RK_EIO once the supervisor has gone (rk_hb_alive), else RK_OK. */
+int rk_worker_may_save(void *user, rk_err *err);
 
 /* Tell the supervisor a checkpoint of `step` was saved. */
 void rk_worker_saved(rk_worker *w, int64_t step, double seconds);

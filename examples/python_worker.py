@@ -46,15 +46,17 @@ def device_for(rank):
 
 class Heartbeat:
     """The worker's end of the protocol. A None socket (no RK_HEARTBEAT) makes every call a
-    no-op; when the supervisor goes, the first failure is reported on stderr and the worker
-    carries on without it."""
+    no-op. When the supervisor goes (end of file or a failed send) the job goes with it:
+    `lost` turns true, the worker writes no more checkpoints and stops (docs/protocol.md)."""
 
     def __init__(self, rank, world, device, start_step):
         self.rank = rank
         self.sock = None
         self.pending = set()
         self.buf = b""
+        self.lost = False
         path = os.environ.get("RK_HEARTBEAT", "")
+        self.supervised = bool(path)
         if not path:
             return
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -67,10 +69,11 @@ class Heartbeat:
                    "device": device, "step": start_step})
 
     def _gone(self, why):
-        print(f"heartbeat: the supervisor has gone ({why}); no heartbeat from now on",
+        print(f"heartbeat: the supervisor has gone ({why}); stopping without a checkpoint",
               file=sys.stderr)
         self.sock.close()
         self.sock = None
+        self.lost = True
 
     def send(self, msg):
         if self.sock is None:
@@ -94,9 +97,24 @@ class Heartbeat:
     def bye(self, step, status):
         self.send({"type": "bye", "rank": self.rank, "step": step, "status": status})
 
+    def alive(self):
+        """True while the supervisor is there (or there is none): reads what arrived, without
+        blocking, so an end of file left by a supervisor that died is seen now. Commands stay
+        pending for poll()."""
+        self._read()
+        return not self.lost
+
     def poll(self):
         """The most urgent command that arrived ("stop" > "checkpoint"), or None. Never
         blocks."""
+        self._read()
+        for cmd in ("stop", "checkpoint"):
+            if cmd in self.pending:
+                self.pending.clear()  # stop implies checkpoint
+                return cmd
+        return None
+
+    def _read(self):
         while self.sock is not None:
             try:
                 data = self.sock.recv(LINE_MAX, socket.MSG_DONTWAIT)
@@ -123,11 +141,6 @@ class Heartbeat:
             if len(self.buf) >= LINE_MAX:
                 print("heartbeat: a command line is too long; dropped", file=sys.stderr)
                 self.buf = b""
-        for cmd in ("stop", "checkpoint"):
-            if cmd in self.pending:
-                self.pending.clear()  # stop implies checkpoint
-                return cmd
-        return None
 
 
 def save_state(path, state):
@@ -216,6 +229,8 @@ def main():
     def checkpoint():
         if not ckpt_path or saved[0] == step:
             return
+        if not hb.alive():  # the supervisor has gone: nothing is written after it
+            return
         saved[0] = step
         t0 = time.monotonic()
         save_state(ckpt_path, {"format": STATE_FORMAT, "seed": args.seed, "step": step,
@@ -242,6 +257,8 @@ def main():
         cmd = hb.poll()
         if step % args.ckpt_every == 0 or cmd is not None:
             checkpoint()
+        if hb.lost:
+            return EXIT_FAIL
         if cmd == "stop":
             hb.bye(step, "stopped")
             print(f"stopped at step {step} on the supervisor's command", file=sys.stderr)

@@ -31,8 +31,9 @@
 /* 1 if the launcher arguments name other hosts (then the job is not single-node). */
 static int names_hosts(char *const *extra)
 {
-    static const char *const opts[] = {"--host", "-host", "-H", "--hostfile", "-hostfile",
-                                       "--machinefile", "-machinefile", "--default-hostfile"};
+    static const char *const opts[] = {
+        "--host",    "-host",         "-H",           "--hostfile",
+        "-hostfile", "--machinefile", "-machinefile", "--default-hostfile"};
     for (int i = 0; extra && extra[i]; i++)
         for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
             size_t n = strlen(opts[k]);
@@ -60,10 +61,9 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
         argv[k++] = "--oversubscribe"; /* ranks may outnumber cores (CPU slots in tests) */
         argv[k++] = "--quiet"; /* rk run says what happened; mpirun's advice is noise here */
         argv[k++] = "--bind-to";
-        argv[k++] = "none"; /* each rank runs its own threads */
-        if (!names_hosts(extra)) { /* one node: Open MPI's TCP on loopback, no IPv6 listener */
+        argv[k++] = "none";        /* each rank runs its own threads */
+        if (!names_hosts(extra)) { /* one node: Open MPI's TCP traffic on loopback only */
             static const char *const lo[] = {"--mca", "oob_tcp_if_include", "lo",
-                                             "--mca", "oob_tcp_disable_ipv6_family", "1",
                                              "--mca", "btl_tcp_if_include", "lo"};
             for (size_t i = 0; i < sizeof lo / sizeof lo[0]; i++)
                 argv[k++] = lo[i];
@@ -345,8 +345,7 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     if (r == (ssize_t)sizeof e) {
         rk_launch_kill(l, 0);
         l->pid = 0;
-        return rk_err_set(err, RK_ENOENT, "cannot run the launcher %s: %s", argv[0],
-                          strerror(e));
+        return rk_err_set(err, RK_ENOENT, "cannot run the launcher %s: %s", argv[0], strerror(e));
     }
     return RK_OK;
 }
