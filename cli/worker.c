@@ -16,7 +16,7 @@
 
 #include "rekindle/rng.h"
 
-#define COMMAND_EVERY 8           /* steps between agreements on the supervisor's commands */
+#define COMMAND_EVERY 8 /* steps between agreements on the supervisor's commands */
 #define GONE (RK_HB_CMD_STOP + 1) /* in the agreement: a rank's supervisor has gone */
 
 static double now_s(void)
@@ -77,8 +77,8 @@ void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why)
     /* a failure the supervisor cannot see from outside: say it before leaving, so it can
      * tear the job down at once instead of waiting for the launcher's exit status */
     else if (w->hb && (status == RK_EXIT_COMM || status == RK_EXIT_GUARD))
-        rk_hb_event(w->hb, step > w->last_step ? step : w->last_step,
-                    status == RK_EXIT_COMM ? "commfail" : "guard_failed", w->rank, "exit", 0, why);
+        rk_hb_event(w->hb, step > w->last_step ? step : w->last_step, status == RK_EXIT_COMM ? "commfail" : "guard_failed", w->rank,
+                    "exit", 0, why);
     rk_hb_close(w->hb);
     rk_inject_free(w->inj);
     w->hb = NULL;
@@ -110,8 +110,7 @@ static void inject_bitflip(rk_worker *w, rk_model *m, int64_t step)
     for (int p = 0; p < m->nparams; p++) {
         if (idx < m->params[p].numel) {
             flip(&m->params[p].data[idx], bit);
-            fprintf(stderr,
-                    "rk train (rank %d): injected bitflip: bit %d of %s[%zu] at step %lld\n",
+            fprintf(stderr, "rk train (rank %d): injected bitflip: bit %d of %s[%zu] at step %lld\n",
                     w->rank, bit, m->params[p].name, idx, (long long)step);
             return;
         }
@@ -155,8 +154,8 @@ static void faults_due(rk_worker *w, int64_t step, rk_model *m)
         const rk_fault *f = rk_inject_get(w->inj, idx[i]);
         const char *kind = rk_fault_kind_name(f->kind);
         rk_hb_inject(w->hb, step, (int)idx[i], kind); /* said before it happens */
-        fprintf(stderr, "rk train (rank %d): injected fault %s at step %lld (simulated)\n", w->rank,
-                kind, (long long)step);
+        fprintf(stderr, "rk train (rank %d): injected fault %s at step %lld (simulated)\n",
+                w->rank, kind, (long long)step);
         switch (f->kind) {
         case RK_FAULT_CRASH:
             fflush(NULL);
@@ -218,9 +217,10 @@ static void hook_incident(void *user, const rk_train_incident *inc)
     /* every rank sees the same trip; rank 0 speaks for the job */
     if (w->rank != 0)
         return;
-    rk_hb_event(w->hb, inc->step, inc->kind, inc->blame, inc->action, inc->lost_steps, inc->detail);
-    fprintf(stderr, "rk train: guard: step %lld: %s -> %s: %s\n", (long long)inc->step, inc->kind,
-            inc->action, inc->detail);
+    rk_hb_event(w->hb, inc->step, inc->kind, inc->blame, inc->action, inc->lost_steps,
+                inc->detail);
+    fprintf(stderr, "rk train: guard: step %lld: %s -> %s: %s\n", (long long)inc->step,
+            inc->kind, inc->action, inc->detail);
 }
 
 static void hook_stepped(void *user, int64_t step, double loss, double seconds)

@@ -16,18 +16,18 @@
 #include "rekindle/inject.h"
 
 typedef struct rk_worker {
-    rk_hb *hb;      /* NULL: no supervisor */
-    rk_inject *inj; /* NULL: no faults to inject */
+    rk_hb *hb;          /* NULL: no supervisor */
+    rk_inject *inj;     /* NULL: no faults to inject */
     rk_comm *comm;
     int rank, world;
-    uint64_t seed; /* for the choices of bitflip, nan and gradflip */
-    double t_arm;  /* when injection was armed (random faults count from here) */
+    uint64_t seed;      /* for the choices of bitflip, nan and gradflip */
+    double t_arm;       /* when injection was armed (random faults count from here) */
     int pending_hang, pending_nan, pending_gradflip, pending_commfail; /* due, later point */
-    int slow_ms;         /* an active slow fault: extra sleep per step */
-    int64_t slow_until;  /* its last step (INT64_MAX: to the end) */
+    int slow_ms;        /* an active slow fault: extra sleep per step */
+    int64_t slow_until; /* its last step (INT64_MAX: to the end) */
     rk_trainer_ckpt *ck; /* for saves on command; NULL without --ckpt-dir */
-    int stopped;         /* a stop command was carried out */
-    int64_t last_step;   /* steps done, as last reported */
+    int stopped;        /* a stop command was carried out */
+    int64_t last_step;  /* steps done, as last reported */
 } rk_worker;
 
 /* Reads RK_HEARTBEAT (connects, says hello with the start step later: see

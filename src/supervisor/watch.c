@@ -37,13 +37,13 @@
 
 typedef struct conn {
     int fd;
-    int rank;         /* -1 until hello */
-    long pid;         /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
+    int rank; /* -1 until hello */
+    long pid; /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
     double since;     /* accepted */
     int said, hushed; /* messages about this connection: shown, suppressed */
     rk_hb_lines lines;
-    double last;      /* time of the last message */
-    int64_t done;     /* steps done */
+    double last; /* time of the last message */
+    int64_t done; /* steps done */
     int64_t progress; /* 2 x steps done, +1 while in the step's collective */
     int bye;
     char status[16];
@@ -67,8 +67,8 @@ typedef struct sup {
     double t_launch;
     conn c[MAX_CONNS];
     int nconn, hellos;
-    int64_t start_step; /* resume step of this launch (rank 0's hello) */
-    int64_t last_done;  /* most steps done by any rank, across launches */
+    int64_t start_step;  /* resume step of this launch (rank 0's hello) */
+    int64_t last_done;   /* most steps done by any rank, across launches */
     double loss;
     int first_step_seen;
     /* a failure seen in this launch, to classify once the launcher has exited */
@@ -86,10 +86,10 @@ typedef struct sup {
     double last_status;
     double strangers_t; /* start of the current 10 s window for messages about strangers */
     int strangers_said, strangers_hushed;
-    int told_pidns;                  /* said once why the job has no PID namespace */
-    char jobdir[128];                /* the launcher's private temporary directory */
-    rk_gate *gate;                   /* the health gate, NULL without --health */
-    double last_gate;                /* when the gate last read the GPUs */
+    int told_pidns;        /* said once why the job has no PID namespace */
+    char jobdir[128];      /* the launcher's private temporary directory */
+    rk_gate *gate;         /* the health gate, NULL without --health */
+    double last_gate;      /* when the gate last read the GPUs */
     int drained[RK_SUP_MAX_DEVICES]; /* drained during a run: out for the rest of the job */
     int held[RK_SUP_MAX_DEVICES];    /* left out at a launch: back only with a margin */
 } sup;
@@ -179,8 +179,8 @@ static void resolve_pending(sup *s, int64_t resumed_from)
         rk_incident *i = &s->g.inc[s->pending[k]];
         i->recovery_s = now - i->t;
         if (i->lost_steps < 0 && resumed_from >= 0)
-            i->lost_steps =
-                s->pending_last_done > resumed_from ? s->pending_last_done - resumed_from : 0;
+            i->lost_steps = s->pending_last_done > resumed_from ? s->pending_last_done - resumed_from
+                                                                : 0;
         rk_ledger_write(&s->g, i);
     }
     s->npending = 0;
@@ -544,7 +544,8 @@ static void check_timeouts(sup *s)
             int r;
             char who[256];
             stuck_ranks(s, &r, who, sizeof who);
-            fail(s, "hang", r, "rank %s did not start within %.0f s", who, s->o->startup_timeout_s);
+            fail(s, "hang", r, "rank %s did not start within %.0f s", who,
+                 s->o->startup_timeout_s);
         }
         return;
     }
@@ -561,8 +562,8 @@ static void check_timeouts(sup *s)
             snprintf(who, sizeof who, "%d", r);
         }
         fail(s, "hang", nstuck == s->n ? -1 : r,
-             "rank %s (device %s) made no progress for %.1f s at step %lld%s", who, devname(s, r),
-             now - (sc ? sc->last : c->last), (long long)(sc ? sc->done : c->done),
+             "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
+             devname(s, r), now - (sc ? sc->last : c->last), (long long)(sc ? sc->done : c->done),
              nstuck < s->n ? "; the other ranks wait for it" : "");
         return;
     }
@@ -574,8 +575,9 @@ static void status_line(sup *s)
     if (s->o->quiet || now - s->last_status < 10.0)
         return;
     s->last_status = now;
-    say(s, "%.0f s: step %lld, loss %.4f, %d rank%s, %d restart%s", now, (long long)s->last_done,
-        s->loss, s->n, s->n == 1 ? "" : "s", s->g.restarts, s->g.restarts == 1 ? "" : "s");
+    say(s, "%.0f s: step %lld, loss %.4f, %d rank%s, %d restart%s", now,
+        (long long)s->last_done, s->loss, s->n, s->n == 1 ? "" : "s", s->g.restarts,
+        s->g.restarts == 1 ? "" : "s");
 }
 
 /* A slot for a new connection, cleared: a closed one that never said hello, a new one, or
@@ -712,10 +714,9 @@ static outcome watch(sup *s)
                 for (int k = 0; k < s->nconn; k++)
                     if (s->c[k].rank >= 0 && !s->c[k].bye && who < 0)
                         who = s->c[k].rank;
-                fail(s,
-                     code == RK_EXIT_COMM    ? "commfail"
-                     : code == RK_EXIT_GUARD ? "guard_failed"
-                                             : "crash",
+                fail(s, code == RK_EXIT_COMM    ? "commfail"
+                        : code == RK_EXIT_GUARD ? "guard_failed"
+                                                : "crash",
                      who, "the launcher exited with status %d at step %lld", code,
                      (long long)s->last_done);
             } else {
@@ -797,11 +798,9 @@ static int pick_devices(sup *s)
         double prob = s->gate ? rk_gate_prob(s->gate, s->o->devices[d]) : -1.0;
         if (s->o->predictor && prob >= s->o->drain_probability) {
             s->held[d] = 1;
-            rk_incident *i =
-                rk_ledger_add(&s->g, "predicted_failure", -1, s->o->devices[d], "left_out",
-                              "the predictor gives p=%.2f of failing "
-                              "within its horizon",
-                              prob);
+            rk_incident *i = rk_ledger_add(&s->g, "predicted_failure", -1, s->o->devices[d],
+                                           "left_out", "the predictor gives p=%.2f of failing "
+                                           "within its horizon", prob);
             if (i) {
                 i->lost_steps = 0;
                 rk_ledger_write(&s->g, i);
@@ -840,10 +839,8 @@ static void gate_tick(sup *s)
             for (int k = 0; k < s->nconn; k++)
                 if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye &&
                     rk_launch_owns(&s->l, (pid_t)s->c[k].pid)) { /* only a rank of ours */
-                    say(s,
-                        "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "
-                        "failure would",
-                        devname(s, r),
+                    say(s, "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "
+                        "failure would", devname(s, r),
                         rk_gate_lost(s->gate, devname(s, r)) ? "off the bus"
                                                              : "uncorrectable ECC error",
                         r, s->c[k].pid);
@@ -860,8 +857,8 @@ static void gate_tick(sup *s)
             continue;
         rk_incident *i = rk_ledger_add(&s->g, "predicted_failure", r, devname(s, r), "drain",
                                        "the predictor gives p=%.2f of failing within its horizon "
-                                       "at step %lld: checkpoint, relaunch without it",
-                                       prob, (long long)s->last_done);
+                                       "at step %lld: checkpoint, relaunch without it", prob,
+                                       (long long)s->last_done);
         if (i) {
             i->lost_steps = 0;
             rk_ledger_write(&s->g, i);
@@ -885,8 +882,8 @@ static void gate_tick(sup *s)
             i->lost_steps = 0;
             rk_ledger_write(&s->g, i);
         }
-        say(s, "health gate: draining device %s (rank %d): score %d (%s)", devname(s, r), r, score,
-            why);
+        say(s, "health gate: draining device %s (rank %d): score %d (%s)", devname(s, r), r,
+            score, why);
         s->drained[s->dev[r]] = 1;
         send_all(s, "{\"cmd\":\"stop\"}\n");
         s->stop_sent = 1;
@@ -931,16 +928,13 @@ int rk_sup_run(const rk_sup_opts *o)
     if (s->gate) {
         for (int d = 0; d < o->ndevices; d++)
             if (!rk_gate_knows(s->gate, o->devices[d])) {
-                fprintf(stderr,
-                        "rk run: health gate: device '%s' is not a GPU index of the %s "
-                        "backend\n",
-                        o->devices[d], rk_gate_backend(s->gate));
+                fprintf(stderr, "rk run: health gate: device '%s' is not a GPU index of the %s "
+                                "backend\n", o->devices[d], rk_gate_backend(s->gate));
                 goto out;
             }
-        say(s, "health gate: %s GPUs%s, threshold %.0f, read every %.1f s",
-            rk_gate_backend(s->gate),
-            strcmp(rk_gate_backend(s->gate), "sim") == 0 ? " (simulated)" : "", o->health_threshold,
-            o->health_interval_s);
+        say(s, "health gate: %s GPUs%s, threshold %.0f, read every %.1f s", rk_gate_backend(s->gate),
+            strcmp(rk_gate_backend(s->gate), "sim") == 0 ? " (simulated)" : "",
+            o->health_threshold, o->health_interval_s);
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
@@ -955,16 +949,16 @@ int rk_sup_run(const rk_sup_opts *o)
         goto out;
     }
     char desc[1024];
-    say(s, "%s",
-        rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc));
+    say(s, "%s", rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc,
+                                    sizeof desc));
     char devs[512];
     size_t used = 0;
     devs[0] = '\0';
     for (int r = 0; r < s->n && used + 2 < sizeof devs; r++)
         used += (size_t)snprintf(devs + used, sizeof devs - used, r ? ",%s" : "%s",
                                  o->devices[s->dev[r]]);
-    say(s, "%d ranks on devices %s; heartbeat timeout %.0f s, quarantine after %d failures", s->n,
-        devs, o->hb_timeout_s, o->failure_threshold);
+    say(s, "%d ranks on devices %s; heartbeat timeout %.0f s, quarantine after %d failures",
+        s->n, devs, o->hb_timeout_s, o->failure_threshold);
     if (o->inject)
         say(s, "injecting faults (simulated): %s", o->inject);
     for (;;) {
@@ -995,8 +989,8 @@ int rk_sup_run(const rk_sup_opts *o)
         /* a failure (or a stop to shrink the job): account, then relaunch */
         if (s->failing) {
             int r = s->frank;
-            rk_incident *i =
-                rk_ledger_add(&s->g, s->fkind, r, devname(s, r), "relaunch", "%s", s->fdetail);
+            rk_incident *i = rk_ledger_add(&s->g, s->fkind, r, devname(s, r), "relaunch", "%s",
+                                           s->fdetail);
             if (i)
                 i->t = s->ftime; /* when it was seen, not when the teardown ended */
             say(s, "%s: %s", s->fkind, s->fdetail);
@@ -1031,8 +1025,8 @@ int rk_sup_run(const rk_sup_opts *o)
 out:
     if (s->l.pid > 0)
         rk_launch_kill(&s->l, 0); /* nothing of the job outlives rk run */
-    if (s->g.t0 > 0 &&
-        rk_ledger_summary(&s->g, o->summary_path, stderr, s->last_done, s->n, result, &err))
+    if (s->g.t0 > 0 && rk_ledger_summary(&s->g, o->summary_path, stderr, s->last_done, s->n,
+                                         result, &err))
         fprintf(stderr, "rk run: %s\n", err.msg);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
