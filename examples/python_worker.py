@@ -38,6 +38,20 @@ def rank_world():
     return 0, 1
 
 
+def outside_pid():
+    """This process's pid as seen from outside the job: rk run starts the job in a PID
+    namespace of its own, where getpid() is another number. /proc is the host's, so the
+    first NSpid of /proc/self/status is the pid there (getpid() without NSpid)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
 def device_for(rank):
     """Item `rank` of RK_DEVICES (a comma list), or "cpu"."""
     items = [d for d in os.environ.get("RK_DEVICES", "").split(",") if d]
@@ -192,12 +206,13 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--sleep", type=float, default=0.01, help="seconds per step, to watch it")
     ap.add_argument("--result", help="write {step, w, b} as JSON to this file at the end")
-    ap.add_argument("--pid-file", help="write this process's pid to this file at start (for a "
-                    "test or an operator that signals the worker)")
+    ap.add_argument("--pid-file", help="write this process's pid, as seen from outside the "
+                    "job's PID namespace, to this file at start (for a test or an operator "
+                    "that signals the worker)")
     args = ap.parse_args()
     if args.pid_file:
         with open(args.pid_file + ".tmp", "w") as f:
-            f.write(f"{os.getpid()}\n")
+            f.write(f"{outside_pid()}\n")
         os.replace(args.pid_file + ".tmp", args.pid_file)
     if args.steps < 0 or args.ckpt_every < 1 or args.batch < 1:
         ap.error("--steps must be >= 0, --ckpt-every and --batch >= 1")

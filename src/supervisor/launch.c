@@ -101,8 +101,9 @@ const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_ar
 
 /* ---- the kernel's view of processes ---------------------------------------------------- */
 
-/* The parent of `pid` from /proc/PID/stat (in this process's PID namespace), -1 if gone. */
-static pid_t parent_of(pid_t pid)
+/* The parent of `pid` from /proc/PID/stat (in this process's PID namespace), -1 if gone;
+ * its state letter to *state (may be NULL; 'Z' for a zombie). */
+static pid_t parent_of(pid_t pid, char *state)
 {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -116,8 +117,11 @@ static pid_t parent_of(pid_t pid)
     buf[r] = '\0';
     const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
     int ppid;
-    if (!p || sscanf(p + 1, " %*c %d", &ppid) != 1)
+    char st;
+    if (!p || sscanf(p + 1, " %c %d", &st, &ppid) != 2)
         return -1;
+    if (state)
+        *state = st;
     return (pid_t)ppid;
 }
 
@@ -128,7 +132,7 @@ int rk_proc_descends(pid_t pid, pid_t root)
     for (int hops = 0; hops < 256 && pid > 1; hops++) {
         if (pid == root)
             return 1;
-        pid = parent_of(pid);
+        pid = parent_of(pid, NULL);
     }
     return 0;
 }
@@ -153,51 +157,58 @@ long rk_proc_nspid(pid_t pid)
     return inner;
 }
 
-/* Send `sig` to every descendant of `root` (not root itself); how many were found. */
-static int signal_tree(pid_t root, int sig)
+/* Send `sig` to every live descendant of `root` (not root itself); how many were found.
+ * With `reap`, then reap those that are this process's children (zombies are not counted,
+ * but a zombie's children are: they await reparenting). */
+static int signal_tree(pid_t root, int sig, int reap)
 {
     DIR *d = opendir("/proc");
     if (!d)
         return 0;
-    static pid_t pid[MAX_PROCS], ppid[MAX_PROCS];
+    static pid_t pid[MAX_PROCS], ppid[MAX_PROCS], queue[MAX_PROCS];
+    static char state[MAX_PROCS];
     size_t n = 0;
     for (struct dirent *e; (e = readdir(d)) && n < MAX_PROCS;) {
         if (!isdigit((unsigned char)e->d_name[0]))
             continue;
-        pid_t p = (pid_t)atoi(e->d_name), pp = parent_of(p);
+        pid_t p = (pid_t)atoi(e->d_name);
+        pid_t pp = parent_of(p, &state[n]);
         if (pp > 0) {
             pid[n] = p;
             ppid[n++] = pp;
         }
     }
     closedir(d);
-    /* breadth-first from root over the parent links */
-    static pid_t queue[MAX_PROCS];
-    size_t head = 0, tail = 0;
+    size_t head = 0, tail = 0; /* breadth-first from root over the parent links */
     queue[tail++] = root;
     int found = 0;
     while (head < tail) {
         pid_t up = queue[head++];
-        for (size_t i = 0; i < n && tail < MAX_PROCS; i++)
-            if (ppid[i] == up && pid[i] != root) {
-                queue[tail++] = pid[i];
+        for (size_t i = 0; i < n && tail < MAX_PROCS; i++) {
+            if (ppid[i] != up || pid[i] == root)
+                continue;
+            queue[tail++] = pid[i];
+            if (state[i] != 'Z') {
                 kill(pid[i], sig);
                 found++;
             }
+            if (reap && ppid[i] == getpid())
+                waitpid(pid[i], NULL, WNOHANG);
+        }
     }
     return found;
 }
 
 /* SIGKILL the descendants of `root` until none is left (a process may fork while it is
- * being killed; its children are reparented to a subreaper in the tree, so scans find them). */
+ * being killed; its children are reparented to a subreaper in the tree, so scans find them),
+ * reaping those that are ours. */
 static void kill_tree(pid_t root)
 {
-    for (int round = 0; round < 100 && signal_tree(root, SIGKILL) > 0; round++) {
+    for (int round = 0; round < 100 && signal_tree(root, SIGKILL, 1) > 0; round++) {
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
-        while (waitpid(-1, NULL, WNOHANG) > 0) /* zombies of ours would be counted again */
-            ;
     }
+    signal_tree(root, 0, 1); /* reap the last ones */
 }
 
 /* ---- the keeper -------------------------------------------------------------------------- */
@@ -218,7 +229,7 @@ static void signal_job(int pidns, int sig)
     else if (sig == SIGKILL)
         kill_tree(getpid());
     else
-        signal_tree(getpid(), sig);
+        signal_tree(getpid(), sig, 0);
 }
 
 /* The keeper's life: start the launcher, reap everything, pass TERM, INT and HUP on to the job,
@@ -354,11 +365,11 @@ int rk_launch_poll(rk_launch *l)
 {
     if (l->exited || l->pid <= 0)
         return 1;
-    int st;
+    int st = 0;
     pid_t r = waitpid(l->pid, &st, WNOHANG);
-    if (r == l->pid) {
+    if (r == l->pid || (r < 0 && errno == ECHILD)) { /* ECHILD: reaped already, never reuse */
         l->exited = 1;
-        l->status = st;
+        l->status = r == l->pid ? st : 1 << 8;
         if (l->life >= 0)
             close(l->life);
         l->life = -1;
