@@ -105,7 +105,6 @@ if [[ -e "$DATA/train-images-idx3-ubyte.gz" || -e "$DATA/train-images-idx3-ubyte
   RK_HEARTBEAT="$work/fake.sock" timeout 120 "$RK" train --data "$work/sub" --threads 1 \
     --no-eval --epochs 50 --ckpt-dir "$work/treof.ck" --ckpt-every 4 >"$work/treof.out" 2>&1
   st=$?
-  n_after=$(ls "$work/treof.ck" 2>/dev/null | grep -c "step")
   [[ $st == 1 ]] && grep -q "the supervisor has gone" "$work/treof.out" \
     && ok "rk train stops (exit 1) when its supervisor's socket closes: $(grep -o 'step [0-9]*: the supervisor has gone\|no checkpoint is written after it' "$work/treof.out" | head -1)" \
     || bad "rk train on EOF: exit $st: $(tail -2 "$work/treof.out")"

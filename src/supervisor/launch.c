@@ -144,8 +144,10 @@ long rk_proc_nspid(pid_t pid)
     FILE *f = fopen(path, "re");
     if (!f)
         return -1;
-    long inner = -1;
+    long inner = -1, seen = 0;
     while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "Pid:", 4) == 0)
+            seen = 1; /* a kernel without NSpid (before 4.1) has no PID namespaces to list */
         if (strncmp(line, "NSpid:", 6) != 0)
             continue;
         char *p = line + 6, *end;
@@ -154,7 +156,7 @@ long rk_proc_nspid(pid_t pid)
         break;
     }
     fclose(f);
-    return inner;
+    return inner < 0 && seen ? (long)pid : inner;
 }
 
 /* Send `sig` to every live descendant of `root` (not root itself); how many were found.

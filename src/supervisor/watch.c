@@ -297,7 +297,8 @@ static void on_inject(sup *s, const rk_hb_msg *m)
 
 /* A hello is believed only from a process of this launch whose pid it names: the kernel's
  * credentials of the peer (SO_PEERCRED, taken at connect) must be a descendant of the keeper,
- * and the hello's pid that process's own pid in its namespace. */
+ * and the hello's pid that process's own pid in its namespace. (srun's ranks are children of
+ * Slurm's daemons, not of the keeper: there only the pid is checked.) */
 static int hello_trusted(sup *s, const conn *c, const rk_hb_msg *m, char *why, size_t cap)
 {
     long own = c->pid > 0 ? rk_proc_nspid((pid_t)c->pid) : -1;
@@ -305,7 +306,7 @@ static int hello_trusted(sup *s, const conn *c, const rk_hb_msg *m, char *why, s
         snprintf(why, cap, "the peer's process is unknown or gone");
     else if (own != m->pid)
         snprintf(why, cap, "it names pid %ld but comes from pid %ld", m->pid, own);
-    else if (!rk_launch_owns(&s->l, (pid_t)c->pid))
+    else if (s->o->launcher != RK_LAUNCH_SRUN && !rk_launch_owns(&s->l, (pid_t)c->pid))
         snprintf(why, cap, "pid %ld is not a process of this launch", c->pid);
     else
         return 1;
