@@ -19,6 +19,11 @@ command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_lifecycle
+# rk run's socket directory goes in TMPDIR (at most 31 bytes): a short private one, so the
+# directories a SIGKILLed rk run cannot remove go with the test
+TMPDIR=$(mktemp -d /tmp/itlc.XXXXXX)
+export TMPDIR
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work" "$TMPDIR"' EXIT
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 pyw="$RK_SRC/examples/python_worker.py"
 
