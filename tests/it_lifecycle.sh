@@ -11,8 +11,8 @@
 # (5) a flood (5000 bad lines on one connection, 300 connections with one bad line each,
 #     3000 connect/close cycles, 100 silent connections) before the ranks' hello locks nobody
 #     out and rk run's output stays short;
-# (6) an unexecutable launcher is one message and exit 2; a single-node mpirun is told to keep
-#     its TCP on loopback (its listeners still bind every address: docs/run.md).
+# (6) an unexecutable launcher is one message and exit 2; a single-node job's listeners (mpirun's
+#     out-of-band and PMIx ones) are all on loopback (ss).
 # Skips (77) without mpirun or python3.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
@@ -244,10 +244,24 @@ if ! command -v srun >/dev/null; then
     && ok "an unexecutable launcher: one message, exit 2, no relaunch" \
     || bad "srun: exit $st: $(grep 'rk run' "$work/srun.out" | head -4)"
 fi
-# one node: Open MPI told to keep its TCP traffic on loopback; with --host, not
-"$RK" run -n 1 --quiet -- python3 "$pyw" --steps 5 --sleep 0 >"$work/lo.out" 2>&1
-grep -q "mpirun .*--mca oob_tcp_if_include lo --mca btl_tcp_if_include lo -np 1" "$work/lo.out" \
-  && ok "a single-node mpirun is told to use loopback only" || bad "loopback: $(grep mpirun "$work/lo.out")"
+# one node: every listener of the job's processes (mpirun's out-of-band and PMIx ones) on
+# loopback, seen by `ss`; with --host, the interface list is left to Open MPI
+if command -v ss >/dev/null; then
+  "$RK" run -n 2 --quiet -- python3 "$pyw" --steps 100000 --sleep 0.01 --result "$work/ss.token" \
+    >"$work/ss.out" 2>&1 &
+  sup=$!
+  pids+=("$sup")
+  wait_for "[[ -n \"\$(ss -ltnp | grep -E 'pid=('\$(job_procs $work/ss.token | tr ' ' '|' | sed 's/|$//')'),')\" ]]" 60
+  sleep 1
+  mine=$(job_procs "$work/ss.token" | tr ' ' '|' | sed 's/|$//')
+  ss -ltnp | grep -E "pid=($mine)," >"$work/ss.txt"
+  kill -TERM "$sup"
+  wait "$sup"
+  open=$(awk '{print $4}' "$work/ss.txt" | grep -vE '^(127\.0\.0\.1|\[::1\]):' | tr '\n' ' ')
+  [[ -s $work/ss.txt && -z $open ]] \
+    && ok "a single-node job listens on loopback only: $(awk '{print $4}' "$work/ss.txt" | tr '\n' ' ')" \
+    || bad "listeners not on loopback: ${open:-none found}: $(cat "$work/ss.txt")"
+fi
 "$RK" run -n 1 --quiet --launcher-arg --host --launcher-arg localhost -- python3 "$pyw" \
   --steps 5 --sleep 0 >"$work/host.out" 2>&1
 grep "mpirun" "$work/host.out" | grep -qv "if_include" && ok "with --host the interfaces are Open MPI's choice" \

@@ -99,6 +99,34 @@ const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_ar
     return buf;
 }
 
+/* LD_PRELOAD=librkloopback.so[:what was there] into buf for a single-node mpirun and its
+ * ranks (src/preload/loopback.c: Open MPI's listeners bind loopback only, nothing else
+ * changes): the copy beside this executable (a build tree) or the installed one. 0 if there
+ * is none. */
+static int loopback_preload(char *buf, size_t cap)
+{
+#ifndef RK_LOOPBACK_SO
+#define RK_LOOPBACK_SO ""
+#define RK_LOOPBACK_RELDIR "lib/rekindle"
+#endif
+    char exe[4096], cand[3][4200];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(cand[0], sizeof cand[0], "%s/librkloopback.so", exe); /* a build tree */
+    snprintf(cand[1], sizeof cand[1], "%s/../%s/librkloopback.so", exe, RK_LOOPBACK_RELDIR);
+    snprintf(cand[2], sizeof cand[2], "%s", RK_LOOPBACK_SO); /* where it was installed */
+    const char *old = getenv("LD_PRELOAD");
+    for (int i = 0; i < 3; i++)
+        if (cand[i][0] == '/' && access(cand[i], R_OK) == 0 &&
+            (size_t)snprintf(buf, cap, "LD_PRELOAD=%s%s%s", cand[i], old && *old ? ":" : "",
+                             old ? old : "") < cap)
+            return 1;
+    return 0;
+}
+
 /* ---- the kernel's view of processes ---------------------------------------------------- */
 
 /* The parent of `pid` from /proc/PID/stat (in this process's PID namespace), -1 if gone;
@@ -237,7 +265,8 @@ static void signal_job(int pidns, int sig)
 /* The keeper's life: start the launcher, reap everything, pass TERM, INT and HUP on to the job,
  * kill the job when rk run goes (lifeline at end of file) or the launcher exits, and exit
  * with the launcher's status (128 + signal for a signal). Never returns. */
-static void keeper(int pidns, int life, int report, const char **argv, char *const *env)
+static void keeper(int pidns, int life, int report, const char **argv, char *const *env,
+                   char *preload)
 {
     setpgid(0, 0); /* the terminal's ^C goes to rk run, which decides */
     if (pidns)
@@ -265,6 +294,8 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
         signal(SIGPIPE, SIG_DFL);
         for (int i = 0; env && env[i]; i++)
             putenv(env[i]);
+        if (preload)
+            putenv(preload);
         execvp(argv[0], (char *const *)argv);
         write_errno(report, errno); /* rk run reads it: no launch, one message */
         _exit(127);
@@ -307,6 +338,9 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     char nbuf[16];
     if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
         return rk_err_set(err, RK_EINVAL, "launch: more than %d arguments", MAX_ARGS);
+    static char preload[8400];
+    l->loopback = kind == RK_LAUNCH_MPIRUN && !names_hosts(launcher_args) &&
+                  loopback_preload(preload, sizeof preload);
     int life[2], report[2];
     if (pipe2(life, O_CLOEXEC) != 0)
         return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
@@ -326,7 +360,7 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     if (pid == 0) {
         close(life[1]);
         close(report[0]);
-        keeper(l->pidns, life[0], report[1], argv, env);
+        keeper(l->pidns, life[0], report[1], argv, env, l->loopback ? preload : NULL);
     }
     int fork_errno = errno;
     if (l->pidns && setns(self_ns, CLONE_NEWPID) != 0) { /* later children: our namespace */

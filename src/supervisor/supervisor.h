@@ -62,6 +62,7 @@ typedef struct rk_launch {
     int pidns;    /* 1: the job runs in a PID namespace of its own, the keeper its pid 1 */
     int ns_errno; /* why not, when one was asked for */
     int life;     /* the lifeline: the keeper kills the job when this end closes */
+    int loopback; /* 1: a single-node mpirun with librkloopback.so (listeners on loopback) */
     int exited;   /* the keeper reaped */
     int status;   /* its wait status once exited: the launcher's (128 + signal if killed) */
 } rk_launch;

@@ -87,6 +87,7 @@ typedef struct sup {
     double strangers_t; /* start of the current 10 s window for messages about strangers */
     int strangers_said, strangers_hushed;
     int told_pidns;        /* said once why the job has no PID namespace */
+    int told_loopback;     /* said once that Open MPI's listeners are not on loopback only */
     char jobdir[128];      /* the launcher's private temporary directory */
     rk_gate *gate;         /* the health gate, NULL without --health */
     double last_gate;      /* when the gate last read the GPUs */
@@ -491,6 +492,11 @@ static int start_launch(sup *s, rk_err *err)
             "no PID namespace for the job (%s): it is tracked as rk run's descendants, and "
             "a process that leaves that tree survives a SIGKILL of rk run",
             s->l.ns_errno ? strerror(s->l.ns_errno) : "RK_RUN_PIDNS=0");
+    }
+    if (!rc && !s->l.loopback && !s->told_loopback && s->o->launcher == RK_LAUNCH_MPIRUN) {
+        s->told_loopback = 1; /* a multi-node job, or the library is missing */
+        say(s, "Open MPI's listeners bind every address (not a single-node job, or no "
+               "librkloopback.so beside rk or in its library directory)");
     }
     return rc;
 }
