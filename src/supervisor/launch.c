@@ -339,7 +339,12 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
         return rk_err_set(err, RK_EINVAL, "launch: more than %d arguments", MAX_ARGS);
     static char preload[8400];
-    l->loopback = kind == RK_LAUNCH_MPIRUN && !names_hosts(launcher_args) &&
+    const char *lo = getenv("RK_RUN_LOOPBACK"); /* "0": no preload */
+    int want_lo = !(lo && strcmp(lo, "0") == 0);
+#if defined(__SANITIZE_ADDRESS__)
+    want_lo = 0; /* a sanitised build's ranks must load the sanitiser's runtime first */
+#endif
+    l->loopback = want_lo && kind == RK_LAUNCH_MPIRUN && !names_hosts(launcher_args) &&
                   loopback_preload(preload, sizeof preload);
     int life[2], report[2];
     if (pipe2(life, O_CLOEXEC) != 0)

@@ -495,8 +495,9 @@ static int start_launch(sup *s, rk_err *err)
     }
     if (!rc && !s->l.loopback && !s->told_loopback && s->o->launcher == RK_LAUNCH_MPIRUN) {
         s->told_loopback = 1; /* a multi-node job, or the library is missing */
-        say(s, "Open MPI's listeners bind every address (not a single-node job, or no "
-               "librkloopback.so beside rk or in its library directory)");
+        say(s, "Open MPI's listeners bind every address (not a single-node job, "
+               "RK_RUN_LOOPBACK=0, a sanitiser build, or no librkloopback.so beside rk or in "
+               "its library directory)");
     }
     return rc;
 }
