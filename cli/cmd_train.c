@@ -610,7 +610,8 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
     rk_trainer_ckpt t = {.dir = o->ckpt_dir, .keep = o->keep, .every = o->ckpt_every,
                          .mtbf_s = o->mtbf, .async = o->ckpt_async, .m = m, .opt = opt,
                          .policy = policy, .comm = comm, .cfg = &cfg,
-                         .log = rank == 0 ? stdout : NULL};
+                         .log = rank == 0 ? stdout : NULL,
+                         .may_save = rk_worker_may_save, .may_save_user = w};
     int rc = rk_trainer_ckpt_init(&t, err);
     if (rc)
         return rc;

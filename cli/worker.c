@@ -17,6 +17,7 @@
 #include "rekindle/rng.h"
 
 #define COMMAND_EVERY 8 /* steps between agreements on the supervisor's commands */
+#define GONE (RK_HB_CMD_STOP + 1) /* in the agreement: a rank's supervisor has gone */
 
 static double now_s(void)
 {
@@ -237,6 +238,16 @@ void rk_worker_hooks(rk_worker *w, rk_train_config *c)
     c->hook_user = w;
 }
 
+int rk_worker_may_save(void *user, rk_err *err)
+{
+    rk_worker *w = user;
+    if (!w->hb || rk_hb_alive(w->hb))
+        return RK_OK;
+    return rk_err_set(err, RK_EIO,
+                      "the supervisor has gone (its heartbeat socket closed): "
+                      "no checkpoint is written after it");
+}
+
 void rk_worker_saved(rk_worker *w, int64_t step, double seconds)
 {
     if (w->rank == 0)
@@ -251,7 +262,8 @@ int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t curs
         return RK_OK;
     rk_hb_cmd cmd = RK_HB_CMD_NONE;
     rk_hb_poll(w->hb, &cmd);
-    uint64_t mine = (uint64_t)cmd, agreed = mine;
+    /* a supervisor that vanished took the job with it: every rank stops, none saves */
+    uint64_t mine = rk_hb_alive(w->hb) ? (uint64_t)cmd : GONE, agreed = mine;
     if (w->world > 1) { /* every rank acts at the same step, or a save would deadlock */
         uint64_t *v = malloc((size_t)w->world * sizeof *v);
         if (!v)
@@ -265,6 +277,11 @@ int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t curs
     }
     if (agreed == RK_HB_CMD_NONE)
         return RK_OK;
+    if (agreed == GONE)
+        return rk_err_set(err, RK_EIO,
+                          "step %lld: the supervisor has gone (its heartbeat socket "
+                          "closed): stopping without a checkpoint",
+                          (long long)steps_done);
     if (w->ck && w->ck->last_step != steps_done) {
         double t0 = now_s();
         int rc = rk_trainer_ckpt_save(w->ck, steps_done, epoch, cursor, err);

@@ -47,6 +47,10 @@ void rk_worker_hooks(rk_worker *w, rk_train_config *c);
  * step end. */
 int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t cursor, rk_err *err);
 
+/* The checkpoint store's last check before it writes (rk_trainer_ckpt.may_save; `user` is
+ * the rk_worker): RK_EIO once the supervisor has gone (rk_hb_alive), else RK_OK. */
+int rk_worker_may_save(void *user, rk_err *err);
+
 /* Tell the supervisor a checkpoint of `step` was saved. */
 void rk_worker_saved(rk_worker *w, int64_t step, double seconds);
 

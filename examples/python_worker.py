@@ -38,6 +38,20 @@ def rank_world():
     return 0, 1
 
 
+def outside_pid():
+    """This process's pid as seen from outside the job: rk run starts the job in a PID
+    namespace of its own, where getpid() is another number. /proc is the host's, so the
+    first NSpid of /proc/self/status is the pid there (getpid() without NSpid)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
 def device_for(rank):
     """Item `rank` of RK_DEVICES (a comma list), or "cpu"."""
     items = [d for d in os.environ.get("RK_DEVICES", "").split(",") if d]
@@ -46,15 +60,17 @@ def device_for(rank):
 
 class Heartbeat:
     """The worker's end of the protocol. A None socket (no RK_HEARTBEAT) makes every call a
-    no-op; when the supervisor goes, the first failure is reported on stderr and the worker
-    carries on without it."""
+    no-op. When the supervisor goes (end of file or a failed send) the job goes with it:
+    `lost` turns true, the worker writes no more checkpoints and stops (docs/protocol.md)."""
 
     def __init__(self, rank, world, device, start_step):
         self.rank = rank
         self.sock = None
         self.pending = set()
         self.buf = b""
+        self.lost = False
         path = os.environ.get("RK_HEARTBEAT", "")
+        self.supervised = bool(path)
         if not path:
             return
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -67,10 +83,11 @@ class Heartbeat:
                    "device": device, "step": start_step})
 
     def _gone(self, why):
-        print(f"heartbeat: the supervisor has gone ({why}); no heartbeat from now on",
+        print(f"heartbeat: the supervisor has gone ({why}); stopping without a checkpoint",
               file=sys.stderr)
         self.sock.close()
         self.sock = None
+        self.lost = True
 
     def send(self, msg):
         if self.sock is None:
@@ -94,9 +111,24 @@ class Heartbeat:
     def bye(self, step, status):
         self.send({"type": "bye", "rank": self.rank, "step": step, "status": status})
 
+    def alive(self):
+        """True while the supervisor is there (or there is none): reads what arrived, without
+        blocking, so an end of file left by a supervisor that died is seen now. Commands stay
+        pending for poll()."""
+        self._read()
+        return not self.lost
+
     def poll(self):
         """The most urgent command that arrived ("stop" > "checkpoint"), or None. Never
         blocks."""
+        self._read()
+        for cmd in ("stop", "checkpoint"):
+            if cmd in self.pending:
+                self.pending.clear()  # stop implies checkpoint
+                return cmd
+        return None
+
+    def _read(self):
         while self.sock is not None:
             try:
                 data = self.sock.recv(LINE_MAX, socket.MSG_DONTWAIT)
@@ -123,11 +155,6 @@ class Heartbeat:
             if len(self.buf) >= LINE_MAX:
                 print("heartbeat: a command line is too long; dropped", file=sys.stderr)
                 self.buf = b""
-        for cmd in ("stop", "checkpoint"):
-            if cmd in self.pending:
-                self.pending.clear()  # stop implies checkpoint
-                return cmd
-        return None
 
 
 def save_state(path, state):
@@ -179,12 +206,13 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--sleep", type=float, default=0.01, help="seconds per step, to watch it")
     ap.add_argument("--result", help="write {step, w, b} as JSON to this file at the end")
-    ap.add_argument("--pid-file", help="write this process's pid to this file at start (for a "
-                    "test or an operator that signals the worker)")
+    ap.add_argument("--pid-file", help="write this process's pid, as seen from outside the "
+                    "job's PID namespace, to this file at start (for a test or an operator "
+                    "that signals the worker)")
     args = ap.parse_args()
     if args.pid_file:
         with open(args.pid_file + ".tmp", "w") as f:
-            f.write(f"{os.getpid()}\n")
+            f.write(f"{outside_pid()}\n")
         os.replace(args.pid_file + ".tmp", args.pid_file)
     if args.steps < 0 or args.ckpt_every < 1 or args.batch < 1:
         ap.error("--steps must be >= 0, --ckpt-every and --batch >= 1")
@@ -216,6 +244,8 @@ def main():
     def checkpoint():
         if not ckpt_path or saved[0] == step:
             return
+        if not hb.alive():  # the supervisor has gone: nothing is written after it
+            return
         saved[0] = step
         t0 = time.monotonic()
         save_state(ckpt_path, {"format": STATE_FORMAT, "seed": args.seed, "step": step,
@@ -242,6 +272,8 @@ def main():
         cmd = hb.poll()
         if step % args.ckpt_every == 0 or cmd is not None:
             checkpoint()
+        if hb.lost:
+            return EXIT_FAIL
         if cmd == "stop":
             hb.bye(step, "stopped")
             print(f"stopped at step {step} on the supervisor's command", file=sys.stderr)

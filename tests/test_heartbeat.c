@@ -644,6 +644,43 @@ static void test_poll_returns_a_last_command_before_reporting_the_close(void **s
     close(lfd);
 }
 
+/* A supervisor that died leaves an end of file: rk_hb_alive sees it at once, without a send
+ * or a poll before it (a worker asks right before it publishes a checkpoint), and keeps a
+ * command that came before the close pending for the next poll. Alive while the supervisor
+ * is there, with or without pending input. */
+static void test_alive_sees_a_supervisor_that_closed_without_a_poll(void **state)
+{
+    (void)state;
+    int lfd = listen_here();
+    conn *c;
+    rk_hb *h = open_pair(lfd, &c);
+    assert_int_equal(rk_hb_alive(h), 1);
+    say(c, "{\"cmd\":\"checkpoint\"}\n");
+    assert_int_equal(rk_hb_alive(h), 1); /* input waiting is not a close */
+    say(c, "{\"cmd\":\"stop\"}\n");
+    close(c->fd);
+    c->fd = -1;
+    assert_int_equal(rk_hb_alive(h), 0);
+    assert_int_equal(poll_ok(h), RK_HB_CMD_STOP); /* what came before the close is kept */
+    rk_hb_cmd cmd = RK_HB_CMD_STOP;
+    assert_int_equal(rk_hb_poll(h, &cmd), RK_EIO);
+    rk_err err = {0};
+    assert_int_equal(rk_hb_error(h, &err), RK_EIO);
+    assert_non_null(strstr(err.msg, "closed"));
+    rk_hb_close(h);
+    conn_free(c);
+
+    /* a bad line read by rk_hb_alive is still reported by the next poll */
+    h = open_pair(lfd, &c);
+    say(c, "{\"cmd\":\"reboot\"}\n");
+    assert_int_equal(rk_hb_alive(h), 1);
+    assert_int_equal(rk_hb_poll(h, &cmd), RK_EFORMAT);
+    assert_int_equal(poll_ok(h), RK_HB_CMD_NONE);
+    rk_hb_close(h);
+    conn_free(c);
+    close(lfd);
+}
+
 /* `rc` (from a call on h) is RK_EINVAL and rk_hb_error names `field`. */
 static void einval_naming(rk_hb *h, int rc, const char *field, const char *call)
 {
@@ -1245,6 +1282,7 @@ int main(void)
         cmocka_unit_test(test_commands_from_the_supervisor_are_seen_by_poll),
         cmocka_unit_test(test_supervisor_gone_makes_sends_fail_once_without_sigpipe),
         cmocka_unit_test(test_poll_returns_a_last_command_before_reporting_the_close),
+        cmocka_unit_test(test_alive_sees_a_supervisor_that_closed_without_a_poll),
         cmocka_unit_test(test_bad_send_arguments_send_nothing_and_keep_the_handle),
         cmocka_unit_test(test_event_detail_is_cleaned_and_cut_on_a_character),
         cmocka_unit_test(test_broken_lines_are_rejected_naming_the_field),

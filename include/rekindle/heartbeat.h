@@ -18,8 +18,9 @@
  * while the supervisor's socket buffer is full. A mutex keeps lines from two threads apart.
  * When the supervisor has gone (a send fails, or rk_hb_poll reads end of file) the handle
  * turns dead: that call (or the next, see rk_hb_poll) returns RK_EIO with a message
- * (rk_hb_error), and every later call is a silent no-op returning RK_OK. Whether to carry on
- * without a supervisor is the caller's choice. A send with a bad argument returns RK_EINVAL,
+ * (rk_hb_error), and every later call is a silent no-op returning RK_OK. A worker must then
+ * stop without writing another checkpoint: the supervisor has gone, and with it the job (the
+ * protocol's rule; rk train does). A send with a bad argument returns RK_EINVAL,
  * sends nothing and leaves the handle alive.
  *
  * Parser (supervisor side). rk_hb_msg_parse and rk_hb_cmd_parse take one line without its
@@ -183,7 +184,11 @@ int rk_hb_bye(rk_hb *h, int64_t step, const char *status);
  * still returned (RK_OK), and RK_EIO comes on the next call. NULL h: NONE and RK_OK. */
 int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd);
 
-/* 1 while connected, 0 when dead or NULL. */
+/* 1 while the supervisor is there, 0 when dead or NULL. Reads what arrived first, without
+ * blocking (commands stay pending for rk_hb_poll; a bad line is reported by the next poll),
+ * so a supervisor that has died, whose end of the socket the kernel closed, reads as 0 now.
+ * A worker calls it right before it publishes a checkpoint: nothing is written after the
+ * supervisor is gone (docs/protocol.md, "Transport"). */
 int rk_hb_alive(rk_hb *h);
 
 /* The last failure a call on h returned (code and message) into *err; returns its code,

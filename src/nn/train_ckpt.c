@@ -149,8 +149,11 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
         build_items(t, &s, policy, policy_len, ef, world);
         rk_ckpt_meta meta = {.step = step, .epoch = epoch, .cursor = cursor, .world_size = world,
                              .config_json = t->config};
-        rc = t->writer ? rk_ckpt_writer_submit(t->writer, &meta, s.items, s.n, err)
-                       : rk_ckpt_save(t->dir, &meta, s.items, s.n, t->keep, err);
+        if (t->may_save)
+            rc = t->may_save(t->may_save_user, err);
+        if (!rc)
+            rc = t->writer ? rk_ckpt_writer_submit(t->writer, &meta, s.items, s.n, err)
+                           : rk_ckpt_save(t->dir, &meta, s.items, s.n, t->keep, err);
         free(policy);
         free(ef);
         ef = NULL;

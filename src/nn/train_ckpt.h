@@ -29,6 +29,10 @@ typedef struct rk_trainer_ckpt {
     rk_comm *comm;
     const rk_train_config *cfg;
     FILE *log;        /* where rank 0 says what it saved (NULL: quiet) */
+    /* NULL, or asked by rank 0 right before each write: an error stops the save (and, through
+     * the save's status collective, every rank) with nothing written */
+    int (*may_save)(void *user, rk_err *err);
+    void *may_save_user;
     /* kept by the module */
     rk_ckpt_writer *writer;
     char config[512];

@@ -859,19 +859,10 @@ static int on_cmd_line(void *ctx, const char *line, size_t len)
     return 0;
 }
 
-int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd)
+/* Read whatever arrived, without blocking: commands become pending, end of file turns the
+ * handle dead. With the lock held. */
+static void take_input(rk_hb *h)
 {
-    if (cmd)
-        *cmd = RK_HB_CMD_NONE;
-    if (!h)
-        return RK_OK;
-    pthread_mutex_lock(&h->mu);
-    if (!cmd) {
-        int rc = rk_err_set_line(&h->last, RK_EINVAL, "heartbeat: rk_hb_poll: cmd is NULL");
-        pthread_mutex_unlock(&h->mu);
-        return rc;
-    }
-    h->bad_cmd = false;
     while (!h->dead) {
         char buf[RK_HB_LINE_MAX];
         ssize_t r = recv(h->fd, buf, sizeof buf, MSG_DONTWAIT);
@@ -891,9 +882,25 @@ int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd)
             go_dead(h, rk_msg_strerror(errno, eb, sizeof eb));
         }
     }
+}
+
+int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd)
+{
+    if (cmd)
+        *cmd = RK_HB_CMD_NONE;
+    if (!h)
+        return RK_OK;
+    pthread_mutex_lock(&h->mu);
+    if (!cmd) {
+        int rc = rk_err_set_line(&h->last, RK_EINVAL, "heartbeat: rk_hb_poll: cmd is NULL");
+        pthread_mutex_unlock(&h->mu);
+        return rc;
+    }
+    take_input(h);
     int rc = RK_OK;
     if (h->bad_cmd) {
         h->last = h->cmd_err;
+        h->bad_cmd = false;
         rc = RK_EFORMAT;
     } else if (h->want_stop) {
         *cmd = RK_HB_CMD_STOP;
@@ -915,6 +922,7 @@ int rk_hb_alive(rk_hb *h)
     if (!h)
         return 0;
     pthread_mutex_lock(&h->mu);
+    take_input(h); /* a supervisor that died left an end of file: see it now */
     int alive = !h->dead;
     pthread_mutex_unlock(&h->mu);
     return alive;

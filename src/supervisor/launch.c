@@ -1,20 +1,47 @@
 /*
  * Launching a job's ranks through an existing launcher (supervisor.h): Open MPI's mpirun, or
- * srun under Slurm. One small piece: argv arrays and execvp, the launcher in its own process
- * group so the whole job can be signalled at once.
+ * srun under Slurm. argv arrays and execvp, never a shell. Between rk run and the launcher
+ * stands a keeper, a small child of rk run that holds the job: pid 1 of a PID namespace of
+ * its own when the kernel allows it (everything in it dies with the keeper), else a child
+ * subreaper that kills its descendants, found in /proc, before it exits. The keeper dies
+ * with rk run (PR_SET_PDEATHSIG, and a lifeline pipe for the race and the subreaper case).
  */
+#define _GNU_SOURCE
 #include "supervisor/supervisor.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_ARGS 512
+#define MAX_PROCS 65536 /* pids read from /proc in one scan */
+
+/* 1 if the launcher arguments name other hosts (then the job is not single-node). */
+static int names_hosts(char *const *extra)
+{
+    static const char *const opts[] = {
+        "--host",    "-host",         "-H",           "--hostfile",
+        "-hostfile", "--machinefile", "-machinefile", "--default-hostfile"};
+    for (int i = 0; extra && extra[i]; i++)
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+            size_t n = strlen(opts[k]);
+            if (strncmp(extra[i], opts[k], n) == 0 && (extra[i][n] == '\0' || extra[i][n] == '='))
+                return 1;
+        }
+    return 0;
+}
 
 /* argv for the launcher; strings point into `nbuf` (the rank count) or the inputs. */
 static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *worker,
@@ -35,6 +62,12 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
         argv[k++] = "--quiet"; /* rk run says what happened; mpirun's advice is noise here */
         argv[k++] = "--bind-to";
         argv[k++] = "none"; /* each rank runs its own threads */
+        if (!names_hosts(extra)) { /* one node: Open MPI's TCP traffic on loopback only */
+            static const char *const lo[] = {"--mca", "oob_tcp_if_include", "lo",
+                                             "--mca", "btl_tcp_if_include", "lo"};
+            for (size_t i = 0; i < sizeof lo / sizeof lo[0]; i++)
+                argv[k++] = lo[i];
+        }
         argv[k++] = "-np";
         argv[k++] = nbuf;
     }
@@ -66,31 +99,306 @@ const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_ar
     return buf;
 }
 
+/* LD_PRELOAD=librkloopback.so[:what was there] into buf for a single-node mpirun and its
+ * ranks (src/preload/loopback.c: Open MPI's listeners bind loopback only, nothing else
+ * changes): the copy beside this executable (a build tree) or the installed one. 0 if there
+ * is none. */
+static int loopback_preload(char *buf, size_t cap)
+{
+#ifndef RK_LOOPBACK_SO
+#define RK_LOOPBACK_SO ""
+#define RK_LOOPBACK_RELDIR "lib/rekindle"
+#endif
+    char exe[4096], cand[3][4200];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(cand[0], sizeof cand[0], "%s/librkloopback.so", exe); /* a build tree */
+    snprintf(cand[1], sizeof cand[1], "%s/../%s/librkloopback.so", exe, RK_LOOPBACK_RELDIR);
+    snprintf(cand[2], sizeof cand[2], "%s", RK_LOOPBACK_SO); /* where it was installed */
+    const char *old = getenv("LD_PRELOAD");
+    for (int i = 0; i < 3; i++)
+        if (cand[i][0] == '/' && access(cand[i], R_OK) == 0 &&
+            (size_t)snprintf(buf, cap, "LD_PRELOAD=%s%s%s", cand[i], old && *old ? ":" : "",
+                             old ? old : "") < cap)
+            return 1;
+    return 0;
+}
+
+/* ---- the kernel's view of processes ---------------------------------------------------- */
+
+/* The parent of `pid` from /proc/PID/stat (in this process's PID namespace), -1 if gone;
+ * its state letter to *state (may be NULL; 'Z' for a zombie). */
+static pid_t parent_of(pid_t pid, char *state)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0)
+        return -1;
+    buf[r] = '\0';
+    const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    int ppid;
+    char st;
+    if (!p || sscanf(p + 1, " %c %d", &st, &ppid) != 2)
+        return -1;
+    if (state)
+        *state = st;
+    return (pid_t)ppid;
+}
+
+int rk_proc_descends(pid_t pid, pid_t root)
+{
+    if (pid <= 1 || root <= 1)
+        return 0;
+    for (int hops = 0; hops < 256 && pid > 1; hops++) {
+        if (pid == root)
+            return 1;
+        pid = parent_of(pid, NULL);
+    }
+    return 0;
+}
+
+long rk_proc_nspid(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    long inner = -1, seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "Pid:", 4) == 0)
+            seen = 1; /* a kernel without NSpid (before 4.1) has no PID namespaces to list */
+        if (strncmp(line, "NSpid:", 6) != 0)
+            continue;
+        char *p = line + 6, *end;
+        for (long v; (v = strtol(p, &end, 10)), end != p; p = end)
+            inner = v; /* the last one: the pid in the process's own namespace */
+        break;
+    }
+    fclose(f);
+    return inner < 0 && seen ? (long)pid : inner;
+}
+
+/* Send `sig` to every live descendant of `root` (not root itself); how many were found.
+ * With `reap`, then reap those that are this process's children (zombies are not counted,
+ * but a zombie's children are: they await reparenting). */
+static int signal_tree(pid_t root, int sig, int reap)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    static pid_t pid[MAX_PROCS], ppid[MAX_PROCS], queue[MAX_PROCS];
+    static char state[MAX_PROCS];
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < MAX_PROCS;) {
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        pid_t p = (pid_t)atoi(e->d_name);
+        pid_t pp = parent_of(p, &state[n]);
+        if (pp > 0) {
+            pid[n] = p;
+            ppid[n++] = pp;
+        }
+    }
+    closedir(d);
+    size_t head = 0, tail = 0; /* breadth-first from root over the parent links */
+    queue[tail++] = root;
+    int found = 0;
+    while (head < tail) {
+        pid_t up = queue[head++];
+        for (size_t i = 0; i < n && tail < MAX_PROCS; i++) {
+            if (ppid[i] != up || pid[i] == root)
+                continue;
+            queue[tail++] = pid[i];
+            if (state[i] != 'Z') {
+                kill(pid[i], sig);
+                found++;
+            }
+            if (reap && ppid[i] == getpid())
+                waitpid(pid[i], NULL, WNOHANG);
+        }
+    }
+    return found;
+}
+
+/* SIGKILL the descendants of `root` until none is left (a process may fork while it is
+ * being killed; its children are reparented to a subreaper in the tree, so scans find them),
+ * reaping those that are ours. */
+static void kill_tree(pid_t root)
+{
+    for (int round = 0; round < 100 && signal_tree(root, SIGKILL, 1) > 0; round++) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    signal_tree(root, 0, 1); /* reap the last ones */
+}
+
+/* ---- the keeper -------------------------------------------------------------------------- */
+
+static void write_errno(int fd, int e)
+{
+    ssize_t w;
+    do
+        w = write(fd, &e, sizeof e);
+    while (w < 0 && errno == EINTR);
+}
+
+/* Everything of the job but the keeper. */
+static void signal_job(int pidns, int sig)
+{
+    if (pidns)
+        kill(-1, sig); /* as pid 1 of the namespace: every other process in it */
+    else if (sig == SIGKILL)
+        kill_tree(getpid());
+    else
+        signal_tree(getpid(), sig, 0);
+}
+
+/* The keeper's life: start the launcher, reap everything, pass TERM, INT and HUP on to the job,
+ * kill the job when rk run goes (lifeline at end of file) or the launcher exits, and exit
+ * with the launcher's status (128 + signal for a signal). Never returns. */
+static void keeper(int pidns, int life, int report, const char **argv, char *const *env,
+                   char *preload)
+{
+    setpgid(0, 0); /* the terminal's ^C goes to rk run, which decides */
+    if (pidns)
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* the namespace dies with rk run */
+    else
+        prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans of the job stay ours to kill */
+    struct pollfd lp = {life, POLLIN, 0};
+    if (poll(&lp, 1, 0) > 0) /* rk run died before the line above took effect */
+        _exit(137);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    int sfd = signalfd(-1, &set, SFD_CLOEXEC);
+    pid_t child = sfd < 0 ? -1 : fork();
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        sigprocmask(SIG_UNBLOCK, &set, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        for (int i = 0; env && env[i]; i++)
+            putenv(env[i]);
+        if (preload)
+            putenv(preload);
+        execvp(argv[0], (char *const *)argv);
+        write_errno(report, errno); /* rk run reads it: no launch, one message */
+        _exit(127);
+    }
+    if (child < 0) {
+        write_errno(report, errno);
+        _exit(127);
+    }
+    close(report);
+    for (;;) {
+        struct pollfd p[2] = {{sfd, POLLIN, 0}, {life, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0)
+            continue;
+        if (p[1].revents) { /* rk run has gone: so does the job */
+            signal_job(pidns, SIGKILL);
+            _exit(137);
+        }
+        struct signalfd_siginfo si;
+        if (!(p[0].revents & POLLIN) || read(sfd, &si, sizeof si) != (ssize_t)sizeof si)
+            continue;
+        if (si.ssi_signo != SIGCHLD) {
+            signal_job(pidns, SIGTERM);
+            continue;
+        }
+        int st;
+        for (pid_t w; (w = waitpid(-1, &st, WNOHANG)) > 0;)
+            if (w == child) {
+                signal_job(pidns, SIGKILL); /* what outlived the launcher goes with it */
+                _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+            }
+    }
+}
+
 int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
-                    char *const *worker, char *const *env, rk_err *err)
+                    char *const *worker, char *const *env, int want_pidns, rk_err *err)
 {
     memset(l, 0, sizeof *l);
+    l->life = -1;
     const char *argv[MAX_ARGS];
     char nbuf[16];
     if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
         return rk_err_set(err, RK_EINVAL, "launch: more than %d arguments", MAX_ARGS);
+    static char preload[8400];
+    const char *lo = getenv("RK_RUN_LOOPBACK"); /* "0": no preload */
+    int want_lo = !(lo && strcmp(lo, "0") == 0);
+#if defined(__SANITIZE_ADDRESS__)
+    want_lo = 0; /* a sanitised build's ranks must load the sanitiser's runtime first */
+#endif
+    l->loopback = want_lo && kind == RK_LAUNCH_MPIRUN && !names_hosts(launcher_args) &&
+                  loopback_preload(preload, sizeof preload);
+    int life[2], report[2];
+    if (pipe2(life, O_CLOEXEC) != 0)
+        return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
+    if (pipe2(report, O_CLOEXEC) != 0) {
+        close(life[0]);
+        close(life[1]);
+        return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
+    }
+    /* the next child is pid 1 of a new PID namespace; this process stays where it is */
+    int self_ns = want_pidns ? open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC) : -1;
+    if (self_ns >= 0 && unshare(CLONE_NEWPID) == 0)
+        l->pidns = 1;
+    else
+        l->ns_errno = want_pidns ? errno : 0;
     fflush(NULL);
     pid_t pid = fork();
-    if (pid < 0)
-        return rk_err_set(err, RK_EIO, "launch: fork failed: %s", strerror(errno));
     if (pid == 0) {
-        setpgid(0, 0);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGPIPE, SIG_DFL);
-        for (int i = 0; env && env[i]; i++)
-            putenv(env[i]);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "rk run: cannot start %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
+        close(life[1]);
+        close(report[0]);
+        keeper(l->pidns, life[0], report[1], argv, env, l->loopback ? preload : NULL);
     }
-    setpgid(pid, pid); /* also here: no race with the first kill */
+    int fork_errno = errno;
+    if (l->pidns && setns(self_ns, CLONE_NEWPID) != 0) { /* later children: our namespace */
+        fork_errno = errno;
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+        }
+        pid = -1;
+    }
+    if (self_ns >= 0)
+        close(self_ns);
+    close(life[0]);
+    close(report[1]);
+    if (pid < 0) {
+        close(life[1]);
+        close(report[0]);
+        return rk_err_set(err, RK_EIO, "launch: fork failed: %s", strerror(fork_errno));
+    }
+    setpgid(pid, pid);
     l->pid = pid;
+    l->life = life[1];
+    int e = 0;
+    ssize_t r;
+    do /* end of file once the launcher's exec succeeded (the pipe is close-on-exec) */
+        r = read(report[0], &e, sizeof e);
+    while (r < 0 && errno == EINTR);
+    close(report[0]);
+    if (r == (ssize_t)sizeof e) {
+        rk_launch_kill(l, 0);
+        l->pid = 0;
+        return rk_err_set(err, RK_ENOENT, "cannot run the launcher %s: %s", argv[0], strerror(e));
+    }
     return RK_OK;
 }
 
@@ -98,14 +406,22 @@ int rk_launch_poll(rk_launch *l)
 {
     if (l->exited || l->pid <= 0)
         return 1;
-    int st;
+    int st = 0;
     pid_t r = waitpid(l->pid, &st, WNOHANG);
-    if (r == l->pid) {
+    if (r == l->pid || (r < 0 && errno == ECHILD)) { /* ECHILD: reaped already, never reuse */
         l->exited = 1;
-        l->status = st;
+        l->status = r == l->pid ? st : 1 << 8;
+        if (l->life >= 0)
+            close(l->life);
+        l->life = -1;
         return 1;
     }
     return 0;
+}
+
+int rk_launch_owns(const rk_launch *l, pid_t pid)
+{
+    return l->pid > 0 && !l->exited && rk_proc_descends(pid, l->pid);
 }
 
 static void nap(double s)
@@ -116,20 +432,31 @@ static void nap(double s)
 
 void rk_launch_kill(rk_launch *l, double grace_s)
 {
-    if (l->pid <= 0 || rk_launch_poll(l))
+    if (l->pid <= 0)
         return;
-    kill(-l->pid, SIGTERM);
-    for (double t = 0; t < grace_s; t += 0.02) {
-        if (rk_launch_poll(l))
-            break;
-        nap(0.02);
-    }
-    kill(-l->pid, SIGKILL); /* the group may outlive its leader */
-    if (!l->exited) {
-        int st;
-        if (waitpid(l->pid, &st, 0) == l->pid) {
-            l->exited = 1;
-            l->status = st;
+    if (!rk_launch_poll(l)) {
+        if (grace_s > 0) {
+            kill(l->pid, SIGTERM); /* the keeper passes it on to the whole job */
+            for (double t = 0; t < grace_s; t += 0.02) {
+                if (rk_launch_poll(l))
+                    break;
+                nap(0.02);
+            }
+        }
+        if (!l->exited) {
+            if (!l->pidns)
+                kill_tree(l->pid); /* the keeper cannot clean up after a SIGKILL */
+            kill(l->pid, SIGKILL); /* with a namespace, the kernel kills all of it */
+            int st;
+            if (waitpid(l->pid, &st, 0) == l->pid) {
+                l->exited = 1;
+                l->status = st;
+            }
         }
     }
+    if (l->life >= 0)
+        close(l->life);
+    l->life = -1;
+    /* rk run is a subreaper: whatever escaped the keeper was reparented here */
+    kill_tree(getpid());
 }

@@ -3,8 +3,8 @@
  * through an existing launcher, watches their heartbeats (rekindle/heartbeat.h) and exits,
  * classifies each failure, relaunches from the latest good checkpoint, quarantines devices
  * that keep failing and shrinks the job onto the rest, and keeps the ledger (events, goodput).
- * Pieces: launch.c (argv for mpirun or srun, fork/exec, kill), watch.c (the loop), ledger.c
- * (events file, summary JSON, the closing summary).
+ * Pieces: launch.c (argv for mpirun or srun, the keeper that holds the job, kill), watch.c (the
+ * loop), ledger.c (events file, summary JSON, the closing summary).
  */
 #ifndef RK_SUPERVISOR_H
 #define RK_SUPERVISOR_H
@@ -58,20 +58,37 @@ int rk_sup_run(const rk_sup_opts *o);
 /* ---- launch.c ---------------------------------------------------------------------------- */
 
 typedef struct rk_launch {
-    pid_t pid;  /* the launcher process, leader of its own process group */
-    int exited; /* reaped */
-    int status; /* wait status once exited */
+    pid_t pid;    /* the keeper: rk run's child that holds the job (launch.c), own group */
+    int pidns;    /* 1: the job runs in a PID namespace of its own, the keeper its pid 1 */
+    int ns_errno; /* why not, when one was asked for */
+    int life;     /* the lifeline: the keeper kills the job when this end closes */
+    int loopback; /* 1: a single-node mpirun with librkloopback.so (listeners on loopback) */
+    int exited;   /* the keeper reaped */
+    int status;   /* its wait status once exited: the launcher's (128 + signal if killed) */
 } rk_launch;
 
 /* Start the launcher for `n` ranks of `worker` with `env` (NAME=VALUE strings, NULL-ended)
- * added to this process's environment. argv is built here, never a shell string. */
+ * added to this process's environment, under a keeper: pid 1 of a new PID namespace when
+ * `want_pidns` and the kernel allows it (l->pidns), else a child subreaper. The keeper and
+ * everything it started die when this process dies, however it dies. argv is built here,
+ * never a shell string. A launcher that cannot be executed: RK_ENOENT naming it and why,
+ * nothing left running. */
 int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
-                    char *const *worker, char *const *env, rk_err *err);
+                    char *const *worker, char *const *env, int want_pidns, rk_err *err);
 /* Reap without blocking: 1 once exited (l->status set), else 0. */
 int rk_launch_poll(rk_launch *l);
-/* Tear down: SIGTERM to the launcher's process group, up to `grace_s` for it to exit, then
- * SIGKILL to the group; reaps. The ranks' own pids are the caller's to kill as well. */
+/* Tear down every process of the job: SIGTERM to the keeper (it passes it on to the whole
+ * job), up to `grace_s` for the launcher to exit, then SIGKILL (the namespace, or every
+ * descendant found in /proc); reaps. Never uses pids that workers reported. */
 void rk_launch_kill(rk_launch *l, double grace_s);
+/* 1 if `pid` (in this process's PID namespace) is a process of this launch (a descendant
+ * of its keeper, by /proc). */
+int rk_launch_owns(const rk_launch *l, pid_t pid);
+/* 1 if `pid` descends from `root` (parent links in /proc). */
+int rk_proc_descends(pid_t pid, pid_t root);
+/* `pid`'s pid in its own PID namespace (the last NSpid of /proc/PID/status: what its
+ * getpid() returns), -1 if it is gone. */
+long rk_proc_nspid(pid_t pid);
 /* The launcher's argv for a printout (static storage, for messages). */
 const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
                                char *const *worker, char *buf, size_t cap);

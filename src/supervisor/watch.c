@@ -4,10 +4,12 @@
  * 100 ms tick, until the job finishes, a failure is classified (crash, hang, communication
  * failure, guard gave up) and the job is torn down and relaunched, or the job cannot go on.
  */
+#define _GNU_SOURCE /* accept4, SO_PEERCRED */
 #include "supervisor/supervisor.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,11 +29,18 @@
 
 #define MAX_CONNS 1024
 #define TICK_MS 100
+#define MAX_STRANGERS 64 /* open connections that have not said hello */
+#define HELLO_WAIT_S 5.0 /* a connection that says no hello this long is closed */
+#define ACCEPT_BATCH 256 /* connections accepted per turn of the loop */
+#define SAY_PER_CONN 3   /* messages about one rank's connection, then a count */
+#define SAY_STRANGERS 5  /* messages about unidentified peers per 10 s, then a count */
 
 typedef struct conn {
     int fd;
     int rank; /* -1 until hello */
-    long pid;
+    long pid; /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
+    double since;     /* accepted */
+    int said, hushed; /* messages about this connection: shown, suppressed */
     rk_hb_lines lines;
     double last; /* time of the last message */
     int64_t done; /* steps done */
@@ -74,6 +84,11 @@ typedef struct sup {
     int npending;
     int64_t pending_last_done;
     double last_status;
+    double strangers_t; /* start of the current 10 s window for messages about strangers */
+    int strangers_said, strangers_hushed;
+    int told_pidns;        /* said once why the job has no PID namespace */
+    int told_loopback;     /* said once that Open MPI's listeners are not on loopback only */
+    char jobdir[128];      /* the launcher's private temporary directory */
     rk_gate *gate;         /* the health gate, NULL without --health */
     double last_gate;      /* when the gate last read the GPUs */
     int drained[RK_SUP_MAX_DEVICES]; /* drained during a run: out for the rest of the job */
@@ -96,6 +111,42 @@ static void say(const sup *s, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+}
+
+/* A message about a connection, rate-limited: per rank, the first few and then a count at
+ * close; for peers that have not said who they are (a flood), a few per 10 s in all. */
+static void note(sup *s, conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void note(sup *s, conn *c, const char *fmt, ...)
+{
+    double now = rk_ledger_now(&s->g);
+    if (c && c->rank >= 0) {
+        if (c->said >= SAY_PER_CONN) {
+            c->hushed++;
+            return;
+        }
+        c->said++;
+    } else {
+        if (now - s->strangers_t >= 10.0) {
+            if (s->strangers_hushed)
+                say(s,
+                    "%d more messages about heartbeat connections that said no valid hello "
+                    "were suppressed",
+                    s->strangers_hushed);
+            s->strangers_t = now;
+            s->strangers_said = s->strangers_hushed = 0;
+        }
+        if (s->strangers_said >= SAY_STRANGERS) {
+            s->strangers_hushed++;
+            return;
+        }
+        s->strangers_said++;
+    }
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    say(s, "%s", msg);
 }
 
 static const char *devname(const sup *s, int rank)
@@ -243,6 +294,26 @@ static void on_inject(sup *s, const rk_hb_msg *m)
     }
 }
 
+#define REFUSE 1 /* on_line: close this connection (a peer that is not a rank of the job) */
+
+/* A hello is believed only from a process of this launch whose pid it names: the kernel's
+ * credentials of the peer (SO_PEERCRED, taken at connect) must be a descendant of the keeper,
+ * and the hello's pid that process's own pid in its namespace. (srun's ranks are children of
+ * Slurm's daemons, not of the keeper: there only the pid is checked.) */
+static int hello_trusted(sup *s, const conn *c, const rk_hb_msg *m, char *why, size_t cap)
+{
+    long own = c->pid > 0 ? rk_proc_nspid((pid_t)c->pid) : -1;
+    if (c->pid <= 0 || own < 0)
+        snprintf(why, cap, "the peer's process is unknown or gone");
+    else if (own != m->pid)
+        snprintf(why, cap, "it names pid %ld but comes from pid %ld", m->pid, own);
+    else if (s->o->launcher != RK_LAUNCH_SRUN && !rk_launch_owns(&s->l, (pid_t)c->pid))
+        snprintf(why, cap, "pid %ld is not a process of this launch", c->pid);
+    else
+        return 1;
+    return 0;
+}
+
 static int on_line(void *ctx, const char *line, size_t len)
 {
     void **pair = ctx;
@@ -251,19 +322,23 @@ static int on_line(void *ctx, const char *line, size_t len)
     rk_hb_msg m;
     rk_err err = {0};
     if (rk_hb_msg_parse(line, len, &m, &err)) {
-        say(s, "ignored a bad heartbeat message%s: %s", c->rank >= 0 ? " from a rank" : "",
-            err.msg);
-        return 0;
+        note(s, c, "%s a bad heartbeat message%s: %s", c->rank >= 0 ? "ignored" : "refused",
+             c->rank >= 0 ? " from a rank" : " from a connection that said no hello", err.msg);
+        return c->rank >= 0 ? 0 : REFUSE; /* a rank says hello first */
     }
     double now = rk_ledger_now(&s->g);
     if (m.type == RK_HB_HELLO) {
         if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || by_rank(s, m.rank)) {
-            say(s, "ignored a hello for rank %d of %d (this launch has %d ranks)", m.rank,
-                m.world, s->n);
+            note(s, c, "ignored a hello for rank %d of %d (this launch has %d ranks)", m.rank,
+                 m.world, s->n);
             return 0;
         }
+        char why[160];
+        if (!hello_trusted(s, c, &m, why, sizeof why)) {
+            note(s, c, "refused a hello for rank %d: %s", m.rank, why);
+            return REFUSE;
+        }
         c->rank = m.rank;
-        c->pid = m.pid;
         c->last = now;
         c->done = m.step;
         c->progress = 2 * m.step;
@@ -277,8 +352,9 @@ static int on_line(void *ctx, const char *line, size_t len)
         return 0;
     }
     if (c->rank < 0 || m.rank != c->rank) {
-        say(s, "ignored a %s message before hello or from another rank", rk_hb_type_name(m.type));
-        return 0;
+        note(s, c, "%s a %s message before hello or from another rank",
+             c->rank < 0 ? "refused" : "ignored", rk_hb_type_name(m.type));
+        return c->rank >= 0 ? 0 : REFUSE;
     }
     c->last = now;
     switch (m.type) {
@@ -316,6 +392,9 @@ static void drop_conn(sup *s, conn *c, const char *why)
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    if (c->hushed)
+        say(s, "%d more messages about rank %d's connection were suppressed", c->hushed, c->rank);
+    c->hushed = 0;
     if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
         fail(s, "crash", c->rank, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
              devname(s, c->rank), c->pid, why, (long long)c->done);
@@ -334,8 +413,10 @@ static int read_conn(sup *s, conn *c)
     }
     void *pair[2] = {s, c};
     rk_err err = {0};
-    if (rk_hb_lines_feed(&c->lines, buf, (size_t)r, on_line, pair, &err) == RK_EFORMAT) {
-        say(s, "closing a heartbeat connection: %s", err.msg);
+    int rc = rk_hb_lines_feed(&c->lines, buf, (size_t)r, on_line, pair, &err);
+    if (rc == RK_EFORMAT)
+        note(s, c, "closing a heartbeat connection: %s", err.msg);
+    if (rc == RK_EFORMAT || rc == REFUSE) {
         drop_conn(s, c, "broke the heartbeat protocol");
         return 0;
     }
@@ -347,6 +428,7 @@ static int read_conn(sup *s, conn *c)
 static int start_launch(sup *s, rk_err *err)
 {
     memset(&s->l, 0, sizeof s->l);
+    s->l.life = -1;
     for (int k = 0; k < s->nconn; k++)
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);
@@ -355,9 +437,22 @@ static int start_launch(sup *s, rk_err *err)
     s->first_step_seen = 0;
     s->start_step = -1;
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
-        env_done[8192];
-    const char *env[8];
+        env_done[8192], env_tmp[3][200];
+    const char *env[12];
     int e = 0;
+    /* Open MPI's session directory and shared-memory files in a directory of this launch:
+     * in a PID namespace every job's mpirun has the same pid, from which Open MPI derives
+     * the names it shares between jobs */
+    snprintf(s->jobdir, sizeof s->jobdir, "%s/job%d", s->dir, s->launch_no);
+    if (mkdir(s->jobdir, 0700) != 0 && errno != EEXIST)
+        return rk_err_set(err, RK_EIO, "cannot create %s: %s", s->jobdir, strerror(errno));
+    static const char *const tmpvars[3] = {"OMPI_MCA_orte_tmpdir_base",
+                                           "OMPI_MCA_btl_vader_backing_directory",
+                                           "OMPI_MCA_shmem_mmap_backing_file_base_dir"};
+    for (int k = 0; k < 3 && s->o->launcher == RK_LAUNCH_MPIRUN; k++) {
+        snprintf(env_tmp[k], sizeof env_tmp[k], "%s=%s", tmpvars[k], s->jobdir);
+        env[e++] = env_tmp[k];
+    }
     snprintf(env_hb, sizeof env_hb, "RK_HEARTBEAT=%s", s->sock);
     env[e++] = env_hb;
     size_t used = (size_t)snprintf(env_dev, sizeof env_dev, "RK_DEVICES=");
@@ -388,20 +483,31 @@ static int start_launch(sup *s, rk_err *err)
     }
     env[e] = NULL;
     s->t_launch = rk_ledger_now(&s->g);
-    return rk_launch_start(&s->l, s->o->launcher, s->o->launcher_args, s->n, s->o->worker,
-                           (char *const *)env, err);
+    const char *ns = getenv("RK_RUN_PIDNS"); /* "0": the subreaper fallback (tests) */
+    int rc = rk_launch_start(&s->l, s->o->launcher, s->o->launcher_args, s->n, s->o->worker,
+                             (char *const *)env, !(ns && strcmp(ns, "0") == 0), err);
+    if (!rc && !s->l.pidns && !s->told_pidns) {
+        s->told_pidns = 1;
+        say(s,
+            "no PID namespace for the job (%s): it is tracked as rk run's descendants, and "
+            "a process that leaves that tree survives a SIGKILL of rk run",
+            s->l.ns_errno ? strerror(s->l.ns_errno) : "RK_RUN_PIDNS=0");
+    }
+    if (!rc && !s->l.loopback && !s->told_loopback && s->o->launcher == RK_LAUNCH_MPIRUN) {
+        s->told_loopback = 1; /* a multi-node job, or the library is missing */
+        say(s, "Open MPI's listeners bind every address (not a single-node job, "
+               "RK_RUN_LOOPBACK=0, a sanitiser build, or no librkloopback.so beside rk or in "
+               "its library directory)");
+    }
+    return rc;
 }
 
-/* Kill whatever is left of this launch: the launcher's group and every rank we know. */
+/* Kill whatever is left of this launch: every process the keeper holds (launch.c), found
+ * by the kernel, never by the pids workers reported; ranks that never said hello too. */
 static void teardown(sup *s, double grace)
 {
-    for (int k = 0; k < s->nconn; k++)
-        if (s->c[k].pid > 1 && grace == 0)
-            kill((pid_t)s->c[k].pid, SIGKILL);
     rk_launch_kill(&s->l, grace);
     for (int k = 0; k < s->nconn; k++) {
-        if (s->c[k].pid > 1 && !s->c[k].bye) /* a rank that said bye is leaving by itself */
-            kill((pid_t)s->c[k].pid, SIGKILL);
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);
         s->c[k].fd = -1;
@@ -482,6 +588,76 @@ static void status_line(sup *s)
         s->g.restarts == 1 ? "" : "s");
 }
 
+/* A slot for a new connection, cleared: a closed one that never said hello, a new one, or
+ * (too many strangers open, or the table full) the oldest stranger's, closed. NULL if the
+ * table is full of ranks. */
+static conn *free_slot(sup *s)
+{
+    conn *c = NULL, *oldest = NULL;
+    int strangers = 0;
+    for (int k = 0; k < s->nconn && !c; k++) {
+        conn *x = &s->c[k];
+        if (x->fd < 0 && x->rank < 0)
+            c = x;
+        else if (x->fd >= 0 && x->rank < 0) {
+            strangers++;
+            if (!oldest || x->since < oldest->since)
+                oldest = x;
+        }
+    }
+    if (!c && strangers < MAX_STRANGERS && s->nconn < MAX_CONNS)
+        c = &s->c[s->nconn++];
+    if (!c && oldest) {
+        note(s, NULL, "too many heartbeat connections without a hello (%d): closing the oldest",
+             strangers);
+        drop_conn(s, oldest, "");
+        c = oldest;
+    }
+    if (c) {
+        memset(c, 0, sizeof *c);
+        c->fd = -1;
+        c->rank = -1;
+    }
+    return c;
+}
+
+/* Accept what is waiting (a bounded batch) and read each at once: a rank's hello is already
+ * there, so a flood of other connections cannot keep it waiting. */
+static void accept_conns(sup *s)
+{
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            return;
+        conn *c = free_slot(s);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->since = c->last = rk_ledger_now(&s->g);
+        struct ucred cr;
+        socklen_t len = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0)
+            c->pid = cr.pid; /* the kernel's word, in our namespace */
+        read_conn(s, c);
+    }
+}
+
+/* Close connections that said no hello within HELLO_WAIT_S. */
+static void expire_strangers(sup *s)
+{
+    double now = rk_ledger_now(&s->g);
+    for (int k = 0; k < s->nconn; k++) {
+        conn *c = &s->c[k];
+        if (c->fd >= 0 && c->rank < 0 && now - c->since > HELLO_WAIT_S) {
+            note(s, c, "closed a heartbeat connection that said no hello within %.0f s",
+                 HELLO_WAIT_S);
+            drop_conn(s, c, "");
+        }
+    }
+}
+
 /* Watch one launch until it ends; returns what to do next. */
 static outcome watch(sup *s)
 {
@@ -506,23 +682,13 @@ static outcome watch(sup *s)
             }
         int r = poll(p, (nfds_t)np, TICK_MS);
         if (r > 0) {
-            if (p[0].revents & POLLIN) {
-                int fd = accept(s->listen_fd, NULL, NULL);
-                if (fd >= 0 && s->nconn < MAX_CONNS) {
-                    fcntl(fd, F_SETFD, FD_CLOEXEC);
-                    conn *c = &s->c[s->nconn++];
-                    memset(c, 0, sizeof *c);
-                    c->fd = fd;
-                    c->rank = -1;
-                    c->last = rk_ledger_now(&s->g);
-                } else if (fd >= 0) {
-                    close(fd);
-                }
-            }
             for (int q = 1; q < np; q++)
                 if (p[q].revents & (POLLIN | POLLHUP | POLLERR))
                     read_conn(s, &s->c[map[q - 1]]);
+            if (p[0].revents & POLLIN)
+                accept_conns(s);
         }
+        expire_strangers(s);
         check_timeouts(s);
         gate_tick(s);
         status_line(s);
@@ -589,10 +755,12 @@ static int open_socket(sup *s, rk_err *err)
         return rk_err_set(err, RK_EIO, "cannot create a directory for the heartbeat socket: %s",
                           strerror(errno));
     snprintf(s->sock, sizeof s->sock, "%s/hb.sock", s->dir);
-    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof a.sun_path, "%s", s->sock);
-    if (s->listen_fd < 0 || bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+    /* the directory is 0700 (mkdtemp) and the socket 0600: only this user connects */
+    if (s->listen_fd < 0 || chmod(s->dir, 0700) < 0 ||
+        bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(s->sock, 0600) < 0 ||
         listen(s->listen_fd, 256) < 0)
         return rk_err_set(err, RK_EIO, "heartbeat socket %s: %s", s->sock, strerror(errno));
     return RK_OK;
@@ -677,7 +845,8 @@ static void gate_tick(sup *s)
             if (!rk_gate_take_fatal(s->gate, devname(s, r)))
                 continue;
             for (int k = 0; k < s->nconn; k++)
-                if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye) {
+                if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye &&
+                    rk_launch_owns(&s->l, (pid_t)s->c[k].pid)) { /* only a rank of ours */
                     say(s, "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "
                         "failure would", devname(s, r),
                         rk_gate_lost(s->gate, devname(s, r)) ? "off the bus"
@@ -730,6 +899,13 @@ static void gate_tick(sup *s)
     }
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st, (void)flag, (void)f;
+    remove(path);
+    return 0;
+}
+
 int rk_sup_run(const rk_sup_opts *o)
 {
     sup *s = calloc(1, sizeof *s);
@@ -739,6 +915,7 @@ int rk_sup_run(const rk_sup_opts *o)
     }
     s->o = o;
     s->listen_fd = -1;
+    s->l.life = -1;
     rk_err err = {0};
     int status = RK_EXIT_FAIL;
     const char *result = "failed";
@@ -771,7 +948,9 @@ int rk_sup_run(const rk_sup_opts *o)
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* a closed terminal: checkpoint and stop, like TERM */
     signal(SIGPIPE, SIG_IGN);
+    prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented to us */
     if (pick_devices(s) < o->min_ranks || s->n < 1) {
         say(s, "cannot start: %d healthy device%s, below --min-ranks %d", s->n,
             s->n == 1 ? "" : "s", o->min_ranks);
@@ -793,6 +972,8 @@ int rk_sup_run(const rk_sup_opts *o)
     for (;;) {
         if (start_launch(s, &err)) {
             say(s, "%s", err.msg);
+            if (err.code == RK_ENOENT) /* the launcher cannot be executed: no relaunch */
+                status = RK_EXIT_USAGE;
             break;
         }
         outcome oc = watch(s);
@@ -850,6 +1031,8 @@ int rk_sup_run(const rk_sup_opts *o)
             s->launch_no, n, n == 1 ? "" : "s", list);
     }
 out:
+    if (s->l.pid > 0)
+        rk_launch_kill(&s->l, 0); /* nothing of the job outlives rk run */
     if (s->g.t0 > 0 && rk_ledger_summary(&s->g, o->summary_path, stderr, s->last_done, s->n,
                                          result, &err))
         fprintf(stderr, "rk run: %s\n", err.msg);
@@ -858,7 +1041,7 @@ out:
     if (s->sock[0])
         unlink(s->sock);
     if (s->dir[0])
-        rmdir(s->dir);
+        nftw(s->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); /* with the launchers' files */
     rk_inject_free(s->spec);
     rk_gate_close(s->gate);
     free(s->fired);
