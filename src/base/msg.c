@@ -3,6 +3,7 @@
 
 #include "base/msg.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,4 +41,22 @@ const char *rk_msg_strerror(int e, char *buf, size_t cap)
     if (strerror_r(e, buf, cap) != 0)
         snprintf(buf, cap, "errno %d", e);
     return buf;
+}
+
+int rk_err_code_errno(int e)
+{
+    switch (e) {
+    case ENOENT:
+    case ENOTDIR: return RK_ENOENT;
+    case ENOMEM: return RK_ENOMEM;
+    case ENOSPC:
+#if defined(EDQUOT) && EDQUOT != ENOSPC
+    case EDQUOT:
+#endif
+    case EROFS:
+    case EACCES:
+    case EPERM:
+    case EIO: return RK_ESTORAGE;
+    default: return RK_EIO;
+    }
 }

@@ -18,6 +18,11 @@ const char *rk_msg_show(char *dst, size_t cap, const char *s);
 __attribute__((format(printf, 3, 4))) int rk_err_set_line(rk_err *err, int code,
                                                           const char *fmt, ...);
 
+/* The RK_E* code for a failed call's errno `e`: ENOENT, ENOTDIR -> RK_ENOENT; ENOMEM ->
+ * RK_ENOMEM; ENOSPC, EDQUOT, EROFS, EACCES, EPERM, EIO (the storage refused) -> RK_ESTORAGE;
+ * anything else -> RK_EIO. */
+int rk_err_code_errno(int e);
+
 /* strerror(e) into buf[cap], thread-safe ("errno N" if unknown). Returns buf. */
 const char *rk_msg_strerror(int e, char *buf, size_t cap);
 
