@@ -52,8 +52,9 @@ typedef struct rk_sup_opts {
 } rk_sup_opts;
 
 /* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
- * could not (out of restarts, below --min-ranks, a worker error that relaunching cannot fix),
- * 2 a worker said its usage or input is bad, 130 interrupted. Says what happened on stderr. */
+ * could not (out of restarts, below --min-ranks, a storage error: a worker exited 6), 2 a
+ * worker said its usage or input is bad (exited 2), 130 interrupted. Says what happened on
+ * stderr; failures are classified by policy.h. */
 int rk_sup_run(const rk_sup_opts *o);
 
 /* ---- launch.c ---------------------------------------------------------------------------- */
