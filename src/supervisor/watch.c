@@ -74,9 +74,9 @@ typedef struct sup {
     int frank;
     double ftime;
     char fdetail[200];
-    rk_sup_seen seen;      /* what this launch's ranks and launcher did, for policy.c */
-    rk_sup_verdict v;      /* the verdict on the launch that ended */
-    char vdetail[RK_HB_DETAIL_MAX + 64]; /* its incident's detail */
+    rk_sup_seen seen; /* what this launch's ranks and launcher did, for policy.c */
+    rk_sup_verdict v; /* the verdict on the launch that ended */
+    char vdetail[RK_HB_DETAIL_MAX + 64];       /* its incident's detail */
     char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
     int stop_sent;
     int quarantine_stop; /* stop sent to shrink the job */
@@ -253,8 +253,15 @@ static void on_exit_event(sup *s, const rk_hb_msg *m)
         s->seen.storage_rank = m->rank;
         snprintf(s->storage_detail, sizeof s->storage_detail, "%s", m->detail);
     }
+    if (s->seen.exit_rank != m->rank || strcmp(s->seen.exit_kind, m->kind) != 0)
+        return; /* the first exit event tells the failure; later ones only follow it */
+    /* what a rank says beats what was inferred from a connection that closed before it was
+     * read; the failure keeps the time it was first seen */
+    double seen_at = s->failing ? s->ftime : rk_ledger_now(&s->g);
+    s->failing = 0;
     fail(s, m->kind, m->rank, "rank %d (device %s) exits at step %lld: %s", m->rank,
          devname(s, m->rank), (long long)m->step, m->detail);
+    s->ftime = seen_at;
 }
 
 static void on_event(sup *s, const rk_hb_msg *m)
@@ -512,8 +519,10 @@ static void check_timeouts(sup *s)
             char who[256];
             stuck_ranks(s, &r, who, sizeof who);
             s->seen.startup_timeout = 1;
-            fail(s, "never_connected", -1, "rank %s never connected to %s within %.0f s (does "
-                 "the worker speak docs/protocol.md?)", who, RK_HB_ENV, s->o->startup_timeout_s);
+            fail(s, "never_connected", -1,
+                 "rank %s never connected to %s within %.0f s (does the worker speak "
+                 "docs/protocol.md?)",
+                 who, RK_HB_ENV, s->o->startup_timeout_s);
         }
         return;
     }
@@ -599,10 +608,12 @@ static outcome judge(sup *s, int exited, int code)
     case RK_SUP_INTERRUPTED: return INTERRUPTED;
     case RK_SUP_STOP:
         if (strcmp(kind, "storage") == 0)
-            say(s, "storage error on the checkpoint directory %s: %s; stopping: a full, "
+            say(s,
+                "storage error on the checkpoint directory %s: %s; stopping: a full, "
                 "read-only or failing disk is not a device's fault and relaunching cannot fix it "
                 "(fix the directory and run again: the job resumes from its latest good "
-                "checkpoint)", s->o->ckpt_dir ? s->o->ckpt_dir : "(none)", s->vdetail);
+                "checkpoint)",
+                s->o->ckpt_dir ? s->o->ckpt_dir : "(none)", s->vdetail);
         else if (strcmp(kind, "usage") == 0)
             say(s, "the worker rejected its arguments or input (exit status 2): stopping");
         else
