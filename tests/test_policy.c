@@ -4,6 +4,8 @@
  * communication failure and 5 a guard's, without any event), a storage error stops the job
  * and is never a device's, a rank that never said hello is nobody's device, the rank blamed
  * is the one that said it exits or vanished first (not a victim the launcher killed after).
+ * And the errno classes a storage error rests on (rk_err_code_errno: RK_ESTORAGE, which rk
+ * train turns into exit status 6).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,9 +14,11 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "base/msg.h"
 #include "rekindle/heartbeat.h"
 #include "supervisor/policy.h"
 
@@ -296,6 +300,22 @@ static void test_interrupted(void **state)
     assert_int_equal(v.next, RK_SUP_INTERRUPTED);
 }
 
+/* The storage refusals are RK_ESTORAGE; other failures keep their codes. */
+static void test_storage_errnos(void **state)
+{
+    (void)state;
+    const int storage[] = {ENOSPC, EDQUOT, EROFS, EACCES, EPERM, EIO};
+    for (size_t k = 0; k < sizeof storage / sizeof storage[0]; k++)
+        assert_int_equal(rk_err_code_errno(storage[k]), RK_ESTORAGE);
+    assert_int_equal(rk_err_code_errno(ENOENT), RK_ENOENT);
+    assert_int_equal(rk_err_code_errno(ENOTDIR), RK_ENOENT);
+    assert_int_equal(rk_err_code_errno(ENOMEM), RK_ENOMEM);
+    assert_int_equal(rk_err_code_errno(EISDIR), RK_EIO);
+    assert_int_equal(rk_err_code_errno(EFBIG), RK_EIO);
+    assert_int_equal(rk_err_code_errno(EBADF), RK_EIO);
+    assert_string_not_equal(rk_strerror(RK_ESTORAGE), rk_strerror(-1000));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_hang),
         cmocka_unit_test(test_clean_stop),
         cmocka_unit_test(test_interrupted),
+        cmocka_unit_test(test_storage_errnos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
