@@ -95,6 +95,15 @@ static void test_usage_after_hello_stops(void **state)
     assert_string_equal(v.kind, "usage");
     assert_int_equal(v.rank, 1);
     assert_false(v.counted);
+    /* the launcher reports a killed rank's status (srun: the highest), the rank said usage */
+    s = exited(2, 128 + 9);
+    exit_event(&s, 0, "usage");
+    v = judge(&s);
+    assert_int_equal(v.next, RK_SUP_STOP);
+    assert_int_equal(v.status, 2);
+    assert_string_equal(v.kind, "usage");
+    assert_int_equal(v.rank, 0);
+    assert_false(v.counted);
     /* before any hello, the same */
     s = exited(2, RK_EXIT_USAGE);
     s.hellos = 0;

@@ -45,7 +45,9 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
             "or a storage event); relaunching on other devices cannot help");
         return;
     }
-    if (st == RK_EXIT_USAGE) {
+    /* srun reports the highest status of its tasks (137 for the ones it killed), so a rank's
+     * "usage" exit event counts as its exit status 2 */
+    if (st == RK_EXIT_USAGE || strcmp(s->exit_kind, "usage") == 0) {
         set(v, RK_SUP_STOP, "usage", culprit, 0, 2,
             "the worker rejected its arguments or input (exit status 2); relaunching cannot "
             "help");

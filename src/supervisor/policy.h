@@ -52,7 +52,7 @@ typedef struct rk_sup_verdict {
  *   interrupted                                   -> interrupted, 130
  *   exited 0 and every rank said bye "done"       -> finished
  *   an exit event "storage" or exit status 6      -> stop, 1: storage (never a device's)
- *   exit status 2                                 -> stop, 2: usage
+ *   exit status 2, or a first exit event "usage"  -> stop, 2: usage
  *   a stop was sent, exited 0 or 4, no exit event -> relaunch, no incident
  *   a hang seen                                   -> hang of hang_rank
  *   a rank never said hello (startup timeout, or
