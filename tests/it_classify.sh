@@ -195,6 +195,9 @@ assert len(mine) == 1 and mine[0]["action"] == action and mine[0]["rank"] == 1, 
 quar = [e for e in ev if e["kind"] == "quarantine"]
 assert len(quar) == int(counted), f"counted={counted} but quarantines {quar}"
 assert (mine[0]["device"] == "1") == (counted == "1"), f"device {mine[0]['device']}"
+if action == "relaunch":  # a relaunch that ran: recovery and lost steps are known
+    assert mine[0]["recovery_s"] is not None and mine[0]["lost_steps"] is not None, mine
+    assert mine[0]["lost_steps"] >= 3, f"lost {mine[0]['lost_steps']}: rank 1 had done 3, resumed at 0"
 s = json.load(open(sumf))
 assert s["restarts"] == (1 if action == "relaunch" else 0), f"restarts {s['restarts']}"
 print(f"status {st}: {kind} {action} rank 1, device {mine[0]['device']}, restarts {s['restarts']}")

@@ -428,7 +428,7 @@ static int start_launch(sup *s, rk_err *err)
     s->vdetail[0] = s->storage_detail[0] = '\0';
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192];
-    const char *env[8];
+    const char *env[10];
     int e = 0;
     snprintf(env_hb, sizeof env_hb, "RK_HEARTBEAT=%s", s->sock);
     env[e++] = env_hb;
@@ -458,6 +458,11 @@ static int start_launch(sup *s, rk_err *err)
         if (any)
             env[e++] = env_done;
     }
+    /* mpirun ends the other ranks when one fails and exits with that rank's status, which
+     * says what the failure was; by default it waits 1 s after its SIGTERM to them before
+     * SIGKILL, and the relaunch waits for it (unless the user chose otherwise) */
+    if (s->o->launcher == RK_LAUNCH_MPIRUN && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
+        env[e++] = "OMPI_MCA_odls_base_sigkill_timeout=0";
     env[e] = NULL;
     s->t_launch = rk_ledger_now(&s->g);
     return rk_launch_start(&s->l, s->o->launcher, s->o->launcher_args, s->n, s->o->worker,
