@@ -67,7 +67,6 @@ typedef struct sup {
     int first_launch;    /* the launch whose hellos set g.first_step, -1 before */
     int64_t last_done;   /* most steps done by any rank, across launches */
     double loss;
-    int first_step_seen;
     /* a failure seen in this launch, to classify once the launcher has exited */
     int failing;
     char fkind[32];
@@ -153,7 +152,8 @@ static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
     i->lost_steps = lost > 0 ? lost : 0;
 }
 
-/* The job is back at work (a rank applied a step, or the relaunch finished): recovered. */
+/* The job is back at work (all its ranks said hello and one applied a step, or the relaunch
+ * finished): recovered. */
 static void resolve_pending(sup *s, int64_t resumed_from)
 {
     double now = rk_ledger_now(&s->g);
@@ -351,10 +351,10 @@ static int on_line(void *ctx, const char *line, size_t len)
             rk_ledger_step(&s->g, m.step, m.dt);
             s->loss = m.loss_finite ? m.loss : NAN;
         }
-        /* the job is back at work when any of its ranks applies a step */
-        if (s->npending)
-            resolve_pending(s, s->first_step_seen ? -1 : s->start_step);
-        s->first_step_seen = 1;
+        /* the job is back at work when all its ranks are back and any of them applies a
+         * step (ranks of a data-parallel job step together; independent ones need not) */
+        if (s->npending && s->hellos == s->n)
+            resolve_pending(s, s->start_step);
         break;
     case RK_HB_COMM: c->progress = 2 * m.step + 1; break;
     case RK_HB_EVENT:
@@ -417,7 +417,6 @@ static int start_launch(sup *s, rk_err *err)
             close(s->c[k].fd);
     s->nconn = s->hellos = 0;
     s->failing = s->stop_sent = s->quarantine_stop = 0;
-    s->first_step_seen = 0;
     s->start_step = -1;
     rk_sup_seen_init(&s->seen, s->n);
     for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
@@ -620,9 +619,9 @@ static outcome judge(sup *s, int exited, int code)
                 "checkpoint)",
                 s->o->ckpt_dir ? s->o->ckpt_dir : "(none)", s->vdetail);
         else if (strcmp(kind, "usage") == 0)
-            say(s, "the worker rejected its arguments or input (exit status 2): stopping");
+            say(s, "%s: %s; stopping", s->vdetail, s->v.why);
         else
-            say(s, "%s: %s; stopping", kind, s->vdetail);
+            say(s, "%s: %s; stopping: %s", kind, s->vdetail, s->v.why);
         return STOP;
     case RK_SUP_RELAUNCH: break;
     }
@@ -959,7 +958,7 @@ int rk_sup_run(const rk_sup_opts *o)
         }
         outcome oc = watch(s);
         if (oc == FINISHED) {
-            resolve_pending(s, s->first_step_seen ? -1 : s->start_step);
+            resolve_pending(s, s->start_step);
             status = RK_EXIT_OK;
             result = "finished";
             break;
