@@ -44,8 +44,14 @@ steps = a.steps_rank0 if rank == 0 and a.steps_rank0 is not None else a.steps
 if a.log:
     with open(os.path.join(a.log, f"env.{launch}.{rank}.json"), "w") as f:
         json.dump({k: v for k, v in os.environ.items() if k.startswith("RK_")}, f)
-if a.no_connect:
-    time.sleep(600)
+if a.no_connect:  # and leave once orphaned (a teardown that missed it), within 60 s anyway
+    with open(os.path.join(a.log or ".", f"pid.{launch}.{rank}"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    parent = os.getppid()
+    for _ in range(600):
+        if os.getppid() != parent:
+            break
+        time.sleep(0.1)
     sys.exit(1)
 devs = os.environ.get("RK_DEVICES", "").split(",")
 device = devs[rank] if rank < len(devs) else ""
@@ -212,8 +218,9 @@ done 3<"$work/table"
 # --- (3) a worker that never connects ------------------------------------------------------
 timeout 120 "$RK" run -n 1 --startup-timeout 3 --failure-threshold 1 --max-restarts 1 --quiet \
   --events "$work/nc.ev" --summary-json "$work/nc.sum" -- "${worker[@]}" --no-connect \
-  >"$work/nc.out" 2>&1
+  --log "$work" >"$work/nc.out" 2>&1
 st=$?
+for f in "$work"/pid.*; do pids+=("$(cat "$f")"); done  # killed on exit if still there
 python3 - "$work/nc.ev" "$work/nc.sum" "$st" <<'PY' \
   && ok "a worker that never connects: 'never connected to RK_HEARTBEAT', no device blamed" \
   || bad "never connected: $(grep 'rk run' "$work/nc.out" | tail -4)"
