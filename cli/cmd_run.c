@@ -63,9 +63,10 @@ static const char usage_text[] =
     "                          (MODEL.json beside it), or 0.5 without that file\n"
     "  -h, --help              show this help\n"
     "\n"
-    "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices);\n"
-    "2 bad usage, or the worker rejected its arguments; 130 interrupted (the ranks were asked\n"
-    "to checkpoint and stop).\n";
+    "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices, a\n"
+    "storage error on the checkpoint directory: a worker exited 6); 2 bad usage, or the\n"
+    "worker rejected its arguments (exited 2); 130 interrupted (the ranks were asked to\n"
+    "checkpoint and stop).\n";
 
 #define usage_error(...) rk_cli_usage_error("run", usage_text, __VA_ARGS__)
 

@@ -816,7 +816,9 @@ fail:
         fprintf(stderr, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
     if (loss_log)
         fclose(loss_log);
-    int status = rk_cli_status(rc ? rc : err.code);
+    int code = rc ? rc : err.code;
+    /* a full, read-only or failing disk: its own status, so that rk run does not blame a GPU */
+    int status = code == RK_ESTORAGE ? RK_EXIT_STORAGE : rk_cli_status(code);
     rk_worker_close(&w, res.steps, status, err.msg);
     rk_model_destroy(&m);
     rk_dataset_free(&train);

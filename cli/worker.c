@@ -74,11 +74,18 @@ void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why)
 {
     if (w->hb && (status == RK_EXIT_OK || status == RK_EXIT_STOPPED))
         rk_hb_bye(w->hb, step, status == RK_EXIT_OK ? "done" : "stopped");
-    /* a failure the supervisor cannot see from outside: say it before leaving, so it can
-     * tear the job down at once instead of waiting for the launcher's exit status */
-    else if (w->hb && (status == RK_EXIT_COMM || status == RK_EXIT_GUARD))
-        rk_hb_event(w->hb, step > w->last_step ? step : w->last_step, status == RK_EXIT_COMM ? "commfail" : "guard_failed", w->rank,
-                    "exit", 0, why);
+    /* the exit status alone tells the supervisor what happened (docs/protocol.md); the event
+     * says which rank, where and why. A storage error is said by rank 0, the checkpoint
+     * writer: the other ranks only relay that it failed */
+    else if (w->hb && (status == RK_EXIT_COMM || status == RK_EXIT_GUARD ||
+                       status == RK_EXIT_USAGE || (status == RK_EXIT_STORAGE && w->rank == 0)))
+        rk_hb_event(w->hb, step > w->last_step ? step : w->last_step,
+                    status == RK_EXIT_COMM    ? "commfail"
+                    : status == RK_EXIT_GUARD ? "guard_failed"
+                    : status == RK_EXIT_USAGE ? "usage"
+                                              : "storage",
+                    status == RK_EXIT_COMM || status == RK_EXIT_GUARD ? w->rank : -1, "exit", 0,
+                    why);
     rk_hb_close(w->hb);
     rk_inject_free(w->inj);
     w->hb = NULL;

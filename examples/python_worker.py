@@ -10,12 +10,16 @@ killed and resumed ends with bitwise the same w and b as a run that was never in
     python3 examples/python_worker.py --steps 200 --ckpt-dir /tmp/ck      # kill -9 it, then
     python3 examples/python_worker.py --steps 200 --ckpt-dir /tmp/ck --resume
 
+Exit statuses (docs/protocol.md): 0 done, 1 failed, 2 bad usage, 4 stopped on command, 6 its
+checkpoint could not be written for a storage error (no space, read-only, permission, I/O).
+
 Under `rk run` the supervisor sets RK_HEARTBEAT (its socket), RK_CKPT_DIR, RK_RESUME and
 RK_DEVICES; rank and world come from the launcher's variables. Without RK_HEARTBEAT the worker
 runs standalone. Python 3 standard library only.
 """
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -25,6 +29,8 @@ import sys
 import time
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_COMM, EXIT_STOPPED, EXIT_GUARD = 0, 1, 2, 3, 4, 5
+EXIT_STORAGE = 6  # the checkpoint directory is full, read-only, not writable or failing
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 LINE_MAX = 4096  # bytes per protocol line, newline included
 STATE_FORMAT = "rekindle-python-worker-1"
 
@@ -107,6 +113,11 @@ class Heartbeat:
 
     def ckpt(self, step, seconds):
         self.send({"type": "ckpt", "rank": self.rank, "step": step, "seconds": seconds})
+
+    def event(self, step, kind, blame, action, lost_steps, detail):
+        self.send({"type": "event", "rank": self.rank, "step": step, "kind": kind,
+                   "blame": blame, "action": action, "lost_steps": lost_steps,
+                   "detail": detail[:500]})
 
     def bye(self, step, status):
         self.send({"type": "bye", "rank": self.rank, "step": step, "status": status})
@@ -248,8 +259,17 @@ def main():
             return
         saved[0] = step
         t0 = time.monotonic()
-        save_state(ckpt_path, {"format": STATE_FORMAT, "seed": args.seed, "step": step,
-                               "w": w, "b": b, "rng": list(rng.getstate())})
+        try:
+            save_state(ckpt_path, {"format": STATE_FORMAT, "seed": args.seed, "step": step,
+                                   "w": w, "b": b, "rng": list(rng.getstate())})
+        except OSError as e:
+            if e.errno not in STORAGE_ERRNOS:
+                raise
+            # a storage error: exit 6 (the status says it all; the event names the file)
+            why = f"{e.filename or ckpt_path}: {e.strerror}"
+            print(f"cannot save a checkpoint: {why}", file=sys.stderr)
+            hb.event(step, "storage", -1, "exit", 0, why)
+            sys.exit(EXIT_STORAGE)
         hb.ckpt(step, time.monotonic() - t0)
 
     while step < args.steps:

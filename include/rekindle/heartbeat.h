@@ -9,7 +9,7 @@
  * unknown "type" or "cmd" values are errors.
  *
  *   worker -> supervisor ("type"): hello step comm event ckpt inject bye
- *   supervisor -> worker ("cmd"):  checkpoint stop
+ *   supervisor -> worker ("cmd"):  stop (checkpoint: parsed, never sent by rk run)
  *
  * Client (worker side). rk_hb_open connects and sends hello; with RK_HEARTBEAT unset (or
  * empty) there is no supervisor: the handle is NULL and every other call is a no-op on NULL.
@@ -29,7 +29,9 @@
  *   heartbeat message: field "step": expected an integer >= 0
  *
  * Exit statuses of a worker (RK_EXIT_*) are part of the protocol: the supervisor decides
- * what to do next from them.
+ * what to do next from them alone (an event with action "exit" before leaving is optional
+ * detail). The supervisor (rk run) sends only "stop"; "checkpoint" is accepted for workers
+ * driven by other tools.
  */
 #ifndef REKINDLE_HEARTBEAT_H
 #define REKINDLE_HEARTBEAT_H
@@ -57,6 +59,9 @@ extern "C" {
 #define RK_EXIT_COMM 3    /* communication failure (a peer rank or the link died) */
 #define RK_EXIT_STOPPED 4 /* stopped on command ("stop"), checkpoint saved (bye "stopped") */
 #define RK_EXIT_GUARD 5   /* a guard tripped and could not recover in-process */
+#define RK_EXIT_STORAGE 6 /* storage refused a write or read the job needs (no space, read-only,
+                           * permission denied, I/O error; the checkpoint directory above all):
+                           * not a device's fault, relaunching will not help */
 
 /* ---- messages --------------------------------------------------------------------------- */
 

@@ -64,8 +64,8 @@ static void start_writeback(rk_afile *f)
 static int io_fail(rk_err *err, int e, const char *path, const char *what)
 {
     char eb[128];
-    int code = (e == ENOENT || e == ENOTDIR) ? RK_ENOENT : e == ENOMEM ? RK_ENOMEM : RK_EIO;
-    return rk_err_set(err, code, "%s: %s: %s", path, what, rk_msg_strerror(e, eb, sizeof eb));
+    return rk_err_set(err, rk_err_code_errno(e), "%s: %s: %s", path, what,
+                      rk_msg_strerror(e, eb, sizeof eb));
 }
 
 /* The directory holding `path` ("." for a bare name, "/" for "/x"); NULL if out of memory. */

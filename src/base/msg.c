@@ -3,6 +3,7 @@
 
 #include "base/msg.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -53,4 +54,22 @@ const char *rk_msg_parser_text(char *dst, size_t cap, const char *text)
     memcpy(tmp, text, n);
     tmp[n] = '\0';
     return rk_msg_show(dst, cap, tmp);
+}
+
+int rk_err_code_errno(int e)
+{
+    switch (e) {
+    case ENOENT:
+    case ENOTDIR: return RK_ENOENT;
+    case ENOMEM: return RK_ENOMEM;
+    case ENOSPC:
+#if defined(EDQUOT) && EDQUOT != ENOSPC
+    case EDQUOT:
+#endif
+    case EROFS:
+    case EACCES:
+    case EPERM:
+    case EIO: return RK_ESTORAGE;
+    default: return RK_EIO;
+    }
 }

@@ -23,6 +23,11 @@ __attribute__((format(printf, 3, 4))) int rk_err_set_line(rk_err *err, int code,
  * never the content of a file the process read. Returns dst. */
 const char *rk_msg_parser_text(char *dst, size_t cap, const char *text);
 
+/* The RK_E* code for a failed call's errno `e`: ENOENT, ENOTDIR -> RK_ENOENT; ENOMEM ->
+ * RK_ENOMEM; ENOSPC, EDQUOT, EROFS, EACCES, EPERM, EIO (the storage refused) -> RK_ESTORAGE;
+ * anything else -> RK_EIO. */
+int rk_err_code_errno(int e);
+
 /* strerror(e) into buf[cap], thread-safe ("errno N" if unknown). Returns buf. */
 const char *rk_msg_strerror(int e, char *buf, size_t cap);
 

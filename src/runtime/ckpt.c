@@ -757,7 +757,7 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
     DIR *d = opendir(dir);
     if (!d) {
         int e = errno;
-        return rk_err_set_line(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
+        return rk_err_set_line(err, rk_err_code_errno(e),
                     "%s: cannot open checkpoint directory: %s", dir, rk_msg_strerror(e, eb, sizeof eb));
     }
     size_t cap = 0;
@@ -1041,7 +1041,7 @@ static int make_dirs(const char *dir, rk_err *err)
             }
         } else if (errno != EEXIST) {
             int e = errno;
-            rc = rk_err_set_line(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
+            rc = rk_err_set_line(err, rk_err_code_errno(e),
                       "%s: cannot create directory %s: %s", dir, p, rk_msg_strerror(e, eb, sizeof eb));
         } else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
             rc = rk_err_set_line(err, RK_EIO, "%s: %s exists and is not a directory", dir, p);

@@ -103,7 +103,7 @@ static json_t *incident_json(const rk_ledger *g, const rk_incident *i)
     return j;
 }
 
-void rk_ledger_write(rk_ledger *g, const rk_incident *i)
+static void write_line(rk_ledger *g, const rk_incident *i)
 {
     if (!g->events)
         return;
@@ -116,6 +116,39 @@ void rk_ledger_write(rk_ledger *g, const rk_incident *i)
     free(line);
     fflush(g->events);
     fsync(fileno(g->events));
+}
+
+/* Write, in order of t (ties: the order they were added), every unwritten incident up to the
+ * first that is not final. */
+static void drain(rk_ledger *g)
+{
+    while (g->nwritten < g->ninc && g->inc[g->nwritten].written)
+        g->nwritten++;
+    for (;;) {
+        rk_incident *next = NULL;
+        for (size_t q = g->nwritten; q < g->ninc; q++)
+            if (!g->inc[q].written && (!next || g->inc[q].t < next->t))
+                next = &g->inc[q];
+        if (!next || !next->final)
+            return;
+        write_line(g, next);
+        next->written = 1;
+        while (g->nwritten < g->ninc && g->inc[g->nwritten].written)
+            g->nwritten++;
+    }
+}
+
+void rk_ledger_write(rk_ledger *g, rk_incident *i)
+{
+    i->final = 1;
+    drain(g);
+}
+
+void rk_ledger_flush(rk_ledger *g)
+{
+    for (size_t q = 0; q < g->ninc; q++)
+        g->inc[q].final = 1;
+    drain(g);
 }
 
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt)
@@ -154,6 +187,7 @@ static int is_incident(const rk_incident *i)
 int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_step,
                       int final_ranks, const char *outcome, rk_err *err)
 {
+    rk_ledger_flush(g);
     double wall = rk_ledger_now(g), productive = 0.0;
     int64_t from = g->first_step > 0 ? g->first_step : 0;
     for (int64_t k = from + 1; k <= final_step && k <= g->ndt; k++)

@@ -4,7 +4,8 @@
  * classifies each failure, relaunches from the latest good checkpoint, quarantines devices
  * that keep failing and shrinks the job onto the rest, and keeps the ledger (events, goodput).
  * Pieces: launch.c (argv for mpirun or srun, the keeper that holds the job, kill), watch.c (the
- * loop), ledger.c (events file, summary JSON, the closing summary).
+ * loop), policy.c (what a launch's end means: policy.h), ledger.c (events file, summary JSON,
+ * the closing summary).
  */
 #ifndef RK_SUPERVISOR_H
 #define RK_SUPERVISOR_H
@@ -51,8 +52,9 @@ typedef struct rk_sup_opts {
 } rk_sup_opts;
 
 /* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
- * could not (out of restarts, below --min-ranks, a worker error that relaunching cannot fix),
- * 2 a worker said its usage or input is bad, 130 interrupted. Says what happened on stderr. */
+ * could not (out of restarts, below --min-ranks, a storage error: a worker exited 6), 2 a
+ * worker said its usage or input is bad (exited 2), 130 interrupted. Says what happened on
+ * stderr; failures are classified by policy.h. */
 int rk_sup_run(const rk_sup_opts *o);
 
 /* ---- launch.c ---------------------------------------------------------------------------- */
@@ -130,7 +132,9 @@ typedef struct rk_incident {
     char action[32];          /* relaunch, redo, rollback, quarantine, stop, ... */
     int64_t lost_steps;       /* -1 unknown */
     double recovery_s;        /* -1 unknown */
-    char detail[256];
+    char detail[576];
+    int final;                /* complete: may be written (rk_ledger_write) */
+    int written;              /* in the events file */
 } rk_incident;
 
 typedef struct rk_ledger {
@@ -139,6 +143,7 @@ typedef struct rk_ledger {
     double wall0;             /* the same instant, seconds since the epoch */
     rk_incident *inc;         /* every incident, for the summary */
     size_t ninc, cap;
+    size_t nwritten;          /* incidents before this index are all written */
     double *dt;               /* seconds of the applied step k (index k-1), final lineage */
     int64_t ndt, capdt;
     int64_t first_step;       /* the step the job began from */
@@ -149,13 +154,19 @@ typedef struct rk_ledger {
 int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err);
 void rk_ledger_close(rk_ledger *g);
 double rk_ledger_now(const rk_ledger *g);
-/* Record an incident (written to the events file when final: see rk_ledger_write). */
+/* Record an incident, at now (the caller may set an earlier t before it is written); it goes
+ * to the events file once final (see rk_ledger_write). The pointer is valid until the next
+ * add. */
 rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
                            const char *action, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
-/* Write one incident's line to the events file (fsync'ed per line: a crash of the supervisor
- * keeps what was written). */
-void rk_ledger_write(rk_ledger *g, const rk_incident *i);
+/* Mark an incident final and write to the events file every final incident that no earlier
+ * one (by t) still waits for: the file is in time order even though an incident whose
+ * recovery is measured later (a relaunch) is written only then. One line per incident,
+ * fsync'ed per line: a crash of the supervisor keeps what was written. */
+void rk_ledger_write(rk_ledger *g, rk_incident *i);
+/* Mark every incident final and write them all (at the end of the job). */
+void rk_ledger_flush(rk_ledger *g);
 /* Step k (1-based: steps done) took dt seconds; a replay overwrites. */
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt);
 /* Summary JSON to `path` (atomic) and the human summary to `out`. */

@@ -1,11 +1,13 @@
 /*
  * The supervisor's loop (supervisor.h): one listening Unix socket for heartbeats, one launch
  * at a time. Each launch is watched with poll() on the socket, the ranks' connections and a
- * 100 ms tick, until the job finishes, a failure is classified (crash, hang, communication
- * failure, guard gave up) and the job is torn down and relaunched, or the job cannot go on.
+ * 100 ms tick, until the job finishes, a failure is seen and the job is torn down, or the job
+ * cannot go on. The loop only gathers what it saw (rk_sup_seen); what that means (crash, hang,
+ * communication failure, storage, bad usage, ...) and what to do next is policy.c's.
  */
 #define _GNU_SOURCE /* accept4, SO_PEERCRED */
 #include "supervisor/supervisor.h"
+#include "supervisor/policy.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +36,10 @@
 #define ACCEPT_BATCH 256 /* connections accepted per turn of the loop */
 #define SAY_PER_CONN 3   /* messages about one rank's connection, then a count */
 #define SAY_STRANGERS 5  /* messages about unidentified peers per 10 s, then a count */
+/* After a rank vanished (or said it exits), how long the launcher has to exit by itself with
+ * the rank's status before the job is torn down: mpirun ends the other ranks and exits with
+ * the first failed rank's status within about a second. */
+#define EXIT_WAIT_S 5.0
 
 typedef struct conn {
     int fd;
@@ -49,7 +55,7 @@ typedef struct conn {
     char status[16];
 } conn;
 
-typedef enum outcome { GO_ON, FINISHED, RELAUNCH, GIVE_UP, BAD_USAGE, INTERRUPTED } outcome;
+typedef enum outcome { GO_ON, FINISHED, RELAUNCH, GIVE_UP, BAD_USAGE, INTERRUPTED, STOP } outcome;
 
 typedef struct sup {
     const rk_sup_opts *o;
@@ -67,22 +73,28 @@ typedef struct sup {
     double t_launch;
     conn c[MAX_CONNS];
     int nconn, hellos;
-    int64_t start_step;  /* resume step of this launch (rank 0's hello) */
+    int64_t start_step;  /* resume step of this launch (the least of its ranks' hellos) */
+    int first_launch;    /* the launch whose hellos set g.first_step, -1 before */
     int64_t last_done;   /* most steps done by any rank, across launches */
     double loss;
-    int first_step_seen;
     /* a failure seen in this launch, to classify once the launcher has exited */
     int failing;
     char fkind[32];
     int frank;
     double ftime;
     char fdetail[200];
+    rk_sup_seen seen; /* what this launch's ranks and launcher did, for policy.c */
+    rk_sup_verdict v; /* the verdict on the launch that ended */
+    char vdetail[RK_HB_DETAIL_MAX + 64];       /* its incident's detail */
+    char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
     int stop_sent;
     int quarantine_stop; /* stop sent to shrink the job */
     /* incidents waiting for the job to be back at work (index into g.inc) */
     size_t pending[64];
     int npending;
     int64_t pending_last_done;
+    int64_t pending_done[RK_SUP_MAX_DEVICES]; /* rank -> steps it had done at the failure */
+    int64_t hello_step[RK_SUP_MAX_DEVICES];   /* rank -> its hello's step in this launch */
     double last_status;
     double strangers_t; /* start of the current 10 s window for messages about strangers */
     int strangers_said, strangers_hushed;
@@ -173,25 +185,52 @@ static void pend(sup *s, rk_incident *i)
         rk_ledger_write(&s->g, i);
 }
 
+/* A relaunch's lost steps, from every rank: the most any rank has to do again (the steps it
+ * had done at the failure less the step its hello in the relaunch resumed from). Ranks
+ * without both numbers: the most done by any rank less the step the relaunch resumed from. */
+static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
+{
+    if (i->lost_steps >= 0 || resumed_from < 0)
+        return;
+    int64_t lost = -1;
+    for (int r = 0; r < s->n; r++)
+        if (s->pending_done[r] >= 0 && s->hello_step[r] >= 0) {
+            int64_t d = s->pending_done[r] - s->hello_step[r];
+            lost = d > lost ? d : lost;
+        }
+    if (lost < 0)
+        lost = s->pending_last_done - resumed_from;
+    i->lost_steps = lost > 0 ? lost : 0;
+}
+
+/* The job is back at work (all its ranks said hello and one applied a step, or the relaunch
+ * finished): recovered. */
 static void resolve_pending(sup *s, int64_t resumed_from)
 {
     double now = rk_ledger_now(&s->g);
     for (int k = 0; k < s->npending; k++) {
         rk_incident *i = &s->g.inc[s->pending[k]];
         i->recovery_s = now - i->t;
-        if (i->lost_steps < 0 && resumed_from >= 0)
-            i->lost_steps = s->pending_last_done > resumed_from ? s->pending_last_done - resumed_from
-                                                                : 0;
+        set_lost(s, i, resumed_from);
         rk_ledger_write(&s->g, i);
     }
     s->npending = 0;
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->pending_done[r] = -1;
 }
 
+/* The job ends without having recovered: no recovery time; lost steps if a relaunch said
+ * where it resumed. */
 static void flush_pending(sup *s)
 {
-    for (int k = 0; k < s->npending; k++)
-        rk_ledger_write(&s->g, &s->g.inc[s->pending[k]]);
+    for (int k = 0; k < s->npending; k++) {
+        rk_incident *i = &s->g.inc[s->pending[k]];
+        set_lost(s, i, s->start_step);
+        rk_ledger_write(&s->g, i);
+    }
     s->npending = 0;
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->pending_done[r] = -1;
 }
 
 static void send_all(sup *s, const char *line)
@@ -253,13 +292,31 @@ static conn *by_rank(sup *s, int rank)
     return NULL;
 }
 
+/* A rank says it is leaving with this failure (optional: its exit status says it too).
+ * Recorded even after another failure was seen: ranks leave together, in any order. */
+static void on_exit_event(sup *s, const rk_hb_msg *m)
+{
+    if (!s->seen.exit_kind[0]) {
+        snprintf(s->seen.exit_kind, sizeof s->seen.exit_kind, "%s", m->kind);
+        s->seen.exit_rank = m->rank;
+    }
+    if (strcmp(m->kind, "storage") == 0 && s->seen.storage_rank < 0) {
+        s->seen.storage_rank = m->rank;
+        snprintf(s->storage_detail, sizeof s->storage_detail, "%s", m->detail);
+    }
+    if (s->seen.exit_rank != m->rank || strcmp(s->seen.exit_kind, m->kind) != 0)
+        return; /* the first exit event tells the failure; later ones only follow it */
+    /* what a rank says beats what was inferred from a connection that closed before it was
+     * read; the failure keeps the time it was first seen */
+    double seen_at = s->failing ? s->ftime : rk_ledger_now(&s->g);
+    s->failing = 0;
+    fail(s, m->kind, m->rank, "rank %d (device %s) exits at step %lld: %s", m->rank,
+         devname(s, m->rank), (long long)m->step, m->detail);
+    s->ftime = seen_at;
+}
+
 static void on_event(sup *s, const rk_hb_msg *m)
 {
-    if (strcmp(m->action, "exit") == 0) { /* a rank is leaving with this failure */
-        fail(s, m->kind, m->rank, "rank %d (device %s) exits at step %lld: %s", m->rank,
-             devname(s, m->rank), (long long)m->step, m->detail);
-        return;
-    }
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
     /* loss spikes and kept outliers are the data until proven otherwise; not the device's */
     int counted = strcmp(m->kind, "spike_kept") != 0 && strcmp(m->kind, "loss_spike") != 0 &&
@@ -343,12 +400,15 @@ static int on_line(void *ctx, const char *line, size_t len)
         c->done = m.step;
         c->progress = 2 * m.step;
         s->hellos++;
+        if (s->start_step < 0 || m.step < s->start_step)
+            s->start_step = m.step;
+        s->hello_step[m.rank] = m.step;
+        if (s->g.first_step < 0 || (s->first_launch == s->launch_no && m.step < s->g.first_step)) {
+            s->g.first_step = m.step; /* the step the job began from: its first launch's */
+            s->first_launch = s->launch_no;
+        }
         if (s->stop_sent) /* a stop went out before this rank connected: it must hear it */
             (void)send(c->fd, "{\"cmd\":\"stop\"}\n", 15, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (m.rank == 0)
-            s->start_step = m.step;
-        if (s->g.first_step < 0 && m.rank == 0)
-            s->g.first_step = m.step;
         return 0;
     }
     if (c->rank < 0 || m.rank != c->rank) {
@@ -366,14 +426,17 @@ static int on_line(void *ctx, const char *line, size_t len)
         if (c->rank == 0) {
             rk_ledger_step(&s->g, m.step, m.dt);
             s->loss = m.loss_finite ? m.loss : NAN;
-            if (s->npending)
-                resolve_pending(s, s->first_step_seen ? -1 : s->start_step);
-            s->first_step_seen = 1;
         }
+        /* the job is back at work when all its ranks are back and any of them applies a
+         * step (ranks of a data-parallel job step together; independent ones need not) */
+        if (s->npending && s->hellos == s->n)
+            resolve_pending(s, s->start_step);
         break;
     case RK_HB_COMM: c->progress = 2 * m.step + 1; break;
     case RK_HB_EVENT:
-        if (!s->failing)
+        if (strcmp(m.action, "exit") == 0)
+            on_exit_event(s, &m);
+        else if (!s->failing)
             on_event(s, &m);
         break;
     case RK_HB_INJECT: on_inject(s, &m); break;
@@ -395,6 +458,8 @@ static void drop_conn(sup *s, conn *c, const char *why)
     if (c->hushed)
         say(s, "%d more messages about rank %d's connection were suppressed", c->hushed, c->rank);
     c->hushed = 0;
+    if (c->rank >= 0 && !c->bye && s->seen.lost_rank < 0)
+        s->seen.lost_rank = c->rank;
     if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
         fail(s, "crash", c->rank, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
              devname(s, c->rank), c->pid, why, (long long)c->done);
@@ -434,11 +499,17 @@ static int start_launch(sup *s, rk_err *err)
             close(s->c[k].fd);
     s->nconn = s->hellos = 0;
     s->failing = s->stop_sent = s->quarantine_stop = 0;
-    s->first_step_seen = 0;
     s->start_step = -1;
+    rk_sup_seen_init(&s->seen, s->n);
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->hello_step[r] = -1;
+    memset(&s->v, 0, sizeof s->v);
+    s->v.next = RK_SUP_RELAUNCH;
+    s->v.rank = -1;
+    s->vdetail[0] = s->storage_detail[0] = '\0';
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192], env_tmp[3][200];
-    const char *env[12];
+    const char *env[14];
     int e = 0;
     /* Open MPI's session directory and shared-memory files in a directory of this launch:
      * in a PID namespace every job's mpirun has the same pid, from which Open MPI derives
@@ -481,6 +552,11 @@ static int start_launch(sup *s, rk_err *err)
         if (any)
             env[e++] = env_done;
     }
+    /* mpirun ends the other ranks when one fails and exits with that rank's status, which
+     * says what the failure was; by default it waits 1 s after its SIGTERM to them before
+     * SIGKILL, and the relaunch waits for it (unless the user chose otherwise) */
+    if (s->o->launcher == RK_LAUNCH_MPIRUN && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
+        env[e++] = "OMPI_MCA_odls_base_sigkill_timeout=0";
     env[e] = NULL;
     s->t_launch = rk_ledger_now(&s->g);
     const char *ns = getenv("RK_RUN_PIDNS"); /* "0": the subreaper fallback (tests) */
@@ -552,8 +628,11 @@ static void check_timeouts(sup *s)
             int r;
             char who[256];
             stuck_ranks(s, &r, who, sizeof who);
-            fail(s, "hang", r, "rank %s did not start within %.0f s", who,
-                 s->o->startup_timeout_s);
+            s->seen.startup_timeout = 1;
+            fail(s, "never_connected", -1,
+                 "rank %s never connected to %s within %.0f s (does the worker speak "
+                 "docs/protocol.md?)",
+                 who, RK_HB_ENV, s->o->startup_timeout_s);
         }
         return;
     }
@@ -569,6 +648,8 @@ static void check_timeouts(sup *s)
             r = c->rank;
             snprintf(who, sizeof who, "%d", r);
         }
+        s->seen.hang = 1;
+        s->seen.hang_rank = nstuck == s->n ? -1 : r;
         fail(s, "hang", nstuck == s->n ? -1 : r,
              "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
              devname(s, r), now - (sc ? sc->last : c->last), (long long)(sc ? sc->done : c->done),
@@ -658,6 +739,71 @@ static void expire_strangers(sup *s)
     }
 }
 
+/* The ranks of this launch that never said hello, as "1,3", into who[cap]. */
+static void ranks_without_hello(sup *s, char *who, size_t cap)
+{
+    size_t used = 0;
+    who[0] = '\0';
+    for (int r = 0; r < s->n && used + 16 < cap; r++)
+        if (!by_rank(s, r))
+            used += (size_t)snprintf(who + used, cap - used, used ? ",%d" : "%d", r);
+}
+
+/* The launch has ended (exited: by itself, with exit status `code`; else torn down): what
+ * the loop saw goes to policy.c; the verdict and its incident's detail into s->v, s->vdetail. */
+static outcome judge(sup *s, int exited, int code)
+{
+    rk_sup_seen *e = &s->seen;
+    e->ranks = s->n;
+    e->hellos = s->hellos;
+    e->done = 0;
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].rank >= 0 && s->c[k].bye && strcmp(s->c[k].status, "done") == 0)
+            e->done++;
+    e->exited = exited;
+    e->status = exited ? code : -1;
+    e->stop_sent = s->stop_sent;
+    e->interrupted = interrupted != 0;
+    rk_sup_classify(e, &s->v);
+    const char *kind = s->v.kind ? s->v.kind : "";
+    char who[256];
+    ranks_without_hello(s, who, sizeof who);
+    if (strcmp(kind, "never_connected") == 0 && !e->startup_timeout)
+        snprintf(s->vdetail, sizeof s->vdetail,
+                 "rank %s never connected to %s: the launcher exited with status %d first", who,
+                 RK_HB_ENV, code);
+    else if (strcmp(kind, "storage") == 0)
+        snprintf(s->vdetail, sizeof s->vdetail, "%s",
+                 s->storage_detail[0] ? s->storage_detail
+                                      : "a rank exited with status 6 (RK_EXIT_STORAGE)");
+    else if (s->failing && exited)
+        snprintf(s->vdetail, sizeof s->vdetail, "%s; launcher exit status %d", s->fdetail, code);
+    else if (s->failing)
+        snprintf(s->vdetail, sizeof s->vdetail, "%s", s->fdetail);
+    else
+        snprintf(s->vdetail, sizeof s->vdetail, "the launcher exited with status %d at step %lld",
+                 code, (long long)s->last_done);
+    switch (s->v.next) {
+    case RK_SUP_FINISHED: return FINISHED;
+    case RK_SUP_INTERRUPTED: return INTERRUPTED;
+    case RK_SUP_STOP:
+        if (strcmp(kind, "storage") == 0)
+            say(s,
+                "storage error on the checkpoint directory %s: %s; stopping: a full, "
+                "read-only or failing disk is not a device's fault and relaunching cannot fix it "
+                "(fix the directory and run again: the job resumes from its latest good "
+                "checkpoint)",
+                s->o->ckpt_dir ? s->o->ckpt_dir : "(none)", s->vdetail);
+        else if (strcmp(kind, "usage") == 0)
+            say(s, "%s: %s; stopping", s->vdetail, s->v.why);
+        else
+            say(s, "%s: %s; stopping: %s", kind, s->vdetail, s->v.why);
+        return STOP;
+    case RK_SUP_RELAUNCH: break;
+    }
+    return RELAUNCH;
+}
+
 /* Watch one launch until it ends; returns what to do next. */
 static outcome watch(sup *s)
 {
@@ -700,46 +846,17 @@ static outcome watch(sup *s)
                     ;
             int st = s->l.status;
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            int all_done = s->hellos == s->n;
-            for (int k = 0; k < s->nconn; k++)
-                if (s->c[k].rank >= 0 && strcmp(s->c[k].status, "done") != 0)
-                    all_done = 0;
             teardown(s, 0.5);
-            if (code == 0 && all_done)
-                return FINISHED;
-            if (code == RK_EXIT_USAGE) {
-                say(s, "the worker rejected its arguments or input (exit status 2): stopping");
-                return BAD_USAGE;
-            }
-            if (s->stop_sent && !s->failing && (code == RK_EXIT_STOPPED || code == 0))
-                return interrupted ? INTERRUPTED : RELAUNCH;
-            if (s->failing && strcmp(s->fkind, "crash") == 0 && code == RK_EXIT_COMM)
-                snprintf(s->fkind, sizeof s->fkind, "commfail");
-            else if (s->failing && strcmp(s->fkind, "crash") == 0 && code == RK_EXIT_GUARD)
-                snprintf(s->fkind, sizeof s->fkind, "guard_failed");
-            if (!s->failing) {
-                int who = -1;
-                for (int k = 0; k < s->nconn; k++)
-                    if (s->c[k].rank >= 0 && !s->c[k].bye && who < 0)
-                        who = s->c[k].rank;
-                fail(s, code == RK_EXIT_COMM    ? "commfail"
-                        : code == RK_EXIT_GUARD ? "guard_failed"
-                                                : "crash",
-                     who, "the launcher exited with status %d at step %lld", code,
-                     (long long)s->last_done);
-            } else {
-                size_t len = strlen(s->fdetail);
-                snprintf(s->fdetail + len, sizeof s->fdetail - len, "; launcher exit status %d",
-                         code);
-            }
-            return RELAUNCH;
+            return judge(s, 1, code);
         }
-        /* A failure seen: the rest of the job is lost work waiting in a collective. Tear it
-         * down now (the failure is already classified: a rank that vanished without a word
-         * crashed; one that said it exits named its failure). */
-        if (s->failing) {
+        /* A failure seen: the rest of the job is lost work waiting in a collective. A hang or
+         * a rank that never connected: tear it down now. A rank that vanished or said it
+         * exits: the launcher's exit status says what the failure was, so give it
+         * EXIT_WAIT_S to exit by itself (it ends the other ranks); then tear down. */
+        if (s->failing && (s->seen.hang || s->seen.startup_timeout ||
+                           rk_ledger_now(&s->g) - s->ftime > EXIT_WAIT_S)) {
             teardown(s, 0);
-            return RELAUNCH;
+            return judge(s, 0, -1);
         }
     }
 }
@@ -906,6 +1023,47 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return 0;
 }
 
+/* The incident for the verdict on the launch that ended (none for a clean stop): a relaunch
+ * is pending until the job is back at work (its recovery is measured then), a stop is final.
+ * Returns its index in the ledger, SIZE_MAX if none. */
+static size_t record_verdict(sup *s, const char *action)
+{
+    if (!s->v.kind)
+        return SIZE_MAX;
+    int r = s->v.rank;
+    /* the device is named only when it is blamed */
+    rk_incident *i = rk_ledger_add(&s->g, s->v.kind, r, s->v.counted ? devname(s, r) : "",
+                                   action, "%s", s->vdetail);
+    if (!i)
+        return SIZE_MAX;
+    if (s->failing)
+        i->t = s->ftime; /* when it was seen, not when the teardown ended */
+    size_t at = (size_t)(i - s->g.inc);
+    if (strcmp(action, "stop") == 0) {
+        rk_ledger_write(&s->g, i);
+        return at;
+    }
+    say(s, "%s: %s", s->v.kind, s->vdetail);
+    s->pending_last_done = s->last_done;
+    for (int k = 0; k < s->nconn; k++) { /* the most each rank had done, over pending ones */
+        int cr = s->c[k].rank;
+        if (cr >= 0 && cr < RK_SUP_MAX_DEVICES && s->c[k].done > s->pending_done[cr])
+            s->pending_done[cr] = s->c[k].done;
+    }
+    pend(s, i);
+    if (s->v.counted)
+        count_failure(s, r, s->v.kind);
+    return at;
+}
+
+/* No relaunch after all (out of restarts, too few devices): the incident at `at` says stop. */
+static void no_relaunch(sup *s, size_t at)
+{
+    if (at < s->g.ninc && !s->g.inc[at].written)
+        snprintf(s->g.inc[at].action, sizeof s->g.inc[at].action, "stop");
+    flush_pending(s);
+}
+
 int rk_sup_run(const rk_sup_opts *o)
 {
     sup *s = calloc(1, sizeof *s);
@@ -916,6 +1074,9 @@ int rk_sup_run(const rk_sup_opts *o)
     s->o = o;
     s->listen_fd = -1;
     s->l.life = -1;
+    s->first_launch = -1;
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->pending_done[r] = -1;
     rk_err err = {0};
     int status = RK_EXIT_FAIL;
     const char *result = "failed";
@@ -978,14 +1139,15 @@ int rk_sup_run(const rk_sup_opts *o)
         }
         outcome oc = watch(s);
         if (oc == FINISHED) {
-            flush_pending(s);
+            resolve_pending(s, s->start_step);
             status = RK_EXIT_OK;
             result = "finished";
             break;
         }
-        if (oc == BAD_USAGE) {
+        if (oc == BAD_USAGE || oc == STOP) { /* relaunching cannot help */
+            record_verdict(s, "stop");
             flush_pending(s);
-            status = RK_EXIT_USAGE;
+            status = oc == STOP ? s->v.status : RK_EXIT_USAGE;
             break;
         }
         if (oc == INTERRUPTED) {
@@ -994,32 +1156,22 @@ int rk_sup_run(const rk_sup_opts *o)
             result = "interrupted";
             break;
         }
-        /* a failure (or a stop to shrink the job): account, then relaunch */
-        if (s->failing) {
-            int r = s->frank;
-            rk_incident *i = rk_ledger_add(&s->g, s->fkind, r, devname(s, r), "relaunch", "%s",
-                                           s->fdetail);
-            if (i)
-                i->t = s->ftime; /* when it was seen, not when the teardown ended */
-            say(s, "%s: %s", s->fkind, s->fdetail);
-            s->pending_last_done = s->last_done;
-            pend(s, i);
-            count_failure(s, r, s->fkind);
-        }
-        s->g.restarts++;
-        if (s->g.restarts > o->max_restarts) {
-            flush_pending(s);
+        /* a failure (or a stop to drain or shrink the job): account, then relaunch */
+        size_t at = record_verdict(s, "relaunch");
+        if (s->g.restarts >= o->max_restarts) {
+            no_relaunch(s, at);
             say(s, "giving up: the job failed again after %d relaunch%s (--max-restarts %d)",
-                s->g.restarts - 1, s->g.restarts - 1 == 1 ? "" : "es", o->max_restarts);
+                s->g.restarts, s->g.restarts == 1 ? "" : "es", o->max_restarts);
             break;
         }
         int n = pick_devices(s);
         if (n < o->min_ranks || n < 1) {
-            flush_pending(s);
+            no_relaunch(s, at);
             say(s, "giving up: %d device%s left, below --min-ranks %d", n, n == 1 ? "" : "s",
                 o->min_ranks);
             break;
         }
+        s->g.restarts++; /* relaunches done */
         s->launch_no++;
         char list[512];
         size_t len = 0;
