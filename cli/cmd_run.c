@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rekindle/ckpt.h"
 #include "rekindle/fleeteval.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
@@ -370,5 +371,18 @@ int rk_cmd_run(int argc, char **argv)
     if ((o.events_path && writable("--events", o.events_path)) ||
         (o.summary_path && writable("--summary-json", o.summary_path)))
         return RK_EXIT_USAGE;
-    return rk_sup_run(&o);
+    /* one writer per checkpoint directory: this job, for as long as it runs (the workers do
+     * not inherit the descriptor, and the kernel drops the lock when rk run dies) */
+    rk_ckpt_lockfile *lock = NULL;
+    if (o.ckpt_dir) {
+        rk_err err = {0};
+        int rc = rk_ckpt_lock(o.ckpt_dir, &lock, NULL, &err);
+        if (rc) {
+            fprintf(stderr, "rk run: --ckpt-dir %s\n", err.msg);
+            return rk_cli_status(rc);
+        }
+    }
+    int status = rk_sup_run(&o);
+    rk_ckpt_unlock(lock);
+    return status;
 }

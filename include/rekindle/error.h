@@ -25,7 +25,8 @@ enum {
     RK_EMISMATCH = -8, /* data is valid but does not fit (another model, other shapes) */
     RK_ECOMM = -9,     /* a collective or the link under it failed */
     RK_ESTOPPED = -10, /* stopped on request (a supervisor's stop command); state was saved */
-    RK_EGUARD = -11    /* a step guard found a fault it could not recover from in-process */
+    RK_EGUARD = -11,   /* a step guard found a fault it could not recover from in-process */
+    RK_EBUSY = -12     /* held by another process (a checkpoint directory's writer lock) */
 };
 
 #define RK_ERR_MSG_MAX 512

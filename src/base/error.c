@@ -19,6 +19,7 @@ const char *rk_strerror(int code)
     case RK_ECOMM: return "communication failure";
     case RK_ESTOPPED: return "stopped on request";
     case RK_EGUARD: return "unrecoverable fault";
+    case RK_EBUSY: return "in use by another process";
     default: return "unknown error";
     }
 }
