@@ -448,9 +448,10 @@ int rk_model_load(rk_model *m, const char *path, rk_err *err)
         }
         size_t bad = rk_st_find_nonfinite(t->dtype, t->data, t->nbytes);
         if (bad != SIZE_MAX)
-            rc = rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': element %zu is %s; weights must "
-                            "be finite", path, p->name, bad,
-                            rk_st_nonfinite_name(t->dtype, t->data, bad));
+            rc = rk_err_set(err, RK_EFORMAT,
+                            "%s: tensor '%s': element %zu is %s; weights must "
+                            "be finite",
+                            path, p->name, bad, rk_st_nonfinite_name(t->dtype, t->data, bad));
     }
     for (int i = 0; i < m->nparams && !rc; i++) {
         const rk_st_tensor *t = rk_st_find(&f, m->params[i].name);

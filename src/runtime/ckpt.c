@@ -8,13 +8,13 @@
 #include "base/msg.h"
 
 #include <dirent.h>
-#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
