@@ -1551,6 +1551,15 @@ static void test_nonfinite_scan_finds_each_dtype_at_any_alignment(void **state)
         assert_int_equal(rk_st_find_nonfinite("U8", b, 64), SIZE_MAX);
         assert_int_equal(rk_st_find_nonfinite("I32", b, 64), SIZE_MAX);
     }
+    /* in the tail a 4-word step does not cover, and at every position of a short tensor */
+    float t[43];
+    for (size_t k = 0; k < 43; k++) {
+        for (size_t i = 0; i < 43; i++)
+            t[i] = 1.0f;
+        t[k] = NAN;
+        assert_int_equal(rk_st_find_nonfinite("F32", t, sizeof t), k);
+        assert_int_equal(rk_st_find_nonfinite("F32", t, 4 * k), SIZE_MAX);
+    }
     /* far into a large tensor: the blocked scan finds the exact index */
     size_t n = 100000;
     float *big = calloc(n, sizeof *big);
