@@ -220,10 +220,13 @@ static void print_fallback(const char *dir)
 {
     rk_ckpt *c = NULL;
     rk_err err = {0};
-    if (rk_ckpt_load_latest(dir, NULL, &c, NULL, 0, &err) == RK_OK) {
+    int rc = rk_ckpt_load_latest(dir, NULL, &c, NULL, 0, &err);
+    if (rc == RK_OK) {
         fprintf(stderr, "rk ckpt verify: a resume would fall back to %s (step %" PRId64 ")\n",
                 rk_ckpt_path(c), rk_ckpt_meta_of(c)->step);
         rk_ckpt_free(c);
+    } else if (rc != RK_ENOENT) { /* a file that cannot be read: no fallback past it */
+        fprintf(stderr, "rk ckpt verify: a resume would stop: %s\n", err.msg);
     } else {
         fprintf(stderr, "rk ckpt verify: no valid checkpoint to fall back to\n");
     }

@@ -108,6 +108,14 @@ if "${asuser[@]}" true 2>/dev/null && ! "${asuser[@]}" cat "$work/unr/ckpt-00000
     bad "unreadable newest: exit $rc $(tail -3 "$work/u.log")"
   [[ "$(cat "$work/unr/latest")" == "ckpt-000000000040.safetensors" && "$(state "$work/unr")" == "$before" ]] &&
     ok "latest and every checkpoint are as they were" || bad "the directory changed: $(ls "$work/unr" | tr '\n' ' ')"
+  "${asuser[@]}" "$RK" ckpt verify "$work/unr" >"$work/uv.out" 2>"$work/uv.err"
+  rc=$?
+  [[ $rc -eq 1 ]] && grep -q "a resume would stop: .*ckpt-000000000040.*Permission denied" "$work/uv.err" &&
+    ok "rk ckpt verify: exit 1, a resume would stop (no fallback past it)" ||
+    bad "verify of an unreadable latest: exit $rc $(cat "$work/uv.err")"
+  "${asuser[@]}" "$RK" ckpt ls "$work/unr" >"$work/ul.out" 2>&1
+  grep -q "ckpt-000000000040.safetensors .*UNREADABLE: .*Permission denied" "$work/ul.out" &&
+    ok "rk ckpt ls marks it UNREADABLE" || bad "ls of an unreadable checkpoint: $(cat "$work/ul.out")"
   for mode in --resume ""; do
     "${asuser[@]}" "${train[@]}" --max-steps 40 --ckpt-dir "$work/unr1" $mode >"$work/u1.log" 2>&1
     rc=$?
