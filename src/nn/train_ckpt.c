@@ -119,8 +119,11 @@ static int take_lock(rk_trainer_ckpt *t, rk_err *err)
     }
     if (world > 1) {
         int brc = rk_comm_bcast(t->comm, st, sizeof st, 0, rank == 0 ? NULL : err);
-        if (brc)
+        if (brc) {
+            rk_ckpt_unlock(t->held);
+            t->held = NULL;
             return brc;
+        }
         if (rank != 0 && st[0] != 0)
             return rk_err_set(err, (int)st[0],
                               "checkpoint: rank 0 could not lock %s (holder "
