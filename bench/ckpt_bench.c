@@ -6,7 +6,9 @@
  * from the page cache first, timed: "cold"), and again from the page cache ("warm"). Then
  * each checkpoint is deleted (unlink + directory fsync, timed): what retention costs per
  * save once the store is full. Saves use a `keep` larger than the repeats, so no save
- * deletes anything inside its timing; the deletion is reported on its own.
+ * deletes anything inside its timing; the deletion is reported on its own. The saves run as
+ * `rk train`'s do: with the directory's writer lock held (taken once, timed apart) and the
+ * state's tensors named model.*, so every save scans them for non-finite values.
  * Prints one JSON line with the median of each. The peer (dd conv=fsync on the same disk)
  * is run by bench/ckpt_io, which calls this.
  *
@@ -101,6 +103,13 @@ int main(int argc, char **argv)
         items[i] = (rk_ckpt_item){names[i], "F32", 1, shape, buf + (size_t)i * per};
     }
     rk_err err = {0};
+    rk_ckpt_lockfile *lock = NULL;
+    double tl = now_s();
+    if (rk_ckpt_lock(dir, &lock, NULL, &err)) {
+        fprintf(stderr, "ckpt_bench: lock: %s\n", err.msg);
+        return 1;
+    }
+    double lock_s = now_s() - tl;
     static double save[MAX_REPS], cold[MAX_REPS], warm[MAX_REPS], del[MAX_REPS];
     for (int k = 0; k < reps; k++) {
         rk_ckpt_meta meta = {.step = k + 1, .epoch = 0, .cursor = 0, .world_size = 1,
@@ -133,8 +142,9 @@ int main(int argc, char **argv)
     double s = median(save, reps), c = median(cold, reps), w = median(warm, reps);
     printf("{\"state_mib\":%ld,\"repeats\":%d,\"save_s\":%.4f,\"save_mib_per_s\":%.1f,"
            "\"load_cold_s\":%.4f,\"load_cold_mib_per_s\":%.1f,\"load_warm_s\":%.4f,"
-           "\"load_warm_mib_per_s\":%.1f,\"delete_s\":%.4f}\n",
-           mib, reps, s, mb / s, c, mb / c, w, mb / w, median(del, reps));
+           "\"load_warm_mib_per_s\":%.1f,\"delete_s\":%.4f,\"lock_s\":%.6f}\n",
+           mib, reps, s, mb / s, c, mb / c, w, mb / w, median(del, reps), lock_s);
+    rk_ckpt_unlock(lock);
     free(buf);
     return 0;
 }

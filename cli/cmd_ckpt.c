@@ -30,7 +30,7 @@ static const char usage_text[] =
     "  verify  exit 0 only if the checkpoint `latest` names is valid; otherwise exit 1 with\n"
     "          the file, tensor or field at fault and the checkpoint a resume would use\n"
     "  export  write the model weights (tensors named model.*, prefix removed) as the\n"
-    "          safetensors file `rk train --init` loads\n"
+    "          safetensors file `rk train --init` loads (never into a checkpoint store)\n"
     "\n"
     "'rk ckpt COMMAND --help' describes a command. Exit status: 0 ok, 1 the check failed,\n"
     "2 bad usage or input. See docs/checkpoint.md.\n";
@@ -57,7 +57,8 @@ static const char export_usage[] =
     "\"model\">, which `rk train --model M --init OUT` loads.\n"
     "  --step S         the checkpoint of step S (default: the newest valid one, as a\n"
     "                   resume would choose it)\n"
-    "  -o, --output F   the file to write (atomically)\n"
+    "  -o, --output F   the file to write (atomically); not inside a checkpoint\n"
+    "                   directory (one holding latest, .lock or checkpoint files)\n"
     "  -h, --help       show this help\n";
 
 #define PREFIX "model."
@@ -189,7 +190,9 @@ static int cmd_ls(int argc, char **argv)
             printf("%-31s %12" PRId64 " %8s %12s %10s  %-6s  %s%s\n", v[i].file, v[i].step,
                    fmt_num(eb, sizeof eb, v[i].epoch), fmt_num(cb, sizeof cb, v[i].cursor),
                    fmt_bytes(sb, sizeof sb, v[i].bytes), v[i].latest ? "latest" : "",
-                   v[i].valid ? "ok" : "BAD: ",
+                   v[i].valid        ? "ok"
+                   : v[i].unreadable ? "UNREADABLE: "
+                                     : "BAD: ",
                    v[i].valid ? "" : after_path(v[i].problem, o.dir, v[i].file));
         }
     }
@@ -217,10 +220,13 @@ static void print_fallback(const char *dir)
 {
     rk_ckpt *c = NULL;
     rk_err err = {0};
-    if (rk_ckpt_load_latest(dir, NULL, &c, NULL, 0, &err) == RK_OK) {
+    int rc = rk_ckpt_load_latest(dir, NULL, &c, NULL, 0, &err);
+    if (rc == RK_OK) {
         fprintf(stderr, "rk ckpt verify: a resume would fall back to %s (step %" PRId64 ")\n",
                 rk_ckpt_path(c), rk_ckpt_meta_of(c)->step);
         rk_ckpt_free(c);
+    } else if (rc != RK_ENOENT) { /* a file that cannot be read: no fallback past it */
+        fprintf(stderr, "rk ckpt verify: a resume would stop: %s\n", err.msg);
     } else {
         fprintf(stderr, "rk ckpt verify: no valid checkpoint to fall back to\n");
     }
@@ -286,6 +292,34 @@ static int cmd_verify(int argc, char **argv)
     return bad_other ? RK_EXIT_FAIL : RK_EXIT_OK;
 }
 
+/* 1 (said) if `out` would land inside a checkpoint store: a file there that is not a
+ * checkpoint is foreign to it, and one that is would be taken for one. */
+static int inside_store(const char *out)
+{
+    size_t len = strlen(out);
+    char *dir = malloc(len + 2);
+    if (!dir) {
+        fprintf(stderr, "rk ckpt export: out of memory\n");
+        return 1;
+    }
+    memcpy(dir, out, len + 1);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    int store = rk_ckpt_is_store(dir);
+    if (store)
+        fprintf(stderr,
+                "rk ckpt export: -o %s: %s is a checkpoint store (it holds latest, %s or "
+                "checkpoint files); write the weights outside it\n",
+                out, dir, RK_CKPT_LOCK_FILE);
+    free(dir);
+    return store;
+}
+
 static int cmd_export(int argc, char **argv)
 {
     sub_opts o;
@@ -294,6 +328,8 @@ static int cmd_export(int argc, char **argv)
         return st < 0 ? RK_EXIT_OK : st;
     if (!o.out)
         return usage_error("export", export_usage, "missing -o OUT.safetensors");
+    if (inside_store(o.out))
+        return RK_EXIT_USAGE;
     rk_args args = {.cmd = "ckpt export", .usage = export_usage};
     int64_t step = -1;
     if ((o.step && rk_arg_step(&args, "--step", o.step, 0, &step)) ||

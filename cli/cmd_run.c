@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "rekindle/ckpt.h"
 #include "rekindle/fleeteval.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
@@ -356,5 +357,18 @@ int rk_cmd_run(int argc, char **argv)
         (o.events_path && rk_arg_path(&args, "--events", o.events_path, RK_PATH_OUTPUT)) ||
         (o.summary_path && rk_arg_path(&args, "--summary-json", o.summary_path, RK_PATH_OUTPUT)))
         return RK_EXIT_USAGE;
-    return rk_sup_run(&o);
+    /* one writer per checkpoint directory: this job, for as long as it runs (the workers do
+     * not inherit the descriptor, and the kernel drops the lock when rk run dies) */
+    rk_ckpt_lockfile *lock = NULL;
+    if (o.ckpt_dir) {
+        rk_err err = {0};
+        int rc = rk_ckpt_lock(o.ckpt_dir, &lock, NULL, &err);
+        if (rc) {
+            fprintf(stderr, "rk run: --ckpt-dir %s\n", err.msg);
+            return rk_cli_status(rc);
+        }
+    }
+    int status = rk_sup_run(&o);
+    rk_ckpt_unlock(lock);
+    return status;
 }

@@ -571,16 +571,34 @@ static int parse_fault_rates(const char *list, rk_batch_policy *p, int nranks, r
     return RK_OK;
 }
 
-/* Valid checkpoints already in DIR (0 when it is missing or holds none). */
-static size_t valid_checkpoints(const char *dir)
+/* Valid checkpoints already in DIR (0 when it is missing or holds none). A checkpoint that
+ * cannot be read is an error (*rc, err), never "none". */
+static size_t valid_checkpoints(const char *dir, int *rc, rk_err *err)
 {
     rk_ckpt_info *items = NULL;
     size_t n = 0, ntemp = 0, valid = 0;
+    *rc = RK_OK;
     if (rk_ckpt_list(dir, &items, &n, &ntemp, NULL) == RK_OK)
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n && !*rc; i++) {
             valid += items[i].valid != 0;
+            if (items[i].unreadable)
+                *rc = rk_err_set(err, RK_EIO, "--ckpt-dir %s: %s", dir, items[i].problem);
+        }
     free(items);
     return valid;
+}
+
+/* Whether this run takes DIR's writer lock: yes, unless it runs under a supervisor (`rk run`
+ * sets RK_HEARTBEAT) that holds the lock of this very directory (its RK_CKPT_DIR). */
+static int takes_lock(const char *dir)
+{
+    const char *sup = getenv("RK_HEARTBEAT"), *sup_dir = getenv("RK_CKPT_DIR");
+    if (!sup || !*sup || !sup_dir || !*sup_dir)
+        return 1;
+    if (strcmp(dir, sup_dir) == 0)
+        return 0;
+    char a[PATH_MAX], b[PATH_MAX];
+    return !(realpath(dir, a) && realpath(sup_dir, b) && strcmp(a, b) == 0);
 }
 
 /* rk_train with a checkpoint every --ckpt-every steps (and one at the end), resuming first
@@ -611,7 +629,8 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
                          .mtbf_s = o->mtbf, .async = o->ckpt_async, .m = m, .opt = opt,
                          .policy = policy, .comm = comm, .cfg = &cfg,
                          .log = rank == 0 ? stdout : NULL,
-                         .may_save = rk_worker_may_save, .may_save_user = w};
+                         .may_save = rk_worker_may_save, .may_save_user = w,
+                         .lock = takes_lock(o->ckpt_dir)};
     int rc = rk_trainer_ckpt_init(&t, err);
     if (rc)
         return rc;
@@ -620,8 +639,11 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
     if (o->resume) {
         int64_t step = 0;
         rc = rk_trainer_ckpt_resume(&t, &step, err);
-        size_t existing = rc == RK_ENOENT ? valid_checkpoints(o->ckpt_dir) : 0;
-        if (rc == RK_ENOENT && existing > 0)
+        int lrc = RK_OK;
+        size_t existing = rc == RK_ENOENT ? valid_checkpoints(o->ckpt_dir, &lrc, err) : 0;
+        if (lrc)
+            rc = lrc;
+        else if (rc == RK_ENOENT && existing > 0)
             rc = rk_err_set(err, RK_EMISMATCH, "--ckpt-dir %s holds %zu checkpoint(s), none of "
                             "this run (model %s, optimizer, seed %llu, batch %d); choose another "
                             "directory", o->ckpt_dir, existing, m->name,
@@ -633,8 +655,8 @@ static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *op
         }
         cfg.start_step = step;
     } else {
-        size_t existing = valid_checkpoints(o->ckpt_dir);
-        if (existing > 0)
+        size_t existing = valid_checkpoints(o->ckpt_dir, &rc, err);
+        if (!rc && existing > 0)
             rc = rk_err_set(err, RK_EINVAL, "--ckpt-dir %s already holds %zu checkpoint(s): add "
                             "--resume to continue that run, or choose an empty directory",
                             o->ckpt_dir, existing);

@@ -32,7 +32,8 @@ int rk_cli_status(int code)
     case RK_EINVAL:
     case RK_EFORMAT:
     case RK_ENOENT:
-    case RK_EMISMATCH: return RK_EXIT_USAGE;
+    case RK_EMISMATCH:
+    case RK_EBUSY: return RK_EXIT_USAGE;
     case RK_ECOMM: return RK_EXIT_COMM;
     case RK_ESTOPPED: return RK_EXIT_STOPPED;
     case RK_EGUARD: return RK_EXIT_GUARD;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Integration test of `rk ckpt ls|verify|export` on real files: checkpoints are written by an
-# independent Python implementation of docs/checkpoint.md (so the C reader is checked against
-# the documented format, not against itself), then corrupted, truncated and mislabelled.
+# independent Python implementation of docs/checkpoint.md (tests/ckpt_mk.py, so the C reader
+# is checked against the documented format, not against itself), then corrupted, truncated,
+# mislabelled and given non-finite weights; export refuses to write into a store.
 # Checks exit codes (0 ok, 1 check failed, 2 usage/input), that messages name the file and
 # tensor or field, the fallback, that nothing is ever deleted, and that an exported model loads
 # with `rk train --init` (when Fashion-MNIST is installed). Needs RK, RK_SRC, RK_TMP.
@@ -29,78 +30,13 @@ expect() {
 # A fingerprint of every file in a directory: name, size, content hash.
 state() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
 
-cat >"$work/mk.py" <<'EOF'
-"""Write a rekindle checkpoint as docs/checkpoint.md describes, with the standard library.
-usage: mk.py DIR STEP [--config JSON] [--latest] [--tiny]"""
-import json, random, struct, sys
-P1, P2, P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
-P4, P5, M = 9650029242287828579, 2870177450012600261, (1 << 64) - 1
-def rotl(x, r): return ((x << r) | (x >> (64 - r))) & M
-def rnd(acc, v): return (rotl((acc + v * P2) & M, 31) * P1) & M
-def xxh64(d):
-    n, i = len(d), 0
-    if n >= 32:
-        v = [(P1 + P2) & M, P2, 0, (-P1) & M]
-        lanes = struct.unpack_from("<%dQ" % (n // 32 * 4), d)
-        for j in range(0, len(lanes), 4):
-            v = [rnd(v[k], lanes[j + k]) for k in range(4)]
-        i = n // 32 * 32
-        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M
-        for x in v: h = ((h ^ rnd(0, x)) * P1 + P4) & M
-    else:
-        h = P5
-    h = (h + n) & M
-    while i + 8 <= n:
-        h = (rotl(h ^ rnd(0, struct.unpack_from("<Q", d, i)[0]), 27) * P1 + P4) & M; i += 8
-    if i + 4 <= n:
-        h = (rotl(h ^ (struct.unpack_from("<I", d, i)[0] * P1 & M), 23) * P2 + P3) & M; i += 4
-    while i < n:
-        h = (rotl(h ^ (d[i] * P5 & M), 11) * P1) & M; i += 1
-    h ^= h >> 33; h = (h * P2) & M; h ^= h >> 29; h = (h * P3) & M; h ^= h >> 32
-    return h
-args = sys.argv[1:]
-d, step = args[0], int(args[1])
-config = args[args.index("--config") + 1] if "--config" in args else '{"model":"mlp","batch":64}'
-mlp = [("fc1.weight", [256, 784]), ("fc1.bias", [256]), ("fc2.weight", [128, 256]),
-       ("fc2.bias", [128]), ("fc3.weight", [10, 128]), ("fc3.bias", [10])]
-if "--tiny" in args: mlp = [("fc.weight", [2, 3]), ("fc.bias", [2])]
-r = random.Random(step)
-tensors = []
-for name, shape in mlp:
-    n = 1
-    for s in shape: n *= s
-    tensors.append(("model." + name, "F32", shape,
-                    struct.pack("<%df" % n, *[r.uniform(-0.05, 0.05) for _ in range(n)])))
-tensors.append(("optim.momentum", "F32", [4], struct.pack("<4f", 1, 2, 3, step)))
-tensors.append(("rng.state", "U8", [13], bytes((step + k) & 255 for k in range(13))))
-meta = {"format": "rekindle-ckpt-1", "step": str(step), "epoch": str(step // 100),
-        "cursor": str(step * 64 % 60000), "world_size": "3", "config": config}
-for name, _, _, data in tensors: meta["xxh64." + name] = "%016x" % xxh64(data)
-text, off, table = b"", 0, {}
-for k in sorted(meta, key=lambda k: k.encode()):
-    text += k.encode() + b"\0" + meta[k].encode() + b"\0"
-for name, dt, shape, data in tensors:
-    table[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
-    text += b"\0".join(x.encode() for x in
-                       [name, dt, ",".join(map(str, shape)), str(off), str(off + len(data))]) + b"\0"
-    off += len(data)
-meta["xxh64.__manifest__"] = "%016x" % xxh64(text)
-hdr = json.dumps({"__metadata__": meta, **table}, separators=(",", ":")).encode()
-hdr += b" " * (-len(hdr) % 8)
-name = "ckpt-%012d.safetensors" % step
-with open(f"{d}/{name}", "wb") as f:
-    f.write(struct.pack("<Q", len(hdr)) + hdr + b"".join(t[3] for t in tensors))
-if "--latest" in args:
-    open(f"{d}/latest", "w").write(name + "\n")
-# weights_xxh64 of the model tensors, as `rk train --metrics-json` reports it (docs/weights.md)
-print("%016x" % xxh64(b"".join(t[3] for t in tensors if t[0].startswith("model."))))
-EOF
+mk=(python3 "$RK_SRC/tests/ckpt_mk.py")
 
 ck="$work/ckpts"
 mkdir -p "$ck"
-python3 "$work/mk.py" "$ck" 100 >/dev/null &&
-  h200=$(python3 "$work/mk.py" "$ck" 200) &&
-  python3 "$work/mk.py" "$ck" 300 --latest >/dev/null || { bad "python writer"; exit 1; }
+"${mk[@]}" "$ck" 100 >/dev/null &&
+  h200=$("${mk[@]}" "$ck" 200) &&
+  "${mk[@]}" "$ck" 300 --latest >/dev/null || { bad "python writer"; exit 1; }
 
 # --- usage and exit statuses ---
 expect "rk --help lists ckpt" 0 out "ckpt" --help
@@ -113,7 +49,7 @@ expect "unknown subcommand" 2 err "unknown command 'frob'" ckpt frob
 expect "ls without DIR" 2 err "missing DIR" ckpt ls
 expect "ls of a missing dir" 2 err "$work/nope" ckpt ls "$work/nope"
 expect "verify of a missing dir" 2 err "$work/nope" ckpt verify "$work/nope"
-expect "verify of a file" 2 err "not a directory" ckpt verify "$work/mk.py"
+expect "verify of a file" 2 err "not a directory" ckpt verify "$RK_SRC/tests/ckpt_mk.py"
 expect "export without -o" 2 err "missing -o" ckpt export "$ck"
 expect "export with a bad --step" 2 err "--step 'abc'" ckpt export "$ck" --step abc -o "$work/w"
 expect "ls with a stray argument" 2 err "unexpected argument" ckpt ls "$ck" more
@@ -150,7 +86,7 @@ if [[ -e "$DATA/t10k-images-idx3-ubyte.gz" || -e "$DATA/t10k-images-idx3-ubyte" 
 else
   echo "# Fashion-MNIST not found in $DATA: skipping the rk train --init check"
 fi
-python3 "$work/mk.py" "$work" 7 --tiny --config '{"batch":8}' >/dev/null
+"${mk[@]}" "$work" 7 --tiny --config '{"batch":8}' >/dev/null
 mkdir -p "$work/nomodel" && mv "$work/ckpt-000000000007.safetensors" "$work/nomodel/"
 expect "export without a model name in the config" 2 err 'no "model" string' \
   ckpt export "$work/nomodel" -o "$work/x.safetensors"
@@ -211,6 +147,42 @@ if [[ $(grep -c "^ckpt-" "$work/out") -eq 3 ]]; then ok "ls: temporary and forei
 else bad "ls rows: $(cat "$work/out")"; fi
 [[ -e "$ck/README" && -e "$ck/ckpt-000000000400.safetensors.tmp.4242.0" ]] &&
   ok "foreign and temporary files left alone" || bad "files removed"
+
+# --- non-finite weights and optimiser state (checksums right: written that way) ---
+nf="$work/nonfinite"
+mkdir -p "$nf"
+"${mk[@]}" "$nf" 100 >/dev/null && "${mk[@]}" "$nf" 200 --latest --nan model.fc2.bias:17 >/dev/null ||
+  bad "python writer (nan)"
+before=$(state "$nf")
+expect "verify reports a NaN weight" 1 err "tensor 'model.fc2.bias': element 17 is NaN" ckpt verify "$nf"
+grep -qF "fall back to $nf/ckpt-000000000100.safetensors (step 100)" "$work/err" &&
+  ok "verify: a resume would skip the NaN checkpoint" || bad "nan fallback line: $(cat "$work/err")"
+expect "ls marks the NaN checkpoint BAD" 0 out "BAD: tensor 'model.fc2.bias': element 17 is NaN" ckpt ls "$nf"
+expect "export --step of the NaN checkpoint refused" 2 err "element 17 is NaN" \
+  ckpt export "$nf" --step 200 -o "$work/nan.safetensors"
+[[ ! -e "$work/nan.safetensors" ]] && ok "no weights exported from it" || bad "NaN weights exported"
+expect "export falls back past it" 0 out "(step 100)" ckpt export "$nf" -o "$work/w100.safetensors"
+"${mk[@]}" --set "$nf/ckpt-000000000100.safetensors" optim.momentum 2 -inf
+expect "verify --all reports an infinite optimiser state" 1 err "tensor 'optim.momentum': element 2 is -inf" \
+  ckpt verify --all "$nf"
+[[ "$(state "$nf" | grep -v 000000000100)" == "$(echo "$before" | grep -v 000000000100)" ]] &&
+  ok "nothing else changed" || bad "the nonfinite directory changed"
+
+# --- export never writes into a checkpoint store ---
+for target in "$ck/w.safetensors" "$nf/w.safetensors" "$ck/./ckpt-000000000500.safetensors"; do
+  before=$(state "$(dirname "$target")")
+  expect "export -o inside a store refused ($(basename "$(dirname "$target")")/$(basename "$target"))" 2 err \
+    "is a checkpoint store" ckpt export "$ck" --step 200 -o "$target"
+  [[ "$(state "$(dirname "$target")")" == "$before" ]] && ok "nothing written into the store" ||
+    bad "export wrote into $(dirname "$target")"
+done
+mkdir -p "$work/locked" && : >"$work/locked/.lock"
+expect "export -o into a directory holding only a lock file refused" 2 err "is a checkpoint store" \
+  ckpt export "$ck" --step 200 -o "$work/locked/w.safetensors"
+[[ ! -e "$work/locked/w.safetensors" ]] && ok "nothing written beside the lock" || bad "wrote beside .lock"
+mkdir -p "$work/plain" && echo x >"$work/plain/notes"
+expect "export -o into a plain directory works" 0 out "(step 200)" ckpt export "$ck" --step 200 \
+  -o "$work/plain/w.safetensors"
 
 # --- empty directory ---
 mkdir -p "$work/empty"

@@ -351,31 +351,11 @@ static void test_round_trip_of_meta_f32_u8_scalar_and_empty(void **state)
 
 /* The file is plain safetensors; its manifest is what docs/checkpoint.md describes,
  * recomputed here independently. */
-static void test_file_is_safetensors_with_the_documented_manifest(void **state)
+/* xxh64.__manifest__ of a parsed checkpoint, computed as docs/checkpoint.md says: sorted
+ * "key\0value\0", then "name\0dtype\0dims\0begin\0end\0". */
+static void manifest_of(const rk_st_file *fp, char want[17])
 {
-    (void)state;
-    char dir[600], p[1024];
-    fresh_dir(dir, sizeof dir, "layout");
-    save_step(dir, 12, 3);
-    rk_st_file f;
-    rk_err err;
-    assert_int_equal(rk_st_read(ckpt_path(p, sizeof p, dir, 12), &f, &err), RK_OK);
-    assert_int_equal(f.data_start % 8, 0);
-    assert_string_equal(rk_st_meta(&f, "format"), "rekindle-ckpt-1");
-    assert_string_equal(rk_st_meta(&f, "step"), "12");
-    assert_string_equal(rk_st_meta(&f, "epoch"), "1");
-    assert_string_equal(rk_st_meta(&f, "cursor"), "768");
-    assert_string_equal(rk_st_meta(&f, "world_size"), "4");
-    assert_string_equal(rk_st_meta(&f, "config"), "{\"model\":\"mlp\",\"batch\":64}");
-    assert_int_equal(f.nmeta, 6 + 6 + 1);
-    for (size_t i = 0; i < f.ntensors; i++) {
-        char key[128], want[17];
-        snprintf(key, sizeof key, "xxh64.%s", f.tensors[i].name);
-        snprintf(want, sizeof want, "%016" PRIx64,
-                 XXH64(f.tensors[i].data, f.tensors[i].nbytes, 0));
-        assert_string_equal(rk_st_meta(&f, key), want);
-    }
-    /* xxh64.__manifest__: sorted "key\0value\0", then "name\0dtype\0dims\0begin\0end\0". */
+    const rk_st_file f = *fp;
     size_t idx[64];
     for (size_t i = 0; i < f.nmeta; i++)
         idx[i] = i;
@@ -415,8 +395,35 @@ static void test_file_is_safetensors_with_the_documented_manifest(void **state)
         PUT(num);
     }
 #undef PUT
+    snprintf(want, 17, "%016" PRIx64, XXH64(text, n, 0));
+}
+
+static void test_file_is_safetensors_with_the_documented_manifest(void **state)
+{
+    (void)state;
+    char dir[600], p[1024];
+    fresh_dir(dir, sizeof dir, "layout");
+    save_step(dir, 12, 3);
+    rk_st_file f;
+    rk_err err;
+    assert_int_equal(rk_st_read(ckpt_path(p, sizeof p, dir, 12), &f, &err), RK_OK);
+    assert_int_equal(f.data_start % 8, 0);
+    assert_string_equal(rk_st_meta(&f, "format"), "rekindle-ckpt-1");
+    assert_string_equal(rk_st_meta(&f, "step"), "12");
+    assert_string_equal(rk_st_meta(&f, "epoch"), "1");
+    assert_string_equal(rk_st_meta(&f, "cursor"), "768");
+    assert_string_equal(rk_st_meta(&f, "world_size"), "4");
+    assert_string_equal(rk_st_meta(&f, "config"), "{\"model\":\"mlp\",\"batch\":64}");
+    assert_int_equal(f.nmeta, 6 + 6 + 1);
+    for (size_t i = 0; i < f.ntensors; i++) {
+        char key[128], want[17];
+        snprintf(key, sizeof key, "xxh64.%s", f.tensors[i].name);
+        snprintf(want, sizeof want, "%016" PRIx64,
+                 XXH64(f.tensors[i].data, f.tensors[i].nbytes, 0));
+        assert_string_equal(rk_st_meta(&f, key), want);
+    }
     char want[17];
-    snprintf(want, sizeof want, "%016" PRIx64, XXH64(text, n, 0));
+    manifest_of(&f, want);
     assert_string_equal(rk_st_meta(&f, "xxh64.__manifest__"), want);
     rk_st_free(&f);
 }
@@ -1300,6 +1307,355 @@ static void test_async_writer_reports_write_errors(void **state)
     assert_int_equal(rk_ckpt_writer_create(&w, "", 3, &err), RK_EINVAL);
 }
 
+/* ---- the writer's lock ------------------------------------------------------------------ */
+
+/* One writer per directory: a second lock is refused with the holder's pid, retention and
+ * temporary-file cleanup leave the lock file alone, and the kernel drops the lock of a holder
+ * killed with SIGKILL. */
+static void test_lock_is_exclusive_names_its_holder_and_dies_with_it(void **state)
+{
+    (void)state;
+    char dir[600], p[1024], want[64];
+    snprintf(dir, sizeof dir, "%s/lock/sub", g_dir); /* missing: the lock creates it */
+    rk_ckpt_lockfile *l = NULL, *l2 = NULL;
+    long holder = -1;
+    rk_err err = {0};
+    assert_int_equal(rk_ckpt_lock(dir, &l, &holder, &err), RK_OK);
+    assert_non_null(l);
+    assert_int_equal(holder, 0);
+    in(p, sizeof p, dir, RK_CKPT_LOCK_FILE);
+    size_t len;
+    uint8_t *b = slurp(p, &len);
+    snprintf(want, sizeof want, "%ld\n", (long)getpid());
+    assert_string_equal((char *)b, want);
+    free(b);
+    /* a second holder, even in this process (flock locks are per open file): refused */
+    assert_int_equal(rk_ckpt_lock(dir, &l2, &holder, &err), RK_EBUSY);
+    assert_null(l2);
+    assert_int_equal(holder, (long)getpid());
+    snprintf(want, sizeof want, "pid %ld holds", (long)getpid());
+    assert_non_null(strstr(err.msg, want));
+    assert_non_null(strstr(err.msg, dir));
+
+    /* saves with retention (keep 1) and a dead writer's temporary file: the lock file stays */
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    assert_true(dead > 0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "ckpt-000000000002.safetensors.tmp.%ld.0", (long)dead);
+    spit(in(p, sizeof p, dir, tmp), "partial", 7);
+    for (int s = 1; s <= 4; s++)
+        save_step(dir, s, 1);
+    assert_false(exists(in(p, sizeof p, dir, tmp)));
+    assert_false(exists(ckpt_path(p, sizeof p, dir, 3)));
+    assert_true(exists(in(p, sizeof p, dir, RK_CKPT_LOCK_FILE)));
+    assert_int_equal(rk_ckpt_lock(dir, &l2, &holder, &err), RK_EBUSY);
+    assert_int_equal(rk_ckpt_is_store(dir), 1);
+    rk_ckpt_unlock(l);
+    assert_true(exists(in(p, sizeof p, dir, RK_CKPT_LOCK_FILE)));
+    assert_int_equal(rk_ckpt_lock(dir, &l, NULL, &err), RK_OK);
+    rk_ckpt_unlock(l);
+
+    /* a holder killed with SIGKILL: the lock is free again, the pid in the file is stale */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        rk_ckpt_lockfile *cl;
+        char ok = rk_ckpt_lock(dir, &cl, NULL, NULL) == RK_OK ? 'y' : 'n';
+        if (write(fds[1], &ok, 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char got = 0;
+    assert_int_equal(read(fds[0], &got, 1), 1);
+    assert_int_equal(got, 'y');
+    assert_int_equal(rk_ckpt_lock(dir, &l, &holder, &err), RK_EBUSY);
+    assert_int_equal(holder, (long)child);
+    assert_int_equal(kill(child, SIGKILL), 0);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+    assert_int_equal(rk_ckpt_lock(dir, &l, &holder, &err), RK_OK);
+    rk_ckpt_unlock(l);
+    close(fds[0]);
+    close(fds[1]);
+
+    /* the lock file is a directory: an error, not a lock */
+    char odd[700];
+    fresh_dir(odd, sizeof odd, "lock-odd");
+    assert_int_equal(mkdir(in(p, sizeof p, odd, RK_CKPT_LOCK_FILE), 0755), 0);
+    assert_int_equal(rk_ckpt_lock(odd, &l, NULL, &err), RK_EIO);
+    assert_non_null(strstr(err.msg, RK_CKPT_LOCK_FILE));
+    assert_int_equal(rk_ckpt_lock("", &l, NULL, &err), RK_EINVAL);
+    assert_int_equal(rk_ckpt_lock(dir, NULL, NULL, &err), RK_EINVAL);
+    rk_ckpt_unlock(NULL);
+}
+
+/* A store is a directory holding latest, the lock file or checkpoint files; anything else is
+ * not (where `rk ckpt export -o` may write). */
+static void test_is_store_knows_a_checkpoint_directory(void **state)
+{
+    (void)state;
+    char dir[600], p[1024];
+    fresh_dir(dir, sizeof dir, "store");
+    assert_int_equal(rk_ckpt_is_store(dir), 0);
+    spit(in(p, sizeof p, dir, "notes.txt"), "x", 1);
+    spit(in(p, sizeof p, dir, "ckpt-5.safetensors"), "x", 1);
+    assert_int_equal(rk_ckpt_is_store(dir), 0);
+    const char *marks[] = {"latest", RK_CKPT_LOCK_FILE, "ckpt-000000000005.safetensors",
+                           "ckpt-000000000005.safetensors.tmp.77.0"};
+    for (size_t i = 0; i < 4; i++) {
+        in(p, sizeof p, dir, marks[i]);
+        spit(p, "x", 1);
+        assert_int_equal(rk_ckpt_is_store(dir), 1);
+        assert_int_equal(unlink(p), 0);
+    }
+    assert_int_equal(rk_ckpt_is_store(in(p, sizeof p, dir, "missing")), 0);
+}
+
+/* ---- a checkpoint that cannot be read --------------------------------------------------- */
+
+/* In a child running as `nobody` inside `dir` (owned by nobody): the newest checkpoint (mode
+ * 000) cannot be read. Returns the child's exit status: 0 all checks passed, 77 cannot
+ * drop privileges, else the failed check's line. */
+static int unreadable_checks_as_nobody(const char *dir)
+{
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        if (chdir(dir) != 0)
+            _exit(2);
+        if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+            _exit(77);
+        FILE *probe = fopen("ckpt-000000000002.safetensors", "rb");
+        if (probe) /* permissions are not enforced here (a capability, a filesystem) */
+            _exit(77);
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "failed: %s\n", #c);                                                   \
+            _exit(__LINE__ % 200 + 3);                                                             \
+        }                                                                                          \
+    } while (0)
+        rk_ckpt *c = NULL;
+        rk_err err = {0};
+        char report[2048];
+        /* latest names the unreadable file: an error, no fallback to step 1 */
+        int rc = rk_ckpt_load_latest(".", NULL, &c, report, sizeof report, &err);
+        CHECK(rc == RK_EIO && c == NULL);
+        CHECK(strstr(err.msg, "ckpt-000000000002.safetensors") != NULL);
+        CHECK(strstr(err.msg, "ermission denied") != NULL);
+        CHECK(strstr(err.msg, "cannot be read is not skipped") != NULL);
+        /* latest missing, the scan meets it first: still an error */
+        CHECK(rename("latest", "latest.away") == 0);
+        rc = rk_ckpt_load_latest(".", NULL, &c, report, sizeof report, &err);
+        CHECK(rc == RK_EIO && strstr(err.msg, "ckpt-000000000002") != NULL);
+        CHECK(rename("latest.away", "latest") == 0);
+        /* the list says unreadable, not merely bad */
+        rk_ckpt_info *v;
+        size_t n;
+        CHECK(rk_ckpt_list(".", &v, &n, NULL, &err) == RK_OK && n == 2);
+        CHECK(v[0].valid && !v[0].unreadable && !v[1].valid && v[1].unreadable);
+        free(v);
+        /* an unreadable latest is an error too */
+        CHECK(chmod("latest", 0) == 0);
+        rc = rk_ckpt_load_latest(".", NULL, &c, report, sizeof report, &err);
+        CHECK(rc == RK_EIO && strstr(err.msg, "latest") != NULL);
+        /* a bad (readable) newest one is still skipped: the fallback itself is unchanged */
+        CHECK(rk_ckpt_load_step(".", 1, &c, &err) == RK_OK);
+        rk_ckpt_free(c);
+#undef CHECK
+        _exit(0);
+    }
+    int st;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static void test_unreadable_checkpoint_is_an_error_never_absent(void **state)
+{
+    (void)state;
+    char dir[600], p[1024];
+    fresh_dir(dir, sizeof dir, "unreadable");
+    save_step(dir, 1, 3);
+    save_step(dir, 2, 3);
+    assert_int_equal(chmod(ckpt_path(p, sizeof p, dir, 2), 0), 0);
+    if (geteuid() == 0) {
+        const char *own[] = {"", "latest", "ckpt-000000000001.safetensors",
+                             "ckpt-000000000002.safetensors"};
+        for (size_t i = 0; i < 4; i++)
+            assert_int_equal(chown(in(p, sizeof p, dir, own[i]), 65534, 65534), 0);
+    }
+    char *before = dir_state(dir);
+    int st = unreadable_checks_as_nobody(dir);
+    if (st == 77) {
+        print_message("permissions are not enforced for this test (root without setuid?): "
+                      "skipped\n");
+        free(before);
+        skip();
+    }
+    assert_int_equal(st, 0);
+    assert_int_equal(chmod(in(p, sizeof p, dir, "latest"), 0644), 0);
+    assert_dir_state(dir, before); /* latest and every checkpoint as they were */
+    free(before);
+}
+
+/* ---- non-finite values ------------------------------------------------------------------ */
+
+/* Rewrite element `index` of F32 tensor `name` in a checkpoint's bytes to `v` and seal it
+ * again: its data checksum and the manifest recomputed, as a writer that saved it would. */
+static void set_and_reseal(uint8_t *buf, size_t len, const char *name, size_t index, float v)
+{
+    size_t nb, off = tensor_offset(buf, len, name, &nb);
+    assert_true((index + 1) * 4 <= nb);
+    memcpy(buf + off + 4 * index, &v, 4);
+    char key[128], hex[17];
+    snprintf(key, sizeof key, "\"xxh64.%s\":\"", name);
+    snprintf(hex, sizeof hex, "%016" PRIx64, XXH64(buf + off, nb, 0));
+    memcpy(buf + find_bytes(buf, len, key) + strlen(key), hex, 16);
+    rk_st_file f;
+    rk_err err;
+    assert_int_equal(rk_st_parse(buf, len, "x", &f, &err), RK_OK);
+    manifest_of(&f, hex);
+    rk_st_free(&f);
+    const char *mk = "\"xxh64.__manifest__\":\"";
+    memcpy(buf + find_bytes(buf, len, mk) + strlen(mk), hex, 16);
+}
+
+static void test_nonfinite_scan_finds_each_dtype_at_any_alignment(void **state)
+{
+    (void)state;
+    uint8_t raw[8 * 40 + 1];
+    for (size_t shift = 0; shift < 2; shift++) {
+        uint8_t *b = raw + shift; /* unaligned on the second round */
+        float f[40];
+        for (int i = 0; i < 40; i++)
+            f[i] = (float)i - 20.5f;
+        memcpy(b, f, sizeof f);
+        assert_int_equal(rk_st_find_nonfinite("F32", b, sizeof f), SIZE_MAX);
+        f[37] = INFINITY;
+        memcpy(b, f, sizeof f);
+        assert_int_equal(rk_st_find_nonfinite("F32", b, sizeof f), 37);
+        assert_string_equal(rk_st_nonfinite_name("F32", b, 37), "+inf");
+        f[5] = -INFINITY;
+        memcpy(b, f, sizeof f);
+        assert_int_equal(rk_st_find_nonfinite("F32", b, sizeof f), 5);
+        assert_string_equal(rk_st_nonfinite_name("F32", b, 5), "-inf");
+        assert_string_equal(rk_st_nonfinite_name("F32", b, 6), "finite");
+        double d[40] = {0};
+        d[39] = NAN;
+        memcpy(b, d, sizeof d);
+        assert_int_equal(rk_st_find_nonfinite("F64", b, sizeof d), 39);
+        assert_string_equal(rk_st_nonfinite_name("F64", b, 39), "NaN");
+        uint16_t h[4] = {0x3c00, 0x7bff, 0xfc00, 0x7e00}; /* 1, max half, -inf, NaN */
+        memcpy(b, h, sizeof h);
+        assert_int_equal(rk_st_find_nonfinite("F16", b, sizeof h), 2);
+        assert_int_equal(rk_st_find_nonfinite("F16", b, 4), SIZE_MAX);
+        uint16_t bf[3] = {0x3f80, 0x7f7f, 0x7fc0}; /* 1, max bf16, NaN */
+        memcpy(b, bf, sizeof bf);
+        assert_int_equal(rk_st_find_nonfinite("BF16", b, sizeof bf), 2);
+        assert_string_equal(rk_st_nonfinite_name("BF16", b, 2), "NaN");
+        memset(b, 0xff, 64); /* NaN patterns, but not floating point */
+        assert_int_equal(rk_st_find_nonfinite("U8", b, 64), SIZE_MAX);
+        assert_int_equal(rk_st_find_nonfinite("I32", b, 64), SIZE_MAX);
+    }
+    /* in the tail a 4-word step does not cover, and at every position of a short tensor */
+    float t[43];
+    for (size_t k = 0; k < 43; k++) {
+        for (size_t i = 0; i < 43; i++)
+            t[i] = 1.0f;
+        t[k] = NAN;
+        assert_int_equal(rk_st_find_nonfinite("F32", t, sizeof t), k);
+        assert_int_equal(rk_st_find_nonfinite("F32", t, 4 * k), SIZE_MAX);
+    }
+    /* far into a large tensor: the blocked scan finds the exact index */
+    size_t n = 100000;
+    float *big = calloc(n, sizeof *big);
+    assert_non_null(big);
+    assert_int_equal(rk_st_find_nonfinite("F32", big, n * 4), SIZE_MAX);
+    big[n - 3] = NAN;
+    big[n - 1] = INFINITY;
+    assert_int_equal(rk_st_find_nonfinite("F32", big, n * 4), n - 3);
+    free(big);
+}
+
+/* Weights and optimiser state must be finite: a save refuses a NaN or infinity there and
+ * writes nothing; one on disk (written by someone else, checksums intact) is rejected by
+ * every load naming the tensor and element, skipped by the fallback, never counted or deleted
+ * by retention. Other items may hold anything. */
+static void test_nonfinite_weights_are_refused_on_save_and_load(void **state)
+{
+    (void)state;
+    char dir[600], p[1024];
+    fresh_dir(dir, sizeof dir, "nonfinite");
+    save_step(dir, 1, 2);
+    char *before = dir_state(dir);
+    rk_err err = {0};
+    fixture f;
+    fixture_init(&f, 2, NULL);
+    f.w[4] = NAN;
+    assert_int_equal(rk_ckpt_save(dir, &f.meta, f.items, 6, 2, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "item 'model.w': element 4 is NaN"));
+    assert_non_null(strstr(err.msg, "ckpt-000000000002.safetensors"));
+    assert_dir_state(dir, before);
+    fixture_init(&f, 2, NULL);
+    f.m[2] = INFINITY;
+    assert_int_equal(rk_ckpt_save(dir, &f.meta, f.items, 6, 2, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "item 'optim.m': element 2 is +inf"));
+    assert_dir_state(dir, before);
+    uint8_t *enc;
+    size_t elen;
+    assert_int_equal(rk_ckpt_encode(&f.meta, f.items, 6, &enc, &elen, &err), RK_EINVAL);
+    /* the background writer reports it from wait() */
+    rk_ckpt_writer *w;
+    assert_int_equal(rk_ckpt_writer_create(&w, dir, 2, &err), RK_OK);
+    assert_int_equal(rk_ckpt_writer_submit(w, &f.meta, f.items, 6, &err), RK_OK);
+    assert_int_equal(rk_ckpt_writer_wait(w, NULL, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "optim.m"));
+    rk_ckpt_writer_free(w);
+    assert_dir_state(dir, before);
+    free(before);
+    /* outside model.* and optim.* anything goes */
+    fixture_init(&f, 2, NULL);
+    f.scale = NAN;
+    assert_int_equal(rk_ckpt_save(dir, &f.meta, f.items, 6, 2, &err), RK_OK);
+
+    /* step 3 with a NaN written by another writer, every checksum right */
+    fixture_init(&f, 3, NULL);
+    assert_int_equal(rk_ckpt_encode(&f.meta, f.items, 6, &enc, &elen, &err), RK_OK);
+    set_and_reseal(enc, elen, "model.b", 1, NAN);
+    spit(ckpt_path(p, sizeof p, dir, 3), enc, elen);
+    spit(in(p, sizeof p, dir, "latest"), "ckpt-000000000003.safetensors\n", 30);
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_ckpt_parse(enc, elen, "mem", &c, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "tensor 'model.b': element 1 is NaN"));
+    free(enc);
+    assert_int_equal(rk_ckpt_load_file(ckpt_path(p, sizeof p, dir, 3), &c, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "tensor 'model.b': element 1 is NaN"));
+    assert_non_null(strstr(err.msg, p));
+    char report[2048];
+    assert_int_equal(rk_ckpt_load_latest(dir, NULL, &c, report, sizeof report, &err), RK_OK);
+    assert_int_equal(rk_ckpt_meta_of(c)->step, 2);
+    rk_ckpt_free(c);
+    assert_non_null(strstr(report, "ckpt-000000000003.safetensors: tensor 'model.b': element 1"));
+    rk_ckpt_info *v;
+    size_t n;
+    assert_int_equal(rk_ckpt_list(dir, &v, &n, NULL, &err), RK_OK);
+    assert_int_equal(n, 3);
+    assert_false(v[2].valid);
+    assert_false(v[2].unreadable);
+    free(v);
+    /* retention: the NaN checkpoint is below the new step 4 but neither counted nor deleted */
+    save_step(dir, 4, 2);
+    assert_true(exists(ckpt_path(p, sizeof p, dir, 3)));
+    assert_true(exists(ckpt_path(p, sizeof p, dir, 2)));
+    assert_false(exists(ckpt_path(p, sizeof p, dir, 1)));
+}
+
 /* ---- interval --------------------------------------------------------------------------- */
 
 static void test_interval_formulas_match_hand_computed_values(void **state)
@@ -1363,6 +1719,11 @@ int main(void)
         cmocka_unit_test(test_sigkill_during_saves_never_exposes_a_torn_checkpoint),
         cmocka_unit_test(test_async_writer_writes_the_bytes_a_sync_save_writes),
         cmocka_unit_test(test_async_writer_reports_write_errors),
+        cmocka_unit_test(test_lock_is_exclusive_names_its_holder_and_dies_with_it),
+        cmocka_unit_test(test_is_store_knows_a_checkpoint_directory),
+        cmocka_unit_test(test_unreadable_checkpoint_is_an_error_never_absent),
+        cmocka_unit_test(test_nonfinite_scan_finds_each_dtype_at_any_alignment),
+        cmocka_unit_test(test_nonfinite_weights_are_refused_on_save_and_load),
         cmocka_unit_test(test_interval_formulas_match_hand_computed_values),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -15,7 +15,16 @@
  *   xxh64.__manifest__  XXH64 over every other metadata entry and the tensor table, so a
  *               flipped byte anywhere in the header is caught too
  *
- * DIR/latest is a one-line text file naming the newest verified checkpoint file.
+ * DIR/latest is a one-line text file naming the newest verified checkpoint file. DIR/.lock is
+ * the writer's lock (rk_ckpt_lock): one job writes to a directory at a time.
+ *
+ * Finite values. Floating-point items (F16, BF16, F32, F64) named with a prefix of
+ * rk_ckpt_finite_prefixes ("model." and "optim.": the weights and the optimiser state, by the
+ * naming convention of docs/checkpoint.md) must hold only finite values. A save refuses a NaN
+ * or an infinity there (RK_EINVAL naming the item and the element; nothing is written), and
+ * every load checks it like a checksum (RK_EFORMAT), so a checkpoint with one is never loaded,
+ * never counted as valid by retention, and skipped by the fallback. The scan shares the pass
+ * over the memory with the checksum.
  *
  * Saving (rk_ckpt_save): the file is written to a temporary name, fsync'ed, renamed into
  * place and the directory fsync'ed (rekindle/fileio.h); only then is `latest` replaced the
@@ -28,17 +37,21 @@
  * first; the first K-1 that verify are kept with the new one, older ones that verify are
  * deleted. A checkpoint that does not verify, a file whose name is not a checkpoint name, and
  * any checkpoint with a higher step than the new one are never deleted. Temporary files left
- * by writers that died (their pid no longer exists on this host) are removed. One writer per
- * directory is assumed.
+ * by writers that died (their pid no longer exists on this host) are removed. Neither touches
+ * the lock file. One writer per directory: callers that write hold rk_ckpt_lock.
  *
  * Loading verifies everything: safetensors structure, format, fields, the name's step, the
- * manifest checksum and every tensor checksum. rk_ckpt_load_latest falls back: it tries the
- * file `latest` names, then every checkpoint from the highest step down, and describes each
- * file it skipped (file, tensor or field, why). Nothing that reads ever deletes or rewrites.
+ * manifest checksum, every tensor checksum and the finite values. rk_ckpt_load_latest falls
+ * back: it tries the file `latest` names, then every checkpoint from the highest step down, and
+ * describes each file it skipped (file, tensor or field, why). A file that exists but cannot
+ * be read (permissions, an I/O error) is not skipped: the load fails with that error, since
+ * falling back past it would silently throw its steps away. Nothing that reads ever deletes
+ * or rewrites.
  *
  * Errors: RK_EINVAL (bad argument), RK_ENOENT (no such directory, file or valid checkpoint),
  * RK_EFORMAT (a file is not a valid checkpoint), RK_EMISMATCH (valid, but not what the caller
- * expects: another model), RK_EIO, RK_ENOMEM. Messages name the file, tensor or field.
+ * expects: another model), RK_EIO (a file cannot be read or written), RK_ENOMEM, RK_EBUSY
+ * (another job holds the directory's lock). Messages name the file, tensor or field.
  */
 #ifndef REKINDLE_CKPT_H
 #define REKINDLE_CKPT_H
@@ -57,6 +70,11 @@ extern "C" {
 #define RK_CKPT_KEEP_DEFAULT 3    /* --keep */
 #define RK_CKPT_EVERY_DEFAULT 500 /* --ckpt-every, in steps */
 #define RK_CKPT_NAME_MAX 64       /* room for any checkpoint file name */
+#define RK_CKPT_LOCK_FILE ".lock" /* DIR/.lock: the writer's lock */
+
+/* Name prefixes of the items whose floating-point values must be finite: {"model.", "optim.",
+ * NULL}. */
+extern const char *const rk_ckpt_finite_prefixes[];
 
 /* One item to save. `dtype` NULL means "F32"; blobs are "U8" with ndim 1. `shape` may be
  * NULL when ndim is 0 (a scalar). `data` holds the product of shape times the dtype size
@@ -105,8 +123,10 @@ int rk_ckpt_name_step(const char *name, int64_t *step);
 
 /* Save `n` items and `meta` as DIR/ckpt-<step>.safetensors (creating DIR and its parents if
  * missing), point `latest` at it and apply retention with `keep` >= 1 (see above). Bad
- * arguments are RK_EINVAL and change nothing on disk; a failed write (RK_EIO) leaves no
- * file and does not move `latest`. Files retention cannot remove are retried next time. */
+ * arguments, a non-finite value in a model.* or optim.* item included, are RK_EINVAL and
+ * change nothing on disk; a failed write (RK_EIO) leaves no file and does not move `latest`.
+ * Files retention cannot remove are retried next time. Does not take the lock: the caller
+ * holds it (rk_ckpt_lock). */
 int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
                  int keep, rk_err *err);
 
@@ -131,11 +151,13 @@ int rk_ckpt_verify_file(const char *path, rk_err *err);
 int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err);
 
 /* Load the newest usable checkpoint of DIR: the one `latest` names, else (latest missing,
- * unreadable, naming a bad or absent file) the highest step that verifies. With `expect`
+ * malformed, naming a bad or absent file) the highest step that verifies. With `expect`
  * (may be NULL), a checkpoint that does not meet it is skipped too. Each skipped file, and
  * each problem with `latest`, is one line in `report` (NUL-terminated, cut to report_len;
  * may be NULL): "<path>: <why>", naming the tensor or field. RK_ENOENT if DIR is missing or
- * holds no usable checkpoint. Never deletes or changes anything. */
+ * holds no usable checkpoint. A checkpoint or `latest` that exists but cannot be read
+ * (RK_EIO: permissions, an I/O error; RK_ENOMEM) ends the search with that error: it is
+ * never treated as absent. Never deletes or changes anything. */
 int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out, char *report,
                         size_t report_len, rk_err *err);
 
@@ -163,6 +185,8 @@ typedef struct rk_ckpt_info {
     int64_t epoch, cursor;        /* from the manifest; -1 when not valid */
     int world_size;               /* 0 when not valid */
     int valid;                    /* every check passed */
+    int unreadable;               /* exists but cannot be read (permissions, I/O): not a
+                                     checkpoint a load skips (see rk_ckpt_load_latest) */
     int latest;                   /* `latest` names this file */
     char problem[RK_ERR_MSG_MAX]; /* why not valid; "" when valid */
     uint64_t bytes;
@@ -172,6 +196,31 @@ typedef struct rk_ckpt_info {
  * of *n. *ntemp (may be NULL) counts leftover temporary files, which are not checkpoints.
  * RK_ENOENT if DIR does not exist. */
 int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err);
+
+/* ---- the writer's lock ------------------------------------------------------------------ */
+
+/* One writer per directory. rk_ckpt_lock creates DIR (and its parents) if missing, opens
+ * DIR/.lock (created 0644, O_CLOEXEC: no child process inherits it) and takes an exclusive
+ * flock on it without waiting; then writes this process's pid into the file for messages.
+ * The kernel releases the lock when the holder closes it or dies in any way (SIGKILL
+ * included), so a stale lock file never blocks the next job. Another holder: RK_EBUSY, a
+ * message naming its pid, and the pid in *holder (may be NULL; 0 when not written yet).
+ * Other errors: RK_EIO (cannot create or lock the file), RK_ENOENT, RK_ENOMEM.
+ *
+ * Who holds it: `rk run` for its whole job (its workers, which see RK_HEARTBEAT, do not), a
+ * standalone `rk train --ckpt-dir` (rank 0). Reading (rk_ckpt_load_*, rk_ckpt_list, `rk ckpt`)
+ * needs no lock. Locks are per open file: a second rk_ckpt_lock of the same directory in the
+ * same process is refused too. Not thread-safe against itself for one handle. */
+typedef struct rk_ckpt_lockfile rk_ckpt_lockfile;
+
+int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *err);
+
+/* Release the lock (closes the file; the lock file stays in DIR). NULL-safe. */
+void rk_ckpt_unlock(rk_ckpt_lockfile *l);
+
+/* 1 if DIR looks like a checkpoint store: it holds `latest`, the lock file or a file with a
+ * checkpoint name (or its temporary file). 0 otherwise, or if DIR cannot be listed. */
+int rk_ckpt_is_store(const char *dir);
 
 /* ---- interval --------------------------------------------------------------------------- */
 

@@ -26,9 +26,10 @@ enum {
     RK_ECOMM = -9,     /* a collective or the link under it failed */
     RK_ESTOPPED = -10, /* stopped on request (a supervisor's stop command); state was saved */
     RK_EGUARD = -11,   /* a step guard found a fault it could not recover from in-process */
-    RK_ESTORAGE = -12  /* the storage refused: no space or quota left, read-only, permission
+    RK_ESTORAGE = -12, /* the storage refused: no space or quota left, read-only, permission
                         * denied, or the disk reported an I/O error (ENOSPC, EDQUOT, EROFS,
                         * EACCES, EPERM, EIO); a kind of RK_EIO that no retry elsewhere fixes */
+    RK_EBUSY = -13     /* held by another process (a checkpoint directory's writer lock) */
 };
 
 #define RK_ERR_MSG_MAX 512

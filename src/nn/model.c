@@ -441,9 +441,17 @@ int rk_model_load(rk_model *m, const char *path, rk_err *err)
         int same = strcmp(t->dtype, "F32") == 0 && t->ndim == p->ndim;
         for (int d = 0; same && d < p->ndim; d++)
             same = t->shape[d] == p->shape[d];
-        if (!same)
+        if (!same) {
             rc = rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' has dtype %s and another shape "
                             "than model %s expects", path, p->name, t->dtype, m->name);
+            break;
+        }
+        size_t bad = rk_st_find_nonfinite(t->dtype, t->data, t->nbytes);
+        if (bad != SIZE_MAX)
+            rc = rk_err_set(err, RK_EFORMAT,
+                            "%s: tensor '%s': element %zu is %s; weights must "
+                            "be finite",
+                            path, p->name, bad, rk_st_nonfinite_name(t->dtype, t->data, bad));
     }
     for (int i = 0; i < m->nparams && !rc; i++) {
         const rk_st_tensor *t = rk_st_find(&f, m->params[i].name);

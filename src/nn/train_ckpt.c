@@ -104,17 +104,58 @@ static float *gather_residuals(const rk_trainer_ckpt *t, int world, int *rc, rk_
     return all;
 }
 
+/* Rank 0 takes the lock; the others learn whether it did (and the holder's pid). */
+static int take_lock(rk_trainer_ckpt *t, rk_err *err)
+{
+    int rank = t->comm ? rk_comm_rank(t->comm) : 0;
+    int world = t->comm ? rk_comm_size(t->comm) : 1;
+    double st[2] = {0, 0}; /* rank 0's result, the holder's pid */
+    int rc = RK_OK;
+    if (rank == 0) {
+        long holder = 0;
+        rc = rk_ckpt_lock(t->dir, &t->held, &holder, err);
+        st[0] = rc;
+        st[1] = (double)holder;
+    }
+    if (world > 1) {
+        int brc = rk_comm_bcast(t->comm, st, sizeof st, 0, rank == 0 ? NULL : err);
+        if (brc) {
+            rk_ckpt_unlock(t->held);
+            t->held = NULL;
+            return brc;
+        }
+        if (rank != 0 && st[0] != 0)
+            return rk_err_set(err, (int)st[0],
+                              "checkpoint: rank 0 could not lock %s (holder "
+                              "pid %.0f)",
+                              t->dir, st[1]);
+    }
+    return rc;
+}
+
 int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err)
 {
     const rk_train_config *c = t->cfg;
+    t->held = NULL;
+    if (t->lock) {
+        int rc = take_lock(t, err);
+        if (rc)
+            return rc;
+    }
     snprintf(t->config, sizeof t->config,
              "{\"model\":\"%s\",\"optimizer\":\"%s\",\"seed\":%llu,\"batch\":%d}", t->m->name,
              c->optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (unsigned long long)c->seed, c->batch);
     t->next_at = t->every > 0 ? t->every : AUTO_FIRST_SAVE;
     t->writer = NULL;
     t->last_step_t = now_s();
-    if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0))
-        return rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
+    if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0)) {
+        int rc = rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
+        if (rc) {
+            rk_ckpt_unlock(t->held);
+            t->held = NULL;
+        }
+        return rc;
+    }
     return RK_OK;
 }
 
@@ -126,6 +167,8 @@ int rk_trainer_ckpt_finish(rk_trainer_ckpt *t, rk_err *err)
         rk_ckpt_writer_free(t->writer);
         t->writer = NULL;
     }
+    rk_ckpt_unlock(t->held);
+    t->held = NULL;
     return rc;
 }
 

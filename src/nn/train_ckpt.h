@@ -23,6 +23,8 @@ typedef struct rk_trainer_ckpt {
     int64_t every;    /* steps between checkpoints; 0: auto (Daly, from save cost and mtbf) */
     double mtbf_s;    /* for auto */
     int async;        /* write in a background thread */
+    int lock;         /* take the directory's writer lock (rank 0) for the run: a standalone
+                         run; under a supervisor that holds it, 0 */
     rk_model *m;
     rk_optim *opt;
     rk_batch_policy *policy;
@@ -35,14 +37,17 @@ typedef struct rk_trainer_ckpt {
     void *may_save_user;
     /* kept by the module */
     rk_ckpt_writer *writer;
+    rk_ckpt_lockfile *held; /* the lock, while held */
     char config[512];
     double last_save_s, last_step_t, step_s;
     int64_t next_at, saves, last_step;
 } rk_trainer_ckpt;
 
-/* Prepare (after m, opt, policy and cfg are set): builds the config JSON, the async writer. */
+/* Prepare (after m, opt, policy and cfg are set): takes the directory's lock when t->lock
+ * (rank 0 takes it, every rank learns the outcome: RK_EBUSY naming the holder's pid on every
+ * rank; collective), builds the config JSON, the async writer. */
 int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err);
-/* Wait for an async write in flight and release the writer. */
+/* Wait for an async write in flight, release the writer and the lock. */
 int rk_trainer_ckpt_finish(rk_trainer_ckpt *t, rk_err *err);
 
 /* Restore the newest valid checkpoint of this model, optimiser, seed and batch from t->dir

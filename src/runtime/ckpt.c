@@ -8,19 +8,20 @@
 #include "base/msg.h"
 
 #include <dirent.h>
-#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -35,8 +36,11 @@
 #define MANIFEST_NAME "__manifest__"
 #define MANIFEST_KEY KEY_PREFIX MANIFEST_NAME
 #define LATEST "latest"
-#define LATEST_MAX 4096 /* bytes a `latest` file may have */
-#define SHOW_MAX 96     /* bytes of an untrusted name shown in a message */
+#define LOCK_NAME RK_CKPT_LOCK_FILE
+#define LOCK_MAX 32                    /* bytes of the lock file read for the holder's pid */
+#define SCAN_CHUNK ((size_t)256 << 10) /* bytes hashed, then scanned while in cache */
+#define LATEST_MAX 4096                /* bytes a `latest` file may have */
+#define SHOW_MAX 96                    /* bytes of an untrusted name shown in a message */
 
 struct rk_ckpt {
     rk_st_file f;
@@ -159,6 +163,50 @@ static void hex16(char out[17], uint64_t v)
     snprintf(out, 17, "%016" PRIx64, v);
 }
 
+/* ---- finite values ---------------------------------------------------------------------- */
+
+const char *const rk_ckpt_finite_prefixes[] = {"model.", "optim.", NULL};
+
+/* Whether the floating-point values of item `name` must be finite (rekindle/ckpt.h). */
+static bool must_be_finite(const char *name)
+{
+    for (const char *const *p = rk_ckpt_finite_prefixes; *p; p++)
+        if (strncmp(name, *p, strlen(*p)) == 0)
+            return true;
+    return false;
+}
+
+/* XXH64 (seed 0) of n bytes and, when `scan`, the index of the first non-finite element of
+ * `dtype` in them (*bad, SIZE_MAX if none): one pass over the memory, each chunk scanned
+ * right after it was hashed, while it is still in the cache. */
+static uint64_t hash_scan(const void *data, size_t n, const char *dtype, bool scan, size_t *bad)
+{
+    *bad = SIZE_MAX;
+    if (n == 0)
+        return XXH64("", 0, 0);
+    XXH64_state_t *st = scan ? XXH64_createState() : NULL;
+    if (!st) {
+        if (scan)
+            *bad = rk_st_find_nonfinite(dtype, data, n);
+        return XXH64(data, n, 0);
+    }
+    size_t es = rk_st_dtype_size(dtype);
+    const uint8_t *p = data;
+    XXH64_reset(st, 0);
+    for (size_t off = 0; off < n; off += SCAN_CHUNK) {
+        size_t len = n - off < SCAN_CHUNK ? n - off : SCAN_CHUNK;
+        XXH64_update(st, p + off, len);
+        if (*bad == SIZE_MAX && es) {
+            size_t i = rk_st_find_nonfinite(dtype, p + off, len); /* chunks hold whole elements */
+            if (i != SIZE_MAX)
+                *bad = off / es + i;
+        }
+    }
+    uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    return h;
+}
+
 /* ---- the manifest checksum -------------------------------------------------------------- */
 
 /* One tensor as the manifest checksum sees it. */
@@ -234,6 +282,7 @@ typedef struct plan {
     char *strs;        /* keys "xxh64.<name>" and values, one block */
     char **sums;       /* per item: its 16-hex-digit checksum inside strs */
     size_t *nbytes;    /* per item: its byte size */
+    size_t *bad;       /* per item: its first non-finite element, SIZE_MAX if none */
     tdesc *td;         /* per item, for the manifest checksum */
     kv *sorted;        /* metadata pairs, for the manifest checksum */
     size_t npairs;     /* metadata pairs before the manifest's own */
@@ -248,6 +297,7 @@ static void plan_free(plan *p)
     free(p->strs);
     free(p->sums);
     free(p->nbytes);
+    free(p->bad);
     free(p->td);
     free(p->sorted);
     memset(p, 0, sizeof *p);
@@ -321,10 +371,28 @@ static int plan_seal(plan *p)
     return RK_OK;
 }
 
-/* XXH64 of item i's bytes into its place in the metadata. */
+/* XXH64 of item i's bytes into its place in the metadata, and its scan for non-finite
+ * values when it must be finite. */
 static void plan_hash(plan *p, size_t i)
 {
-    hex16(p->sums[i], p->nbytes[i] ? XXH64(p->e[i].data, p->nbytes[i], 0) : XXH64("", 0, 0));
+    const rk_st_entry *e = &p->e[i];
+    hex16(p->sums[i],
+          hash_scan(e->data, p->nbytes[i], e->dtype, must_be_finite(e->name), &p->bad[i]));
+}
+
+/* RK_EINVAL naming the first item that holds a non-finite value where it must not. */
+static int plan_check_finite(const char *label, const plan *p, rk_err *err)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (p->bad[i] != SIZE_MAX) {
+            char nb[SHOW_MAX];
+            return rk_err_set_line(err, RK_EINVAL,
+                                   "%s: item '%s': element %zu is %s; weights and optimiser "
+                                   "state (model.*, optim.*) must be finite: not saved",
+                                   label, rk_msg_show(nb, sizeof nb, p->e[i].name), p->bad[i],
+                                   rk_st_nonfinite_name(p->e[i].dtype, p->e[i].data, p->bad[i]));
+        }
+    return RK_OK;
 }
 
 /* Check the items and lay out the file. With `hash` every checksum is computed; without,
@@ -342,8 +410,13 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
     size_t strbytes = 0;
     size_t nn = n ? n : 1;
     p->nbytes = calloc(nn, sizeof *p->nbytes);
-    if (!p->nbytes)
+    p->bad = malloc(nn * sizeof *p->bad);
+    if (!p->nbytes || !p->bad) {
+        plan_free(p);
         return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
+    }
+    for (size_t i = 0; i < nn; i++)
+        p->bad[i] = SIZE_MAX;
     for (size_t i = 0; i < n && !rc; i++) {
         rc = check_item(label, &items[i], i, &p->nbytes[i], err);
         for (size_t j = 0; j < i && !rc; j++)
@@ -400,7 +473,9 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
             off += p->nbytes[i];
         }
         p->npairs = k / 2;
-        if (plan_seal(p) != RK_OK) {
+        if (hash && (rc = plan_check_finite(label, p, err)) != RK_OK) {
+            /* rc set */
+        } else if (plan_seal(p) != RK_OK) {
             rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
         } else {
             p->meta[k++] = MANIFEST_KEY;
@@ -566,12 +641,19 @@ static int verify_st(const rk_st_file *f, const char *L, rk_ckpt_meta *meta, rk_
     for (size_t i = 0; i < f->ntensors && !rc; i++) {
         const rk_st_tensor *t = &f->tensors[i];
         char got[17], nb[SHOW_MAX];
-        hex16(got, XXH64(t->nbytes ? (const void *)t->data : "", t->nbytes, 0));
+        size_t bad;
+        hex16(got, hash_scan(t->data, t->nbytes, t->dtype, must_be_finite(t->name), &bad));
         if (strcmp(got, sums[i]) != 0)
             rc = rk_err_set_line(err, RK_EFORMAT,
                       "%s: tensor '%s': data checksum mismatch (stored %s, "
                       "computed %s over %zu bytes)",
                       L, rk_msg_show(nb, sizeof nb, t->name), sums[i], got, t->nbytes);
+        else if (bad != SIZE_MAX)
+            rc = rk_err_set_line(err, RK_EFORMAT,
+                                 "%s: tensor '%s': element %zu is %s (weights and optimiser "
+                                 "state must be finite)",
+                                 L, rk_msg_show(nb, sizeof nb, t->name), bad,
+                                 rk_st_nonfinite_name(t->dtype, t->data, bad));
     }
     free(sums);
     return rc;
@@ -857,6 +939,23 @@ __attribute__((format(printf, 3, 4))) static void report_add(char *r, size_t cap
     }
 }
 
+/* Whether a load's error says the file could not be read at all (permissions, an I/O error,
+ * no memory), rather than read and found to be no usable checkpoint (RK_EFORMAT,
+ * RK_EMISMATCH) or gone (RK_ENOENT). Loads never fall back past such a file. */
+static bool unreadable(int rc)
+{
+    return rc != RK_OK && rc != RK_EFORMAT && rc != RK_EMISMATCH && rc != RK_ENOENT;
+}
+
+/* The error of a load that met a file it cannot read: no fallback. */
+static int refuse_unreadable(const char *dir, const rk_err *why, rk_err *err)
+{
+    return rk_err_set_line(err, why->code,
+                           "%s; a checkpoint that exists but cannot be read is not skipped: fix "
+                           "it (permissions, disk) or move it out of %s",
+                           why->msg, dir);
+}
+
 /* Load and verify dir/name and check it against `e`. */
 static int try_load(const char *dir, const char *name, const rk_ckpt_expect *e, rk_ckpt **out,
                     rk_err *err)
@@ -894,8 +993,16 @@ int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt *
     rk_err e2;
     size_t skipped = 0;
     rc = rk_ckpt_read_latest(dir, lname, sizeof lname, &e2);
+    if (unreadable(rc)) {
+        free(v);
+        return refuse_unreadable(dir, &e2, err);
+    }
     if (rc == RK_OK) {
         rc = try_load(dir, lname, expect, out, &e2);
+        if (unreadable(rc)) {
+            free(v);
+            return refuse_unreadable(dir, &e2, err);
+        }
         if (rc == RK_OK) {
             int64_t ls = (*out)->meta.step;
             for (size_t i = 0; i < n && v[i].step > ls; i++)
@@ -919,6 +1026,10 @@ int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt *
         if (rc == RK_OK) {
             free(v);
             return RK_OK;
+        }
+        if (unreadable(rc)) {
+            free(v);
+            return refuse_unreadable(dir, &e2, err);
         }
         report_add(report, report_len, "%s", e2.msg);
         skipped++;
@@ -989,13 +1100,15 @@ int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp
         rk_err e2;
         if (!path)
             rk_err_set(&e2, RK_ENOMEM, "%s: out of memory", dir);
-        if (path && rk_ckpt_load_file(path, &c, &e2) == RK_OK) {
+        int lrc = path ? rk_ckpt_load_file(path, &c, &e2) : RK_ENOMEM;
+        if (lrc == RK_OK) {
             f->valid = 1;
             f->epoch = c->meta.epoch;
             f->cursor = c->meta.cursor;
             f->world_size = c->meta.world_size;
             rk_ckpt_free(c);
         } else {
+            f->unreadable = unreadable(lrc);
             snprintf(f->problem, sizeof f->problem, "%s", e2.msg);
         }
         free(path);
@@ -1050,6 +1163,127 @@ static int make_dirs(const char *dir, rk_err *err)
     }
     free(p);
     return rc;
+}
+
+/* ---- the writer's lock ------------------------------------------------------------------ */
+
+struct rk_ckpt_lockfile {
+    int fd; /* DIR/.lock, flock'ed; closing it (or dying) releases the lock */
+};
+
+/* The pid written in an open lock file, 0 if none is (yet). */
+static long lock_holder(int fd)
+{
+    char buf[LOCK_MAX + 1];
+    ssize_t n;
+    do {
+        n = pread(fd, buf, LOCK_MAX, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    size_t len = strcspn(buf, "\n");
+    int64_t v;
+    return parse_u63(buf, len, &v) && v > 0 && v <= INT_MAX ? (long)v : 0;
+}
+
+int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *err)
+{
+    char eb[128];
+    if (holder)
+        *holder = 0;
+    if (!out)
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_lock: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir)
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_lock: empty directory");
+    int rc = make_dirs(dir, err);
+    if (rc)
+        return rc;
+    char *path = join(dir, LOCK_NAME);
+    rk_ckpt_lockfile *l = malloc(sizeof *l);
+    if (!path || !l) {
+        free(path);
+        free(l);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
+    }
+    int fd;
+    do {
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    } while (fd < 0 && errno == EINTR);
+    struct stat st;
+    if (fd < 0) {
+        int e = errno;
+        rc = rk_err_set_line(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
+                             "%s: cannot open the lock file: %s", path,
+                             rk_msg_strerror(e, eb, sizeof eb));
+    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = rk_err_set_line(err, RK_EIO, "%s: the lock file is not a regular file", path);
+    } else {
+        int r;
+        do {
+            r = flock(fd, LOCK_EX | LOCK_NB);
+        } while (r < 0 && errno == EINTR);
+        if (r < 0 && errno == EWOULDBLOCK) {
+            long pid = lock_holder(fd);
+            if (holder)
+                *holder = pid;
+            if (pid > 0)
+                rc = rk_err_set_line(err, RK_EBUSY,
+                                     "%s: another job writes to this checkpoint directory "
+                                     "(pid %ld holds %s); one writer per directory",
+                                     dir, pid, path);
+            else
+                rc = rk_err_set_line(err, RK_EBUSY,
+                                     "%s: another job writes to this checkpoint directory "
+                                     "(it holds %s, its pid not written yet); one writer per "
+                                     "directory",
+                                     dir, path);
+        } else if (r < 0) {
+            rc = rk_err_set_line(err, RK_EIO, "%s: cannot lock: %s", path,
+                                 rk_msg_strerror(errno, eb, sizeof eb));
+        } else {
+            /* ours: say who holds it (only a message reads this; the lock is the flock) */
+            char line[32];
+            int len = snprintf(line, sizeof line, "%ld\n", (long)getpid());
+            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len)
+                rc = rk_err_set_line(err, RK_EIO, "%s: cannot write the pid: %s", path,
+                                     rk_msg_strerror(errno, eb, sizeof eb));
+        }
+    }
+    free(path);
+    if (rc) {
+        if (fd >= 0)
+            close(fd); /* releases the lock if it was taken */
+        free(l);
+        return rc;
+    }
+    l->fd = fd;
+    *out = l;
+    return RK_OK;
+}
+
+void rk_ckpt_unlock(rk_ckpt_lockfile *l)
+{
+    if (!l)
+        return;
+    close(l->fd); /* the file stays: removing it would race with the next job's open */
+    free(l);
+}
+
+int rk_ckpt_is_store(const char *dir)
+{
+    DIR *d = dir && *dir ? opendir(dir) : NULL;
+    if (!d)
+        return 0;
+    int found = 0;
+    struct dirent *de;
+    long pid;
+    while (!found && (de = readdir(d)))
+        found = strcmp(de->d_name, LATEST) == 0 || strcmp(de->d_name, LOCK_NAME) == 0 ||
+                rk_ckpt_name_step(de->d_name, NULL) || temp_pid(de->d_name, &pid);
+    closedir(d);
+    return found;
 }
 
 /* Checkpoints this process wrote and verified, identified by device, inode, size and
@@ -1183,6 +1417,8 @@ static int plan_write(const char *path, plan *p, bool beside, rk_err *err)
     free(hdr);
     hdr = NULL;
     size_t hlen2 = 0;
+    if (!rc)
+        rc = plan_check_finite(path, p, err);
     if (!rc && plan_seal(p) != RK_OK)
         rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", path);
     if (!rc)
