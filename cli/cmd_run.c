@@ -363,6 +363,11 @@ int rk_cmd_run(int argc, char **argv)
     if (o.ckpt_dir) {
         rk_err err = {0};
         int rc = rk_ckpt_lock(o.ckpt_dir, &lock, NULL, &err);
+        if (rc == RK_ESTORAGE) { /* the disk, not the job: the same words as during a run */
+            fprintf(stderr, "rk run: storage error on the checkpoint directory %s: %s; not "
+                            "starting\n", o.ckpt_dir, err.msg);
+            return RK_EXIT_FAIL;
+        }
         if (rc) {
             fprintf(stderr, "rk run: --ckpt-dir %s\n", err.msg);
             return rk_cli_status(rc);

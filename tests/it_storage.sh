@@ -3,8 +3,8 @@
 # their --ckpt-dir on a real 5 MB tmpfs (a private mount namespace: unshare -m) that fills up
 # at the third checkpoint. rk run stops at once, exit 1, with one line naming the directory
 # and "No space left on device"; no relaunch, no quarantine, the run does not end with
-# "devices left", and the checkpoints saved before are intact (rk ckpt verify). The same on
-# a read-only tmpfs ("Read-only file system"). Needs root and mounts (skips, 77, otherwise),
+# "devices left", and the checkpoints saved before are intact (rk ckpt verify). On a
+# read-only tmpfs ("Read-only file system") rk run refuses to start in the same words. Needs root and mounts (skips, 77, otherwise),
 # mpirun and Fashion-MNIST.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
@@ -73,7 +73,15 @@ check full "No space left on device" "$st"
 [[ $(json "$work/full.sum" steps) == 30 ]] && ok "full: it stopped at the failed save of step 30" \
   || bad "full: steps $(json "$work/full.sum" steps)"
 
+# read-only: rk run cannot even take the directory's writer lock, so it refuses to start
+# with the same words, and no job ran (no events, no summary)
 in_tmpfs ro,size=1m ro
-check ro "Read-only file system" "$?"
+st=$?
+[[ $st == 1 ]] && ok "ro: rk run exits 1" || bad "ro: exit $st: $(grep 'rk run' "$work/ro.out" | tail -4)"
+grep -q "storage error on the checkpoint directory $mnt/ck: .*Read-only file system" "$work/ro.out" \
+  && ok "ro: one line names the directory and 'Read-only file system'" \
+  || bad "ro: no message naming $mnt/ck and 'Read-only file system': $(tail -3 "$work/ro.out")"
+[[ ! -s $work/ro.ev && ! -e $work/ro.sum ]] && ok "ro: no job started (no events, no summary)" \
+  || bad "ro: a job ran: $(cat "$work/ro.ev" 2>/dev/null | head -3)"
 
 it_finish

@@ -1445,14 +1445,14 @@ static int unreadable_checks_as_nobody(const char *dir)
         char report[2048];
         /* latest names the unreadable file: an error, no fallback to step 1 */
         int rc = rk_ckpt_load_latest(".", NULL, &c, report, sizeof report, &err);
-        CHECK(rc == RK_EIO && c == NULL);
+        CHECK(rc == RK_ESTORAGE && c == NULL);
         CHECK(strstr(err.msg, "ckpt-000000000002.safetensors") != NULL);
         CHECK(strstr(err.msg, "ermission denied") != NULL);
         CHECK(strstr(err.msg, "cannot be read is not skipped") != NULL);
         /* latest missing, the scan meets it first: still an error */
         CHECK(rename("latest", "latest.away") == 0);
         rc = rk_ckpt_load_latest(".", NULL, &c, report, sizeof report, &err);
-        CHECK(rc == RK_EIO && strstr(err.msg, "ckpt-000000000002") != NULL);
+        CHECK(rc == RK_ESTORAGE && strstr(err.msg, "ckpt-000000000002") != NULL);
         CHECK(rename("latest.away", "latest") == 0);
         /* the list says unreadable, not merely bad */
         rk_ckpt_info *v;
@@ -1463,7 +1463,7 @@ static int unreadable_checks_as_nobody(const char *dir)
         /* an unreadable latest is an error too */
         CHECK(chmod("latest", 0) == 0);
         rc = rk_ckpt_load_latest(".", NULL, &c, report, sizeof report, &err);
-        CHECK(rc == RK_EIO && strstr(err.msg, "latest") != NULL);
+        CHECK(rc == RK_ESTORAGE && strstr(err.msg, "latest") != NULL);
         /* a bad (readable) newest one is still skipped: the fallback itself is unchanged */
         CHECK(rk_ckpt_load_step(".", 1, &c, &err) == RK_OK);
         rk_ckpt_free(c);

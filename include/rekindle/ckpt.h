@@ -50,7 +50,7 @@
  *
  * Errors: RK_EINVAL (bad argument), RK_ENOENT (no such directory, file or valid checkpoint),
  * RK_EFORMAT (a file is not a valid checkpoint), RK_EMISMATCH (valid, but not what the caller
- * expects: another model), RK_EIO (a file cannot be read or written), RK_ENOMEM, RK_EBUSY
+ * expects: another model), RK_ESTORAGE (the storage refused: no space, read-only, permission denied, an I/O error), RK_EIO (another failure to read or write), RK_ENOMEM, RK_EBUSY
  * (another job holds the directory's lock). Messages name the file, tensor or field.
  */
 #ifndef REKINDLE_CKPT_H
@@ -156,7 +156,7 @@ int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err)
  * each problem with `latest`, is one line in `report` (NUL-terminated, cut to report_len;
  * may be NULL): "<path>: <why>", naming the tensor or field. RK_ENOENT if DIR is missing or
  * holds no usable checkpoint. A checkpoint or `latest` that exists but cannot be read
- * (RK_EIO: permissions, an I/O error; RK_ENOMEM) ends the search with that error: it is
+ * (RK_ESTORAGE: permissions, an I/O error; RK_EIO; RK_ENOMEM) ends the search with that error: it is
  * never treated as absent. Never deletes or changes anything. */
 int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out, char *report,
                         size_t report_len, rk_err *err);
