@@ -600,12 +600,18 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     pthread_mutex_unlock(&x->conn_lock);
 }
 
-/* A request's headers are in: it is being answered (on_request's first call). */
-static void conn_busy(rk_exporter *x, struct MHD_Connection *c)
+/* Our record of libmicrohttpd's connection `c` (its socket context), or NULL. */
+static struct conn *conn_of(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *i =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    struct conn *k = i ? i->socket_context : NULL;
+    return i ? i->socket_context : NULL;
+}
+
+/* A request's headers are in: it is being answered (on_request's first call). */
+static void conn_busy(rk_exporter *x, struct MHD_Connection *c)
+{
+    struct conn *k = conn_of(c);
     if (!k)
         return;
     pthread_mutex_lock(&x->conn_lock);
@@ -619,9 +625,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
 {
     rk_exporter *x = cls;
     (void)req_cls;
-    const union MHD_ConnectionInfo *i =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    struct conn *k = i ? i->socket_context : NULL;
+    struct conn *k = conn_of(c);
     if (!k)
         return;
     pthread_mutex_lock(&x->conn_lock);
