@@ -6,6 +6,7 @@
  */
 #include "args.h"
 
+#include "rekindle/ckpt.h"
 #include "rekindle/fileio.h"
 
 #include <errno.h>
@@ -189,9 +190,12 @@ int rk_arg_step(rk_args *a, const char *flag, const char *s, int64_t lo, int64_t
 
 int rk_arg_seed(rk_args *a, const char *flag, const char *s, uint64_t *out)
 {
-    if (!rk_args_u64(s, out))
-        return refuse(a, flag, s, "a seed: a whole number in 0..%llu",
-                      (unsigned long long)UINT64_MAX);
+    /* 2^63-1 at most: a seed is written into JSON (checkpoint configs, summaries), whose
+     * readers here (jansson) hold signed 64-bit integers */
+    uint64_t v;
+    if (!rk_args_u64(s, &v) || v > (uint64_t)INT64_MAX)
+        return refuse(a, flag, s, "a seed: a whole number in 0..%lld", (long long)INT64_MAX);
+    *out = v;
     return 0;
 }
 
@@ -335,6 +339,11 @@ int rk_arg_path(rk_args *a, const char *flag, const char *path, rk_path_kind kin
     else if (access(dir, W_OK) != 0)
         rc = path_error(a, flag, path, "directory %s is not writable (%s)", dshown,
                         rk_msg_strerror(errno, eb, sizeof eb));
+    else if (rk_ckpt_is_store(dir)) /* a file there would replace or pass for a checkpoint */
+        rc = path_error(a, flag, path,
+                        "%s is a checkpoint store (it holds latest, %s or checkpoint files): "
+                        "write outputs outside it",
+                        dshown, RK_CKPT_LOCK_FILE);
     free(dir);
     return rc;
 }

@@ -5,7 +5,7 @@
  *   whole numbers  decimal digits only, an optional '-' where the range allows it: no '+',
  *                  no spaces, no leading zeros ("010"), no fractions ("1.5"), exponents
  *                  ("1e3") or hex ("0x10"); the range is the flag's own (counts) or the
- *                  kind's (seeds 0..2^64-1, steps up to 2^63-1, MHz 1..100000)
+ *                  kind's (seeds 0..2^63-1, steps up to 2^63-1, MHz 1..100000)
  *   numbers        a whole number's digits, then an optional fraction (".5", "0.25") and
  *                  exponent ("1e-4"); finite (no inf, nan, hex floats), in the flag's range
  *                  or the kind's (probability [0, 1], health score [0, 100], watts
@@ -54,7 +54,7 @@ bool rk_args_seconds(const char *s, double lo, double hi, double *out);
 int rk_arg_count(rk_args *a, const char *flag, const char *s, int lo, int hi, int *out);
 /* A number of optimiser steps in [lo, INT64_MAX]. */
 int rk_arg_step(rk_args *a, const char *flag, const char *s, int64_t lo, int64_t *out);
-/* A seed: any whole number in [0, UINT64_MAX]. */
+/* A seed: a whole number in [0, INT64_MAX] (it is written into JSON, read back as int64). */
 int rk_arg_seed(rk_args *a, const char *flag, const char *s, uint64_t *out);
 /* A finite number in [lo, hi]. */
 int rk_arg_real(rk_args *a, const char *flag, const char *s, double lo, double hi, double *out);

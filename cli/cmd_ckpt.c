@@ -292,34 +292,6 @@ static int cmd_verify(int argc, char **argv)
     return bad_other ? RK_EXIT_FAIL : RK_EXIT_OK;
 }
 
-/* 1 (said) if `out` would land inside a checkpoint store: a file there that is not a
- * checkpoint is foreign to it, and one that is would be taken for one. */
-static int inside_store(const char *out)
-{
-    size_t len = strlen(out);
-    char *dir = malloc(len + 2);
-    if (!dir) {
-        fprintf(stderr, "rk ckpt export: out of memory\n");
-        return 1;
-    }
-    memcpy(dir, out, len + 1);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == dir)
-        dir[1] = '\0';
-    else
-        *slash = '\0';
-    int store = rk_ckpt_is_store(dir);
-    if (store)
-        fprintf(stderr,
-                "rk ckpt export: -o %s: %s is a checkpoint store (it holds latest, %s or "
-                "checkpoint files); write the weights outside it\n",
-                out, dir, RK_CKPT_LOCK_FILE);
-    free(dir);
-    return store;
-}
-
 static int cmd_export(int argc, char **argv)
 {
     sub_opts o;
@@ -328,8 +300,6 @@ static int cmd_export(int argc, char **argv)
         return st < 0 ? RK_EXIT_OK : st;
     if (!o.out)
         return usage_error("export", export_usage, "missing -o OUT.safetensors");
-    if (inside_store(o.out))
-        return RK_EXIT_USAGE;
     rk_args args = {.cmd = "ckpt export", .usage = export_usage};
     int64_t step = -1;
     if ((o.step && rk_arg_step(&args, "--step", o.step, 0, &step)) ||

@@ -5,7 +5,7 @@
 # (--ckpt-dir /proc/version, --init DIR, --textfile-dir /nonexistent, an output in a missing
 # directory ...) is exit 2 before any work starts, with a message "rk CMD: ..." naming the flag
 # and the value, and nothing is created on disk. Every subcommand's --help still works, and the
-# full range of a seed (2^64 - 1) is accepted. Needs RK, RK_TMP; no data set, GPU or MPI.
+# full range of a seed (0..2^63-1) is accepted and an output into a checkpoint store refused. Needs RK, RK_TMP; no data set, GPU or MPI.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_args
@@ -53,6 +53,8 @@ refused "--epochs '1 '" "${TRAIN[@]}" --epochs "1 "
 refused "--seed '0x10'" "${TRAIN[@]}" --seed 0x10
 refused "--seed '1e3'" "${TRAIN[@]}" --seed 1e3
 refused "--seed '18446744073709551616'" "${TRAIN[@]}" --seed 18446744073709551616
+# 2^63: once trained the whole run and then could not write its checkpoint's config
+refused "--seed '9223372036854775808'" "${TRAIN[@]}" --seed 9223372036854775808
 refused "--threads '010'" "${TRAIN[@]}" --threads 010
 refused "--max-steps '10abc'" "${TRAIN[@]}" --max-steps 10abc
 refused "--keep ''" "${TRAIN[@]}" --keep ""
@@ -122,6 +124,18 @@ refused "--save $M/w.safetensors:" "${TRAIN[@]}" --save "$M/w.safetensors"
 refused "--metrics-json $O:" "${TRAIN[@]}" --metrics-json "$O"
 refused "--loss-log $F/loss:" "${TRAIN[@]}" --loss-log "$F/loss"
 
+# an output never goes into a checkpoint store: it would replace latest or a checkpoint
+# (--save over the newest checkpoint, --metrics-json over latest were taken)
+S=$W/store
+mkdir -p "$S"
+printf 'ckpt-000000000002.safetensors\n' >"$S/latest"
+printf 'x' >"$S/ckpt-000000000002.safetensors"
+refused "is a checkpoint store" "${TRAIN[@]}" --save "$S/ckpt-000000000002.safetensors"
+refused "is a checkpoint store" "${TRAIN[@]}" --metrics-json "$S/latest"
+refused "is a checkpoint store" "${TRAIN[@]}" --loss-log "$S/loss.csv"
+refused "is a checkpoint store" "${RUN[@]}" --summary-json "$S/latest" -- true
+refused "is a checkpoint store" "${RUN[@]}" --events "$S/events.jsonl" -- true
+
 # under a supervisor the directory comes from RK_CKPT_DIR: the same check, naming it
 (cd "$W" && RK_CKPT_DIR=/proc/version timeout 20 "$RK" "${TRAIN[@]}" >"$work/logs/out" \
   2>"$work/logs/err")
@@ -159,12 +173,12 @@ for cmd in train ckpt "ckpt ls" "ckpt verify" "ckpt export" run doctor tune expo
   [[ $rc -eq 0 ]] && grep -q "^usage: rk ${cmd%% *}" "$work/logs/out" \
     && ok "rk $cmd --help" || bad "rk $cmd --help: exit $rc: $(head -c 200 "$work/logs/err")"
 done
-# a seed is any 64-bit unsigned number, in every subcommand
-"$RK" doctor --sim 2 --samples 1 --interval 0 --seed 18446744073709551615 --json \
+# a seed is any number 0..2^63-1, in every subcommand (it is written into JSON, read as int64)
+"$RK" doctor --sim 2 --samples 1 --interval 0 --seed 9223372036854775807 --json \
   >"$work/logs/out" 2>"$work/logs/err"
 rc=$?
-[[ $rc -ne 2 ]] && ok "rk doctor --seed 2^64-1 is a seed (exit $rc)" \
-  || bad "rk doctor --seed 2^64-1: $(head -1 "$work/logs/err")"
+[[ $rc -ne 2 ]] && ok "rk doctor --seed 2^63-1 is a seed (exit $rc)" \
+  || bad "rk doctor --seed 2^63-1: $(head -1 "$work/logs/err")"
 # a duration takes its units in every subcommand
 "$RK" doctor --sim 1 --samples 2 --interval 10ms --json >"$work/logs/out" 2>"$work/logs/err"
 rc=$?
