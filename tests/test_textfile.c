@@ -676,6 +676,21 @@ static void test_dir_does_not_follow_links_out_of_it(void **state)
         assert_false(has(&s[0], RK_F_FAN_VIB));
         rm_tree(path);
     }
+    /* a link to a link in the same directory (hop.prom -> hop.out -> the secret): not followed,
+     * and said (it was skipped without a word) */
+    char two[600], hop[700];
+    fresh_dir(two, sizeof two, "two-hops");
+    snprintf(hop, sizeof hop, "%s/hop.out", two);
+    assert_int_equal(symlink(target, hop), 0);
+    snprintf(path, sizeof path, "%s/hop.prom", two);
+    assert_int_equal(symlink("hop.out", path), 0);
+    fresh(s);
+    assert_int_equal(rk_textfile_merge_dir(two, g_info, s, NGPU, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "hop.prom: is a symbolic link to a symbolic link"));
+    assert_null(strstr(err.msg, "SECRET"));
+    assert_false(has(&s[0], RK_F_FAN_VIB));
+    rm_tree(path);
+    rm_tree(hop);
 }
 
 /* A broken file is reported (the first by name) and merges nothing; the others still merge. */

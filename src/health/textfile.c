@@ -778,8 +778,17 @@ static const char *entry_to_read(int dfd, const char *name, const char *label, c
                          label);
         return NULL;
     }
-    if (fstatat(dfd, tgt, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
-        return NULL; /* dangling, a link to a link, or not a regular file: not a textfile */
+    if (fstatat(dfd, tgt, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        return NULL; /* dangling: not a textfile */
+    if (S_ISLNK(st.st_mode)) { /* the next hop could lead anywhere: said, as a link out is */
+        *rc = rk_err_set(err, RK_EINVAL,
+                         "%s: is a symbolic link to a symbolic link; not followed (only a link "
+                         "to a file in the same directory is read)",
+                         label);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode))
+        return NULL; /* a directory, a FIFO, a device: not a textfile */
     return tgt;
 }
 
