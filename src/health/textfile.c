@@ -779,7 +779,7 @@ static const char *entry_to_read(int dfd, const char *name, const char *label, c
         return NULL;
     }
     if (fstatat(dfd, tgt, &st, AT_SYMLINK_NOFOLLOW) < 0)
-        return NULL; /* dangling: not a textfile */
+        return NULL;           /* dangling: not a textfile */
     if (S_ISLNK(st.st_mode)) { /* the next hop could lead anywhere: said, as a link out is */
         *rc = rk_err_set(err, RK_EINVAL,
                          "%s: is a symbolic link to a symbolic link; not followed (only a link "
