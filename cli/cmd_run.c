@@ -113,6 +113,10 @@ static int integer(const char *flag, const char *s, int lo, int hi, int *out)
 static int parse_devices(char *list, rk_sup_opts *o)
 {
     o->ndevices = 0;
+    size_t len = strlen(list);
+    /* strtok would skip empty items: "0,,1", ",0" and "0," are mistakes, not two devices */
+    if (len == 0 || list[0] == ',' || list[len - 1] == ',' || strstr(list, ",,"))
+        return usage_error("--devices: '%s' has an empty item (ids are comma-separated)", list);
     for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         size_t n = strlen(t);
         int ok = n >= 1 && n <= 63;

@@ -145,6 +145,8 @@ rc=$?
   || bad "RK_CKPT_DIR=/proc/version rk train: exit $rc: $(head -1 "$work/logs/err")"
 
 refused "--ckpt-dir /proc/version:" "${RUN[@]}" --ckpt-dir /proc/version -- true
+refused "has an empty item" "${RUN[@]}" --devices 0,,1 -- true
+refused "has an empty item" "${RUN[@]}" --devices 0, -- true
 refused "--events $O:" "${RUN[@]}" --events "$O" -- true
 refused "--summary-json $M/s.json:" "${RUN[@]}" --summary-json "$M/s.json" -- true
 refused "--predictor $D:" "${RUN[@]}" --health sim --predictor "$D" -- true
