@@ -788,8 +788,10 @@ static outcome judge(sup *s, int exited, int code)
     case RK_SUP_INTERRUPTED: return INTERRUPTED;
     case RK_SUP_STOP:
         if (strcmp(kind, "storage") == 0 && !s->o->ckpt_dir) /* the worker's own files */
-            say(s, "storage error: %s; stopping: a full, read-only or failing disk is not a "
-                   "device's fault and relaunching cannot fix it", s->vdetail);
+            say(s,
+                "storage error: %s; stopping: a full, read-only or failing disk is not a "
+                "device's fault and relaunching cannot fix it",
+                s->vdetail);
         else if (strcmp(kind, "storage") == 0)
             say(s,
                 "storage error on the checkpoint directory %s: %s; stopping: a full, "
