@@ -34,6 +34,9 @@ static const char usage_text[] =
     "                          every launch resumes from its latest good checkpoint)\n"
     "  --heartbeat-timeout S   a rank silent this many seconds is hung (default 30)\n"
     "  --startup-timeout S     seconds for every rank to say hello (default 120)\n"
+    "  --stop-grace S          after SIGINT, SIGTERM or SIGHUP, seconds for the ranks to\n"
+    "                          checkpoint and stop before the job is torn down (default 30;\n"
+    "                          0: at once)\n"
     "  --failure-threshold K   failures that quarantine a device (default 2)\n"
     "  --max-restarts R        relaunches before giving up (default 10)\n"
     "  --min-ranks M           fewest ranks worth running on (default 1)\n"
@@ -66,8 +69,9 @@ static const char usage_text[] =
     "\n"
     "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices, a\n"
     "storage error on the checkpoint directory: a worker exited 6); 2 bad usage, or the\n"
-    "worker rejected its arguments (exited 2); 130 interrupted (the ranks were asked to\n"
-    "checkpoint and stop).\n";
+    "worker rejected its arguments (exited 2), or a --predictor that cannot be read as a model;\n"
+    "130 interrupted (the ranks were asked to checkpoint and stop; torn down after\n"
+    "--stop-grace or a second signal).\n";
 
 #define usage_error(...) rk_cli_usage_error("run", usage_text, __VA_ARGS__)
 
@@ -139,6 +143,7 @@ enum {
     OPT_CKPT_DIR,
     OPT_HB,
     OPT_STARTUP,
+    OPT_STOP_GRACE,
     OPT_THRESHOLD,
     OPT_RESTARTS,
     OPT_MIN_RANKS,
@@ -166,6 +171,7 @@ int rk_cmd_run(int argc, char **argv)
         {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
         {"heartbeat-timeout", required_argument, 0, OPT_HB},
         {"startup-timeout", required_argument, 0, OPT_STARTUP},
+        {"stop-grace", required_argument, 0, OPT_STOP_GRACE},
         {"failure-threshold", required_argument, 0, OPT_THRESHOLD},
         {"max-restarts", required_argument, 0, OPT_RESTARTS},
         {"min-ranks", required_argument, 0, OPT_MIN_RANKS},
@@ -189,6 +195,7 @@ int rk_cmd_run(int argc, char **argv)
     rk_sup_opts o = {.n = 0,
                      .hb_timeout_s = 30,
                      .startup_timeout_s = 120,
+                     .stop_grace_s = 30,
                      .failure_threshold = 2,
                      .max_restarts = 10,
                      .min_ranks = 1,
@@ -222,6 +229,11 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_STARTUP:
             if (rk_arg_seconds(&args, "--startup-timeout", optarg, 0.1, RK_ARG_SECONDS_MAX,
                                &o.startup_timeout_s))
+                return RK_EXIT_USAGE;
+            break;
+        case OPT_STOP_GRACE:
+            if (rk_arg_seconds(&args, "--stop-grace", optarg, 0, RK_ARG_SECONDS_MAX,
+                               &o.stop_grace_s))
                 return RK_EXIT_USAGE;
             break;
         case OPT_THRESHOLD:

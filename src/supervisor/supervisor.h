@@ -27,6 +27,7 @@ typedef struct rk_sup_opts {
     const char *ckpt_dir;       /* RK_CKPT_DIR for the workers; NULL: none */
     double hb_timeout_s;        /* a rank silent this long is hung */
     double startup_timeout_s;   /* from launch to every rank's hello */
+    double stop_grace_s;        /* after SIGINT/TERM/HUP: then tear the job down (0: at once) */
     int failure_threshold;      /* failures that quarantine a device */
     int max_restarts;
     int min_ranks;
@@ -53,7 +54,8 @@ typedef struct rk_sup_opts {
 
 /* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
  * could not (out of restarts, below --min-ranks, a storage error: a worker exited 6), 2 a
- * worker said its usage or input is bad (exited 2), 130 interrupted. Says what happened on
+ * worker said its usage or input is bad (exited 2), or the health gate cannot open on bad
+ * input (a broken --predictor), 130 interrupted. Says what happened on
  * stderr; failures are classified by policy.h. */
 int rk_sup_run(const rk_sup_opts *o);
 

@@ -89,6 +89,8 @@ typedef struct sup {
     char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
     int stop_sent;
     int quarantine_stop; /* stop sent to shrink the job */
+    int stopping;        /* a signal was seen: the job has o->stop_grace_s from stop_t */
+    double stop_t;
     /* incidents waiting for the job to be back at work (index into g.inc) */
     size_t pending[64];
     int npending;
@@ -813,12 +815,28 @@ static outcome judge(sup *s, int exited, int code)
 static outcome watch(sup *s)
 {
     for (;;) {
-        if (interrupted && !s->stop_sent) {
-            say(s, "interrupted: asking the ranks to checkpoint and stop");
+        if (interrupted && !s->stopping) { /* the grace runs from the first signal seen */
+            s->stopping = 1;
+            s->stop_t = rk_ledger_now(&s->g);
+        }
+        if (interrupted && !s->stop_sent && s->o->stop_grace_s > 0) {
+            say(s, "interrupted: asking the ranks to checkpoint and stop (within %g s)",
+                s->o->stop_grace_s);
             send_all(s, "{\"cmd\":\"stop\"}\n");
             s->stop_sent = 1;
         }
         if (interrupted > 1) {
+            teardown(s, 0);
+            return INTERRUPTED;
+        }
+        if (s->stopping && rk_ledger_now(&s->g) - s->stop_t >= s->o->stop_grace_s) {
+            if (s->o->stop_grace_s > 0)
+                say(s,
+                    "interrupted: the ranks did not stop within --stop-grace %g s; tearing "
+                    "the job down",
+                    s->o->stop_grace_s);
+            else
+                say(s, "interrupted: tearing the job down at once (--stop-grace 0)");
             teardown(s, 0);
             return INTERRUPTED;
         }
@@ -1091,9 +1109,13 @@ int rk_sup_run(const rk_sup_opts *o)
         goto out;
     }
     int gate_auto = o->health && strcmp(o->health, "auto") == 0;
-    if (o->health && rk_gate_open(&s->gate, o, &err)) {
+    int rc = o->health ? rk_gate_open(&s->gate, o, &err) : RK_OK;
+    if (rc) {
         if (!gate_auto) {
             fprintf(stderr, "rk run: health gate: %s\n", err.msg);
+            /* bad input (a broken --predictor): exit 2, as rk exporter and rk doctor */
+            if (rc == RK_EFORMAT || rc == RK_EINVAL || rc == RK_EMISMATCH || rc == RK_ENOENT)
+                status = RK_EXIT_USAGE;
             goto out;
         }
         say(s, "health gate off: %s", err.msg); /* no NVML here: run without it */
