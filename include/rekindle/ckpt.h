@@ -249,7 +249,8 @@ int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *
 void rk_ckpt_unlock(rk_ckpt_lockfile *l);
 
 /* 1 if DIR looks like a checkpoint store: it holds `latest`, the lock file or a file with a
- * checkpoint name (or its temporary file). 0 otherwise, or if DIR cannot be listed. */
+ * checkpoint name (or its temporary file, or a moved-aside one). 0 otherwise, or if DIR
+ * cannot be listed. */
 int rk_ckpt_is_store(const char *dir);
 
 /* ---- interval --------------------------------------------------------------------------- */

@@ -1176,8 +1176,8 @@ int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err
     struct dirent *de;
     while ((de = readdir(d))) {
         rk_ckpt_aside a = {0};
-        if (strlen(de->d_name) >= sizeof a.file ||
-            !rk_ckpt_aside_step(de->d_name, &a.step, &a.when))
+        size_t len = strlen(de->d_name);
+        if (len >= sizeof a.file || !rk_ckpt_aside_step(de->d_name, &a.step, &a.when))
             continue;
         if (m == cap) {
             size_t nc = cap ? 2 * cap : 8;
@@ -1189,7 +1189,7 @@ int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err
             v = nv;
             cap = nc;
         }
-        snprintf(a.file, sizeof a.file, "%s", de->d_name);
+        memcpy(a.file, de->d_name, len + 1);
         struct stat st;
         if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
             a.bytes = (uint64_t)st.st_size;
