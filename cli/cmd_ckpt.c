@@ -211,6 +211,19 @@ static int cmd_ls(int argc, char **argv)
         printf("%zu temporary file%s of interrupted saves (not checkpoints; the next save "
                "removes those of writers that are gone)\n",
                ntemp, ntemp == 1 ? "" : "s");
+    rk_ckpt_aside *a = NULL;
+    size_t na = 0;
+    if (rk_ckpt_list_aside(o.dir, &a, &na, NULL) == RK_OK && na) {
+        printf("%zu bad checkpoint%s moved aside by a save of the same step (evidence, never "
+               "deleted):\n",
+               na, na == 1 ? "" : "s");
+        for (size_t i = 0; i < na; i++) {
+            char sb[32];
+            printf("  %s  step %" PRId64 "  %s\n", a[i].file, a[i].step,
+                   fmt_bytes(sb, sizeof sb, a[i].bytes));
+        }
+    }
+    free(a);
     free(v);
     return RK_EXIT_OK;
 }

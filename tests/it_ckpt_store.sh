@@ -7,6 +7,9 @@
 #     run refuses to start, `latest` and the directory stay as they were;
 #   - a NaN in the newest checkpoint's weights: --resume falls back to the previous one
 #     (reported) and ends with the weights of an uninterrupted run; --init refuses NaN weights.
+#   - a resume that falls back past a bad checkpoint and saves its step again moves the bad file
+#     aside (ckpt-<step>.safetensors.bad-<seconds>, bytes unchanged) instead of replacing it;
+#     `rk ckpt ls` lists it, the new checkpoint of that step is good and `latest` names it.
 # Skips (77) without Fashion-MNIST; the parts that need mpirun or privileges skip alone.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -157,5 +160,26 @@ rc=$?
 [[ $rc -eq 2 ]] && grep -q "tensor 'fc2.weight': element 5 is +inf" "$work/init.log" &&
   ok "--init of weights with an infinity: exit 2 naming tensor and element" ||
   bad "--init inf: exit $rc $(tail -2 "$work/init.log")"
+
+# --- a save over a bad checkpoint of the same step keeps the bad one as evidence ---
+d="$work/aside"
+"${train[@]}" --max-steps 6 --ckpt-every 2 --ckpt-dir "$d" >/dev/null 2>&1 || bad "run for the aside checks"
+"${mk[@]}" --set "$d/ckpt-000000000006.safetensors" optim.v.fc1.weight 0 nan
+badsum=$(sha256sum <"$d/ckpt-000000000006.safetensors")
+"${train[@]}" --max-steps 8 --ckpt-every 2 --ckpt-dir "$d" --resume >"$work/aside.log" 2>&1
+rc=$?
+[[ $rc -eq 0 ]] && grep -q "resuming from $d/ckpt-000000000004.safetensors" "$work/aside.log" &&
+  ok "--resume past a bad step 6 resumes from step 4" || bad "aside resume: exit $rc $(head -5 "$work/aside.log")"
+aside=("$d"/ckpt-000000000006.safetensors.bad-*)
+[[ ${#aside[@]} -eq 1 && -f "${aside[0]}" && "$(sha256sum <"${aside[0]}")" == "$badsum" ]] &&
+  ok "the bad step 6 survives, bytes unchanged, as $(basename "${aside[0]}")" ||
+  bad "the bad step 6 was lost: $(ls "$d" | tr '\n' ' ')"
+"$RK" ckpt verify --all "$d" >"$work/av.out" 2>&1 && [[ "$(cat "$d/latest")" == "ckpt-000000000008.safetensors" ]] &&
+  [[ "$(sha256sum <"$d/ckpt-000000000006.safetensors")" != "$badsum" ]] &&
+  ok "the new step 6 and step 8 verify, latest names step 8" || bad "after the aside save: $(cat "$work/av.out")"
+"$RK" ckpt ls "$d" >"$work/al.out" 2>&1
+grep -q "moved aside" "$work/al.out" && grep -q "$(basename "${aside[0]}")  step 6" "$work/al.out" &&
+  ok "rk ckpt ls lists it: $(grep -m1 -o 'ckpt-000000000006.safetensors.bad-.*' "$work/al.out")" ||
+  bad "rk ckpt ls does not list the aside file: $(cat "$work/al.out")"
 
 it_finish

@@ -9,6 +9,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -1416,6 +1417,134 @@ static void test_is_store_knows_a_checkpoint_directory(void **state)
     assert_int_equal(rk_ckpt_is_store(in(p, sizeof p, dir, "missing")), 0);
 }
 
+/* ---- a save over a bad checkpoint of the same step ------------------------------------- */
+
+/* Put `len` bytes at `path` as a new file (a new inode, as another process's write would be:
+ * the store's cache of files it verified must not recognise it). */
+static void replace_file(const char *path, const void *buf, size_t len)
+{
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.testcopy", path);
+    spit(tmp, buf, len);
+    assert_int_equal(rename(tmp, path), 0);
+}
+
+/* Corrupt one data byte of step `step`'s checkpoint (a new inode); its bytes in *out. */
+static uint8_t *corrupt_step(const char *dir, int64_t step, size_t *len)
+{
+    char p[1024];
+    ckpt_path(p, sizeof p, dir, step);
+    uint8_t *b = slurp(p, len);
+    size_t nb, off = tensor_offset(b, *len, "optim.m", &nb);
+    b[off + 1] ^= 0x10;
+    replace_file(p, b, *len);
+    assert_int_not_equal(rk_ckpt_verify_file(p, NULL), RK_OK);
+    return b;
+}
+
+/* The aside files of dir hold exactly these contents (in any order). */
+static void assert_aside_holds(const char *dir, int64_t step, uint8_t *const *want,
+                               const size_t *want_len, size_t nwant)
+{
+    rk_ckpt_aside *a;
+    size_t n;
+    rk_err err = {0};
+    assert_int_equal(rk_ckpt_list_aside(dir, &a, &n, &err), RK_OK);
+    assert_int_equal(n, nwant);
+    char name[RK_CKPT_NAME_MAX], pre[RK_CKPT_NAME_MAX + 8];
+    assert_int_equal(rk_ckpt_file_name(step, name, sizeof name), RK_OK);
+    snprintf(pre, sizeof pre, "%s" RK_CKPT_ASIDE_TAG, name);
+    for (size_t i = 0; i < nwant; i++) {
+        bool found = false;
+        for (size_t j = 0; j < n && !found; j++) {
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%s", dir, a[j].file);
+            size_t len;
+            uint8_t *b = slurp(p, &len);
+            found = len == want_len[i] && memcmp(b, want[i], len) == 0;
+            free(b);
+        }
+        assert_true(found);
+    }
+    for (size_t j = 0; j < n; j++) {
+        int64_t st, when;
+        assert_int_equal(strncmp(a[j].file, pre, strlen(pre)), 0);
+        assert_int_equal(a[j].step, step);
+        assert_int_equal(a[j].bytes, want_len[0]);
+        assert_true(a[j].when > 0);
+        assert_int_equal(rk_ckpt_aside_step(a[j].file, &st, &when), 1);
+        assert_int_equal(st, step);
+        assert_int_equal(rk_ckpt_name_step(a[j].file, NULL), 0); /* never taken for a checkpoint */
+    }
+    free(a);
+}
+
+static void test_save_over_a_bad_same_step_file_moves_it_aside(void **state)
+{
+    (void)state;
+    char dir[600], p[1024], lname[RK_CKPT_NAME_MAX];
+    fresh_dir(dir, sizeof dir, "aside");
+    for (int64_t s = 2; s <= 6; s += 2)
+        save_step(dir, s, 3);
+    uint8_t *bad[2];
+    size_t blen[2];
+    bad[0] = corrupt_step(dir, 6, &blen[0]);
+    const char *want[] = {"ckpt-000000000006.safetensors: tensor 'optim.m'", NULL};
+    expect_fallback(dir, 4, want); /* a resume continues from step 4 ... */
+
+    /* ... and saves step 6 again: the bad file survives under the aside name */
+    save_step(dir, 6, 3);
+    assert_aside_holds(dir, 6, bad, blen, 1);
+    assert_int_equal(rk_ckpt_read_latest(dir, lname, sizeof lname, NULL), RK_OK);
+    assert_string_equal(lname, "ckpt-000000000006.safetensors");
+    rk_ckpt *c = NULL;
+    char report[4096];
+    rk_err err = {0};
+    assert_int_equal(rk_ckpt_load_latest(dir, NULL, &c, report, sizeof report, &err), RK_OK);
+    assert_fixture(c, 6);
+    assert_string_equal(report, ""); /* the new step 6 is good: no fallback */
+    rk_ckpt_free(c);
+    assert_int_equal(rk_ckpt_verify_file(ckpt_path(p, sizeof p, dir, 6), NULL), RK_OK);
+
+    /* the same through the asynchronous writer (a second one in the same second gets -<k>) */
+    bad[1] = corrupt_step(dir, 6, &blen[1]);
+    rk_ckpt_writer *w;
+    assert_int_equal(rk_ckpt_writer_create(&w, dir, 3, &err), RK_OK);
+    fixture f;
+    fixture_init(&f, 6, NULL);
+    assert_int_equal(rk_ckpt_writer_submit(w, &f.meta, f.items, 6, &err), RK_OK);
+    assert_int_equal(rk_ckpt_writer_wait(w, NULL, &err), RK_OK);
+    rk_ckpt_writer_free(w);
+    assert_aside_holds(dir, 6, bad, blen, 2);
+    expect_fallback(dir, 6, NULL);
+
+    /* a valid file of the same step is simply replaced, whether this process wrote it or
+     * not (a copy: another inode, verified by reading it) */
+    save_step(dir, 6, 3);
+    size_t len;
+    uint8_t *good = slurp(ckpt_path(p, sizeof p, dir, 6), &len);
+    replace_file(p, good, len);
+    free(good);
+    save_step(dir, 6, 3);
+    assert_aside_holds(dir, 6, bad, blen, 2);
+
+    /* retention and the temporary-file cleanup never touch them; they mark a store */
+    for (int64_t s = 8; s <= 12; s += 2)
+        save_step(dir, s, 1);
+    assert_false(exists(ckpt_path(p, sizeof p, dir, 6)));
+    assert_aside_holds(dir, 6, bad, blen, 2);
+    assert_int_equal(rk_ckpt_aside_step("ckpt-000000000006.safetensors.bad-", NULL, NULL), 0);
+    assert_int_equal(rk_ckpt_aside_step("ckpt-6.safetensors.bad-17", NULL, NULL), 0);
+    assert_int_equal(rk_ckpt_aside_step("ckpt-000000000006.safetensors.bad-17-", NULL, NULL), 0);
+    assert_int_equal(rk_ckpt_aside_step("ckpt-000000000006.safetensors.bad-17-2", NULL, NULL), 1);
+    char d2[600];
+    fresh_dir(d2, sizeof d2, "aside_only");
+    spit(in(p, sizeof p, d2, "ckpt-000000000006.safetensors.bad-17"), "x", 1);
+    assert_int_equal(rk_ckpt_is_store(d2), 1);
+    free(bad[0]);
+    free(bad[1]);
+}
+
 /* ---- a checkpoint that cannot be read --------------------------------------------------- */
 
 /* In a child running as `nobody` inside `dir` (owned by nobody): the newest checkpoint (mode
@@ -1721,6 +1850,7 @@ int main(void)
         cmocka_unit_test(test_async_writer_reports_write_errors),
         cmocka_unit_test(test_lock_is_exclusive_names_its_holder_and_dies_with_it),
         cmocka_unit_test(test_is_store_knows_a_checkpoint_directory),
+        cmocka_unit_test(test_save_over_a_bad_same_step_file_moves_it_aside),
         cmocka_unit_test(test_unreadable_checkpoint_is_an_error_never_absent),
         cmocka_unit_test(test_nonfinite_scan_finds_each_dtype_at_any_alignment),
         cmocka_unit_test(test_nonfinite_weights_are_refused_on_save_and_load),

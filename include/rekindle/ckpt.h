@@ -33,12 +33,23 @@
  * A crash at any moment leaves `latest` naming a complete checkpoint (or absent before the
  * first); every load verifies every checksum.
  *
+ * Saving a step again (after a resume fell back past a bad checkpoint of that step): a file
+ * already at the new checkpoint's name that does not verify (or cannot be read) is evidence,
+ * never replaced: just before the rename it is renamed to
+ * "<name>" RK_CKPT_ASIDE_TAG "<unix seconds>" ("-<k>" appended if taken) and the directory
+ * fsync'ed. Loads, retention and the temporary-file cleanup never touch such a file;
+ * rk_ckpt_list_aside (`rk ckpt ls`) lists it. If it cannot be moved, the save fails
+ * (RK_ESTORAGE or RK_EIO) and leaves it and `latest` as they were. A file there that verifies
+ * is replaced: without a read if this process wrote or verified it and it is unchanged since
+ * (same inode, size, mtime), else after one verifying read. No file there costs one lstat.
+ * The asynchronous writer saves the same way.
+ *
  * Retention (keep K >= 1): checkpoints with a step below the new one are verified newest
  * first; the first K-1 that verify are kept with the new one, older ones that verify are
- * deleted. A checkpoint that does not verify, a file whose name is not a checkpoint name, and
- * any checkpoint with a higher step than the new one are never deleted. Temporary files left
- * by writers that died (their pid no longer exists on this host) are removed. Neither touches
- * the lock file. One writer per directory: callers that write hold rk_ckpt_lock.
+ * deleted. A checkpoint that does not verify (nor a save over it: see Saving), a file whose
+ * name is not a checkpoint name, and any checkpoint with a higher step than the new one are
+ * never deleted. Temporary files left by writers that died (their pid no longer exists on
+ * this host) are removed. Neither touches the lock file. One writer per directory: callers that write hold rk_ckpt_lock.
  *
  * Loading verifies everything: safetensors structure, format, fields, the name's step, the
  * manifest checksum, every tensor checksum and the finite values. rk_ckpt_load_latest falls
@@ -71,6 +82,7 @@ extern "C" {
 #define RK_CKPT_EVERY_DEFAULT 500 /* --ckpt-every, in steps */
 #define RK_CKPT_NAME_MAX 64       /* room for any checkpoint file name */
 #define RK_CKPT_LOCK_FILE ".lock" /* DIR/.lock: the writer's lock */
+#define RK_CKPT_ASIDE_TAG ".bad-" /* a bad checkpoint moved aside: "<name>.bad-<seconds>" */
 
 /* Name prefixes of the items whose floating-point values must be finite: {"model.", "optim.",
  * NULL}. */
@@ -118,6 +130,12 @@ int rk_ckpt_file_name(int64_t step, char *buf, size_t cap);
 /* 1 and *step if `name` (a base name) is exactly a checkpoint file name as written by
  * rk_ckpt_file_name, else 0 (temporary files, "ckpt-5.safetensors", anything else). */
 int rk_ckpt_name_step(const char *name, int64_t *step);
+
+/* 1, the step and the unix seconds if `name` is the name a save moved a bad checkpoint aside
+ * to: "<checkpoint file name>" RK_CKPT_ASIDE_TAG "<unix seconds>", optionally "-<k>" when
+ * that name was taken ("ckpt-000000000006.safetensors.bad-1764590000"). Such a name is
+ * neither a checkpoint name nor a temporary file's: retention and loads never touch it. */
+int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when);
 
 /* ---- saving ----------------------------------------------------------------------------- */
 
@@ -197,6 +215,18 @@ typedef struct rk_ckpt_info {
  * RK_ENOENT if DIR does not exist. */
 int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err);
 
+/* A bad checkpoint a save moved aside (see Saving above). */
+typedef struct rk_ckpt_aside {
+    char file[RK_CKPT_NAME_MAX + 32]; /* base name, "ckpt-<step>.safetensors.bad-<seconds>" */
+    int64_t step;                     /* of the checkpoint it was */
+    int64_t when;                     /* unix seconds it was moved aside */
+    uint64_t bytes;
+} rk_ckpt_aside;
+
+/* Every file of DIR a save moved aside, ascending by step then name: *items (free() it) of
+ * *n. Not verified (they did not verify when moved). RK_ENOENT if DIR does not exist. */
+int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err *err);
+
 /* ---- the writer's lock ------------------------------------------------------------------ */
 
 /* One writer per directory. rk_ckpt_lock creates DIR (and its parents) if missing, opens
@@ -219,7 +249,8 @@ int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *
 void rk_ckpt_unlock(rk_ckpt_lockfile *l);
 
 /* 1 if DIR looks like a checkpoint store: it holds `latest`, the lock file or a file with a
- * checkpoint name (or its temporary file). 0 otherwise, or if DIR cannot be listed. */
+ * checkpoint name (or its temporary file, or a moved-aside one). 0 otherwise, or if DIR
+ * cannot be listed. */
 int rk_ckpt_is_store(const char *dir);
 
 /* ---- interval --------------------------------------------------------------------------- */

@@ -24,6 +24,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -145,6 +146,31 @@ static int temp_pid(const char *name, long *pid)
     if (v <= 0 || v > INT_MAX)
         return 0;
     *pid = (long)v;
+    return 1;
+}
+
+int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when)
+{
+    const char *t = name ? strstr(name, RK_CKPT_ASIDE_TAG) : NULL;
+    if (!t)
+        return 0;
+    size_t blen = (size_t)(t - name);
+    char base[RK_CKPT_NAME_MAX];
+    if (blen >= sizeof base)
+        return 0;
+    memcpy(base, name, blen);
+    base[blen] = '\0';
+    int64_t s, w, k;
+    if (!rk_ckpt_name_step(base, &s))
+        return 0;
+    const char *p = t + strlen(RK_CKPT_ASIDE_TAG), *dash = strchr(p, '-');
+    size_t wl = dash ? (size_t)(dash - p) : strlen(p);
+    if (!parse_u63(p, wl, &w) || (dash && !parse_u63(dash + 1, strlen(dash + 1), &k)))
+        return 0;
+    if (step)
+        *step = s;
+    if (when)
+        *when = w;
     return 1;
 }
 
@@ -1120,6 +1146,67 @@ int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp
     return RK_OK;
 }
 
+static int aside_asc(const void *a, const void *b)
+{
+    const rk_ckpt_aside *x = a, *y = b;
+    if (x->step != y->step)
+        return x->step < y->step ? -1 : 1;
+    return strcmp(x->file, y->file);
+}
+
+int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err *err)
+{
+    char eb[128];
+    if (!items || !n)
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list_aside: items or n is NULL");
+    *items = NULL;
+    *n = 0;
+    if (!dir || !*dir)
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list_aside: empty directory");
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e),
+                               "%s: cannot open checkpoint directory: %s", dir,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    rk_ckpt_aside *v = NULL;
+    size_t m = 0, cap = 0;
+    int rc = RK_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        rk_ckpt_aside a = {0};
+        size_t len = strlen(de->d_name);
+        if (len >= sizeof a.file || !rk_ckpt_aside_step(de->d_name, &a.step, &a.when))
+            continue;
+        if (m == cap) {
+            size_t nc = cap ? 2 * cap : 8;
+            rk_ckpt_aside *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) {
+                rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        memcpy(a.file, de->d_name, len + 1);
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            a.bytes = (uint64_t)st.st_size;
+        v[m++] = a;
+    }
+    closedir(d);
+    if (rc) {
+        free(v);
+        return rc;
+    }
+    if (m > 1)
+        qsort(v, m, sizeof *v, aside_asc);
+    *items = v;
+    *n = m;
+    return RK_OK;
+}
+
 /* ---- saving ----------------------------------------------------------------------------- */
 
 /* mkdir -p `dir`, fsync'ing each parent that gained an entry. */
@@ -1281,7 +1368,8 @@ int rk_ckpt_is_store(const char *dir)
     long pid;
     while (!found && (de = readdir(d)))
         found = strcmp(de->d_name, LATEST) == 0 || strcmp(de->d_name, LOCK_NAME) == 0 ||
-                rk_ckpt_name_step(de->d_name, NULL) || temp_pid(de->d_name, &pid);
+                rk_ckpt_name_step(de->d_name, NULL) || temp_pid(de->d_name, &pid) ||
+                rk_ckpt_aside_step(de->d_name, NULL, NULL);
     closedir(d);
     return found;
 }
@@ -1379,6 +1467,61 @@ static void retain(const char *dir, int64_t step, int keep)
         rk_fsync_dir(dir, NULL);
 }
 
+/* Before a save renames its file over `path`: a file already there that does not verify (a
+ * corrupt checkpoint of the same step, left by an earlier timeline; see rekindle/ckpt.h) is
+ * evidence, so it is renamed to "<name>.bad-<unix seconds>[-<k>]", a name neither retention,
+ * the temporary-file cleanup nor a load touches, and the directory fsync'ed. A file that
+ * verifies (cheaply, when this process wrote or verified it) is simply replaced. Nothing there
+ * (the usual case) costs one lstat. Fails, and the save with it, if the file cannot be moved:
+ * it is never overwritten. */
+static int set_aside(const char *dir, const char *path, rk_err *err)
+{
+    char eb[128];
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return RK_OK;
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e),
+                               "%s: cannot check the file to replace: %s", path,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    if (S_ISREG(st.st_mode) && verify_cached(path))
+        return RK_OK;
+    size_t plen = strlen(path);
+    size_t cap = plen + sizeof RK_CKPT_ASIDE_TAG + 32;
+    char *to = malloc(cap);
+    if (!to)
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", path);
+    long long now = (long long)time(NULL);
+    if (now < 0)
+        now = 0;
+    for (int k = 0; k < 1000; k++) {
+        if (k == 0)
+            snprintf(to, cap, "%s" RK_CKPT_ASIDE_TAG "%lld", path, now);
+        else
+            snprintf(to, cap, "%s" RK_CKPT_ASIDE_TAG "%lld-%d", path, now, k);
+        struct stat st2;
+        if (lstat(to, &st2) == 0)
+            continue; /* taken (one writer per directory: nobody races us for a name) */
+        int rc = RK_OK;
+        if (rename(path, to) != 0) {
+            int e = errno;
+            rc = rk_err_set_line(err, rk_err_code_errno(e),
+                                 "%s: does not verify and cannot be moved aside to %s (it is "
+                                 "kept; the new checkpoint is not written): %s",
+                                 path, base_name(to), rk_msg_strerror(e, eb, sizeof eb));
+        } else {
+            rc = rk_fsync_dir(dir, err);
+        }
+        free(to);
+        return rc;
+    }
+    free(to);
+    return rk_err_set_line(err, RK_EIO,
+                           "%s: does not verify and every name to move it aside to is taken", path);
+}
+
 /* The hashing half of a save, run beside the writing half. */
 static void *hash_all(void *arg)
 {
@@ -1392,7 +1535,7 @@ static void *hash_all(void *arg)
  * placeholder checksums (the same length as the final one), then the tensors straight from
  * the caller's memory while a second thread hashes that same memory, then the final header
  * over the placeholder, fsync, rename. A crash at any point leaves only a temporary file. */
-static int plan_write(const char *path, plan *p, bool beside, rk_err *err)
+static int plan_write(const char *dir, const char *path, plan *p, bool beside, rk_err *err)
 {
     uint8_t *hdr = NULL;
     size_t hlen, dlen;
@@ -1429,6 +1572,8 @@ static int plan_write(const char *path, plan *p, bool beside, rk_err *err)
     if (!rc)
         rc = rk_afile_pwrite(f, hdr, hlen, 0, err);
     free(hdr);
+    if (!rc)
+        rc = set_aside(dir, path, err);
     if (rc) {
         rk_afile_abort(f);
         return rc;
@@ -1466,7 +1611,7 @@ int rk_ckpt_save_in(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_ite
     if (!rc)
         rc = make_dirs(dir, err);
     if (!rc)
-        rc = plan_write(path, &p, hash_beside, err);
+        rc = plan_write(dir, path, &p, hash_beside, err);
     plan_free(&p);
     if (!rc)
         verified_add(path);
