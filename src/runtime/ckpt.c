@@ -124,22 +124,28 @@ int rk_ckpt_name_step(const char *name, int64_t *step)
     return 1;
 }
 
+/* A file name made of a store name and a suffix, "<base><tag><rest>": the base into
+ * base[RK_CKPT_NAME_MAX] and a pointer to <rest>, or NULL if `tag` is not there or the base
+ * too long. */
+static const char *split_at_tag(const char *name, const char *tag, char *base)
+{
+    const char *t = name ? strstr(name, tag) : NULL;
+    if (!t || (size_t)(t - name) >= RK_CKPT_NAME_MAX)
+        return NULL;
+    memcpy(base, name, (size_t)(t - name));
+    base[t - name] = '\0';
+    return t + strlen(tag);
+}
+
 /* 1 and the writer's pid if `name` is a temporary file of an atomic write of a checkpoint or
  * of `latest` ("<target>.tmp.<pid>.<n>", see rekindle/fileio.h). */
 static int temp_pid(const char *name, long *pid)
 {
-    const char *t = strstr(name, ".tmp.");
-    if (!t)
-        return 0;
-    size_t blen = (size_t)(t - name);
     char base[RK_CKPT_NAME_MAX];
-    if (blen >= sizeof base)
+    const char *p = split_at_tag(name, ".tmp.", base);
+    if (!p || (strcmp(base, LATEST) != 0 && !rk_ckpt_name_step(base, NULL)))
         return 0;
-    memcpy(base, name, blen);
-    base[blen] = '\0';
-    if (strcmp(base, LATEST) != 0 && !rk_ckpt_name_step(base, NULL))
-        return 0;
-    const char *p = t + 5, *dot = strchr(p, '.');
+    const char *dot = strchr(p, '.');
     int64_t v, n;
     if (!dot || !parse_u63(p, (size_t)(dot - p), &v) || !parse_u63(dot + 1, strlen(dot + 1), &n))
         return 0;
@@ -151,19 +157,12 @@ static int temp_pid(const char *name, long *pid)
 
 int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when)
 {
-    const char *t = name ? strstr(name, RK_CKPT_ASIDE_TAG) : NULL;
-    if (!t)
-        return 0;
-    size_t blen = (size_t)(t - name);
     char base[RK_CKPT_NAME_MAX];
-    if (blen >= sizeof base)
-        return 0;
-    memcpy(base, name, blen);
-    base[blen] = '\0';
+    const char *p = split_at_tag(name, RK_CKPT_ASIDE_TAG, base);
     int64_t s, w, k;
-    if (!rk_ckpt_name_step(base, &s))
+    if (!p || !rk_ckpt_name_step(base, &s))
         return 0;
-    const char *p = t + strlen(RK_CKPT_ASIDE_TAG), *dash = strchr(p, '-');
+    const char *dash = strchr(p, '-');
     size_t wl = dash ? (size_t)(dash - p) : strlen(p);
     if (!parse_u63(p, wl, &w) || (dash && !parse_u63(dash + 1, strlen(dash + 1), &k)))
         return 0;
