@@ -257,16 +257,7 @@ sys.exit(1 if fails else 0)
 EOF
 
 # checks.py STEP ADDR OUT: run one group of checks; its ok/FAIL lines count here
-run_py() {
-  local line
-  while IFS= read -r line; do
-    case $line in
-      "ok - "*) ok "${line#ok - }" ;;
-      "FAIL - "*) bad "${line#FAIL - }" ;;
-      *) echo "$line" ;;
-    esac
-  done < <(python3 "$work/checks.py" "$@" 2>&1)
-}
+run_py() { it_count python3 "$work/checks.py" "$@"; }
 
 # promtool FILE WHAT: the exposition must pass `promtool check metrics` with nothing to say
 promcheck() {

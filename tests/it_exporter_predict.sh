@@ -175,16 +175,7 @@ elif step == "high":
 sys.exit(1 if fails else 0)
 EOF
 
-run_py() {
-  local line
-  while IFS= read -r line; do
-    case $line in
-      "ok - "*) ok "${line#ok - }" ;;
-      "FAIL - "*) bad "${line#FAIL - }" ;;
-      *) echo "$line" ;;
-    esac
-  done < <(python3 "$work/checks.py" "$@" 2>&1)
-}
+run_py() { it_count python3 "$work/checks.py" "$@"; }
 
 promcheck() {
   local msg

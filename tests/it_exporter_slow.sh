@@ -129,16 +129,7 @@ def keepalive():
 globals()[sys.argv[1]]()
 sys.exit(1 if fails else 0)
 EOF
-run_py() {
-  local line
-  while IFS= read -r line; do
-    case $line in
-      "ok - "*) ok "${line#ok - }" ;;
-      "FAIL - "*) bad "${line#FAIL - }" ;;
-      *) echo "$line" ;;
-    esac
-  done < <(python3 "$work/checks.py" "$1" "$addr" 2>&1)
-}
+run_py() { it_count python3 "$work/checks.py" "$1" "$addr"; }
 
 # --- (1) the cap per client, (2) the total deadline ----------------------------------------
 run_py cap

@@ -3,6 +3,8 @@
 #   it_init NAME      check RK, RK_SRC, RK_TMP; make $work (removed on exit, with any pid in $pids)
 #   it_need_data      skip (exit 77) when Fashion-MNIST is not in $DATA
 #   ok / bad MSG      count a check; it_finish prints "N passed, N failed" and sets the status
+#   it_count CMD...   run CMD (a checker script); each "ok - MSG" / "FAIL - MSG" line it prints
+#                     counts as ok / bad here, other lines are shown
 #   json FILE KEY     one key of a JSON file
 #   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
 RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
@@ -26,6 +28,16 @@ it_need_data() {
 
 ok() { echo "ok - $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+it_count() {
+  local line
+  while IFS= read -r line; do
+    case $line in
+      "ok - "*) ok "${line#ok - }" ;;
+      "FAIL - "*) bad "${line#FAIL - }" ;;
+      *) echo "$line" ;;
+    esac
+  done < <("$@" 2>&1)
+}
 json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
 it_finish() {
