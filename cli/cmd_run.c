@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/env.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/fleeteval.h"
 #include "rekindle/health.h"
@@ -356,7 +357,8 @@ int rk_cmd_run(int argc, char **argv)
         o.health_sim_gpus = 1;
     }
     if (!o.inject) {
-        const char *env = getenv("RK_INJECT");
+        /* ignored when privileged, as the workers' own reading of it is (base/env.h) */
+        const char *env = rk_env_override("RK_INJECT");
         if (env && *env)
             o.inject = env;
     }

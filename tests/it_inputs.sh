@@ -115,7 +115,21 @@ if [[ $(id -u) == 0 ]] && command -v setpriv >/dev/null; then
   else
     bad "set-user-ID: exit $st: $(head -c 300 "$work/err")"
   fi
+  # rk run reads RK_INJECT itself (the spec it passes to the workers): ignored there too.
+  # --launcher srun (absent here) ends the run before anything starts.
+  inj_nobody() {
+    (cd "$work/suid" && timeout $T setpriv --reuid=65534 --regid=65534 --clear-groups \
+      env RK_INJECT=not-a-fault "$work/suid/rk" run -n 1 --health off --launcher srun -- true \
+      >"$work/out" 2>"$work/err")
+  }
+  inj_nobody
+  ! grep -qF "not-a-fault" "$work/err" && grep -qF "srun" "$work/err" &&
+    ok "set-user-ID rk run: RK_INJECT ignored ($(head -c 100 "$work/err"))" ||
+    bad "set-user-ID rk run: RK_INJECT used: $(head -c 300 "$work/err")"
   chmod 0755 "$work/suid/rk"
+  inj_nobody
+  grep -qF "not-a-fault" "$work/err" && ok "unprivileged rk run: RK_INJECT is read" ||
+    bad "unprivileged rk run: RK_INJECT not read: $(head -c 300 "$work/err")"
 else
   echo "skip: the set-user-ID check needs root and setpriv"
 fi
