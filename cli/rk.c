@@ -36,7 +36,8 @@ int rk_cli_status(int code)
     case RK_EBUSY: return RK_EXIT_USAGE;
     case RK_ECOMM: return RK_EXIT_COMM;
     case RK_ESTOPPED: return RK_EXIT_STOPPED;
-    case RK_EGUARD: return RK_EXIT_GUARD;
+    case RK_EGUARD:
+    case RK_ENONFINITE: return RK_EXIT_GUARD; /* wrong numbers: back to the last good state */
     default: return RK_EXIT_FAIL;
     }
 }

@@ -141,8 +141,9 @@ int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when);
 
 /* Save `n` items and `meta` as DIR/ckpt-<step>.safetensors (creating DIR and its parents if
  * missing), point `latest` at it and apply retention with `keep` >= 1 (see above). Bad
- * arguments, a non-finite value in a model.* or optim.* item included, are RK_EINVAL and
- * change nothing on disk; a failed write (RK_EIO) leaves no file and does not move `latest`.
+ * arguments are RK_EINVAL, a non-finite value in a model.* or optim.* item RK_ENONFINITE
+ * (the numbers went wrong: `rk train` exits as for a guard that could not recover, and `rk
+ * run` relaunches from the latest good checkpoint); either changes nothing on disk; a failed write (RK_EIO) leaves no file and does not move `latest`.
  * Files retention cannot remove are retried next time. Does not take the lock: the caller
  * holds it (rk_ckpt_lock). */
 int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,

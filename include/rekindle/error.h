@@ -29,7 +29,9 @@ enum {
     RK_ESTORAGE = -12, /* the storage refused: no space or quota left, read-only, permission
                         * denied, or the disk reported an I/O error (ENOSPC, EDQUOT, EROFS,
                         * EACCES, EPERM, EIO); a kind of RK_EIO that no retry elsewhere fixes */
-    RK_EBUSY = -13     /* held by another process (a checkpoint directory's writer lock) */
+    RK_EBUSY = -13,    /* held by another process (a checkpoint directory's writer lock) */
+    RK_ENONFINITE = -14 /* weights or optimiser state hold NaN or infinity: the numbers went
+                         * wrong (a fault), the store refused to keep them */
 };
 
 #define RK_ERR_MSG_MAX 512

@@ -21,6 +21,7 @@ const char *rk_strerror(int code)
     case RK_EGUARD: return "unrecoverable fault";
     case RK_ESTORAGE: return "storage refused (full, read-only, permission or disk error)";
     case RK_EBUSY: return "in use by another process";
+    case RK_ENONFINITE: return "values are not finite";
     default: return "unknown error";
     }
 }

@@ -211,10 +211,10 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
         int crc = rk_comm_allreduce_sum_f64(t->comm, &status, 1, rank == 0 ? NULL : err);
         if (crc)
             return crc;
-        if (rank != 0 && status != 0) /* only rank 0 adds its code: status is that code */
-            return rk_err_set(err, status == RK_ESTORAGE ? RK_ESTORAGE : RK_EIO,
-                              "checkpoint: rank 0 could not save step %lld%s", (long long)step,
-                              status == RK_ESTORAGE ? " (its storage refused)" : "");
+        if (rank != 0 && status != 0) /* only rank 0 adds its code: status is that code, and
+                                         * every rank ends with it (the same exit status) */
+            return rk_err_set(err, (int)status, "checkpoint: rank 0 could not save step %lld (%s)",
+                              (long long)step, rk_strerror((int)status));
     }
     if (!rc) {
         t->last_save_s = now_s() - t0;

@@ -411,7 +411,7 @@ static int plan_check_finite(const char *label, const plan *p, rk_err *err)
     for (size_t i = 0; i < p->n; i++)
         if (p->bad[i] != SIZE_MAX) {
             char nb[SHOW_MAX];
-            return rk_err_set_line(err, RK_EINVAL,
+            return rk_err_set_line(err, RK_ENONFINITE,
                                    "%s: item '%s': element %zu is %s; weights and optimiser "
                                    "state (model.*, optim.*) must be finite: not saved",
                                    label, rk_msg_show(nb, sizeof nb, p->e[i].name), p->bad[i],
