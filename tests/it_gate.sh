@@ -3,7 +3,8 @@
 # that already scores below the threshold is left out of the first launch and a spare takes
 # its place; a GPU that degrades during the run is drained (checkpoint, stop, relaunch
 # without it) and the job finishes. Simulated time runs 480,000x faster than real time, from
-# 8,000 hours of service (seed 4: GPU 3 crosses the threshold within seconds; the job is
+# 7,500 hours of service (seed 4: GPU 3 crosses the threshold within seconds; from 8,000 it
+# was sometimes past it at the first reading, 1 run in 5, and left out instead; the job is
 # short, 600 steps, because simulated time runs with wall time: on a loaded machine a long job
 # outlives the whole fleet). Also: a
 # device id that is no GPU index is refused. Skips (77) without mpirun or data.
@@ -18,7 +19,7 @@ worker=("$RK" train --data "$work/sub" --threads 1 --no-eval --epochs 20 --max-s
         --ckpt-every 25 --ckpt-async)
 
 "$RK" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$work/ck" --health sim --sim-seed 4 \
-  --sim-age 8000 --sim-time-scale 480000 --health-interval 1 --events "$work/ev" \
+  --sim-age 7500 --sim-time-scale 480000 --health-interval 1 --events "$work/ev" \
   --summary-json "$work/sum" --quiet -- "${worker[@]}" >"$work/out" 2>&1
 st=$?
 [[ $st == 0 ]] && ok "the job finishes (exit 0)" || bad "exit $st: $(grep 'rk run' "$work/out" | tail -3)"
