@@ -16,12 +16,13 @@
 extern "C" {
 #endif
 
-/* Pin the fleet's clock at t_s simulated seconds after it opened; from then on the monotonic
+/* Pin the fleet's clock at t_s simulated seconds after it started; from then on the monotonic
  * clock is ignored and time moves only by further calls. RK_EINVAL if t_s is not finite, or
  * earlier than a read already made or an earlier pin (time never goes back). */
 int rk_sim_set_time(void *state, double t_s);
-/* Simulated seconds since the fleet opened: the pinned time, or the monotonic clock's
- * seconds since open times opts.time_scale. */
+/* Simulated seconds since the fleet's clock started (at its first reading: a reading right
+ * after open is at exactly the start age, however long the caller took): the pinned time,
+ * or the monotonic clock's seconds since that first reading times opts.time_scale. */
 double rk_sim_now(void *state);
 
 /* 1 while GPU i computes wrong answers at the current simulated time (an episode of VRM
