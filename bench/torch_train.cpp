@@ -12,8 +12,9 @@
 // from the shuffled permutation, forward, loss, backward, optimiser step. Loading and
 // normalising the data set, building the model and the W warm-up steps are not timed.
 //
-// Peer at its best setting: torch::set_num_threads(threads), one inter-op thread, and the
-// defaults below, chosen by measurement on the bench machine (2 vCPU AMD EPYC, AVX2, no
+// Peer at its best setting: torch::set_num_threads(threads) (the thread count is the bench's
+// choice: bench/train_throughput runs 1 and 2 and keeps the faster), one inter-op thread, and
+// the defaults below, chosen by measurement on the bench machine (2 vCPU AMD EPYC, AVX2, no
 // AVX-512; Debian libtorch 1.13.1 on oneDNN 2.6.3 and OpenBLAS 0.3.21 pthread; --threads 2,
 // batch 64, SGD nesterov; samples/s, median of 3 interleaved runs, range in brackets; the
 // machine is shared, so expect +-15%):
