@@ -1,6 +1,6 @@
 /*
  * predict_bench: inference time of the failure predictor (rekindle/predict.h) for one GPU's
- * window, the cost `rk run` and the exporter pay per GPU per decision. Issue 7's goal: a
+ * window, the cost `rk run` and the exporter pay per GPU per decision. The goal: a
  * window of 60 steps x 10 signals with 64 LSTM units in at most 1 ms on the 2-core dev
  * machine. Times rk_pred_predict on one window (work space allocated per call, as callers
  * use it), repeated; then a fleet of 32 windows in one call (per window). The peer, in the
