@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "base/env.h"
+#include "predict/detectors.h"
 #include "rekindle/ckpt.h"
-#include "rekindle/fleeteval.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rekindle/fleeteval.h"
+#include "predict/fleetdata.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

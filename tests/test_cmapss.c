@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rekindle/cmapss.h"
+#include "predict/cmapss.h"
 #include "rekindle/rng.h"
 #include "testutil.h"
 

@@ -24,8 +24,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rekindle/fleetdata.h"
-#include "rekindle/fleeteval.h"
+#include "predict/detectors.h"
+#include "predict/fleetdata.h"
+#include "predict/fleeteval.h"
+#include "predict/logreg.h"
+#include "predict/windows.h"
 #include "testutil.h"
 
 #define F RK_FLEET_FEATURES

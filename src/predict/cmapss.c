@@ -4,7 +4,7 @@
  * ensemble of predictors (rekindle/predict.h) trained on the training engines, and one
  * scoring of the test engines' last cycles.
  */
-#include "rekindle/cmapss.h"
+#include "predict/cmapss.h"
 
 #include <errno.h>
 #include <float.h>
