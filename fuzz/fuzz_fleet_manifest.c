@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "predict/fleetdata.h"
+#include "predict/windows.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
