@@ -1,24 +1,23 @@
 /*
- * rk predict: the failure predictor (rekindle/predict.h, docs/predict.md). `rk predict cmapss`
- * runs the real-data check on NASA's C-MAPSS FD001 (rekindle/cmapss.h): trains an ensemble in
- * regression mode on the training engines and scores the test engines once; a table, or JSON.
+ * rk predict: the failure predictor (rekindle/predict.h, docs/predict.md). Each subcommand
+ * parses its flags, makes one library call and prints the result as a table or JSON:
+ * `dataset` rk_fleet_data_write (predict/fleetdata.h), `train` rk_fleet_train and `eval`
+ * rk_fleet_eval (predict/pipeline.h), `cmapss` rk_cmapss_run (predict/cmapss.h, the
+ * real-data check on NASA's C-MAPSS FD001).
  */
 #include <cblas.h>
 #include <getopt.h>
-#include <stddef.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "rekindle/cmapss.h"
-#include "rekindle/fileio.h"
-#include "rekindle/fleetdata.h"
-#include "rekindle/fleeteval.h"
+#include "predict/cmapss.h"
+#include "predict/fleetdata.h"
+#include "predict/pipeline.h"
 #include "rekindle/health.h"
 #include "rekindle/predict.h"
 #include "rk.h"
@@ -428,99 +427,7 @@ static int cmd_dataset(int argc, char **argv)
     return RK_EXIT_OK;
 }
 
-/* ---- rk predict train / eval: detectors on fleet datasets (rekindle/fleeteval.h) -------- */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-#define PROB_CANDS 221 /* logit -6 .. 16 by 0.1 */
-
-static void prob_candidates(double *c)
-{
-    for (int k = 0; k < PROB_CANDS; k++)
-        c[k] = 1.0 / (1.0 + exp(-(-6.0 + 0.1 * k)));
-}
-
-/* "alarm when the score is below s" for s = 1..100: risk (100 - score) >= 100.5 - s */
-static void score_candidates(double *c)
-{
-    for (int k = 0; k < 100; k++)
-        c[k] = 100.5 - (k + 1);
-}
-
-static json_t *metrics_json(const rk_fleet_metrics *m)
-{
-    json_t *j = json_object();
-    json_object_set_new(j, "threshold", json_real(m->threshold));
-    json_object_set_new(j, "precision", json_real(m->precision));
-    json_object_set_new(j, "recall", json_real(m->recall));
-    json_object_set_new(j, "f1", json_real(m->f1));
-    json_object_set_new(j, "lead_mean_min", json_real(m->lead_mean));
-    json_object_set_new(j, "lead_median_min", json_real(m->lead_median));
-    json_object_set_new(j, "false_alarms_per_gpu_day", json_real(m->false_alarms_per_gpu_day));
-    json_object_set_new(j, "accuracy", json_real(m->accuracy));
-    json_object_set_new(j, "failures", json_integer(m->failures));
-    json_object_set_new(j, "detected", json_integer(m->detected));
-    json_object_set_new(j, "false_alarms", json_integer(m->false_alarms));
-    json_object_set_new(j, "early_alarms", json_integer(m->early_alarms));
-    json_object_set_new(j, "silent", json_integer(m->silent));
-    json_object_set_new(j, "silent_detected", json_integer(m->silent_detected));
-    return j;
-}
-
-static json_t *floats_json(const float *v, int n)
-{
-    json_t *a = json_array();
-    for (int k = 0; k < n; k++)
-        json_array_append_new(a, json_real(v[k]));
-    return a;
-}
-
-/* The predictor's epochs are judged by average precision on the validation windows: the
- * weighted loss keeps rising as the model grows sure of itself near the horizon's edge while
- * its ranking, which the alarms depend on, still improves. */
-typedef struct ap_judge {
-    const rk_fleet_windows *va;
-    float *p;
-} ap_judge;
-
-static int ap_score(const rk_pred_model *m, void *ctx, double *score, rk_err *err)
-{
-    ap_judge *j = ctx;
-    int rc = rk_pred_predict(m, j->va->x, j->va->n, j->p, err);
-    if (rc)
-        return rc;
-    *score = -rk_fleet_average_precision(j->p, j->va->y, j->va->n);
-    return RK_OK;
-}
-
-static void epoch_line_ap(const rk_pred_epoch *e, void *ctx)
-{
-    (void)ctx;
-    fprintf(stderr, "rk predict:   epoch %d: training loss %.4f, validation AP %.4f%s (%.1f s)\n",
-            e->epoch, e->train_loss, -e->val_loss, e->best ? " *" : "", e->seconds);
-}
-
-/* Summaries (RK_FLEET_SUMMARY per window) of a set of windows. */
-static float *summaries(const rk_fleet_windows *w, int T)
-{
-    float *s = malloc((w->n ? w->n : 1) * RK_FLEET_SUMMARY * sizeof *s);
-    for (size_t k = 0; s && k < w->n; k++)
-        rk_fleet_summary(w->x + k * (size_t)T * RK_FLEET_FEATURES, T, s + k * RK_FLEET_SUMMARY);
-    return s;
-}
-
-static char *sidecar_path(const char *model)
-{
-    char *p = malloc(strlen(model) + 6);
-    if (p)
-        sprintf(p, "%s.json", model);
-    return p;
-}
+/* ---- rk predict train / eval: detectors on fleet datasets (predict/pipeline.h) ----------- */
 
 static int fail_line(int rc, const rk_err *err)
 {
@@ -539,6 +446,54 @@ static int dataset_dir_ok(const char *dir)
         return 0;
     }
     return 1;
+}
+
+static void print_json(json_t *j)
+{
+    json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+    fputc('\n', stdout);
+}
+
+static void epoch_line_ap(const rk_fleet_epoch *e, void *ctx)
+{
+    (void)ctx;
+    fprintf(stderr, "rk predict:   epoch %d: training loss %.4f, validation AP %.4f%s (%.1f s)\n",
+            e->epoch, e->train_loss, e->val_ap, e->best ? " *" : "", e->seconds);
+}
+
+static void train_stage(int stage, const rk_fleet_train_report *r, void *ctx)
+{
+    (void)ctx;
+    if (stage == RK_FLEET_STAGE_WINDOWS)
+        fprintf(stderr,
+                "rk predict: %zu training windows (%zu positive), %zu validation windows "
+                "(%zu positive), %.1f s\n",
+                r->train_windows, r->train_positives, r->val_windows, r->val_positives,
+                r->windows_seconds);
+    else
+        fprintf(stderr, "rk predict: predictor: %d epochs (best %d), validation AP %.4f, %.1f s\n",
+                r->det.training.epochs, r->det.training.best_epoch, r->det.training.val_ap,
+                r->predictor_seconds);
+}
+
+static void print_train(const rk_fleet_train_opts *o, const rk_fleet_train_report *r)
+{
+    const rk_fleet_detectors *d = &r->det;
+    const rk_fleet_metrics *best = d->val;
+    char *side = rk_fleet_detectors_path(o->out);
+    printf("trained on %s: predictor %s (+ %s)\n", o->dir, o->out, side ? side : "MODEL.json");
+    free(side);
+    printf("val split (thresholds chosen here): %d failures, %.1f GPU-days\n",
+           best[RK_FLEET_DET_PREDICTOR].failures, best[RK_FLEET_DET_PREDICTOR].gpu_days);
+    const char *names[RK_FLEET_DETECTORS] = {"LSTM + attention", "logistic regression",
+                                             "health score < 60", "logistic, best F1"};
+    printf("%-22s %9s %9s %7s %7s %9s\n", "detector", "threshold", "precision", "recall", "F1",
+           "lead min");
+    for (int k = 0; k < RK_FLEET_DETECTORS; k++)
+        printf("%-22s %9.4g %9.3f %7.3f %7.3f %9.1f\n", names[k],
+               k == RK_FLEET_DET_HEALTH ? (double)d->health_below : best[k].threshold,
+               best[k].precision, best[k].recall, best[k].f1, best[k].lead_mean);
+    printf("%.1f s\n", d->training.seconds);
 }
 
 static int cmd_fleet_train(int argc, char **argv)
@@ -566,60 +521,52 @@ static int cmd_fleet_train(int argc, char **argv)
                                           {"verbose", no_argument, 0, 'q'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
-    rk_pred_config cfg = RK_PRED_CONFIG_DEFAULT;
-    rk_pred_train_opts to = RK_PRED_TRAIN_OPTS_DEFAULT;
-    rk_fleet_sample_opts so = RK_FLEET_SAMPLE_OPTS_DEFAULT;
-    to.max_epochs = 15;
-    to.patience = 3;
-    to.dropout = 0.2f;
-    to.level_noise = 0.5f;
-    const char *out = NULL;
-    int as_json = 0, near_set = 0;
-    double hard = 1.0, min_lead = 35;
-    uint64_t seed = 1;
+    rk_fleet_train_opts o;
+    rk_fleet_train_opts_default(&o);
+    int as_json = 0;
     double v;
     opterr = 0;
     optind = 1;
     int c, li = -1, bad;
     for (; (c = getopt_long(argc, argv, "ho:", longs, &li)) != -1; li = -1) {
         switch (c) {
-        case 'o': out = optarg; break;
+        case 'o': o.out = optarg; break;
         case 'w':
-            if (whole("--window", optarg, 2, 1440, &cfg.window))
+            if (whole("--window", optarg, 2, 1440, &o.model.window))
                 return RK_EXIT_USAGE;
             break;
         case 'z':
-            if (whole("--horizon", optarg, 1, 1440, &so.horizon))
+            if (whole("--horizon", optarg, 1, 1440, &o.sample.horizon))
                 return RK_EXIT_USAGE;
             break;
         case 'n':
-            if (whole("--near", optarg, 0, 100000, &so.near))
+            if (whole("--near", optarg, 0, 100000, &o.sample.near))
                 return RK_EXIT_USAGE;
-            near_set = 1;
             break;
         case 'r':
-            if (num("--negatives", optarg, 0, 1000, &so.neg_ratio))
+            if (num("--negatives", optarg, 0, 1000, &o.sample.neg_ratio))
                 return RK_EXIT_USAGE;
             break;
         case 'x':
-            if (num("--hard", optarg, 0, 1000, &hard))
+            if (num("--hard", optarg, 0, 1000, &o.hard))
                 return RK_EXIT_USAGE;
             break;
         case 'L':
             if (num("--level-noise", optarg, 0, 10, &v))
                 return RK_EXIT_USAGE;
-            to.level_noise = (float)v;
+            o.train.level_noise = (float)v;
             break;
         case 'M':
-            if (num("--min-lead", optarg, 0, 1440, &min_lead))
+            if (num("--min-lead", optarg, 0, 1440, &o.min_lead))
                 return RK_EXIT_USAGE;
             break;
         case 'j': as_json = 1; break;
-        case 'q': to.on_epoch = epoch_line_ap; break;
+        case 'q': o.on_epoch = epoch_line_ap; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default:
-            bad = c != '?' && li >= 0 ? shared_option(longs[li].name, optarg, &cfg, &to, &seed)
-                                      : 1;
+            bad = c != '?' && li >= 0
+                      ? shared_option(longs[li].name, optarg, &o.model, &o.train, &o.seed)
+                      : 1;
             if (bad < 0)
                 return RK_EXIT_USAGE;
             if (bad > 0)
@@ -630,212 +577,71 @@ static int cmd_fleet_train(int argc, char **argv)
         return usage_error("train needs the dataset directory (rk predict dataset -o DIR)");
     if (optind + 1 < argc)
         return usage_error("unexpected argument '%s'", argv[optind + 1]);
-    const char *dir = argv[optind];
-    if (!out)
+    o.dir = argv[optind];
+    if (!o.out)
         return usage_error("train needs -o MODEL");
-    if (!dataset_dir_ok(dir) || rk_arg_path(&args, "-o", out, RK_PATH_OUTPUT))
+    if (!dataset_dir_ok(o.dir) || rk_arg_path(&args, "-o", o.out, RK_PATH_OUTPUT))
         return RK_EXIT_USAGE;
-    if (!near_set)
-        so.near = 2 * so.horizon;
     if (!getenv("OPENBLAS_NUM_THREADS"))
         openblas_set_num_threads(1);
-    cfg.features = RK_FLEET_FEATURES;
-    cfg.task = RK_PRED_CLASSIFY;
-    cfg.seed = seed;
-    to.seed = seed;
-    so.window = cfg.window;
-    so.seed = seed;
-
+    o.on_stage = train_stage;
+    rk_fleet_train_report r;
     rk_err err = {0};
-    rk_fleet fl;
-    rk_fleet_windows tr = {0}, va = {0};
-    rk_pred_model *m = NULL;
-    rk_logreg lr = {0};
-    float *str = NULL, *sva = NULL, **risk[3] = {NULL, NULL, NULL};
-    char *side = NULL, *text = NULL;
-    json_t *j = NULL;
-    rk_fleet_metrics best[4];
-    rk_pred_report rep = {0};
-    int rc = rk_fleet_load(&fl, dir, 1u << RK_FLEET_TRAIN | 1u << RK_FLEET_VAL, &err);
+    int rc = rk_fleet_train(&o, &r, &err);
     if (rc)
         return fail_line(rc, &err);
-    double t0 = now_s();
-    rk_fleet_sample_opts vo = so;
-    if ((rc = rk_fleet_sample(&fl, RK_FLEET_TRAIN, &so, &tr, &err)))
-        goto out;
-    vo.seed = seed + 1;
-    if ((rc = rk_fleet_sample(&fl, RK_FLEET_VAL, &vo, &va, &err)))
-        goto out;
-    rk_logreg_opts lo = RK_LOGREG_OPTS_DEFAULT;
-    lo.seed = seed;
-    if (hard > 0) {
-        /* hard negatives: the windows a first logistic regression on these windows rates
-         * riskiest among the other negatives (benign look-alikes, mostly) */
-        str = summaries(&tr, cfg.window);
-        sva = summaries(&va, cfg.window);
-        if (!str || !sva) {
-            rc = rk_err_set(&err, RK_ENOMEM, "out of memory for window summaries");
-            goto out;
-        }
-        if ((rc = rk_logreg_train(&lr, RK_FLEET_SUMMARY, str, tr.y, tr.n, sva, va.y, va.n, &lo,
-                                  &err)) ||
-            (rc = rk_fleet_risk_logreg(&fl, RK_FLEET_TRAIN, &lr, cfg.window, &risk[0], &err)) ||
-            (rc = rk_fleet_mine(&fl, RK_FLEET_TRAIN, &so, risk[0],
-                                (size_t)llround(hard * (double)tr.positives), &tr, &err)) ||
-            (rc = rk_fleet_risk_logreg(&fl, RK_FLEET_VAL, &lr, cfg.window, &risk[1], &err)) ||
-            (rc = rk_fleet_mine(&fl, RK_FLEET_VAL, &vo, risk[1],
-                                (size_t)llround(hard * (double)va.positives), &va, &err)))
-            goto out;
-        for (int k = 0; k < 2; k++) {
-            rk_fleet_risk_free(&fl, risk[k]);
-            risk[k] = NULL;
-        }
-        rk_logreg_free(&lr);
-        free(str);
-        free(sva);
-        str = sva = NULL;
-    }
-    fprintf(stderr,
-            "rk predict: %zu training windows (%zu positive), %zu validation windows "
-            "(%zu positive), %.1f s\n",
-            tr.n, tr.positives, va.n, va.positives, now_s() - t0);
-    if ((rc = rk_pred_create(&m, &cfg, &err)))
-        goto out;
-    ap_judge judge = {&va, malloc((va.n ? va.n : 1) * sizeof(float))};
-    if (!judge.p) {
-        rc = rk_err_set(&err, RK_ENOMEM, "out of memory");
-        goto out;
-    }
-    to.val_score = ap_score;
-    to.ctx = &judge;
-    rk_pred_data dtr = {tr.n, tr.x, tr.y}, dva = {va.n, va.x, va.y};
-    rc = rk_pred_train(m, &dtr, &dva, &to, &rep, &err);
-    free(judge.p);
-    if (rc)
-        goto out;
-    fprintf(stderr, "rk predict: predictor: %d epochs (best %d), validation AP %.4f, %.1f s\n",
-            rep.epochs, rep.best_epoch, -rep.best_val_loss, rep.seconds);
-    /* the baseline on the same windows */
-    str = summaries(&tr, cfg.window);
-    sva = summaries(&va, cfg.window);
-    if (!str || !sva) {
-        rc = rk_err_set(&err, RK_ENOMEM, "out of memory for window summaries");
-        goto out;
-    }
-    if ((rc = rk_logreg_train(&lr, RK_FLEET_SUMMARY, str, tr.y, tr.n, sva, va.y, va.n, &lo, &err)))
-        goto out;
-    rk_fleet_windows_free(&tr);
-    rk_fleet_windows_free(&va);
-    /* thresholds by event-level F1 on the val split, every minute of it */
-    double pc[PROB_CANDS], sc[100];
-    prob_candidates(pc);
-    score_candidates(sc);
-    if ((rc = rk_fleet_risk_model(&fl, RK_FLEET_VAL, m, &risk[0], &err)) ||
-        (rc = rk_fleet_risk_logreg(&fl, RK_FLEET_VAL, &lr, cfg.window, &risk[1], &err)) ||
-        (rc = rk_fleet_risk_score(&fl, RK_FLEET_VAL, cfg.window, &risk[2], &err)))
-        goto out;
-    if ((rc = rk_fleet_pick_threshold(&fl, RK_FLEET_VAL, risk[0], cfg.window, so.horizon, pc,
-                                      PROB_CANDS, min_lead, &best[0], &err)) ||
-        (rc = rk_fleet_pick_threshold(&fl, RK_FLEET_VAL, risk[1], cfg.window, so.horizon, pc,
-                                      PROB_CANDS, min_lead, &best[1], &err)) ||
-        (rc = rk_fleet_pick_threshold(&fl, RK_FLEET_VAL, risk[1], cfg.window, so.horizon, pc,
-                                      PROB_CANDS, 0, &best[3], &err)) ||
-        (rc = rk_fleet_evaluate(&fl, RK_FLEET_VAL, risk[2], cfg.window, so.horizon,
-                                100.5 - RK_HEALTH_THRESHOLD_DEFAULT, &best[2], &err)))
-        goto out;
-    if ((rc = rk_pred_save(m, out, &err)))
-        goto out;
-
-    j = json_object();
-    json_object_set_new(j, "format", json_string("rekindle-fleet-detectors"));
-    json_object_set_new(j, "version", json_integer(1));
-    json_object_set_new(j, "simulated", json_true());
-    json_object_set_new(j, "window", json_integer(cfg.window));
-    json_object_set_new(j, "horizon", json_integer(so.horizon));
-    json_object_set_new(j, "min_lead", json_real(min_lead));
-    json_t *jp = json_object(), *jl = json_object(), *jh = json_object(), *jt = json_object();
-    json_object_set_new(jp, "threshold", json_real(best[0].threshold));
-    json_object_set_new(jp, "val", metrics_json(&best[0]));
-    json_object_set_new(j, "predictor", jp);
-    json_t *names = json_array();
-    const char *kind[4] = {"last", "mean", "slope", "max"};
-    for (int k = 0; k < RK_FLEET_SUMMARY; k++) {
-        char nm[48];
-        snprintf(nm, sizeof nm, "%s:%s", kind[k / RK_FLEET_FEATURES],
-                 rk_fleet_feature_names[k % RK_FLEET_FEATURES]);
-        json_array_append_new(names, json_string(nm));
-    }
-    json_object_set_new(jl, "threshold", json_real(best[1].threshold));
-    json_object_set_new(jl, "threshold_best_f1", json_real(best[3].threshold));
-    json_object_set_new(jl, "inputs", names);
-    json_object_set_new(jl, "mean", floats_json(lr.mean, lr.d));
-    json_object_set_new(jl, "std", floats_json(lr.std, lr.d));
-    json_object_set_new(jl, "w", floats_json(lr.w, lr.d));
-    json_object_set_new(jl, "b", json_real(lr.b));
-    json_object_set_new(jl, "val", metrics_json(&best[1]));
-    json_object_set_new(jl, "val_best_f1", metrics_json(&best[3]));
-    json_object_set_new(j, "logreg", jl);
-    json_object_set_new(jh, "below", json_integer(RK_HEALTH_THRESHOLD_DEFAULT));
-    json_object_set_new(jh, "val", metrics_json(&best[2]));
-    json_object_set_new(j, "health_score", jh);
-    json_object_set_new(jt, "dataset", json_string(dir));
-    json_object_set_new(jt, "seed", json_integer((json_int_t)seed));
-    json_object_set_new(jt, "hidden", json_integer(cfg.hidden));
-    json_object_set_new(jt, "attn", json_integer(cfg.attn));
-    json_object_set_new(jt, "dense", json_integer(cfg.dense));
-    json_object_set_new(jt, "near", json_integer(so.near));
-    json_object_set_new(jt, "negatives", json_real(so.neg_ratio));
-    json_object_set_new(jt, "hard", json_real(hard));
-    json_object_set_new(jt, "level_noise", json_real(to.level_noise));
-    json_object_set_new(jt, "dropout", json_real(to.dropout));
-    json_object_set_new(jt, "max_epochs", json_integer(to.max_epochs));
-    json_object_set_new(jt, "patience", json_integer(to.patience));
-    json_object_set_new(jt, "epochs", json_integer(rep.epochs));
-    json_object_set_new(jt, "best_epoch", json_integer(rep.best_epoch));
-    json_object_set_new(jt, "val_ap", json_real(-rep.best_val_loss));
-    json_object_set_new(jt, "seconds", json_real(now_s() - t0));
-    json_object_set_new(j, "training", jt);
-    text = json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(9));
-    side = sidecar_path(out);
-    if (!text || !side) {
-        rc = rk_err_set(&err, RK_ENOMEM, "out of memory");
-        goto out;
-    }
-    size_t len = strlen(text);
-    text[len] = '\0';
-    if ((rc = rk_file_write_atomic(side, text, len, &err)))
-        goto out;
     if (as_json) {
-        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
-        fputc('\n', stdout);
+        json_t *j = rk_fleet_detectors_json(&r.det);
+        print_json(j);
+        json_decref(j);
     } else {
-        printf("trained on %s: predictor %s (+ %s)\n", dir, out, side);
-        printf("val split (thresholds chosen here): %d failures, %.1f GPU-days\n", best[0].failures,
-               best[0].gpu_days);
-        const char *names3[4] = {"LSTM + attention", "logistic regression", "health score < 60",
-                                 "logistic, best F1"};
-        printf("%-22s %9s %9s %7s %7s %9s\n", "detector", "threshold", "precision", "recall", "F1",
-               "lead min");
-        for (int k = 0; k < 4; k++)
-            printf("%-22s %9.4g %9.3f %7.3f %7.3f %9.1f\n", names3[k],
-                   k == 2 ? (double)RK_HEALTH_THRESHOLD_DEFAULT : best[k].threshold,
-                   best[k].precision, best[k].recall, best[k].f1, best[k].lead_mean);
-        printf("%.1f s\n", now_s() - t0);
+        print_train(&o, &r);
     }
-out:
-    for (int k = 0; k < 3; k++)
-        rk_fleet_risk_free(&fl, risk[k]);
-    json_decref(j);
-    free(text);
-    free(side);
-    free(str);
-    free(sva);
-    rk_logreg_free(&lr);
-    rk_pred_free(m);
-    rk_fleet_windows_free(&tr);
-    rk_fleet_windows_free(&va);
-    rk_fleet_free(&fl);
-    return rc ? fail_line(rc, &err) : RK_EXIT_OK;
+    rk_fleet_train_report_free(&r);
+    return RK_EXIT_OK;
+}
+
+static void print_eval(const rk_fleet_eval_opts *o, const rk_fleet_eval_report *r, int as_json)
+{
+    const char *key[RK_FLEET_DETECTORS] = {"predictor", "logreg", "health_score", "logreg_best_f1"};
+    const char *label[RK_FLEET_DETECTORS] = {"LSTM + attention", "logistic regression",
+                                             "health score < 60", "logistic, best F1"};
+    const char *sname = rk_fleet_split_name(o->split);
+    const rk_fleet_metrics *m = r->m;
+    if (as_json) {
+        json_t *j = json_object(), *d = json_object();
+        json_object_set_new(j, "simulated", json_true());
+        json_object_set_new(j, "split", json_string(sname));
+        json_object_set_new(j, "gpus", json_integer(m[0].gpus));
+        json_object_set_new(j, "gpu_days", json_real(m[0].gpu_days));
+        json_object_set_new(j, "failures", json_integer(m[0].failures));
+        json_object_set_new(j, "silent_failures", json_integer(m[0].silent));
+        json_object_set_new(j, "minutes", json_integer((json_int_t)m[0].minutes));
+        json_object_set_new(j, "positive_minutes", json_integer((json_int_t)m[0].positive_minutes));
+        json_object_set_new(j, "window", json_integer(r->window));
+        json_object_set_new(j, "horizon", json_integer(r->horizon));
+        for (int k = 0; k < RK_FLEET_DETECTORS; k++)
+            json_object_set_new(d, key[k], rk_fleet_metrics_json(&m[k]));
+        json_object_set_new(j, "detectors", d);
+        json_object_set_new(j, "seconds", json_real(r->seconds));
+        print_json(j);
+        json_decref(j);
+        return;
+    }
+    printf("%s split of %s (simulated): %d GPUs, %.1f GPU-days, %d failures (%d silent); "
+           "window %d, horizon %d minutes\n\n",
+           sname, o->dir, m[0].gpus, m[0].gpu_days, m[0].failures, m[0].silent, r->window,
+           r->horizon);
+    printf("%-20s %9s %9s %6s %6s %6s %7s %7s %9s %8s\n", "detector", "threshold", "precision",
+           "recall", "F1", "lead", "median", "alarms", "FA/GPU-d", "accuracy");
+    for (int k = 0; k < RK_FLEET_DETECTORS; k++)
+        printf("%-20s %9.4g %9.3f %6.3f %6.3f %6.1f %7.1f %3d+%-3d %9.4f %8.4f\n", label[k],
+               k == RK_FLEET_DET_HEALTH ? (double)RK_HEALTH_THRESHOLD_DEFAULT : m[k].threshold,
+               m[k].precision, m[k].recall, m[k].f1, m[k].lead_mean, m[k].lead_median,
+               m[k].detected, m[k].false_alarms, m[k].false_alarms_per_gpu_day, m[k].accuracy);
+    printf("\nlead: minutes from the first alarm within the horizon to the failure (mean, "
+           "median); alarms: detected failures + false alarm episodes\n%.1f s\n",
+           r->seconds);
 }
 
 static int cmd_fleet_eval(int argc, char **argv)
@@ -844,24 +650,24 @@ static int cmd_fleet_eval(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"threshold", required_argument, 0, 't'},
         {"split", required_argument, 0, 'S'}, {"json", no_argument, 0, 'j'},
         {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
-    const char *model = NULL;
-    double th_override = -1;
-    int as_json = 0, split = RK_FLEET_TEST;
+    rk_fleet_eval_opts o;
+    rk_fleet_eval_opts_default(&o);
+    int as_json = 0;
     opterr = 0;
     optind = 1;
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
-        case 'm': model = optarg; break;
+        case 'm': o.model = optarg; break;
         case 't':
-            if (rk_arg_probability(&args, "--threshold", optarg, &th_override))
+            if (rk_arg_probability(&args, "--threshold", optarg, &o.threshold))
                 return RK_EXIT_USAGE;
             break;
         case 'S':
             if (strcmp(optarg, "test") == 0)
-                split = RK_FLEET_TEST;
+                o.split = RK_FLEET_TEST;
             else if (strcmp(optarg, "val") == 0)
-                split = RK_FLEET_VAL;
+                o.split = RK_FLEET_VAL;
             else
                 return usage_error("--split '%s' is not test or val", optarg);
             break;
@@ -874,95 +680,20 @@ static int cmd_fleet_eval(int argc, char **argv)
         return usage_error("eval needs the dataset directory (rk predict dataset -o DIR)");
     if (optind + 1 < argc)
         return usage_error("unexpected argument '%s'", argv[optind + 1]);
-    if (!model)
+    if (!o.model)
         return usage_error("eval needs --model MODEL (rk predict train -o MODEL)");
-    const char *dir = argv[optind];
-    if (!dataset_dir_ok(dir) || rk_arg_path(&args, "--model", model, RK_PATH_FILE))
+    o.dir = argv[optind];
+    if (!dataset_dir_ok(o.dir) || rk_arg_path(&args, "--model", o.model, RK_PATH_FILE))
         return RK_EXIT_USAGE;
     if (!getenv("OPENBLAS_NUM_THREADS"))
         openblas_set_num_threads(1);
+    rk_fleet_eval_report r;
     rk_err err = {0};
-    rk_pred_model *m = NULL;
-    rk_fleet fl = {0};
-    float **risk[3] = {NULL, NULL, NULL};
-    double t0 = now_s();
-    rk_fleet_detectors det = {0};
-    char *side = sidecar_path(model);
-    int rc = side ? rk_fleet_detectors_load(&det, side, &err)
-                  : rk_err_set(&err, RK_ENOMEM, "out of memory");
-    free(side);
+    int rc = rk_fleet_eval(&o, &r, &err);
     if (rc)
         return fail_line(rc, &err);
-    int window = det.window, horizon = det.horizon;
-    double th[4] = {det.threshold, det.lr_threshold, 100.5 - RK_HEALTH_THRESHOLD_DEFAULT,
-                    det.lr_threshold_best_f1};
-    if (th_override >= 0)
-        th[0] = th_override;
-    if ((rc = rk_pred_load(&m, model, &err)))
-        goto out;
-    if (rk_pred_config_of(m)->window != window) {
-        rc = rk_err_set(&err, RK_EFORMAT, "%s: a window of %d minutes, its detectors file says %d",
-                        model, rk_pred_config_of(m)->window, window);
-        goto out;
-    }
-    if ((rc = rk_fleet_load(&fl, dir, 1u << split, &err)) ||
-        (rc = rk_fleet_risk_model(&fl, split, m, &risk[0], &err)) ||
-        (rc = rk_fleet_risk_logreg(&fl, split, &det.lr, window, &risk[1], &err)) ||
-        (rc = rk_fleet_risk_score(&fl, split, window, &risk[2], &err)))
-        goto out;
-    rk_fleet_metrics r[4];
-    for (int k = 0; k < 4 && !rc; k++)
-        rc = rk_fleet_evaluate(&fl, split, risk[k == 3 ? 1 : k], window, horizon, th[k], &r[k],
-                               &err);
-    if (rc)
-        goto out;
-    /* the logistic regression at the same operating rule as the predictor (the best val F1 with
-     * the required mean lead) and at its own best val F1 whatever the lead */
-    const char *key[4] = {"predictor", "logreg", "health_score", "logreg_best_f1"};
-    const char *label[4] = {"LSTM + attention", "logistic regression", "health score < 60",
-                            "logistic, best F1"};
-    const char *sname = split == RK_FLEET_TEST ? "test" : "val";
-    if (as_json) {
-        json_t *j = json_object(), *d = json_object();
-        json_object_set_new(j, "simulated", json_true());
-        json_object_set_new(j, "split", json_string(sname));
-        json_object_set_new(j, "gpus", json_integer(r[0].gpus));
-        json_object_set_new(j, "gpu_days", json_real(r[0].gpu_days));
-        json_object_set_new(j, "failures", json_integer(r[0].failures));
-        json_object_set_new(j, "silent_failures", json_integer(r[0].silent));
-        json_object_set_new(j, "minutes", json_integer((json_int_t)r[0].minutes));
-        json_object_set_new(j, "positive_minutes", json_integer((json_int_t)r[0].positive_minutes));
-        json_object_set_new(j, "window", json_integer(window));
-        json_object_set_new(j, "horizon", json_integer(horizon));
-        for (int k = 0; k < 4; k++)
-            json_object_set_new(d, key[k], metrics_json(&r[k]));
-        json_object_set_new(j, "detectors", d);
-        json_object_set_new(j, "seconds", json_real(now_s() - t0));
-        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
-        fputc('\n', stdout);
-        json_decref(j);
-    } else {
-        printf("%s split of %s (simulated): %d GPUs, %.1f GPU-days, %d failures (%d silent); "
-               "window %d, horizon %d minutes\n\n",
-               sname, dir, r[0].gpus, r[0].gpu_days, r[0].failures, r[0].silent, window, horizon);
-        printf("%-20s %9s %9s %6s %6s %6s %7s %7s %9s %8s\n", "detector", "threshold", "precision",
-               "recall", "F1", "lead", "median", "alarms", "FA/GPU-d", "accuracy");
-        for (int k = 0; k < 4; k++)
-            printf("%-20s %9.4g %9.3f %6.3f %6.3f %6.1f %7.1f %3d+%-3d %9.4f %8.4f\n", label[k],
-                   k == 2 ? (double)RK_HEALTH_THRESHOLD_DEFAULT : r[k].threshold, r[k].precision,
-                   r[k].recall, r[k].f1, r[k].lead_mean, r[k].lead_median, r[k].detected,
-                   r[k].false_alarms, r[k].false_alarms_per_gpu_day, r[k].accuracy);
-        printf("\nlead: minutes from the first alarm within the horizon to the failure (mean, "
-               "median); alarms: detected failures + false alarm episodes\n%.1f s\n",
-               now_s() - t0);
-    }
-out:
-    for (int k = 0; k < 3; k++)
-        rk_fleet_risk_free(&fl, risk[k]);
-    rk_fleet_free(&fl);
-    rk_pred_free(m);
-    rk_fleet_detectors_free(&det);
-    return rc ? fail_line(rc, &err) : RK_EXIT_OK;
+    print_eval(&o, &r, as_json);
+    return RK_EXIT_OK;
 }
 
 int rk_cmd_predict(int argc, char **argv)

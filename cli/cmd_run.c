@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "base/env.h"
+#include "predict/detectors.h"
 #include "rekindle/ckpt.h"
-#include "rekindle/fleeteval.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
@@ -81,12 +81,11 @@ static const char usage_text[] =
  * there but broken. */
 static int drain_default(rk_sup_opts *o)
 {
-    char *side = malloc(strlen(o->predictor) + 6);
+    char *side = rk_fleet_detectors_path(o->predictor);
     if (!side) {
         fprintf(stderr, "rk run: out of memory\n");
         return 1;
     }
-    sprintf(side, "%s.json", o->predictor);
     rk_fleet_detectors d;
     rk_err err = {0};
     int rc = rk_fleet_detectors_load(&d, side, &err);

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "rekindle/cmapss.h"
+#include "predict/cmapss.h"
 
 static void check(int cond)
 {

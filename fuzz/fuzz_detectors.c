@@ -7,7 +7,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "rekindle/fleeteval.h"
+#include "predict/detectors.h"
+#include "predict/windows.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rekindle/fleeteval.h"
+#include "predict/fleetdata.h"
+#include "predict/windows.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

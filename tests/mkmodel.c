@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "health/sim.h"
+#include "predict/fleetdata.h"
 #include "predict/model.h"
-#include "rekindle/fleetdata.h"
 #include "rekindle/health.h"
 #include "rekindle/predict.h"
 

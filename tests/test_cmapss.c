@@ -1,5 +1,5 @@
 /*
- * Tests for the C-MAPSS reader and protocol (rekindle/cmapss.h): a well-formed table parses
+ * Tests for the C-MAPSS reader and protocol (predict/cmapss.h): a well-formed table parses
  * into engines with their rows; missing-value markers are counted and filled by linear
  * interpolation within the engine (never across engines); broken inputs (column counts, text,
  * infinities, a missing unit, cycle gaps, engines out of order, empty files, bad RUL files)
@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rekindle/cmapss.h"
+#include "predict/cmapss.h"
 #include "rekindle/rng.h"
 #include "testutil.h"
 

@@ -24,8 +24,8 @@
 #include <unistd.h>
 
 #include "health/sim.h"
+#include "predict/fleetdata.h"
 #include "rekindle/fileio.h"
-#include "rekindle/fleetdata.h"
 #include "rekindle/health.h"
 #include "rekindle/safetensors.h"
 #include "testutil.h"

@@ -1,14 +1,15 @@
 /*
- * Tests for training and judging failure detectors on fleet datasets (rekindle/fleeteval.h,
- * rk_fleet_window in rekindle/fleetdata.h): the window is exactly the stored rows m - T + 1..m
- * and does not exist before T rows; the event-level protocol counts detections, lead times,
- * false-alarm episodes (merged within the horizon, early ones named), silent failures and
- * accuracy as docs/predict.md says, on hand-made alarms whose answers are worked out below;
- * the threshold pick maximises F1, under a lead-time requirement when one is given; the training
- * windows hold every positive, the near band and the drawn negatives with the right labels, the
- * same for the same seed; hard negatives are the riskiest; the logistic regression learns a
- * separable rule, the window summary is right on a ramp and average precision on a worked example;
- * a written dataset loads, and broken ones are refused with the file named.
+ * Tests for training and judging failure detectors on fleet datasets (src/predict: windows.h,
+ * logreg.h, fleeteval.h, detectors.h; rk_fleet_window in fleetdata.h): the window is exactly
+ * the stored rows m - T + 1..m and does not exist before T rows; the event-level protocol
+ * counts detections, lead times, false-alarm episodes (merged within the horizon, early ones
+ * named), silent failures and accuracy as docs/predict.md says, on hand-made alarms whose
+ * answers are worked out below; the threshold pick maximises F1, under a lead-time requirement
+ * when one is given; the training windows hold every positive, the near band and the drawn
+ * negatives with the right labels, the same for the same seed; hard negatives are the riskiest;
+ * the logistic regression learns a separable rule, the window summary is right on a ramp and
+ * average precision on a worked example; a written dataset loads, and broken ones are refused
+ * with the file named; the detectors file the writer writes is what the parser reads.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +25,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rekindle/fleetdata.h"
-#include "rekindle/fleeteval.h"
+#include "predict/detectors.h"
+#include "predict/fleetdata.h"
+#include "predict/fleeteval.h"
+#include "predict/logreg.h"
+#include "predict/windows.h"
 #include "testutil.h"
 
 #define F RK_FLEET_FEATURES
@@ -463,12 +467,9 @@ static void test_detectors_file_and_manifest_parsers(void **state)
     /* refused, each with its reason */
     struct {
         const char *window, *std0, *w0, *says;
-    } bad[] = {{"0", "2", "0.5", "window 0"},
-               {"99999", "2", "0.5", "out of range"},
-               {"60", "0", "0.5", "std > 0"},
-               {"60", "-1", "0.5", "std > 0"},
-               {"60", "2", "1e300", "finite float"},
-               {"60.5", "2", "0.5", "not the detectors file"},
+    } bad[] = {{"0", "2", "0.5", "window 0"},        {"99999", "2", "0.5", "out of range"},
+               {"60", "0", "0.5", "std > 0"},        {"60", "-1", "0.5", "std > 0"},
+               {"60", "2", "1e300", "finite float"}, {"60.5", "2", "0.5", "not the detectors file"},
                {"60", "2", "\"a\"", "not a number"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         t = detectors_text(bad[i].window, bad[i].std0, bad[i].w0);
@@ -488,9 +489,11 @@ static void test_detectors_file_and_manifest_parsers(void **state)
                        " \"xid\", \"vrm_ripple\", \"fan_vibration\"], \"devices\": [";
     char text[2048];
     rk_fleet f;
-    snprintf(text, sizeof text, "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
+    snprintf(text, sizeof text,
+             "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
              " \"test\", \"file\": \"gpu-0000.safetensors\", \"steps\": 120, \"failure\":"
-             " {\"minute\": 100, \"event\": \"dbe\", \"precursor_minute\": 40}}]}", head);
+             " {\"minute\": 100, \"event\": \"dbe\", \"precursor_minute\": 40}}]}",
+             head);
     assert_int_equal(rk_fleet_parse_manifest(&f, text, strlen(text), "fleet.json", &err), RK_OK);
     assert_int_equal(f.gpus, 1);
     assert_int_equal(f.gpu[0].split, RK_FLEET_TEST);
@@ -499,18 +502,85 @@ static void test_detectors_file_and_manifest_parsers(void **state)
     assert_string_equal(f.gpu[0].file, "gpu-0000.safetensors");
     assert_null(f.gpu[0].x);
     rk_fleet_free(&f);
-    snprintf(text, sizeof text, "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
-             " \"test\", \"file\": \"../x\", \"steps\": 120}]}", head);
+    snprintf(text, sizeof text,
+             "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
+             " \"test\", \"file\": \"../x\", \"steps\": 120}]}",
+             head);
     assert_int_equal(rk_fleet_parse_manifest(&f, text, strlen(text), "fleet.json", &err),
                      RK_EFORMAT);
     assert_non_null(strstr(err.msg, "device 0"));
-    snprintf(text, sizeof text, "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
+    snprintf(text, sizeof text,
+             "%s{\"index\": 0, \"uuid\": \"u\", \"profile\": \"p\", \"split\":"
              " \"test\", \"file\": \"g\", \"steps\": 120, \"failure\": {\"minute\": 121,"
-             " \"event\": \"dbe\"}}]}", head);
+             " \"event\": \"dbe\"}}]}",
+             head);
     assert_int_equal(rk_fleet_parse_manifest(&f, text, strlen(text), "fleet.json", &err),
                      RK_EFORMAT);
     assert_non_null(strstr(err.msg, "minute"));
     assert_null(f.gpu);
+}
+
+/* The detectors file as rk_fleet_detectors_save writes it is what the parser reads: the same
+ * window, horizon and baseline bits (floats at 9 significant digits round-trip exactly), the
+ * thresholds to 9 digits; beside them the inputs' names and each detector's val metrics. A
+ * baseline of the wrong size is refused and nothing is written. */
+static void test_detectors_file_round_trip(void **state)
+{
+    (void)state;
+    float w[RK_FLEET_SUMMARY], mu[RK_FLEET_SUMMARY], sd[RK_FLEET_SUMMARY];
+    for (int k = 0; k < RK_FLEET_SUMMARY; k++) {
+        w[k] = (float)((k % 2 ? -1 : 1) * (k + 1) / 7.0);
+        mu[k] = (float)(1e5 / (k + 3.0));
+        sd[k] = (float)(1e-3 * (k + 1) / 3.0);
+    }
+    rk_fleet_detectors d = {.window = 30,
+                            .horizon = 45,
+                            .threshold = 0.2497398941234,
+                            .lr_threshold = 1 / (1 + exp(-1.3)),
+                            .lr_threshold_best_f1 = 0.880797078,
+                            .lr = {RK_FLEET_SUMMARY, mu, sd, w, -0.123456789f},
+                            .min_lead = 35,
+                            .health_below = 60};
+    d.val[RK_FLEET_DET_HEALTH].failures = 11;
+    d.training.dataset = "ds";
+    d.training.val_ap = 0.5;
+    char path[700];
+    snprintf(path, sizeof path, "%s/m.safetensors.json", g_dir);
+    char *side = rk_fleet_detectors_path("m.safetensors");
+    assert_string_equal(side, "m.safetensors.json");
+    free(side);
+    rk_err err = {0};
+    assert_int_equal(rk_fleet_detectors_save(&d, path, &err), RK_OK);
+    rk_fleet_detectors back;
+    assert_int_equal(rk_fleet_detectors_load(&back, path, &err), RK_OK);
+    assert_int_equal(back.window, 30);
+    assert_int_equal(back.horizon, 45);
+    assert_true(fabs(back.threshold - d.threshold) < 1e-9);
+    assert_true(fabs(back.lr_threshold - d.lr_threshold) < 1e-9);
+    assert_true(fabs(back.lr_threshold_best_f1 - d.lr_threshold_best_f1) < 1e-9);
+    assert_int_equal(back.lr.d, RK_FLEET_SUMMARY);
+    assert_memory_equal(back.lr.w, w, sizeof w);
+    assert_memory_equal(back.lr.mean, mu, sizeof mu);
+    assert_memory_equal(back.lr.std, sd, sizeof sd);
+    assert_true(back.lr.b == d.lr.b);
+    rk_fleet_detectors_free(&back);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    static char text[1 << 16];
+    text[fread(text, 1, sizeof text - 1, fp)] = 0;
+    fclose(fp);
+    assert_non_null(strstr(text, "\"format\": \"rekindle-fleet-detectors\""));
+    assert_non_null(strstr(text, "\"last:temp\""));
+    assert_non_null(strstr(text, "\"max:fan_vibration\""));
+    assert_non_null(strstr(text, "\"val_best_f1\""));
+    assert_non_null(strstr(text, "\"failures\": 11"));
+    assert_non_null(strstr(text, "\"dataset\": \"ds\""));
+    /* a baseline of another size: refused, the file left as it was */
+    d.lr.d = 3;
+    assert_int_equal(rk_fleet_detectors_save(&d, path, &err), RK_EINVAL);
+    assert_int_equal(rk_fleet_detectors_load(&back, path, &err), RK_OK);
+    assert_int_equal(back.lr.d, RK_FLEET_SUMMARY);
+    rk_fleet_detectors_free(&back);
 }
 
 int main(void)
@@ -522,8 +592,8 @@ int main(void)
         cmocka_unit_test(test_summary_and_logistic_regression),
         cmocka_unit_test_setup_teardown(test_dataset_loads_and_broken_ones_are_refused, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_detectors_file_and_manifest_parsers, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_detectors_file_and_manifest_parsers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_detectors_file_round_trip, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rekindle/fleetdata.h"
+#include "predict/fleetdata.h"
 #include "rekindle/health.h"
 #include "rekindle/predict.h"
 #include "rekindle/predict_online.h"

@@ -1,10 +1,10 @@
 /*
- * C-MAPSS FD001 (rekindle/cmapss.h): a strict reader for the NASA text files, the windowing
+ * C-MAPSS FD001 (predict/cmapss.h): a strict reader for the NASA text files, the windowing
  * of the common RUL protocol, and the protocol itself: validation split by engine, an
  * ensemble of predictors (rekindle/predict.h) trained on the training engines, and one
  * scoring of the test engines' last cycles.
  */
-#include "rekindle/cmapss.h"
+#include "predict/cmapss.h"
 
 #include <errno.h>
 #include <float.h>

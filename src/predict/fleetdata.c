@@ -4,7 +4,7 @@
  * features written in the safetensors layout, its ground-truth failure taken from the
  * simulator's event log (parsed with jansson), and the devices split by a seeded draw.
  */
-#include "rekindle/fleetdata.h"
+#include "predict/fleetdata.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rekindle/fleetdata.h"
+#include "predict/fleetdata.h"
 #include "rekindle/health.h"
 
 typedef struct gpu_win {

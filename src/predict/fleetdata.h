@@ -1,8 +1,10 @@
 /*
- * Training data for the failure predictor from the simulated fleet (issue 7, docs/predict.md):
- * per-minute histories of every simulated GPU's signals, with the ground-truth failure the
- * simulator logged, split into training, validation and test sets by device (never by time
- * inside a device). Everything it writes says simulated.
+ * The fleet dataset (docs/predict.md): training data for the failure predictor from the
+ * simulated fleet: per-minute histories of every simulated GPU's signals, with the
+ * ground-truth failure the simulator logged, split into training, validation and test sets by
+ * device (never by time inside a device). Everything it writes says simulated. Written by
+ * rk_fleet_data_write (fleetdata.c), read back by rk_fleet_load (fleetload.c). A header of
+ * the predictor library (rkpredict), not of the installed API.
  *
  * A dataset directory holds:
  *
@@ -38,8 +40,8 @@
  * and size, which gives it exactly the samples it has in the whole fleet (tests/
  * test_fleetdata.c checks it), one GPU in memory at a time.
  */
-#ifndef REKINDLE_FLEETDATA_H
-#define REKINDLE_FLEETDATA_H
+#ifndef RK_PREDICT_FLEETDATA_H
+#define RK_PREDICT_FLEETDATA_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -108,6 +110,42 @@ typedef struct rk_fleet_data_report {
 /* Simulate and write the dataset. RK_EINVAL for bad options; RK_EIO naming the path for a
  * directory or file that cannot be written; errors of the simulator as it reports them. */
 int rk_fleet_data_write(const rk_fleet_data_opts *o, rk_fleet_data_report *r, rk_err *err);
+
+/* ---- reading a dataset -------------------------------------------------------------------- */
+
+enum { RK_FLEET_TRAIN = 0, RK_FLEET_VAL = 1, RK_FLEET_TEST = 2 };
+
+typedef struct rk_fleet_gpu {
+    int index, split; /* split: RK_FLEET_* */
+    char uuid[96], profile[32], event[24];
+    char file[64]; /* its history's file name in the dataset directory */
+    size_t steps;
+    long start_minute;
+    long failure;   /* the step of its failure, -1: none */
+    long precursor; /* the step by which its warning signs had begun, -1: none or silent */
+    float *x;       /* steps x RK_FLEET_FEATURES, NULL when its split was not loaded */
+    float *score;   /* steps health scores, NULL when not loaded */
+} rk_fleet_gpu;
+
+typedef struct rk_fleet {
+    uint64_t seed;
+    int gpus;
+    double hours, span_h, start_age_h;
+    rk_fleet_gpu *gpu; /* gpus entries, by index */
+} rk_fleet;
+
+/* Read DIR/fleet.json and the histories of the GPUs whose split is in `splits` (a mask of
+ * 1 << RK_FLEET_*). RK_ENOENT naming the file when a file is missing; RK_EFORMAT naming the
+ * file and problem for anything malformed (another format, a shape that disagrees with the
+ * manifest, a non-finite value, a failure outside the history). On failure *f is empty. */
+int rk_fleet_load(rk_fleet *f, const char *dir, unsigned splits, rk_err *err);
+/* The manifest alone (len bytes of fleet.json's text, `name` for errors): every GPU's metadata,
+ * no history. The same checks and errors as rk_fleet_load. */
+int rk_fleet_parse_manifest(rk_fleet *f, const char *text, size_t len, const char *name,
+                            rk_err *err);
+void rk_fleet_free(rk_fleet *f);
+/* "train", "val" or "test". */
+const char *rk_fleet_split_name(int split);
 
 #ifdef __cplusplus
 }

@@ -24,8 +24,8 @@
  *   - an ensemble of K models that differ only in their seeds (weights and batch order), their
  *     predictions averaged.
  */
-#ifndef REKINDLE_CMAPSS_H
-#define REKINDLE_CMAPSS_H
+#ifndef RK_PREDICT_CMAPSS_H
+#define RK_PREDICT_CMAPSS_H
 
 #include <stddef.h>
 #include <stdint.h>
