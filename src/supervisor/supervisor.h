@@ -3,61 +3,87 @@
  * through an existing launcher, watches their heartbeats (rekindle/heartbeat.h) and exits,
  * classifies each failure, relaunches from the latest good checkpoint, quarantines devices
  * that keep failing and shrinks the job onto the rest, and keeps the ledger (events, goodput).
- * Pieces: launch.c (argv for mpirun or srun, the keeper that holds the job, kill), watch.c (the
- * loop), policy.c (what a launch's end means: policy.h), ledger.c (events file, summary JSON,
- * the closing summary).
+ * Pieces: launch.c (argv for mpirun or srun, the keeper that holds the job, kill), run.c (the
+ * job: launches, relaunches, the report), watch.c (one launch), conns.c (the ranks'
+ * connections), drain.c (devices: pick, quarantine, drain), gate.c (the health gate),
+ * policy.c (every decision: policy.h), ledger.c (events file, summary JSON). sup.h is what
+ * the loop's files share.
  */
 #ifndef RK_SUPERVISOR_H
 #define RK_SUPERVISOR_H
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
 #include "rekindle/error.h"
+#include "supervisor/policy.h"
 
 #define RK_SUP_MAX_DEVICES 256
 
 typedef enum rk_launcher { RK_LAUNCH_MPIRUN, RK_LAUNCH_SRUN } rk_launcher;
 
 typedef struct rk_sup_opts {
-    int n;                      /* ranks to start with */
+    int n;                                   /* ranks to start with */
     const char *devices[RK_SUP_MAX_DEVICES]; /* device ids, at least n */
     int ndevices;
-    const char *ckpt_dir;       /* RK_CKPT_DIR for the workers; NULL: none */
-    double hb_timeout_s;        /* a rank silent this long is hung */
-    double startup_timeout_s;   /* from launch to every rank's hello */
-    double stop_grace_s;        /* after SIGINT/TERM/HUP: then tear the job down (0: at once) */
-    int failure_threshold;      /* failures that quarantine a device */
+    const char *ckpt_dir;     /* RK_CKPT_DIR for the workers; NULL: none */
+    double hb_timeout_s;      /* a rank silent this long is hung */
+    double startup_timeout_s; /* from launch to every rank's hello */
+    double stop_grace_s;      /* after SIGINT/TERM/HUP: then tear the job down (0: at once) */
+    int failure_threshold;    /* failures that quarantine a device */
     int max_restarts;
     int min_ranks;
-    const char *inject;         /* fault spec (already checked) or NULL */
-    const char *events_path;    /* NULL: no events file */
-    const char *summary_path;   /* NULL: no summary file */
+    const char *inject;       /* fault spec (already checked) or NULL */
+    const char *events_path;  /* NULL: no events file */
+    const char *summary_path; /* NULL: no summary file */
     rk_launcher launcher;
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
     char *const *worker;        /* WORKER ARGS..., NULL-terminated */
     int quiet;                  /* no live status lines */
     /* the health gate (gate.c): NULL backend = none */
-    const char *health;         /* "nvml" or "sim" */
-    int health_sim_gpus;        /* sim: fleet size (at least the devices' largest index + 1) */
-    uint64_t health_seed;       /* sim */
-    double health_time_scale;   /* sim: simulated seconds per real second */
-    double health_age_h;        /* sim: hours of service at the start */
-    double health_threshold;    /* a GPU below this is left out or drained */
-    double health_interval_s;   /* between readings during a run */
-    double sim_skip_h;          /* sim: the fleet's clock starts this many hours in */
+    const char *health;       /* "nvml" or "sim" */
+    int health_sim_gpus;      /* sim: fleet size (at least the devices' largest index + 1) */
+    uint64_t health_seed;     /* sim */
+    double health_time_scale; /* sim: simulated seconds per real second */
+    double health_age_h;      /* sim: hours of service at the start */
+    double health_threshold;  /* a GPU below this is left out or drained */
+    double health_interval_s; /* between readings during a run */
+    double sim_skip_h;        /* sim: the fleet's clock starts this many hours in */
     /* the failure predictor (rekindle/predict_online.h): NULL = none */
-    const char *predictor;      /* model file */
-    double drain_probability;   /* drain (or leave out) a GPU whose probability reaches it */
+    const char *predictor;    /* model file */
+    double drain_probability; /* drain (or leave out) a GPU whose probability reaches it */
 } rk_sup_opts;
 
-/* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
- * could not (out of restarts, below --min-ranks, a storage error: a worker exited 6), 2 a
- * worker said its usage or input is bad (exited 2), or the health gate cannot open on bad
- * input (a broken --predictor), 130 interrupted. Says what happened on
- * stderr; failures are classified by policy.h. */
-int rk_sup_run(const rk_sup_opts *o);
+/* Incidents of one kind, for the report. */
+typedef struct rk_sup_count {
+    char kind[32];
+    int count;
+} rk_sup_count;
+
+/* What rk_sup_run says of the job. */
+typedef struct rk_sup_report {
+    rk_sup_end end;      /* how it ended (policy.h); cli/cmd_run.c maps it to an exit status */
+    const char *outcome; /* the summary's word: "finished", "interrupted" or "failed" */
+    rk_err err;          /* why it could not start or go on, when a message is owed; "" if not */
+    int summary;         /* 1: the ledger was opened and the numbers below are the job's */
+    rk_err summary_err;  /* the summary file could not be written; "" if it was */
+    int64_t steps;       /* the most steps done by any rank */
+    int64_t first_step;  /* the step the job began from */
+    int final_ranks;
+    double wall_s, productive_s, goodput;
+    int restarts, quarantined, injected;
+    double recovery_median_s, recovery_max_s; /* -1: no recovery measured */
+    rk_sup_count *incidents; /* per kind, in order of first appearance (injections not) */
+    size_t nkinds;
+} rk_sup_report;
+
+/* Run the job to its end and fill *rep (always; free with rk_sup_report_free). Says what
+ * happens during the run on stderr, one status line at a time; the closing summary, the exit
+ * status and the messages in rep->err are the caller's to print. */
+void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep);
+void rk_sup_report_free(rk_sup_report *rep);
 
 /* ---- launch.c ---------------------------------------------------------------------------- */
 
@@ -127,28 +153,28 @@ const char *rk_gate_backend(const rk_gate *g);
 /* ---- ledger.c ---------------------------------------------------------------------------- */
 
 typedef struct rk_incident {
-    double t;                 /* seconds since the supervisor started */
-    char kind[32];            /* crash, hang, commfail, guard_failed, nan, grad_outlier, ... */
-    int rank;                 /* -1 unknown */
-    char device[64];          /* "" unknown */
-    char action[32];          /* relaunch, redo, rollback, quarantine, stop, ... */
-    int64_t lost_steps;       /* -1 unknown */
-    double recovery_s;        /* -1 unknown */
+    double t;           /* seconds since the supervisor started */
+    char kind[32];      /* crash, hang, commfail, guard_failed, nan, grad_outlier, ... */
+    int rank;           /* -1 unknown */
+    char device[64];    /* "" unknown */
+    char action[32];    /* relaunch, redo, rollback, quarantine, stop, ... */
+    int64_t lost_steps; /* -1 unknown */
+    double recovery_s;  /* -1 unknown */
     char detail[576];
-    int final;                /* complete: may be written (rk_ledger_write) */
-    int written;              /* in the events file */
+    int final;   /* complete: may be written (rk_ledger_write) */
+    int written; /* in the events file */
 } rk_incident;
 
 typedef struct rk_ledger {
-    FILE *events;             /* NULL: none */
-    double t0;                /* monotonic start */
-    double wall0;             /* the same instant, seconds since the epoch */
-    rk_incident *inc;         /* every incident, for the summary */
+    FILE *events;     /* NULL: none */
+    double t0;        /* monotonic start */
+    double wall0;     /* the same instant, seconds since the epoch */
+    rk_incident *inc; /* every incident, for the summary */
     size_t ninc, cap;
-    size_t nwritten;          /* incidents before this index are all written */
-    double *dt;               /* seconds of the applied step k (index k-1), final lineage */
+    size_t nwritten; /* incidents before this index are all written */
+    double *dt;      /* seconds of the applied step k (index k-1), final lineage */
     int64_t ndt, capdt;
-    int64_t first_step;       /* the step the job began from */
+    int64_t first_step; /* the step the job began from */
     int restarts, quarantined;
     int injected;
 } rk_ledger;
@@ -162,6 +188,9 @@ double rk_ledger_now(const rk_ledger *g);
 rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
                            const char *action, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+rk_incident *rk_ledger_addv(rk_ledger *g, const char *kind, int rank, const char *device,
+                            const char *action, const char *fmt, va_list ap)
+    __attribute__((format(printf, 6, 0)));
 /* Mark an incident final and write to the events file every final incident that no earlier
  * one (by t) still waits for: the file is in time order even though an incident whose
  * recovery is measured later (a relaunch) is written only then. One line per incident,
@@ -171,8 +200,10 @@ void rk_ledger_write(rk_ledger *g, rk_incident *i);
 void rk_ledger_flush(rk_ledger *g);
 /* Step k (1-based: steps done) took dt seconds; a replay overwrites. */
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt);
-/* Summary JSON to `path` (atomic) and the human summary to `out`. */
-int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_step,
-                      int final_ranks, const char *outcome, rk_err *err);
+/* The closing numbers into rep (steps, goodput, restarts, incidents by kind, recovery
+ * times: every field from summary to nkinds), then the summary JSON to `path` (atomic; NULL:
+ * none). Flushes every incident to the events file first. */
+int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int final_ranks,
+                      const char *outcome, rk_sup_report *rep, rk_err *err);
 
 #endif
