@@ -127,8 +127,8 @@ static void on_exit_event(sup *s, const rk_hb_msg *m)
      * read; the failure keeps the time it was first seen */
     double seen_at = s->failing ? s->ftime : rk_ledger_now(&s->g);
     s->failing = 0;
-    sup_fail(s, m->rank, "rank %d (device %s) exits at step %lld: %s", m->rank,
-             sup_devname(s, m->rank), (long long)m->step, m->detail);
+    sup_fail(s, "rank %d (device %s) exits at step %lld: %s", m->rank, sup_devname(s, m->rank),
+             (long long)m->step, m->detail);
     s->ftime = seen_at;
 }
 
@@ -278,7 +278,7 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
     if (c->rank >= 0 && !c->bye && s->seen.lost_rank < 0)
         s->seen.lost_rank = c->rank;
     if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
-        sup_fail(s, c->rank, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
+        sup_fail(s, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
                  sup_devname(s, c->rank), c->pid, why, (long long)c->done);
 }
 

@@ -301,19 +301,19 @@ static void run_launches(sup *s, rk_sup_report *rep)
             rep->end = err.code == RK_ENOENT ? RK_SUP_END_BAD_INPUT : RK_SUP_END_FAILED;
             return;
         }
-        rk_sup_outcome oc = sup_watch(s);
-        if (oc == RK_SUP_GO_FINISHED) {
+        rk_sup_next oc = sup_watch(s);
+        if (oc == RK_SUP_FINISHED) {
             sup_resolve_pending(s, s->start_step);
             rep->end = RK_SUP_END_FINISHED;
             return;
         }
-        if (oc == RK_SUP_GO_STOP) { /* relaunching cannot help */
+        if (oc == RK_SUP_STOP) { /* relaunching cannot help */
             record_verdict(s, 1);
             flush_pending(s);
             rep->end = s->v.end;
             return;
         }
-        if (oc == RK_SUP_GO_INTERRUPTED) {
+        if (oc == RK_SUP_INTERRUPTED) {
             flush_pending(s);
             rep->end = RK_SUP_END_INTERRUPTED;
             return;

@@ -40,14 +40,6 @@ typedef struct rk_sup_conn {
     int bye_done; /* its bye said "done" */
 } rk_sup_conn;
 
-/* What watch() says of a launch that ended. */
-typedef enum rk_sup_outcome {
-    RK_SUP_GO_FINISHED,
-    RK_SUP_GO_RELAUNCH,
-    RK_SUP_GO_STOP,
-    RK_SUP_GO_INTERRUPTED
-} rk_sup_outcome;
-
 typedef struct sup {
     const rk_sup_opts *o;
     rk_ledger g;
@@ -122,10 +114,12 @@ void sup_close_conns(sup *s);
 
 /* ---- watch.c ------------------------------------------------------------------------------- */
 
-/* A failure seen in this launch (the first one counts), with the incident's detail. */
-void sup_fail(sup *s, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Watch one launch until it ends; the verdict in s->v, its detail in s->vdetail. */
-rk_sup_outcome sup_watch(sup *s);
+/* A failure seen in this launch (the first one counts), with the incident's detail; who is
+ * to blame is the verdict's (policy.h), from what the loop saw. */
+void sup_fail(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Watch one launch until it ends: the verdict's next step (also in s->v, its detail in
+ * s->vdetail). */
+rk_sup_next sup_watch(sup *s);
 /* The incident kind's word for the verdict (the rank's own word for an exit event's). */
 const char *sup_verdict_kind(const sup *s);
 

@@ -14,9 +14,8 @@
 
 #define TICK_MS 100
 
-void sup_fail(sup *s, int rank, const char *fmt, ...)
+void sup_fail(sup *s, const char *fmt, ...)
 {
-    (void)rank; /* the verdict names the rank (policy.h); the detail says it in words */
     if (s->failing)
         return;
     s->failing = 1;
@@ -73,7 +72,7 @@ static void check_timeouts(sup *s)
             char who[256];
             stuck_ranks(s, &r, who, sizeof who);
             s->seen.startup_timeout = 1;
-            sup_fail(s, -1,
+            sup_fail(s,
                      "rank %s never connected to %s within %.0f s (does the worker speak "
                      "docs/protocol.md?)",
                      who, RK_HB_ENV, s->o->startup_timeout_s);
@@ -94,8 +93,7 @@ static void check_timeouts(sup *s)
         }
         s->seen.hang = 1;
         s->seen.hang_rank = nstuck == s->n ? -1 : r;
-        sup_fail(s, s->seen.hang_rank,
-                 "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
+        sup_fail(s, "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
                  sup_devname(s, r), now - (sc ? sc->last : c->last),
                  (long long)(sc ? sc->done : c->done),
                  nstuck < s->n ? "; the other ranks wait for it" : "");
@@ -126,7 +124,7 @@ static void ranks_without_hello(sup *s, char *who, size_t cap)
 
 /* The launch has ended (exited: by itself, with exit status `code`; else torn down): what
  * the loop saw goes to policy.c; the verdict and its incident's detail into s->v, s->vdetail. */
-static rk_sup_outcome judge(sup *s, int exited, int code)
+static rk_sup_next judge(sup *s, int exited, int code)
 {
     rk_sup_seen *e = &s->seen;
     e->ranks = s->n;
@@ -158,10 +156,7 @@ static rk_sup_outcome judge(sup *s, int exited, int code)
     else
         snprintf(s->vdetail, sizeof s->vdetail, "the launcher exited with status %d at step %lld",
                  code, (long long)s->last_done);
-    switch (s->v.next) {
-    case RK_SUP_FINISHED: return RK_SUP_GO_FINISHED;
-    case RK_SUP_INTERRUPTED: return RK_SUP_GO_INTERRUPTED;
-    case RK_SUP_STOP:
+    if (s->v.next == RK_SUP_STOP) {
         if (s->v.kind == RK_SUP_KIND_STORAGE && !s->o->ckpt_dir) /* the worker's own files */
             sup_say(s,
                     "storage error: %s; stopping: a full, read-only or failing disk is not a "
@@ -178,10 +173,8 @@ static rk_sup_outcome judge(sup *s, int exited, int code)
             sup_say(s, "%s: %s; stopping", s->vdetail, s->v.why);
         else
             sup_say(s, "%s: %s; stopping: %s", kind, s->vdetail, s->v.why);
-        return RK_SUP_GO_STOP;
-    case RK_SUP_RELAUNCH: break;
     }
-    return RK_SUP_GO_RELAUNCH;
+    return s->v.next;
 }
 
 /* An interruption (SIGINT, SIGTERM, SIGHUP): ask the ranks to checkpoint and stop within
@@ -215,11 +208,11 @@ static int on_interrupt(sup *s)
     return 1;
 }
 
-rk_sup_outcome sup_watch(sup *s)
+rk_sup_next sup_watch(sup *s)
 {
     for (;;) {
         if (on_interrupt(s))
-            return RK_SUP_GO_INTERRUPTED;
+            return RK_SUP_INTERRUPTED;
         struct pollfd p[RK_SUP_MAX_CONNS + 1];
         int map[RK_SUP_MAX_CONNS];
         int np = 0;
