@@ -1,6 +1,7 @@
 /*
  * rk run: the supervisor command. Parses flags, checks them (a bad fault spec is refused with
- * its position), and hands the job to src/supervisor (supervisor.h).
+ * its position), hands the job to src/supervisor (supervisor.h), prints its report and maps
+ * how the job ended to rk run's exit status.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -20,6 +21,47 @@
 #include "rekindle/inject.h"
 #include "rk.h"
 #include "supervisor/supervisor.h"
+
+/* rk run's exit status for how the job ended (the usage text's list). */
+static int exit_status(rk_sup_end end)
+{
+    switch (end) {
+    case RK_SUP_END_FINISHED: return RK_EXIT_OK;
+    case RK_SUP_END_USAGE:
+    case RK_SUP_END_BAD_INPUT: return RK_EXIT_USAGE;
+    case RK_SUP_END_INTERRUPTED: return 130;
+    case RK_SUP_END_FAILED:
+    case RK_SUP_END_OUT_OF_RESTARTS:
+    case RK_SUP_END_TOO_FEW_DEVICES:
+    case RK_SUP_END_STORAGE: break;
+    }
+    return RK_EXIT_FAIL;
+}
+
+/* The closing summary on stderr: why it could not start or go on, then the job's numbers. */
+static void print_report(const rk_sup_report *r)
+{
+    if (r->err.msg[0])
+        fprintf(stderr, "rk run: %s\n", r->err.msg);
+    if (!r->summary)
+        return;
+    fprintf(stderr,
+            "rk run: %s: %lld steps on %d rank%s in %.1f s; goodput %.3f (%.1f s productive)\n",
+            r->outcome, (long long)r->steps, r->final_ranks, r->final_ranks == 1 ? "" : "s",
+            r->wall_s, r->goodput, r->productive_s);
+    fprintf(stderr, "rk run: %d restart%s, %d device%s quarantined, %d fault%s injected",
+            r->restarts, r->restarts == 1 ? "" : "s", r->quarantined,
+            r->quarantined == 1 ? "" : "s", r->injected, r->injected == 1 ? "" : "s");
+    if (r->recovery_median_s >= 0)
+        fprintf(stderr, ", recovery median %.2f s max %.2f s", r->recovery_median_s,
+                r->recovery_max_s);
+    fprintf(stderr, "\n");
+    for (size_t q = 0; q < r->nkinds; q++)
+        fprintf(stderr, "%s%s %d%s", q ? ", " : "rk run: incidents: ", r->incidents[q].kind,
+                r->incidents[q].count, q + 1 == r->nkinds ? "\n" : "");
+    if (r->summary_err.msg[0])
+        fprintf(stderr, "rk run: %s\n", r->summary_err.msg);
+}
 
 static const char usage_text[] =
     "usage: rk run -n N [OPTIONS] -- WORKER [ARGS...]\n"
@@ -390,7 +432,11 @@ int rk_cmd_run(int argc, char **argv)
             return rk_cli_status(rc);
         }
     }
-    int status = rk_sup_run(&o);
+    rk_sup_report rep;
+    rk_sup_run(&o, &rep);
     rk_ckpt_unlock(lock);
+    print_report(&rep);
+    int status = exit_status(rep.end);
+    rk_sup_report_free(&rep);
     return status;
 }

@@ -143,9 +143,9 @@ sec = doc[doc.index("## Supervisor to worker"):]
 sec = sec[:sec.index("\n## ", 1)]
 block = sec[sec.index("```json"):sec.index("```", sec.index("```json") + 7)]
 doc_cmds = set(re.findall(r'\{"cmd":"(\w+)"\}', block))
-sent = set(re.findall(r'\{\\"cmd\\":\\"(\w+)\\"\}', src))
+sent = set(w.lower() for w in re.findall(r'(?:sup_send_all|send_cmd)\([^;]*RK_HB_CMD_(\w+)\)', src))
 assert sent and doc_cmds == sent, f"the doc lists commands {sorted(doc_cmds)}, the supervisor sends {sorted(sent)}"
-acted = set(re.findall(r'strcmp\(m(?:->|\.)(?:action|kind), "(\w+)"\)', src))
+acted = set(re.findall(r'\{"(\w+)", RK_SUP_KIND_\w+, [01]\}', src) + re.findall(r'strcmp\(action, "(\w+)"\)', src))
 assert acted, "no event actions or kinds found in the supervisor"
 missing = [w for w in sorted(acted) if f"`{w}`" not in doc]
 assert not missing, f"the supervisor acts on event values the doc does not name: {missing}"

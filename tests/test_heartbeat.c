@@ -554,6 +554,47 @@ static void test_commands_from_the_supervisor_are_seen_by_poll(void **state)
     close(lfd);
 }
 
+/* Every command the supervisor formats (rk_hb_cmd_format) is one line the worker's parser
+ * reads back as the same command, both from the line (rk_hb_cmd_parse) and over the socket
+ * (rk_hb_poll); NONE, a value outside the enum and a buffer too small are refused, writing
+ * nothing. */
+static void test_formatted_commands_read_back_on_the_worker_side(void **state)
+{
+    (void)state;
+    int lfd = listen_here();
+    conn *c;
+    rk_hb *h = open_pair(lfd, &c);
+    static const rk_hb_cmd cmds[] = {RK_HB_CMD_STOP, RK_HB_CMD_CHECKPOINT};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char line[RK_HB_CMD_LINE_MAX];
+        size_t len = 0;
+        rk_err err = {0};
+        assert_int_equal(rk_hb_cmd_format(cmds[i], line, sizeof line, &len, &err), RK_OK);
+        assert_int_equal(len, strlen(line));
+        assert_true(len >= 2 && line[len - 1] == '\n' && memchr(line, '\n', len - 1) == NULL);
+        rk_hb_cmd back = RK_HB_CMD_NONE;
+        assert_int_equal(rk_hb_cmd_parse(line, len - 1, &back, &err), RK_OK);
+        assert_int_equal(back, cmds[i]);
+        say(c, line);
+        assert_int_equal(poll_ok(h), cmds[i]);
+        /* one byte short of the line and its NUL: refused, nothing written */
+        char small[RK_HB_CMD_LINE_MAX];
+        memset(small, 'x', sizeof small);
+        assert_int_equal(rk_hb_cmd_format(cmds[i], small, len, NULL, &err), RK_EINVAL);
+        assert_int_equal(small[0], '\0');
+        assert_non_null(strstr(err.msg, "does not fit"));
+    }
+    char line[RK_HB_CMD_LINE_MAX] = "x";
+    rk_err err = {0};
+    assert_int_equal(rk_hb_cmd_format(RK_HB_CMD_NONE, line, sizeof line, NULL, &err), RK_EINVAL);
+    assert_int_equal(line[0], '\0');
+    assert_int_equal(rk_hb_cmd_format((rk_hb_cmd)42, line, sizeof line, NULL, &err), RK_EINVAL);
+    assert_int_equal(rk_hb_cmd_format(RK_HB_CMD_STOP, NULL, 8, NULL, &err), RK_EINVAL);
+    rk_hb_close(h);
+    conn_free(c);
+    close(lfd);
+}
+
 /* The supervisor goes: the next send fails with RK_EIO naming the path, the process gets no
  * SIGPIPE (it runs in a child with SIGPIPE at its default action, which would kill it), and
  * every later call is an RK_OK no-op. */
@@ -1280,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_non_finite_loss_is_null_and_finite_numbers_keep_their_bits),
         cmocka_unit_test(test_format_then_parse_gives_the_same_message),
         cmocka_unit_test(test_commands_from_the_supervisor_are_seen_by_poll),
+        cmocka_unit_test(test_formatted_commands_read_back_on_the_worker_side),
         cmocka_unit_test(test_supervisor_gone_makes_sends_fail_once_without_sigpipe),
         cmocka_unit_test(test_poll_returns_a_last_command_before_reporting_the_close),
         cmocka_unit_test(test_alive_sees_a_supervisor_that_closed_without_a_poll),

@@ -80,9 +80,67 @@ static void test_events_in_time_order(void **state)
     rk_ledger_write(&g, i);
     kinds(got, sizeof got);
     assert_string_equal(got, "inject,health_gate,crash,quarantine");
-    assert_int_equal(rk_ledger_summary(&g, NULL, NULL, 10, 1, "failed", &err), RK_OK);
+    rk_sup_report rep = {0};
+    assert_int_equal(rk_ledger_summary(&g, NULL, 10, 1, "failed", &rep, &err), RK_OK);
     kinds(got, sizeof got);
     assert_string_equal(got, "inject,health_gate,crash,quarantine,hang,nan");
+    rk_sup_report_free(&rep);
+    rk_ledger_close(&g);
+}
+
+/* The report has the summary's numbers: incidents by kind in order of first appearance
+ * (injections not counted), the recovery median and maximum, the goodput's steps from the
+ * job's first step; the summary file says the same. */
+static void test_report_counts_incidents_and_recoveries(void **state)
+{
+    (void)state;
+    snprintf(g_path, sizeof g_path, "%s/events.jsonl", g_dir);
+    rk_ledger g;
+    rk_err err = {0};
+    assert_int_equal(rk_ledger_open(&g, NULL, &err), RK_OK);
+    g.first_step = 2;
+    for (int64_t k = 1; k <= 5; k++)
+        rk_ledger_step(&g, k, 0.5);
+    const char *seq[] = {"crash", "inject", "nan", "crash", "hang", "nan", "crash"};
+    const double rec[] = {1.0, -1, 3.0, 2.0, -1, -1, 10.0};
+    for (size_t q = 0; q < sizeof seq / sizeof seq[0]; q++) {
+        rk_incident *i = rk_ledger_add(&g, seq[q], 0, "0", "relaunch", "x");
+        i->recovery_s = rec[q];
+    }
+    g.restarts = 3;
+    g.injected = 1;
+    char sum[700];
+    snprintf(sum, sizeof sum, "%s/summary.json", g_dir);
+    rk_sup_report rep = {0};
+    assert_int_equal(rk_ledger_summary(&g, sum, 5, 2, "finished", &rep, &err), RK_OK);
+    assert_int_equal(rep.summary, 1);
+    assert_string_equal(rep.outcome, "finished");
+    assert_int_equal(rep.steps, 5);
+    assert_int_equal(rep.first_step, 2);
+    assert_int_equal(rep.final_ranks, 2);
+    assert_int_equal(rep.restarts, 3);
+    assert_int_equal(rep.injected, 1);
+    assert_true(rep.productive_s > 1.49 && rep.productive_s < 1.51); /* steps 3..5 */
+    assert_int_equal(rep.nkinds, 3);
+    assert_string_equal(rep.incidents[0].kind, "crash");
+    assert_int_equal(rep.incidents[0].count, 3);
+    assert_string_equal(rep.incidents[1].kind, "nan");
+    assert_int_equal(rep.incidents[1].count, 2);
+    assert_string_equal(rep.incidents[2].kind, "hang");
+    assert_int_equal(rep.incidents[2].count, 1);
+    assert_true(rep.recovery_median_s > 2.49 && rep.recovery_median_s < 2.51);
+    assert_true(rep.recovery_max_s > 9.99 && rep.recovery_max_s < 10.01);
+    FILE *f = fopen(sum, "r");
+    assert_non_null(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(
+        strstr(text, "\"incidents\": {\n    \"crash\": 3,\n    \"nan\": 2,\n    \"hang\": 1\n  }"));
+    assert_non_null(strstr(text, "\"outcome\": \"finished\""));
+    rk_sup_report_free(&rep);
+    assert_null(rep.incidents);
     rk_ledger_close(&g);
 }
 
@@ -90,6 +148,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_events_in_time_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_report_counts_incidents_and_recoveries, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,11 +1,13 @@
 /*
- * Tests for the supervisor's failure classification (src/supervisor/policy.h): each rule on
- * its own and where rules meet. A worker's exit status decides (2 stops with exit 2, 3 is a
- * communication failure and 5 a guard's, without any event), a storage error stops the job
- * and is never a device's, a rank that never said hello is nobody's device, the rank blamed
- * is the one that said it exits or vanished first (not a victim the launcher killed after).
- * And the errno classes a storage error rests on (rk_err_code_errno: RK_ESTORAGE, which rk
- * train turns into exit status 6).
+ * Tests for the supervisor's decisions (src/supervisor/policy.h), each a table of cases: the
+ * classification of a launch's end (a worker's exit status decides: 2 stops as bad usage, 3
+ * is a communication failure and 5 a guard's, without any event; a storage error stops the
+ * job and is never a device's; a rank that never said hello is nobody's device; the rank
+ * blamed is the one that said it exits or vanished first, not a victim the launcher killed
+ * after), the worker's words read into kinds, the quarantine, the shrink onto the devices
+ * left, the relaunch, the drain, a hang's suspects, the teardown of a failing launch and an
+ * interruption's grace. And the errno classes a storage error rests on (rk_err_code_errno:
+ * RK_ESTORAGE, which rk train turns into exit status 6).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,32 +24,10 @@
 #include "rekindle/heartbeat.h"
 #include "supervisor/policy.h"
 
-/* A launch of `ranks` ranks that all said hello, then the launcher exited with `status`. */
-static rk_sup_seen exited(int ranks, int status)
-{
-    rk_sup_seen s;
-    rk_sup_seen_init(&s, ranks);
-    s.hellos = ranks;
-    s.exited = 1;
-    s.status = status;
-    return s;
-}
-
-static rk_sup_verdict judge(const rk_sup_seen *s)
-{
-    rk_sup_verdict v;
-    memset(&v, 0x5a, sizeof v);
-    rk_sup_classify(s, &v);
-    return v;
-}
-
-static void exit_event(rk_sup_seen *s, int rank, const char *kind)
-{
-    snprintf(s->exit_kind, sizeof s->exit_kind, "%s", kind);
-    s->exit_rank = rank;
-    if (strcmp(kind, "storage") == 0)
-        s->storage_rank = rank;
-}
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+/* Rank fields in tables: R(k) is rank k, 0 is none (so that an unset field means none). */
+#define R(k) ((k) + 1)
+#define UNR(x) ((x)-1)
 
 static void test_init_knows_nothing(void **state)
 {
@@ -62,251 +42,573 @@ static void test_init_knows_nothing(void **state)
     assert_int_equal(s.exit_rank, -1);
     assert_int_equal(s.storage_rank, -1);
     assert_int_equal(s.hang_rank, -1);
-    assert_string_equal(s.exit_kind, "");
+    assert_int_equal(s.exit_kind, RK_SUP_KIND_NONE);
 }
 
-static void test_finished(void **state)
+/* ---- kinds --------------------------------------------------------------------------------- */
+
+static void test_worker_words_are_read_into_kinds(void **state)
 {
     (void)state;
-    rk_sup_seen s = exited(3, 0);
-    s.done = 3;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_FINISHED);
-    assert_null(v.kind);
-    assert_int_equal(v.status, 0);
-    /* exit 0, but one rank never said bye "done": not finished */
-    s.done = 2;
-    s.lost_rank = 1;
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_RELAUNCH);
-    assert_string_equal(v.kind, "crash");
-    assert_int_equal(v.rank, 1);
+    static const struct {
+        const char *word;
+        rk_sup_kind kind;
+        int counted; /* as an in-process event */
+    } cases[] = {
+        /* an exit event with these stops the job */
+        {"usage", RK_SUP_KIND_USAGE, 1},
+        {"storage", RK_SUP_KIND_STORAGE, 1},
+        /* the data until proven otherwise: not the device's */
+        {"loss_spike", RK_SUP_KIND_LOSS_SPIKE, 0},
+        {"spike_kept", RK_SUP_KIND_SPIKE_KEPT, 0},
+        {"grad_suspect", RK_SUP_KIND_GRAD_SUSPECT, 0},
+        {"grad_kept", RK_SUP_KIND_GRAD_KEPT, 0},
+        /* any other word is the worker's own, and counts */
+        {"crash", RK_SUP_KIND_OTHER, 1},
+        {"commfail", RK_SUP_KIND_OTHER, 1},
+        {"guard_failed", RK_SUP_KIND_OTHER, 1},
+        {"nan", RK_SUP_KIND_OTHER, 1},
+        {"grad_outlier", RK_SUP_KIND_OTHER, 1},
+        {"sdc", RK_SUP_KIND_OTHER, 1},
+        {"Crash", RK_SUP_KIND_OTHER, 1},
+        {"", RK_SUP_KIND_OTHER, 1},
+        {NULL, RK_SUP_KIND_OTHER, 1},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rk_sup_kind got = rk_sup_kind_of(cases[k].word);
+        if (got != cases[k].kind)
+            fail_msg("case %zu (%s): kind %d, expected %d", k, cases[k].word, got, cases[k].kind);
+        assert_int_equal(rk_sup_kind_counted(got), cases[k].counted);
+        if (got != RK_SUP_KIND_OTHER)
+            assert_string_equal(rk_sup_kind_name(got), cases[k].word);
+    }
+    static const struct {
+        rk_sup_kind kind;
+        const char *name;
+    } names[] = {
+        {RK_SUP_KIND_CRASH, "crash"},
+        {RK_SUP_KIND_HANG, "hang"},
+        {RK_SUP_KIND_COMMFAIL, "commfail"},
+        {RK_SUP_KIND_GUARD_FAILED, "guard_failed"},
+        {RK_SUP_KIND_USAGE, "usage"},
+        {RK_SUP_KIND_STORAGE, "storage"},
+        {RK_SUP_KIND_NEVER_CONNECTED, "never_connected"},
+        {RK_SUP_KIND_LOSS_SPIKE, "loss_spike"},
+    };
+    for (size_t k = 0; k < N_OF(names); k++) {
+        assert_string_equal(rk_sup_kind_name(names[k].kind), names[k].name);
+        assert_true(rk_sup_kind_counted(names[k].kind) ==
+                    (names[k].kind != RK_SUP_KIND_LOSS_SPIKE));
+    }
+    assert_null(rk_sup_kind_name((rk_sup_kind)99));
+    assert_null(rk_sup_kind_name(RK_SUP_KIND_NONE));
+    assert_null(rk_sup_kind_name(RK_SUP_KIND_OTHER));
+    assert_int_equal(rk_sup_kind_counted(RK_SUP_KIND_NONE), 0);
+    assert_true(rk_sup_action_exits("exit"));
+    assert_false(rk_sup_action_exits("redo"));
+    assert_false(rk_sup_action_exits("exits"));
+    assert_false(rk_sup_action_exits(NULL));
 }
 
-/* Exit 2 after hello: stop with exit 2, no relaunch, nothing counted against the device. */
-static void test_usage_after_hello_stops(void **state)
+/* ---- a launch's end ------------------------------------------------------------------------ */
+
+typedef struct classify_case {
+    const char *what;
+    /* seen (rank fields R(k) or 0 for none) */
+    int ranks, hellos, done, exited, status, stop_sent, interrupted, hang, hang_rank, startup, lost,
+        exit_rank, storage;
+    rk_sup_kind exit_kind;
+    /* expected */
+    rk_sup_next next;
+    rk_sup_kind kind;
+    int rank, counted;
+    rk_sup_end end; /* checked unless a relaunch */
+} classify_case;
+
+#define ALL(n) .ranks = (n), .hellos = (n)
+#define EXITED(st) .exited = 1, .status = (st)
+
+static const classify_case k_classify[] = {
+    /* finished */
+    {"every rank done, exit 0", ALL(3), .done = 3, EXITED(0), .next = RK_SUP_FINISHED,
+     .end = RK_SUP_END_FINISHED},
+    {"exit 0 but one rank never said bye done", ALL(3), .done = 2, EXITED(0), .lost = R(1),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
+    {"a stop that found every rank finishing", ALL(3), .done = 3, EXITED(0), .stop_sent = 1,
+     .next = RK_SUP_FINISHED, .end = RK_SUP_END_FINISHED},
+    /* usage: stop, exit 2, nothing counted */
+    {"exit 2 after hello", ALL(2), EXITED(RK_EXIT_USAGE), .lost = R(1), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_USAGE, .rank = R(1), .end = RK_SUP_END_USAGE},
+    {"the launcher reports a killed rank's status, the rank said usage", ALL(2), EXITED(128 + 9),
+     .exit_kind = RK_SUP_KIND_USAGE, .exit_rank = R(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_USAGE, .rank = R(0), .end = RK_SUP_END_USAGE},
+    {"exit 2 before any hello", .ranks = 2, EXITED(RK_EXIT_USAGE), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_USAGE, .end = RK_SUP_END_USAGE},
+    /* storage: stop, never counted */
+    {"rank 0 said storage; rank 1 exited first with 1", ALL(2), EXITED(RK_EXIT_FAIL), .lost = R(1),
+     .exit_kind = RK_SUP_KIND_STORAGE, .exit_rank = R(0), .storage = R(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_STORAGE, .rank = R(0), .end = RK_SUP_END_STORAGE},
+    {"exit 6 alone", ALL(2), EXITED(RK_EXIT_STORAGE), .lost = R(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_STORAGE, .rank = R(0), .end = RK_SUP_END_STORAGE},
+    {"exit 6 during a stop (a drain's checkpoint fills the disk)", ALL(2), EXITED(RK_EXIT_STORAGE),
+     .stop_sent = 1, .next = RK_SUP_STOP, .kind = RK_SUP_KIND_STORAGE, .end = RK_SUP_END_STORAGE},
+    {"torn down before the launcher exited: the event is enough", ALL(4),
+     .exit_kind = RK_SUP_KIND_STORAGE, .exit_rank = R(0), .storage = R(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_STORAGE, .rank = R(0), .end = RK_SUP_END_STORAGE},
+    {"a storage event after another exit event", ALL(2), EXITED(RK_EXIT_COMM),
+     .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(1), .storage = R(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_STORAGE, .rank = R(0), .end = RK_SUP_END_STORAGE},
+    {"storage beats usage", ALL(2), EXITED(RK_EXIT_USAGE), .storage = R(1), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_STORAGE, .rank = R(1), .end = RK_SUP_END_STORAGE},
+    /* the exit status alone */
+    {"exit 3", ALL(4), EXITED(RK_EXIT_COMM), .lost = R(3), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_COMMFAIL, .rank = R(3), .counted = 1},
+    {"exit 5", ALL(4), EXITED(RK_EXIT_GUARD), .lost = R(3), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_GUARD_FAILED, .rank = R(3), .counted = 1},
+    {"exit 1", ALL(4), EXITED(RK_EXIT_FAIL), .lost = R(3), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_CRASH, .rank = R(3), .counted = 1},
+    {"killed by SIGKILL", ALL(4), EXITED(128 + 9), .lost = R(3), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_CRASH, .rank = R(3), .counted = 1},
+    /* blame */
+    {"the rank that said it exits, not the first lost", ALL(4), EXITED(RK_EXIT_COMM), .lost = R(0),
+     .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(2), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_COMMFAIL, .rank = R(2), .counted = 1},
+    {"an exit event, a status that says nothing more: the event's kind", ALL(4), EXITED(128 + 15),
+     .exit_kind = RK_SUP_KIND_GUARD_FAILED, .exit_rank = R(1), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_GUARD_FAILED, .rank = R(1), .counted = 1},
+    {"an exit event with the worker's own word", ALL(4), EXITED(RK_EXIT_FAIL),
+     .exit_kind = RK_SUP_KIND_OTHER, .exit_rank = R(3), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_OTHER, .rank = R(3), .counted = 1},
+    {"nobody identified: nothing counted", ALL(4), EXITED(RK_EXIT_FAIL), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_CRASH},
+    {"torn down after a rank vanished", ALL(2), .lost = R(1), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
+    /* never connected: nobody's device */
+    {"startup timeout", .ranks = 2, .hellos = 1, .startup = 1, .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    {"the launcher exited before every hello; the rank lost is a victim", .ranks = 2, .hellos = 1,
+     EXITED(RK_EXIT_FAIL), .lost = R(0), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    {"exit 0 without a hello (rk run -- true)", .ranks = 1, EXITED(0), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    {"a rank said it exits before the others connected: its failure", .ranks = 2, .hellos = 1,
+     EXITED(RK_EXIT_COMM), .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(0),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_COMMFAIL, .rank = R(0), .counted = 1},
+    /* hang */
+    {"a hang of rank 2", ALL(4), .hang = 1, .hang_rank = R(2), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_HANG, .rank = R(2), .counted = 1},
+    {"all equally stuck: nobody's", ALL(4), .hang = 1, .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_HANG},
+    {"a hang before every hello is still a hang", .ranks = 4, .hellos = 3, .hang = 1,
+     .hang_rank = R(1), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_HANG, .rank = R(1),
+     .counted = 1},
+    /* a stop the supervisor sent (drain, shrink), obeyed: relaunch, no incident */
+    {"stopped on command, exit 4", ALL(3), EXITED(RK_EXIT_STOPPED), .stop_sent = 1,
+     .next = RK_SUP_RELAUNCH},
+    {"stopped on command, exit 0", ALL(3), EXITED(0), .stop_sent = 1, .next = RK_SUP_RELAUNCH},
+    {"a stop, then a rank was killed: a crash after all", ALL(3), EXITED(128 + 9), .stop_sent = 1,
+     .lost = R(2), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(2), .counted = 1},
+    {"a stop, and a rank said it exits with a failure", ALL(3), EXITED(RK_EXIT_STOPPED),
+     .stop_sent = 1, .exit_kind = RK_SUP_KIND_GUARD_FAILED, .exit_rank = R(0),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_GUARD_FAILED, .rank = R(0), .counted = 1},
+    /* interrupted beats everything */
+    {"interrupted after a stop", ALL(2), EXITED(RK_EXIT_STOPPED), .stop_sent = 1, .interrupted = 1,
+     .next = RK_SUP_INTERRUPTED, .end = RK_SUP_END_INTERRUPTED},
+    {"interrupted with a rank lost", ALL(2), EXITED(RK_EXIT_FAIL), .lost = R(1), .interrupted = 1,
+     .next = RK_SUP_INTERRUPTED, .end = RK_SUP_END_INTERRUPTED},
+    {"interrupted with a storage error", ALL(2), EXITED(RK_EXIT_STORAGE), .interrupted = 1,
+     .next = RK_SUP_INTERRUPTED, .end = RK_SUP_END_INTERRUPTED},
+};
+
+static void test_classify(void **state)
 {
     (void)state;
-    rk_sup_seen s = exited(2, RK_EXIT_USAGE);
-    s.lost_rank = 1;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_int_equal(v.status, 2);
-    assert_string_equal(v.kind, "usage");
-    assert_int_equal(v.rank, 1);
-    assert_false(v.counted);
-    /* the launcher reports a killed rank's status (srun: the highest), the rank said usage */
-    s = exited(2, 128 + 9);
-    exit_event(&s, 0, "usage");
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_int_equal(v.status, 2);
-    assert_string_equal(v.kind, "usage");
-    assert_int_equal(v.rank, 0);
-    assert_false(v.counted);
-    /* before any hello, the same */
-    s = exited(2, RK_EXIT_USAGE);
-    s.hellos = 0;
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_int_equal(v.status, 2);
-    assert_false(v.counted);
+    for (size_t k = 0; k < N_OF(k_classify); k++) {
+        const classify_case *c = &k_classify[k];
+        rk_sup_seen s;
+        rk_sup_seen_init(&s, c->ranks);
+        s.hellos = c->hellos;
+        s.done = c->done;
+        s.exited = c->exited;
+        s.status = c->status;
+        s.stop_sent = c->stop_sent;
+        s.interrupted = c->interrupted;
+        s.hang = c->hang;
+        s.hang_rank = UNR(c->hang_rank);
+        s.startup_timeout = c->startup;
+        s.lost_rank = UNR(c->lost);
+        s.exit_kind = c->exit_kind;
+        s.exit_rank = UNR(c->exit_rank);
+        s.storage_rank = UNR(c->storage);
+        rk_sup_verdict v;
+        memset(&v, 0x5a, sizeof v);
+        rk_sup_classify(&s, &v);
+        if (v.next != c->next || v.kind != c->kind || v.rank != UNR(c->rank) ||
+            v.counted != c->counted || (c->next != RK_SUP_RELAUNCH && v.end != c->end) || !v.why ||
+            !v.why[0])
+            fail_msg("case %zu (%s): next %d kind %d rank %d counted %d end %d; expected "
+                     "next %d kind %d rank %d counted %d end %d",
+                     k, c->what, v.next, v.kind, v.rank, v.counted, v.end, c->next, c->kind,
+                     UNR(c->rank), c->counted, c->end);
+    }
 }
 
-/* A storage error stops the job (exit 1) and is never counted, whichever rank's exit status
- * the launcher reports and whatever else was going on. */
-static void test_storage_stops_uncounted(void **state)
+/* ---- devices ------------------------------------------------------------------------------- */
+
+/* Failures counted one by one: the one that reaches the threshold quarantines, once. */
+static void test_quarantine(void **state)
 {
     (void)state;
-    /* rank 0 said so; rank 1 exited first with 1 and the launcher reported that */
-    rk_sup_seen s = exited(2, RK_EXIT_FAIL);
-    s.lost_rank = 1;
-    exit_event(&s, 0, "storage");
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_int_equal(v.status, 1);
-    assert_string_equal(v.kind, "storage");
-    assert_int_equal(v.rank, 0);
-    assert_false(v.counted);
-    /* the exit status alone (a worker that sends no event) */
-    s = exited(2, RK_EXIT_STORAGE);
-    s.lost_rank = 0;
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_string_equal(v.kind, "storage");
-    assert_false(v.counted);
-    /* during a stop (a drain's checkpoint fills the disk) */
-    s = exited(2, RK_EXIT_STORAGE);
-    s.stop_sent = 1;
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_string_equal(v.kind, "storage");
-    /* torn down before the launcher exited: the event is enough */
-    rk_sup_seen_init(&s, 4);
-    s.hellos = 4;
-    exit_event(&s, 0, "storage");
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_STOP);
-    assert_false(v.counted);
-    /* a storage event after another exit event still stops */
-    s = exited(2, RK_EXIT_COMM);
-    exit_event(&s, 1, "commfail");
-    s.storage_rank = 0;
-    v = judge(&s);
-    assert_string_equal(v.kind, "storage");
-    assert_int_equal(v.rank, 0);
+    static const struct {
+        int threshold, failures;
+        int quarantines_at; /* the failure (1-based) that quarantines; 0 none */
+    } cases[] = {
+        {2, 1, 0}, {2, 2, 2}, {2, 5, 2}, {1, 1, 1}, {1, 3, 1},
+        {3, 2, 0}, {3, 4, 3}, {0, 2, 1}, /* a threshold of 0 sets aside at the first failure */
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rk_sup_dev d = {0};
+        for (int f = 1; f <= cases[k].failures; f++) {
+            int q = rk_sup_count_failure(&d, cases[k].threshold);
+            if (q != (f == cases[k].quarantines_at))
+                fail_msg("case %zu: failure %d quarantines %d", k, f, q);
+        }
+        assert_int_equal(d.fails, cases[k].failures);
+        assert_int_equal(d.quarantined, cases[k].quarantines_at > 0);
+    }
+    static const struct {
+        int failing, stop_sent, shrink;
+    } shrink[] = {{0, 0, 1}, {1, 0, 0}, {0, 1, 0}, {1, 1, 0}};
+    for (size_t k = 0; k < N_OF(shrink); k++)
+        assert_int_equal(rk_sup_shrink_now(shrink[k].failing, shrink[k].stop_sent),
+                         shrink[k].shrink);
 }
 
-/* Exit 3 and 5 are classified from the status alone: no exit event needed. */
-static void test_status_alone_classifies(void **state)
+#define OK_DEV                                                                                     \
+    {                                                                                              \
+        .score = 100, .prob = -1                                                                   \
+    }
+#define MAXD 6
+
+typedef struct pick_case {
+    const char *what;
+    int ndev, want, predictor;
+    rk_sup_health h[MAXD];
+    rk_sup_dev st[MAXD];
+    /* expected */
+    int picked;
+    int dev[MAXD];
+    rk_sup_why why[MAXD];
+    int held[MAXD];
+} pick_case;
+
+static const pick_case k_pick[] = {
+    {"all sound: the first want",
+     4,
+     2,
+     0,
+     {OK_DEV, OK_DEV, OK_DEV, OK_DEV},
+     {{0}},
+     2,
+     {0, 1},
+     {RK_SUP_IN, RK_SUP_IN, RK_SUP_NOT_NEEDED, RK_SUP_NOT_NEEDED},
+     {0}},
+    {"a quarantined and a drained device are skipped for spares",
+     4,
+     2,
+     0,
+     {OK_DEV, OK_DEV, OK_DEV, OK_DEV},
+     {{.quarantined = 1}, {.drained = 1}},
+     2,
+     {2, 3},
+     {RK_SUP_OUT_QUARANTINED, RK_SUP_OUT_DRAINED, RK_SUP_IN, RK_SUP_IN},
+     {0}},
+    {"the shrink: fewer devices left than wanted",
+     3,
+     3,
+     0,
+     {OK_DEV, OK_DEV, OK_DEV},
+     {{0}, {.quarantined = 1}},
+     2,
+     {0, 2},
+     {RK_SUP_IN, RK_SUP_OUT_QUARANTINED, RK_SUP_IN},
+     {0}},
+    {"a lost GPU is out whatever its score, and held",
+     3,
+     2,
+     0,
+     {{.lost = 1, .score = 100, .prob = -1}, OK_DEV, OK_DEV},
+     {{0}},
+     2,
+     {1, 2},
+     {RK_SUP_OUT_LOST, RK_SUP_IN, RK_SUP_IN},
+     {1, 0, 0}},
+    {"below the threshold: out and held",
+     3,
+     2,
+     0,
+     {{.score = 49, .prob = -1}, OK_DEV, OK_DEV},
+     {{0}},
+     2,
+     {1, 2},
+     {RK_SUP_OUT_SCORE, RK_SUP_IN, RK_SUP_IN},
+     {1, 0, 0}},
+    {"at the threshold: in",
+     2,
+     2,
+     0,
+     {{.score = 50, .prob = -1}, OK_DEV},
+     {{0}},
+     2,
+     {0, 1},
+     {RK_SUP_IN, RK_SUP_IN},
+     {0}},
+    {"held before: back only with the margin",
+     3,
+     2,
+     0,
+     {{.score = 59, .prob = -1}, {.score = 60, .prob = -1}, OK_DEV},
+     {{.held = 1}, {.held = 1}},
+     2,
+     {1, 2},
+     {RK_SUP_OUT_SCORE, RK_SUP_IN, RK_SUP_IN},
+     {1, 0, 0}},
+    {"the predictor's probability leaves a device out",
+     3,
+     2,
+     1,
+     {{.score = 100, .prob = 0.9}, {.score = 100, .prob = 0.49}, OK_DEV},
+     {{0}},
+     2,
+     {1, 2},
+     {RK_SUP_OUT_PREDICTED, RK_SUP_IN, RK_SUP_IN},
+     {1, 0, 0}},
+    {"at the drain probability: out",
+     2,
+     1,
+     1,
+     {{.score = 100, .prob = 0.5}, OK_DEV},
+     {{0}},
+     1,
+     {1},
+     {RK_SUP_OUT_PREDICTED, RK_SUP_IN},
+     {1, 0}},
+    {"without a predictor the probability is not read",
+     2,
+     2,
+     0,
+     {{.score = 100, .prob = 0.9}, OK_DEV},
+     {{0}},
+     2,
+     {0, 1},
+     {RK_SUP_IN, RK_SUP_IN},
+     {0}},
+    {"a device not looked at keeps its held",
+     3,
+     1,
+     0,
+     {OK_DEV, OK_DEV, OK_DEV},
+     {{0}, {0}, {.held = 1}},
+     1,
+     {0},
+     {RK_SUP_IN, RK_SUP_NOT_NEEDED, RK_SUP_NOT_NEEDED},
+     {0, 0, 1}},
+    {"none left",
+     2,
+     2,
+     0,
+     {{.score = 10, .prob = -1}, {.lost = 1, .score = 0, .prob = -1}},
+     {{0}},
+     0,
+     {0},
+     {RK_SUP_OUT_SCORE, RK_SUP_OUT_LOST},
+     {1, 1}},
+};
+
+static void test_pick_devices(void **state)
 {
     (void)state;
-    rk_sup_seen s = exited(4, RK_EXIT_COMM);
-    s.lost_rank = 3;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_RELAUNCH);
-    assert_string_equal(v.kind, "commfail");
-    assert_int_equal(v.rank, 3);
-    assert_true(v.counted);
-    s.status = RK_EXIT_GUARD;
-    v = judge(&s);
-    assert_string_equal(v.kind, "guard_failed");
-    assert_int_equal(v.rank, 3);
-    assert_true(v.counted);
-    s.status = RK_EXIT_FAIL;
-    v = judge(&s);
-    assert_string_equal(v.kind, "crash");
-    s.status = 128 + 9;
-    v = judge(&s);
-    assert_string_equal(v.kind, "crash");
-    assert_true(v.counted);
+    for (size_t k = 0; k < N_OF(k_pick); k++) {
+        const pick_case *c = &k_pick[k];
+        rk_sup_rules r = {
+            .threshold = 50, .margin = 10, .predictor = c->predictor, .drain_probability = 0.5};
+        rk_sup_dev st[MAXD];
+        memcpy(st, c->st, sizeof st);
+        int dev[MAXD] = {0};
+        rk_sup_pick pick[MAXD];
+        int n = rk_sup_pick_devices(&r, c->ndev, c->h, st, c->want, dev, pick);
+        if (n != c->picked)
+            fail_msg("case %zu (%s): picked %d, expected %d", k, c->what, n, c->picked);
+        for (int i = 0; i < n; i++)
+            if (dev[i] != c->dev[i])
+                fail_msg("case %zu (%s): dev[%d] = %d, expected %d", k, c->what, i, dev[i],
+                         c->dev[i]);
+        for (int d = 0; d < c->ndev; d++)
+            if (pick[d].why != c->why[d] || st[d].held != c->held[d])
+                fail_msg("case %zu (%s): device %d why %d held %d, expected %d %d", k, c->what, d,
+                         pick[d].why, st[d].held, c->why[d], c->held[d]);
+    }
+    /* the score a held device needed is said */
+    rk_sup_rules r = {.threshold = 50, .margin = 10};
+    rk_sup_health h[1] = {{.score = 55, .prob = -1}};
+    rk_sup_dev st[1] = {{.held = 1}};
+    int dev[1];
+    rk_sup_pick pick[1];
+    assert_int_equal(rk_sup_pick_devices(&r, 1, h, st, 1, dev, pick), 0);
+    assert_true(pick[0].need > 59.9 && pick[0].need < 60.1);
 }
 
-/* The rank blamed: the one that said it exits, else the first one lost. */
-static void test_blame(void **state)
+static void test_relaunch(void **state)
 {
     (void)state;
-    rk_sup_seen s = exited(4, RK_EXIT_COMM);
-    s.lost_rank = 0;
-    exit_event(&s, 2, "commfail");
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.rank, 2);
-    /* an exit event of another kind, a status that says nothing more: the event's kind */
-    s = exited(4, 128 + 15);
-    exit_event(&s, 1, "guard_failed");
-    v = judge(&s);
-    assert_string_equal(v.kind, "guard_failed");
-    assert_int_equal(v.rank, 1);
-    /* nobody identified: nothing counted */
-    s = exited(4, RK_EXIT_FAIL);
-    v = judge(&s);
-    assert_string_equal(v.kind, "crash");
-    assert_int_equal(v.rank, -1);
-    assert_false(v.counted);
-    /* torn down (the launcher did not exit in time) after a rank vanished */
-    rk_sup_seen_init(&s, 2);
-    s.hellos = 2;
-    s.lost_rank = 1;
-    v = judge(&s);
-    assert_string_equal(v.kind, "crash");
-    assert_int_equal(v.rank, 1);
-    assert_true(v.counted);
+    static const struct {
+        int restarts, max, picked, min;
+        rk_sup_next next;
+        rk_sup_end end;
+    } cases[] = {
+        {0, 10, -1, 1, RK_SUP_RELAUNCH, 0},
+        {9, 10, -1, 1, RK_SUP_RELAUNCH, 0},
+        {10, 10, -1, 1, RK_SUP_STOP, RK_SUP_END_OUT_OF_RESTARTS},
+        {0, 0, -1, 1, RK_SUP_STOP, RK_SUP_END_OUT_OF_RESTARTS},
+        {10, 10, 4, 1, RK_SUP_STOP, RK_SUP_END_OUT_OF_RESTARTS}, /* restarts first */
+        {2, 10, 4, 4, RK_SUP_RELAUNCH, 0},
+        {2, 10, 3, 4, RK_SUP_STOP, RK_SUP_END_TOO_FEW_DEVICES}, /* below --min-ranks */
+        {2, 10, 1, 1, RK_SUP_RELAUNCH, 0},
+        {2, 10, 0, 1, RK_SUP_STOP, RK_SUP_END_TOO_FEW_DEVICES},
+        {2, 10, 0, 0, RK_SUP_STOP, RK_SUP_END_TOO_FEW_DEVICES}, /* never on no devices */
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rk_sup_end end = (rk_sup_end)-1;
+        rk_sup_next next =
+            rk_sup_relaunch(cases[k].restarts, cases[k].max, cases[k].picked, cases[k].min, &end);
+        if (next != cases[k].next || (next == RK_SUP_STOP && end != cases[k].end))
+            fail_msg("case %zu: next %d end %d", k, next, end);
+    }
 }
 
-/* A worker that never said hello is "never connected", not a hang, and nobody's device. */
-static void test_never_connected(void **state)
+/* ---- during a launch ----------------------------------------------------------------------- */
+
+static void test_gate_due(void **state)
 {
     (void)state;
-    rk_sup_seen s;
-    rk_sup_seen_init(&s, 2);
-    s.hellos = 1;
-    s.startup_timeout = 1;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_RELAUNCH);
-    assert_string_equal(v.kind, "never_connected");
-    assert_int_equal(v.rank, -1);
-    assert_false(v.counted);
-    /* the launcher exited before every rank said hello (`rk run -- false`); the rank that
-     * did connect and was lost is the launcher's victim, not the culprit */
-    s = exited(2, RK_EXIT_FAIL);
-    s.hellos = 1;
-    s.lost_rank = 0;
-    v = judge(&s);
-    assert_string_equal(v.kind, "never_connected");
-    assert_false(v.counted);
-    s = exited(1, 0);
-    s.hellos = 0;
-    v = judge(&s);
-    assert_string_equal(v.kind, "never_connected");
-    /* a rank that said it exits with a failure before the others connected: its failure */
-    s = exited(2, RK_EXIT_COMM);
-    s.hellos = 1;
-    exit_event(&s, 0, "commfail");
-    v = judge(&s);
-    assert_string_equal(v.kind, "commfail");
-    assert_int_equal(v.rank, 0);
+    static const struct {
+        int gate, failing, stop_sent, hellos, ranks;
+        double now, last, interval;
+        int due;
+    } cases[] = {
+        {1, 0, 0, 4, 4, 10.0, 5.0, 5.0, 1},  {1, 0, 0, 4, 4, 9.9, 5.0, 5.0, 0},
+        {0, 0, 0, 4, 4, 10.0, 0.0, 5.0, 0},  {1, 1, 0, 4, 4, 10.0, 0.0, 5.0, 0},
+        {1, 0, 1, 4, 4, 10.0, 0.0, 5.0, 0},  {1, 0, 0, 3, 4, 10.0, 0.0, 5.0, 0},
+        {1, 0, 0, 4, 4, 10.0, 10.0, 0.0, 1},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++)
+        if (rk_sup_gate_due(cases[k].gate, cases[k].failing, cases[k].stop_sent, cases[k].hellos,
+                            cases[k].ranks, cases[k].now, cases[k].last,
+                            cases[k].interval) != cases[k].due)
+            fail_msg("case %zu", k);
 }
 
-static void test_hang(void **state)
+static void test_drain_rank(void **state)
 {
     (void)state;
-    rk_sup_seen s;
-    rk_sup_seen_init(&s, 4);
-    s.hellos = 4;
-    s.hang = 1;
-    s.hang_rank = 2;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_RELAUNCH);
-    assert_string_equal(v.kind, "hang");
-    assert_int_equal(v.rank, 2);
-    assert_true(v.counted);
-    s.hang_rank = -1; /* all equally stuck: nobody's */
-    v = judge(&s);
-    assert_string_equal(v.kind, "hang");
-    assert_false(v.counted);
+    static const struct {
+        int n, predictor;
+        rk_sup_health h[4];
+        int rank;
+        rk_sup_why why;
+    } cases[] = {
+        {3, 1, {OK_DEV, OK_DEV, OK_DEV}, -1, RK_SUP_IN},
+        {3, 0, {OK_DEV, {.score = 49, .prob = -1}, OK_DEV}, 1, RK_SUP_OUT_SCORE},
+        {3, 0, {OK_DEV, {.score = 50, .prob = -1}, OK_DEV}, -1, RK_SUP_IN},
+        /* the predictor first, whatever the ranks' order */
+        {3,
+         1,
+         {{.score = 10, .prob = -1}, OK_DEV, {.score = 100, .prob = 0.7}},
+         2,
+         RK_SUP_OUT_PREDICTED},
+        {2, 1, {{.score = 100, .prob = 0.5}, OK_DEV}, 0, RK_SUP_OUT_PREDICTED},
+        {2, 0, {{.score = 100, .prob = 0.9}, OK_DEV}, -1, RK_SUP_IN},
+        {3, 0, {{.score = 20, .prob = -1}, OK_DEV, {.score = 10, .prob = -1}}, 0, RK_SUP_OUT_SCORE},
+        /* a fatal reading is delivered as the failure would be, not drained */
+        {1, 0, {{.fatal = 1, .score = 100, .prob = -1}}, -1, RK_SUP_IN},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rk_sup_rules r = {.threshold = 50,
+                          .margin = 10,
+                          .predictor = cases[k].predictor,
+                          .drain_probability = 0.5};
+        rk_sup_why why = (rk_sup_why)-1;
+        int got = rk_sup_drain_rank(&r, cases[k].n, cases[k].h, &why);
+        if (got != cases[k].rank || why != cases[k].why)
+            fail_msg("case %zu: rank %d why %d", k, got, why);
+    }
 }
 
-/* A stop the supervisor sent (drain, shrink) that the ranks obeyed: relaunch, no incident. */
-static void test_clean_stop(void **state)
+static void test_stuck_ranks(void **state)
 {
     (void)state;
-    rk_sup_seen s = exited(3, RK_EXIT_STOPPED);
-    s.stop_sent = 1;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_RELAUNCH);
-    assert_null(v.kind);
-    assert_false(v.counted);
-    s.status = 0;
-    v = judge(&s);
-    assert_null(v.kind);
-    /* a stop, and then a rank was killed: a crash after all */
-    s.status = 128 + 9;
-    s.lost_rank = 2;
-    v = judge(&s);
-    assert_string_equal(v.kind, "crash");
-    assert_int_equal(v.rank, 2);
-    /* a stop that found every rank finishing: finished */
-    s = exited(3, 0);
-    s.stop_sent = 1;
-    s.done = 3;
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_FINISHED);
+    static const struct {
+        int n;
+        int64_t progress[4]; /* -1: no connection */
+        int count, first;
+        int stuck[4];
+    } cases[] = {
+        {4, {10, 10, 9, 10}, 1, 2, {0, 0, 1, 0}},   /* one behind: the others wait for it */
+        {4, {11, 10, 10, 11}, 2, 1, {0, 1, 1, 0}},  /* in the collective is ahead */
+        {4, {10, 10, 10, 10}, 0, -1, {0, 0, 0, 0}}, /* all equal: nobody in particular */
+        {3, {-1, 4, 4}, 1, 0, {1, 0, 0}},           /* no hello */
+        {3, {-1, 4, 2}, 2, 0, {1, 0, 1}},
+        {2, {-1, -1}, 2, 0, {1, 1}},
+        {1, {0}, 0, -1, {0}},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        int stuck[4] = {0}, first = 7;
+        int count = rk_sup_stuck_ranks(cases[k].n, cases[k].progress, stuck, &first);
+        if (count != cases[k].count || first != cases[k].first)
+            fail_msg("case %zu: %d stuck, first %d", k, count, first);
+        for (int r = 0; r < cases[k].n; r++)
+            if (stuck[r] != cases[k].stuck[r])
+                fail_msg("case %zu: rank %d stuck %d", k, r, stuck[r]);
+    }
 }
 
-static void test_interrupted(void **state)
+static void test_teardown_due(void **state)
 {
     (void)state;
-    rk_sup_seen s = exited(2, RK_EXIT_STOPPED);
-    s.stop_sent = 1;
-    s.interrupted = 1;
-    rk_sup_verdict v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_INTERRUPTED);
-    assert_int_equal(v.status, 130);
-    assert_null(v.kind);
-    s.status = RK_EXIT_FAIL;
-    s.lost_rank = 1;
-    v = judge(&s);
-    assert_int_equal(v.next, RK_SUP_INTERRUPTED);
+    static const struct {
+        int hang, startup;
+        double now, since;
+        int due;
+    } cases[] = {
+        {1, 0, 1.0, 1.0, 1}, {0, 1, 1.0, 1.0, 1}, {0, 0, 5.0, 1.0, 0},
+        {0, 0, 6.0, 1.0, 0}, {0, 0, 6.1, 1.0, 1},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++)
+        if (rk_sup_teardown_due(cases[k].hang, cases[k].startup, cases[k].now, cases[k].since,
+                                5.0) != cases[k].due)
+            fail_msg("case %zu", k);
+}
+
+static void test_interrupt(void **state)
+{
+    (void)state;
+    static const struct {
+        int signals, stop_sent;
+        double now, since, grace;
+        rk_sup_intr what;
+    } cases[] = {
+        {0, 0, 10, 0, 30, RK_SUP_INTR_NONE},      {1, 0, 0, 0, 30, RK_SUP_INTR_SEND_STOP},
+        {1, 1, 10, 0, 30, RK_SUP_INTR_NONE},      /* waiting for the ranks */
+        {1, 1, 30, 0, 30, RK_SUP_INTR_TEAR_DOWN}, /* the grace ran out */
+        {2, 1, 1, 0, 30, RK_SUP_INTR_AGAIN},      /* a second signal */
+        {2, 0, 0, 0, 30, RK_SUP_INTR_SEND_STOP},  /* the stop goes out first */
+        {1, 0, 0, 0, 0, RK_SUP_INTR_TEAR_DOWN},   /* --stop-grace 0: at once, no stop */
+        {1, 1, 0, 0, 0, RK_SUP_INTR_TEAR_DOWN},   /* a drain's stop was out already */
+    };
+    for (size_t k = 0; k < N_OF(cases); k++)
+        if (rk_sup_interrupt(cases[k].signals, cases[k].stop_sent, cases[k].now, cases[k].since,
+                             cases[k].grace) != cases[k].what)
+            fail_msg("case %zu", k);
 }
 
 /* The storage refusals are RK_ESTORAGE; other failures keep their codes. */
@@ -329,15 +631,16 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_knows_nothing),
-        cmocka_unit_test(test_finished),
-        cmocka_unit_test(test_usage_after_hello_stops),
-        cmocka_unit_test(test_storage_stops_uncounted),
-        cmocka_unit_test(test_status_alone_classifies),
-        cmocka_unit_test(test_blame),
-        cmocka_unit_test(test_never_connected),
-        cmocka_unit_test(test_hang),
-        cmocka_unit_test(test_clean_stop),
-        cmocka_unit_test(test_interrupted),
+        cmocka_unit_test(test_worker_words_are_read_into_kinds),
+        cmocka_unit_test(test_classify),
+        cmocka_unit_test(test_quarantine),
+        cmocka_unit_test(test_pick_devices),
+        cmocka_unit_test(test_relaunch),
+        cmocka_unit_test(test_gate_due),
+        cmocka_unit_test(test_drain_rank),
+        cmocka_unit_test(test_stuck_ranks),
+        cmocka_unit_test(test_teardown_due),
+        cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_storage_errnos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,7 +9,8 @@
  * unknown "type" or "cmd" values are errors.
  *
  *   worker -> supervisor ("type"): hello step comm event ckpt inject bye
- *   supervisor -> worker ("cmd"):  stop (checkpoint: parsed, never sent by rk run)
+ *   supervisor -> worker ("cmd"):  stop (checkpoint: parsed, never sent by rk run);
+ *                                  rk_hb_cmd_format writes them
  *
  * Client (worker side). rk_hb_open connects and sends hello; with RK_HEARTBEAT unset (or
  * empty) there is no supervisor: the handle is NULL and every other call is a no-op on NULL.
@@ -41,6 +42,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -125,6 +127,13 @@ typedef enum { RK_HB_CMD_NONE, RK_HB_CMD_CHECKPOINT, RK_HB_CMD_STOP } rk_hb_cmd;
 /* Parse one supervisor line ({"cmd":"checkpoint"} or {"cmd":"stop"}; other fields ignored).
  * RK_EFORMAT naming the field otherwise. */
 int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err);
+
+/* The line for `cmd` ({"cmd":"stop"} or {"cmd":"checkpoint"}), newline included,
+ * NUL-terminated, into line[cap] (RK_HB_CMD_LINE_MAX always suffices); its length without the
+ * NUL to *len (may be NULL). What this writes, rk_hb_cmd_parse reads back as `cmd`. RK_EINVAL
+ * for RK_HB_CMD_NONE or a value outside the enum (line[0] = '\0'), or if cap is too small. */
+#define RK_HB_CMD_LINE_MAX 32
+RK_API int rk_hb_cmd_format(rk_hb_cmd cmd, char *line, size_t cap, size_t *len, rk_err *err);
 
 /* ---- line splitter ---------------------------------------------------------------------- */
 

@@ -559,6 +559,29 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
     return RK_OK;
 }
 
+int rk_hb_cmd_format(rk_hb_cmd cmd, char *line, size_t cap, size_t *len, rk_err *err)
+{
+    if (!line || cap == 0)
+        return rk_err_set_line(err, RK_EINVAL, CMD "no room to write it");
+    line[0] = '\0';
+    const char *name = cmd == RK_HB_CMD_STOP         ? "stop"
+                       : cmd == RK_HB_CMD_CHECKPOINT ? "checkpoint"
+                                                     : NULL;
+    if (!name)
+        return rk_err_set_line(err, RK_EINVAL, CMD "no command to write (%d)", (int)cmd);
+    outbuf o = {line, cap, 0, false};
+    put(&o, "{\"cmd\":\"%s\"}\n", name);
+    if (o.over) {
+        line[0] = '\0';
+        return rk_err_set_line(err, RK_EINVAL, CMD "a %s line does not fit in %zu bytes", name,
+                               cap);
+    }
+    if (len)
+        *len = o.n;
+    rk_err_clear(err);
+    return RK_OK;
+}
+
 /* ---- line splitter ---------------------------------------------------------------------- */
 
 int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,

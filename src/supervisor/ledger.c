@@ -14,19 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "rekindle/fileio.h"
-
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
 {
     memset(g, 0, sizeof *g);
-    g->t0 = mono();
+    g->t0 = rk_mono_s();
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     g->wall0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -47,11 +41,11 @@ void rk_ledger_close(rk_ledger *g)
 
 double rk_ledger_now(const rk_ledger *g)
 {
-    return mono() - g->t0;
+    return rk_mono_s() - g->t0;
 }
 
-rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
-                           const char *action, const char *fmt, ...)
+rk_incident *rk_ledger_addv(rk_ledger *g, const char *kind, int rank, const char *device,
+                            const char *action, const char *fmt, va_list ap)
 {
     if (g->ninc == g->cap) {
         size_t cap = g->cap ? 2 * g->cap : 64;
@@ -70,9 +64,16 @@ rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char 
     snprintf(i->action, sizeof i->action, "%s", action);
     i->lost_steps = -1;
     i->recovery_s = -1;
+    vsnprintf(i->detail, sizeof i->detail, fmt, ap);
+    return i;
+}
+
+rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
+                           const char *action, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(i->detail, sizeof i->detail, fmt, ap);
+    rk_incident *i = rk_ledger_addv(g, kind, rank, device, action, fmt, ap);
     va_end(ap);
     return i;
 }
@@ -184,8 +185,30 @@ static int is_incident(const rk_incident *i)
     return strcmp(i->kind, "inject") != 0;
 }
 
-int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_step,
-                      int final_ranks, const char *outcome, rk_err *err)
+/* One more incident of `kind` in rep's counts (in order of first appearance). */
+static int count_kind(rk_sup_report *rep, size_t *cap, const char *kind)
+{
+    for (size_t q = 0; q < rep->nkinds; q++)
+        if (strcmp(rep->incidents[q].kind, kind) == 0) {
+            rep->incidents[q].count++;
+            return RK_OK;
+        }
+    if (rep->nkinds == *cap) {
+        size_t n = *cap ? 2 * *cap : 16;
+        rk_sup_count *p = realloc(rep->incidents, n * sizeof *p);
+        if (!p)
+            return RK_ENOMEM;
+        rep->incidents = p;
+        *cap = n;
+    }
+    rk_sup_count *c = &rep->incidents[rep->nkinds++];
+    snprintf(c->kind, sizeof c->kind, "%s", kind);
+    c->count = 1;
+    return RK_OK;
+}
+
+int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int final_ranks,
+                      const char *outcome, rk_sup_report *rep, rk_err *err)
 {
     rk_ledger_flush(g);
     double wall = rk_ledger_now(g), productive = 0.0;
@@ -193,14 +216,15 @@ int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_s
     for (int64_t k = from + 1; k <= final_step && k <= g->ndt; k++)
         productive += g->dt[k - 1];
     double *rec = malloc((g->ninc ? g->ninc : 1) * sizeof *rec);
-    size_t nrec = 0;
-    json_t *by_kind = json_object();
+    size_t nrec = 0, cap = 0;
+    free(rep->incidents);
+    rep->incidents = NULL;
+    rep->nkinds = 0;
     for (size_t q = 0; q < g->ninc; q++) {
         const rk_incident *i = &g->inc[q];
         if (!is_incident(i))
             continue;
-        json_t *c = json_object_get(by_kind, i->kind);
-        json_object_set_new(by_kind, i->kind, json_integer(c ? json_integer_value(c) + 1 : 1));
+        (void)count_kind(rep, &cap, i->kind);
         if (rec && i->recovery_s >= 0)
             rec[nrec++] = i->recovery_s;
     }
@@ -211,12 +235,29 @@ int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_s
         max = rec[nrec - 1];
     }
     free(rec);
-    double goodput = wall > 0 ? productive / wall : 0.0;
+    rep->summary = 1;
+    rep->outcome = outcome;
+    rep->steps = final_step;
+    rep->first_step = from;
+    rep->final_ranks = final_ranks;
+    rep->wall_s = wall;
+    rep->productive_s = productive;
+    rep->goodput = wall > 0 ? productive / wall : 0.0;
+    rep->restarts = g->restarts;
+    rep->quarantined = g->quarantined;
+    rep->injected = g->injected;
+    rep->recovery_median_s = med;
+    rep->recovery_max_s = max;
+    if (!path)
+        return RK_OK;
+    json_t *by_kind = json_object();
+    for (size_t q = 0; q < rep->nkinds; q++)
+        json_object_set_new(by_kind, rep->incidents[q].kind, json_integer(rep->incidents[q].count));
     json_t *j = json_object();
     json_object_set_new(j, "outcome", json_string(outcome));
     json_object_set_new(j, "wall_s", json_real(wall));
     json_object_set_new(j, "productive_s", json_real(productive));
-    json_object_set_new(j, "goodput", json_real(goodput));
+    json_object_set_new(j, "goodput", json_real(rep->goodput));
     json_object_set_new(j, "steps", json_integer(final_step));
     json_object_set_new(j, "first_step", json_integer(from));
     json_object_set_new(j, "final_ranks", json_integer(final_ranks));
@@ -227,38 +268,14 @@ int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_s
     json_object_set_new(j, "recovery_median_s", med >= 0 ? json_real(med) : json_null());
     json_object_set_new(j, "recovery_max_s", max >= 0 ? json_real(max) : json_null());
     int rc = RK_OK;
-    if (path) {
-        char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
-        if (!text) {
-            rc = rk_err_set(err, RK_ENOMEM, "summary: cannot encode JSON");
-        } else {
-            size_t len = strlen(text);
-            text[len] = '\n';
-            rc = rk_file_write_atomic(path, text, len + 1, err);
-            free(text);
-        }
-    }
-    if (out) {
-        fprintf(out, "rk run: %s: %lld steps on %d rank%s in %.1f s; goodput %.3f "
-                     "(%.1f s productive)\n",
-                outcome, (long long)final_step, final_ranks, final_ranks == 1 ? "" : "s", wall,
-                goodput, productive);
-        fprintf(out, "rk run: %d restart%s, %d device%s quarantined, %d fault%s injected",
-                g->restarts, g->restarts == 1 ? "" : "s", g->quarantined,
-                g->quarantined == 1 ? "" : "s", g->injected, g->injected == 1 ? "" : "s");
-        if (med >= 0)
-            fprintf(out, ", recovery median %.2f s max %.2f s", med, max);
-        fprintf(out, "\n");
-        const char *key;
-        json_t *v;
-        int first = 1;
-        json_object_foreach(by_kind, key, v) {
-            fprintf(out, "%s%s %lld", first ? "rk run: incidents: " : ", ", key,
-                    (long long)json_integer_value(v));
-            first = 0;
-        }
-        if (!first)
-            fprintf(out, "\n");
+    char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+    if (!text) {
+        rc = rk_err_set(err, RK_ENOMEM, "summary: cannot encode JSON");
+    } else {
+        size_t len = strlen(text);
+        text[len] = '\n';
+        rc = rk_file_write_atomic(path, text, len + 1, err);
+        free(text);
     }
     json_decref(j);
     return rc;

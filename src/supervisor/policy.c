@@ -1,6 +1,7 @@
 /*
- * The supervisor's failure classification (policy.h): from what one launch's ranks said and
- * the launcher's exit status to what rk run does next. Pure: no I/O, no clock, no globals.
+ * The supervisor's decisions (policy.h): a launch's end, quarantine, relaunch, the shrink
+ * onto the devices left, the drain, hangs, teardowns and interruptions. Pure: no I/O, no
+ * clock, no globals. Relies only on rekindle/heartbeat.h's exit statuses.
  */
 #include "supervisor/policy.h"
 
@@ -8,82 +9,278 @@
 
 #include "rekindle/heartbeat.h"
 
+/* ---- kinds --------------------------------------------------------------------------------- */
+
+/* Every kind's word (the events file's "kind"). */
+static const char *const k_names[] = {
+    [RK_SUP_KIND_CRASH] = "crash",
+    [RK_SUP_KIND_HANG] = "hang",
+    [RK_SUP_KIND_COMMFAIL] = "commfail",
+    [RK_SUP_KIND_GUARD_FAILED] = "guard_failed",
+    [RK_SUP_KIND_USAGE] = "usage",
+    [RK_SUP_KIND_STORAGE] = "storage",
+    [RK_SUP_KIND_NEVER_CONNECTED] = "never_connected",
+    [RK_SUP_KIND_LOSS_SPIKE] = "loss_spike",
+    [RK_SUP_KIND_SPIKE_KEPT] = "spike_kept",
+    [RK_SUP_KIND_GRAD_SUSPECT] = "grad_suspect",
+    [RK_SUP_KIND_GRAD_KEPT] = "grad_kept",
+};
+
+/* The words of a worker's event that change what rk run does (docs/protocol.md): an exit
+ * event's usage or storage stops the job; the data's kinds count against no device. Any
+ * other word (commfail, guard_failed, nan, ...) is the worker's own: recorded under it and
+ * counted. */
+static const struct {
+    const char *word;
+    rk_sup_kind kind;
+    int counted; /* as an in-process event */
+} k_worker[] = {
+    {"usage", RK_SUP_KIND_USAGE, 1},
+    {"storage", RK_SUP_KIND_STORAGE, 1},
+    {"loss_spike", RK_SUP_KIND_LOSS_SPIKE, 0},
+    {"spike_kept", RK_SUP_KIND_SPIKE_KEPT, 0},
+    {"grad_suspect", RK_SUP_KIND_GRAD_SUSPECT, 0},
+    {"grad_kept", RK_SUP_KIND_GRAD_KEPT, 0},
+};
+#define NWORKER (sizeof k_worker / sizeof k_worker[0])
+#define NNAMES (sizeof k_names / sizeof k_names[0])
+
+rk_sup_kind rk_sup_kind_of(const char *word)
+{
+    for (size_t i = 0; word && i < NWORKER; i++)
+        if (strcmp(word, k_worker[i].word) == 0)
+            return k_worker[i].kind;
+    return RK_SUP_KIND_OTHER;
+}
+
+const char *rk_sup_kind_name(rk_sup_kind k)
+{
+    return (size_t)k < NNAMES ? k_names[k] : NULL;
+}
+
+int rk_sup_kind_counted(rk_sup_kind k)
+{
+    for (size_t i = 0; i < NWORKER; i++)
+        if (k_worker[i].kind == k)
+            return k_worker[i].counted;
+    return k != RK_SUP_KIND_NONE;
+}
+
+int rk_sup_action_exits(const char *action)
+{
+    return action && strcmp(action, "exit") == 0;
+}
+
+/* ---- a launch's end ------------------------------------------------------------------------ */
+
 void rk_sup_seen_init(rk_sup_seen *s, int ranks)
 {
     memset(s, 0, sizeof *s);
     s->ranks = ranks;
     s->hang_rank = s->lost_rank = s->exit_rank = s->storage_rank = -1;
+    s->exit_kind = RK_SUP_KIND_NONE;
 }
 
-static void set(rk_sup_verdict *v, rk_sup_next next, const char *kind, int rank, int counted,
-                int status, const char *why)
+static void set(rk_sup_verdict *v, rk_sup_next next, rk_sup_kind kind, int rank, int counted,
+                rk_sup_end end, const char *why)
 {
     v->next = next;
     v->kind = kind;
     v->rank = rank;
     v->counted = counted && rank >= 0;
-    v->status = status;
+    v->end = end;
     v->why = why;
 }
 
 void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
 {
     int st = s->exited ? s->status : -1;
-    int culprit = s->exit_kind[0] ? s->exit_rank : s->lost_rank;
+    int has_exit = s->exit_kind != RK_SUP_KIND_NONE;
+    int culprit = has_exit ? s->exit_rank : s->lost_rank;
+    const rk_sup_end go_on = RK_SUP_END_FAILED; /* unused for a relaunch */
     if (s->interrupted) {
-        set(v, RK_SUP_INTERRUPTED, NULL, -1, 0, 130, "rk run was interrupted");
+        set(v, RK_SUP_INTERRUPTED, RK_SUP_KIND_NONE, -1, 0, RK_SUP_END_INTERRUPTED,
+            "rk run was interrupted");
         return;
     }
     if (st == 0 && s->ranks > 0 && s->hellos == s->ranks && s->done == s->ranks) {
-        set(v, RK_SUP_FINISHED, NULL, -1, 0, 0, "every rank said bye done and exited 0");
+        set(v, RK_SUP_FINISHED, RK_SUP_KIND_NONE, -1, 0, RK_SUP_END_FINISHED,
+            "every rank said bye done and exited 0");
         return;
     }
     /* a full, read-only or failing disk is nobody's device: stop, count nothing */
     if (s->storage_rank >= 0 || st == RK_EXIT_STORAGE) {
-        set(v, RK_SUP_STOP, "storage", s->storage_rank >= 0 ? s->storage_rank : culprit, 0, 1,
+        set(v, RK_SUP_STOP, RK_SUP_KIND_STORAGE, s->storage_rank >= 0 ? s->storage_rank : culprit,
+            0, RK_SUP_END_STORAGE,
             "the worker cannot write its checkpoint directory (a storage error: exit status 6 "
             "or a storage event); relaunching on other devices cannot help");
         return;
     }
     /* srun reports the highest status of its tasks (137 for the ones it killed), so a rank's
      * "usage" exit event counts as its exit status 2 */
-    if (st == RK_EXIT_USAGE || strcmp(s->exit_kind, "usage") == 0) {
-        set(v, RK_SUP_STOP, "usage", culprit, 0, 2,
+    if (st == RK_EXIT_USAGE || s->exit_kind == RK_SUP_KIND_USAGE) {
+        set(v, RK_SUP_STOP, RK_SUP_KIND_USAGE, culprit, 0, RK_SUP_END_USAGE,
             "the worker rejected its arguments or input (exit status 2); relaunching cannot "
             "help");
         return;
     }
-    if (s->stop_sent && !s->exit_kind[0] && (st == RK_EXIT_STOPPED || st == RK_EXIT_OK)) {
-        set(v, RK_SUP_RELAUNCH, NULL, -1, 0, 0, "the ranks stopped on command");
+    if (s->stop_sent && !has_exit && (st == RK_EXIT_STOPPED || st == RK_EXIT_OK)) {
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_NONE, -1, 0, go_on, "the ranks stopped on command");
         return;
     }
     if (s->hang) {
-        set(v, RK_SUP_RELAUNCH, "hang", s->hang_rank, 1, 0,
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_HANG, s->hang_rank, 1, go_on,
             "no progress for the heartbeat timeout");
         return;
     }
     /* a rank that never said hello: the worker did not start, or does not speak the
      * protocol; which rank failed is unknown (a rank that did connect may be only a victim),
      * and nothing says its device is to blame */
-    if (!s->exit_kind[0] && s->hellos < s->ranks && (s->startup_timeout || s->exited)) {
-        set(v, RK_SUP_RELAUNCH, "never_connected", -1, 0, 0, "never connected to RK_HEARTBEAT");
+    if (!has_exit && s->hellos < s->ranks && (s->startup_timeout || s->exited)) {
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_NEVER_CONNECTED, -1, 0, go_on,
+            "never connected to RK_HEARTBEAT");
         return;
     }
     if (st == RK_EXIT_COMM) {
-        set(v, RK_SUP_RELAUNCH, "commfail", culprit, 1, 0,
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_COMMFAIL, culprit, 1, go_on,
             "exit status 3: a communication failure");
         return;
     }
     if (st == RK_EXIT_GUARD) {
-        set(v, RK_SUP_RELAUNCH, "guard_failed", culprit, 1, 0,
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_GUARD_FAILED, culprit, 1, go_on,
             "exit status 5: a guard could not recover in-process");
         return;
     }
-    if (s->exit_kind[0]) {
-        set(v, RK_SUP_RELAUNCH, s->exit_kind, culprit, 1, 0, "the rank said it exits with it");
+    if (has_exit) {
+        set(v, RK_SUP_RELAUNCH, s->exit_kind, culprit, 1, go_on, "the rank said it exits with it");
         return;
     }
-    set(v, RK_SUP_RELAUNCH, "crash", culprit, 1, 0,
+    set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_CRASH, culprit, 1, go_on,
         s->lost_rank >= 0 ? "its connection closed without bye"
                           : "the launcher exited without every rank saying bye done");
+}
+
+/* ---- devices ------------------------------------------------------------------------------- */
+
+int rk_sup_count_failure(rk_sup_dev *d, int threshold)
+{
+    d->fails++;
+    if (d->fails < threshold || d->quarantined)
+        return 0;
+    d->quarantined = 1;
+    return 1;
+}
+
+int rk_sup_shrink_now(int failing, int stop_sent)
+{
+    return !failing && !stop_sent;
+}
+
+int rk_sup_pick_devices(const rk_sup_rules *r, int ndev, const rk_sup_health *h, rk_sup_dev *st,
+                        int want, int *dev, rk_sup_pick *pick)
+{
+    int k = 0;
+    for (int d = 0; d < ndev; d++) {
+        rk_sup_pick *p = &pick[d];
+        p->need = r->threshold + (st[d].held ? r->margin : 0);
+        if (k >= want)
+            p->why = RK_SUP_NOT_NEEDED;
+        else if (st[d].quarantined)
+            p->why = RK_SUP_OUT_QUARANTINED;
+        else if (st[d].drained)
+            p->why = RK_SUP_OUT_DRAINED;
+        else if (h[d].lost) /* gone, whatever the threshold */
+            p->why = RK_SUP_OUT_LOST;
+        else if (h[d].score < p->need)
+            p->why = RK_SUP_OUT_SCORE;
+        else if (r->predictor && h[d].prob >= r->drain_probability)
+            p->why = RK_SUP_OUT_PREDICTED;
+        else
+            p->why = RK_SUP_IN;
+        if (p->why == RK_SUP_OUT_LOST || p->why == RK_SUP_OUT_SCORE ||
+            p->why == RK_SUP_OUT_PREDICTED)
+            st[d].held = 1;
+        else if (p->why == RK_SUP_IN) {
+            st[d].held = 0;
+            dev[k++] = d;
+        }
+    }
+    return k;
+}
+
+rk_sup_next rk_sup_relaunch(int restarts, int max_restarts, int picked, int min_ranks,
+                            rk_sup_end *end)
+{
+    if (restarts >= max_restarts) {
+        *end = RK_SUP_END_OUT_OF_RESTARTS;
+        return RK_SUP_STOP;
+    }
+    if (picked >= 0 && (picked < min_ranks || picked < 1)) {
+        *end = RK_SUP_END_TOO_FEW_DEVICES;
+        return RK_SUP_STOP;
+    }
+    return RK_SUP_RELAUNCH;
+}
+
+/* ---- during a launch ----------------------------------------------------------------------- */
+
+int rk_sup_gate_due(int gate, int failing, int stop_sent, int hellos, int ranks, double now,
+                    double last, double interval_s)
+{
+    return gate && !failing && !stop_sent && hellos >= ranks && now - last >= interval_s;
+}
+
+int rk_sup_drain_rank(const rk_sup_rules *r, int n, const rk_sup_health *h, rk_sup_why *why)
+{
+    for (int k = 0; k < n && r->predictor; k++)
+        if (h[k].prob >= r->drain_probability) {
+            *why = RK_SUP_OUT_PREDICTED;
+            return k;
+        }
+    for (int k = 0; k < n; k++)
+        if (h[k].score < r->threshold) {
+            *why = RK_SUP_OUT_SCORE;
+            return k;
+        }
+    *why = RK_SUP_IN;
+    return -1;
+}
+
+int rk_sup_stuck_ranks(int n, const int64_t *progress, int *stuck, int *first)
+{
+    int64_t least = INT64_MAX, most = -1;
+    for (int r = 0; r < n; r++)
+        if (progress[r] >= 0) {
+            least = progress[r] < least ? progress[r] : least;
+            most = progress[r] > most ? progress[r] : most;
+        }
+    int count = 0;
+    *first = -1;
+    for (int r = 0; r < n; r++) {
+        stuck[r] = progress[r] < 0 || (progress[r] == least && least < most);
+        if (stuck[r]) {
+            if (*first < 0)
+                *first = r;
+            count++;
+        }
+    }
+    return count;
+}
+
+int rk_sup_teardown_due(int hang, int startup_timeout, double now, double since, double wait_s)
+{
+    return hang || startup_timeout || now - since > wait_s;
+}
+
+rk_sup_intr rk_sup_interrupt(int signals, int stop_sent, double now, double since, double grace_s)
+{
+    if (signals <= 0)
+        return RK_SUP_INTR_NONE;
+    if (!stop_sent && grace_s > 0)
+        return RK_SUP_INTR_SEND_STOP;
+    if (signals > 1)
+        return RK_SUP_INTR_AGAIN;
+    if (now - since >= grace_s)
+        return RK_SUP_INTR_TEAR_DOWN;
+    return RK_SUP_INTR_NONE;
 }

@@ -3,18 +3,22 @@
  * through an existing launcher, watches their heartbeats (rekindle/heartbeat.h) and exits,
  * classifies each failure, relaunches from the latest good checkpoint, quarantines devices
  * that keep failing and shrinks the job onto the rest, and keeps the ledger (events, goodput).
- * Pieces: launch.c (argv for mpirun or srun, the keeper that holds the job, kill), watch.c (the
- * loop), policy.c (what a launch's end means: policy.h), ledger.c (events file, summary JSON,
- * the closing summary).
+ * Pieces: launch.c (argv for mpirun or srun, the keeper that holds the job, kill), run.c (the
+ * job: launches, relaunches, the report), watch.c (one launch), conns.c (the ranks'
+ * connections), drain.c (devices: pick, quarantine, drain), gate.c (the health gate),
+ * policy.c (every decision: policy.h), ledger.c (events file, summary JSON). sup.h is what
+ * the loop's files share.
  */
 #ifndef RK_SUPERVISOR_H
 #define RK_SUPERVISOR_H
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
 
 #include "rekindle/error.h"
+#include "supervisor/policy.h"
 
 #define RK_SUP_MAX_DEVICES 256
 
@@ -52,12 +56,34 @@ typedef struct rk_sup_opts {
     double drain_probability;   /* drain (or leave out) a GPU whose probability reaches it */
 } rk_sup_opts;
 
-/* Run the job to its end. Returns the exit status for `rk run`: 0 the job finished, 1 it
- * could not (out of restarts, below --min-ranks, a storage error: a worker exited 6), 2 a
- * worker said its usage or input is bad (exited 2), or the health gate cannot open on bad
- * input (a broken --predictor), 130 interrupted. Says what happened on
- * stderr; failures are classified by policy.h. */
-int rk_sup_run(const rk_sup_opts *o);
+/* Incidents of one kind, for the report. */
+typedef struct rk_sup_count {
+    char kind[32];
+    int count;
+} rk_sup_count;
+
+/* What rk_sup_run says of the job. */
+typedef struct rk_sup_report {
+    rk_sup_end end;      /* how it ended (policy.h); cli/cmd_run.c maps it to an exit status */
+    const char *outcome; /* the summary's word: "finished", "interrupted" or "failed" */
+    rk_err err;          /* why it could not start or go on, when a message is owed; "" if not */
+    int summary;         /* 1: the ledger was opened and the numbers below are the job's */
+    rk_err summary_err;  /* the summary file could not be written; "" if it was */
+    int64_t steps;       /* the most steps done by any rank */
+    int64_t first_step;  /* the step the job began from */
+    int final_ranks;
+    double wall_s, productive_s, goodput;
+    int restarts, quarantined, injected;
+    double recovery_median_s, recovery_max_s; /* -1: no recovery measured */
+    rk_sup_count *incidents; /* per kind, in order of first appearance (injections not) */
+    size_t nkinds;
+} rk_sup_report;
+
+/* Run the job to its end and fill *rep (always; free with rk_sup_report_free). Says what
+ * happens during the run on stderr, one status line at a time; the closing summary, the exit
+ * status and the messages in rep->err are the caller's to print. */
+void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep);
+void rk_sup_report_free(rk_sup_report *rep);
 
 /* ---- launch.c ---------------------------------------------------------------------------- */
 
@@ -162,6 +188,9 @@ double rk_ledger_now(const rk_ledger *g);
 rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
                            const char *action, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+rk_incident *rk_ledger_addv(rk_ledger *g, const char *kind, int rank, const char *device,
+                            const char *action, const char *fmt, va_list ap)
+    __attribute__((format(printf, 6, 0)));
 /* Mark an incident final and write to the events file every final incident that no earlier
  * one (by t) still waits for: the file is in time order even though an incident whose
  * recovery is measured later (a relaunch) is written only then. One line per incident,
@@ -171,8 +200,10 @@ void rk_ledger_write(rk_ledger *g, rk_incident *i);
 void rk_ledger_flush(rk_ledger *g);
 /* Step k (1-based: steps done) took dt seconds; a replay overwrites. */
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt);
-/* Summary JSON to `path` (atomic) and the human summary to `out`. */
-int rk_ledger_summary(rk_ledger *g, const char *path, FILE *out, int64_t final_step,
-                      int final_ranks, const char *outcome, rk_err *err);
+/* The closing numbers into rep (steps, goodput, restarts, incidents by kind, recovery
+ * times: every field from summary to nkinds), then the summary JSON to `path` (atomic; NULL:
+ * none). Flushes every incident to the events file first. */
+int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int final_ranks,
+                      const char *outcome, rk_sup_report *rep, rk_err *err);
 
 #endif

@@ -1,0 +1,385 @@
+/*
+ * The ranks' heartbeat connections (sup.h): accept on the job's Unix socket, believe a hello
+ * only from a process of this launch, read each rank's messages (docs/protocol.md) into what
+ * the loop saw, and send the supervisor's commands (formatted by rekindle/heartbeat.h).
+ */
+#define _GNU_SOURCE /* accept4, SO_PEERCRED */
+#include "supervisor/sup.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_STRANGERS 64 /* open connections that have not said hello */
+#define HELLO_WAIT_S 5.0 /* a connection that says no hello this long is closed */
+#define ACCEPT_BATCH 256 /* connections accepted per turn of the loop */
+#define SAY_PER_CONN 3   /* messages about one rank's connection, then a count */
+#define SAY_STRANGERS 5  /* messages about unidentified peers per 10 s, then a count */
+
+void sup_say(const sup *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "rk run: [%6.1f s] ", rk_ledger_now(&s->g));
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+/* A message about a connection, rate-limited: per rank, the first few and then a count at
+ * close; for peers that have not said who they are (a flood), a few per 10 s in all. */
+void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...)
+{
+    double now = rk_ledger_now(&s->g);
+    if (c && c->rank >= 0) {
+        if (c->said >= SAY_PER_CONN) {
+            c->hushed++;
+            return;
+        }
+        c->said++;
+    } else {
+        if (now - s->strangers_t >= 10.0) {
+            if (s->strangers_hushed)
+                sup_say(s,
+                        "%d more messages about heartbeat connections that said no valid hello "
+                        "were suppressed",
+                        s->strangers_hushed);
+            s->strangers_t = now;
+            s->strangers_said = s->strangers_hushed = 0;
+        }
+        if (s->strangers_said >= SAY_STRANGERS) {
+            s->strangers_hushed++;
+            return;
+        }
+        s->strangers_said++;
+    }
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sup_say(s, "%s", msg);
+}
+
+const char *sup_devname(const sup *s, int rank)
+{
+    if (rank < 0 || rank >= s->n)
+        return "";
+    return s->o->devices[s->dev[rank]];
+}
+
+rk_sup_conn *sup_by_rank(sup *s, int rank)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].rank == rank)
+            return &s->c[k];
+    return NULL;
+}
+
+/* One command to one rank, never blocking (a rank that does not read loses it). */
+static void send_cmd(const rk_sup_conn *c, rk_hb_cmd cmd)
+{
+    char line[RK_HB_CMD_LINE_MAX];
+    size_t len;
+    if (c->fd >= 0 && rk_hb_cmd_format(cmd, line, sizeof line, &len, NULL) == RK_OK)
+        (void)send(c->fd, line, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void sup_send_all(sup *s, rk_hb_cmd cmd)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].fd >= 0 && !s->c[k].bye)
+            send_cmd(&s->c[k], cmd);
+}
+
+void sup_stop_job(sup *s)
+{
+    if (s->stop_sent)
+        return;
+    sup_send_all(s, RK_HB_CMD_STOP);
+    s->stop_sent = 1;
+}
+
+/* ---- messages ------------------------------------------------------------------------------ */
+
+/* A rank says it is leaving with this failure (optional: its exit status says it too).
+ * Recorded even after another failure was seen: ranks leave together, in any order. */
+static void on_exit_event(sup *s, const rk_hb_msg *m)
+{
+    rk_sup_kind kind = rk_sup_kind_of(m->kind);
+    if (s->seen.exit_kind == RK_SUP_KIND_NONE) {
+        s->seen.exit_kind = kind;
+        s->seen.exit_rank = m->rank;
+        snprintf(s->exit_word, sizeof s->exit_word, "%s", m->kind);
+    }
+    if (kind == RK_SUP_KIND_STORAGE && s->seen.storage_rank < 0) {
+        s->seen.storage_rank = m->rank;
+        snprintf(s->storage_detail, sizeof s->storage_detail, "%s", m->detail);
+    }
+    if (s->seen.exit_rank != m->rank || s->seen.exit_kind != kind ||
+        (kind == RK_SUP_KIND_OTHER && strcmp(s->exit_word, m->kind) != 0))
+        return; /* the first exit event tells the failure; later ones only follow it */
+    /* what a rank says beats what was inferred from a connection that closed before it was
+     * read; the failure keeps the time it was first seen */
+    double seen_at = s->failing ? s->ftime : rk_ledger_now(&s->g);
+    s->failing = 0;
+    sup_fail(s, "rank %d (device %s) exits at step %lld: %s", m->rank, sup_devname(s, m->rank),
+             (long long)m->step, m->detail);
+    s->ftime = seen_at;
+}
+
+/* An event the worker handled in-process: logged, pending until the job is back at work,
+ * counted against the blamed rank's device unless its kind is the data's (policy.h). */
+static void on_event(sup *s, const rk_hb_msg *m)
+{
+    int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
+    rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, sup_devname(s, blame), m->action,
+                                   "step %lld: %s", (long long)m->step, m->detail);
+    if (i)
+        i->lost_steps = m->lost_steps;
+    if (blame >= 0)
+        sup_say(s, "step %lld: %s on rank %d device %s -> %s (in-process, no restart)",
+                (long long)m->step, m->kind, blame, sup_devname(s, blame), m->action);
+    else
+        sup_say(s, "step %lld: %s -> %s (in-process, no restart)", (long long)m->step, m->kind,
+                m->action);
+    sup_pend(s, i);
+    if (rk_sup_kind_counted(rk_sup_kind_of(m->kind)) && blame >= 0)
+        sup_count_failure(s, blame, m->kind);
+}
+
+static void on_inject(sup *s, const rk_hb_msg *m)
+{
+    s->g.injected++;
+    size_t idx = (size_t)m->index;
+    if (s->spec && idx < rk_inject_count(s->spec) && rk_inject_get(s->spec, idx)->mtbf_s <= 0)
+        s->fired[idx] = 1;
+    rk_incident *i = rk_ledger_add(&s->g, "inject", m->rank, sup_devname(s, m->rank), "none",
+                                   "injected fault %d (%s) at step %lld (simulated)", m->index,
+                                   m->kind, (long long)m->step);
+    if (i) {
+        i->lost_steps = 0;
+        rk_ledger_write(&s->g, i);
+    }
+}
+
+#define REFUSE 1 /* on_line: close this connection (a peer that is not a rank of the job) */
+
+/* A hello is believed only from a process of this launch whose pid it names: the kernel's
+ * credentials of the peer (SO_PEERCRED, taken at connect) must be a descendant of the keeper,
+ * and the hello's pid that process's own pid in its namespace. (srun's ranks are children of
+ * Slurm's daemons, not of the keeper: there only the pid is checked.) */
+static int hello_trusted(sup *s, const rk_sup_conn *c, const rk_hb_msg *m, char *why, size_t cap)
+{
+    long own = c->pid > 0 ? rk_proc_nspid((pid_t)c->pid) : -1;
+    if (c->pid <= 0 || own < 0)
+        snprintf(why, cap, "the peer's process is unknown or gone");
+    else if (own != m->pid)
+        snprintf(why, cap, "it names pid %ld but comes from pid %ld", m->pid, own);
+    else if (s->o->launcher != RK_LAUNCH_SRUN && !rk_launch_owns(&s->l, (pid_t)c->pid))
+        snprintf(why, cap, "pid %ld is not a process of this launch", c->pid);
+    else
+        return 1;
+    return 0;
+}
+
+static int on_line(void *ctx, const char *line, size_t len)
+{
+    void **pair = ctx;
+    sup *s = pair[0];
+    rk_sup_conn *c = pair[1];
+    rk_hb_msg m;
+    rk_err err = {0};
+    if (rk_hb_msg_parse(line, len, &m, &err)) {
+        sup_note(s, c, "%s a bad heartbeat message%s: %s", c->rank >= 0 ? "ignored" : "refused",
+                 c->rank >= 0 ? " from a rank" : " from a connection that said no hello", err.msg);
+        return c->rank >= 0 ? 0 : REFUSE; /* a rank says hello first */
+    }
+    double now = rk_ledger_now(&s->g);
+    if (m.type == RK_HB_HELLO) {
+        if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || sup_by_rank(s, m.rank)) {
+            sup_note(s, c, "ignored a hello for rank %d of %d (this launch has %d ranks)", m.rank,
+                     m.world, s->n);
+            return 0;
+        }
+        char why[160];
+        if (!hello_trusted(s, c, &m, why, sizeof why)) {
+            sup_note(s, c, "refused a hello for rank %d: %s", m.rank, why);
+            return REFUSE;
+        }
+        c->rank = m.rank;
+        c->last = now;
+        c->done = m.step;
+        c->progress = 2 * m.step;
+        s->hellos++;
+        if (s->start_step < 0 || m.step < s->start_step)
+            s->start_step = m.step;
+        s->hello_step[m.rank] = m.step;
+        if (s->g.first_step < 0 || (s->first_launch == s->launch_no && m.step < s->g.first_step)) {
+            s->g.first_step = m.step; /* the step the job began from: its first launch's */
+            s->first_launch = s->launch_no;
+        }
+        if (s->stop_sent) /* a stop went out before this rank connected: it must hear it */
+            send_cmd(c, RK_HB_CMD_STOP);
+        return 0;
+    }
+    if (c->rank < 0 || m.rank != c->rank) {
+        sup_note(s, c, "%s a %s message before hello or from another rank",
+                 c->rank < 0 ? "refused" : "ignored", rk_hb_type_name(m.type));
+        return c->rank >= 0 ? 0 : REFUSE;
+    }
+    c->last = now;
+    switch (m.type) {
+    case RK_HB_STEP:
+        c->done = m.step;
+        c->progress = 2 * m.step;
+        if (m.step > s->last_done)
+            s->last_done = m.step;
+        if (c->rank == 0) {
+            rk_ledger_step(&s->g, m.step, m.dt);
+            s->loss = m.loss_finite ? m.loss : NAN;
+        }
+        /* the job is back at work when all its ranks are back and any of them applies a
+         * step (ranks of a data-parallel job step together; independent ones need not) */
+        if (s->npending && s->hellos == s->n)
+            sup_resolve_pending(s, s->start_step);
+        break;
+    case RK_HB_COMM: c->progress = 2 * m.step + 1; break;
+    case RK_HB_EVENT:
+        if (rk_sup_action_exits(m.action))
+            on_exit_event(s, &m);
+        else if (!s->failing)
+            on_event(s, &m);
+        break;
+    case RK_HB_INJECT: on_inject(s, &m); break;
+    case RK_HB_CKPT: break;
+    case RK_HB_BYE:
+        c->bye = 1;
+        c->bye_done = strcmp(m.status, "done") == 0;
+        break;
+    case RK_HB_HELLO: break;
+    }
+    return 0;
+}
+
+static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    if (c->hushed)
+        sup_say(s, "%d more messages about rank %d's connection were suppressed", c->hushed,
+                c->rank);
+    c->hushed = 0;
+    if (c->rank >= 0 && !c->bye && s->seen.lost_rank < 0)
+        s->seen.lost_rank = c->rank;
+    if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
+        sup_fail(s, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
+                 sup_devname(s, c->rank), c->pid, why, (long long)c->done);
+}
+
+/* Read what is there; 1 if bytes were read (more may follow), 0 if none or closed. */
+int sup_read_conn(sup *s, rk_sup_conn *c)
+{
+    char buf[8192];
+    ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    if (r <= 0) {
+        drop_conn(s, c, "vanished without saying bye");
+        return 0;
+    }
+    void *pair[2] = {s, c};
+    rk_err err = {0};
+    int rc = rk_hb_lines_feed(&c->lines, buf, (size_t)r, on_line, pair, &err);
+    if (rc == RK_EFORMAT)
+        sup_note(s, c, "closing a heartbeat connection: %s", err.msg);
+    if (rc == RK_EFORMAT || rc == REFUSE) {
+        drop_conn(s, c, "broke the heartbeat protocol");
+        return 0;
+    }
+    return 1;
+}
+
+/* A slot for a new connection, cleared: a closed one that never said hello, a new one, or
+ * (too many strangers open, or the table full) the oldest stranger's, closed. NULL if the
+ * table is full of ranks. */
+static rk_sup_conn *free_slot(sup *s)
+{
+    rk_sup_conn *c = NULL, *oldest = NULL;
+    int strangers = 0;
+    for (int k = 0; k < s->nconn && !c; k++) {
+        rk_sup_conn *x = &s->c[k];
+        if (x->fd < 0 && x->rank < 0)
+            c = x;
+        else if (x->fd >= 0 && x->rank < 0) {
+            strangers++;
+            if (!oldest || x->since < oldest->since)
+                oldest = x;
+        }
+    }
+    if (!c && strangers < MAX_STRANGERS && s->nconn < RK_SUP_MAX_CONNS)
+        c = &s->c[s->nconn++];
+    if (!c && oldest) {
+        sup_note(s, NULL, "too many heartbeat connections without a hello (%d): closing the oldest",
+                 strangers);
+        drop_conn(s, oldest, "");
+        c = oldest;
+    }
+    if (c) {
+        memset(c, 0, sizeof *c);
+        c->fd = -1;
+        c->rank = -1;
+    }
+    return c;
+}
+
+/* Accept what is waiting (a bounded batch) and read each at once: a rank's hello is already
+ * there, so a flood of other connections cannot keep it waiting. */
+void sup_accept(sup *s)
+{
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            return;
+        rk_sup_conn *c = free_slot(s);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->since = c->last = rk_ledger_now(&s->g);
+        struct ucred cr;
+        socklen_t len = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0)
+            c->pid = cr.pid; /* the kernel's word, in our namespace */
+        sup_read_conn(s, c);
+    }
+}
+
+/* Close connections that said no hello within HELLO_WAIT_S. */
+void sup_expire_strangers(sup *s)
+{
+    double now = rk_ledger_now(&s->g);
+    for (int k = 0; k < s->nconn; k++) {
+        rk_sup_conn *c = &s->c[k];
+        if (c->fd >= 0 && c->rank < 0 && now - c->since > HELLO_WAIT_S) {
+            sup_note(s, c, "closed a heartbeat connection that said no hello within %.0f s",
+                     HELLO_WAIT_S);
+            drop_conn(s, c, "");
+        }
+    }
+}
+
+void sup_close_conns(sup *s)
+{
+    for (int k = 0; k < s->nconn; k++) {
+        if (s->c[k].fd >= 0)
+            close(s->c[k].fd);
+        s->c[k].fd = -1;
+    }
+}

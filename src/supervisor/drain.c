@@ -1,0 +1,180 @@
+/*
+ * The devices of a job (sup.h): which ones each launch runs on, the quarantine of one that
+ * keeps failing, and the health gate's readings during a run, with the one drain (checkpoint,
+ * stop, relaunch without the device). What to do is policy.h's; this reads the gate
+ * (supervisor.h), writes the ledger and talks to the ranks.
+ */
+#include "supervisor/sup.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+void sup_record(sup *s, const char *kind, int rank, const char *device, const char *action,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    rk_incident *i = rk_ledger_addv(&s->g, kind, rank, device, action, fmt, ap);
+    va_end(ap);
+    if (i) {
+        i->lost_steps = 0;
+        rk_ledger_write(&s->g, i);
+    }
+}
+
+void sup_count_failure(sup *s, int rank, const char *why)
+{
+    if (rank < 0 || rank >= s->n)
+        return;
+    int d = s->dev[rank];
+    if (!rk_sup_count_failure(&s->devs[d], s->o->failure_threshold))
+        return;
+    s->g.quarantined++;
+    sup_record(s, "quarantine", rank, s->o->devices[d], "quarantine",
+               "device %s failed %d times (last: %s); set aside", s->o->devices[d],
+               s->devs[d].fails, why);
+    sup_say(s, "device %s quarantined after %d failures (last: %s)", s->o->devices[d],
+            s->devs[d].fails, why);
+    if (rk_sup_shrink_now(s->failing, s->stop_sent)) /* the job is healthy: stop it cleanly */
+        sup_stop_job(s);
+}
+
+static int is_sim(const sup *s)
+{
+    return s->gate && strcmp(rk_gate_backend(s->gate), "sim") == 0;
+}
+
+/* What the gate read for device id `id` (no gate: a sound device). */
+static rk_sup_health reading(const sup *s, const char *id, char *why, size_t cap)
+{
+    rk_sup_health h = {.lost = 0, .fatal = 0, .score = 100, .prob = -1.0};
+    why[0] = '\0';
+    if (!s->gate)
+        return h;
+    h.lost = rk_gate_lost(s->gate, id);
+    h.score = rk_gate_score(s->gate, id, why, cap);
+    h.prob = rk_gate_prob(s->gate, id);
+    return h;
+}
+
+static void sample(sup *s)
+{
+    rk_err err = {0};
+    if (s->gate && rk_gate_sample(s->gate, &err))
+        sup_say(s, "health gate: %s", err.msg);
+    s->last_gate = rk_ledger_now(&s->g);
+}
+
+/* Pick the devices of the next launch: the first n that are not quarantined and, with the
+ * health gate, score at least the threshold now (a GPU left out may come back later). */
+int sup_pick_devices(sup *s)
+{
+    const rk_sup_opts *o = s->o;
+    sample(s);
+    rk_sup_health h[RK_SUP_MAX_DEVICES];
+    char why[RK_SUP_MAX_DEVICES][200];
+    rk_sup_pick pick[RK_SUP_MAX_DEVICES];
+    for (int d = 0; d < o->ndevices; d++)
+        h[d] = reading(s, o->devices[d], why[d], sizeof why[d]);
+    s->n = rk_sup_pick_devices(&s->rules, o->ndevices, h, s->devs, o->n, s->dev, pick);
+    for (int d = 0; d < o->ndevices; d++) {
+        const char *id = o->devices[d];
+        const char *w = why[d][0] ? why[d] : "below the margin to come back";
+        switch (pick[d].why) {
+        case RK_SUP_OUT_LOST:
+            sup_say(s, "health gate: device %s left out of this launch: the GPU is gone%s", id,
+                    is_sim(s) ? " (simulated)" : "");
+            break;
+        case RK_SUP_OUT_SCORE:
+            sup_record(s, "health_gate", -1, id, "left_out", "score %d below %.0f: %s", h[d].score,
+                       pick[d].need, w);
+            sup_say(s, "health gate: device %s left out of this launch: score %d (%s)", id,
+                    h[d].score, w);
+            break;
+        case RK_SUP_OUT_PREDICTED:
+            sup_record(s, "predicted_failure", -1, id, "left_out",
+                       "the predictor gives p=%.2f of failing within its horizon", h[d].prob);
+            sup_say(s,
+                    "health gate: device %s left out of this launch: predicted to fail "
+                    "(p=%.2f)",
+                    id, h[d].prob);
+            break;
+        case RK_SUP_IN:
+        case RK_SUP_OUT_QUARANTINED:
+        case RK_SUP_OUT_DRAINED:
+        case RK_SUP_NOT_NEEDED: break;
+        }
+    }
+    return s->n;
+}
+
+/* The drain: rank r's device is out for the rest of the job; the incident says why, and the
+ * ranks are asked to checkpoint and stop (the relaunch runs without it). */
+static void drain(sup *s, int r, rk_sup_why why, const rk_sup_health *h, const char *text)
+{
+    const char *id = sup_devname(s, r);
+    if (why == RK_SUP_OUT_PREDICTED) {
+        sup_record(s, "predicted_failure", r, id, "drain",
+                   "the predictor gives p=%.2f of failing within its horizon at step %lld: "
+                   "checkpoint, relaunch without it",
+                   h->prob, (long long)s->last_done);
+        sup_say(s, "health gate: draining device %s (rank %d): predicted to fail (p=%.2f)", id, r,
+                h->prob);
+    } else {
+        sup_record(s, "health_drain", r, id, "drain", "score %d fell below %.0f at step %lld: %s",
+                   h->score, s->rules.threshold, (long long)s->last_done, text);
+        sup_say(s, "health gate: draining device %s (rank %d): score %d (%s)", id, r, h->score,
+                text);
+    }
+    s->devs[s->dev[r]].drained = 1;
+    sup_stop_job(s);
+}
+
+/* A simulated GPU that fails (off the bus, an uncorrectable ECC error) takes its rank down,
+ * as a real one would (a real GPU's failure reaches its process without our help). Returns
+ * 1 if a rank was killed. */
+static int deliver_sim_failures(sup *s)
+{
+    int killed = 0;
+    for (int r = 0; r < s->n; r++) {
+        if (!rk_gate_take_fatal(s->gate, sup_devname(s, r)))
+            continue;
+        for (int k = 0; k < s->nconn; k++)
+            if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye &&
+                rk_launch_owns(&s->l, (pid_t)s->c[k].pid)) { /* only a rank of ours */
+                sup_say(s,
+                        "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "
+                        "failure would",
+                        sup_devname(s, r),
+                        rk_gate_lost(s->gate, sup_devname(s, r)) ? "off the bus"
+                                                                 : "uncorrectable ECC error",
+                        r, s->c[k].pid);
+                kill((pid_t)s->c[k].pid, SIGKILL);
+                killed = 1;
+            }
+    }
+    return killed;
+}
+
+/* During a run: read the GPUs every --health-interval; drain a device of this launch whose
+ * score fell below the threshold or that the predictor expects to fail. */
+void sup_gate_tick(sup *s)
+{
+    double now = rk_ledger_now(&s->g);
+    if (!rk_sup_gate_due(s->gate != NULL, s->failing, s->stop_sent, s->hellos, s->n, now,
+                         s->last_gate, s->o->health_interval_s))
+        return;
+    sample(s);
+    if (is_sim(s) && deliver_sim_failures(s))
+        return; /* the crash is classified by the watch loop */
+    rk_sup_health h[RK_SUP_MAX_DEVICES];
+    char why[RK_SUP_MAX_DEVICES][200];
+    for (int r = 0; r < s->n; r++)
+        h[r] = reading(s, sup_devname(s, r), why[r], sizeof why[r]);
+    rk_sup_why reason;
+    int r = rk_sup_drain_rank(&s->rules, s->n, h, &reason);
+    if (r >= 0)
+        drain(s, r, reason, &h[r], why[r]);
+}

@@ -1,0 +1,432 @@
+/*
+ * The job behind `rk run` (supervisor.h): the heartbeat socket, each launch's environment,
+ * the relaunches (policy.h decides; watch.c watches one launch), the incidents waiting for
+ * the job to be back at work, and the report the caller prints (cli/cmd_run.c).
+ */
+#define _GNU_SOURCE /* nftw */
+#include "supervisor/sup.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+volatile sig_atomic_t rk_sup_interrupted;
+static void on_signal(int sig)
+{
+    (void)sig;
+    rk_sup_interrupted++;
+}
+
+/* ---- incidents ----------------------------------------------------------------------------- */
+
+void sup_pend(sup *s, rk_incident *i)
+{
+    if (!i)
+        return;
+    size_t idx = (size_t)(i - s->g.inc);
+    if (s->npending < 64)
+        s->pending[s->npending++] = idx;
+    else
+        rk_ledger_write(&s->g, i);
+}
+
+/* A relaunch's lost steps, from every rank: the most any rank has to do again (the steps it
+ * had done at the failure less the step its hello in the relaunch resumed from). Ranks
+ * without both numbers: the most done by any rank less the step the relaunch resumed from. */
+static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
+{
+    if (i->lost_steps >= 0 || resumed_from < 0)
+        return;
+    int64_t lost = -1;
+    for (int r = 0; r < s->n; r++)
+        if (s->pending_done[r] >= 0 && s->hello_step[r] >= 0) {
+            int64_t d = s->pending_done[r] - s->hello_step[r];
+            lost = d > lost ? d : lost;
+        }
+    if (lost < 0)
+        lost = s->pending_last_done - resumed_from;
+    i->lost_steps = lost > 0 ? lost : 0;
+}
+
+/* The job is back at work (all its ranks said hello and one applied a step, or the relaunch
+ * finished): recovered. */
+void sup_resolve_pending(sup *s, int64_t resumed_from)
+{
+    double now = rk_ledger_now(&s->g);
+    for (int k = 0; k < s->npending; k++) {
+        rk_incident *i = &s->g.inc[s->pending[k]];
+        i->recovery_s = now - i->t;
+        set_lost(s, i, resumed_from);
+        rk_ledger_write(&s->g, i);
+    }
+    s->npending = 0;
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->pending_done[r] = -1;
+}
+
+/* The job ends without having recovered: no recovery time; lost steps if a relaunch said
+ * where it resumed. */
+static void flush_pending(sup *s)
+{
+    for (int k = 0; k < s->npending; k++) {
+        rk_incident *i = &s->g.inc[s->pending[k]];
+        set_lost(s, i, s->start_step);
+        rk_ledger_write(&s->g, i);
+    }
+    s->npending = 0;
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->pending_done[r] = -1;
+}
+
+/* ---- one launch ---------------------------------------------------------------------------- */
+
+static int open_socket(sup *s, rk_err *err)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(s->dir, sizeof s->dir, "%s/rk-run.XXXXXX",
+             tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
+    if (!mkdtemp(s->dir))
+        return rk_err_set(err, RK_EIO, "cannot create a directory for the heartbeat socket: %s",
+                          strerror(errno));
+    snprintf(s->sock, sizeof s->sock, "%s/hb.sock", s->dir);
+    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", s->sock);
+    /* the directory is 0700 (mkdtemp) and the socket 0600: only this user connects */
+    if (s->listen_fd < 0 || chmod(s->dir, 0700) < 0 ||
+        bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(s->sock, 0600) < 0 ||
+        listen(s->listen_fd, 256) < 0)
+        return rk_err_set(err, RK_EIO, "heartbeat socket %s: %s", s->sock, strerror(errno));
+    return RK_OK;
+}
+
+static int start_launch(sup *s, rk_err *err)
+{
+    memset(&s->l, 0, sizeof s->l);
+    s->l.life = -1;
+    sup_close_conns(s);
+    s->nconn = s->hellos = 0;
+    s->failing = s->stop_sent = 0;
+    s->start_step = -1;
+    rk_sup_seen_init(&s->seen, s->n);
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->hello_step[r] = -1;
+    memset(&s->v, 0, sizeof s->v);
+    s->v.next = RK_SUP_RELAUNCH;
+    s->v.rank = -1;
+    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = '\0';
+    static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
+        env_done[8192], env_tmp[3][200];
+    const char *env[14];
+    int e = 0;
+    /* Open MPI's session directory and shared-memory files in a directory of this launch:
+     * in a PID namespace every job's mpirun has the same pid, from which Open MPI derives
+     * the names it shares between jobs */
+    snprintf(s->jobdir, sizeof s->jobdir, "%s/job%d", s->dir, s->launch_no);
+    if (mkdir(s->jobdir, 0700) != 0 && errno != EEXIST)
+        return rk_err_set(err, RK_EIO, "cannot create %s: %s", s->jobdir, strerror(errno));
+    static const char *const tmpvars[3] = {"OMPI_MCA_orte_tmpdir_base",
+                                           "OMPI_MCA_btl_vader_backing_directory",
+                                           "OMPI_MCA_shmem_mmap_backing_file_base_dir"};
+    for (int k = 0; k < 3 && s->o->launcher == RK_LAUNCH_MPIRUN; k++) {
+        snprintf(env_tmp[k], sizeof env_tmp[k], "%s=%s", tmpvars[k], s->jobdir);
+        env[e++] = env_tmp[k];
+    }
+    snprintf(env_hb, sizeof env_hb, "RK_HEARTBEAT=%s", s->sock);
+    env[e++] = env_hb;
+    size_t used = (size_t)snprintf(env_dev, sizeof env_dev, "RK_DEVICES=");
+    for (int r = 0; r < s->n && used < sizeof env_dev; r++)
+        used += (size_t)snprintf(env_dev + used, sizeof env_dev - used, r ? ",%s" : "%s",
+                                 s->o->devices[s->dev[r]]);
+    env[e++] = env_dev;
+    snprintf(env_launch, sizeof env_launch, "RK_LAUNCH=%d", s->launch_no);
+    env[e++] = env_launch;
+    if (s->o->ckpt_dir) {
+        snprintf(env_dir, sizeof env_dir, "RK_CKPT_DIR=%s", s->o->ckpt_dir);
+        env[e++] = env_dir;
+        env[e++] = "RK_RESUME=1";
+    }
+    if (s->o->inject) {
+        snprintf(env_inj, sizeof env_inj, "RK_INJECT=%s", s->o->inject);
+        env[e++] = env_inj;
+        used = (size_t)snprintf(env_done, sizeof env_done, "RK_INJECT_DONE=");
+        int any = 0;
+        for (size_t i = 0; i < rk_inject_count(s->spec) && used + 24 < sizeof env_done; i++)
+            if (s->fired[i]) {
+                used += (size_t)snprintf(env_done + used, sizeof env_done - used,
+                                         any ? ",%zu" : "%zu", i);
+                any = 1;
+            }
+        if (any)
+            env[e++] = env_done;
+    }
+    /* mpirun ends the other ranks when one fails and exits with that rank's status, which
+     * says what the failure was; by default it waits 1 s after its SIGTERM to them before
+     * SIGKILL, and the relaunch waits for it (unless the user chose otherwise) */
+    if (s->o->launcher == RK_LAUNCH_MPIRUN && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
+        env[e++] = "OMPI_MCA_odls_base_sigkill_timeout=0";
+    env[e] = NULL;
+    s->t_launch = rk_ledger_now(&s->g);
+    const char *ns = getenv("RK_RUN_PIDNS"); /* "0": the subreaper fallback (tests) */
+    int rc = rk_launch_start(&s->l, s->o->launcher, s->o->launcher_args, s->n, s->o->worker,
+                             (char *const *)env, !(ns && strcmp(ns, "0") == 0), err);
+    if (!rc && !s->l.pidns && !s->told_pidns) {
+        s->told_pidns = 1;
+        sup_say(s,
+                "no PID namespace for the job (%s): it is tracked as rk run's descendants, and "
+                "a process that leaves that tree survives a SIGKILL of rk run",
+                s->l.ns_errno ? strerror(s->l.ns_errno) : "RK_RUN_PIDNS=0");
+    }
+    if (!rc && !s->l.loopback && !s->told_loopback && s->o->launcher == RK_LAUNCH_MPIRUN) {
+        s->told_loopback = 1; /* a multi-node job, or the library is missing */
+        sup_say(s, "Open MPI's listeners bind every address (not a single-node job, "
+                   "RK_RUN_LOOPBACK=0, a sanitiser build, or no librkloopback.so beside rk or in "
+                   "its library directory)");
+    }
+    return rc;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st, (void)flag, (void)f;
+    remove(path);
+    return 0;
+}
+
+/* The incident for the verdict on the launch that ended (none for a clean stop): a relaunch
+ * is pending until the job is back at work (its recovery is measured then), a stop is final.
+ * Returns its index in the ledger, SIZE_MAX if none. */
+static size_t record_verdict(sup *s, int stop)
+{
+    if (s->v.kind == RK_SUP_KIND_NONE)
+        return SIZE_MAX;
+    int r = s->v.rank;
+    const char *kind = sup_verdict_kind(s);
+    /* the device is named only when it is blamed */
+    rk_incident *i = rk_ledger_add(&s->g, kind, r, s->v.counted ? sup_devname(s, r) : "",
+                                   stop ? "stop" : "relaunch", "%s", s->vdetail);
+    if (!i)
+        return SIZE_MAX;
+    if (s->failing)
+        i->t = s->ftime; /* when it was seen, not when the teardown ended */
+    size_t at = (size_t)(i - s->g.inc);
+    if (stop) {
+        rk_ledger_write(&s->g, i);
+        return at;
+    }
+    sup_say(s, "%s: %s", kind, s->vdetail);
+    s->pending_last_done = s->last_done;
+    for (int k = 0; k < s->nconn; k++) { /* the most each rank had done, over pending ones */
+        int cr = s->c[k].rank;
+        if (cr >= 0 && cr < RK_SUP_MAX_DEVICES && s->c[k].done > s->pending_done[cr])
+            s->pending_done[cr] = s->c[k].done;
+    }
+    sup_pend(s, i);
+    if (s->v.counted)
+        sup_count_failure(s, r, kind);
+    return at;
+}
+
+/* No relaunch after all (out of restarts, too few devices): the incident at `at` says stop. */
+static void no_relaunch(sup *s, size_t at)
+{
+    if (at < s->g.ninc && !s->g.inc[at].written)
+        snprintf(s->g.inc[at].action, sizeof s->g.inc[at].action, "stop");
+    flush_pending(s);
+}
+
+/* ---- the job ------------------------------------------------------------------------------- */
+
+/* The devices of this launch, as "0,2,3", into list[cap]. */
+static const char *device_list(const sup *s, char *list, size_t cap)
+{
+    size_t used = 0;
+    list[0] = '\0';
+    for (int r = 0; r < s->n && used + 2 < cap; r++)
+        used +=
+            (size_t)snprintf(list + used, cap - used, r ? ",%s" : "%s", s->o->devices[s->dev[r]]);
+    return list;
+}
+
+/* Open the health gate and check it knows every device. RK_OK with s->gate (NULL: none, or
+ * none here with --health auto); else the report says why. */
+static int open_gate(sup *s, rk_sup_report *rep)
+{
+    const rk_sup_opts *o = s->o;
+    if (!o->health)
+        return RK_OK;
+    rk_err err = {0};
+    int rc = rk_gate_open(&s->gate, o, &err);
+    if (rc) {
+        if (strcmp(o->health, "auto") != 0) {
+            rk_err_set(&rep->err, rc, "health gate: %s", err.msg);
+            /* bad input (a broken --predictor): exit 2, as rk exporter and rk doctor */
+            if (rc == RK_EFORMAT || rc == RK_EINVAL || rc == RK_EMISMATCH || rc == RK_ENOENT)
+                rep->end = RK_SUP_END_BAD_INPUT;
+            return rc;
+        }
+        sup_say(s, "health gate off: %s", err.msg); /* no NVML here: run without it */
+        s->gate = NULL;
+        return RK_OK;
+    }
+    for (int d = 0; d < o->ndevices; d++)
+        if (!rk_gate_knows(s->gate, o->devices[d]))
+            return rk_err_set(&rep->err, RK_EINVAL,
+                              "health gate: device '%s' is not a GPU index of the %s backend",
+                              o->devices[d], rk_gate_backend(s->gate));
+    sup_say(s, "health gate: %s GPUs%s, threshold %.0f, read every %.1f s",
+            rk_gate_backend(s->gate),
+            strcmp(rk_gate_backend(s->gate), "sim") == 0 ? " (simulated)" : "", o->health_threshold,
+            o->health_interval_s);
+    return RK_OK;
+}
+
+/* Launch after launch until the job finishes or cannot go on; how it ended in rep->end. */
+static void run_launches(sup *s, rk_sup_report *rep)
+{
+    const rk_sup_opts *o = s->o;
+    rk_err err = {0};
+    for (;;) {
+        if (start_launch(s, &err)) {
+            sup_say(s, "%s", err.msg);
+            /* the launcher cannot be executed: no relaunch, bad input */
+            rep->end = err.code == RK_ENOENT ? RK_SUP_END_BAD_INPUT : RK_SUP_END_FAILED;
+            return;
+        }
+        rk_sup_next oc = sup_watch(s);
+        if (oc == RK_SUP_FINISHED) {
+            sup_resolve_pending(s, s->start_step);
+            rep->end = RK_SUP_END_FINISHED;
+            return;
+        }
+        if (oc == RK_SUP_STOP) { /* relaunching cannot help */
+            record_verdict(s, 1);
+            flush_pending(s);
+            rep->end = s->v.end;
+            return;
+        }
+        if (oc == RK_SUP_INTERRUPTED) {
+            flush_pending(s);
+            rep->end = RK_SUP_END_INTERRUPTED;
+            return;
+        }
+        /* a failure (or a stop to drain or shrink the job): account, then relaunch */
+        size_t at = record_verdict(s, 0);
+        if (rk_sup_relaunch(s->g.restarts, o->max_restarts, -1, o->min_ranks, &rep->end) ==
+            RK_SUP_STOP) {
+            no_relaunch(s, at);
+            sup_say(s, "giving up: the job failed again after %d relaunch%s (--max-restarts %d)",
+                    s->g.restarts, s->g.restarts == 1 ? "" : "es", o->max_restarts);
+            return;
+        }
+        int n = sup_pick_devices(s);
+        if (rk_sup_relaunch(s->g.restarts, o->max_restarts, n, o->min_ranks, &rep->end) ==
+            RK_SUP_STOP) {
+            no_relaunch(s, at);
+            sup_say(s, "giving up: %d device%s left, below --min-ranks %d", n, n == 1 ? "" : "s",
+                    o->min_ranks);
+            return;
+        }
+        s->g.restarts++; /* relaunches done */
+        s->launch_no++;
+        char list[512];
+        sup_say(s, "relaunch %d on %d rank%s (devices %s) from the latest good checkpoint",
+                s->launch_no, n, n == 1 ? "" : "s", device_list(s, list, sizeof list));
+    }
+}
+
+static const char *outcome_word(rk_sup_end end)
+{
+    return end == RK_SUP_END_FINISHED      ? "finished"
+           : end == RK_SUP_END_INTERRUPTED ? "interrupted"
+                                           : "failed";
+}
+
+void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    rep->end = RK_SUP_END_FAILED;
+    rep->recovery_median_s = rep->recovery_max_s = -1;
+    sup *s = calloc(1, sizeof *s);
+    if (!s) {
+        rk_err_set(&rep->err, RK_ENOMEM, "out of memory");
+        rep->outcome = outcome_word(rep->end);
+        return;
+    }
+    s->o = o;
+    s->listen_fd = -1;
+    s->l.life = -1;
+    s->first_launch = -1;
+    s->rules = (rk_sup_rules){.threshold = o->health_threshold,
+                              .margin = RK_SUP_HELD_MARGIN,
+                              .predictor = o->predictor != NULL,
+                              .drain_probability = o->drain_probability};
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+        s->pending_done[r] = -1;
+    rk_err err = {0};
+    if (rk_ledger_open(&s->g, o->events_path, &err) || rk_inject_parse(o->inject, &s->spec, &err) ||
+        !(s->fired = calloc(rk_inject_count(s->spec) + 1, 1)) || open_socket(s, &err)) {
+        if (err.msg[0])
+            rep->err = err;
+        else
+            rk_err_set(&rep->err, RK_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (open_gate(s, rep))
+        goto out;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL); /* a closed terminal: checkpoint and stop, like TERM */
+    signal(SIGPIPE, SIG_IGN);
+    prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented to us */
+    if (sup_pick_devices(s) < o->min_ranks || s->n < 1) {
+        sup_say(s, "cannot start: %d healthy device%s, below --min-ranks %d", s->n,
+                s->n == 1 ? "" : "s", o->min_ranks);
+        rep->end = RK_SUP_END_TOO_FEW_DEVICES;
+        goto out;
+    }
+    char desc[1024];
+    sup_say(s, "%s",
+            rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc));
+    char devs[512];
+    sup_say(s, "%d ranks on devices %s; heartbeat timeout %.0f s, quarantine after %d failures",
+            s->n, device_list(s, devs, sizeof devs), o->hb_timeout_s, o->failure_threshold);
+    if (o->inject)
+        sup_say(s, "injecting faults (simulated): %s", o->inject);
+    run_launches(s, rep);
+out:
+    if (s->l.pid > 0)
+        rk_launch_kill(&s->l, 0); /* nothing of the job outlives rk run */
+    rep->outcome = outcome_word(rep->end);
+    if (s->g.t0 > 0)
+        (void)rk_ledger_summary(&s->g, o->summary_path, s->last_done, s->n, rep->outcome, rep,
+                                &rep->summary_err);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->sock[0])
+        unlink(s->sock);
+    if (s->dir[0])
+        nftw(s->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); /* with the launchers' files */
+    rk_inject_free(s->spec);
+    rk_gate_close(s->gate);
+    free(s->fired);
+    rk_ledger_close(&s->g);
+    free(s);
+}
+
+void rk_sup_report_free(rk_sup_report *rep)
+{
+    free(rep->incidents);
+    rep->incidents = NULL;
+    rep->nkinds = 0;
+}

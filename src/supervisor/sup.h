@@ -1,0 +1,147 @@
+/*
+ * The state of one `rk run` (private to src/supervisor/): what the I/O side of the supervisor
+ * shares between its files. run.c runs the job (setup, launches, relaunches, the report);
+ * watch.c watches one launch (poll, timeouts, teardown, the verdict); conns.c the ranks'
+ * heartbeat connections (accept, hello, messages, commands); drain.c the devices (pick,
+ * quarantine, the health gate's readings and the drain). Every decision is policy.h's.
+ */
+#ifndef RK_SUPERVISOR_SUP_H
+#define RK_SUPERVISOR_SUP_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/heartbeat.h"
+#include "rekindle/inject.h"
+#include "supervisor/policy.h"
+#include "supervisor/supervisor.h"
+
+#define RK_SUP_MAX_CONNS 1024
+/* After a rank vanished (or said it exits), how long the launcher has to exit by itself with
+ * the rank's status before the job is torn down: mpirun ends the other ranks and exits with
+ * the first failed rank's status within about a second. */
+#define RK_SUP_EXIT_WAIT_S 5.0
+/* A device left out by the health gate comes back only this many points above the
+ * threshold, so a score hovering at the threshold does not flap in and out of the job. */
+#define RK_SUP_HELD_MARGIN 10.0
+
+typedef struct rk_sup_conn {
+    int fd;
+    int rank;         /* -1 until hello */
+    long pid;         /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
+    double since;     /* accepted */
+    int said, hushed; /* messages about this connection: shown, suppressed */
+    rk_hb_lines lines;
+    double last;      /* time of the last message */
+    int64_t done;     /* steps done */
+    int64_t progress; /* 2 x steps done, +1 while in the step's collective */
+    int bye;
+    int bye_done; /* its bye said "done" */
+} rk_sup_conn;
+
+typedef struct sup {
+    const rk_sup_opts *o;
+    rk_ledger g;
+    rk_inject *spec;
+    int listen_fd;
+    char dir[64], sock[96];
+    rk_sup_dev devs[RK_SUP_MAX_DEVICES]; /* each device's standing over the job */
+    unsigned char *fired;                /* fixed faults that already fired */
+    /* this launch */
+    int n, launch_no;
+    int dev[RK_SUP_MAX_DEVICES]; /* rank -> index into o->devices */
+    rk_launch l;
+    double t_launch;
+    rk_sup_conn c[RK_SUP_MAX_CONNS];
+    int nconn, hellos;
+    int64_t start_step; /* resume step of this launch (the least of its ranks' hellos) */
+    int first_launch;   /* the launch whose hellos set g.first_step, -1 before */
+    int64_t last_done;  /* most steps done by any rank, across launches */
+    double loss;
+    /* a failure seen in this launch, to classify once the launcher has exited */
+    int failing;
+    double ftime;
+    char fdetail[200];
+    rk_sup_seen seen;   /* what this launch's ranks and launcher did, for policy.c */
+    char exit_word[32]; /* the first exit event's kind, as the rank said it */
+    rk_sup_verdict v;   /* the verdict on the launch that ended */
+    char vdetail[RK_HB_DETAIL_MAX + 64];       /* its incident's detail */
+    char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
+    int stop_sent;
+    int stopping; /* a signal was seen: the job has o->stop_grace_s from stop_t */
+    double stop_t;
+    /* incidents waiting for the job to be back at work (index into g.inc) */
+    size_t pending[64];
+    int npending;
+    int64_t pending_last_done;
+    int64_t pending_done[RK_SUP_MAX_DEVICES]; /* rank -> steps it had done at the failure */
+    int64_t hello_step[RK_SUP_MAX_DEVICES];   /* rank -> its hello's step in this launch */
+    double last_status;
+    double strangers_t; /* start of the current 10 s window for messages about strangers */
+    int strangers_said, strangers_hushed;
+    int told_pidns;    /* said once why the job has no PID namespace */
+    int told_loopback; /* said once that Open MPI's listeners are not on loopback only */
+    char jobdir[128];  /* the launcher's private temporary directory */
+    rk_gate *gate;     /* the health gate, NULL without --health */
+    double last_gate;  /* when the gate last read the GPUs */
+    rk_sup_rules rules;
+} sup;
+
+/* SIGINT, SIGTERM and SIGHUP seen (run.c's handler counts them). */
+extern volatile sig_atomic_t rk_sup_interrupted;
+
+/* ---- conns.c ------------------------------------------------------------------------------- */
+
+/* A live status line on stderr: "rk run: [  12.3 s] ...". */
+void sup_say(const sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A message about a connection (NULL: a peer that said no hello), rate-limited. */
+void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Rank `rank`'s device id, "" if none. */
+const char *sup_devname(const sup *s, int rank);
+rk_sup_conn *sup_by_rank(sup *s, int rank);
+/* Send a command to every rank that has not said bye (rk_hb_cmd_format). */
+void sup_send_all(sup *s, rk_hb_cmd cmd);
+/* Ask every rank to checkpoint and stop (once a launch; later ranks hear it at hello). */
+void sup_stop_job(sup *s);
+/* Accept waiting connections and read each at once; close those silent too long. */
+void sup_accept(sup *s);
+void sup_expire_strangers(sup *s);
+/* Read what is there; 1 if bytes were read (more may follow), 0 if none or closed. */
+int sup_read_conn(sup *s, rk_sup_conn *c);
+/* Close every connection of the launch. */
+void sup_close_conns(sup *s);
+
+/* ---- watch.c ------------------------------------------------------------------------------- */
+
+/* A failure seen in this launch (the first one counts), with the incident's detail; who is
+ * to blame is the verdict's (policy.h), from what the loop saw. */
+void sup_fail(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Watch one launch until it ends: the verdict's next step (also in s->v, its detail in
+ * s->vdetail). */
+rk_sup_next sup_watch(sup *s);
+/* The incident kind's word for the verdict (the rank's own word for an exit event's). */
+const char *sup_verdict_kind(const sup *s);
+
+/* ---- drain.c ------------------------------------------------------------------------------- */
+
+/* A failure counted against rank `rank`'s device: quarantines it at the threshold (and stops
+ * a healthy job cleanly to shrink it). */
+void sup_count_failure(sup *s, int rank, const char *why);
+/* Pick the devices of the next launch into s->dev, s->n; returns how many. */
+int sup_pick_devices(sup *s);
+/* During a run: read the GPUs when due; kill a rank whose simulated GPU failed; drain one
+ * the gate or predictor says to. */
+void sup_gate_tick(sup *s);
+/* An incident that is final at once (no steps lost): to the events file now. */
+void sup_record(sup *s, const char *kind, int rank, const char *device, const char *action,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* ---- run.c --------------------------------------------------------------------------------- */
+
+/* An incident whose recovery is measured when the job next applies a step. */
+void sup_pend(sup *s, rk_incident *i);
+/* The job is back at work: every pending incident recovered now. */
+void sup_resolve_pending(sup *s, int64_t resumed_from);
+
+#endif
