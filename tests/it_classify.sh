@@ -34,6 +34,7 @@ ap.add_argument("--ckpt-every", type=int, default=5)
 ap.add_argument("--sleep", type=float, default=0.05)
 ap.add_argument("--act", action="append", default=[])
 ap.add_argument("--act-after-rank0", action="store_true")
+ap.add_argument("--act-after-hellos", action="store_true")
 ap.add_argument("--no-connect", action="store_true")
 ap.add_argument("--log")
 a = ap.parse_args()
@@ -68,6 +69,11 @@ sock.connect(os.environ["RK_HEARTBEAT"])
 def send(**m):
     sock.sendall((json.dumps(m, separators=(",", ":")) + "\n").encode())
 send(type="hello", v=1, rank=rank, world=world, pid=os.getpid(), device=device, step=step)
+if ckdir:  # for an act that must wait until every rank has said hello (--act-after-hellos)
+    try:
+        open(os.path.join(ckdir, f"hello.{launch}.{rank}"), "w").close()
+    except OSError:
+        pass
 sock.setblocking(False)
 buf = b""
 def stop_asked():
@@ -107,10 +113,18 @@ def rank0_done():
             pass
         time.sleep(0.05)
 
+def hellos_done():  # every rank of this launch has said hello (a loaded machine is slow)
+    for _ in range(600):
+        if all(os.path.exists(os.path.join(ckdir, f"hello.{launch}.{r}")) for r in range(world)):
+            return
+        time.sleep(0.05)
+
 acts = [x.split(":") for x in a.act]
 while step < steps:
     for r, l, s_, what in acts:
         if int(r) == rank and l in ("*", launch) and int(s_) == step:
+            if a.act_after_hellos:
+                hellos_done()
             if a.act_after_rank0:
                 rank0_done()
                 time.sleep(0.5)  # and its bye
@@ -182,11 +196,13 @@ while read -r -u 3 st action kind counted rkexit; do
   ran=$((ran + 1))
   n=st$st
   rm -rf "$work/$n.ck"
-  # rank 1 (device 1) exits with status $st at step 3 of the first launch, no word said; a
+  # rank 1 (device 1) exits with status $st at step 3 of the first launch, no word said, once
+  # both ranks said hello (else rank 0 is rightly "never connected": on a loaded machine it
+  # sometimes had not yet, 0.15 s after rank 1's hello); a
   # threshold of 1 quarantines device 1 if (and only if) it is counted; spare device 2
   timeout 120 "$RK" run -n 2 --devices 0,1,2 --failure-threshold 1 --ckpt-dir "$work/$n.ck" \
     --quiet --events "$work/$n.ev" --summary-json "$work/$n.sum" \
-    -- "${worker[@]}" --steps 12 --act "1:0:3:exit$st" </dev/null >"$work/$n.out" 2>&1
+    -- "${worker[@]}" --steps 12 --act "1:0:3:exit$st" --act-after-hellos </dev/null >"$work/$n.out" 2>&1
   got=$?
   want=$([[ $action == stop ]] && echo "$rkexit" || echo 0)
   python3 - "$work/$n.ev" "$work/$n.sum" "$st" "$action" "$kind" "$counted" "$got" "$want" <<'PY' \
