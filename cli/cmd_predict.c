@@ -642,6 +642,7 @@ static int cmd_fleet_train(int argc, char **argv)
     cfg.features = RK_FLEET_FEATURES;
     cfg.task = RK_PRED_CLASSIFY;
     cfg.seed = seed;
+    cfg.horizon_min = so.horizon; /* recorded in the model file */
     to.seed = seed;
     so.window = cfg.window;
     so.seed = seed;
