@@ -36,7 +36,7 @@
  *     rk_pred_save(m, "model.safetensors", &err);
  *
  * Saved models use the safetensors layout (rekindle/safetensors.h): the weights, the
- * normalisation statistics and metadata (format, task, window, features, hidden, attn,
+ * normalisation statistics and metadata (format, task, window, features, hidden, attn, horizon,
  * dense), so that a model is self-describing and Python reads it unchanged.
  */
 #ifndef REKINDLE_PREDICT_H
