@@ -223,8 +223,7 @@ int rk_cmd_exporter(int argc, char **argv)
         printf("rk exporter: failure predictor %s: rk_gpu_failure_probability (within %g min) "
                "once a GPU has %d minutes of readings%s\n",
                model_path, (double)rk_pred_config_of(model)->horizon_min,
-               rk_pred_config_of(model)->window,
-               sim ? " (simulated minutes)" : "");
+               rk_pred_config_of(model)->window, sim ? " (simulated minutes)" : "");
     fflush(stdout);
 
     int sig = 0;

@@ -524,8 +524,7 @@ void rk_prom_render_stats(rk_buf *b, const rk_prom_stats *s)
 
 /* ---- assessment --------------------------------------------------------------------------- */
 
-void rk_prom_gpu_from_monitor(rk_prom_gpu *g, const rk_gpu_info *info,
-                              const rk_monitor_gpu *m)
+void rk_prom_gpu_from_monitor(rk_prom_gpu *g, const rk_gpu_info *info, const rk_monitor_gpu *m)
 {
     memset(g, 0, sizeof *g);
     g->info = *info;

@@ -172,8 +172,7 @@ static int scan_events(const char *path, int gpu, double from, double to, FILE *
 }
 
 /* The dataset's simulated fleet, its event log written afresh to `events`. */
-static int open_sim(const rk_fleet_data_opts *o, const char *events, rk_telemetry **t,
-                    rk_err *err)
+static int open_sim(const rk_fleet_data_opts *o, const char *events, rk_telemetry **t, rk_err *err)
 {
     unlink(events);
     rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
@@ -222,8 +221,8 @@ static int place_history(const rk_fleet_data_opts *o, int i, const char *events,
     return RK_OK;
 }
 
-int rk_fleet_record(rk_telemetry *t, int gpu, double t0_s, size_t minutes, float *x,
-                    uint8_t *v, float *score, size_t *steps, int *lost, rk_err *err)
+int rk_fleet_record(rk_telemetry *t, int gpu, double t0_s, size_t minutes, float *x, uint8_t *v,
+                    float *score, size_t *steps, int *lost, rk_err *err)
 {
     *steps = 0;
     *lost = 0;

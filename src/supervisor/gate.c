@@ -28,12 +28,12 @@ struct rk_gate {
     /* the predictor (NULL without one) */
     rk_pred_model *model;
     rk_pred_online *online;
-    rk_sim *sim;        /* the simulator when the backend is "sim" and the gate drives it */
-    double t0_real;     /* monotonic seconds at open */
-    double sim_t0;      /* simulated seconds at open (the skip) */
+    rk_sim *sim;    /* the simulator when the backend is "sim" and the gate drives it */
+    double t0_real; /* monotonic seconds at open */
+    double sim_t0;  /* simulated seconds at open (the skip) */
     double time_scale;
-    long minute;        /* the last minute read (driven clock) */
-    uint64_t *unc;      /* uncorrectable ECC count at the previous reading */
+    long minute;                     /* the last minute read (driven clock) */
+    uint64_t *unc;                   /* uncorrectable ECC count at the previous reading */
     unsigned char *unc_seen, *fatal; /* a count to compare with; an error since the last look */
 };
 
