@@ -263,10 +263,10 @@ static void gpu_events(rk_exporter *x, int i)
     char name[sizeof g->info.name];
     show(name, sizeof name, g->info.name);
     const char *sim = g->info.simulated ? ", simulated" : "";
-    enum gpu_state st = g->sample.lost              ? ST_LOST
-                        : !g->has_score             ? ST_NOREAD
-                        : g->score < x->o.threshold ? ST_BELOW
-                                                    : ST_OK;
+    enum gpu_state st = g->sample.lost                                        ? ST_LOST
+                        : rk_monitor_read_failed(&g->sample) || !g->has_score ? ST_NOREAD
+                        : g->score < x->o.threshold                           ? ST_BELOW
+                                                                              : ST_OK;
     enum gpu_state was = x->state[i];
     x->state[i] = st;
     if (st == was || (was == ST_NEW && st == ST_OK))
