@@ -1,9 +1,10 @@
 /*
  * rk doctor: a health check of this node's GPUs. Reads each GPU a few times (for rates and
- * dT/dt), scores it (rekindle/health.h, docs/health.md) and prints a table or JSON; exit
- * status 1 when any GPU scores below the threshold, so scripts and schedulers can gate on it.
- * With --predictor its readings also feed the failure predictor's windows
- * (rekindle/predict_online.h); a check too short to fill them says so.
+ * dT/dt) through the health monitor (rekindle/monitor.h, docs/health.md), which scores them,
+ * and prints a table or JSON; exit status 1 when any GPU scores below the threshold or could
+ * not be read, so scripts and schedulers can gate on it. With --predictor its readings also
+ * feed the failure predictor's windows (rekindle/predict_online.h); a check too short to fill
+ * them says so.
  */
 #include <cblas.h>
 #include <errno.h>
@@ -16,8 +17,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "health/sim.h"
 #include "rekindle/health.h"
+#include "rekindle/monitor.h"
 #include "rekindle/predict.h"
 #include "rekindle/predict_online.h"
 #include "rk.h"
@@ -40,28 +41,18 @@ static const char usage_text[] =
     "  --samples K         readings per GPU, for rates and dT/dt (default 5)\n"
     "  --interval SECONDS  between readings (default 0.5; a simulated fleet ages 120x faster)\n"
     "  --predictor MODEL   also ask this failure predictor (rk predict; docs/predict.md). It\n"
-    "                      reads one row a minute over its window (60 minutes for issue 7's\n"
-    "                      models): a short check cannot fill it, and then says so rather than\n"
+    "                      reads one row a minute over its window (60 minutes by default): a\n"
+    "                      short check cannot fill it, and then says so rather than\n"
     "                      guess (a simulated fleet: --samples 61 fills 60 minutes; real GPUs:\n"
     "                      --samples 61 --interval 60, or watch with rk exporter --predictor)\n"
     "  -h, --help          show this help\n"
     "\n"
-    "Exit status: 0 every GPU at or above the threshold, 1 one or more below it (or no GPU\n"
-    "could be read), 2 bad usage or a model file it cannot use.\n";
+    "Exit status: 0 every GPU at or above the threshold, 1 one or more below it or unreadable\n"
+    "(or no GPU at all), 2 bad usage or a model file it cannot use.\n";
 
 #define usage_error(...) rk_cli_usage_error("doctor", usage_text, __VA_ARGS__)
 
-/* What a predictor's probability is about: issue 7's horizon (model files do not record it). */
-#define RK_DOCTOR_HORIZON_MIN 60
-
 static rk_args args = {.cmd = "doctor", .usage = usage_text};
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Load the failure predictor and check that live readings can feed it; NULL (after one line
  * naming the file) when it cannot be used. */
@@ -88,12 +79,6 @@ static rk_pred_model *load_predictor(const char *path)
     if (!getenv("OPENBLAS_NUM_THREADS"))
         openblas_set_num_threads(1);
     return m;
-}
-
-static void nap(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
 }
 
 /* The sample's valid fields as a JSON object (absent fields absent). */
@@ -212,44 +197,28 @@ int rk_cmd_doctor(int argc, char **argv)
         return RK_EXIT_FAIL;
     }
     int n = rk_telemetry_count(t);
-    rk_gpu_info *info = calloc((size_t)(n ? n : 1), sizeof *info);
-    rk_gpu_sample *smp = calloc((size_t)(n ? n : 1), sizeof *smp);
-    rk_gpu_history *h = calloc((size_t)(n ? n : 1), sizeof *h);
-    int status = RK_EXIT_OK, warned = 0;
-    if (!info || !smp || !h) {
-        fprintf(stderr, "rk doctor: out of memory\n");
-        status = RK_EXIT_FAIL;
-        goto out;
-    }
-    for (int i = 0; i < n; i++)
-        if (rk_history_init(&h[i], (int)samples + 1, &err)) {
-            fprintf(stderr, "rk doctor: %s\n", err.msg);
-            status = RK_EXIT_FAIL;
-            goto out;
-        }
+    rk_monitor *mon = NULL;
+    int status = RK_EXIT_OK;
     if (model && n > 0 && rk_pred_online_create(&pred, model, n, &err)) {
         fprintf(stderr, "rk doctor: %s\n", err.msg);
         status = RK_EXIT_FAIL;
         goto out;
     }
-    /* the predictor's minutes: simulated ones for the simulator, else the monotonic clock */
-    void *sim_state = sim ? rk_telemetry_state(t) : NULL;
-    for (int k = 0; k < (int)samples; k++) {
-        if (k)
-            nap(interval);
-        if (rk_telemetry_read_all(t, info, smp, &err) && !warned) {
-            fprintf(stderr, "rk doctor: %s\n", err.msg); /* once: the rest is still read */
-            warned = 1;
-        }
-        double tp = sim_state ? rk_sim_now(sim_state) : mono_s();
-        for (int i = 0; i < n; i++) {
-            rk_history_push(&h[i], &smp[i]);
-            if (pred && rk_pred_online_push(pred, i, tp, &smp[i], &err) < 0 && !warned) {
-                fprintf(stderr, "rk doctor: %s\n", err.msg);
-                warned = 1;
-            }
-        }
+    rk_monitor_predictor mp;
+    rk_monitor_opts mo = RK_MONITOR_OPTS_DEFAULT;
+    mo.history = samples + 1;
+    if (pred) {
+        rk_pred_online_monitor(pred, &mp);
+        mo.predictor = &mp;
     }
+    if (rk_monitor_create(&mon, n, &mo, &err)) {
+        fprintf(stderr, "rk doctor: %s\n", err.msg);
+        status = RK_EXIT_FAIL;
+        goto out;
+    }
+    /* the first problem once: the rest is still read */
+    if (n > 0 && rk_monitor_sample(mon, t, samples, interval, &err))
+        fprintf(stderr, "rk doctor: %s\n", err.msg);
     if (n == 0) {
         fprintf(stderr, "rk doctor: %s found no GPU\n", rk_telemetry_backend(t));
         status = RK_EXIT_FAIL;
@@ -258,30 +227,25 @@ int rk_cmd_doctor(int argc, char **argv)
     if (!as_json)
         printf("%-4s %-46s %5s  %-4s  %s\n", "GPU", "NAME", "SCORE", "", "FINDINGS");
     for (int i = 0; i < n; i++) {
-        rk_gpu_signals g;
-        rk_signals_compute(&h[i], &g);
-        double p = pred ? rk_pred_online_prob(pred, i) : -1;
+        const rk_monitor_gpu *g = rk_monitor_gpu_state(mon, i);
+        const rk_gpu_info *in = rk_monitor_info(mon, i);
+        double p = g->prob;
         int minutes = pred ? rk_pred_online_minutes(pred, i) : 0;
-        if (p >= 0) {
-            g.fail_prob_valid = true;
-            g.fail_prob = p;
-            g.fail_horizon_min = RK_DOCTOR_HORIZON_MIN;
-        }
-        rk_finding f[RK_MAX_FINDINGS];
-        int nf = 0;
-        int score = rk_health_score(&smp[i], &g, f, &nf);
-        int pass = score >= threshold;
+        const rk_finding *f = g->findings;
+        int nf = g->nfindings, score = g->score;
+        int pass = g->has_score && score >= threshold; /* unreadable: nothing says it is sound */
         if (!pass)
             status = RK_EXIT_FAIL;
         if (as_json) {
             json_t *o2 = json_object();
-            json_object_set_new(o2, "index", json_integer(info[i].index));
-            json_object_set_new(o2, "name", json_string(info[i].name));
-            json_object_set_new(o2, "uuid", json_string(info[i].uuid));
-            json_object_set_new(o2, "simulated", json_boolean(info[i].simulated));
-            if (info[i].profile[0])
-                json_object_set_new(o2, "profile", json_string(info[i].profile));
-            json_object_set_new(o2, "score", json_integer(score));
+            json_object_set_new(o2, "index", json_integer(in->index));
+            json_object_set_new(o2, "name", json_string(in->name));
+            json_object_set_new(o2, "uuid", json_string(in->uuid));
+            json_object_set_new(o2, "simulated", json_boolean(in->simulated));
+            if (in->profile[0])
+                json_object_set_new(o2, "profile", json_string(in->profile));
+            /* null: no reading succeeded (docs/health.md, failed readings) */
+            json_object_set_new(o2, "score", g->has_score ? json_integer(score) : json_null());
             json_object_set_new(o2, "pass", json_boolean(pass));
             json_t *fa = json_array();
             for (int q = 0; q < nf; q++) {
@@ -298,22 +262,30 @@ int rk_cmd_doctor(int argc, char **argv)
                 json_object_set_new(o2, "failure_probability", p >= 0 ? json_real(p) : json_null());
                 json_object_set_new(o2, "prediction_minutes", json_integer(minutes));
             }
-            json_object_set_new(o2, "sample", sample_json(&smp[i]));
+            if (g->failed_reads)
+                json_object_set_new(o2, "failed_reads", json_integer(g->failed_reads));
+            json_object_set_new(o2, "sample", sample_json(&g->latest));
             json_array_append_new(arr, o2);
             continue;
         }
         char name[128];
-        snprintf(name, sizeof name, "%s%s", info[i].name[0] ? info[i].name : "(unknown: not answering)",
-                 info[i].simulated ? " (simulated)" : "");
-        printf("%-4d %-46.46s %5d  %-4s  %s\n", info[i].index, name, score, pass ? "ok" : "FAIL",
-               nf ? "" : "none");
+        snprintf(name, sizeof name, "%s%s", in->name[0] ? in->name : "(unknown: not answering)",
+                 in->simulated ? " (simulated)" : "");
+        char shown[16] = "-";
+        if (g->has_score)
+            snprintf(shown, sizeof shown, "%d", score);
+        printf("%-4d %-46.46s %5s  %-4s  %s\n", in->index, name, shown, pass ? "ok" : "FAIL",
+               !g->has_score ? "unreadable: no reading succeeded" : nf ? "" : "none");
+        if (g->has_score && g->failed_reads)
+            printf("       the last %d reading%s failed: the score is the last good one's\n",
+                   g->failed_reads, g->failed_reads == 1 ? "" : "s");
         for (int q = 0; q < nf; q++)
             printf("       %-4s %-20s %s -> %s\n", rk_severity_name(f[q].severity), f[q].code,
                    f[q].message, f[q].action);
         if (pred && p >= 0)
-            printf("       prediction: p=%.2f of failing within %d min (a model's estimate "
+            printf("       prediction: p=%.2f of failing within %.0f min (a model's estimate "
                    "over the last %d minutes)\n",
-                   p, RK_DOCTOR_HORIZON_MIN, minutes);
+                   p, g->horizon_min, minutes);
         else if (pred)
             printf("       prediction: none: the predictor needs %d minutes of readings, this "
                    "check saw %d\n",
@@ -335,11 +307,7 @@ int rk_cmd_doctor(int argc, char **argv)
                status == RK_EXIT_OK ? "every GPU passes" : "one or more GPUs fail");
     }
 out:
-    for (int i = 0; h && i < n; i++)
-        rk_history_free(&h[i]);
-    free(h);
-    free(info);
-    free(smp);
+    rk_monitor_free(mon);
     rk_telemetry_close(t);
     rk_pred_online_free(pred);
     rk_pred_free(model);

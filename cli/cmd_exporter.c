@@ -43,8 +43,9 @@ static const char usage_text[] =
     "  --threshold T       report on stderr when a GPU scores below T (default 60)\n"
     "  --predictor MODEL   serve rk_gpu_failure_probability from this failure predictor (a\n"
     "                      classification model of rk predict; docs/predict.md) and let the\n"
-    "                      score take it into account; a GPU's probability appears once it has\n"
-    "                      a full window of minutes (60 for issue 7's models)\n"
+    "                      score take it into account; a GPU's probability (of failing within\n"
+    "                      the horizon the model records) appears once it has a full window\n"
+    "                      of minutes (the model's window, 60 by default)\n"
     "  -h, --help          show this help\n"
     "\n"
     "Runs until SIGINT or SIGTERM. Exit status: 0 stopped by a signal, 1 it could not start (no\n"
@@ -221,8 +222,8 @@ int rk_cmd_exporter(int argc, char **argv)
     if (model)
         printf("rk exporter: failure predictor %s: rk_gpu_failure_probability (within %g min) "
                "once a GPU has %d minutes of readings%s\n",
-               model_path, o.predict_horizon_min, rk_pred_config_of(model)->window,
-               sim ? " (simulated minutes)" : "");
+               model_path, (double)rk_pred_config_of(model)->horizon_min,
+               rk_pred_config_of(model)->window, sim ? " (simulated minutes)" : "");
     fflush(stdout);
 
     int sig = 0;

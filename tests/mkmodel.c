@@ -55,13 +55,13 @@ int main(int argc, char **argv)
     to.sim_gpus = GPUS;
     to.seed = 1;
     to.start_age_h = 20000;
-    void *st = NULL;
-    int rc = rows && x && y ? rk_telemetry_sim.open(&st, &to, &err) : RK_ENOMEM;
+    rk_sim *st = NULL;
+    int rc = rows && x && y ? rk_sim_open(&st, &to, &err) : RK_ENOMEM;
     for (int g = 0; !rc && g < GPUS; g++) {
         rk_gpu_sample s, prev;
         for (int k = 0; k < minutes && !rc; k++) {
             if ((rc = rk_sim_set_time(st, 60.0 * (g * minutes + k + 1))) ||
-                (rc = rk_telemetry_sim.read(st, g, &s, &err)))
+                (rc = rk_sim_read(st, g, &s, &err)))
                 break;
             if (s.lost) /* a lost reading: keep the previous minute's row */
                 s = k ? prev : s;
@@ -78,7 +78,7 @@ int main(int argc, char **argv)
         }
     }
     if (st)
-        rk_telemetry_sim.close(st);
+        rk_sim_close(st);
     rk_pred_data d = {n, x, y};
     if (!rc)
         rc = rk_pred_fit_norm(m, &d, &err);

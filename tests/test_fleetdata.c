@@ -68,8 +68,8 @@ static void test_history_matches_fleet(void **state)
     to.sim_gpus = N;
     to.seed = 3;
     to.start_age_h = 30000;
-    void *st;
-    assert_int_equal(rk_telemetry_sim.open(&st, &to, &err), RK_OK);
+    rk_sim *st;
+    assert_int_equal(rk_sim_open(&st, &to, &err), RK_OK);
     rk_st_file f[N];
     for (int i = 0; i < N; i++) {
         snprintf(path, sizeof path, "%s/gpu-%04d.safetensors", dir, i);
@@ -89,7 +89,7 @@ static void test_history_matches_fleet(void **state)
         assert_int_equal(rk_sim_set_time(st, (m + 1) * 60.0), RK_OK);
         for (int i = 0; i < N; i++) {
             rk_gpu_sample s;
-            assert_int_equal(rk_telemetry_sim.read(st, i, &s, &err), RK_OK);
+            assert_int_equal(rk_sim_read(st, i, &s, &err), RK_OK);
             float x[RK_FLEET_FEATURES];
             uint8_t v[RK_FLEET_FEATURES];
             const rk_st_tensor *tx = rk_st_find(&f[i], "x"), *tv = rk_st_find(&f[i], "valid");
@@ -112,7 +112,7 @@ static void test_history_matches_fleet(void **state)
             prev[i] = s;
         }
     }
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
     for (int i = 0; i < N; i++)
         rk_st_free(&f[i]);
     print_message("%d of %d GPUs report ECC\n", ecc_cards, N);
@@ -262,8 +262,8 @@ static void test_span_keeps_each_failure_inside_its_history(void **state)
         to.sim_gpus = N;
         to.seed = 4;
         to.start_age_h = 20000;
-        void *st;
-        assert_int_equal(rk_telemetry_sim.open(&st, &to, &err), RK_OK);
+        rk_sim *st;
+        assert_int_equal(rk_sim_open(&st, &to, &err), RK_OK);
         rk_st_file f;
         snprintf(path, sizeof path, "%s/gpu-%04d.safetensors", dir, i);
         assert_int_equal(rk_st_read(path, &f, &err), RK_OK);
@@ -276,7 +276,7 @@ static void test_span_keeps_each_failure_inside_its_history(void **state)
         rk_gpu_sample s, prev;
         for (int m = 0; m < 30 && m < steps; m++) {
             assert_int_equal(rk_sim_set_time(st, (double)(start + m + 1) * 60.0), RK_OK);
-            assert_int_equal(rk_telemetry_sim.read(st, i, &s, &err), RK_OK);
+            assert_int_equal(rk_sim_read(st, i, &s, &err), RK_OK);
             float x[RK_FLEET_FEATURES], want[RK_FLEET_FEATURES], sc;
             uint8_t v[RK_FLEET_FEATURES];
             rk_fleet_features(&s, m ? &prev : NULL, want, v);
@@ -291,7 +291,7 @@ static void test_span_keeps_each_failure_inside_its_history(void **state)
         }
         rk_history_free(&h);
         rk_st_free(&f);
-        rk_telemetry_sim.close(st);
+        rk_sim_close(st);
         checked++;
     }
     print_message("%d of %d GPUs fail within the span\n", failed, N);

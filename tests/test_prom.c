@@ -26,6 +26,35 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
+/* The exporter's path for one GPU: readings through a health monitor (rekindle/monitor.h),
+ * with a scripted predictor probability when p is not NULL (p[k] for reading k), into
+ * rk_prom_gpu_from_monitor, as the collector does. */
+static const double *script_p;
+static int script_k;
+static int script_push(void *ctx, int gpu, double t, const rk_gpu_sample *s, double *prob,
+                       rk_err *err)
+{
+    (void)ctx, (void)gpu, (void)t, (void)s, (void)err;
+    *prob = script_p[script_k];
+    return RK_OK;
+}
+
+static void assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sample *s, int n,
+                   const double *p, double horizon_min)
+{
+    rk_monitor_predictor pred = {script_push, NULL, horizon_min};
+    rk_monitor_opts o = RK_MONITOR_OPTS_DEFAULT;
+    o.history = 8;
+    o.predictor = p ? &pred : NULL;
+    rk_monitor *m;
+    assert_int_equal(rk_monitor_create(&m, 1, &o, NULL), RK_OK);
+    script_p = p;
+    for (script_k = 0; script_k < n; script_k++)
+        assert_int_equal(rk_monitor_push(m, 0, s[script_k].t, &s[script_k], NULL), RK_OK);
+    rk_prom_gpu_from_monitor(g, info, rk_monitor_gpu_state(m, 0));
+    rk_monitor_free(m);
+}
+
 static char *render(const rk_prom_gpu *g, int n, const rk_prom_stats *st)
 {
     rk_buf b = {0};
@@ -266,15 +295,10 @@ static void lost_gpu(void **state)
     (void)state;
     rk_prom_gpu g0;
     one_gpu(&g0);
-    rk_gpu_sample lost = g0.sample; /* stale fields left in on purpose */
-    lost.lost = true;
-    rk_gpu_history h;
-    assert_int_equal(rk_history_init(&h, 4, NULL), RK_OK);
-    rk_history_push(&h, &g0.sample);
-    rk_history_push(&h, &lost);
+    rk_gpu_sample seq[2] = {g0.sample, g0.sample};
+    seq[1].lost = true; /* stale fields left in on purpose */
     rk_prom_gpu g;
-    rk_prom_gpu_assess(&g, &g0.info, &lost, &h);
-    rk_history_free(&h);
+    assess(&g, &g0.info, seq, 2, NULL, 0);
     assert_true(g.has_score);
     assert_int_equal(g.score, 0);
     assert_true(g.nfindings >= 1);
@@ -290,8 +314,10 @@ static void lost_gpu(void **state)
     free(text);
 }
 
-/* A read that failed this cycle (nothing valid, not lost): info and up 0, and no score,
- * because an empty sample would otherwise score a perfect 100. */
+/* A read that failed this cycle (nothing valid, not lost): info and up 0, and no score
+ * when no reading ever succeeded (an empty sample would otherwise score a perfect 100); after
+ * a good reading, the monitor's rule: the score of that last good reading, and no other
+ * series. */
 static void failed_read(void **state)
 {
     (void)state;
@@ -299,12 +325,23 @@ static void failed_read(void **state)
     one_gpu(&g0);
     rk_gpu_sample empty = {0};
     rk_prom_gpu g;
-    rk_prom_gpu_assess(&g, &g0.info, &empty, NULL);
+    assess(&g, &g0.info, &empty, 1, NULL, 0);
     assert_false(g.has_score);
     char *text = render(&g, 1, NULL);
     assert_int_equal(check_exposition(text), 2);
     assert_non_null(strstr(text, "\nrk_gpu_up" L0 "} 0\n"));
     assert_null(strstr(text, "rk_gpu_health_score"));
+    free(text);
+    rk_gpu_sample hot = {.t = 1, .temp_c = 85};
+    rk_field_set(&hot, RK_F_TEMP);
+    rk_gpu_sample seq[2] = {hot, empty};
+    assess(&g, &g0.info, seq, 2, NULL, 0);
+    assert_true(g.has_score);
+    assert_int_equal(g.score, 80); /* thermal_high, from the good reading */
+    text = render(&g, 1, NULL);
+    assert_non_null(strstr(text, "\nrk_gpu_up" L0 "} 0\n"));
+    assert_non_null(strstr(text, "\nrk_gpu_health_score" L0 "} 80\n"));
+    assert_null(strstr(text, "temperature"));
     free(text);
 }
 
@@ -317,7 +354,7 @@ static void absent_fields(void **state)
     rk_gpu_sample s = {.t = 5, .temp_c = 40};
     rk_field_set(&s, RK_F_TEMP);
     rk_prom_gpu g;
-    rk_prom_gpu_assess(&g, &info, &s, NULL);
+    assess(&g, &info, &s, 1, NULL, 0);
     assert_true(g.has_score);
     assert_int_equal(g.score, 100);
     char *text = render(&g, 1, NULL);
@@ -464,25 +501,22 @@ static void duplicate_findings_merged(void **state)
     free(text);
 }
 
-/* Samples run through rk_prom_gpu_assess with a real window: the signals and findings come
+/* Samples run through the monitor with a real window: the signals and findings come
  * from the health layer and show up with the right units. */
 static void assess_window(void **state)
 {
     (void)state;
     rk_gpu_info info = {.index = 0, .name = "GTX 1070 Ti", .uuid = "GPU-x", .backend = "nvml"};
-    rk_gpu_history h;
-    assert_int_equal(rk_history_init(&h, 8, NULL), RK_OK);
-    rk_gpu_sample s = {0};
+    rk_gpu_sample seq[5];
     for (int k = 0; k < 5; k++) { /* +0.5 C every 2 s: 15 C/min */
-        memset(&s, 0, sizeof s);
+        rk_gpu_sample s = {0};
         s.t = 100 + 2.0 * k;
         s.temp_c = 60 + 0.5 * k, rk_field_set(&s, RK_F_TEMP);
         s.ecc_corrected = 10 + 2u * (unsigned)k, rk_field_set(&s, RK_F_ECC_CORRECTED);
-        rk_history_push(&h, &s);
+        seq[k] = s;
     }
     rk_prom_gpu g;
-    rk_prom_gpu_assess(&g, &info, &s, &h);
-    rk_history_free(&h);
+    assess(&g, &info, seq, 5, NULL, 0);
     char *text = render(&g, 1, NULL);
     check_exposition(text);
     assert_non_null(strstr(text, "rk_gpu_temperature_rate_celsius_per_second{gpu=\"0\",uuid=\"GPU-"
@@ -546,7 +580,7 @@ static void buffer_grows(void **state)
     rk_buf_free(&b);
 }
 
-/* The failure predictor's probability (rk_prom_gpu_assess_predicted): served as
+/* The failure predictor's probability (through the monitor): served as
  * rk_gpu_failure_probability with the GPU's labels and taken into the score; unknown
  * (negative, NaN, above 1), a lost GPU or a failed read give no series and the score without
  * it. */
@@ -557,7 +591,7 @@ static void failure_probability(void **state)
     rk_gpu_sample s = {.t = 5, .temp_c = 40};
     rk_field_set(&s, RK_F_TEMP);
     rk_prom_gpu g;
-    rk_prom_gpu_assess_predicted(&g, &info, &s, NULL, 0.75, 60);
+    assess(&g, &info, &s, 1, (const double[]){0.75}, 60);
     assert_int_equal(g.score, 55);
     assert_string_equal(g.findings[0].code, "failure_predicted");
     assert_string_equal(g.findings[0].message,
@@ -569,12 +603,12 @@ static void failure_probability(void **state)
                            "rk_gpu_failure_probability{gpu=\"3\",uuid=\"GPU-3\",name=\"Tesla\","
                            "simulated=\"false\"} 0.75\n"));
     free(text);
-    rk_prom_gpu_assess_predicted(&g, &info, &s, NULL, 0.3, 60);
+    assess(&g, &info, &s, 1, (const double[]){0.3}, 60);
     assert_int_equal(g.score, 85);
     assert_string_equal(g.findings[0].code, "failure_risk");
     const double unknown[] = {-1, NAN, 1.5, INFINITY};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
-        rk_prom_gpu_assess_predicted(&g, &info, &s, NULL, unknown[i], 60);
+        assess(&g, &info, &s, 1, &unknown[i], 60);
         assert_int_equal(g.score, 100);
         text = render(&g, 1, NULL);
         assert_null(strstr(text, "failure"));
@@ -582,14 +616,14 @@ static void failure_probability(void **state)
     }
     rk_gpu_sample lost = s;
     lost.lost = true;
-    rk_prom_gpu_assess_predicted(&g, &info, &lost, NULL, 0.9, 60);
+    assess(&g, &info, &lost, 1, (const double[]){0.9}, 60);
     assert_int_equal(g.score, 0);
     assert_int_equal(g.nfindings, 1);
     text = render(&g, 1, NULL);
     assert_null(strstr(text, "rk_gpu_failure_probability"));
     free(text);
     rk_gpu_sample empty = {0};
-    rk_prom_gpu_assess_predicted(&g, &info, &empty, NULL, 0.9, 60);
+    assess(&g, &info, &empty, 1, (const double[]){0.9}, 60);
     assert_false(g.has_score);
     text = render(&g, 1, NULL);
     assert_null(strstr(text, "rk_gpu_failure_probability"));

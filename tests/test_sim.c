@@ -37,26 +37,26 @@ static const char *tmp_path(char *buf, size_t cap, const char *name)
     return buf;
 }
 
-static void *fleet_open(int n, uint64_t seed, double start_age_h, const char *events)
+static rk_sim *fleet_open(int n, uint64_t seed, double start_age_h, const char *events)
 {
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
     o.sim_gpus = n;
     o.seed = seed;
     o.start_age_h = start_age_h;
     o.events_path = events;
-    void *st = NULL;
+    rk_sim *st = NULL;
     rk_err err = {0};
-    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_OK);
+    assert_int_equal(rk_sim_open(&st, &o, &err), RK_OK);
     assert_non_null(st);
-    assert_int_equal(rk_telemetry_sim.count(st), n);
+    assert_int_equal(rk_sim_count(st), n);
     return st;
 }
 
-static void fleet_read(void *st, double t, int i, rk_gpu_sample *s)
+static void fleet_read(rk_sim *st, double t, int i, rk_gpu_sample *s)
 {
     rk_err err = {0};
     assert_int_equal(rk_sim_set_time(st, t), RK_OK);
-    assert_int_equal(rk_telemetry_sim.read(st, i, s, &err), RK_OK);
+    assert_int_equal(rk_sim_read(st, i, s, &err), RK_OK);
     assert_true(s->t == t);
 }
 
@@ -133,13 +133,13 @@ static const double read_times[] = {0,     5,       10,       600,      3600,
 /* All samples of a 16-GPU fleet at read_times (n GPUs x NTIMES). */
 static void run_fleet(uint64_t seed, const char *events, rk_gpu_sample *out, rk_gpu_info *infos)
 {
-    void *st = fleet_open(16, seed, 1000, events);
+    rk_sim *st = fleet_open(16, seed, 1000, events);
     for (int i = 0; i < 16; i++)
-        assert_int_equal(rk_telemetry_sim.info(st, i, &infos[i]), RK_OK);
+        assert_int_equal(rk_sim_info(st, i, &infos[i]), RK_OK);
     for (int k = 0; k < NTIMES; k++)
         for (int i = 0; i < 16; i++)
             fleet_read(st, read_times[k], i, &out[k * 16 + i]);
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
 }
 
 static void test_same_seed_same_bits_other_seed_other_bits(void **state)
@@ -190,7 +190,7 @@ static void test_same_seed_same_bits_other_seed_other_bits(void **state)
 static void test_each_profile_reports_only_what_its_card_can(void **state)
 {
     (void)state;
-    void *st = fleet_open(64, 3, 0, NULL);
+    rk_sim *st = fleet_open(64, 3, 0, NULL);
     struct {
         const char *profile, *name;
         int gen_max;
@@ -212,7 +212,7 @@ static void test_each_profile_reports_only_what_its_card_can(void **state)
         int found = 0;
         for (int i = 0; i < 64; i++) {
             rk_gpu_info in;
-            assert_int_equal(rk_telemetry_sim.info(st, i, &in), RK_OK);
+            assert_int_equal(rk_sim_info(st, i, &in), RK_OK);
             if (strcmp(in.profile, want[w].profile) != 0)
                 continue;
             found++;
@@ -241,7 +241,7 @@ static void test_each_profile_reports_only_what_its_card_can(void **state)
         }
         assert_true(found > 0); /* 64 GPUs of seed 3 hold every drawn profile */
     }
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
 }
 
 /* ---- wear -------------------------------------------------------------------------------- */
@@ -271,14 +271,14 @@ static void test_wear_only_grows_and_shows(void **state)
     enum { N = 32, STEP_D = 10, YEARS = 3 };
     char path[600];
     tmp_path(path, sizeof path, "wear.jsonl");
-    void *st = fleet_open(N, 11, 0, path);
+    rk_sim *st = fleet_open(N, 11, 0, path);
     int days = 365 * YEARS, reads = days / STEP_D + 1;
     rk_gpu_sample *all = calloc((size_t)reads * N, sizeof *all);
     assert_non_null(all);
     for (int k = 0; k < reads; k++)
         for (int i = 0; i < N; i++)
             fleet_read(st, k * STEP_D * 86400.0, i, &all[k * N + i]);
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
     int nev;
     ev *log = read_log(path, &nev);
 
@@ -365,7 +365,7 @@ static void test_drawn_off_bus_is_logged_at_its_time_and_the_gpu_stays_lost(void
             }
     char path[600];
     tmp_path(path, sizeof path, "off_bus.jsonl");
-    void *st = fleet_open(N, seed, age, path);
+    rk_sim *st = fleet_open(N, seed, age, path);
     int tested = 0;
     for (int k = 0; k < m && !tested; k++) {
         int i = order[k];
@@ -396,7 +396,7 @@ static void test_drawn_off_bus_is_logged_at_its_time_and_the_gpu_stays_lost(void
         tested = 1;
     }
     assert_true(tested);
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
 }
 
 /* A worn mining fleet read every two days for four years: fans seize and cards overheat, VRMs
@@ -408,7 +408,7 @@ static void test_overheating_and_wrong_arithmetic_are_logged_and_queried(void **
     const uint64_t seed = 9;
     char path[600];
     tmp_path(path, sizeof path, "fleet.jsonl");
-    void *st = fleet_open(N, seed, 8000, path);
+    rk_sim *st = fleet_open(N, seed, 8000, path);
     double lost_at[N];
     bool vib_warned[N] = {0};
     for (int i = 0; i < N; i++)
@@ -424,7 +424,7 @@ static void test_overheating_and_wrong_arithmetic_are_logged_and_queried(void **
             if (rk_field_valid(&s, RK_F_FAN_VIB) && s.fan_vib_hz > 400)
                 vib_warned[i] = true;
         }
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
 
     int n;
     ev *e = read_log(path, &n);
@@ -456,12 +456,12 @@ static void test_overheating_and_wrong_arithmetic_are_logged_and_queried(void **
                     if (strcmp(e[k].event, "sdc_end") != 0)
                         break;
                     if (episodes < 5) {
-                        void *q = fleet_open(N, seed, 8000, NULL);
+                        rk_sim *q = fleet_open(N, seed, 8000, NULL);
                         assert_int_equal(rk_sim_set_time(q, 0.5 * (e[j].t + e[k].t)), RK_OK);
                         assert_int_equal(rk_sim_sdc_active(q, i), 1);
                         assert_int_equal(rk_sim_set_time(q, e[k].t + 0.01), RK_OK);
                         assert_int_equal(rk_sim_sdc_active(q, i), 0);
-                        rk_telemetry_sim.close(q);
+                        rk_sim_close(q);
                     }
                     episodes++;
                     break;
@@ -520,14 +520,14 @@ static void test_precursors_start_within_their_lead_before_each_failure(void **s
                 continue;
             char path[600];
             tmp_path(path, sizeof path, "pre.jsonl");
-            void *st = fleet_open(N, seed, age, path);
+            rk_sim *st = fleet_open(N, seed, age, path);
             rk_gpu_info in;
-            assert_int_equal(rk_telemetry_sim.info(st, i, &in), RK_OK);
+            assert_int_equal(rk_sim_info(st, i, &in), RK_OK);
             int kind = strcmp(evname, "off_bus") == 0        ? 0
                        : strcmp(in.profile, "p100-hpc") == 0 ? 1
                                                              : 2;
             if (checked[kind]) {
-                rk_telemetry_sim.close(st);
+                rk_sim_close(st);
                 continue;
             }
             const double tf = h * 3600.0;
@@ -538,7 +538,7 @@ static void test_precursors_start_within_their_lead_before_each_failure(void **s
                 fleet_read(st, floor(tf / 60.0 - M + m) * 60.0, i, &smp[m]);
                 lost_early |= smp[m].lost;
             }
-            rk_telemetry_sim.close(st);
+            rk_sim_close(st);
             int n;
             ev *e = read_log(path, &n);
             int starts = 0, fails = 0;
@@ -697,31 +697,31 @@ static void test_bad_options_and_arguments_are_refused(void **state)
 {
     (void)state;
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
-    void *st = (void *)1;
+    rk_sim *st = (void *)1;
     rk_err err = {0};
     o.events_path = "/nonexistent-dir/events.jsonl";
-    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_EIO);
+    assert_int_equal(rk_sim_open(&st, &o, &err), RK_EIO);
     assert_null(st);
     assert_non_null(strstr(err.msg, "/nonexistent-dir/events.jsonl"));
     o.events_path = NULL;
     o.sim_gpus = 0;
-    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_EINVAL);
+    assert_int_equal(rk_sim_open(&st, &o, &err), RK_EINVAL);
     o.sim_gpus = 1025;
-    assert_int_equal(rk_telemetry_sim.open(&st, &o, &err), RK_EINVAL);
+    assert_int_equal(rk_sim_open(&st, &o, &err), RK_EINVAL);
 
     st = fleet_open(2, 1, 0, NULL);
     rk_gpu_sample s;
-    assert_int_equal(rk_telemetry_sim.read(st, 2, &s, &err), RK_EINVAL);
-    assert_int_equal(rk_telemetry_sim.read(st, -1, &s, &err), RK_EINVAL);
+    assert_int_equal(rk_sim_read(st, 2, &s, &err), RK_EINVAL);
+    assert_int_equal(rk_sim_read(st, -1, &s, &err), RK_EINVAL);
     rk_gpu_info in;
-    assert_int_equal(rk_telemetry_sim.info(st, 2, &in), RK_EINVAL);
+    assert_int_equal(rk_sim_info(st, 2, &in), RK_EINVAL);
     assert_int_equal(rk_sim_sdc_active(st, 2), RK_EINVAL);
     fleet_read(st, 100, 0, &s);
     assert_int_equal(rk_sim_set_time(st, 99), RK_EINVAL); /* time never goes back */
     assert_int_equal(rk_sim_set_time(st, NAN), RK_EINVAL);
     assert_int_equal(rk_sim_set_time(st, 100), RK_OK);
     assert_true(rk_sim_now(st) == 100);
-    rk_telemetry_sim.close(st);
+    rk_sim_close(st);
 
     assert_true(isnan(rk_sim_lifetime_hours(1, 0, "no-such-card", 0, NULL)));
     assert_int_equal(rk_sim_profile_count(), 5);
@@ -746,7 +746,7 @@ static void test_public_interface_runs_on_the_monotonic_clock(void **state)
      * fleet before it looks (it was 72 simulated seconds here, and rk run's health gate once
      * read a GPU past its threshold at 480,000x) */
     usleep(20000);
-    assert_true(rk_sim_now(rk_telemetry_state(t)) == 0);
+    assert_true(rk_sim_now(rk_telemetry_sim_of(t)) == 0);
     assert_int_equal(rk_telemetry_read_all(t, infos, a, &err), RK_OK);
     assert_true(a[0].t < 1.0);
     usleep(20000);

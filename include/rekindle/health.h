@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -142,6 +143,9 @@ typedef struct rk_telemetry_ops {
     int (*info)(void *state, int i, rk_gpu_info *out);
     int (*read)(void *state, int i, rk_gpu_sample *out, rk_err *err);
     void (*close)(void *state);
+    /* The backend's clock, in the unit of rk_gpu_sample.t's differences: seconds (the
+     * simulator's simulated seconds). NULL: the monotonic clock (rk_telemetry_now). */
+    double (*now)(void *state);
 } rk_telemetry_ops;
 
 extern const rk_telemetry_ops rk_telemetry_nvml;
@@ -155,9 +159,14 @@ int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetr
 void rk_telemetry_close(rk_telemetry *t);
 int rk_telemetry_count(const rk_telemetry *t);
 const char *rk_telemetry_backend(const rk_telemetry *t);
-/* The backend's state (what its open returned), for the backend's own extras: for "sim",
- * the functions of src/health/sim.h (its clock, its ground truth). */
-void *rk_telemetry_state(rk_telemetry *t);
+/* Open a backend of the caller's own (a replay of recorded samples, a test's fake): the
+ * same checks and textfile merging as rk_telemetry_open. The table must outlive the
+ * telemetry. RK_EINVAL for bad options or a table without open, count, info, read or close. */
+RK_API int rk_telemetry_open_ops(rk_telemetry **out, const rk_telemetry_ops *ops,
+                                 const rk_telemetry_opts *o, rk_err *err);
+/* The backend's clock now, seconds: simulated seconds for "sim" (its pinned or scaled clock),
+ * the monotonic clock for NVML. What the failure predictor counts its minutes by. */
+RK_API double rk_telemetry_now(rk_telemetry *t);
 int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out);
 /* Read GPU i now (the backend only). A GPU that is gone gives lost = true and RK_OK.
  * Errors: RK_EINVAL (i out of range), RK_EIO (the backend failed; message says how). */

@@ -36,7 +36,7 @@
  *     rk_pred_save(m, "model.safetensors", &err);
  *
  * Saved models use the safetensors layout (rekindle/safetensors.h): the weights, the
- * normalisation statistics and metadata (format, task, window, features, hidden, attn,
+ * normalisation statistics and metadata (format, task, window, features, hidden, attn, horizon,
  * dense), so that a model is self-describing and Python reads it unchanged.
  */
 #ifndef REKINDLE_PREDICT_H
@@ -60,6 +60,10 @@ typedef enum rk_pred_task {
 #define RK_PRED_MAX_WINDOW 4096
 #define RK_PRED_MAX_FEATURES 1024
 #define RK_PRED_MAX_UNITS 4096 /* hidden, attn and dense */
+#define RK_PRED_MAX_HORIZON 10080 /* minutes (a week) */
+/* The horizon of a classification model whose file does not record one: every failure
+ * model rk predict train wrote before models recorded their horizon was trained for 60. */
+#define RK_PRED_HORIZON_UNRECORDED 60
 
 typedef struct rk_pred_config {
     rk_pred_task task;
@@ -69,9 +73,13 @@ typedef struct rk_pred_config {
     int attn;      /* A: attention units (default 32) */
     int dense;     /* D: dense layer units (default 32) */
     uint64_t seed; /* initial weights */
+    /* classification: the model's probability is that of a failure within this many minutes
+     * after the window's last step (the horizon its labels were made with), 0 ..
+     * RK_PRED_MAX_HORIZON; 0: unstated. Saved with the model; ignored for regression. */
+    int horizon_min;
 } rk_pred_config;
 
-#define RK_PRED_CONFIG_DEFAULT {RK_PRED_CLASSIFY, 60, 0, 64, 32, 32, 1}
+#define RK_PRED_CONFIG_DEFAULT {RK_PRED_CLASSIFY, 60, 0, 64, 32, 32, 1, 60}
 
 typedef struct rk_pred_model rk_pred_model;
 
@@ -172,13 +180,15 @@ int rk_pred_loss(const rk_pred_model *m, const rk_pred_data *d, float pos_weight
  * lstm.b [4H], attn.w [H,A], attn.b [A], attn.v [A], head.w1 [2H,D], head.b1 [D], head.w2 [D],
  * head.b2 [1], norm.mean [F], norm.std [F], target.mean [1], target.std [1]; metadata format =
  * "rekindle-predictor", version "1", task "classify" or "regress", window, features, hidden,
- * attn, dense). */
+ * attn, dense and, for a classification model with a stated horizon, horizon_min). */
 int rk_pred_save(const rk_pred_model *m, const char *path, rk_err *err);
 
 /* Load a model saved by rk_pred_save. RK_ENOENT if the file does not exist; RK_EFORMAT with
  * a message naming the file and the problem for anything else (not safetensors, not a
  * rekindle predictor, a missing or badly shaped tensor, a bad metadata value, a non-finite
- * weight, a non-positive std). */
+ * weight, a non-positive std). A classification model without horizon_min (a file written
+ * before models recorded it) gets RK_PRED_HORIZON_UNRECORDED (60), the horizon rk predict
+ * train used then; rk_pred_config_of(m)->horizon_min says what was read. */
 int rk_pred_load(rk_pred_model **out, const char *path, rk_err *err);
 /* The same from a file's bytes in memory; `name` labels messages (NULL: "<memory>"). */
 int rk_pred_decode(const uint8_t *buf, size_t len, const char *name, rk_pred_model **out,

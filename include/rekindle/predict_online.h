@@ -10,7 +10,7 @@
  * the last one counted becomes that minute's row; further readings in the same minute are
  * ignored (the dataset reads once a minute). A gap of several minutes adds one row, so feed
  * at least once a minute. A lost GPU's reading resets its window; a failed read (not lost,
- * nothing valid) is no reading and is ignored.
+ * nothing valid: rk_monitor_read_failed) is no reading and is ignored.
  *
  * Not thread-safe: one caller feeds and reads a set of windows (the model it borrows may be
  * shared, rk_pred_predict only reads it).
@@ -21,6 +21,7 @@
 #include <stddef.h>
 
 #include "rekindle/error.h"
+#include "rekindle/monitor.h"
 #include "rekindle/predict.h"
 
 #ifdef __cplusplus
@@ -50,6 +51,15 @@ double rk_pred_online_prob(const rk_pred_online *o, int gpu);
 
 /* Minutes seen in GPU i's current window (0..T). */
 int rk_pred_online_minutes(const rk_pred_online *o, int gpu);
+
+/* What the model's probability is about, minutes (rk_pred_config.horizon_min as the model
+ * file recorded it; 0: unstated). */
+double rk_pred_online_horizon_min(const rk_pred_online *o);
+
+/* The windows as the health monitor's predictor (rekindle/monitor.h): push feeds a reading
+ * (rk_pred_online_push) and gives the GPU's probability; the horizon is the model's. The
+ * windows must have as many GPUs as the monitor and outlive it. */
+void rk_pred_online_monitor(rk_pred_online *o, rk_monitor_predictor *out);
 
 #ifdef __cplusplus
 }

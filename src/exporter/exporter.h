@@ -5,8 +5,8 @@
  *            metric names, types, units and labels of docs/metrics.md (the contract alert rules
  *            and dashboards are built on). Pure functions over plain structs: no I/O.
  *   http.c   the exporter itself: a collector thread that reads every GPU each interval
- *            (rekindle/health.h), keeps a window of samples per GPU (and, with a failure
- *            predictor, its minute window: rekindle/predict_online.h), scores it and renders
+ *            through the health monitor (rekindle/monitor.h: history, signals, the failure
+ *            predictor's probability from rekindle/predict_online.h, score) and renders
  *            the whole /metrics text into a new buffer that it swaps in; and a libmicrohttpd
  *            server whose scrapes only hand out the latest text (/metrics, /healthz, /), with
  *            a reaper thread that enforces the connection limits below.
@@ -32,6 +32,7 @@
 
 #include "rekindle/error.h"
 #include "rekindle/health.h"
+#include "rekindle/monitor.h"
 
 /* ---- Prometheus text encoding (prom.c) ---------------------------------------------------- */
 
@@ -49,11 +50,11 @@ void rk_buf_put(rk_buf *b, const char *s, size_t len);
 void rk_buf_printf(rk_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* One GPU as the encoder sees it: what it is, its latest sample, the signals over its window
- * and its score with findings (filled by rk_prom_gpu_assess, or by hand in tests).
+ * and its score with findings (filled by rk_prom_gpu_from_monitor, or by hand in tests).
  *
  *   sample.lost          rk_gpu_up 0, and only rk_gpu_info, rk_gpu_up and rk_gpu_health_score
  *   sample.valid == 0    the read failed this cycle: rk_gpu_up 0, rk_gpu_info, and the score
- *                        only if has_score
+ *                        (of the last good reading) only if has_score
  *   otherwise            rk_gpu_up 1 and a series for every valid field and signal */
 typedef struct rk_prom_gpu {
     rk_gpu_info info;
@@ -75,18 +76,12 @@ typedef struct rk_prom_stats {
     int gpus;
 } rk_prom_stats;
 
-/* Fill g from one GPU's info, latest sample and window: signals (rk_signals_compute), score
- * and findings (rk_health_score). A failed read (valid == 0, not lost) gets no signals and no
- * score. `h` may be NULL (no window: signals absent). */
-void rk_prom_gpu_assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sample *latest,
-                        const rk_gpu_history *h);
-/* The same with the failure predictor's probability that the GPU fails within horizon_min
- * minutes (rekindle/predict_online.h): in [0, 1] it goes into the signals (fail_prob_*), so
- * into the score and the rk_gpu_failure_probability series; negative (no full window yet)
- * or not finite, it is unknown: no series, and the score as rk_prom_gpu_assess gives it. */
-void rk_prom_gpu_assess_predicted(rk_prom_gpu *g, const rk_gpu_info *info,
-                                  const rk_gpu_sample *latest, const rk_gpu_history *h,
-                                  double fail_prob, double horizon_min);
+/* Fill g from what the health monitor says of one GPU (rekindle/monitor.h): its latest
+ * reading, signals (with the predictor's probability, served as rk_gpu_failure_probability)
+ * and score with findings. When this cycle's reading failed (m->current false) the sample is
+ * empty (rk_gpu_up 0) and the score is the one of its last good reading, by the monitor's rule
+ * (none before the first). */
+void rk_prom_gpu_from_monitor(rk_prom_gpu *g, const rk_gpu_info *info, const rk_monitor_gpu *m);
 
 /* Append the per-GPU metric families for n GPUs (HELP and TYPE once per family, then one
  * series per GPU in order; a family with no series is left out). Values that are not finite
@@ -147,16 +142,16 @@ typedef struct rk_exporter_opts {
      * feeds every GPU's reading to a rolling window of one row a minute
      * (rekindle/predict_online.h), on the simulator's clock for "sim" and the monotonic clock
      * otherwise; once a GPU has a full window its probability is served as
-     * rk_gpu_failure_probability and enters its score. */
+     * rk_gpu_failure_probability and enters its score, about the horizon the model file
+     * records. */
     const struct rk_pred_model *predictor;
-    double predict_horizon_min; /* what the model's probability is about, minutes (60) */
-    unsigned max_per_client;    /* see max_connections above */
+    unsigned max_per_client; /* see max_connections above */
 } rk_exporter_opts;
 
 #define RK_EXPORTER_OPTS_DEFAULT                                                                   \
     {                                                                                              \
         RK_EXPORTER_DEFAULT_LISTEN, 5.0, 60, "nvml", RK_TELEMETRY_OPTS_DEFAULT,                    \
-            RK_HEALTH_THRESHOLD_DEFAULT, 512, 10, 2, NULL, NULL, NULL, 60.0, 128                   \
+            RK_HEALTH_THRESHOLD_DEFAULT, 512, 10, 2, NULL, NULL, NULL, 128                         \
     }
 
 /* Bind the listening socket (first: a port in use is the likeliest mistake), open the

@@ -4,7 +4,7 @@
  * libmicrohttpd server (internal epoll threads) whose scrapes only hand out that text, so a
  * scrape never waits on a GPU; and a reaper thread that, with libmicrohttpd's connection
  * notifications, keeps the limits on slow and idle clients (a total deadline per request, a
- * cap per client address). Relies on rekindle/health.h for telemetry and scores and on prom.c
+ * cap per client address). Relies on rekindle/monitor.h for readings and scores and on prom.c
  * for the encoding. Never prints or exits.
  */
 #include "exporter/exporter.h"
@@ -25,7 +25,7 @@
 
 #include <microhttpd.h>
 
-#include "health/sim.h"
+#include "rekindle/monitor.h"
 #include "rekindle/predict_online.h"
 
 /* One open connection (libmicrohttpd's socket context): what the limits need to know. */
@@ -43,14 +43,11 @@ struct rk_exporter {
     rk_exporter_opts o;
     rk_telemetry *t;
     int n;
-    rk_gpu_info *infos;
-    rk_gpu_sample *samples;
-    rk_gpu_history *hist;
+    rk_monitor *mon; /* history, signals, probability and score of every GPU */
     rk_prom_gpu *gpus;
     enum gpu_state *state;
     rk_prom_stats stats;
     rk_pred_online *pred; /* the predictor's windows, NULL without --predictor */
-    void *sim_state;      /* the "sim" backend's state (its clock), else NULL */
     bool simulated;
     char backend[16];
     char address[INET6_ADDRSTRLEN + 16];
@@ -266,10 +263,10 @@ static void gpu_events(rk_exporter *x, int i)
     char name[sizeof g->info.name];
     show(name, sizeof name, g->info.name);
     const char *sim = g->info.simulated ? ", simulated" : "";
-    enum gpu_state st = g->sample.lost              ? ST_LOST
-                        : !g->has_score             ? ST_NOREAD
-                        : g->score < x->o.threshold ? ST_BELOW
-                                                    : ST_OK;
+    enum gpu_state st = g->sample.lost                                        ? ST_LOST
+                        : rk_monitor_read_failed(&g->sample) || !g->has_score ? ST_NOREAD
+                        : g->score < x->o.threshold                           ? ST_BELOW
+                                                                              : ST_OK;
     enum gpu_state was = x->state[i];
     x->state[i] = st;
     if (st == was || (was == ST_NEW && st == ST_OK))
@@ -305,27 +302,11 @@ static void collect(rk_exporter *x)
 {
     double t0 = now_mono();
     rk_err err = {0};
-    int rc = rk_telemetry_read_all(x->t, x->infos, x->samples, &err);
-    /* the predictor's minutes: simulated ones for the simulator, else the monotonic clock
-     * (wall time may step back) */
-    double t_pred = x->sim_state ? rk_sim_now(x->sim_state) : now_mono();
-    for (int i = 0; i < x->n; i++) {
-        const rk_gpu_sample *s = &x->samples[i];
-        if (s->lost || s->valid) /* a failed read (nothing valid) stays out of the window */
-            rk_history_push(&x->hist[i], s);
-        double p = -1;
-        if (x->pred) {
-            rk_err perr = {0};
-            int prc = rk_pred_online_push(x->pred, i, t_pred, s, &perr);
-            if (prc < 0 && rc == RK_OK) {
-                rc = prc;
-                err = perr;
-            }
-            p = rk_pred_online_prob(x->pred, i);
-        }
-        rk_prom_gpu_assess_predicted(&x->gpus[i], &x->infos[i], s, &x->hist[i], p,
-                                     x->o.predict_horizon_min);
-    }
+    /* read, and the monitor's rule for failed readings, probabilities and scores */
+    int rc = x->n > 0 ? rk_monitor_read(x->mon, x->t, &err) : RK_OK;
+    for (int i = 0; i < x->n; i++)
+        rk_prom_gpu_from_monitor(&x->gpus[i], rk_monitor_info(x->mon, i),
+                                 rk_monitor_gpu_state(x->mon, i));
     rk_buf b = {0};
     rk_prom_render_gpus(&b, x->gpus, x->n);
     x->stats.collections++;
@@ -757,9 +738,6 @@ static int check_opts(const rk_exporter_opts *o, rk_err *err)
                           o->max_connections);
     if (o->threads < 1 || o->threads > 64)
         return rk_err_set(err, RK_EINVAL, "exporter: %u threads (1 .. 64)", o->threads);
-    if (o->predictor && !(o->predict_horizon_min >= 0 && isfinite(o->predict_horizon_min)))
-        return rk_err_set(err, RK_EINVAL, "exporter: predictor horizon %g min (0: unstated)",
-                          o->predict_horizon_min);
     if (o->timeout_s < 1 || o->timeout_s > 3600)
         return rk_err_set(err, RK_EINVAL, "exporter: request deadline %u s (1 .. 3600)",
                           o->timeout_s);
@@ -799,11 +777,7 @@ void rk_exporter_stop(rk_exporter *x)
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++)
         if (rs[i])
             MHD_destroy_response(rs[i]);
-    for (int i = 0; x->hist && i < x->n; i++)
-        rk_history_free(&x->hist[i]);
-    free(x->hist);
-    free(x->infos);
-    free(x->samples);
+    rk_monitor_free(x->mon);
     free(x->gpus);
     free(x->state);
     rk_pred_online_free(x->pred);
@@ -865,27 +839,28 @@ int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err)
     if (x->n < 0)
         x->n = 0;
     size_t m = (size_t)(x->n ? x->n : 1);
-    x->infos = calloc(m, sizeof *x->infos);
-    x->samples = calloc(m, sizeof *x->samples);
-    x->hist = calloc(m, sizeof *x->hist);
     x->gpus = calloc(m, sizeof *x->gpus);
     x->state = calloc(m, sizeof *x->state);
-    if (!x->infos || !x->samples || !x->hist || !x->gpus || !x->state) {
+    if (!x->gpus || !x->state) {
         rc = rk_err_set(err, RK_ENOMEM, "exporter: out of memory for %d GPUs", x->n);
         goto fail;
     }
-    for (int i = 0; i < x->n; i++)
-        if ((rc = rk_history_init(&x->hist[i], o->history, err)))
-            goto fail;
     x->simulated = strcmp(x->backend, "sim") == 0;
-    if (x->simulated)
-        x->sim_state = rk_telemetry_state(x->t);
     if (o->predictor && x->n > 0 && (rc = rk_pred_online_create(&x->pred, o->predictor, x->n, err)))
+        goto fail;
+    rk_monitor_predictor pred;
+    rk_monitor_opts mo = RK_MONITOR_OPTS_DEFAULT;
+    mo.history = o->history;
+    if (x->pred) {
+        rk_pred_online_monitor(x->pred, &pred);
+        mo.predictor = &pred;
+    }
+    if ((rc = rk_monitor_create(&x->mon, x->n, &mo, err)))
         goto fail;
 
     collect(x); /* the first collection, before the first request */
     for (int i = 0; i < x->n; i++)
-        x->simulated = x->simulated || x->infos[i].simulated;
+        x->simulated = x->simulated || rk_monitor_info(x->mon, i)->simulated;
     if (!x->metrics) {
         rc = rk_err_set(err, RK_ENOMEM, "exporter: out of memory rendering /metrics");
         goto fail;

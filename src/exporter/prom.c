@@ -524,32 +524,17 @@ void rk_prom_render_stats(rk_buf *b, const rk_prom_stats *s)
 
 /* ---- assessment --------------------------------------------------------------------------- */
 
-void rk_prom_gpu_assess(rk_prom_gpu *g, const rk_gpu_info *info, const rk_gpu_sample *latest,
-                        const rk_gpu_history *h)
-{
-    rk_prom_gpu_assess_predicted(g, info, latest, h, -1, 0);
-}
-
-void rk_prom_gpu_assess_predicted(rk_prom_gpu *g, const rk_gpu_info *info,
-                                  const rk_gpu_sample *latest, const rk_gpu_history *h,
-                                  double fail_prob, double horizon_min)
+void rk_prom_gpu_from_monitor(rk_prom_gpu *g, const rk_gpu_info *info, const rk_monitor_gpu *m)
 {
     memset(g, 0, sizeof *g);
     g->info = *info;
-    g->sample = *latest;
-    if (!latest->lost && latest->valid == 0)
-        return; /* the read failed: nothing to judge */
-    if (h && h->n > 0 && !latest->lost) {
-        rk_signals_compute(h, &g->sig);
-        g->has_signals = true;
+    if (m->current) { /* this cycle's reading; a failed one leaves the sample empty */
+        g->sample = m->latest;
+        g->has_signals = !m->latest.lost;
+        g->sig = m->sig;
     }
-    if (!latest->lost && fail_prob >= 0 && fail_prob <= 1) {
-        g->sig.fail_prob_valid = true;
-        g->sig.fail_prob = fail_prob;
-        g->sig.fail_horizon_min = horizon_min;
-    }
-    int nf = 0;
-    g->score = rk_health_score(latest, &g->sig, g->findings, &nf);
-    g->nfindings = nf < 0 ? 0 : nf > RK_MAX_FINDINGS ? RK_MAX_FINDINGS : nf;
-    g->has_score = true;
+    g->has_score = m->has_score;
+    g->score = m->score;
+    g->nfindings = m->nfindings;
+    memcpy(g->findings, m->findings, sizeof g->findings);
 }

@@ -739,5 +739,6 @@ static void backend_close(void *state)
     rk_nvml_close(state);
 }
 
-const rk_telemetry_ops rk_telemetry_nvml = {"nvml",       backend_open, backend_count,
-                                            backend_info, backend_read, backend_close};
+/* no clock of its own: the monotonic one (rk_telemetry_now) */
+const rk_telemetry_ops rk_telemetry_nvml = {"nvml",       backend_open,  backend_count, backend_info,
+                                            backend_read, backend_close, NULL};

@@ -208,7 +208,7 @@ typedef struct sim_gpu {
     bool read;        /* read at least once (the fleet's close brings it up to date) */
 } sim_gpu;
 
-typedef struct sim {
+struct rk_sim {
     uint64_t seed;
     double time_scale, t0_mono, pinned, t_max;
     bool clock_started; /* the monotonic clock counts from the first reading */
@@ -217,7 +217,8 @@ typedef struct sim {
     char *events_path;
     int n;
     sim_gpu *g;
-} sim;
+};
+typedef struct rk_sim sim;
 
 /* ---- random helpers ----------------------------------------------------------------------- */
 
@@ -1110,9 +1111,8 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-double rk_sim_now(void *state)
+double rk_sim_now(rk_sim *s)
 {
-    sim *s = state;
     if (s->is_pinned)
         return s->pinned;
     if (!s->clock_started)
@@ -1121,9 +1121,8 @@ double rk_sim_now(void *state)
     return t > s->t_max ? t : s->t_max;
 }
 
-int rk_sim_set_time(void *state, double t_s)
+int rk_sim_set_time(rk_sim *s, double t_s)
 {
-    sim *s = state;
     if (!isfinite(t_s) || t_s < s->t_max || (s->is_pinned && t_s < s->pinned))
         return RK_EINVAL;
     s->pinned = t_s;
@@ -1233,14 +1232,47 @@ static void sim_close(void *state)
     free(s);
 }
 
-const rk_telemetry_ops rk_telemetry_sim = {"sim",    sim_open, sim_count,
-                                           sim_info, sim_read, sim_close};
+static double sim_now(void *state)
+{
+    return rk_sim_now(state);
+}
+
+const rk_telemetry_ops rk_telemetry_sim = {"sim",    sim_open, sim_count, sim_info,
+                                           sim_read, sim_close, sim_now};
+
+/* The typed entry points (health/sim.h) over the same functions. */
+int rk_sim_open(rk_sim **out, const rk_telemetry_opts *o, rk_err *err)
+{
+    void *st = NULL;
+    int rc = sim_open(&st, o, err);
+    *out = st;
+    return rc;
+}
+
+int rk_sim_count(const rk_sim *s)
+{
+    return s->n;
+}
+
+int rk_sim_info(rk_sim *s, int i, rk_gpu_info *out)
+{
+    return sim_info(s, i, out);
+}
+
+int rk_sim_read(rk_sim *s, int i, rk_gpu_sample *out, rk_err *err)
+{
+    return sim_read(s, i, out, err);
+}
+
+void rk_sim_close(rk_sim *s)
+{
+    sim_close(s);
+}
 
 /* ---- ground truth ------------------------------------------------------------------------- */
 
-int rk_sim_sdc_active(void *state, int i)
+int rk_sim_sdc_active(rk_sim *s, int i)
 {
-    sim *s = state;
     if (i < 0 || i >= s->n)
         return RK_EINVAL;
     sim_gpu g = s->g[i]; /* a copy: asking never changes what reads return */

@@ -4,6 +4,9 @@
  */
 #include "rekindle/health.h"
 
+#include "base/clock.h"
+#include "health/sim.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,12 +44,6 @@ int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetr
                       rk_err *err)
 {
     *out = NULL;
-    rk_telemetry_opts def = RK_TELEMETRY_OPTS_DEFAULT;
-    if (!o)
-        o = &def;
-    int rc = check_opts(o, err);
-    if (rc)
-        return rc;
     const rk_telemetry_ops *ops = NULL;
     if (!backend || strcmp(backend, "auto") == 0 || strcmp(backend, "nvml") == 0)
         ops = &rk_telemetry_nvml;
@@ -55,6 +52,21 @@ int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetr
     else
         return rk_err_set(err, RK_EINVAL, "telemetry: unknown backend '%.32s' (nvml, sim, auto)",
                           backend);
+    return rk_telemetry_open_ops(out, ops, o, err);
+}
+
+int rk_telemetry_open_ops(rk_telemetry **out, const rk_telemetry_ops *ops,
+                          const rk_telemetry_opts *o, rk_err *err)
+{
+    *out = NULL;
+    rk_telemetry_opts def = RK_TELEMETRY_OPTS_DEFAULT;
+    if (!o)
+        o = &def;
+    int rc = check_opts(o, err);
+    if (rc)
+        return rc;
+    if (!ops || !ops->open || !ops->count || !ops->info || !ops->read || !ops->close)
+        return rk_err_set(err, RK_EINVAL, "telemetry: a backend table without its operations");
     rk_telemetry *t = calloc(1, sizeof *t);
     if (!t)
         return rk_err_set(err, RK_ENOMEM, "telemetry: out of memory");
@@ -92,9 +104,14 @@ const char *rk_telemetry_backend(const rk_telemetry *t)
     return t->ops->name;
 }
 
-void *rk_telemetry_state(rk_telemetry *t)
+rk_sim *rk_telemetry_sim_of(rk_telemetry *t)
 {
-    return t->state;
+    return t && t->ops == &rk_telemetry_sim ? t->state : NULL;
+}
+
+double rk_telemetry_now(rk_telemetry *t)
+{
+    return t->ops->now ? t->ops->now(t->state) : rk_mono_s();
 }
 
 int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out)

@@ -19,6 +19,7 @@
 #include "health/sim.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
+#include "rekindle/monitor.h"
 #include "rekindle/rng.h"
 #include "rekindle/safetensors.h"
 
@@ -171,7 +172,7 @@ static int scan_events(const char *path, int gpu, double from, double to, FILE *
 }
 
 /* The dataset's simulated fleet, its event log written afresh to `events`. */
-static int open_sim(const rk_fleet_data_opts *o, const char *events, void **st, rk_err *err)
+static int open_sim(const rk_fleet_data_opts *o, const char *events, rk_telemetry **t, rk_err *err)
 {
     unlink(events);
     rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
@@ -179,7 +180,7 @@ static int open_sim(const rk_fleet_data_opts *o, const char *events, void **st, 
     to.seed = o->seed;
     to.start_age_h = o->start_age_h;
     to.events_path = events;
-    return rk_telemetry_sim.open(st, &to, err);
+    return rk_telemetry_open(t, "sim", &to, err);
 }
 
 /* Where GPU i's history starts (minutes after open). Without a span longer than the history,
@@ -194,14 +195,14 @@ static int place_history(const rk_fleet_data_opts *o, int i, const char *events,
     const long minutes = llround(o->hours * 60.0), span = llround(o->span_h * 60.0);
     if (span <= minutes)
         return RK_OK;
-    void *st = NULL;
-    int rc = open_sim(o, events, &st, err);
+    rk_telemetry *t = NULL;
+    int rc = open_sim(o, events, &t, err);
     if (rc)
         return rc;
     rk_gpu_sample s;
-    if (!(rc = rk_sim_set_time(st, (double)span * 60.0)))
-        rc = rk_telemetry_sim.read(st, i, &s, err);
-    rk_telemetry_sim.close(st);
+    if (!(rc = rk_sim_set_time(rk_telemetry_sim_of(t), (double)span * 60.0)))
+        rc = rk_telemetry_read(t, i, &s, err);
+    rk_telemetry_close(t);
     double t_fail;
     if (rc || (rc = scan_events(events, i, 0, 0, NULL, NULL, &t_fail, err)))
         return rc;
@@ -220,8 +221,46 @@ static int place_history(const rk_fleet_data_opts *o, int i, const char *events,
     return RK_OK;
 }
 
-/* The health score's history: the last SCORE_HISTORY readings (one a minute). */
-#define SCORE_HISTORY 6
+int rk_fleet_record(rk_telemetry *t, int gpu, double t0_s, size_t minutes, float *x, uint8_t *v,
+                    float *score, size_t *steps, int *lost, rk_err *err)
+{
+    *steps = 0;
+    *lost = 0;
+    rk_monitor *mon = NULL;
+    rk_monitor_opts mo = RK_MONITOR_OPTS_DEFAULT;
+    mo.history = RK_FLEET_SCORE_HISTORY;
+    int rc = rk_monitor_create(&mon, 1, &mo, err);
+    if (rc)
+        return rc;
+    rk_sim *sim = rk_telemetry_sim_of(t);
+    rk_gpu_sample s, prev;
+    size_t n = 0;
+    for (size_t m = 0; m < minutes; m++) {
+        double tm = t0_s + (double)(m + 1) * 60.0;
+        if (sim && (rc = rk_sim_set_time(sim, tm)) != RK_OK) {
+            rk_err_set(err, rc, "dataset: the simulator refused minute %.0f", tm / 60.0);
+            break;
+        }
+        if ((rc = rk_telemetry_read(t, gpu, &s, err)))
+            break;
+        if (s.lost) {
+            *lost = 1;
+            break;
+        }
+        if ((rc = rk_monitor_push(mon, 0, tm, &s, err)))
+            break;
+        if (rk_monitor_read_failed(&s))
+            continue; /* no reading, no row (the monitor's rule) */
+        rk_fleet_features(&s, n ? &prev : NULL, x + n * RK_FLEET_FEATURES,
+                          v + n * RK_FLEET_FEATURES);
+        score[n] = (float)rk_monitor_gpu_state(mon, 0)->score;
+        prev = s;
+        n++;
+    }
+    rk_monitor_free(mon);
+    *steps = n;
+    return rc;
+}
 
 /* Simulate GPU i alone (a fleet of the same seed and size, only GPU i read) and write its
  * history to `path`. */
@@ -235,47 +274,24 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
     float *x = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES * sizeof *x);
     uint8_t *v = malloc((minutes ? minutes : 1) * RK_FLEET_FEATURES);
     float *score = malloc((minutes ? minutes : 1) * sizeof *score);
-    rk_gpu_history hist = {0};
     int rc = RK_OK;
     if (!x || !v || !score) {
         rc = rk_err_set(err, RK_ENOMEM, "dataset: out of memory for %zu minutes", minutes);
         goto out;
     }
-    if ((rc = rk_history_init(&hist, SCORE_HISTORY, err)) ||
-        (rc = place_history(o, i, events, &g->start_minute, err)))
+    if ((rc = place_history(o, i, events, &g->start_minute, err)))
         goto out;
-    void *st = NULL;
-    if ((rc = open_sim(o, events, &st, err)))
+    rk_telemetry *t = NULL;
+    if ((rc = open_sim(o, events, &t, err)))
         goto out;
     rk_gpu_info info;
-    rk_telemetry_sim.info(st, i, &info);
+    rk_telemetry_info(t, i, &info);
     snprintf(g->uuid, sizeof g->uuid, "%s", info.uuid);
     snprintf(g->profile, sizeof g->profile, "%s", info.profile);
-    rk_gpu_sample s, prev;
     size_t n = 0;
     const double t0 = (double)g->start_minute * 60.0;
-    for (size_t m = 0; m < minutes; m++) {
-        if ((rc = rk_sim_set_time(st, t0 + (double)(m + 1) * 60.0)) != RK_OK) {
-            rk_err_set(err, rc, "dataset: the simulator refused minute %zu",
-                       (size_t)g->start_minute + m + 1);
-            break;
-        }
-        if ((rc = rk_telemetry_sim.read(st, i, &s, err)))
-            break;
-        if (s.lost) {
-            g->lost = 1;
-            break;
-        }
-        rk_fleet_features(&s, n ? &prev : NULL, x + n * RK_FLEET_FEATURES,
-                          v + n * RK_FLEET_FEATURES);
-        rk_history_push(&hist, &s);
-        rk_gpu_signals sig;
-        rk_signals_compute(&hist, &sig);
-        score[n] = (float)rk_health_score(&s, &sig, NULL, NULL);
-        prev = s;
-        n++;
-    }
-    rk_telemetry_sim.close(st); /* flushes the event log */
+    rc = rk_fleet_record(t, i, t0, minutes, x, v, score, &n, &g->lost, err);
+    rk_telemetry_close(t); /* flushes the event log */
     if (rc)
         goto out;
     g->steps = n;
@@ -314,7 +330,6 @@ static int run_gpu(const rk_fleet_data_opts *o, int i, const char *path, const c
                           NULL};
     rc = rk_st_write(path, e, 3, meta, err);
 out:
-    rk_history_free(&hist);
     free(x);
     free(v);
     free(score);

@@ -30,8 +30,8 @@
  * t falls in step ceil(t / 60) - 1 - s). A dbe leaves the GPU running, so its history goes on
  * after the failure. `precursor_minute` is the step by which its warning signs had begun
  * (docs/sim.md; -1 or null: it came silently). Each file also holds "score" F32 [steps]: the
- * health score (rk_health_score) of each minute's reading, with signals over the last six
- * readings, for the health-score baseline of rk predict eval.
+ * health score of each minute's reading as the health monitor gives it (rekindle/monitor.h),
+ * with signals over the last six readings, for the health-score baseline of rk predict eval.
  *
  * Features, one row a minute (RK_FLEET_FEATURES): temp (C), fan (%), power (W), sm_clock
  * (MHz), util (%), throttle (1 when a thermal or hardware slowdown reason is active),
@@ -97,6 +97,22 @@ void rk_fleet_features(const struct rk_gpu_sample *s, const struct rk_gpu_sample
  * windows with it or exactly as it does; its label in a dataset: the GPU's failure minute f
  * satisfies m < f <= m + horizon. */
 int rk_fleet_window(const float *rows, size_t steps, size_t m, int T, float *out);
+
+/* Readings kept for the "score" of a dataset (its signals' window): six, one a minute. */
+#define RK_FLEET_SCORE_HISTORY 6
+
+struct rk_telemetry;
+/* One GPU's history as the dataset stores it: GPU `gpu` of `t` read `minutes` times, at
+ * t0_s + 60 (m + 1) seconds for m = 0.. (a simulator's clock is pinned there; another
+ * backend is read as it comes), each reading fed to a health monitor of
+ * RK_FLEET_SCORE_HISTORY readings (rekindle/monitor.h). Each good reading adds a row: its
+ * features (x, valid: rk_fleet_features against the previous row's reading) and its score
+ * (the monitor's). By the monitor's rule a failed reading adds no row; a lost one ends the
+ * history (*lost = 1). x and valid hold minutes * RK_FLEET_FEATURES, score minutes entries;
+ * *steps gets the rows written. Errors: the backend's and the monitor's (the rows before it
+ * are kept). */
+int rk_fleet_record(struct rk_telemetry *t, int gpu, double t0_s, size_t minutes, float *x,
+                    uint8_t *valid, float *score, size_t *steps, int *lost, rk_err *err);
 
 typedef struct rk_fleet_data_report {
     int gpus;

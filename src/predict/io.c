@@ -28,18 +28,33 @@ int rk_pred_save(const rk_pred_model *m, const char *path, rk_err *err)
     e[n++] = (rk_st_entry){"norm.std", m->std, 1, &F, "F32"};
     e[n++] = (rk_st_entry){"target.mean", &m->y_mean, 1, &one, "F32"};
     e[n++] = (rk_st_entry){"target.std", &m->y_std, 1, &one, "F32"};
-    char num[5][24];
-    const int v[5] = {m->c.window, m->c.features, m->c.hidden, m->c.attn, m->c.dense};
-    for (int i = 0; i < 5; i++)
+    char num[6][24];
+    const int v[6] = {m->c.window, m->c.features, m->c.hidden,
+                      m->c.attn,   m->c.dense,    m->c.horizon_min};
+    for (int i = 0; i < 6; i++)
         snprintf(num[i], sizeof num[i], "%d", v[i]);
-    const char *meta[] = {
-        "format", FORMAT,       "version",
-        VERSION,  "task",       m->c.task == RK_PRED_REGRESS ? "regress" : "classify",
-        "window", num[0],       "features",
-        num[1],   "hidden",     num[2],
-        "attn",   num[3],       "dense",
-        num[4],   "gate_order", "ifgo",
-        NULL};
+    const int horizon = m->c.task == RK_PRED_CLASSIFY && m->c.horizon_min > 0;
+    const char *meta[] = {"format",
+                          FORMAT,
+                          "version",
+                          VERSION,
+                          "task",
+                          m->c.task == RK_PRED_REGRESS ? "regress" : "classify",
+                          "window",
+                          num[0],
+                          "features",
+                          num[1],
+                          "hidden",
+                          num[2],
+                          "attn",
+                          num[3],
+                          "dense",
+                          num[4],
+                          "gate_order",
+                          "ifgo",
+                          horizon ? "horizon_min" : NULL,
+                          num[5],
+                          NULL};
     return rk_st_write(path, e, n, meta, err);
 }
 
@@ -108,6 +123,15 @@ static int from_file(rk_st_file f, rk_pred_model **out, rk_err *err)
         (rc = meta_int(&f, "attn", RK_PRED_MAX_UNITS, &c.attn, err)) ||
         (rc = meta_int(&f, "dense", RK_PRED_MAX_UNITS, &c.dense, err)))
         goto out;
+    /* what the probability is about; files from before models recorded it: the trainer's
+     * horizon then (rekindle/predict.h) */
+    c.horizon_min = 0;
+    if (c.task == RK_PRED_CLASSIFY) {
+        c.horizon_min = RK_PRED_HORIZON_UNRECORDED;
+        if (rk_st_meta(&f, "horizon_min") &&
+            (rc = meta_int(&f, "horizon_min", RK_PRED_MAX_HORIZON, &c.horizon_min, err)))
+            goto out;
+    }
     const char *order = rk_st_meta(&f, "gate_order");
     if (order && strcmp(order, "ifgo") != 0) {
         rc = rk_err_set(err, RK_EFORMAT, "%s: gate order '%s' is not 'ifgo'", f.name, order);

@@ -68,6 +68,9 @@ static int check_config(const rk_pred_config *c, rk_err *err)
         if (f[i].v < 1 || f[i].v > f[i].max)
             return rk_err_set(err, RK_EINVAL, "predictor: %s %d is not in [1, %d]", f[i].name,
                               f[i].v, f[i].max);
+    if (c->horizon_min < 0 || c->horizon_min > RK_PRED_MAX_HORIZON)
+        return rk_err_set(err, RK_EINVAL, "predictor: horizon %d minutes is not in [0, %d]",
+                          c->horizon_min, RK_PRED_MAX_HORIZON);
     return RK_OK;
 }
 

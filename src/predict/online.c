@@ -88,8 +88,8 @@ int rk_pred_online_push(rk_pred_online *o, int gpu, double t_s, const rk_gpu_sam
         return rk_err_set(err, RK_EINVAL,
                           "predictor: GPU %d: a reading of minute %ld after minute %ld", gpu,
                           minute, w->minute);
-    if (!s->lost && s->valid == 0)
-        return 0;  /* the read failed: no reading, nothing to count */
+    if (rk_monitor_read_failed(s))
+        return 0;  /* the read failed: no reading, nothing to count (rekindle/monitor.h) */
     if (s->lost) { /* gone: nothing to predict; a GPU that comes back starts afresh */
         w->count = w->head = 0;
         w->minute = minute;
@@ -130,4 +130,25 @@ double rk_pred_online_prob(const rk_pred_online *o, int gpu)
 int rk_pred_online_minutes(const rk_pred_online *o, int gpu)
 {
     return gpu >= 0 && gpu < o->gpus ? o->g[gpu].count : 0;
+}
+
+double rk_pred_online_horizon_min(const rk_pred_online *o)
+{
+    return rk_pred_config_of(o->m)->horizon_min;
+}
+
+static int monitor_push(void *ctx, int gpu, double t_s, const rk_gpu_sample *s, double *prob,
+                        rk_err *err)
+{
+    rk_pred_online *o = ctx;
+    int rc = rk_pred_online_push(o, gpu, t_s, s, err);
+    *prob = rk_pred_online_prob(o, gpu);
+    return rc < 0 ? rc : RK_OK;
+}
+
+void rk_pred_online_monitor(rk_pred_online *o, rk_monitor_predictor *out)
+{
+    out->push = monitor_push;
+    out->ctx = o;
+    out->horizon_min = rk_pred_online_horizon_min(o);
 }

@@ -134,6 +134,7 @@ int rk_fleet_train(const rk_fleet_train_opts *o, rk_fleet_train_report *r, rk_er
     cfg.features = RK_FLEET_FEATURES;
     cfg.task = RK_PRED_CLASSIFY;
     cfg.seed = o->seed;
+    cfg.horizon_min = so.horizon; /* recorded in the model file */
     to.seed = o->seed;
     so.window = cfg.window;
     so.seed = o->seed;

@@ -130,6 +130,10 @@ const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_ar
 typedef struct rk_gate rk_gate;
 
 int rk_gate_open(rk_gate **out, const rk_sup_opts *o, rk_err *err);
+/* The same over an open telemetry (the gate owns it from here on, on error too). */
+struct rk_telemetry;
+int rk_gate_open_telemetry(rk_gate **out, struct rk_telemetry *t, const rk_sup_opts *o,
+                           rk_err *err);
 void rk_gate_close(rk_gate *g);
 /* Read every GPU now (at most once per call) and rescore. */
 int rk_gate_sample(rk_gate *g, rk_err *err);
