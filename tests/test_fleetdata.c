@@ -1,5 +1,5 @@
 /*
- * Tests for the fleet datasets (rekindle/fleetdata.h): each GPU's history holds exactly what
+ * Tests for the fleet datasets (predict/fleetdata.h): each GPU's history holds exactly what
  * the whole simulated fleet reports for it, read once a minute (values, valid bits, counter
  * increments); a GPU that falls off the bus ends its history at the minute of its logged
  * failure, which the manifest and the file's metadata give; the same options give the same

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "exporter/exporter.h"
-#include "rekindle/fleetdata.h"
+#include "predict/fleetdata.h"
 #include "rekindle/monitor.h"
 #include "rekindle/predict.h"
 #include "rekindle/predict_online.h"

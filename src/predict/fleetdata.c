@@ -1,5 +1,5 @@
 /*
- * Fleet histories for the predictor (rekindle/fleetdata.h): each GPU of a simulated fleet
+ * Fleet histories for the predictor (predict/fleetdata.h): each GPU of a simulated fleet
  * (rk_telemetry_sim, health/sim.h) read once a simulated minute on a pinned clock, its
  * features written in the safetensors layout, its ground-truth failure taken from the
  * simulator's event log (parsed with jansson), and the devices split by a seeded draw.
