@@ -307,9 +307,9 @@ static void bulk_equals_scalar(void **state)
     for (size_t i = 0; i <= N; i++)
         h2[i] = (uint16_t)rk_rng_next(&r);
     /* the portable loops, then F16C where this CPU has it */
-    assert_int_equal(rk_amp_use_f16c(0), 0);
+    assert_int_equal(rk_half_use_f16c(0), 0);
     for (int hw = 0; hw < 2; hw++) {
-        if (hw && !rk_amp_use_f16c(1))
+        if (hw && !rk_half_use_f16c(1))
             break;
         /* from offset 1 as well: the blocks are not aligned */
         for (int off = 0; off < 2; off++) {
