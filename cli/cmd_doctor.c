@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "health/sim.h"
 #include "rekindle/health.h"
 #include "rekindle/predict.h"
@@ -55,13 +56,6 @@ static const char usage_text[] =
 #define RK_DOCTOR_HORIZON_MIN 60
 
 static rk_args args = {.cmd = "doctor", .usage = usage_text};
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Load the failure predictor and check that live readings can feed it; NULL (after one line
  * naming the file) when it cannot be used. */
@@ -241,7 +235,7 @@ int rk_cmd_doctor(int argc, char **argv)
             fprintf(stderr, "rk doctor: %s\n", err.msg); /* once: the rest is still read */
             warned = 1;
         }
-        double tp = sim_state ? rk_sim_now(sim_state) : mono_s();
+        double tp = sim_state ? rk_sim_now(sim_state) : rk_mono_s();
         for (int i = 0; i < n; i++) {
             rk_history_push(&h[i], &smp[i]);
             if (pred && rk_pred_online_push(pred, i, tp, &smp[i], &err) < 0 && !warned) {

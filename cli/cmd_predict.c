@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "rekindle/cmapss.h"
 #include "rekindle/fileio.h"
 #include "rekindle/fleetdata.h"
@@ -430,13 +431,6 @@ static int cmd_dataset(int argc, char **argv)
 
 /* ---- rk predict train / eval: detectors on fleet datasets (rekindle/fleeteval.h) -------- */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 #define PROB_CANDS 221 /* logit -6 .. 16 by 0.1 */
 
 static void prob_candidates(double *c)
@@ -659,7 +653,7 @@ static int cmd_fleet_train(int argc, char **argv)
     int rc = rk_fleet_load(&fl, dir, 1u << RK_FLEET_TRAIN | 1u << RK_FLEET_VAL, &err);
     if (rc)
         return fail_line(rc, &err);
-    double t0 = now_s();
+    double t0 = rk_mono_s();
     rk_fleet_sample_opts vo = so;
     if ((rc = rk_fleet_sample(&fl, RK_FLEET_TRAIN, &so, &tr, &err)))
         goto out;
@@ -698,7 +692,7 @@ static int cmd_fleet_train(int argc, char **argv)
     fprintf(stderr,
             "rk predict: %zu training windows (%zu positive), %zu validation windows "
             "(%zu positive), %.1f s\n",
-            tr.n, tr.positives, va.n, va.positives, now_s() - t0);
+            tr.n, tr.positives, va.n, va.positives, rk_mono_s() - t0);
     if ((rc = rk_pred_create(&m, &cfg, &err)))
         goto out;
     ap_judge judge = {&va, malloc((va.n ? va.n : 1) * sizeof(float))};
@@ -793,7 +787,7 @@ static int cmd_fleet_train(int argc, char **argv)
     json_object_set_new(jt, "epochs", json_integer(rep.epochs));
     json_object_set_new(jt, "best_epoch", json_integer(rep.best_epoch));
     json_object_set_new(jt, "val_ap", json_real(-rep.best_val_loss));
-    json_object_set_new(jt, "seconds", json_real(now_s() - t0));
+    json_object_set_new(jt, "seconds", json_real(rk_mono_s() - t0));
     json_object_set_new(j, "training", jt);
     text = json_dumps(j, JSON_INDENT(1) | JSON_REAL_PRECISION(9));
     side = sidecar_path(out);
@@ -820,7 +814,7 @@ static int cmd_fleet_train(int argc, char **argv)
             printf("%-22s %9.4g %9.3f %7.3f %7.3f %9.1f\n", names3[k],
                    k == 2 ? (double)RK_HEALTH_THRESHOLD_DEFAULT : best[k].threshold,
                    best[k].precision, best[k].recall, best[k].f1, best[k].lead_mean);
-        printf("%.1f s\n", now_s() - t0);
+        printf("%.1f s\n", rk_mono_s() - t0);
     }
 out:
     for (int k = 0; k < 3; k++)
@@ -885,7 +879,7 @@ static int cmd_fleet_eval(int argc, char **argv)
     rk_pred_model *m = NULL;
     rk_fleet fl = {0};
     float **risk[3] = {NULL, NULL, NULL};
-    double t0 = now_s();
+    double t0 = rk_mono_s();
     rk_fleet_detectors det = {0};
     char *side = sidecar_path(model);
     int rc = side ? rk_fleet_detectors_load(&det, side, &err)
@@ -937,7 +931,7 @@ static int cmd_fleet_eval(int argc, char **argv)
         for (int k = 0; k < 4; k++)
             json_object_set_new(d, key[k], metrics_json(&r[k]));
         json_object_set_new(j, "detectors", d);
-        json_object_set_new(j, "seconds", json_real(now_s() - t0));
+        json_object_set_new(j, "seconds", json_real(rk_mono_s() - t0));
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
         fputc('\n', stdout);
         json_decref(j);
@@ -954,7 +948,7 @@ static int cmd_fleet_eval(int argc, char **argv)
                    r[k].false_alarms, r[k].false_alarms_per_gpu_day, r[k].accuracy);
         printf("\nlead: minutes from the first alarm within the horizon to the failure (mean, "
                "median); alarms: detected failures + false alarm episodes\n%.1f s\n",
-               now_s() - t0);
+               rk_mono_s() - t0);
     }
 out:
     for (int k = 0; k < 3; k++)

@@ -4,6 +4,7 @@
  * reading the store and broadcasting to every rank.
  */
 #include "nn/train_ckpt.h"
+#include "base/clock.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -12,13 +13,6 @@
 
 #define MAX_ITEMS (3 * RK_MAX_PARAMS + 4)
 #define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct item_set {
     rk_ckpt_item items[MAX_ITEMS];
@@ -147,7 +141,7 @@ int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err)
              c->optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (unsigned long long)c->seed, c->batch);
     t->next_at = t->every > 0 ? t->every : AUTO_FIRST_SAVE;
     t->writer = NULL;
-    t->last_step_t = now_s();
+    t->last_step_t = rk_mono_s();
     if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0)) {
         int rc = rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
         if (rc) {
@@ -177,7 +171,7 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
     int rank = t->comm ? rk_comm_rank(t->comm) : 0;
     int world = t->comm ? rk_comm_size(t->comm) : 1;
     int rc = RK_OK;
-    double t0 = now_s();
+    double t0 = rk_mono_s();
     float *ef = gather_residuals(t, world, &rc, err);
     if (rc)
         return rc;
@@ -217,7 +211,7 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
                               (long long)step, rk_strerror((int)status));
     }
     if (!rc) {
-        t->last_save_s = now_s() - t0;
+        t->last_save_s = rk_mono_s() - t0;
         t->saves++;
     }
     return rc;
@@ -227,7 +221,7 @@ int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t 
                              rk_err *err)
 {
     rk_trainer_ckpt *t = user;
-    double now = now_s();
+    double now = rk_mono_s();
     double dt = now - t->last_step_t;
     t->last_step_t = now;
     t->step_s = t->step_s > 0 ? 0.9 * t->step_s + 0.1 * dt : dt;
@@ -253,7 +247,7 @@ int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t 
                     "steps (Daly)\n", t->last_save_s, t->step_s, t->mtbf_s, (long long)every);
     }
     t->next_at = steps_done + every;
-    t->last_step_t = now_s(); /* the save is not a training step */
+    t->last_step_t = rk_mono_s(); /* the save is not a training step */
     return RK_OK;
 }
 

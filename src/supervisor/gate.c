@@ -14,6 +14,7 @@
 #include <math.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "health/sim.h"
 #include "rekindle/health.h"
 #include "rekindle/predict_online.h"
@@ -40,13 +41,6 @@ struct rk_gate {
     uint64_t *unc;      /* uncorrectable ECC count at the previous reading */
     unsigned char *unc_seen, *fatal; /* a count to compare with; an error since the last look */
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void rk_gate_close(rk_gate *g)
 {
@@ -122,7 +116,7 @@ int rk_gate_open(rk_gate **out, const rk_sup_opts *o, rk_err *err)
         rk_gate_close(g);
         return rc;
     }
-    g->t0_real = mono_s();
+    g->t0_real = rk_mono_s();
     *out = g;
     return RK_OK;
 }
@@ -166,7 +160,7 @@ static void rescore(rk_gate *g, int i)
  * window (the skip itself) is crossed in one jump up to the minutes the window needs. */
 static int sample_driven(rk_gate *g, rk_err *err)
 {
-    double now = g->sim_t0 + (mono_s() - g->t0_real) * g->time_scale;
+    double now = g->sim_t0 + (rk_mono_s() - g->t0_real) * g->time_scale;
     long last = (long)floor(now / 60.0);
     int rc = RK_OK;
     /* only the last minutes matter to the window and the history: a longer gap (the skip)
@@ -203,7 +197,7 @@ int rk_gate_sample(rk_gate *g, rk_err *err)
     if (g->sim)
         return sample_driven(g, err);
     int rc = rk_telemetry_read_all(g->t, g->info, g->smp, err);
-    double t = mono_s() - g->t0_real;
+    double t = rk_mono_s() - g->t0_real;
     for (int i = 0; i < g->n; i++) {
         note(g, i);
         if (g->online && !rc && (rc = rk_pred_online_push(g->online, i, t, &g->smp[i], err)) > 0)

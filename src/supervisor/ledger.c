@@ -14,19 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "rekindle/fileio.h"
-
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
 {
     memset(g, 0, sizeof *g);
-    g->t0 = mono();
+    g->t0 = rk_mono_s();
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     g->wall0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -47,7 +41,7 @@ void rk_ledger_close(rk_ledger *g)
 
 double rk_ledger_now(const rk_ledger *g)
 {
-    return mono() - g->t0;
+    return rk_mono_s() - g->t0;
 }
 
 rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char *device,
