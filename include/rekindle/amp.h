@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rekindle/ckpt.h"
 #include "rekindle/error.h"
 #include "rekindle/export.h"
 #include "rekindle/half.h" /* the fp16/bf16 conversions a mixed-precision trainer uses */
@@ -108,21 +109,35 @@ float rk_loss_scaler_inv(const rk_loss_scaler *s);
 int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
 
 /*
- * Checkpoint: the whole struct, settings and state, in RK_LOSS_SCALER_BYTES little-endian
- * bytes (layout in docs/amp.md): magic "RKLS", version byte, flags, fields, and an XXH64 of
- * the bytes before it. unpack gives back exactly the packed struct. It rejects with
- * RK_EFORMAT, naming the field, and leaves *s untouched: a wrong length, magic, version,
- * flag or reserved bits, a checksum mismatch, and any value init and update cannot produce
- * (a non-finite or non-positive scale, a scale outside [min_scale, max_scale], settings init
- * would refuse, good_steps outside 0..growth_interval-1, hysteresis_left outside
- * 1..hysteresis, negative counters, overflows > steps, overflows_in_row > overflows).
+ * Checkpoint: the whole struct, settings and state, as ordinary tensors of a checkpoint
+ * (rekindle/ckpt.h), every one a scalar (ndim 0) named after its field:
+ *
+ *   F32  amp.scale, amp.min_scale, amp.max_scale, amp.growth_factor, amp.backoff_factor
+ *   I64  amp.growth_interval, amp.hysteresis, amp.consecutive_hysteresis, amp.good_steps,
+ *        amp.hysteresis_left, amp.steps, amp.overflows, amp.overflows_in_row
+ *
+ * The checkpoint's checksums cover them like every tensor. rk_loss_scaler_items_fill puts
+ * the RK_LOSS_SCALER_NITEMS items in out->item (pointing into *out: keep it alive until the
+ * save has taken them). rk_loss_scaler_load reads them back from a file (rk_ckpt_file) and
+ * gives exactly the struct that was saved. It answers RK_ENOENT when there is no amp.scale (a
+ * run without a loss scaler wrote it), and RK_EFORMAT, naming the tensor and leaving *s
+ * untouched, for a missing tensor, another dtype or shape, a value init and update cannot
+ * produce (a non-finite or non-positive scale, a scale outside [min_scale, max_scale],
+ * settings init would refuse, good_steps outside 0..growth_interval-1, hysteresis_left outside
+ * 1..hysteresis, negative counters, overflows > steps, overflows_in_row > overflows), and for
+ * a checkpoint holding "scaler.state", the binary layout of earlier versions, which is no
+ * longer read.
  */
-#define RK_LOSS_SCALER_BYTES 76
-#define RK_LOSS_SCALER_VERSION 1
+#define RK_LOSS_SCALER_NITEMS 13
 
-/* RK_EINVAL if s or out is NULL. */
-int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES]);
-int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err);
+typedef struct rk_loss_scaler_items {
+    rk_ckpt_item item[RK_LOSS_SCALER_NITEMS];
+    float f32[5];
+    int64_t i64[8];
+} rk_loss_scaler_items;
+
+RK_API void rk_loss_scaler_items_fill(const rk_loss_scaler *s, rk_loss_scaler_items *out);
+RK_API int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err);
 
 #ifdef __cplusplus
 }

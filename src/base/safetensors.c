@@ -829,20 +829,20 @@ const char *rk_st_meta(const rk_st_file *f, const char *key)
     return NULL;
 }
 
-int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
-                   float *dst, rk_err *err)
+int rk_st_load(const rk_st_file *f, const char *name, const char *dtype, int ndim,
+               const int64_t *shape, void *dst, rk_err *err)
 {
-    if (!f || !name || ndim < 0 || ndim > RK_ST_MAX_DIMS || (ndim > 0 && !shape))
-        return rk_err_set(err, RK_EINVAL, "rk_st_load_f32: bad argument");
+    if (!f || !name || !dtype || ndim < 0 || ndim > RK_ST_MAX_DIMS || (ndim > 0 && !shape))
+        return rk_err_set(err, RK_EINVAL, "rk_st_load: bad argument");
     char lb[256], nb[96], hb[96], wb[96];
     const char *L = rk_msg_show(lb, sizeof lb, f->name ? f->name : "<memory>");
     const rk_st_tensor *t = rk_st_find(f, name);
     if (!t)
         return rk_err_set(err, RK_ENOENT, "%s: no tensor '%s'", L,
                           rk_msg_show(nb, sizeof nb, name));
-    if (strcmp(t->dtype, "F32") != 0)
-        return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' is %s, expected F32", L,
-                          rk_msg_show(nb, sizeof nb, name), t->dtype);
+    if (strcmp(t->dtype, dtype) != 0)
+        return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' is %s, expected %s", L,
+                          rk_msg_show(nb, sizeof nb, name), t->dtype, dtype);
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = t->shape[i] == shape[i];
@@ -852,10 +852,16 @@ int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_
                           fmt_shape(hb, sizeof hb, t->ndim, t->shape),
                           fmt_shape(wb, sizeof wb, ndim, shape));
     if (t->nbytes > 0 && !dst)
-        return rk_err_set(err, RK_EINVAL, "rk_st_load_f32: dst is NULL");
+        return rk_err_set(err, RK_EINVAL, "rk_st_load: dst is NULL");
     if (t->nbytes > 0)
         memcpy(dst, t->data, t->nbytes);
     return RK_OK;
+}
+
+int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
+                   float *dst, rk_err *err)
+{
+    return rk_st_load(f, name, "F32", ndim, shape, dst, err);
 }
 
 void rk_st_free(rk_st_file *f)

@@ -6,9 +6,10 @@
 #include "rekindle/amp.h"
 
 #include <math.h>
-#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
+
+#include "base/msg.h"
 
 /* ---- dtypes ---- */
 
@@ -51,13 +52,6 @@ static inline uint32_t f32_bits(float f)
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 int rk_unscale_check_f32(float *g, size_t n, float inv_scale)
@@ -186,140 +180,100 @@ float rk_loss_scaler_inv(const rk_loss_scaler *s)
     return 1.0f / s->scale;
 }
 
-/* ---- checkpoint ----
- * Offsets (docs/amp.md): 0 magic "RKLS", 4 version, 5 flags (bit 0 consecutive_hysteresis),
- * 6 u16 reserved 0, 8 scale, 12 min_scale, 16 max_scale, 20 growth_factor, 24 backoff_factor
- * (f32), 28 growth_interval, 32 hysteresis, 36 good_steps, 40 hysteresis_left (i32),
- * 44 steps, 52 overflows, 60 overflows_in_row (i64), 68 XXH64 of bytes 0..67. */
+/* ---- checkpoint: named tensors ---- */
 
-#define MAGIC "RKLS"
-#define SUM_AT 68
+/* The tensors, in the order they are saved: F32 first, then I64 (docs/amp.md). */
+static const char *const f32_names[5] = {"amp.scale", "amp.min_scale", "amp.max_scale",
+                                         "amp.growth_factor", "amp.backoff_factor"};
+static const char *const i64_names[8] = {
+    "amp.growth_interval", "amp.hysteresis", "amp.consecutive_hysteresis", "amp.good_steps",
+    "amp.hysteresis_left", "amp.steps",      "amp.overflows",              "amp.overflows_in_row"};
 
-static void put_u32(uint8_t *b, uint32_t v)
+void rk_loss_scaler_items_fill(const rk_loss_scaler *s, rk_loss_scaler_items *out)
 {
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *b, uint64_t v)
-{
+    const float f[5] = {s->scale, s->min_scale, s->max_scale, s->growth_factor,
+                        s->backoff_factor};
+    const int64_t v[8] = {s->growth_interval, s->hysteresis, s->consecutive_hysteresis,
+                          s->good_steps,      s->hysteresis_left, s->steps,
+                          s->overflows,       s->overflows_in_row};
+    memcpy(out->f32, f, sizeof f);
+    memcpy(out->i64, v, sizeof v);
+    for (int i = 0; i < 5; i++)
+        out->item[i] = (rk_ckpt_item){.name = f32_names[i], .dtype = "F32", .data = &out->f32[i]};
     for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
+        out->item[5 + i] =
+            (rk_ckpt_item){.name = i64_names[i], .dtype = "I64", .data = &out->i64[i]};
 }
 
-static uint32_t get_u32(const uint8_t *b)
+int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err)
 {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
-int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES])
-{
-    if (!s || !out)
-        return RK_EINVAL;
-    memcpy(out, MAGIC, 4);
-    out[4] = RK_LOSS_SCALER_VERSION;
-    out[5] = s->consecutive_hysteresis ? 1 : 0;
-    out[6] = out[7] = 0;
-    put_u32(out + 8, f32_bits(s->scale));
-    put_u32(out + 12, f32_bits(s->min_scale));
-    put_u32(out + 16, f32_bits(s->max_scale));
-    put_u32(out + 20, f32_bits(s->growth_factor));
-    put_u32(out + 24, f32_bits(s->backoff_factor));
-    put_u32(out + 28, (uint32_t)s->growth_interval);
-    put_u32(out + 32, (uint32_t)s->hysteresis);
-    put_u32(out + 36, (uint32_t)s->good_steps);
-    put_u32(out + 40, (uint32_t)s->hysteresis_left);
-    put_u64(out + 44, (uint64_t)s->steps);
-    put_u64(out + 52, (uint64_t)s->overflows);
-    put_u64(out + 60, (uint64_t)s->overflows_in_row);
-    put_u64(out + SUM_AT, XXH64(out, SUM_AT, 0));
-    return RK_OK;
-}
-
-int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err)
-{
-    if (!s || (!in && len > 0))
-        return rk_err_set(err, RK_EINVAL, "loss scaler state: NULL argument");
-    if (len != RK_LOSS_SCALER_BYTES)
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: length %zu bytes, expected %d", len,
-                          RK_LOSS_SCALER_BYTES);
-    if (memcmp(in, MAGIC, 4) != 0)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: bad magic (not a loss scaler state)");
-    if (in[4] != RK_LOSS_SCALER_VERSION)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: version %u is not supported (this build reads %d)",
-                          in[4], RK_LOSS_SCALER_VERSION);
-    if (in[5] & ~1u)
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: flags 0x%02x has unknown bits",
-                          in[5]);
-    if (in[6] || in[7])
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: reserved bytes are not 0");
-    uint64_t stored = get_u64(in + SUM_AT), computed = XXH64(in, SUM_AT, 0);
-    if (stored != computed)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: checksum mismatch (stored %016llx, computed "
-                          "%016llx): the state is corrupt",
-                          (unsigned long long)stored, (unsigned long long)computed);
-
+    if (!s || !f)
+        return rk_err_set(err, RK_EINVAL, "loss scaler: NULL argument");
+    char lb[256];
+    const char *L = rk_msg_show(lb, sizeof lb, f->name ? f->name : "<memory>");
+    if (!rk_st_find(f, "amp.scale")) {
+        if (rk_st_find(f, "scaler.state"))
+            return rk_err_set(err, RK_EFORMAT,
+                              "%s: tensor 'scaler.state' holds the loss scaler in the binary "
+                              "layout of earlier versions, which this version does not read "
+                              "(resume from a newer checkpoint, or start afresh)",
+                              L);
+        return rk_err_set(err, RK_ENOENT, "%s: no loss scaler state (no tensor 'amp.scale')", L);
+    }
+    float fv[5];
+    int64_t v[8];
+    for (int i = 0; i < 13; i++) {
+        int rc = i < 5 ? rk_st_load(f, f32_names[i], "F32", 0, NULL, &fv[i], err)
+                       : rk_st_load(f, i64_names[i - 5], "I64", 0, NULL, &v[i - 5], err);
+        if (rc == RK_ENOENT || rc == RK_EMISMATCH) /* a partial or mistyped state */
+            return err ? (err->code = RK_EFORMAT) : RK_EFORMAT;
+        if (rc < 0)
+            return rc;
+    }
     rk_loss_scaler t;
     memset(&t, 0, sizeof t);
-    t.consecutive_hysteresis = in[5] & 1u;
-    t.scale = bits_f32(get_u32(in + 8));
-    t.min_scale = bits_f32(get_u32(in + 12));
-    t.max_scale = bits_f32(get_u32(in + 16));
-    t.growth_factor = bits_f32(get_u32(in + 20));
-    t.backoff_factor = bits_f32(get_u32(in + 24));
-    int32_t interval = (int32_t)get_u32(in + 28), hyst = (int32_t)get_u32(in + 32);
-    int32_t good = (int32_t)get_u32(in + 36), left = (int32_t)get_u32(in + 40);
-    int64_t steps = (int64_t)get_u64(in + 44), over = (int64_t)get_u64(in + 52);
-    int64_t in_row = (int64_t)get_u64(in + 60);
-
+    t.scale = fv[0];
+    t.min_scale = fv[1];
+    t.max_scale = fv[2];
+    t.growth_factor = fv[3];
+    t.backoff_factor = fv[4];
+    int64_t interval = v[0], hyst = v[1], good = v[3], left = v[4], steps = v[5], over = v[6],
+            in_row = v[7];
+    char what[300];
+    snprintf(what, sizeof what, "%s: loss scaler state", L);
     int rc = check_settings(t.min_scale, t.max_scale, t.growth_factor, t.backoff_factor, interval,
-                            hyst, t.consecutive_hysteresis, RK_EFORMAT, "loss scaler state", err);
+                            hyst, v[2], RK_EFORMAT, what, err);
     if (rc < 0)
         return rc;
     if (!(isfinite(t.scale) && t.scale > 0))
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: scale %g is not finite and > 0",
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.scale %g is not finite and > 0", what,
                           (double)t.scale);
     if (t.scale < t.min_scale || t.scale > t.max_scale)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: scale %g is not in [min_scale %g, max_scale %g]",
-                          (double)t.scale, (double)t.min_scale, (double)t.max_scale);
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.scale %g is not in [min_scale %g, max_scale %g]",
+                          what, (double)t.scale, (double)t.min_scale, (double)t.max_scale);
     if (good < 0 || good >= interval)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: good_steps %d is not in 0..%d (growth_interval - 1)",
-                          (int)good, (int)interval - 1);
+                          "%s: amp.good_steps %lld is not in 0..%lld (growth_interval - 1)", what,
+                          (long long)good, (long long)interval - 1);
     if (left < 1 || left > hyst)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: hysteresis_left %d is not in 1..%d (hysteresis)",
-                          (int)left, (int)hyst);
+                          "%s: amp.hysteresis_left %lld is not in 1..%lld (hysteresis)", what,
+                          (long long)left, (long long)hyst);
     if (steps < 0)
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: steps %lld is negative",
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.steps %lld is negative", what,
                           (long long)steps);
     if (over < 0 || over > steps)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: overflows %lld is not in 0..%lld (steps)",
-                          (long long)over, (long long)steps);
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.overflows %lld is not in 0..%lld (steps)",
+                          what, (long long)over, (long long)steps);
     if (in_row < 0 || in_row > over)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: overflows_in_row %lld is not in 0..%lld (overflows)",
+                          "%s: amp.overflows_in_row %lld is not in 0..%lld (overflows)", what,
                           (long long)in_row, (long long)over);
-    t.growth_interval = interval;
-    t.hysteresis = hyst;
-    t.good_steps = good;
-    t.hysteresis_left = left;
+    t.growth_interval = (int)interval;
+    t.hysteresis = (int)hyst;
+    t.consecutive_hysteresis = (int)v[2];
+    t.good_steps = (int)good;
+    t.hysteresis_left = (int)left;
     t.steps = steps;
     t.overflows = over;
     t.overflows_in_row = in_row;
