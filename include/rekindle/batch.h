@@ -75,8 +75,8 @@ extern "C" {
 #endif
 
 #define RK_BATCH_MAX_RANKS 65536
-#define RK_BATCH_MAX_RATE 1e15    /* largest accepted samples/s or faults/hour */
-#define RK_BATCH_SMOOTHING 0.3    /* alpha of the throughput moving average */
+#define RK_BATCH_MAX_RATE 1e15 /* largest accepted samples/s or faults/hour */
+#define RK_BATCH_SMOOTHING 0.3 /* alpha of the throughput moving average */
 
 typedef enum rk_batch_kind {
     RK_BATCH_EVEN = 0,

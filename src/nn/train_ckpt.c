@@ -362,8 +362,8 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
         if ((rc = rk_comm_bcast(t->comm, m->data_block, bytes, 0, err)) ||
             (rc = rk_comm_bcast(t->comm, t->opt->s1, bytes, 0, err)) ||
             (adamw && (rc = rk_comm_bcast(t->comm, t->opt->s2, bytes, 0, err))) ||
-            (hdr[2] && (rc = rk_comm_bcast(t->comm, ranks, (size_t)world * sizeof *ranks, 0,
-                                           err))) ||
+            (hdr[2] &&
+             (rc = rk_comm_bcast(t->comm, ranks, (size_t)world * sizeof *ranks, 0, err))) ||
             (hdr[4] && (rc = rk_comm_bcast(t->comm, &scaler, sizeof scaler, 0, err))))
             goto out;
         if (hdr[5]) {

@@ -186,14 +186,14 @@ float rk_loss_scaler_inv(const rk_loss_scaler *s)
 static const char *const f32_names[5] = {"amp.scale", "amp.min_scale", "amp.max_scale",
                                          "amp.growth_factor", "amp.backoff_factor"};
 static const char *const i64_names[8] = {
-    "amp.growth_interval", "amp.hysteresis", "amp.consecutive_hysteresis", "amp.good_steps",
-    "amp.hysteresis_left", "amp.steps",      "amp.overflows",              "amp.overflows_in_row"};
+    "amp.growth_interval", "amp.hysteresis",      "amp.consecutive_hysteresis",
+    "amp.good_steps",      "amp.hysteresis_left", "amp.steps",
+    "amp.overflows",       "amp.overflows_in_row"};
 
 void rk_loss_scaler_items_fill(const rk_loss_scaler *s, rk_loss_scaler_items *out)
 {
-    const float f[5] = {s->scale, s->min_scale, s->max_scale, s->growth_factor,
-                        s->backoff_factor};
-    const int64_t v[8] = {s->growth_interval, s->hysteresis, s->consecutive_hysteresis,
+    const float f[5] = {s->scale, s->min_scale, s->max_scale, s->growth_factor, s->backoff_factor};
+    const int64_t v[8] = {s->growth_interval, s->hysteresis,      s->consecutive_hysteresis,
                           s->good_steps,      s->hysteresis_left, s->steps,
                           s->overflows,       s->overflows_in_row};
     memcpy(out->f32, f, sizeof f);
@@ -249,8 +249,9 @@ int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err)
         return rk_err_set(err, RK_EFORMAT, "%s: amp.scale %g is not finite and > 0", what,
                           (double)t.scale);
     if (t.scale < t.min_scale || t.scale > t.max_scale)
-        return rk_err_set(err, RK_EFORMAT, "%s: amp.scale %g is not in [min_scale %g, max_scale %g]",
-                          what, (double)t.scale, (double)t.min_scale, (double)t.max_scale);
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: amp.scale %g is not in [min_scale %g, max_scale %g]", what,
+                          (double)t.scale, (double)t.min_scale, (double)t.max_scale);
     if (good < 0 || good >= interval)
         return rk_err_set(err, RK_EFORMAT,
                           "%s: amp.good_steps %lld is not in 0..%lld (growth_interval - 1)", what,
@@ -263,8 +264,8 @@ int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err)
         return rk_err_set(err, RK_EFORMAT, "%s: amp.steps %lld is negative", what,
                           (long long)steps);
     if (over < 0 || over > steps)
-        return rk_err_set(err, RK_EFORMAT, "%s: amp.overflows %lld is not in 0..%lld (steps)",
-                          what, (long long)over, (long long)steps);
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.overflows %lld is not in 0..%lld (steps)", what,
+                          (long long)over, (long long)steps);
     if (in_row < 0 || in_row > over)
         return rk_err_set(err, RK_EFORMAT,
                           "%s: amp.overflows_in_row %lld is not in 0..%lld (overflows)", what,

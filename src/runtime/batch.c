@@ -375,9 +375,8 @@ static int check_rank_state(const rk_batch_rank_state *r, int i, int code, const
                             rk_err *err)
 {
     if (r->observations == 0 && (r->throughput != 0.0 || signbit(r->throughput)))
-        return rk_err_set(err, code,
-                          "%s: rank %d: throughput %g with no observations (must be 0)", what, i,
-                          r->throughput);
+        return rk_err_set(err, code, "%s: rank %d: throughput %g with no observations (must be 0)",
+                          what, i, r->throughput);
     if (r->observations > 0 && !(r->throughput > 0.0 && r->throughput <= RK_BATCH_MAX_RATE))
         return rk_err_set(err, code, "%s: rank %d: throughput %g is not in (0, %g]", what, i,
                           r->throughput, RK_BATCH_MAX_RATE);
@@ -426,12 +425,21 @@ int rk_batch_items_fill(const rk_batch_policy *p, rk_batch_items *out, rk_err *e
     out->item[0] = (rk_ckpt_item){.name = "batch.kind", .dtype = "I64", .data = &out->kind};
     out->item[1] =
         (rk_ckpt_item){.name = "batch.global_batch", .dtype = "I64", .data = &out->global_batch};
-    out->item[2] = (rk_ckpt_item){.name = "batch.throughput", .dtype = "F64", .ndim = 1,
-                                  .shape = out->shape, .data = out->throughput};
-    out->item[3] = (rk_ckpt_item){.name = "batch.observations", .dtype = "I64", .ndim = 1,
-                                  .shape = out->shape, .data = out->observations};
-    out->item[4] = (rk_ckpt_item){.name = "batch.fault_rate", .dtype = "F64", .ndim = 1,
-                                  .shape = out->shape, .data = out->fault_rate};
+    out->item[2] = (rk_ckpt_item){.name = "batch.throughput",
+                                  .dtype = "F64",
+                                  .ndim = 1,
+                                  .shape = out->shape,
+                                  .data = out->throughput};
+    out->item[3] = (rk_ckpt_item){.name = "batch.observations",
+                                  .dtype = "I64",
+                                  .ndim = 1,
+                                  .shape = out->shape,
+                                  .data = out->observations};
+    out->item[4] = (rk_ckpt_item){.name = "batch.fault_rate",
+                                  .dtype = "F64",
+                                  .ndim = 1,
+                                  .shape = out->shape,
+                                  .data = out->fault_rate};
     return RK_OK;
 }
 
@@ -472,8 +480,7 @@ int rk_batch_load(rk_batch_policy **out, const rk_st_file *f, rk_err *err)
                               "of earlier versions, which this version does not read (resume "
                               "from a newer checkpoint, or start afresh)",
                               L);
-        return rk_err_set(err, RK_ENOENT, "%s: no batch policy state (no tensor 'batch.kind')",
-                          L);
+        return rk_err_set(err, RK_ENOENT, "%s: no batch policy state (no tensor 'batch.kind')", L);
     }
     int64_t kind, b;
     int rc = load_part(f, "batch.kind", "I64", 0, NULL, &kind, err);
@@ -489,8 +496,8 @@ int rk_batch_load(rk_batch_policy **out, const rk_st_file *f, rk_err *err)
                           tt ? "not 1-D" : "missing");
     int64_t n = tt->shape[0];
     if (n < 1 || n > RK_BATCH_MAX_RANKS)
-        return rk_err_set(err, RK_EFORMAT, "%s: %lld ranks is outside 1..%d", what,
-                          (long long)n, RK_BATCH_MAX_RANKS);
+        return rk_err_set(err, RK_EFORMAT, "%s: %lld ranks is outside 1..%d", what, (long long)n,
+                          RK_BATCH_MAX_RANKS);
     if (b < n)
         return rk_err_set(err, RK_EFORMAT,
                           "%s: batch.global_batch %lld is smaller than the %lld ranks", what,
@@ -499,8 +506,7 @@ int rk_batch_load(rk_batch_policy **out, const rk_st_file *f, rk_err *err)
     double *thr = malloc((size_t)n * sizeof(double)), *fr = malloc((size_t)n * sizeof(double));
     int64_t *obs = malloc((size_t)n * sizeof(int64_t));
     if (!p || !thr || !fr || !obs)
-        rc = rk_err_set(err, RK_ENOMEM, "batch state: out of memory for %lld ranks",
-                        (long long)n);
+        rc = rk_err_set(err, RK_ENOMEM, "batch state: out of memory for %lld ranks", (long long)n);
     const int64_t shape[1] = {n};
     if (!rc)
         rc = load_part(f, "batch.throughput", "F64", 1, shape, thr, err);
@@ -510,8 +516,8 @@ int rk_batch_load(rk_batch_policy **out, const rk_st_file *f, rk_err *err)
         rc = load_part(f, "batch.fault_rate", "F64", 1, shape, fr, err);
     for (int64_t i = 0; !rc && i < n; i++) {
         if (obs[i] < 0) {
-            rc = rk_err_set(err, RK_EFORMAT, "%s: rank %lld: observations %lld is negative",
-                            what, (long long)i, (long long)obs[i]);
+            rc = rk_err_set(err, RK_EFORMAT, "%s: rank %lld: observations %lld is negative", what,
+                            (long long)i, (long long)obs[i]);
             break;
         }
         p->rank[i] = (rk_batch_rank_state){thr[i], (uint64_t)obs[i], fr[i]};
