@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "items_file.h"
 #include "rekindle/amp.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/rng.h"
@@ -796,32 +797,6 @@ static void odd_state(rk_loss_scaler *s)
     s->overflows_in_row = 3;
 }
 
-/* The items as a safetensors file, parsed: what rk_loss_scaler_load reads in a checkpoint.
- * `skip` (or -1) leaves one item out; `extra` (or NULL) is added. */
-static void items_file(const rk_loss_scaler_items *it, int skip, const rk_st_entry *extra,
-                       rk_st_file *f)
-{
-    rk_st_entry e[RK_LOSS_SCALER_NITEMS + 1];
-    size_t n = 0;
-    for (int i = 0; i < RK_LOSS_SCALER_NITEMS; i++)
-        if (i != skip)
-            e[n++] = (rk_st_entry){.name = it->item[i].name,
-                                   .data = it->item[i].data,
-                                   .ndim = it->item[i].ndim,
-                                   .shape = it->item[i].shape,
-                                   .dtype = it->item[i].dtype};
-    if (extra)
-        e[n++] = *extra;
-    uint8_t *buf;
-    size_t len;
-    rk_err err;
-    if (rk_st_encode(e, n, NULL, &buf, &len, &err) != RK_OK)
-        fail_msg("encode: %s", err.msg);
-    if (rk_st_parse(buf, len, "ck.safetensors", f, &err) != RK_OK)
-        fail_msg("parse: %s", err.msg);
-    free(buf);
-}
-
 /* The tensors docs/amp.md names: every one a scalar of its field's value. */
 static void items_name_every_field(void **state)
 {
@@ -874,7 +849,7 @@ static void items_round_trip_exactly(void **state)
         rk_loss_scaler_items it;
         rk_loss_scaler_items_fill(&a, &it);
         rk_st_file f;
-        items_file(&it, -1, NULL, &f);
+        items_file(it.item, RK_LOSS_SCALER_NITEMS, -1, NULL, &f);
         memset(&b, 0, sizeof b);
         rk_err err;
         if (rk_loss_scaler_load(&b, &f, &err) != RK_OK)
@@ -938,7 +913,7 @@ static void load_rejects_every_bad_state(void **state)
     for (int i = 0; i < RK_LOSS_SCALER_NITEMS; i++) {
         if (i == 0)
             continue; /* no amp.scale: no state at all, below */
-        items_file(&good, i, NULL, &f);
+        items_file(good.item, RK_LOSS_SCALER_NITEMS, i, NULL, &f);
         snprintf(what, sizeof what, "%s missing", good.item[i].name);
         expect_rejected(&f, RK_EFORMAT, good.item[i].name, what);
         rk_st_free(&f);
@@ -953,14 +928,15 @@ static void load_rejects_every_bad_state(void **state)
                                  .shape = one,
                                  .dtype = good.item[i].dtype}};
         for (int k = 0; k < 2; k++) {
-            items_file(&good, i, &wrong[k], &f);
+            items_file(good.item, RK_LOSS_SCALER_NITEMS, i, &wrong[k], &f);
             snprintf(what, sizeof what, "%s %s", good.item[i].name, k ? "1-D" : "F64");
             expect_rejected(&f, RK_EFORMAT, good.item[i].name, what);
             rk_st_free(&f);
         }
     }
     /* no state: RK_ENOENT; the binary blob of earlier versions: refused, named */
-    items_file(&good, 0, NULL, &f); /* the other amp.* tensors alone do not count */
+    items_file(good.item, RK_LOSS_SCALER_NITEMS, 0, NULL,
+               &f); /* the other amp.* tensors alone do not count */
     expect_rejected(&f, RK_ENOENT, "amp.scale", "no amp.scale");
     rk_st_free(&f);
     rk_st_entry none = {.name = "model.w", .data = &good.f32[0], .dtype = "F32"};
@@ -1049,13 +1025,13 @@ static void load_rejects_every_bad_state(void **state)
             b.f32[bad[i].item] = (float)bad[i].f;
         else
             b.i64[bad[i].item - 5] = bad[i].i;
-        items_file(&b, -1, NULL, &f);
+        items_file(b.item, RK_LOSS_SCALER_NITEMS, -1, NULL, &f);
         snprintf(what, sizeof what, "case %zu (%s)", i, b.item[bad[i].item].name);
         expect_rejected(&f, RK_EFORMAT, bad[i].field, what);
         rk_st_free(&f);
     }
     /* the untouched state still loads: the cases above are what failed, not the base */
-    items_file(&good, -1, NULL, &f);
+    items_file(good.item, RK_LOSS_SCALER_NITEMS, -1, NULL, &f);
     rk_loss_scaler t;
     assert_int_equal(rk_loss_scaler_load(&t, &f, NULL), RK_OK);
     assert_same_scaler(&s, &t);

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "items_file.h"
 #include "rekindle/batch.h"
 #include "rekindle/rng.h"
 #include "rekindle/safetensors.h"
@@ -592,38 +593,13 @@ static void test_resize_of_fault_rates_changes_the_mean(void **state)
 
 /* ---- state: one rank, and the checkpoint tensors ---- */
 
-/* The items as a safetensors file, parsed: what rk_batch_load reads in a checkpoint. `skip`
- * (or -1) leaves one item out; `extra` (or NULL) is added. */
-static void items_file(const rk_batch_items *it, int skip, const rk_st_entry *extra, rk_st_file *f)
-{
-    rk_st_entry e[RK_BATCH_NITEMS + 1];
-    size_t n = 0;
-    for (int i = 0; i < RK_BATCH_NITEMS; i++)
-        if (i != skip)
-            e[n++] = (rk_st_entry){.name = it->item[i].name,
-                                   .data = it->item[i].data,
-                                   .ndim = it->item[i].ndim,
-                                   .shape = it->item[i].shape,
-                                   .dtype = it->item[i].dtype};
-    if (extra)
-        e[n++] = *extra;
-    uint8_t *buf;
-    size_t len;
-    rk_err err;
-    if (rk_st_encode(e, n, NULL, &buf, &len, &err) != RK_OK)
-        fail_msg("encode: %s", err.msg);
-    if (rk_st_parse(buf, len, "ck.safetensors", f, &err) != RK_OK)
-        fail_msg("parse: %s", err.msg);
-    free(buf);
-}
-
 static rk_batch_policy *through_items(const rk_batch_policy *p)
 {
     rk_batch_items it;
     rk_err err;
     assert_int_equal(rk_batch_items_fill(p, &it, &err), RK_OK);
     rk_st_file f;
-    items_file(&it, -1, NULL, &f);
+    items_file(it.item, RK_BATCH_NITEMS, -1, NULL, &f);
     rk_batch_policy *q = NULL;
     if (rk_batch_load(&q, &f, &err) != RK_OK)
         fail_msg("load: %s", err.msg);
@@ -714,7 +690,7 @@ static void test_load_names_each_bad_tensor(void **state)
                                           "batch.throughput is missing", "'batch.observations'",
                                           "'batch.fault_rate'"};
     for (int i = 0; i < RK_BATCH_NITEMS; i++) {
-        items_file(&good, i, NULL, &f);
+        items_file(good.item, RK_BATCH_NITEMS, i, NULL, &f);
         expect_bad_file(&f, i == 0 ? RK_ENOENT : RK_EFORMAT, missing[i]);
         rk_st_free(&f);
     }
@@ -745,7 +721,7 @@ static void test_load_names_each_bad_tensor(void **state)
          "batch.throughput is not 1-D"},
     };
     for (size_t c = 0; c < sizeof wrong / sizeof wrong[0]; c++) {
-        items_file(&good, wrong[c].skip, &wrong[c].e, &f);
+        items_file(good.item, RK_BATCH_NITEMS, wrong[c].skip, &wrong[c].e, &f);
         expect_bad_file(&f, RK_EFORMAT, wrong[c].want);
         rk_st_free(&f);
     }
@@ -783,7 +759,7 @@ static void test_load_names_each_bad_tensor(void **state)
             b.fault_rate[cases[c].rank] = cases[c].fr;
             b.observations[cases[c].rank] = cases[c].obs;
         }
-        items_file(&b, -1, NULL, &f);
+        items_file(b.item, RK_BATCH_NITEMS, -1, NULL, &f);
         expect_bad_file(&f, RK_EFORMAT, cases[c].want);
         rk_st_free(&f);
         rk_batch_items_free(&b);
@@ -792,11 +768,11 @@ static void test_load_names_each_bad_tensor(void **state)
     uint8_t blob[112] = "RKBATCH";
     rk_st_entry old = {
         .name = "policy", .data = blob, .ndim = 1, .shape = (int64_t[]){112}, .dtype = "U8"};
-    items_file(&good, 0, &old, &f);
+    items_file(good.item, RK_BATCH_NITEMS, 0, &old, &f);
     expect_bad_file(&f, RK_EFORMAT, "tensor 'policy' holds the batch policy in the binary layout");
     rk_st_free(&f);
     /* the untouched items still load */
-    items_file(&good, -1, NULL, &f);
+    items_file(good.item, RK_BATCH_NITEMS, -1, NULL, &f);
     rk_batch_policy *q = NULL;
     assert_int_equal(rk_batch_load(&q, &f, NULL), RK_OK);
     assert_same_state(p, q);
