@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "health/sim.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
 #include "rekindle/predict.h"

@@ -18,6 +18,8 @@
 #include "predict/cmapss.h"
 #include "predict/fleetdata.h"
 #include "predict/pipeline.h"
+#include "base/clock.h"
+#include "rekindle/fileio.h"
 #include "rekindle/health.h"
 #include "rekindle/predict.h"
 #include "rk.h"

@@ -14,17 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "rekindle/rng.h"
 
 #define COMMAND_EVERY 8 /* steps between agreements on the supervisor's commands */
 #define GONE (RK_HB_CMD_STOP + 1) /* in the agreement: a rank's supervisor has gone */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 const char *rk_worker_device(int rank, char *buf, size_t cap)
 {
@@ -57,7 +51,7 @@ int rk_worker_open(rk_worker *w, rk_comm *comm, uint64_t seed, rk_err *err)
     w->seed = seed;
     w->slow_until = -1;
     int rc = rk_inject_from_env(&w->inj, w->rank, err);
-    w->t_arm = now_s();
+    w->t_arm = rk_mono_s();
     return rc;
 }
 
@@ -156,7 +150,7 @@ static void inject_nan(rk_worker *w, rk_model *m, int64_t step)
 static void faults_due(rk_worker *w, int64_t step, rk_model *m)
 {
     size_t idx[16];
-    size_t n = rk_inject_due(w->inj, step, now_s() - w->t_arm, idx, 16);
+    size_t n = rk_inject_due(w->inj, step, rk_mono_s() - w->t_arm, idx, 16);
     for (size_t i = 0; i < n; i++) {
         const rk_fault *f = rk_inject_get(w->inj, idx[i]);
         const char *kind = rk_fault_kind_name(f->kind);
@@ -290,11 +284,11 @@ int rk_worker_commands(rk_worker *w, int64_t steps_done, int epoch, int64_t curs
                           "closed): stopping without a checkpoint",
                           (long long)steps_done);
     if (w->ck && w->ck->last_step != steps_done) {
-        double t0 = now_s();
+        double t0 = rk_mono_s();
         int rc = rk_trainer_ckpt_save(w->ck, steps_done, epoch, cursor, err);
         if (rc)
             return rc;
-        rk_worker_saved(w, steps_done, now_s() - t0);
+        rk_worker_saved(w, steps_done, rk_mono_s() - t0);
     }
     if (agreed == RK_HB_CMD_STOP) {
         w->stopped = 1;

@@ -92,8 +92,8 @@ run resumed 4 --max-steps 80 --ckpt-dir "$work/ck2" --resume "${flags[@]}" &&
   if [[ "$(json "$work/straight.json" weights_xxh64)" == "$(json "$work/resumed.json" weights_xxh64)" ]]; then
     ok "onebit + fp16 stopped at step 40 and resumed: same weights as straight ($(json "$work/straight.json" weights_xxh64))"
   else bad "resume differs: $(json "$work/straight.json" weights_xxh64) vs $(json "$work/resumed.json" weights_xxh64)"; fi
-if grep -rlq "comm.residuals" "$work/ck2" && grep -rlq "scaler.state" "$work/ck2"; then
-  ok "checkpoints hold comm.residuals and scaler.state"
+if grep -rlq "comm.residuals" "$work/ck2" && grep -rlq "amp.scale" "$work/ck2"; then
+  ok "checkpoints hold comm.residuals and the amp.* loss scaler tensors"
 else bad "checkpoint items missing"; fi
 
 # bad flags: exit 2, nothing run

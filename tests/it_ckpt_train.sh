@@ -3,7 +3,8 @@
 # resumed ends with the same weights (bitwise) as one never interrupted, in sync and async
 # mode; a corrupt newest checkpoint is reported and the previous one used, nothing deleted;
 # a directory of another run is refused; a checkpoint written by 2 ranks resumes on 3; the
-# exported weights load with --init. Skips (77) without data.
+# exported weights load with --init; the batch policy's state resumes exactly. Skips (77)
+# without data.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_need_data
@@ -88,6 +89,20 @@ rc=$?
     --metrics-json "$work/e.json" >/dev/null 2>&1 &&
   [[ "$(json "$work/e.json" weights_xxh64)" == "$full" ]] && ok "rk ckpt export -> --init restores the weights" ||
   bad "export/init: $(tail -2 "$work/e.log")"
+
+# the batch policy's state survives a resume exactly: its observation count and its kind and
+# batch come back from the batch.* tensors (a policy re-fed its last rate would restart the
+# count at 1)
+pt=("$RK" train --model mlp --max-steps 60 --epochs 4 --no-eval --data "$work/sub" --threads 1
+    --seed 6 --batch-policy throughput --ckpt-every 20 --keep 5)
+"${pt[@]}" --ckpt-dir "$work/pa" >/dev/null 2>&1 &&
+"${pt[@]}" --ckpt-dir "$work/pb" --max-steps 40 >/dev/null 2>&1 &&
+"${pt[@]}" --ckpt-dir "$work/pb" --resume >"$work/pb.log" 2>&1 &&
+  pa=$(python3 "$RK_SRC/tests/st_read.py" "$work/pa/ckpt-000000000060.safetensors" | grep '^batch\.' | grep -v throughput) &&
+  pb=$(python3 "$RK_SRC/tests/st_read.py" "$work/pb/ckpt-000000000060.safetensors" | grep '^batch\.' | grep -v throughput) &&
+  if [[ -n "$pa" && "$pa" == "$pb" ]] && grep -q "resuming from" "$work/pb.log"; then
+    ok "batch policy state resumed exactly: $(echo $pa | tr '\n' ' ')"
+  else bad "batch policy state after resume: '$(echo $pb)' vs straight '$(echo $pa)'"; fi
 
 # World-size independence: a checkpoint written by 2 ranks at step 100 resumes on 3 ranks.
 # The next 10 steps must match an uninterrupted 2-rank run to 1e-5 (the ranks only change the

@@ -8,9 +8,10 @@
  * (where the CPU has it) F16C, equal the scalar ones. Loss scaler: growth after exactly
  * growth_interval clean steps, backoff and skip, floor and cap, hysteresis both ways, the
  * same scales as a transcription of DeepSpeed's update rule over random overflow sequences;
- * the checkpoint's exact bytes, its round trip, and every kind of corrupt state rejected with
- * the field named. Unscale: inf and NaN found at every position class, every element
- * multiplied.
+ * its checkpoint tensors' names and values, their round trip (through a real checkpoint too),
+ * and every missing, mistyped or impossible one rejected with the tensor named, the binary
+ * blob of earlier versions refused. Unscale: inf and NaN found at every position class, every
+ * element multiplied.
  */
 #include <float.h>
 #include <math.h>
@@ -23,9 +24,10 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <xxhash.h>
 
+#include "items_file.h"
 #include "rekindle/amp.h"
+#include "rekindle/ckpt.h"
 #include "rekindle/rng.h"
 
 static uint32_t fbits(float f)
@@ -307,9 +309,9 @@ static void bulk_equals_scalar(void **state)
     for (size_t i = 0; i <= N; i++)
         h2[i] = (uint16_t)rk_rng_next(&r);
     /* the portable loops, then F16C where this CPU has it */
-    assert_int_equal(rk_amp_use_f16c(0), 0);
+    assert_int_equal(rk_half_use_f16c(0), 0);
     for (int hw = 0; hw < 2; hw++) {
-        if (hw && !rk_amp_use_f16c(1))
+        if (hw && !rk_half_use_f16c(1))
             break;
         /* from offset 1 as well: the blocks are not aligned */
         for (int off = 0; off < 2; off++) {
@@ -795,43 +797,38 @@ static void odd_state(rk_loss_scaler *s)
     s->overflows_in_row = 3;
 }
 
-static void resum(uint8_t *b)
-{
-    uint64_t h = XXH64(b, 68, 0);
-    for (int i = 0; i < 8; i++)
-        b[68 + i] = (uint8_t)(h >> (8 * i));
-}
-
-/* The layout docs/amp.md describes, byte by byte. */
-static void pack_writes_the_documented_bytes(void **state)
+/* The tensors docs/amp.md names: every one a scalar of its field's value. */
+static void items_name_every_field(void **state)
 {
     (void)state;
     rk_loss_scaler s;
     odd_state(&s);
-    uint8_t got[RK_LOSS_SCALER_BYTES],
-        want[RK_LOSS_SCALER_BYTES] = {
-            'R',  'K',  'L',  'S',  1,    1,    0,    0,    /* magic, version, flags, reserved */
-            0x00, 0x00, 0x80, 0x44,                         /* scale 1024 */
-            0x00, 0x00, 0x00, 0x40,                         /* min_scale 2 */
-            0x00, 0x00, 0x80, 0x49,                         /* max_scale 2^20 */
-            0x00, 0x00, 0x80, 0x40,                         /* growth_factor 4 */
-            0x00, 0x00, 0x80, 0x3e,                         /* backoff_factor 0.25 */
-            0x04, 0x03, 0x02, 0x01,                         /* growth_interval */
-            0x09, 0x00, 0x00, 0x00,                         /* hysteresis */
-            0x07, 0x06, 0x05, 0x00,                         /* good_steps */
-            0x07, 0x00, 0x00, 0x00,                         /* hysteresis_left */
-            0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* steps */
-            0x0e, 0x0d, 0x0c, 0x0b, 0x0a, 0x00, 0x00, 0x00, /* overflows */
-            0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* overflows_in_row */
-        };
-    resum(want);
-    assert_int_equal(rk_loss_scaler_pack(&s, got), RK_OK);
-    assert_memory_equal(got, want, sizeof want);
-    assert_int_equal(rk_loss_scaler_pack(NULL, got), RK_EINVAL);
-    assert_int_equal(rk_loss_scaler_pack(&s, NULL), RK_EINVAL);
+    rk_loss_scaler_items it;
+    rk_loss_scaler_items_fill(&s, &it);
+    static const char *const names[RK_LOSS_SCALER_NITEMS] = {
+        "amp.scale",           "amp.min_scale",
+        "amp.max_scale",       "amp.growth_factor",
+        "amp.backoff_factor",  "amp.growth_interval",
+        "amp.hysteresis",      "amp.consecutive_hysteresis",
+        "amp.good_steps",      "amp.hysteresis_left",
+        "amp.steps",           "amp.overflows",
+        "amp.overflows_in_row"};
+    const float f[5] = {1024, 2, 0x1p20f, 4, 0.25f};
+    const int64_t v[8] = {0x01020304, 9, 1, 0x00050607, 7, 0x0102030405060708, 0x0a0b0c0d0e, 3};
+    for (int i = 0; i < RK_LOSS_SCALER_NITEMS; i++) {
+        assert_string_equal(it.item[i].name, names[i]);
+        assert_int_equal(it.item[i].ndim, 0);
+        if (i < 5) {
+            assert_string_equal(it.item[i].dtype, "F32");
+            assert_int_equal(fbits(*(const float *)it.item[i].data), fbits(f[i]));
+        } else {
+            assert_string_equal(it.item[i].dtype, "I64");
+            assert_int_equal(*(const int64_t *)it.item[i].data, v[i - 5]);
+        }
+    }
 }
 
-static void pack_unpack_round_trips_exactly(void **state)
+static void items_round_trip_exactly(void **state)
 {
     (void)state;
     rk_rng r;
@@ -849,15 +846,16 @@ static void pack_unpack_round_trips_exactly(void **state)
         int steps = (int)rk_rng_below(&r, 300);
         for (int i = 0; i < steps; i++)
             rk_loss_scaler_update(&a, rk_rng_uniform(&r) < 0.2f);
-        uint8_t buf[RK_LOSS_SCALER_BYTES], again[RK_LOSS_SCALER_BYTES];
-        assert_int_equal(rk_loss_scaler_pack(&a, buf), RK_OK);
+        rk_loss_scaler_items it;
+        rk_loss_scaler_items_fill(&a, &it);
+        rk_st_file f;
+        items_file(it.item, RK_LOSS_SCALER_NITEMS, -1, NULL, &f);
         memset(&b, 0, sizeof b);
         rk_err err;
-        if (rk_loss_scaler_unpack(&b, buf, sizeof buf, &err) != RK_OK)
+        if (rk_loss_scaler_load(&b, &f, &err) != RK_OK)
             fail_msg("run %d: %s", run, err.msg);
+        rk_st_free(&f);
         assert_same_scaler(&a, &b);
-        assert_int_equal(rk_loss_scaler_pack(&b, again), RK_OK);
-        assert_memory_equal(buf, again, sizeof buf);
         /* and the two go on alike */
         for (int i = 0; i < 100; i++) {
             int of = rk_rng_uniform(&r) < 0.2f;
@@ -865,156 +863,181 @@ static void pack_unpack_round_trips_exactly(void **state)
         }
         assert_same_scaler(&a, &b);
     }
-    rk_loss_scaler s;
-    uint8_t buf[RK_LOSS_SCALER_BYTES];
+    /* through a real checkpoint too */
+    rk_loss_scaler s, t;
     odd_state(&s);
-    rk_loss_scaler_pack(&s, buf);
-    rk_loss_scaler t;
-    assert_int_equal(rk_loss_scaler_unpack(&t, buf, sizeof buf, NULL), RK_OK);
+    rk_loss_scaler_items it;
+    rk_loss_scaler_items_fill(&s, &it);
+    rk_ckpt_meta meta = {.step = 1, .world_size = 1};
+    uint8_t *buf;
+    size_t len;
+    rk_ckpt *c;
+    assert_int_equal(rk_ckpt_encode(&meta, it.item, RK_LOSS_SCALER_NITEMS, &buf, &len, NULL),
+                     RK_OK);
+    assert_int_equal(rk_ckpt_parse(buf, len, "ckpt-000000000001.safetensors", &c, NULL), RK_OK);
+    assert_int_equal(rk_loss_scaler_load(&t, rk_ckpt_file(c), NULL), RK_OK);
     assert_same_scaler(&s, &t);
+    rk_ckpt_free(c);
+    free(buf);
 }
 
-static void put32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* Unpack `b` expecting RK_EFORMAT with `field` in the message, and *s untouched. */
-static void expect_rejected(const uint8_t *b, size_t len, const char *field, const char *what)
+/* Load `f` expecting `code` with `field` in the message, and *s untouched. */
+static void expect_rejected(const rk_st_file *f, int code, const char *field, const char *what)
 {
     rk_loss_scaler s, before;
     memset(&s, 0x5a, sizeof s);
     memcpy(&before, &s, sizeof s);
     rk_err err;
     rk_err_clear(&err);
-    int rc = rk_loss_scaler_unpack(&s, b, len, &err);
-    if (rc != RK_EFORMAT)
-        fail_msg("%s: unpack returned %d, not RK_EFORMAT", what, rc);
+    int rc = rk_loss_scaler_load(&s, f, &err);
+    if (rc != code)
+        fail_msg("%s: load returned %d, not %d (%s)", what, rc, code, err.msg);
+    if (err.code != code)
+        fail_msg("%s: err.code %d, not %d", what, err.code, code);
     if (field && !strstr(err.msg, field))
         fail_msg("%s: message \"%s\" does not name \"%s\"", what, err.msg, field);
     assert_memory_equal(&s, &before, sizeof s);
 }
 
-static void unpack_rejects_every_corruption(void **state)
+static void load_rejects_every_bad_state(void **state)
 {
     (void)state;
     rk_loss_scaler s;
     odd_state(&s);
-    uint8_t good[RK_LOSS_SCALER_BYTES + 32] = {0}, b[RK_LOSS_SCALER_BYTES + 32];
-    rk_loss_scaler_pack(&s, good);
+    rk_loss_scaler_items good;
+    rk_loss_scaler_items_fill(&s, &good);
+    rk_st_file f;
     char what[96];
 
-    /* every wrong length, short and long */
-    for (size_t len = 0; len < RK_LOSS_SCALER_BYTES + 32; len++) {
-        if (len == RK_LOSS_SCALER_BYTES)
-            continue;
-        snprintf(what, sizeof what, "length %zu", len);
-        expect_rejected(good, len, "length", what);
+    /* each tensor missing, of another dtype, of another shape */
+    for (int i = 0; i < RK_LOSS_SCALER_NITEMS; i++) {
+        if (i == 0)
+            continue; /* no amp.scale: no state at all, below */
+        items_file(good.item, RK_LOSS_SCALER_NITEMS, i, NULL, &f);
+        snprintf(what, sizeof what, "%s missing", good.item[i].name);
+        expect_rejected(&f, RK_EFORMAT, good.item[i].name, what);
+        rk_st_free(&f);
     }
-    rk_loss_scaler t;
-    assert_int_equal(rk_loss_scaler_unpack(&t, NULL, RK_LOSS_SCALER_BYTES, NULL), RK_EINVAL);
-
-    /* every single flipped bit */
-    for (int bit = 0; bit < RK_LOSS_SCALER_BYTES * 8; bit++) {
-        memcpy(b, good, RK_LOSS_SCALER_BYTES);
-        b[bit / 8] ^= (uint8_t)(1u << (bit % 8));
-        snprintf(what, sizeof what, "bit %d flipped", bit);
-        expect_rejected(b, RK_LOSS_SCALER_BYTES, NULL, what);
+    for (int i = 0; i < RK_LOSS_SCALER_NITEMS; i++) {
+        int64_t one[1] = {1};
+        double d = 1;
+        rk_st_entry wrong[2] = {{.name = good.item[i].name, .data = &d, .dtype = "F64"},
+                                {.name = good.item[i].name,
+                                 .data = good.item[i].data,
+                                 .ndim = 1,
+                                 .shape = one,
+                                 .dtype = good.item[i].dtype}};
+        for (int k = 0; k < 2; k++) {
+            items_file(good.item, RK_LOSS_SCALER_NITEMS, i, &wrong[k], &f);
+            snprintf(what, sizeof what, "%s %s", good.item[i].name, k ? "1-D" : "F64");
+            expect_rejected(&f, RK_EFORMAT, good.item[i].name, what);
+            rk_st_free(&f);
+        }
+    }
+    /* no state: RK_ENOENT; the binary blob of earlier versions: refused, named */
+    items_file(good.item, RK_LOSS_SCALER_NITEMS, 0, NULL,
+               &f); /* the other amp.* tensors alone do not count */
+    expect_rejected(&f, RK_ENOENT, "amp.scale", "no amp.scale");
+    rk_st_free(&f);
+    rk_st_entry none = {.name = "model.w", .data = &good.f32[0], .dtype = "F32"};
+    {
+        uint8_t *buf;
+        size_t len;
+        assert_int_equal(rk_st_encode(&none, 1, NULL, &buf, &len, NULL), RK_OK);
+        assert_int_equal(rk_st_parse(buf, len, "ck", &f, NULL), RK_OK);
+        free(buf);
+        expect_rejected(&f, RK_ENOENT, "amp.scale", "no state");
+        rk_st_free(&f);
+        uint8_t blob[76] = {'R', 'K', 'L', 'S', 1};
+        int64_t shape[1] = {76};
+        rk_st_entry old[2] = {
+            none, {.name = "scaler.state", .data = blob, .ndim = 1, .shape = shape, .dtype = "U8"}};
+        assert_int_equal(rk_st_encode(old, 2, NULL, &buf, &len, NULL), RK_OK);
+        assert_int_equal(rk_st_parse(buf, len, "ck", &f, NULL), RK_OK);
+        free(buf);
+        expect_rejected(&f, RK_EFORMAT, "'scaler.state'", "old blob");
+        rk_st_free(&f);
     }
 
-    /* header fields, each with a valid checksum so the field check is what rejects */
+    /* every field given a value the scaler could not have saved */
     const struct {
-        int at;
-        uint8_t v;
-        const char *field;
-    } hdr[] = {{0, 'X', "magic"},  {3, 's', "magic"},   {4, 0, "version"},
-               {4, 2, "version"},  {4, 255, "version"}, {5, 2, "flags"},
-               {5, 0x81, "flags"}, {6, 1, "reserved"},  {7, 0x80, "reserved"}};
-    for (size_t i = 0; i < sizeof hdr / sizeof *hdr; i++) {
-        memcpy(b, good, RK_LOSS_SCALER_BYTES);
-        b[hdr[i].at] = hdr[i].v;
-        resum(b);
-        snprintf(what, sizeof what, "byte %d = %u", hdr[i].at, hdr[i].v);
-        expect_rejected(b, RK_LOSS_SCALER_BYTES, hdr[i].field, what);
-    }
-    memcpy(b, good, RK_LOSS_SCALER_BYTES);
-    b[70] ^= 0xff;
-    expect_rejected(b, RK_LOSS_SCALER_BYTES, "checksum", "checksum byte");
-
-    /* every field given a value pack could not have written, with a valid checksum */
-    enum { F32, I32, I64 };
-    const struct {
-        int at, kind;
+        int item;
         double f;
         int64_t i;
         const char *field;
     } bad[] = {
-        {8, F32, NAN, 0, ": scale "},
-        {8, F32, INFINITY, 0, ": scale "},
-        {8, F32, -INFINITY, 0, ": scale "},
-        {8, F32, 0.0, 0, ": scale "},
-        {8, F32, -0.0, 0, ": scale "},
-        {8, F32, -1024, 0, ": scale "},
-        {8, F32, 1, 0, ": scale "},      /* below min_scale 2 */
-        {8, F32, 0x1p21, 0, ": scale "}, /* above max_scale 2^20 */
-        {12, F32, 0, 0, ": min_scale "},
-        {12, F32, -2, 0, ": min_scale "},
-        {12, F32, NAN, 0, ": min_scale "},
-        {12, F32, INFINITY, 0, ": min_scale "},
-        {12, F32, 4096, 0, "min_scale 4096"}, /* above the scale */
-        {16, F32, 1, 0, ": max_scale "},      /* below min_scale */
-        {16, F32, INFINITY, 0, ": max_scale "},
-        {16, F32, NAN, 0, ": max_scale "},
-        {16, F32, 512, 0, "max_scale 512"}, /* below the scale */
-        {20, F32, 1, 0, ": growth_factor "},
-        {20, F32, 0.5, 0, ": growth_factor "},
-        {20, F32, NAN, 0, ": growth_factor "},
-        {20, F32, INFINITY, 0, ": growth_factor "},
-        {24, F32, 0, 0, ": backoff_factor "},
-        {24, F32, 1, 0, ": backoff_factor "},
-        {24, F32, 2, 0, ": backoff_factor "},
-        {24, F32, -0.25, 0, ": backoff_factor "},
-        {24, F32, NAN, 0, ": backoff_factor "},
-        {28, I32, 0, 0, ": growth_interval "},
-        {28, I32, 0, -1, ": growth_interval "},
-        {28, I32, 0, 0x00050607, ": good_steps "}, /* good_steps must stay below it */
-        {32, I32, 0, 0, ": hysteresis "},
-        {32, I32, 0, -1, ": hysteresis "},
-        {32, I32, 0, 6, ": hysteresis_left "}, /* below hysteresis_left 7 */
-        {36, I32, 0, -1, ": good_steps "},
-        {36, I32, 0, 0x01020304, ": good_steps "},
-        {40, I32, 0, 0, ": hysteresis_left "},
-        {40, I32, 0, 10, ": hysteresis_left "},
-        {40, I32, 0, -1, ": hysteresis_left "},
-        {44, I64, 0, -1, ": steps "},
-        {44, I64, 0, 0x0a0b0c0d0d, ": overflows "}, /* fewer steps than overflows */
-        {52, I64, 0, -1, ": overflows "},
-        {52, I64, 0, 0x0102030405060709, ": overflows "},
-        {52, I64, 0, 2, ": overflows_in_row "}, /* fewer overflows than the run of them */
-        {60, I64, 0, -1, ": overflows_in_row "},
-        {60, I64, 0, 0x0a0b0c0d0f, ": overflows_in_row "},
+        {0, NAN, 0, "amp.scale "},
+        {0, INFINITY, 0, "amp.scale "},
+        {0, -INFINITY, 0, "amp.scale "},
+        {0, 0.0, 0, "amp.scale "},
+        {0, -0.0, 0, "amp.scale "},
+        {0, -1024, 0, "amp.scale "},
+        {0, 1, 0, "amp.scale "},      /* below min_scale 2 */
+        {0, 0x1p21, 0, "amp.scale "}, /* above max_scale 2^20 */
+        {1, 0, 0, ": min_scale "},
+        {1, -2, 0, ": min_scale "},
+        {1, NAN, 0, ": min_scale "},
+        {1, INFINITY, 0, ": min_scale "},
+        {1, 4096, 0, "min_scale 4096"}, /* above the scale */
+        {2, 1, 0, ": max_scale "},      /* below min_scale */
+        {2, INFINITY, 0, ": max_scale "},
+        {2, NAN, 0, ": max_scale "},
+        {2, 512, 0, "max_scale 512"}, /* below the scale */
+        {3, 1, 0, ": growth_factor "},
+        {3, 0.5, 0, ": growth_factor "},
+        {3, NAN, 0, ": growth_factor "},
+        {3, INFINITY, 0, ": growth_factor "},
+        {4, 0, 0, ": backoff_factor "},
+        {4, 1, 0, ": backoff_factor "},
+        {4, 2, 0, ": backoff_factor "},
+        {4, -0.25, 0, ": backoff_factor "},
+        {4, NAN, 0, ": backoff_factor "},
+        {5, 0, 0, ": growth_interval "},
+        {5, 0, -1, ": growth_interval "},
+        {5, 0, (int64_t)INT32_MAX + 1, ": growth_interval "},
+        {5, 0, 0x00050607, "amp.good_steps "}, /* good_steps must stay below it */
+        {6, 0, 0, ": hysteresis "},
+        {6, 0, -1, ": hysteresis "},
+        {6, 0, (int64_t)INT32_MAX + 1, ": hysteresis "},
+        {6, 0, 6, "amp.hysteresis_left "}, /* below hysteresis_left 7 */
+        {7, 0, 2, ": consecutive_hysteresis "},
+        {7, 0, -1, ": consecutive_hysteresis "},
+        {8, 0, -1, "amp.good_steps "},
+        {8, 0, 0x01020304, "amp.good_steps "},
+        {9, 0, 0, "amp.hysteresis_left "},
+        {9, 0, 10, "amp.hysteresis_left "},
+        {9, 0, -1, "amp.hysteresis_left "},
+        {10, 0, -1, "amp.steps "},
+        {10, 0, 0x0a0b0c0d0d, "amp.overflows "}, /* fewer steps than overflows */
+        {11, 0, -1, "amp.overflows "},
+        {11, 0, 0x0102030405060709, "amp.overflows "},
+        {11, 0, 2, "amp.overflows_in_row "}, /* fewer overflows than the run of them */
+        {12, 0, -1, "amp.overflows_in_row "},
+        {12, 0, 0x0a0b0c0d0f, "amp.overflows_in_row "},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        memcpy(b, good, RK_LOSS_SCALER_BYTES);
-        if (bad[i].kind == F32)
-            put32(b + bad[i].at, fbits((float)bad[i].f));
-        else if (bad[i].kind == I32)
-            put32(b + bad[i].at, (uint32_t)bad[i].i);
+        rk_loss_scaler_items b = good;
+        for (int k = 0; k < 5; k++) /* the items point into b, not good */
+            b.item[k].data = &b.f32[k];
+        for (int k = 0; k < 8; k++)
+            b.item[5 + k].data = &b.i64[k];
+        if (bad[i].item < 5)
+            b.f32[bad[i].item] = (float)bad[i].f;
         else
-            put64(b + bad[i].at, (uint64_t)bad[i].i);
-        resum(b);
-        snprintf(what, sizeof what, "case %zu (offset %d)", i, bad[i].at);
-        expect_rejected(b, RK_LOSS_SCALER_BYTES, bad[i].field, what);
+            b.i64[bad[i].item - 5] = bad[i].i;
+        items_file(b.item, RK_LOSS_SCALER_NITEMS, -1, NULL, &f);
+        snprintf(what, sizeof what, "case %zu (%s)", i, b.item[bad[i].item].name);
+        expect_rejected(&f, RK_EFORMAT, bad[i].field, what);
+        rk_st_free(&f);
     }
-    /* the untouched blob still loads: the cases above are what failed, not the base */
-    assert_int_equal(rk_loss_scaler_unpack(&t, good, RK_LOSS_SCALER_BYTES, NULL), RK_OK);
+    /* the untouched state still loads: the cases above are what failed, not the base */
+    items_file(good.item, RK_LOSS_SCALER_NITEMS, -1, NULL, &f);
+    rk_loss_scaler t;
+    assert_int_equal(rk_loss_scaler_load(&t, &f, NULL), RK_OK);
+    assert_same_scaler(&s, &t);
+    rk_st_free(&f);
+    assert_int_equal(rk_loss_scaler_load(NULL, &f, NULL), RK_EINVAL);
+    assert_int_equal(rk_loss_scaler_load(&t, NULL, NULL), RK_EINVAL);
 }
 
 int main(void)
@@ -1037,9 +1060,9 @@ int main(void)
         cmocka_unit_test(scaler_consecutive_hysteresis_needs_overflows_in_a_row),
         cmocka_unit_test(scaler_matches_deepspeed_on_random_runs),
         cmocka_unit_test(scaler_rejects_bad_settings),
-        cmocka_unit_test(pack_writes_the_documented_bytes),
-        cmocka_unit_test(pack_unpack_round_trips_exactly),
-        cmocka_unit_test(unpack_rejects_every_corruption),
+        cmocka_unit_test(items_name_every_field),
+        cmocka_unit_test(items_round_trip_exactly),
+        cmocka_unit_test(load_rejects_every_bad_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

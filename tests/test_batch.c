@@ -1,8 +1,9 @@
 /*
  * Batch policies (rekindle/batch.h): the even, throughput and fault-aware splits on
  * hand-computed numbers, the rounding rule (largest remainder, then raising zero shares), a
- * seeded property test over many (N, B, rates), argument checks, resizing, and the state blob:
- * round trip, every truncation, flipped bytes and crafted bad fields.
+ * seeded property test over many (N, B, rates), argument checks, resizing, and the state as
+ * checkpoint tensors: round trip, the documented tensors, every missing, mistyped or
+ * impossible one named, the old binary blob refused; rk_batch_rank_set.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -14,10 +15,11 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <xxhash.h>
 
+#include "items_file.h"
 #include "rekindle/batch.h"
 #include "rekindle/rng.h"
+#include "rekindle/safetensors.h"
 
 #define MAXN 8
 
@@ -28,6 +30,18 @@ static rk_batch_policy *make(rk_batch_kind kind, int n, int64_t b)
     assert_int_equal(rk_batch_policy_create(&p, kind, n, b, &err), RK_OK);
     assert_non_null(p);
     return p;
+}
+
+/* Every rank's recorded state is the same in a and b, bit for bit. */
+static void assert_same_state(const rk_batch_policy *a, const rk_batch_policy *b)
+{
+    assert_int_equal(rk_batch_policy_nranks(a), rk_batch_policy_nranks(b));
+    for (int i = 0; i < rk_batch_policy_nranks(a); i++) {
+        rk_batch_rank_state ra, rb;
+        assert_int_equal(rk_batch_rank_get(a, i, &ra, NULL), RK_OK);
+        assert_int_equal(rk_batch_rank_get(b, i, &rb, NULL), RK_OK);
+        assert_memory_equal(&ra, &rb, sizeof ra);
+    }
 }
 
 static void set_faults(rk_batch_policy *p, const double *f)
@@ -461,14 +475,7 @@ static void test_same_feed_gives_the_same_shares_and_state(void **state)
         assert_int_equal(rk_batch_shares(a, sa, NULL), RK_OK);
         assert_int_equal(rk_batch_shares(b, sb, NULL), RK_OK);
         assert_memory_equal(sa, sb, (size_t)rk_batch_policy_nranks(a) * sizeof sa[0]);
-        uint8_t *ba, *bb;
-        size_t la, lb;
-        assert_int_equal(rk_batch_state_save(a, &ba, &la, NULL), RK_OK);
-        assert_int_equal(rk_batch_state_save(b, &bb, &lb, NULL), RK_OK);
-        assert_int_equal(la, lb);
-        assert_memory_equal(ba, bb, la);
-        free(ba);
-        free(bb);
+        assert_same_state(a, b);
         rk_batch_policy_free(a);
         rk_batch_policy_free(b);
     }
@@ -584,40 +591,36 @@ static void test_resize_of_fault_rates_changes_the_mean(void **state)
     rk_batch_policy_free(p);
 }
 
-/* ---- state blob ---- */
+/* ---- state: one rank, and the checkpoint tensors ---- */
 
-static uint8_t *save(const rk_batch_policy *p, size_t *len)
+static rk_batch_policy *through_items(const rk_batch_policy *p)
 {
-    uint8_t *b = NULL;
+    rk_batch_items it;
     rk_err err;
-    assert_int_equal(rk_batch_state_save(p, &b, len, &err), RK_OK);
-    assert_non_null(b);
-    return b;
+    assert_int_equal(rk_batch_items_fill(p, &it, &err), RK_OK);
+    rk_st_file f;
+    items_file(it.item, RK_BATCH_NITEMS, -1, NULL, &f);
+    rk_batch_policy *q = NULL;
+    if (rk_batch_load(&q, &f, &err) != RK_OK)
+        fail_msg("load: %s", err.msg);
+    rk_st_free(&f);
+    rk_batch_items_free(&it);
+    return q;
 }
 
-static void test_save_load_round_trip_gives_identical_shares_and_state(void **state)
+static void test_items_round_trip_gives_identical_shares_and_state(void **state)
 {
     (void)state;
     rk_rng rng;
     rk_rng_seed(&rng, 77);
     for (int c = 0; c < 200; c++) {
         rk_batch_policy *p = random_policy(&rng, c % 20 == 0 ? 300 : 16);
-        size_t len;
-        uint8_t *b = save(p, &len);
+        rk_batch_policy *q = through_items(p);
         int n = rk_batch_policy_nranks(p);
-        assert_int_equal(len, 32 + 24 * (size_t)n + 8);
-        rk_batch_policy *q = NULL;
-        rk_err err;
-        assert_int_equal(rk_batch_state_load(&q, b, len, &err), RK_OK);
         assert_int_equal(rk_batch_policy_kind(q), rk_batch_policy_kind(p));
         assert_int_equal(rk_batch_policy_nranks(q), n);
         assert_int_equal(rk_batch_policy_global_batch(q), rk_batch_policy_global_batch(p));
-        for (int i = 0; i < n; i++) {
-            rk_batch_rank_state rp, rq;
-            assert_int_equal(rk_batch_rank_get(p, i, &rp, NULL), RK_OK);
-            assert_int_equal(rk_batch_rank_get(q, i, &rq, NULL), RK_OK);
-            assert_memory_equal(&rp, &rq, sizeof rp);
-        }
+        assert_same_state(p, q);
         int64_t *sp = malloc((size_t)n * sizeof *sp), *sq = malloc((size_t)n * sizeof *sq);
         assert_int_equal(rk_batch_shares(p, sp, NULL), RK_OK);
         assert_int_equal(rk_batch_shares(q, sq, NULL), RK_OK);
@@ -626,165 +629,183 @@ static void test_save_load_round_trip_gives_identical_shares_and_state(void **st
          * observation count came back). */
         assert_int_equal(rk_batch_observe_throughput(p, 0, 1234.5, NULL), RK_OK);
         assert_int_equal(rk_batch_observe_throughput(q, 0, 1234.5, NULL), RK_OK);
-        size_t len2;
-        uint8_t *b2 = save(q, &len2), *b3 = save(p, &len);
-        assert_int_equal(len, len2);
-        assert_memory_equal(b2, b3, len);
+        assert_same_state(p, q);
         free(sp);
         free(sq);
-        free(b);
-        free(b2);
-        free(b3);
         rk_batch_policy_free(p);
         rk_batch_policy_free(q);
     }
 }
 
-/* A small blob: fault-aware, 3 ranks, B 64, some state. */
-static uint8_t *sample_blob(size_t *len)
+/* The tensors the header documents, with their dtypes, shapes and values. */
+static void test_items_are_the_documented_tensors(void **state)
 {
+    (void)state;
     rk_batch_policy *p = make(RK_BATCH_FAULT_AWARE, 3, 64);
     assert_int_equal(rk_batch_observe_throughput(p, 1, 250.0, NULL), RK_OK);
     assert_int_equal(rk_batch_set_fault_rate(p, 2, 1.5, NULL), RK_OK);
-    uint8_t *b = save(p, len);
+    rk_batch_items it;
+    assert_int_equal(rk_batch_items_fill(p, &it, NULL), RK_OK);
+    static const char *const names[] = {"batch.kind", "batch.global_batch", "batch.throughput",
+                                        "batch.observations", "batch.fault_rate"};
+    static const char *const dtypes[] = {"I64", "I64", "F64", "I64", "F64"};
+    for (int i = 0; i < RK_BATCH_NITEMS; i++) {
+        assert_string_equal(it.item[i].name, names[i]);
+        assert_string_equal(it.item[i].dtype, dtypes[i]);
+        assert_int_equal(it.item[i].ndim, i < 2 ? 0 : 1);
+        if (i >= 2)
+            assert_int_equal(it.item[i].shape[0], 3);
+    }
+    assert_int_equal(*(const int64_t *)it.item[0].data, 2);
+    assert_int_equal(*(const int64_t *)it.item[1].data, 64);
+    const double *thr = it.item[2].data, *fr = it.item[4].data;
+    const int64_t *obs = it.item[3].data;
+    assert_true(thr[0] == 0 && thr[1] == 250.0 && thr[2] == 0);
+    assert_true(obs[0] == 0 && obs[1] == 1 && obs[2] == 0);
+    assert_true(fr[0] == 0 && fr[1] == 0 && fr[2] == 1.5);
+    rk_batch_items_free(&it);
+    rk_batch_items_free(&it); /* twice is safe */
     rk_batch_policy_free(p);
-    return b;
 }
 
-static void expect_bad_blob(const uint8_t *b, size_t len, const char *want)
+static void expect_bad_file(const rk_st_file *f, int code, const char *want)
 {
     rk_batch_policy *q = (rk_batch_policy *)&q;
     rk_err err;
-    expect_err(rk_batch_state_load(&q, b, len, &err), RK_EFORMAT, &err, want);
+    expect_err(rk_batch_load(&q, f, &err), code, &err, want);
     assert_null(q);
 }
 
-static void test_state_load_rejects_every_truncation(void **state)
+static void test_load_names_each_bad_tensor(void **state)
 {
     (void)state;
-    size_t len;
-    uint8_t *b = sample_blob(&len);
-    assert_int_equal(len, 32 + 3 * 24 + 8);
-    for (size_t cut = 0; cut < len; cut++) {
-        uint8_t *t = malloc(cut ? cut : 1); /* a copy of exactly `cut` bytes, for ASan */
-        memcpy(t, b, cut);
-        expect_bad_blob(cut ? t : NULL, cut,
-                        cut < 32 ? "shorter than the 32-byte header" : "expected 112 for 3 ranks");
-        free(t);
+    rk_batch_policy *p = make(RK_BATCH_FAULT_AWARE, 3, 64);
+    assert_int_equal(rk_batch_observe_throughput(p, 1, 250.0, NULL), RK_OK);
+    assert_int_equal(rk_batch_set_fault_rate(p, 2, 1.5, NULL), RK_OK);
+    rk_batch_items good;
+    assert_int_equal(rk_batch_items_fill(p, &good, NULL), RK_OK);
+    rk_st_file f;
+    /* each tensor missing (no batch.kind: no state at all) */
+    static const char *const missing[] = {"no tensor 'batch.kind'", "'batch.global_batch'",
+                                          "batch.throughput is missing", "'batch.observations'",
+                                          "'batch.fault_rate'"};
+    for (int i = 0; i < RK_BATCH_NITEMS; i++) {
+        items_file(good.item, RK_BATCH_NITEMS, i, NULL, &f);
+        expect_bad_file(&f, i == 0 ? RK_ENOENT : RK_EFORMAT, missing[i]);
+        rk_st_free(&f);
     }
-    uint8_t *longer = calloc(len + 1, 1);
-    memcpy(longer, b, len);
-    expect_bad_blob(longer, len + 1, "blob is 113 bytes, expected 112");
-    free(longer);
-    free(b);
-}
-
-static void test_state_load_rejects_flipped_bytes(void **state)
-{
-    (void)state;
-    size_t len;
-    uint8_t *b = sample_blob(&len);
-    const uint8_t masks[] = {0x01, 0x80, 0xff};
-    int by_checksum = 0;
-    for (size_t i = 0; i < len; i++) {
-        for (size_t m = 0; m < sizeof masks; m++) {
-            uint8_t *t = malloc(len);
-            memcpy(t, b, len);
-            t[i] ^= masks[m];
-            rk_batch_policy *q = NULL;
-            rk_err err;
-            assert_int_equal(rk_batch_state_load(&q, t, len, &err), RK_EFORMAT);
-            assert_null(q);
-            by_checksum += strstr(err.msg, "checksum mismatch") != NULL;
-            free(t);
-        }
+    /* another dtype or shape */
+    double d = 1;
+    int64_t two[1] = {2}, v3[3] = {0, 1, 0};
+    const struct {
+        int skip;
+        rk_st_entry e;
+        const char *want;
+    } wrong[] = {
+        {0, {.name = "batch.kind", .data = &d, .dtype = "F64"}, "'batch.kind' is F64"},
+        {1,
+         {.name = "batch.global_batch", .data = v3, .ndim = 1, .shape = two, .dtype = "I64"},
+         "'batch.global_batch' has shape [2]"},
+        {3,
+         {.name = "batch.observations", .data = v3, .ndim = 1, .shape = two, .dtype = "I64"},
+         "'batch.observations' has shape [2], expected [3]"},
+        {4,
+         {.name = "batch.fault_rate",
+          .data = v3,
+          .ndim = 1,
+          .shape = (int64_t[]){3},
+          .dtype = "I64"},
+         "'batch.fault_rate' is I64, expected F64"},
+        {2,
+         {.name = "batch.throughput", .data = &d, .dtype = "F64"},
+         "batch.throughput is not 1-D"},
+    };
+    for (size_t c = 0; c < sizeof wrong / sizeof wrong[0]; c++) {
+        items_file(good.item, RK_BATCH_NITEMS, wrong[c].skip, &wrong[c].e, &f);
+        expect_bad_file(&f, RK_EFORMAT, wrong[c].want);
+        rk_st_free(&f);
     }
-    assert_true(by_checksum > 0);
-    free(b);
-}
-
-/* Rewrite the trailing checksum so a crafted change reaches the field checks. */
-static void reseal(uint8_t *b, size_t len)
-{
-    uint64_t h = XXH64(b, len - 8, 0);
-    for (int i = 0; i < 8; i++)
-        b[len - 8 + i] = (uint8_t)(h >> (8 * i));
-}
-
-static void put_le(uint8_t *b, uint64_t v, int nbytes)
-{
-    for (int i = 0; i < nbytes; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_double(uint8_t *b, double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, sizeof u);
-    put_le(b, u, 8);
-}
-
-static void test_state_load_names_each_bad_field(void **state)
-{
-    (void)state;
-    size_t len;
-    uint8_t *good = sample_blob(&len);
-    /* The layout the header documents: fields at their offsets, little-endian. */
-    assert_memory_equal(good, "RKBATCH\0", 8);
-    assert_int_equal(good[8], 1);  /* version */
-    assert_int_equal(good[12], 2); /* fault-aware */
-    assert_int_equal(good[16], 3); /* nranks */
-    assert_int_equal(good[24], 64);
+    /* values the policy could not have saved */
     static const struct {
-        size_t off;
-        int nbytes; /* 0: a double */
-        uint64_t v;
-        double d;
+        int64_t kind, b;
+        int rank;
+        double thr, fr;
+        int64_t obs;
         const char *want;
     } cases[] = {
-        {0, 1, 'X', 0, "bad magic"},
-        {8, 4, 2, 0, "version 2 is not supported (this build reads 1)"},
-        {12, 4, 3, 0, "unknown kind 3"},
-        {16, 4, 0, 0, "nranks 0 is outside 1..65536"},
-        {16, 4, 70000, 0, "nranks 70000"},
-        {16, 4, 2, 0, "blob is 112 bytes, expected 88 for 2 ranks"},
-        {20, 4, 1, 0, "reserved field is 1, not 0"},
-        {24, 8, 2, 0, "global batch 2 is smaller than nranks 3"},
-        {24, 8, UINT64_MAX, 0, "global batch -1"},
-        {32 + 0, 0, 0, 5.0, "rank 0: throughput 5 with no observations"},
-        {32 + 0, 0, 0, -0.0, "rank 0: throughput -0 with no observations"},
-        {56 + 0, 0, 0, NAN, "rank 1: throughput nan is not in (0, 1e+15]"},
-        {56 + 0, 0, 0, -250.0, "rank 1: throughput -250"},
-        {56 + 0, 0, 0, 0.0, "rank 1: throughput 0 is not in"},
-        {56 + 0, 0, 0, 3e15, "rank 1: throughput 3e+15"},
-        {80 + 16, 0, 0, -1.5, "rank 2: fault rate -1.5 is not in [0, 1e+15]"},
-        {80 + 16, 0, 0, INFINITY, "rank 2: fault rate inf"},
-        {32 + 8, 8, 1, 0, "rank 0: throughput 0 is not in"}, /* observed, but no value */
+        {3, 64, -1, 0, 0, 0, "batch.kind 3 is not 0, 1 or 2"},
+        {-1, 64, -1, 0, 0, 0, "batch.kind -1"},
+        {2, 2, -1, 0, 0, 0, "batch.global_batch 2 is smaller than the 3 ranks"},
+        {2, -1, -1, 0, 0, 0, "batch.global_batch -1"},
+        {2, 64, 0, 5.0, 0, 0, "rank 0: throughput 5 with no observations"},
+        {2, 64, 0, -0.0, 0, 0, "rank 0: throughput -0 with no observations"},
+        {2, 64, 1, NAN, 0, 1, "rank 1: throughput nan is not in (0, 1e+15]"},
+        {2, 64, 1, -250.0, 0, 1, "rank 1: throughput -250"},
+        {2, 64, 1, 0.0, 0, 1, "rank 1: throughput 0 is not in"},
+        {2, 64, 1, 3e15, 0, 1, "rank 1: throughput 3e+15"},
+        {2, 64, 2, 0, -1.5, 0, "rank 2: fault rate -1.5 is not in [0, 1e+15]"},
+        {2, 64, 2, 0, INFINITY, 0, "rank 2: fault rate inf"},
+        {2, 64, 2, 0, NAN, 0, "rank 2: fault rate nan"},
+        {2, 64, 0, 0, 0, -1, "rank 0: observations -1 is negative"},
+        {2, 64, 0, 0, 0, 1, "rank 0: throughput 0 is not in"}, /* observed, but no value */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        uint8_t *t = malloc(len);
-        memcpy(t, good, len);
-        if (cases[c].nbytes)
-            put_le(t + cases[c].off, cases[c].v, cases[c].nbytes);
-        else
-            put_double(t + cases[c].off, cases[c].d);
-        reseal(t, len);
-        expect_bad_blob(t, len, cases[c].want);
-        free(t);
+        rk_batch_items b;
+        assert_int_equal(rk_batch_items_fill(p, &b, NULL), RK_OK);
+        b.kind = cases[c].kind;
+        b.global_batch = cases[c].b;
+        if (cases[c].rank >= 0) {
+            b.throughput[cases[c].rank] = cases[c].thr;
+            b.fault_rate[cases[c].rank] = cases[c].fr;
+            b.observations[cases[c].rank] = cases[c].obs;
+        }
+        items_file(b.item, RK_BATCH_NITEMS, -1, NULL, &f);
+        expect_bad_file(&f, RK_EFORMAT, cases[c].want);
+        rk_st_free(&f);
+        rk_batch_items_free(&b);
     }
-    /* Unsealed, any of these is a checksum mismatch. */
-    good[24] = 65;
-    expect_bad_blob(good, len, "checksum mismatch");
-    /* Resealed, it is a valid, different state: B = 65. */
-    reseal(good, len);
+    /* the binary blob of earlier versions is refused, by name */
+    uint8_t blob[112] = "RKBATCH";
+    rk_st_entry old = {
+        .name = "policy", .data = blob, .ndim = 1, .shape = (int64_t[]){112}, .dtype = "U8"};
+    items_file(good.item, RK_BATCH_NITEMS, 0, &old, &f);
+    expect_bad_file(&f, RK_EFORMAT, "tensor 'policy' holds the batch policy in the binary layout");
+    rk_st_free(&f);
+    /* the untouched items still load */
+    items_file(good.item, RK_BATCH_NITEMS, -1, NULL, &f);
     rk_batch_policy *q = NULL;
-    assert_int_equal(rk_batch_state_load(&q, good, len, NULL), RK_OK);
-    assert_int_equal(rk_batch_policy_global_batch(q), 65);
+    assert_int_equal(rk_batch_load(&q, &f, NULL), RK_OK);
+    assert_same_state(p, q);
     rk_batch_policy_free(q);
     rk_err err;
-    expect_err(rk_batch_state_load(&q, NULL, 5, &err), RK_EINVAL, &err, "NULL");
-    expect_err(rk_batch_state_load(NULL, good, len, &err), RK_EINVAL, &err, "NULL");
-    free(good);
+    expect_err(rk_batch_load(&q, NULL, &err), RK_EINVAL, &err, "NULL");
+    expect_err(rk_batch_load(NULL, &f, &err), RK_EINVAL, &err, "NULL");
+    rk_st_free(&f);
+    rk_batch_items_free(&good);
+    rk_batch_policy_free(p);
+}
+
+static void test_rank_set_restores_exactly_and_refuses_what_could_not_be(void **state)
+{
+    (void)state;
+    rk_batch_policy *p = make(RK_BATCH_THROUGHPUT, 2, 10);
+    rk_batch_rank_state st = {.throughput = 123.25, .observations = 7, .fault_rate = 0.5}, got;
+    assert_int_equal(rk_batch_rank_set(p, 1, &st, NULL), RK_OK);
+    assert_int_equal(rk_batch_rank_get(p, 1, &got, NULL), RK_OK);
+    assert_memory_equal(&st, &got, sizeof st);
+    rk_err err;
+    const rk_batch_rank_state bad[] = {{.throughput = 1, .observations = 0},
+                                       {.throughput = 0, .observations = 3},
+                                       {.throughput = NAN, .observations = 3},
+                                       {.throughput = 1, .observations = 1, .fault_rate = -1}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        expect_err(rk_batch_rank_set(p, 1, &bad[i], &err), RK_EINVAL, &err, "rank 1:");
+        assert_int_equal(rk_batch_rank_get(p, 1, &got, NULL), RK_OK);
+        assert_memory_equal(&st, &got, sizeof st); /* unchanged */
+    }
+    expect_err(rk_batch_rank_set(p, 2, &st, &err), RK_EINVAL, &err, "rank");
+    expect_err(rk_batch_rank_set(p, 0, NULL, &err), RK_EINVAL, &err, "NULL");
+    rk_batch_policy_free(p);
 }
 
 int main(void)
@@ -806,10 +827,10 @@ int main(void)
         cmocka_unit_test(test_bad_ranks_and_rates_are_rejected_and_change_nothing),
         cmocka_unit_test(test_resize_keeps_the_listed_ranks_state_in_the_new_order),
         cmocka_unit_test(test_resize_of_fault_rates_changes_the_mean),
-        cmocka_unit_test(test_save_load_round_trip_gives_identical_shares_and_state),
-        cmocka_unit_test(test_state_load_rejects_every_truncation),
-        cmocka_unit_test(test_state_load_rejects_flipped_bytes),
-        cmocka_unit_test(test_state_load_names_each_bad_field),
+        cmocka_unit_test(test_items_round_trip_gives_identical_shares_and_state),
+        cmocka_unit_test(test_items_are_the_documented_tensors),
+        cmocka_unit_test(test_load_names_each_bad_tensor),
+        cmocka_unit_test(test_rank_set_restores_exactly_and_refuses_what_could_not_be),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

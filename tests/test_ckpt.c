@@ -31,6 +31,7 @@
 
 #include <xxhash.h>
 
+#include "base/clock.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/fileio.h"
 #include "rekindle/safetensors.h"
@@ -1108,13 +1109,6 @@ static void crash_items(float *big, uint8_t *blob, int64_t step, rk_ckpt_item it
     items[1] = (rk_ckpt_item){"rng.state", "U8", 1, shape_blob, blob};
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A child saves 4 MiB checkpoints in a loop and is SIGKILLed at seeded random moments. After
  * every kill, load_latest returns a whole checkpoint whose content matches its step, every
  * file with a checkpoint name verifies (no torn file is ever visible), and temporary files are
@@ -1132,15 +1126,15 @@ static void test_sigkill_during_saves_never_exposes_a_torn_checkpoint(void **sta
     rk_err err = {0};
     rk_ckpt_meta meta = {1, 0, 0, 2, "{\"model\":\"big\"}"};
     crash_items(big, blob, 1, items, &sb, &sbl);
-    double t0 = now_s();
+    double t0 = rk_mono_s();
     assert_int_equal(rk_ckpt_save(dir, &meta, items, 2, 3, &err), RK_OK);
-    double save_s = now_s() - t0;
+    double save_s = rk_mono_s() - t0;
     int64_t next = 2;
     uint64_t seed = 20240607;
     int trials = 0, with_temp = 0, advanced = 0, newer_notes = 0;
     const int max_trials = 100;
-    t0 = now_s();
-    for (; trials < max_trials && now_s() - t0 < 12.0; trials++) {
+    t0 = rk_mono_s();
+    for (; trials < max_trials && rk_mono_s() - t0 < 12.0; trials++) {
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
@@ -1191,7 +1185,7 @@ static void test_sigkill_during_saves_never_exposes_a_torn_checkpoint(void **sta
         advanced += max >= next;
         next = max + 1;
     }
-    double took = now_s() - t0;
+    double took = rk_mono_s() - t0;
     /* one more save: the dead children's temporary files go */
     meta.step = next;
     crash_items(big, blob, next, items, &sb, &sbl);

@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "rekindle/fileio.h"
 #include "rekindle/safetensors.h"
 #include "testutil.h"
@@ -47,14 +48,6 @@ static int dir_entries(void)
     return n;
 }
 
-static uint64_t le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* A file with header length `hlen`, the bytes of `header`, then `data_len` data bytes. */
 static uint8_t *make_file(uint64_t hlen, const char *header, size_t data_len, size_t *len)
 {
@@ -62,8 +55,7 @@ static uint8_t *make_file(uint64_t hlen, const char *header, size_t data_len, si
     *len = 8 + hl + data_len;
     uint8_t *b = calloc(1, *len);
     assert_non_null(b);
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(hlen >> (8 * i));
+    rk_le64_store(b, hlen);
     memcpy(b + 8, header, hl);
     for (size_t i = 0; i < data_len; i++)
         b[8 + hl + i] = (uint8_t)(i * 7 + 1);
@@ -279,7 +271,7 @@ static void test_round_trip_through_disk(void **state)
 
     /* Data section aligned to 8, header padded with spaces after the JSON. */
     assert_int_equal(f.data_start % 8, 0);
-    assert_int_equal(le64(f.buf), f.data_start - 8);
+    assert_int_equal(rk_le64_load(f.buf), f.data_start - 8);
     assert_int_equal(f.buf[f.data_start - 1] == ' ' || f.buf[f.data_start - 1] == '}', 1);
     assert_int_equal(f.len, f.data_start + 24 + 12 + 4 + 0 + 16 + 3);
     /* F32 tensors in our own files are aligned for direct float access. */
@@ -313,7 +305,7 @@ static void test_exact_layout(void **state)
                        "\"data_offsets\":[0,4]}}";
     size_t jl = strlen(json), padded = (jl + 7) / 8 * 8;
     assert_int_equal(len, 8 + padded + 4);
-    assert_int_equal(le64(buf), padded);
+    assert_int_equal(rk_le64_load(buf), padded);
     assert_memory_equal(buf + 8, json, jl);
     for (size_t i = jl; i < padded; i++)
         assert_int_equal(buf[8 + i], ' ');
@@ -602,8 +594,7 @@ static void write_sparse(const char *p, uint64_t hlen, const char *header, off_t
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     assert_true(fd >= 0);
     uint8_t lb[8];
-    for (int i = 0; i < 8; i++)
-        lb[i] = (uint8_t)(hlen >> (8 * i));
+    rk_le64_store(lb, hlen);
     assert_int_equal(write(fd, lb, 8), 8);
     size_t hl = strlen(header);
     assert_int_equal(write(fd, header, hl), (ssize_t)hl);

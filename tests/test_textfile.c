@@ -544,7 +544,7 @@ static void test_messages_quote_nothing_from_the_file(void **state)
     /* a path with a newline stays on one line */
     assert_int_equal(rk_textfile_merge("bad\nname.prom", "x y\n", 4, g_info, s, NGPU, &err),
                      RK_EFORMAT);
-    assert_string_equal(err.msg, "bad\\nname.prom:1: invalid value (column 3)");
+    assert_string_equal(err.msg, "bad?name.prom:1: invalid value (column 3)");
 }
 
 /* ---- a directory of textfiles ------------------------------------------------------------- */

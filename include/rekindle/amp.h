@@ -1,10 +1,10 @@
 /*
- * Mixed precision: fp16 and bf16 conversions, and the dynamic loss scaler that keeps fp16
+ * Mixed precision: the element types, and the dynamic loss scaler that keeps fp16
  * gradients inside fp16's range. A trainer keeps fp32 master weights, runs forward and
  * backward in a 16-bit format, and for fp16 multiplies the loss by a scale so that small
  * gradients do not underflow; the scaler lowers the scale when a gradient overflows (that
- * step is skipped) and raises it after a run of clean steps. docs/amp.md has the formats, the
- * rules and the checkpoint layout.
+ * step is skipped) and raises it after a run of clean steps. docs/amp.md has the formats and the
+ * rules; the fp16/bf16 conversions are declared in rekindle/half.h.
  *
  *     rk_loss_scaler ls;
  *     rk_loss_scaler_init(&ls, NULL, &err);               // 2^15, x2 per 2000 clean steps
@@ -12,21 +12,6 @@
  *     int bad = rk_unscale_check_f32(grad, n, rk_loss_scaler_inv(&ls));
  *     bad = allreduce_max(bad);                            // every rank decides alike
  *     if (!rk_loss_scaler_update(&ls, bad)) apply(grad);   // 1 = skip this step
- *
- * Conversions. Integer arithmetic (no _Float16, no F16C needed), the same bits on every
- * machine (in the default floating-point environment: round to nearest):
- * - fp32 -> fp16 / bf16 round to nearest, ties to even. fp16 results below 2^-14 are
- *   subnormals (down to 2^-24; 2^-25 itself ties to 0); fp16 overflows to +-inf from 65520
- *   (the midpoint between 65504, the largest fp16, and 2^16) up; bf16 from the midpoint
- *   between its largest value and 2^128. -0 stays -0 and inf stays inf.
- * - A NaN stays a NaN of the same sign in every direction, made quiet (the top mantissa bit
- *   set), keeping the top payload bits that fit; a NaN never becomes inf (an fp32 NaN whose
- *   payload is all in the bits fp16 or bf16 drops is kept a NaN by the quiet bit).
- * - fp16 / bf16 -> fp32 is exact (every value is representable); NaNs are quieted.
- * The _n forms convert n elements, src and dst must not overlap; they give the same bits as
- * the scalar forms. They are loops the compiler vectorises; on x86-64 CPUs with F16C the fp16
- * ones use the hardware instructions instead (same bits, several times faster), unless
- * rk_amp_use_f16c(0) said not to.
  */
 #ifndef REKINDLE_AMP_H
 #define REKINDLE_AMP_H
@@ -34,7 +19,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rekindle/ckpt.h"
 #include "rekindle/error.h"
+#include "rekindle/export.h"
+#include "rekindle/half.h" /* the fp16/bf16 conversions a mixed-precision trainer uses */
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,21 +38,6 @@ const char *rk_dtype_name(rk_dtype t);
 int rk_dtype_parse(const char *s, rk_dtype *out);
 /* Bytes per element: 4, 2, 2; 0 for a value outside the enum. */
 size_t rk_dtype_size(rk_dtype t);
-
-uint16_t rk_f32_to_f16(float x);
-float rk_f16_to_f32(uint16_t h);
-uint16_t rk_f32_to_bf16(float x);
-float rk_bf16_to_f32(uint16_t h);
-
-void rk_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
-void rk_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
-void rk_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
-void rk_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
-
-/* on = 1: the fp16 _n forms use F16C when the CPU has it (the default); 0: always the
- * portable loops (for tests and benchmarks). Returns 1 if F16C is used from now on. Set it
- * before converting, not while other threads convert. */
-int rk_amp_use_f16c(int on);
 
 /*
  * Dynamic loss scaler, with the rules of PyTorch's GradScaler and DeepSpeed's
@@ -136,21 +109,35 @@ float rk_loss_scaler_inv(const rk_loss_scaler *s);
 int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
 
 /*
- * Checkpoint: the whole struct, settings and state, in RK_LOSS_SCALER_BYTES little-endian
- * bytes (layout in docs/amp.md): magic "RKLS", version byte, flags, fields, and an XXH64 of
- * the bytes before it. unpack gives back exactly the packed struct. It rejects with
- * RK_EFORMAT, naming the field, and leaves *s untouched: a wrong length, magic, version,
- * flag or reserved bits, a checksum mismatch, and any value init and update cannot produce
- * (a non-finite or non-positive scale, a scale outside [min_scale, max_scale], settings init
- * would refuse, good_steps outside 0..growth_interval-1, hysteresis_left outside
- * 1..hysteresis, negative counters, overflows > steps, overflows_in_row > overflows).
+ * Checkpoint: the whole struct, settings and state, as ordinary tensors of a checkpoint
+ * (rekindle/ckpt.h), every one a scalar (ndim 0) named after its field:
+ *
+ *   F32  amp.scale, amp.min_scale, amp.max_scale, amp.growth_factor, amp.backoff_factor
+ *   I64  amp.growth_interval, amp.hysteresis, amp.consecutive_hysteresis, amp.good_steps,
+ *        amp.hysteresis_left, amp.steps, amp.overflows, amp.overflows_in_row
+ *
+ * The checkpoint's checksums cover them like every tensor. rk_loss_scaler_items_fill puts
+ * the RK_LOSS_SCALER_NITEMS items in out->item (pointing into *out: keep it alive until the
+ * save has taken them). rk_loss_scaler_load reads them back from a file (rk_ckpt_file) and
+ * gives exactly the struct that was saved. It answers RK_ENOENT when there is no amp.scale (a
+ * run without a loss scaler wrote it), and RK_EFORMAT, naming the tensor and leaving *s
+ * untouched, for a missing tensor, another dtype or shape, a value init and update cannot
+ * produce (a non-finite or non-positive scale, a scale outside [min_scale, max_scale],
+ * settings init would refuse, good_steps outside 0..growth_interval-1, hysteresis_left outside
+ * 1..hysteresis, negative counters, overflows > steps, overflows_in_row > overflows), and for
+ * a checkpoint holding "scaler.state", the binary layout of earlier versions, which is no
+ * longer read.
  */
-#define RK_LOSS_SCALER_BYTES 76
-#define RK_LOSS_SCALER_VERSION 1
+#define RK_LOSS_SCALER_NITEMS 13
 
-/* RK_EINVAL if s or out is NULL. */
-int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES]);
-int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err);
+typedef struct rk_loss_scaler_items {
+    rk_ckpt_item item[RK_LOSS_SCALER_NITEMS];
+    float f32[5];
+    int64_t i64[8];
+} rk_loss_scaler_items;
+
+RK_API void rk_loss_scaler_items_fill(const rk_loss_scaler *s, rk_loss_scaler_items *out);
+RK_API int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err);
 
 #ifdef __cplusplus
 }

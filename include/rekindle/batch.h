@@ -40,29 +40,25 @@
  * kind's own input changes the shares.
  *
  * State and checkpoints. A policy's whole state is its kind, N, B, and per rank the smoothed
- * throughput, the number of throughput observations and the fault rate. rk_batch_state_save
- * writes it as one flat little-endian blob, independent of the host:
+ * throughput, the number of throughput observations and the fault rate. In a checkpoint
+ * (rekindle/ckpt.h) it is five ordinary tensors, covered by the checkpoint's checksums:
  *
- *     off  size      field
- *       0  8         magic "RKBATCH\0"
- *       8  u32       version (1)
- *      12  u32       kind (0 even, 1 throughput, 2 fault-aware)
- *      16  u32       nranks N, 1..RK_BATCH_MAX_RANKS
- *      20  u32       reserved, 0
- *      24  i64       global batch B, N..INT64_MAX
- *      32  N x 24    per rank: f64 throughput (0 when never observed), u64 observations,
- *                    f64 fault rate
- *  32+24N  u64       XXH64 (seed 0) of all bytes before it
+ *     batch.kind          I64 scalar  0 even, 1 throughput, 2 fault-aware
+ *     batch.global_batch  I64 scalar  B, N..INT64_MAX
+ *     batch.throughput    F64 [N]     smoothed samples/s, 0 when never observed
+ *     batch.observations  I64 [N]     throughput observations
+ *     batch.fault_rate    F64 [N]     faults per hour
  *
- * rk_batch_state_load checks every field (magic, version, kind, sizes, exact length, checksum,
+ * rk_batch_load checks every one (present, dtype, shape, N in 1..RK_BATCH_MAX_RANKS, B >= N,
  * finite values in range, throughput 0 exactly when there is no observation) and answers
- * RK_EFORMAT with a one-line message naming the field on any violation; a loaded policy gives
- * bit-for-bit the shares of the saved one.
+ * RK_EFORMAT with a one-line message naming the file, tensor and rank on any violation; a
+ * loaded policy gives bit-for-bit the shares of the saved one and smooths later observations
+ * the same way.
  *
  * Errors: RK_EINVAL for bad arguments (N < 1 or > RK_BATCH_MAX_RANKS, B < N, a rank out of
  * range, a throughput outside (0, RK_BATCH_MAX_RATE] or a fault rate outside
  * [0, RK_BATCH_MAX_RATE], NaN and infinities included, an unknown kind name, NULL), RK_ENOMEM,
- * and RK_EFORMAT for a bad blob. A failing call changes nothing.
+ * and RK_EFORMAT for bad checkpoint tensors. A failing call changes nothing.
  */
 #ifndef REKINDLE_BATCH_H
 #define REKINDLE_BATCH_H
@@ -70,16 +66,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rekindle/ckpt.h"
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define RK_BATCH_MAX_RANKS 65536
-#define RK_BATCH_MAX_RATE 1e15    /* largest accepted samples/s or faults/hour */
-#define RK_BATCH_SMOOTHING 0.3    /* alpha of the throughput moving average */
-#define RK_BATCH_STATE_VERSION 1u /* the blob version rk_batch_state_save writes */
+#define RK_BATCH_MAX_RATE 1e15 /* largest accepted samples/s or faults/hour */
+#define RK_BATCH_SMOOTHING 0.3 /* alpha of the throughput moving average */
 
 typedef enum rk_batch_kind {
     RK_BATCH_EVEN = 0,
@@ -139,12 +136,33 @@ int rk_batch_shares(const rk_batch_policy *p, int64_t *shares, rk_err *err);
  * the policy is unchanged. */
 int rk_batch_policy_resize(rk_batch_policy *p, const int *keep, int nkeep, rk_err *err);
 
-/* The state as a new blob (*blob, free() it) of *len bytes, in the layout above. */
-int rk_batch_state_save(const rk_batch_policy *p, uint8_t **blob, size_t *len, rk_err *err);
+/* Replace the recorded state of `rank` (a checkpoint's, say) with *st: RK_EINVAL, and nothing
+ * changed, for values the policy could not have recorded (a throughput outside
+ * (0, RK_BATCH_MAX_RATE] with observations, a throughput other than +0 without, a fault rate
+ * outside [0, RK_BATCH_MAX_RATE]). */
+RK_API int rk_batch_rank_set(rk_batch_policy *p, int rank, const rk_batch_rank_state *st,
+                             rk_err *err);
 
-/* A new policy from a blob written by rk_batch_state_save. Bad bytes give RK_EFORMAT and
- * *out NULL; the blob is not kept. */
-int rk_batch_state_load(rk_batch_policy **out, const uint8_t *blob, size_t len, rk_err *err);
+/* The state as the checkpoint items above: rk_batch_items_fill puts RK_BATCH_NITEMS items in
+ * out->item, pointing into *out (arrays it allocates: rk_batch_items_free them after the save
+ * has taken them; free is safe after a failed fill). */
+#define RK_BATCH_NITEMS 5
+
+typedef struct rk_batch_items {
+    rk_ckpt_item item[RK_BATCH_NITEMS];
+    int64_t kind, global_batch, shape[1];
+    double *throughput, *fault_rate;
+    int64_t *observations;
+} rk_batch_items;
+
+RK_API int rk_batch_items_fill(const rk_batch_policy *p, rk_batch_items *out, rk_err *err);
+RK_API void rk_batch_items_free(rk_batch_items *it);
+
+/* A new policy from the batch.* tensors of a file (rk_ckpt_file). RK_ENOENT when it has no
+ * batch.kind (no policy was saved); RK_EFORMAT, naming the tensor, for bad or partial state,
+ * and for a checkpoint holding "policy", the binary layout of earlier versions, which is no
+ * longer read. *out is NULL on failure. */
+RK_API int rk_batch_load(rk_batch_policy **out, const rk_st_file *f, rk_err *err);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -102,8 +103,13 @@ size_t rk_st_find_nonfinite(const char *dtype, const void *data, size_t nbytes);
 /* "NaN", "+inf" or "-inf" for that element (what rk_st_find_nonfinite found). */
 const char *rk_st_nonfinite_name(const char *dtype, const void *data, size_t index);
 
-/* Copy the F32 tensor `name` into `dst` (room for the product of `shape`) after checking that
- * it exists (RK_ENOENT), is F32 and has exactly this shape (RK_EMISMATCH). */
+/* Copy the tensor `name` into `dst` (room for the product of `shape` times the dtype's size)
+ * after checking that it exists (RK_ENOENT), has dtype `dtype` ("F64", "I64", ...) and
+ * exactly this shape (RK_EMISMATCH; ndim 0 is a scalar, shape may then be NULL). */
+RK_API int rk_st_load(const rk_st_file *f, const char *name, const char *dtype, int ndim,
+                      const int64_t *shape, void *dst, rk_err *err);
+
+/* rk_st_load of an F32 tensor. */
 int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
                    float *dst, rk_err *err);
 

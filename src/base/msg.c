@@ -8,21 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-const char *rk_msg_show(char *dst, size_t cap, const char *s)
-{
-    size_t len = strlen(s), j = 0, i = 0;
-    for (; i < len && j + 4 < cap; i++, j++)
-        dst[j] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-    if (i < len) {
-        while (j > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
-            i--, j--; /* the cut falls inside a character: cut before its lead byte */
-        memcpy(dst + j, "...", 3);
-        j += 3;
-    }
-    dst[j] = '\0';
-    return dst;
-}
-
 int rk_err_set_line(rk_err *err, int code, const char *fmt, ...)
 {
     char buf[RK_ERR_MSG_MAX];
@@ -30,10 +15,9 @@ int rk_err_set_line(rk_err *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    for (char *p = buf; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
-    return rk_err_set(err, code, "%s", buf);
+    char clean[RK_ERR_MSG_MAX];
+    rk_text_clean(clean, sizeof clean, buf);
+    return rk_err_set(err, code, "%s", clean);
 }
 
 const char *rk_msg_strerror(int e, char *buf, size_t cap)

@@ -7,14 +7,12 @@
 
 #include <stddef.h>
 
+#include "base/text.h" /* rk_msg_show, the message sanitiser */
 #include "rekindle/error.h"
 
-/* Copy `s` for a message into dst[cap]: control bytes become '?', a string that does not fit
- * ends in "..." (cut on a UTF-8 character boundary). Returns dst. */
-const char *rk_msg_show(char *dst, size_t cap, const char *s);
-
-/* rk_err_set with control characters replaced by '?', so a message stays one line even when
- * a path or a library's message holds a newline. */
+/* rk_err_set with the message cleaned as rk_text_clean (control characters and bytes that are
+ * not UTF-8 become '?'), so it stays one line even when a path or a library's message holds a
+ * newline. */
 __attribute__((format(printf, 3, 4))) int rk_err_set_line(rk_err *err, int code, const char *fmt,
                                                           ...);
 

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "base/msg.h"
 #include "rekindle/fileio.h"
 
@@ -42,81 +43,6 @@ size_t rk_st_dtype_size(const char *dtype)
     return 0;
 }
 
-/* Length of the well-formed UTF-8 sequence at s[0..avail), or 0 if there is none. */
-static size_t utf8_seq(const uint8_t *s, size_t avail)
-{
-    uint8_t c = s[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 1, cp = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 2, cp = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 3, cp = c & 0x07;
-    else
-        return 0;
-    if (avail <= n)
-        return 0;
-    for (size_t k = 1; k <= n; k++) {
-        if ((s[k] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[k] & 0x3f);
-    }
-    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
-        (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n + 1;
-}
-
-/* Offset of the first byte that is not well-formed UTF-8, or `len` if all of it is. */
-static size_t utf8_bad_at(const uint8_t *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        size_t n = utf8_seq(s + i, len - i);
-        if (n == 0)
-            return i;
-        i += n;
-    }
-    return len;
-}
-
-/* Copy `s` for a one-line message: control bytes and broken UTF-8 become '?', long strings
- * end in "...". */
-static const char *show(char *dst, size_t cap, const char *s)
-{
-    const uint8_t *u = (const uint8_t *)s;
-    size_t len = strlen(s), i = 0, j = 0;
-    while (i < len) {
-        size_t n = utf8_seq(u + i, len - i);
-        if (j + (n ? n : 1) + 4 > cap) /* room for this, "..." and the NUL */
-            break;
-        if (n == 0 || u[i] < 0x20 || u[i] == 0x7f) {
-            dst[j++] = '?';
-            i++;
-        } else {
-            memcpy(dst + j, s + i, n);
-            i += n;
-            j += n;
-        }
-    }
-    if (i < len) {
-        memcpy(dst + j, "...", 3);
-        j += 3;
-    }
-    dst[j] = '\0';
-    return dst;
-}
-
-static bool utf8_ok(const char *s)
-{
-    size_t n = strlen(s);
-    return utf8_bad_at((const uint8_t *)s, n) == n;
-}
-
 /* "[2,3]" into buf (the dims, as many as fit). */
 static const char *fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
@@ -137,18 +63,18 @@ static int entry_check(const char *label, const rk_st_entry *e, size_t idx, size
     char nb[96];
     if (!e->name || !*e->name)
         return rk_err_set(err, RK_EINVAL, "%s: tensor #%zu has no name", label, idx);
-    const char *nm = show(nb, sizeof nb, e->name);
+    const char *nm = rk_msg_show(nb, sizeof nb, e->name);
     if (strcmp(e->name, META_KEY) == 0)
         return rk_err_set(err, RK_EINVAL, "%s: tensor #%zu: the name '%s' is reserved", label, idx,
                           META_KEY);
-    if (!utf8_ok(e->name))
+    if (!rk_utf8_valid(e->name, strlen(e->name)))
         return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': name is not valid UTF-8", label, nm);
     const char *dt = e->dtype ? e->dtype : "F32";
     size_t esize = rk_st_dtype_size(dt);
     if (esize == 0) {
         char db[32];
         return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': unknown dtype '%s'", label, nm,
-                          show(db, sizeof db, dt));
+                          rk_msg_show(db, sizeof db, dt));
     }
     if (e->ndim < 0 || e->ndim > RK_ST_MAX_DIMS)
         return rk_err_set(err, RK_EINVAL, "%s: tensor '%s': ndim %d is outside 0..%d", label, nm,
@@ -187,10 +113,10 @@ static int meta_to_json(const char *label, const char *const *meta, json_t *root
     char kb[96];
     for (size_t i = 0; meta[i]; i += 2) {
         const char *k = meta[i], *v = meta[i + 1];
-        const char *ks = show(kb, sizeof kb, k);
+        const char *ks = rk_msg_show(kb, sizeof kb, k);
         if (!v)
             return rk_err_set(err, RK_EINVAL, "%s: metadata key '%s' has no value", label, ks);
-        if (!utf8_ok(k) || !utf8_ok(v))
+        if (!rk_utf8_valid(k, strlen(k)) || !rk_utf8_valid(v, strlen(v)))
             return rk_err_set(err, RK_EINVAL, "%s: metadata '%s': key or value is not UTF-8", label,
                               ks);
         if (json_object_get(m, k))
@@ -243,12 +169,12 @@ static int build_header(const char *label, const rk_st_entry *t, size_t n, const
         char nb[96];
         if (json_object_get(root, t[i].name)) {
             rc = rk_err_set(err, RK_EINVAL, "%s: tensor name '%s' appears twice", label,
-                            show(nb, sizeof nb, t[i].name));
+                            rk_msg_show(nb, sizeof nb, t[i].name));
             break;
         }
         if (nbytes > (size_t)INT64_MAX - off) {
             rc = rk_err_set(err, RK_EINVAL, "%s: tensor '%s': data section overflows", label,
-                            show(nb, sizeof nb, t[i].name));
+                            rk_msg_show(nb, sizeof nb, t[i].name));
             break;
         }
         json_t *o = tensor_json(&t[i], off, off + nbytes);
@@ -276,8 +202,7 @@ static int build_header(const char *label, const rk_st_entry *t, size_t n, const
         free(js);
         return rk_err_set(err, RK_ENOMEM, "%s: out of memory", label);
     }
-    for (int i = 0; i < 8; i++)
-        h[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    rk_le64_store(h, (uint64_t)padded);
     memcpy(h + 8, js, jlen);
     memset(h + 8 + jlen, ' ', padded - jlen);
     free(js);
@@ -383,7 +308,7 @@ static bool json_uint(const json_t *j, uint64_t *v)
 static int parse_entry(parse_ctx *c, const char *key, json_t *val, rk_st_tensor *t)
 {
     char nb[96], fb[64];
-    const char *nm = show(nb, sizeof nb, key);
+    const char *nm = rk_msg_show(nb, sizeof nb, key);
     const char *L = c->label;
     rk_err *err = c->err;
     if (!json_is_object(val))
@@ -394,7 +319,7 @@ static int parse_entry(parse_ctx *c, const char *key, json_t *val, rk_st_tensor 
     {
         if (strcmp(fk, "dtype") && strcmp(fk, "shape") && strcmp(fk, "data_offsets"))
             return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': unknown field '%s'", L, nm,
-                              show(fb, sizeof fb, fk));
+                              rk_msg_show(fb, sizeof fb, fk));
     }
 
     json_t *jd = json_object_get(val, "dtype");
@@ -405,7 +330,7 @@ static int parse_entry(parse_ctx *c, const char *key, json_t *val, rk_st_tensor 
     size_t esize = rk_st_dtype_size(json_string_value(jd));
     if (esize == 0)
         return rk_err_set(err, RK_EFORMAT, "%s: tensor '%s': unknown dtype '%s'", L, nm,
-                          show(fb, sizeof fb, json_string_value(jd)));
+                          rk_msg_show(fb, sizeof fb, json_string_value(jd)));
     snprintf(t->dtype, sizeof t->dtype, "%s", json_string_value(jd));
 
     json_t *js = json_object_get(val, "shape");
@@ -489,7 +414,7 @@ static int parse_meta(parse_ctx *c, json_t *m, rk_st_file *out)
         char kb[96];
         if (!json_is_string(v))
             return rk_err_set(err, RK_EFORMAT, "%s: '%s': value of '%s' is not a string", c->label,
-                              META_KEY, show(kb, sizeof kb, k));
+                              META_KEY, rk_msg_show(kb, sizeof kb, k));
         char *dk = strdup(k), *dv = strdup(json_string_value(v));
         if (!dk || !dv) {
             free(dk);
@@ -523,13 +448,13 @@ static int check_layout(parse_ctx *c, rk_st_file *out)
         const rk_st_tensor *t = &out->tensors[i];
         if (t->offset < expect)
             return rk_err_set(c->err, RK_EFORMAT, "%s: tensors '%s' and '%s' overlap", c->label,
-                              show(ab, sizeof ab, out->tensors[i - 1].name),
-                              show(bb, sizeof bb, t->name));
+                              rk_msg_show(ab, sizeof ab, out->tensors[i - 1].name),
+                              rk_msg_show(bb, sizeof bb, t->name));
         if (t->offset > expect)
             return rk_err_set(
                 c->err, RK_EFORMAT,
                 "%s: tensor '%s': hole in the data section, bytes %zu..%zu belong to no tensor",
-                c->label, show(ab, sizeof ab, t->name), expect, t->offset);
+                c->label, rk_msg_show(ab, sizeof ab, t->name), expect, t->offset);
         expect = t->offset + t->nbytes;
     }
     if (expect != c->data_len)
@@ -715,7 +640,7 @@ static int check_unique(parse_ctx *c, const rk_st_file *out)
             char nb[96];
             rc = rk_err_set(c->err, RK_EFORMAT,
                             "%s: duplicate key in header: tensor '%s' appears twice", c->label,
-                            show(nb, sizeof nb, names[i]));
+                            rk_msg_show(nb, sizeof nb, names[i]));
         }
     free(names);
     return rc;
@@ -751,7 +676,7 @@ static int parse_header(parse_ctx *c, const uint8_t *h, size_t hlen, size_t data
     if (h[0] != '{')
         return rk_err_set(c->err, RK_EFORMAT, "%s: header is not a JSON object (no '{' at byte 8)",
                           c->label);
-    size_t bad = utf8_bad_at(h, hlen);
+    size_t bad = rk_utf8_bad_at(h, hlen);
     if (bad != hlen)
         return rk_err_set(c->err, RK_EFORMAT, "%s: header is not valid UTF-8 (byte %zu)", c->label,
                           8 + bad);
@@ -777,19 +702,11 @@ static void point_data(rk_st_file *out)
         out->tensors[i].data = out->buf + out->data_start + out->tensors[i].offset;
 }
 
-static uint64_t le64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
 static int start_file(parse_ctx *c, const char *name, rk_st_file *out, rk_err *err)
 {
     memset(c, 0, sizeof *c);
     c->err = err;
-    show(c->label, sizeof c->label, name ? name : "<memory>");
+    rk_msg_show(c->label, sizeof c->label, name ? name : "<memory>");
     memset(out, 0, sizeof *out);
     out->name = strdup(name ? name : "<memory>");
     if (!out->name)
@@ -806,7 +723,7 @@ int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *ou
         return rk_err_set(err, RK_EINVAL, "rk_st_parse: buf is NULL");
     parse_ctx c;
     int rc = start_file(&c, name, out, err);
-    uint64_t hlen = len >= 8 ? le64(buf) : 0;
+    uint64_t hlen = len >= 8 ? rk_le64_load(buf) : 0;
     if (rc == RK_OK)
         rc = check_length(&c, hlen, len);
     if (rc == RK_OK)
@@ -834,7 +751,7 @@ static int read_file(int fd, const char *path, uint64_t size, parse_ctx *c, rk_s
     int rc = size < 8 ? check_length(c, 0, size) : RK_OK;
     if (rc == RK_OK)
         rc = rk_file_read_exact(fd, lenb, 8, c->label, err);
-    uint64_t hlen = rc == RK_OK ? le64(lenb) : 0;
+    uint64_t hlen = rc == RK_OK ? rk_le64_load(lenb) : 0;
     if (rc == RK_OK)
         rc = check_length(c, hlen, size);
     if (rc < 0)
@@ -912,31 +829,39 @@ const char *rk_st_meta(const rk_st_file *f, const char *key)
     return NULL;
 }
 
-int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
-                   float *dst, rk_err *err)
+int rk_st_load(const rk_st_file *f, const char *name, const char *dtype, int ndim,
+               const int64_t *shape, void *dst, rk_err *err)
 {
-    if (!f || !name || ndim < 0 || ndim > RK_ST_MAX_DIMS || (ndim > 0 && !shape))
-        return rk_err_set(err, RK_EINVAL, "rk_st_load_f32: bad argument");
+    if (!f || !name || !dtype || ndim < 0 || ndim > RK_ST_MAX_DIMS || (ndim > 0 && !shape))
+        return rk_err_set(err, RK_EINVAL, "rk_st_load: bad argument");
     char lb[256], nb[96], hb[96], wb[96];
-    const char *L = show(lb, sizeof lb, f->name ? f->name : "<memory>");
+    const char *L = rk_msg_show(lb, sizeof lb, f->name ? f->name : "<memory>");
     const rk_st_tensor *t = rk_st_find(f, name);
     if (!t)
-        return rk_err_set(err, RK_ENOENT, "%s: no tensor '%s'", L, show(nb, sizeof nb, name));
-    if (strcmp(t->dtype, "F32") != 0)
-        return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' is %s, expected F32", L,
-                          show(nb, sizeof nb, name), t->dtype);
+        return rk_err_set(err, RK_ENOENT, "%s: no tensor '%s'", L,
+                          rk_msg_show(nb, sizeof nb, name));
+    if (strcmp(t->dtype, dtype) != 0)
+        return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' is %s, expected %s", L,
+                          rk_msg_show(nb, sizeof nb, name), t->dtype, dtype);
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
         same = t->shape[i] == shape[i];
     if (!same)
         return rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' has shape %s, expected %s", L,
-                          show(nb, sizeof nb, name), fmt_shape(hb, sizeof hb, t->ndim, t->shape),
+                          rk_msg_show(nb, sizeof nb, name),
+                          fmt_shape(hb, sizeof hb, t->ndim, t->shape),
                           fmt_shape(wb, sizeof wb, ndim, shape));
     if (t->nbytes > 0 && !dst)
-        return rk_err_set(err, RK_EINVAL, "rk_st_load_f32: dst is NULL");
+        return rk_err_set(err, RK_EINVAL, "rk_st_load: dst is NULL");
     if (t->nbytes > 0)
         memcpy(dst, t->data, t->nbytes);
     return RK_OK;
+}
+
+int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
+                   float *dst, rk_err *err)
+{
+    return rk_st_load(f, name, "F32", ndim, shape, dst, err);
 }
 
 void rk_st_free(rk_st_file *f)

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "rekindle/amp.h"
+#include "rekindle/half.h"
 
 #ifdef __SSE2__
 #include <immintrin.h>

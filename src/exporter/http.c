@@ -26,6 +26,9 @@
 #include <microhttpd.h>
 
 #include "rekindle/monitor.h"
+#include "base/clock.h"
+#include "base/msg.h"
+#include "health/sim.h"
 #include "rekindle/predict_online.h"
 
 /* One open connection (libmicrohttpd's socket context): what the limits need to know. */
@@ -82,35 +85,11 @@ struct rk_exporter {
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
-static double now_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static double now_wall(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static const char *errstr(int e, char *buf, size_t cap)
-{
-    if (strerror_r(e, buf, cap) != 0)
-        snprintf(buf, cap, "errno %d", e);
-    return buf;
-}
-
-/* Copy untrusted text for a one-line message: control bytes become '?'. */
-static const char *show(char *dst, size_t cap, const char *s)
-{
-    size_t j = 0;
-    for (; s[j] && j + 1 < cap; j++)
-        dst[j] = ((unsigned char)s[j] < 0x20 || s[j] == 0x7f) ? '?' : s[j];
-    dst[j] = '\0';
-    return dst;
 }
 
 __attribute__((format(printf, 2, 3))) static void event(rk_exporter *x, const char *fmt, ...)
@@ -122,10 +101,9 @@ __attribute__((format(printf, 2, 3))) static void event(rk_exporter *x, const ch
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    for (char *p = line; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            *p = '?';
-    x->o.on_event(x->o.event_ctx, line);
+    char clean[sizeof line];
+    rk_text_clean(clean, sizeof clean, line);
+    x->o.on_event(x->o.event_ctx, clean);
 }
 
 /* ---- listen address ----------------------------------------------------------------------- */
@@ -137,7 +115,7 @@ int rk_exporter_parse_listen(const char *s, struct sockaddr_storage *ss, unsigne
     memset(ss, 0, sizeof *ss);
     if (!s || !*s)
         return rk_err_set(err, RK_EINVAL, "listen address: empty (want ADDR:PORT)");
-    show(shown, sizeof shown, s);
+    rk_msg_show(shown, sizeof shown, s);
     char host[INET6_ADDRSTRLEN + 1];
     const char *port;
     bool v6 = s[0] == '[';
@@ -204,11 +182,11 @@ static int open_listener(rk_exporter *x, rk_err *err)
     if (rc)
         return rc;
     char shown[80], e[128];
-    show(shown, sizeof shown, x->o.listen);
+    rk_msg_show(shown, sizeof shown, x->o.listen);
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
         return rk_err_set(err, RK_EIO, "listen on %s: socket: %s", shown,
-                          errstr(errno, e, sizeof e));
+                          rk_msg_strerror(errno, e, sizeof e));
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (ss.ss_family == AF_INET6)
@@ -216,7 +194,8 @@ static int open_listener(rk_exporter *x, rk_err *err)
     if (bind(fd, (struct sockaddr *)&ss, (socklen_t)len) != 0) {
         int en = errno;
         close(fd);
-        return rk_err_set(err, RK_EIO, "listen on %s: %s%s", shown, errstr(en, e, sizeof e),
+        return rk_err_set(err, RK_EIO, "listen on %s: %s%s", shown,
+                          rk_msg_strerror(en, e, sizeof e),
                           en == EADDRINUSE ? " (another exporter on this port? pick one with "
                                              "--listen ADDR:PORT)"
                                            : "");
@@ -234,7 +213,7 @@ static int open_listener(rk_exporter *x, rk_err *err)
     if (listen(fd, 4096) != 0) {
         int en = errno;
         close(fd);
-        return rk_err_set(err, RK_EIO, "listen on %s: %s", shown, errstr(en, e, sizeof e));
+        return rk_err_set(err, RK_EIO, "listen on %s: %s", shown, rk_msg_strerror(en, e, sizeof e));
     }
     struct sockaddr_storage got;
     socklen_t glen = sizeof got;
@@ -261,7 +240,7 @@ static void gpu_events(rk_exporter *x, int i)
 {
     const rk_prom_gpu *g = &x->gpus[i];
     char name[sizeof g->info.name];
-    show(name, sizeof name, g->info.name);
+    rk_msg_show(name, sizeof name, g->info.name);
     const char *sim = g->info.simulated ? ", simulated" : "";
     enum gpu_state st = g->sample.lost                                        ? ST_LOST
                         : rk_monitor_read_failed(&g->sample) || !g->has_score ? ST_NOREAD
@@ -300,7 +279,7 @@ static void gpu_events(rk_exporter *x, int i)
 /* One cycle: read, score, render, swap. Called by start() once, then by the collector. */
 static void collect(rk_exporter *x)
 {
-    double t0 = now_mono();
+    double t0 = rk_mono_s();
     rk_err err = {0};
     /* read, and the monitor's rule for failed readings, probabilities and scores */
     int rc = x->n > 0 ? rk_monitor_read(x->mon, x->t, &err) : RK_OK;
@@ -312,7 +291,7 @@ static void collect(rk_exporter *x)
     x->stats.collections++;
     if (rc || b.failed)
         x->stats.errors++;
-    x->stats.duration_s = now_mono() - t0;
+    x->stats.duration_s = rk_mono_s() - t0;
     x->stats.last_ts = now_wall();
     x->stats.gpus = x->n;
     rk_prom_render_stats(&b, &x->stats);
@@ -341,10 +320,10 @@ static void collect(rk_exporter *x)
     }
     if (rc == RK_OK) {
         x->ever_ok = true;
-        x->last_ok = now_mono();
+        x->last_ok = rk_mono_s();
         x->last_err[0] = '\0';
     } else {
-        show(x->last_err, sizeof x->last_err, err.msg[0] ? err.msg : rk_strerror(rc));
+        rk_msg_show(x->last_err, sizeof x->last_err, err.msg[0] ? err.msg : rk_strerror(rc));
     }
     pthread_mutex_unlock(&x->lock);
     if (old)
@@ -362,10 +341,10 @@ static void collect(rk_exporter *x)
 static void *collector_main(void *arg)
 {
     rk_exporter *x = arg;
-    double next = now_mono() + x->o.interval_s;
+    double next = rk_mono_s() + x->o.interval_s;
     pthread_mutex_lock(&x->lock);
     while (!x->stopping) {
-        double wait = next - now_mono();
+        double wait = next - rk_mono_s();
         if (wait > 0) {
             struct timespec ts;
             clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -379,7 +358,7 @@ static void *collector_main(void *arg)
         }
         pthread_mutex_unlock(&x->lock);
         collect(x);
-        double now = now_mono();
+        double now = rk_mono_s();
         next += x->o.interval_s;
         if (next < now) /* a cycle ran long: start the next one now, not a burst of them */
             next = now;
@@ -414,7 +393,7 @@ static enum MHD_Result healthz(rk_exporter *x, struct MHD_Connection *c)
 {
     char body[RK_ERR_MSG_MAX + 200];
     pthread_mutex_lock(&x->lock);
-    double age = now_mono() - x->last_ok, limit = 3 * x->o.interval_s;
+    double age = rk_mono_s() - x->last_ok, limit = 3 * x->o.interval_s;
     bool ok = x->ever_ok && age <= limit;
     if (!ok && !x->ever_ok)
         snprintf(body, sizeof body, "not ok: no collection has succeeded yet%s%s\n",
@@ -551,7 +530,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         return;
     }
     k->fd = fd->connect_fd;
-    k->st.since = now_mono();
+    k->st.since = rk_mono_s();
     conn_key(peer ? peer->client_addr : NULL, k->key);
     pthread_mutex_lock(&x->conn_lock);
     if (x->nconns == x->capconns) {
@@ -612,7 +591,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls,
     pthread_mutex_lock(&x->conn_lock);
     k->st.busy = false;
     k->st.served = k->st.served || toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
-    k->st.since = now_mono();
+    k->st.since = rk_mono_s();
     pthread_mutex_unlock(&x->conn_lock);
 }
 
@@ -634,7 +613,7 @@ static void *reaper_main(void *arg)
         if (x->stopping)
             break;
         pthread_mutex_unlock(&x->lock);
-        double cutoff = now_mono() - (double)x->o.timeout_s;
+        double cutoff = rk_mono_s() - (double)x->o.timeout_s;
         pthread_mutex_lock(&x->conn_lock);
         for (size_t i = 0; i < x->nconns; i++) {
             struct conn *k = x->conns[i];

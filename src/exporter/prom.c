@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/text.h"
+
 /* ---- buffer ------------------------------------------------------------------------------- */
 
 void rk_buf_free(rk_buf *b)
@@ -103,33 +105,6 @@ bool rk_prom_format_value(double v, char *buf, size_t cap)
     return true;
 }
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 when it is not one. */
-static size_t utf8_len(const unsigned char *s)
-{
-    unsigned c = s[0];
-    if (c < 0x80)
-        return 1;
-    size_t n;
-    unsigned min;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4, min = 0x10000;
-    else
-        return 0;
-    unsigned cp = c & (0x3f >> (n - 1));
-    for (size_t i = 1; i < n; i++) {
-        if ((s[i] & 0xc0) != 0x80) /* also stops at the NUL */
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n;
-}
-
 void rk_prom_escape_label(rk_buf *b, const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
@@ -146,7 +121,7 @@ void rk_prom_escape_label(rk_buf *b, const char *s)
         case '"': rk_buf_put(b, "\\\"", 2), p++; break;
         case '\n': rk_buf_put(b, "\\n", 2), p++; break;
         default: {
-            size_t n = utf8_len(p);
+            size_t n = rk_utf8_next(p, 4, NULL); /* stops at the NUL */
             if (n) {
                 rk_buf_put(b, (const char *)p, n);
                 p += n;

@@ -144,13 +144,14 @@ static const char *nverr(const rk_nvml *n, nvmlReturn_t rc)
     return s && *s ? s : "unknown NVML error";
 }
 
-/* A fixed-size string from NVML into dst: always terminated, control bytes replaced. */
+/* A fixed-size string from NVML into dst: always terminated, cleaned (rk_text_clean). */
 static void copy_str(char *dst, size_t cap, const char *src, size_t src_cap)
 {
-    size_t j = 0;
-    for (size_t i = 0; i < src_cap && src[i] && j + 1 < cap; i++)
-        dst[j++] = ((unsigned char)src[i] < 0x20 || src[i] == 0x7f) ? '?' : src[i];
-    dst[j] = '\0';
+    char tmp[256];
+    size_t n = strnlen(src, src_cap < sizeof tmp ? src_cap : sizeof tmp - 1);
+    memcpy(tmp, src, n);
+    tmp[n] = '\0';
+    rk_text_clean(dst, cap, tmp);
 }
 
 /* ---- open, close, info -------------------------------------------------------------------- */

@@ -15,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "base/msg.h"
 #include "health/titan_fit.h"
 #include "rekindle/rng.h"
 
@@ -1104,20 +1106,13 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
 
 /* ---- clock -------------------------------------------------------------------------------- */
 
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 double rk_sim_now(rk_sim *s)
 {
     if (s->is_pinned)
         return s->pinned;
     if (!s->clock_started)
         return s->t_max; /* nothing read yet: time has not begun */
-    double t = (mono_s() - s->t0_mono) * s->time_scale;
+    double t = (rk_mono_s() - s->t0_mono) * s->time_scale;
     return t > s->t_max ? t : s->t_max;
 }
 
@@ -1160,11 +1155,9 @@ static int sim_open(void **state, const rk_telemetry_opts *o, rk_err *err)
         s->events = fopen(o->events_path, "a");
         if (!s->events) {
             int e = errno;
-            rk_err_set(err, RK_EIO, "sim: cannot open the event log %.200s: %s", o->events_path,
-                       strerror(e));
-            for (char *c = err ? err->msg : NULL; c && *c; c++)
-                if ((unsigned char)*c < 0x20 || *c == 0x7f)
-                    *c = '?';
+            char eb[128];
+            rk_err_set_line(err, RK_EIO, "sim: cannot open the event log %.200s: %s",
+                            o->events_path, rk_msg_strerror(e, eb, sizeof eb));
             sim_close(s);
             return RK_EIO;
         }
@@ -1200,7 +1193,7 @@ static int sim_read(void *state, int i, rk_gpu_sample *out, rk_err *err)
     if (!s->clock_started) { /* the first reading is at exactly the start age, however long
                                * the caller took between open and read (at 480,000x, 10 ms of
                                * a loaded machine were 80 simulated minutes) */
-        s->t0_mono = mono_s();
+        s->t0_mono = rk_mono_s();
         s->clock_started = true;
     }
     double t = rk_sim_now(s);

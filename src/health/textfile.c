@@ -38,81 +38,6 @@ static const struct {
     {"rk_gpu_fan_vibration_hertz", RK_F_FAN_VIB},
 };
 
-/* ---- messages --------------------------------------------------------------------------- */
-
-/* Length of the valid UTF-8 character at s (n bytes left), 0 if it is not one (Go's rules:
- * no overlong forms, no surrogates, nothing above U+10FFFF). */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0], lo = 0x80, hi = 0xbf;
-    size_t k;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        k = 2;
-    else if (c == 0xe0)
-        k = 3, lo = 0xa0;
-    else if (c == 0xed)
-        k = 3, hi = 0x9f;
-    else if (c >= 0xe1 && c <= 0xef)
-        k = 3;
-    else if (c == 0xf0)
-        k = 4, lo = 0x90;
-    else if (c == 0xf4)
-        k = 4, hi = 0x8f;
-    else if (c >= 0xf1 && c <= 0xf3)
-        k = 4;
-    else
-        return 0;
-    if (n < k || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t j = 2; j < k; j++)
-        if ((s[j] & 0xc0) != 0x80)
-            return 0;
-    return k;
-}
-
-/* Copy untrusted bytes for a message: \n, \r, \t and other control bytes or bytes that are
- * not UTF-8 become escapes (\xNN), and what does not fit in `cap` ends in "..." (cut between
- * characters). The result is always one printable line. */
-static const char *show(char *dst, size_t cap, const char *s, size_t len)
-{
-    size_t i = 0, j = 0;
-    while (i < len) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[8];
-        const char *out = esc;
-        size_t k = 0, adv = 1;
-        if (c == '\n' || c == '\r' || c == '\t') {
-            esc[0] = '\\', esc[1] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't', k = 2;
-        } else if (c < 0x20 || c == 0x7f) {
-            k = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c);
-        } else if (c < 0x80) {
-            esc[0] = (char)c, k = 1;
-        } else if ((adv = utf8_len((const unsigned char *)s + i, len - i)) > 0) {
-            out = s + i, k = adv;
-        } else {
-            k = (size_t)snprintf(esc, sizeof esc, "\\x%02x", c), adv = 1;
-        }
-        if (j + k + 4 > cap)
-            break;
-        memcpy(dst + j, out, k);
-        j += k;
-        i += adv;
-    }
-    if (i < len) {
-        memcpy(dst + j, "...", 3);
-        j += 3;
-    }
-    dst[j] = '\0';
-    return dst;
-}
-
-static const char *show_str(char *dst, size_t cap, const char *s)
-{
-    return show(dst, cap, s, strlen(s));
-}
-
 /* ---- metric names seen (for the HELP and TYPE rules) ------------------------------------- */
 
 enum { SEEN_HELP = 1, SEEN_TYPE = 2, SEEN_SAMPLE = 4 };
@@ -546,7 +471,7 @@ static int parse_labels(parser *P, int type, const char *s, size_t n, size_t *pi
                                a, i + 1);
                 i += 2;
             } else if (c >= 0x80) {
-                size_t k = utf8_len((const unsigned char *)s + i, n - i);
+                size_t k = rk_utf8_next(s + i, n - i, NULL);
                 if (!k)
                     return bad(P, "the value of %s is not valid UTF-8", a);
                 i += k;
@@ -696,7 +621,7 @@ int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_g
                       rk_gpu_sample *samples, int n, rk_err *err)
 {
     parser P = {.err = err, .infos = infos, .n = n};
-    show_str(P.path, sizeof P.path, path ? path : "(textfile)");
+    rk_msg_show(P.path, sizeof P.path, path ? path : "(textfile)");
     if (n < 0 || (n > 0 && (!infos || !samples)) || (!text && len))
         return rk_err_set(err, RK_EINVAL, "%s: rk_textfile_merge: bad arguments", P.path);
     if (n > 0 && !(P.pend = calloc(2 * (size_t)n, sizeof *P.pend)))
@@ -798,7 +723,7 @@ static int merge_file(int dfd, const char *name, const char *path, char *buf,
                       const rk_gpu_info *infos, rk_gpu_sample *samples, int n, rk_err *err)
 {
     char sp[SHOW_PATH_CAP], eb[128], tgt[256];
-    show_str(sp, sizeof sp, path);
+    rk_msg_show(sp, sizeof sp, path);
     int rc;
     const char *what = entry_to_read(dfd, name, sp, tgt, sizeof tgt, &rc, err);
     if (!what)
@@ -843,7 +768,7 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
         int e = errno;
         return rk_err_set(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
                           "%s: cannot open the textfile directory: %s",
-                          show_str(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
+                          rk_msg_show(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
     }
     char **names = NULL, *buf = NULL;
     size_t cnt = 0, cap = 0;
@@ -871,12 +796,12 @@ int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_samp
     }
     int e = errno;
     if (de) /* the loop stopped early: out of memory */
-        first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));
+        first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", rk_msg_show(sd, sizeof sd, dir));
     else if (e)
         first = rk_err_set(err, RK_EIO, "%s: cannot read the textfile directory: %s",
-                           show_str(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
+                           rk_msg_show(sd, sizeof sd, dir), rk_msg_strerror(e, eb, sizeof eb));
     if (!first && cnt && !(buf = malloc(FILE_MAX_BYTES + 1)))
-        first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", show_str(sd, sizeof sd, dir));
+        first = rk_err_set(err, RK_ENOMEM, "%s: out of memory", rk_msg_show(sd, sizeof sd, dir));
     if (!first && cnt) {
         qsort(names, cnt, sizeof *names, by_name);
         rk_err fe;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <xxhash.h>
 
+#include "base/clock.h"
 #include "rekindle/guard.h"
 #include "rekindle/rng.h"
 
@@ -46,13 +47,6 @@ void rk_train_config_default(rk_train_config *c, rk_optim_kind optim)
         c->lr = 0.01f;
         c->weight_decay = 0.0f;
     }
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 int rk_optim_init(rk_optim *o, rk_optim_kind kind, const rk_model *m, rk_err *err)
@@ -481,7 +475,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             rk_rng r;
             rk_rng_derive(&r, c->seed, 0x6570636fULL, (uint64_t)epoch);
             rk_rng_permutation(&r, order, (size_t)train->n);
-            t0 = now_s();
+            t0 = rk_mono_s();
             last_report = 0.0;
             samples = 0;
             first = step - (int64_t)epoch * steps_per_epoch; /* > 0 only when resuming */
@@ -490,7 +484,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                 in_epoch = total_steps - (int64_t)epoch * steps_per_epoch;
         }
         int64_t s = step - (int64_t)epoch * steps_per_epoch;
-        double tstep = now_s();
+        double tstep = rk_mono_s();
         if (c->point && (rc = c->point(c->hook_user, RK_POINT_STEP, step, m, err)))
             break;
         if (c->guard && c->hash_every > 0 && step % c->hash_every == 0 &&
@@ -520,7 +514,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             rk_dataset_images(train, (int)k, 1, xb + (size_t)i * pixels);
             yb[i] = train->labels[k];
         }
-        double loss = 0.0, loss_sum = 0.0, tc = now_s();
+        double loss = 0.0, loss_sum = 0.0, tc = rk_mono_s();
         if (n > 0) {
             const float *logits;
             if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
@@ -537,7 +531,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         } else {
             memset(m->grad_block, 0, m->block_len * sizeof(float));
         }
-        tc = now_s() - tc;
+        tc = rk_mono_s() - tc;
         if (c->point && ((rc = c->point(c->hook_user, RK_POINT_GRADS, step, m, err)) ||
                          (rc = c->point(c->hook_user, RK_POINT_COMM, step, m, err))))
             break;
@@ -551,7 +545,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (global == c->batch)
             for (int q = 0; q < nranks && q < 8; q++)
                 res->last_shares[q] = shares[q];
-        double ta = now_s();
+        double ta = rk_mono_s();
         int compressed = c->compressor && step >= c->compress_warmup &&
                          rk_compressor_kind(c->compressor) != RK_COMPRESS_NONE;
         int on_momentum = compressed && nranks > 1 && c->compress_momentum &&
@@ -577,7 +571,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                                                 err)))
                 break;
         }
-        res->allreduce_seconds += now_s() - ta;
+        res->allreduce_seconds += rk_mono_s() - ta;
         loss = red[0] / global;
         /* the loss scaler first: every rank holds the same summed gradient, so all agree. An
          * overflow skips the step (the batch is consumed, nothing is updated). */
@@ -690,11 +684,11 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         step++;
         samples += global;
         if (c->stepped)
-            c->stepped(c->hook_user, step, loss, now_s() - tstep);
+            c->stepped(c->hook_user, step, loss, rk_mono_s() - tstep);
         if (c->step_end &&
             (rc = c->step_end(c->step_end_user, step, epoch, (int64_t)start + global, err)))
             break;
-        double t = now_s() - t0;
+        double t = rk_mono_s() - t0;
         if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
             last_report = t;
             rk_train_progress p = {
@@ -713,7 +707,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (s + 1 < in_epoch)
             continue;
         /* the epoch's last step */
-        double epoch_s = now_s() - t0;
+        double epoch_s = rk_mono_s() - t0;
         res->train_seconds += epoch_s;
         res->epochs_run = epoch + 1;
         total_samples += samples;

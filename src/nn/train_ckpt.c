@@ -10,22 +10,19 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_ITEMS (3 * RK_MAX_PARAMS + 4)
-#define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
+#include "base/bytes.h"
+#include "base/clock.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+/* model, optimiser moments, optim.t, the batch policy, the loss scaler, the residuals */
+#define MAX_ITEMS (3 * RK_MAX_PARAMS + 2 + RK_BATCH_NITEMS + RK_LOSS_SCALER_NITEMS)
+#define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
 
 typedef struct item_set {
     rk_ckpt_item items[MAX_ITEMS];
     char names[MAX_ITEMS][48];
-    int64_t shape8[1], shape_policy[1], shape_scaler[1], shape_ef[2];
+    int64_t shape8[1], shape_ef[2];
     uint8_t t_le[8];
-    uint8_t scaler[RK_LOSS_SCALER_BYTES];
+    rk_loss_scaler_items scaler;
     size_t n;
 } item_set;
 
@@ -38,9 +35,10 @@ static void add_item(item_set *s, const char *prefix, const rk_param *p, const f
 }
 
 /* The trainer's tensors: weights, optimiser moments (laid out like the weights), the
- * optimiser's step count and, when given, the batch policy's state blob. */
-static void build_items(const rk_trainer_ckpt *t, item_set *s, const uint8_t *policy,
-                        size_t policy_len, const float *ef, int world)
+ * optimiser's step count and, when given, the batch policy's and the loss scaler's state and
+ * the residuals. */
+static void build_items(const rk_trainer_ckpt *t, item_set *s, const rk_batch_items *policy,
+                        const rk_loss_scaler *scaler, const float *ef, int world)
 {
     const rk_model *m = t->m;
     s->n = 0;
@@ -55,21 +53,16 @@ static void build_items(const rk_trainer_ckpt *t, item_set *s, const uint8_t *po
             add_item(s, "optim.v.", p, t->opt->s1 + off);
         }
     }
-    uint64_t tt = (uint64_t)t->opt->t;
-    for (int b = 0; b < 8; b++)
-        s->t_le[b] = (uint8_t)(tt >> (8 * b));
+    rk_le64_store(s->t_le, (uint64_t)t->opt->t);
     s->shape8[0] = 8;
     s->items[s->n++] = (rk_ckpt_item){.name = "optim.t", .dtype = "U8", .ndim = 1,
                                       .shape = s->shape8, .data = s->t_le};
-    if (policy) {
-        s->shape_policy[0] = (int64_t)policy_len;
-        s->items[s->n++] = (rk_ckpt_item){.name = "policy", .dtype = "U8", .ndim = 1,
-                                          .shape = s->shape_policy, .data = policy};
-    }
-    if (t->cfg->scaler && rk_loss_scaler_pack(t->cfg->scaler, s->scaler) == RK_OK) {
-        s->shape_scaler[0] = RK_LOSS_SCALER_BYTES;
-        s->items[s->n++] = (rk_ckpt_item){.name = "scaler.state", .dtype = "U8", .ndim = 1,
-                                          .shape = s->shape_scaler, .data = s->scaler};
+    for (int i = 0; policy && i < RK_BATCH_NITEMS; i++)
+        s->items[s->n++] = policy->item[i];
+    if (scaler) {
+        rk_loss_scaler_items_fill(scaler, &s->scaler);
+        for (int i = 0; i < RK_LOSS_SCALER_NITEMS; i++)
+            s->items[s->n++] = s->scaler.item[i];
     }
     if (ef) { /* every rank's error-feedback residuals, one row per rank */
         s->shape_ef[0] = world;
@@ -147,7 +140,7 @@ int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err)
              c->optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (unsigned long long)c->seed, c->batch);
     t->next_at = t->every > 0 ? t->every : AUTO_FIRST_SAVE;
     t->writer = NULL;
-    t->last_step_t = now_s();
+    t->last_step_t = rk_mono_s();
     if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0)) {
         int rc = rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
         if (rc) {
@@ -177,19 +170,18 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
     int rank = t->comm ? rk_comm_rank(t->comm) : 0;
     int world = t->comm ? rk_comm_size(t->comm) : 1;
     int rc = RK_OK;
-    double t0 = now_s();
+    double t0 = rk_mono_s();
     float *ef = gather_residuals(t, world, &rc, err);
     if (rc)
         return rc;
     if (rank == 0) {
-        uint8_t *policy = NULL;
-        size_t policy_len = 0;
-        if (t->policy && (rc = rk_batch_state_save(t->policy, &policy, &policy_len, err))) {
+        rk_batch_items policy = {0};
+        if (t->policy && (rc = rk_batch_items_fill(t->policy, &policy, err))) {
             free(ef);
             return rc;
         }
         item_set s;
-        build_items(t, &s, policy, policy_len, ef, world);
+        build_items(t, &s, t->policy ? &policy : NULL, t->cfg->scaler, ef, world);
         rk_ckpt_meta meta = {.step = step, .epoch = epoch, .cursor = cursor, .world_size = world,
                              .config_json = t->config};
         if (t->may_save)
@@ -197,7 +189,7 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
         if (!rc)
             rc = t->writer ? rk_ckpt_writer_submit(t->writer, &meta, s.items, s.n, err)
                            : rk_ckpt_save(t->dir, &meta, s.items, s.n, t->keep, err);
-        free(policy);
+        rk_batch_items_free(&policy);
         free(ef);
         ef = NULL;
         if (!rc && t->log)
@@ -217,7 +209,7 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
                               (long long)step, rk_strerror((int)status));
     }
     if (!rc) {
-        t->last_save_s = now_s() - t0;
+        t->last_save_s = rk_mono_s() - t0;
         t->saves++;
     }
     return rc;
@@ -227,7 +219,7 @@ int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t 
                              rk_err *err)
 {
     rk_trainer_ckpt *t = user;
-    double now = now_s();
+    double now = rk_mono_s();
     double dt = now - t->last_step_t;
     t->last_step_t = now;
     t->step_s = t->step_s > 0 ? 0.9 * t->step_s + 0.1 * dt : dt;
@@ -253,8 +245,32 @@ int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t 
                     "steps (Daly)\n", t->last_save_s, t->step_s, t->mtbf_s, (long long)every);
     }
     t->next_at = steps_done + every;
-    t->last_step_t = now_s(); /* the save is not a training step */
+    t->last_step_t = rk_mono_s(); /* the save is not a training step */
     return RK_OK;
+}
+
+/* The batch policy's state from checkpoint `c` into ranks[0..world) when it was saved for
+ * this world, kind and global batch (*found 1), else nothing (*found 0: the fresh policy
+ * stays). */
+static int read_policy(const rk_trainer_ckpt *t, const rk_ckpt *c, int world,
+                       rk_batch_rank_state *ranks, int64_t *found, rk_err *err)
+{
+    rk_batch_policy *loaded = NULL;
+    *found = 0;
+    int rc = rk_batch_load(&loaded, rk_ckpt_file(c), err);
+    if (rc == RK_ENOENT)
+        return RK_OK;
+    if (rc)
+        return rc;
+    if (rk_batch_policy_nranks(loaded) == world &&
+        rk_batch_policy_kind(loaded) == rk_batch_policy_kind(t->policy) &&
+        rk_batch_policy_global_batch(loaded) == rk_batch_policy_global_batch(t->policy)) {
+        for (int r = 0; r < world && !rc; r++) /* same world: carry it over rank by rank */
+            rc = rk_batch_rank_get(loaded, r, &ranks[r], err);
+        *found = !rc;
+    }
+    rk_batch_policy_free(loaded);
+    return rc;
 }
 
 int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
@@ -263,23 +279,27 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
     int rank = t->comm ? rk_comm_rank(t->comm) : 0;
     int world = t->comm ? rk_comm_size(t->comm) : 1;
     int adamw = t->opt->kind == RK_OPTIM_ADAMW;
-    /* header broadcast from rank 0: status, step, policy blob length, optimiser t, loss scaler
-     * state found, residuals of this world found */
+    /* header broadcast from rank 0: status, step, batch policy state found, optimiser t, loss
+     * scaler state found, residuals of this world found */
     int64_t hdr[6] = {0, 0, 0, 0, 0, 0};
-    uint8_t *policy = NULL;
-    uint8_t scaler[RK_LOSS_SCALER_BYTES];
+    rk_batch_rank_state *ranks = NULL;
+    rk_loss_scaler scaler;
     float *ef = NULL;
     rk_compressor *z = t->cfg->compressor;
     size_t ef_len = z ? rk_compressor_state_len(z) : 0;
     rk_ckpt *c = NULL;
     int rc = RK_OK;
+    if (t->policy && !(ranks = calloc((size_t)world, sizeof *ranks)))
+        rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory");
     if (rank == 0) {
         item_set s;
-        build_items(t, &s, NULL, 0, NULL, world);
-        s.n -= t->cfg->scaler ? 1 : 0; /* optional: a checkpoint of an fp32 run resumes at fp16 */
+        /* the batch policy and the loss scaler are optional: a checkpoint of an fp32 run
+         * resumes at fp16, one of another policy with a fresh policy */
+        build_items(t, &s, NULL, NULL, NULL, world);
         rk_ckpt_expect expect = {.config_json = t->config, .items = s.items, .nitems = s.n};
         char report[4096] = "";
-        rc = rk_ckpt_load_latest(t->dir, &expect, &c, report, sizeof report, err);
+        if (!rc)
+            rc = rk_ckpt_load_latest(t->dir, &expect, &c, report, sizeof report, err);
         if (report[0] && t->log)
             fprintf(t->log, "checkpoint: skipped in %s:\n%s", t->dir, report);
         if (!rc) {
@@ -291,41 +311,29 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
                                     (float *)s.items[i].data, err);
             }
             const rk_st_tensor *tt = rk_ckpt_find(c, "optim.t");
-            const rk_st_tensor *pt = rk_ckpt_find(c, "policy");
-            const rk_st_tensor *st = rk_ckpt_find(c, "scaler.state");
             const rk_st_tensor *et = rk_ckpt_find(c, "comm.residuals");
-            if (t->cfg->scaler && st && st->nbytes == RK_LOSS_SCALER_BYTES) {
-                rk_loss_scaler probe;
-                if (rk_loss_scaler_unpack(&probe, st->data, st->nbytes, NULL) == RK_OK) {
-                    memcpy(scaler, st->data, sizeof scaler);
-                    hdr[4] = 1;
-                }
+            if (!rc && t->cfg->scaler) {
+                rc = rk_loss_scaler_load(&scaler, f, err);
+                hdr[4] = rc == RK_OK;
+                if (rc == RK_ENOENT)
+                    rc = RK_OK;
             }
+            if (!rc && t->policy)
+                rc = read_policy(t, c, world, ranks, &hdr[2], err);
             if (ef_len && et && strcmp(et->dtype, "F32") == 0 && et->ndim == 2 &&
                 et->shape[0] == world && et->shape[1] == (int64_t)ef_len &&
                 (ef = malloc((size_t)world * ef_len * sizeof(float)))) {
                 memcpy(ef, et->data, (size_t)world * ef_len * sizeof(float));
                 hdr[5] = 1;
             }
-            if (ef_len && !hdr[5] && t->log)
+            if (!rc && ef_len && !hdr[5] && t->log)
                 fprintf(t->log, "checkpoint: no error-feedback residuals for %d ranks in it: "
                         "they start from zero\n", world);
             if (!rc && (!tt || tt->nbytes != 8))
                 rc = rk_err_set(err, RK_EFORMAT, "%s: optim.t is missing", rk_ckpt_path(c));
             if (!rc) {
-                uint64_t v = 0;
-                for (int b = 0; b < 8; b++)
-                    v |= (uint64_t)tt->data[b] << (8 * b);
-                hdr[3] = (int64_t)v;
+                hdr[3] = (int64_t)rk_le64_load(tt->data);
                 hdr[1] = rk_ckpt_meta_of(c)->step;
-                if (pt && pt->nbytes > 0) {
-                    policy = malloc(pt->nbytes);
-                    if (!policy)
-                        rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory");
-                    else
-                        memcpy(policy, pt->data, pt->nbytes);
-                    hdr[2] = (int64_t)pt->nbytes;
-                }
             }
             if (!rc && t->log)
                 fprintf(t->log, "checkpoint: resuming from %s (step %lld, written by %d rank%s)\n",
@@ -335,6 +343,7 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
         hdr[0] = rc;
     }
     if (world > 1) {
+        /* a rank that failed to allocate still joins the broadcasts it can, and fails after */
         int brc = rk_comm_bcast(t->comm, hdr, sizeof hdr, 0, rank == 0 ? NULL : err);
         if (brc) {
             rc = brc;
@@ -346,18 +355,16 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
                      : rk_err_set(err, (int)hdr[0], "checkpoint: rank 0 could not resume");
             goto out;
         }
-        if (hdr[0] != 0)
-            goto out;
-        if (rank != 0 && hdr[2] > 0 && !(policy = malloc((size_t)hdr[2]))) {
-            rc = rk_err_set(err, RK_ENOMEM, "checkpoint: out of memory");
-            goto out; /* the other ranks then fail in the next collective */
-        }
+        if (hdr[0] != 0 || rc)
+            goto out; /* rc: this rank's allocation failed; the others fail in the next
+                       * collective */
         size_t bytes = m->block_len * sizeof(float);
         if ((rc = rk_comm_bcast(t->comm, m->data_block, bytes, 0, err)) ||
             (rc = rk_comm_bcast(t->comm, t->opt->s1, bytes, 0, err)) ||
             (adamw && (rc = rk_comm_bcast(t->comm, t->opt->s2, bytes, 0, err))) ||
-            (hdr[2] > 0 && (rc = rk_comm_bcast(t->comm, policy, (size_t)hdr[2], 0, err))) ||
-            (hdr[4] && (rc = rk_comm_bcast(t->comm, scaler, sizeof scaler, 0, err))))
+            (hdr[2] &&
+             (rc = rk_comm_bcast(t->comm, ranks, (size_t)world * sizeof *ranks, 0, err))) ||
+            (hdr[4] && (rc = rk_comm_bcast(t->comm, &scaler, sizeof scaler, 0, err))))
             goto out;
         if (hdr[5]) {
             if (rank != 0 && !(ef = malloc((size_t)world * ef_len * sizeof(float)))) {
@@ -371,37 +378,19 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
     if (rc)
         goto out;
     t->opt->t = hdr[3];
-    if (hdr[4] && (rc = rk_loss_scaler_unpack(t->cfg->scaler, scaler, sizeof scaler, err)))
-        goto out;
+    if (hdr[4])
+        *t->cfg->scaler = scaler;
     if (hdr[5])
         memcpy(rk_compressor_state(z), ef + (size_t)rank * ef_len, ef_len * sizeof(float));
-    if (policy && t->policy) {
-        rk_batch_policy *loaded = NULL;
-        if ((rc = rk_batch_state_load(&loaded, policy, (size_t)hdr[2], err)))
-            goto out;
-        int old_n = rk_batch_policy_nranks(loaded);
-        if (old_n != world || rk_batch_policy_kind(loaded) != rk_batch_policy_kind(t->policy) ||
-            rk_batch_policy_global_batch(loaded) != rk_batch_policy_global_batch(t->policy)) {
-            rk_batch_policy_free(loaded); /* another world or policy: keep the fresh one */
-        } else {
-            /* same world: carry the measured state over rank by rank */
-            for (int r = 0; r < world && !rc; r++) {
-                rk_batch_rank_state st;
-                if ((rc = rk_batch_rank_get(loaded, r, &st, err)))
-                    break;
-                if (st.observations > 0)
-                    rc = rk_batch_observe_throughput(t->policy, r, st.throughput, err);
-                if (!rc)
-                    rc = rk_batch_set_fault_rate(t->policy, r, st.fault_rate, err);
-            }
-            rk_batch_policy_free(loaded);
-        }
-    }
+    for (int r = 0; hdr[2] && r < world && !rc; r++)
+        rc = rk_batch_rank_set(t->policy, r, &ranks[r], err);
+    if (rc)
+        goto out;
     *step = hdr[1];
     t->next_at = hdr[1] + (t->every > 0 ? t->every : AUTO_FIRST_SAVE);
     t->last_step = hdr[1];
 out:
-    free(policy);
+    free(ranks);
     free(ef);
     rk_ckpt_free(c);
     if (rc == RK_OK)

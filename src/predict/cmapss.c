@@ -15,19 +15,13 @@
 #include <strings.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "rekindle/fileio.h"
 #include "rekindle/rng.h"
 
 /* s2 s3 s4 s7 s8 s9 s11 s12 s13 s14 s15 s17 s20 s21: sensor sK is value 3 + K - 1. */
 const int rk_cmapss_feature_cols[RK_CMAPSS_FEATURES] = {4,  5,  6,  9,  10, 11, 13,
                                                         14, 15, 16, 17, 19, 22, 23};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void rk_cmapss_free(rk_cmapss_table *t)
 {
@@ -408,7 +402,7 @@ static double rmse(const float *p, const float *y, size_t n)
 
 int rk_cmapss_run(const rk_cmapss_opts *o, rk_cmapss_result *r, rk_err *err)
 {
-    const double t0 = now_s();
+    const double t0 = rk_mono_s();
     memset(r, 0, sizeof *r);
     if (!o->dir)
         return rk_err_set(err, RK_EINVAL, "cmapss: no data directory");
@@ -542,7 +536,7 @@ int rk_cmapss_run(const rk_cmapss_opts *o, rk_cmapss_result *r, rk_err *err)
     r->test_rmse_capped = sqrt(sec / (double)ne);
     r->test_score = score;
 out:
-    r->seconds = now_s() - t0;
+    r->seconds = rk_mono_s() - t0;
     rk_pred_free(m);
     rk_cmapss_free(&train);
     rk_cmapss_free(&test);

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "health/sim.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
@@ -29,13 +30,6 @@ const char *const rk_fleet_feature_names[RK_FLEET_FEATURES] = {
     "pcie_replay", "xid",      "vrm_ripple",    "fan_vibration"};
 
 static const char *const split_names[3] = {"train", "val", "test"};
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 void rk_fleet_data_opts_default(rk_fleet_data_opts *o)
 {
@@ -422,7 +416,7 @@ static int write_manifest(const char *path, const rk_fleet_data_opts *o, const g
 
 int rk_fleet_data_write(const rk_fleet_data_opts *o, rk_fleet_data_report *r, rk_err *err)
 {
-    const double t0 = now_s();
+    const double t0 = rk_mono_s();
     memset(r, 0, sizeof *r);
     if (!o->dir || !*o->dir)
         return rk_err_set(err, RK_EINVAL, "dataset: no output directory");
@@ -495,6 +489,6 @@ out:
     free(events);
     free(all_path);
     free(g);
-    r->seconds = now_s() - t0;
+    r->seconds = rk_mono_s() - t0;
     return rc;
 }

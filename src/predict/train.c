@@ -8,15 +8,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "predict/model.h"
 #include "rekindle/rng.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int check_data(const rk_pred_model *m, const rk_pred_data *d, const char *what, size_t *npos,
                       rk_err *err)
@@ -76,7 +70,7 @@ static int check_opts(const rk_pred_train_opts *o, rk_err *err)
 int rk_pred_train(rk_pred_model *m, const rk_pred_data *train, const rk_pred_data *val,
                   const rk_pred_train_opts *o, rk_pred_report *report, rk_err *err)
 {
-    const double t0 = now_s();
+    const double t0 = rk_mono_s();
     rk_pred_report rep = {0};
     int rc = check_opts(o, err);
     if (rc)
@@ -188,7 +182,7 @@ int rk_pred_train(rk_pred_model *m, const rk_pred_data *train, const rk_pred_dat
                             p[i] *= d;
                     }
         }
-        rk_pred_epoch e = {epoch, sum / (double)n, NAN, now_s() - t0, false};
+        rk_pred_epoch e = {epoch, sum / (double)n, NAN, rk_mono_s() - t0, false};
         if (has_val) {
             rc = o->val_score ? o->val_score(m, o->ctx, &e.val_loss, err)
                               : rk_pred_loss(m, val, pw, &e.val_loss, err);
@@ -215,7 +209,7 @@ int rk_pred_train(rk_pred_model *m, const rk_pred_data *train, const rk_pred_dat
     memcpy(m->p, best, np * sizeof *best);
     rep.best_val_loss = best_val;
 out:
-    rep.seconds = now_s() - t0;
+    rep.seconds = rk_mono_s() - t0;
     if (report)
         *report = rep;
     free(grad);

@@ -1,15 +1,15 @@
 /*
- * Mixed precision (rekindle/amp.h): fp16/bf16 conversions in integer bit arithmetic (one
- * float add for fp16 subnormals, exact under round-to-nearest), with F16C for the fp16 bulk
- * forms when the CPU has it; the dynamic loss scaler's state machine; and its fixed
- * little-endian checkpoint with an XXH64 trailer (libxxhash).
+ * Mixed precision (rekindle/amp.h): the unscale-and-check pass, the dynamic loss scaler's
+ * state machine, and its state as named checkpoint tensors. The fp16/bf16 conversions are in
+ * base/half.c (rekindle/half.h).
  */
 #include "rekindle/amp.h"
 
 #include <math.h>
-#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
+
+#include "base/msg.h"
 
 /* ---- dtypes ---- */
 
@@ -42,237 +42,16 @@ size_t rk_dtype_size(rk_dtype t)
     return 0;
 }
 
-/* ---- conversions ----
- * Written branch-free (selects, not jumps) so the _n loops vectorise. */
+/* ---- unscaling ---- */
+
+/* Rows of a fixed size so that GCC's -O2 cost model vectorises the inner loop. */
+#define BLOCK 16
 
 static inline uint32_t f32_bits(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
-}
-
-static inline float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* All ones when c is true, else 0: selects written as masks, so every lane is computed and
- * the compiler has no branch to keep (it will not if-convert a float op that might trap). */
-static inline uint32_t mask_if(int c)
-{
-    return 0u - (uint32_t)c;
-}
-
-static inline uint32_t pick(uint32_t m, uint32_t a, uint32_t b)
-{
-    return (a & m) | (b & ~m);
-}
-
-static inline uint16_t to_f16(float x)
-{
-    uint32_t u = f32_bits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    /* |x| >= 2^-14: rebias the exponent (127 -> 15), round the 13 dropped bits to nearest
-     * even; a carry moves into the exponent, and from 65520 up into inf (0x7c00). */
-    uint32_t normal = (a - ((127u - 15u) << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
-    /* |x| < 2^-14: adding 0.5f puts units of 2^-24 (fp16's smallest subnormal) in the low
-     * mantissa bits of the sum, rounded to nearest even by the float add itself; subtracting
-     * 0.5f's bits leaves the fp16 bits (0x400, the smallest normal, when it rounds up). The
-     * add sees |x| clamped below 2^-14 so that no lane works on inf or NaN. */
-    uint32_t small = pick(mask_if(a < 0x38800000u), a, 0);
-    uint32_t sub = f32_bits(bits_f32(small) + 0.5f) - 0x3f000000u;
-    /* |x| >= 2^16 (the normal formula is only right below): inf, or a NaN made quiet keeping
-     * the top 9 payload bits */
-    uint32_t special = pick(mask_if(a > 0x7f800000u), 0x7e00u | ((a >> 13) & 0x3ffu), 0x7c00u);
-    uint32_t r = pick(mask_if(a < 0x38800000u), sub, normal);
-    r = pick(mask_if(a >= 0x47800000u), special, r);
-    return (uint16_t)(sign | r);
-}
-
-static inline float from_f16(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = h & 0x7fffu;
-    uint32_t normal = (em << 13) + ((127u - 15u) << 23);
-    /* subnormal (and zero): m * 2^-24, exact as an int to float conversion and a scale */
-    uint32_t sub = f32_bits((float)(int32_t)(em & 0x3ffu) * 0x1p-24f);
-    /* inf, or a NaN made quiet */
-    uint32_t special = 0x7f800000u | (em & 0x3ffu) << 13 | (mask_if(em > 0x7c00u) & 0x00400000u);
-    uint32_t r = pick(mask_if(em < 0x0400u), sub, normal);
-    r = pick(mask_if(em >= 0x7c00u), special, r);
-    return bits_f32(sign | r);
-}
-
-static inline uint16_t to_bf16(float x)
-{
-    uint32_t u = f32_bits(x);
-    /* round to nearest even on the 16 dropped bits; a carry runs into the exponent and from
-     * the overflow threshold up into inf; inf itself has no bits to round */
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    /* NaN: truncate and set the quiet bit, so a payload only in the low bits stays a NaN */
-    uint32_t nan = (u >> 16) | 0x0040u;
-    return (uint16_t)pick(mask_if((u & 0x7fffffffu) > 0x7f800000u), nan, rounded);
-}
-
-static inline float from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    u |= mask_if((u & 0x7fffffffu) > 0x7f800000u) & 0x00400000u; /* NaN: quiet */
-    return bits_f32(u);
-}
-
-uint16_t rk_f32_to_f16(float x)
-{
-    return to_f16(x);
-}
-float rk_f16_to_f32(uint16_t h)
-{
-    return from_f16(h);
-}
-uint16_t rk_f32_to_bf16(float x)
-{
-    return to_bf16(x);
-}
-float rk_bf16_to_f32(uint16_t h)
-{
-    return from_bf16(h);
-}
-
-/* Blocks of a fixed size so that GCC's -O2 cost model (which vectorises only loops whose
- * trip count it knows) vectorises the inner loop; the tail goes one by one. */
-#define BLOCK 16
-
-static void f32_to_f16_portable(const float *restrict src, uint16_t *restrict dst, size_t n)
-{
-    size_t i = 0;
-    for (; i + BLOCK <= n; i += BLOCK)
-        for (int j = 0; j < BLOCK; j++)
-            dst[i + j] = to_f16(src[i + j]);
-    for (; i < n; i++)
-        dst[i] = to_f16(src[i]);
-}
-
-static void f16_to_f32_portable(const uint16_t *restrict src, float *restrict dst, size_t n)
-{
-    size_t i = 0;
-    for (; i + BLOCK <= n; i += BLOCK)
-        for (int j = 0; j < BLOCK; j++)
-            dst[i + j] = from_f16(src[i + j]);
-    for (; i < n; i++)
-        dst[i] = from_f16(src[i]);
-}
-
-/* x86-64 with F16C: the hardware conversions, about 15x (to fp16) and 7x (from fp16) the
- * portable loops (docs/amp.md), chosen at run time. They give the same bits as to_f16/from_f16 for
- * every input (checked over all 2^32 fp32 patterns): the rounding comes from the instruction's
- * immediate, not MXCSR. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define HAVE_F16C 1
-
-__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const float *src, uint16_t *dst,
-                                                                size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(void *)(dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++)
-        dst[i] = to_f16(src[i]);
-}
-
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *src, float *dst,
-                                                                size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(
-            dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + i))));
-    for (; i < n; i++)
-        dst[i] = from_f16(src[i]);
-}
-
-/* CPUID says F16C and AVX, and the OS saves the ymm registers (XCR0 bits 1 and 2). */
-static int cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    if (!(c & bit_OSXSAVE) || !(c & bit_AVX) || !(c & bit_F16C))
-        return 0;
-    unsigned lo, hi;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 6u) == 6u;
-}
-#endif
-
-/* -1 not decided yet, 0 portable, 1 F16C */
-static _Atomic int use_f16c = -1;
-
-int rk_amp_use_f16c(int on)
-{
-#ifdef HAVE_F16C
-    int v = on && cpu_has_f16c();
-#else
-    int v = 0;
-    (void)on;
-#endif
-    atomic_store_explicit(&use_f16c, v, memory_order_relaxed);
-    return v;
-}
-
-static int f16c_on(void)
-{
-    int v = atomic_load_explicit(&use_f16c, memory_order_relaxed);
-    return v >= 0 ? v : rk_amp_use_f16c(1);
-}
-
-void rk_f32_to_f16_n(const float *restrict src, uint16_t *restrict dst, size_t n)
-{
-#ifdef HAVE_F16C
-    if (f16c_on()) {
-        f32_to_f16_f16c(src, dst, n);
-        return;
-    }
-#endif
-    f32_to_f16_portable(src, dst, n);
-}
-
-void rk_f16_to_f32_n(const uint16_t *restrict src, float *restrict dst, size_t n)
-{
-#ifdef HAVE_F16C
-    if (f16c_on()) {
-        f16_to_f32_f16c(src, dst, n);
-        return;
-    }
-#endif
-    f16_to_f32_portable(src, dst, n);
-}
-
-void rk_f32_to_bf16_n(const float *restrict src, uint16_t *restrict dst, size_t n)
-{
-    size_t i = 0;
-    for (; i + BLOCK <= n; i += BLOCK)
-        for (int j = 0; j < BLOCK; j++)
-            dst[i + j] = to_bf16(src[i + j]);
-    for (; i < n; i++)
-        dst[i] = to_bf16(src[i]);
-}
-
-void rk_bf16_to_f32_n(const uint16_t *restrict src, float *restrict dst, size_t n)
-{
-    size_t i = 0;
-    for (; i + BLOCK <= n; i += BLOCK)
-        for (int j = 0; j < BLOCK; j++)
-            dst[i + j] = from_bf16(src[i + j]);
-    for (; i < n; i++)
-        dst[i] = from_bf16(src[i]);
 }
 
 int rk_unscale_check_f32(float *g, size_t n, float inv_scale)
@@ -401,140 +180,101 @@ float rk_loss_scaler_inv(const rk_loss_scaler *s)
     return 1.0f / s->scale;
 }
 
-/* ---- checkpoint ----
- * Offsets (docs/amp.md): 0 magic "RKLS", 4 version, 5 flags (bit 0 consecutive_hysteresis),
- * 6 u16 reserved 0, 8 scale, 12 min_scale, 16 max_scale, 20 growth_factor, 24 backoff_factor
- * (f32), 28 growth_interval, 32 hysteresis, 36 good_steps, 40 hysteresis_left (i32),
- * 44 steps, 52 overflows, 60 overflows_in_row (i64), 68 XXH64 of bytes 0..67. */
+/* ---- checkpoint: named tensors ---- */
 
-#define MAGIC "RKLS"
-#define SUM_AT 68
+/* The tensors, in the order they are saved: F32 first, then I64 (docs/amp.md). */
+static const char *const f32_names[5] = {"amp.scale", "amp.min_scale", "amp.max_scale",
+                                         "amp.growth_factor", "amp.backoff_factor"};
+static const char *const i64_names[8] = {
+    "amp.growth_interval", "amp.hysteresis",      "amp.consecutive_hysteresis",
+    "amp.good_steps",      "amp.hysteresis_left", "amp.steps",
+    "amp.overflows",       "amp.overflows_in_row"};
 
-static void put_u32(uint8_t *b, uint32_t v)
+void rk_loss_scaler_items_fill(const rk_loss_scaler *s, rk_loss_scaler_items *out)
 {
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *b, uint64_t v)
-{
+    const float f[5] = {s->scale, s->min_scale, s->max_scale, s->growth_factor, s->backoff_factor};
+    const int64_t v[8] = {s->growth_interval, s->hysteresis,      s->consecutive_hysteresis,
+                          s->good_steps,      s->hysteresis_left, s->steps,
+                          s->overflows,       s->overflows_in_row};
+    memcpy(out->f32, f, sizeof f);
+    memcpy(out->i64, v, sizeof v);
+    for (int i = 0; i < 5; i++)
+        out->item[i] = (rk_ckpt_item){.name = f32_names[i], .dtype = "F32", .data = &out->f32[i]};
     for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
+        out->item[5 + i] =
+            (rk_ckpt_item){.name = i64_names[i], .dtype = "I64", .data = &out->i64[i]};
 }
 
-static uint32_t get_u32(const uint8_t *b)
+int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err)
 {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
-int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES])
-{
-    if (!s || !out)
-        return RK_EINVAL;
-    memcpy(out, MAGIC, 4);
-    out[4] = RK_LOSS_SCALER_VERSION;
-    out[5] = s->consecutive_hysteresis ? 1 : 0;
-    out[6] = out[7] = 0;
-    put_u32(out + 8, f32_bits(s->scale));
-    put_u32(out + 12, f32_bits(s->min_scale));
-    put_u32(out + 16, f32_bits(s->max_scale));
-    put_u32(out + 20, f32_bits(s->growth_factor));
-    put_u32(out + 24, f32_bits(s->backoff_factor));
-    put_u32(out + 28, (uint32_t)s->growth_interval);
-    put_u32(out + 32, (uint32_t)s->hysteresis);
-    put_u32(out + 36, (uint32_t)s->good_steps);
-    put_u32(out + 40, (uint32_t)s->hysteresis_left);
-    put_u64(out + 44, (uint64_t)s->steps);
-    put_u64(out + 52, (uint64_t)s->overflows);
-    put_u64(out + 60, (uint64_t)s->overflows_in_row);
-    put_u64(out + SUM_AT, XXH64(out, SUM_AT, 0));
-    return RK_OK;
-}
-
-int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err)
-{
-    if (!s || (!in && len > 0))
-        return rk_err_set(err, RK_EINVAL, "loss scaler state: NULL argument");
-    if (len != RK_LOSS_SCALER_BYTES)
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: length %zu bytes, expected %d", len,
-                          RK_LOSS_SCALER_BYTES);
-    if (memcmp(in, MAGIC, 4) != 0)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: bad magic (not a loss scaler state)");
-    if (in[4] != RK_LOSS_SCALER_VERSION)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: version %u is not supported (this build reads %d)",
-                          in[4], RK_LOSS_SCALER_VERSION);
-    if (in[5] & ~1u)
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: flags 0x%02x has unknown bits",
-                          in[5]);
-    if (in[6] || in[7])
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: reserved bytes are not 0");
-    uint64_t stored = get_u64(in + SUM_AT), computed = XXH64(in, SUM_AT, 0);
-    if (stored != computed)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: checksum mismatch (stored %016llx, computed "
-                          "%016llx): the state is corrupt",
-                          (unsigned long long)stored, (unsigned long long)computed);
-
+    if (!s || !f)
+        return rk_err_set(err, RK_EINVAL, "loss scaler: NULL argument");
+    char lb[256];
+    const char *L = rk_msg_show(lb, sizeof lb, f->name ? f->name : "<memory>");
+    if (!rk_st_find(f, "amp.scale")) {
+        if (rk_st_find(f, "scaler.state"))
+            return rk_err_set(err, RK_EFORMAT,
+                              "%s: tensor 'scaler.state' holds the loss scaler in the binary "
+                              "layout of earlier versions, which this version does not read "
+                              "(resume from a newer checkpoint, or start afresh)",
+                              L);
+        return rk_err_set(err, RK_ENOENT, "%s: no loss scaler state (no tensor 'amp.scale')", L);
+    }
+    float fv[5];
+    int64_t v[8];
+    for (int i = 0; i < 13; i++) {
+        int rc = i < 5 ? rk_st_load(f, f32_names[i], "F32", 0, NULL, &fv[i], err)
+                       : rk_st_load(f, i64_names[i - 5], "I64", 0, NULL, &v[i - 5], err);
+        if (rc == RK_ENOENT || rc == RK_EMISMATCH) /* a partial or mistyped state */
+            return err ? (err->code = RK_EFORMAT) : RK_EFORMAT;
+        if (rc < 0)
+            return rc;
+    }
     rk_loss_scaler t;
     memset(&t, 0, sizeof t);
-    t.consecutive_hysteresis = in[5] & 1u;
-    t.scale = bits_f32(get_u32(in + 8));
-    t.min_scale = bits_f32(get_u32(in + 12));
-    t.max_scale = bits_f32(get_u32(in + 16));
-    t.growth_factor = bits_f32(get_u32(in + 20));
-    t.backoff_factor = bits_f32(get_u32(in + 24));
-    int32_t interval = (int32_t)get_u32(in + 28), hyst = (int32_t)get_u32(in + 32);
-    int32_t good = (int32_t)get_u32(in + 36), left = (int32_t)get_u32(in + 40);
-    int64_t steps = (int64_t)get_u64(in + 44), over = (int64_t)get_u64(in + 52);
-    int64_t in_row = (int64_t)get_u64(in + 60);
-
+    t.scale = fv[0];
+    t.min_scale = fv[1];
+    t.max_scale = fv[2];
+    t.growth_factor = fv[3];
+    t.backoff_factor = fv[4];
+    int64_t interval = v[0], hyst = v[1], good = v[3], left = v[4], steps = v[5], over = v[6],
+            in_row = v[7];
+    char what[300];
+    snprintf(what, sizeof what, "%s: loss scaler state", L);
     int rc = check_settings(t.min_scale, t.max_scale, t.growth_factor, t.backoff_factor, interval,
-                            hyst, t.consecutive_hysteresis, RK_EFORMAT, "loss scaler state", err);
+                            hyst, v[2], RK_EFORMAT, what, err);
     if (rc < 0)
         return rc;
     if (!(isfinite(t.scale) && t.scale > 0))
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: scale %g is not finite and > 0",
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.scale %g is not finite and > 0", what,
                           (double)t.scale);
     if (t.scale < t.min_scale || t.scale > t.max_scale)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: scale %g is not in [min_scale %g, max_scale %g]",
+                          "%s: amp.scale %g is not in [min_scale %g, max_scale %g]", what,
                           (double)t.scale, (double)t.min_scale, (double)t.max_scale);
     if (good < 0 || good >= interval)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: good_steps %d is not in 0..%d (growth_interval - 1)",
-                          (int)good, (int)interval - 1);
+                          "%s: amp.good_steps %lld is not in 0..%lld (growth_interval - 1)", what,
+                          (long long)good, (long long)interval - 1);
     if (left < 1 || left > hyst)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: hysteresis_left %d is not in 1..%d (hysteresis)",
-                          (int)left, (int)hyst);
+                          "%s: amp.hysteresis_left %lld is not in 1..%lld (hysteresis)", what,
+                          (long long)left, (long long)hyst);
     if (steps < 0)
-        return rk_err_set(err, RK_EFORMAT, "loss scaler state: steps %lld is negative",
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.steps %lld is negative", what,
                           (long long)steps);
     if (over < 0 || over > steps)
-        return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: overflows %lld is not in 0..%lld (steps)",
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.overflows %lld is not in 0..%lld (steps)", what,
                           (long long)over, (long long)steps);
     if (in_row < 0 || in_row > over)
         return rk_err_set(err, RK_EFORMAT,
-                          "loss scaler state: overflows_in_row %lld is not in 0..%lld (overflows)",
+                          "%s: amp.overflows_in_row %lld is not in 0..%lld (overflows)", what,
                           (long long)in_row, (long long)over);
-    t.growth_interval = interval;
-    t.hysteresis = hyst;
-    t.good_steps = good;
-    t.hysteresis_left = left;
+    t.growth_interval = (int)interval;
+    t.hysteresis = (int)hyst;
+    t.consecutive_hysteresis = (int)v[2];
+    t.good_steps = (int)good;
+    t.hysteresis_left = (int)left;
     t.steps = steps;
     t.overflows = over;
     t.overflows_in_row = in_row;

@@ -1,17 +1,17 @@
 /*
  * Batch policies: even, throughput and fault-aware splits of a fixed global batch (see
- * rekindle/batch.h for the formulas, the rounding rule and the state blob). Shares are
- * computed exactly with 128-bit integers on quantised weights; the state blob is checked with
- * XXH64 from libxxhash.
+ * rekindle/batch.h for the formulas, the rounding rule and the checkpoint tensors). Shares
+ * are computed exactly with 128-bit integers on quantised weights.
  */
 #include "rekindle/batch.h"
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <xxhash.h>
+#include "base/msg.h"
 
 __extension__ typedef unsigned __int128 u128;
 
@@ -23,10 +23,6 @@ struct rk_batch_policy {
 };
 
 #define QUANT_BITS 62 /* weights are quantised to 2^-62 of the largest one */
-#define STATE_MAGIC "RKBATCH"
-#define STATE_HEADER 32
-#define STATE_PER_RANK 24
-#define STATE_TRAILER 8
 
 static const char *const kind_names[] = {"even", "throughput", "fault-aware"};
 
@@ -371,154 +367,168 @@ int rk_batch_policy_resize(rk_batch_policy *p, const int *keep, int nkeep, rk_er
     return RK_OK;
 }
 
-/* ---- state blob ---- */
+/* ---- state: one rank, and the checkpoint tensors ---- */
 
-static void put_u32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_f64(uint8_t *b, double v)
-{
-    uint64_t u;
-    memcpy(&u, &v, sizeof u);
-    put_u64(b, u);
-}
-
-static uint32_t get_u32(const uint8_t *b)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)b[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)b[i] << (8 * i);
-    return v;
-}
-
-static double get_f64(const uint8_t *b)
-{
-    uint64_t u = get_u64(b);
-    double v;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
-
-static size_t state_len(uint32_t nranks)
-{
-    return STATE_HEADER + (size_t)nranks * STATE_PER_RANK + STATE_TRAILER;
-}
-
-int rk_batch_state_save(const rk_batch_policy *p, uint8_t **blob, size_t *len, rk_err *err)
-{
-    if (!p || !blob || !len)
-        return rk_err_set(err, RK_EINVAL, "batch state: NULL argument");
-    *blob = NULL;
-    *len = 0;
-    size_t n = state_len((uint32_t)p->n);
-    uint8_t *b = malloc(n);
-    if (!b)
-        return rk_err_set(err, RK_ENOMEM, "batch state: out of memory for %zu bytes", n);
-    memcpy(b, STATE_MAGIC, 8); /* with its NUL */
-    put_u32(b + 8, RK_BATCH_STATE_VERSION);
-    put_u32(b + 12, (uint32_t)p->kind);
-    put_u32(b + 16, (uint32_t)p->n);
-    put_u32(b + 20, 0);
-    put_u64(b + 24, (uint64_t)p->b);
-    for (int i = 0; i < p->n; i++) {
-        uint8_t *e = b + STATE_HEADER + (size_t)i * STATE_PER_RANK;
-        put_f64(e, p->rank[i].throughput);
-        put_u64(e + 8, p->rank[i].observations);
-        put_f64(e + 16, p->rank[i].fault_rate);
-    }
-    put_u64(b + n - STATE_TRAILER, XXH64(b, n - STATE_TRAILER, 0));
-    *blob = b;
-    *len = n;
-    return RK_OK;
-}
-
-static int check_rank_state(const rk_batch_rank_state *r, int i, rk_err *err)
+/* The invariants of a rank's state; `code` is RK_EINVAL for a caller's value, RK_EFORMAT for
+ * one read from a file; `what` starts the message. */
+static int check_rank_state(const rk_batch_rank_state *r, int i, int code, const char *what,
+                            rk_err *err)
 {
     if (r->observations == 0 && (r->throughput != 0.0 || signbit(r->throughput)))
-        return rk_err_set(err, RK_EFORMAT,
-                          "batch state: rank %d: throughput %g with no observations (must be 0)", i,
-                          r->throughput);
+        return rk_err_set(err, code, "%s: rank %d: throughput %g with no observations (must be 0)",
+                          what, i, r->throughput);
     if (r->observations > 0 && !(r->throughput > 0.0 && r->throughput <= RK_BATCH_MAX_RATE))
-        return rk_err_set(err, RK_EFORMAT, "batch state: rank %d: throughput %g is not in (0, %g]",
-                          i, r->throughput, RK_BATCH_MAX_RATE);
+        return rk_err_set(err, code, "%s: rank %d: throughput %g is not in (0, %g]", what, i,
+                          r->throughput, RK_BATCH_MAX_RATE);
     if (!(r->fault_rate >= 0.0 && r->fault_rate <= RK_BATCH_MAX_RATE))
-        return rk_err_set(err, RK_EFORMAT, "batch state: rank %d: fault rate %g is not in [0, %g]",
-                          i, r->fault_rate, RK_BATCH_MAX_RATE);
+        return rk_err_set(err, code, "%s: rank %d: fault rate %g is not in [0, %g]", what, i,
+                          r->fault_rate, RK_BATCH_MAX_RATE);
     return RK_OK;
 }
 
-int rk_batch_state_load(rk_batch_policy **out, const uint8_t *blob, size_t len, rk_err *err)
+int rk_batch_rank_set(rk_batch_policy *p, int rank, const rk_batch_rank_state *st, rk_err *err)
 {
-    if (!out || (!blob && len > 0))
+    if (!st)
+        return rk_err_set(err, RK_EINVAL, "batch policy: NULL argument");
+    int rc = check_rank(p, rank, err);
+    if (rc < 0)
+        return rc;
+    if ((rc = check_rank_state(st, rank, RK_EINVAL, "batch policy", err)) < 0)
+        return rc;
+    p->rank[rank] = *st;
+    return RK_OK;
+}
+
+int rk_batch_items_fill(const rk_batch_policy *p, rk_batch_items *out, rk_err *err)
+{
+    if (!p || !out)
+        return rk_err_set(err, RK_EINVAL, "batch state: NULL argument");
+    memset(out, 0, sizeof *out);
+    size_t n = (size_t)p->n;
+    out->throughput = malloc(n * sizeof(double));
+    out->fault_rate = malloc(n * sizeof(double));
+    out->observations = malloc(n * sizeof(int64_t));
+    if (!out->throughput || !out->fault_rate || !out->observations) {
+        rk_batch_items_free(out);
+        return rk_err_set(err, RK_ENOMEM, "batch state: out of memory for %d ranks", p->n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        out->throughput[i] = p->rank[i].throughput;
+        out->fault_rate[i] = p->rank[i].fault_rate;
+        out->observations[i] = p->rank[i].observations > (uint64_t)INT64_MAX
+                                   ? INT64_MAX
+                                   : (int64_t)p->rank[i].observations;
+    }
+    out->kind = p->kind;
+    out->global_batch = p->b;
+    out->shape[0] = p->n;
+    out->item[0] = (rk_ckpt_item){.name = "batch.kind", .dtype = "I64", .data = &out->kind};
+    out->item[1] =
+        (rk_ckpt_item){.name = "batch.global_batch", .dtype = "I64", .data = &out->global_batch};
+    out->item[2] = (rk_ckpt_item){.name = "batch.throughput",
+                                  .dtype = "F64",
+                                  .ndim = 1,
+                                  .shape = out->shape,
+                                  .data = out->throughput};
+    out->item[3] = (rk_ckpt_item){.name = "batch.observations",
+                                  .dtype = "I64",
+                                  .ndim = 1,
+                                  .shape = out->shape,
+                                  .data = out->observations};
+    out->item[4] = (rk_ckpt_item){.name = "batch.fault_rate",
+                                  .dtype = "F64",
+                                  .ndim = 1,
+                                  .shape = out->shape,
+                                  .data = out->fault_rate};
+    return RK_OK;
+}
+
+void rk_batch_items_free(rk_batch_items *it)
+{
+    if (!it)
+        return;
+    free(it->throughput);
+    free(it->fault_rate);
+    free(it->observations);
+    it->throughput = it->fault_rate = NULL;
+    it->observations = NULL;
+}
+
+/* rk_st_load, with a missing or mistyped tensor as RK_EFORMAT: the state is incomplete. */
+static int load_part(const rk_st_file *f, const char *name, const char *dtype, int ndim,
+                     const int64_t *shape, void *dst, rk_err *err)
+{
+    int rc = rk_st_load(f, name, dtype, ndim, shape, dst, err);
+    if (rc == RK_ENOENT || rc == RK_EMISMATCH)
+        return err ? (err->code = RK_EFORMAT) : RK_EFORMAT;
+    return rc;
+}
+
+int rk_batch_load(rk_batch_policy **out, const rk_st_file *f, rk_err *err)
+{
+    if (!out || !f)
         return rk_err_set(err, RK_EINVAL, "batch state: NULL argument");
     *out = NULL;
-    if (len < STATE_HEADER)
-        return rk_err_set(err, RK_EFORMAT,
-                          "batch state: blob is %zu bytes, shorter than the %d-byte header", len,
-                          STATE_HEADER);
-    if (memcmp(blob, STATE_MAGIC, 8) != 0)
-        return rk_err_set(err, RK_EFORMAT,
-                          "batch state: bad magic (not a batch policy state blob)");
-    uint32_t version = get_u32(blob + 8), kind = get_u32(blob + 12), n = get_u32(blob + 16);
-    uint32_t reserved = get_u32(blob + 20);
-    int64_t b = (int64_t)get_u64(blob + 24);
-    if (version != RK_BATCH_STATE_VERSION)
-        return rk_err_set(err, RK_EFORMAT,
-                          "batch state: version %u is not supported (this build reads %u)", version,
-                          RK_BATCH_STATE_VERSION);
+    char lb[256], what[300];
+    const char *L = rk_msg_show(lb, sizeof lb, f->name ? f->name : "<memory>");
+    snprintf(what, sizeof what, "%s: batch state", L);
+    const rk_st_tensor *tt = rk_st_find(f, "batch.throughput");
+    if (!rk_st_find(f, "batch.kind")) {
+        if (rk_st_find(f, "policy"))
+            return rk_err_set(err, RK_EFORMAT,
+                              "%s: tensor 'policy' holds the batch policy in the binary layout "
+                              "of earlier versions, which this version does not read (resume "
+                              "from a newer checkpoint, or start afresh)",
+                              L);
+        return rk_err_set(err, RK_ENOENT, "%s: no batch policy state (no tensor 'batch.kind')", L);
+    }
+    int64_t kind, b;
+    int rc = load_part(f, "batch.kind", "I64", 0, NULL, &kind, err);
+    if (!rc)
+        rc = load_part(f, "batch.global_batch", "I64", 0, NULL, &b, err);
+    if (rc)
+        return rc;
     if (!kind_valid((long)kind))
-        return rk_err_set(err, RK_EFORMAT, "batch state: unknown kind %u", kind);
+        return rk_err_set(err, RK_EFORMAT, "%s: batch.kind %lld is not 0, 1 or 2", what,
+                          (long long)kind);
+    if (!tt || tt->ndim != 1)
+        return rk_err_set(err, RK_EFORMAT, "%s: batch.throughput is %s", what,
+                          tt ? "not 1-D" : "missing");
+    int64_t n = tt->shape[0];
     if (n < 1 || n > RK_BATCH_MAX_RANKS)
-        return rk_err_set(err, RK_EFORMAT, "batch state: nranks %u is outside 1..%d", n,
+        return rk_err_set(err, RK_EFORMAT, "%s: %lld ranks is outside 1..%d", what, (long long)n,
                           RK_BATCH_MAX_RANKS);
-    if (reserved != 0)
-        return rk_err_set(err, RK_EFORMAT, "batch state: reserved field is %u, not 0", reserved);
-    if (b < (int64_t)n)
+    if (b < n)
         return rk_err_set(err, RK_EFORMAT,
-                          "batch state: global batch %lld is smaller than nranks %u", (long long)b,
-                          n);
-    if (len != state_len(n))
-        return rk_err_set(err, RK_EFORMAT,
-                          "batch state: blob is %zu bytes, expected %zu for %u ranks", len,
-                          state_len(n), n);
-    uint64_t stored = get_u64(blob + len - STATE_TRAILER);
-    uint64_t computed = XXH64(blob, len - STATE_TRAILER, 0);
-    if (stored != computed)
-        return rk_err_set(err, RK_EFORMAT,
-                          "batch state: checksum mismatch (stored %016llx, computed %016llx): "
-                          "the blob is corrupt",
-                          (unsigned long long)stored, (unsigned long long)computed);
+                          "%s: batch.global_batch %lld is smaller than the %lld ranks", what,
+                          (long long)b, (long long)n);
     rk_batch_policy *p = policy_new((rk_batch_kind)kind, (int)n, b);
-    if (!p)
-        return rk_err_set(err, RK_ENOMEM, "batch state: out of memory for %u ranks", n);
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *e = blob + STATE_HEADER + (size_t)i * STATE_PER_RANK;
-        rk_batch_rank_state *r = &p->rank[i];
-        r->throughput = get_f64(e);
-        r->observations = get_u64(e + 8);
-        r->fault_rate = get_f64(e + 16);
-        int rc = check_rank_state(r, (int)i, err);
-        if (rc < 0) {
-            rk_batch_policy_free(p);
-            return rc;
+    double *thr = malloc((size_t)n * sizeof(double)), *fr = malloc((size_t)n * sizeof(double));
+    int64_t *obs = malloc((size_t)n * sizeof(int64_t));
+    if (!p || !thr || !fr || !obs)
+        rc = rk_err_set(err, RK_ENOMEM, "batch state: out of memory for %lld ranks", (long long)n);
+    const int64_t shape[1] = {n};
+    if (!rc)
+        rc = load_part(f, "batch.throughput", "F64", 1, shape, thr, err);
+    if (!rc)
+        rc = load_part(f, "batch.observations", "I64", 1, shape, obs, err);
+    if (!rc)
+        rc = load_part(f, "batch.fault_rate", "F64", 1, shape, fr, err);
+    for (int64_t i = 0; !rc && i < n; i++) {
+        if (obs[i] < 0) {
+            rc = rk_err_set(err, RK_EFORMAT, "%s: rank %lld: observations %lld is negative", what,
+                            (long long)i, (long long)obs[i]);
+            break;
         }
+        p->rank[i] = (rk_batch_rank_state){thr[i], (uint64_t)obs[i], fr[i]};
+        rc = check_rank_state(&p->rank[i], (int)i, RK_EFORMAT, what, err);
+    }
+    free(thr);
+    free(fr);
+    free(obs);
+    if (rc) {
+        rk_batch_policy_free(p);
+        return rc;
     }
     *out = p;
     return RK_OK;

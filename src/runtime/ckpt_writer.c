@@ -3,6 +3,7 @@
  * into owned memory at a step boundary and runs rk_ckpt_save in a POSIX thread, one write in
  * flight at a time. pthread comes with glibc's libc (2.34 and later); no extra link needed.
  */
+#include "base/clock.h"
 #include "rekindle/ckpt.h"
 #include "runtime/ckpt_internal.h"
 
@@ -136,13 +137,6 @@ static int snap_take(snapshot *s, const rk_ckpt_meta *meta, const rk_ckpt_item *
     return RK_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void *write_main(void *arg)
 {
     rk_ckpt_writer *w = arg;
@@ -151,10 +145,10 @@ static void *write_main(void *arg)
      * keeps its cores and the write fills the gaps. The disk does not care about nice. */
     (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
 #endif
-    double t0 = now_s();
+    double t0 = rk_mono_s();
     w->rc = rk_ckpt_save_in(w->dir, &w->snap.meta, w->snap.items, w->snap.n, w->keep, false,
                             &w->err);
-    w->seconds = now_s() - t0;
+    w->seconds = rk_mono_s() - t0;
     atomic_store(&w->done, 1);
     return NULL;
 }

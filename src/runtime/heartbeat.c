@@ -32,65 +32,6 @@
 
 /* ---- text ------------------------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 character at p (at most avail bytes) and its code point, or 0 if
- * the bytes there are not one (overlong forms, surrogates and > U+10FFFF are not). */
-static size_t utf8_next(const unsigned char *p, size_t avail, uint32_t *cp)
-{
-    unsigned char c = p[0];
-    size_t n;
-    unsigned char lo = 0x80, hi = 0xbf; /* the allowed range of the second byte */
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    } else if (c >= 0xc2 && c <= 0xdf) {
-        n = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    if (avail < n || p[1] < lo || p[1] > hi)
-        return 0;
-    uint32_t v = c & (0x7f >> n);
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-        v = (v << 6) | (p[i] & 0x3f);
-    }
-    *cp = v;
-    return n;
-}
-
-/* C0 controls, DEL and the C1 controls. */
-static bool is_control(uint32_t cp)
-{
-    return cp < 0x20 || (cp >= 0x7f && cp <= 0x9f);
-}
-
-/* Valid UTF-8 without control characters. */
-static bool text_ok(const char *s, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        size_t n = utf8_next(p + i, len - i, &cp);
-        if (n == 0 || is_control(cp))
-            return false;
-        i += n;
-    }
-    return true;
-}
-
 /* [a-z_]{1,} */
 static bool word_ok(const char *s, size_t len)
 {
@@ -100,31 +41,6 @@ static bool word_ok(const char *s, size_t len)
         if (!((s[i] >= 'a' && s[i] <= 'z') || s[i] == '_'))
             return false;
     return true;
-}
-
-/* `s` cleaned into dst[cap]: control characters and bytes that are not UTF-8 become '?',
- * cut on a character boundary to fit. */
-static void clean_text(char *dst, size_t cap, const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t len = strlen(s), i = 0, j = 0;
-    while (i < len) {
-        uint32_t cp;
-        size_t n = utf8_next(p + i, len - i, &cp);
-        if (n == 0 || is_control(cp)) {
-            if (j + 1 >= cap)
-                break;
-            dst[j++] = '?';
-            i += n ? n : 1;
-            continue;
-        }
-        if (j + n >= cap)
-            break;
-        memcpy(dst + j, p + i, n);
-        i += n;
-        j += n;
-    }
-    dst[j] = '\0';
 }
 
 /* ---- the rules, shared by the parser and the formatter ---------------------------------- */
@@ -185,7 +101,7 @@ static int check_str(const sspec *s, const char *v, int code, rk_err *err)
     size_t n = strnlen(v, s->cap);
     bool ok = n < s->cap;
     if (ok && s->kind == TEXT)
-        ok = text_ok(v, n);
+        ok = rk_text_ok(v, n);
     else if (ok && s->kind == WORD)
         ok = word_ok(v, n);
     else if (ok)
@@ -833,7 +749,7 @@ int rk_hb_event(rk_hb *h, int64_t step, const char *kind, int blame, const char 
                    .lost_steps = lost_steps};
     copy_word(m.kind, sizeof m.kind, kind);
     copy_word(m.action, sizeof m.action, action);
-    clean_text(m.detail, sizeof m.detail, detail ? detail : "");
+    rk_text_clean(m.detail, sizeof m.detail, detail ? detail : "");
     return hb_send(h, &m);
 }
 

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+#include <time.h>
 #include "base/clock.h"
 #include "health/sim.h"
 #include "rekindle/health.h"
