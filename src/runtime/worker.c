@@ -442,7 +442,7 @@ static int replica_check(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err 
         int rc = rk_comm_allgather_u64(w->comm, rk_worker_state_hash(w), all, err);
         int bad = rc ? 0 : rk_guard_vote(all, nranks, &root, flags, &strict);
         if (!rc && bad) {
-            char who[96] = "", detail[200];
+            char who[96] = "", detail[400];
             size_t k = 0;
             int blame = -1;
             for (int r = 0; r < nranks && k + 8 < sizeof who; r++)
