@@ -36,7 +36,7 @@ sup() {
   local name=$1; shift
   "$rk" run -n 2 --ckpt-dir "$work/$name.ck" --heartbeat-timeout 3 --quiet \
     --events "$work/$name.events" --summary-json "$work/$name.sum" "$@" \
-    -- "$trainer" --steps 300 --hash-file "$work/$name.hash" >"$work/$name.out" 2>&1
+    -- "$trainer" --steps 300 --sleep-ms 2 --hash-file "$work/$name.hash" >"$work/$name.out" 2>&1
 }
 
 if sup ref; then ok "fault-free run under rk run finishes"

@@ -33,6 +33,7 @@ typedef struct opts {
     int batch;
     float lr, momentum;
     uint64_t seed;
+    int sleep_ms; /* 0..999 ms more per step, as a bigger model would take */
     const char *hash_file;
 } opts;
 
@@ -102,15 +103,20 @@ static int parse(int argc, char **argv, opts *o)
             o->steps = strtoll(v, NULL, 10);
         else if (!strcmp(argv[i], "--seed") && v)
             o->seed = strtoull(v, NULL, 10);
+        else if (!strcmp(argv[i], "--sleep-ms") && v)
+            o->sleep_ms = atoi(v);
         else if (!strcmp(argv[i], "--hash-file") && v)
             o->hash_file = v;
         else {
-            fprintf(stderr, "usage: trainer [--steps N] [--seed N] [--hash-file FILE]\n");
+            fprintf(stderr,
+                    "usage: trainer [--steps N] [--seed N] [--sleep-ms N] [--hash-file FILE]\n");
             return -1;
         }
         i++;
     }
-    return o->steps >= 0 && o->steps < (int64_t)1 << 40 ? 0 : -1;
+    return o->steps >= 0 && o->steps < (int64_t)1 << 40 && o->sleep_ms >= 0 && o->sleep_ms < 1000
+               ? 0
+               : -1;
 }
 
 static double mono_s(void)
@@ -135,6 +141,8 @@ static int train(const opts *o, rk_comm *comm, rk_worker *w, const float *x, con
             continue;
         }
         double loss = local_grad(o, x, y, wt, *step, rank, world, g);
+        if (o->sleep_ms > 0)
+            nanosleep(&(struct timespec){0, o->sleep_ms * 1000000L}, NULL);
         if ((rc = rk_worker_grads(w, *step, err)) ||
             (rc = rk_comm_allreduce_sum_f32(comm, g, NW, err)) ||
             (rc = rk_comm_allreduce_sum_f64(comm, &loss, 1, err)))
