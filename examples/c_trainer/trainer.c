@@ -97,7 +97,8 @@ static int exit_status(int code)
 static int parse(int argc, char **argv, opts *o)
 {
     *o = (opts){.steps = 300, .batch = 64, .lr = 0.5f, .momentum = 0.9f, .seed = 1};
-    for (int i = 1; i < argc; i++) {
+    int bad = 0;
+    for (int i = 1; i < argc && !bad; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--steps") && v)
             o->steps = strtoll(v, NULL, 10);
@@ -107,16 +108,16 @@ static int parse(int argc, char **argv, opts *o)
             o->sleep_ms = atoi(v);
         else if (!strcmp(argv[i], "--hash-file") && v)
             o->hash_file = v;
-        else {
-            fprintf(stderr,
-                    "usage: trainer [--steps N] [--seed N] [--sleep-ms N] [--hash-file FILE]\n");
-            return -1;
-        }
-        i++;
+        else
+            bad = 1;
     }
-    return o->steps >= 0 && o->steps < (int64_t)1 << 40 && o->sleep_ms >= 0 && o->sleep_ms < 1000
-               ? 0
-               : -1;
+    if (bad || o->steps < 0 || o->steps > (int64_t)1 << 40 || o->sleep_ms < 0 ||
+        o->sleep_ms > 999) {
+        fprintf(stderr, "usage: trainer [--steps N] [--seed N] [--sleep-ms 0..999] "
+                        "[--hash-file FILE]\n");
+        return -1;
+    }
+    return 0;
 }
 
 static double mono_s(void)
