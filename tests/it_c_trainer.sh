@@ -60,16 +60,19 @@ ev = [json.loads(l) for l in open(sys.argv[1])]
 kinds = {}
 for e in ev:
     kinds.setdefault(e["kind"], []).append(e)
-# with 2 ranks a mismatch has no majority: nobody is blamed, the detail names the rank
-want = {"crash": (1, "relaunch"), "hang": (0, "relaunch"), "replica_mismatch": (None, "rollback")}
+# which rank's end rk run reads first after a crash is a race (mpirun kills the other at
+# once), so the crash's rank is not checked here; the inject events name the faulty ranks.
+# With 2 ranks a mismatch has no majority: nobody is blamed, the detail names the rank.
+want = {"crash": (None, "relaunch"), "hang": (0, "relaunch"), "replica_mismatch": (None, "rollback")}
 for kind, (rank, action) in want.items():
     assert kind in kinds, f"no {kind} event in {sorted(kinds)}"
     e = kinds[kind][0]
-    assert e["rank"] == rank and e["action"] == action, f"{kind}: {e}"
+    assert (rank is None or e["rank"] == rank) and e["action"] == action, f"{kind}: {e}"
     print(f"{kind}: rank {e['rank']} {e['action']} lost {e['lost_steps']}")
 rm = kinds["replica_mismatch"][0]
 assert "rank 1 differ" in rm["detail"] and "replaying from step 130" in rm["detail"], rm
-assert len(kinds.get("inject", [])) == 3, "three injections logged"
+inj = sorted((e["rank"], e["detail"]) for e in kinds.get("inject", []))
+assert [r for r, _ in inj] == [0, 1, 1] and len(inj) == 3, f"injections: {inj}"
 s = json.load(open(sys.argv[2]))
 assert s["restarts"] == 2 and s["quarantined"] == 0, s
 PY
