@@ -782,8 +782,7 @@ fail:
     if (loss_log)
         fclose(loss_log);
     int code = rc ? rc : err.code;
-    /* a full, read-only or failing disk: its own status, so that rk run does not blame a GPU */
-    int status = code == RK_ESTORAGE ? RK_EXIT_STORAGE : rk_cli_status(code);
+    int status = rk_worker_exit_status(code);
     rk_worker_close(w, res.steps, status, err.msg);
     rk_model_destroy(&m);
     rk_dataset_free(&train);

@@ -1,10 +1,10 @@
 /*
  * The worker runtime (rekindle/worker.h) on one rank without a supervisor: registration is
- * checked; the replica check snapshots every K steps and a rollback returns every kind of
- * buffer but the gradient to it; the step calls change nothing in a fault-free run; RK_INJECT
- * bitflip lands in a parameter and nan in a gradient at the chosen step; the built-in
- * checkpoint format saves, refuses a fresh start into a used directory, and resumes the same
- * bits; the final checkpoint is skipped when the last step was just saved.
+ * checked, error codes map to the exit statuses rk run reads; the replica check snapshots every K
+ * steps and a rollback returns every kind of buffer but the gradient to it; RK_INJECT bitflip lands
+ * in a parameter and nan in a gradient at the chosen step; the built-in checkpoint format saves,
+ * refuses a fresh start into a used directory, and resumes the same bits; the final checkpoint is
+ * skipped when the last step was just saved.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -76,6 +76,14 @@ static void registration_is_checked(void **state)
     assert_int_equal(rk_worker_add_bytes(f.w, RK_WORKER_PARAM, "b", x, 8, &err), RK_EINVAL);
     assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "", x, 2, &err), RK_EINVAL);
     assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "z", x, 0, &err), RK_EINVAL);
+    /* the statuses rk run reads (docs/protocol.md) */
+    assert_int_equal(rk_worker_exit_status(RK_OK), RK_EXIT_OK);
+    assert_int_equal(rk_worker_exit_status(RK_EINVAL), RK_EXIT_USAGE);
+    assert_int_equal(rk_worker_exit_status(RK_ECOMM), RK_EXIT_COMM);
+    assert_int_equal(rk_worker_exit_status(RK_ESTOPPED), RK_EXIT_STOPPED);
+    assert_int_equal(rk_worker_exit_status(RK_EGUARD), RK_EXIT_GUARD);
+    assert_int_equal(rk_worker_exit_status(RK_ESTORAGE), RK_EXIT_STORAGE);
+    assert_int_equal(rk_worker_exit_status(RK_EIO), RK_EXIT_FAIL);
     close_worker(&f);
 }
 

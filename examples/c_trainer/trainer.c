@@ -81,19 +81,6 @@ static double local_grad(const opts *o, const float *x, const float *y, const fl
     return loss;
 }
 
-static int exit_status(int code)
-{
-    switch (code) {
-    case RK_OK: return RK_EXIT_OK;
-    case RK_EINVAL: return RK_EXIT_USAGE;
-    case RK_ECOMM: return RK_EXIT_COMM;
-    case RK_ESTOPPED: return RK_EXIT_STOPPED;
-    case RK_EGUARD: return RK_EXIT_GUARD;
-    case RK_ESTORAGE: return RK_EXIT_STORAGE;
-    default: return RK_EXIT_FAIL;
-    }
-}
-
 static int parse(int argc, char **argv, opts *o)
 {
     *o = (opts){.steps = 300, .batch = 64, .lr = 0.5f, .momentum = 0.9f, .seed = 1};
@@ -220,7 +207,7 @@ int main(int argc, char **argv)
     }
     if (rc)
         fprintf(stderr, "c_trainer (rank %d): %s\n", rank, err.msg[0] ? err.msg : rk_strerror(rc));
-    int status = exit_status(rc);
+    int status = rk_worker_exit_status(rc);
     rk_worker_close(w, step, status, rc ? err.msg : NULL);
     rk_comm_close(comm);
     return status;

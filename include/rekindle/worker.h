@@ -95,6 +95,12 @@ RK_API int rk_worker_add_bytes(rk_worker *w, rk_worker_buf kind, const char *nam
  * resumed checkpoint's). Without RK_HEARTBEAT: nothing. Once. */
 RK_API int rk_worker_hello(rk_worker *w, int64_t start_step, rk_err *err);
 
+/* The exit status (rekindle/heartbeat.h, RK_EXIT_*) a worker returns for an error code, as
+ * `rk run` reads it: 0 for RK_OK; 2 bad usage or input (RK_EINVAL, RK_EFORMAT, RK_ENOENT,
+ * RK_EMISMATCH, RK_EBUSY); 3 RK_ECOMM; 4 RK_ESTOPPED; 5 a guard that gave up or non-finite
+ * weights (RK_EGUARD, RK_ENONFINITE); 6 storage (RK_ESTORAGE); 1 anything else. */
+RK_API int rk_worker_exit_status(int code);
+
 /* Say goodbye and free (NULL-safe). status is the exit status the process is about to
  * return (rekindle/heartbeat.h, RK_EXIT_*): bye "done" for 0, "stopped" for 4; for 2, 3, 5
  * and 6 an "exit" event naming the failure, with `why` (NULL: none) as its detail. */

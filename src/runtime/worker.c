@@ -153,6 +153,26 @@ int rk_worker_hello(rk_worker *w, int64_t start_step, rk_err *err)
     return rk_hb_open(&w->hb, w->rank, w->world, w->device, start_step, err);
 }
 
+int rk_worker_exit_status(int code)
+{
+    switch (code) {
+    case RK_OK: return RK_EXIT_OK;
+    case RK_EINVAL:
+    case RK_EFORMAT:
+    case RK_ENOENT:
+    case RK_EMISMATCH:
+    case RK_EBUSY: return RK_EXIT_USAGE;
+    case RK_ECOMM: return RK_EXIT_COMM;
+    case RK_ESTOPPED: return RK_EXIT_STOPPED;
+    case RK_EGUARD:
+    case RK_ENONFINITE:
+        return RK_EXIT_GUARD; /* wrong numbers: back to the last good state */
+    /* a full, read-only or failing disk: its own status, so that rk run does not blame a GPU */
+    case RK_ESTORAGE: return RK_EXIT_STORAGE;
+    default: return RK_EXIT_FAIL;
+    }
+}
+
 void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why)
 {
     if (!w)
