@@ -24,8 +24,9 @@
 #include "rekindle/ckpt.h"
 #include "rekindle/comm.h"
 #include "rekindle/fileio.h"
+#include "rekindle/heartbeat.h"
+#include "rekindle/worker.h"
 #include "rk.h"
-#include "worker.h"
 
 static const char usage_text[] =
     "usage: rk train [OPTIONS]\n"
@@ -94,6 +95,7 @@ typedef struct train_opts {
     int64_t ckpt_every; /* 0: auto */
     double mtbf;
     int threads;
+    int64_t hash_every;
     rk_compress compress;
     rk_loss_scaler_opts scaler;
     rk_train_config cfg;
@@ -201,6 +203,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
     o->keep = RK_CKPT_KEEP_DEFAULT;
     o->ckpt_every = RK_CKPT_EVERY_DEFAULT;
     o->mtbf = 3600.0;
+    o->hash_every = 10;
     o->model = "cnn-small";
     o->data = RK_FMNIST_DEFAULT_DIR;
     rk_train_config_default(&o->cfg, kind);
@@ -294,7 +297,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
                 return usage_error("--guard '%s' is not on or off", optarg);
             break;
         case OPT_HASH_EVERY:
-            if (rk_arg_step(&args, "--hash-every", optarg, 0, &o->cfg.hash_every))
+            if (rk_arg_step(&args, "--hash-every", optarg, 0, &o->hash_every))
                 return RK_EXIT_USAGE;
             break;
         case OPT_SPIKE_Z: {
@@ -510,7 +513,7 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
  * gathered from every rank each step so all ranks feed the policy the same numbers. */
 typedef struct policy_glue {
     rk_batch_policy *policy;
-    rk_comm *comm;
+    rk_worker *worker;
 } policy_glue;
 
 static int glue_shares(void *user, int64_t global, int nranks, int64_t *shares, rk_err *err)
@@ -523,21 +526,7 @@ static int glue_observe(void *user, int64_t step, int n_local, double seconds, r
 {
     (void)step;
     policy_glue *g = user;
-    int nranks = rk_comm_size(g->comm);
-    uint64_t mine, *all = malloc((size_t)nranks * sizeof *all);
-    if (!all)
-        return rk_err_set(err, RK_ENOMEM, "throughput policy: out of memory");
-    double rate = n_local > 0 && seconds > 0 ? n_local / seconds : 0.0;
-    memcpy(&mine, &rate, sizeof mine);
-    int rc = rk_comm_allgather_u64(g->comm, mine, all, err);
-    for (int r = 0; r < nranks && !rc; r++) {
-        double v;
-        memcpy(&v, &all[r], sizeof v);
-        if (v > 0) /* a rank with no samples this step has nothing to report */
-            rc = rk_batch_observe_throughput(g->policy, r, v, err);
-    }
-    free(all);
-    return rc;
+    return rk_worker_observe(g->worker, g->policy, n_local, seconds, err);
 }
 
 /* --fault-rates "a,b,c": exactly one non-negative number per rank. */
@@ -571,119 +560,72 @@ static int parse_fault_rates(const char *list, rk_batch_policy *p, int nranks, r
     return RK_OK;
 }
 
-/* Valid checkpoints already in DIR (0 when it is missing or holds none). A checkpoint that
- * cannot be read is an error (*rc, err), never "none". */
-static size_t valid_checkpoints(const char *dir, int *rc, rk_err *err)
+/* The model's and optimiser's buffers, as the worker runtime sees them: each parameter tensor
+ * (where an injected bitflip lands) and its gradient (nan, gradflip), the optimiser's moments
+ * and step count (hashed across replicas, repaired from the majority), and this rank's own
+ * state that a rollback restores: error-feedback residuals, the loss scaler. */
+static int register_buffers(rk_worker *w, rk_model *m, rk_optim *opt, rk_compressor *z,
+                            rk_loss_scaler *scaler, rk_err *err)
 {
-    rk_ckpt_info *items = NULL;
-    size_t n = 0, ntemp = 0, valid = 0;
-    *rc = RK_OK;
-    if (rk_ckpt_list(dir, &items, &n, &ntemp, NULL) == RK_OK)
-        for (size_t i = 0; i < n && !*rc; i++) {
-            valid += items[i].valid != 0;
-            if (items[i].unreadable)
-                *rc = rk_err_set(err, RK_EIO, "--ckpt-dir %s: %s", dir, items[i].problem);
-        }
-    free(items);
-    return valid;
-}
-
-/* Whether this run takes DIR's writer lock: yes, unless it runs under a supervisor (`rk run`
- * sets RK_HEARTBEAT) that holds the lock of this very directory (its RK_CKPT_DIR). */
-static int takes_lock(const char *dir)
-{
-    const char *sup = getenv("RK_HEARTBEAT"), *sup_dir = getenv("RK_CKPT_DIR");
-    if (!sup || !*sup || !sup_dir || !*sup_dir)
-        return 1;
-    if (strcmp(dir, sup_dir) == 0)
-        return 0;
-    char a[PATH_MAX], b[PATH_MAX];
-    return !(realpath(dir, a) && realpath(sup_dir, b) && strcmp(a, b) == 0);
-}
-
-/* rk_train with a checkpoint every --ckpt-every steps (and one at the end), resuming first
- * with --resume. A directory that holds another run's checkpoints is refused, never mixed. */
-/* rk_train's step hook under a supervisor: checkpoints as configured, then its commands. */
-static int worker_step_end(void *user, int64_t steps_done, int epoch, int64_t cursor, rk_err *err)
-{
-    rk_worker *w = user;
-    if (w->ck) {
-        int64_t saves = w->ck->saves;
-        int rc = rk_trainer_ckpt_step_end(w->ck, steps_done, epoch, cursor, err);
-        if (rc)
-            return rc;
-        if (w->ck->saves != saves)
-            rk_worker_saved(w, steps_done, w->ck->last_save_s);
+    int rc = RK_OK;
+    for (int i = 0; i < m->nparams && !rc; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "grad.%s", m->params[i].name);
+        if (!(rc = rk_worker_add_f32(w, RK_WORKER_PARAM, m->params[i].name, m->params[i].data,
+                                     m->params[i].numel, err)))
+            rc = rk_worker_add_f32(w, RK_WORKER_GRAD, name, m->params[i].grad,
+                                   m->params[i].numel, err);
     }
-    return rk_worker_commands(w, steps_done, epoch, cursor, err);
+    if (!rc)
+        rc = rk_worker_add_f32(w, RK_WORKER_STATE, "optim.s1", opt->s1, m->block_len, err);
+    if (!rc && opt->s2)
+        rc = rk_worker_add_f32(w, RK_WORKER_STATE, "optim.s2", opt->s2, m->block_len, err);
+    if (!rc)
+        rc = rk_worker_add_bytes(w, RK_WORKER_STATE, "optim.t", &opt->t, sizeof opt->t, err);
+    if (!rc && z && rk_compressor_state_len(z))
+        rc = rk_worker_add_f32(w, RK_WORKER_LOCAL, "comm.residuals", rk_compressor_state(z),
+                               rk_compressor_state_len(z), err);
+    if (!rc && scaler)
+        rc = rk_worker_add_bytes(w, RK_WORKER_LOCAL, "scaler", scaler, sizeof *scaler, err);
+    return rc;
 }
 
-static int train_with_checkpoints(const train_opts *o, rk_model *m, rk_optim *opt,
-                                  const rk_dataset *train, const rk_dataset *test, rk_comm *comm,
-                                  rk_batch_policy *policy, view *v, rk_worker *w,
-                                  rk_train_result *res, rk_err *err)
+/* rk_train under the worker runtime: checkpoints (with --ckpt-dir) in rk train's format,
+ * resumed first with --resume, scheduled, on command and at the end by the runtime. */
+static int train_supervised(const train_opts *o, rk_model *m, rk_optim *opt,
+                            const rk_dataset *train, const rk_dataset *test, rk_comm *comm,
+                            rk_batch_policy *policy, view *v, rk_worker *w, rk_train_result *res,
+                            rk_err *err)
 {
     int rank = rk_comm_rank(comm);
     rk_train_config cfg = o->cfg;
-    rk_trainer_ckpt t = {.dir = o->ckpt_dir, .keep = o->keep, .every = o->ckpt_every,
-                         .mtbf_s = o->mtbf, .async = o->ckpt_async, .m = m, .opt = opt,
-                         .policy = policy, .comm = comm, .cfg = &cfg,
-                         .log = rank == 0 ? stdout : NULL,
-                         .may_save = rk_worker_may_save, .may_save_user = w,
-                         .lock = takes_lock(o->ckpt_dir)};
-    int rc = rk_trainer_ckpt_init(&t, err);
-    if (rc)
-        return rc;
-    /* The directory is listed (every checkpoint read and verified) only when the answer
-     * matters: no usable checkpoint of this run, or a fresh start. */
-    if (o->resume) {
-        int64_t step = 0;
-        rc = rk_trainer_ckpt_resume(&t, &step, err);
-        int lrc = RK_OK;
-        size_t existing = rc == RK_ENOENT ? valid_checkpoints(o->ckpt_dir, &lrc, err) : 0;
-        if (lrc)
-            rc = lrc;
-        else if (rc == RK_ENOENT && existing > 0)
-            rc = rk_err_set(err, RK_EMISMATCH, "--ckpt-dir %s holds %zu checkpoint(s), none of "
-                            "this run (model %s, optimizer, seed %llu, batch %d); choose another "
-                            "directory", o->ckpt_dir, existing, m->name,
-                            (unsigned long long)cfg.seed, cfg.batch);
-        else if (rc == RK_ENOENT) {
-            if (rank == 0)
-                printf("checkpoint: none in %s yet, starting from step 0\n", o->ckpt_dir);
-            rc = RK_OK;
-        }
-        cfg.start_step = step;
-    } else {
-        size_t existing = valid_checkpoints(o->ckpt_dir, &rc, err);
-        if (!rc && existing > 0)
-            rc = rk_err_set(err, RK_EINVAL, "--ckpt-dir %s already holds %zu checkpoint(s): add "
-                            "--resume to continue that run, or choose an empty directory",
-                            o->ckpt_dir, existing);
+    cfg.worker = w;
+    rk_trainer_ckpt t = {.dir = o->ckpt_dir, .keep = o->keep, .async = o->ckpt_async,
+                         .samples = train->n, .m = m, .opt = opt, .policy = policy,
+                         .comm = comm, .cfg = &cfg, .log = rank == 0 ? stdout : NULL,
+                         .worker = w};
+    int rc = RK_OK;
+    if (o->ckpt_dir) {
+        rk_worker_ckpt_opts co;
+        rk_worker_ckpt_opts_default(&co);
+        co.dir = o->ckpt_dir;
+        co.resume = o->resume;
+        co.every = o->ckpt_every;
+        co.mtbf_s = o->mtbf;
+        co.keep = o->keep;
+        co.saver = rk_trainer_ckpt_saver(&t);
+        if ((rc = rk_trainer_ckpt_init(&t, err)))
+            return rc;
+        rc = rk_worker_ckpt(w, &co, &cfg.start_step, err);
     }
-    if (rc) {
-        rk_trainer_ckpt_finish(&t, NULL);
-        return rc;
-    }
-    w->ck = &t;
-    if ((rc = rk_worker_hello(w, cfg.start_step, err))) {
-        rk_trainer_ckpt_finish(&t, NULL);
-        return rc;
-    }
-    cfg.step_end = worker_step_end;
-    cfg.step_end_user = w;
-    rc = rk_train(m, opt, train, cfg.eval ? test : NULL, &cfg, comm, rank == 0 ? on_progress : NULL,
-                  v, res, err);
-    /* a final checkpoint, unless the last step was just saved (or nothing ran) */
-    if (!rc && res->steps > t.last_step && res->steps > cfg.start_step) {
-        int64_t per_epoch = (train->n + cfg.batch - 1) / cfg.batch, in = res->steps % per_epoch;
-        rc = rk_trainer_ckpt_save(&t, res->steps, (int)(res->steps / per_epoch),
-                                  in * cfg.batch, err);
-        if (!rc)
-            rk_worker_saved(w, res->steps, t.last_save_s);
-    }
-    int frc = rk_trainer_ckpt_finish(&t, rc ? NULL : err);
-    w->ck = NULL;
+    if (!rc)
+        rc = rk_worker_hello(w, cfg.start_step, err);
+    if (!rc)
+        rc = rk_train(m, opt, train, cfg.eval ? test : NULL, &cfg, comm,
+                      rank == 0 ? on_progress : NULL, v, res, err);
+    if (!rc)
+        rc = rk_worker_ckpt_final(w, res->steps, err);
+    int frc = o->ckpt_dir ? rk_trainer_ckpt_finish(&t, rc ? NULL : err) : RK_OK;
     return rc ? rc : frc;
 }
 
@@ -700,12 +642,19 @@ int rk_cmd_train(int argc, char **argv)
     rk_comm *comm = NULL;
     FILE *loss_log = NULL;
     policy_glue glue = {0};
-    rk_worker w = {0};
+    rk_worker *w = NULL;
+    rk_worker_opts wo;
+    rk_worker_opts_default(&wo);
+    wo.name = "rk train";
+    wo.notes = stdout;
+    wo.diag = stderr;
+    wo.seed = o.cfg.seed;
+    wo.hash_every = o.cfg.guard ? o.hash_every : 0;
     rk_train_result res = {.test_accuracy = -1.0};
     rk_compressor *compressor = NULL;
     rk_loss_scaler scaler;
     int rc = rk_comm_open(&comm, "auto", &err);
-    if (rc || (rc = rk_worker_open(&w, comm, o.cfg.seed, &err)))
+    if (rc || (rc = rk_worker_open(&w, comm, &wo, &err)))
         goto fail;
     int rank = rk_comm_rank(comm), nranks = rk_comm_size(comm);
     if (o.threads <= 0) { /* share the node's cores among its ranks */
@@ -730,7 +679,7 @@ int rk_cmd_train(int argc, char **argv)
     if ((rc = rk_batch_policy_create(&glue.policy, o.policy, nranks, o.cfg.batch, &err)) ||
         (o.fault_rates && (rc = parse_fault_rates(o.fault_rates, glue.policy, nranks, &err))))
         goto fail;
-    glue.comm = comm;
+    glue.worker = w;
     o.cfg.shares = glue_shares;
     o.cfg.observe = o.policy == RK_BATCH_THROUGHPUT ? glue_observe : NULL;
     o.cfg.shares_user = &glue;
@@ -783,20 +732,14 @@ int rk_cmd_train(int argc, char **argv)
     view v = {nranks == 1 && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
                   !getenv("RK_HEARTBEAT"),
               0};
-    rk_worker_hooks(&w, &o.cfg);
     if (o.cfg.epochs > 0) {
         rk_optim opt;
         if ((rc = rk_optim_init(&opt, o.cfg.optim, &m, &err)))
             goto fail;
-        if (o.ckpt_dir) {
-            rc = train_with_checkpoints(&o, &m, &opt, &train, &test, comm, glue.policy, &v, &w,
-                                        &res, &err);
-        } else if (!(rc = rk_worker_hello(&w, 0, &err))) {
-            o.cfg.step_end = worker_step_end;
-            o.cfg.step_end_user = &w;
-            rc = rk_train(&m, &opt, &train, o.cfg.eval ? &test : NULL, &o.cfg, comm,
-                          rank == 0 ? on_progress : NULL, &v, &res, &err);
-        }
+        if (!(rc = register_buffers(w, &m, &opt, compressor,
+                                    o.cfg.precision == RK_F16 ? &scaler : NULL, &err)))
+            rc = train_supervised(&o, &m, &opt, &train, &test, comm, glue.policy, &v, w, &res,
+                                  &err);
         rk_optim_free(&opt, &m);
     }
     else if (o.cfg.eval) /* evaluation only */
@@ -822,7 +765,7 @@ int rk_cmd_train(int argc, char **argv)
         }
         loss_log = NULL;
     }
-    rk_worker_close(&w, res.steps, RK_EXIT_OK, NULL);
+    rk_worker_close(w, res.steps, RK_EXIT_OK, NULL);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
@@ -839,9 +782,8 @@ fail:
     if (loss_log)
         fclose(loss_log);
     int code = rc ? rc : err.code;
-    /* a full, read-only or failing disk: its own status, so that rk run does not blame a GPU */
-    int status = code == RK_ESTORAGE ? RK_EXIT_STORAGE : rk_cli_status(code);
-    rk_worker_close(&w, res.steps, status, err.msg);
+    int status = rk_worker_exit_status(code);
+    rk_worker_close(w, res.steps, status, err.msg);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);

@@ -12,11 +12,11 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <xxhash.h>
 
 #include "base/clock.h"
 #include "rekindle/guard.h"
 #include "rekindle/rng.h"
+#include "rekindle/worker.h"
 
 #define LOSS_WINDOW 100
 
@@ -36,7 +36,6 @@ void rk_train_config_default(rk_train_config *c, rk_optim_kind optim)
     c->eval = 1;
     c->schedule = RK_LR_CONSTANT;
     c->guard = 1;
-    c->hash_every = 10;
     c->spike_z = RK_SPIKE_Z_DEFAULT;
     c->spike_window = RK_SPIKE_WINDOW_DEFAULT;
     c->grad_ratio = RK_GRAD_RATIO_DEFAULT;
@@ -199,176 +198,20 @@ static int step_shares(const rk_train_config *c, int64_t global, int nranks, int
 
 /* ---- guards --------------------------------------------------------------------------- */
 
-/* The state of a verified step, kept in memory for rollbacks. */
-typedef struct snapshot {
-    float *data, *s1, *s2;
-    float *ef;              /* the compressor's residuals (NULL without error feedback) */
-    rk_loss_scaler scaler;  /* the loss scaler's state */
-    int64_t t, step;
-    int valid;
-} snapshot;
-
-static void snap_free(snapshot *sn, const rk_backend *be)
-{
-    be->free(sn->data);
-    be->free(sn->s1);
-    be->free(sn->s2);
-    free(sn->ef);
-    memset(sn, 0, sizeof *sn);
-}
-
-static int snap_alloc(snapshot *sn, const rk_model *m, const rk_optim *o,
-                      const rk_train_config *c, rk_err *err)
-{
-    size_t bytes = m->block_len * sizeof(float);
-    size_t ef = c->compressor ? rk_compressor_state_len(c->compressor) : 0;
-    sn->data = m->be->alloc(bytes);
-    sn->s1 = m->be->alloc(bytes);
-    sn->s2 = o->s2 ? m->be->alloc(bytes) : NULL;
-    sn->ef = ef ? malloc(ef * sizeof(float)) : NULL;
-    if (!sn->data || !sn->s1 || (o->s2 && !sn->s2) || (ef && !sn->ef))
-        return rk_err_set(err, RK_ENOMEM, "guards: out of memory for the step snapshot");
-    return RK_OK;
-}
-
-/* Copies between the live state and a snapshot (both in the backend's memory; the CPU
- * backend's memory is host memory). */
-static void snap_copy(float *dst_data, float *dst_s1, float *dst_s2, const float *data,
-                      const float *s1, const float *s2, size_t n)
-{
-    memcpy(dst_data, data, n * sizeof(float));
-    memcpy(dst_s1, s1, n * sizeof(float));
-    if (dst_s2 && s2)
-        memcpy(dst_s2, s2, n * sizeof(float));
-}
-
-/* The state beside the weights that a rollback must restore for an exact replay: the
- * compressor's residuals (this rank's own) and the loss scaler. */
-static void snap_take_extra(snapshot *sn, const rk_train_config *c)
-{
-    if (sn->ef)
-        memcpy(sn->ef, rk_compressor_state(c->compressor),
-               rk_compressor_state_len(c->compressor) * sizeof(float));
-    if (c->scaler)
-        sn->scaler = *c->scaler;
-}
-
-static void snap_restore_extra(const snapshot *sn, const rk_train_config *c)
-{
-    if (sn->ef)
-        memcpy(rk_compressor_state(c->compressor), sn->ef,
-               rk_compressor_state_len(c->compressor) * sizeof(float));
-    if (c->scaler)
-        *c->scaler = sn->scaler;
-}
-
-/* xxHash64 of the parameters and the optimiser state of this rank. */
-static uint64_t state_hash(const rk_model *m, const rk_optim *o)
-{
-    XXH64_state_t *st = XXH64_createState();
-    if (!st)
-        return rk_model_hash(m);
-    XXH64_reset(st, 0);
-    size_t bytes = m->block_len * sizeof(float);
-    XXH64_update(st, m->data_block, bytes);
-    XXH64_update(st, o->s1, bytes);
-    if (o->s2)
-        XXH64_update(st, o->s2, bytes);
-    XXH64_update(st, &o->t, sizeof o->t);
-    uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return h;
-}
-
 static void report(const rk_train_config *c, rk_train_result *res, const char *kind,
                    const char *action, int64_t step, int blame, int64_t lost, const char *fmt,
                    ...)
 {
     res->incidents++;
     res->redone_steps += lost;
-    if (!c->incident)
+    if (!c->worker)
         return;
-    rk_train_incident inc = {kind, action, step, blame, lost, ""};
+    char detail[200];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(inc.detail, sizeof inc.detail, fmt, ap);
+    vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
-    c->incident(c->hook_user, &inc);
-}
-
-/* Compare replica hashes; on agreement snapshot the state at `step`. On a mismatch name the
- * minority, return every rank to the snapshot, broadcast the majority's snapshot (repair) and
- * check again: *rolled_to gets the snapshot's step (-1 when nothing was rolled back). */
-static int replica_check(rk_model *m, rk_optim *o, rk_comm *comm, snapshot *sn, int64_t step,
-                         const rk_train_config *c, rk_train_result *res, int64_t *rolled_to,
-                         rk_err *err)
-{
-    *rolled_to = -1;
-    int nranks = comm ? rk_comm_size(comm) : 1;
-    size_t n = m->block_len;
-    if (nranks > 1) {
-        uint64_t *all = malloc((size_t)nranks * sizeof *all);
-        unsigned char *flags = malloc((size_t)nranks);
-        if (!all || !flags) {
-            free(all);
-            free(flags);
-            return rk_err_set(err, RK_ENOMEM, "guards: out of memory");
-        }
-        int root = 0, strict = 0;
-        int rc = rk_comm_allgather_u64(comm, state_hash(m, o), all, err);
-        int bad = rc ? 0 : rk_guard_vote(all, nranks, &root, flags, &strict);
-        if (!rc && bad) {
-            char who[96] = "";
-            size_t k = 0;
-            int blame = -1;
-            for (int r = 0; r < nranks && k + 8 < sizeof who; r++)
-                if (flags[r]) {
-                    k += (size_t)snprintf(who + k, sizeof who - k, k ? ",%d" : "%d", r);
-                    blame = blame < 0 ? r : blame;
-                }
-            if (!sn->valid) {
-                rc = rk_err_set(err, RK_EGUARD,
-                                "step %lld: replicas differ (rank %s) and there is no verified "
-                                "snapshot to return to",
-                                (long long)step, who);
-            } else {
-                /* back to the last verified state, then everyone takes the majority's */
-                snap_copy(m->data_block, o->s1, o->s2, sn->data, sn->s1, sn->s2, n);
-                snap_restore_extra(sn, c);
-                o->t = sn->t;
-                if ((rc = rk_comm_bcast(comm, m->data_block, n * sizeof(float), root, err)) ||
-                    (rc = rk_comm_bcast(comm, o->s1, n * sizeof(float), root, err)) ||
-                    (o->s2 && (rc = rk_comm_bcast(comm, o->s2, n * sizeof(float), root, err))) ||
-                    (rc = rk_comm_bcast(comm, &o->t, sizeof o->t, root, err)))
-                    goto done;
-                snap_copy(sn->data, sn->s1, sn->s2, m->data_block, o->s1, o->s2, n);
-                sn->t = o->t;
-                report(c, res, "replica_mismatch", "rollback", step, strict ? blame : -1,
-                       step - sn->step,
-                       "parameters of rank %s differ from the majority's (%d of %d ranks); "
-                       "repaired from rank %d, replaying from step %lld",
-                       who, nranks - bad, nranks, root, (long long)sn->step);
-                *rolled_to = sn->step;
-                if ((rc = rk_comm_allgather_u64(comm, state_hash(m, o), all, err)))
-                    goto done;
-                if (rk_guard_vote(all, nranks, &root, flags, &strict))
-                    rc = rk_err_set(err, RK_EGUARD,
-                                    "step %lld: replicas still differ after the repair",
-                                    (long long)step);
-            }
-        }
-    done:
-        free(all);
-        free(flags);
-        if (rc || *rolled_to >= 0)
-            return rc;
-    }
-    snap_copy(sn->data, sn->s1, sn->s2, m->data_block, o->s1, o->s2, n);
-    snap_take_extra(sn, c);
-    sn->t = o->t;
-    sn->step = step;
-    sn->valid = 1;
-    return RK_OK;
+    rk_worker_event(c->worker, step, kind, blame, action, lost, detail);
 }
 
 /* Gradient norm of this rank, scaled to a full batch (each rank's gradient carries its share
@@ -452,7 +295,6 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     uint8_t *yb = malloc((size_t)cap);
     double window[LOSS_WINDOW];
     int64_t step = c->start_step, total_samples = 0, taken = 0; /* taken: steps in this run */
-    snapshot sn = {0};
     rk_spike spike = {0};
     if (!order || !shares || !red || !xb || !dlogits || !yb) {
         rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
@@ -460,8 +302,6 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     }
     if (c->guard &&
         (rc = rk_spike_init(&spike, c->spike_window, c->spike_z, err)))
-        goto out;
-    if (c->guard && c->hash_every > 0 && (rc = snap_alloc(&sn, m, opt, c, err)))
         goto out;
 
     int epoch = -1, redo = 0, spike_redone = 0, outlier_rank = -1;
@@ -485,14 +325,13 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         }
         int64_t s = step - (int64_t)epoch * steps_per_epoch;
         double tstep = rk_mono_s();
-        if (c->point && (rc = c->point(c->hook_user, RK_POINT_STEP, step, m, err)))
-            break;
-        if (c->guard && c->hash_every > 0 && step % c->hash_every == 0 &&
-            !(sn.valid && sn.step == step)) {
+        if (c->worker) { /* injected faults; the replica check every hash_every steps */
             int64_t back;
-            if ((rc = replica_check(m, opt, comm, &sn, step, c, res, &back, err)))
+            if ((rc = rk_worker_step_begin(c->worker, step, &back, err)))
                 break;
             if (back >= 0) {
+                res->incidents++;
+                res->redone_steps += step - back;
                 step = back;
                 redo = 0;
                 spike_redone = 0;
@@ -532,8 +371,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             memset(m->grad_block, 0, m->block_len * sizeof(float));
         }
         tc = rk_mono_s() - tc;
-        if (c->point && ((rc = c->point(c->hook_user, RK_POINT_GRADS, step, m, err)) ||
-                         (rc = c->point(c->hook_user, RK_POINT_COMM, step, m, err))))
+        if (c->worker && (rc = rk_worker_grads(c->worker, step, err)))
             break;
         /* the guards' numbers ride in the loss allreduce: slot 0 the loss sum, slot 1 + r
          * rank r's gradient norm (zero elsewhere, so the sum is an allgather) */
@@ -617,7 +455,8 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                 outlier_norm = red[1 + blame];
             }
             if (trip) {
-                if (++redo < MAX_REDO || !sn.valid || sn.step >= step) {
+                int64_t snap = rk_worker_snapshot_step(c->worker);
+                if (++redo < MAX_REDO || snap < 0 || snap >= step) {
                     if (redo >= MAX_REDO + 2) {
                         rc = rk_err_set(err, RK_EGUARD, "step %lld: %s, %d times in a row",
                                         (long long)step, who, redo);
@@ -634,18 +473,15 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                 if (rolled_for == step) { /* it came back after a rollback: not transient */
                     rc = rk_err_set(err, RK_EGUARD,
                                     "step %lld: %s, again after rolling back to step %lld",
-                                    (long long)step, who, (long long)sn.step);
+                                    (long long)step, who, (long long)snap);
                     break;
                 }
                 rolled_for = step;
                 report(c, res, trip == 1 ? "nan" : "grad_outlier", "rollback", step, blame,
-                       step - sn.step, "%s, %d times in a row; back to step %lld", who, redo,
-                       (long long)sn.step);
-                snap_copy(m->data_block, opt->s1, opt->s2, sn.data, sn.s1, sn.s2,
-                          m->block_len);
-                snap_restore_extra(&sn, c);
-                opt->t = sn.t;
-                step = sn.step;
+                       step - snap, "%s, %d times in a row; back to step %lld", who, redo,
+                       (long long)snap);
+                if ((rc = rk_worker_rollback(c->worker, &step, err)))
+                    break;
                 redo = 0;
                 rk_spike_reset(&spike);
                 continue;
@@ -683,10 +519,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         taken++;
         step++;
         samples += global;
-        if (c->stepped)
-            c->stepped(c->hook_user, step, loss, rk_mono_s() - tstep);
-        if (c->step_end &&
-            (rc = c->step_end(c->step_end_user, step, epoch, (int64_t)start + global, err)))
+        if (c->worker && (rc = rk_worker_step_end(c->worker, step, loss, rk_mono_s() - tstep, err)))
             break;
         double t = rk_mono_s() - t0;
         if (progress && t - last_report >= 0.1 && s + 1 < in_epoch) {
@@ -744,8 +577,6 @@ out:
     be->free(xb);
     be->free(dlogits);
     free(yb);
-    if (sn.data || sn.s1)
-        snap_free(&sn, be);
     rk_spike_free(&spike);
     return rc;
 }

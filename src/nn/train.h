@@ -13,6 +13,7 @@
 #include "nn/model.h"
 #include "rekindle/amp.h"
 #include "rekindle/comm.h"
+#include "rekindle/worker.h"
 
 typedef enum rk_optim_kind { RK_OPTIM_SGD, RK_OPTIM_ADAMW } rk_optim_kind;
 
@@ -21,26 +22,6 @@ typedef enum rk_optim_kind { RK_OPTIM_SGD, RK_OPTIM_ADAMW } rk_optim_kind;
 typedef int (*rk_train_shares_fn)(void *user, int64_t global, int nranks, int64_t *shares,
                                   rk_err *err);
 typedef enum rk_lr_schedule { RK_LR_CONSTANT, RK_LR_COSINE } rk_lr_schedule;
-
-/* Points in a step where the caller's hook runs (fault injection, heartbeats). */
-typedef enum rk_train_point {
-    RK_POINT_STEP,  /* start of a step, before the replica check: crash, slow, bitflip */
-    RK_POINT_GRADS, /* this rank's gradient is ready, before the guards see it: nan, gradflip,
-                     * hang (compute that never returns) */
-    RK_POINT_COMM,  /* right after GRADS, about to enter the step's collectives (the guards'
-                     * allgather, then the allreduce): commfail, the heartbeat "comm" */
-} rk_train_point;
-
-/* A guard trip (docs/guards.md), reported to the incident hook on every rank alike. */
-typedef struct rk_train_incident {
-    const char *kind;   /* "nan", "grad_suspect", "grad_outlier", "grad_kept", "loss_spike",
-                         * "spike_kept", "replica_mismatch" */
-    const char *action; /* "redo", "rollback", "kept" */
-    int64_t step;       /* the step it happened at */
-    int blame;          /* the rank held responsible, -1 when none can be named */
-    int64_t lost_steps; /* steps thrown away (redone) */
-    char detail[200];
-} rk_train_incident;
 
 typedef struct rk_train_config {
     int epochs;          /* full passes over the training set */
@@ -64,31 +45,20 @@ typedef struct rk_train_config {
      * follow from it, and every random choice is derived from (seed, epoch, step), so a
      * resumed run continues bit for bit given the model and optimiser state. */
     int64_t start_step;
-    /* Called on every rank after each optimiser step with the steps done, the epoch (0-based)
-     * and the samples consumed in it, for checkpointing; a collective may be used inside.
-     * Returning an error stops training with it. May be NULL. */
-    int (*step_end)(void *user, int64_t steps_done, int epoch, int64_t cursor, rk_err *err);
-    void *step_end_user;
     /* Guards (docs/guards.md). guard = 1 checks every step, before the update, for a
      * non-finite loss or gradient on any rank, a rank whose gradient norm is grad_ratio times
      * the others', and a loss spike (robust z above spike_z over the last spike_window
-     * steps); a trip redoes the step (params untouched), three trips in a row roll back.
-     * hash_every = K > 0 compares an xxHash64 of each rank's parameters and optimiser state
-     * every K steps: on agreement the state is snapshotted in memory; a minority rank is
-     * named, every rank returns to the snapshot, the majority rank's snapshot is broadcast
-     * to all (repair) and the steps since are replayed. None of it changes a fault-free run's
-     * bits. */
+     * steps); a trip redoes the step (params untouched), three trips in a row roll back to
+     * the worker's verified snapshot. None of it changes a fault-free run's bits. */
     int guard;
-    int64_t hash_every;
     double spike_z, grad_ratio;
     int spike_window;
-    /* Hooks for a supervisor and fault injection; each may be NULL. point: at the points
-     * above (an error stops training with it). incident: each guard trip. stepped: after each
-     * applied step, with the global loss and the step's seconds. */
-    int (*point)(void *user, rk_train_point where, int64_t step, rk_model *m, rk_err *err);
-    void (*incident)(void *user, const rk_train_incident *inc);
-    void (*stepped)(void *user, int64_t step, double loss, double seconds);
-    void *hook_user;
+    /* The worker runtime (rekindle/worker.h; NULL: none): its step calls run in each step
+     * (injected faults, replica checks with repair and replay, heartbeats, checkpoints, the
+     * supervisor's commands; an error stops training with it), guard trips are its events,
+     * and a guard rollback returns to its snapshot. The caller registers the model's and
+     * optimiser's buffers with it. */
+    rk_worker *worker;
     /* Gradient compression (docs/compression.md): a compressor the caller made for
      * m->block_len values on comm (NULL, or kind none: the plain allreduce). The first
      * compress_warmup steps use the plain allreduce. Its residuals are committed when a step
@@ -111,7 +81,7 @@ typedef struct rk_train_config {
 
 /* Defaults: sgd, lr 0.01, momentum 0.9, Nesterov, no weight decay (AdamW: lr 1e-3, decay
  * 0.01, betas 0.9/0.999, eps 1e-8), batch 64, 1 epoch, seed 1, constant lr, eval on; guards
- * on, replica hashes every 10 steps, spike z 10 over 32 steps, gradient ratio 1000. */
+ * on, spike z 10 over 32 steps, gradient ratio 1000. */
 void rk_train_config_default(rk_train_config *c, rk_optim_kind optim);
 
 typedef struct rk_train_progress {

@@ -1,21 +1,18 @@
 /*
  * Trainer checkpoints (train_ckpt.h): the reference trainer's state as checkpoint items,
- * saving from the step hook (every K steps or at Daly's interval), and resuming by rank 0
- * reading the store and broadcasting to every rank.
+ * saved when the worker runtime says (its saver), and resumed by rank 0 reading the store and
+ * broadcasting to every rank.
  */
 #include "nn/train_ckpt.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/bytes.h"
-#include "base/clock.h"
 
 /* model, optimiser moments, optim.t, the batch policy, the loss scaler, the residuals */
 #define MAX_ITEMS (3 * RK_MAX_PARAMS + 2 + RK_BATCH_NITEMS + RK_LOSS_SCALER_NITEMS)
-#define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
 
 typedef struct item_set {
     rk_ckpt_item items[MAX_ITEMS];
@@ -97,58 +94,15 @@ static float *gather_residuals(const rk_trainer_ckpt *t, int world, int *rc, rk_
     return all;
 }
 
-/* Rank 0 takes the lock; the others learn whether it did (and the holder's pid). */
-static int take_lock(rk_trainer_ckpt *t, rk_err *err)
-{
-    int rank = t->comm ? rk_comm_rank(t->comm) : 0;
-    int world = t->comm ? rk_comm_size(t->comm) : 1;
-    double st[2] = {0, 0}; /* rank 0's result, the holder's pid */
-    int rc = RK_OK;
-    if (rank == 0) {
-        long holder = 0;
-        rc = rk_ckpt_lock(t->dir, &t->held, &holder, err);
-        st[0] = rc;
-        st[1] = (double)holder;
-    }
-    if (world > 1) {
-        int brc = rk_comm_bcast(t->comm, st, sizeof st, 0, rank == 0 ? NULL : err);
-        if (brc) {
-            rk_ckpt_unlock(t->held);
-            t->held = NULL;
-            return brc;
-        }
-        if (rank != 0 && st[0] != 0)
-            return rk_err_set(err, (int)st[0],
-                              "checkpoint: rank 0 could not lock %s (holder "
-                              "pid %.0f)",
-                              t->dir, st[1]);
-    }
-    return rc;
-}
-
 int rk_trainer_ckpt_init(rk_trainer_ckpt *t, rk_err *err)
 {
     const rk_train_config *c = t->cfg;
-    t->held = NULL;
-    if (t->lock) {
-        int rc = take_lock(t, err);
-        if (rc)
-            return rc;
-    }
     snprintf(t->config, sizeof t->config,
              "{\"model\":\"%s\",\"optimizer\":\"%s\",\"seed\":%llu,\"batch\":%d}", t->m->name,
              c->optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (unsigned long long)c->seed, c->batch);
-    t->next_at = t->every > 0 ? t->every : AUTO_FIRST_SAVE;
     t->writer = NULL;
-    t->last_step_t = rk_mono_s();
-    if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0)) {
-        int rc = rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
-        if (rc) {
-            rk_ckpt_unlock(t->held);
-            t->held = NULL;
-        }
-        return rc;
-    }
+    if (t->async && (!t->comm || rk_comm_rank(t->comm) == 0))
+        return rk_ckpt_writer_create(&t->writer, t->dir, t->keep, err);
     return RK_OK;
 }
 
@@ -160,8 +114,6 @@ int rk_trainer_ckpt_finish(rk_trainer_ckpt *t, rk_err *err)
         rk_ckpt_writer_free(t->writer);
         t->writer = NULL;
     }
-    rk_ckpt_unlock(t->held);
-    t->held = NULL;
     return rc;
 }
 
@@ -170,7 +122,6 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
     int rank = t->comm ? rk_comm_rank(t->comm) : 0;
     int world = t->comm ? rk_comm_size(t->comm) : 1;
     int rc = RK_OK;
-    double t0 = rk_mono_s();
     float *ef = gather_residuals(t, world, &rc, err);
     if (rc)
         return rc;
@@ -184,8 +135,8 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
         build_items(t, &s, t->policy ? &policy : NULL, t->cfg->scaler, ef, world);
         rk_ckpt_meta meta = {.step = step, .epoch = epoch, .cursor = cursor, .world_size = world,
                              .config_json = t->config};
-        if (t->may_save)
-            rc = t->may_save(t->may_save_user, err);
+        if (t->worker)
+            rc = rk_worker_may_save(t->worker, err);
         if (!rc)
             rc = t->writer ? rk_ckpt_writer_submit(t->writer, &meta, s.items, s.n, err)
                            : rk_ckpt_save(t->dir, &meta, s.items, s.n, t->keep, err);
@@ -208,45 +159,7 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
             return rk_err_set(err, (int)status, "checkpoint: rank 0 could not save step %lld (%s)",
                               (long long)step, rk_strerror((int)status));
     }
-    if (!rc) {
-        t->last_save_s = rk_mono_s() - t0;
-        t->saves++;
-    }
     return rc;
-}
-
-int rk_trainer_ckpt_step_end(void *user, int64_t steps_done, int epoch, int64_t cursor,
-                             rk_err *err)
-{
-    rk_trainer_ckpt *t = user;
-    double now = rk_mono_s();
-    double dt = now - t->last_step_t;
-    t->last_step_t = now;
-    t->step_s = t->step_s > 0 ? 0.9 * t->step_s + 0.1 * dt : dt;
-    if (steps_done < t->next_at)
-        return RK_OK;
-    int rc = rk_trainer_ckpt_save(t, steps_done, epoch, cursor, err);
-    if (rc)
-        return rc;
-    t->last_step = steps_done;
-    int64_t every = t->every;
-    if (every <= 0) { /* auto: Daly's interval from this save's cost and the step time */
-        every = rk_ckpt_auto_steps(t->last_save_s, t->mtbf_s, t->step_s);
-        if (every <= 0)
-            every = RK_CKPT_EVERY_DEFAULT;
-        if (t->comm && rk_comm_size(t->comm) > 1) { /* every rank must agree on the schedule */
-            double e = (double)every;
-            if ((rc = rk_comm_bcast(t->comm, &e, sizeof e, 0, err)))
-                return rc;
-            every = (int64_t)e;
-        }
-        if (t->log)
-            fprintf(t->log, "checkpoint: save took %.3f s, step %.4f s, MTBF %.0f s: next in %lld "
-                    "steps (Daly)\n", t->last_save_s, t->step_s, t->mtbf_s, (long long)every);
-    }
-    t->next_at = steps_done + every;
-    t->last_step_t = rk_mono_s(); /* the save is not a training step */
-    return RK_OK;
 }
 
 /* The batch policy's state from checkpoint `c` into ranks[0..world) when it was saved for
@@ -387,8 +300,6 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
     if (rc)
         goto out;
     *step = hdr[1];
-    t->next_at = hdr[1] + (t->every > 0 ? t->every : AUTO_FIRST_SAVE);
-    t->last_step = hdr[1];
 out:
     free(ranks);
     free(ef);
@@ -397,4 +308,25 @@ out:
         return RK_OK;
     *step = 0;
     return rc;
+}
+
+/* As the worker runtime's saver: the epoch and cursor of `step` follow from the batch and the
+ * training set's size (the epoch of the last step done, and the samples consumed in it). */
+static int saver_save(void *user, int64_t step, rk_err *err)
+{
+    rk_trainer_ckpt *t = user;
+    int64_t batch = t->cfg->batch, per_epoch = (t->samples + batch - 1) / batch;
+    int64_t epoch = step > 0 ? (step - 1) / per_epoch : 0, in = step - epoch * per_epoch;
+    int64_t cursor = in * batch < t->samples ? in * batch : t->samples;
+    return rk_trainer_ckpt_save(t, step, (int)epoch, cursor, err);
+}
+
+static int saver_resume(void *user, int64_t *step, rk_err *err)
+{
+    return rk_trainer_ckpt_resume(user, step, err);
+}
+
+rk_worker_saver rk_trainer_ckpt_saver(rk_trainer_ckpt *t)
+{
+    return (rk_worker_saver){.save = saver_save, .resume = saver_resume, .user = t};
 }

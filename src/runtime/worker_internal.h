@@ -1,0 +1,69 @@
+/*
+ * The worker runtime's state (rekindle/worker.h), shared by its two files: worker.c (the
+ * supervisor link, faults, guard repair, commands) and worker_ckpt.c (checkpoints).
+ */
+#ifndef RK_RUNTIME_WORKER_INTERNAL_H
+#define RK_RUNTIME_WORKER_INTERNAL_H
+
+#include <limits.h>
+#include <stdio.h>
+
+#include "rekindle/ckpt.h"
+#include "rekindle/heartbeat.h"
+#include "rekindle/inject.h"
+#include "rekindle/worker.h"
+
+#define MAX_BUFS 256
+
+typedef struct wbuf {
+    rk_worker_buf kind;
+    char name[64];
+    void *data;
+    size_t bytes;
+    int f32; /* registered as floats */
+    int64_t shape[1];
+    void *snap; /* the verified snapshot's copy (PARAM, STATE, LOCAL) */
+} wbuf;
+
+struct rk_worker {
+    rk_comm *comm;
+    int rank, world;
+    char name[64];
+    FILE *notes, *diag;
+    char device[64];
+    uint64_t seed;
+    int64_t hash_every;
+    rk_hb *hb;      /* NULL: no supervisor */
+    rk_inject *inj; /* NULL: no faults to inject */
+    double t_arm;   /* when injection was armed (random faults count from here) */
+    int pending_hang, pending_nan, pending_gradflip, pending_commfail; /* due, later point */
+    int slow_ms;        /* an active slow fault: extra sleep per step */
+    int64_t slow_until; /* its last step (INT64_MAX: to the end) */
+    int64_t last_step;  /* steps done, as last reported */
+    int hello_said;
+    wbuf bufs[MAX_BUFS];
+    int nbufs;
+    int snap_valid;
+    int64_t snap_step;
+    /* checkpoints */
+    int ckpt; /* a directory is set */
+    char dir[PATH_MAX];
+    char *config;
+    rk_worker_saver saver;
+    int keep;
+    int64_t every, next_at, ckpt_last; /* ckpt_last: the step of the last save or resume */
+    int64_t start_step;                /* where this run started */
+    double mtbf_s, last_save_s, last_step_t, step_s;
+    rk_ckpt_lockfile *held;
+};
+
+static inline int replicated(const wbuf *b)
+{
+    return b->kind == RK_WORKER_PARAM || b->kind == RK_WORKER_STATE;
+}
+
+/* After each applied step: a checkpoint when the schedule says so (every K steps, or at
+ * Daly's interval). Collective. */
+int rk_worker_ckpt_step_end(rk_worker *w, int64_t steps_done, rk_err *err);
+
+#endif

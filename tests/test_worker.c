@@ -1,0 +1,213 @@
+/*
+ * The worker runtime (rekindle/worker.h) on one rank without a supervisor: registration is
+ * checked, error codes map to the exit statuses rk run reads; the replica check snapshots every K
+ * steps and a rollback returns every kind of buffer but the gradient to it; RK_INJECT bitflip lands
+ * in a parameter and nan in a gradient at the chosen step; the built-in checkpoint format saves,
+ * refuses a fresh start into a used directory, and resumes the same bits; the final checkpoint is
+ * skipped when the last step was just saved.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rekindle/ckpt.h"
+#include "rekindle/heartbeat.h"
+#include "rekindle/worker.h"
+#include "testutil.h"
+
+typedef struct fixture {
+    rk_comm *comm;
+    rk_worker *w;
+    float p[8], g[8], v[8], ef[4];
+    int64_t t;
+} fixture;
+
+static void open_worker(fixture *f, int64_t hash_every)
+{
+    rk_err err = {0};
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < 8; i++)
+        f->p[i] = 0.25f * (float)i;
+    assert_int_equal(rk_comm_open(&f->comm, "self", &err), RK_OK);
+    rk_worker_opts o;
+    rk_worker_opts_default(&o);
+    o.hash_every = hash_every;
+    assert_int_equal(rk_worker_open(&f->w, f->comm, &o, &err), RK_OK);
+    assert_int_equal(rk_worker_add_f32(f->w, RK_WORKER_PARAM, "model.p", f->p, 8, &err), RK_OK);
+    assert_int_equal(rk_worker_add_f32(f->w, RK_WORKER_GRAD, "grad.p", f->g, 8, &err), RK_OK);
+    assert_int_equal(rk_worker_add_f32(f->w, RK_WORKER_STATE, "optim.v", f->v, 8, &err), RK_OK);
+    assert_int_equal(rk_worker_add_bytes(f->w, RK_WORKER_STATE, "optim.t", &f->t, 8, &err), RK_OK);
+    assert_int_equal(rk_worker_add_f32(f->w, RK_WORKER_LOCAL, "ef", f->ef, 4, &err), RK_OK);
+}
+
+static void close_worker(fixture *f)
+{
+    rk_worker_close(f->w, 0, RK_EXIT_OK, NULL);
+    rk_comm_close(f->comm);
+}
+
+/* One SGD-like step on every buffer, the way a trainer would between the calls. */
+static void fake_step(fixture *f)
+{
+    for (int i = 0; i < 8; i++) {
+        f->g[i] = 0.01f * (float)(i + 1);
+        f->v[i] = 0.9f * f->v[i] + f->g[i];
+        f->p[i] -= 0.1f * f->v[i];
+    }
+    f->ef[0] += 1.0f;
+    f->t++;
+}
+
+static void registration_is_checked(void **state)
+{
+    (void)state;
+    fixture f;
+    open_worker(&f, 10);
+    rk_err err = {0};
+    float x[2];
+    assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_PARAM, "model.p", x, 2, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "twice"));
+    assert_int_equal(rk_worker_add_bytes(f.w, RK_WORKER_PARAM, "b", x, 8, &err), RK_EINVAL);
+    assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "", x, 2, &err), RK_EINVAL);
+    assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "z", x, 0, &err), RK_EINVAL);
+    /* the statuses rk run reads (docs/protocol.md) */
+    assert_int_equal(rk_worker_exit_status(RK_OK), RK_EXIT_OK);
+    assert_int_equal(rk_worker_exit_status(RK_EINVAL), RK_EXIT_USAGE);
+    assert_int_equal(rk_worker_exit_status(RK_ECOMM), RK_EXIT_COMM);
+    assert_int_equal(rk_worker_exit_status(RK_ESTOPPED), RK_EXIT_STOPPED);
+    assert_int_equal(rk_worker_exit_status(RK_EGUARD), RK_EXIT_GUARD);
+    assert_int_equal(rk_worker_exit_status(RK_ESTORAGE), RK_EXIT_STORAGE);
+    assert_int_equal(rk_worker_exit_status(RK_EIO), RK_EXIT_FAIL);
+    close_worker(&f);
+}
+
+static void snapshot_and_rollback(void **state)
+{
+    (void)state;
+    fixture f;
+    open_worker(&f, 4);
+    rk_err err = {0};
+    int64_t back, step;
+    assert_int_equal(rk_worker_snapshot_step(f.w), -1);
+    assert_int_equal(rk_worker_rollback(f.w, &step, &err), RK_ENOENT);
+    float p0[8], v0[8], ef0[4];
+    int64_t t0 = 0;
+    for (int64_t s = 0; s < 6; s++) {
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        assert_int_equal(back, -1);
+        if (s == 4) { /* the snapshot is of the state at the start of step 4 */
+            memcpy(p0, f.p, sizeof p0);
+            memcpy(v0, f.v, sizeof v0);
+            memcpy(ef0, f.ef, sizeof ef0);
+            t0 = f.t;
+        }
+        assert_int_equal(rk_worker_grads(f.w, s, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+    }
+    assert_int_equal(rk_worker_snapshot_step(f.w), 4);
+    uint64_t h = rk_worker_state_hash(f.w);
+    assert_int_equal(rk_worker_rollback(f.w, &step, &err), RK_OK);
+    assert_int_equal(step, 4);
+    assert_memory_equal(f.p, p0, sizeof p0);
+    assert_memory_equal(f.v, v0, sizeof v0);
+    assert_memory_equal(f.ef, ef0, sizeof ef0);
+    assert_int_equal(f.t, t0);
+    assert_true(rk_worker_state_hash(f.w) != h);
+    close_worker(&f);
+}
+
+static void faults_land_in_registered_buffers(void **state)
+{
+    (void)state;
+    setenv("RK_INJECT", "bitflip@step=2,nan@step=3", 1);
+    fixture f;
+    open_worker(&f, 0);
+    unsetenv("RK_INJECT");
+    rk_err err = {0};
+    int64_t back;
+    for (int64_t s = 0; s < 4; s++) {
+        float p[8];
+        memcpy(p, f.p, sizeof p);
+        for (int i = 0; i < 8; i++)
+            f.g[i] = 1.0f;
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        int flipped = memcmp(p, f.p, sizeof p) != 0;
+        assert_int_equal(flipped, s == 2);
+        assert_int_equal(rk_worker_grads(f.w, s, &err), RK_OK);
+        int nans = 0;
+        for (int i = 0; i < 8; i++)
+            nans += isnan(f.g[i]);
+        assert_int_equal(nans, s == 3 ? 1 : 0);
+    }
+    close_worker(&f);
+}
+
+static void builtin_checkpoints_resume_the_same_bits(void **state)
+{
+    (void)state;
+    char dir[512];
+    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker"), 0);
+    rk_worker_ckpt_opts co;
+    rk_worker_ckpt_opts_default(&co);
+    co.dir = dir;
+    co.every = 3;
+    co.config_json = "{\"test\":\"worker\"}";
+    rk_err err = {0};
+    int64_t start = -1, back;
+    fixture f;
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, 0);
+    for (int64_t s = 0; s < 6; s++) {
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+    }
+    assert_int_equal(rk_worker_ckpt_final(f.w, 6, &err), RK_OK); /* 6 was just saved */
+    float p[8], v[8];
+    memcpy(p, f.p, sizeof p);
+    memcpy(v, f.v, sizeof v);
+    int64_t t = f.t;
+    close_worker(&f);
+    char latest[256];
+    assert_int_equal(rk_ckpt_read_latest(dir, latest, sizeof latest, &err), RK_OK);
+    assert_string_equal(latest, "ckpt-000000000006.safetensors");
+
+    open_worker(&f, 10); /* a fresh start into the used directory is refused */
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "already holds"));
+    close_worker(&f);
+
+    co.resume = 1;
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, 6);
+    assert_memory_equal(f.p, p, sizeof p);
+    assert_memory_equal(f.v, v, sizeof v);
+    assert_int_equal(f.t, t);
+    close_worker(&f);
+
+    co.config_json = "{\"test\":\"another\"}"; /* another run's checkpoints: refused */
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_EMISMATCH);
+    close_worker(&f);
+    rm_tree(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(registration_is_checked),
+        cmocka_unit_test(snapshot_and_rollback),
+        cmocka_unit_test(faults_land_in_registered_buffers),
+        cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
