@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -44,27 +45,27 @@ extern "C" {
 typedef enum rk_dtype { RK_F32 = 0, RK_F16 = 1, RK_BF16 = 2 } rk_dtype;
 
 /* "fp32", "fp16", "bf16"; "?" for a value outside the enum. */
-const char *rk_dtype_name(rk_dtype t);
+RK_API const char *rk_dtype_name(rk_dtype t);
 /* Exactly "fp32", "fp16" or "bf16" (lower case) into *out; RK_EINVAL (and *out untouched)
  * for anything else, NULL included. */
-int rk_dtype_parse(const char *s, rk_dtype *out);
+RK_API int rk_dtype_parse(const char *s, rk_dtype *out);
 /* Bytes per element: 4, 2, 2; 0 for a value outside the enum. */
-size_t rk_dtype_size(rk_dtype t);
+RK_API size_t rk_dtype_size(rk_dtype t);
 
-uint16_t rk_f32_to_f16(float x);
-float rk_f16_to_f32(uint16_t h);
-uint16_t rk_f32_to_bf16(float x);
-float rk_bf16_to_f32(uint16_t h);
+RK_API uint16_t rk_f32_to_f16(float x);
+RK_API float rk_f16_to_f32(uint16_t h);
+RK_API uint16_t rk_f32_to_bf16(float x);
+RK_API float rk_bf16_to_f32(uint16_t h);
 
-void rk_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
-void rk_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
-void rk_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
-void rk_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+RK_API void rk_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
+RK_API void rk_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+RK_API void rk_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);
+RK_API void rk_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 
 /* on = 1: the fp16 _n forms use F16C when the CPU has it (the default); 0: always the
  * portable loops (for tests and benchmarks). Returns 1 if F16C is used from now on. Set it
  * before converting, not while other threads convert. */
-int rk_amp_use_f16c(int on);
+RK_API int rk_amp_use_f16c(int on);
 
 /*
  * Dynamic loss scaler, with the rules of PyTorch's GradScaler and DeepSpeed's
@@ -122,18 +123,18 @@ typedef struct rk_loss_scaler {
     int64_t overflows_in_row; /* the current run of overflows (0 after a clean step) */
 } rk_loss_scaler;
 
-void rk_loss_scaler_opts_default(rk_loss_scaler_opts *o);
+RK_API void rk_loss_scaler_opts_default(rk_loss_scaler_opts *o);
 /* o NULL: the defaults. Bad settings: RK_EINVAL with a message naming the field, and *s
  * untouched. */
-int rk_loss_scaler_init(rk_loss_scaler *s, const rk_loss_scaler_opts *o, rk_err *err);
+RK_API int rk_loss_scaler_init(rk_loss_scaler *s, const rk_loss_scaler_opts *o, rk_err *err);
 /* Record one step; 1: skip it (a gradient was not finite), 0: apply it. Rules above. */
-int rk_loss_scaler_update(rk_loss_scaler *s, int found_nonfinite);
+RK_API int rk_loss_scaler_update(rk_loss_scaler *s, int found_nonfinite);
 /* 1 / scale: what the gradients are multiplied by before the update. */
-float rk_loss_scaler_inv(const rk_loss_scaler *s);
+RK_API float rk_loss_scaler_inv(const rk_loss_scaler *s);
 
 /* g[i] *= inv_scale for every i < n (always all n), in one pass that also checks the
  * products; returns 1 if any product is inf or NaN, else 0. */
-int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
+RK_API int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
 
 /*
  * Checkpoint: the whole struct, settings and state, in RK_LOSS_SCALER_BYTES little-endian
@@ -149,8 +150,8 @@ int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
 #define RK_LOSS_SCALER_VERSION 1
 
 /* RK_EINVAL if s or out is NULL. */
-int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES]);
-int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err);
+RK_API int rk_loss_scaler_pack(const rk_loss_scaler *s, uint8_t out[RK_LOSS_SCALER_BYTES]);
+RK_API int rk_loss_scaler_unpack(rk_loss_scaler *s, const uint8_t *in, size_t len, rk_err *err);
 
 #ifdef __cplusplus
 }
