@@ -7,12 +7,19 @@ FUZZ_BUILD ?= build-fuzz
 BENCH_BUILD ?= build-bench
 PREFIX ?= /usr/local
 
-.PHONY: all deps build build-asan build-tsan fuzz-build test demo install fuzz bench clean format
+.PHONY: all deps deps-run deps-test build build-asan build-tsan fuzz-build test demo install fuzz \
+	bench clean format format-check
 
 all: build
 
+# scripts/install-deps.sh checks its package groups with dpkg and needs root only to install
+# a missing one: what builds (make build), what runs the demo, what the tests use.
 deps:
-	@scripts/install-deps.sh
+	@scripts/install-deps.sh build
+deps-run:
+	@scripts/install-deps.sh build run
+deps-test:
+	@scripts/install-deps.sh build run test
 
 build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
@@ -28,9 +35,10 @@ build-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_TSAN=ON >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 
-# Every test: unit + integration in the release build, unit tests again under ASan+UBSan and
-# under ThreadSanitizer, and a short run of every fuzz target.
-test: build build-asan build-tsan fuzz-build
+# Every test: the sources' formatting first, then unit + integration in the release build,
+# unit tests again under ASan+UBSan and under ThreadSanitizer, and a short run of every fuzz
+# target.
+test: format-check build build-asan build-tsan fuzz-build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  ctest --output-on-failure -j $(JOBS) -L unit
@@ -38,7 +46,7 @@ test: build build-asan build-tsan fuzz-build
 	  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) -L unit
 	cd $(FUZZ_BUILD) && ctest --output-on-failure -j $(JOBS) -L fuzz
 
-fuzz-build: deps
+fuzz-build: deps-test
 	@CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_FUZZ=ON -DRK_SANITIZE=ON >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
 
@@ -53,20 +61,39 @@ fuzz: fuzz-build
 
 # The main job: rk run keeps 4 ranks of cnn-small training through injected faults
 # (scripts/demo.sh says which) and prints what happened and the test accuracy.
-demo: build
+demo: deps-run build
 	scripts/demo.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD)
 
 bench: deps
-	@scripts/install-deps.sh --bench
+	@scripts/install-deps.sh build run test bench
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DRK_BENCH=ON >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS)
 	bench/train_throughput $(BENCH_BUILD)
 
+# The C sources and headers that follow the repo's .clang-format: every file tracked by git
+# under these directories. `make format-check` fails, naming each file that differs (one
+# place in each), when one does; `make format` rewrites them all in place. Debian 12's
+# clang-format is version 14; another version may format a few constructs differently.
+FORMAT_DIRS = src cli include tests fuzz bench examples
+CLANG_FORMAT ?= clang-format
+format_files = files=$$(git ls-files -- $(foreach d,$(FORMAT_DIRS),'$(d)/*.c' '$(d)/*.h')) && \
+	[ -n "$$files" ] || { echo "format: no tracked C files (not a git checkout?)" >&2; exit 1; }
+
+format-check: deps-test
+	@$(format_files); \
+	if out=$$($(CLANG_FORMAT) --dry-run -Werror $$files 2>&1); then \
+	  echo "format-check: $$(echo $$files | wc -w) files follow .clang-format"; \
+	else \
+	  printf '%s\n' "$$out" | grep -E '^[^ :]+:[0-9]+:[0-9]+: (error|warning)' | \
+	    awk -F: '!seen[$$1]++ {n++; print} END {printf "format-check: %d files differ from .clang-format (the first place in each above): make format rewrites them\n", n}' >&2; \
+	  exit 1; \
+	fi
+
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	@$(format_files); $(CLANG_FORMAT) -i $$files
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(BENCH_BUILD)

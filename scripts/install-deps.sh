@@ -1,30 +1,42 @@
 #!/usr/bin/env bash
-# Install every Debian package rekindle needs to build, test and run its demo. Idempotent:
-# packages already installed are left alone. As root it uses apt-get; otherwise it prints the
-# exact command to run and exits 1.
-#   scripts/install-deps.sh          build + test + demo dependencies
-#   scripts/install-deps.sh --bench  also the benchmark tools (libtorch-dev, large; wrk and
-#                                    prometheus-node-exporter for bench/exporter_load)
-# prometheus gives the real server and promtool for the exporter's integration tests; curl
-# is the scraper of tests/it_exporter_slow.sh.
+# The Debian 12 packages rekindle needs, by group, and their installation. It first asks dpkg
+# what is installed: when nothing of the groups asked for is missing it exits 0 at once, as
+# any user, without apt-get or root. Only a missing package needs root: as root it installs
+# it with apt-get; as another user it prints the exact command and exits 1.
+#   scripts/install-deps.sh [GROUP...]   default: build run test
+#     build  compilers, CMake and the -dev packages (make build)
+#     run    what rk, librekindle and the demo need at run time: the shared libraries,
+#            mpirun, python3 and the Fashion-MNIST data (make demo)
+#     test   clang (fuzzers), clang-format (make format-check), prometheus and promtool
+#            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh)
+#     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
+#   --bench  the same as: build run test bench
 set -euo pipefail
 
-pkgs=(
-  build-essential cmake pkg-config clang libclang-rt-14-dev python3
-  libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev
-  libopenmpi-dev openmpi-bin libmicrohttpd-dev libopenblas-dev
-  prometheus curl
-  dataset-fashion-mnist
-)
-if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(libtorch-dev wrk prometheus-node-exporter)
-elif [[ -n "${1:-}" ]]; then
-  echo "usage: $0 [--bench]" >&2
-  exit 2
-fi
+declare -A group
+group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
+  libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
+  libopenblas-dev"
+group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
+  libmicrohttpd12 libopenblas0 python3 dataset-fashion-mnist"
+group[test]="clang libclang-rt-14-dev clang-format python3 prometheus curl"
+group[bench]="libtorch-dev wrk prometheus-node-exporter"
+
+asked=("$@")
+[[ ${#asked[@]} -gt 0 ]] || asked=(build run test)
+[[ "${asked[*]}" != "--bench" ]] || asked=(build run test bench)
+pkgs=()
+for g in "${asked[@]}"; do
+  if [[ -z "${group[$g]+set}" ]]; then
+    echo "usage: $0 [build|run|test|bench ...] | --bench" >&2
+    exit 2
+  fi
+  # shellcheck disable=SC2206
+  pkgs+=(${group[$g]})
+done
 
 missing=()
-for p in "${pkgs[@]}"; do
+for p in $(printf '%s\n' "${pkgs[@]}" | sort -u); do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
@@ -34,8 +46,8 @@ fi
 
 cmd=(apt-get install -y --no-install-recommends "${missing[@]}")
 if [[ $(id -u) -ne 0 ]]; then
-  echo "rekindle: missing Debian packages: ${missing[*]}" >&2
-  echo "run as root: apt-get update && DEBIAN_FRONTEND=noninteractive ${cmd[*]}" >&2
+  echo "rekindle: missing Debian packages (${asked[*]}): ${missing[*]}" >&2
+  echo "installing them needs root: sudo sh -c 'apt-get update && DEBIAN_FRONTEND=noninteractive ${cmd[*]}'" >&2
   exit 1
 fi
 echo "rekindle: installing ${missing[*]}" >&2

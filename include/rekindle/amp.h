@@ -32,12 +32,12 @@ extern "C" {
 typedef enum rk_dtype { RK_F32 = 0, RK_F16 = 1, RK_BF16 = 2 } rk_dtype;
 
 /* "fp32", "fp16", "bf16"; "?" for a value outside the enum. */
-const char *rk_dtype_name(rk_dtype t);
+RK_API const char *rk_dtype_name(rk_dtype t);
 /* Exactly "fp32", "fp16" or "bf16" (lower case) into *out; RK_EINVAL (and *out untouched)
  * for anything else, NULL included. */
-int rk_dtype_parse(const char *s, rk_dtype *out);
+RK_API int rk_dtype_parse(const char *s, rk_dtype *out);
 /* Bytes per element: 4, 2, 2; 0 for a value outside the enum. */
-size_t rk_dtype_size(rk_dtype t);
+RK_API size_t rk_dtype_size(rk_dtype t);
 
 /*
  * Dynamic loss scaler, with the rules of PyTorch's GradScaler and DeepSpeed's
@@ -95,18 +95,18 @@ typedef struct rk_loss_scaler {
     int64_t overflows_in_row; /* the current run of overflows (0 after a clean step) */
 } rk_loss_scaler;
 
-void rk_loss_scaler_opts_default(rk_loss_scaler_opts *o);
+RK_API void rk_loss_scaler_opts_default(rk_loss_scaler_opts *o);
 /* o NULL: the defaults. Bad settings: RK_EINVAL with a message naming the field, and *s
  * untouched. */
-int rk_loss_scaler_init(rk_loss_scaler *s, const rk_loss_scaler_opts *o, rk_err *err);
+RK_API int rk_loss_scaler_init(rk_loss_scaler *s, const rk_loss_scaler_opts *o, rk_err *err);
 /* Record one step; 1: skip it (a gradient was not finite), 0: apply it. Rules above. */
-int rk_loss_scaler_update(rk_loss_scaler *s, int found_nonfinite);
+RK_API int rk_loss_scaler_update(rk_loss_scaler *s, int found_nonfinite);
 /* 1 / scale: what the gradients are multiplied by before the update. */
-float rk_loss_scaler_inv(const rk_loss_scaler *s);
+RK_API float rk_loss_scaler_inv(const rk_loss_scaler *s);
 
 /* g[i] *= inv_scale for every i < n (always all n), in one pass that also checks the
  * products; returns 1 if any product is inf or NaN, else 0. */
-int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
+RK_API int rk_unscale_check_f32(float *g, size_t n, float inv_scale);
 
 /*
  * Checkpoint: the whole struct, settings and state, as ordinary tensors of a checkpoint

@@ -85,34 +85,34 @@ typedef enum rk_batch_kind {
 } rk_batch_kind;
 
 /* "even", "throughput" or "fault-aware" (exact, lower case); anything else is RK_EINVAL. */
-int rk_batch_kind_parse(const char *name, rk_batch_kind *out, rk_err *err);
+RK_API int rk_batch_kind_parse(const char *name, rk_batch_kind *out, rk_err *err);
 
 /* The name rk_batch_kind_parse accepts; "unknown" for a value outside the enum. */
-const char *rk_batch_kind_name(rk_batch_kind k);
+RK_API const char *rk_batch_kind_name(rk_batch_kind k);
 
 typedef struct rk_batch_policy rk_batch_policy;
 
 /* A policy of `kind` for `nranks` ranks (1..RK_BATCH_MAX_RANKS) sharing `global_batch`
  * samples (>= nranks, so every rank gets at least one). No observations, fault rates 0.
  * On failure *out is NULL. Free with rk_batch_policy_free. */
-int rk_batch_policy_create(rk_batch_policy **out, rk_batch_kind kind, int nranks,
+RK_API int rk_batch_policy_create(rk_batch_policy **out, rk_batch_kind kind, int nranks,
                            int64_t global_batch, rk_err *err);
 
 /* NULL-safe. */
-void rk_batch_policy_free(rk_batch_policy *p);
+RK_API void rk_batch_policy_free(rk_batch_policy *p);
 
 /* The policy's kind, rank count N and global batch B (p must not be NULL). */
-rk_batch_kind rk_batch_policy_kind(const rk_batch_policy *p);
-int rk_batch_policy_nranks(const rk_batch_policy *p);
-int64_t rk_batch_policy_global_batch(const rk_batch_policy *p);
+RK_API rk_batch_kind rk_batch_policy_kind(const rk_batch_policy *p);
+RK_API int rk_batch_policy_nranks(const rk_batch_policy *p);
+RK_API int64_t rk_batch_policy_global_batch(const rk_batch_policy *p);
 
 /* Feed one measured throughput of `rank` (samples/s, finite, in (0, RK_BATCH_MAX_RATE]) into
  * its moving average (see above). */
-int rk_batch_observe_throughput(rk_batch_policy *p, int rank, double samples_per_s, rk_err *err);
+RK_API int rk_batch_observe_throughput(rk_batch_policy *p, int rank, double samples_per_s, rk_err *err);
 
 /* Set the device fault rate of `rank` (faults per hour, finite, in [0, RK_BATCH_MAX_RATE]).
  * It replaces the previous value; the caller (the supervisor) decides the window. */
-int rk_batch_set_fault_rate(rk_batch_policy *p, int rank, double faults_per_hour, rk_err *err);
+RK_API int rk_batch_set_fault_rate(rk_batch_policy *p, int rank, double faults_per_hour, rk_err *err);
 
 /* What the policy knows about one rank. */
 typedef struct rk_batch_rank_state {
@@ -122,19 +122,19 @@ typedef struct rk_batch_rank_state {
 } rk_batch_rank_state;
 
 /* Copy the recorded state of `rank` into *out. */
-int rk_batch_rank_get(const rk_batch_policy *p, int rank, rk_batch_rank_state *out, rk_err *err);
+RK_API int rk_batch_rank_get(const rk_batch_policy *p, int rank, rk_batch_rank_state *out, rk_err *err);
 
 /* The shares: shares[0..N) (the caller's array of N values), each >= 1, summing exactly to B.
  * Deterministic: the same state gives the same shares. RK_ENOMEM is the only failure besides
  * NULL arguments. */
-int rk_batch_shares(const rk_batch_policy *p, int64_t *shares, rk_err *err);
+RK_API int rk_batch_shares(const rk_batch_policy *p, int64_t *shares, rk_err *err);
 
 /* Rebuild the policy for a new set of ranks (elastic shrink or grow), keeping B and the kind:
  * new rank i takes the state of old rank keep[i], or starts fresh (no observation, fault rate
  * 0) when keep[i] is -1. Old ranks not listed are dropped. nkeep must be in
  * 1..RK_BATCH_MAX_RANKS and <= B; old rank ids must be in range and not repeated. On failure
  * the policy is unchanged. */
-int rk_batch_policy_resize(rk_batch_policy *p, const int *keep, int nkeep, rk_err *err);
+RK_API int rk_batch_policy_resize(rk_batch_policy *p, const int *keep, int nkeep, rk_err *err);
 
 /* Replace the recorded state of `rank` (a checkpoint's, say) with *st: RK_EINVAL, and nothing
  * changed, for values the policy could not have recorded (a throughput outside

@@ -71,6 +71,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 #include "rekindle/safetensors.h"
 
 #ifdef __cplusplus
@@ -86,7 +87,7 @@ extern "C" {
 
 /* Name prefixes of the items whose floating-point values must be finite: {"model.", "optim.",
  * NULL}. */
-extern const char *const rk_ckpt_finite_prefixes[];
+RK_API extern const char *const rk_ckpt_finite_prefixes[];
 
 /* One item to save. `dtype` NULL means "F32"; blobs are "U8" with ndim 1. `shape` may be
  * NULL when ndim is 0 (a scalar). `data` holds the product of shape times the dtype size
@@ -125,17 +126,17 @@ typedef struct rk_ckpt rk_ckpt;
 
 /* The file name of step `step` ("ckpt-000000000500.safetensors") into buf; RK_EINVAL if
  * step < 0 or cap is too small (RK_CKPT_NAME_MAX always suffices). */
-int rk_ckpt_file_name(int64_t step, char *buf, size_t cap);
+RK_API int rk_ckpt_file_name(int64_t step, char *buf, size_t cap);
 
 /* 1 and *step if `name` (a base name) is exactly a checkpoint file name as written by
  * rk_ckpt_file_name, else 0 (temporary files, "ckpt-5.safetensors", anything else). */
-int rk_ckpt_name_step(const char *name, int64_t *step);
+RK_API int rk_ckpt_name_step(const char *name, int64_t *step);
 
 /* 1, the step and the unix seconds if `name` is the name a save moved a bad checkpoint aside
  * to: "<checkpoint file name>" RK_CKPT_ASIDE_TAG "<unix seconds>", optionally "-<k>" when
  * that name was taken ("ckpt-000000000006.safetensors.bad-1764590000"). Such a name is
  * neither a checkpoint name nor a temporary file's: retention and loads never touch it. */
-int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when);
+RK_API int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when);
 
 /* ---- saving ----------------------------------------------------------------------------- */
 
@@ -146,11 +147,11 @@ int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when);
  * run` relaunches from the latest good checkpoint); either changes nothing on disk; a failed write (RK_EIO) leaves no file and does not move `latest`.
  * Files retention cannot remove are retried next time. Does not take the lock: the caller
  * holds it (rk_ckpt_lock). */
-int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
+RK_API int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
                  int keep, rk_err *err);
 
 /* The exact bytes rk_ckpt_save writes, in memory: *out (free() it) of *out_len bytes. */
-int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n, uint8_t **out,
+RK_API int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n, uint8_t **out,
                    size_t *out_len, rk_err *err);
 
 /* ---- loading ---------------------------------------------------------------------------- */
@@ -158,16 +159,16 @@ int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n
 /* Verify a checkpoint held in memory (copied). `name` labels messages and, when its base
  * name is a checkpoint file name, must agree with the step inside. On success *out (if not
  * NULL) holds the checkpoint; free it with rk_ckpt_free. RK_EFORMAT for any defect. */
-int rk_ckpt_parse(const uint8_t *buf, size_t len, const char *name, rk_ckpt **out, rk_err *err);
+RK_API int rk_ckpt_parse(const uint8_t *buf, size_t len, const char *name, rk_ckpt **out, rk_err *err);
 
 /* Read and verify one checkpoint file (rk_ckpt_parse on its bytes). RK_ENOENT if absent. */
-int rk_ckpt_load_file(const char *path, rk_ckpt **out, rk_err *err);
+RK_API int rk_ckpt_load_file(const char *path, rk_ckpt **out, rk_err *err);
 
 /* rk_ckpt_load_file without keeping the result: 0 only if every check passes. */
-int rk_ckpt_verify_file(const char *path, rk_err *err);
+RK_API int rk_ckpt_verify_file(const char *path, rk_err *err);
 
 /* Load DIR's checkpoint of exactly `step` (no fallback). */
-int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err);
+RK_API int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err);
 
 /* Load the newest usable checkpoint of DIR: the one `latest` names, else (latest missing,
  * malformed, naming a bad or absent file) the highest step that verifies. With `expect`
@@ -177,26 +178,26 @@ int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err)
  * holds no usable checkpoint. A checkpoint or `latest` that exists but cannot be read
  * (RK_ESTORAGE: permissions, an I/O error; RK_EIO; RK_ENOMEM) ends the search with that error: it is
  * never treated as absent. Never deletes or changes anything. */
-int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out, char *report,
+RK_API int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out, char *report,
                         size_t report_len, rk_err *err);
 
 /* RK_EMISMATCH with a message naming the config key or tensor if `c` does not meet `e`. */
-int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err);
+RK_API int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err);
 
-const rk_ckpt_meta *rk_ckpt_meta_of(const rk_ckpt *c);
-const char *rk_ckpt_path(const rk_ckpt *c); /* the name it was loaded or parsed under */
+RK_API const rk_ckpt_meta *rk_ckpt_meta_of(const rk_ckpt *c);
+RK_API const char *rk_ckpt_path(const rk_ckpt *c); /* the name it was loaded or parsed under */
 /* The tensor called `name`, or NULL. Tensors lie back to back, so `data` may be unaligned
  * for its dtype: copy it with memcpy or rk_st_load_f32(rk_ckpt_file(c), ...). */
-const rk_st_tensor *rk_ckpt_find(const rk_ckpt *c, const char *name);
+RK_API const rk_st_tensor *rk_ckpt_find(const rk_ckpt *c, const char *name);
 /* Every tensor, in the order saved, with the manifest as metadata. */
-const rk_st_file *rk_ckpt_file(const rk_ckpt *c);
-void rk_ckpt_free(rk_ckpt *c); /* NULL-safe */
+RK_API const rk_st_file *rk_ckpt_file(const rk_ckpt *c);
+RK_API void rk_ckpt_free(rk_ckpt *c); /* NULL-safe */
 
 /* ---- the directory ---------------------------------------------------------------------- */
 
 /* The file name `latest` points to, into name[cap]. RK_ENOENT if there is no `latest`,
  * RK_EFORMAT if it is empty or not one checkpoint file name. Does not check that file. */
-int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err);
+RK_API int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err);
 
 typedef struct rk_ckpt_info {
     char file[RK_CKPT_NAME_MAX];  /* base name */
@@ -214,7 +215,7 @@ typedef struct rk_ckpt_info {
 /* Every checkpoint file of DIR, ascending by step, each fully verified: *items (free() it)
  * of *n. *ntemp (may be NULL) counts leftover temporary files, which are not checkpoints.
  * RK_ENOENT if DIR does not exist. */
-int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err);
+RK_API int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err);
 
 /* A bad checkpoint a save moved aside (see Saving above). */
 typedef struct rk_ckpt_aside {
@@ -226,7 +227,7 @@ typedef struct rk_ckpt_aside {
 
 /* Every file of DIR a save moved aside, ascending by step then name: *items (free() it) of
  * *n. Not verified (they did not verify when moved). RK_ENOENT if DIR does not exist. */
-int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err *err);
+RK_API int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err *err);
 
 /* ---- the writer's lock ------------------------------------------------------------------ */
 
@@ -244,15 +245,15 @@ int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err
  * same process is refused too. Not thread-safe against itself for one handle. */
 typedef struct rk_ckpt_lockfile rk_ckpt_lockfile;
 
-int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *err);
+RK_API int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *err);
 
 /* Release the lock (closes the file; the lock file stays in DIR). NULL-safe. */
-void rk_ckpt_unlock(rk_ckpt_lockfile *l);
+RK_API void rk_ckpt_unlock(rk_ckpt_lockfile *l);
 
 /* 1 if DIR looks like a checkpoint store: it holds `latest`, the lock file or a file with a
  * checkpoint name (or its temporary file, or a moved-aside one). 0 otherwise, or if DIR
  * cannot be listed. */
-int rk_ckpt_is_store(const char *dir);
+RK_API int rk_ckpt_is_store(const char *dir);
 
 /* ---- interval --------------------------------------------------------------------------- */
 
@@ -262,15 +263,15 @@ int rk_ckpt_is_store(const char *dir);
  *   Daly (2006):   T = sqrt(2 C M) * (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C   if C < 2M
  *                  T = M                                                       if C >= 2M
  * `--ckpt-every auto` uses Daly's. */
-double rk_ckpt_interval_young(double save_cost_s, double mtbf_s);
-double rk_ckpt_interval_daly(double save_cost_s, double mtbf_s);
+RK_API double rk_ckpt_interval_young(double save_cost_s, double mtbf_s);
+RK_API double rk_ckpt_interval_daly(double save_cost_s, double mtbf_s);
 
 /* Daly's interval in steps of `step_s` seconds, rounded to nearest, at least 1; 0 if an
  * argument is not positive and finite (keep the current interval then). */
-int64_t rk_ckpt_auto_steps(double save_cost_s, double mtbf_s, double step_s);
+RK_API int64_t rk_ckpt_auto_steps(double save_cost_s, double mtbf_s, double step_s);
 
 /* Parse a --ckpt-every value: a step count >= 1, or "auto" (*steps = 0). RK_EINVAL else. */
-int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err);
+RK_API int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err);
 
 /* ---- asynchronous writer ---------------------------------------------------------------- */
 
@@ -279,24 +280,24 @@ int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err);
  * write is in flight: submit() first waits for the previous one. */
 typedef struct rk_ckpt_writer rk_ckpt_writer;
 
-int rk_ckpt_writer_create(rk_ckpt_writer **out, const char *dir, int keep, rk_err *err);
+RK_API int rk_ckpt_writer_create(rk_ckpt_writer **out, const char *dir, int keep, rk_err *err);
 
 /* If the previous write failed, returns its error (consumed: the next submit proceeds) and
  * takes no snapshot. Otherwise snapshots and starts the write; RK_ENOMEM if the copy does
  * not fit, RK_EIO if no thread can be started (nothing is written then). */
-int rk_ckpt_writer_submit(rk_ckpt_writer *w, const rk_ckpt_meta *meta, const rk_ckpt_item *items,
+RK_API int rk_ckpt_writer_submit(rk_ckpt_writer *w, const rk_ckpt_meta *meta, const rk_ckpt_item *items,
                           size_t n, rk_err *err);
 
 /* Wait for the write in flight (if any) and return its result (consumed). The seconds the
  * last finished write took, snapshot excluded, go to *last_save_seconds (may be NULL; 0 if
  * none finished yet): the save cost for rk_ckpt_auto_steps. */
-int rk_ckpt_writer_wait(rk_ckpt_writer *w, double *last_save_seconds, rk_err *err);
+RK_API int rk_ckpt_writer_wait(rk_ckpt_writer *w, double *last_save_seconds, rk_err *err);
 
 /* 1 while a write is in flight (never blocks). */
-int rk_ckpt_writer_busy(rk_ckpt_writer *w);
+RK_API int rk_ckpt_writer_busy(rk_ckpt_writer *w);
 
 /* Wait for the write in flight (its error is dropped: call wait first to see it) and free. */
-void rk_ckpt_writer_free(rk_ckpt_writer *w);
+RK_API void rk_ckpt_writer_free(rk_ckpt_writer *w);
 
 #ifdef __cplusplus
 }

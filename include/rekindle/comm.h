@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,30 +24,30 @@ extern "C" {
 typedef struct rk_comm rk_comm;
 
 /* backend: "auto", "mpi" or "self". RK_ENOTSUP if the backend is not in this build. */
-int rk_comm_open(rk_comm **out, const char *backend, rk_err *err);
+RK_API int rk_comm_open(rk_comm **out, const char *backend, rk_err *err);
 /* Finalise (MPI_Finalize for mpi). NULL-safe. */
-void rk_comm_close(rk_comm *c);
+RK_API void rk_comm_close(rk_comm *c);
 
-int rk_comm_rank(const rk_comm *c);
-int rk_comm_size(const rk_comm *c);
+RK_API int rk_comm_rank(const rk_comm *c);
+RK_API int rk_comm_size(const rk_comm *c);
 /* Ranks of this job on this node (1 for self): used to share the CPU cores among them. */
-int rk_comm_local_size(const rk_comm *c);
-const char *rk_comm_backend(const rk_comm *c);
+RK_API int rk_comm_local_size(const rk_comm *c);
+RK_API const char *rk_comm_backend(const rk_comm *c);
 
 /* In-place sums (or means) over all ranks. Every rank ends with the same bits. */
-int rk_comm_allreduce_sum_f32(rk_comm *c, float *buf, size_t n, rk_err *err);
-int rk_comm_allreduce_mean_f32(rk_comm *c, float *buf, size_t n, rk_err *err);
-int rk_comm_allreduce_sum_f64(rk_comm *c, double *buf, size_t n, rk_err *err);
+RK_API int rk_comm_allreduce_sum_f32(rk_comm *c, float *buf, size_t n, rk_err *err);
+RK_API int rk_comm_allreduce_mean_f32(rk_comm *c, float *buf, size_t n, rk_err *err);
+RK_API int rk_comm_allreduce_sum_f64(rk_comm *c, double *buf, size_t n, rk_err *err);
 /* all[i] = rank i's `mine` (all has rk_comm_size entries). */
-int rk_comm_allgather_u64(rk_comm *c, uint64_t mine, uint64_t *all, rk_err *err);
+RK_API int rk_comm_allgather_u64(rk_comm *c, uint64_t mine, uint64_t *all, rk_err *err);
 /* recv[i * bytes .. (i + 1) * bytes) = rank i's `send` (bytes each; recv holds size * bytes). */
-int rk_comm_allgather(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err);
+RK_API int rk_comm_allgather(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err);
 /* send holds size pieces of `bytes` each: piece j goes to rank j; recv[i * bytes ..) is the
  * piece rank i sent to this rank. */
-int rk_comm_alltoall(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err);
+RK_API int rk_comm_alltoall(rk_comm *c, const void *send, size_t bytes, void *recv, rk_err *err);
 /* Root's bytes to every rank. */
-int rk_comm_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *err);
-int rk_comm_barrier(rk_comm *c, rk_err *err);
+RK_API int rk_comm_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *err);
+RK_API int rk_comm_barrier(rk_comm *c, rk_err *err);
 
 /*
  * Traffic accounting, per operation, for this rank since open (or the last reset): calls
@@ -69,11 +70,11 @@ typedef struct rk_comm_stats {
     uint64_t bytes[RK_COMM_NOPS];
 } rk_comm_stats;
 
-const char *rk_comm_op_name(rk_comm_op op);
-void rk_comm_stats_get(const rk_comm *c, rk_comm_stats *out);
-void rk_comm_stats_reset(rk_comm *c);
+RK_API const char *rk_comm_op_name(rk_comm_op op);
+RK_API void rk_comm_stats_get(const rk_comm *c, rk_comm_stats *out);
+RK_API void rk_comm_stats_reset(rk_comm *c);
 /* Sum of bytes over every operation. */
-uint64_t rk_comm_bytes_sent(const rk_comm *c);
+RK_API uint64_t rk_comm_bytes_sent(const rk_comm *c);
 
 /*
  * Compressed allreduce (docs/compression.md), for gradients over thin links. Built only on
@@ -111,26 +112,26 @@ typedef enum rk_compress {
 #define RK_COMPRESS_BLOCK 256 /* values per scale */
 
 /* "none", "fp16", "bf16", "onebit", "onebit-noef"; RK_EINVAL naming the word otherwise. */
-int rk_compress_parse(const char *s, rk_compress *out, rk_err *err);
-const char *rk_compress_name(rk_compress kind);
+RK_API int rk_compress_parse(const char *s, rk_compress *out, rk_err *err);
+RK_API const char *rk_compress_name(rk_compress kind);
 
 typedef struct rk_compressor rk_compressor;
 
 /* A compressor for buffers of n floats on this communicator's world. */
-int rk_compressor_create(rk_compressor **out, rk_comm *c, rk_compress kind, size_t n,
+RK_API int rk_compressor_create(rk_compressor **out, rk_comm *c, rk_compress kind, size_t n,
                          rk_err *err);
-void rk_compressor_free(rk_compressor *z);
-rk_compress rk_compressor_kind(const rk_compressor *z);
+RK_API void rk_compressor_free(rk_compressor *z);
+RK_API rk_compress rk_compressor_kind(const rk_compressor *z);
 /* In place over all ranks: the (compressed) sum, or the mean when mean != 0. Every rank ends
  * with the same bits. */
-int rk_compressor_allreduce(rk_compressor *z, float *buf, int mean, rk_err *err);
+RK_API int rk_compressor_allreduce(rk_compressor *z, float *buf, int mean, rk_err *err);
 /* Make the residuals of the last allreduce current (no-op without error feedback). */
-void rk_compressor_commit(rk_compressor *z);
+RK_API void rk_compressor_commit(rk_compressor *z);
 /* The committed residuals: rk_compressor_state_len floats, 0 without error feedback. */
-size_t rk_compressor_state_len(const rk_compressor *z);
-float *rk_compressor_state(rk_compressor *z);
+RK_API size_t rk_compressor_state_len(const rk_compressor *z);
+RK_API float *rk_compressor_state(rk_compressor *z);
 /* Bytes one allreduce of this compressor sends from this rank (as rk_comm_stats counts). */
-uint64_t rk_compressor_bytes_per_call(const rk_compressor *z);
+RK_API uint64_t rk_compressor_bytes_per_call(const rk_compressor *z);
 
 #ifdef __cplusplus
 }

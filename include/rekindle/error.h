@@ -9,6 +9,8 @@
 #ifndef REKINDLE_ERROR_H
 #define REKINDLE_ERROR_H
 
+#include "rekindle/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -42,14 +44,14 @@ typedef struct rk_err {
 } rk_err;
 
 /* A short, static description of a code ("malformed input", ...). */
-const char *rk_strerror(int code);
+RK_API const char *rk_strerror(int code);
 
 /* Fill `err` (if not NULL) with code and a printf-style message; returns `code`. */
-int rk_err_set(rk_err *err, int code, const char *fmt, ...)
+RK_API int rk_err_set(rk_err *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Clear `err` to RK_OK with an empty message. */
-void rk_err_clear(rk_err *err);
+RK_API void rk_err_clear(rk_err *err);
 
 #ifdef __cplusplus
 }

@@ -28,6 +28,7 @@
 #include <sys/types.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,34 +40,34 @@ typedef struct rk_afile rk_afile;
 /* Create the temporary file for an atomic write of `path`. On success *out owns it and must
  * be finished with rk_afile_commit or rk_afile_abort. On failure *out is NULL and nothing
  * was created. A missing directory gives RK_ENOENT. */
-int rk_afile_open(rk_afile **out, const char *path, rk_err *err);
+RK_API int rk_afile_open(rk_afile **out, const char *path, rk_err *err);
 
 /* Append `len` bytes (short writes and EINTR are retried). On Linux, writeback starts every
  * 4 MiB, and once more than 32 MiB are in flight the oldest pieces are waited for and dropped
  * from the page cache, so a large write reuses a bounded set of pages (a write-back error
  * found then fails this call). After a failure the file is marked failed: further writes and
  * rk_afile_commit fail; call rk_afile_abort. */
-int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err);
+RK_API int rk_afile_write(rk_afile *f, const void *buf, size_t len, rk_err *err);
 
 /* Overwrite `len` bytes at `offset` of what was already appended (a header written last, once
  * its checksums are known). The range must lie within the bytes written so far: RK_EINVAL
  * otherwise. Failures mark the file failed, as for rk_afile_write. */
-int rk_afile_pwrite(rk_afile *f, const void *buf, size_t len, uint64_t offset, rk_err *err);
+RK_API int rk_afile_pwrite(rk_afile *f, const void *buf, size_t len, uint64_t offset, rk_err *err);
 
 /* fsync and close the temporary file, rename it over the target, fsync the directory.
  * Always frees `f`. On failure before the rename the target is unchanged and the temporary
  * file is removed; if only the final directory fsync fails, the target already holds the new
  * content and RK_EIO says so. */
-int rk_afile_commit(rk_afile *f, rk_err *err);
+RK_API int rk_afile_commit(rk_afile *f, rk_err *err);
 
 /* Close and remove the temporary file, leaving the target untouched; frees `f`. NULL-safe. */
-void rk_afile_abort(rk_afile *f);
+RK_API void rk_afile_abort(rk_afile *f);
 
 /* The target path of an atomic write in progress. */
-const char *rk_afile_path(const rk_afile *f);
+RK_API const char *rk_afile_path(const rk_afile *f);
 
 /* Atomically replace `path` with `len` bytes from `buf` (open + write + commit). */
-int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *err);
+RK_API int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *err);
 
 /* ---- reading a file a user named -----------------------------------------------------------
  *
@@ -80,27 +81,27 @@ int rk_file_write_atomic(const char *path, const void *buf, size_t len, rk_err *
 
 /* What a file of mode `m` is, for messages: "a directory", "a FIFO", "a character device",
  * ... ("a regular file" for one). Every "not a regular file" message uses it. */
-const char *rk_file_kind_name(mode_t m);
+RK_API const char *rk_file_kind_name(mode_t m);
 
 /* Open `path` for reading as above. On success *fd is the open descriptor (close it) and
  * *size (may be NULL) the file's size from fstat. On failure *fd is -1: RK_ENOENT (missing),
  * RK_EINVAL (not a regular file), RK_EFORMAT (more than max_len bytes; SIZE_MAX: no limit),
  * RK_EIO (cannot open, e.g. permissions). */
-int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t *size, rk_err *err);
+RK_API int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t *size, rk_err *err);
 
 /* The same for the entry `name` (no '/') of the directory open as `dirfd`, and never through
  * a symbolic link (O_NOFOLLOW: a link is RK_EINVAL, "is a symbolic link"). `label` (NULL:
  * name) is what messages call the file. */
-int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len, int *fd,
+RK_API int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len, int *fd,
                         uint64_t *size, rk_err *err);
 
 /* Read exactly `n` bytes from `fd` (short reads and EINTR retried). A file that ends first is
  * RK_EFORMAT ("file ended after K of N bytes"), a failed read RK_EIO; `path` names it. */
-int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_err *err);
+RK_API int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_err *err);
 
 /* Read the rest of `fd` (opened by rk_file_open_read, whose size is `size_hint`) into a new
  * buffer as rk_file_read_all does; the descriptor stays open. */
-int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint, uint8_t **buf,
+RK_API int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint, uint8_t **buf,
                     size_t *len, rk_err *err);
 
 /* Read a whole file (opened with rk_file_open_read) into a new buffer (*buf, free() it) of
@@ -108,11 +109,11 @@ int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint
  * can be parsed in place. Errors as for rk_file_open_read, plus RK_EFORMAT if the file grows
  * past `max_len` while being read and RK_EIO if a read fails. On failure *buf is NULL and
  * *len is 0. */
-int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err);
+RK_API int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err);
 
 /* fsync a directory so that creations and renames inside it are durable. Filesystems that
  * cannot fsync a directory (EINVAL) are accepted. RK_ENOENT if it does not exist. */
-int rk_fsync_dir(const char *dir, rk_err *err);
+RK_API int rk_fsync_dir(const char *dir, rk_err *err);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,30 +39,30 @@ typedef struct rk_spike {
 } rk_spike;
 
 /* window >= 3, z > 0 and finite; RK_EINVAL otherwise, RK_ENOMEM. */
-int rk_spike_init(rk_spike *s, int window, double z, rk_err *err);
-void rk_spike_free(rk_spike *s);
+RK_API int rk_spike_init(rk_spike *s, int window, double z, rk_err *err);
+RK_API void rk_spike_free(rk_spike *s);
 /* 1 if `loss` is a spike: the window is full and loss > median with a z-score above the
  * threshold, or loss is not finite. *zscore (may be NULL) gets the z-score (0 until the
  * window is full). Does not add the loss. */
-int rk_spike_test(const rk_spike *s, double loss, double *zscore);
+RK_API int rk_spike_test(const rk_spike *s, double loss, double *zscore);
 /* Accept a loss into the window (non-finite losses are ignored). */
-void rk_spike_push(rk_spike *s, double loss);
+RK_API void rk_spike_push(rk_spike *s, double loss);
 /* Forget every loss (after a rollback, the window would describe steps that are gone). */
-void rk_spike_reset(rk_spike *s);
+RK_API void rk_spike_reset(rk_spike *s);
 
 /* Which of n ranks have a gradient far off the others'. `norms` are per-rank gradient norms
  * already made comparable (each divided by the rank's share of the batch); a rank without
  * samples passes a negative value and is skipped. flags[i] = 1 for:
  * a non-finite norm; with 3 or more usable ranks, a norm above ratio x their median; with 2,
  * the larger when it is above ratio x the smaller. Returns how many are flagged. */
-int rk_guard_outliers(const double *norms, int n, double ratio, unsigned char *flags);
+RK_API int rk_guard_outliers(const double *norms, int n, double ratio, unsigned char *flags);
 
 /* Majority vote over replica hashes (one per rank). flags[i] = 1 for every rank whose hash
  * differs from the most common one; *root = the lowest rank holding the most common hash
  * (between equally common hashes, the one held by the lowest rank); *strict = 1 when that
  * hash is held by more than half the ranks.
  * Returns the number of flagged ranks (0: all agree). */
-int rk_guard_vote(const uint64_t *hashes, int n, int *root, unsigned char *flags, int *strict);
+RK_API int rk_guard_vote(const uint64_t *hashes, int n, int *root, unsigned char *flags, int *strict);
 
 #ifdef __cplusplus
 }

@@ -105,7 +105,7 @@ static inline void rk_field_set(rk_gpu_sample *s, rk_field f)
     s->valid |= 1ull << f;
 }
 /* "temp", "fan", ... (stable names, used in messages and JSON). */
-const char *rk_field_name(rk_field f);
+RK_API const char *rk_field_name(rk_field f);
 
 /* What a GPU is. */
 typedef struct rk_gpu_info {
@@ -148,17 +148,17 @@ typedef struct rk_telemetry_ops {
     double (*now)(void *state);
 } rk_telemetry_ops;
 
-extern const rk_telemetry_ops rk_telemetry_nvml;
-extern const rk_telemetry_ops rk_telemetry_sim;
+RK_API extern const rk_telemetry_ops rk_telemetry_nvml;
+RK_API extern const rk_telemetry_ops rk_telemetry_sim;
 
 /* Open "nvml", "sim" or "auto" (nvml when it loads and sees at least one GPU, else an error
  * naming why). RK_ENOTSUP when NVML is absent (libnvidia-ml.so.1 not found) with a message
  * saying so; RK_EINVAL for bad options. */
-int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetry_opts *o,
+RK_API int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetry_opts *o,
                       rk_err *err);
-void rk_telemetry_close(rk_telemetry *t);
-int rk_telemetry_count(const rk_telemetry *t);
-const char *rk_telemetry_backend(const rk_telemetry *t);
+RK_API void rk_telemetry_close(rk_telemetry *t);
+RK_API int rk_telemetry_count(const rk_telemetry *t);
+RK_API const char *rk_telemetry_backend(const rk_telemetry *t);
 /* Open a backend of the caller's own (a replay of recorded samples, a test's fake): the
  * same checks and textfile merging as rk_telemetry_open. The table must outlive the
  * telemetry. RK_EINVAL for bad options or a table without open, count, info, read or close. */
@@ -167,15 +167,15 @@ RK_API int rk_telemetry_open_ops(rk_telemetry **out, const rk_telemetry_ops *ops
 /* The backend's clock now, seconds: simulated seconds for "sim" (its pinned or scaled clock),
  * the monotonic clock for NVML. What the failure predictor counts its minutes by. */
 RK_API double rk_telemetry_now(rk_telemetry *t);
-int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out);
+RK_API int rk_telemetry_info(const rk_telemetry *t, int i, rk_gpu_info *out);
 /* Read GPU i now (the backend only). A GPU that is gone gives lost = true and RK_OK.
  * Errors: RK_EINVAL (i out of range), RK_EIO (the backend failed; message says how). */
-int rk_telemetry_read(rk_telemetry *t, int i, rk_gpu_sample *out, rk_err *err);
+RK_API int rk_telemetry_read(rk_telemetry *t, int i, rk_gpu_sample *out, rk_err *err);
 /* Read every GPU (infos and samples have rk_telemetry_count entries) and merge the textfile
  * sensors of opts.textfile_dir. A GPU whose read fails keeps an empty sample (valid 0) and
  * the first error is returned after all were read; a textfile that does not parse is
  * reported the same way while the others are still merged. */
-int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *samples,
+RK_API int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *samples,
                           rk_err *err);
 
 /* ---- textfile sensors ----------------------------------------------------------------------- */
@@ -185,14 +185,14 @@ int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *sa
  * gpu="<index>" or uuid="<uuid>" (other metrics are ignored). `infos`/`samples` have n
  * entries. A malformed line is RK_EFORMAT naming the file, line, column and problem (never
  * the file's bytes); nothing is merged from that file then. */
-int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_gpu_info *infos,
+RK_API int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_gpu_info *infos,
                       rk_gpu_sample *samples, int n, rk_err *err);
 /* Every regular *.prom file in `dir` (sorted by name, at most 1 MiB each, dot-files,
  * directories, FIFOs and devices skipped), merged with rk_textfile_merge. A symbolic link is
  * followed only to a regular file named by a plain name in the same directory; any other link
  * is reported (RK_EINVAL) and not read (docs/textfile.md). A file that does not parse is
  * reported (the first problem, RK_EFORMAT) but does not stop the others. */
-int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_sample *samples,
+RK_API int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_sample *samples,
                           int n, rk_err *err);
 
 /* ---- signals, score, findings ------------------------------------------------------------- */
@@ -203,9 +203,9 @@ typedef struct rk_gpu_history {
     int cap, n, next;
 } rk_gpu_history;
 
-int rk_history_init(rk_gpu_history *h, int cap, rk_err *err);
-void rk_history_free(rk_gpu_history *h);
-void rk_history_push(rk_gpu_history *h, const rk_gpu_sample *s);
+RK_API int rk_history_init(rk_gpu_history *h, int cap, rk_err *err);
+RK_API void rk_history_free(rk_gpu_history *h);
+RK_API void rk_history_push(rk_gpu_history *h, const rk_gpu_sample *s);
 
 /* Derived signals; each has a valid flag. */
 typedef struct rk_gpu_signals {
@@ -222,7 +222,7 @@ typedef struct rk_gpu_signals {
     bool fail_prob_valid; double fail_prob; double fail_horizon_min;
 } rk_gpu_signals;
 
-void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
+RK_API void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
 
 typedef enum rk_severity { RK_SEV_INFO, RK_SEV_WARN, RK_SEV_CRIT } rk_severity;
 
@@ -243,10 +243,10 @@ typedef struct rk_finding {
 /* Score 0..100 (100 healthy) from the latest sample and the signals, with the findings that
  * took points off, worst first (docs/health.md lists every rule and penalty). A lost GPU
  * scores 0. */
-int rk_health_score(const rk_gpu_sample *latest, const rk_gpu_signals *sig,
+RK_API int rk_health_score(const rk_gpu_sample *latest, const rk_gpu_signals *sig,
                     rk_finding *findings, int *nfindings);
 
-const char *rk_severity_name(rk_severity s);
+RK_API const char *rk_severity_name(rk_severity s);
 
 #ifdef __cplusplus
 }

@@ -106,7 +106,7 @@ typedef struct rk_hb_msg {
 
 /* Parse one line (without its newline; need not be NUL-terminated) into *m. RK_EFORMAT with a
  * message naming the field for anything but a valid message; *m is then unspecified. */
-int rk_hb_msg_parse(const char *line, size_t len, rk_hb_msg *m, rk_err *err);
+RK_API int rk_hb_msg_parse(const char *line, size_t len, rk_hb_msg *m, rk_err *err);
 
 /* The line for *m, newline included, NUL-terminated, into line[cap] (RK_HB_LINE_MAX always
  * suffices); its length without the NUL to *len (may be NULL). Fields in the documented
@@ -115,10 +115,10 @@ int rk_hb_msg_parse(const char *line, size_t len, rk_hb_msg *m, rk_err *err);
  * above, so that whatever this writes rk_hb_msg_parse reads back equal (in every field the
  * type carries; the others are not written and read back as 0); RK_EINVAL if cap is too
  * small. */
-int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk_err *err);
+RK_API int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk_err *err);
 
 /* "hello", "step", ...; "?" for a value outside the enum. */
-const char *rk_hb_type_name(rk_hb_type t);
+RK_API const char *rk_hb_type_name(rk_hb_type t);
 
 /* ---- commands --------------------------------------------------------------------------- */
 
@@ -126,7 +126,7 @@ typedef enum { RK_HB_CMD_NONE, RK_HB_CMD_CHECKPOINT, RK_HB_CMD_STOP } rk_hb_cmd;
 
 /* Parse one supervisor line ({"cmd":"checkpoint"} or {"cmd":"stop"}; other fields ignored).
  * RK_EFORMAT naming the field otherwise. */
-int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err);
+RK_API int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err);
 
 /* The line for `cmd` ({"cmd":"stop"} or {"cmd":"checkpoint"}), newline included,
  * NUL-terminated, into line[cap] (RK_HB_CMD_LINE_MAX always suffices); its length without the
@@ -150,7 +150,7 @@ typedef struct rk_hb_lines {
  * its newline is RK_EFORMAT (the splitter is reset; the rest of this feed is dropped; the
  * stream cannot be trusted after it: close the connection). A nonzero return of on_line
  * stops the feed (the bytes after that line are dropped) and is returned. */
-int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,
+RK_API int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,
                      int (*on_line)(void *ctx, const char *line, size_t len), void *ctx,
                      rk_err *err);
 
@@ -163,32 +163,32 @@ typedef struct rk_hb rk_hb;
  * 0..65535 below world, world 1..65536, start_step >= 0, device NULL (= "") or <= 63 bytes
  * of UTF-8 without control characters) or a path too long for a Unix socket; RK_EIO naming
  * the path if it cannot connect or send; RK_ENOMEM. On failure *out = NULL. */
-int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
+RK_API int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
                rk_err *err);
 
 /* After step `step` was applied: its loss (NaN or infinite is sent as null) and the seconds
  * it took (>= 0, finite). */
-int rk_hb_step(rk_hb *h, int64_t step, double loss, double dt_s);
+RK_API int rk_hb_step(rk_hb *h, int64_t step, double loss, double dt_s);
 
 /* About to enter the gradient collective of `step`. */
-int rk_hb_comm(rk_hb *h, int64_t step);
+RK_API int rk_hb_comm(rk_hb *h, int64_t step);
 
 /* A guard trip or suspicion at `step`: kind and action are words [a-z_]{1,31}; blame is the
  * rank held responsible (-1 unknown); lost_steps >= 0. `detail` (NULL = "") is free text: it
  * is cleaned, not refused: control characters and bytes that are not UTF-8 become '?', and
  * it is cut to 512 bytes on a character boundary. */
-int rk_hb_event(rk_hb *h, int64_t step, const char *kind, int blame, const char *action,
+RK_API int rk_hb_event(rk_hb *h, int64_t step, const char *kind, int blame, const char *action,
                 int64_t lost_steps, const char *detail);
 
 /* A checkpoint of `step` is durable; it took `seconds` (>= 0, finite). */
-int rk_hb_ckpt(rk_hb *h, int64_t step, double seconds);
+RK_API int rk_hb_ckpt(rk_hb *h, int64_t step, double seconds);
 
 /* Injected fault number `index` (>= 0) of kind `kind` ([a-z_]{1,31}) is about to fire. The
  * line is on the socket when this returns. */
-int rk_hb_inject(rk_hb *h, int64_t step, int index, const char *kind);
+RK_API int rk_hb_inject(rk_hb *h, int64_t step, int index, const char *kind);
 
 /* The worker is leaving: status "done" or "stopped". */
-int rk_hb_bye(rk_hb *h, int64_t step, const char *status);
+RK_API int rk_hb_bye(rk_hb *h, int64_t step, const char *status);
 
 /* Read, without blocking, whatever commands arrived and return the most urgent pending one
  * (stop > checkpoint > none) in *cmd and RK_OK. Returning a command consumes all pending
@@ -196,21 +196,21 @@ int rk_hb_bye(rk_hb *h, int64_t step, const char *status);
  * in rk_hb_error), *cmd = NONE, the handle stays alive and valid commands stay pending for
  * the next call. End of file: the handle turns dead; a command that arrived before it is
  * still returned (RK_OK), and RK_EIO comes on the next call. NULL h: NONE and RK_OK. */
-int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd);
+RK_API int rk_hb_poll(rk_hb *h, rk_hb_cmd *cmd);
 
 /* 1 while the supervisor is there, 0 when dead or NULL. Reads what arrived first, without
  * blocking (commands stay pending for rk_hb_poll; a bad line is reported by the next poll),
  * so a supervisor that has died, whose end of the socket the kernel closed, reads as 0 now.
  * A worker calls it right before it publishes a checkpoint: nothing is written after the
  * supervisor is gone (docs/protocol.md, "Transport"). */
-int rk_hb_alive(rk_hb *h);
+RK_API int rk_hb_alive(rk_hb *h);
 
 /* The last failure a call on h returned (code and message) into *err; returns its code,
  * RK_OK (empty message) if none. */
-int rk_hb_error(rk_hb *h, rk_err *err);
+RK_API int rk_hb_error(rk_hb *h, rk_err *err);
 
 /* Close the connection and free. NULL-safe. Does not send bye. */
-void rk_hb_close(rk_hb *h);
+RK_API void rk_hb_close(rk_hb *h);
 
 #ifdef __cplusplus
 }

@@ -52,6 +52,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,17 +93,17 @@ typedef struct rk_inject rk_inject;
 
 /* Parse `spec` into a new list (*out; free with rk_inject_free). NULL or "" is an empty list.
  * On error *out is NULL and err says where and what (see above). */
-int rk_inject_parse(const char *spec, rk_inject **out, rk_err *err);
+RK_API int rk_inject_parse(const char *spec, rk_inject **out, rk_err *err);
 
 /* NULL-safe. */
-void rk_inject_free(rk_inject *inj);
+RK_API void rk_inject_free(rk_inject *inj);
 
 /* The number of faults (0 for NULL) and fault i in spec order (NULL if i is out of range). */
-size_t rk_inject_count(const rk_inject *inj);
-const rk_fault *rk_inject_get(const rk_inject *inj, size_t i);
+RK_API size_t rk_inject_count(const rk_inject *inj);
+RK_API const rk_fault *rk_inject_get(const rk_inject *inj, size_t i);
 
 /* "crash", "hang", "nan", "bitflip", "gradflip", "slow", "commfail"; "unknown" otherwise. */
-const char *rk_fault_kind_name(rk_fault_kind k);
+RK_API const char *rk_fault_kind_name(rk_fault_kind k);
 
 /* The canonical text of the list into buf[cap], NUL-terminated: faults in order, ',' between
  * them, keys in the order step/mtbf, rank, seed, ms, for, each only when it differs from its
@@ -111,7 +112,7 @@ const char *rk_fault_kind_name(rk_fault_kind k);
  * same list and is never longer than the spec it came from, so RK_INJECT_SPEC_MAX + 1 bytes
  * always suffice. NULL is the empty list (""). RK_EINVAL if buf is NULL or cap is too small
  * (buf then holds "" when cap > 0). */
-int rk_inject_format(const rk_inject *inj, char *buf, size_t cap);
+RK_API int rk_inject_format(const rk_inject *inj, char *buf, size_t cap);
 
 /* ---- runtime, in one rank ----------------------------------------------------------------- */
 
@@ -122,7 +123,7 @@ int rk_inject_format(const rk_inject *inj, char *buf, size_t cap);
  * that fired in earlier launches; they never fire. A bad list is RK_EINVAL
  * ("fault done list '...': position P: ...") and leaves the list as it was. Arming again
  * starts over (a new launch); rk_inject_mark_done marks stay. */
-int rk_inject_arm(rk_inject *inj, int rank, uint64_t launch, const char *done, rk_err *err);
+RK_API int rk_inject_arm(rk_inject *inj, int rank, uint64_t launch, const char *done, rk_err *err);
 
 /* The faults that fire now on the armed rank, for the caller to apply: their indices go to
  * idx[0..cap) in index order and the count is returned.
@@ -134,19 +135,19 @@ int rk_inject_arm(rk_inject *inj, int rank, uint64_t launch, const char *done, r
  * A slow fault is returned at its first step only; the caller keeps it going for ms/steps.
  * Faults of other ranks, in the done list or marked done never fire. Faults that did not fit
  * in cap are not consumed: call again with the same step. 0 before rk_inject_arm. */
-size_t rk_inject_due(rk_inject *inj, int64_t step, double elapsed_s, size_t *idx, size_t cap);
+RK_API size_t rk_inject_due(rk_inject *inj, int64_t step, double elapsed_s, size_t *idx, size_t cap);
 
 /* Never fire fault i again in this process (re-arming does not undo it). Out of range: no-op. */
-void rk_inject_mark_done(rk_inject *inj, size_t i);
+RK_API void rk_inject_mark_done(rk_inject *inj, size_t i);
 
 /* The next arrival of random fault i on the armed rank, in seconds since arm; INFINITY if it
  * will not fire (not armed, fixed, another rank's, done, out of range). */
-double rk_inject_next_arrival(const rk_inject *inj, size_t i);
+RK_API double rk_inject_next_arrival(const rk_inject *inj, size_t i);
 
 /* Parse RK_INJECT and arm it for `rank` with RK_INJECT_DONE (the done list) and RK_LAUNCH
  * (decimal launch number, 0 when unset). No RK_INJECT: *out = NULL and RK_OK (injection off).
  * Errors (RK_EINVAL) start with the variable's name ("RK_INJECT: fault spec: position ..."). */
-int rk_inject_from_env(rk_inject **out, int rank, rk_err *err);
+RK_API int rk_inject_from_env(rk_inject **out, int rank, rk_err *err);
 
 #ifdef __cplusplus
 }

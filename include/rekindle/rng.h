@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rekindle/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -20,18 +22,18 @@ typedef struct rk_rng {
     uint64_t s[4];
 } rk_rng;
 
-void rk_rng_seed(rk_rng *r, uint64_t seed);
+RK_API void rk_rng_seed(rk_rng *r, uint64_t seed);
 /* A stream that depends only on (seed, a, b): for per-epoch or per-step randomness. */
-void rk_rng_derive(rk_rng *r, uint64_t seed, uint64_t a, uint64_t b);
-uint64_t rk_rng_next(rk_rng *r);
+RK_API void rk_rng_derive(rk_rng *r, uint64_t seed, uint64_t a, uint64_t b);
+RK_API uint64_t rk_rng_next(rk_rng *r);
 /* Uniform in [0, 1) with 24 random bits. */
-float rk_rng_uniform(rk_rng *r);
+RK_API float rk_rng_uniform(rk_rng *r);
 /* Uniform integer in [0, n), unbiased (n > 0). */
-uint64_t rk_rng_below(rk_rng *r, uint64_t n);
+RK_API uint64_t rk_rng_below(rk_rng *r, uint64_t n);
 /* Standard normal (Box-Muller, one value per call). */
-float rk_rng_normal(rk_rng *r);
+RK_API float rk_rng_normal(rk_rng *r);
 /* Fill idx[0..n) with a uniformly random permutation of 0..n-1 (Fisher-Yates). */
-void rk_rng_permutation(rk_rng *r, uint32_t *idx, size_t n);
+RK_API void rk_rng_permutation(rk_rng *r, uint32_t *idx, size_t n);
 
 #ifdef __cplusplus
 }

@@ -44,18 +44,18 @@ typedef struct rk_st_entry {
 /* Atomically write `n` tensors, in order, to `path`. `meta` is NULL or a NULL-terminated
  * list of key, value strings stored in "__metadata__" (keys unique). RK_EINVAL for bad
  * entries (nothing is written then); I/O errors as in rekindle/fileio.h. */
-int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *const *meta,
+RK_API int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *const *meta,
                 rk_err *err);
 
 /* Only the file's first part: the 8-byte length and the padded JSON header that rk_st_write
  * would write for these entries; the tensors' bytes follow it in entry order. *hdr (free()
  * it) has *hdr_len bytes; *data_len is the size of the data section. For writers that stream
  * the data themselves. */
-int rk_st_header(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **hdr,
+RK_API int rk_st_header(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **hdr,
                  size_t *hdr_len, size_t *data_len, rk_err *err);
 
 /* The same file as rk_st_write, built in memory: *out (free() it) of *out_len bytes. */
-int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
+RK_API int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
                  size_t *out_len, rk_err *err);
 
 typedef struct rk_st_tensor {
@@ -84,24 +84,24 @@ typedef struct rk_st_file {
 
 /* Parse and validate a safetensors file held in memory (copied; `buf` is not kept). `name`
  * labels messages (NULL: "<memory>"). On failure *out is zeroed and needs no rk_st_free. */
-int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err);
+RK_API int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err);
 
 /* Read and validate `path`. RK_ENOENT if it does not exist, RK_EFORMAT if malformed. */
-int rk_st_read(const char *path, rk_st_file *out, rk_err *err);
+RK_API int rk_st_read(const char *path, rk_st_file *out, rk_err *err);
 
 /* The tensor called `name`, or NULL. */
-const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name);
+RK_API const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name);
 
 /* The metadata value for `key`, or NULL. */
-const char *rk_st_meta(const rk_st_file *f, const char *key);
+RK_API const char *rk_st_meta(const rk_st_file *f, const char *key);
 
 /* The index of the first element of `nbytes` bytes of `dtype` data (little-endian, possibly
  * unaligned) that is NaN or infinite, or SIZE_MAX when every element is finite or the dtype is
  * not floating point (only F16, BF16, F32 and F64 are scanned). Reads at memory speed. */
-size_t rk_st_find_nonfinite(const char *dtype, const void *data, size_t nbytes);
+RK_API size_t rk_st_find_nonfinite(const char *dtype, const void *data, size_t nbytes);
 
 /* "NaN", "+inf" or "-inf" for that element (what rk_st_find_nonfinite found). */
-const char *rk_st_nonfinite_name(const char *dtype, const void *data, size_t index);
+RK_API const char *rk_st_nonfinite_name(const char *dtype, const void *data, size_t index);
 
 /* Copy the tensor `name` into `dst` (room for the product of `shape` times the dtype's size)
  * after checking that it exists (RK_ENOENT), has dtype `dtype` ("F64", "I64", ...) and
@@ -110,14 +110,14 @@ RK_API int rk_st_load(const rk_st_file *f, const char *name, const char *dtype, 
                       const int64_t *shape, void *dst, rk_err *err);
 
 /* rk_st_load of an F32 tensor. */
-int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
+RK_API int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
                    float *dst, rk_err *err);
 
 /* Free everything a successful parse or read allocated and zero *f. NULL-safe. */
-void rk_st_free(rk_st_file *f);
+RK_API void rk_st_free(rk_st_file *f);
 
 /* Bytes per element of a dtype name, or 0 if rekindle does not know it. */
-size_t rk_st_dtype_size(const char *dtype);
+RK_API size_t rk_st_dtype_size(const char *dtype);
 
 #ifdef __cplusplus
 }
