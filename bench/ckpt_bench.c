@@ -112,7 +112,10 @@ int main(int argc, char **argv)
     double lock_s = now_s() - tl;
     static double save[MAX_REPS], cold[MAX_REPS], warm[MAX_REPS], del[MAX_REPS];
     for (int k = 0; k < reps; k++) {
-        rk_ckpt_meta meta = {.step = k + 1, .epoch = 0, .cursor = 0, .world_size = 1,
+        rk_ckpt_meta meta = {.step = k + 1,
+                             .epoch = 0,
+                             .cursor = 0,
+                             .world_size = 1,
                              .config_json = "{\"model\":\"bench\"}"};
         double t0 = now_s();
         if (rk_ckpt_save(dir, &meta, items, NT, MAX_REPS + 1, &err)) {

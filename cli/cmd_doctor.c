@@ -128,13 +128,17 @@ static json_t *sample_json(const rk_gpu_sample *s)
 
 int rk_cmd_doctor(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"sim", required_argument, 0, 'S'},      {"seed", required_argument, 0, 's'},
-        {"age", required_argument, 0, 'a'},      {"json", no_argument, 0, 'j'},
-        {"threshold", required_argument, 0, 't'}, {"textfile-dir", required_argument, 0, 'x'},
-        {"samples", required_argument, 0, 'k'},  {"interval", required_argument, 0, 'i'},
-        {"predictor", required_argument, 0, 'P'}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"sim", required_argument, 0, 'S'},
+                                          {"seed", required_argument, 0, 's'},
+                                          {"age", required_argument, 0, 'a'},
+                                          {"json", no_argument, 0, 'j'},
+                                          {"threshold", required_argument, 0, 't'},
+                                          {"textfile-dir", required_argument, 0, 'x'},
+                                          {"samples", required_argument, 0, 'k'},
+                                          {"interval", required_argument, 0, 'i'},
+                                          {"predictor", required_argument, 0, 'P'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
     int sim = 0, as_json = 0;
     double threshold = RK_HEALTH_THRESHOLD_DEFAULT, interval = 0.5;
@@ -277,7 +281,9 @@ int rk_cmd_doctor(int argc, char **argv)
         if (g->has_score)
             snprintf(shown, sizeof shown, "%d", score);
         printf("%-4d %-46.46s %5s  %-4s  %s\n", in->index, name, shown, pass ? "ok" : "FAIL",
-               !g->has_score ? "unreadable: no reading succeeded" : nf ? "" : "none");
+               !g->has_score ? "unreadable: no reading succeeded"
+               : nf          ? ""
+                             : "none");
         if (g->has_score && g->failed_reads)
             printf("       the last %d reading%s failed: the score is the last good one's\n",
                    g->failed_reads, g->failed_reads == 1 ? "" : "s");
@@ -298,7 +304,8 @@ int rk_cmd_doctor(int argc, char **argv)
         json_object_set_new(root, "backend", json_string(rk_telemetry_backend(t)));
         json_object_set_new(root, "threshold", json_real(threshold));
         json_object_set_new(root, "gpus", arr);
-        char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        char *text =
+            json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
         if (text)
             printf("%s\n", text);
         free(text);

@@ -15,10 +15,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
 #include "predict/cmapss.h"
 #include "predict/fleetdata.h"
 #include "predict/pipeline.h"
-#include "base/clock.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
 #include "rekindle/predict.h"

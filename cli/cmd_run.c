@@ -347,8 +347,7 @@ int rk_cmd_run(int argc, char **argv)
             drain_given = 1;
             break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
-        default:
-            return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc && strcmp(argv[optind], "--") == 0)
@@ -423,8 +422,10 @@ int rk_cmd_run(int argc, char **argv)
         rk_err err = {0};
         int rc = rk_ckpt_lock(o.ckpt_dir, &lock, NULL, &err);
         if (rc == RK_ESTORAGE) { /* the disk, not the job: the same words as during a run */
-            fprintf(stderr, "rk run: storage error on the checkpoint directory %s: %s; not "
-                            "starting\n", o.ckpt_dir, err.msg);
+            fprintf(stderr,
+                    "rk run: storage error on the checkpoint directory %s: %s; not "
+                    "starting\n",
+                    o.ckpt_dir, err.msg);
             return RK_EXIT_FAIL;
         }
         if (rc) {

@@ -156,16 +156,23 @@ enum {
 static int parse_args(int argc, char **argv, train_opts *o)
 {
     static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},     {"epochs", required_argument, 0, 'e'},
+        {"model", required_argument, 0, 'm'},
+        {"epochs", required_argument, 0, 'e'},
         {"max-steps", required_argument, 0, OPT_MAX_STEPS},
-        {"batch", required_argument, 0, 'b'},     {"lr", required_argument, 0, 'l'},
-        {"momentum", required_argument, 0, 'M'},  {"weight-decay", required_argument, 0, OPT_WD},
+        {"batch", required_argument, 0, 'b'},
+        {"lr", required_argument, 0, 'l'},
+        {"momentum", required_argument, 0, 'M'},
+        {"weight-decay", required_argument, 0, OPT_WD},
         {"optimizer", required_argument, 0, OPT_OPTIM},
         {"schedule", required_argument, 0, OPT_SCHEDULE},
-        {"seed", required_argument, 0, 's'},      {"threads", required_argument, 0, 't'},
-        {"data", required_argument, 0, 'd'},      {"init", required_argument, 0, 'i'},
-        {"save", required_argument, 0, 'o'},      {"metrics-json", required_argument, 0, OPT_METRICS},
-        {"no-eval", no_argument, 0, OPT_NO_EVAL}, {"help", no_argument, 0, 'h'},
+        {"seed", required_argument, 0, 's'},
+        {"threads", required_argument, 0, 't'},
+        {"data", required_argument, 0, 'd'},
+        {"init", required_argument, 0, 'i'},
+        {"save", required_argument, 0, 'o'},
+        {"metrics-json", required_argument, 0, OPT_METRICS},
+        {"no-eval", no_argument, 0, OPT_NO_EVAL},
+        {"help", no_argument, 0, 'h'},
         {"loss-log", required_argument, 0, OPT_LOSS_LOG},
         {"batch-policy", required_argument, 0, OPT_POLICY},
         {"fault-rates", required_argument, 0, OPT_FAULT_RATES},
@@ -357,8 +364,7 @@ static int parse_args(int argc, char **argv, train_opts *o)
         case 'h': fputs(usage_text, stdout); return -1;
         case ':':
         case '?':
-        default:
-            return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+        default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
@@ -468,7 +474,8 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     for (int q = 0; q < ranks && q < 8; q++)
         json_array_append_new(sh, json_integer(r->last_shares[q]));
     json_object_set_new(j, "last_shares", sh);
-    json_object_set_new(j, "optimizer", json_string(o->cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd"));
+    json_object_set_new(j, "optimizer",
+                        json_string(o->cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd"));
     json_object_set_new(j, "lr", json_real(o->cfg.lr));
     json_object_set_new(j, "batch", json_integer(o->cfg.batch));
     json_object_set_new(j, "seed", json_integer((json_int_t)o->cfg.seed));
@@ -477,7 +484,8 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "parameters", json_integer((json_int_t)m->numel));
     json_object_set_new(j, "test_accuracy",
                         r->test_accuracy >= 0 ? json_real(r->test_accuracy) : json_null());
-    json_object_set_new(j, "test_loss", r->test_accuracy >= 0 ? json_real(r->test_loss) : json_null());
+    json_object_set_new(j, "test_loss",
+                        r->test_accuracy >= 0 ? json_real(r->test_loss) : json_null());
     json_object_set_new(j, "final_train_loss",
                         r->steps > 0 ? json_real(r->final_train_loss) : json_null());
     json_object_set_new(j, "train_samples_per_s", json_real(r->train_samples_per_s));
@@ -493,8 +501,8 @@ static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_
     json_object_set_new(j, "grad_bytes_sent", json_integer((json_int_t)r->grad_bytes_sent));
     json_object_set_new(j, "precision", json_string(rk_dtype_name(o->cfg.precision)));
     json_object_set_new(j, "conv_storage", json_string(rk_dtype_name(m->conv_store)));
-    json_object_set_new(j, "loss_scale", o->cfg.precision == RK_F16 ? json_real(r->loss_scale)
-                                                                  : json_null());
+    json_object_set_new(j, "loss_scale",
+                        o->cfg.precision == RK_F16 ? json_real(r->loss_scale) : json_null());
     json_object_set_new(j, "amp_skipped_steps", json_integer(r->amp_skipped));
     json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
     json_object_set_new(j, "weights_xxh64", json_string(hash));
@@ -547,8 +555,10 @@ static int parse_fault_rates(const char *list, rk_batch_policy *p, int nranks, r
             return rk_err_set(err, RK_EINVAL, "--fault-rates '%s': item %d is not a number", list,
                               count + 1);
         if (count < nranks && rk_batch_set_fault_rate(p, count, v, NULL) != RK_OK)
-            return rk_err_set(err, RK_EINVAL, "--fault-rates '%s': item %d (%g) is not a rate "
-                              "in faults per hour", list, count + 1, v);
+            return rk_err_set(err, RK_EINVAL,
+                              "--fault-rates '%s': item %d (%g) is not a rate "
+                              "in faults per hour",
+                              list, count + 1, v);
         count++;
         if (*end == '\0')
             break;
@@ -573,8 +583,8 @@ static int register_buffers(rk_worker *w, rk_model *m, rk_optim *opt, rk_compres
         snprintf(name, sizeof name, "grad.%s", m->params[i].name);
         if (!(rc = rk_worker_add_f32(w, RK_WORKER_PARAM, m->params[i].name, m->params[i].data,
                                      m->params[i].numel, err)))
-            rc = rk_worker_add_f32(w, RK_WORKER_GRAD, name, m->params[i].grad,
-                                   m->params[i].numel, err);
+            rc = rk_worker_add_f32(w, RK_WORKER_GRAD, name, m->params[i].grad, m->params[i].numel,
+                                   err);
     }
     if (!rc)
         rc = rk_worker_add_f32(w, RK_WORKER_STATE, "optim.s1", opt->s1, m->block_len, err);
@@ -600,9 +610,16 @@ static int train_supervised(const train_opts *o, rk_model *m, rk_optim *opt,
     int rank = rk_comm_rank(comm);
     rk_train_config cfg = o->cfg;
     cfg.worker = w;
-    rk_trainer_ckpt t = {.dir = o->ckpt_dir, .keep = o->keep, .async = o->ckpt_async,
-                         .samples = train->n, .m = m, .opt = opt, .policy = policy,
-                         .comm = comm, .cfg = &cfg, .log = rank == 0 ? stdout : NULL,
+    rk_trainer_ckpt t = {.dir = o->ckpt_dir,
+                         .keep = o->keep,
+                         .async = o->ckpt_async,
+                         .samples = train->n,
+                         .m = m,
+                         .opt = opt,
+                         .policy = policy,
+                         .comm = comm,
+                         .cfg = &cfg,
+                         .log = rank == 0 ? stdout : NULL,
                          .worker = w};
     int rc = RK_OK;
     if (o->ckpt_dir) {
@@ -738,11 +755,10 @@ int rk_cmd_train(int argc, char **argv)
             goto fail;
         if (!(rc = register_buffers(w, &m, &opt, compressor,
                                     o.cfg.precision == RK_F16 ? &scaler : NULL, &err)))
-            rc = train_supervised(&o, &m, &opt, &train, &test, comm, glue.policy, &v, w, &res,
-                                  &err);
+            rc =
+                train_supervised(&o, &m, &opt, &train, &test, comm, glue.policy, &v, w, &res, &err);
         rk_optim_free(&opt, &m);
-    }
-    else if (o.cfg.eval) /* evaluation only */
+    } else if (o.cfg.eval) /* evaluation only */
         rc = rk_evaluate(&m, &test, comm, &res.test_accuracy, &res.test_loss, &err);
     if (rc)
         goto fail;

@@ -20,7 +20,8 @@ static const command commands[] = {
     {"ckpt", rk_cmd_ckpt, "list, verify and export checkpoints"},
     {"run", rk_cmd_run, "supervise a training job through crashes, hangs and corruption"},
     {"doctor", rk_cmd_doctor, "score this node's GPUs 0-100 and say what to fix"},
-    {"tune", rk_cmd_tune, "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
+    {"tune", rk_cmd_tune,
+     "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},
     {"predict", rk_cmd_predict, "failure predictor: C-MAPSS check, simulated fleet datasets"},
 };

@@ -83,7 +83,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (score < 0 || score > 100 || nf < 0 || nf > RK_MAX_FINDINGS)
         abort();
     for (int i = 0; i < nf; i++)
-        if (!memchr(f[i].code, 0, sizeof f[i].code) || !memchr(f[i].message, 0, sizeof f[i].message) ||
+        if (!memchr(f[i].code, 0, sizeof f[i].code) ||
+            !memchr(f[i].message, 0, sizeof f[i].message) ||
             !memchr(f[i].action, 0, sizeof f[i].action) || f[i].penalty < 0)
             abort();
     rk_history_free(&h);

@@ -31,9 +31,9 @@ static rk_args g_a = {.cmd = "test", .usage = "usage: test\n", .quiet = 1};
 
 /* Strings no whole number accepts, whatever its range. */
 static const char *const not_whole[] = {
-    "",      " ",     "10 ",  " 10",  "\t10", "10\n", "+10",  "1.5",   "1.0",
-    "1e3",   "1E3",   "0x10", "0X10", "010",  "00",   "-010", "-0", "10abc", "abc",
-    "1,000", "1_000", "--1",  "-",    "inf",  "nan",  "0b1",  "１０", /* fullwidth digits */
+    "",    " ",     "10 ",   " 10",  "\t10", "10\n", "+10",  "1.5", "1.0",
+    "1e3", "1E3",   "0x10",  "0X10", "010",  "00",   "-010", "-0",  "10abc",
+    "abc", "1,000", "1_000", "--1",  "-",    "inf",  "nan",  "0b1", "１０", /* fullwidth digits */
 };
 
 static void test_int_accepts_decimal_digits(void **state)
@@ -82,8 +82,14 @@ static void test_seed_is_0_to_int64_max(void **state)
     assert_true(s == 9007199254740993ull);
     assert_int_equal(rk_arg_seed(&g_a, "--seed", "0", &s), 0);
     assert_true(s == 0);
-    const char *bad[] = {"9223372036854775808", "18446744073709551615", "18446744073709551616",
-                         "-1", "1.5", "1e3", "0x10", " 1"};
+    const char *bad[] = {"9223372036854775808",
+                         "18446744073709551615",
+                         "18446744073709551616",
+                         "-1",
+                         "1.5",
+                         "1e3",
+                         "0x10",
+                         " 1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         s = 7;
         assert_int_equal(rk_arg_seed(&g_a, "--seed", bad[i], &s), RK_EXIT_USAGE);

@@ -39,7 +39,6 @@
 
 static char g_dir[512];
 
-
 static int setup(void **state)
 {
     (void)state;

@@ -142,10 +142,8 @@ static void vote_names_the_minority(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(spike_trips_on_a_spike_only),
-        cmocka_unit_test(spike_follows_a_slow_drift),
-        cmocka_unit_test(spike_rejects_bad_settings),
-        cmocka_unit_test(outliers_by_rank_count),
+        cmocka_unit_test(spike_trips_on_a_spike_only), cmocka_unit_test(spike_follows_a_slow_drift),
+        cmocka_unit_test(spike_rejects_bad_settings),  cmocka_unit_test(outliers_by_rank_count),
         cmocka_unit_test(vote_names_the_minority),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -38,10 +38,14 @@ static rk_gpu_sample healthy(double t)
     s.pcie_width_max = 16;
     s.pcie_replay = 10;
     s.energy_j = 1e6;
-    rk_field f[] = {RK_F_TEMP,      RK_F_FAN,       RK_F_POWER,          RK_F_POWER_LIMIT,
-                    RK_F_SM_CLOCK,  RK_F_MEM_CLOCK, RK_F_CLOCK_REASONS,  RK_F_UTIL,
-                    RK_F_MEM_USED,  RK_F_MEM_TOTAL, RK_F_PCIE_GEN,       RK_F_PCIE_WIDTH,
-                    RK_F_PCIE_GEN_MAX, RK_F_PCIE_WIDTH_MAX, RK_F_PCIE_REPLAY, RK_F_ENERGY};
+    rk_field f[] = {RK_F_TEMP,          RK_F_FAN,
+                    RK_F_POWER,         RK_F_POWER_LIMIT,
+                    RK_F_SM_CLOCK,      RK_F_MEM_CLOCK,
+                    RK_F_CLOCK_REASONS, RK_F_UTIL,
+                    RK_F_MEM_USED,      RK_F_MEM_TOTAL,
+                    RK_F_PCIE_GEN,      RK_F_PCIE_WIDTH,
+                    RK_F_PCIE_GEN_MAX,  RK_F_PCIE_WIDTH_MAX,
+                    RK_F_PCIE_REPLAY,   RK_F_ENERGY};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         rk_field_set(&s, f[i]);
     return s;

@@ -50,7 +50,10 @@ static void gc_add(gradcheck *g, double numeric, double analytic)
     g->diff2 += (numeric - analytic) * (numeric - analytic);
 }
 
-static double gc_rel(const gradcheck *g) { return sqrt(g->diff2 / (g->num2 + 1e-30)); }
+static double gc_rel(const gradcheck *g)
+{
+    return sqrt(g->diff2 / (g->num2 + 1e-30));
+}
 
 /* ---- dense ---- */
 
@@ -82,11 +85,17 @@ static void check_dense(int relu)
     float *db = be->alloc((size_t)c.out * sizeof(float));
     dense_loss(&c);
     memcpy(dy, c.r, (size_t)c.n * c.out * sizeof(float));
-    assert_int_equal(be->dense_backward(c.n, c.in, c.out, c.x, c.w, c.y, dy, dx, dw, db, relu, NULL), 0);
+    assert_int_equal(
+        be->dense_backward(c.n, c.in, c.out, c.x, c.w, c.y, dy, dx, dw, db, relu, NULL), 0);
 
     const float h = 1e-3f;
-    struct { float *v, *g; size_t n; const char *what; } sets[] = {
-        {c.x, dx, (size_t)c.n * c.in, "x"}, {c.w, dw, (size_t)c.out * c.in, "w"}, {c.b, db, (size_t)c.out, "b"}};
+    struct {
+        float *v, *g;
+        size_t n;
+        const char *what;
+    } sets[] = {{c.x, dx, (size_t)c.n * c.in, "x"},
+                {c.w, dw, (size_t)c.out * c.in, "w"},
+                {c.b, db, (size_t)c.out, "b"}};
     for (int s = 0; s < 3; s++) {
         gradcheck g = {0};
         for (size_t i = 0; i < sets[s].n; i++) {
@@ -153,8 +162,11 @@ static void check_conv(int ic, int oc, int k, int hw)
      * straddles a kink, where no derivative exists; such probes are skipped and counted. */
     const float h = 1e-3f;
     double l0 = conv_loss(&cache, &s, x, w, b, y, r);
-    struct { float *v, *g; size_t n; const char *what; } sets[] = {
-        {x, dx, nx, "x"}, {w, dw, nw, "w"}, {b, db, (size_t)oc, "b"}};
+    struct {
+        float *v, *g;
+        size_t n;
+        const char *what;
+    } sets[] = {{x, dx, nx, "x"}, {w, dw, nw, "w"}, {b, db, (size_t)oc, "b"}};
     for (int t = 0; t < 3; t++) {
         gradcheck g = {0};
         int probes = 0, kinks = 0;

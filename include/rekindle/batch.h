@@ -96,7 +96,7 @@ typedef struct rk_batch_policy rk_batch_policy;
  * samples (>= nranks, so every rank gets at least one). No observations, fault rates 0.
  * On failure *out is NULL. Free with rk_batch_policy_free. */
 RK_API int rk_batch_policy_create(rk_batch_policy **out, rk_batch_kind kind, int nranks,
-                           int64_t global_batch, rk_err *err);
+                                  int64_t global_batch, rk_err *err);
 
 /* NULL-safe. */
 RK_API void rk_batch_policy_free(rk_batch_policy *p);
@@ -108,11 +108,13 @@ RK_API int64_t rk_batch_policy_global_batch(const rk_batch_policy *p);
 
 /* Feed one measured throughput of `rank` (samples/s, finite, in (0, RK_BATCH_MAX_RATE]) into
  * its moving average (see above). */
-RK_API int rk_batch_observe_throughput(rk_batch_policy *p, int rank, double samples_per_s, rk_err *err);
+RK_API int rk_batch_observe_throughput(rk_batch_policy *p, int rank, double samples_per_s,
+                                       rk_err *err);
 
 /* Set the device fault rate of `rank` (faults per hour, finite, in [0, RK_BATCH_MAX_RATE]).
  * It replaces the previous value; the caller (the supervisor) decides the window. */
-RK_API int rk_batch_set_fault_rate(rk_batch_policy *p, int rank, double faults_per_hour, rk_err *err);
+RK_API int rk_batch_set_fault_rate(rk_batch_policy *p, int rank, double faults_per_hour,
+                                   rk_err *err);
 
 /* What the policy knows about one rank. */
 typedef struct rk_batch_rank_state {
@@ -122,7 +124,8 @@ typedef struct rk_batch_rank_state {
 } rk_batch_rank_state;
 
 /* Copy the recorded state of `rank` into *out. */
-RK_API int rk_batch_rank_get(const rk_batch_policy *p, int rank, rk_batch_rank_state *out, rk_err *err);
+RK_API int rk_batch_rank_get(const rk_batch_policy *p, int rank, rk_batch_rank_state *out,
+                             rk_err *err);
 
 /* The shares: shares[0..N) (the caller's array of N values), each >= 1, summing exactly to B.
  * Deterministic: the same state gives the same shares. RK_ENOMEM is the only failure besides

@@ -49,7 +49,8 @@
  * deleted. A checkpoint that does not verify (nor a save over it: see Saving), a file whose
  * name is not a checkpoint name, and any checkpoint with a higher step than the new one are
  * never deleted. Temporary files left by writers that died (their pid no longer exists on
- * this host) are removed. Neither touches the lock file. One writer per directory: callers that write hold rk_ckpt_lock.
+ * this host) are removed. Neither touches the lock file. One writer per directory: callers that
+ * write hold rk_ckpt_lock.
  *
  * Loading verifies everything: safetensors structure, format, fields, the name's step, the
  * manifest checksum, every tensor checksum and the finite values. rk_ckpt_load_latest falls
@@ -61,8 +62,9 @@
  *
  * Errors: RK_EINVAL (bad argument), RK_ENOENT (no such directory, file or valid checkpoint),
  * RK_EFORMAT (a file is not a valid checkpoint), RK_EMISMATCH (valid, but not what the caller
- * expects: another model), RK_ESTORAGE (the storage refused: no space, read-only, permission denied, an I/O error), RK_EIO (another failure to read or write), RK_ENOMEM, RK_EBUSY
- * (another job holds the directory's lock). Messages name the file, tensor or field.
+ * expects: another model), RK_ESTORAGE (the storage refused: no space, read-only, permission
+ * denied, an I/O error), RK_EIO (another failure to read or write), RK_ENOMEM, RK_EBUSY (another
+ * job holds the directory's lock). Messages name the file, tensor or field.
  */
 #ifndef REKINDLE_CKPT_H
 #define REKINDLE_CKPT_H
@@ -144,22 +146,23 @@ RK_API int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when);
  * missing), point `latest` at it and apply retention with `keep` >= 1 (see above). Bad
  * arguments are RK_EINVAL, a non-finite value in a model.* or optim.* item RK_ENONFINITE
  * (the numbers went wrong: `rk train` exits as for a guard that could not recover, and `rk
- * run` relaunches from the latest good checkpoint); either changes nothing on disk; a failed write (RK_EIO) leaves no file and does not move `latest`.
- * Files retention cannot remove are retried next time. Does not take the lock: the caller
- * holds it (rk_ckpt_lock). */
-RK_API int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
-                 int keep, rk_err *err);
+ * run` relaunches from the latest good checkpoint); either changes nothing on disk; a failed write
+ * (RK_EIO) leaves no file and does not move `latest`. Files retention cannot remove are retried
+ * next time. Does not take the lock: the caller holds it (rk_ckpt_lock). */
+RK_API int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items,
+                        size_t n, int keep, rk_err *err);
 
 /* The exact bytes rk_ckpt_save writes, in memory: *out (free() it) of *out_len bytes. */
-RK_API int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n, uint8_t **out,
-                   size_t *out_len, rk_err *err);
+RK_API int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
+                          uint8_t **out, size_t *out_len, rk_err *err);
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
 /* Verify a checkpoint held in memory (copied). `name` labels messages and, when its base
  * name is a checkpoint file name, must agree with the step inside. On success *out (if not
  * NULL) holds the checkpoint; free it with rk_ckpt_free. RK_EFORMAT for any defect. */
-RK_API int rk_ckpt_parse(const uint8_t *buf, size_t len, const char *name, rk_ckpt **out, rk_err *err);
+RK_API int rk_ckpt_parse(const uint8_t *buf, size_t len, const char *name, rk_ckpt **out,
+                         rk_err *err);
 
 /* Read and verify one checkpoint file (rk_ckpt_parse on its bytes). RK_ENOENT if absent. */
 RK_API int rk_ckpt_load_file(const char *path, rk_ckpt **out, rk_err *err);
@@ -176,10 +179,10 @@ RK_API int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_er
  * each problem with `latest`, is one line in `report` (NUL-terminated, cut to report_len;
  * may be NULL): "<path>: <why>", naming the tensor or field. RK_ENOENT if DIR is missing or
  * holds no usable checkpoint. A checkpoint or `latest` that exists but cannot be read
- * (RK_ESTORAGE: permissions, an I/O error; RK_EIO; RK_ENOMEM) ends the search with that error: it is
- * never treated as absent. Never deletes or changes anything. */
-RK_API int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out, char *report,
-                        size_t report_len, rk_err *err);
+ * (RK_ESTORAGE: permissions, an I/O error; RK_EIO; RK_ENOMEM) ends the search with that error: it
+ * is never treated as absent. Never deletes or changes anything. */
+RK_API int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out,
+                               char *report, size_t report_len, rk_err *err);
 
 /* RK_EMISMATCH with a message naming the config key or tensor if `c` does not meet `e`. */
 RK_API int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err);
@@ -215,7 +218,8 @@ typedef struct rk_ckpt_info {
 /* Every checkpoint file of DIR, ascending by step, each fully verified: *items (free() it)
  * of *n. *ntemp (may be NULL) counts leftover temporary files, which are not checkpoints.
  * RK_ENOENT if DIR does not exist. */
-RK_API int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err);
+RK_API int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp,
+                        rk_err *err);
 
 /* A bad checkpoint a save moved aside (see Saving above). */
 typedef struct rk_ckpt_aside {
@@ -285,8 +289,8 @@ RK_API int rk_ckpt_writer_create(rk_ckpt_writer **out, const char *dir, int keep
 /* If the previous write failed, returns its error (consumed: the next submit proceeds) and
  * takes no snapshot. Otherwise snapshots and starts the write; RK_ENOMEM if the copy does
  * not fit, RK_EIO if no thread can be started (nothing is written then). */
-RK_API int rk_ckpt_writer_submit(rk_ckpt_writer *w, const rk_ckpt_meta *meta, const rk_ckpt_item *items,
-                          size_t n, rk_err *err);
+RK_API int rk_ckpt_writer_submit(rk_ckpt_writer *w, const rk_ckpt_meta *meta,
+                                 const rk_ckpt_item *items, size_t n, rk_err *err);
 
 /* Wait for the write in flight (if any) and return its result (consumed). The seconds the
  * last finished write took, snapshot excluded, go to *last_save_seconds (may be NULL; 0 if

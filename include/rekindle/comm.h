@@ -119,7 +119,7 @@ typedef struct rk_compressor rk_compressor;
 
 /* A compressor for buffers of n floats on this communicator's world. */
 RK_API int rk_compressor_create(rk_compressor **out, rk_comm *c, rk_compress kind, size_t n,
-                         rk_err *err);
+                                rk_err *err);
 RK_API void rk_compressor_free(rk_compressor *z);
 RK_API rk_compress rk_compressor_kind(const rk_compressor *z);
 /* In place over all ranks: the (compressed) sum, or the mean when mean != 0. Every rank ends

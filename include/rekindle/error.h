@@ -17,21 +17,21 @@ extern "C" {
 
 enum {
     RK_OK = 0,
-    RK_EINVAL = -1,   /* bad argument or usage */
-    RK_EIO = -2,      /* a read, write, fsync or rename failed */
-    RK_ENOMEM = -3,   /* allocation failed */
-    RK_EFORMAT = -4,  /* input data is malformed (bad magic, truncated, wrong shape) */
-    RK_EBACKEND = -5, /* a compute backend (oneDNN, BLAS, CUDA) reported a failure */
-    RK_ENOTSUP = -6,  /* not supported on this build or device */
-    RK_ENOENT = -7,   /* a file or item does not exist */
-    RK_EMISMATCH = -8, /* data is valid but does not fit (another model, other shapes) */
-    RK_ECOMM = -9,     /* a collective or the link under it failed */
-    RK_ESTOPPED = -10, /* stopped on request (a supervisor's stop command); state was saved */
-    RK_EGUARD = -11,   /* a step guard found a fault it could not recover from in-process */
-    RK_ESTORAGE = -12, /* the storage refused: no space or quota left, read-only, permission
-                        * denied, or the disk reported an I/O error (ENOSPC, EDQUOT, EROFS,
-                        * EACCES, EPERM, EIO); a kind of RK_EIO that no retry elsewhere fixes */
-    RK_EBUSY = -13,    /* held by another process (a checkpoint directory's writer lock) */
+    RK_EINVAL = -1,     /* bad argument or usage */
+    RK_EIO = -2,        /* a read, write, fsync or rename failed */
+    RK_ENOMEM = -3,     /* allocation failed */
+    RK_EFORMAT = -4,    /* input data is malformed (bad magic, truncated, wrong shape) */
+    RK_EBACKEND = -5,   /* a compute backend (oneDNN, BLAS, CUDA) reported a failure */
+    RK_ENOTSUP = -6,    /* not supported on this build or device */
+    RK_ENOENT = -7,     /* a file or item does not exist */
+    RK_EMISMATCH = -8,  /* data is valid but does not fit (another model, other shapes) */
+    RK_ECOMM = -9,      /* a collective or the link under it failed */
+    RK_ESTOPPED = -10,  /* stopped on request (a supervisor's stop command); state was saved */
+    RK_EGUARD = -11,    /* a step guard found a fault it could not recover from in-process */
+    RK_ESTORAGE = -12,  /* the storage refused: no space or quota left, read-only, permission
+                         * denied, or the disk reported an I/O error (ENOSPC, EDQUOT, EROFS,
+                         * EACCES, EPERM, EIO); a kind of RK_EIO that no retry elsewhere fixes */
+    RK_EBUSY = -13,     /* held by another process (a checkpoint directory's writer lock) */
     RK_ENONFINITE = -14 /* weights or optimiser state hold NaN or infinity: the numbers went
                          * wrong (a fault), the store refused to keep them */
 };

@@ -87,13 +87,14 @@ RK_API const char *rk_file_kind_name(mode_t m);
  * *size (may be NULL) the file's size from fstat. On failure *fd is -1: RK_ENOENT (missing),
  * RK_EINVAL (not a regular file), RK_EFORMAT (more than max_len bytes; SIZE_MAX: no limit),
  * RK_EIO (cannot open, e.g. permissions). */
-RK_API int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t *size, rk_err *err);
+RK_API int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t *size,
+                             rk_err *err);
 
 /* The same for the entry `name` (no '/') of the directory open as `dirfd`, and never through
  * a symbolic link (O_NOFOLLOW: a link is RK_EINVAL, "is a symbolic link"). `label` (NULL:
  * name) is what messages call the file. */
-RK_API int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len, int *fd,
-                        uint64_t *size, rk_err *err);
+RK_API int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len,
+                               int *fd, uint64_t *size, rk_err *err);
 
 /* Read exactly `n` bytes from `fd` (short reads and EINTR retried). A file that ends first is
  * RK_EFORMAT ("file ended after K of N bytes"), a failed read RK_EIO; `path` names it. */
@@ -101,15 +102,16 @@ RK_API int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_
 
 /* Read the rest of `fd` (opened by rk_file_open_read, whose size is `size_hint`) into a new
  * buffer as rk_file_read_all does; the descriptor stays open. */
-RK_API int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint, uint8_t **buf,
-                    size_t *len, rk_err *err);
+RK_API int rk_file_read_fd(int fd, const char *path, size_t max_len, uint64_t size_hint,
+                           uint8_t **buf, size_t *len, rk_err *err);
 
 /* Read a whole file (opened with rk_file_open_read) into a new buffer (*buf, free() it) of
  * *len bytes. The buffer has one extra NUL byte after the data (not counted in *len) so text
  * can be parsed in place. Errors as for rk_file_open_read, plus RK_EFORMAT if the file grows
  * past `max_len` while being read and RK_EIO if a read fails. On failure *buf is NULL and
  * *len is 0. */
-RK_API int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len, rk_err *err);
+RK_API int rk_file_read_all(const char *path, uint8_t **buf, size_t *len, size_t max_len,
+                            rk_err *err);
 
 /* fsync a directory so that creations and renames inside it are durable. Filesystems that
  * cannot fsync a directory (EINVAL) are accepted. RK_ENOENT if it does not exist. */

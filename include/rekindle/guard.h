@@ -24,18 +24,18 @@
 extern "C" {
 #endif
 
-#define RK_SPIKE_WINDOW_DEFAULT 32  /* losses the robust z-score looks back over */
-#define RK_SPIKE_Z_DEFAULT 10.0     /* z above which a loss is a spike */
+#define RK_SPIKE_WINDOW_DEFAULT 32   /* losses the robust z-score looks back over */
+#define RK_SPIKE_Z_DEFAULT 10.0      /* z above which a loss is a spike */
 #define RK_GRAD_RATIO_DEFAULT 1000.0 /* a rank's gradient norm this many times the others' */
 
 /* Loss spike detector: a robust z-score of a new loss against the last `window` accepted
  * losses, z = (loss - median) / (1.4826 * MAD), the MAD floored at 1% of the median so a
  * flat stretch does not make every wiggle a spike. */
 typedef struct rk_spike {
-    double *v;  /* ring of accepted losses */
+    double *v; /* ring of accepted losses */
     double *tmp;
     int window, n, next;
-    double z;   /* threshold */
+    double z; /* threshold */
 } rk_spike;
 
 /* window >= 3, z > 0 and finite; RK_EINVAL otherwise, RK_ENOMEM. */
@@ -62,7 +62,8 @@ RK_API int rk_guard_outliers(const double *norms, int n, double ratio, unsigned 
  * (between equally common hashes, the one held by the lowest rank); *strict = 1 when that
  * hash is held by more than half the ranks.
  * Returns the number of flagged ranks (0: all agree). */
-RK_API int rk_guard_vote(const uint64_t *hashes, int n, int *root, unsigned char *flags, int *strict);
+RK_API int rk_guard_vote(const uint64_t *hashes, int n, int *root, unsigned char *flags,
+                         int *strict);
 
 #ifdef __cplusplus
 }

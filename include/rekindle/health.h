@@ -43,30 +43,30 @@ extern "C" {
 
 /* One bit per field of rk_gpu_sample (valid & (1ull << RK_F_x)). */
 typedef enum rk_field {
-    RK_F_TEMP,          /* temp_c: GPU core temperature, degrees Celsius */
-    RK_F_FAN,           /* fan_pct: fan speed, percent of maximum */
-    RK_F_POWER,         /* power_w: board power draw, watts */
-    RK_F_POWER_LIMIT,   /* power_limit_w: enforced power limit, watts */
-    RK_F_SM_CLOCK,      /* sm_mhz */
-    RK_F_MEM_CLOCK,     /* mem_mhz */
-    RK_F_CLOCK_REASONS, /* clock_reasons: RK_CLOCK_* bits (NVML clock event reasons) */
-    RK_F_UTIL,          /* util_pct: GPU utilisation, percent */
-    RK_F_MEM_USED,      /* mem_used_bytes */
-    RK_F_MEM_TOTAL,     /* mem_total_bytes */
-    RK_F_ECC_CORRECTED, /* ecc_corrected: corrected (single-bit) errors, lifetime total */
+    RK_F_TEMP,            /* temp_c: GPU core temperature, degrees Celsius */
+    RK_F_FAN,             /* fan_pct: fan speed, percent of maximum */
+    RK_F_POWER,           /* power_w: board power draw, watts */
+    RK_F_POWER_LIMIT,     /* power_limit_w: enforced power limit, watts */
+    RK_F_SM_CLOCK,        /* sm_mhz */
+    RK_F_MEM_CLOCK,       /* mem_mhz */
+    RK_F_CLOCK_REASONS,   /* clock_reasons: RK_CLOCK_* bits (NVML clock event reasons) */
+    RK_F_UTIL,            /* util_pct: GPU utilisation, percent */
+    RK_F_MEM_USED,        /* mem_used_bytes */
+    RK_F_MEM_TOTAL,       /* mem_total_bytes */
+    RK_F_ECC_CORRECTED,   /* ecc_corrected: corrected (single-bit) errors, lifetime total */
     RK_F_ECC_UNCORRECTED, /* ecc_uncorrected: uncorrected (double-bit) errors, lifetime total */
-    RK_F_RETIRED,       /* retired_pages: pages retired (both causes) */
+    RK_F_RETIRED,         /* retired_pages: pages retired (both causes) */
     RK_F_RETIRED_PENDING, /* retired_pending: 1 if a retirement waits for a reboot */
-    RK_F_REMAPPED,      /* remapped_rows: rows remapped (Ampere and later) */
-    RK_F_PCIE_GEN,      /* pcie_gen: current link generation */
-    RK_F_PCIE_WIDTH,    /* pcie_width: current link width (lanes) */
-    RK_F_PCIE_GEN_MAX,  /* pcie_gen_max: the most the card and slot can do */
+    RK_F_REMAPPED,        /* remapped_rows: rows remapped (Ampere and later) */
+    RK_F_PCIE_GEN,        /* pcie_gen: current link generation */
+    RK_F_PCIE_WIDTH,      /* pcie_width: current link width (lanes) */
+    RK_F_PCIE_GEN_MAX,    /* pcie_gen_max: the most the card and slot can do */
     RK_F_PCIE_WIDTH_MAX,
-    RK_F_PCIE_REPLAY,   /* pcie_replay: PCIe replay counter, lifetime total */
-    RK_F_ENERGY,        /* energy_j: energy since the driver loaded, joules */
-    RK_F_XID,           /* xid_count and last_xid: Xid events seen, the latest one's code */
-    RK_F_VRM_RIPPLE,    /* vrm_ripple_mv: VRM output ripple, millivolts peak to peak */
-    RK_F_FAN_VIB,       /* fan_vib_hz: dominant fan vibration frequency, hertz */
+    RK_F_PCIE_REPLAY, /* pcie_replay: PCIe replay counter, lifetime total */
+    RK_F_ENERGY,      /* energy_j: energy since the driver loaded, joules */
+    RK_F_XID,         /* xid_count and last_xid: Xid events seen, the latest one's code */
+    RK_F_VRM_RIPPLE,  /* vrm_ripple_mv: VRM output ripple, millivolts peak to peak */
+    RK_F_FAN_VIB,     /* fan_vib_hz: dominant fan vibration frequency, hertz */
     RK_F_COUNT
 } rk_field;
 
@@ -81,8 +81,8 @@ typedef enum rk_field {
 #define RK_CLOCK_HW_POWER_BRAKE 0x80ull
 
 typedef struct rk_gpu_sample {
-    double t;        /* when read: seconds since the epoch (sim: simulated time, same unit) */
-    uint64_t valid;  /* RK_F_* bits */
+    double t;       /* when read: seconds since the epoch (sim: simulated time, same unit) */
+    uint64_t valid; /* RK_F_* bits */
     double temp_c, fan_pct, power_w, power_limit_w, sm_mhz, mem_mhz, util_pct;
     uint64_t clock_reasons;
     uint64_t mem_used_bytes, mem_total_bytes;
@@ -93,7 +93,7 @@ typedef struct rk_gpu_sample {
     uint64_t xid_count;
     int last_xid;
     double vrm_ripple_mv, fan_vib_hz;
-    bool lost;       /* the GPU is gone (fallen off the bus, shut down): nothing else valid */
+    bool lost; /* the GPU is gone (fallen off the bus, shut down): nothing else valid */
 } rk_gpu_sample;
 
 static inline bool rk_field_valid(const rk_gpu_sample *s, rk_field f)
@@ -109,12 +109,12 @@ RK_API const char *rk_field_name(rk_field f);
 
 /* What a GPU is. */
 typedef struct rk_gpu_info {
-    int index;          /* 0.. in the backend's order */
-    char name[96];      /* "NVIDIA GeForce GTX 1070 Ti" */
-    char uuid[96];      /* "GPU-..." (sim: "SIM-<seed>-<index>") */
-    char serial[32];    /* "" when the card has none */
-    char bus_id[32];    /* PCI bus id, "" unknown */
-    char profile[32];   /* sim: the profile it was drawn from ("1070ti-mining", ...); "" */
+    int index;        /* 0.. in the backend's order */
+    char name[96];    /* "NVIDIA GeForce GTX 1070 Ti" */
+    char uuid[96];    /* "GPU-..." (sim: "SIM-<seed>-<index>") */
+    char serial[32];  /* "" when the card has none */
+    char bus_id[32];  /* PCI bus id, "" unknown */
+    char profile[32]; /* sim: the profile it was drawn from ("1070ti-mining", ...); "" */
     bool simulated;
     const char *backend; /* "nvml", "sim" */
 } rk_gpu_info;
@@ -122,16 +122,19 @@ typedef struct rk_gpu_info {
 /* ---- backends ----------------------------------------------------------------------------- */
 
 typedef struct rk_telemetry_opts {
-    int sim_gpus;          /* sim: fleet size (1..1024) */
-    uint64_t seed;         /* sim: fleet seed */
-    double time_scale;     /* sim: simulated seconds per real second (1 = real time) */
-    double start_age_h;    /* sim: hours of service before the first sample (ex-mining cards
-                            * arrive worn: profiles add their own prior wear on top) */
-    const char *events_path; /* sim: ground-truth failure log (JSON lines), NULL for none */
+    int sim_gpus;             /* sim: fleet size (1..1024) */
+    uint64_t seed;            /* sim: fleet seed */
+    double time_scale;        /* sim: simulated seconds per real second (1 = real time) */
+    double start_age_h;       /* sim: hours of service before the first sample (ex-mining cards
+                               * arrive worn: profiles add their own prior wear on top) */
+    const char *events_path;  /* sim: ground-truth failure log (JSON lines), NULL for none */
     const char *textfile_dir; /* textfile sensors merged into every sample; NULL for none */
 } rk_telemetry_opts;
 
-#define RK_TELEMETRY_OPTS_DEFAULT {8, 1, 1.0, 0.0, NULL, NULL}
+#define RK_TELEMETRY_OPTS_DEFAULT                                                                  \
+    {                                                                                              \
+        8, 1, 1.0, 0.0, NULL, NULL                                                                 \
+    }
 
 typedef struct rk_telemetry rk_telemetry;
 
@@ -155,7 +158,7 @@ RK_API extern const rk_telemetry_ops rk_telemetry_sim;
  * naming why). RK_ENOTSUP when NVML is absent (libnvidia-ml.so.1 not found) with a message
  * saying so; RK_EINVAL for bad options. */
 RK_API int rk_telemetry_open(rk_telemetry **out, const char *backend, const rk_telemetry_opts *o,
-                      rk_err *err);
+                             rk_err *err);
 RK_API void rk_telemetry_close(rk_telemetry *t);
 RK_API int rk_telemetry_count(const rk_telemetry *t);
 RK_API const char *rk_telemetry_backend(const rk_telemetry *t);
@@ -176,7 +179,7 @@ RK_API int rk_telemetry_read(rk_telemetry *t, int i, rk_gpu_sample *out, rk_err 
  * the first error is returned after all were read; a textfile that does not parse is
  * reported the same way while the others are still merged. */
 RK_API int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *samples,
-                          rk_err *err);
+                                 rk_err *err);
 
 /* ---- textfile sensors ----------------------------------------------------------------------- */
 
@@ -185,21 +188,21 @@ RK_API int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sam
  * gpu="<index>" or uuid="<uuid>" (other metrics are ignored). `infos`/`samples` have n
  * entries. A malformed line is RK_EFORMAT naming the file, line, column and problem (never
  * the file's bytes); nothing is merged from that file then. */
-RK_API int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_gpu_info *infos,
-                      rk_gpu_sample *samples, int n, rk_err *err);
+RK_API int rk_textfile_merge(const char *path, const char *text, size_t len,
+                             const rk_gpu_info *infos, rk_gpu_sample *samples, int n, rk_err *err);
 /* Every regular *.prom file in `dir` (sorted by name, at most 1 MiB each, dot-files,
  * directories, FIFOs and devices skipped), merged with rk_textfile_merge. A symbolic link is
  * followed only to a regular file named by a plain name in the same directory; any other link
  * is reported (RK_EINVAL) and not read (docs/textfile.md). A file that does not parse is
  * reported (the first problem, RK_EFORMAT) but does not stop the others. */
 RK_API int rk_textfile_merge_dir(const char *dir, const rk_gpu_info *infos, rk_gpu_sample *samples,
-                          int n, rk_err *err);
+                                 int n, rk_err *err);
 
 /* ---- signals, score, findings ------------------------------------------------------------- */
 
 /* A window of one GPU's samples, for derived signals. */
 typedef struct rk_gpu_history {
-    rk_gpu_sample *s;  /* ring of samples */
+    rk_gpu_sample *s; /* ring of samples */
     int cap, n, next;
 } rk_gpu_history;
 
@@ -209,17 +212,22 @@ RK_API void rk_history_push(rk_gpu_history *h, const rk_gpu_sample *s);
 
 /* Derived signals; each has a valid flag. */
 typedef struct rk_gpu_signals {
-    bool dtdt_valid;    double dtdt_c_per_min;     /* least squares over the window */
-    bool ecc_rate_valid; double ecc_corrected_per_h; /* corrected errors per hour */
-    bool replay_rate_valid; double replay_per_min;  /* PCIe replays per minute */
+    bool dtdt_valid;
+    double dtdt_c_per_min; /* least squares over the window */
+    bool ecc_rate_valid;
+    double ecc_corrected_per_h; /* corrected errors per hour */
+    bool replay_rate_valid;
+    double replay_per_min;       /* PCIe replays per minute */
     double replay_limit_per_min; /* the rate judged bad for this generation and width */
-    bool downtrained;    /* link below its max generation or width */
+    bool downtrained;            /* link below its max generation or width */
     bool throttled_thermal, throttled_power, hw_slowdown;
     /* The failure predictor's probability (rekindle/predict_online.h) that the GPU fails
      * within fail_horizon_min minutes (0: not stated). Not derived from the window:
      * rk_signals_compute leaves it invalid, and a caller with a model and a full window of
      * minutes sets it. Invalid, or a value outside [0, 1], changes nothing in the score. */
-    bool fail_prob_valid; double fail_prob; double fail_horizon_min;
+    bool fail_prob_valid;
+    double fail_prob;
+    double fail_horizon_min;
 } rk_gpu_signals;
 
 RK_API void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
@@ -227,11 +235,11 @@ RK_API void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
 typedef enum rk_severity { RK_SEV_INFO, RK_SEV_WARN, RK_SEV_CRIT } rk_severity;
 
 typedef struct rk_finding {
-    char code[32];       /* stable: "thermal_paste", "fan_bearing", "pcie_downtrained", ... */
+    char code[32]; /* stable: "thermal_paste", "fan_bearing", "pcie_downtrained", ... */
     rk_severity severity;
-    int penalty;         /* points taken off the score */
-    char message[160];   /* what was seen, with numbers */
-    char action[160];    /* what to do: "clean and repaste", "replace the fan", ... */
+    int penalty;       /* points taken off the score */
+    char message[160]; /* what was seen, with numbers */
+    char action[160];  /* what to do: "clean and repaste", "replace the fan", ... */
 } rk_finding;
 
 #define RK_HEALTH_THRESHOLD_DEFAULT 60
@@ -244,7 +252,7 @@ typedef struct rk_finding {
  * took points off, worst first (docs/health.md lists every rule and penalty). A lost GPU
  * scores 0. */
 RK_API int rk_health_score(const rk_gpu_sample *latest, const rk_gpu_signals *sig,
-                    rk_finding *findings, int *nfindings);
+                           rk_finding *findings, int *nfindings);
 
 RK_API const char *rk_severity_name(rk_severity s);
 

@@ -61,9 +61,10 @@ extern "C" {
 #define RK_EXIT_COMM 3    /* communication failure (a peer rank or the link died) */
 #define RK_EXIT_STOPPED 4 /* stopped on command ("stop"), checkpoint saved (bye "stopped") */
 #define RK_EXIT_GUARD 5   /* a guard tripped and could not recover in-process */
-#define RK_EXIT_STORAGE 6 /* storage refused a write or read the job needs (no space, read-only,
-                           * permission denied, I/O error; the checkpoint directory above all):
-                           * not a device's fault, relaunching will not help */
+#define RK_EXIT_STORAGE                                                                            \
+    6 /* storage refused a write or read the job needs (no space, read-only,                       \
+       * permission denied, I/O error; the checkpoint directory above all):                        \
+       * not a device's fault, relaunching will not help */
 
 /* ---- messages --------------------------------------------------------------------------- */
 
@@ -151,8 +152,8 @@ typedef struct rk_hb_lines {
  * stream cannot be trusted after it: close the connection). A nonzero return of on_line
  * stops the feed (the bytes after that line are dropped) and is returned. */
 RK_API int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,
-                     int (*on_line)(void *ctx, const char *line, size_t len), void *ctx,
-                     rk_err *err);
+                            int (*on_line)(void *ctx, const char *line, size_t len), void *ctx,
+                            rk_err *err);
 
 /* ---- client ----------------------------------------------------------------------------- */
 
@@ -164,7 +165,7 @@ typedef struct rk_hb rk_hb;
  * of UTF-8 without control characters) or a path too long for a Unix socket; RK_EIO naming
  * the path if it cannot connect or send; RK_ENOMEM. On failure *out = NULL. */
 RK_API int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
-               rk_err *err);
+                      rk_err *err);
 
 /* After step `step` was applied: its loss (NaN or infinite is sent as null) and the seconds
  * it took (>= 0, finite). */
@@ -178,7 +179,7 @@ RK_API int rk_hb_comm(rk_hb *h, int64_t step);
  * is cleaned, not refused: control characters and bytes that are not UTF-8 become '?', and
  * it is cut to 512 bytes on a character boundary. */
 RK_API int rk_hb_event(rk_hb *h, int64_t step, const char *kind, int blame, const char *action,
-                int64_t lost_steps, const char *detail);
+                       int64_t lost_steps, const char *detail);
 
 /* A checkpoint of `step` is durable; it took `seconds` (>= 0, finite). */
 RK_API int rk_hb_ckpt(rk_hb *h, int64_t step, double seconds);

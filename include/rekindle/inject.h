@@ -135,7 +135,8 @@ RK_API int rk_inject_arm(rk_inject *inj, int rank, uint64_t launch, const char *
  * A slow fault is returned at its first step only; the caller keeps it going for ms/steps.
  * Faults of other ranks, in the done list or marked done never fire. Faults that did not fit
  * in cap are not consumed: call again with the same step. 0 before rk_inject_arm. */
-RK_API size_t rk_inject_due(rk_inject *inj, int64_t step, double elapsed_s, size_t *idx, size_t cap);
+RK_API size_t rk_inject_due(rk_inject *inj, int64_t step, double elapsed_s, size_t *idx,
+                            size_t cap);
 
 /* Never fire fault i again in this process (re-arming does not undo it). Out of range: no-op. */
 RK_API void rk_inject_mark_done(rk_inject *inj, size_t i);

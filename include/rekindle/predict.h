@@ -59,7 +59,7 @@ typedef enum rk_pred_task {
 
 #define RK_PRED_MAX_WINDOW 4096
 #define RK_PRED_MAX_FEATURES 1024
-#define RK_PRED_MAX_UNITS 4096 /* hidden, attn and dense */
+#define RK_PRED_MAX_UNITS 4096    /* hidden, attn and dense */
 #define RK_PRED_MAX_HORIZON 10080 /* minutes (a week) */
 /* The horizon of a classification model whose file does not record one: every failure
  * model rk predict train wrote before models recorded their horizon was trained for 60. */
@@ -79,7 +79,10 @@ typedef struct rk_pred_config {
     int horizon_min;
 } rk_pred_config;
 
-#define RK_PRED_CONFIG_DEFAULT {RK_PRED_CLASSIFY, 60, 0, 64, 32, 32, 1, 60}
+#define RK_PRED_CONFIG_DEFAULT                                                                     \
+    {                                                                                              \
+        RK_PRED_CLASSIFY, 60, 0, 64, 32, 32, 1, 60                                                 \
+    }
 
 typedef struct rk_pred_model rk_pred_model;
 
@@ -151,7 +154,9 @@ typedef struct rk_pred_train_opts {
 } rk_pred_train_opts;
 
 #define RK_PRED_TRAIN_OPTS_DEFAULT                                                                 \
-    {60, 64, 1e-3f, 1.0f, 8, 0.0f, 0.0f, 0.0f, 0.0f, 1, NULL, NULL, NULL, 0.0f}
+    {                                                                                              \
+        60, 64, 1e-3f, 1.0f, 8, 0.0f, 0.0f, 0.0f, 0.0f, 1, NULL, NULL, NULL, 0.0f                  \
+    }
 
 typedef struct rk_pred_report {
     int epochs;           /* epochs run */

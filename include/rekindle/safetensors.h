@@ -45,18 +45,18 @@ typedef struct rk_st_entry {
  * list of key, value strings stored in "__metadata__" (keys unique). RK_EINVAL for bad
  * entries (nothing is written then); I/O errors as in rekindle/fileio.h. */
 RK_API int rk_st_write(const char *path, const rk_st_entry *t, size_t n, const char *const *meta,
-                rk_err *err);
+                       rk_err *err);
 
 /* Only the file's first part: the 8-byte length and the padded JSON header that rk_st_write
  * would write for these entries; the tensors' bytes follow it in entry order. *hdr (free()
  * it) has *hdr_len bytes; *data_len is the size of the data section. For writers that stream
  * the data themselves. */
 RK_API int rk_st_header(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **hdr,
-                 size_t *hdr_len, size_t *data_len, rk_err *err);
+                        size_t *hdr_len, size_t *data_len, rk_err *err);
 
 /* The same file as rk_st_write, built in memory: *out (free() it) of *out_len bytes. */
 RK_API int rk_st_encode(const rk_st_entry *t, size_t n, const char *const *meta, uint8_t **out,
-                 size_t *out_len, rk_err *err);
+                        size_t *out_len, rk_err *err);
 
 typedef struct rk_st_tensor {
     char *name;
@@ -84,7 +84,8 @@ typedef struct rk_st_file {
 
 /* Parse and validate a safetensors file held in memory (copied; `buf` is not kept). `name`
  * labels messages (NULL: "<memory>"). On failure *out is zeroed and needs no rk_st_free. */
-RK_API int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *out, rk_err *err);
+RK_API int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *out,
+                       rk_err *err);
 
 /* Read and validate `path`. RK_ENOENT if it does not exist, RK_EFORMAT if malformed. */
 RK_API int rk_st_read(const char *path, rk_st_file *out, rk_err *err);
@@ -111,7 +112,7 @@ RK_API int rk_st_load(const rk_st_file *f, const char *name, const char *dtype, 
 
 /* rk_st_load of an F32 tensor. */
 RK_API int rk_st_load_f32(const rk_st_file *f, const char *name, int ndim, const int64_t *shape,
-                   float *dst, rk_err *err);
+                          float *dst, rk_err *err);
 
 /* Free everything a successful parse or read allocated and zero *f. NULL-safe. */
 RK_API void rk_st_free(rk_st_file *f);

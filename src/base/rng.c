@@ -29,7 +29,10 @@ void rk_rng_derive(rk_rng *r, uint64_t seed, uint64_t a, uint64_t b)
     rk_rng_seed(r, splitmix64(&x));
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 uint64_t rk_rng_next(rk_rng *r)
 {
@@ -45,7 +48,10 @@ uint64_t rk_rng_next(rk_rng *r)
     return result;
 }
 
-float rk_rng_uniform(rk_rng *r) { return (float)(rk_rng_next(r) >> 40) * (1.0f / 16777216.0f); }
+float rk_rng_uniform(rk_rng *r)
+{
+    return (float)(rk_rng_next(r) >> 40) * (1.0f / 16777216.0f);
+}
 
 uint64_t rk_rng_below(rk_rng *r, uint64_t n)
 {

@@ -13,7 +13,10 @@ static int self_open(rk_comm *c, rk_err *err)
     return RK_OK;
 }
 
-static void self_close(rk_comm *c) { (void)c; }
+static void self_close(rk_comm *c)
+{
+    (void)c;
+}
 
 static int self_f32(rk_comm *c, float *buf, size_t n, rk_err *err)
 {
@@ -101,10 +104,22 @@ void rk_comm_close(rk_comm *c)
     free(c);
 }
 
-int rk_comm_rank(const rk_comm *c) { return c->rank; }
-int rk_comm_size(const rk_comm *c) { return c->size; }
-int rk_comm_local_size(const rk_comm *c) { return c->local_size; }
-const char *rk_comm_backend(const rk_comm *c) { return c->ops->name; }
+int rk_comm_rank(const rk_comm *c)
+{
+    return c->rank;
+}
+int rk_comm_size(const rk_comm *c)
+{
+    return c->size;
+}
+int rk_comm_local_size(const rk_comm *c)
+{
+    return c->local_size;
+}
+const char *rk_comm_backend(const rk_comm *c)
+{
+    return c->ops->name;
+}
 
 /* Count one call of `op` that sends `bytes` from this rank. */
 static void count(rk_comm *c, rk_comm_op op, double bytes)
@@ -175,14 +190,20 @@ int rk_comm_barrier(rk_comm *c, rk_err *err)
 
 const char *rk_comm_op_name(rk_comm_op op)
 {
-    static const char *const names[RK_COMM_NOPS] = {"allreduce", "allgather", "alltoall",
-                                                    "bcast", "barrier"};
+    static const char *const names[RK_COMM_NOPS] = {"allreduce", "allgather", "alltoall", "bcast",
+                                                    "barrier"};
     return op >= 0 && op < RK_COMM_NOPS ? names[op] : "?";
 }
 
-void rk_comm_stats_get(const rk_comm *c, rk_comm_stats *out) { *out = c->stats; }
+void rk_comm_stats_get(const rk_comm *c, rk_comm_stats *out)
+{
+    *out = c->stats;
+}
 
-void rk_comm_stats_reset(rk_comm *c) { memset(&c->stats, 0, sizeof c->stats); }
+void rk_comm_stats_reset(rk_comm *c)
+{
+    memset(&c->stats, 0, sizeof c->stats);
+}
 
 uint64_t rk_comm_bytes_sent(const rk_comm *c)
 {

@@ -18,14 +18,15 @@ static int mpi_fail(rk_err *err, const char *what, int code)
     if (MPI_Error_string(code, msg, &len) != MPI_SUCCESS)
         len = 0;
     msg[len] = '\0';
-    return rk_err_set(err, RK_ECOMM, "comm (mpi): %s failed: %s", what, len ? msg : "unknown error");
+    return rk_err_set(err, RK_ECOMM, "comm (mpi): %s failed: %s", what,
+                      len ? msg : "unknown error");
 }
 
-#define MPI_TRY(what, call)                                                                     \
-    do {                                                                                        \
-        int mpi_rc_ = (call);                                                                   \
-        if (mpi_rc_ != MPI_SUCCESS)                                                             \
-            return mpi_fail(err, what, mpi_rc_);                                                \
+#define MPI_TRY(what, call)                                                                        \
+    do {                                                                                           \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS)                                                                \
+            return mpi_fail(err, what, mpi_rc_);                                                   \
     } while (0)
 
 static int mpi_open(rk_comm *c, rk_err *err)
@@ -48,8 +49,8 @@ static int mpi_open(rk_comm *c, rk_err *err)
     MPI_TRY("MPI_Comm_rank", MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
     MPI_TRY("MPI_Comm_size", MPI_Comm_size(MPI_COMM_WORLD, &c->size));
     MPI_Comm node;
-    MPI_TRY("MPI_Comm_split_type",
-            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node));
+    MPI_TRY("MPI_Comm_split_type", MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED,
+                                                       c->rank, MPI_INFO_NULL, &node));
     MPI_Comm_size(node, &c->local_size);
     MPI_Comm_free(&node);
     return RK_OK;
@@ -73,7 +74,8 @@ static int mpi_allreduce(void *buf, size_t n, size_t elem, MPI_Datatype type, rk
     char *p = buf;
     while (n > 0) {
         int count = n > INT_MAX ? INT_MAX : (int)n;
-        MPI_TRY("MPI_Allreduce", MPI_Allreduce(MPI_IN_PLACE, p, count, type, MPI_SUM, MPI_COMM_WORLD));
+        MPI_TRY("MPI_Allreduce",
+                MPI_Allreduce(MPI_IN_PLACE, p, count, type, MPI_SUM, MPI_COMM_WORLD));
         p += (size_t)count * elem;
         n -= (size_t)count;
     }
@@ -100,8 +102,10 @@ static int piece_type(size_t bytes, MPI_Datatype *t, rk_err *err)
         return RK_OK;
     }
     if (bytes % 4096)
-        return rk_err_set(err, RK_EINVAL, "comm (mpi): a piece of %zu bytes is over 2 GiB and "
-                          "not a multiple of 4 KiB", bytes);
+        return rk_err_set(err, RK_EINVAL,
+                          "comm (mpi): a piece of %zu bytes is over 2 GiB and "
+                          "not a multiple of 4 KiB",
+                          bytes);
     MPI_Datatype page;
     MPI_TRY("MPI_Type_contiguous", MPI_Type_contiguous(4096, MPI_BYTE, &page));
     int rc = MPI_Type_contiguous((int)(bytes / 4096), page, t);

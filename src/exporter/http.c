@@ -25,10 +25,10 @@
 
 #include <microhttpd.h>
 
-#include "rekindle/monitor.h"
 #include "base/clock.h"
 #include "base/msg.h"
 #include "health/sim.h"
+#include "rekindle/monitor.h"
 #include "rekindle/predict_online.h"
 
 /* One open connection (libmicrohttpd's socket context): what the limits need to know. */

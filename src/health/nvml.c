@@ -270,12 +270,14 @@ int rk_nvml_open(rk_nvml **out, rk_err *err)
     const char *missing = missing_required(n);
     if (missing) {
         rk_nvml_close(n);
-        return rk_err_set_line(err, RK_ENOTSUP, "NVML not available: %.200s has no %s", path, missing);
+        return rk_err_set_line(err, RK_ENOTSUP, "NVML not available: %.200s has no %s", path,
+                               missing);
     }
     nvmlReturn_t rc = n->f.init();
     if (rc != NVML_SUCCESS) {
         int code = init_absent(rc) ? RK_ENOTSUP : RK_EIO;
-        rk_err_set_line(err, code, "NVML not available: %.200s: initialising failed: %s", path, nverr(n, rc));
+        rk_err_set_line(err, code, "NVML not available: %.200s: initialising failed: %s", path,
+                        nverr(n, rc));
         rk_nvml_close(n);
         return code;
     }
@@ -529,7 +531,8 @@ int rk_nvml_read(rk_nvml *n, int i, rk_gpu_sample *out, rk_err *err)
             out->lost = true;
             return RK_OK;
         }
-        return rk_err_set_line(err, RK_EIO, "nvml: GPU %d: no handle: %s", i, nverr(n, g->handle_rc));
+        return rk_err_set_line(err, RK_EIO, "nvml: GPU %d: no handle: %s", i,
+                               nverr(n, g->handle_rc));
     }
     reader r = {n, g->h, false, NVML_SUCCESS, NULL};
     read_fields(&r, out);
@@ -541,8 +544,8 @@ int rk_nvml_read(rk_nvml *n, int i, rk_gpu_sample *out, rk_err *err)
             out->lost = true;
             return RK_OK;
         }
-        return rk_err_set_line(err, RK_EIO, "nvml: GPU %d (%s): %s: %s", i, g->info.name, r.fatal_what,
-                    nverr(n, r.fatal));
+        return rk_err_set_line(err, RK_EIO, "nvml: GPU %d (%s): %s: %s", i, g->info.name,
+                               r.fatal_what, nverr(n, r.fatal));
     }
     drain_events(n);
     if (g->xid_registered) {
@@ -562,9 +565,9 @@ static int handle_of(rk_nvml *n, int i, nvmlDevice_t *h, rk_err *err)
                           n ? n->n - 1 : -1);
     if (!n->gpus[i].h)
         return rk_err_set_line(err, RK_EIO, "GPU %d: %s", i,
-                    n->gpus[i].handle_rc == NVML_ERROR_GPU_IS_LOST
-                        ? "the GPU is lost (fallen off the bus)"
-                        : nverr(n, n->gpus[i].handle_rc));
+                               n->gpus[i].handle_rc == NVML_ERROR_GPU_IS_LOST
+                                   ? "the GPU is lost (fallen off the bus)"
+                                   : nverr(n, n->gpus[i].handle_rc));
     *h = n->gpus[i].h;
     return RK_OK;
 }
@@ -582,8 +585,8 @@ static int set_failed(rk_nvml *n, int i, const char *what, nvmlReturn_t rc, cons
     case NVML_ERROR_NO_PERMISSION:
         return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s (needs root)", i, what, why);
     case NVML_ERROR_GPU_IS_LOST:
-        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s (the GPU has fallen off the bus)", i, what,
-                    why);
+        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s (the GPU has fallen off the bus)",
+                               i, what, why);
     default: return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s", i, what, why);
     }
 }
@@ -628,7 +631,8 @@ int rk_nvml_settings_get(rk_nvml *n, int i, rk_nvml_settings *out, rk_err *err)
     if (r.lost)
         return rk_err_set_line(err, RK_EIO, "GPU %d: the GPU is lost (fallen off the bus)", i);
     if (r.fatal)
-        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s", i, r.fatal_what, nverr(n, r.fatal));
+        return rk_err_set_line(err, RK_EIO, "GPU %d: %s: NVML: %s", i, r.fatal_what,
+                               nverr(n, r.fatal));
     return RK_OK;
 }
 
@@ -741,5 +745,5 @@ static void backend_close(void *state)
 }
 
 /* no clock of its own: the monotonic one (rk_telemetry_now) */
-const rk_telemetry_ops rk_telemetry_nvml = {"nvml",       backend_open,  backend_count, backend_info,
-                                            backend_read, backend_close, NULL};
+const rk_telemetry_ops rk_telemetry_nvml = {
+    "nvml", backend_open, backend_count, backend_info, backend_read, backend_close, NULL};

@@ -126,8 +126,8 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
         add(&a, "retired_pending", RK_SEV_WARN, 15, "reset the GPU (or reboot) to retire the pages",
             "a page retirement waits for a GPU reset");
     if (V(REMAPPED) && s->remapped_rows > 0)
-        add(&a, "remapped_rows", RK_SEV_INFO, 5, "watch it",
-            "%llu memory rows remapped", (unsigned long long)s->remapped_rows);
+        add(&a, "remapped_rows", RK_SEV_INFO, 5, "watch it", "%llu memory rows remapped",
+            (unsigned long long)s->remapped_rows);
     if (g && g->downtrained)
         add(&a, "pcie_downtrained", RK_SEV_WARN, 20,
             "reseat or replace the riser; force Gen3 in the BIOS",
@@ -138,7 +138,8 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
             "%.1f PCIe replays a minute (limit %.1f for Gen%d x%d)", g->replay_per_min,
             g->replay_limit_per_min, s->pcie_gen, s->pcie_width);
     if (V(XID) && s->xid_count > 0 && xid_critical(s->last_xid))
-        add(&a, "xid", RK_SEV_CRIT, 20, "read the Xid in the driver log; reseat; retire if it repeats",
+        add(&a, "xid", RK_SEV_CRIT, 20,
+            "read the Xid in the driver log; reseat; retire if it repeats",
             "critical Xid %d (%llu Xid events)", s->last_xid, (unsigned long long)s->xid_count);
     if (g && g->fail_prob_valid && g->fail_prob >= 0.2 && g->fail_prob <= 1) {
         char within[48] = "within its horizon";

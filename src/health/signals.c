@@ -105,8 +105,9 @@ void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out)
             out->replay_rate_valid = isfinite(out->replay_per_min);
         }
     }
-    out->replay_limit_per_min = replay_limit(rk_field_valid(last, RK_F_PCIE_GEN) ? last->pcie_gen : 3,
-                                             rk_field_valid(last, RK_F_PCIE_WIDTH) ? last->pcie_width : 16);
+    out->replay_limit_per_min =
+        replay_limit(rk_field_valid(last, RK_F_PCIE_GEN) ? last->pcie_gen : 3,
+                     rk_field_valid(last, RK_F_PCIE_WIDTH) ? last->pcie_width : 16);
     /* An idle GPU lowers its link generation to save power: a generation below the maximum
      * counts only under load (30% or more); fewer lanes than the maximum always do. */
     bool busy = rk_field_valid(last, RK_F_UTIL) && last->util_pct >= 30.0;

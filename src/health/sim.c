@@ -1191,8 +1191,8 @@ static int sim_read(void *state, int i, rk_gpu_sample *out, rk_err *err)
     if (i < 0 || i >= s->n)
         return rk_err_set(err, RK_EINVAL, "sim: GPU %d out of range (0..%d)", i, s->n - 1);
     if (!s->clock_started) { /* the first reading is at exactly the start age, however long
-                               * the caller took between open and read (at 480,000x, 10 ms of
-                               * a loaded machine were 80 simulated minutes) */
+                              * the caller took between open and read (at 480,000x, 10 ms of
+                              * a loaded machine were 80 simulated minutes) */
         s->t0_mono = rk_mono_s();
         s->clock_started = true;
     }
@@ -1230,7 +1230,7 @@ static double sim_now(void *state)
     return rk_sim_now(state);
 }
 
-const rk_telemetry_ops rk_telemetry_sim = {"sim",    sim_open, sim_count, sim_info,
+const rk_telemetry_ops rk_telemetry_sim = {"sim",    sim_open,  sim_count, sim_info,
                                            sim_read, sim_close, sim_now};
 
 /* The typed entry points (health/sim.h) over the same functions. */

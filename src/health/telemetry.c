@@ -17,11 +17,18 @@ struct rk_telemetry {
 };
 
 static const char *const field_names[RK_F_COUNT] = {
-    "temp",        "fan",         "power",           "power_limit",   "sm_clock",
-    "mem_clock",   "clock_reasons", "util",          "mem_used",      "mem_total",
-    "ecc_corrected", "ecc_uncorrected", "retired_pages", "retired_pending", "remapped_rows",
-    "pcie_gen",    "pcie_width",  "pcie_gen_max",    "pcie_width_max", "pcie_replay",
-    "energy",      "xid",         "vrm_ripple",      "fan_vibration",
+    "temp",           "fan",
+    "power",          "power_limit",
+    "sm_clock",       "mem_clock",
+    "clock_reasons",  "util",
+    "mem_used",       "mem_total",
+    "ecc_corrected",  "ecc_uncorrected",
+    "retired_pages",  "retired_pending",
+    "remapped_rows",  "pcie_gen",
+    "pcie_width",     "pcie_gen_max",
+    "pcie_width_max", "pcie_replay",
+    "energy",         "xid",
+    "vrm_ripple",     "fan_vibration",
 };
 
 const char *rk_field_name(rk_field f)
@@ -131,8 +138,7 @@ int rk_telemetry_read(rk_telemetry *t, int i, rk_gpu_sample *out, rk_err *err)
     return t->ops->read(t->state, i, out, err);
 }
 
-int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *samples,
-                          rk_err *err)
+int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *samples, rk_err *err)
 {
     int n = t->ops->count(t->state), first = RK_OK;
     rk_err e = {0};

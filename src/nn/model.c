@@ -203,8 +203,10 @@ int rk_model_set_precision(rk_model *m, rk_dtype dtype, rk_err *err)
     if (dtype != RK_F32 && !m->work_block) {
         m->work_block = m->be->alloc(m->block_len * sizeof(float));
         if (!m->work_block)
-            return rk_err_set(err, RK_ENOMEM, "model %s: out of memory for the half-precision "
-                              "weights", m->name);
+            return rk_err_set(err, RK_ENOMEM,
+                              "model %s: out of memory for the half-precision "
+                              "weights",
+                              m->name);
         memset(m->work_block, 0, m->block_len * sizeof(float));
     }
     m->dtype = dtype;
@@ -284,8 +286,8 @@ static rk_convblock_shape conv_shape(const rk_layer *l, int n)
     return s;
 }
 
-int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed,
-                     uint64_t step, uint64_t sample0, const float **logits, rk_err *err)
+int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed, uint64_t step,
+                     uint64_t sample0, const float **logits, rk_err *err)
 {
     if (n < 1 || n > m->max_batch)
         return rk_err_set(err, RK_EINVAL, "batch of %d is outside 1..%d", n, m->max_batch);
@@ -347,8 +349,7 @@ int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err)
         switch (l->kind) {
         case RK_LAYER_DENSE:
             rc = be->dense_backward(n, l->in_size, l->out_size, m->act[i], l->w->data,
-                                    m->act[i + 1], dout, din, l->w->grad, l->b->grad, l->relu,
-                                    err);
+                                    m->act[i + 1], dout, din, l->w->grad, l->b->grad, l->relu, err);
             break;
         case RK_LAYER_CONVBLOCK: {
             rk_convblock_shape s = conv_shape(l, n);
@@ -427,8 +428,8 @@ int rk_model_load(rk_model *m, const char *path, rk_err *err)
         return rc;
     const char *model = rk_st_meta(&f, "model");
     if (model && strcmp(model, m->name) != 0) {
-        rc = rk_err_set(err, RK_EMISMATCH, "%s: holds weights of model '%s', not '%s'", path,
-                        model, m->name);
+        rc = rk_err_set(err, RK_EMISMATCH, "%s: holds weights of model '%s', not '%s'", path, model,
+                        m->name);
         goto out;
     }
     for (int i = 0; i < m->nparams && !rc; i++) {
@@ -442,8 +443,10 @@ int rk_model_load(rk_model *m, const char *path, rk_err *err)
         for (int d = 0; same && d < p->ndim; d++)
             same = t->shape[d] == p->shape[d];
         if (!same) {
-            rc = rk_err_set(err, RK_EMISMATCH, "%s: tensor '%s' has dtype %s and another shape "
-                            "than model %s expects", path, p->name, t->dtype, m->name);
+            rc = rk_err_set(err, RK_EMISMATCH,
+                            "%s: tensor '%s' has dtype %s and another shape "
+                            "than model %s expects",
+                            path, p->name, t->dtype, m->name);
             break;
         }
         size_t bad = rk_st_find_nonfinite(t->dtype, t->data, t->nbytes);

@@ -20,7 +20,7 @@
 #define RK_CLASSES 10
 
 typedef struct rk_param {
-    char name[32];  /* e.g. "conv1.weight" */
+    char name[32]; /* e.g. "conv1.weight" */
     int ndim;
     int64_t shape[4];
     size_t numel;
@@ -34,10 +34,10 @@ typedef enum rk_layer_kind { RK_LAYER_DENSE, RK_LAYER_CONVBLOCK, RK_LAYER_DROPOU
 typedef struct rk_layer {
     rk_layer_kind kind;
     char name[16];
-    int in_size, out_size; /* values per sample */
-    int relu;              /* dense: ReLU on the output */
+    int in_size, out_size;          /* values per sample */
+    int relu;                       /* dense: ReLU on the output */
     int in_c, in_h, in_w, out_c, k; /* conv block geometry (input side) */
-    float rate;            /* dropout */
+    float rate;                     /* dropout */
     rk_param *w, *b;
     rk_dtype store; /* conv block: the type the backend keeps its tensors in */
     rk_op_cache *cache;
@@ -51,7 +51,7 @@ typedef struct rk_model {
     rk_layer layers[RK_MAX_LAYERS];
     rk_param params[RK_MAX_PARAMS];
     int max_batch;
-    float *act[RK_MAX_LAYERS + 1];  /* act[0]: input batch; act[i+1]: output of layer i */
+    float *act[RK_MAX_LAYERS + 1]; /* act[0]: input batch; act[i+1]: output of layer i */
     float *dact[RK_MAX_LAYERS + 1];
     size_t numel;      /* total parameter count */
     float *data_block; /* every param's data, in order, padded: block_len floats */
@@ -83,8 +83,8 @@ void rk_model_destroy(rk_model *m);
 /* Forward n samples (n * 784 floats at x) to logits (returned in *logits). In training mode
  * dropout is active, each sample's mask drawn from (seed, step, sample0 + its row): sample0 is
  * the batch's first sample in the global batch, so a split batch draws the same masks. */
-int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed,
-                     uint64_t step, uint64_t sample0, const float **logits, rk_err *err);
+int rk_model_forward(rk_model *m, int n, const float *x, int training, uint64_t seed, uint64_t step,
+                     uint64_t sample0, const float **logits, rk_err *err);
 /* Backward from dlogits (n x 10) through every layer: fills every param's grad. */
 int rk_model_backward(rk_model *m, int n, const float *dlogits, rk_err *err);
 

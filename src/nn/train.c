@@ -199,8 +199,7 @@ static int step_shares(const rk_train_config *c, int64_t global, int nranks, int
 /* ---- guards --------------------------------------------------------------------------- */
 
 static void report(const rk_train_config *c, rk_train_result *res, const char *kind,
-                   const char *action, int64_t step, int blame, int64_t lost, const char *fmt,
-                   ...)
+                   const char *action, int64_t step, int blame, int64_t lost, const char *fmt, ...)
 {
     res->incidents++;
     res->redone_steps += lost;
@@ -250,8 +249,8 @@ static int grads_judge(const double *norms, int nranks, double ratio, int *trip,
                 if (*blame < 0)
                     *blame = r;
                 if (k + 40 < cap)
-                    k += (size_t)snprintf(who + k, cap - k, "%srank %d norm %.3g", k ? ", " : "",
-                                          r, norms[r]);
+                    k += (size_t)snprintf(who + k, cap - k, "%srank %d norm %.3g", k ? ", " : "", r,
+                                          norms[r]);
             }
     }
     free(flags);
@@ -263,15 +262,15 @@ static int grads_judge(const double *norms, int nranks, double ratio, int *trip,
 #define MAX_REDO 3 /* trips in a row at one step before a rollback */
 
 int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_dataset *test,
-             const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
-             void *user, rk_train_result *res, rk_err *err)
+             const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress, void *user,
+             rk_train_result *res, rk_err *err)
 {
     memset(res, 0, sizeof *res);
     res->test_accuracy = -1.0;
     int rank = comm ? rk_comm_rank(comm) : 0, nranks = comm ? rk_comm_size(comm) : 1;
     if (c->batch < nranks)
-        return rk_err_set(err, RK_EINVAL, "global batch %d is smaller than the %d ranks",
-                          c->batch, nranks);
+        return rk_err_set(err, RK_EINVAL, "global batch %d is smaller than the %d ranks", c->batch,
+                          nranks);
     if (train->rows * train->cols != m->layers[0].in_size)
         return rk_err_set(err, RK_EMISMATCH, "model %s expects %d inputs per sample, data has %d",
                           m->name, m->layers[0].in_size, train->rows * train->cols);
@@ -300,8 +299,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         rc = rk_err_set(err, RK_ENOMEM, "training: out of memory");
         goto out;
     }
-    if (c->guard &&
-        (rc = rk_spike_init(&spike, c->spike_window, c->spike_z, err)))
+    if (c->guard && (rc = rk_spike_init(&spike, c->spike_window, c->spike_z, err)))
         goto out;
 
     int epoch = -1, redo = 0, spike_redone = 0, outlier_rank = -1;
@@ -393,9 +391,9 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             momentum_shift(m, opt, c, gscale / (float)nranks);
         if (nranks > 1) {
             uint64_t sent = rk_comm_bytes_sent(comm);
-            if ((rc = compressed ? rk_compressor_allreduce(c->compressor, m->grad_block, 0, err)
-                                 : rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len,
-                                                             err)))
+            if ((rc = compressed
+                          ? rk_compressor_allreduce(c->compressor, m->grad_block, 0, err)
+                          : rk_comm_allreduce_sum_f32(comm, m->grad_block, m->block_len, err)))
                 break;
             res->grad_bytes_sent += rk_comm_bytes_sent(comm) - sent;
             if (on_momentum) /* back to a gradient: the optimiser rebuilds the momentum from it */
@@ -405,8 +403,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
              * keep (and, on the momentum, come back through the compressor) */
             if (compressed)
                 zero_padding(m);
-            if ((rc = rk_comm_allreduce_sum_f64(comm, red, c->guard ? 1 + (size_t)nranks : 1,
-                                                err)))
+            if ((rc = rk_comm_allreduce_sum_f64(comm, red, c->guard ? 1 + (size_t)nranks : 1, err)))
                 break;
         }
         res->allreduce_seconds += rk_mono_s() - ta;
@@ -415,13 +412,12 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
          * overflow skips the step (the batch is consumed, nothing is updated). */
         int skip = 0;
         if (c->scaler && isfinite(loss)) {
-            int overflow = rk_unscale_check_f32(m->grad_block, m->block_len,
-                                                rk_loss_scaler_inv(c->scaler));
+            int overflow =
+                rk_unscale_check_f32(m->grad_block, m->block_len, rk_loss_scaler_inv(c->scaler));
             if (rk_loss_scaler_update(c->scaler, overflow)) {
                 skip = 1;
                 res->amp_skipped++;
-            }
-            else if (c->guard) /* norms of scaled gradients: back to the real ones */
+            } else if (c->guard) /* norms of scaled gradients: back to the real ones */
                 for (int q = 0; q < nranks; q++)
                     if (isfinite(red[1 + q]) && red[1 + q] > 0)
                         red[1 + q] *= rk_loss_scaler_inv(c->scaler);
@@ -429,16 +425,15 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (c->guard && !skip) {
             int trip = 0, blame = -1;
             char who[160];
-            if ((rc = grads_judge(red + 1, nranks, c->grad_ratio, &trip, &blame, who,
-                                  sizeof who, err)))
+            if ((rc = grads_judge(red + 1, nranks, c->grad_ratio, &trip, &blame, who, sizeof who,
+                                  err)))
                 break;
             /* An outlier is first only a suspect: the step is redone. If the redo reproduces
              * it bit for bit, it is the data (a batch slice of hard examples), not a fault,
              * and is kept; if the redo comes out clean, it was a transient fault in that
              * rank's arithmetic, and only then is it counted against the rank. */
             int suspect = outlier_step == step;
-            if (trip == 2 && suspect && outlier_rank == blame &&
-                outlier_norm == red[1 + blame]) {
+            if (trip == 2 && suspect && outlier_rank == blame && outlier_norm == red[1 + blame]) {
                 report(c, res, "grad_kept", "kept", step, -1, 0,
                        "%s again on the redo, same bits: the data, not a fault", who);
                 trip = 0;

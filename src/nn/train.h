@@ -24,8 +24,8 @@ typedef int (*rk_train_shares_fn)(void *user, int64_t global, int nranks, int64_
 typedef enum rk_lr_schedule { RK_LR_CONSTANT, RK_LR_COSINE } rk_lr_schedule;
 
 typedef struct rk_train_config {
-    int epochs;          /* full passes over the training set */
-    int64_t max_steps;   /* stop after this many optimiser steps (0: no limit) */
+    int epochs;        /* full passes over the training set */
+    int64_t max_steps; /* stop after this many optimiser steps (0: no limit) */
     int batch;
     rk_optim_kind optim;
     float lr, momentum, weight_decay;
@@ -33,8 +33,8 @@ typedef struct rk_train_config {
     float beta1, beta2, eps;
     rk_lr_schedule schedule;
     uint64_t seed;
-    int eval;            /* evaluate on the test set after each epoch and at the end */
-    FILE *loss_log;      /* when set: one line per step, "step loss" (global mean loss) */
+    int eval;                  /* evaluate on the test set after each epoch and at the end */
+    FILE *loss_log;            /* when set: one line per step, "step loss" (global mean loss) */
     rk_train_shares_fn shares; /* NULL: even split */
     /* Called on every rank after each step with this rank's sample count and the seconds
      * its forward and backward took (for throughput-based policies); may be NULL. A
@@ -85,14 +85,14 @@ typedef struct rk_train_config {
 void rk_train_config_default(rk_train_config *c, rk_optim_kind optim);
 
 typedef struct rk_train_progress {
-    int epoch, epochs;         /* 1-based epoch */
+    int epoch, epochs; /* 1-based epoch */
     int64_t step_in_epoch, steps_in_epoch;
-    int64_t step;              /* global optimiser steps done */
-    double loss;               /* mean loss over the last few steps */
-    double samples_per_s;      /* training throughput so far in this epoch */
-    double eta_s;              /* seconds left in this epoch */
-    int epoch_done;            /* 1 on the call that ends an epoch */
-    double test_accuracy;      /* at epoch end when eval is on, else -1 */
+    int64_t step;         /* global optimiser steps done */
+    double loss;          /* mean loss over the last few steps */
+    double samples_per_s; /* training throughput so far in this epoch */
+    double eta_s;         /* seconds left in this epoch */
+    int epoch_done;       /* 1 on the call that ends an epoch */
+    double test_accuracy; /* at epoch end when eval is on, else -1 */
 } rk_train_progress;
 
 typedef void (*rk_train_progress_fn)(const rk_train_progress *p, void *user);
@@ -100,18 +100,18 @@ typedef void (*rk_train_progress_fn)(const rk_train_progress *p, void *user);
 typedef struct rk_train_result {
     int epochs_run;
     int64_t steps;
-    double final_train_loss;   /* mean loss over the last min(100, steps) steps of this run */
-    double train_samples_per_s;/* samples / training seconds (evaluation excluded) */
+    double final_train_loss;    /* mean loss over the last min(100, steps) steps of this run */
+    double train_samples_per_s; /* samples / training seconds (evaluation excluded) */
     double train_seconds;
-    double allreduce_seconds;  /* of train_seconds, time in the gradient allreduce */
-    int64_t last_shares[8];    /* the split of the last full step, first 8 ranks */
-    double test_accuracy;      /* full test set, -1 when not evaluated */
+    double allreduce_seconds; /* of train_seconds, time in the gradient allreduce */
+    int64_t last_shares[8];   /* the split of the last full step, first 8 ranks */
+    double test_accuracy;     /* full test set, -1 when not evaluated */
     double test_loss;
-    int64_t redone_steps;      /* steps redone or replayed by the guards */
-    int64_t incidents;         /* guard trips */
-    int64_t amp_skipped;       /* steps skipped by the loss scaler (gradient overflow) */
-    double loss_scale;         /* the loss scale at the end (0 without a scaler) */
-    uint64_t grad_bytes_sent;  /* bytes this rank sent in gradient allreduces */
+    int64_t redone_steps;     /* steps redone or replayed by the guards */
+    int64_t incidents;        /* guard trips */
+    int64_t amp_skipped;      /* steps skipped by the loss scaler (gradient overflow) */
+    double loss_scale;        /* the loss scale at the end (0 without a scaler) */
+    uint64_t grad_bytes_sent; /* bytes this rank sent in gradient allreduces */
 } rk_train_result;
 
 /* Optimiser state for a model: velocity (sgd) or AdamW moments, each one block laid out like
@@ -133,15 +133,15 @@ int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accura
                 rk_err *err);
 
 /* Train data-parallel over comm (NULL: one process), updating m with the optimiser opt (made
- * by rk_optim_init for m; its state may have been restored from a checkpoint). c->batch is the global batch: every step
- * takes the next c->batch samples of one seeded global order per epoch (independent of the
- * rank count) and splits them into contiguous slices, one per rank, of sizes given by
- * c->shares (NULL: even); each rank scales its gradient by its share of the global batch and
- * the sum over ranks is the gradient of the whole batch, so a step equals a one-process step
- * on the same samples. The model's max_batch must be at least the largest share. Progress
- * callbacks and results are the same on every rank. */
+ * by rk_optim_init for m; its state may have been restored from a checkpoint). c->batch is the
+ * global batch: every step takes the next c->batch samples of one seeded global order per epoch
+ * (independent of the rank count) and splits them into contiguous slices, one per rank, of sizes
+ * given by c->shares (NULL: even); each rank scales its gradient by its share of the global batch
+ * and the sum over ranks is the gradient of the whole batch, so a step equals a one-process step on
+ * the same samples. The model's max_batch must be at least the largest share. Progress callbacks
+ * and results are the same on every rank. */
 int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_dataset *test,
-             const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress,
-             void *user, rk_train_result *res, rk_err *err);
+             const rk_train_config *c, rk_comm *comm, rk_train_progress_fn progress, void *user,
+             rk_train_result *res, rk_err *err);
 
 #endif

@@ -26,8 +26,8 @@ typedef struct item_set {
 static void add_item(item_set *s, const char *prefix, const rk_param *p, const float *data)
 {
     snprintf(s->names[s->n], sizeof s->names[s->n], "%s%s", prefix, p->name);
-    s->items[s->n] = (rk_ckpt_item){.name = s->names[s->n], .dtype = "F32", .ndim = p->ndim,
-                                    .shape = p->shape, .data = data};
+    s->items[s->n] = (rk_ckpt_item){
+        .name = s->names[s->n], .dtype = "F32", .ndim = p->ndim, .shape = p->shape, .data = data};
     s->n++;
 }
 
@@ -52,8 +52,8 @@ static void build_items(const rk_trainer_ckpt *t, item_set *s, const rk_batch_it
     }
     rk_le64_store(s->t_le, (uint64_t)t->opt->t);
     s->shape8[0] = 8;
-    s->items[s->n++] = (rk_ckpt_item){.name = "optim.t", .dtype = "U8", .ndim = 1,
-                                      .shape = s->shape8, .data = s->t_le};
+    s->items[s->n++] = (rk_ckpt_item){
+        .name = "optim.t", .dtype = "U8", .ndim = 1, .shape = s->shape8, .data = s->t_le};
     for (int i = 0; policy && i < RK_BATCH_NITEMS; i++)
         s->items[s->n++] = policy->item[i];
     if (scaler) {
@@ -64,8 +64,8 @@ static void build_items(const rk_trainer_ckpt *t, item_set *s, const rk_batch_it
     if (ef) { /* every rank's error-feedback residuals, one row per rank */
         s->shape_ef[0] = world;
         s->shape_ef[1] = (int64_t)rk_compressor_state_len(t->cfg->compressor);
-        s->items[s->n++] = (rk_ckpt_item){.name = "comm.residuals", .dtype = "F32", .ndim = 2,
-                                          .shape = s->shape_ef, .data = ef};
+        s->items[s->n++] = (rk_ckpt_item){
+            .name = "comm.residuals", .dtype = "F32", .ndim = 2, .shape = s->shape_ef, .data = ef};
     }
 }
 
@@ -133,7 +133,10 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
         }
         item_set s;
         build_items(t, &s, t->policy ? &policy : NULL, t->cfg->scaler, ef, world);
-        rk_ckpt_meta meta = {.step = step, .epoch = epoch, .cursor = cursor, .world_size = world,
+        rk_ckpt_meta meta = {.step = step,
+                             .epoch = epoch,
+                             .cursor = cursor,
+                             .world_size = world,
                              .config_json = t->config};
         if (t->worker)
             rc = rk_worker_may_save(t->worker, err);
@@ -155,7 +158,7 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
         if (crc)
             return crc;
         if (rank != 0 && status != 0) /* only rank 0 adds its code: status is that code, and
-                                         * every rank ends with it (the same exit status) */
+                                       * every rank ends with it (the same exit status) */
             return rk_err_set(err, (int)status, "checkpoint: rank 0 could not save step %lld (%s)",
                               (long long)step, rk_strerror((int)status));
     }
@@ -240,8 +243,10 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
                 hdr[5] = 1;
             }
             if (!rc && ef_len && !hdr[5] && t->log)
-                fprintf(t->log, "checkpoint: no error-feedback residuals for %d ranks in it: "
-                        "they start from zero\n", world);
+                fprintf(t->log,
+                        "checkpoint: no error-feedback residuals for %d ranks in it: "
+                        "they start from zero\n",
+                        world);
             if (!rc && (!tt || tt->nbytes != 8))
                 rc = rk_err_set(err, RK_EFORMAT, "%s: optim.t is missing", rk_ckpt_path(c));
             if (!rc) {

@@ -1,10 +1,10 @@
 /*
  * Checkpoints of the reference trainer: which tensors make its state (weights, optimiser
  * state, batch policy) in the checkpoint store (rekindle/ckpt.h), as the worker runtime's
- * saver (rekindle/worker.h: it decides when to save). Rank 0 writes; on resume rank 0 reads and broadcasts, so ranks need no
- * shared file system. All tensors are world-size independent: a checkpoint written by 4
- * ranks resumes on 3. Every random choice of the trainer derives from (seed, epoch, step),
- * so the manifest's step is the whole RNG state.
+ * saver (rekindle/worker.h: it decides when to save). Rank 0 writes; on resume rank 0 reads and
+ * broadcasts, so ranks need no shared file system. All tensors are world-size independent: a
+ * checkpoint written by 4 ranks resumes on 3. Every random choice of the trainer derives from
+ * (seed, epoch, step), so the manifest's step is the whole RNG state.
  */
 #ifndef RK_NN_TRAIN_CKPT_H
 #define RK_NN_TRAIN_CKPT_H
@@ -21,14 +21,14 @@ typedef struct rk_trainer_ckpt {
     /* set by the caller */
     const char *dir;
     int keep;
-    int async;        /* write in a background thread */
-    int64_t samples;  /* the training set's size (a checkpoint's epoch and cursor) */
+    int async;       /* write in a background thread */
+    int64_t samples; /* the training set's size (a checkpoint's epoch and cursor) */
     rk_model *m;
     rk_optim *opt;
     rk_batch_policy *policy;
     rk_comm *comm;
     const rk_train_config *cfg;
-    FILE *log;        /* where rank 0 says what it saved (NULL: quiet) */
+    FILE *log; /* where rank 0 says what it saved (NULL: quiet) */
     /* NULL, or asked by rank 0 right before each write (rk_worker_may_save): an error stops
      * the save (and, through the save's status collective, every rank) with nothing written */
     rk_worker *worker;

@@ -334,16 +334,18 @@ static int check_meta(const char *label, const rk_ckpt_meta *m, rk_err *err)
         return rk_err_set_line(err, RK_EINVAL, "%s: meta is NULL", label);
     if (m->step < 0 || m->epoch < 0 || m->cursor < 0)
         return rk_err_set_line(err, RK_EINVAL,
-                    "%s: step %" PRId64 ", epoch %" PRId64 ", cursor %" PRId64
-                    ": none may be negative",
-                    label, m->step, m->epoch, m->cursor);
+                               "%s: step %" PRId64 ", epoch %" PRId64 ", cursor %" PRId64
+                               ": none may be negative",
+                               label, m->step, m->epoch, m->cursor);
     if (m->world_size < 1)
-        return rk_err_set_line(err, RK_EINVAL, "%s: world_size %d is not at least 1", label, m->world_size);
+        return rk_err_set_line(err, RK_EINVAL, "%s: world_size %d is not at least 1", label,
+                               m->world_size);
     if (m->config_json) {
         json_error_t je;
         json_t *j = json_loads(m->config_json, JSON_DECODE_ANY, &je);
         if (!j)
-            return rk_err_set_line(err, RK_EINVAL, "%s: config is not valid JSON: %s", label, je.text);
+            return rk_err_set_line(err, RK_EINVAL, "%s: config is not valid JSON: %s", label,
+                                   je.text);
         json_decref(j);
     }
     return RK_OK;
@@ -362,15 +364,16 @@ static int check_item(const char *label, const rk_ckpt_item *it, size_t idx, siz
         return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': the name is reserved", label, nm);
     size_t es = rk_st_dtype_size(it->dtype ? it->dtype : "F32");
     if (es == 0)
-        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': unknown dtype '%.16s'", label, nm, it->dtype);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': unknown dtype '%.16s'", label, nm,
+                               it->dtype);
     if (it->ndim < 0 || it->ndim > RK_ST_MAX_DIMS || (it->ndim > 0 && !it->shape))
-        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': bad ndim %d or NULL shape", label, nm,
-                    it->ndim);
+        return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': bad ndim %d or NULL shape", label,
+                               nm, it->ndim);
     size_t numel = 1;
     for (int d = 0; d < it->ndim; d++) {
         if (it->shape[d] < 0 || (uint64_t)it->shape[d] > SIZE_MAX)
-            return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': shape[%d] is %" PRId64, label, nm, d,
-                        it->shape[d]);
+            return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': shape[%d] is %" PRId64, label,
+                                   nm, d, it->shape[d]);
         size_t v = (size_t)it->shape[d];
         if (v && numel > SIZE_MAX / v)
             return rk_err_set_line(err, RK_EINVAL, "%s: item '%s': size overflows", label, nm);
@@ -448,7 +451,7 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
             if (strcmp(items[i].name, items[j].name) == 0) {
                 char nb[SHOW_MAX];
                 rc = rk_err_set_line(err, RK_EINVAL, "%s: item name '%s' appears twice", label,
-                          rk_msg_show(nb, sizeof nb, items[i].name));
+                                     rk_msg_show(nb, sizeof nb, items[i].name));
             }
         if (!rc)
             strbytes += KEY_PREFIX_LEN + strlen(items[i].name) + 1 + 17;
@@ -537,10 +540,12 @@ static int field_i64(const rk_st_file *f, const char *L, const char *key, int64_
     const char *s = rk_st_meta(f, key);
     char vb[SHOW_MAX];
     if (!s)
-        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L, key);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L,
+                               key);
     if (!parse_u63(s, strlen(s), v) || *v > max)
-        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is '%s', not an integer in 0..%" PRId64, L,
-                    key, rk_msg_show(vb, sizeof vb, s), max);
+        return rk_err_set_line(err, RK_EFORMAT,
+                               "%s: field '%s' is '%s', not an integer in 0..%" PRId64, L, key,
+                               rk_msg_show(vb, sizeof vb, s), max);
     return RK_OK;
 }
 
@@ -553,32 +558,34 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     const char *format = rk_st_meta(f, "format");
     if (!format)
         return rk_err_set_line(err, RK_EFORMAT,
-                    "%s: not a rekindle checkpoint: field 'format' is missing "
-                    "from '__metadata__'",
-                    L);
+                               "%s: not a rekindle checkpoint: field 'format' is missing "
+                               "from '__metadata__'",
+                               L);
     if (strcmp(format, RK_CKPT_FORMAT) != 0)
         return rk_err_set_line(err, RK_EFORMAT, "%s: field 'format' is '%s', expected '%s'", L,
-                    rk_msg_show(vb, sizeof vb, format), RK_CKPT_FORMAT);
+                               rk_msg_show(vb, sizeof vb, format), RK_CKPT_FORMAT);
 
     /* Every tensor has a well-formed checksum; every checksum has its tensor. */
     for (size_t i = 0; i < f->ntensors; i++) {
         const char *name = f->tensors[i].name;
         if (!*name || strcmp(name, MANIFEST_NAME) == 0)
-            return rk_err_set_line(err, RK_EFORMAT, "%s: tensor '%s': the name is empty or reserved", L, name);
+            return rk_err_set_line(err, RK_EFORMAT,
+                                   "%s: tensor '%s': the name is empty or reserved", L, name);
         for (size_t j = 0; j < f->nmeta && !sums[i]; j++)
             if (strncmp(f->meta_keys[j], KEY_PREFIX, KEY_PREFIX_LEN) == 0 &&
                 strcmp(f->meta_keys[j] + KEY_PREFIX_LEN, name) == 0)
                 sums[i] = f->meta_vals[j];
         if (!sums[i])
             return rk_err_set_line(err, RK_EFORMAT,
-                        "%s: tensor '%s' has no checksum (field 'xxh64.%s' is "
-                        "missing)",
-                        L, rk_msg_show(nb, sizeof nb, name), nb);
+                                   "%s: tensor '%s' has no checksum (field 'xxh64.%s' is "
+                                   "missing)",
+                                   L, rk_msg_show(nb, sizeof nb, name), nb);
         if (!is_hex16(sums[i]))
             return rk_err_set_line(err, RK_EFORMAT,
-                        "%s: tensor '%s': field 'xxh64.%s' is '%s', not 16 hex "
-                        "digits",
-                        L, rk_msg_show(nb, sizeof nb, name), nb, rk_msg_show(vb, sizeof vb, sums[i]));
+                                   "%s: tensor '%s': field 'xxh64.%s' is '%s', not 16 hex "
+                                   "digits",
+                                   L, rk_msg_show(nb, sizeof nb, name), nb,
+                                   rk_msg_show(vb, sizeof vb, sums[i]));
     }
     for (size_t i = 0; i < f->nmeta; i++) {
         const char *k = f->meta_keys[i];
@@ -586,9 +593,10 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
             continue;
         if (!rk_st_find(f, k + KEY_PREFIX_LEN))
             return rk_err_set_line(err, RK_EFORMAT,
-                        "%s: tensor '%s' is missing (field '%s' lists its "
-                        "checksum)",
-                        L, rk_msg_show(nb, sizeof nb, k + KEY_PREFIX_LEN), rk_msg_show(vb, sizeof vb, k));
+                                   "%s: tensor '%s' is missing (field '%s' lists its "
+                                   "checksum)",
+                                   L, rk_msg_show(nb, sizeof nb, k + KEY_PREFIX_LEN),
+                                   rk_msg_show(vb, sizeof vb, k));
     }
 
     /* The scalar fields. */
@@ -607,7 +615,8 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     meta->world_size = (int)ws;
     meta->config_json = rk_st_meta(f, "config");
     if (!meta->config_json)
-        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is missing from '__metadata__'", L);
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field 'config' is missing from '__metadata__'",
+                               L);
     json_error_t je;
     json_t *cj = json_loads(meta->config_json, JSON_DECODE_ANY, &je);
     char jt[JSON_ERROR_TEXT_LENGTH];
@@ -618,17 +627,17 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     int64_t named;
     if (rk_ckpt_name_step(base_name(L), &named) && named != meta->step)
         return rk_err_set_line(err, RK_EFORMAT,
-                    "%s: field 'step' is %" PRId64 " but the file name says %" PRId64, L,
-                    meta->step, named);
+                               "%s: field 'step' is %" PRId64 " but the file name says %" PRId64, L,
+                               meta->step, named);
 
     /* The manifest checksum: metadata and tensor table as written. */
     const char *mh = rk_st_meta(f, MANIFEST_KEY);
     if (!mh)
         return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L,
-                    MANIFEST_KEY);
+                               MANIFEST_KEY);
     if (!is_hex16(mh))
-        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is '%s', not 16 hex digits", L, MANIFEST_KEY,
-                    rk_msg_show(vb, sizeof vb, mh));
+        return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is '%s', not 16 hex digits", L,
+                               MANIFEST_KEY, rk_msg_show(vb, sizeof vb, mh));
     kv *m = calloc(f->nmeta ? f->nmeta : 1, sizeof *m);
     tdesc *td = calloc(f->ntensors ? f->ntensors : 1, sizeof *td);
     uint64_t h = 0;
@@ -649,9 +658,9 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
     hex16(got, h);
     if (strcmp(got, mh) != 0)
         return rk_err_set_line(err, RK_EFORMAT,
-                    "%s: field '%s' does not match: '__metadata__' or the tensor "
-                    "table changed after writing (stored %s, computed %s)",
-                    L, MANIFEST_KEY, mh, got);
+                               "%s: field '%s' does not match: '__metadata__' or the tensor "
+                               "table changed after writing (stored %s, computed %s)",
+                               L, MANIFEST_KEY, mh, got);
 
     return RK_OK;
 }
@@ -670,9 +679,9 @@ static int verify_st(const rk_st_file *f, const char *L, rk_ckpt_meta *meta, rk_
         hex16(got, hash_scan(t->data, t->nbytes, t->dtype, must_be_finite(t->name), &bad));
         if (strcmp(got, sums[i]) != 0)
             rc = rk_err_set_line(err, RK_EFORMAT,
-                      "%s: tensor '%s': data checksum mismatch (stored %s, "
-                      "computed %s over %zu bytes)",
-                      L, rk_msg_show(nb, sizeof nb, t->name), sums[i], got, t->nbytes);
+                                 "%s: tensor '%s': data checksum mismatch (stored %s, "
+                                 "computed %s over %zu bytes)",
+                                 L, rk_msg_show(nb, sizeof nb, t->name), sums[i], got, t->nbytes);
         else if (bad != SIZE_MAX)
             rc = rk_err_set_line(err, RK_EFORMAT,
                                  "%s: tensor '%s': element %zu is %s (weights and optimiser "
@@ -798,7 +807,7 @@ int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
         if (!json_is_object(want)) {
             json_decref(want);
             return rk_err_set_line(err, RK_EINVAL, "expected config is not a JSON object: %s",
-                        want ? "another JSON value" : je.text);
+                                   want ? "another JSON value" : je.text);
         }
         json_t *have = json_loads(c->meta.config_json, JSON_DECODE_ANY, &je);
         int rc = RK_OK;
@@ -809,8 +818,8 @@ int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
             json_t *hv = json_is_object(have) ? json_object_get(have, key) : NULL;
             if (!hv || !json_equal(hv, wv)) {
                 rc = rk_err_set_line(err, RK_EMISMATCH, "%s: config '%s' is %s, expected %s", L,
-                          rk_msg_show(nb, sizeof nb, key), json_text(hb, sizeof hb, hv),
-                          json_text(wb, sizeof wb, wv));
+                                     rk_msg_show(nb, sizeof nb, key), json_text(hb, sizeof hb, hv),
+                                     json_text(wb, sizeof wb, wv));
                 break;
             }
         }
@@ -827,15 +836,16 @@ int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
         const rk_st_tensor *t = rk_st_find(&c->f, it->name);
         if (!t)
             return rk_err_set_line(err, RK_EMISMATCH, "%s: tensor '%s' is missing", L,
-                        rk_msg_show(nb, sizeof nb, it->name));
+                                   rk_msg_show(nb, sizeof nb, it->name));
         bool same = strcmp(t->dtype, dt) == 0 && t->ndim == it->ndim;
         for (int d = 0; same && d < it->ndim; d++)
             same = t->shape[d] == it->shape[d];
         if (!same)
-            return rk_err_set_line(err, RK_EMISMATCH, "%s: tensor '%s' is %s %s, expected %.8s %s", L,
-                        rk_msg_show(nb, sizeof nb, it->name), t->dtype,
-                        fmt_shape(hb, sizeof hb, t->ndim, t->shape), dt,
-                        fmt_shape(wb, sizeof wb, it->ndim < 0 ? 0 : it->ndim, it->shape));
+            return rk_err_set_line(
+                err, RK_EMISMATCH, "%s: tensor '%s' is %s %s, expected %.8s %s", L,
+                rk_msg_show(nb, sizeof nb, it->name), t->dtype,
+                fmt_shape(hb, sizeof hb, t->ndim, t->shape), dt,
+                fmt_shape(wb, sizeof wb, it->ndim < 0 ? 0 : it->ndim, it->shape));
     }
     return RK_OK;
 }
@@ -865,7 +875,8 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
     if (!d) {
         int e = errno;
         return rk_err_set_line(err, rk_err_code_errno(e),
-                    "%s: cannot open checkpoint directory: %s", dir, rk_msg_strerror(e, eb, sizeof eb));
+                               "%s: cannot open checkpoint directory: %s", dir,
+                               rk_msg_strerror(e, eb, sizeof eb));
     }
     size_t cap = 0;
     entry *v = NULL;
@@ -894,7 +905,8 @@ static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_e
         errno = 0;
     }
     if (!rc && errno)
-        rc = rk_err_set_line(err, RK_EIO, "%s: cannot read directory: %s", dir, rk_msg_strerror(errno, eb, sizeof eb));
+        rc = rk_err_set_line(err, RK_EIO, "%s: cannot read directory: %s", dir,
+                             rk_msg_strerror(errno, eb, sizeof eb));
     closedir(d);
     if (rc) {
         free(v);
@@ -932,7 +944,8 @@ int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err)
     if (len == 0)
         rc = rk_err_set_line(err, RK_EFORMAT, "%s: is empty", path);
     else if (memchr(buf, '\0', len))
-        rc = rk_err_set_line(err, RK_EFORMAT, "%s: holds a NUL byte, not a checkpoint file name", path);
+        rc = rk_err_set_line(err, RK_EFORMAT, "%s: holds a NUL byte, not a checkpoint file name",
+                             path);
     else if (!rk_ckpt_name_step((const char *)buf, NULL))
         rc = rk_err_set_line(err, RK_EFORMAT,
                              "%s: does not hold a checkpoint file name (ckpt-<step>.safetensors)",
@@ -1062,8 +1075,9 @@ int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt *
     free(v);
     if (skipped == 0)
         return rk_err_set_line(err, RK_ENOENT, "%s: no checkpoint", dir);
-    return rk_err_set_line(err, RK_ENOENT, "%s: no usable checkpoint (%zu file%s skipped, last: %s)", dir,
-                skipped, skipped == 1 ? "" : "s", e2.msg);
+    return rk_err_set_line(err, RK_ENOENT,
+                           "%s: no usable checkpoint (%zu file%s skipped, last: %s)", dir, skipped,
+                           skipped == 1 ? "" : "s", e2.msg);
 }
 
 int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err)
@@ -1073,7 +1087,8 @@ int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err)
     *out = NULL;
     char name[RK_CKPT_NAME_MAX];
     if (!dir || !*dir || rk_ckpt_file_name(step, name, sizeof name) != RK_OK)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_step: bad directory or step %" PRId64, step);
+        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_step: bad directory or step %" PRId64,
+                               step);
     char *path = join(dir, name);
     if (!path)
         return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
@@ -1240,8 +1255,8 @@ static int make_dirs(const char *dir, rk_err *err)
             }
         } else if (errno != EEXIST) {
             int e = errno;
-            rc = rk_err_set_line(err, rk_err_code_errno(e),
-                      "%s: cannot create directory %s: %s", dir, p, rk_msg_strerror(e, eb, sizeof eb));
+            rc = rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create directory %s: %s",
+                                 dir, p, rk_msg_strerror(e, eb, sizeof eb));
         } else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
             rc = rk_err_set_line(err, RK_EIO, "%s: %s exists and is not a directory", dir, p);
         }
@@ -1566,8 +1581,8 @@ static int plan_write(const char *dir, const char *path, plan *p, bool beside, r
     if (!rc)
         rc = rk_st_header(p->e, p->n, (const char *const *)p->meta, &hdr, &hlen2, &dlen, err);
     if (!rc && hlen2 != hlen)
-        rc = rk_err_set_line(err, RK_EINVAL, "%s: header changed length (%zu -> %zu bytes)", path, hlen,
-                  hlen2);
+        rc = rk_err_set_line(err, RK_EINVAL, "%s: header changed length (%zu -> %zu bytes)", path,
+                             hlen, hlen2);
     if (!rc)
         rc = rk_afile_pwrite(f, hdr, hlen, 0, err);
     free(hdr);
@@ -1586,8 +1601,8 @@ int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *
     return rk_ckpt_save_in(dir, meta, items, n, keep, true, err);
 }
 
-int rk_ckpt_save_in(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items,
-                    size_t n, int keep, bool hash_beside, rk_err *err)
+int rk_ckpt_save_in(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
+                    int keep, bool hash_beside, rk_err *err)
 {
     if (!dir || !*dir)
         return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_save: empty directory");
@@ -1675,8 +1690,9 @@ int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err)
     int64_t v;
     char vb[SHOW_MAX];
     if (!parse_u63(text, strlen(text), &v) || v < 1)
-        return rk_err_set_line(err, RK_EINVAL, "--ckpt-every '%s' is not a step count >= 1 or 'auto'",
-                    rk_msg_show(vb, sizeof vb, text));
+        return rk_err_set_line(err, RK_EINVAL,
+                               "--ckpt-every '%s' is not a step count >= 1 or 'auto'",
+                               rk_msg_show(vb, sizeof vb, text));
     *steps = v;
     return RK_OK;
 }

@@ -146,8 +146,8 @@ static void *write_main(void *arg)
     (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
 #endif
     double t0 = rk_mono_s();
-    w->rc = rk_ckpt_save_in(w->dir, &w->snap.meta, w->snap.items, w->snap.n, w->keep, false,
-                            &w->err);
+    w->rc =
+        rk_ckpt_save_in(w->dir, &w->snap.meta, w->snap.items, w->snap.n, w->keep, false, &w->err);
     w->seconds = rk_mono_s() - t0;
     atomic_store(&w->done, 1);
     return NULL;

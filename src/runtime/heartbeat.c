@@ -118,7 +118,8 @@ static int check_nonneg(const char *key, double v, int code, rk_err *err)
 static int check_msg(const rk_hb_msg *m, int code, rk_err *err)
 {
     if ((unsigned)m->type >= NTYPES)
-        return rk_err_set_line(err, code, MSG "field \"type\": unknown message type %d", (int)m->type);
+        return rk_err_set_line(err, code, MSG "field \"type\": unknown message type %d",
+                               (int)m->type);
     int rc = check_int(&I_RANK, m->rank, code, err);
     if (!rc)
         rc = check_int(&I_STEP, m->step, code, err);
@@ -131,8 +132,9 @@ static int check_msg(const rk_hb_msg *m, int code, rk_err *err)
             !(rc = check_int(&I_PID, m->pid, code, err)))
             rc = check_str(&S_DEVICE, m->device, code, err);
         if (!rc && m->rank >= m->world)
-            rc = rk_err_set_line(err, code, MSG "field \"rank\": expected an integer 0..world-1 (world is %d)",
-                      m->world);
+            rc = rk_err_set_line(err, code,
+                                 MSG "field \"rank\": expected an integer 0..world-1 (world is %d)",
+                                 m->world);
         return rc;
     case RK_HB_STEP:
         if (m->loss_finite && !isfinite(m->loss))
@@ -209,7 +211,8 @@ static int get_str(json_t *o, const sspec *s, bool optional, char *dst, rk_err *
         return RK_OK;
     }
     if (!v)
-        return rk_err_set_line(err, RK_EFORMAT, MSG "field \"%s\": missing (expected %s)", s->key, s->want);
+        return rk_err_set_line(err, RK_EFORMAT, MSG "field \"%s\": missing (expected %s)", s->key,
+                               s->want);
     if (!json_is_string(v) || json_string_length(v) >= s->cap)
         return expected(err, RK_EFORMAT, s->key, s->want);
     memcpy(dst, json_string_value(v), json_string_length(v) + 1);
@@ -229,7 +232,7 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
     if (k == NTYPES) {
         char sb[SHOW_MAX];
         return rk_err_set_line(err, RK_EFORMAT, MSG "field \"type\": unknown message type \"%s\"",
-                    rk_msg_show(sb, sizeof sb, json_string_value(t)));
+                               rk_msg_show(sb, sizeof sb, json_string_value(t)));
     }
     m->type = (rk_hb_type)k;
     int rc = get_i(o, &I_RANK, &m->rank, err);
@@ -286,15 +289,15 @@ static json_t *load_object(const char *line, size_t len, const char *what, rk_er
 {
     if (len >= RK_HB_LINE_MAX) {
         rk_err_set_line(err, RK_EFORMAT, "%sthe line is %zu bytes, more than %d", what, len,
-             RK_HB_LINE_MAX - 1);
+                        RK_HB_LINE_MAX - 1);
         return NULL;
     }
     json_error_t je;
     json_t *o = json_loadb(len ? line : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!o) {
         char sb[SHOW_MAX * 2];
-        rk_err_set_line(err, RK_EFORMAT, "%snot JSON: %s (byte %d)", what, rk_msg_show(sb, sizeof sb, je.text),
-             je.position);
+        rk_err_set_line(err, RK_EFORMAT, "%snot JSON: %s (byte %d)", what,
+                        rk_msg_show(sb, sizeof sb, je.text), je.position);
         return NULL;
     }
     if (!json_is_object(o)) {
@@ -332,9 +335,10 @@ int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err)
     int rc = RK_OK;
     if (!c) {
         rc = rk_err_set_line(err, RK_EFORMAT,
-                  CMD "field \"cmd\": missing (expected \"checkpoint\" or \"stop\")");
+                             CMD "field \"cmd\": missing (expected \"checkpoint\" or \"stop\")");
     } else if (!json_is_string(c)) {
-        rc = rk_err_set_line(err, RK_EFORMAT, CMD "field \"cmd\": expected \"checkpoint\" or \"stop\"");
+        rc = rk_err_set_line(err, RK_EFORMAT,
+                             CMD "field \"cmd\": expected \"checkpoint\" or \"stop\"");
     } else if (strcmp(json_string_value(c), "checkpoint") == 0) {
         *cmd = RK_HB_CMD_CHECKPOINT;
     } else if (strcmp(json_string_value(c), "stop") == 0) {
@@ -342,7 +346,7 @@ int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err *err)
     } else {
         char sb[SHOW_MAX];
         rc = rk_err_set_line(err, RK_EFORMAT, CMD "field \"cmd\": unknown command \"%s\"",
-                  rk_msg_show(sb, sizeof sb, json_string_value(c)));
+                             rk_msg_show(sb, sizeof sb, json_string_value(c)));
     }
     json_decref(o);
     if (!rc)
@@ -466,8 +470,8 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
     put(&o, "}\n");
     if (o.over) {
         line[0] = '\0';
-        return rk_err_set_line(err, RK_EINVAL, MSG "a %s line does not fit in %zu bytes", k_types[m->type],
-                    cap);
+        return rk_err_set_line(err, RK_EINVAL, MSG "a %s line does not fit in %zu bytes",
+                               k_types[m->type], cap);
     }
     if (len)
         *len = o.n;
@@ -513,7 +517,7 @@ int rk_hb_lines_feed(rk_hb_lines *b, const char *data, size_t n,
         if (take > sizeof b->buf - 1 - b->used) {
             b->used = 0;
             return rk_err_set_line(err, RK_EFORMAT, "heartbeat: a line is longer than %d bytes",
-                        RK_HB_LINE_MAX);
+                                   RK_HB_LINE_MAX);
         }
         memcpy(b->buf + b->used, data + i, take);
         b->used += take;
@@ -576,8 +580,8 @@ static void go_dead(rk_hb *h, const char *why)
     h->fd = -1;
     h->dead = true;
     rk_err_set_line(&h->dead_err, RK_EIO,
-         "heartbeat: the supervisor at %s has gone (%s); no heartbeat from now on",
-         rk_msg_show(pb, sizeof pb, h->path), why);
+                    "heartbeat: the supervisor at %s has gone (%s); no heartbeat from now on",
+                    rk_msg_show(pb, sizeof pb, h->path), why);
 }
 
 /* RK_EIO the first time after the handle died, RK_OK after that; 1 while alive. With the
@@ -664,7 +668,7 @@ int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t sta
     m.step = start_step;
     if (device && strlen(device) >= sizeof m.device)
         return rk_err_set_line(err, RK_EINVAL, "heartbeat: device \"%s\" is longer than %zu bytes",
-                    rk_msg_show(db, sizeof db, device), sizeof m.device - 1);
+                               rk_msg_show(db, sizeof db, device), sizeof m.device - 1);
     if (device)
         memcpy(m.device, device, strlen(device) + 1);
     char line[RK_HB_LINE_MAX];
@@ -678,27 +682,30 @@ int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t sta
     if (strlen(path) >= sizeof h->path) {
         free(h);
         return rk_err_set_line(err, RK_EINVAL,
-                    "heartbeat: %s=%s is longer than %zu bytes, too long for a "
-                    "Unix socket",
-                    RK_HB_ENV, rk_msg_show(pb, sizeof pb, path), sizeof h->path - 1);
+                               "heartbeat: %s=%s is longer than %zu bytes, too long for a "
+                               "Unix socket",
+                               RK_HB_ENV, rk_msg_show(pb, sizeof pb, path), sizeof h->path - 1);
     }
     memcpy(h->path, path, strlen(path) + 1);
     h->rank = rank;
     h->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     char eb[128];
     if (h->fd < 0) {
-        rc = rk_err_set_line(err, RK_EIO, "heartbeat: no socket for %s: %s", rk_msg_show(pb, sizeof pb, path),
-                  rk_msg_strerror(errno, eb, sizeof eb));
+        rc = rk_err_set_line(err, RK_EIO, "heartbeat: no socket for %s: %s",
+                             rk_msg_show(pb, sizeof pb, path),
+                             rk_msg_strerror(errno, eb, sizeof eb));
         free(h);
         return rc;
     }
     int e = connect_to(h->fd, path);
     if (e)
-        rc = rk_err_set_line(err, RK_EIO, "heartbeat: cannot connect to the supervisor at %s (%s): %s",
-                  rk_msg_show(pb, sizeof pb, path), RK_HB_ENV, rk_msg_strerror(e, eb, sizeof eb));
+        rc = rk_err_set_line(
+            err, RK_EIO, "heartbeat: cannot connect to the supervisor at %s (%s): %s",
+            rk_msg_show(pb, sizeof pb, path), RK_HB_ENV, rk_msg_strerror(e, eb, sizeof eb));
     else if ((e = send_all(h->fd, line, len)))
-        rc = rk_err_set_line(err, RK_EIO, "heartbeat: cannot send hello to the supervisor at %s: %s",
-                  rk_msg_show(pb, sizeof pb, path), rk_msg_strerror(e, eb, sizeof eb));
+        rc =
+            rk_err_set_line(err, RK_EIO, "heartbeat: cannot send hello to the supervisor at %s: %s",
+                            rk_msg_show(pb, sizeof pb, path), rk_msg_strerror(e, eb, sizeof eb));
     if (rc || pthread_mutex_init(&h->mu, NULL) != 0) {
         if (!rc)
             rc = rk_err_set_line(err, RK_ENOMEM, "heartbeat: no mutex");

@@ -12,13 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <math.h>
-#include <time.h>
 #include "base/clock.h"
 #include "health/sim.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
 #include "rekindle/predict_online.h"
+#include <math.h>
+#include <time.h>
 
 #define HISTORY 12
 

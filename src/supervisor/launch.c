@@ -61,7 +61,7 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
         argv[k++] = "--oversubscribe"; /* ranks may outnumber cores (CPU slots in tests) */
         argv[k++] = "--quiet"; /* rk run says what happened; mpirun's advice is noise here */
         argv[k++] = "--bind-to";
-        argv[k++] = "none"; /* each rank runs its own threads */
+        argv[k++] = "none";        /* each rank runs its own threads */
         if (!names_hosts(extra)) { /* one node: Open MPI's TCP traffic on loopback only */
             static const char *const lo[] = {"--mca", "oob_tcp_if_include", "lo",
                                              "--mca", "btl_tcp_if_include", "lo"};

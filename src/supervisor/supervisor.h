@@ -25,35 +25,35 @@
 typedef enum rk_launcher { RK_LAUNCH_MPIRUN, RK_LAUNCH_SRUN } rk_launcher;
 
 typedef struct rk_sup_opts {
-    int n;                      /* ranks to start with */
+    int n;                                   /* ranks to start with */
     const char *devices[RK_SUP_MAX_DEVICES]; /* device ids, at least n */
     int ndevices;
-    const char *ckpt_dir;       /* RK_CKPT_DIR for the workers; NULL: none */
-    double hb_timeout_s;        /* a rank silent this long is hung */
-    double startup_timeout_s;   /* from launch to every rank's hello */
-    double stop_grace_s;        /* after SIGINT/TERM/HUP: then tear the job down (0: at once) */
-    int failure_threshold;      /* failures that quarantine a device */
+    const char *ckpt_dir;     /* RK_CKPT_DIR for the workers; NULL: none */
+    double hb_timeout_s;      /* a rank silent this long is hung */
+    double startup_timeout_s; /* from launch to every rank's hello */
+    double stop_grace_s;      /* after SIGINT/TERM/HUP: then tear the job down (0: at once) */
+    int failure_threshold;    /* failures that quarantine a device */
     int max_restarts;
     int min_ranks;
-    const char *inject;         /* fault spec (already checked) or NULL */
-    const char *events_path;    /* NULL: no events file */
-    const char *summary_path;   /* NULL: no summary file */
+    const char *inject;       /* fault spec (already checked) or NULL */
+    const char *events_path;  /* NULL: no events file */
+    const char *summary_path; /* NULL: no summary file */
     rk_launcher launcher;
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
     char *const *worker;        /* WORKER ARGS..., NULL-terminated */
     int quiet;                  /* no live status lines */
     /* the health gate (gate.c): NULL backend = none */
-    const char *health;         /* "nvml" or "sim" */
-    int health_sim_gpus;        /* sim: fleet size (at least the devices' largest index + 1) */
-    uint64_t health_seed;       /* sim */
-    double health_time_scale;   /* sim: simulated seconds per real second */
-    double health_age_h;        /* sim: hours of service at the start */
-    double health_threshold;    /* a GPU below this is left out or drained */
-    double health_interval_s;   /* between readings during a run */
-    double sim_skip_h;          /* sim: the fleet's clock starts this many hours in */
+    const char *health;       /* "nvml" or "sim" */
+    int health_sim_gpus;      /* sim: fleet size (at least the devices' largest index + 1) */
+    uint64_t health_seed;     /* sim */
+    double health_time_scale; /* sim: simulated seconds per real second */
+    double health_age_h;      /* sim: hours of service at the start */
+    double health_threshold;  /* a GPU below this is left out or drained */
+    double health_interval_s; /* between readings during a run */
+    double sim_skip_h;        /* sim: the fleet's clock starts this many hours in */
     /* the failure predictor (rekindle/predict_online.h): NULL = none */
-    const char *predictor;      /* model file */
-    double drain_probability;   /* drain (or leave out) a GPU whose probability reaches it */
+    const char *predictor;    /* model file */
+    double drain_probability; /* drain (or leave out) a GPU whose probability reaches it */
 } rk_sup_opts;
 
 /* Incidents of one kind, for the report. */
@@ -157,28 +157,28 @@ const char *rk_gate_backend(const rk_gate *g);
 /* ---- ledger.c ---------------------------------------------------------------------------- */
 
 typedef struct rk_incident {
-    double t;                 /* seconds since the supervisor started */
-    char kind[32];            /* crash, hang, commfail, guard_failed, nan, grad_outlier, ... */
-    int rank;                 /* -1 unknown */
-    char device[64];          /* "" unknown */
-    char action[32];          /* relaunch, redo, rollback, quarantine, stop, ... */
-    int64_t lost_steps;       /* -1 unknown */
-    double recovery_s;        /* -1 unknown */
+    double t;           /* seconds since the supervisor started */
+    char kind[32];      /* crash, hang, commfail, guard_failed, nan, grad_outlier, ... */
+    int rank;           /* -1 unknown */
+    char device[64];    /* "" unknown */
+    char action[32];    /* relaunch, redo, rollback, quarantine, stop, ... */
+    int64_t lost_steps; /* -1 unknown */
+    double recovery_s;  /* -1 unknown */
     char detail[576];
-    int final;                /* complete: may be written (rk_ledger_write) */
-    int written;              /* in the events file */
+    int final;   /* complete: may be written (rk_ledger_write) */
+    int written; /* in the events file */
 } rk_incident;
 
 typedef struct rk_ledger {
-    FILE *events;             /* NULL: none */
-    double t0;                /* monotonic start */
-    double wall0;             /* the same instant, seconds since the epoch */
-    rk_incident *inc;         /* every incident, for the summary */
+    FILE *events;     /* NULL: none */
+    double t0;        /* monotonic start */
+    double wall0;     /* the same instant, seconds since the epoch */
+    rk_incident *inc; /* every incident, for the summary */
     size_t ninc, cap;
-    size_t nwritten;          /* incidents before this index are all written */
-    double *dt;               /* seconds of the applied step k (index k-1), final lineage */
+    size_t nwritten; /* incidents before this index are all written */
+    double *dt;      /* seconds of the applied step k (index k-1), final lineage */
     int64_t ndt, capdt;
-    int64_t first_step;       /* the step the job began from */
+    int64_t first_step; /* the step the job began from */
     int restarts, quarantined;
     int injected;
 } rk_ledger;
