@@ -5,6 +5,8 @@
 
 #include "rk.h"
 
+#include "rekindle/worker.h"
+
 #ifndef RK_VERSION
 #define RK_VERSION "unknown"
 #endif
@@ -28,19 +30,10 @@ static const command commands[] = {
 
 int rk_cli_status(int code)
 {
-    switch (code) {
-    case RK_OK: return RK_EXIT_OK;
-    case RK_EINVAL:
-    case RK_EFORMAT:
-    case RK_ENOENT:
-    case RK_EMISMATCH:
-    case RK_EBUSY: return RK_EXIT_USAGE;
-    case RK_ECOMM: return RK_EXIT_COMM;
-    case RK_ESTOPPED: return RK_EXIT_STOPPED;
-    case RK_EGUARD:
-    case RK_ENONFINITE: return RK_EXIT_GUARD; /* wrong numbers: back to the last good state */
-    default: return RK_EXIT_FAIL;
-    }
+    /* the worker runtime's mapping, but for a storage error: a tool (not a rank under rk run)
+     * reports it as a plain failure, exit 1 (docs/cli.md) */
+    int st = rk_worker_exit_status(code);
+    return st == RK_EXIT_STORAGE ? RK_EXIT_FAIL : st;
 }
 
 static void usage(FILE *out)

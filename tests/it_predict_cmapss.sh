@@ -3,7 +3,7 @@
 # flag, a bad number, a data directory that does not exist, and one whose train file is
 # malformed: each exit 2 with one clear line. `rk predict dataset` on a small simulated fleet
 # (its usage errors, then a manifest that agrees with the files). Then the real-data check of
-# issue 7 on NASA's C-MAPSS FD001 (../shared/data/cmapss beside the source tree, or
+# the predictor on NASA's C-MAPSS FD001 (../shared/data/cmapss beside the source tree, or
 # RK_CMAPSS_DIR): the default configuration (docs/predict.md) reaches test RMSE <= 16 on the
 # test engines' last cycles, and the JSON is complete. Skips (77) when the data is absent,
 # naming the directory it looked in. About a minute on 2 cores.

@@ -1,5 +1,5 @@
 /*
- * The health layer (DESIGN.md, layer 1): GPU telemetry behind one interface, the signals
+ * The health layer (docs/design.md): GPU telemetry behind one interface, the signals
  * derived from it, and a 0-100 health score with findings. One node reads its GPUs through a
  * backend, a small table of function pointers per source, as nvtop does for its vendors:
  *

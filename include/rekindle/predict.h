@@ -1,5 +1,5 @@
 /*
- * The failure predictor (DESIGN.md layer 1, `rk predict`, docs/predict.md): a sequence model
+ * The failure predictor (docs/design.md, `rk predict`, docs/predict.md): a sequence model
  * over a window of T steps of F signals that says either how likely a failure is
  * (classification) or how long is left (regression, remaining useful life). Written in C on
  * OpenBLAS's cblas; float32 throughout.

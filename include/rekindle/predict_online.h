@@ -1,5 +1,5 @@
 /*
- * Live failure prediction (issue 7, docs/predict.md): one rolling window per GPU of one
+ * Live failure prediction (docs/predict.md): one rolling window per GPU of one
  * feature row a minute, turned from readings exactly as the training data was
  * (rk_fleet_features of the minute's reading against the previous minute's), and the model's
  * probability that the GPU fails within its horizon. Used by rk run's drain, rk exporter and

@@ -1,5 +1,5 @@
 /*
- * The predictor's real-data check (issue 7, docs/predict.md): NASA's C-MAPSS turbofan
+ * The predictor's real-data check (docs/predict.md): NASA's C-MAPSS turbofan
  * degradation data, subset FD001, in regression mode (remaining useful life, RUL).
  *
  * Files (space-separated text, one row per engine and cycle, 26 columns: unit, cycle, three

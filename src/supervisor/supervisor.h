@@ -1,5 +1,5 @@
 /*
- * The supervisor behind `rk run` (layer 3 of DESIGN.md): launches the ranks of a training job
+ * The supervisor behind `rk run` (docs/design.md): launches the ranks of a training job
  * through an existing launcher, watches their heartbeats (rekindle/heartbeat.h) and exits,
  * classifies each failure, relaunches from the latest good checkpoint, quarantines devices
  * that keep failing and shrinks the job onto the rest, and keeps the ledger (events, goodput).
