@@ -1,57 +1,35 @@
 /*
  * The checkpoint store (rekindle/ckpt.h, docs/checkpoint.md): one safetensors file per
  * checkpoint with a checksummed manifest, a `latest` pointer, retention and fallback loading.
+ * This file: names and numbers, the format (building a checkpoint, verifying one, the
+ * caller's expectations); ckpt_store.c the directory (listing, loading with fallback, the
+ * writer's lock); ckpt_save.c saving and retention; ckpt_writer.c the background writer.
  * Relies on rekindle/safetensors.h for the layout, rekindle/fileio.h for atomic writes,
  * libxxhash for checksums and jansson for the caller's config JSON. Never prints or exits.
  */
 #include "rekindle/ckpt.h"
 #include "base/msg.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/types.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <xxhash.h>
 
 #include "rekindle/fileio.h"
 #include "runtime/ckpt_internal.h"
 
-#define KEY_PREFIX "xxh64."
-#define KEY_PREFIX_LEN 6
-#define MANIFEST_NAME "__manifest__"
-#define MANIFEST_KEY KEY_PREFIX MANIFEST_NAME
-#define LATEST "latest"
-#define LOCK_NAME RK_CKPT_LOCK_FILE
-#define LOCK_MAX 32                    /* bytes of the lock file read for the holder's pid */
-#define SCAN_CHUNK ((size_t)256 << 10) /* bytes hashed, then scanned while in cache */
-#define LATEST_MAX 4096                /* bytes a `latest` file may have */
-#define SHOW_MAX 96                    /* bytes of an untrusted name shown in a message */
-
-struct rk_ckpt {
-    rk_st_file f;
-    rk_ckpt_meta meta; /* config_json points into f's metadata */
-};
-
 /* ---- messages --------------------------------------------------------------------------- */
 
 /* "dir/name" into a new string (NULL if out of memory). */
-static char *join(const char *dir, const char *name)
+char *ckpt_join(const char *dir, const char *name)
 {
     size_t a = strlen(dir), b = strlen(name);
     char *p = malloc(a + b + 2);
@@ -63,7 +41,7 @@ static char *join(const char *dir, const char *name)
     return p;
 }
 
-static const char *base_name(const char *path)
+const char *ckpt_base_name(const char *path)
 {
     const char *s = strrchr(path, '/');
     return s ? s + 1 : path;
@@ -80,7 +58,7 @@ int rk_ckpt_file_name(int64_t step, char *buf, size_t cap)
 }
 
 /* A canonical non-negative decimal ("0", "17"; no sign, no leading zero) into *v. */
-static bool parse_u63(const char *s, size_t len, int64_t *v)
+bool ckpt_parse_u63(const char *s, size_t len, int64_t *v)
 {
     if (len == 0 || len > 19 || (s[0] == '0' && len > 1))
         return false;
@@ -139,7 +117,7 @@ static const char *split_at_tag(const char *name, const char *tag, char *base)
 
 /* 1 and the writer's pid if `name` is a temporary file of an atomic write of a checkpoint or
  * of `latest` ("<target>.tmp.<pid>.<n>", see rekindle/fileio.h). */
-static int temp_pid(const char *name, long *pid)
+int ckpt_temp_pid(const char *name, long *pid)
 {
     char base[RK_CKPT_NAME_MAX];
     const char *p = split_at_tag(name, ".tmp.", base);
@@ -147,7 +125,8 @@ static int temp_pid(const char *name, long *pid)
         return 0;
     const char *dot = strchr(p, '.');
     int64_t v, n;
-    if (!dot || !parse_u63(p, (size_t)(dot - p), &v) || !parse_u63(dot + 1, strlen(dot + 1), &n))
+    if (!dot || !ckpt_parse_u63(p, (size_t)(dot - p), &v) ||
+        !ckpt_parse_u63(dot + 1, strlen(dot + 1), &n))
         return 0;
     if (v <= 0 || v > INT_MAX)
         return 0;
@@ -164,7 +143,7 @@ int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when)
         return 0;
     const char *dash = strchr(p, '-');
     size_t wl = dash ? (size_t)(dash - p) : strlen(p);
-    if (!parse_u63(p, wl, &w) || (dash && !parse_u63(dash + 1, strlen(dash + 1), &k)))
+    if (!ckpt_parse_u63(p, wl, &w) || (dash && !ckpt_parse_u63(dash + 1, strlen(dash + 1), &k)))
         return 0;
     if (step)
         *step = s;
@@ -234,18 +213,6 @@ static uint64_t hash_scan(const void *data, size_t n, const char *dtype, bool sc
 
 /* ---- the manifest checksum -------------------------------------------------------------- */
 
-/* One tensor as the manifest checksum sees it. */
-typedef struct tdesc {
-    const char *name, *dtype;
-    int ndim;
-    const int64_t *shape;
-    uint64_t begin, end; /* data-section offsets */
-} tdesc;
-
-typedef struct kv {
-    const char *k, *v;
-} kv;
-
 static int kv_cmp(const void *a, const void *b)
 {
     return strcmp(((const kv *)a)->k, ((const kv *)b)->k);
@@ -299,23 +266,7 @@ static int manifest_hash(kv *m, size_t nm, const tdesc *t, size_t nt, uint64_t *
 
 /* ---- building a checkpoint -------------------------------------------------------------- */
 
-/* The safetensors entries and metadata list for one save; strings owned here. */
-typedef struct plan {
-    rk_st_entry *e;
-    size_t n;
-    const char **meta; /* NULL-terminated key, value list */
-    char *strs;        /* keys "xxh64.<name>" and values, one block */
-    char **sums;       /* per item: its 16-hex-digit checksum inside strs */
-    size_t *nbytes;    /* per item: its byte size */
-    size_t *bad;       /* per item: its first non-finite element, SIZE_MAX if none */
-    tdesc *td;         /* per item, for the manifest checksum */
-    kv *sorted;        /* metadata pairs, for the manifest checksum */
-    size_t npairs;     /* metadata pairs before the manifest's own */
-    char nums[4][24];  /* step, epoch, cursor, world_size */
-    char manifest[17];
-} plan;
-
-static void plan_free(plan *p)
+void ckpt_plan_free(plan *p)
 {
     free(p->e);
     free(p->meta);
@@ -388,7 +339,7 @@ static int check_item(const char *label, const rk_ckpt_item *it, size_t idx, siz
 }
 
 /* Fill p->manifest from the items' checksums (already in p->sums) and the metadata. */
-static int plan_seal(plan *p)
+int ckpt_plan_seal(plan *p)
 {
     for (size_t i = 0; i < p->npairs; i++)
         p->sorted[i] = (kv){p->meta[2 * i], p->meta[2 * i + 1]};
@@ -401,7 +352,7 @@ static int plan_seal(plan *p)
 
 /* XXH64 of item i's bytes into its place in the metadata, and its scan for non-finite
  * values when it must be finite. */
-static void plan_hash(plan *p, size_t i)
+void ckpt_plan_hash(plan *p, size_t i)
 {
     const rk_st_entry *e = &p->e[i];
     hex16(p->sums[i],
@@ -409,7 +360,7 @@ static void plan_hash(plan *p, size_t i)
 }
 
 /* RK_EINVAL naming the first item that holds a non-finite value where it must not. */
-static int plan_check_finite(const char *label, const plan *p, rk_err *err)
+int ckpt_plan_check_finite(const char *label, const plan *p, rk_err *err)
 {
     for (size_t i = 0; i < p->n; i++)
         if (p->bad[i] != SIZE_MAX) {
@@ -426,8 +377,8 @@ static int plan_check_finite(const char *label, const plan *p, rk_err *err)
 /* Check the items and lay out the file. With `hash` every checksum is computed; without,
  * each is a placeholder of the same width (the header keeps its length) to be filled with
  * plan_hash and plan_seal before the header is final. */
-static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_item *items, size_t n,
-                      bool hash, plan *p, rk_err *err)
+int ckpt_plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_item *items, size_t n,
+                    bool hash, plan *p, rk_err *err)
 {
     memset(p, 0, sizeof *p);
     int rc = check_meta(label, m, err);
@@ -440,7 +391,7 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
     p->nbytes = calloc(nn, sizeof *p->nbytes);
     p->bad = malloc(nn * sizeof *p->bad);
     if (!p->nbytes || !p->bad) {
-        plan_free(p);
+        ckpt_plan_free(p);
         return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
     }
     for (size_t i = 0; i < nn; i++)
@@ -491,7 +442,7 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
             p->e[i] = (rk_st_entry){it->name, it->data, it->ndim, it->shape, dt};
             p->sums[i] = s;
             if (hash)
-                plan_hash(p, i);
+                ckpt_plan_hash(p, i);
             else
                 hex16(s, 0);
             p->meta[k++] = key;
@@ -501,9 +452,9 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
             off += p->nbytes[i];
         }
         p->npairs = k / 2;
-        if (hash && (rc = plan_check_finite(label, p, err)) != RK_OK) {
+        if (hash && (rc = ckpt_plan_check_finite(label, p, err)) != RK_OK) {
             /* rc set */
-        } else if (plan_seal(p) != RK_OK) {
+        } else if (ckpt_plan_seal(p) != RK_OK) {
             rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", label);
         } else {
             p->meta[k++] = MANIFEST_KEY;
@@ -512,7 +463,7 @@ static int plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_it
         }
     }
     if (rc)
-        plan_free(p);
+        ckpt_plan_free(p);
     return rc;
 }
 
@@ -524,11 +475,11 @@ int rk_ckpt_encode(const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n
     *out = NULL;
     *out_len = 0;
     plan p;
-    int rc = plan_build("checkpoint", meta, items, n, true, &p, err);
+    int rc = ckpt_plan_build("checkpoint", meta, items, n, true, &p, err);
     if (rc)
         return rc;
     rc = rk_st_encode(p.e, p.n, p.meta, out, out_len, err);
-    plan_free(&p);
+    ckpt_plan_free(&p);
     return rc;
 }
 
@@ -542,7 +493,7 @@ static int field_i64(const rk_st_file *f, const char *L, const char *key, int64_
     if (!s)
         return rk_err_set_line(err, RK_EFORMAT, "%s: field '%s' is missing from '__metadata__'", L,
                                key);
-    if (!parse_u63(s, strlen(s), v) || *v > max)
+    if (!ckpt_parse_u63(s, strlen(s), v) || *v > max)
         return rk_err_set_line(err, RK_EFORMAT,
                                "%s: field '%s' is '%s', not an integer in 0..%" PRId64, L, key,
                                rk_msg_show(vb, sizeof vb, s), max);
@@ -625,7 +576,7 @@ static int verify_header(const rk_st_file *f, const char *L, rk_ckpt_meta *meta,
                                rk_msg_parser_text(jt, sizeof jt, je.text));
     json_decref(cj);
     int64_t named;
-    if (rk_ckpt_name_step(base_name(L), &named) && named != meta->step)
+    if (rk_ckpt_name_step(ckpt_base_name(L), &named) && named != meta->step)
         return rk_err_set_line(err, RK_EFORMAT,
                                "%s: field 'step' is %" PRId64 " but the file name says %" PRId64, L,
                                meta->step, named);
@@ -847,852 +798,5 @@ int rk_ckpt_check(const rk_ckpt *c, const rk_ckpt_expect *e, rk_err *err)
                 fmt_shape(hb, sizeof hb, t->ndim, t->shape), dt,
                 fmt_shape(wb, sizeof wb, it->ndim < 0 ? 0 : it->ndim, it->shape));
     }
-    return RK_OK;
-}
-
-/* ---- the directory ---------------------------------------------------------------------- */
-
-typedef struct entry {
-    char name[RK_CKPT_NAME_MAX];
-    int64_t step;
-} entry;
-
-static int entry_desc(const void *a, const void *b)
-{
-    int64_t x = ((const entry *)a)->step, y = ((const entry *)b)->step;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* The checkpoint files of `dir`, highest step first; *ntemp counts temporary files. */
-static int scan_dir(const char *dir, entry **out, size_t *n, size_t *ntemp, rk_err *err)
-{
-    char eb[128];
-    *out = NULL;
-    *n = 0;
-    if (ntemp)
-        *ntemp = 0;
-    DIR *d = opendir(dir);
-    if (!d) {
-        int e = errno;
-        return rk_err_set_line(err, rk_err_code_errno(e),
-                               "%s: cannot open checkpoint directory: %s", dir,
-                               rk_msg_strerror(e, eb, sizeof eb));
-    }
-    size_t cap = 0;
-    entry *v = NULL;
-    struct dirent *de;
-    int rc = RK_OK;
-    errno = 0;
-    while ((de = readdir(d))) {
-        int64_t step;
-        long pid;
-        if (rk_ckpt_name_step(de->d_name, &step)) {
-            if (*n == cap) {
-                size_t nc = cap ? 2 * cap : 16;
-                entry *nv = realloc(v, nc * sizeof *nv);
-                if (!nv) {
-                    rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-                    break;
-                }
-                v = nv;
-                cap = nc;
-            }
-            memcpy(v[*n].name, de->d_name, strlen(de->d_name) + 1); /* < 64: a checkpoint name */
-            v[(*n)++].step = step;
-        } else if (ntemp && temp_pid(de->d_name, &pid)) {
-            (*ntemp)++;
-        }
-        errno = 0;
-    }
-    if (!rc && errno)
-        rc = rk_err_set_line(err, RK_EIO, "%s: cannot read directory: %s", dir,
-                             rk_msg_strerror(errno, eb, sizeof eb));
-    closedir(d);
-    if (rc) {
-        free(v);
-        *n = 0;
-        return rc;
-    }
-    if (*n > 1)
-        qsort(v, *n, sizeof *v, entry_desc);
-    *out = v;
-    return RK_OK;
-}
-
-int rk_ckpt_read_latest(const char *dir, char *name, size_t cap, rk_err *err)
-{
-    if (!dir || !name || cap == 0)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_read_latest: bad argument");
-    name[0] = '\0';
-    char *path = join(dir, LATEST);
-    if (!path)
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    uint8_t *buf;
-    size_t len;
-    rk_err e2;
-    int rc = rk_file_read_all(path, &buf, &len, LATEST_MAX, &e2);
-    if (rc == RK_ENOENT)
-        rc = rk_err_set_line(err, RK_ENOENT, "%s: missing", path);
-    else if (rc)
-        rc = rk_err_set_line(err, rc, "%s", e2.msg);
-    if (rc) {
-        free(path);
-        return rc;
-    }
-    if (len > 0 && buf[len - 1] == '\n')
-        buf[--len] = '\0';
-    if (len == 0)
-        rc = rk_err_set_line(err, RK_EFORMAT, "%s: is empty", path);
-    else if (memchr(buf, '\0', len))
-        rc = rk_err_set_line(err, RK_EFORMAT, "%s: holds a NUL byte, not a checkpoint file name",
-                             path);
-    else if (!rk_ckpt_name_step((const char *)buf, NULL))
-        rc = rk_err_set_line(err, RK_EFORMAT,
-                             "%s: does not hold a checkpoint file name (ckpt-<step>.safetensors)",
-                             path); /* never its bytes: `latest` may be a link to any file */
-    else if (len >= cap)
-        rc = rk_err_set_line(err, RK_EINVAL, "%s: name does not fit in %zu bytes", path, cap);
-    else
-        memcpy(name, buf, len + 1);
-    free(buf);
-    free(path);
-    return rc;
-}
-
-/* Append one line to the report, cut to fit (the buffer stays NUL-terminated). */
-__attribute__((format(printf, 3, 4))) static void report_add(char *r, size_t cap, const char *fmt,
-                                                             ...)
-{
-    if (!r || cap == 0)
-        return;
-    size_t used = strnlen(r, cap - 1);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r + used, cap - used, fmt, ap);
-    va_end(ap);
-    used = strnlen(r, cap - 1);
-    if (used + 1 < cap) {
-        r[used] = '\n';
-        r[used + 1] = '\0';
-    }
-}
-
-/* Whether a load's error says the file could not be read at all (permissions, an I/O error,
- * no memory), rather than read and found to be no usable checkpoint (RK_EFORMAT,
- * RK_EMISMATCH) or gone (RK_ENOENT). Loads never fall back past such a file. */
-static bool unreadable(int rc)
-{
-    return rc != RK_OK && rc != RK_EFORMAT && rc != RK_EMISMATCH && rc != RK_ENOENT;
-}
-
-/* The error of a load that met a file it cannot read: no fallback. */
-static int refuse_unreadable(const char *dir, const rk_err *why, rk_err *err)
-{
-    return rk_err_set_line(err, why->code,
-                           "%s; a checkpoint that exists but cannot be read is not skipped: fix "
-                           "it (permissions, disk) or move it out of %s",
-                           why->msg, dir);
-}
-
-/* Load and verify dir/name and check it against `e`. */
-static int try_load(const char *dir, const char *name, const rk_ckpt_expect *e, rk_ckpt **out,
-                    rk_err *err)
-{
-    char *path = join(dir, name);
-    if (!path)
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    int rc = rk_ckpt_load_file(path, out, err);
-    if (rc == RK_ENOENT)
-        rc = rk_err_set_line(err, RK_ENOENT, "%s: does not exist", path);
-    free(path);
-    if (!rc && e && (rc = rk_ckpt_check(*out, e, err))) {
-        rk_ckpt_free(*out);
-        *out = NULL;
-    }
-    return rc;
-}
-
-int rk_ckpt_load_latest(const char *dir, const rk_ckpt_expect *expect, rk_ckpt **out, char *report,
-                        size_t report_len, rk_err *err)
-{
-    if (report && report_len)
-        report[0] = '\0';
-    if (!out)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_latest: out is NULL");
-    *out = NULL;
-    if (!dir || !*dir)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_latest: empty directory");
-    entry *v;
-    size_t n;
-    int rc = scan_dir(dir, &v, &n, NULL, err);
-    if (rc)
-        return rc;
-    char lname[RK_CKPT_NAME_MAX] = "";
-    rk_err e2;
-    size_t skipped = 0;
-    rc = rk_ckpt_read_latest(dir, lname, sizeof lname, &e2);
-    if (unreadable(rc)) {
-        free(v);
-        return refuse_unreadable(dir, &e2, err);
-    }
-    if (rc == RK_OK) {
-        rc = try_load(dir, lname, expect, out, &e2);
-        if (unreadable(rc)) {
-            free(v);
-            return refuse_unreadable(dir, &e2, err);
-        }
-        if (rc == RK_OK) {
-            int64_t ls = (*out)->meta.step;
-            for (size_t i = 0; i < n && v[i].step > ls; i++)
-                report_add(report, report_len,
-                           "%s/%s: newer than the checkpoint 'latest' names "
-                           "(%s); not used",
-                           dir, v[i].name, lname);
-            free(v);
-            return RK_OK;
-        }
-        report_add(report, report_len, "%s", e2.msg);
-        skipped++;
-    } else if (rc != RK_ENOENT || n > 0) {
-        report_add(report, report_len, "%s", e2.msg);
-        lname[0] = '\0';
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(v[i].name, lname) == 0)
-            continue;
-        rc = try_load(dir, v[i].name, expect, out, &e2);
-        if (rc == RK_OK) {
-            free(v);
-            return RK_OK;
-        }
-        if (unreadable(rc)) {
-            free(v);
-            return refuse_unreadable(dir, &e2, err);
-        }
-        report_add(report, report_len, "%s", e2.msg);
-        skipped++;
-    }
-    free(v);
-    if (skipped == 0)
-        return rk_err_set_line(err, RK_ENOENT, "%s: no checkpoint", dir);
-    return rk_err_set_line(err, RK_ENOENT,
-                           "%s: no usable checkpoint (%zu file%s skipped, last: %s)", dir, skipped,
-                           skipped == 1 ? "" : "s", e2.msg);
-}
-
-int rk_ckpt_load_step(const char *dir, int64_t step, rk_ckpt **out, rk_err *err)
-{
-    if (!out)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_step: out is NULL");
-    *out = NULL;
-    char name[RK_CKPT_NAME_MAX];
-    if (!dir || !*dir || rk_ckpt_file_name(step, name, sizeof name) != RK_OK)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_load_step: bad directory or step %" PRId64,
-                               step);
-    char *path = join(dir, name);
-    if (!path)
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    int rc = rk_ckpt_load_file(path, out, err);
-    if (rc == RK_ENOENT)
-        rc = rk_err_set_line(err, RK_ENOENT, "%s: no checkpoint of step %" PRId64, path, step);
-    free(path);
-    return rc;
-}
-
-static int info_asc(const void *a, const void *b)
-{
-    int64_t x = ((const rk_ckpt_info *)a)->step, y = ((const rk_ckpt_info *)b)->step;
-    return x < y ? -1 : x > y ? 1 : 0;
-}
-
-int rk_ckpt_list(const char *dir, rk_ckpt_info **items, size_t *n, size_t *ntemp, rk_err *err)
-{
-    if (!items || !n)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list: items or n is NULL");
-    *items = NULL;
-    *n = 0;
-    if (!dir || !*dir)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list: empty directory");
-    entry *v;
-    size_t m;
-    int rc = scan_dir(dir, &v, &m, ntemp, err);
-    if (rc)
-        return rc;
-    rk_ckpt_info *info = calloc(m ? m : 1, sizeof *info);
-    if (!info) {
-        free(v);
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    }
-    char lname[RK_CKPT_NAME_MAX] = "";
-    if (rk_ckpt_read_latest(dir, lname, sizeof lname, NULL) != RK_OK)
-        lname[0] = '\0';
-    for (size_t i = 0; i < m; i++) {
-        rk_ckpt_info *f = &info[i];
-        snprintf(f->file, sizeof f->file, "%s", v[i].name);
-        f->step = v[i].step;
-        f->epoch = f->cursor = -1;
-        f->latest = strcmp(v[i].name, lname) == 0;
-        char *path = join(dir, v[i].name);
-        struct stat st;
-        if (path && stat(path, &st) == 0)
-            f->bytes = (uint64_t)st.st_size;
-        rk_ckpt *c = NULL;
-        rk_err e2;
-        if (!path)
-            rk_err_set(&e2, RK_ENOMEM, "%s: out of memory", dir);
-        int lrc = path ? rk_ckpt_load_file(path, &c, &e2) : RK_ENOMEM;
-        if (lrc == RK_OK) {
-            f->valid = 1;
-            f->epoch = c->meta.epoch;
-            f->cursor = c->meta.cursor;
-            f->world_size = c->meta.world_size;
-            rk_ckpt_free(c);
-        } else {
-            f->unreadable = unreadable(lrc);
-            snprintf(f->problem, sizeof f->problem, "%s", e2.msg);
-        }
-        free(path);
-    }
-    free(v);
-    qsort(info, m, sizeof *info, info_asc);
-    *items = info;
-    *n = m;
-    return RK_OK;
-}
-
-static int aside_asc(const void *a, const void *b)
-{
-    const rk_ckpt_aside *x = a, *y = b;
-    if (x->step != y->step)
-        return x->step < y->step ? -1 : 1;
-    return strcmp(x->file, y->file);
-}
-
-int rk_ckpt_list_aside(const char *dir, rk_ckpt_aside **items, size_t *n, rk_err *err)
-{
-    char eb[128];
-    if (!items || !n)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list_aside: items or n is NULL");
-    *items = NULL;
-    *n = 0;
-    if (!dir || !*dir)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_list_aside: empty directory");
-    DIR *d = opendir(dir);
-    if (!d) {
-        int e = errno;
-        return rk_err_set_line(err, rk_err_code_errno(e),
-                               "%s: cannot open checkpoint directory: %s", dir,
-                               rk_msg_strerror(e, eb, sizeof eb));
-    }
-    rk_ckpt_aside *v = NULL;
-    size_t m = 0, cap = 0;
-    int rc = RK_OK;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        rk_ckpt_aside a = {0};
-        size_t len = strlen(de->d_name);
-        if (len >= sizeof a.file || !rk_ckpt_aside_step(de->d_name, &a.step, &a.when))
-            continue;
-        if (m == cap) {
-            size_t nc = cap ? 2 * cap : 8;
-            rk_ckpt_aside *nv = realloc(v, nc * sizeof *nv);
-            if (!nv) {
-                rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-                break;
-            }
-            v = nv;
-            cap = nc;
-        }
-        memcpy(a.file, de->d_name, len + 1);
-        struct stat st;
-        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0)
-            a.bytes = (uint64_t)st.st_size;
-        v[m++] = a;
-    }
-    closedir(d);
-    if (rc) {
-        free(v);
-        return rc;
-    }
-    if (m > 1)
-        qsort(v, m, sizeof *v, aside_asc);
-    *items = v;
-    *n = m;
-    return RK_OK;
-}
-
-/* ---- saving ----------------------------------------------------------------------------- */
-
-/* mkdir -p `dir`, fsync'ing each parent that gained an entry. */
-static int make_dirs(const char *dir, rk_err *err)
-{
-    char eb[128];
-    struct stat st;
-    if (stat(dir, &st) == 0) {
-        if (!S_ISDIR(st.st_mode))
-            return rk_err_set_line(err, RK_EIO, "%s: exists and is not a directory", dir);
-        return RK_OK;
-    }
-    size_t len = strlen(dir);
-    char *p = malloc(len + 1);
-    if (!p)
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    memcpy(p, dir, len + 1);
-    int rc = RK_OK;
-    for (size_t i = 1; i <= len && !rc; i++) {
-        if (p[i] != '/' && p[i] != '\0')
-            continue;
-        char c = p[i];
-        p[i] = '\0';
-        if (mkdir(p, 0755) == 0) {
-            char *slash = strrchr(p, '/');
-            if (slash && slash != p) {
-                *slash = '\0';
-                rk_fsync_dir(p, NULL);
-                *slash = '/';
-            } else {
-                rk_fsync_dir(slash ? "/" : ".", NULL);
-            }
-        } else if (errno != EEXIST) {
-            int e = errno;
-            rc = rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create directory %s: %s",
-                                 dir, p, rk_msg_strerror(e, eb, sizeof eb));
-        } else if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            rc = rk_err_set_line(err, RK_EIO, "%s: %s exists and is not a directory", dir, p);
-        }
-        p[i] = c;
-    }
-    free(p);
-    return rc;
-}
-
-/* ---- the writer's lock ------------------------------------------------------------------ */
-
-struct rk_ckpt_lockfile {
-    int fd; /* DIR/.lock, flock'ed; closing it (or dying) releases the lock */
-};
-
-/* The pid written in an open lock file, 0 if none is (yet). */
-static long lock_holder(int fd)
-{
-    char buf[LOCK_MAX + 1];
-    ssize_t n;
-    do {
-        n = pread(fd, buf, LOCK_MAX, 0);
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    size_t len = strcspn(buf, "\n");
-    int64_t v;
-    return parse_u63(buf, len, &v) && v > 0 && v <= INT_MAX ? (long)v : 0;
-}
-
-int rk_ckpt_lock(const char *dir, rk_ckpt_lockfile **out, long *holder, rk_err *err)
-{
-    char eb[128];
-    if (holder)
-        *holder = 0;
-    if (!out)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_lock: out is NULL");
-    *out = NULL;
-    if (!dir || !*dir)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_lock: empty directory");
-    int rc = make_dirs(dir, err);
-    if (rc)
-        return rc;
-    char *path = join(dir, LOCK_NAME);
-    rk_ckpt_lockfile *l = malloc(sizeof *l);
-    if (!path || !l) {
-        free(path);
-        free(l);
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    }
-    int fd;
-    do {
-        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-    } while (fd < 0 && errno == EINTR);
-    struct stat st;
-    if (fd < 0) {
-        int e = errno;
-        rc = rk_err_set_line(err, e == ENOENT || e == ENOTDIR ? RK_ENOENT : RK_EIO,
-                             "%s: cannot open the lock file: %s", path,
-                             rk_msg_strerror(e, eb, sizeof eb));
-    } else if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = rk_err_set_line(err, RK_EIO, "%s: the lock file is not a regular file", path);
-    } else {
-        int r;
-        do {
-            r = flock(fd, LOCK_EX | LOCK_NB);
-        } while (r < 0 && errno == EINTR);
-        if (r < 0 && errno == EWOULDBLOCK) {
-            long pid = lock_holder(fd);
-            if (holder)
-                *holder = pid;
-            if (pid > 0)
-                rc = rk_err_set_line(err, RK_EBUSY,
-                                     "%s: another job writes to this checkpoint directory "
-                                     "(pid %ld holds %s); one writer per directory",
-                                     dir, pid, path);
-            else
-                rc = rk_err_set_line(err, RK_EBUSY,
-                                     "%s: another job writes to this checkpoint directory "
-                                     "(it holds %s, its pid not written yet); one writer per "
-                                     "directory",
-                                     dir, path);
-        } else if (r < 0) {
-            rc = rk_err_set_line(err, RK_EIO, "%s: cannot lock: %s", path,
-                                 rk_msg_strerror(errno, eb, sizeof eb));
-        } else {
-            /* ours: say who holds it (only a message reads this; the lock is the flock) */
-            char line[32];
-            int len = snprintf(line, sizeof line, "%ld\n", (long)getpid());
-            if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len)
-                rc = rk_err_set_line(err, RK_EIO, "%s: cannot write the pid: %s", path,
-                                     rk_msg_strerror(errno, eb, sizeof eb));
-        }
-    }
-    free(path);
-    if (rc) {
-        if (fd >= 0)
-            close(fd); /* releases the lock if it was taken */
-        free(l);
-        return rc;
-    }
-    l->fd = fd;
-    *out = l;
-    return RK_OK;
-}
-
-void rk_ckpt_unlock(rk_ckpt_lockfile *l)
-{
-    if (!l)
-        return;
-    close(l->fd); /* the file stays: removing it would race with the next job's open */
-    free(l);
-}
-
-int rk_ckpt_is_store(const char *dir)
-{
-    DIR *d = dir && *dir ? opendir(dir) : NULL;
-    if (!d)
-        return 0;
-    int found = 0;
-    struct dirent *de;
-    long pid;
-    while (!found && (de = readdir(d)))
-        found = strcmp(de->d_name, LATEST) == 0 || strcmp(de->d_name, LOCK_NAME) == 0 ||
-                rk_ckpt_name_step(de->d_name, NULL) || temp_pid(de->d_name, &pid) ||
-                rk_ckpt_aside_step(de->d_name, NULL, NULL);
-    closedir(d);
-    return found;
-}
-
-/* Checkpoints this process wrote and verified, identified by device, inode, size and
- * modification time: retention trusts them instead of reading every kept checkpoint again
- * after each save (for a 256 MiB state that re-read cost more than the write). A file
- * changed since (another size or mtime) is verified again. */
-#define VERIFIED_MAX 64
-static struct verified {
-    dev_t dev;
-    ino_t ino;
-    off_t size;
-    struct timespec mtime;
-} verified[VERIFIED_MAX];
-static size_t verified_next;
-static pthread_mutex_t verified_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static bool same_file(const struct verified *v, const struct stat *st)
-{
-    return v->dev == st->st_dev && v->ino == st->st_ino && v->size == st->st_size &&
-           v->mtime.tv_sec == st->st_mtim.tv_sec && v->mtime.tv_nsec == st->st_mtim.tv_nsec;
-}
-
-static void verified_add(const char *path)
-{
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return;
-    pthread_mutex_lock(&verified_lock);
-    verified[verified_next % VERIFIED_MAX] =
-        (struct verified){st.st_dev, st.st_ino, st.st_size, st.st_mtim};
-    verified_next++;
-    pthread_mutex_unlock(&verified_lock);
-}
-
-/* Verified by this process and unchanged since, or verified now. */
-static bool verify_cached(const char *path)
-{
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return false;
-    bool hit = false;
-    pthread_mutex_lock(&verified_lock);
-    for (size_t i = 0; i < VERIFIED_MAX && !hit; i++)
-        hit = same_file(&verified[i], &st);
-    pthread_mutex_unlock(&verified_lock);
-    if (hit)
-        return true;
-    if (rk_ckpt_verify_file(path, NULL) != RK_OK)
-        return false;
-    verified_add(path);
-    return true;
-}
-
-/* Retention after step `step` was saved and verified (see rekindle/ckpt.h), then stale
- * temporary files. Failures are left for the next save. */
-static void retain(const char *dir, int64_t step, int keep)
-{
-    entry *v;
-    size_t n;
-    if (scan_dir(dir, &v, &n, NULL, NULL) != RK_OK)
-        return;
-    int kept = 1, removed = 0; /* the new checkpoint */
-    for (size_t i = 0; i < n; i++) {
-        if (v[i].step >= step)
-            continue; /* the new one, or a later timeline: never ours to remove */
-        char *path = join(dir, v[i].name);
-        if (!path)
-            break;
-        if (verify_cached(path)) {
-            if (kept < keep)
-                kept++;
-            else
-                removed += unlink(path) == 0;
-        } /* a checkpoint that does not verify is left for the operator */
-        free(path);
-    }
-    free(v);
-
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        long pid;
-        while ((de = readdir(d))) {
-            if (!temp_pid(de->d_name, &pid) || pid == (long)getpid())
-                continue;
-            if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
-                continue; /* alive (or not ours to signal): perhaps still writing */
-            removed += unlinkat(dirfd(d), de->d_name, 0) == 0;
-        }
-        closedir(d);
-    }
-    if (removed)
-        rk_fsync_dir(dir, NULL);
-}
-
-/* Before a save renames its file over `path`: a file already there that does not verify (a
- * corrupt checkpoint of the same step, left by an earlier timeline; see rekindle/ckpt.h) is
- * evidence, so it is renamed to "<name>.bad-<unix seconds>[-<k>]", a name neither retention,
- * the temporary-file cleanup nor a load touches, and the directory fsync'ed. A file that
- * verifies (cheaply, when this process wrote or verified it) is simply replaced. Nothing there
- * (the usual case) costs one lstat. Fails, and the save with it, if the file cannot be moved:
- * it is never overwritten. */
-static int set_aside(const char *dir, const char *path, rk_err *err)
-{
-    char eb[128];
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        if (errno == ENOENT)
-            return RK_OK;
-        int e = errno;
-        return rk_err_set_line(err, rk_err_code_errno(e),
-                               "%s: cannot check the file to replace: %s", path,
-                               rk_msg_strerror(e, eb, sizeof eb));
-    }
-    if (S_ISREG(st.st_mode) && verify_cached(path))
-        return RK_OK;
-    size_t plen = strlen(path);
-    size_t cap = plen + sizeof RK_CKPT_ASIDE_TAG + 32;
-    char *to = malloc(cap);
-    if (!to)
-        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", path);
-    long long now = (long long)time(NULL);
-    if (now < 0)
-        now = 0;
-    for (int k = 0; k < 1000; k++) {
-        if (k == 0)
-            snprintf(to, cap, "%s" RK_CKPT_ASIDE_TAG "%lld", path, now);
-        else
-            snprintf(to, cap, "%s" RK_CKPT_ASIDE_TAG "%lld-%d", path, now, k);
-        struct stat st2;
-        if (lstat(to, &st2) == 0)
-            continue; /* taken (one writer per directory: nobody races us for a name) */
-        int rc = RK_OK;
-        if (rename(path, to) != 0) {
-            int e = errno;
-            rc = rk_err_set_line(err, rk_err_code_errno(e),
-                                 "%s: does not verify and cannot be moved aside to %s (it is "
-                                 "kept; the new checkpoint is not written): %s",
-                                 path, base_name(to), rk_msg_strerror(e, eb, sizeof eb));
-        } else {
-            rc = rk_fsync_dir(dir, err);
-        }
-        free(to);
-        return rc;
-    }
-    free(to);
-    return rk_err_set_line(err, RK_EIO,
-                           "%s: does not verify and every name to move it aside to is taken", path);
-}
-
-/* The hashing half of a save, run beside the writing half. */
-static void *hash_all(void *arg)
-{
-    plan *p = arg;
-    for (size_t i = 0; i < p->n; i++)
-        plan_hash(p, i);
-    return NULL;
-}
-
-/* Stream a plan built without checksums into an atomic file at `path`: a header with
- * placeholder checksums (the same length as the final one), then the tensors straight from
- * the caller's memory while a second thread hashes that same memory, then the final header
- * over the placeholder, fsync, rename. A crash at any point leaves only a temporary file. */
-static int plan_write(const char *dir, const char *path, plan *p, bool beside, rk_err *err)
-{
-    uint8_t *hdr = NULL;
-    size_t hlen, dlen;
-    int rc = rk_st_header(p->e, p->n, (const char *const *)p->meta, &hdr, &hlen, &dlen, err);
-    if (rc)
-        return rc;
-    rk_afile *f = NULL;
-    rc = rk_afile_open(&f, path, err);
-    if (rc) {
-        free(hdr);
-        return rc;
-    }
-    pthread_t th;
-    bool threaded = beside && pthread_create(&th, NULL, hash_all, p) == 0;
-    rc = rk_afile_write(f, hdr, hlen, err);
-    for (size_t i = 0; i < p->n && !rc; i++)
-        rc = rk_afile_write(f, p->e[i].data, p->nbytes[i], err);
-    if (threaded)
-        pthread_join(th, NULL);
-    else
-        hash_all(p);
-    free(hdr);
-    hdr = NULL;
-    size_t hlen2 = 0;
-    if (!rc)
-        rc = plan_check_finite(path, p, err);
-    if (!rc && plan_seal(p) != RK_OK)
-        rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", path);
-    if (!rc)
-        rc = rk_st_header(p->e, p->n, (const char *const *)p->meta, &hdr, &hlen2, &dlen, err);
-    if (!rc && hlen2 != hlen)
-        rc = rk_err_set_line(err, RK_EINVAL, "%s: header changed length (%zu -> %zu bytes)", path,
-                             hlen, hlen2);
-    if (!rc)
-        rc = rk_afile_pwrite(f, hdr, hlen, 0, err);
-    free(hdr);
-    if (!rc)
-        rc = set_aside(dir, path, err);
-    if (rc) {
-        rk_afile_abort(f);
-        return rc;
-    }
-    return rk_afile_commit(f, err);
-}
-
-int rk_ckpt_save(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
-                 int keep, rk_err *err)
-{
-    return rk_ckpt_save_in(dir, meta, items, n, keep, true, err);
-}
-
-int rk_ckpt_save_in(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
-                    int keep, bool hash_beside, rk_err *err)
-{
-    if (!dir || !*dir)
-        return rk_err_set_line(err, RK_EINVAL, "rk_ckpt_save: empty directory");
-    if (keep < 1)
-        return rk_err_set_line(err, RK_EINVAL, "%s: keep %d is not at least 1", dir, keep);
-    char name[RK_CKPT_NAME_MAX];
-    if (!meta || rk_ckpt_file_name(meta->step, name, sizeof name) != RK_OK)
-        return rk_err_set_line(err, RK_EINVAL, "%s: meta is NULL or its step is negative", dir);
-    char *path = join(dir, name);
-    char *lpath = join(dir, LATEST);
-    plan p;
-    memset(&p, 0, sizeof p);
-    int rc = path && lpath ? RK_OK : rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
-    if (!rc)
-        rc = plan_build(path, meta, items, n, false, &p, err);
-    /* Stream the tensors from the caller's memory into the atomic file (the checksums come
-     * from the same memory). The file is not read back: after fsync that would only read the
-     * page cache, not the disk, and it cost more than the write (measured: 0.37x of dd
-     * conv=fsync for 256 MiB with the read-back). Every load verifies every checksum. */
-    if (!rc)
-        rc = make_dirs(dir, err);
-    if (!rc)
-        rc = plan_write(dir, path, &p, hash_beside, err);
-    plan_free(&p);
-    if (!rc)
-        verified_add(path);
-    if (!rc) {
-        char line[RK_CKPT_NAME_MAX + 1];
-        int llen = snprintf(line, sizeof line, "%s\n", name);
-        rc = rk_file_write_atomic(lpath, line, (size_t)llen, err);
-    }
-    if (!rc)
-        retain(dir, meta->step, keep);
-    free(path);
-    free(lpath);
-    return rc;
-}
-
-/* ---- interval --------------------------------------------------------------------------- */
-
-static bool pos_finite(double x)
-{
-    return isfinite(x) && x > 0;
-}
-
-double rk_ckpt_interval_young(double save_cost_s, double mtbf_s)
-{
-    if (!pos_finite(save_cost_s) || !pos_finite(mtbf_s))
-        return NAN;
-    return sqrt(2.0 * save_cost_s * mtbf_s);
-}
-
-double rk_ckpt_interval_daly(double save_cost_s, double mtbf_s)
-{
-    if (!pos_finite(save_cost_s) || !pos_finite(mtbf_s))
-        return NAN;
-    double c = save_cost_s, m = mtbf_s;
-    if (c >= 2.0 * m)
-        return m;
-    double r = c / (2.0 * m);
-    return sqrt(2.0 * c * m) * (1.0 + sqrt(r) / 3.0 + r / 9.0) - c;
-}
-
-int64_t rk_ckpt_auto_steps(double save_cost_s, double mtbf_s, double step_s)
-{
-    double t = rk_ckpt_interval_daly(save_cost_s, mtbf_s);
-    if (!isfinite(t) || !pos_finite(step_s))
-        return 0;
-    double s = floor(t / step_s + 0.5);
-    if (!(s >= 1.0))
-        return 1;
-    if (s >= 9.2e18)
-        return INT64_MAX;
-    return (int64_t)s;
-}
-
-int rk_ckpt_every_parse(const char *text, int64_t *steps, rk_err *err)
-{
-    if (!text || !steps)
-        return rk_err_set_line(err, RK_EINVAL, "--ckpt-every: no value");
-    if (strcmp(text, "auto") == 0) {
-        *steps = 0;
-        return RK_OK;
-    }
-    int64_t v;
-    char vb[SHOW_MAX];
-    if (!parse_u63(text, strlen(text), &v) || v < 1)
-        return rk_err_set_line(err, RK_EINVAL,
-                               "--ckpt-every '%s' is not a step count >= 1 or 'auto'",
-                               rk_msg_show(vb, sizeof vb, text));
-    *steps = v;
     return RK_OK;
 }
