@@ -1,5 +1,5 @@
 /*
- * predict_bench: inference time of the failure predictor (rekindle/predict.h) for one GPU's
+ * predict_bench: inference time of the failure predictor (predict/predict.h) for one GPU's
  * window, the cost `rk run` and the exporter pay per GPU per decision. The goal: a
  * window of 60 steps x 10 signals with 64 LSTM units in at most 1 ms on the 2-core dev
  * machine. Times rk_pred_predict on one window (work space allocated per call, as callers
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 #include "rekindle/rng.h"
 
 static double now_s(void)

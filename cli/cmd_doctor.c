@@ -3,7 +3,7 @@
  * dT/dt) through the health monitor (rekindle/monitor.h, docs/health.md), which scores them,
  * and prints a table or JSON; exit status 1 when any GPU scores below the threshold or could
  * not be read, so scripts and schedulers can gate on it. With --predictor its readings also
- * feed the failure predictor's windows (rekindle/predict_online.h); a check too short to fill
+ * feed the failure predictor's windows (predict/predict_online.h); a check too short to fill
  * them says so.
  */
 #include <cblas.h>
@@ -21,8 +21,8 @@
 #include "health/sim.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
-#include "rekindle/predict.h"
-#include "rekindle/predict_online.h"
+#include "predict/predict.h"
+#include "predict/predict_online.h"
 #include "rk.h"
 
 static const char usage_text[] =

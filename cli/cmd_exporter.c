@@ -1,6 +1,6 @@
 /*
  * rk exporter: serve this node's GPU health to Prometheus (docs/exporter.md; the metrics are
- * docs/metrics.md). Parses flags, loads the failure predictor when asked (rekindle/predict.h),
+ * docs/metrics.md). Parses flags, loads the failure predictor when asked (predict/predict.h),
  * starts the exporter (src/exporter/), prints where it listens, then waits for SIGINT or
  * SIGTERM and stops it cleanly. What the collector notices (a GPU below the threshold, lost,
  * collection failing) is printed to stderr as it happens.
@@ -17,8 +17,8 @@
 #include <sys/socket.h>
 
 #include "exporter/exporter.h"
-#include "rekindle/predict.h"
-#include "rekindle/predict_online.h"
+#include "predict/predict.h"
+#include "predict/predict_online.h"
 #include "rk.h"
 
 static const char usage_text[] =

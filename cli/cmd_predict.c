@@ -1,5 +1,5 @@
 /*
- * rk predict: the failure predictor (rekindle/predict.h, docs/predict.md). Each subcommand
+ * rk predict: the failure predictor (predict/predict.h, docs/predict.md). Each subcommand
  * parses its flags, makes one library call and prints the result as a table or JSON:
  * `dataset` rk_fleet_data_write (predict/fleetdata.h), `train` rk_fleet_train and `eval`
  * rk_fleet_eval (predict/pipeline.h), `cmapss` rk_cmapss_run (predict/cmapss.h, the
@@ -21,7 +21,7 @@
 #include "predict/pipeline.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 #include "rk.h"
 
 static const char usage_text[] =

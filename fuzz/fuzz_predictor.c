@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -19,7 +19,7 @@
 #include "predict/fleetdata.h"
 #include "predict/model.h"
 #include "rekindle/health.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 enum { GPUS = 4 };
 

@@ -23,8 +23,8 @@
 #include "exporter/exporter.h"
 #include "predict/fleetdata.h"
 #include "rekindle/monitor.h"
-#include "rekindle/predict.h"
-#include "rekindle/predict_online.h"
+#include "predict/predict.h"
+#include "predict/predict_online.h"
 #include "supervisor/supervisor.h"
 
 #define GPUS 2

@@ -1,5 +1,5 @@
 /*
- * Tests for the predictor (rekindle/predict.h, predict/model.h): the backward pass agrees with
+ * Tests for the predictor (predict/predict.h, predict/model.h): the backward pass agrees with
  * central finite differences for every parameter tensor of both heads (and with a dropout
  * mask), element by element and
  * as a whole tensor, and the checker itself catches a 1% error in any one tensor (so the
@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "predict/model.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 #include "rekindle/rng.h"
 #include "rekindle/safetensors.h"
 #include "testutil.h"

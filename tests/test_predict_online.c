@@ -1,5 +1,5 @@
 /*
- * Tests for live failure prediction (rekindle/predict_online.h): a GPU's probability is -1
+ * Tests for live failure prediction (predict/predict_online.h): a GPU's probability is -1
  * until T minutes were seen, and then exactly rk_pred_predict of the window of its last T
  * minute rows made by hand with rk_fleet_features (oldest first, each row's counters against
  * the previous minute's reading, the first row ever against none), also after the ring
@@ -23,8 +23,8 @@
 
 #include "predict/fleetdata.h"
 #include "rekindle/health.h"
-#include "rekindle/predict.h"
-#include "rekindle/predict_online.h"
+#include "predict/predict.h"
+#include "predict/predict_online.h"
 #include "rekindle/rng.h"
 
 enum { T = 6, F = RK_FLEET_FEATURES, NMIN = 40 };

@@ -152,6 +152,8 @@ static void test_the_documented_example_merges_as_documented(void **state)
     rk_gpu_info info[2] = {{.index = 0, .uuid = "GPU-5b0c3f1e-9a0d-4c7e-8e55-2f1d6b7a9c01"},
                            {.index = 1, .uuid = "GPU-0d1e"}};
     rk_gpu_sample s[2] = {{0}};
+    for (int i = 0; i < 2; i++) /* NVML read both (a failed reading gets no textfile values) */
+        rk_field_set(&s[i], RK_F_TEMP);
     rk_err err = {0};
     assert_int_equal(rk_textfile_merge("gpu-sensors.prom", text, strlen(text), info, s, 2, &err),
                      RK_OK);
@@ -434,6 +436,12 @@ static void test_unknown_and_lost_gpus_are_left_alone(void **state)
     assert_int_equal(merge(VRM "{gpu=\"1\"} 9\n" VRM "{gpu=\"0\"} 8\n", s, &err), RK_OK);
     assert_int_equal(s[1].valid, 0);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE));
+    /* a failed reading (not lost, nothing valid) stays failed: a textfile value would make it
+     * look like a good, nearly empty reading, which scores about 100 (rk_monitor_read_failed) */
+    fresh(s);
+    s[1].valid = 0;
+    assert_int_equal(merge(VRM "{gpu=\"1\"} 9\n" FAN "{gpu=\"1\"} 9\n", s, &err), RK_OK);
+    assert_int_equal(s[1].valid, 0);
     /* no GPUs at all: still checked */
     static const char ok[] = VRM "{gpu=\"0\"} 8\n", neg[] = VRM "{gpu=\"0\"} -8\n";
     assert_int_equal(rk_textfile_merge("t.prom", ok, strlen(ok), NULL, NULL, 0, &err), RK_OK);

@@ -76,6 +76,14 @@ static void registration_is_checked(void **state)
     assert_int_equal(rk_worker_add_bytes(f.w, RK_WORKER_PARAM, "b", x, 8, &err), RK_EINVAL);
     assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "", x, 2, &err), RK_EINVAL);
     assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "z", x, 0, &err), RK_EINVAL);
+    assert_int_equal(rk_worker_add_f32(f.w, (rk_worker_buf)7, "k", x, 2, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "kind 7"));
+    assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "huge", x, SIZE_MAX / 2, &err),
+                     RK_EINVAL);
+    /* rolled_to may be NULL; once a step began, a buffer would have no snapshot: refused */
+    assert_int_equal(rk_worker_step_begin(f.w, 1, NULL, &err), RK_OK);
+    assert_int_equal(rk_worker_add_f32(f.w, RK_WORKER_STATE, "late", x, 2, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "after the first step"));
     /* the statuses rk run reads (docs/protocol.md) */
     assert_int_equal(rk_worker_exit_status(RK_OK), RK_EXIT_OK);
     assert_int_equal(rk_worker_exit_status(RK_EINVAL), RK_EXIT_USAGE);

@@ -221,7 +221,7 @@ typedef struct rk_gpu_signals {
     double replay_limit_per_min; /* the rate judged bad for this generation and width */
     bool downtrained;            /* link below its max generation or width */
     bool throttled_thermal, throttled_power, hw_slowdown;
-    /* The failure predictor's probability (rekindle/predict_online.h) that the GPU fails
+    /* The failure predictor's probability (predict/predict_online.h) that the GPU fails
      * within fail_horizon_min minutes (0: not stated). Not derived from the window:
      * rk_signals_compute leaves it invalid, and a caller with a model and a full window of
      * minutes sets it. Invalid, or a value outside [0, 1], changes nothing in the score. */

@@ -26,7 +26,8 @@
  *
  * Layering: the monitor is part of librekindle and knows no model. A predictor reaches it
  * through rk_monitor_predictor, a small table the predict layer fills
- * (rk_pred_online_monitor in rekindle/predict_online.h) from a loaded model, horizon included.
+ * (rk_pred_online_monitor in rk's own predictor, not installed) from a loaded model, horizon
+ * included; a program of its own fills the table itself.
  *
  *     rk_monitor_opts o = RK_MONITOR_OPTS_DEFAULT;
  *     rk_monitor *m;

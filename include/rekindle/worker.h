@@ -44,6 +44,7 @@
 #include <stdio.h>
 
 #include "rekindle/batch.h"
+#include "rekindle/ckpt.h"
 #include "rekindle/comm.h"
 #include "rekindle/error.h"
 #include "rekindle/export.h"
@@ -84,8 +85,10 @@ RK_API void rk_worker_opts_default(rk_worker_opts *o);
  * RK_EINVAL, RK_ENOMEM. */
 RK_API int rk_worker_open(rk_worker **out, rk_comm *comm, const rk_worker_opts *o, rk_err *err);
 
-/* Register a buffer (before the first step; the name is copied, at most 63 bytes, unique).
- * PARAM and GRAD take floats (n values); STATE and LOCAL any bytes. RK_EINVAL. */
+/* Register a buffer (before the first rk_worker_step_begin: later is RK_EINVAL; the name is
+ * copied, at most 63 bytes, unique). PARAM and GRAD take floats (n values); STATE and LOCAL
+ * any bytes. The memory stays the caller's and must live until rk_worker_close. RK_EINVAL,
+ * RK_ENOMEM. */
 RK_API int rk_worker_add_f32(rk_worker *w, rk_worker_buf kind, const char *name, float *data,
                              size_t n, rk_err *err);
 RK_API int rk_worker_add_bytes(rk_worker *w, rk_worker_buf kind, const char *name, void *data,
@@ -111,8 +114,9 @@ RK_API void rk_worker_close(rk_worker *w, int64_t step, int status, const char *
  * replica check: on agreement the replicated and local buffers are snapshotted; on a
  * mismatch every rank is returned to the snapshot, the majority's state is broadcast, an
  * event names the minority, and *rolled_to gets the snapshot's step (the trainer replays
- * from there); else *rolled_to = -1. RK_EGUARD when replicas differ with no snapshot to
- * return to, or still differ after the repair; RK_ECOMM. */
+ * from there); else *rolled_to = -1. rolled_to may be NULL for a trainer that cannot replay:
+ * a rollback is then RK_EGUARD. RK_EGUARD when replicas differ with no snapshot to return
+ * to, or still differ after the repair; RK_ECOMM. */
 RK_API int rk_worker_step_begin(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err *err);
 
 /* This rank's gradient of `step` is ready, before its collectives: nan and gradflip land
@@ -120,10 +124,11 @@ RK_API int rk_worker_step_begin(rk_worker *w, int64_t step, int64_t *rolled_to, 
  * "comm". */
 RK_API int rk_worker_grads(rk_worker *w, int64_t step, rk_err *err);
 
-/* Step `steps_done` - 1 was applied (collective): the heartbeat (loss of the step, its
- * seconds), a scheduled checkpoint, and every 8 steps the supervisor's commands agreed over
- * all ranks: "checkpoint" saves now; "stop" saves and returns RK_ESTOPPED; a supervisor that
- * has gone returns RK_EIO (nothing is saved after it). */
+/* Step `steps_done` - 1 was applied (collective): the heartbeat (loss of the step, and its
+ * wall seconds: rk run's goodput reads them, so pass the real duration), a
+ * scheduled checkpoint, and every 8 steps the supervisor's commands agreed over all ranks:
+ * "checkpoint" saves now; "stop" saves and returns RK_ESTOPPED; a supervisor that has gone returns
+ * RK_EIO (nothing is saved after it). */
 RK_API int rk_worker_step_end(rk_worker *w, int64_t steps_done, double loss, double seconds,
                               rk_err *err);
 

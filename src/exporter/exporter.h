@@ -6,7 +6,7 @@
  *            and dashboards are built on). Pure functions over plain structs: no I/O.
  *   http.c   the exporter itself: a collector thread that reads every GPU each interval
  *            through the health monitor (rekindle/monitor.h: history, signals, the failure
- *            predictor's probability from rekindle/predict_online.h, score) and renders
+ *            predictor's probability from predict/predict_online.h, score) and renders
  *            the whole /metrics text into a new buffer that it swaps in; and a libmicrohttpd
  *            server whose scrapes only hand out the latest text (/metrics, /healthz, /), with
  *            a reaper thread that enforces the connection limits below.
@@ -137,10 +137,10 @@ typedef struct rk_exporter_opts {
      * recovers. NULL for none. */
     void (*on_event)(void *ctx, const char *line);
     void *event_ctx;
-    /* The failure predictor (rekindle/predict.h, a classification model over
+    /* The failure predictor (predict/predict.h, a classification model over
      * RK_FLEET_FEATURES features), borrowed until rk_exporter_stop; NULL for none. Each cycle
      * feeds every GPU's reading to a rolling window of one row a minute
-     * (rekindle/predict_online.h), on the simulator's clock for "sim" and the monotonic clock
+     * (predict/predict_online.h), on the simulator's clock for "sim" and the monotonic clock
      * otherwise; once a GPU has a full window its probability is served as
      * rk_gpu_failure_probability and enters its score, about the horizon the model file
      * records. */

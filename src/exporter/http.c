@@ -29,7 +29,7 @@
 #include "base/msg.h"
 #include "health/sim.h"
 #include "rekindle/monitor.h"
-#include "rekindle/predict_online.h"
+#include "predict/predict_online.h"
 
 /* One open connection (libmicrohttpd's socket context): what the limits need to know. */
 struct conn {

@@ -645,7 +645,9 @@ int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_g
     }
     for (int g = 0; !rc && g < n; g++)
         for (int k = 0; k < 2; k++)
-            if (P.pend[2 * g + k].line && !samples[g].lost) {
+            /* nothing for a lost GPU, nor for a failed reading (nothing valid): textfile
+             * values would turn it into a good, nearly empty one (rk_monitor_read_failed) */
+            if (P.pend[2 * g + k].line && !samples[g].lost && samples[g].valid != 0) {
                 if (sensors[k].field == RK_F_VRM_RIPPLE)
                     samples[g].vrm_ripple_mv = P.pend[2 * g + k].v;
                 else

@@ -1,7 +1,7 @@
 /*
  * C-MAPSS FD001 (predict/cmapss.h): a strict reader for the NASA text files, the windowing
  * of the common RUL protocol, and the protocol itself: validation split by engine, an
- * ensemble of predictors (rekindle/predict.h) trained on the training engines, and one
+ * ensemble of predictors (predict/predict.h) trained on the training engines, and one
  * scoring of the test engines' last cycles.
  */
 #include "predict/cmapss.h"

@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -12,7 +12,7 @@
 #include "predict/jsonfile.h"
 #include "predict/windows.h"
 #include "rekindle/fileio.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 #define FORMAT "rekindle-fleet-detectors"
 

@@ -83,7 +83,7 @@ void rk_fleet_data_opts_default(rk_fleet_data_opts *o);
 struct rk_gpu_sample;
 /* One minute's feature row (x[RK_FLEET_FEATURES], 0 where absent, and valid[...]) from a reading
  * and the previous minute's (NULL for the first: counters then give 0): what the dataset stores and
- * what live readings must be turned into for the model (rekindle/predict_online.h). */
+ * what live readings must be turned into for the model (predict/predict_online.h). */
 void rk_fleet_features(const struct rk_gpu_sample *s, const struct rk_gpu_sample *prev, float *x,
                        uint8_t *valid);
 

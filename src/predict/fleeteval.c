@@ -1,6 +1,6 @@
 /*
  * Judging failure detectors on fleet datasets (predict/fleeteval.h): risks of the predictor
- * (rekindle/predict.h), the logistic baseline (predict/logreg.h) and the health score, the
+ * (predict/predict.h), the logistic baseline (predict/logreg.h) and the health score, the
  * event-level evaluation and the choice of thresholds.
  */
 #include "predict/fleeteval.h"

@@ -28,7 +28,7 @@
 #include "predict/fleetdata.h"
 #include "predict/logreg.h"
 #include "rekindle/error.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 /* Average precision of scores p against labels y (0 or 1) over n windows: the mean, over the
  * positives, of the precision among the windows scored at least as high (ties broken by

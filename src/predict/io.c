@@ -1,5 +1,5 @@
 /*
- * Saving and loading predictors (rekindle/predict.h) in the safetensors layout
+ * Saving and loading predictors (predict/predict.h) in the safetensors layout
  * (rekindle/safetensors.h): the parameter tensors, the normalisation statistics and metadata
  * that say what the model is. Loading trusts nothing: every tensor's shape and every value is
  * checked, and a message names the file and the problem.
@@ -124,7 +124,7 @@ static int from_file(rk_st_file f, rk_pred_model **out, rk_err *err)
         (rc = meta_int(&f, "dense", RK_PRED_MAX_UNITS, &c.dense, err)))
         goto out;
     /* what the probability is about; files from before models recorded it: the trainer's
-     * horizon then (rekindle/predict.h) */
+     * horizon then (predict/predict.h) */
     c.horizon_min = 0;
     if (c.task == RK_PRED_CLASSIFY) {
         c.horizon_min = RK_PRED_HORIZON_UNRECORDED;

@@ -1,5 +1,5 @@
 /*
- * The predictor's model (rekindle/predict.h, predict/model.h): parameters, seeded
+ * The predictor's model (predict/predict.h, predict/model.h): parameters, seeded
  * initialisation, normalisation, the forward pass and backpropagation through time of an LSTM
  * with additive attention and a dense head. The matrix products go to OpenBLAS's cblas; the
  * element-wise parts are plain loops over the time-major work space.

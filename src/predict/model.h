@@ -1,5 +1,5 @@
 /*
- * Inside the predictor (rekindle/predict.h): the model's parameter block, the work space of a
+ * Inside the predictor (predict/predict.h): the model's parameter block, the work space of a
  * mini-batch, and the forward and backward passes. Exposed to the unit tests, which check
  * every gradient against finite differences; nothing outside src/predict and tests uses it.
  *
@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 /* The trainable tensors, in the order of the parameter block (and of the saved file). */
 enum {

@@ -1,9 +1,9 @@
 /*
- * Live windows for the failure predictor (rekindle/predict_online.h): per GPU a ring of the
+ * Live windows for the failure predictor (predict/predict_online.h): per GPU a ring of the
  * last T feature rows (rk_fleet_features), unrolled oldest first into the model's window on
  * every new minute once full, and predicted one window at a time (rk_pred_predict).
  */
-#include "rekindle/predict_online.h"
+#include "predict/predict_online.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * The fleet pipelines of rk predict train and rk predict eval (docs/predict.md), each one
- * call: a dataset of predict/fleetdata.h in, a model (rekindle/predict.h) and its detectors
+ * call: a dataset of predict/fleetdata.h in, a model (predict/predict.h) and its detectors
  * file (predict/detectors.h) out, or the held-out split's metrics of all four detectors.
  * Deterministic in the seed: the same options give the same model and thresholds.
  */
@@ -15,7 +15,7 @@
 #include "predict/fleeteval.h"
 #include "predict/windows.h"
 #include "rekindle/error.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 /* One epoch of the predictor's training, judged by average precision on the val windows. */
 typedef struct rk_fleet_epoch {

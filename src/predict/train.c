@@ -1,5 +1,5 @@
 /*
- * Training the predictor (rekindle/predict.h): seeded mini-batch order, backpropagation through
+ * Training the predictor (predict/predict.h): seeded mini-batch order, backpropagation through
  * time (predict/model.c), the gradient clipped to a global L2 norm, Adam, and early stopping
  * on a validation set that keeps the best epoch's weights.
  */

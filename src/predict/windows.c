@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 #include "rekindle/rng.h"
 
 #define F RK_FLEET_FEATURES

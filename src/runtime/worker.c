@@ -15,6 +15,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <stdint.h>
+
 #include "base/clock.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/guard.h"
@@ -102,12 +104,21 @@ int rk_worker_open(rk_worker **out, rk_comm *comm, const rk_worker_opts *o, rk_e
 static int add(rk_worker *w, rk_worker_buf kind, const char *name, void *data, size_t bytes,
                int f32, rk_err *err)
 {
-    if (!w || !name || !*name || strlen(name) > 63 || !data || bytes == 0 ||
-        (unsigned)kind > RK_WORKER_LOCAL)
+    if (!w || !name || !*name || strlen(name) > 63 || !data || bytes == 0)
         return rk_err_set(err, RK_EINVAL,
                           "worker: buffer '%s': a name of 1..63 bytes, memory "
                           "and a length are needed",
                           name ? name : "(null)");
+    if ((unsigned)kind > RK_WORKER_LOCAL)
+        return rk_err_set(err, RK_EINVAL,
+                          "worker: buffer '%s': kind %d is none of RK_WORKER_PARAM, _STATE, "
+                          "_GRAD, _LOCAL",
+                          name, (int)kind);
+    if (w->began) /* its snapshot would be garbage at the next rollback */
+        return rk_err_set(err, RK_EINVAL,
+                          "worker: buffer '%s' registered after the first step (register "
+                          "every buffer before rk_worker_step_begin)",
+                          name);
     if (!f32 && (kind == RK_WORKER_PARAM || kind == RK_WORKER_GRAD))
         return rk_err_set(err, RK_EINVAL,
                           "worker: buffer '%s': parameters and gradients are "
@@ -135,6 +146,9 @@ static int add(rk_worker *w, rk_worker_buf kind, const char *name, void *data, s
 int rk_worker_add_f32(rk_worker *w, rk_worker_buf kind, const char *name, float *data, size_t n,
                       rk_err *err)
 {
+    if (n > SIZE_MAX / sizeof(float))
+        return rk_err_set(err, RK_EINVAL, "worker: buffer '%s': %zu floats do not fit in memory",
+                          name ? name : "(null)", n);
     return add(w, kind, name, data, n * sizeof(float), 1, err);
 }
 
@@ -437,10 +451,17 @@ static int replica_check(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err 
                 if (rc)
                     goto done;
                 snap_copy(w, 1, 1);
-                snprintf(detail, sizeof detail,
-                         "parameters of rank %s differ from the majority's (%d of %d ranks); "
-                         "repaired from rank %d, replaying from step %lld",
-                         who, nranks - bad, nranks, root, (long long)w->snap_step);
+                if (strict)
+                    snprintf(detail, sizeof detail,
+                             "parameters of rank %s differ from the majority's (%d of %d "
+                             "ranks); repaired from rank %d, replaying from step %lld",
+                             who, nranks - bad, nranks, root, (long long)w->snap_step);
+                else /* a tie (1 against 1): which rank is wrong is unknown, none is blamed */
+                    snprintf(detail, sizeof detail,
+                             "the replicas of %d ranks differ with no majority; every rank "
+                             "back to the verified snapshot, repaired from rank %d, replaying "
+                             "from step %lld",
+                             nranks, root, (long long)w->snap_step);
                 rk_worker_event(w, step, "replica_mismatch", strict ? blame : -1, "rollback",
                                 step - w->snap_step, detail);
                 *rolled_to = w->snap_step;
@@ -466,15 +487,27 @@ static int replica_check(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err 
 
 int rk_worker_step_begin(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err *err)
 {
+    int64_t ignored;
+    if (!rolled_to) /* a trainer that never replays may pass NULL: a rollback is then an error */
+        rolled_to = &ignored;
     *rolled_to = -1;
+    w->began = 1;
     if (w->inj)
         faults_due(w, step);
     if (w->slow_until >= step) {
         struct timespec ts = {w->slow_ms / 1000, (long)(w->slow_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    if (w->hash_every > 0 && step % w->hash_every == 0 && !(w->snap_valid && w->snap_step == step))
-        return replica_check(w, step, rolled_to, err);
+    if (w->hash_every > 0 && step % w->hash_every == 0 &&
+        !(w->snap_valid && w->snap_step == step)) {
+        int rc = replica_check(w, step, rolled_to, err);
+        if (!rc && rolled_to == &ignored && ignored >= 0)
+            return rk_err_set(err, RK_EGUARD,
+                              "worker: the replicas were rolled back to step %lld, but the "
+                              "trainer passed no rolled_to to replay from",
+                              (long long)ignored);
+        return rc;
+    }
     return RK_OK;
 }
 

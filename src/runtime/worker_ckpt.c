@@ -242,11 +242,13 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
     } else {
         size_t existing = valid_checkpoints(w->dir, &rc, err);
         if (!rc && existing > 0)
-            rc = rk_err_set(err, RK_EINVAL,
-                            "checkpoint directory %s already holds %zu checkpoint(s): "
-                            "resume to continue that run (--resume, RK_RESUME=1), or choose an "
-                            "empty directory",
-                            w->dir, existing);
+            rc = rk_err_set(
+                err, RK_EINVAL,
+                "checkpoint directory %s already holds %zu checkpoint(s): "
+                "resume to continue that run (the resume option, e.g. rk train --resume; "
+                "RK_RESUME=1 under rk run), or choose an "
+                "empty directory",
+                w->dir, existing);
     }
     w->last_step_t = rk_mono_s();
     return rc;

@@ -41,6 +41,7 @@ struct rk_worker {
     int64_t slow_until; /* its last step (INT64_MAX: to the end) */
     int64_t last_step;  /* steps done, as last reported */
     int hello_said;
+    int began; /* rk_worker_step_begin was called: no more buffers */
     wbuf bufs[MAX_BUFS];
     int nbufs;
     int snap_valid;

@@ -16,7 +16,7 @@
 #include "health/sim.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
-#include "rekindle/predict_online.h"
+#include "predict/predict_online.h"
 #include <math.h>
 #include <time.h>
 

@@ -51,7 +51,7 @@ typedef struct rk_sup_opts {
     double health_threshold;  /* a GPU below this is left out or drained */
     double health_interval_s; /* between readings during a run */
     double sim_skip_h;        /* sim: the fleet's clock starts this many hours in */
-    /* the failure predictor (rekindle/predict_online.h): NULL = none */
+    /* the failure predictor (predict/predict_online.h): NULL = none */
     const char *predictor;    /* model file */
     double drain_probability; /* drain (or leave out) a GPU whose probability reaches it */
 } rk_sup_opts;

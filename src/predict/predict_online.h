@@ -22,7 +22,7 @@
 
 #include "rekindle/error.h"
 #include "rekindle/monitor.h"
-#include "rekindle/predict.h"
+#include "predict/predict.h"
 
 #ifdef __cplusplus
 extern "C" {
