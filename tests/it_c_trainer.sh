@@ -20,8 +20,7 @@ cmake --install "$RK_BUILD" --prefix "$prefix" >"$work/install.log" 2>&1 ||
   { bad "cmake --install: $(tail -3 "$work/install.log")"; it_finish; exit; }
 pc=$(find "$prefix" -name rekindle.pc | head -1)
 [[ -n "$pc" ]] || { bad "no rekindle.pc installed"; it_finish; exit; }
-# the .pc file carries the build-time prefix; point it at the scratch prefix
-sed -i "s|^prefix=.*|prefix=$prefix|" "$pc"
+# the .pc file finds its prefix from where it is installed: no edit needed
 export PKG_CONFIG_PATH=$(dirname "$pc")
 libdir=$(pkg-config --variable=libdir rekindle)
 cp -r "$RK_SRC/examples/c_trainer" "$work/src"
@@ -49,7 +48,8 @@ ref=$(cat "$work/ref.hash")
   bad "alone: $(tail -2 "$work/alone.out")"
 
 spec="crash@step=40:rank=1,hang@step=90:rank=0,bitflip@step=133:rank=1"
-if sup faults --inject "$spec" --failure-threshold 3; then ok "run through a crash, a hang and a bitflip finishes"
+# as docs/worker.md runs it: the default --failure-threshold 2 (one failure per device here)
+if sup faults --inject "$spec"; then ok "run through a crash, a hang and a bitflip finishes"
 else bad "faults run: exit $?: $(tail -8 "$work/faults.out")"; fi
 h=$(cat "$work/faults.hash" 2>/dev/null)
 [[ $h == "$ref" ]] && ok "state xxh64 $h equals the fault-free run's" ||
@@ -60,17 +60,18 @@ ev = [json.loads(l) for l in open(sys.argv[1])]
 kinds = {}
 for e in ev:
     kinds.setdefault(e["kind"], []).append(e)
-# which rank's end rk run reads first after a crash is a race (mpirun kills the other at
-# once), so the crash's rank is not checked here; the inject events name the faulty ranks.
-# With 2 ranks a mismatch has no majority: nobody is blamed, the detail names the rank.
-want = {"crash": (None, "relaunch"), "hang": (0, "relaunch"), "replica_mismatch": (None, "rollback")}
+# the crash is rank 1's (it announced it: rk run blames it even when it reads rank 0's end,
+# which mpirun kills at once, first). With 2 ranks a mismatch has no majority: nobody is
+# blamed, and the detail says so.
+want = {"crash": (1, "relaunch"), "hang": (0, "relaunch"), "replica_mismatch": (None, "rollback")}
 for kind, (rank, action) in want.items():
     assert kind in kinds, f"no {kind} event in {sorted(kinds)}"
     e = kinds[kind][0]
     assert (rank is None or e["rank"] == rank) and e["action"] == action, f"{kind}: {e}"
     print(f"{kind}: rank {e['rank']} {e['action']} lost {e['lost_steps']}")
 rm = kinds["replica_mismatch"][0]
-assert "rank 1 differ" in rm["detail"] and "replaying from step 130" in rm["detail"], rm
+assert rm["rank"] is None and "no majority" in rm["detail"], rm
+assert "replaying from step 130" in rm["detail"], rm
 inj = sorted((e["rank"], e["detail"]) for e in kinds.get("inject", []))
 assert [r for r, _ in inj] == [0, 1, 1] and len(inj) == 3, f"injections: {inj}"
 s = json.load(open(sys.argv[2]))

@@ -39,6 +39,7 @@ static void test_init_knows_nothing(void **state)
     assert_int_equal(s.hellos, 0);
     assert_int_equal(s.exited, 0);
     assert_int_equal(s.lost_rank, -1);
+    assert_int_equal(s.crash_rank, -1);
     assert_int_equal(s.exit_rank, -1);
     assert_int_equal(s.storage_rank, -1);
     assert_int_equal(s.hang_rank, -1);
@@ -116,7 +117,7 @@ typedef struct classify_case {
     const char *what;
     /* seen (rank fields R(k) or 0 for none) */
     int ranks, hellos, done, exited, status, stop_sent, interrupted, hang, hang_rank, startup, lost,
-        exit_rank, storage;
+        exit_rank, storage, crash;
     rk_sup_kind exit_kind;
     /* expected */
     rk_sup_next next;
@@ -134,6 +135,10 @@ static const classify_case k_classify[] = {
      .end = RK_SUP_END_FINISHED},
     {"exit 0 but one rank never said bye done", ALL(3), .done = 2, EXITED(0), .lost = R(1),
      .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
+    /* the launcher killed rank 0 after rank 1's announced (injected) crash, and rank 0's end
+     * was read first: rank 1 is the culprit (it was rank 0, a healthy device, before) */
+    {"an announced crash read after another rank's end", ALL(2), EXITED(128 + 6), .lost = R(0),
+     .crash = R(1), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
     {"a stop that found every rank finishing", ALL(3), .done = 3, EXITED(0), .stop_sent = 1,
      .next = RK_SUP_FINISHED, .end = RK_SUP_END_FINISHED},
     /* usage: stop, exit 2, nothing counted */
@@ -237,6 +242,7 @@ static void test_classify(void **state)
         s.hang_rank = UNR(c->hang_rank);
         s.startup_timeout = c->startup;
         s.lost_rank = UNR(c->lost);
+        s.crash_rank = UNR(c->crash);
         s.exit_kind = c->exit_kind;
         s.exit_rank = UNR(c->exit_rank);
         s.storage_rank = UNR(c->storage);

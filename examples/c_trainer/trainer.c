@@ -87,6 +87,11 @@ static int parse(int argc, char **argv, opts *o)
     int bad = 0;
     for (int i = 1; i < argc && !bad; i += 2) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: trainer [--steps N] [--seed N] [--sleep-ms 0..999] "
+                   "[--hash-file FILE]\n");
+            return 1;
+        }
         if (!strcmp(argv[i], "--steps") && v)
             o->steps = strtoll(v, NULL, 10);
         else if (!strcmp(argv[i], "--seed") && v)
@@ -160,8 +165,9 @@ static int train(const opts *o, rk_comm *comm, rk_worker *w, const float *x, con
 int main(int argc, char **argv)
 {
     opts o;
-    if (parse(argc, argv, &o))
-        return RK_EXIT_USAGE;
+    int p = parse(argc, argv, &o);
+    if (p)
+        return p > 0 ? RK_EXIT_OK : RK_EXIT_USAGE; /* --help, or bad usage */
     static float x[SAMPLES * FEATURES], y[SAMPLES];
     float wt[NW] = {0}, g[NW] = {0}, v[NW] = {0};
     make_data(o.seed, x, y);

@@ -155,6 +155,8 @@ static void on_event(sup *s, const rk_hb_msg *m)
 static void on_inject(sup *s, const rk_hb_msg *m)
 {
     s->g.injected++;
+    if (strcmp(m->kind, "crash") == 0 && s->seen.crash_rank < 0)
+        s->seen.crash_rank = m->rank;
     size_t idx = (size_t)m->index;
     if (s->spec && idx < rk_inject_count(s->spec) && rk_inject_get(s->spec, idx)->mtbf_s <= 0)
         s->fired[idx] = 1;
@@ -277,7 +279,14 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
     c->hushed = 0;
     if (c->rank >= 0 && !c->bye && s->seen.lost_rank < 0)
         s->seen.lost_rank = c->rank;
-    if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
+    int crashed = s->seen.crash_rank;
+    if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent && crashed >= 0 &&
+        crashed != c->rank) /* the launcher's kill of the others may be read first */
+        sup_fail(s,
+                 "rank %d (device %s) crashed as it announced (an injected crash); rank %d's "
+                 "connection closed at step %lld",
+                 crashed, sup_devname(s, crashed), c->rank, (long long)c->done);
+    else if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
         sup_fail(s, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
                  sup_devname(s, c->rank), c->pid, why, (long long)c->done);
 }

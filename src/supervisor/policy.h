@@ -60,6 +60,8 @@ typedef struct rk_sup_seen {
     int hang_rank;         /*   the rank that made the least progress; -1: all equally stuck */
     int startup_timeout;   /* not every rank said hello within the startup timeout */
     int lost_rank;         /* the first rank whose connection closed without bye */
+    int crash_rank;        /* a rank that announced an injected crash (inject event): the
+                            * culprit of the closings that follow, whichever is read first */
     rk_sup_kind exit_kind; /* the first event with action "exit" (a rank leaving with that
                             * failure): its kind, NONE if none */
     int exit_rank;         /*   the rank that sent it */

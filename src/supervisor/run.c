@@ -399,8 +399,9 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     sup_say(s, "%s",
             rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc));
     char devs[512];
-    sup_say(s, "%d ranks on devices %s; heartbeat timeout %.0f s, quarantine after %d failures",
-            s->n, device_list(s, devs, sizeof devs), o->hb_timeout_s, o->failure_threshold);
+    sup_say(s, "%d rank%s on device%s %s; heartbeat timeout %.0f s, quarantine after %d failure%s",
+            s->n, s->n == 1 ? "" : "s", s->n == 1 ? "" : "s", device_list(s, devs, sizeof devs),
+            o->hb_timeout_s, o->failure_threshold, o->failure_threshold == 1 ? "" : "s");
     if (o->inject)
         sup_say(s, "injecting faults (simulated): %s", o->inject);
     run_launches(s, rep);

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #define TICK_MS 100
@@ -224,9 +225,18 @@ rk_sup_next sup_watch(sup *s)
             }
         int r = poll(p, (nfds_t)np, TICK_MS);
         if (r > 0) {
-            for (int q = 1; q < np; q++)
-                if (p[q].revents & (POLLIN | POLLHUP | POLLERR))
-                    sup_read_conn(s, &s->c[map[q - 1]]);
+            /* what the ranks said first, closings after: a rank's last words (an injected
+             * crash it announces) come before another rank's end read in the same round */
+            for (int pass = 0; pass < 2; pass++)
+                for (int q = 1; q < np; q++) {
+                    rk_sup_conn *c = &s->c[map[q - 1]];
+                    char b;
+                    if (!(p[q].revents & (POLLIN | POLLHUP | POLLERR)) || c->fd < 0)
+                        continue;
+                    int data = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+                    if (data == (pass == 0))
+                        sup_read_conn(s, c);
+                }
             if (p[0].revents & POLLIN)
                 sup_accept(s);
         }
