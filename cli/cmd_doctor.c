@@ -19,10 +19,10 @@
 
 #include "base/clock.h"
 #include "health/sim.h"
-#include "rekindle/health.h"
-#include "rekindle/monitor.h"
 #include "predict/predict.h"
 #include "predict/predict_online.h"
+#include "rekindle/health.h"
+#include "rekindle/monitor.h"
 #include "rk.h"
 
 static const char usage_text[] =

@@ -19,9 +19,9 @@
 #include "predict/cmapss.h"
 #include "predict/fleetdata.h"
 #include "predict/pipeline.h"
+#include "predict/predict.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
-#include "predict/predict.h"
 #include "rk.h"
 
 static const char usage_text[] =

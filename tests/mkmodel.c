@@ -18,8 +18,8 @@
 #include "health/sim.h"
 #include "predict/fleetdata.h"
 #include "predict/model.h"
-#include "rekindle/health.h"
 #include "predict/predict.h"
+#include "rekindle/health.h"
 
 enum { GPUS = 4 };
 

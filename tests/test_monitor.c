@@ -22,9 +22,9 @@
 
 #include "exporter/exporter.h"
 #include "predict/fleetdata.h"
-#include "rekindle/monitor.h"
 #include "predict/predict.h"
 #include "predict/predict_online.h"
+#include "rekindle/monitor.h"
 #include "supervisor/supervisor.h"
 
 #define GPUS 2

@@ -22,9 +22,9 @@
 #include <string.h>
 
 #include "predict/fleetdata.h"
-#include "rekindle/health.h"
 #include "predict/predict.h"
 #include "predict/predict_online.h"
+#include "rekindle/health.h"
 #include "rekindle/rng.h"
 
 enum { T = 6, F = RK_FLEET_FEATURES, NMIN = 40 };

@@ -28,8 +28,8 @@
 #include "base/clock.h"
 #include "base/msg.h"
 #include "health/sim.h"
-#include "rekindle/monitor.h"
 #include "predict/predict_online.h"
+#include "rekindle/monitor.h"
 
 /* One open connection (libmicrohttpd's socket context): what the limits need to know. */
 struct conn {

@@ -30,8 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rekindle/error.h"
 #include "predict/predict.h"
+#include "rekindle/error.h"
 
 #ifdef __cplusplus
 extern "C" {

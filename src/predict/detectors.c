@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "predict/jsonfile.h"
+#include "predict/predict.h"
 #include "predict/windows.h"
 #include "rekindle/fileio.h"
-#include "predict/predict.h"
 
 #define FORMAT "rekindle-fleet-detectors"
 

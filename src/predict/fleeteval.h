@@ -27,8 +27,8 @@
 
 #include "predict/fleetdata.h"
 #include "predict/logreg.h"
-#include "rekindle/error.h"
 #include "predict/predict.h"
+#include "rekindle/error.h"
 
 /* Average precision of scores p against labels y (0 or 1) over n windows: the mean, over the
  * positives, of the precision among the windows scored at least as high (ties broken by

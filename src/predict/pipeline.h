@@ -13,9 +13,9 @@
 
 #include "predict/detectors.h"
 #include "predict/fleeteval.h"
+#include "predict/predict.h"
 #include "predict/windows.h"
 #include "rekindle/error.h"
-#include "predict/predict.h"
 
 /* One epoch of the predictor's training, judged by average precision on the val windows. */
 typedef struct rk_fleet_epoch {

@@ -20,9 +20,9 @@
 
 #include <stddef.h>
 
+#include "predict/predict.h"
 #include "rekindle/error.h"
 #include "rekindle/monitor.h"
-#include "predict/predict.h"
 
 #ifdef __cplusplus
 extern "C" {

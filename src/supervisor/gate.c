@@ -14,9 +14,9 @@
 
 #include "base/clock.h"
 #include "health/sim.h"
+#include "predict/predict_online.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
-#include "predict/predict_online.h"
 #include <math.h>
 #include <time.h>
 
