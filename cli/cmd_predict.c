@@ -142,6 +142,31 @@ static int shared_option(const char *name, const char *arg, rk_pred_config *cfg,
     return 1;
 }
 
+/* The options of shared_option, in each table that takes them: val 0, so they reach the
+ * switch's default and are parsed by name. */
+// clang-format off
+#define SHARED_LONGS                                                                      \
+    {"seed", required_argument, 0, 0}, {"hidden", required_argument, 0, 0},              \
+    {"attn", required_argument, 0, 0}, {"dense", required_argument, 0, 0},               \
+    {"epochs", required_argument, 0, 0}, {"patience", required_argument, 0, 0},          \
+    {"batch", required_argument, 0, 0}, {"lr", required_argument, 0, 0},                 \
+    {"noise", required_argument, 0, 0}, {"weight-decay", required_argument, 0, 0},       \
+    {"dropout", required_argument, 0, 0}
+// clang-format on
+
+/* The switch's default in cmapss and train: a shared option by name, else unknown. 0 parsed,
+ * else the exit status (the message said). */
+static int other_option(int c, int li, const struct option *longs, char **argv, rk_pred_config *cfg,
+                        rk_pred_train_opts *to, uint64_t *seed)
+{
+    int bad = c != '?' && li >= 0 ? shared_option(longs[li].name, optarg, cfg, to, seed) : 1;
+    if (bad < 0)
+        return RK_EXIT_USAGE;
+    if (bad > 0)
+        return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+    return 0;
+}
+
 static void member_line(int k, const rk_pred_report *r, double val_rmse, void *ctx)
 {
     const rk_cmapss_opts *o = ctx;
@@ -163,23 +188,13 @@ static int cmd_cmapss(int argc, char **argv)
 {
     static const struct option longs[] = {{"data", required_argument, 0, 'd'},
                                           {"window", required_argument, 0, 'w'},
-                                          {"seed", required_argument, 0, 's'},
                                           {"ensemble", required_argument, 0, 'k'},
-                                          {"hidden", required_argument, 0, 'H'},
-                                          {"epochs", required_argument, 0, 'e'},
                                           {"val-engines", required_argument, 0, 'v'},
                                           {"json", no_argument, 0, 'j'},
-                                          {"attn", required_argument, 0, 'A'},
-                                          {"dense", required_argument, 0, 'D'},
-                                          {"patience", required_argument, 0, 'p'},
-                                          {"batch", required_argument, 0, 'b'},
-                                          {"lr", required_argument, 0, 'l'},
                                           {"validate-only", no_argument, 0, 'V'},
                                           {"verbose", no_argument, 0, 'q'},
-                                          {"noise", required_argument, 0, 'n'},
-                                          {"weight-decay", required_argument, 0, 'W'},
-                                          {"dropout", required_argument, 0, 'P'},
                                           {"first-end", required_argument, 0, 'F'},
+                                          SHARED_LONGS,
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_cmapss_opts o;
@@ -212,13 +227,8 @@ static int cmd_cmapss(int argc, char **argv)
         case 'j': as_json = 1; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default:
-            bad = c != '?' && li >= 0
-                      ? shared_option(longs[li].name, optarg, &o.model, &o.train, &o.seed)
-                      : 1;
-            if (bad < 0)
-                return RK_EXIT_USAGE;
-            if (bad > 0)
-                return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+            if ((bad = other_option(c, li, longs, argv, &o.model, &o.train, &o.seed)))
+                return bad;
         }
     }
     if (optind < argc)
@@ -503,24 +513,14 @@ static int cmd_fleet_train(int argc, char **argv)
     static const struct option longs[] = {{"out", required_argument, 0, 'o'},
                                           {"window", required_argument, 0, 'w'},
                                           {"horizon", required_argument, 0, 'z'},
-                                          {"seed", required_argument, 0, 's'},
-                                          {"hidden", required_argument, 0, 'H'},
-                                          {"attn", required_argument, 0, 'A'},
-                                          {"dense", required_argument, 0, 'D'},
-                                          {"epochs", required_argument, 0, 'e'},
-                                          {"patience", required_argument, 0, 'p'},
-                                          {"batch", required_argument, 0, 'b'},
-                                          {"lr", required_argument, 0, 'l'},
                                           {"near", required_argument, 0, 'n'},
                                           {"negatives", required_argument, 0, 'r'},
                                           {"json", no_argument, 0, 'j'},
                                           {"hard", required_argument, 0, 'x'},
-                                          {"dropout", required_argument, 0, 'P'},
-                                          {"noise", required_argument, 0, 'N'},
-                                          {"weight-decay", required_argument, 0, 'W'},
                                           {"level-noise", required_argument, 0, 'L'},
                                           {"min-lead", required_argument, 0, 'M'},
                                           {"verbose", no_argument, 0, 'q'},
+                                          SHARED_LONGS,
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_fleet_train_opts o;
@@ -566,13 +566,8 @@ static int cmd_fleet_train(int argc, char **argv)
         case 'q': o.on_epoch = epoch_line_ap; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default:
-            bad = c != '?' && li >= 0
-                      ? shared_option(longs[li].name, optarg, &o.model, &o.train, &o.seed)
-                      : 1;
-            if (bad < 0)
-                return RK_EXIT_USAGE;
-            if (bad > 0)
-                return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
+            if ((bad = other_option(c, li, longs, argv, &o.model, &o.train, &o.seed)))
+                return bad;
         }
     }
     if (optind >= argc)
