@@ -107,6 +107,11 @@ static void test_report_counts_incidents_and_recoveries(void **state)
         rk_incident *i = rk_ledger_add(&g, seq[q], 0, "0", "relaunch", "x");
         i->recovery_s = rec[q];
     }
+    /* a peer's absurd step claims are not counted and cost nothing (2^62 once hung rk run
+     * doubling an int64 capacity until it wrapped) */
+    rk_ledger_step(&g, (int64_t)1 << 62, 0.5);
+    rk_ledger_step(&g, INT64_MAX, 0.5);
+    assert_true(g.capdt <= 1024);
     g.restarts = 3;
     g.injected = 1;
     char sum[700];
@@ -141,6 +146,17 @@ static void test_report_counts_incidents_and_recoveries(void **state)
     assert_non_null(strstr(text, "\"outcome\": \"finished\""));
     rk_sup_report_free(&rep);
     assert_null(rep.incidents);
+    rk_ledger_close(&g);
+
+    /* a job resumed at step 10^7: its steps count from there, in a small window */
+    assert_int_equal(rk_ledger_open(&g, NULL, &err), RK_OK);
+    g.first_step = 10000000;
+    for (int64_t k = 10000001; k <= 10000003; k++)
+        rk_ledger_step(&g, k, 1.0);
+    assert_true(g.capdt <= 1024);
+    assert_int_equal(rk_ledger_summary(&g, sum, 10000003, 1, "finished", &rep, &err), RK_OK);
+    assert_true(rep.productive_s > 2.99 && rep.productive_s < 3.01);
+    rk_sup_report_free(&rep);
     rk_ledger_close(&g);
 }
 

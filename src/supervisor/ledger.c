@@ -156,10 +156,18 @@ void rk_ledger_step(rk_ledger *g, int64_t k, double dt)
 {
     if (k < 1 || !(dt >= 0) || !isfinite(dt))
         return;
-    if (k > g->capdt) {
+    if (!g->capdt) /* the first step seen fixes the window: a job resumed at step 10^7 */
+        g->base = k - 1;
+    /* a step before the window (a claim below where the job began) or beyond its bound (a
+     * peer's claim of step 2^62 once made rk run double an int64 until it wrapped, forever)
+     * is not counted */
+    if (k <= g->base || k - g->base > RK_LEDGER_MAX_STEPS)
+        return;
+    int64_t i = k - 1 - g->base;
+    if (i >= g->capdt) {
         int64_t cap = g->capdt ? g->capdt : 1024;
-        while (cap < k)
-            cap *= 2;
+        while (cap <= i)
+            cap = cap > RK_LEDGER_MAX_STEPS / 2 ? RK_LEDGER_MAX_STEPS : 2 * cap;
         double *p = realloc(g->dt, (size_t)cap * sizeof *p);
         if (!p)
             return;
@@ -168,7 +176,7 @@ void rk_ledger_step(rk_ledger *g, int64_t k, double dt)
         g->dt = p;
         g->capdt = cap;
     }
-    g->dt[k - 1] = dt;
+    g->dt[i] = dt;
     if (k > g->ndt)
         g->ndt = k;
 }
@@ -213,8 +221,8 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     rk_ledger_flush(g);
     double wall = rk_ledger_now(g), productive = 0.0;
     int64_t from = g->first_step > 0 ? g->first_step : 0;
-    for (int64_t k = from + 1; k <= final_step && k <= g->ndt; k++)
-        productive += g->dt[k - 1];
+    for (int64_t k = (from > g->base ? from : g->base) + 1; k <= final_step && k <= g->ndt; k++)
+        productive += g->dt[k - 1 - g->base];
     double *rec = malloc((g->ninc ? g->ninc : 1) * sizeof *rec);
     size_t nrec = 0, cap = 0;
     free(rep->incidents);

@@ -169,6 +169,10 @@ typedef struct rk_incident {
     int written; /* in the events file */
 } rk_incident;
 
+/* Steps of one rk run the goodput counts, from the first step seen (2^24: 128 MiB of
+ * durations at most; a longer job's later steps are not counted as productive). */
+#define RK_LEDGER_MAX_STEPS ((int64_t)1 << 24)
+
 typedef struct rk_ledger {
     FILE *events;     /* NULL: none */
     double t0;        /* monotonic start */
@@ -176,7 +180,8 @@ typedef struct rk_ledger {
     rk_incident *inc; /* every incident, for the summary */
     size_t ninc, cap;
     size_t nwritten; /* incidents before this index are all written */
-    double *dt;      /* seconds of the applied step k (index k-1), final lineage */
+    double *dt;      /* seconds of the applied step k (index k-1-base), final lineage */
+    int64_t base;    /* the first step seen, less one */
     int64_t ndt, capdt;
     int64_t first_step; /* the step the job began from */
     int restarts, quarantined;
