@@ -11,6 +11,8 @@
 
 #include "base/msg.h"
 
+#define AMP_STEPS_MAX ((int64_t)1 << 62) /* steps a loaded scaler may have counted */
+
 /* ---- dtypes ---- */
 
 static const char *const dtype_names[] = {"fp32", "fp16", "bf16"};
@@ -260,9 +262,10 @@ int rk_loss_scaler_load(rk_loss_scaler *s, const rk_st_file *f, rk_err *err)
         return rk_err_set(err, RK_EFORMAT,
                           "%s: amp.hysteresis_left %lld is not in 1..%lld (hysteresis)", what,
                           (long long)left, (long long)hyst);
-    if (steps < 0)
-        return rk_err_set(err, RK_EFORMAT, "%s: amp.steps %lld is negative", what,
-                          (long long)steps);
+    if (steps < 0 || steps > AMP_STEPS_MAX) /* a step count no run can reach: its ++
+                                             * would overflow */
+        return rk_err_set(err, RK_EFORMAT, "%s: amp.steps %lld is not in 0..%lld", what,
+                          (long long)steps, (long long)AMP_STEPS_MAX);
     if (over < 0 || over > steps)
         return rk_err_set(err, RK_EFORMAT, "%s: amp.overflows %lld is not in 0..%lld (steps)", what,
                           (long long)over, (long long)steps);
