@@ -1008,7 +1008,7 @@ static void load_rejects_every_bad_state(void **state)
         {9, 0, 10, "amp.hysteresis_left "},
         {9, 0, -1, "amp.hysteresis_left "},
         {10, 0, -1, "amp.steps "},
-        {10, 0, INT64_MAX, "amp.steps "}, /* its ++ would overflow: no run gets there */
+        {10, 0, INT64_MAX, "amp.steps "},        /* its ++ would overflow: no run gets there */
         {10, 0, 0x0a0b0c0d0d, "amp.overflows "}, /* fewer steps than overflows */
         {11, 0, -1, "amp.overflows "},
         {11, 0, 0x0102030405060709, "amp.overflows "},
