@@ -433,7 +433,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
         memset(&a, 0, sizeof a);
         a.type = (rk_hb_type)(i % 7);
         a.rank = rand() % 65536;
-        a.step = ((int64_t)rand() << 31 | rand()) % (i % 3 ? 1000000 : INT64_MAX);
+        a.step = ((int64_t)rand() << 31 | rand()) % (i % 3 ? 1000000 : RK_HB_STEP_MAX);
         uint64_t bits = (uint64_t)rand() << 42 ^ (uint64_t)rand() << 21 ^ (uint64_t)rand();
         double x;
         memcpy(&x, &bits, sizeof x);
@@ -872,8 +872,9 @@ static void test_broken_lines_are_rejected_naming_the_field(void **state)
          "field \"rank\": expected an integer 0..65535"},
         {"{\"type\":\"comm\",\"rank\":65536,\"step\":1}", "field \"rank\""},
         {"{\"type\":\"comm\",\"rank\":1.0,\"step\":1}", "field \"rank\""},
-        {"{\"type\":\"comm\",\"rank\":0}", "field \"step\": missing (expected an integer >= 0)"},
-        {"{\"type\":\"comm\",\"rank\":0,\"step\":1e3}", "field \"step\": expected an integer >= 0"},
+        {"{\"type\":\"comm\",\"rank\":0}", "field \"step\": missing (expected an integer 0..2^53)"},
+        {"{\"type\":\"comm\",\"rank\":0,\"step\":1e3}",
+         "field \"step\": expected an integer 0..2^53"},
         {"{\"type\":\"comm\",\"rank\":0,\"step\":null}", "field \"step\""},
         {"{\"type\":\"comm\",\"rank\":0,\"step\":99999999999999999999}", "not JSON"},
         {"{\"type\":\"comm\",\"rank\":0,\"step\":1e999}", "not JSON"},
@@ -981,7 +982,7 @@ static void test_broken_lines_are_rejected_naming_the_field(void **state)
     rk_err err = {0};
     const char *neg = "{\"type\":\"step\",\"rank\":0,\"step\":-1,\"loss\":0.5,\"dt\":0.1}";
     assert_int_equal(rk_hb_msg_parse(neg, strlen(neg), &m, &err), RK_EFORMAT);
-    assert_string_equal(err.msg, "heartbeat message: field \"step\": expected an integer >= 0");
+    assert_string_equal(err.msg, "heartbeat message: field \"step\": expected an integer 0..2^53");
 
     /* A NUL byte inside the line, and a line of 4096 bytes (4097 with its newline). */
     const char nul[] = "{\"type\":\"comm\",\"rank\":0,\"step\":1}\0x";
@@ -1042,10 +1043,18 @@ static void test_valid_lines_at_the_limits_parse(void **state)
     assert_int_equal(m.pid, 2147483647L);
     assert_string_equal(m.device, "");
 
-    const char *step = "{\"type\":\"step\",\"rank\":0,\"step\":9223372036854775807,\"loss\":-1,"
+    const char *step = "{\"type\":\"step\",\"rank\":0,\"step\":9007199254740992,\"loss\":-1,"
                        "\"dt\":0,\"x\":\"y\"}";
     assert_int_equal(rk_hb_msg_parse(step, strlen(step), &m, &err), RK_OK);
-    assert_int_equal(m.step, INT64_MAX);
+    assert_int_equal(m.step, RK_HB_STEP_MAX);
+    /* one more, or INT64_MAX, is refused: twice a claimed step once overflowed in rk run */
+    const char *big[] = {"{\"type\":\"comm\",\"rank\":0,\"step\":9007199254740993}",
+                         "{\"type\":\"comm\",\"rank\":0,\"step\":9223372036854775807}"};
+    for (int k = 0; k < 2; k++) {
+        rk_hb_msg b;
+        assert_int_equal(rk_hb_msg_parse(big[k], strlen(big[k]), &b, &err), RK_EFORMAT);
+        assert_non_null(strstr(err.msg, "0..2^53"));
+    }
     assert_true(m.loss_finite && m.loss == -1.0 && m.dt == 0.0);
 
     char ev[900];

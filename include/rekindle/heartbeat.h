@@ -52,7 +52,11 @@ extern "C" {
 #define RK_HB_VERSION 1          /* "v" in hello */
 #define RK_HB_LINE_MAX 4096      /* bytes per line, newline included */
 #define RK_HB_RANK_MAX 65535     /* ranks are 0..65535, world 1..65536 */
-#define RK_HB_DETAIL_MAX 512     /* bytes of an event's detail */
+/* The largest step (and lost_steps) a message may carry: 2^53, exact in any JSON reader's
+ * double and far beyond any run, so that a peer's claim cannot overflow what is computed from
+ * it (twice a step, a ledger's index). */
+#define RK_HB_STEP_MAX ((int64_t)1 << 53)
+#define RK_HB_DETAIL_MAX 512 /* bytes of an event's detail */
 
 /* Worker exit statuses. */
 #define RK_EXIT_OK 0      /* finished (bye "done") */

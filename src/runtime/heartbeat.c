@@ -55,8 +55,8 @@ static const ispec I_VERSION = {"v", 1, INT_MAX, "an integer >= 1"};
 static const ispec I_RANK = {"rank", 0, RK_HB_RANK_MAX, "an integer 0..65535"};
 static const ispec I_WORLD = {"world", 1, RK_HB_RANK_MAX + 1, "an integer 1..65536"};
 static const ispec I_PID = {"pid", 1, INT_MAX, "an integer >= 1"};
-static const ispec I_STEP = {"step", 0, INT64_MAX, "an integer >= 0"};
-static const ispec I_LOST = {"lost_steps", 0, INT64_MAX, "an integer >= 0"};
+static const ispec I_STEP = {"step", 0, RK_HB_STEP_MAX, "an integer 0..2^53"};
+static const ispec I_LOST = {"lost_steps", 0, RK_HB_STEP_MAX, "an integer 0..2^53"};
 static const ispec I_BLAME = {"blame", -1, RK_HB_RANK_MAX, "an integer -1..65535"};
 static const ispec I_INDEX = {"index", 0, INT_MAX, "an integer >= 0"};
 
