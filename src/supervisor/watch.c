@@ -227,16 +227,18 @@ rk_sup_next sup_watch(sup *s)
         if (r > 0) {
             /* what the ranks said first, closings after: a rank's last words (an injected
              * crash it announces) come before another rank's end read in the same round */
-            for (int pass = 0; pass < 2; pass++)
-                for (int q = 1; q < np; q++) {
-                    rk_sup_conn *c = &s->c[map[q - 1]];
-                    char b;
-                    if (!(p[q].revents & (POLLIN | POLLHUP | POLLERR)) || c->fd < 0)
-                        continue;
-                    int data = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
-                    if (data == (pass == 0))
-                        sup_read_conn(s, c);
-                }
+            unsigned char closing[RK_SUP_MAX_CONNS + 1] = {0};
+            for (int q = 1; q < np; q++) { /* a ready connection with no bytes is closing */
+                char b;
+                if (!(p[q].revents & (POLLIN | POLLHUP | POLLERR)))
+                    continue;
+                closing[q] = recv(p[q].fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+                if (!closing[q])
+                    sup_read_conn(s, &s->c[map[q - 1]]);
+            }
+            for (int q = 1; q < np; q++)
+                if (closing[q] && s->c[map[q - 1]].fd >= 0)
+                    sup_read_conn(s, &s->c[map[q - 1]]);
             if (p[0].revents & POLLIN)
                 sup_accept(s);
         }
