@@ -626,6 +626,7 @@ static int train_supervised(const train_opts *o, rk_model *m, rk_optim *opt,
         rk_worker_ckpt_opts co;
         rk_worker_ckpt_opts_default(&co);
         co.dir = o->ckpt_dir;
+        co.config_json = t.config; /* named in the refusal of a directory of another run */
         co.resume = o->resume;
         co.every = o->ckpt_every;
         co.mtbf_s = o->mtbf;

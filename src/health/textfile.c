@@ -9,6 +9,7 @@
 #include "base/msg.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
+#include "rekindle/monitor.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -647,7 +648,8 @@ int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_g
         for (int k = 0; k < 2; k++)
             /* nothing for a lost GPU, nor for a failed reading (nothing valid): textfile
              * values would turn it into a good, nearly empty one (rk_monitor_read_failed) */
-            if (P.pend[2 * g + k].line && !samples[g].lost && samples[g].valid != 0) {
+            if (P.pend[2 * g + k].line && !samples[g].lost &&
+                !rk_monitor_read_failed(&samples[g])) {
                 if (sensors[k].field == RK_F_VRM_RIPPLE)
                     samples[g].vrm_ripple_mv = P.pend[2 * g + k].v;
                 else

@@ -26,8 +26,6 @@
 
 #define COMMAND_EVERY 8           /* steps between agreements on the supervisor's commands */
 #define GONE (RK_HB_CMD_STOP + 1) /* in the agreement: a rank's supervisor has gone */
-#define AUTO_FIRST_SAVE 50        /* steps before the first save when the interval is automatic */
-#define MAX_BUFS 256
 
 /* ---- set-up ------------------------------------------------------------------------------ */
 

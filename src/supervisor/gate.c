@@ -17,8 +17,6 @@
 #include "predict/predict_online.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
-#include <math.h>
-#include <time.h>
 
 #define HISTORY 12
 
