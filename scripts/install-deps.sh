@@ -19,7 +19,7 @@ group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
   libopenblas-dev"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
   libmicrohttpd12 libopenblas0 python3 dataset-fashion-mnist"
-group[test]="clang libclang-rt-14-dev clang-format python3 prometheus curl"
+group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")

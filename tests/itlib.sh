@@ -28,15 +28,22 @@ it_need_data() {
 
 ok() { echo "ok - $1"; pass=$((pass + 1)); }
 bad() { echo "FAIL - $1"; fail=$((fail + 1)); }
+# Run a checker, counting its "ok - " and "FAIL - " lines; a checker that exits non-zero (a
+# traceback before any FAIL line) is a failure too.
 it_count() {
-  local line
+  local line out rc
+  out=$(mktemp)
+  "$@" >"$out" 2>&1
+  rc=$?
   while IFS= read -r line; do
     case $line in
       "ok - "*) ok "${line#ok - }" ;;
       "FAIL - "*) bad "${line#FAIL - }" ;;
       *) echo "$line" ;;
     esac
-  done < <("$@" 2>&1)
+  done <"$out"
+  rm -f "$out"
+  [[ $rc == 0 ]] || bad "checker ${*:1:2} exited with status $rc"
 }
 json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
 
