@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include <xxhash.h>
 
 #include <stdint.h>
@@ -89,9 +90,20 @@ int rk_worker_open(rk_worker **out, rk_comm *comm, const rk_worker_opts *o, rk_e
         snprintf(w->device, sizeof w->device, "%s", o->device);
     else
         device_of(w->rank, w->device, sizeof w->device);
+    /* one gather buffer for every per-step collective (world never changes) */
+    w->gather = malloc((size_t)w->world * sizeof *w->gather);
+    w->flags = malloc((size_t)w->world);
+    if (!w->gather || !w->flags) {
+        free(w->gather);
+        free(w->flags);
+        free(w);
+        return rk_err_set(err, RK_ENOMEM, "worker: out of memory");
+    }
     int rc = rk_inject_from_env(&w->inj, w->rank, err);
     w->t_arm = rk_mono_s();
     if (rc) {
+        free(w->gather);
+        free(w->flags);
         free(w);
         return rc;
     }
@@ -209,6 +221,8 @@ void rk_worker_close(rk_worker *w, int64_t step, int status, const char *why)
     for (int i = 0; i < w->nbufs; i++)
         free(w->bufs[i].snap);
     free(w->config);
+    free(w->gather);
+    free(w->flags);
     free(w);
 }
 
@@ -355,16 +369,12 @@ int rk_worker_grads(rk_worker *w, int64_t step, rk_err *err)
 
 uint64_t rk_worker_state_hash(const rk_worker *w)
 {
-    XXH64_state_t *st = XXH64_createState();
-    if (!st)
-        return 0;
-    XXH64_reset(st, 0);
+    XXH64_state_t st; /* on the stack: no allocation that could fail into a hash of 0 */
+    XXH64_reset(&st, 0);
     for (int i = 0; i < w->nbufs; i++)
         if (replicated(&w->bufs[i]))
-            XXH64_update(st, w->bufs[i].data, w->bufs[i].bytes);
-    uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return h;
+            XXH64_update(&st, w->bufs[i].data, w->bufs[i].bytes);
+    return XXH64_digest(&st);
 }
 
 /* Copy the live buffers into the snapshot (to_snap) or back; `which`: 1 the replicated
@@ -416,13 +426,8 @@ static int replica_check(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err 
     *rolled_to = -1;
     int nranks = w->world;
     if (nranks > 1) {
-        uint64_t *all = malloc((size_t)nranks * sizeof *all);
-        unsigned char *flags = malloc((size_t)nranks);
-        if (!all || !flags) {
-            free(all);
-            free(flags);
-            return rk_err_set(err, RK_ENOMEM, "guards: out of memory");
-        }
+        uint64_t *all = w->gather;
+        unsigned char *flags = w->flags;
         int root = 0, strict = 0;
         int rc = rk_comm_allgather_u64(w->comm, rk_worker_state_hash(w), all, err);
         int bad = rc ? 0 : rk_guard_vote(all, nranks, &root, flags, &strict);
@@ -472,8 +477,6 @@ static int replica_check(rk_worker *w, int64_t step, int64_t *rolled_to, rk_err 
             }
         }
     done:
-        free(all);
-        free(flags);
         if (rc || *rolled_to >= 0)
             return rc;
     }
@@ -513,9 +516,7 @@ int rk_worker_observe(rk_worker *w, rk_batch_policy *policy, int n_local, double
                       rk_err *err)
 {
     int nranks = w->world;
-    uint64_t mine, *all = malloc((size_t)nranks * sizeof *all);
-    if (!all)
-        return rk_err_set(err, RK_ENOMEM, "throughput policy: out of memory");
+    uint64_t mine, *all = w->gather;
     double rate = n_local > 0 && seconds > 0 ? n_local / seconds : 0.0;
     memcpy(&mine, &rate, sizeof mine);
     int rc = rk_comm_allgather_u64(w->comm, mine, all, err);
@@ -525,7 +526,6 @@ int rk_worker_observe(rk_worker *w, rk_batch_policy *policy, int n_local, double
         if (v > 0) /* a rank with no samples this step has nothing to report */
             rc = rk_batch_observe_throughput(policy, r, v, err);
     }
-    free(all);
     return rc;
 }
 
@@ -542,13 +542,10 @@ static int commands(rk_worker *w, int64_t steps_done, rk_err *err)
     /* a supervisor that vanished took the job with it: every rank stops, none saves */
     uint64_t mine = rk_hb_alive(w->hb) ? (uint64_t)cmd : GONE, agreed = mine;
     if (w->world > 1) { /* every rank acts at the same step, or a save would deadlock */
-        uint64_t *v = malloc((size_t)w->world * sizeof *v);
-        if (!v)
-            return rk_err_set(err, RK_ENOMEM, "commands: out of memory");
+        uint64_t *v = w->gather;
         int rc = rk_comm_allgather_u64(w->comm, mine, v, err);
         for (int r = 0; r < w->world && !rc; r++)
             agreed = v[r] > agreed ? v[r] : agreed;
-        free(v);
         if (rc)
             return rc;
     }
