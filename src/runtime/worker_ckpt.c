@@ -184,6 +184,29 @@ static size_t valid_checkpoints(const char *dir, int *rc, rk_err *err)
     return valid;
 }
 
+/* valid_checkpoints as rank 0 sees DIR, on every rank (collective): the ranks need no shared
+ * file system, and one rank deciding alone would leave the others waiting in a collective
+ * (and N ranks reading every checkpoint of a shared one is N times the I/O). */
+static size_t valid_checkpoints_all(rk_worker *w, int *rc, rk_err *err)
+{
+    int64_t st[2] = {0, 0}; /* rank 0's rc, count */
+    if (w->rank == 0) {
+        st[1] = (int64_t)valid_checkpoints(w->dir, rc, err);
+        st[0] = *rc;
+    }
+    if (w->world > 1) {
+        int brc = rk_comm_bcast(w->comm, st, sizeof st, 0, w->rank == 0 ? NULL : err);
+        if (brc) {
+            *rc = brc;
+            return 0;
+        }
+        if (w->rank != 0 && st[0] != 0)
+            *rc = rk_err_set(err, (int)st[0], "checkpoint directory %s: rank 0 could not list it",
+                             w->dir);
+    }
+    return (size_t)st[1];
+}
+
 static int do_resume(rk_worker *w, int64_t *step, rk_err *err)
 {
     return w->saver.resume ? w->saver.resume(w->saver.user, step, err)
@@ -222,7 +245,7 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
         int64_t step = 0;
         rc = do_resume(w, &step, err);
         int lrc = RK_OK;
-        size_t existing = rc == RK_ENOENT ? valid_checkpoints(w->dir, &lrc, err) : 0;
+        size_t existing = rc == RK_ENOENT ? valid_checkpoints_all(w, &lrc, err) : 0;
         if (lrc)
             rc = lrc;
         else if (rc == RK_ENOENT && existing > 0)
@@ -240,7 +263,7 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
             w->next_at = step + (w->every > 0 ? w->every : AUTO_FIRST_SAVE);
         }
     } else {
-        size_t existing = valid_checkpoints(w->dir, &rc, err);
+        size_t existing = valid_checkpoints_all(w, &rc, err);
         if (!rc && existing > 0)
             rc = rk_err_set(
                 err, RK_EINVAL,
