@@ -6,9 +6,11 @@
 #   scripts/install-deps.sh [GROUP...]   default: build run test
 #     build  compilers, CMake and the -dev packages (make build)
 #     run    what rk, librekindle and the demo need at run time: the shared libraries,
-#            mpirun, python3 and the Fashion-MNIST data (make demo)
+#            mpirun, python3 with python3-xxhash (the Python package's checkpoints) and the
+#            Fashion-MNIST data (make demo)
 #     test   clang (fuzzers), clang-format (make format-check), prometheus and promtool
-#            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh)
+#            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh),
+#            python3-torch and python3-numpy (the PyTorch jobs' tests and torchrun, their peer)
 #     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
 #   --bench  the same as: build run test bench
 set -euo pipefail
@@ -18,8 +20,9 @@ group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
   libopenblas-dev"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
-  libmicrohttpd12 libopenblas0 python3 dataset-fashion-mnist"
-group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl"
+  libmicrohttpd12 libopenblas0 python3 python3-xxhash dataset-fashion-mnist"
+group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
+  python3-numpy"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")
