@@ -117,7 +117,10 @@ class Item:
 
     @property
     def nbytes(self):
-        return memoryview(self.data).nbytes
+        try:
+            return memoryview(self.data).nbytes
+        except TypeError:
+            return -1
 
     def __repr__(self):
         return f"Item({self.name!r}, {self.dtype!r}, {self.shape!r}, <{self.nbytes} bytes>)"
@@ -934,8 +937,8 @@ def _check_hlen(L, hlen, size):
         raise CheckpointError(f"{L}: header length is 0")
 
 
-def _finish(L, name, mv, hlen, size):
-    meta, tensors = _parse_header(L, bytes(mv[8 : 8 + hlen]), size - 8 - hlen)
+def _finish(L, name, mv, hlen, size, parsed=None):
+    meta, tensors = parsed or _parse_header(L, bytes(mv[8 : 8 + hlen]), size - 8 - hlen)
     sums = _verify_header(L, meta, tensors)
     base = 8 + hlen
     items = {}
@@ -974,22 +977,22 @@ def load(path):
         _read_exact_into(fd, memoryview(head), 0, L)
         hlen = int.from_bytes(head, "little")
         _check_hlen(L, hlen, size)
+        hdr = bytearray(hlen)
+        _read_exact_into(fd, memoryview(hdr), 8, L)
+        # the header is checked before the data is read: a bogus one costs 8 + N bytes
+        parsed = _parse_header(L, bytes(hdr), size - 8 - hlen)
         buf = bytearray(size)
         buf[:8] = head
-        hdr = memoryview(buf)[8 : 8 + hlen]
-        _read_exact_into(fd, hdr, 8, L)
-        # the header is checked before the data is read: a bogus one costs 8 + N bytes
-        meta, tensors = _parse_header(L, bytes(hdr), size - 8 - hlen)
+        buf[8 : 8 + hlen] = hdr
+        del hdr
         _read_exact_into(fd, memoryview(buf)[8 + hlen :], 8 + hlen, L)
-        extra = os.pread(fd, 1, size)
-        if extra:
+        if os.pread(fd, 1, size):
             raise CheckpointError(f"{L}: file grew while it was read")
     except OSError as e:
         raise _os_error(e, f"{L}: cannot read") from None
     finally:
         os.close(fd)
-    del meta, tensors
-    return _finish(L, path, memoryview(buf).toreadonly(), hlen, size)
+    return _finish(L, path, memoryview(buf).toreadonly(), hlen, size, parsed)
 
 
 def _read_exact_into(fd, mv, off, L):
