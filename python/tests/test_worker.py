@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -23,7 +24,9 @@ class Sup:
     """A supervisor's socket: listens, accepts one connection, reads lines, sends commands."""
 
     def __init__(self, test):
-        self.path = os.path.join(rktest.tmpdir(test), "hb.sock")
+        d = tempfile.mkdtemp(prefix="rkhb.")  # short: a socket path has at most 107 bytes
+        test.addCleanup(shutil.rmtree, d, True)
+        self.path = os.path.join(d, "hb.sock")
         self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.srv.bind(self.path)
         self.srv.listen(8)
