@@ -169,6 +169,12 @@ class TestFinite(unittest.TestCase):
         big[4 * (ckpt.SCAN_CHUNK + 3) + 3] = 0x7F
         big[4 * (ckpt.SCAN_CHUNK + 3) + 2] = 0xC0
         self.assertEqual(ckpt.nonfinite_index("F32", big), ckpt.SCAN_CHUNK + 3)
+        huge = array.array("f", [3e38]) * (ckpt.SCAN_CHUNK + 100)  # finite, but every top byte 0x7f
+        self.assertIsNone(ckpt.nonfinite_index("F32", huge))
+        for at in (1000, ckpt.SCAN_CHUNK + 50):
+            h2 = array.array("f", huge)
+            h2[at] = float("-inf")
+            self.assertEqual(ckpt.nonfinite_index("F32", h2), at)
 
     def test_save_refuses_nonfinite_weights(self):
         ckpt.save(self.d, 10, items(10))
