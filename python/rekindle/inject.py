@@ -18,6 +18,7 @@ inputs give the same times, each rank and each launch its own; not the C runtime
 import math
 import os
 import random
+import struct
 import time
 
 SPEC_MAX = 4096
@@ -332,6 +333,24 @@ class Injector:
         return bool(self.faults)
 
 
+def privileged():
+    """Whether this process runs with raised privileges (set-user-ID, set-group-ID or file
+    capabilities: the kernel's AT_SECURE, as the C runtime's src/base/env.h checks)."""
+    try:
+        with open("/proc/self/auxv", "rb") as f:
+            data = f.read()
+        size = struct.calcsize("LL")
+        for off in range(0, len(data) - size + 1, size):
+            key, val = struct.unpack_from("LL", data, off)
+            if key == 23:  # AT_SECURE
+                return val != 0
+            if key == 0:
+                break
+    except OSError:
+        pass
+    return os.getuid() != os.geteuid() or os.getgid() != os.getegid()
+
+
 def from_env(rank, launch=None, env=None):
     """The Injector of RK_INJECT armed for `rank` with RK_INJECT_DONE and RK_LAUNCH, or None
     without RK_INJECT. Ignored (None) in a set-user-ID or set-group-ID process, as the C
@@ -340,7 +359,7 @@ def from_env(rank, launch=None, env=None):
     spec = env.get("RK_INJECT")
     if spec is None:
         return None
-    if hasattr(os, "getuid") and (os.getuid() != os.geteuid() or os.getgid() != os.getegid()):
+    if privileged():
         return None
     if launch is None:
         lt = env.get("RK_LAUNCH")

@@ -16,7 +16,7 @@ import unittest
 from unittest import mock
 
 import rktest
-from rekindle import ckpt
+from rekindle import _ckptfile, ckpt
 from rekindle.ckpt import CheckpointError, Item, StorageError
 
 
@@ -191,7 +191,7 @@ class TestFinite(unittest.TestCase):
         ckpt.save(self.d, 20, [Item("rng.x", "F32", (1,), struct.pack("<f", float("nan")))])
 
     def test_load_refuses_nonfinite_weights(self):
-        with mock.patch.object(ckpt, "must_be_finite", lambda name: False):
+        with mock.patch.object(_ckptfile, "must_be_finite", lambda name: False):
             p = ckpt.save(self.d, 7, [Item("model.w", "F32", (2,), struct.pack("<2f", 1, float("nan")))])
         with self.assertRaisesRegex(CheckpointError, r"tensor 'model.w': element 1 is NaN"):
             ckpt.load(p)
@@ -498,7 +498,7 @@ class TestLoadLatest(unittest.TestCase):
 SAVER = r'''
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from rekindle import ckpt
+from rekindle import _ckptfile, ckpt
 d, start = sys.argv[2], int(sys.argv[3])
 step = start
 while True:

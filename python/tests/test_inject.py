@@ -227,6 +227,7 @@ class TestInjector(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "^RK_LAUNCH: 'x' is not a decimal launch number"):
             inject.from_env(0, env={"RK_INJECT": "nan@step=1", "RK_LAUNCH": "x"})
         self.assertEqual(inject.from_env(0, env={"RK_INJECT": ""}).faults, [])
+        self.assertFalse(inject.privileged())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt and the process lives on; a Worker that installed it
 says "stacks": true in its hello."""
 
-import json
 import os
 import signal
 import subprocess
