@@ -303,10 +303,10 @@ class Worker:
         """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the
         checkpoint resumed from). A supervisor that cannot be reached makes the worker lost
         (alive() is False): the job went with it. Once only."""
-        step = _int("step", step, 0, STEP_MAX)
-        device = _check_string("device", self.device, DEVICE_MAX)
         if self._said_hello or not self.heartbeat or self.lost:
             return
+        step = _int("step", step, 0, STEP_MAX)
+        device = _check_string("device", self.device, DEVICE_MAX)
         self._said_hello = True
         path = self.heartbeat
         if len(os.fsencode(path)) > 107:

@@ -116,6 +116,7 @@ class TestEnvironment(unittest.TestCase):
         self.assertEqual(w.poll(), set())
         self.assertTrue(w.alive())
         self.assertFalse(w.lost)
+        rekindle.Worker("x" * 100, env={}).hello(0)  # even a device hello would refuse
 
     def test_rank_world_sources_in_order(self):
         rw = wmod.rank_world
@@ -187,6 +188,17 @@ class TestSupervised(unittest.TestCase):
         self.assertEqual(sup.peer_pid(), os.getpid())
         w.hello(9)  # once only
         self.assertTrue(sup.nothing_more())
+
+    def test_hello_refuses_a_bad_device(self):
+        sup = Sup(self)
+        for dev in ("x" * 64, "cuda\n0"):
+            with self.assertRaises(ValueError):
+                rekindle.Worker(dev, env=env_for(sup)).hello(0)
+        w = rekindle.Worker("y" * 63, env=env_for(sup))
+        w.hello(0)
+        sup.accept()
+        self.addCleanup(w.close)
+        self.assertEqual(sup.lines(1)[0]["device"], "y" * 63)
 
     def test_messages_exactly(self):
         sup = Sup(self)
@@ -408,7 +420,8 @@ while step < steps:
         w.inject(step, fault.index, fault.kind)
         if fault.kind == "crash":
             t = time.monotonic()  # ranks do not step together here: let rank 0 checkpoint first
-            while not os.path.exists(os.path.join(w.ckpt_dir or ".", "latest")) and time.monotonic() - t < 20:
+            latest = os.path.join(w.ckpt_dir or ".", "latest")
+            while not os.path.exists(latest) and time.monotonic() - t < 20:
                 time.sleep(0.02)
             os.kill(os.getpid(), 9)
     w.comm(step)
