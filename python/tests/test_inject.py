@@ -64,7 +64,32 @@ class CParser:
         lib.rk_inject_count.restype = ctypes.c_size_t
         lib.rk_inject_count.argtypes = [ctypes.c_void_p]
         lib.rk_inject_free.argtypes = [ctypes.c_void_p]
+        lib.rk_inject_arm.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64,
+                                      ctypes.c_char_p, ctypes.POINTER(self.Err)]
+        lib.rk_inject_next_arrival.restype = ctypes.c_double
+        lib.rk_inject_next_arrival.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.rk_inject_due.restype = ctypes.c_size_t
+        lib.rk_inject_due.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_double,
+                                      ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
         self.lib = lib
+
+    def arrivals(self, spec, rank, launch, until, step_s):
+        """(first arrivals, [(elapsed, [indices])]) of the C runtime for `spec` on `rank`."""
+        h, e = ctypes.c_void_p(), self.Err()
+        assert self.lib.rk_inject_parse(spec.encode(), ctypes.byref(h), ctypes.byref(e)) == 0
+        assert self.lib.rk_inject_arm(h, rank, launch, None, ctypes.byref(e)) == 0, e.msg
+        n = self.lib.rk_inject_count(h)
+        first = [self.lib.rk_inject_next_arrival(h, i) for i in range(n)]
+        idx = (ctypes.c_size_t * 256)()
+        fired = []
+        t = 0.0
+        while t < until:
+            k = self.lib.rk_inject_due(h, 0, t, idx, 256)
+            if k:
+                fired.append((t, [idx[j] for j in range(k)]))
+            t += step_s
+        self.lib.rk_inject_free(h)
+        return first, fired
 
     def parse(self, b):
         h, e = ctypes.c_void_p(), self.Err()
@@ -167,6 +192,28 @@ class TestAgainstC(unittest.TestCase):
         # both outcomes are well represented
         self.assertGreater(accepted, n // 10)
         self.assertLess(accepted, n - n // 10)
+
+
+    def test_same_random_arrivals(self):
+        c = CParser(rktest.librekindle())
+        for spec, rank, launch in (("crash@mtbf=10s", 0, 0), ("crash@mtbf=10s", 3, 0),
+                                   ("crash@mtbf=10s", 3, 7), ("hang@mtbf=1.5m:seed=0,nan@step=4,"
+                                                             "slow@mtbf=250ms:rank=2:seed=99", 2, 1),
+                                   ("crash@mtbf=3s:seed=18446744073709551615", 65535, 2**63)):
+            first, fired = c.arrivals(spec, rank, launch, 600.0, 0.25)
+            now = [0.0]
+            inj = inject.Injector(spec, rank, launch, clock=lambda: now[0])
+            self.assertEqual([inj.next_arrival(i) for i in range(len(first))], first, spec)
+            got = []
+            t = 0.0
+            while t < 600.0:
+                now[0] = t
+                fs = [f.index for f in inj.due(0) if f.random]
+                if fs:
+                    got.append((t, fs))
+                t += 0.25
+            self.assertEqual(got, fired, spec)
+            self.assertGreater(len(got), 0)
 
 
 class TestInjector(unittest.TestCase):
