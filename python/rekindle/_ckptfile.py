@@ -76,7 +76,7 @@ def _show(s, limit=80):
 
 class Item:
     """One named tensor or blob: a safetensors dtype ("F32", "U8", ...), a shape tuple and its
-    bytes (C order, little-endian). After a load, `data` is a read-only memoryview into the
+    bytes (C order, little-endian). After a load, `data` is a memoryview into the
     file's buffer."""
 
     __slots__ = ("name", "dtype", "shape", "data")
@@ -360,8 +360,13 @@ def encode(step, items, *, epoch=0, cursor=0, world_size=1, config="{}", label="
     _check_int(label, "world_size", world_size, 1, INT_MAX)
     if config is None:
         config = "{}"
+    if isinstance(config, dict):
+        try:
+            config = json.dumps(config, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{label}: config cannot be written as JSON: {e}") from None
     if not isinstance(config, str):
-        raise CheckpointError(f"{label}: config must be JSON text (str)")
+        raise CheckpointError(f"{label}: config must be JSON text (str) or a dict")
     try:
         _json_loads(config, duplicates=True)
     except ValueError as e:
@@ -701,7 +706,7 @@ def load(path):
         raise _os_error(e, f"{L}: cannot read") from None
     finally:
         os.close(fd)
-    return _finish(L, path, memoryview(buf).toreadonly(), hlen, size, parsed)
+    return _finish(L, path, memoryview(buf), hlen, size, parsed)  # writable: the caller's copy
 
 
 def _read_exact_into(fd, mv, off, L):

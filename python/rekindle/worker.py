@@ -207,12 +207,17 @@ def parse_command(line):
             seen.add(k)
         return dict(kv)
 
+    def constant(name):
+        raise ValueError(f"heartbeat command: not JSON: {name}")
+
     try:
-        obj = json.loads(line.decode("utf-8"), object_pairs_hook=pairs)
+        obj = json.loads(line.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
     except UnicodeDecodeError:
         raise ValueError("heartbeat command: not valid UTF-8") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"heartbeat command: not JSON: {e.msg} (byte {e.pos})") from None
+    except RecursionError:
+        raise ValueError("heartbeat command: not JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError("heartbeat command: not a JSON object")
     cmd = obj.get("cmd")

@@ -108,6 +108,9 @@ class TestRoundTrip(unittest.TestCase):
             self.assertEqual(bytes(c[it.name].data), bytes(memoryview(it.data).cast("B")))
             self.assertEqual(c[it.name].shape, it.shape)
         self.assertEqual(len(ckpt.load(ckpt.save(self.d, 1, [])).items), 0)
+        c = ckpt.load(ckpt.save(self.d, 2, its[:1], config={"model": "x", "lr": 0.5}))
+        self.assertEqual(c.config, '{"model":"x","lr":0.5}')
+        self.assertFalse(c[its[0].name].data.readonly)
 
     def test_parse_from_memory(self):
         path = ckpt.save(self.d, 3, items(3))

@@ -165,9 +165,32 @@ class TestEnvironment(unittest.TestCase):
         self.assertEqual(p(b'{"cmd":"stop"}'), "stop")
         self.assertEqual(p(b' {"cmd":"checkpoint","later":[1,2]} \r'), "checkpoint")
         for bad in (b'{"cmd":"reboot"}', b'{"cmd":1}', b"[]", b"{", b'{"x":1}',
-                    b'{"cmd":"stop","cmd":"stop"}', b"\xff", b'{"cmd":"stop"}' + b" " * 5000):
+                    b'{"cmd":"stop","cmd":"stop"}', b"\xff", b'{"cmd":"stop","x":NaN}',
+                    b'{"cmd":"stop","x":' + b"[" * 2000 + b"]" * 2000 + b"}", b'{"cmd":"stop"}' + b" " * 5000):
             with self.assertRaises(ValueError, msg=bad[:40]):
                 p(bad)
+
+
+    def test_parse_command_fuzz(self):
+        import random
+
+        r = random.Random(9)
+        seeds = [b'{"cmd":"stop"}', b'{"cmd":"checkpoint","x":[1,{"y":"z"}]}']
+        for _ in range(3000):
+            b = bytearray(r.choice(seeds))
+            for _ in range(r.randint(1, 4)):
+                i = r.randrange(len(b) + 1)
+                op = r.randrange(3)
+                if op == 0 and b:
+                    del b[min(i, len(b) - 1)]
+                elif op == 1:
+                    b.insert(i, r.randrange(256))
+                else:
+                    b[i:i] = r.choice([b'"', b"{", b"[" * 3000, b"\\u0000", b"1e999", b"NaN"])
+            try:
+                self.assertIn(wmod.parse_command(bytes(b)), wmod.COMMANDS)
+            except ValueError as e:
+                self.assertTrue(str(e).startswith("heartbeat command: "), e)
 
 
 class TestSupervised(unittest.TestCase):
