@@ -14,6 +14,7 @@ and verifying one file) is in rekindle._ckptfile; everything public there is her
 """
 
 import itertools
+import json
 import os
 import stat
 import threading
@@ -38,6 +39,7 @@ from ._ckptfile import (  # noqa: F401  (the public names, re-exported)
     _open_regular,
     _os_error,
     _read_exact_into,
+    _show,
     _u63,
     encode,
     file_name,
@@ -53,8 +55,8 @@ from ._ckptfile import (  # noqa: F401  (the public names, re-exported)
 __all__ = [
     "ASIDE_TAG", "DTYPE_SIZE", "FINITE_PREFIXES", "FORMAT", "HEADER_MAX", "INT64_MAX", "INT_MAX",
     "LATEST", "LATEST_MAX", "LOCK_FILE", "MAX_DIMS", "SCAN_CHUNK", "Checkpoint", "CheckpointError",
-    "Item", "Lock", "LockedError", "NonFiniteError", "StorageError", "aside_step", "encode",
-    "file_name", "list_checkpoints", "load", "load_latest", "load_step", "lock", "must_be_finite",
+    "Item", "Lock", "LockedError", "MismatchError", "NonFiniteError", "StorageError", "aside_step",
+    "check", "encode", "file_name", "list_checkpoints", "load", "load_latest", "load_step", "lock", "must_be_finite",
     "name_step", "nonfinite_index", "nonfinite_name", "parse", "read_latest", "save", "temp_pid",
     "unlock", "verify", "_FLOATS", "_exact_scan",
 ]  # fmt: skip
@@ -408,12 +410,76 @@ def _stop(dir, e):
     return CheckpointError(msg, unreadable=True)
 
 
-def load_latest(dir):
+class MismatchError(CheckpointError):
+    """A valid checkpoint that is not what the caller can resume (check(), `expect`)."""
+
+
+def _json_same(a, b):
+    """JSON equality as jansson's json_equal: an integer is not a real, a bool not a number."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_json_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_json_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _json_text(v):
+    return "(absent)" if v is _ABSENT else _show(json.dumps(v, separators=(",", ":")), 90)
+
+
+_ABSENT = object()
+
+
+def check(c, expect):
+    """MismatchError unless checkpoint `c` is what `expect` asks, as rk_ckpt_check: expect is
+    {"config": {key: value, ...}, "items": {name: (dtype, shape), ...}}, both optional; every
+    key of "config" must be in c's config with an equal JSON value, every item present with
+    that dtype and shape."""
+    if not expect:
+        return
+    L = _show(c.path, 400)
+    want = expect.get("config")
+    if want is not None:
+        if isinstance(want, str):
+            want = json.loads(want)
+        if not isinstance(want, dict):
+            raise CheckpointError("expected config is not a JSON object")
+        try:
+            have = json.loads(c.config)
+        except ValueError:
+            have = None
+        for k, wv in want.items():
+            hv = have.get(k, _ABSENT) if isinstance(have, dict) else _ABSENT
+            if hv is _ABSENT or not _json_same(hv, wv):
+                raise MismatchError(f"{L}: config '{_show(k)}' is {_json_text(hv)}, expected "
+                                    f"{_json_text(wv)}")
+    for name, (dtype, shape) in (expect.get("items") or {}).items():
+        it = c.items.get(name)
+        if it is None:
+            raise MismatchError(f"{L}: tensor '{_show(name)}' is missing")
+        if it.dtype != dtype or tuple(it.shape) != tuple(shape):
+            have_s = "[" + ",".join(map(str, it.shape)) + "]"
+            want_s = "[" + ",".join(map(str, shape)) + "]"
+            raise MismatchError(f"{L}: tensor '{_show(name)}' is {it.dtype} {have_s}, expected "
+                                f"{str(dtype)[:8]} {want_s}")
+
+
+def _load_expected(path, expect):
+    c = load(path)
+    check(c, expect)
+    return c
+
+
+def load_latest(dir, expect=None):
     """The newest checkpoint of `dir` that verifies, by the C loader's rule: the one `latest`
     names, else every checkpoint from the highest step down. Returns (Checkpoint or None,
-    skipped): one line per file skipped and per problem with `latest`. A file that exists but
-    cannot be read (permissions, I/O, not a regular file) stops the search: StorageError or
-    CheckpointError (its content may be the run's newest work). A missing directory: (None, [])."""
+    skipped): one line per file skipped and per problem with `latest`. With `expect` (see
+    check()) a checkpoint of another model or shape is skipped like a corrupt one. A file that
+    exists but cannot be read (permissions, I/O, not a regular file) stops the search:
+    StorageError or CheckpointError (its content may be the run's newest work). A missing
+    directory: (None, [])."""
     d = os.fspath(dir)
     try:
         v = _scan(d)
@@ -435,7 +501,7 @@ def load_latest(dir):
         lname = ""
     if lname:
         try:
-            c = load(os.path.join(d, lname))
+            c = _load_expected(os.path.join(d, lname), expect)
         except (StorageError, CheckpointError) as e:
             if isinstance(e, StorageError) or e.unreadable:
                 raise _stop(d, e) from None
@@ -450,7 +516,7 @@ def load_latest(dir):
         if n == lname:
             continue
         try:
-            return load(os.path.join(d, n)), report
+            return _load_expected(os.path.join(d, n), expect), report
         except (StorageError, CheckpointError) as e:
             if isinstance(e, StorageError) or e.unreadable:
                 raise _stop(d, e) from None

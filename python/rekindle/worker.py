@@ -49,7 +49,7 @@ _BAD_MSGS = 3  # bad command lines reported per connection, then a count
 
 def _env_int(env, name, lo, hi):
     text = env.get(name, "")
-    if not re.fullmatch(r"[0-9]{1,10}", text) or not lo <= int(text) <= hi:
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not lo <= int(text) <= hi:
         raise ValueError(f"{name}={text[:40]!r} is not an integer in {lo}..{hi}")
     return int(text)
 

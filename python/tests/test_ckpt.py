@@ -473,6 +473,28 @@ class TestLoadLatest(unittest.TestCase):
         self.assertEqual(c.step, 200)  # `latest` wins; the newer file is reported
         self.assertIn("newer than the checkpoint 'latest' names", skipped[0])
 
+    def test_expect_skips_another_model(self):
+        ckpt.save(self.d, 400, items(4), config='{"model":"cnn","lr":1}', keep=10)
+        mlp = {"config": {"model": "mlp"}}
+        c, skipped = ckpt.load_latest(self.d, expect=mlp)
+        self.assertIsNone(c)  # the others have config {}: no "model"
+        self.assertIn("config 'model' is (absent), expected \"mlp\"", skipped[-1])
+        for s in (500, 600):
+            ckpt.save(self.d, s, items(s), config='{"model":"mlp","lr":1.0}', keep=10)
+        ckpt.save(self.d, 700, items(7), config='{"model":"cnn"}', keep=10)
+        c, skipped = ckpt.load_latest(self.d, expect=mlp)
+        self.assertEqual(c.step, 600)
+        self.assertIn(ckpt.file_name(700) + ": config 'model' is \"cnn\", expected \"mlp\"", skipped[0])
+        c, skipped = ckpt.load_latest(self.d, expect={"config": {"lr": 1}})
+        self.assertEqual(c.step, 400)  # 1.0 is not 1, as for jansson
+        c, skipped = ckpt.load_latest(self.d, expect={"items": {"optim.m": ("F64", ())}})
+        self.assertEqual(c.step, 700)
+        c, skipped = ckpt.load_latest(self.d, expect={"items": {"model.fc1.bias": ("F32", (3,))}})
+        self.assertIsNone(c)
+        self.assertIn("tensor 'model.fc1.bias' is F32 [2], expected F32 [3]", skipped[0])
+        with self.assertRaisesRegex(ckpt.MismatchError, "tensor 'ghost' is missing"):
+            ckpt.check(ckpt.load_step(self.d, 700), {"items": {"ghost": ("U8", (1,))}})
+
     def test_empty_and_missing_directory(self):
         e = rktest.tmpdir(self)
         self.assertEqual(ckpt.load_latest(e), (None, []))
