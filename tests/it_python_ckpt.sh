@@ -4,8 +4,9 @@
 # byte is caught by both `rk ckpt verify` and ckpt.load, which fall back to the same file;
 # checkpoints written by `rk train --ckpt-dir` load in Python with the same checksums, and
 # re-encoded by Python they are byte for byte the files rk train wrote, from which
-# `rk train --resume` ends with the uninterrupted run's weights. Skips (77) without a python3
-# that has xxhash; the rk train part skips without the data.
+# `rk train --resume` ends with the uninterrupted run's weights; each refuses a directory
+# whose lock the other holds. Skips (77) without a python3 that has xxhash; the rk train part
+# skips without the data.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 py=$("$RK_SRC/tests/pyfind.sh" xxhash) || { echo "$py"; exit 77; }
@@ -96,6 +97,29 @@ for n in names:
     assert open(p, "rb").read() == open(os.path.join(d, n), "rb").read(), n
 print(f"{len(names)} files, {len(c.items)} tensors in the newest (step {c.step}): {', '.join(list(c.items)[:4])}, ...")
 PY
+# one writer per directory, across the two: rk train is refused while Python holds the lock,
+# and Python while rk train does
+"$py" -c "import sys, time; from rekindle import ckpt; l = ckpt.lock(sys.argv[1], env={}); print(flush=True); time.sleep(30)" "$work/lk" >"$work/lk.out" &
+holder=$!
+pids+=("$holder")
+for _ in $(seq 1 100); do [[ -s "$work/lk.out" ]] && break; sleep 0.05; done
+"${train[@]}" --ckpt-dir "$work/lk" --max-steps 5 >"$work/lk.log" 2>&1
+rc=$?
+[[ $rc == 2 ]] && grep -q "another job writes to this checkpoint directory (pid $holder holds" "$work/lk.log" &&
+  ok "rk train refuses a directory whose lock rekindle.ckpt holds (exit 2, names pid $holder)" || bad "lock held by Python: exit $rc $(tail -2 "$work/lk.log")"
+kill "$holder"; wait "$holder" 2>/dev/null
+"${train[@]}" --ckpt-dir "$work/lk2" --ckpt-every 5 --max-steps 100000 --epochs 100000 >"$work/lk2.log" 2>&1 &
+trainer=$!
+pids+=("$trainer")
+for _ in $(seq 1 200); do [[ -f "$work/lk2/latest" ]] && break; sleep 0.05; done
+"$py" -c "
+import sys; from rekindle import ckpt
+try: ckpt.lock(sys.argv[1], env={})
+except ckpt.LockedError as e: print(e.holder); sys.exit(0)
+sys.exit(1)" "$work/lk2" >"$work/lk2.out" 2>&1 && [[ "$(cat "$work/lk2.out")" == "$trainer" ]] &&
+  ok "ckpt.lock refuses a directory rk train writes (LockedError, holder pid $trainer)" || bad "lock held by rk train: $(cat "$work/lk2.out")"
+kill "$trainer"; wait "$trainer" 2>/dev/null
+
 "${train[@]}" --ckpt-dir "$work/re" --ckpt-every 20 --resume --metrics-json "$work/re.json" >"$work/r.out" 2>&1 &&
   grep -q "resuming from" "$work/r.out" && [[ "$(json "$work/re.json" weights_xxh64)" == "$(json "$work/full.json" weights_xxh64)" ]] &&
   ok "rk train --resume from Python's files ends with the uninterrupted run's weights ($(json "$work/full.json" weights_xxh64))" ||
