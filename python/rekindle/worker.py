@@ -303,6 +303,11 @@ class Worker:
                 self._sock.sendall(line, socket.MSG_NOSIGNAL)
             except OSError as e:
                 self._gone(e.strerror or str(e))
+            except BaseException:
+                # a signal handler raised (KeyboardInterrupt) inside the send: part of the
+                # line may be out, and the next one would run into it; the connection is done
+                self._gone("a send was interrupted by an exception")
+                raise
 
     def hello(self, step=0):
         """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the

@@ -352,6 +352,30 @@ class TestSupervised(unittest.TestCase):
         self.assertTrue(w.lost)
         self.assertFalse(w.alive())
 
+    def test_send_interrupted_by_an_exception(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+
+        class Boom(Exception):
+            pass
+
+        real = w._sock
+
+        class Sock:  # a send a signal handler interrupts (PEP 475: only when it raises)
+            def sendall(self, *a):
+                raise Boom()
+
+            def close(self):
+                real.close()
+
+        w._sock = Sock()
+        with self.assertRaises(Boom):
+            w.step(1, 1.0, 0.1)
+        self.assertTrue(w.lost)
+        self.assertFalse(w.alive())
+        w.step(2, 1.0, 0.1)  # nothing, no exception
+
     def test_no_supervisor_at_the_path(self):
         d = rktest.tmpdir(self)
         w = rekindle.Worker(env={"RK_HEARTBEAT": os.path.join(d, "nothing")})
