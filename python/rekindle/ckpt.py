@@ -65,7 +65,8 @@ LATEST = "latest"
 LOCK_FILE = ".lock"
 ASIDE_TAG = ".bad-"
 LATEST_MAX = 4096  # bytes a `latest` file may have
-WRITE_CHUNK = 32 << 20  # bytes per os.write
+WRITE_CHUNK = 8 << 20  # bytes per os.write
+CACHE_BOUND = 32 << 20  # bytes of a file being written kept in the page cache
 _tmp_counter = itertools.count()
 _tmp_lock = threading.Lock()
 
@@ -188,9 +189,15 @@ def _make_dirs(d):
 
 
 class _AtomicFile:
+    """A file written through "<path>.tmp.<pid>.<n>" (O_EXCL): fsync, rename, directory fsync.
+    At most CACHE_BOUND bytes of it stay in the page cache while it is written: each piece is
+    synced and dropped, so a large checkpoint reuses those pages instead of taking fresh ones
+    (the C store's rule, rekindle/fileio.h)."""
+
     def __init__(self, path):
         self.path = path
         self.dir = os.path.dirname(path) or "."
+        self.written = self.dropped = 0
         while True:
             with _tmp_lock:
                 n = next(_tmp_counter)
@@ -209,9 +216,23 @@ class _AtomicFile:
         off = 0
         try:
             while off < len(mv):
-                off += os.write(self.fd, mv[off : off + WRITE_CHUNK])
+                n = os.write(self.fd, mv[off : off + WRITE_CHUNK])
+                off += n
+                self.written += n
+                if self.written - self.dropped >= CACHE_BOUND:
+                    self._drop()
         except OSError as e:
             raise _os_error(e, f"{self.tmp}: cannot write") from None
+
+    def _drop(self):
+        """Sync what was written and drop it from the page cache."""
+        os.fdatasync(self.fd)
+        try:
+            os.posix_fadvise(self.fd, self.dropped, self.written - self.dropped,
+                             os.POSIX_FADV_DONTNEED)
+        except (OSError, AttributeError):
+            pass  # only a hint
+        self.dropped = self.written
 
     def commit(self, before_rename=None):
         try:
