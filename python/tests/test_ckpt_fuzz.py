@@ -160,7 +160,7 @@ class TestReaderFuzz(unittest.TestCase):
         self.assertLess(time.monotonic() - t_all, 120)
         self.assertGreater(refused, n * 8 // 10)
         print(f"\nckpt reader fuzz: {n} mutated files, {refused} refused, {accepted} accepted "
-              f"(mutations that leave a valid file, e.g. JSON whitespace), slowest {worst * 1000:.1f} ms",
+              f"(mutations that leave a valid checkpoint), slowest {worst * 1000:.1f} ms",
               end=" ")
 
 
