@@ -13,7 +13,8 @@
 # (3) auto: mpirun for rk train (it needs libmpi.so), local for python3; an unexecutable worker
 #     under local is one message and exit 2;
 # (4) under mpirun the ranks see RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE too, from
-#     rk _rank-env, which keeps the pid (the hello check holds); skipped without mpirun;
+#     rk _rank-env, which keeps the pid (the hello check holds), and a worker it cannot run
+#     stops the job with exit 2; skipped without mpirun;
 # (5) PYTHONPATH starts with the source tree's python/ when it holds the rekindle package,
 #     and --no-pythonpath leaves it as given; skipped while python/rekindle/ is absent.
 # Skips (77) without python3.
@@ -132,6 +133,15 @@ ok = all(x["RANK"] == x["OMPI_COMM_WORLD_RANK"] == str(r) and x["LOCAL_RANK"] ==
 print(("ok - " if ok else "FAIL - ") + "under mpirun each rank sees its RANK, LOCAL_RANK, WORLD_SIZE, "
       f"CUDA_VISIBLE_DEVICES: {[(x.get('RANK'), x.get('LOCAL_RANK'), x.get('WORLD_SIZE')) for x in e]}")
 PY
+  timeout 60 "$RK" run -n 2 --launcher mpirun --health off --quiet -- "$work/no-such-worker" \
+    >"$work/mpinoexec.out" 2>&1
+  st=$?
+  # (the wrapper's line itself may be lost: mpirun does not always forward a rank's last
+  # output when it ends the job at once)
+  [[ $st == 2 ]] && grep -q "incidents: usage 1" "$work/mpinoexec.out" \
+    && ! grep -q "] relaunch " "$work/mpinoexec.out" \
+    && ok "under mpirun an unexecutable worker is named and stops the job (exit 2)" \
+    || bad "mpirun, unexecutable worker: exit $st: $(cat "$work/mpinoexec.out")"
 else
   echo "skip - mpirun not found: the environment under mpirun not tested"
 fi
