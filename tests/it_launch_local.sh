@@ -8,6 +8,8 @@
 #     rank 1's status 137) and the job is relaunched with a fresh MASTER_PORT; the same crash
 #     on the same device again quarantines it, and the next launch's CUDA_VISIBLE_DEVICES
 #     lacks it;
+# (1b) a rank that stopped (exit 4) waits for the others: after SIGTERM to rk run, rank 0
+#     stops at once and rank 1 a second later, and both reach their own stop (exit 130);
 # (2) a hang is found by heartbeats, the hung rank's Python stack (the function it hangs in)
 #     is in rk run's log before the teardown, and the hang event names the dump;
 # (3) auto: mpirun for rk train (it needs libmpi.so), local for python3; an unexecutable worker
@@ -69,6 +71,21 @@ check(all(e["recovery_s"] is not None and e["recovery_s"] < 5 for e in crash),
 q = [e for e in ev if e["kind"] == "quarantine"]
 check(len(q) == 1 and q[0]["device"] == "2", f"device 2 quarantined: {q}")
 PY
+
+# --- (1b) a stop: ranks that exit 4 wait for the others ---------------------------------------
+mkdir -p "$work/stop"
+"$RK" run -n 2 --launcher local --health off --quiet --stop-grace 20 -- "${w[@]}" \
+  --log "$work/stop" --steps 100000 --rank 1 --stop-delay 1.0 >"$work/stop.out" 2>&1 &
+sup=$!
+pids+=("$sup")
+for ((i = 0; i < 600; i++)); do [[ -e $work/stop/hello.0.0 && -e $work/stop/hello.0.1 ]] && break; sleep 0.05; done
+kill -TERM "$sup"
+wait "$sup"
+st=$?
+[[ $st == 130 && -e $work/stop/stopped.0.0 && -e $work/stop/stopped.0.1 ]] \
+  && ! grep -q "did not stop within" "$work/stop.out" \
+  && ok "rank 0 exited 4 and rank 1 still stopped on its own a second later (exit $st)" \
+  || bad "stop: exit $st, stopped: $(ls "$work/stop" | grep stopped | tr '\n' ' '): $(tail -3 "$work/stop.out")"
 
 # --- (2) a hang, and the hung rank's stack ----------------------------------------------------
 mkdir -p "$work/hang"

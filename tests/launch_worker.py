@@ -5,7 +5,9 @@
 # $RK_STACK_DIR/stacks-rank<RANK>-launch<RK_LAUNCH>.txt), steps every 20 ms and says bye.
 # Faults, for rank --rank only, in the launches listed: --crash-at STEP SIGKILLs itself (once
 # every rank of the launch said hello, with --log), --hang-at STEP enters
-# hung_in_compute_for_test(), which never returns.
+# hung_in_compute_for_test(), which never returns; --stop-delay S: on {"cmd":"stop"} wait S
+# seconds before saying bye "stopped", writing --log/stopped.<launch>.<rank> and exiting 4
+# (the other ranks stop at once).
 import argparse, faulthandler, json, os, signal, socket, sys, time
 
 ap = argparse.ArgumentParser()
@@ -15,6 +17,7 @@ ap.add_argument("--rank", type=int, default=1, help="the rank the faults are for
 ap.add_argument("--launches", default="0", help="launches the faults fire in (comma list)")
 ap.add_argument("--crash-at", type=int)
 ap.add_argument("--hang-at", type=int)
+ap.add_argument("--stop-delay", type=float, default=0.0)
 ap.add_argument("--log")
 a = ap.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -50,8 +53,31 @@ def hung_in_compute_for_test():
         time.sleep(0.05)
 
 
+sock.setblocking(False)
+buf = b""
+
+
+def stop_asked():
+    global buf
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                sys.exit(1)  # the supervisor has gone
+            buf += data
+    except BlockingIOError:
+        pass
+    return b'"stop"' in buf
+
+
 for step in range(1, steps + 1):
     time.sleep(0.02)
+    if stop_asked():
+        time.sleep(a.stop_delay if rank == a.rank else 0.0)
+        if a.log:
+            open(os.path.join(a.log, f"stopped.{launch}.{rank}"), "w").close()
+        send(type="bye", rank=rank, step=step - 1, status="stopped")
+        sys.exit(4)
     if mine and step == a.hang_at:
         hung_in_compute_for_test()
     if mine and step == a.crash_at:
