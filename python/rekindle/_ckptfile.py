@@ -577,7 +577,7 @@ def _field(L, meta, key, hi=INT64_MAX):
     return v
 
 
-def _verify_header(L, meta, tensors):
+def _verify_header(L, meta, tensors, fname):
     fmt = meta.get("format")
     if fmt is None:
         raise CheckpointError(f"{L}: not a rekindle checkpoint: field 'format' is missing from "
@@ -613,7 +613,9 @@ def _verify_header(L, meta, tensors):
         _json_loads(meta["config"], duplicates=True)
     except ValueError as e:
         raise CheckpointError(f"{L}: field 'config' is not valid JSON: {_show(e)}") from None
-    named = name_step(os.path.basename(L))
+    named = None
+    if isinstance(fname, (str, bytes, os.PathLike)):  # the real name: L may be cut for display
+        named = name_step(os.path.basename(os.fsdecode(fname)))
     if named is not None and named != step:
         raise CheckpointError(f"{L}: field 'step' is {step} but the file name says {named}")
     mh = meta.get(_MANIFEST_KEY)
@@ -653,7 +655,7 @@ def _check_hlen(L, hlen, size):
 
 def _finish(L, name, mv, hlen, size, parsed=None):
     meta, tensors = parsed or _parse_header(L, bytes(mv[8 : 8 + hlen]), size - 8 - hlen)
-    sums = _verify_header(L, meta, tensors)
+    sums = _verify_header(L, meta, tensors, name)
     base = 8 + hlen
     items = {}
     for (tname, dtype, shape, b, e), stored in zip(tensors, sums):

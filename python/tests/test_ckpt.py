@@ -121,6 +121,19 @@ class TestRoundTrip(unittest.TestCase):
         with self.assertRaisesRegex(CheckpointError, "file name says 4"):
             ckpt.parse(buf, "ckpt-000000000004.safetensors")
 
+    def test_step_checked_against_a_long_path(self):
+        # messages cut a path to 400 characters; the step check takes the real file name
+        d = os.path.join(self.d, *(["d" * 60] * 7))
+        q = os.path.join(d, ckpt.file_name(300))
+        os.rename(ckpt.save(d, 301, items(301)), q)
+        self.assertGreater(len(q), 400)
+        with self.assertRaisesRegex(CheckpointError, "field 'step' is 301 but the file name says 300"):
+            ckpt.load(q)
+        with open(q, "rb") as f:
+            buf = f.read()
+        with self.assertRaisesRegex(CheckpointError, "file name says 300"):
+            ckpt.parse(buf, os.fsencode(q))
+
     def test_bad_arguments_change_nothing(self):
         good = items()
         cases = [
