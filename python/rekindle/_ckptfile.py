@@ -693,11 +693,14 @@ def load(path):
         _read_exact_into(fd, memoryview(head), 0, L)
         hlen = int.from_bytes(head, "little")
         _check_hlen(L, hlen, size)
-        hdr = bytearray(hlen)
+        hdr = _alloc(L, hlen)
         _read_exact_into(fd, memoryview(hdr), 8, L)
         # the header is checked before the data is read: a bogus one costs 8 + N bytes
-        parsed = _parse_header(L, bytes(hdr), size - 8 - hlen)
-        buf = bytearray(size)
+        try:
+            parsed = _parse_header(L, bytes(hdr), size - 8 - hlen)
+        except MemoryError:
+            raise _no_memory(L, hlen) from None
+        buf = _alloc(L, size)
         buf[:8] = head
         buf[8 : 8 + hlen] = hdr
         del hdr
@@ -709,6 +712,18 @@ def load(path):
     finally:
         os.close(fd)
     return _finish(L, path, memoryview(buf), hlen, size, parsed)  # writable: the caller's copy
+
+
+def _no_memory(L, n):
+    # the C loader's RK_ENOMEM: the file may be fine, so the fallback stops here
+    return CheckpointError(f"{L}: out of memory for {n} bytes", unreadable=True)
+
+
+def _alloc(L, n):
+    try:
+        return bytearray(n)
+    except MemoryError:
+        raise _no_memory(L, n) from None
 
 
 def _read_exact_into(fd, mv, off, L):

@@ -533,6 +533,52 @@ class TestLoadLatest(unittest.TestCase):
             ckpt.load_latest(self.d)
 
 
+    def test_out_of_memory_is_a_checkpoint_error(self):
+        # a sparse 1 TiB file with a valid header: reading it whole cannot get the memory; under a
+        # 3 GiB address-space limit every call ends in CheckpointError, never MemoryError
+        N = 1 << 40
+        hdr = {"__metadata__": {"format": "rekindle-ckpt-1"},
+               "rng.x": {"dtype": "U8", "shape": [N], "data_offsets": [0, N]}}
+        big = os.path.join(self.d, ckpt.file_name(400))
+        write_raw(big, hdr)
+        os.truncate(big, os.path.getsize(big) + N)
+        script = r"""
+import os, resource, struct, sys
+sys.path.insert(0, sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from rekindle import ckpt
+d, big = sys.argv[2], sys.argv[3]
+one = [ckpt.Item("model.w", "F32", (1,), struct.pack("<f", 1))]
+for name, fn in (("load", lambda: ckpt.load(big)), ("verify", lambda: ckpt.verify(big)),
+                 ("load_latest", lambda: ckpt.load_latest(d)),
+                 ("save 500 keep 1", lambda: ckpt.save(d, 500, one, keep=1)),
+                 ("save 400", lambda: ckpt.save(d, 400, one, keep=1))):
+    try:
+        r = fn()
+        print(name, "->", os.path.basename(r) if isinstance(r, str) else r)
+    except ckpt.CheckpointError as e:
+        print(name, "CheckpointError", e.unreadable, e)
+    except BaseException as e:
+        print(name, "raised", type(e).__name__, e)
+"""
+        # the store's newest valid checkpoint is 300; load_latest stops at 400 (it may be good)
+        with open(os.path.join(self.d, "latest"), "w") as f:
+            f.write(ckpt.file_name(400) + "\n")
+        r = subprocess.run([sys.executable, "-c", script, rktest.PYDIR, self.d, big],
+                           capture_output=True, text=True, timeout=120)
+        lines = r.stdout.splitlines()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(lines), 5, r.stdout + r.stderr)
+        self.assertRegex(lines[0], r"^load CheckpointError True .*: out of memory for \d+ bytes$")
+        self.assertEqual(lines[1], "verify -> False")
+        self.assertRegex(lines[2], "^load_latest CheckpointError True .*cannot be read is not")
+        self.assertEqual(lines[3], "save 500 keep 1 -> " + ckpt.file_name(500))
+        self.assertEqual(lines[4], "save 400 -> " + ckpt.file_name(400))  # the big one set aside
+        with open(os.path.join(self.d, "latest")) as f:
+            self.assertEqual(f.read(), ckpt.file_name(400) + "\n")
+        self.assertTrue(any(n.startswith(ckpt.file_name(400) + ".bad-") for n in os.listdir(self.d)))
+
+
 SAVER = r'''
 import os, sys
 sys.path.insert(0, sys.argv[1])
