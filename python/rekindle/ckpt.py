@@ -13,6 +13,7 @@ wrong. Needs the `xxhash` module (Debian: python3-xxhash). The file format itsel
 and verifying one file) is in rekindle._ckptfile; everything public there is here too.
 """
 
+import errno
 import itertools
 import json
 import os
@@ -151,6 +152,9 @@ def _fsync_dir(d):
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # a file system that cannot sync directories (as the C store)
+            raise
     finally:
         os.close(fd)
 
@@ -239,8 +243,11 @@ class _AtomicFile:
             os.fsync(self.fd)
         except OSError as e:
             raise _os_error(e, f"{self.tmp}: cannot fsync") from None
-        os.close(self.fd)
-        self.fd = -1
+        fd, self.fd = self.fd, -1  # closed once, even when close fails (abort must not again)
+        try:
+            os.close(fd)
+        except OSError as e:
+            raise _os_error(e, f"{self.tmp}: cannot close") from None
         if before_rename:
             before_rename()
         try:
@@ -255,8 +262,11 @@ class _AtomicFile:
 
     def abort(self):
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the temporary file goes all the same
         if self.tmp:
             try:
                 os.unlink(self.tmp)

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -408,6 +409,47 @@ class TestStore(unittest.TestCase):
             self.assertEqual(cm.exception.errno, errno.EROFS)
         self.assertEqual(self.names(), before)
         self.assertIs(os.write, real_write)
+
+    def test_failed_close_is_a_storage_error_closed_once(self):
+        ckpt.save(self.d, 10, items())
+        before = self.names()
+        real_fsync, real_close = os.fsync, os.close
+        synced, closes = [], []
+
+        def fsync(fd):
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                synced.append(fd)
+            return real_fsync(fd)
+
+        def close(fd):
+            if synced and fd == synced[-1]:
+                closes.append(fd)
+                real_close(fd)
+                raise OSError(errno.EIO, "Input/output error")  # closed, as Linux does
+            return real_close(fd)
+
+        with mock.patch.object(os, "fsync", fsync), mock.patch.object(os, "close", close):
+            with self.assertRaises(StorageError) as cm:
+                ckpt.save(self.d, 20, items())
+        self.assertEqual(cm.exception.errno, errno.EIO)
+        self.assertIn("cannot close", str(cm.exception))
+        self.assertEqual(len(closes), 1)  # not closed again by the cleanup (another thread's fd)
+        self.assertEqual(self.names(), before)  # the temporary file is gone
+
+    def test_directory_fsync_einval_is_ignored(self):
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_fsync(fd)
+
+        with mock.patch.object(os, "fsync", fsync):
+            p = ckpt.save(os.path.join(self.d, "a", "b"), 10, items())
+        self.assertEqual(ckpt.load(p).step, 10)
+        with mock.patch.object(os, "fsync", side_effect=OSError(errno.EINVAL, "Invalid argument")):
+            with self.assertRaises(CheckpointError):  # on the file itself it still counts
+                ckpt.save(self.d, 20, items())
 
     def test_lock(self):
         lk = ckpt.lock(self.d, env={})
