@@ -120,6 +120,7 @@ def aside_step(name):
 
 _verified = {}  # (dev, ino, size, mtime_ns) of files this process wrote or verified
 _VERIFIED_MAX = 64
+_verified_lock = threading.Lock()
 
 
 def _key(st):
@@ -131,16 +132,19 @@ def _verified_add(path):
         k = _key(os.stat(path))
     except OSError:
         return
-    if len(_verified) >= _VERIFIED_MAX:
-        _verified.pop(next(iter(_verified)))
-    _verified[k] = True
+    with _verified_lock:  # threads may save and load at once
+        if len(_verified) >= _VERIFIED_MAX:
+            _verified.pop(next(iter(_verified)), None)
+        _verified[k] = True
 
 
 def _verify_cached(path):
     """Written or verified by this process and unchanged since, or verified now."""
     try:
-        if _key(os.stat(path)) in _verified:
-            return True
+        k = _key(os.stat(path))
+        with _verified_lock:
+            if k in _verified:
+                return True
         load(path)
     except (OSError, CheckpointError):
         return False

@@ -4,6 +4,7 @@ load_latest, and saves killed with SIGKILL at random moments."""
 
 import array
 import errno
+import itertools
 import json
 import os
 import random
@@ -450,6 +451,37 @@ class TestStore(unittest.TestCase):
         with mock.patch.object(os, "fsync", side_effect=OSError(errno.EINVAL, "Invalid argument")):
             with self.assertRaises(CheckpointError):  # on the file itself it still counts
                 ckpt.save(self.d, 20, items())
+
+    def test_verified_table_is_thread_safe(self):
+        # the table of files this process verified is bounded: threads adding at once must not
+        # evict the same oldest entry twice (KeyError) or iterate it while it changes
+        import threading
+        from types import SimpleNamespace
+        keys = itertools.count()
+        fake = lambda p: SimpleNamespace(st_dev=0, st_ino=next(keys), st_size=0, st_mtime_ns=0)
+        errors = []
+
+        def run():
+            try:
+                for _ in range(3000):
+                    ckpt._verified_add("x")
+            except BaseException as e:  # noqa: B036
+                errors.append(repr(e))
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            with mock.patch.object(os, "stat", fake):
+                ts = [threading.Thread(target=run) for _ in range(8)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+        finally:
+            sys.setswitchinterval(old)
+            ckpt._verified.clear()
+        self.assertEqual(errors, [])
+        self.assertLessEqual(len(ckpt._verified), ckpt._VERIFIED_MAX)
 
     def test_lock(self):
         lk = ckpt.lock(self.d, env={})
