@@ -8,6 +8,7 @@ import math
 import os
 import re
 import stat
+import sys
 
 import xxhash
 
@@ -343,6 +344,10 @@ def _plan(label, items):
                                   f"({type(data).__name__})") from None
         if not mv.c_contiguous:
             raise CheckpointError(f"{label}: item '{_show(name)}': data is not C-contiguous")
+        if mv.itemsize > 1 and _big_endian_format(mv.format):
+            raise CheckpointError(f"{label}: item '{_show(name)}': data is big-endian (buffer "
+                                  f"format '{_show(mv.format, 16)}'); checkpoints hold "
+                                  "little-endian bytes")
         mv = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
         need = numel * DTYPE_SIZE[dtype]
         if mv.nbytes != need:
@@ -350,6 +355,15 @@ def _plan(label, items):
                                   f"{dtype} {list(shape)} needs {need}")
         out.append((name, dtype, shape, mv))
     return out
+
+
+def _big_endian_format(fmt):
+    """A buffer format whose elements are big-endian: '>' or '!', or native on a big-endian
+    machine (a bare format, '@', '=')."""
+    first = fmt[:1]
+    if first in (">", "!"):
+        return True
+    return first != "<" and sys.byteorder == "big"
 
 
 def encode(step, items, *, epoch=0, cursor=0, world_size=1, config="{}", label="checkpoint"):

@@ -3,6 +3,7 @@ temporary-file cleanup, the finite-values rule, the lock, storage errors, the fa
 load_latest, and saves killed with SIGKILL at random moments."""
 
 import array
+import ctypes
 import errno
 import itertools
 import json
@@ -103,6 +104,7 @@ class TestRoundTrip(unittest.TestCase):
             its.append(Item(f"x.{dt}", dt, (3, 2), bytes(range(6 * size))))
         its += [Item("empty", "F32", (0, 4), b""), Item("scalar", "I32", (), b"\1\0\0\0"),
                 Item("arr", "F32", (4,), array.array("f", [1, 2, 3, 4])),
+                Item("le", "F32", (2,), (ctypes.c_float.__ctype_le__ * 2)(1, 2)),
                 Item("ba", "U8", (2,), bytearray(b"ab")), Item("mv", "U8", (1,), memoryview(b"z")),
                 Item("eight", "U8", (1,) * 8, b"q"), Item("caf\u00e9 \U0001f600", "U8", (1,), b"u")]
         c = ckpt.load(ckpt.save(self.d, 0, its))
@@ -152,6 +154,7 @@ class TestRoundTrip(unittest.TestCase):
             dict(items=[Item("a", "U8", (-1,), b"")]),
             dict(items=[Item("a", "U8", (2,), memoryview(b"abcd")[::2])]),
             dict(items=[Item("a", "U8", (1,), "x")]),
+            dict(items=[Item("model.w", "F32", (2,), (ctypes.c_float.__ctype_be__ * 2)(1, 2))]),
         ]
         for kw in cases:
             args = dict(step=5, items=good)
