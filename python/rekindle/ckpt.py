@@ -73,7 +73,7 @@ _tmp_lock = threading.Lock()
 
 
 class LockedError(CheckpointError):
-    """Another job holds the directory's lock; `holder` is its pid (0 if not written yet)."""
+    """Another job holds the directory's lock; `holder` is its pid (0 if not written yet or unreadable)."""
 
     def __init__(self, msg, holder=0):
         super().__init__(msg)
@@ -627,11 +627,17 @@ def lock(dir, env=None):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raw = os.pread(fd, 32, 0).split(b"\n")[0]
+            unread = None
+            try:
+                raw = os.pread(fd, 32, 0).split(b"\n")[0]
+            except OSError as e:  # still locked by someone: say so, not the read's error
+                raw, unread = b"", e.strerror or str(e)
             pid = _u63(raw.decode("ascii", "replace")) or 0
             if pid > INT_MAX:
                 pid = 0
-            who = f"pid {pid} holds {path}" if pid else f"it holds {path}, its pid not written yet"
+            who = (f"pid {pid} holds {path}" if pid else
+                   f"it holds {path}, its pid cannot be read: {unread}" if unread else
+                   f"it holds {path}, its pid not written yet")
             raise LockedError(f"{d}: another job writes to this checkpoint directory ({who}); one "
                               "writer per directory", pid) from None
         except OSError as e:

@@ -500,6 +500,11 @@ class TestStore(unittest.TestCase):
         self.assertIn("another job writes to this checkpoint directory", r.stdout)
         with self.assertRaises(ckpt.LockedError):  # per open file: in this process too
             ckpt.lock(self.d, env={})
+        with mock.patch.object(os, "pread", side_effect=OSError(errno.EIO, "Input/output error")):
+            with self.assertRaises(ckpt.LockedError) as cm:  # the holder's pid unreadable
+                ckpt.lock(self.d, env={})
+        self.assertEqual(cm.exception.holder, 0)
+        self.assertIn("its pid cannot be read: Input/output error", str(cm.exception))
         ckpt.unlock(lk)
         r = subprocess.run([sys.executable, "-c", code, self.d], capture_output=True, text=True)
         self.assertEqual(r.stdout.strip(), "took it")
