@@ -98,6 +98,16 @@ class Idx:
 
 
 class TestEnvironment(unittest.TestCase):
+    def test_supervised_means_under_rk_run_until_lost(self):
+        d = rktest.tmpdir(self)
+        w = rekindle.Worker(env={"RK_HEARTBEAT": os.path.join(d, "none.sock"),
+                                 "RK_DEVICES": "3,5", "RANK": "1", "WORLD_SIZE": "2"})
+        self.assertEqual(w.device, "5")  # RK_DEVICES[rank], as rk run --devices gives it
+        self.assertTrue(w.supervised)  # before hello too
+        w.hello(0)  # nobody there: lost, no longer supervised
+        self.assertTrue(w.lost)
+        self.assertFalse(w.supervised)
+
     def test_unsupervised_is_a_no_op(self):
         w = rekindle.Worker(env={})
         self.assertEqual((w.rank, w.world, w.local_rank, w.launch), (0, 1, 0, 0))
