@@ -6,6 +6,7 @@
 #define _GNU_SOURCE /* nftw */
 #include "supervisor/sup.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -354,6 +355,26 @@ static int open_stack_dir(sup *s, rk_err *err)
     return RK_OK;
 }
 
+/* At the end: the private stack directory without the empty dumps the ranks opened ahead
+ * (rekindle.stacks does), and removed if nothing else is left; kept with the dumps that hold
+ * stacks (the events name them). */
+static void tidy_stack_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));) {
+            char path[4400];
+            struct stat st;
+            if (strncmp(e->d_name, "stacks-rank", 11) == 0 &&
+                (size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < sizeof path &&
+                lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0)
+                unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir); /* fails, and keeps it, while anything is left */
+}
+
 /* The devices of this launch, as "0,2,3", into list[cap]. */
 static const char *device_list(const sup *s, char *list, size_t cap)
 {
@@ -543,7 +564,7 @@ out:
     if (s->sock[0])
         unlink(s->sock);
     if (s->stack_parent)
-        rmdir(s->stack_dir); /* kept if a rank wrote into it (the events name the dumps) */
+        tidy_stack_dir(s->stack_dir);
     if (s->dir[0])
         nftw(s->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); /* with the launchers' files */
     rk_inject_free(s->spec);
