@@ -40,7 +40,7 @@ import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
 
-__all__ = ["Job", "state_hash", "params_hash"]
+__all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore"]
 
 EXIT_FAIL = getattr(rekindle, "EXIT_FAIL", 1)
 EXIT_USAGE = getattr(rekindle, "EXIT_USAGE", 2)
@@ -121,6 +121,32 @@ def state_hash(module, opt):
     return _hash_tensors(list(module.state_dict().values()) + _optim_tensors(opt))
 
 
+def grad_outliers(norms, ratio):
+    """Ranks whose (finite) gradient norm is far off the others' (docs/guards.md): with 3 or
+    more ranks a norm above ratio x the median; with 2 the larger above ratio x the smaller."""
+    n = len(norms)
+    if n >= 3:
+        med = float(np.median(norms))
+        return [r for r in range(n) if norms[r] > ratio * med]
+    if n == 2:
+        hi = 0 if norms[0] >= norms[1] else 1
+        return [hi] if norms[hi] > ratio * norms[1 - hi] else []
+    return []
+
+
+def spike_zscore(window, loss):
+    """Robust z-score of `loss` against the accepted losses in `window`: (loss - median) /
+    (1.4826 MAD), the MAD floored at 1% of the median; 0 when there is nothing to compare."""
+    if not window:
+        return 0.0
+    v = np.array(window, dtype=np.float64)
+    med = float(np.median(v))
+    mad = max(float(np.median(np.abs(v - med))), 1e-2 * abs(med))
+    if not mad > 0:
+        return 0.0
+    return (loss - med) / (1.4826 * mad)
+
+
 def _comm_error(exc):
     text = f"{type(exc).__name__}: {exc}"
     return isinstance(exc, (RuntimeError, ConnectionError)) and any(
@@ -197,13 +223,14 @@ class Job:
             self.inj = _inject.from_env(self.rank, self.w.launch)
         except ValueError as e:
             self._usage(f"RK_INJECT: {e}")
-        if self.ckpt_dir and self.rank == 0 and not (self.w.supervised and self.ckpt_dir == self.w.ckpt_dir):
-            try:
+        self._armed = time.monotonic()
+        if self.ckpt_dir and self.rank == 0:
+            try:  # skipped under rk run for RK_CKPT_DIR, which rk run holds
                 self._lock = _ckpt.lock(self.ckpt_dir)
             except _ckpt.StorageError as e:
-                self._storage(f"{self.ckpt_dir}: {e}")
-            except Exception as e:  # another job holds it
-                self._usage(f"{self.ckpt_dir}: {e}")
+                self._storage(str(e))
+            except _ckpt.CheckpointError as e:  # another job holds it
+                self._usage(str(e))
         if isinstance(model, _DDP):
             model.register_comm_hook(self, _comm_hook)
         if self.resume and self.ckpt_dir:
@@ -227,6 +254,9 @@ class Job:
             if self._attempt is not None:
                 raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
         self._in_steps = False
+        if self._lock is not None:
+            _ckpt.unlock(self._lock)
+            self._lock = None
         self.w.bye(self.step_no, "done")
 
     def scale(self, loss, n):
@@ -311,22 +341,10 @@ class Job:
         return True
 
     def _outliers(self, norms):
-        n = len(norms)
-        if n >= 3:
-            med = float(np.median(norms))
-            return [r for r in range(n) if norms[r] > self.grad_ratio * med]
-        if n == 2:
-            hi = 0 if norms[0] >= norms[1] else 1
-            return [hi] if norms[hi] > self.grad_ratio * norms[1 - hi] else []
-        return []
+        return grad_outliers(norms, self.grad_ratio)
 
     def _zscore(self, loss):
-        v = np.array(self._losses)
-        med = float(np.median(v))
-        mad = max(float(np.median(np.abs(v - med))), 1e-2 * abs(med))
-        if not mad > 0:
-            return 0.0
-        return (loss - med) / (1.4826 * mad)
+        return spike_zscore(self._losses, loss)
 
     def _trip(self):
         self._trips += 1
@@ -361,7 +379,7 @@ class Job:
         self._sumsq = None
         self._vec = None
         if self.inj is not None:
-            for f in self.inj.due(self.step_no):
+            for f in self.inj.due(self.step_no, time.monotonic() - self._armed):
                 self._fire(f)
         if self._slow is not None:
             ms, left = self._slow
@@ -413,9 +431,7 @@ class Job:
         elif f.kind == "bitflip":
             self._bitflip()
         elif f.kind == "slow":
-            ms = getattr(f, "ms", None) or 100
-            n = getattr(f, "for_", None)
-            self._slow = [ms, n]
+            self._slow = [f.ms or 100, f.for_ or None]
         elif f.kind == "commfail":
             self.w.exit_event(self.step_no, "commfail", f"simulated collective failure at step {self.step_no}")
             self._exit(EXIT_COMM)
@@ -636,13 +652,13 @@ class Job:
             try:
                 ck, skipped = _ckpt.load_latest(self.ckpt_dir)
             except _ckpt.StorageError as e:
-                self._storage(f"{self.ckpt_dir}: {e}")
-            except FileNotFoundError:
-                ck, skipped = None, []
+                self._storage(str(e))
+            except _ckpt.CheckpointError as e:  # exists but cannot be read: not skipped
+                self._storage(str(e))
             for s in skipped:
                 self._say(f"resume skipped {s}")
             if ck is not None:
-                path = os.path.join(self.ckpt_dir, "ckpt-%012d.safetensors" % ck.step)
+                path = ck.path
         if self.distributed and self.world > 1:
             box = [path]
             self._collective(dist.broadcast_object_list, box, 0)
