@@ -231,6 +231,7 @@ class Job:
                 self._storage(str(e))
             except _ckpt.CheckpointError as e:  # another job holds it
                 self._usage(str(e))
+        self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
         if isinstance(model, _DDP):
             model.register_comm_hook(self, _comm_hook)
         if self.resume and self.ckpt_dir:
@@ -253,6 +254,7 @@ class Job:
             yield self.step_no
             if self._attempt is not None:
                 raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
+        self._barrier()  # leave together: a group torn down while a peer still saves or sends aborts
         self._in_steps = False
         if self._lock is not None:
             _ckpt.unlock(self._lock)
@@ -766,9 +768,14 @@ def _comm_hook(job, bucket):
     """DDP communication hook: the `comm` heartbeat before the first bucket's all-reduce, the
     gradflip fault, each rank's gradient norm before the all-reduce, and (with the last
     bucket) the step's vector of loss, sample count, command flags and norms, so the guards
-    and the command agreement cost no collective of their own."""
+    and the command agreement cost no collective of their own.
+
+    The bucket is reduced in a canonical layout (parameters in model order, whatever order
+    DDP put them in): DDP rebuilds its buckets after the first iteration in the order the
+    gradients became ready, and with 3 or more ranks the ring all-reduce's summation order
+    depends on where an element sits, so a resumed or replayed step would round differently
+    from the same step of an uninterrupted run."""
     buf = bucket.buffer()
-    world = job.world
     if job._hook_calls == 0:
         job.w.comm(job.step_no)
         if job._gradflip:
@@ -777,21 +784,31 @@ def _comm_hook(job, bucket):
     job._hook_calls += 1
     sq = buf.detach().to(torch.float64).pow(2).sum()
     job._sumsq = sq if job._sumsq is None else job._sumsq + sq
-    buf.div_(world)
-    if not bucket.is_last():
-        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
-    n = buf.numel()
+    buf.div_(job.world)
+    views = bucket.gradients()
+    index = job._pindex
+    params = bucket.parameters()
+    order = sorted(range(len(views)), key=lambda i: index.get(id(params[i]), len(index) + i))
+    pieces = [views[i].reshape(-1) for i in order]
+    last = bucket.is_last()
     same = buf.dtype in (torch.float32, torch.float64)
-    vec = job._vector(job._sumsq, buf.dtype if same else torch.float64, buf.device)
-    if same:
-        flat = torch.cat([buf, vec])
+    if last and same:
+        pieces.append(job._vector(job._sumsq, buf.dtype, buf.device))
+    elif last:
+        vec = job._vector(job._sumsq, torch.float64, buf.device)
+        dist.all_reduce(vec)
+        job._vec = vec
+    flat = torch.cat(pieces)
 
-        def done(f):
-            t = f.value()[0]
-            job._vec = t[n:].clone()
-            return t[:n]
+    def done(f):
+        t = f.value()[0]
+        off = 0
+        for i in order:
+            n = views[i].numel()
+            views[i].copy_(t[off:off + n].view_as(views[i]))
+            off += n
+        if last and same:
+            job._vec = t[off:].clone()
+        return buf
 
-        return dist.all_reduce(flat, async_op=True).get_future().then(done)
-    dist.all_reduce(vec)
-    job._vec = vec
-    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+    return dist.all_reduce(flat, async_op=True).get_future().then(done)
