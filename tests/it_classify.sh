@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # rk run classifies failures truthfully, tried with a worker written from docs/protocol.md
-# alone (Python, no rekindle code) under real mpirun ranks: (1) the doc and the supervisor
+# alone (Python, no rekindle code), real ranks forked by rk run: (1) the doc and the supervisor
 # agree: the commands the doc lists are the ones the supervisor sends, every event action and
 # kind the supervisor treats specially is documented, RK_RESUME means the same in both docs;
 # (2) each worker exit status in the doc's table makes rk run do what the table says, with no
@@ -38,8 +38,8 @@ ap.add_argument("--act-after-hellos", action="store_true")
 ap.add_argument("--no-connect", action="store_true")
 ap.add_argument("--log")
 a = ap.parse_args()
-rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+world = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
 launch = os.environ.get("RK_LAUNCH", "0")
 steps = a.steps_rank0 if rank == 0 and a.steps_rank0 is not None else a.steps
 if a.log:
