@@ -215,6 +215,8 @@ class Job:
         self._rolled_at = -1
         self._t0 = 0.0
         self._t0_step = -1
+        self._told_batch = False
+        self.global_samples = 0
         self._local_ckpt = False
         self._step_rng = None
         self._in_steps = False
@@ -298,6 +300,12 @@ class Job:
         self._suspect = None
         self._spiked = None
         self._accepted = True
+        self.global_samples = int(round(v[_V_COUNT]))
+        if not self._told_batch:
+            self._told_batch = True
+            if self.rank == 0:
+                self._say(f"global batch {self.global_samples} samples over {self.world} ranks "
+                          f"(this rank {self._count}; global_batch {self.global_batch})")
         self.w.step(self.step_no, loss, time.monotonic() - self._t0)
         return True
 
