@@ -422,6 +422,9 @@ class Job:
         if save:
             self._save()
         if stop:
+            if self.rank == 0:
+                self._say(f"stopped on command at step {self.step_no}" +
+                          (" with its checkpoint saved" if self.ckpt_dir else " (no checkpoint directory)"))
             self.w.bye(self.step_no, "stopped")
             self._barrier()
             self._exit(EXIT_STOPPED)
