@@ -57,7 +57,9 @@ _DTYPES = {
 _TORCH = {v: k for k, v in _DTYPES.items()}
 
 # Layout of the vector each step's gradient all-reduce carries (summed over ranks): the
-# scaled loss, the sample count, three command flags, then one gradient-norm slot per rank.
+# scaled loss, the sample count, three command flags, one gradient-norm slot per rank, then
+# four slots per rank for a replica hash in 16-bit pieces (exact in float32; zeros on steps
+# without one: the length never changes, nor, with it, the all-reduce's summation order).
 _V_LOSS, _V_COUNT, _V_STOP, _V_CKPT, _V_LOST, _V_NORMS = range(6)
 _SPIKE_WINDOW = 32
 _COMM_GRACE_S = 10.0  # a survivor of a peer's death waits this long for rk run's teardown
@@ -131,7 +133,7 @@ def grad_outliers(norms, ratio):
     more ranks a norm above ratio x the median; with 2 the larger above ratio x the smaller."""
     n = len(norms)
     if n >= 3:
-        med = float(np.median(norms))
+        med = _median(norms)
         return [r for r in range(n) if norms[r] > ratio * med]
     if n == 2:
         hi = 0 if norms[0] >= norms[1] else 1
@@ -144,12 +146,17 @@ def spike_zscore(window, loss):
     (1.4826 MAD), the MAD floored at 1% of the median; 0 when there is nothing to compare."""
     if not window:
         return 0.0
-    v = np.array(window, dtype=np.float64)
-    med = float(np.median(v))
-    mad = max(float(np.median(np.abs(v - med))), 1e-2 * abs(med))
+    med = _median(window)
+    mad = max(_median([abs(x - med) for x in window]), 1e-2 * abs(med))
     if not mad > 0:
         return 0.0
     return (loss - med) / (1.4826 * mad)
+
+
+def _median(v):
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def _comm_error(exc):
@@ -240,6 +247,7 @@ class Job:
                 self._usage(str(e))
         self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
         self._perms = {}
+        self._pending = None
         if isinstance(model, _DDP):
             model.register_comm_hook(self, _comm_hook)
         if self.resume and self.ckpt_dir:
@@ -294,6 +302,15 @@ class Job:
         loss = v[_V_LOSS] / self.world
         norms = v[_V_NORMS:_V_NORMS + self.world]
         self._flags = [v[_V_STOP], v[_V_CKPT], v[_V_LOST]]
+        if self._pending is not None:
+            base = _V_NORMS + self.world
+            hashes = [sum(int(v[base + 4 * q + i]) << (16 * i) for i in range(4)) for q in range(self.world)]
+            pending, self._pending = self._pending, None
+            if all(h == hashes[0] for h in hashes):
+                self._snap = pending
+            else:
+                self._repair(hashes, pending)
+                return False
         if self.guard and not self._judge(loss, norms):
             self._redo()
             return False
@@ -415,10 +432,16 @@ class Job:
         save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
             stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
                                            and self.step_no > self.start_step))
-        check = self._snap is None or save or (self.hash_every > 0 and self.step_no % self.hash_every == 0)
-        if self.guard and self.hash_every > 0 and check and (self._snap is None or self._snap["step"] != self.step_no):
-            if not self._replica_check():
-                return False
+        verified = self._snap is not None and self._snap["step"] == self.step_no
+        if self.guard and self.hash_every > 0 and not verified:
+            if save or stop or final:  # only a verified state is saved or handed back
+                if not self._replica_check():
+                    return False
+            elif self._snap is None or self.step_no % self.hash_every == 0:
+                # the hash rides in this step's all-reduce; step() compares them
+                if self._pending is None or self._pending["step"] != self.step_no:
+                    self._pending = self._snapshot()
+                    self._pending["hash"] = state_hash(self.module, self.opt)
         if save:
             self._save()
         if stop:
@@ -482,13 +505,18 @@ class Job:
         if self._count is None or self._loss_t is None:
             raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
         factor = self.world * self._count / self.global_batch
-        r = self.rank
-        head = torch.tensor([float(self._count), float(self._stop_local), float(self._local_ckpt),
-                             float(self.w.lost)] + [0.0] * r, dtype=torch.float64, device=device)
-        norm = (sumsq.to(torch.float64).sqrt() / factor if factor > 0 else sumsq.to(torch.float64) * 0).reshape(1)
-        tail = torch.zeros(self.world - r - 1, dtype=torch.float64, device=device)
-        v = torch.cat([self._loss_t.to(torch.float64).reshape(1), head, norm, tail])
-        return v.to(dtype)
+        r, world = self.rank, self.world
+        h = self._pending["hash"] if self._pending is not None else 0
+        flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost)]
+        tail = ([0.0] * (world - r - 1 + 4 * r) + [float((h >> (16 * i)) & 0xFFFF) for i in range(4)]
+                + [0.0] * (4 * (world - r - 1)))
+        if device.type == "cpu":  # one tensor from Python numbers: a third of the torch calls
+            norm = math.sqrt(float(sumsq)) / factor if factor > 0 else 0.0
+            return torch.tensor([float(self._loss_t)] + flags + [0.0] * r + [norm] + tail, dtype=dtype)
+        head = torch.tensor(flags + [0.0] * r, dtype=dtype, device=device)
+        norm = (sumsq.sqrt() / factor if factor > 0 else sumsq * 0).reshape(1).to(dtype)
+        tail = torch.tensor(tail, dtype=dtype, device=device)
+        return torch.cat([self._loss_t.reshape(1).to(dtype), head, norm, tail])
 
     def _gathered(self):
         if self._vec is None:
@@ -531,18 +559,29 @@ class Job:
         return [int(t) for t in out]
 
     def _replica_check(self):
+        """An explicit check (one all-gather): before a checkpoint, a stop and the end."""
+        self._pending = None
         hashes = self._hashes()
         if all(h == hashes[0] for h in hashes):
             self._snap = self._snapshot()
             return True
+        self._repair(hashes)
+        return False
+
+    def _repair(self, hashes, pending=None):
+        """Replica hashes differ: every rank returns to the last verified snapshot (none yet:
+        the state of this step's start, `pending`), the majority's copy is broadcast, the steps
+        since are replayed."""
         counts = [hashes.count(h) for h in hashes]
         root = max(range(len(hashes)), key=lambda r: (counts[r], -r))
         minority = [r for r, h in enumerate(hashes) if h != hashes[root]]
         strict = counts[root] * 2 > len(hashes)
         blame = minority[0] if strict and len(minority) == 1 else -1
-        snap = self._snap
-        lost = self.step_no - snap["step"]
-        self._restore(snap)
+        snap = self._snap if self._snap is not None else pending
+        at = self.step_no
+        lost = at - snap["step"] if snap is not None else 0
+        if snap is not None:
+            self._restore(snap)
         self._broadcast_state(root)
         again = self._hashes()
         if any(h != again[0] for h in again):
@@ -551,8 +590,7 @@ class Job:
         names = ",".join(str(r) for r in minority)
         self._event("replica_mismatch", blame, "rollback", lost,
                     f"replica hash of rank(s) {names} differs; back to the verified state of step "
-                    f"{snap['step']}, rank {root}'s copy broadcast, {lost} steps replayed")
-        return False
+                    f"{self.step_no}, rank {root}'s copy broadcast, {lost} steps replayed", step=at)
 
     def _broadcast_state(self, root):
         if not (self.distributed and self.world > 1):
@@ -595,11 +633,13 @@ class Job:
     # ----------------------------------------------------------------- RNG states
 
     def _capture_rng(self, cheap=False):
-        """The RNG states; `cheap` (every step, for a redo) leaves numpy's global generator out:
-        saving it costs 35 to 75 us, 1% of a small model's step."""
-        st = {"torch": torch.get_rng_state(), "random": random.getstate()}
+        """The RNG states; `cheap` (every step, for a redo) is torch's (CPU and CUDA) alone:
+        saving numpy's and Python's global generators costs 10 to 75 us, 1 to 2% of a small
+        model's step."""
+        st = {"torch": torch.get_rng_state()}
         if not cheap:
             st["numpy"] = np.random.get_state()
+            st["random"] = random.getstate()
         if self.device.type == "cuda":
             st["cuda"] = torch.cuda.get_rng_state(self.device)
         return st
@@ -608,7 +648,8 @@ class Job:
         torch.set_rng_state(st["torch"])
         if "numpy" in st:
             np.random.set_state(st["numpy"])
-        random.setstate(st["random"])
+        if "random" in st:
+            random.setstate(st["random"])
         if "cuda" in st and self.device.type == "cuda":
             torch.cuda.set_rng_state(st["cuda"], self.device)
 
@@ -746,10 +787,11 @@ class Job:
         if self.verbose:
             print(f"rekindle.torch: rank {self.rank}: {msg}", file=sys.stderr, flush=True)
 
-    def _event(self, kind, blame, action, lost, detail):
+    def _event(self, kind, blame, action, lost, detail, step=None):
         if self.rank == 0:
-            self._say(f"step {self.step_no}: {kind} (blame {blame}, {action}): {detail}")
-            self.w.event(self.step_no, kind, blame=blame, action=action, lost_steps=lost, detail=detail)
+            step = self.step_no if step is None else step
+            self._say(f"step {step}: {kind} (blame {blame}, {action}): {detail}")
+            self.w.event(step, kind, blame=blame, action=action, lost_steps=lost, detail=detail)
 
     def _exit(self, status):
         sys.stdout.flush()
@@ -814,7 +856,7 @@ def _comm_hook(job, bucket):
             job._gradflip = False
             job._flip_grad(buf)
     job._hook_calls += 1
-    sq = buf.detach().to(torch.float64).pow(2).sum()
+    sq = torch.linalg.vector_norm(buf.detach(), dtype=torch.float64).square()
     job._sumsq = sq if job._sumsq is None else job._sumsq + sq
     buf.div_(job.world)
     perm = _canonical(job, bucket, buf)
@@ -830,16 +872,24 @@ def _comm_hook(job, bucket):
     n = pieces[0].numel()
     flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
-    def done(f):
-        t = f.value()[0]
+    def done(t):
         if last and same:
             job._vec = t[n:].clone()
         if perm is None:
-            return t[:n]
-        buf.index_copy_(0, perm, t[:n])
+            if t.data_ptr() != buf.data_ptr():
+                buf.copy_(t[:n])
+        else:
+            buf.index_copy_(0, perm, t[:n])
         return buf
 
-    return dist.all_reduce(flat, async_op=True).get_future().then(done)
+    if last:
+        # the last bucket: nothing left to overlap with, and a Python callback on the
+        # future (a thread hop) costs more than the wait
+        dist.all_reduce(flat)
+        fut = torch.futures.Future()
+        fut.set_result(done(flat))
+        return fut
+    return dist.all_reduce(flat, async_op=True).get_future().then(lambda f: done(f.value()[0]))
 
 
 def _canonical(job, bucket, buf):
