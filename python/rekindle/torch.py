@@ -248,6 +248,7 @@ class Job:
         self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
         self._perms = {}
         self._pending = None
+        self._rolled_back = False
         if isinstance(model, _DDP):
             model.register_comm_hook(self, _comm_hook)
         if self.resume and self.ckpt_dir:
@@ -311,8 +312,10 @@ class Job:
             else:
                 self._repair(hashes, pending)
                 return False
+        self._rolled_back = False
         if self.guard and not self._judge(loss, norms):
-            self._redo()
+            if not self._rolled_back:  # a rollback set the snapshot's RNG states already
+                self._redo()
             return False
         self.opt.step()
         self.step_no += 1
@@ -327,7 +330,8 @@ class Job:
         if not self._told_batch:
             self._told_batch = True
             if self.rank == 0:
-                self._say(f"global batch {self.global_samples} samples over {self.world} rank{'' if self.world == 1 else 's'} "
+                ranks = f"{self.world} rank{'' if self.world == 1 else 's'}"
+                self._say(f"global batch {self.global_samples} samples over {ranks} "
                           f"(this rank {self._count}; global_batch {self.global_batch})")
         self.w.step(self.step_no, loss, time.monotonic() - self._t0)
         return True
@@ -346,12 +350,14 @@ class Job:
             r, bits = self._suspect
             if out == [r] and struct.pack("<d", norms[r]) == bits:
                 self._event("grad_kept", -1, "kept", 0,
-                            f"rank {r}'s gradient norm {norms[r]:.6g} came back bit for bit on the redo: the data")
+                            f"rank {r}'s gradient norm {norms[r]:.6g} came back bit for bit on the redo: "
+                            "the data")
                 self._suspect = None
                 out = []
             elif not out:
                 self._event("grad_outlier", r, "redo", 0,
-                            f"rank {r}'s gradient norm was an outlier and the redo was clean: a transient fault")
+                            f"rank {r}'s gradient norm was an outlier and the redo was clean: "
+                            "a transient fault")
                 self._suspect = None
         if out:
             r = out[0]
@@ -366,10 +372,12 @@ class Job:
             if z > self.spike_z:
                 bits = struct.pack("<d", loss)
                 if self._spiked == bits:
-                    self._event("spike_kept", -1, "kept", 0, f"loss {loss:.6g} (z {z:.1f}) again on the redo: the data")
+                    self._event("spike_kept", -1, "kept", 0,
+                                f"loss {loss:.6g} (z {z:.1f}) again on the redo: the data")
                     return True
                 self._spiked = bits
-                self._event("loss_spike", -1, "redo", 0, f"loss {loss:.6g}, robust z-score {z:.1f}; step redone")
+                self._event("loss_spike", -1, "redo", 0,
+                            f"loss {loss:.6g}, robust z-score {z:.1f}; step redone")
                 return False
         return True
 
@@ -386,7 +394,8 @@ class Job:
                 self._rolled_at = self.step_no
                 lost = self.step_no - self._snap["step"]
                 self._event("guard_rollback", -1, "rollback", lost,
-                            f"3 guard trips at step {self.step_no}; back to the verified state of step {self._snap['step']}")
+                            f"3 guard trips at step {self.step_no}; back to the verified state of "
+                            f"step {self._snap['step']}")
                 self._restore(self._snap)
                 self._trips = 0
                 return False
@@ -475,7 +484,8 @@ class Job:
         elif f.kind == "slow":
             self._slow = [f.ms or 100, f.for_ or None]
         elif f.kind == "commfail":
-            self.w.exit_event(self.step_no, "commfail", f"simulated collective failure at step {self.step_no}")
+            self.w.exit_event(self.step_no, "commfail",
+                              f"simulated collective failure at step {self.step_no}")
             self._exit(EXIT_COMM)
 
     def _bitflip(self):
@@ -604,12 +614,14 @@ class Job:
         for i, (_, p) in enumerate(self._param_names()):
             st = self.opt.state.get(p)
             if st:
-                state[i] = {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)) for k, v in st.items()}
+                state[i] = {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                            for k, v in st.items()}
         return {
             "step": self.step_no,
             "model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
             "optim": state,
-            "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
+            "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in self.opt.param_groups],
             "rng": self._capture_rng(),
             "losses": list(self._losses),
         }
@@ -624,6 +636,7 @@ class Job:
             "param_groups": [dict(g, params=c["params"]) for g, c in zip(snap["groups"], cur)],
         })
         self._restore_rng(snap["rng"])
+        self._rolled_back = True
         self._losses = list(snap["losses"])
         self.step_no = snap["step"]
         self._suspect = None
@@ -760,7 +773,8 @@ class Job:
         new_state = {}
         for i, (pname, p) in enumerate(self._param_names()):
             pre = f"optim.{pname}."
-            s = {n[len(pre):]: _tensor(it) for n, it in items.items() if n.startswith(pre) and "." not in n[len(pre):]}
+            s = {n[len(pre):]: _tensor(it) for n, it in items.items()
+                 if n.startswith(pre) and "." not in n[len(pre):]}
             s.update(meta["extra"].get(pname, {}))
             if s:
                 new_state[i] = s

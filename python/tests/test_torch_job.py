@@ -3,7 +3,6 @@ is exact, the checkpoint's names, a NaN redone and a loss spike kept. Skips with
 
 import os
 import struct
-import sys
 import unittest
 
 import rktest  # noqa: F401  (python/ first on sys.path)
@@ -29,7 +28,7 @@ def data():
     return x, y
 
 
-def train(steps, env=None, spike_at=None, **kw):
+def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, **kw):
     """Train a small MLP for `steps` under a Job; returns (job, events, params hash)."""
     old = dict(os.environ)
     os.environ.update(env or {})
@@ -48,7 +47,11 @@ def train(steps, env=None, spike_at=None, **kw):
                 (step % per) * BATCH:(step % per + 1) * BATCH])
             yb = 1 - y[idx] if step == spike_at else y[idx]  # every label wrong: a spike of the data
             opt.zero_grad()
-            loss = job.scale(torch.nn.functional.cross_entropy(model(x[idx]), yb), len(idx))
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), yb)
+            if step == nan_at and nan_times > 0:  # a fault that outlasts the redos
+                nan_times -= 1
+                loss = loss * float("nan")
+            loss = job.scale(loss, len(idx))
             loss.backward()
             job.step()
         return job, events, rkt.params_hash(model.module)
@@ -126,6 +129,13 @@ class OneRank(unittest.TestCase):
     def test_nan_without_guard_is_applied(self):
         _, ev, _ = train(14, env={"RK_INJECT": "nan@step=12"}, guard=False)
         self.assertEqual(ev, [])
+
+    def test_three_trips_roll_back(self):
+        _, _, ref = train(30)
+        _, ev, got = train(30, nan_at=14, nan_times=3)
+        self.assertEqual([(s, k, a) for s, k, _, a in ev],
+                         [(14, "nan", "redo")] * 3 + [(14, "guard_rollback", "rollback")])
+        self.assertEqual(got, ref, "three trips at one step: back to step 10, replayed, the same weights")
 
     def test_spike_kept(self):
         _, ev, _ = train(50, spike_at=40)
