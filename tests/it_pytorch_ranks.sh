@@ -42,23 +42,24 @@ rank_pid() {
   && ok "uninterrupted 4-rank run" || bad "uninterrupted run: $(tail -5 ref.log)"
 ref=$(json ref.json hash 2>/dev/null)
 
-# launch 0 is paced (rank 0 sleeps 100 ms a step until step 25) so that the SIGKILL, sent
-# once the checkpoint of step 20 is there, lands before the injected faults' steps
-spec='slow@step=0:rank=0:ms=100:for=25,nan@step=34:rank=3,bitflip@step=37:rank=2,hang@step=44:rank=1,commfail@step=52:rank=3'
+# launch 0 is paced (rank 0 sleeps 100 ms a step until step 33) so that the SIGKILL, sent
+# once the checkpoint of step 20 or 30 is there, lands before the injected faults' steps
+spec='slow@step=0:rank=0:ms=100:for=33,nan@step=34:rank=3,bitflip@step=37:rank=2,hang@step=44:rank=1,commfail@step=52:rank=3'
 "${run[@]}" -n 4 --ckpt-dir ck --events ev.jsonl --summary-json sum.json --failure-threshold 100 \
   --inject "$spec" -- "${ex[@]}" --steps 60 --ckpt-every 10 --result out.json >run.log 2>&1 &
 sup=$!
 pids+=("$sup")
 killed=
-for ((i = 0; i < 600; i++)); do
-  if [[ "$(cat ck/latest 2>/dev/null)" == ckpt-000000000020.safetensors ]]; then
+for ((i = 0; i < 1200; i++)); do
+  at=$(cat ck/latest 2>/dev/null)
+  if [[ "$at" == ckpt-0000000000[23]0.safetensors ]]; then
     victim=$(rank_pid "$sup" 3) && kill -9 "$victim" && killed=$victim
     break
   fi
   sleep 0.05
 done
-[[ -n "$killed" ]] && ok "SIGKILL to rank 3 (pid $killed, from rk run's process tree) after the checkpoint of step 20" \
-  || bad "no rank 3 to kill after the checkpoint of step 20"
+[[ -n "$killed" ]] && ok "SIGKILL to rank 3 (pid $killed, from rk run's process tree) after $at" \
+  || bad "no rank 3 to kill after the checkpoint of step 20 or 30"
 wait "$sup"
 st=$?
 [[ $st == 0 ]] && ok "rk run finished the 4-rank job" || bad "rk run exit $st: $(tail -8 run.log)"
