@@ -273,6 +273,8 @@ class Job:
                 raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
         self._barrier()  # leave together: a group torn down while a peer still saves or sends aborts
         self._in_steps = False
+        if sys.excepthook is self._hook:
+            sys.excepthook = self._prev_hook
         if self._lock is not None:
             _ckpt.unlock(self._lock)
             self._lock = None
@@ -849,6 +851,7 @@ class Job:
             prev(tp, exc, tb)
             self._exit(EXIT_FAIL)
 
+        self._prev_hook, self._hook = prev, hook
         sys.excepthook = hook
 
 
