@@ -14,7 +14,7 @@ it_init it_pytorch_ranks
 cd "$work" || exit 1
 ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 2048 --batch 32 --hash-every 10
     --data "$DATA")
-run=("$RK" run --launcher local --heartbeat-timeout 3 --startup-timeout 60)
+run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 60)
 
 # descendants PID: every process below PID, by the kernel's process tree
 descendants() {
