@@ -250,6 +250,9 @@ class Job:
         self._pending = None
         self._rolled_back = False
         if isinstance(model, _DDP):
+            # the group's own allreduce: dist.all_reduce's checks cost 75 us a call
+            self._pg = getattr(model, "process_group", None) or dist.distributed_c10d._get_default_group()
+            self._ar_opts = dist.AllreduceOptions()
             model.register_comm_hook(self, _comm_hook)
         if self.resume and self.ckpt_dir:
             self._resume()
@@ -884,7 +887,7 @@ def _comm_hook(job, bucket):
         pieces.append(job._vector(job._sumsq, buf.dtype, buf.device))
     elif last:
         vec = job._vector(job._sumsq, torch.float64, buf.device)
-        dist.all_reduce(vec)
+        job._pg.allreduce([vec], job._ar_opts).wait()
         job._vec = vec
     n = pieces[0].numel()
     flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
@@ -902,11 +905,11 @@ def _comm_hook(job, bucket):
     if last:
         # the last bucket: nothing left to overlap with, and a Python callback on the
         # future (a thread hop) costs more than the wait
-        dist.all_reduce(flat)
+        job._pg.allreduce([flat], job._ar_opts).wait()
         fut = torch.futures.Future()
         fut.set_result(done(flat))
         return fut
-    return dist.all_reduce(flat, async_op=True).get_future().then(lambda f: done(f.value()[0]))
+    return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
 
 
 def _canonical(job, bucket, buf):
