@@ -1115,7 +1115,6 @@ static int on_line(void *ctx, const char *line, size_t len)
     return c->lines == c->stop_at ? 7 : 0;
 }
 
-
 /* The hello's optional "stacks": true and false read back, absent is false, any other JSON
  * type is refused naming the field; the formatter writes it only when set, and what it
  * writes parses back with it. */
