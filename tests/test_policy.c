@@ -51,6 +51,8 @@ static void test_init_knows_nothing(void **state)
     assert_int_equal(s.storage_rank, -1);
     assert_int_equal(s.hang_rank, -1);
     assert_int_equal(s.exit_kind, RK_SUP_KIND_NONE);
+    assert_int_equal(s.exit_step, -1);
+    assert_null(s.exit_detail);
 }
 
 /* ---- kinds --------------------------------------------------------------------------------- */
@@ -71,6 +73,8 @@ static void test_worker_words_are_read_into_kinds(void **state)
         {"spike_kept", RK_SUP_KIND_SPIKE_KEPT, 0},
         {"grad_suspect", RK_SUP_KIND_GRAD_SUSPECT, 0},
         {"grad_kept", RK_SUP_KIND_GRAD_KEPT, 0},
+        /* the job's own code raised an error: never a device's */
+        {"exception", RK_SUP_KIND_EXCEPTION, 0},
         /* any other word is the worker's own, and counts */
         {"crash", RK_SUP_KIND_OTHER, 1},
         {"commfail", RK_SUP_KIND_OTHER, 1},
@@ -181,6 +185,20 @@ static const classify_case k_classify[] = {
      .kind = RK_SUP_KIND_CRASH, .rank = R(3), .counted = 1},
     {"killed by SIGKILL", ALL(4), EXITED(128 + 9), .lost = R(3), .next = RK_SUP_RELAUNCH,
      .kind = RK_SUP_KIND_CRASH, .rank = R(3), .counted = 1},
+    /* an exception in the job's code: relaunched, counted against no device (the status it
+     * exits with, 1, would be a crash of that rank's device) */
+    {"rank 1 raised an exception, exit 1", ALL(2), EXITED(RK_EXIT_FAIL), .lost = R(1),
+     .exit_kind = RK_SUP_KIND_EXCEPTION, .exit_rank = R(1), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_EXCEPTION, .rank = R(1)},
+    {"an exception, torn down before the launcher exited", ALL(4), .lost = R(0),
+     .exit_kind = RK_SUP_KIND_EXCEPTION, .exit_rank = R(2), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_EXCEPTION, .rank = R(2)},
+    {"an exception event but exit 3: a communication failure", ALL(2), EXITED(RK_EXIT_COMM),
+     .exit_kind = RK_SUP_KIND_EXCEPTION, .exit_rank = R(0), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_COMMFAIL, .rank = R(0), .counted = 1},
+    {"an exception during a stop", ALL(2), EXITED(RK_EXIT_FAIL), .stop_sent = 1,
+     .exit_kind = RK_SUP_KIND_EXCEPTION, .exit_rank = R(1), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_EXCEPTION, .rank = R(1)},
     /* blame */
     {"the rank that said it exits, not the first lost", ALL(4), EXITED(RK_EXIT_COMM), .lost = R(0),
      .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(2), .next = RK_SUP_RELAUNCH,
@@ -275,6 +293,125 @@ static void test_classify(void **state)
                      k, c->what, v.next, v.kind, v.rank, v.counted, v.end, c->next, c->kind,
                      UNR(c->rank), c->counted, c->end);
     }
+}
+
+/* ---- repeat stops -------------------------------------------------------------------------- */
+
+typedef struct repeat_launch {
+    int hellos, exited, status, startup;
+    rk_sup_kind exit_kind;
+    int64_t step;
+    const char *detail;
+} repeat_launch;
+
+/* Classify one 2-rank launch and take its mark. */
+static void mark_launch(const repeat_launch *l, rk_sup_verdict *v, rk_sup_mark *m)
+{
+    rk_sup_seen s;
+    rk_sup_seen_init(&s, 2);
+    s.hellos = l->hellos;
+    s.exited = l->exited;
+    s.status = l->status;
+    s.startup_timeout = l->startup;
+    if (l->exit_kind != RK_SUP_KIND_NONE) {
+        s.exit_kind = l->exit_kind;
+        s.exit_rank = 1;
+        s.exit_step = l->step;
+        s.exit_detail = l->detail;
+    }
+    rk_sup_classify(&s, v);
+    rk_sup_mark_of(&s, v, m);
+}
+
+static void test_repeat(void **state)
+{
+    (void)state;
+#define EXC(st, d)                                                                                 \
+    {                                                                                              \
+        .hellos = 2, .exited = 1, .status = 1, .exit_kind = RK_SUP_KIND_EXCEPTION, .step = (st),   \
+        .detail = (d)                                                                              \
+    }
+#define NOHELLO(code)                                                                              \
+    {                                                                                              \
+        .exited = 1, .status = (code)                                                              \
+    }
+    static const struct {
+        const char *what;
+        repeat_launch prev, cur;
+        int prev_set; /* 0: cur is the first launch */
+        int stop;
+        const char *says; /* in the why of a stop */
+    } cases[] = {
+        {"the same exception at the same step", EXC(5, "ValueError: bad (t.py:12)"),
+         EXC(5, "ValueError: bad (t.py:12)"), 1, 1, "the same exception at step 5 in two launches"},
+        {"the first exception", {0}, EXC(5, "ValueError: bad (t.py:12)"), 0, 0, NULL},
+        {"an exception at another step", EXC(5, "ValueError: bad (t.py:12)"),
+         EXC(7, "ValueError: bad (t.py:12)"), 1, 0, NULL},
+        {"another exception at the same step", EXC(5, "ValueError: bad (t.py:12)"),
+         EXC(5, "KeyError: 'x' (t.py:30)"), 1, 0, NULL},
+        {"an exception after a crash",
+         {.hellos = 2, .exited = 1, .status = 137},
+         EXC(5, "ValueError: bad (t.py:12)"),
+         1,
+         0,
+         NULL},
+        {"no hello, exit 1, twice", NOHELLO(1), NOHELLO(1), 1, 1,
+         "exits with status 1 before it connects, twice in a row"},
+        {"no hello, the first time", {0}, NOHELLO(1), 0, 0, NULL},
+        {"no hello, another exit status", NOHELLO(1), NOHELLO(2 + 128), 1, 0, NULL},
+        {"killed by the same signal before any hello, twice", NOHELLO(128 + 9), NOHELLO(128 + 9), 1,
+         1, "status 137"},
+        {"a startup timeout twice: relaunched as before",
+         {.startup = 1},
+         {.startup = 1},
+         1,
+         0,
+         NULL},
+        {"no hello after a startup timeout", {.startup = 1}, NOHELLO(1), 1, 0, NULL},
+        {"one rank of two said hello, twice",
+         {.hellos = 1, .exited = 1, .status = 1},
+         {.hellos = 1, .exited = 1, .status = 1},
+         1,
+         0,
+         NULL},
+        {"no hello after an exception", EXC(0, "ValueError: x"), NOHELLO(1), 1, 0, NULL},
+        {"the same plain crash twice: relaunched",
+         {.hellos = 2, .exited = 1, .status = 1},
+         {.hellos = 2, .exited = 1, .status = 1},
+         1,
+         0,
+         NULL},
+    };
+#undef EXC
+#undef NOHELLO
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rk_sup_verdict pv, v;
+        rk_sup_mark pm, m;
+        mark_launch(&cases[k].prev, &pv, &pm);
+        mark_launch(&cases[k].cur, &v, &m);
+        assert_int_equal(v.next, RK_SUP_RELAUNCH);
+        char why[256] = "";
+        int stop = rk_sup_repeat(cases[k].prev_set ? &pm : NULL, &m, &v, why, sizeof why);
+        if (stop != cases[k].stop)
+            fail_msg("case %zu (%s): stop %d, expected %d", k, cases[k].what, stop, cases[k].stop);
+        if (stop) {
+            assert_int_equal(v.next, RK_SUP_STOP);
+            assert_int_equal(v.end, RK_SUP_END_FAILED);
+            assert_ptr_equal(v.why, why);
+            if (!strstr(why, cases[k].says))
+                fail_msg("case %zu (%s): why '%s' lacks '%s'", k, cases[k].what, why,
+                         cases[k].says);
+        } else
+            assert_int_equal(v.next, RK_SUP_RELAUNCH);
+    }
+    /* a stop is no mark: nothing to repeat */
+    rk_sup_verdict v = {.next = RK_SUP_STOP, .kind = RK_SUP_KIND_NEVER_CONNECTED};
+    rk_sup_seen s;
+    rk_sup_seen_init(&s, 1);
+    s.exited = 1;
+    rk_sup_mark m;
+    rk_sup_mark_of(&s, &v, &m);
+    assert_int_equal(m.kind, RK_SUP_KIND_NONE);
 }
 
 /* ---- devices ------------------------------------------------------------------------------- */
@@ -837,6 +974,7 @@ int main(void)
         cmocka_unit_test(test_init_knows_nothing),
         cmocka_unit_test(test_worker_words_are_read_into_kinds),
         cmocka_unit_test(test_classify),
+        cmocka_unit_test(test_repeat),
         cmocka_unit_test(test_quarantine),
         cmocka_unit_test(test_pick_devices),
         cmocka_unit_test(test_relaunch),

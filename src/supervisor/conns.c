@@ -115,6 +115,9 @@ static void on_exit_event(sup *s, const rk_hb_msg *m)
         s->seen.exit_kind = kind;
         s->seen.exit_rank = m->rank;
         snprintf(s->exit_word, sizeof s->exit_word, "%s", m->kind);
+        snprintf(s->exit_detail, sizeof s->exit_detail, "%s", m->detail);
+        s->seen.exit_step = m->step;
+        s->seen.exit_detail = s->exit_detail;
     }
     if (kind == RK_SUP_KIND_STORAGE && s->seen.storage_rank < 0) {
         s->seen.storage_rank = m->rank;

@@ -5,6 +5,7 @@
  */
 #include "supervisor/policy.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "rekindle/heartbeat.h"
@@ -24,6 +25,7 @@ static const char *const k_names[] = {
     [RK_SUP_KIND_SPIKE_KEPT] = "spike_kept",
     [RK_SUP_KIND_GRAD_SUSPECT] = "grad_suspect",
     [RK_SUP_KIND_GRAD_KEPT] = "grad_kept",
+    [RK_SUP_KIND_EXCEPTION] = "exception",
 };
 
 /* The words of a worker's event that change what rk run does (docs/protocol.md): an exit
@@ -41,6 +43,7 @@ static const struct {
     {"spike_kept", RK_SUP_KIND_SPIKE_KEPT, 0},
     {"grad_suspect", RK_SUP_KIND_GRAD_SUSPECT, 0},
     {"grad_kept", RK_SUP_KIND_GRAD_KEPT, 0},
+    {"exception", RK_SUP_KIND_EXCEPTION, 0}, /* the job's code: never a device's */
 };
 #define NWORKER (sizeof k_worker / sizeof k_worker[0])
 #define NNAMES (sizeof k_names / sizeof k_names[0])
@@ -79,6 +82,8 @@ void rk_sup_seen_init(rk_sup_seen *s, int ranks)
     s->ranks = ranks;
     s->hang_rank = s->lost_rank = s->crash_rank = s->exit_rank = s->storage_rank = -1;
     s->exit_kind = RK_SUP_KIND_NONE;
+    s->exit_step = -1;
+    s->exit_detail = NULL;
 }
 
 static void set(rk_sup_verdict *v, rk_sup_next next, rk_sup_kind kind, int rank, int counted,
@@ -162,6 +167,13 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
             "exit status 5: a guard could not recover in-process");
         return;
     }
+    /* a bug in the job's code (it may be transient: relaunched; rk_sup_repeat stops a
+     * repeat): whichever device it ran on is not to blame */
+    if (s->exit_kind == RK_SUP_KIND_EXCEPTION) {
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_EXCEPTION, culprit, 0, go_on,
+            "the worker raised an exception that is not a device or communication error");
+        return;
+    }
     if (has_exit) {
         set(v, RK_SUP_RELAUNCH, s->exit_kind, culprit, 1, go_on, "the rank said it exits with it");
         return;
@@ -169,6 +181,49 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
     set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_CRASH, culprit, 1, go_on,
         s->lost_rank >= 0 ? "its connection closed without bye"
                           : "the launcher exited without every rank saying bye done");
+}
+
+void rk_sup_mark_of(const rk_sup_seen *s, const rk_sup_verdict *v, rk_sup_mark *m)
+{
+    memset(m, 0, sizeof *m);
+    m->kind = RK_SUP_KIND_NONE;
+    m->step = -1;
+    m->status = -1;
+    if (v->next != RK_SUP_RELAUNCH)
+        return;
+    if (v->kind == RK_SUP_KIND_EXCEPTION) {
+        m->kind = RK_SUP_KIND_EXCEPTION;
+        m->step = s->exit_step;
+        snprintf(m->detail, sizeof m->detail, "%s", s->exit_detail ? s->exit_detail : "");
+    } else if (v->kind == RK_SUP_KIND_NEVER_CONNECTED && s->hellos == 0 && s->exited &&
+               s->status != 0 && !s->startup_timeout) {
+        m->kind = RK_SUP_KIND_NEVER_CONNECTED;
+        m->status = s->status;
+    }
+}
+
+int rk_sup_repeat(const rk_sup_mark *prev, const rk_sup_mark *cur, rk_sup_verdict *v, char *why,
+                  size_t cap)
+{
+    if (!prev || prev->kind == RK_SUP_KIND_NONE || prev->kind != cur->kind)
+        return 0;
+    if (cur->kind == RK_SUP_KIND_EXCEPTION && prev->step == cur->step &&
+        strcmp(prev->detail, cur->detail) == 0)
+        snprintf(why, cap,
+                 "the same exception at step %lld in two launches in a row: an error in the job, "
+                 "not a device; see the traceback above",
+                 (long long)cur->step);
+    else if (cur->kind == RK_SUP_KIND_NEVER_CONNECTED && prev->status == cur->status)
+        snprintf(why, cap,
+                 "the worker exits with status %d before it connects, twice in a row: it cannot "
+                 "start (its output is above)",
+                 cur->status);
+    else
+        return 0;
+    v->next = RK_SUP_STOP;
+    v->end = RK_SUP_END_FAILED;
+    v->why = why;
+    return 1;
 }
 
 /* ---- devices ------------------------------------------------------------------------------- */

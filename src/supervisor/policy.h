@@ -9,6 +9,7 @@
 #ifndef RK_SUPERVISOR_POLICY_H
 #define RK_SUPERVISOR_POLICY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- kinds --------------------------------------------------------------------------------- */
@@ -29,12 +30,15 @@ typedef enum rk_sup_kind {
     RK_SUP_KIND_SPIKE_KEPT,
     RK_SUP_KIND_GRAD_SUSPECT,
     RK_SUP_KIND_GRAD_KEPT,
+    /* an exit event "exception": the job's own code raised an error that is not a device's
+     * or the network's (a bug in the script); relaunched, counted against no device */
+    RK_SUP_KIND_EXCEPTION,
     RK_SUP_KIND_OTHER /* any other word a worker sent (nan, grad_outlier, ...): its own */
 } rk_sup_kind;
 
 /* The kind a worker's word names, for the words that change what rk run does (usage,
- * storage, loss_spike, spike_kept, grad_suspect, grad_kept); RK_SUP_KIND_OTHER for any other
- * word (the worker's own: commfail, nan, ...), and for NULL or ""; never NONE. */
+ * storage, loss_spike, spike_kept, grad_suspect, grad_kept, exception); RK_SUP_KIND_OTHER for any
+ * other word (the worker's own: commfail, nan, ...), and for NULL or ""; never NONE. */
 rk_sup_kind rk_sup_kind_of(const char *word);
 /* The word for a kind ("crash", "hang", ...); NULL for NONE and OTHER (the worker's own word
  * names an OTHER). */
@@ -48,24 +52,26 @@ int rk_sup_action_exits(const char *action);
 
 /* What the watch loop saw during one launch. Ranks are this launch's, -1 = none / unknown. */
 typedef struct rk_sup_seen {
-    int ranks;             /* ranks of the launch */
-    int hellos;            /* ranks that said hello */
-    int done;              /* ranks that said bye "done" */
-    int exited;            /* the launcher exited by itself (status is its exit status); 0: the
-                            * supervisor tore the launch down first */
-    int status;            /* the launcher's exit status, 128 + N for signal N */
-    int stop_sent;         /* the supervisor asked the ranks to stop (drain, shrink, interrupt) */
-    int interrupted;       /* rk run itself was interrupted */
-    int hang;              /* a rank made no progress for the heartbeat timeout */
-    int hang_rank;         /*   the rank that made the least progress; -1: all equally stuck */
-    int startup_timeout;   /* not every rank said hello within the startup timeout */
-    int lost_rank;         /* the first rank whose connection closed without bye */
-    int crash_rank;        /* a rank that announced an injected crash (inject event): the
-                            * culprit of the closings that follow, whichever is read first */
-    rk_sup_kind exit_kind; /* the first event with action "exit" (a rank leaving with that
-                            * failure): its kind, NONE if none */
-    int exit_rank;         /*   the rank that sent it */
-    int storage_rank;      /* the first rank whose exit event had kind "storage" */
+    int ranks;               /* ranks of the launch */
+    int hellos;              /* ranks that said hello */
+    int done;                /* ranks that said bye "done" */
+    int exited;              /* the launcher exited by itself (status is its exit status); 0: the
+                              * supervisor tore the launch down first */
+    int status;              /* the launcher's exit status, 128 + N for signal N */
+    int stop_sent;           /* the supervisor asked the ranks to stop (drain, shrink, interrupt) */
+    int interrupted;         /* rk run itself was interrupted */
+    int hang;                /* a rank made no progress for the heartbeat timeout */
+    int hang_rank;           /*   the rank that made the least progress; -1: all equally stuck */
+    int startup_timeout;     /* not every rank said hello within the startup timeout */
+    int lost_rank;           /* the first rank whose connection closed without bye */
+    int crash_rank;          /* a rank that announced an injected crash (inject event): the
+                              * culprit of the closings that follow, whichever is read first */
+    rk_sup_kind exit_kind;   /* the first event with action "exit" (a rank leaving with that
+                              * failure): its kind, NONE if none */
+    int exit_rank;           /*   the rank that sent it */
+    int storage_rank;        /* the first rank whose exit event had kind "storage" */
+    int64_t exit_step;       /* the first exit event's step, -1 none */
+    const char *exit_detail; /* ... and its detail (the loop's string), NULL none */
 } rk_sup_seen;
 
 /* An rk_sup_seen with nothing seen: every rank field -1, no exit event. */
@@ -116,11 +122,34 @@ typedef struct rk_sup_verdict {
  *   a rank never said hello (startup timeout, or
  *   the launcher exited first)                    -> never_connected, nobody's device
  *   exit status 3 / 5                             -> commfail / guard_failed
+ *   an exit event "exception"                     -> exception, nobody's device
  *   an exit event                                 -> its kind
  *   otherwise                                     -> crash
  * A relaunch's rank is the exit event's, else the first rank lost, else -1 (then nothing is
  * counted). */
 void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v);
+
+/* What a relaunch remembers of the launch that ended, to see the same failure twice in a
+ * row (rk_sup_repeat). */
+typedef struct rk_sup_mark {
+    rk_sup_kind kind; /* EXCEPTION: an exception exit; NEVER_CONNECTED: no rank said hello and
+                       * the launcher exited non-zero by itself; NONE: anything else */
+    int64_t step;     /* EXCEPTION: the exit event's step */
+    int status;       /* NEVER_CONNECTED: the launcher's exit status */
+    char detail[520]; /* EXCEPTION: the exit event's detail */
+} rk_sup_mark;
+
+/* The mark of a launch judged *v (a relaunch) after what *s says. */
+void rk_sup_mark_of(const rk_sup_seen *s, const rk_sup_verdict *v, rk_sup_mark *m);
+
+/* The repeat stops, for a launch that ended for a relaunch with mark *cur after a launch
+ * with mark *prev (NULL or kind NONE: the first launch, or one that ended otherwise):
+ *   both EXCEPTION, the same step and the same detail -> stop: an error in the job
+ *   both NEVER_CONNECTED with the same exit status    -> stop: the worker cannot start
+ * A startup timeout without hello has no mark: it is relaunched as before. On a stop, 1:
+ * *v becomes RK_SUP_STOP with end FAILED, its why the sentence in why[cap]; else 0, *v kept. */
+int rk_sup_repeat(const rk_sup_mark *prev, const rk_sup_mark *cur, rk_sup_verdict *v, char *why,
+                  size_t cap);
 
 /* ---- devices ------------------------------------------------------------------------------- */
 

@@ -129,7 +129,7 @@ static int start_launch(sup *s, rk_err *err)
     memset(&s->v, 0, sizeof s->v);
     s->v.next = RK_SUP_RELAUNCH;
     s->v.rank = -1;
-    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->stacks[0] = '\0';
+    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->exit_detail[0] = s->stacks[0] = '\0';
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
         env_restart[48], env_stack[4300], env_pypath[8400];
@@ -448,6 +448,17 @@ static void run_launches(sup *s, rk_sup_report *rep)
             rep->end = RK_SUP_END_INTERRUPTED;
             return;
         }
+        /* the same failure as the launch before: relaunching again would only repeat it */
+        rk_sup_mark mark;
+        rk_sup_mark_of(&s->seen, &s->v, &mark);
+        if (rk_sup_repeat(&s->prev_mark, &mark, &s->v, s->repeat_why, sizeof s->repeat_why)) {
+            sup_say(s, "%s: %s; stopping: %s", sup_verdict_kind(s), s->vdetail, s->v.why);
+            record_verdict(s, 1);
+            flush_pending(s);
+            rep->end = s->v.end;
+            return;
+        }
+        s->prev_mark = mark;
         /* a failure (or a stop to drain or shrink the job): account, then relaunch */
         size_t at = record_verdict(s, 0);
         if (rk_sup_relaunch(s->g.restarts, o->max_restarts, -1, o->min_ranks, &rep->end) ==
@@ -495,6 +506,7 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     s->listen_fd = -1;
     s->l.life = s->l.failed = -1;
     s->first_launch = -1;
+    s->prev_mark.kind = RK_SUP_KIND_NONE;
     s->rules = (rk_sup_rules){.threshold = o->health_threshold,
                               .margin = RK_SUP_HELD_MARGIN,
                               .predictor = o->predictor != NULL,

@@ -66,6 +66,9 @@ typedef struct sup {
     char fdetail[200];
     rk_sup_seen seen;   /* what this launch's ranks and launcher did, for policy.c */
     char exit_word[32]; /* the first exit event's kind, as the rank said it */
+    char exit_detail[RK_HB_DETAIL_MAX + 1]; /* ... and its detail */
+    rk_sup_mark prev_mark; /* the previous launch's, for the repeat stops (kind NONE: none) */
+    char repeat_why[256];  /* a repeat stop's sentence (s->v.why) */
     rk_sup_verdict v;   /* the verdict on the launch that ended */
     char vdetail[RK_HB_DETAIL_MAX + 64];       /* its incident's detail */
     char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
