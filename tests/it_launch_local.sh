@@ -30,7 +30,12 @@
 #     non-zero exit without a hello is still relaunched;
 # (12) rk _rank-env without a launcher's variables: exit 2; SLURM_TASKS_PER_NODE bounded;
 # (13) an rk outside its build tree: no source-tree package on PYTHONPATH; an installed one
-#     first unless group-writable (skipped, said once).
+#     first unless group-writable (skipped, said once);
+# (14) an exception exit event is relaunched and counted against no device; the same
+#     exception at the same step in two launches in a row stops (exit 1), as does a worker
+#     that exits with the same status before any hello twice; the first line under explicit
+#     local names the worker's path and shell-quotes its arguments; a fault of a rank the job
+#     does not have is warned of.
 # Skips (77) without python3.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
@@ -345,6 +350,47 @@ st=$?
 [[ $st == 1 ]] && grep -q "] relaunch 1" "$work/plain1.out" \
   && ok "a rank that exits 1 without a hello is still relaunched (exit $st)" \
   || bad "exit 1 without hello: exit $st: $(grep 'rk run' "$work/plain1.out")"
+
+# --- (14) an exception of the job's code; the repeat stops; a fault of a rank not in the job ---
+# rank 1 raises at step 5 in launch 0 only: relaunched on both devices, nothing counted (with
+# --failure-threshold 1 a counted failure would quarantine device 1 and shrink the job)
+mkdir -p "$work/ex1" "$work/ex2"
+timeout 60 "$RK" run -n 2 --launcher local --health off --failure-threshold 1 \
+  --events "$work/ex1.ev" -- "${w[@]}" --steps 10 --rank 1 --launches 0 --raise-at 5 \
+  --log "$work/ex1" >"$work/ex1.out" 2>&1
+st=$?
+[[ $st == 0 ]] && grep -q "] relaunch 1 on 2 ranks" "$work/ex1.out" \
+  && grep -q " 0 devices quarantined" "$work/ex1.out" \
+  && python3 -c 'import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(int(not [e for e in ev if e["kind"] == "exception" and not e["device"]]
+         or bool([e for e in ev if e["kind"] == "quarantine"])))' "$work/ex1.ev" \
+  && ok "an exception exit event: relaunched on every device, counted against none (exit 0)" \
+  || bad "exception once: exit $st: $(grep 'rk run' "$work/ex1.out" | tail -5)"
+# the same exception at the same step in launches 0 and 1: stop after launch 1, exit 1
+timeout 60 "$RK" run -n 2 --launcher local --health off -- "${w[@]}" --steps 10 --rank 1 \
+  --launches 0,1,2 --raise-at 5 --log "$work/ex2" >"$work/ex2.out" 2>&1
+st=$?
+[[ $st == 1 ]] && grep -q "the same exception at step 5 in two launches in a row" "$work/ex2.out" \
+  && grep -q "] relaunch 1 " "$work/ex2.out" && ! grep -q "] relaunch 2 " "$work/ex2.out" \
+  && grep -q " 0 devices quarantined" "$work/ex2.out" \
+  && ok "the same exception at the same step twice: stopped after one relaunch (exit 1)" \
+  || bad "exception twice: exit $st: $(grep 'rk run' "$work/ex2.out" | tail -5)"
+# a worker that cannot start (no such module) stops after the second try; the first line
+# names the interpreter's path and quotes -c's argument; a fault of rank 7 of 2 is warned of
+timeout 60 "$RK" run -n 2 --launcher local --health off --inject crash@step=5:rank=7 -- \
+  python3 -c 'import no_such_module_rk' >"$work/nomod.out" 2>&1
+st=$?
+[[ $st == 1 ]] && grep -q "exits with status 1 before it connects, twice in a row" "$work/nomod.out" \
+  && grep -q "] relaunch 1 " "$work/nomod.out" && ! grep -q "] relaunch 2 " "$work/nomod.out" \
+  && ok "a worker that exits 1 before any hello twice: stopped (exit 1)" \
+  || bad "cannot start: exit $st: $(grep 'rk run' "$work/nomod.out" | tail -5)"
+grep -qF "launcher local (--launcher): rk run forks 2 ranks: $(command -v python3) -c 'import no_such_module_rk';" \
+  "$work/nomod.out" && ok "the first line: the worker's path from PATH, its arguments shell-quoted" \
+  || bad "first line: $(grep 'launcher local' "$work/nomod.out")"
+[[ $(grep -c "warning: fault 0 (crash on rank 7) never fires: the job has 2 ranks" "$work/nomod.out") == 1 ]] \
+  && ok "a fault of a rank the job does not have: one warning line" \
+  || bad "fault of rank 7: $(grep 'fault' "$work/nomod.out")"
 
 # --- (12) rk _rank-env without a launcher's variables, and a bounded SLURM_TASKS_PER_NODE --------
 env -i PATH="$PATH" RANK=7 "$RK" _rank-env -- env >"$work/re.out" 2>&1

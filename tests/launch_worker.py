@@ -10,7 +10,9 @@
 # (the other ranks stop at once). --read-stdin: after the hello, read a line of stdin and
 # write what came (and what fd 0 is) to --log/stdin.<launch>.<rank>.json. --child TAG: start
 # a child process (python3 sleeping, TAG in its argv) that outlives nothing. --hostile-stacks:
-# on SIGUSR1 write a dump, then swap a symlink to --hostile-target in for it.
+# on SIGUSR1 write a dump, then swap a symlink to --hostile-target in for it. --raise-at STEP:
+# what the Python package does for an exception of the job's code (docs/protocol.md): an
+# exit event of kind "exception" with --raise-detail, then exit 1.
 import argparse, faulthandler, json, os, signal, socket, sys, time
 
 ap = argparse.ArgumentParser()
@@ -26,6 +28,8 @@ ap.add_argument("--read-stdin", action="store_true")
 ap.add_argument("--child")
 ap.add_argument("--hostile-stacks", action="store_true")
 ap.add_argument("--hostile-target", default="/etc/hostname")
+ap.add_argument("--raise-at", type=int)
+ap.add_argument("--raise-detail", default="ValueError: bad value (train.py:12)")
 ap.add_argument("--tag", help="ignored: marks the rank's argv")
 a = ap.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -104,6 +108,10 @@ for step in range(1, steps + 1):
         sys.exit(4)
     if mine and step == a.hang_at:
         hung_in_compute_for_test()
+    if mine and step == a.raise_at:
+        send(type="event", rank=rank, step=step, kind="exception", blame=rank, action="exit",
+             lost_steps=0, detail=a.raise_detail)
+        sys.exit(1)
     if mine and step == a.crash_at:
         for _ in range(600):  # else a rank killed before its hello is "never connected"
             if not a.log or all(os.path.exists(os.path.join(a.log, f"hello.{launch}.{r}"))

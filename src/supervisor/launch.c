@@ -126,19 +126,50 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
     return k;
 }
 
+static int resolve_program(const char *prog, char *out, size_t cap);
+
+/* `arg` as a POSIX shell reads it back, into buf + used (cap): bare when it holds only
+ * characters no shell treats specially, else in single quotes ('\'' for a quote). */
+static size_t put_quoted(char *buf, size_t used, size_t cap, const char *arg)
+{
+    int plain = *arg != '\0';
+    for (const char *p = arg; *p && plain; p++)
+        plain = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-",
+                       *p) != NULL;
+    if (plain)
+        return used + (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", arg);
+    used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "'");
+    for (const char *p = arg; *p; p++)
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0,
+                                 *p == '\'' ? "'\\''" : "%c", *p);
+    return used + (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "'");
+}
+
 const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
                                char *const *worker, char *buf, size_t cap)
 {
     const char *argv[MAX_ARGS];
-    char nbuf[16];
+    char nbuf[16], prog[4096];
     buf[0] = '\0';
-    if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
+    int k = build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf);
+    if (k < 0)
         return "(too many arguments)";
+    int nworker = 0;
+    while (worker[nworker])
+        nworker++;
     size_t used = 0;
     if (kind == RK_LAUNCH_LOCAL)
         used = (size_t)snprintf(buf, cap, "rk run forks %d rank%s:", n, n == 1 ? "" : "s");
-    for (int i = 0; argv[i] && used + 1 < cap; i++)
-        used += (size_t)snprintf(buf + used, cap - used, i || used ? " %s" : "%s", argv[i]);
+    for (int i = 0; argv[i] && used + 1 < cap; i++) {
+        const char *a = argv[i];
+        /* the program the keeper executes: argv[0] as execvp finds it in PATH */
+        if (kind == RK_LAUNCH_LOCAL && i == k - nworker && !strchr(a, '/') &&
+            resolve_program(a, prog, sizeof prog))
+            a = prog;
+        if (i || used)
+            used += (size_t)snprintf(buf + used, cap - used, " ");
+        used = put_quoted(buf, used, cap, a);
+    }
     return buf;
 }
 

@@ -563,6 +563,14 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
             o->hb_timeout_s, o->failure_threshold, o->failure_threshold == 1 ? "" : "s");
     if (o->inject)
         sup_say(s, "injecting faults (simulated): %s", o->inject);
+    /* ranks only shrink: a fault of a rank the job does not have never fires (a warning, not
+     * an error: the same spec may serve the script at more ranks) */
+    for (size_t i = 0; i < rk_inject_count(s->spec); i++) {
+        const rk_fault *f = rk_inject_get(s->spec, i);
+        if (f->rank >= s->n)
+            sup_say(s, "warning: fault %zu (%s on rank %d) never fires: the job has %d rank%s", i,
+                    rk_fault_kind_name(f->kind), f->rank, s->n, s->n == 1 ? "" : "s");
+    }
     run_launches(s, rep);
 out:
     if (s->l.pid > 0)

@@ -150,7 +150,8 @@ long rk_proc_nspid(pid_t pid);
 rk_launcher rk_launch_pick(char *const *worker, int launcher_args, char *why, size_t cap);
 /* "mpirun", "srun", "local". */
 const char *rk_launcher_name(rk_launcher kind);
-/* The launcher's argv for a printout (static storage, for messages). */
+/* The launcher's argv for a printout into buf[cap] (returned), each argument shell-quoted
+ * when it needs it; under local, the worker's argv[0] as execvp finds it in PATH. */
 const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
                                char *const *worker, char *buf, size_t cap);
 
