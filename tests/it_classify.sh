@@ -254,12 +254,13 @@ grep -q "devices* left" "$work/nc.out" && bad "never connected ended with 'devic
   || ok "it gives up on restarts, not on devices"
 
 # --- (4) restarts = relaunches done ---------------------------------------------------------
-timeout 120 "$RK" run -n 1 --max-restarts 2 --quiet --summary-json "$work/f.sum" -- false \
-  >"$work/f.out" 2>&1
+# (a status of its own in each launch: the same one twice before any hello stops at once)
+timeout 120 "$RK" run -n 1 --max-restarts 2 --quiet --summary-json "$work/f.sum" -- \
+  sh -c 'exit $((RK_LAUNCH + 7))' >"$work/f.out" 2>&1
 st=$?
 [[ $st == 1 && $(json "$work/f.sum" restarts) == 2 ]] \
   && grep -q "after 2 relaunches (--max-restarts 2)" "$work/f.out" \
-  && ok "--max-restarts 2 -- false: 2 restarts in the summary, exit 1" \
+  && ok "--max-restarts 2, a worker that fails before its hello: 2 restarts in the summary, exit 1" \
   || bad "max-restarts 2: exit $st, restarts $(json "$work/f.sum" restarts 2>/dev/null): $(grep 'rk run' "$work/f.out" | tail -2)"
 
 # --- (5) time order; lost_steps, recovery_s, first_step from every rank ---------------------
