@@ -129,7 +129,8 @@ static int start_launch(sup *s, rk_err *err)
     memset(&s->v, 0, sizeof s->v);
     s->v.next = RK_SUP_RELAUNCH;
     s->v.rank = -1;
-    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->exit_detail[0] = s->stacks[0] = '\0';
+    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->exit_detail[0] = s->stacks[0] =
+        '\0';
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
         env_restart[48], env_stack[4300], env_pypath[8400];

@@ -69,7 +69,7 @@ typedef struct sup {
     char exit_detail[RK_HB_DETAIL_MAX + 1]; /* ... and its detail */
     rk_sup_mark prev_mark; /* the previous launch's, for the repeat stops (kind NONE: none) */
     char repeat_why[256];  /* a repeat stop's sentence (s->v.why) */
-    rk_sup_verdict v;   /* the verdict on the launch that ended */
+    rk_sup_verdict v;      /* the verdict on the launch that ended */
     char vdetail[RK_HB_DETAIL_MAX + 64];       /* its incident's detail */
     char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
     int stop_sent;
