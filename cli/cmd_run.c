@@ -88,8 +88,14 @@ static const char usage_text[] =
     "                          (default: $RK_INJECT)\n"
     "  --events FILE           append one JSON line per incident\n"
     "  --summary-json FILE     write the run's summary (goodput, restarts, incidents)\n"
-    "  --launcher NAME         mpirun (default) | srun (under Slurm)\n"
+    "  --launcher NAME         auto (default), local (rk run forks the ranks: no MPI),\n"
+    "                          mpirun, srun. auto: mpirun for a worker that needs\n"
+    "                          libmpi.so or librekindle.so (rk train), or with\n"
+    "                          --launcher-arg; else local (python3, bash, ...)\n"
     "  --launcher-arg ARG      pass ARG to the launcher (repeat as needed)\n"
+    "  --stack-dir DIR         RK_STACK_DIR: hung ranks' stack dumps (default: the --events\n"
+    "                          directory, else a private one removed at the end)\n"
+    "  --no-pythonpath         no rekindle Python package on the ranks' PYTHONPATH\n"
     "  --quiet                 no periodic status lines\n"
     "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
     "                          default), nvml, sim (a simulated fleet: device ids are its GPU\n"
@@ -203,7 +209,9 @@ enum {
     OPT_SIM_AGE,
     OPT_SIM_SKIP,
     OPT_PREDICTOR,
-    OPT_DRAIN_PROB
+    OPT_DRAIN_PROB,
+    OPT_STACK_DIR,
+    OPT_NO_PYTHONPATH
 };
 
 int rk_cmd_run(int argc, char **argv)
@@ -232,6 +240,8 @@ int rk_cmd_run(int argc, char **argv)
         {"sim-skip", required_argument, 0, OPT_SIM_SKIP},
         {"predictor", required_argument, 0, OPT_PREDICTOR},
         {"drain-probability", required_argument, 0, OPT_DRAIN_PROB},
+        {"stack-dir", required_argument, 0, OPT_STACK_DIR},
+        {"no-pythonpath", no_argument, 0, OPT_NO_PYTHONPATH},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     rk_sup_opts o = {.n = 0,
@@ -241,7 +251,7 @@ int rk_cmd_run(int argc, char **argv)
                      .failure_threshold = 2,
                      .max_restarts = 10,
                      .min_ranks = 1,
-                     .launcher = RK_LAUNCH_MPIRUN,
+                     .launcher = RK_LAUNCH_AUTO,
                      .health = "auto",
                      .health_seed = 1,
                      .health_time_scale = 60,
@@ -298,9 +308,15 @@ int rk_cmd_run(int argc, char **argv)
                 o.launcher = RK_LAUNCH_MPIRUN;
             else if (strcmp(optarg, "srun") == 0)
                 o.launcher = RK_LAUNCH_SRUN;
+            else if (strcmp(optarg, "local") == 0)
+                o.launcher = RK_LAUNCH_LOCAL;
+            else if (strcmp(optarg, "auto") == 0)
+                o.launcher = RK_LAUNCH_AUTO;
             else
-                return usage_error("--launcher '%s' is not mpirun or srun", optarg);
+                return usage_error("--launcher '%s' is not auto, local, mpirun or srun", optarg);
             break;
+        case OPT_STACK_DIR: o.stack_dir = optarg; break;
+        case OPT_NO_PYTHONPATH: o.no_pythonpath = 1; break;
         case OPT_LAUNCHER_ARG:
             if (nlargs == 62)
                 return usage_error("more than 62 --launcher-arg");
@@ -358,6 +374,13 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("-n N is required");
     o.worker = argv + optind;
     o.launcher_args = nlargs ? largs : NULL;
+    static char launcher_why[4400];
+    if (o.launcher == RK_LAUNCH_AUTO) {
+        o.launcher = rk_launch_pick(o.worker, nlargs > 0, launcher_why, sizeof launcher_why);
+        o.launcher_why = launcher_why;
+    }
+    if (o.launcher == RK_LAUNCH_LOCAL && nlargs)
+        return usage_error("--launcher-arg: --launcher local has no launcher to pass it to");
     static char default_devices[RK_SUP_MAX_DEVICES * 4];
     if (!devices) {
         size_t used = 0;
@@ -413,7 +436,8 @@ int rk_cmd_run(int argc, char **argv)
     }
     if ((o.ckpt_dir && rk_arg_path(&args, "--ckpt-dir", o.ckpt_dir, RK_PATH_DIR_OR_NEW)) ||
         (o.events_path && rk_arg_path(&args, "--events", o.events_path, RK_PATH_OUTPUT)) ||
-        (o.summary_path && rk_arg_path(&args, "--summary-json", o.summary_path, RK_PATH_OUTPUT)))
+        (o.summary_path && rk_arg_path(&args, "--summary-json", o.summary_path, RK_PATH_OUTPUT)) ||
+        (o.stack_dir && rk_arg_path(&args, "--stack-dir", o.stack_dir, RK_PATH_DIR_OR_NEW)))
         return RK_EXIT_USAGE;
     /* one writer per checkpoint directory: this job, for as long as it runs (the workers do
      * not inherit the descriptor, and the kernel drops the lock when rk run dies) */

@@ -61,6 +61,8 @@ int main(int argc, char **argv)
         printf("rk %s\n", RK_VERSION);
         return RK_EXIT_OK;
     }
+    if (strcmp(name, "_rank-env") == 0) /* not in the list: rk run's own (docs/run.md) */
+        return rk_cmd_rank_env(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(name, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);

@@ -13,9 +13,9 @@ killed and resumed ends with bitwise the same w and b as a run that was never in
 Exit statuses (docs/protocol.md): 0 done, 1 failed, 2 bad usage, 4 stopped on command, 6 its
 checkpoint could not be written for a storage error (no space, read-only, permission, I/O).
 
-Under `rk run` the supervisor sets RK_HEARTBEAT (its socket), RK_CKPT_DIR, RK_RESUME and
-RK_DEVICES; rank and world come from the launcher's variables. Without RK_HEARTBEAT the worker
-runs standalone. Python 3 standard library only.
+Under `rk run` the supervisor sets RK_HEARTBEAT (its socket), RK_CKPT_DIR, RK_RESUME,
+RK_DEVICES, RANK and WORLD_SIZE (without those two, the launcher's variables say them).
+Without RK_HEARTBEAT the worker runs standalone. Python 3 standard library only.
 """
 
 import argparse
@@ -36,9 +36,10 @@ STATE_FORMAT = "rekindle-python-worker-1"
 
 
 def rank_world():
-    """Rank and world size from the launcher (Open MPI, PMI, Slurm); 0 of 1 without one."""
-    for r, w in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                 ("SLURM_PROCID", "SLURM_NTASKS")):
+    """Rank and world size: RANK and WORLD_SIZE (rk run sets them under every launcher, as
+    torchrun does), else the launcher's own (Open MPI, PMI, Slurm); 0 of 1 without one."""
+    for r, w in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
         if r in os.environ and w in os.environ:
             return int(os.environ[r]), int(os.environ[w])
     return 0, 1

@@ -38,8 +38,8 @@ ap.add_argument("--act-after-hellos", action="store_true")
 ap.add_argument("--no-connect", action="store_true")
 ap.add_argument("--log")
 a = ap.parse_args()
-rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+world = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
 launch = os.environ.get("RK_LAUNCH", "0")
 steps = a.steps_rank0 if rank == 0 and a.steps_rank0 is not None else a.steps
 if a.log:

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The job lives and dies with `rk run` (docs/run.md, "How the job is held"), with real Open MPI
-# ranks of the data-free examples/python_worker.py, real signals and sockets:
-# (1) SIGKILL of rk run, in its PID namespace and in the subreaper fallback (RK_RUN_PIDNS=0),
-#     and SIGHUP and SIGTERM leave no process of the job and no checkpoint written after;
+# The job lives and dies with `rk run` (docs/run.md, "How the job is held"), with real ranks
+# (forked by rk run, or Open MPI's) of the data-free examples/python_worker.py, real signals
+# and sockets:
+# (1) SIGKILL of rk run, in its PID namespace (ranks forked by rk run, and under mpirun) and in
+#     the subreaper fallback (RK_RUN_PIDNS=0), and SIGHUP and SIGTERM leave no process of the
+#     job and no checkpoint written after;
 # (2) a worker whose supervisor vanished (its socket closes) stops without saving: the Python
 #     worker and rk train (with Fashion-MNIST);
 # (3) teardown reaches a rank that never said hello and ignores SIGTERM;
@@ -44,7 +46,7 @@ ck_state() { cat "$1"/python_worker.rank*.json 2>/dev/null | md5sum; }
 kill_case() {
   local name=$1 sig=$2; shift 2
   local tok="$work/$name.token" ck="$work/$name.ck"
-  env "$@" "$RK" run -n 2 --ckpt-dir "$ck" --quiet -- python3 "$pyw" --steps 1000000 \
+  env "$@" "$RK" run -n 2 --launcher "${launcher:-auto}" --ckpt-dir "$ck" --quiet -- python3 "$pyw" --steps 1000000 \
     --sleep 0.01 --ckpt-every 5 --result "$tok" >"$work/$name.out" 2>&1 &
   local sup=$!
   pids+=("$sup")
@@ -66,6 +68,7 @@ kill_case() {
   for p in $left; do kill -9 "$p" 2>/dev/null; done
 }
 kill_case kill9 KILL
+launcher=mpirun kill_case kill9_mpirun KILL
 kill_case kill9_nopidns KILL RK_RUN_PIDNS=0
 grep -q "no PID namespace for the job (RK_RUN_PIDNS=0)" "$work/kill9_nopidns.out" \
   && ok "the fallback says once that the job has no PID namespace" || bad "no fallback notice"
@@ -122,7 +125,7 @@ fi
 # rank 1 ignores SIGTERM and never connects; rank 0 is killed: rk run tears the launch down
 # and gives up (--max-restarts 0); rank 1 must be gone too
 cat >"$work/slow_rank.sh" <<EOF
-if [ "\$OMPI_COMM_WORLD_RANK" = 1 ]; then
+if [ "\$RANK" = 1 ]; then
   exec python3 -c "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)" "$work/slow.token"
 fi
 exec python3 "$pyw" --steps 1000000 --sleep 0.01 --pid-file "$work/slow.pid"
@@ -148,9 +151,9 @@ fi
 # --- (4) a stranger's hello, (5) a flood: before the ranks say hello ----------------------------
 # each rank writes RK_HEARTBEAT to a file, then waits 4 s before it starts
 cat >"$work/late_rank.sh" <<EOF
-echo "\$RK_HEARTBEAT" >"$work/sock.\$OMPI_COMM_WORLD_RANK"
+echo "\$RK_HEARTBEAT" >"$work/sock.\$RANK"
 sleep 4
-exec python3 "$pyw" --steps 100 --sleep 0.01 --result "$work/late.\$OMPI_COMM_WORLD_RANK.json"
+exec python3 "$pyw" --steps 100 --sleep 0.01 --result "$work/late.\$RANK.json"
 EOF
 cat >"$work/stranger.py" <<'PY'
 import json, os, socket, sys, time
@@ -247,7 +250,7 @@ fi
 # one node: every listener of the job's processes (mpirun's out-of-band and PMIx ones) on
 # loopback, seen by `ss`; with --host, the interface list is left to Open MPI
 if command -v ss >/dev/null; then
-  "$RK" run -n 2 --quiet -- python3 "$pyw" --steps 100000 --sleep 0.01 --result "$work/ss.token" \
+  "$RK" run -n 2 --launcher mpirun --quiet -- python3 "$pyw" --steps 100000 --sleep 0.01 --result "$work/ss.token" \
     >"$work/ss.out" 2>&1 &
   sup=$!
   pids+=("$sup")

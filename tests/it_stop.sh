@@ -29,8 +29,8 @@ job_procs() { pgrep -f -- "$1" | tr '\n' ' '; }
 cat >"$work/deaf.py" <<'PY'
 import json, os, signal, socket, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+world = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(os.environ["RK_HEARTBEAT"])
 def send(**m):

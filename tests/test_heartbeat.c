@@ -1115,6 +1115,54 @@ static int on_line(void *ctx, const char *line, size_t len)
     return c->lines == c->stop_at ? 7 : 0;
 }
 
+
+/* The hello's optional "stacks": true and false read back, absent is false, any other JSON
+ * type is refused naming the field; the formatter writes it only when set, and what it
+ * writes parses back with it. */
+static void test_hello_stacks_field_is_optional_and_boolean(void **state)
+{
+    (void)state;
+    rk_hb_msg m;
+    rk_err err = {0};
+    const char *base = "{\"type\":\"hello\",\"v\":1,\"rank\":0,\"world\":1,\"pid\":9,"
+                       "\"device\":\"0\",\"step\":0";
+    char line[256];
+    snprintf(line, sizeof line, "%s}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_false(m.stacks);
+    snprintf(line, sizeof line, "%s,\"stacks\":true}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_true(m.stacks);
+    snprintf(line, sizeof line, "%s,\"stacks\":false}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_false(m.stacks);
+    const char *bad[] = {"1", "\"true\"", "null", "[true]"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(line, sizeof line, "%s,\"stacks\":%s}", base, bad[k]);
+        assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_EFORMAT);
+        assert_non_null(strstr(err.msg, "field \"stacks\": expected true or false"));
+    }
+    /* other types ignore it as an unknown field */
+    const char *comm = "{\"type\":\"comm\",\"rank\":0,\"step\":3,\"stacks\":1}";
+    assert_int_equal(rk_hb_msg_parse(comm, strlen(comm), &m, &err), RK_OK);
+    rk_hb_msg h;
+    memset(&h, 0, sizeof h);
+    h.type = RK_HB_HELLO;
+    h.version = 1;
+    h.world = 2;
+    h.rank = 1;
+    h.pid = 77;
+    char out[RK_HB_LINE_MAX];
+    size_t len = 0;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
+    assert_null(strstr(out, "stacks"));
+    h.stacks = true;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
+    assert_non_null(strstr(out, ",\"stacks\":true}"));
+    assert_int_equal(rk_hb_msg_parse(out, len - 1, &m, &err), RK_OK);
+    assert_true(m.stacks && m.pid == 77 && m.rank == 1 && m.world == 2);
+}
+
 /* The same lines come out whatever the chunking: all at once, byte by byte, and seeded
  * random chunks; an empty line is a line; the tail waits for its newline; a 4095-byte line
  * passes and a 4096-byte one (newline excluded) is RK_EFORMAT even when split across feeds;
@@ -1338,6 +1386,7 @@ int main(void)
         cmocka_unit_test(test_event_detail_is_cleaned_and_cut_on_a_character),
         cmocka_unit_test(test_broken_lines_are_rejected_naming_the_field),
         cmocka_unit_test(test_valid_lines_at_the_limits_parse),
+        cmocka_unit_test(test_hello_stacks_field_is_optional_and_boolean),
         cmocka_unit_test(test_line_splitter_copes_with_any_chunking),
         cmocka_unit_test(test_two_threads_sending_never_interleave_lines),
         cmocka_unit_test(test_sends_interrupted_by_signals_still_deliver_whole_lines),

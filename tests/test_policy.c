@@ -7,7 +7,10 @@
  * after), the worker's words read into kinds, the quarantine, the shrink onto the devices
  * left, the relaunch, the drain, a hang's suspects, the teardown of a failing launch and an
  * interruption's grace. And the errno classes a storage error rests on (rk_err_code_errno:
- * RK_ESTORAGE, which rk train turns into exit status 6).
+ * RK_ESTORAGE, which rk train turns into exit status 6). And the launch's choices (env.c,
+ * launch.c): a launcher's variables mapped to RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+ * for Open MPI, MPICH and Slurm; `auto` picking mpirun for an ELF that needs libmpi.so or
+ * librekindle.so and local for anything else (scripts, other ELFs, broken or cut files).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,13 +19,17 @@
 
 #include <cmocka.h>
 
+#include <elf.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/msg.h"
 #include "rekindle/heartbeat.h"
 #include "supervisor/policy.h"
+#include "supervisor/supervisor.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 /* Rank fields in tables: R(k) is rank k, 0 is none (so that an unset field means none). */
@@ -633,6 +640,165 @@ static void test_storage_errnos(void **state)
     assert_string_not_equal(rk_strerror(RK_ESTORAGE), rk_strerror(-1000));
 }
 
+/* ---- the launch's environment and launcher --------------------------------------------- */
+
+static const char *const *fake_env;
+static const char *fake_get(const char *name)
+{
+    for (size_t k = 0; fake_env[k]; k += 2)
+        if (strcmp(fake_env[k], name) == 0)
+            return fake_env[k + 1];
+    return NULL;
+}
+
+/* Each launcher's variables give RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; without the
+ * local pair the job is one node; inconsistent or broken values are no mapping. */
+static void test_rank_env_map(void **state)
+{
+    (void)state;
+    static const char *const ompi[] = {"OMPI_COMM_WORLD_RANK",
+                                       "3",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "8",
+                                       "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "1",
+                                       "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                       "2",
+                                       NULL};
+    static const char *const pmi[] = {"PMI_RANK", "1", "PMI_SIZE", "2", NULL};
+    static const char *const slurm[] = {"SLURM_PROCID",
+                                        "5",
+                                        "SLURM_NTASKS",
+                                        "7",
+                                        "SLURM_LOCALID",
+                                        "1",
+                                        "SLURM_NODEID",
+                                        "2",
+                                        "SLURM_TASKS_PER_NODE",
+                                        "2(x2),3",
+                                        NULL};
+    static const char *const slurm1[] = {
+        "SLURM_PROCID", "1", "SLURM_NTASKS", "4", "SLURM_TASKS_PER_NODE", "4", NULL};
+    static const char *const both[] = {"OMPI_COMM_WORLD_RANK",
+                                       "2",
+                                       "OMPI_COMM_WORLD_SIZE",
+                                       "4",
+                                       "SLURM_PROCID",
+                                       "0",
+                                       "SLURM_NTASKS",
+                                       "1",
+                                       NULL};
+    static const char *const bad1[] = {"OMPI_COMM_WORLD_RANK", "4", "OMPI_COMM_WORLD_SIZE", "4",
+                                       NULL};
+    static const char *const bad2[] = {"PMI_RANK", "1x", "PMI_SIZE", "2", NULL};
+    static const char *const bad3[] = {"PMI_RANK", "-1", "PMI_SIZE", "2", NULL};
+    static const char *const none[] = {"RANK", "1", "WORLD_SIZE", "2", NULL};
+    static const struct {
+        const char *const *env;
+        int ok;
+        long want[4];
+    } cases[] = {
+        {ompi, 1, {3, 8, 1, 2}},  {pmi, 1, {1, 2, 1, 2}},
+        {slurm, 1, {5, 7, 1, 3}}, {slurm1, 1, {1, 4, 1, 4}},
+        {both, 1, {2, 4, 2, 4}},  {bad1, 0, {0}},
+        {bad2, 0, {0}},           {bad3, 0, {0}},
+        {none, 0, {0}},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        fake_env = cases[k].env;
+        long got[4] = {-9, -9, -9, -9};
+        int ok = rk_env_rank_map(fake_get, got);
+        if (ok != cases[k].ok)
+            fail_msg("case %zu: mapped %d", k, ok);
+        for (int i = 0; ok && i < 4; i++)
+            if (got[i] != cases[k].want[i])
+                fail_msg("case %zu: value %d is %ld, want %ld", k, i, got[i], cases[k].want[i]);
+    }
+}
+
+/* A minimal 64-bit ELF file with a dynamic section needing `libs` (NULL-ended), cut to `cut`
+ * bytes when cut > 0. */
+static void write_elf(const char *path, const char *const *libs, size_t cut)
+{
+    unsigned char buf[4096] = {0};
+    Elf64_Ehdr *eh = (Elf64_Ehdr *)buf;
+    memcpy(eh->e_ident, ELFMAG, SELFMAG);
+    eh->e_ident[EI_CLASS] = ELFCLASS64;
+    eh->e_ident[EI_DATA] = ELFDATA2LSB;
+    eh->e_ident[EI_VERSION] = EV_CURRENT;
+    eh->e_type = ET_EXEC;
+    eh->e_shentsize = sizeof(Elf64_Shdr);
+    eh->e_shnum = 3;
+    eh->e_shoff = 1024;
+    char *str = (char *)buf + 512; /* .dynstr */
+    size_t used = 1;
+    Elf64_Dyn *d = (Elf64_Dyn *)(buf + 256);
+    int nd = 0;
+    for (int i = 0; libs[i]; i++) {
+        d[nd].d_tag = DT_NEEDED;
+        d[nd++].d_un.d_val = used;
+        memcpy(str + used, libs[i], strlen(libs[i]) + 1);
+        used += strlen(libs[i]) + 1;
+    }
+    d[nd++].d_tag = DT_NULL;
+    Elf64_Shdr *sh = (Elf64_Shdr *)(buf + 1024);
+    sh[1].sh_type = SHT_STRTAB;
+    sh[1].sh_offset = 512;
+    sh[1].sh_size = used;
+    sh[2].sh_type = SHT_DYNAMIC;
+    sh[2].sh_offset = 256;
+    sh[2].sh_size = (uint64_t)nd * sizeof(Elf64_Dyn);
+    sh[2].sh_link = 1;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    size_t n = cut ? cut : 1024 + 3 * sizeof(Elf64_Shdr);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    fclose(f);
+}
+
+/* auto: mpirun for an ELF that needs libmpi.so* or librekindle.so* and whenever launcher
+ * arguments are given; local for a script, an ELF needing neither, a cut or missing file. */
+static void test_launch_pick(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/rk-test-pick.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], why[512];
+    char *argv[2] = {path, NULL};
+    static const char *const mpi[] = {"libm.so.6", "libmpi.so.40", NULL};
+    static const char *const rekindle[] = {"librekindle.so.0", NULL};
+    static const char *const plain[] = {"libc.so.6", "libmpich_not.so", NULL};
+    static const struct {
+        const char *const *libs;
+        size_t cut;
+        rk_launcher want;
+    } cases[] = {{mpi, 0, RK_LAUNCH_MPIRUN},
+                 {rekindle, 0, RK_LAUNCH_MPIRUN},
+                 {plain, 0, RK_LAUNCH_LOCAL},
+                 {mpi, 1030, RK_LAUNCH_LOCAL},
+                 {mpi, 40, RK_LAUNCH_LOCAL}};
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        snprintf(path, sizeof path, "%s/prog%zu", dir, k);
+        write_elf(path, cases[k].libs, cases[k].cut);
+        if (rk_launch_pick(argv, 0, why, sizeof why) != cases[k].want)
+            fail_msg("case %zu: %s", k, why);
+        assert_int_equal(rk_launch_pick(argv, 1, why, sizeof why), RK_LAUNCH_MPIRUN);
+        unlink(path);
+    }
+    snprintf(path, sizeof path, "%s/script", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("#!/bin/sh\nexit 0\n", f);
+    fclose(f);
+    assert_int_equal(rk_launch_pick(argv, 0, why, sizeof why), RK_LAUNCH_LOCAL);
+    assert_non_null(strstr(why, "is not an MPI program"));
+    unlink(path);
+    assert_int_equal(rk_launch_pick(argv, 0, why, sizeof why), RK_LAUNCH_LOCAL); /* missing */
+    char *sh[] = {"sh", NULL}; /* through PATH, a real ELF that needs no MPI */
+    assert_int_equal(rk_launch_pick(sh, 0, why, sizeof why), RK_LAUNCH_LOCAL);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -648,6 +814,8 @@ int main(void)
         cmocka_unit_test(test_teardown_due),
         cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_storage_errnos),
+        cmocka_unit_test(test_rank_env_map),
+        cmocka_unit_test(test_launch_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

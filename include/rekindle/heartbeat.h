@@ -86,7 +86,9 @@ typedef enum {
  *
  *   type    fields (besides type, rank)           ranges
  *   hello   version world pid device step         version >= 1, world 1..65536, rank < world,
- *                                                 pid >= 1, device <= 63 bytes (may be "")
+ *           stacks (optional)                     pid >= 1, device <= 63 bytes (may be "");
+ *                                                 stacks: true if the worker dumps its threads'
+ *                                                 stacks on SIGUSR1 (absent, false: it does not)
  *   step    step loss(+loss_finite) dt            loss any finite number or null, dt >= 0
  *   comm    step
  *   event   step kind blame action lost_steps     kind, action: [a-z_]{1,31}; blame -1..65535
@@ -106,6 +108,7 @@ typedef struct rk_hb_msg {
     int64_t step, lost_steps;
     double loss, dt, seconds;
     bool loss_finite;
+    bool stacks; /* hello: SIGUSR1 dumps the stacks to $RK_STACK_DIR (docs/protocol.md) */
     char device[64], kind[32], action[32], status[16], detail[RK_HB_DETAIL_MAX + 1];
 } rk_hb_msg;
 

@@ -245,6 +245,10 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
             (rc = get_str(o, &S_DEVICE, false, m->device, err)))
             return rc;
         m->pid = (long)pid;
+        json_t *st = json_object_get(o, "stacks"); /* optional */
+        if (st && !json_is_boolean(st))
+            return expected(err, RK_EFORMAT, "stacks", "true or false");
+        m->stacks = st && json_is_true(st);
     }
     if ((rc = get_int(o, &I_STEP, &m->step, err)))
         return rc;
@@ -443,6 +447,8 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
         put_str(&o, "device", m->device);
     }
     put(&o, ",\"step\":%" PRId64, m->step);
+    if (m->type == RK_HB_HELLO && m->stacks)
+        put(&o, ",\"stacks\":true");
     switch (m->type) {
     case RK_HB_HELLO:
     case RK_HB_COMM: break;

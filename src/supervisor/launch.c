@@ -1,16 +1,19 @@
 /*
- * Launching a job's ranks through an existing launcher (supervisor.h): Open MPI's mpirun, or
- * srun under Slurm. argv arrays and execvp, never a shell. Between rk run and the launcher
- * stands a keeper, a small child of rk run that holds the job: pid 1 of a PID namespace of
- * its own when the kernel allows it (everything in it dies with the keeper), else a child
- * subreaper that kills its descendants, found in /proc, before it exits. The keeper dies
- * with rk run (PR_SET_PDEATHSIG, and a lifeline pipe for the race and the subreaper case).
+ * Launching a job's ranks (supervisor.h): through Open MPI's mpirun, srun under Slurm, or
+ * forked by the keeper itself (local). argv arrays and execvp, never a shell. Between rk run
+ * and the ranks stands a keeper, a small child of rk run that holds the job: pid 1 of a PID
+ * namespace of its own when the kernel allows it (everything in it dies with the keeper),
+ * else a child subreaper that kills its descendants, found in /proc, before it exits. The
+ * keeper dies with rk run (PR_SET_PDEATHSIG, and a lifeline pipe for the race and the
+ * subreaper case). `auto` reads the worker's ELF dynamic section to choose (rk_launch_pick).
  */
 #define _GNU_SOURCE
+#include "rekindle/heartbeat.h"
 #include "supervisor/supervisor.h"
 
 #include <ctype.h>
 #include <dirent.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -21,6 +24,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,12 +47,42 @@ static int names_hosts(char *const *extra)
     return 0;
 }
 
-/* argv for the launcher; strings point into `nbuf` (the rank count) or the inputs. */
+const char *rk_launcher_name(rk_launcher kind)
+{
+    return kind == RK_LAUNCH_SRUN    ? "srun"
+           : kind == RK_LAUNCH_LOCAL ? "local"
+           : kind == RK_LAUNCH_AUTO  ? "auto"
+                                     : "mpirun";
+}
+
+/* This executable's path (for `rk _rank-env` under mpirun and srun), "rk" if unknown. */
+static const char *self_exe(void)
+{
+    static char exe[4096];
+    if (!exe[0]) {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        snprintf(exe + (n > 0 ? n : 0), sizeof exe - (size_t)(n > 0 ? n : 0), "%s",
+                 n > 0 ? "" : "rk");
+    }
+    return exe;
+}
+
+/* argv for the launcher; strings point into `nbuf` (the rank count) or the inputs. Local:
+ * the worker's own argv (the keeper forks the ranks). */
 static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *worker,
                       const char **argv, char *nbuf, size_t ncap)
 {
     int k = 0;
     snprintf(nbuf, ncap, "%d", n);
+    if (kind == RK_LAUNCH_LOCAL) {
+        for (int i = 0; worker[i]; i++) {
+            if (k >= MAX_ARGS - 1)
+                return -1;
+            argv[k++] = worker[i];
+        }
+        argv[k] = NULL;
+        return k;
+    }
     if (kind == RK_LAUNCH_SRUN) {
         argv[k++] = "srun";
         argv[k++] = "--kill-on-bad-exit=1";
@@ -76,6 +110,13 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
             return -1;
         argv[k++] = extra[i];
     }
+    /* each rank's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's
+     * variables, then the worker in place (cli/cmd_rank_env.c) */
+    if (k >= MAX_ARGS - 4)
+        return -1;
+    argv[k++] = self_exe();
+    argv[k++] = "_rank-env";
+    argv[k++] = "--";
     for (int i = 0; worker[i]; i++) {
         if (k >= MAX_ARGS - 1)
             return -1;
@@ -94,9 +135,124 @@ const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_ar
     if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
         return "(too many arguments)";
     size_t used = 0;
+    if (kind == RK_LAUNCH_LOCAL)
+        used = (size_t)snprintf(buf, cap, "rk run forks %d rank%s:", n, n == 1 ? "" : "s");
     for (int i = 0; argv[i] && used + 1 < cap; i++)
-        used += (size_t)snprintf(buf + used, cap - used, i ? " %s" : "%s", argv[i]);
+        used += (size_t)snprintf(buf + used, cap - used, i || used ? " %s" : "%s", argv[i]);
     return buf;
+}
+
+/* ---- auto: is the worker an MPI program? --------------------------------------------------- */
+
+#define ELF_MAX_SECTIONS 4096
+#define ELF_MAX_DYNAMIC (1 << 20) /* bytes of the dynamic section read */
+#define ELF_MAX_DYNSTR (4 << 20)  /* bytes of its string table read */
+
+/* argv[0] as execvp finds it: itself if it holds a '/', else the first executable regular
+ * file of that name in PATH. 0 if none. */
+static int resolve_program(const char *prog, char *out, size_t cap)
+{
+    struct stat st;
+    if (strchr(prog, '/'))
+        return snprintf(out, cap, "%s", prog) < (int)cap && stat(out, &st) == 0;
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    for (const char *p = path; *p;) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if ((size_t)snprintf(out, cap, "%.*s%s%s", (int)len, p, len ? "/" : "", prog) < cap &&
+            stat(out, &st) == 0 && S_ISREG(st.st_mode) && access(out, X_OK) == 0)
+            return 1;
+        p += len + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+static int read_at(int fd, void *buf, size_t n, uint64_t off, uint64_t size)
+{
+    if (off > size || n > size - off)
+        return -1;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* The first DT_NEEDED of the 64-bit little-endian ELF file `fd` (of `size` bytes) whose name
+ * starts with libmpi.so or librekindle.so, into lib[cap]; 1 if found. */
+static int elf_needs_mpi(int fd, uint64_t size, char *lib, size_t cap)
+{
+    Elf64_Ehdr eh;
+    if (read_at(fd, &eh, sizeof eh, 0, size) || memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_ident[EI_DATA] != ELFDATA2LSB ||
+        eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0 || eh.e_shnum > ELF_MAX_SECTIONS)
+        return 0;
+    static const uint16_t one = 1;
+    if (*(const unsigned char *)&one != 1) /* a big-endian host reads none of it */
+        return 0;
+    for (uint16_t i = 0; i < eh.e_shnum; i++) {
+        Elf64_Shdr dyn, str;
+        if (read_at(fd, &dyn, sizeof dyn, eh.e_shoff + (uint64_t)i * sizeof dyn, size))
+            return 0;
+        if (dyn.sh_type != SHT_DYNAMIC || dyn.sh_link >= eh.e_shnum ||
+            dyn.sh_size > ELF_MAX_DYNAMIC ||
+            read_at(fd, &str, sizeof str, eh.e_shoff + (uint64_t)dyn.sh_link * sizeof str, size) ||
+            str.sh_size == 0 || str.sh_size > ELF_MAX_DYNSTR)
+            continue;
+        size_t nd = dyn.sh_size / sizeof(Elf64_Dyn);
+        Elf64_Dyn *d = malloc(nd * sizeof *d + 1);
+        char *names = malloc(str.sh_size + 1);
+        int found = 0;
+        if (d && names && !read_at(fd, d, nd * sizeof *d, dyn.sh_offset, size) &&
+            !read_at(fd, names, str.sh_size, str.sh_offset, size)) {
+            names[str.sh_size] = '\0';
+            for (size_t k = 0; k < nd && d[k].d_tag != DT_NULL && !found; k++) {
+                if (d[k].d_tag != DT_NEEDED || d[k].d_un.d_val >= str.sh_size)
+                    continue;
+                const char *name = names + d[k].d_un.d_val;
+                if (strncmp(name, "libmpi.so", 9) == 0 || strncmp(name, "librekindle.so", 14) == 0)
+                    found = snprintf(lib, cap, "%s", name) > 0;
+            }
+        }
+        free(d);
+        free(names);
+        if (found)
+            return 1;
+    }
+    return 0;
+}
+
+rk_launcher rk_launch_pick(char *const *worker, int launcher_args, char *why, size_t cap)
+{
+    if (launcher_args) {
+        snprintf(why, cap, "--launcher-arg given");
+        return RK_LAUNCH_MPIRUN;
+    }
+    char path[4096], lib[256];
+    const char *prog = worker && worker[0] ? worker[0] : "";
+    if (!resolve_program(prog, path, sizeof path)) {
+        snprintf(why, cap, "%s is not an executable found in PATH", prog);
+        return RK_LAUNCH_LOCAL;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    int mpi = 0;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+        mpi = elf_needs_mpi(fd, (uint64_t)st.st_size, lib, sizeof lib);
+    if (fd >= 0)
+        close(fd);
+    if (mpi)
+        snprintf(why, cap, "%s (%s) needs %s", prog, path, lib);
+    else
+        snprintf(why, cap, "%s (%s) is not an MPI program", prog, path);
+    return mpi ? RK_LAUNCH_MPIRUN : RK_LAUNCH_LOCAL;
 }
 
 /* LD_PRELOAD=librkloopback.so[:what was there] into buf for a single-node mpirun and its
@@ -262,11 +418,40 @@ static void signal_job(int pidns, int sig)
         signal_tree(getpid(), sig, 0);
 }
 
-/* The keeper's life: start the launcher, reap everything, pass TERM, INT and HUP on to the job,
- * kill the job when rk run goes (lifeline at end of file) or the launcher exits, and exit
- * with the launcher's status (128 + signal for a signal). Never returns. */
+/* The first child process: the launcher (nranks 0), or each rank of a local launch with its
+ * RANK and LOCAL_RANK. Never returns: the exec's errno goes to rk run through `report`. */
+static void exec_child(const char **argv, char *const *env, char *preload, const sigset_t *set,
+                       int report, int rank)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    sigprocmask(SIG_UNBLOCK, set, NULL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    for (int i = 0; env && env[i]; i++)
+        putenv(env[i]);
+    if (preload)
+        putenv(preload);
+    char rank_env[2][32];
+    if (rank >= 0) {
+        snprintf(rank_env[0], sizeof rank_env[0], "RANK=%d", rank);
+        snprintf(rank_env[1], sizeof rank_env[1], "LOCAL_RANK=%d", rank);
+        putenv(rank_env[0]);
+        putenv(rank_env[1]);
+    }
+    execvp(argv[0], (char *const *)argv);
+    write_errno(report, errno); /* rk run reads it: no launch, one message */
+    _exit(127);
+}
+
+/* The keeper's life: start the launcher (or, `nranks` > 0, the ranks themselves), reap
+ * everything, pass TERM, INT and HUP on to the job, kill the job when rk run goes (lifeline at
+ * end of file) or the launcher exits (a local rank fails, or the last one is done), and exit
+ * with the launcher's status (128 + signal for a signal; local: the first failed rank's, as
+ * mpirun). Never returns. */
 static void keeper(int pidns, int life, int report, const char **argv, char *const *env,
-                   char *preload)
+                   char *preload, int nranks)
 {
     setpgid(0, 0); /* the terminal's ^C goes to rk run, which decides */
     if (pidns)
@@ -284,27 +469,21 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
     sigaddset(&set, SIGHUP);
     sigprocmask(SIG_BLOCK, &set, NULL);
     int sfd = signalfd(-1, &set, SFD_CLOEXEC);
-    pid_t child = sfd < 0 ? -1 : fork();
-    if (child == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        sigprocmask(SIG_UNBLOCK, &set, NULL);
-        signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
-        signal(SIGHUP, SIG_DFL);
-        signal(SIGPIPE, SIG_DFL);
-        for (int i = 0; env && env[i]; i++)
-            putenv(env[i]);
-        if (preload)
-            putenv(preload);
-        execvp(argv[0], (char *const *)argv);
-        write_errno(report, errno); /* rk run reads it: no launch, one message */
-        _exit(127);
-    }
-    if (child < 0) {
-        write_errno(report, errno);
-        _exit(127);
+    int nchild = nranks > 0 ? nranks : 1;
+    static pid_t child[RK_SUP_MAX_DEVICES];
+    for (int r = 0; r < nchild; r++) {
+        child[r] = sfd < 0 ? -1 : fork();
+        if (child[r] == 0)
+            exec_child(argv, env, preload, &set, report, nranks > 0 ? r : -1);
+        if (child[r] < 0) {
+            write_errno(report, errno);
+            if (r > 0)
+                signal_job(pidns, SIGKILL);
+            _exit(127);
+        }
     }
     close(report);
+    int left = nchild, stopped = 0;
     for (;;) {
         struct pollfd p[2] = {{sfd, POLLIN, 0}, {life, POLLIN, 0}};
         if (poll(p, 2, -1) < 0)
@@ -321,11 +500,24 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
             continue;
         }
         int st;
-        for (pid_t w; (w = waitpid(-1, &st, WNOHANG)) > 0;)
-            if (w == child) {
-                signal_job(pidns, SIGKILL); /* what outlived the launcher goes with it */
-                _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+        for (pid_t w; (w = waitpid(-1, &st, WNOHANG)) > 0;) {
+            int r = 0;
+            while (r < nchild && child[r] != w)
+                r++;
+            if (r == nchild)
+                continue; /* an orphan of the job, reaped */
+            child[r] = -1;
+            left--;
+            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            /* the launcher, a failed rank (mpirun's rule), or the last rank: the job ends */
+            if (nranks == 0 || (code != 0 && code != RK_EXIT_STOPPED) || left == 0) {
+                signal_job(pidns, SIGKILL); /* the other ranks, and what outlived them */
+                _exit(nranks == 0 || (code != 0 && code != RK_EXIT_STOPPED)
+                          ? code
+                          : (stopped || code == RK_EXIT_STOPPED ? RK_EXIT_STOPPED : 0));
             }
+            stopped |= code == RK_EXIT_STOPPED;
+        }
     }
 }
 
@@ -365,7 +557,8 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     if (pid == 0) {
         close(life[1]);
         close(report[0]);
-        keeper(l->pidns, life[0], report[1], argv, env, l->loopback ? preload : NULL);
+        keeper(l->pidns, life[0], report[1], argv, env, l->loopback ? preload : NULL,
+               kind == RK_LAUNCH_LOCAL ? n : 0);
     }
     int fork_errno = errno;
     if (l->pidns && setns(self_ns, CLONE_NEWPID) != 0) { /* later children: our namespace */
@@ -397,7 +590,8 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     if (r == (ssize_t)sizeof e) {
         rk_launch_kill(l, 0);
         l->pid = 0;
-        return rk_err_set(err, RK_ENOENT, "cannot run the launcher %s: %s", argv[0], strerror(e));
+        return rk_err_set(err, RK_ENOENT, "cannot run the %s %s: %s",
+                          kind == RK_LAUNCH_LOCAL ? "worker" : "launcher", argv[0], strerror(e));
     }
     return RK_OK;
 }

@@ -124,8 +124,9 @@ static int start_launch(sup *s, rk_err *err)
     s->v.rank = -1;
     s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = '\0';
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
-        env_done[8192], env_tmp[3][200];
-    const char *env[14];
+        env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
+        env_restart[48], env_stack[4300], env_pypath[8400];
+    const char *env[32];
     int e = 0;
     /* Open MPI's session directory and shared-memory files in a directory of this launch:
      * in a PID namespace every job's mpirun has the same pid, from which Open MPI derives
@@ -149,6 +150,34 @@ static int start_launch(sup *s, rk_err *err)
     env[e++] = env_dev;
     snprintf(env_launch, sizeof env_launch, "RK_LAUNCH=%d", s->launch_no);
     env[e++] = env_launch;
+    /* what torch.distributed and torchrun's users read (RANK and LOCAL_RANK: per rank, set by
+     * the keeper or by rk _rank-env; docs/run.md) */
+    snprintf(env_world[0], sizeof env_world[0], "WORLD_SIZE=%d", s->n);
+    snprintf(env_world[1], sizeof env_world[1], "LOCAL_WORLD_SIZE=%d", s->n);
+    env[e++] = env_world[0];
+    env[e++] = env_world[1];
+    env[e++] = "MASTER_ADDR=127.0.0.1";
+    int port = rk_env_free_port(); /* fresh for every launch: the last one's may linger */
+    if (port > 0) {
+        snprintf(env_port, sizeof env_port, "MASTER_PORT=%d", port);
+        env[e++] = env_port;
+    }
+    snprintf(env_cvd, sizeof env_cvd, "CUDA_VISIBLE_DEVICES=%s", env_dev + strlen("RK_DEVICES="));
+    env[e++] = env_cvd;
+    if (!getenv("CUDA_DEVICE_ORDER")) /* CUDA's numbering is then NVML's, the device ids' */
+        env[e++] = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
+    snprintf(env_restart, sizeof env_restart, "TORCHELASTIC_RESTART_COUNT=%d", s->launch_no);
+    env[e++] = env_restart;
+    snprintf(env_stack, sizeof env_stack, "RK_STACK_DIR=%s", s->stack_dir);
+    env[e++] = env_stack;
+    if (!s->o->no_pythonpath) {
+        char dir[4096];
+        const char *old = getenv("PYTHONPATH");
+        if (rk_env_python_dir(dir, sizeof dir) &&
+            (size_t)snprintf(env_pypath, sizeof env_pypath, "PYTHONPATH=%s%s%s", dir,
+                             old && *old ? ":" : "", old ? old : "") < sizeof env_pypath)
+            env[e++] = env_pypath;
+    }
     if (s->o->ckpt_dir) {
         snprintf(env_dir, sizeof env_dir, "RK_CKPT_DIR=%s", s->o->ckpt_dir);
         env[e++] = env_dir;
@@ -244,6 +273,32 @@ static void no_relaunch(sup *s, size_t at)
 }
 
 /* ---- the job ------------------------------------------------------------------------------- */
+
+/* RK_STACK_DIR: --stack-dir (created if missing), else the directory of --events, else
+ * "stacks" in the job's private directory (removed at the end with the socket's). Absolute,
+ * as the ranks may change directory. */
+static int open_stack_dir(sup *s, rk_err *err)
+{
+    char want[4096];
+    if (s->o->stack_dir)
+        snprintf(want, sizeof want, "%s", s->o->stack_dir);
+    else if (s->o->events_path) {
+        snprintf(want, sizeof want, "%s", s->o->events_path);
+        char *slash = strrchr(want, '/');
+        if (!slash)
+            snprintf(want, sizeof want, ".");
+        else if (slash == want)
+            want[1] = '\0';
+        else
+            *slash = '\0';
+    } else
+        snprintf(want, sizeof want, "%s/stacks", s->dir);
+    if (mkdir(want, 0700) != 0 && errno != EEXIST)
+        return rk_err_set(err, RK_EIO, "--stack-dir %s: %s", want, strerror(errno));
+    if (!realpath(want, s->stack_dir))
+        return rk_err_set(err, RK_EIO, "--stack-dir %s: %s", want, strerror(errno));
+    return RK_OK;
+}
 
 /* The devices of this launch, as "0,2,3", into list[cap]. */
 static const char *device_list(const sup *s, char *list, size_t cap)
@@ -380,6 +435,10 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
             rk_err_set(&rep->err, RK_ENOMEM, "out of memory");
         goto out;
     }
+    if (open_stack_dir(s, &err)) {
+        rep->err = err;
+        goto out;
+    }
     if (open_gate(s, rep))
         goto out;
     struct sigaction sa = {0};
@@ -396,7 +455,8 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
         goto out;
     }
     char desc[1024];
-    sup_say(s, "%s",
+    sup_say(s, "launcher %s (%s): %s", rk_launcher_name(o->launcher),
+            o->launcher_why ? o->launcher_why : "--launcher",
             rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc));
     char devs[512];
     sup_say(s, "%d rank%s on device%s %s; heartbeat timeout %.0f s, quarantine after %d failure%s",

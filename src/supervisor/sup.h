@@ -83,6 +83,7 @@ typedef struct sup {
     int told_pidns;    /* said once why the job has no PID namespace */
     int told_loopback; /* said once that Open MPI's listeners are not on loopback only */
     char jobdir[128];  /* the launcher's private temporary directory */
+    char stack_dir[4096]; /* RK_STACK_DIR: where hung ranks write their stacks (stacks.c) */
     rk_gate *gate;     /* the health gate, NULL without --health */
     double last_gate;  /* when the gate last read the GPUs */
     rk_sup_rules rules;

@@ -18,11 +18,20 @@
 #include <sys/types.h>
 
 #include "rekindle/error.h"
+#include "rekindle/heartbeat.h"
 #include "supervisor/policy.h"
 
 #define RK_SUP_MAX_DEVICES 256
 
-typedef enum rk_launcher { RK_LAUNCH_MPIRUN, RK_LAUNCH_SRUN } rk_launcher;
+/* How the ranks are started: through Open MPI's mpirun, through srun, or forked by rk run's
+ * keeper itself (local: no MPI). AUTO is a request, resolved by rk_launch_pick before the
+ * job starts. */
+typedef enum rk_launcher {
+    RK_LAUNCH_MPIRUN,
+    RK_LAUNCH_SRUN,
+    RK_LAUNCH_LOCAL,
+    RK_LAUNCH_AUTO
+} rk_launcher;
 
 typedef struct rk_sup_opts {
     int n;                                   /* ranks to start with */
@@ -38,10 +47,13 @@ typedef struct rk_sup_opts {
     const char *inject;       /* fault spec (already checked) or NULL */
     const char *events_path;  /* NULL: no events file */
     const char *summary_path; /* NULL: no summary file */
-    rk_launcher launcher;
+    rk_launcher launcher;       /* never AUTO here (rk_launch_pick) */
+    const char *launcher_why;   /* why that launcher, for the first status line; NULL: asked */
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
     char *const *worker;        /* WORKER ARGS..., NULL-terminated */
     int quiet;                  /* no live status lines */
+    const char *stack_dir;      /* RK_STACK_DIR for the workers; NULL: a private directory */
+    int no_pythonpath;          /* 1: leave PYTHONPATH as it is */
     /* the health gate (gate.c): NULL backend = none */
     const char *health;       /* "nvml" or "sim" */
     int health_sim_gpus;      /* sim: fleet size (at least the devices' largest index + 1) */
@@ -102,7 +114,15 @@ typedef struct rk_launch {
  * `want_pidns` and the kernel allows it (l->pidns), else a child subreaper. The keeper and
  * everything it started die when this process dies, however it dies. argv is built here,
  * never a shell string. A launcher that cannot be executed: RK_ENOENT naming it and why,
- * nothing left running. */
+ * nothing left running.
+ * RK_LAUNCH_LOCAL: the keeper forks the n ranks itself, each with RANK and LOCAL_RANK added,
+ * and behaves as mpirun does with a SIGKILL timeout of 0: the first rank that exits with a
+ * status other than 0 and 4 (stopped), or dies by a signal, gets the other ranks SIGKILLed
+ * at once and its status (128 + signal) is the keeper's; ranks that exit 0 or 4 wait for the
+ * others; all done: 4 if any stopped, else 0. A worker that cannot be executed: RK_ENOENT.
+ * mpirun and srun: the worker runs under `rk _rank-env` (cli/cmd_rank_env.c), which sets
+ * RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE from the launcher's variables and execs the
+ * worker in place (same pid). */
 int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
                     char *const *worker, char *const *env, int want_pidns, rk_err *err);
 /* Reap without blocking: 1 once exited (l->status set), else 0. */
@@ -119,9 +139,31 @@ int rk_proc_descends(pid_t pid, pid_t root);
 /* `pid`'s pid in its own PID namespace (the last NSpid of /proc/PID/status: what its
  * getpid() returns), -1 if it is gone. */
 long rk_proc_nspid(pid_t pid);
+/* `auto`: mpirun when `launcher_args` are given or the worker's executable (argv[0], looked
+ * up in PATH as execvp does) is an ELF file that needs libmpi.so* or librekindle.so*, else
+ * local. Why, in why[cap] ("python3 is not an MPI program (/usr/bin/python3.11)"). Reads at
+ * most a few MiB of the file, a regular file only; anything it cannot read is not MPI. */
+rk_launcher rk_launch_pick(char *const *worker, int launcher_args, char *why, size_t cap);
+/* "mpirun", "srun", "local". */
+const char *rk_launcher_name(rk_launcher kind);
 /* The launcher's argv for a printout (static storage, for messages). */
 const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
                                char *const *worker, char *buf, size_t cap);
+
+/* ---- env.c ------------------------------------------------------------------------------- */
+
+/* A TCP port free on 127.0.0.1 now (bound to port 0, read, closed), -1 if none. */
+int rk_env_free_port(void);
+/* The directory that holds the rekindle Python package (rekindle/__init__.py): the installed
+ * <prefix>/share/rekindle/python beside this executable's <prefix>/bin, else the source
+ * tree's python/; into buf[cap], NULL if neither holds it. */
+const char *rk_env_python_dir(char *buf, size_t cap);
+/* A rank's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (out[0..3]) from its launcher's
+ * variables, read through `get` (getenv): Open MPI's OMPI_COMM_WORLD_*, else MPICH's PMI_RANK,
+ * PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS, else Slurm's SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID and SLURM_TASKS_PER_NODE at SLURM_NODEID. Without the local pair, one node:
+ * the local values are the global ones. 0 if no set is there and consistent. */
+int rk_env_rank_map(const char *(*get)(const char *name), long out[4]);
 
 /* ---- gate.c ------------------------------------------------------------------------------ */
 

@@ -1,0 +1,43 @@
+/*
+ * rk _rank-env -- WORKER [ARGS...]: the hidden wrapper rk run puts in front of the worker
+ * under mpirun and srun. Sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
+ * launcher's variables (src/supervisor/env.c) and execs the worker in place: the same pid,
+ * so the heartbeat's hello check against the kernel holds (docs/run.md).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rk.h"
+#include "supervisor/supervisor.h"
+
+static const char *get(const char *name)
+{
+    return getenv(name);
+}
+
+int rk_cmd_rank_env(int argc, char **argv)
+{
+    int i = 1;
+    if (i < argc && strcmp(argv[i], "--") == 0)
+        i++;
+    if (i >= argc) {
+        fprintf(stderr, "usage: rk _rank-env -- WORKER [ARGS...] (used by rk run)\n");
+        return RK_EXIT_USAGE;
+    }
+    long v[4];
+    if (rk_env_rank_map(get, v)) {
+        static const char *const names[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                             "LOCAL_WORLD_SIZE"};
+        for (int k = 0; k < 4; k++) {
+            char num[24];
+            snprintf(num, sizeof num, "%ld", v[k]);
+            setenv(names[k], num, 1);
+        }
+    }
+    execvp(argv[i], argv + i);
+    fprintf(stderr, "rk _rank-env: cannot run %s: %s\n", argv[i], strerror(errno));
+    return 127;
+}

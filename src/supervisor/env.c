@@ -1,0 +1,139 @@
+/*
+ * The environment rk run gives every rank besides the heartbeat's (docs/run.md, "The ranks'
+ * environment"): the torch variables common to all ranks (a free MASTER_PORT, the devices in
+ * CUDA_VISIBLE_DEVICES), the rekindle Python package on PYTHONPATH, and the per-rank mapping
+ * of a launcher's variables to RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE that
+ * `rk _rank-env` applies under mpirun and srun.
+ */
+#include "supervisor/supervisor.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int rk_env_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* 1 if dir/rekindle/__init__.py is a regular file. */
+static int holds_package(const char *dir)
+{
+    char path[4200];
+    struct stat st;
+    return (size_t)snprintf(path, sizeof path, "%s/rekindle/__init__.py", dir) < sizeof path &&
+           stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char *rk_env_python_dir(char *buf, size_t cap)
+{
+#ifndef RK_PYTHON_RELDIR
+#define RK_PYTHON_RELDIR "share/rekindle/python"
+#endif
+#ifndef RK_PYTHON_SRCDIR
+#define RK_PYTHON_SRCDIR ""
+#endif
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash && slash != exe) {
+        *slash = '\0'; /* <prefix>/bin */
+        slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0'; /* <prefix> */
+        if ((size_t)snprintf(buf, cap, "%s/%s", exe, RK_PYTHON_RELDIR) < cap && holds_package(buf))
+            return buf;
+    }
+    if (RK_PYTHON_SRCDIR[0] && (size_t)snprintf(buf, cap, "%s", RK_PYTHON_SRCDIR) < cap &&
+        holds_package(buf))
+        return buf;
+    return NULL;
+}
+
+/* ---- rk _rank-env ------------------------------------------------------------------------ */
+
+/* A decimal integer 0..max from the whole of `s`; -1 otherwise. */
+static long whole_int(const char *s, long max)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *end || v < 0 || v > max || (s[0] < '0' || s[0] > '9') ? -1 : v;
+}
+
+/* Slurm's SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of 3 nodes, then 1) for node
+ * `node`; -1 if it says nothing about it. */
+static long slurm_tasks_on(const char *spec, long node)
+{
+    for (const char *p = spec; p && *p && node >= 0;) {
+        char *end;
+        long tasks = strtol(p, &end, 10), times = 1;
+        if (end == p || tasks < 1)
+            return -1;
+        p = end;
+        if (strncmp(p, "(x", 2) == 0) {
+            times = strtol(p + 2, &end, 10);
+            if (end == p + 2 || *end != ')' || times < 1)
+                return -1;
+            p = end + 1;
+        }
+        if (node < times)
+            return tasks;
+        node -= times;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return -1;
+    }
+    return -1;
+}
+
+int rk_env_rank_map(const char *(*get)(const char *name), long out[4])
+{
+    static const char *const sets[][4] = {
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
+    };
+    const long max = RK_HB_RANK_MAX + 1;
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
+        long rank = whole_int(get(sets[k][0]), max), world = whole_int(get(sets[k][1]), max);
+        if (rank < 0 || world < 1 || rank >= world)
+            continue;
+        long lrank = whole_int(get(sets[k][2]), max), lworld = -1;
+        if (sets[k][3])
+            lworld = whole_int(get(sets[k][3]), max);
+        else
+            lworld =
+                slurm_tasks_on(get("SLURM_TASKS_PER_NODE"), whole_int(get("SLURM_NODEID"), max));
+        if (lrank < 0 || lworld < 1 || lrank >= lworld) { /* one node */
+            lrank = rank;
+            lworld = world;
+        }
+        out[0] = rank;
+        out[1] = world;
+        out[2] = lrank;
+        out[3] = lworld;
+        return 1;
+    }
+    return 0;
+}
