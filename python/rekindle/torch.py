@@ -1,0 +1,797 @@
+"""rekindle.torch: a PyTorch DDP training loop under rk run, protected.
+
+A DDP script keeps its init_process_group, DDP(model), optimiser and loss; it creates one
+Job after them and changes three lines of its loop (docs/pytorch.md):
+
+    job = rekindle.torch.Job(model, opt, global_batch=B, data_size=len(dataset))
+    for step in job.steps(total):                  # was: for step in range(total)
+        idx = ...                                  # this rank's share of global batch `step`
+        opt.zero_grad()
+        loss = job.scale(loss_fn(model(x), y), len(idx))
+        loss.backward()
+        job.step()                                 # was: opt.step()
+
+The Job resumes from the newest good checkpoint (model, optimiser, RNG states, data
+position; world-size independent), speaks the heartbeat protocol, applies RK_INJECT faults,
+runs the step guards of docs/guards.md, checkpoints every N steps and on stop, and exits with
+the protocol's statuses. A step that a guard rejects is not applied: `steps` yields the same
+step again and the loop body runs again on the same batch (redo); after a rollback it yields
+the steps since the snapshot again (replay).
+"""
+
+import copy
+import json
+import math
+import os
+import random
+import signal
+import struct
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import xxhash
+from torch.nn.parallel import DistributedDataParallel as _DDP
+
+import rekindle
+from rekindle import ckpt as _ckpt
+from rekindle import inject as _inject
+
+__all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore"]
+
+EXIT_FAIL = getattr(rekindle, "EXIT_FAIL", 1)
+EXIT_USAGE = getattr(rekindle, "EXIT_USAGE", 2)
+EXIT_COMM = getattr(rekindle, "EXIT_COMM", 3)
+EXIT_STOPPED = getattr(rekindle, "EXIT_STOPPED", 4)
+EXIT_GUARD = getattr(rekindle, "EXIT_GUARD", 5)
+EXIT_STORAGE = getattr(rekindle, "EXIT_STORAGE", 6)
+
+_DTYPES = {
+    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+_TORCH = {v: k for k, v in _DTYPES.items()}
+
+# Layout of the vector each step's gradient all-reduce carries (summed over ranks): the
+# scaled loss, the sample count, three command flags, then one gradient-norm slot per rank.
+_V_LOSS, _V_COUNT, _V_STOP, _V_CKPT, _V_LOST, _V_NORMS = range(6)
+_SPIKE_WINDOW = 32
+_COMM_GRACE_S = 10.0  # a survivor of a peer's death waits this long for rk run's teardown
+
+
+def _raw(t):
+    """The bytes of a tensor, C order, little-endian (as the checkpoint stores them)."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.numel() == 0:
+        return b""
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def _item(name, t):
+    return _ckpt.Item(name, _DTYPES[t.dtype], tuple(t.shape), _raw(t))
+
+
+def _tensor(item):
+    dtype = _TORCH.get(item.dtype)
+    if dtype is None:
+        raise ValueError(f"tensor '{item.name}': dtype {item.dtype} is not one torch reads here")
+    shape = tuple(item.shape)
+    if len(item.data) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(item.data), dtype=dtype).reshape(shape).clone()
+
+
+def _blob(name, obj):
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return _ckpt.Item(name, "U8", (len(data),), data)
+
+
+def _hash_tensors(tensors):
+    h = xxhash.xxh64()
+    for t in tensors:
+        h.update(_raw(t))
+    return h.intdigest()
+
+
+def params_hash(module):
+    """xxh64 (hex) of every tensor of the module's state dict, in state_dict order."""
+    h = xxhash.xxh64()
+    for t in module.state_dict().values():
+        h.update(_raw(t))
+    return h.hexdigest()
+
+
+def _optim_tensors(opt):
+    out = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for k in sorted(opt.state.get(p, {})):
+                v = opt.state[p][k]
+                if torch.is_tensor(v):
+                    out.append(v)
+    return out
+
+
+def state_hash(module, opt):
+    """xxh64 (int) of the parameters and buffers and the optimiser's state tensors."""
+    return _hash_tensors(list(module.state_dict().values()) + _optim_tensors(opt))
+
+
+def grad_outliers(norms, ratio):
+    """Ranks whose (finite) gradient norm is far off the others' (docs/guards.md): with 3 or
+    more ranks a norm above ratio x the median; with 2 the larger above ratio x the smaller."""
+    n = len(norms)
+    if n >= 3:
+        med = float(np.median(norms))
+        return [r for r in range(n) if norms[r] > ratio * med]
+    if n == 2:
+        hi = 0 if norms[0] >= norms[1] else 1
+        return [hi] if norms[hi] > ratio * norms[1 - hi] else []
+    return []
+
+
+def spike_zscore(window, loss):
+    """Robust z-score of `loss` against the accepted losses in `window`: (loss - median) /
+    (1.4826 MAD), the MAD floored at 1% of the median; 0 when there is nothing to compare."""
+    if not window:
+        return 0.0
+    v = np.array(window, dtype=np.float64)
+    med = float(np.median(v))
+    mad = max(float(np.median(np.abs(v - med))), 1e-2 * abs(med))
+    if not mad > 0:
+        return 0.0
+    return (loss - med) / (1.4826 * mad)
+
+
+def _comm_error(exc):
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, (RuntimeError, ConnectionError)) and any(
+        w in text for w in ("Gloo", "gloo", "NCCL", "Connection", "connection", "peer", "Broken pipe",
+                            "timed out", "Timed out", "ProcessGroup", "closed", "reset"))
+
+
+def injected_hang_sleeping_forever(step):
+    """An injected `hang` fault: this rank stops making progress here, on purpose."""
+    while True:
+        time.sleep(3600)
+
+
+class Job:
+    """One rank's side of a protected training job. See the module's docstring."""
+
+    def __init__(self, model, optimizer, *, global_batch, data_size=0, name="pytorch", ckpt_every=500,
+                 hash_every=10, guard=True, spike_z=10.0, grad_ratio=1000.0, keep=3, ckpt_dir=None,
+                 resume=None, config=None, verbose=True):
+        if global_batch < 1:
+            raise ValueError("global_batch must be >= 1")
+        self.model = model
+        self.module = model.module if isinstance(model, _DDP) else model
+        self.opt = optimizer
+        self.global_batch = int(global_batch)
+        self.data_size = int(data_size)
+        self.name = name
+        self.ckpt_every = int(ckpt_every)
+        self.hash_every = int(hash_every)
+        self.guard = bool(guard)
+        self.spike_z = float(spike_z)
+        self.grad_ratio = float(grad_ratio)
+        self.keep = int(keep)
+        self.verbose = verbose
+        self.extra_config = dict(config or {})
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world = dist.get_world_size() if self.distributed else 1
+        first = next(iter(self.module.parameters()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.w = rekindle.Worker()
+        self.ckpt_dir = ckpt_dir or self.w.ckpt_dir
+        self.resume = self.w.resume if resume is None else bool(resume)
+        self.step_no = 0
+        self.start_step = 0
+        self.loss = None  # the global mean loss of the last applied step
+        self._losses = []
+        self._snap = None
+        self._saved_step = -1
+        self._flags = [0.0, 0.0, 0.0]  # agreed stop, checkpoint, lost (from the last step)
+        self._stop_local = False
+        self._lock = None
+        self._hook_calls = 0
+        self._sumsq = None
+        self._vec = None
+        self._loss_t = None
+        self._count = None
+        self._nan = False
+        self._gradflip = False
+        self._slow = None  # [ms, steps left or None]
+        self._attempt = None
+        self._accepted = False
+        self._trips = 0
+        self._suspect = None
+        self._spiked = None
+        self._rolled_at = -1
+        self._t0 = 0.0
+        self._t0_step = -1
+        self._local_ckpt = False
+        self._step_rng = None
+        self._in_steps = False
+        self._install_excepthook()
+        try:
+            self.inj = _inject.from_env(self.rank, self.w.launch)
+        except ValueError as e:
+            self._usage(f"RK_INJECT: {e}")
+        self._armed = time.monotonic()
+        if self.ckpt_dir and self.rank == 0:
+            try:  # skipped under rk run for RK_CKPT_DIR, which rk run holds
+                self._lock = _ckpt.lock(self.ckpt_dir)
+            except _ckpt.StorageError as e:
+                self._storage(str(e))
+            except _ckpt.CheckpointError as e:  # another job holds it
+                self._usage(str(e))
+        if isinstance(model, _DDP):
+            model.register_comm_hook(self, _comm_hook)
+        if self.resume and self.ckpt_dir:
+            self._resume()
+        self.w.hello(self.step_no)
+
+    # ----------------------------------------------------------------- the loop
+
+    def steps(self, total):
+        """Yields the step to compute (steps applied so far) until `total` are applied; a
+        redone step is yielded again, a rollback yields the replayed steps again. At the end
+        it checkpoints (with a checkpoint directory) and says bye."""
+        self._in_steps = True
+        while True:
+            if not self._boundary(total):
+                continue  # rolled back: replay
+            if self.step_no >= total:
+                break
+            self._begin()
+            yield self.step_no
+            if self._attempt is not None:
+                raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
+        self._in_steps = False
+        if self._lock is not None:
+            _ckpt.unlock(self._lock)
+            self._lock = None
+        self.w.bye(self.step_no, "done")
+
+    def scale(self, loss, n):
+        """The rank's loss (a mean over its n samples) scaled so that DDP's average of the
+        ranks' gradients is the mean over the global batch: loss * world * n / global_batch."""
+        self._count = int(n)
+        factor = self.world * self._count / self.global_batch
+        out = loss * factor
+        if self._nan:
+            self._nan = False
+            out = out * float("nan")
+        self._loss_t = out.detach()
+        return out
+
+    def step(self):
+        """Judges the step's numbers (the guards) and applies the optimiser step, or marks
+        the step for a redo. Call it where the script called optimizer.step()."""
+        if self._attempt is None:
+            raise RuntimeError("rekindle.torch: job.step() outside job.steps()")
+        if self._loss_t is None:
+            raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
+        v = self._gathered()
+        self._loss_t = None
+        self._attempt = None
+        loss = v[_V_LOSS] / self.world
+        norms = v[_V_NORMS:_V_NORMS + self.world]
+        self._flags = [v[_V_STOP], v[_V_CKPT], v[_V_LOST]]
+        if self.guard and not self._judge(loss, norms):
+            self._redo()
+            return False
+        self.opt.step()
+        self.step_no += 1
+        self.loss = loss
+        if math.isfinite(loss):
+            self._losses = (self._losses + [loss])[-_SPIKE_WINDOW:]
+        self._trips = 0
+        self._suspect = None
+        self._spiked = None
+        self._accepted = True
+        self.w.step(self.step_no, loss, time.monotonic() - self._t0)
+        return True
+
+    # ----------------------------------------------------------------- guards
+
+    def _judge(self, loss, norms):
+        bad = [r for r, x in enumerate(norms) if not math.isfinite(x)]
+        if bad or not math.isfinite(loss):
+            blame = bad[0] if bad else -1
+            what = "gradient" if bad else "loss"
+            self._event("nan", blame, "redo", 0, f"non-finite {what} on rank {blame}; step redone")
+            return self._trip()
+        out = self._outliers(norms)
+        if self._suspect is not None:
+            r, bits = self._suspect
+            if out == [r] and struct.pack("<d", norms[r]) == bits:
+                self._event("grad_kept", -1, "kept", 0,
+                            f"rank {r}'s gradient norm {norms[r]:.6g} came back bit for bit on the redo: the data")
+                self._suspect = None
+                out = []
+            elif not out:
+                self._event("grad_outlier", r, "redo", 0,
+                            f"rank {r}'s gradient norm was an outlier and the redo was clean: a transient fault")
+                self._suspect = None
+        if out:
+            r = out[0]
+            others = [x for i, x in enumerate(norms) if i != r]
+            self._event("grad_suspect", r, "redo", 0,
+                        f"rank {r}'s gradient norm {norms[r]:.6g} is far off the others' "
+                        f"(median {float(np.median(others)):.6g})")
+            self._suspect = (r, struct.pack("<d", norms[r]))
+            return self._trip()
+        if len(self._losses) >= _SPIKE_WINDOW:
+            z = self._zscore(loss)
+            if z > self.spike_z:
+                bits = struct.pack("<d", loss)
+                if self._spiked == bits:
+                    self._event("spike_kept", -1, "kept", 0, f"loss {loss:.6g} (z {z:.1f}) again on the redo: the data")
+                    return True
+                self._spiked = bits
+                self._event("loss_spike", -1, "redo", 0, f"loss {loss:.6g}, robust z-score {z:.1f}; step redone")
+                return False
+        return True
+
+    def _outliers(self, norms):
+        return grad_outliers(norms, self.grad_ratio)
+
+    def _zscore(self, loss):
+        return spike_zscore(self._losses, loss)
+
+    def _trip(self):
+        self._trips += 1
+        if self._trips >= 3:
+            if self._snap is not None and self._rolled_at != self.step_no:
+                self._rolled_at = self.step_no
+                lost = self.step_no - self._snap["step"]
+                self._event("guard_rollback", -1, "rollback", lost,
+                            f"3 guard trips at step {self.step_no}; back to the verified state of step {self._snap['step']}")
+                self._restore(self._snap)
+                self._trips = 0
+                return False
+            self._fail_guard(f"3 guard trips at step {self.step_no} and no recovery")
+        return False
+
+    def _redo(self):
+        self._restore_rng(self._step_rng)
+
+    # ----------------------------------------------------------------- step boundary
+
+    def _begin(self):
+        if self._t0_step != self.step_no:
+            self._t0, self._t0_step = time.monotonic(), self.step_no
+        self._accepted = False
+        self._attempt = self.step_no
+        self._step_rng = self._capture_rng()
+        cmds = self.w.poll()
+        if "stop" in cmds:
+            self._stop_local = True
+        self._local_ckpt = "checkpoint" in cmds
+        self._hook_calls = 0
+        self._sumsq = None
+        self._vec = None
+        if self.inj is not None:
+            for f in self.inj.due(self.step_no, time.monotonic() - self._armed):
+                self._fire(f)
+        if self._slow is not None:
+            ms, left = self._slow
+            time.sleep(ms / 1000.0)
+            if left is not None:
+                left -= 1
+                self._slow = None if left <= 0 else [ms, left]
+
+    def _boundary(self, total):
+        """Between steps: the agreed commands, the replica check, checkpoints, the stop.
+        False after a rollback (the loop replays)."""
+        stop, want_ckpt, lost = (x > 0 for x in self._flags)
+        if lost:
+            self._say("the supervisor is gone; stopping without a checkpoint")
+            self._exit(EXIT_FAIL)
+        final = self.step_no >= total
+        save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
+            stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
+                                           and self.step_no > self.start_step))
+        check = self._snap is None or save or (self.hash_every > 0 and self.step_no % self.hash_every == 0)
+        if self.guard and self.hash_every > 0 and check and (self._snap is None or self._snap["step"] != self.step_no):
+            if not self._replica_check():
+                return False
+        if save:
+            self._save()
+        if stop:
+            self.w.bye(self.step_no, "stopped")
+            self._barrier()
+            self._exit(EXIT_STOPPED)
+        return True
+
+    # ----------------------------------------------------------------- faults
+
+    def _fire(self, f):
+        self.w.inject(self.step_no, f.index, f.kind)
+        self._say(f"simulated fault {f.kind} (index {f.index}) at step {self.step_no}")
+        if f.kind == "crash":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif f.kind == "hang":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            injected_hang_sleeping_forever(self.step_no)
+        elif f.kind == "nan":
+            self._nan = True
+        elif f.kind == "gradflip":
+            self._gradflip = True
+        elif f.kind == "bitflip":
+            self._bitflip()
+        elif f.kind == "slow":
+            self._slow = [f.ms or 100, f.for_ or None]
+        elif f.kind == "commfail":
+            self.w.exit_event(self.step_no, "commfail", f"simulated collective failure at step {self.step_no}")
+            self._exit(EXIT_COMM)
+
+    def _bitflip(self):
+        params = [p for p in self.module.parameters() if p.numel() > 0 and p.dtype == torch.float32]
+        if not params:
+            return
+        p = params[self.step_no % len(params)]
+        with torch.no_grad():
+            flat = p.data.view(-1).view(torch.int32)
+            i = self.step_no % p.numel()
+            flat[i] = flat[i] ^ (1 << 22)
+
+    def _flip_grad(self, buf):
+        """Bit 30 (the exponent's top bit) of one element in (0, 1): it grows by 2^128."""
+        if buf.dtype != torch.float32:
+            return
+        cand = ((buf.abs() < 1) & (buf != 0)).nonzero()
+        if cand.numel() == 0:
+            return
+        i = int(cand[0])
+        iv = buf.view(torch.int32)
+        iv[i] = iv[i] ^ (1 << 30)
+
+    # ----------------------------------------------------------------- collectives
+
+    def _vector(self, sumsq, dtype, device):
+        if self._count is None or self._loss_t is None:
+            raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
+        factor = self.world * self._count / self.global_batch
+        v = torch.zeros(_V_NORMS + self.world, dtype=torch.float64, device=device)
+        v[_V_LOSS] = self._loss_t.to(torch.float64).reshape(())
+        v[_V_COUNT] = float(self._count)
+        v[_V_STOP] = float(self._stop_local)
+        v[_V_CKPT] = float(self._local_ckpt)
+        v[_V_LOST] = float(self.w.lost)
+        v[_V_NORMS + self.rank] = torch.sqrt(sumsq.to(torch.float64)) / factor if factor > 0 else 0.0
+        return v.to(dtype)
+
+    def _gathered(self):
+        if self._vec is None:
+            # not DDP (one process), or DDP found nothing to reduce: judge local numbers
+            sq = torch.zeros((), dtype=torch.float64, device=self.device)
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            if self._gradflip and grads:
+                self._gradflip = False
+                self._flip_grad(grads[0].view(-1))
+            for g in grads:
+                sq = sq + g.detach().to(torch.float64).pow(2).sum()
+            v = self._vector(sq, torch.float64, self.device)
+            if self.distributed and self.world > 1:
+                self._collective(dist.all_reduce, v)
+            self._vec = v
+        out = self._vec.to(torch.float64).cpu().tolist()
+        self._vec = None
+        self._sumsq = None
+        return out
+
+    def _collective(self, fn, *a, **kw):
+        try:
+            return fn(*a, **kw)
+        except Exception as e:
+            self._comm_failed(e)
+
+    def _barrier(self):
+        if self.distributed and self.world > 1:
+            self._collective(dist.barrier)
+
+    # ----------------------------------------------------------------- replica hashes
+
+    def _hashes(self):
+        h = state_hash(self.module, self.opt)
+        mine = torch.tensor([h - (1 << 64) if h >= 1 << 63 else h], dtype=torch.int64, device=self.device)
+        if not (self.distributed and self.world > 1):
+            return [int(mine)]
+        out = [torch.zeros_like(mine) for _ in range(self.world)]
+        self._collective(dist.all_gather, out, mine)
+        return [int(t) for t in out]
+
+    def _replica_check(self):
+        hashes = self._hashes()
+        if all(h == hashes[0] for h in hashes):
+            self._snap = self._snapshot()
+            return True
+        counts = [hashes.count(h) for h in hashes]
+        root = max(range(len(hashes)), key=lambda r: (counts[r], -r))
+        minority = [r for r, h in enumerate(hashes) if h != hashes[root]]
+        strict = counts[root] * 2 > len(hashes)
+        blame = minority[0] if strict and len(minority) == 1 else -1
+        snap = self._snap
+        lost = self.step_no - snap["step"]
+        self._restore(snap)
+        self._broadcast_state(root)
+        again = self._hashes()
+        if any(h != again[0] for h in again):
+            self._fail_guard("replica hashes still differ after the repair from the majority")
+        self._snap = self._snapshot()
+        names = ",".join(str(r) for r in minority)
+        self._event("replica_mismatch", blame, "rollback", lost,
+                    f"replica hash of rank(s) {names} differs; back to the verified state of step "
+                    f"{snap['step']}, rank {root}'s copy broadcast, {lost} steps replayed")
+        return False
+
+    def _broadcast_state(self, root):
+        if not (self.distributed and self.world > 1):
+            return
+        with torch.no_grad():
+            for t in list(self.module.state_dict().values()) + _optim_tensors(self.opt):
+                self._collective(dist.broadcast, t, root)
+
+    def _snapshot(self):
+        return {
+            "step": self.step_no,
+            "model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
+            "optim": copy.deepcopy(self.opt.state_dict()),
+            "rng": self._capture_rng(),
+            "losses": list(self._losses),
+        }
+
+    def _restore(self, snap):
+        with torch.no_grad():
+            self.module.load_state_dict(snap["model"])
+        self.opt.load_state_dict(copy.deepcopy(snap["optim"]))
+        self._restore_rng(snap["rng"])
+        self._losses = list(snap["losses"])
+        self.step_no = snap["step"]
+        self._suspect = None
+        self._spiked = None
+        self._attempt = None
+
+    # ----------------------------------------------------------------- RNG states
+
+    def _capture_rng(self):
+        st = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "random": random.getstate()}
+        if self.device.type == "cuda":
+            st["cuda"] = torch.cuda.get_rng_state(self.device)
+        return st
+
+    def _restore_rng(self, st):
+        torch.set_rng_state(st["torch"])
+        np.random.set_state(st["numpy"])
+        random.setstate(st["random"])
+        if "cuda" in st and self.device.type == "cuda":
+            torch.cuda.set_rng_state(st["cuda"], self.device)
+
+    # ----------------------------------------------------------------- checkpoints
+
+    @property
+    def epoch(self):
+        """Epochs started before the current step (the data position, with `cursor`)."""
+        per = self.data_size // self.global_batch if self.data_size else 0
+        return self.step_no // per if per else 0
+
+    @property
+    def cursor(self):
+        """Samples of the current epoch consumed before the current step."""
+        per = self.data_size // self.global_batch if self.data_size else 0
+        return (self.step_no % per if per else self.step_no) * self.global_batch
+
+    def _param_names(self):
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        out = []
+        for group in self.opt.param_groups:
+            for p in group["params"]:
+                out.append((names.get(id(p), f"param{len(out)}"), p))
+        return out
+
+    def _items(self):
+        items = [_item("model." + k, v) for k, v in self.module.state_dict().items()]
+        extra = {}
+        for pname, p in self._param_names():
+            for k in sorted(self.opt.state.get(p, {})):
+                v = self.opt.state[p][k]
+                if torch.is_tensor(v):
+                    items.append(_item(f"optim.{pname}.{k}", v))
+                else:
+                    extra.setdefault(pname, {})[k] = v
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        items.append(_blob("optim.param_groups", {"groups": groups, "extra": extra}))
+        rng = self._capture_rng()
+        items.append(_item("rng.torch", rng["torch"]))
+        if "cuda" in rng:
+            items.append(_item("rng.cuda", rng["cuda"]))
+        kind, keys, pos, has_gauss, cached = rng["numpy"]
+        items.append(_blob("rng.numpy", {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
+                                         "has_gauss": int(has_gauss), "cached": float(cached)}))
+        version, state, gauss = rng["random"]
+        items.append(_blob("rng.random", {"version": version, "state": list(state), "gauss": gauss}))
+        for k, val in (("epoch", self.epoch), ("cursor", self.cursor), ("global_batch", self.global_batch),
+                       ("size", self.data_size)):
+            items.append(_ckpt.Item("data." + k, "I64", (), struct.pack("<q", val)))
+        items.append(_ckpt.Item("guard.losses", "F64", (len(self._losses),),
+                                struct.pack(f"<{len(self._losses)}d", *self._losses)))
+        return items
+
+    def _save(self):
+        self._saved_step = self.step_no
+        if self.rank != 0:
+            return
+        if not self.w.alive():
+            self._say("the supervisor is gone: no checkpoint written")
+            return
+        config = dict(self.extra_config, model=self.name, framework="pytorch", global_batch=self.global_batch)
+        t = time.monotonic()
+        try:
+            _ckpt.save(self.ckpt_dir, self.step_no, self._items(), epoch=self.epoch, cursor=self.cursor,
+                       world_size=self.world, config=json.dumps(config, sort_keys=True), keep=self.keep)
+        except _ckpt.StorageError as e:
+            self._storage(f"{self.ckpt_dir}: cannot save the checkpoint of step {self.step_no}: {e}")
+        except _ckpt.CheckpointError as e:
+            self._fail_guard(f"checkpoint of step {self.step_no} refused: {e}")
+        self.w.ckpt(self.step_no, time.monotonic() - t)
+
+    def _resume(self):
+        path = None
+        if self.rank == 0:
+            try:
+                ck, skipped = _ckpt.load_latest(self.ckpt_dir)
+            except _ckpt.StorageError as e:
+                self._storage(str(e))
+            except _ckpt.CheckpointError as e:  # exists but cannot be read: not skipped
+                self._storage(str(e))
+            for s in skipped:
+                self._say(f"resume skipped {s}")
+            if ck is not None:
+                path = ck.path
+        if self.distributed and self.world > 1:
+            box = [path]
+            self._collective(dist.broadcast_object_list, box, 0)
+            path = box[0]
+            ck = _ckpt.load(path) if path and self.rank != 0 else (ck if self.rank == 0 else None)
+        if path is None:
+            return
+        try:
+            self._apply(ck)
+        except (KeyError, ValueError, RuntimeError) as e:
+            self._usage(f"{path}: cannot resume this model from it: {e}")
+        self._say(f"resumed from {path} (step {ck.step}, epoch {ck.epoch}, cursor {ck.cursor}, "
+                  f"written by {ck.world_size} ranks; now {self.world})")
+
+    def _apply(self, ck):
+        items = ck.items
+        sd = self.module.state_dict()
+        state = {}
+        for k in sd:
+            state[k] = _tensor(items["model." + k])
+        self.module.load_state_dict(state)
+        meta = json.loads(bytes(items["optim.param_groups"].data).decode())
+        osd = self.opt.state_dict()
+        new_state = {}
+        for i, (pname, p) in enumerate(self._param_names()):
+            pre = f"optim.{pname}."
+            s = {n[len(pre):]: _tensor(it) for n, it in items.items() if n.startswith(pre) and "." not in n[len(pre):]}
+            s.update(meta["extra"].get(pname, {}))
+            if s:
+                new_state[i] = s
+        groups = []
+        for g, saved in zip(osd["param_groups"], meta["groups"]):
+            groups.append(dict(saved, params=g["params"]))
+        self.opt.load_state_dict({"state": new_state, "param_groups": groups})
+        rng = {"torch": _tensor(items["rng.torch"])}
+        if "rng.cuda" in items and self.device.type == "cuda":
+            rng["cuda"] = _tensor(items["rng.cuda"])
+        n = json.loads(bytes(items["rng.numpy"].data).decode())
+        rng["numpy"] = (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"])
+        r = json.loads(bytes(items["rng.random"].data).decode())
+        rng["random"] = (r["version"], tuple(r["state"]), r["gauss"])
+        self._restore_rng(rng)
+        if "guard.losses" in items:
+            d = bytes(items["guard.losses"].data)
+            self._losses = list(struct.unpack(f"<{len(d) // 8}d", d))
+        self.step_no = self.start_step = self._saved_step = ck.step
+
+    # ----------------------------------------------------------------- reporting, exits
+
+    def _say(self, msg):
+        if self.verbose:
+            print(f"rekindle.torch: rank {self.rank}: {msg}", file=sys.stderr, flush=True)
+
+    def _event(self, kind, blame, action, lost, detail):
+        if self.rank == 0:
+            self._say(f"step {self.step_no}: {kind} (blame {blame}, {action}): {detail}")
+            self.w.event(self.step_no, kind, blame=blame, action=action, lost_steps=lost, detail=detail)
+
+    def _exit(self, status):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    def _usage(self, msg):
+        self._say(msg)
+        self.w.exit_event(self.step_no, "usage", msg)
+        self._exit(EXIT_USAGE)
+
+    def _storage(self, msg):
+        self._say(msg)
+        self.w.exit_event(self.step_no, "storage", msg)
+        self._exit(EXIT_STORAGE)
+
+    def _fail_guard(self, msg):
+        self._say(msg)
+        self.w.exit_event(self.step_no, "guard_failed", msg)
+        self._exit(EXIT_GUARD)
+
+    def _comm_failed(self, exc):
+        """A collective failed. Most often a peer died: rk run sees that and tears the job
+        down within seconds, so a supervised rank waits a little before reporting a
+        communication failure of its own (which would be counted against its device)."""
+        self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {str(exc)[:300]}")
+        if self.w.supervised:
+            deadline = time.monotonic() + _COMM_GRACE_S
+            while time.monotonic() < deadline and self.w.alive():
+                time.sleep(0.1)
+        self.w.exit_event(self.step_no, "commfail", f"collective failed: {str(exc)[:200]}")
+        self._exit(EXIT_COMM)
+
+    def _install_excepthook(self):
+        prev = sys.excepthook
+
+        def hook(tp, exc, tb):
+            if self._in_steps and exc is not None and _comm_error(exc):
+                traceback.print_exception(tp, exc, tb)
+                self._comm_failed(exc)
+            prev(tp, exc, tb)
+            self._exit(EXIT_FAIL)
+
+        sys.excepthook = hook
+
+
+def _comm_hook(job, bucket):
+    """DDP communication hook: the `comm` heartbeat before the first bucket's all-reduce, the
+    gradflip fault, each rank's gradient norm before the all-reduce, and (with the last
+    bucket) the step's vector of loss, sample count, command flags and norms, so the guards
+    and the command agreement cost no collective of their own."""
+    buf = bucket.buffer()
+    world = job.world
+    if job._hook_calls == 0:
+        job.w.comm(job.step_no)
+        if job._gradflip:
+            job._gradflip = False
+            job._flip_grad(buf)
+    job._hook_calls += 1
+    sq = buf.detach().to(torch.float64).pow(2).sum()
+    job._sumsq = sq if job._sumsq is None else job._sumsq + sq
+    buf.div_(world)
+    if not bucket.is_last():
+        return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+    n = buf.numel()
+    same = buf.dtype in (torch.float32, torch.float64)
+    vec = job._vector(job._sumsq, buf.dtype if same else torch.float64, buf.device)
+    if same:
+        flat = torch.cat([buf, vec])
+
+        def done(f):
+            t = f.value()[0]
+            job._vec = t[n:].clone()
+            return t[:n]
+
+        return dist.all_reduce(flat, async_op=True).get_future().then(done)
+    dist.all_reduce(vec)
+    job._vec = vec
+    return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])

@@ -1,0 +1,471 @@
+"""The worker's end of rekindle's heartbeat protocol (docs/protocol.md), in the standard library.
+
+Under `rk run` (RK_HEARTBEAT set) a Worker connects to the supervisor's Unix socket when it says
+hello and keeps that one connection; it sends newline-delimited JSON (hello, comm, step, event,
+ckpt, inject, bye) and reads the supervisor's commands (stop, checkpoint) without blocking.
+Without RK_HEARTBEAT every call is a no-op: the same script runs standalone.
+
+The rules are the C client's (src/runtime/heartbeat.c): lines of at most 4096 bytes, integers
+as JSON integers, a non-finite loss as null, an event's detail cleaned (control characters and
+bytes that are not UTF-8 become '?') and cut to 512 bytes on a character boundary, sends that
+never raise SIGPIPE, one line at a time across threads. When the supervisor has gone (end of
+file, a failed send) the worker is `lost`: it must write no more checkpoints and stop with a
+non-zero status (docs/protocol.md, "When the supervisor goes").
+"""
+
+import errno
+import json
+import math
+import operator
+import os
+import re
+import socket
+import sys
+import threading
+
+EXIT_OK = 0  # finished; said bye "done"
+EXIT_FAIL = 1  # an error of the job or an unexpected one: relaunch
+EXIT_USAGE = 2  # bad usage or bad input: relaunching will not help
+EXIT_COMM = 3  # a peer rank or the link died: relaunch
+EXIT_STOPPED = 4  # stopped on command with a checkpoint saved; said bye "stopped"
+EXIT_GUARD = 5  # a guard tripped and could not recover in-process: relaunch
+EXIT_STORAGE = 6  # storage refused a file the job needs: stop
+
+# The errnos that make a checkpoint failure a storage failure (exit 6), as the C store's.
+STORAGE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+)
+
+LINE_MAX = 4096  # bytes per line, newline included
+DETAIL_MAX = 512  # bytes of an event's detail
+DEVICE_MAX = 63  # bytes of hello's device
+STEP_MAX = 1 << 53  # highest step and lost_steps
+RANK_MAX = 65535
+WORLD_MAX = 65536
+COMMANDS = ("stop", "checkpoint")
+_WORD = re.compile(r"[a-z_]{1,31}\Z")
+_BAD_MSGS = 3  # bad command lines reported per connection, then a count
+
+
+def _env_int(env, name, lo, hi):
+    text = env.get(name, "")
+    if not re.fullmatch(r"[0-9]{1,10}", text) or not lo <= int(text) <= hi:
+        raise ValueError(f"{name}={text[:40]!r} is not an integer in {lo}..{hi}")
+    return int(text)
+
+
+def rank_world(env=None):
+    """(rank, world) from the launcher: RANK/WORLD_SIZE (rk run, torchrun), else
+    OMPI_COMM_WORLD_RANK/SIZE (Open MPI), PMI_RANK/SIZE (MPICH, Hydra), SLURM_PROCID/NTASKS
+    (Slurm); the first pair present. (0, 1) without any. ValueError for a malformed one."""
+    env = os.environ if env is None else env
+    for r, w in (
+        ("RANK", "WORLD_SIZE"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+        ("PMI_RANK", "PMI_SIZE"),
+        ("SLURM_PROCID", "SLURM_NTASKS"),
+    ):
+        if env.get(r) and env.get(w):
+            world = _env_int(env, w, 1, WORLD_MAX)
+            rank = _env_int(env, r, 0, RANK_MAX)
+            if rank >= world:
+                raise ValueError(f"{r}={rank} is not below {w}={world}")
+            return rank, world
+    return 0, 1
+
+
+def local_rank_of(rank, env=None):
+    """The rank on this node: LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+    SLURM_LOCALID, else `rank` (one node)."""
+    env = os.environ if env is None else env
+    for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        if env.get(name):
+            return _env_int(env, name, 0, RANK_MAX)
+    return rank
+
+
+def outside_pid():
+    """This process's pid as seen from outside the job's PID namespace (rk run starts a job in
+    one of its own): the first NSpid of /proc/self/status, getpid() without NSpid. For pid
+    files a test or an operator signals; the hello carries getpid(), as the protocol says."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
+def _qmark(err):
+    return ("?" * (err.end - err.start), err.end)
+
+
+def clean_text(text, limit=DETAIL_MAX):
+    """`text` (str or bytes) as the C client sends a detail: control characters (U+0000..U+001F,
+    U+007F..U+009F), lone surrogates and bytes that are not UTF-8 become '?', then it is cut to
+    `limit` bytes of UTF-8 on a character boundary."""
+    if text is None:
+        return ""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        out = []
+        raw = bytes(text)
+        i = 0
+        while i < len(raw):  # bytes that are not UTF-8: one '?' each
+            try:
+                out.append(raw[i:].decode("utf-8"))
+                break
+            except UnicodeDecodeError as e:
+                out.append(raw[i : i + e.start].decode("utf-8"))
+                out.append("?" * (e.end - e.start))
+                i += e.end
+        text = "".join(out)
+    else:
+        text = str(text)
+    chars = []
+    size = 0
+    for ch in text:
+        c = ord(ch)
+        if c < 0x20 or 0x7F <= c <= 0x9F or 0xD800 <= c <= 0xDFFF:
+            ch = "?"
+        n = len(ch.encode("utf-8"))
+        if size + n > limit:
+            break
+        chars.append(ch)
+        size += n
+    return "".join(chars)
+
+
+def _int(name, v, lo, hi):
+    if isinstance(v, bool):
+        raise ValueError(f"heartbeat: {name} must be an integer, not a bool")
+    try:
+        v = operator.index(v)
+    except TypeError:
+        raise ValueError(f"heartbeat: {name} must be an integer, not {type(v).__name__}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"heartbeat: {name} {v} is not in {lo}..{hi}")
+    return int(v)
+
+
+def _nonneg(name, v):
+    if isinstance(v, bool):
+        raise ValueError(f"heartbeat: {name} must be a number")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"heartbeat: {name} must be a number, not {type(v).__name__}") from None
+    if not (math.isfinite(x) and x >= 0):
+        raise ValueError(f"heartbeat: {name} {x!r} is not a finite number >= 0")
+    return x
+
+
+def _word(name, v):
+    if not isinstance(v, str) or not _WORD.match(v):
+        raise ValueError(f"heartbeat: {name} {v!r} is not a word of 1 to 31 characters a-z or _")
+    return v
+
+
+def _check_string(name, v, limit):
+    if not isinstance(v, str):
+        raise ValueError(f"heartbeat: {name} must be a string")
+    if clean_text(v, limit) != v:
+        raise ValueError(
+            f"heartbeat: {name} {v[:40]!r} is not a string of at most {limit} bytes of UTF-8 "
+            "without control characters"
+        )
+    return v
+
+
+def format_line(msg):
+    """One protocol line (bytes, newline included) for a dict of already checked fields, in
+    their order. Integers stay integers, floats are written as the shortest text that reads
+    back exactly, None is null. ValueError for a line over 4096 bytes."""
+    line = (
+        json.dumps(msg, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
+    ).encode("utf-8")
+    if len(line) > LINE_MAX:
+        raise ValueError(f"heartbeat: the line is {len(line)} bytes, more than {LINE_MAX}")
+    return line
+
+
+def parse_command(line):
+    """The command of one line from the supervisor (bytes without its newline): "stop" or
+    "checkpoint". ValueError naming what is wrong otherwise (not JSON, not an object, a key
+    twice, no "cmd", an unknown command). Other fields are ignored."""
+    if len(line) + 1 > LINE_MAX:
+        raise ValueError(f"heartbeat command: the line is {len(line) + 1} bytes, more than {LINE_MAX}")
+    if line.endswith(b"\r"):
+        line = line[:-1]
+
+    def pairs(kv):
+        seen = set()
+        for k, _ in kv:
+            if k in seen:
+                raise ValueError(f"heartbeat command: key {clean_text(k, 64)!r} appears twice")
+            seen.add(k)
+        return dict(kv)
+
+    try:
+        obj = json.loads(line.decode("utf-8"), object_pairs_hook=pairs)
+    except UnicodeDecodeError:
+        raise ValueError("heartbeat command: not valid UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"heartbeat command: not JSON: {e.msg} (byte {e.pos})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("heartbeat command: not a JSON object")
+    cmd = obj.get("cmd")
+    if cmd is None:
+        raise ValueError('heartbeat command: field "cmd": missing')
+    if not isinstance(cmd, str):
+        raise ValueError('heartbeat command: field "cmd": expected a string')
+    if cmd not in COMMANDS:
+        raise ValueError(f'heartbeat command: field "cmd": unknown command "{clean_text(cmd, 64)}"')
+    return cmd
+
+
+class Worker:
+    """One rank's connection to `rk run` (see the module's comment and docs/python.md).
+
+    Attributes: rank, world, local_rank, launch (ints), device (str), ckpt_dir (str or None),
+    resume (bool), supervised (bool: connected to the supervisor), lost (bool: the supervisor
+    has gone), error (the last problem as text, or None), heartbeat (the socket path or None).
+    """
+
+    def __init__(self, device=None, *, env=None, install_stacks=True):
+        env = os.environ if env is None else env
+        self.rank, self.world = rank_world(env)
+        self.local_rank = local_rank_of(self.rank, env)
+        launch = env.get("RK_LAUNCH", "")
+        self.launch = _env_int(env, "RK_LAUNCH", 0, (1 << 62)) if launch else 0
+        if device is None:
+            items = [d for d in env.get("RK_DEVICES", "").split(",") if d]
+            device = items[self.rank] if self.rank < len(items) else "cpu"
+        self.device = str(device)
+        self.ckpt_dir = env.get("RK_CKPT_DIR") or None
+        self.resume = env.get("RK_RESUME") == "1"
+        self.heartbeat = env.get("RK_HEARTBEAT") or None
+        self.lost = False
+        self.error = None
+        self.stacks_path = None
+        self._sock = None
+        self._pid = None  # the process that connected (a forked child sends nothing)
+        self._lock = threading.Lock()
+        self._pending = set()
+        self._buf = b""
+        self._skip_line = False  # inside a command line that was too long
+        self._bad_lines = 0
+        self._said_hello = False
+        if install_stacks and env.get("RK_STACK_DIR"):
+            from . import stacks
+
+            try:
+                self.stacks_path = stacks.install(env=env, rank=self.rank, launch=self.launch)
+            except OSError as e:
+                print(f"rekindle: cannot set up stack dumps: {e}", file=sys.stderr)
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def supervised(self):
+        """True under a supervisor (RK_HEARTBEAT set) that has not gone: before hello, and
+        after it while connected."""
+        return self.heartbeat is not None and not self.lost
+
+    def _mine(self):
+        return self._sock is not None and self._pid == os.getpid()
+
+    def _gone(self, why):
+        """The supervisor has gone: close, say so once, turn lost. Lock held."""
+        self.error = f"heartbeat: the supervisor at {self.heartbeat} (RK_HEARTBEAT) has gone ({why})"
+        print(f"rekindle: {self.error}; stop without writing another checkpoint", file=sys.stderr)
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._sock = None
+        self.lost = True
+
+    # ---- sending -----------------------------------------------------------------------
+
+    def _send(self, msg):
+        line = format_line(msg)
+        with self._lock:
+            if not self._mine():
+                return
+            try:
+                self._sock.sendall(line, socket.MSG_NOSIGNAL)
+            except OSError as e:
+                self._gone(e.strerror or str(e))
+
+    def hello(self, step=0):
+        """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the
+        checkpoint resumed from). A supervisor that cannot be reached makes the worker lost
+        (alive() is False): the job went with it. Once only."""
+        step = _int("step", step, 0, STEP_MAX)
+        device = _check_string("device", self.device, DEVICE_MAX)
+        if self._said_hello or not self.heartbeat or self.lost:
+            return
+        self._said_hello = True
+        path = self.heartbeat
+        if len(os.fsencode(path)) > 107:
+            with self._lock:
+                self.lost = True
+                self.error = f"heartbeat: RK_HEARTBEAT path is over 107 bytes: {path[:120]}"
+            print(f"rekindle: {self.error}", file=sys.stderr)
+            return
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(path)
+        except OSError as e:
+            s.close()
+            with self._lock:
+                self.lost = True
+                self.error = (
+                    f"heartbeat: cannot connect to the supervisor at {path} (RK_HEARTBEAT): "
+                    f"{e.strerror or e}"
+                )
+            print(f"rekindle: {self.error}", file=sys.stderr)
+            return
+        with self._lock:
+            self._sock = s
+            self._pid = os.getpid()
+        msg = {"type": "hello", "v": 1, "rank": self.rank, "world": self.world, "pid": os.getpid(),
+               "device": device, "step": step}
+        from . import stacks
+
+        if self.stacks_path is not None or stacks.installed() is not None:
+            msg["stacks"] = True
+        self._send(msg)
+
+    def comm(self, step):
+        """About to enter the gradient collective; `step` = steps applied before it."""
+        if self._mine():
+            self._send({"type": "comm", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX)})
+
+    def step(self, step, loss, dt):
+        """Step `step` was applied (this one included): its loss (None, NaN or an infinity is
+        sent as null) and the seconds it took (>= 0)."""
+        if not self._mine():
+            return
+        step = _int("step", step, 0, STEP_MAX)
+        if loss is not None:
+            if isinstance(loss, bool):
+                raise ValueError("heartbeat: loss must be a number")
+            loss = float(loss)
+            if not math.isfinite(loss):
+                loss = None
+        self._send({"type": "step", "rank": self.rank, "step": step, "loss": loss,
+                    "dt": _nonneg("dt", dt)})
+
+    def event(self, step, kind, blame=-1, action="none", lost_steps=0, detail=""):
+        """A guard tripped or something is suspicious. kind and action are words [a-z_]{1,31};
+        blame the rank held responsible (-1 unknown); detail is cleaned, never refused."""
+        if not self._mine():
+            return
+        self._send({"type": "event", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX),
+                    "kind": _word("kind", kind), "blame": _int("blame", blame, -1, RANK_MAX),
+                    "action": _word("action", action),
+                    "lost_steps": _int("lost_steps", lost_steps, 0, STEP_MAX),
+                    "detail": clean_text(detail)})
+
+    def exit_event(self, step, kind, detail="", blame=-1):
+        """The event before exiting with a failure: action "exit", kind usage, commfail,
+        guard_failed or storage (for exit statuses 2, 3, 5, 6)."""
+        self.event(step, kind, blame=blame, action="exit", lost_steps=0, detail=detail)
+
+    def ckpt(self, step, seconds):
+        """The checkpoint of `step` is durable (after the rename, never before)."""
+        if self._mine():
+            self._send({"type": "ckpt", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX),
+                        "seconds": _nonneg("seconds", seconds)})
+
+    def inject(self, step, index, kind):
+        """Injected fault `index` of RK_INJECT is about to fire (sent before it fires)."""
+        if self._mine():
+            self._send({"type": "inject", "rank": self.rank,
+                        "step": _int("step", step, 0, STEP_MAX),
+                        "index": _int("index", index, 0, (1 << 31) - 1),
+                        "kind": _word("kind", kind)})
+
+    def bye(self, step, status):
+        """Leaving: status "done" (exit 0) or "stopped" (stopped on command, exit 4)."""
+        if status not in ("done", "stopped"):
+            raise ValueError(f"heartbeat: bye status {status!r} is not 'done' or 'stopped'")
+        if self._mine():
+            self._send({"type": "bye", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX),
+                        "status": status})
+
+    # ---- receiving ---------------------------------------------------------------------
+
+    def _bad(self, why):
+        """A line that is not a command. Lock held."""
+        self._bad_lines += 1
+        self.error = why
+        if self._bad_lines <= _BAD_MSGS:
+            print(f"rekindle: {why}; line ignored", file=sys.stderr)
+        elif self._bad_lines == _BAD_MSGS + 1:
+            print("rekindle: more bad command lines; not reported one by one", file=sys.stderr)
+
+    def _take_lines(self, data):
+        self._buf += data
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                if len(self._buf) >= LINE_MAX and not self._skip_line:
+                    self._bad(f"heartbeat command: a line of more than {LINE_MAX} bytes")
+                    self._skip_line = True
+                if self._skip_line:
+                    self._buf = b""
+                return
+            line, self._buf = self._buf[:nl], self._buf[nl + 1 :]
+            if self._skip_line:  # the end of a line already refused
+                self._skip_line = False
+                continue
+            try:
+                self._pending.add(parse_command(line))
+            except ValueError as e:
+                self._bad(str(e))
+
+    def _read(self):
+        """Read what arrived without blocking; end of file turns the worker lost. Lock held."""
+        while self._mine():
+            try:
+                data = self._sock.recv(LINE_MAX, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._gone(e.strerror or str(e))
+                return
+            if not data:
+                self._gone("it closed the connection")
+                return
+            self._take_lines(data)
+
+    def poll(self):
+        """The commands received since the last poll, as a set ("stop", "checkpoint"); never
+        blocks. Lines that are not commands are reported on stderr and skipped."""
+        with self._lock:
+            self._read()
+            cmds, self._pending = self._pending, set()
+        return cmds
+
+    def alive(self):
+        """False once the supervisor has gone: then write no checkpoint, and stop. Reads for
+        end of file without blocking; commands read stay for poll(). True unsupervised."""
+        with self._lock:
+            self._read()
+        return not self.lost
+
+    def close(self):
+        """Close the connection (exiting does too)."""
+        with self._lock:
+            if self._sock is not None and self._pid == os.getpid():
+                self._sock.close()
+            self._sock = None
+
+    def __repr__(self):
+        state = "lost" if self.lost else "supervised" if self.supervised else "standalone"
+        return (f"<rekindle.Worker rank {self.rank}/{self.world} device {self.device!r} "
+                f"launch {self.launch} {state}>")

@@ -1,0 +1,137 @@
+"""rekindle.torch in one process (a gloo group of one): the guards' arithmetic, a resume that
+is exact, the checkpoint's names, a NaN redone and a loss spike kept. Skips without torch."""
+
+import os
+import struct
+import sys
+import unittest
+
+import rktest  # noqa: F401  (python/ first on sys.path)
+
+try:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import rekindle.torch as rkt
+    from rekindle import ckpt
+except ImportError as e:  # pragma: no cover
+    raise unittest.SkipTest(f"SKIP: torch, numpy or xxhash missing ({e})")
+
+N, BATCH = 256, 32
+
+
+def data():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N, 12, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return x, y
+
+
+def train(steps, env=None, spike_at=None, **kw):
+    """Train a small MLP for `steps` under a Job; returns (job, events, params hash)."""
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        torch.manual_seed(3)
+        np.random.seed(3)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x, y = data()
+        job = rkt.Job(model, opt, global_batch=BATCH, data_size=N, name="mlp", verbose=False, **kw)
+        events = []
+        job.w.event = lambda step, kind, **k: events.append((step, kind, k.get("blame"), k.get("action")))
+        for step in job.steps(steps):
+            per = N // BATCH
+            idx = torch.from_numpy(np.random.default_rng([1, step // per]).permutation(N)[
+                (step % per) * BATCH:(step % per + 1) * BATCH])
+            yb = 1 - y[idx] if step == spike_at else y[idx]  # every label wrong: a spike of the data
+            opt.zero_grad()
+            loss = job.scale(torch.nn.functional.cross_entropy(model(x[idx]), yb), len(idx))
+            loss.backward()
+            job.step()
+        return job, events, rkt.params_hash(model.module)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+class GuardMath(unittest.TestCase):
+    def test_outliers(self):
+        self.assertEqual(rkt.grad_outliers([1.0, 1.2, 0.9, 2000.0], 1000), [3])
+        self.assertEqual(rkt.grad_outliers([1.0, 1.2, 0.9, 900.0], 1000), [])
+        self.assertEqual(rkt.grad_outliers([1.0, 1001.0], 1000), [1])
+        self.assertEqual(rkt.grad_outliers([1001.0, 1.0], 1000), [0])
+        self.assertEqual(rkt.grad_outliers([1.0, 999.0], 1000), [])
+        self.assertEqual(rkt.grad_outliers([5.0], 1000), [])
+
+    def test_zscore(self):
+        w = [1.0 + 0.01 * (i % 5) for i in range(32)]
+        self.assertLess(rkt.spike_zscore(w, 1.03), 3)
+        self.assertGreater(rkt.spike_zscore(w, 2.0), 10)
+        self.assertEqual(rkt.spike_zscore([0.0] * 32, 1.0), 0.0)
+        # the MAD is floored at 1% of the median: a flat window does not make every loss a spike
+        self.assertLess(rkt.spike_zscore([1.0] * 32, 1.05), 10)
+
+
+class OneRank(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+        cls.store = rktest.tempfile.mkdtemp(prefix="rkpy-store.")
+        dist.init_process_group("gloo", init_method=f"file://{cls.store}/s", rank=0, world_size=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        dist.destroy_process_group()
+        rktest.shutil.rmtree(cls.store, True)
+
+    def setUp(self):
+        for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_INJECT_DONE", "RK_STACK_DIR"):
+            os.environ.pop(k, None)
+
+    def test_resume_is_exact(self):
+        _, _, ref = train(60)
+        d = rktest.tmpdir(self)
+        job, _, h40 = train(40, env={"RK_CKPT_DIR": d}, ckpt_every=15)
+        self.assertEqual(job.step_no, 40)
+        steps = sorted(ckpt.name_step(n) for n in os.listdir(d) if ckpt.name_step(n) is not None)
+        self.assertEqual(steps, [15, 30, 40])
+        job, _, got = train(60, env={"RK_CKPT_DIR": d, "RK_RESUME": "1"}, ckpt_every=15)
+        self.assertEqual(job.start_step, 40)
+        self.assertEqual(got, ref, "resumed at 40, trained to 60: the uninterrupted run's weights")
+
+    def test_checkpoint_names(self):
+        d = rktest.tmpdir(self)
+        train(10, env={"RK_CKPT_DIR": d}, ckpt_every=0)
+        c = ckpt.load(os.path.join(d, ckpt.file_name(10)))
+        names = list(c.items)
+        self.assertEqual([n for n in names if n.startswith("model.")],
+                         ["model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"])
+        self.assertIn("optim.0.weight.momentum_buffer", names)
+        self.assertIn("optim.param_groups", names)
+        for n in ("rng.torch", "rng.numpy", "rng.random", "data.epoch", "data.cursor", "guard.losses"):
+            self.assertIn(n, names)
+        self.assertEqual((c.step, c.epoch, c.cursor), (10, 1, 2 * BATCH))
+        self.assertEqual(struct.unpack("<q", bytes(c.items["data.cursor"].data))[0], 2 * BATCH)
+
+    def test_nan_is_redone(self):
+        _, _, ref = train(30)
+        job, ev, got = train(30, env={"RK_INJECT": "nan@step=12"})
+        self.assertEqual(ev, [(12, "nan", 0, "redo")])
+        self.assertEqual(got, ref, "a redone NaN step leaves no trace")
+
+    def test_nan_without_guard_is_applied(self):
+        _, ev, _ = train(14, env={"RK_INJECT": "nan@step=12"}, guard=False)
+        self.assertEqual(ev, [])
+
+    def test_spike_kept(self):
+        _, ev, _ = train(50, spike_at=40)
+        kinds = [(s, k) for s, k, _, _ in ev]
+        self.assertEqual(kinds, [(40, "loss_spike"), (40, "spike_kept")])
+
+
+if __name__ == "__main__":
+    unittest.main()

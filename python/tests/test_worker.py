@@ -1,0 +1,492 @@
+"""rekindle.Worker against a real Unix socket server in the test (the supervisor's side of
+docs/protocol.md, checked line by line) and against real `rk run` (skipped without rk or
+mpirun)."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import rktest  # noqa: F401  (python/ on sys.path)
+import rekindle
+from rekindle import worker as wmod
+
+
+class Sup:
+    """A supervisor's socket: listens, accepts one connection, reads lines, sends commands."""
+
+    def __init__(self, test):
+        self.path = os.path.join(rktest.tmpdir(test), "hb.sock")
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(self.path)
+        self.srv.listen(8)
+        self.srv.settimeout(10)
+        self.conn = None
+        self.buf = b""
+        test.addCleanup(self.close)
+
+    def accept(self):
+        self.conn, _ = self.srv.accept()
+        self.conn.settimeout(10)
+        return self.conn
+
+    def peer_pid(self):
+        pid, _, _ = struct.unpack("3i", self.conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+        return pid
+
+    def raw_lines(self, n):
+        while self.buf.count(b"\n") < n:
+            data = self.conn.recv(65536)
+            if not data:
+                break
+            self.buf += data
+        out = []
+        for _ in range(n):
+            if b"\n" not in self.buf:
+                break
+            line, self.buf = self.buf.split(b"\n", 1)
+            out.append(line + b"\n")
+        return out
+
+    def lines(self, n):
+        return [json.loads(x) for x in self.raw_lines(n)]
+
+    def nothing_more(self, wait=0.2):
+        self.conn.settimeout(wait)
+        try:
+            data = self.conn.recv(65536)
+        except socket.timeout:
+            data = b""
+        finally:
+            self.conn.settimeout(10)
+        return not data and b"\n" not in self.buf
+
+    def send(self, b):
+        self.conn.sendall(b)
+
+    def close(self):
+        for s in (self.conn, self.srv):
+            if s is not None:
+                s.close()
+
+
+def env_for(sup, **kw):
+    env = {"RK_HEARTBEAT": sup.path, "RANK": "1", "WORLD_SIZE": "2", "RK_DEVICES": "3,5"}
+    env.update(kw)
+    return env
+
+
+class Idx:
+    """An integer that is not an int (numpy's and torch's integers behave so)."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+class TestEnvironment(unittest.TestCase):
+    def test_unsupervised_is_a_no_op(self):
+        w = rekindle.Worker(env={})
+        self.assertEqual((w.rank, w.world, w.local_rank, w.launch), (0, 1, 0, 0))
+        self.assertEqual(w.device, "cpu")
+        self.assertFalse(w.supervised)
+        self.assertIsNone(w.ckpt_dir)
+        self.assertFalse(w.resume)
+        w.hello(0)
+        w.comm(0)
+        w.step(1, float("nan"), 0.1)
+        w.event(1, "nan", detail="x")
+        w.exit_event(1, "usage", "x")
+        w.ckpt(1, 0.1)
+        w.inject(1, 0, "crash")
+        w.bye(1, "done")
+        self.assertEqual(w.poll(), set())
+        self.assertTrue(w.alive())
+        self.assertFalse(w.lost)
+
+    def test_rank_world_sources_in_order(self):
+        rw = wmod.rank_world
+        both = {"RANK": "2", "WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1",
+                "OMPI_COMM_WORLD_SIZE": "3"}
+        self.assertEqual(rw(both), (2, 4))
+        self.assertEqual(rw({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "3",
+                             "PMI_RANK": "0", "PMI_SIZE": "5"}), (1, 3))
+        self.assertEqual(rw({"PMI_RANK": "4", "PMI_SIZE": "5", "SLURM_PROCID": "0",
+                             "SLURM_NTASKS": "2"}), (4, 5))
+        self.assertEqual(rw({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}), (1, 2))
+        self.assertEqual(rw({"RANK": "1"}), (0, 1))  # a pair or nothing
+        self.assertEqual(rw({}), (0, 1))
+        for bad in ({"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "-1", "WORLD_SIZE": "2"},
+                    {"RANK": "1", "WORLD_SIZE": "x"}, {"RANK": "0", "WORLD_SIZE": "0"}):
+            with self.assertRaises(ValueError):
+                rw(bad)
+
+    def test_worker_fields(self):
+        env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "RK_DEVICES": "3,5",
+               "RK_LAUNCH": "4", "RK_CKPT_DIR": "/tmp/x", "RK_RESUME": "1"}
+        w = rekindle.Worker(env=env)
+        self.assertEqual((w.rank, w.world, w.local_rank, w.launch), (1, 2, 1, 4))
+        self.assertEqual(w.device, "5")
+        self.assertEqual((w.ckpt_dir, w.resume), ("/tmp/x", True))
+        self.assertEqual(rekindle.Worker("cuda:0", env=env).device, "cuda:0")
+        self.assertEqual(rekindle.Worker(env={"RANK": "2", "WORLD_SIZE": "3",
+                                              "RK_DEVICES": "0,1"}).device, "cpu")
+        self.assertEqual(rekindle.EXIT_STORAGE, 6)
+        self.assertEqual([rekindle.EXIT_OK, rekindle.EXIT_FAIL, rekindle.EXIT_USAGE,
+                          rekindle.EXIT_COMM, rekindle.EXIT_STOPPED, rekindle.EXIT_GUARD],
+                         list(range(6)))
+
+    def test_clean_text(self):
+        c = wmod.clean_text
+        self.assertEqual(c("a\nb\x1b[0m\x7f\u0085\u00e9"), "a?b?[0m??\u00e9")
+        self.assertEqual(c(b"ok \xff\xfe \xc3\xa9"), "ok ?? \u00e9")
+        self.assertEqual(c("\ud800x"), "?x")
+        s = c("\u20ac" * 300)  # 3 bytes each: 170 fit in 512
+        self.assertEqual(s, "\u20ac" * 170)
+        self.assertEqual(len(c("a" * 600).encode()), 512)
+        self.assertEqual(c(None), "")
+
+    def test_parse_command(self):
+        p = wmod.parse_command
+        self.assertEqual(p(b'{"cmd":"stop"}'), "stop")
+        self.assertEqual(p(b' {"cmd":"checkpoint","later":[1,2]} \r'), "checkpoint")
+        for bad in (b'{"cmd":"reboot"}', b'{"cmd":1}', b"[]", b"{", b'{"x":1}',
+                    b'{"cmd":"stop","cmd":"stop"}', b"\xff", b'{"cmd":"stop"}' + b" " * 5000):
+            with self.assertRaises(ValueError, msg=bad[:40]):
+                p(bad)
+
+
+class TestSupervised(unittest.TestCase):
+    def connect(self, sup, step=0, **kw):
+        w = rekindle.Worker(env=env_for(sup, **kw))
+        w.hello(step)
+        sup.accept()
+        self.addCleanup(w.close)
+        return w
+
+    def test_hello(self):
+        sup = Sup(self)
+        w = self.connect(sup, 7)
+        self.assertTrue(w.supervised)
+        raw = sup.raw_lines(1)[0]
+        self.assertEqual(raw, ('{"type":"hello","v":1,"rank":1,"world":2,"pid":%d,"device":"5",'
+                               '"step":7}\n' % os.getpid()).encode())
+        self.assertEqual(sup.peer_pid(), os.getpid())
+        w.hello(9)  # once only
+        self.assertTrue(sup.nothing_more())
+
+    def test_messages_exactly(self):
+        sup = Sup(self)
+        w = self.connect(sup, 100)
+        sup.lines(1)
+        w.comm(Idx(100))
+        w.step(101, 0.4127, 0.052)
+        w.step(102, float("inf"), 0)
+        w.step(103, None, 1e-9)
+        w.step(104, -0.0, 0.5)
+        w.event(104, "nan", 1, "redo", 1, "non-finite gradient; step redone")
+        w.exit_event(104, "storage", "disk full")
+        w.ckpt(104, 0.21)
+        w.inject(104, 3, "crash")
+        w.bye(104, "stopped")
+        got = [x.decode() for x in sup.raw_lines(10)]
+        self.assertEqual(got, [
+            '{"type":"comm","rank":1,"step":100}\n',
+            '{"type":"step","rank":1,"step":101,"loss":0.4127,"dt":0.052}\n',
+            '{"type":"step","rank":1,"step":102,"loss":null,"dt":0.0}\n',
+            '{"type":"step","rank":1,"step":103,"loss":null,"dt":1e-09}\n',
+            '{"type":"step","rank":1,"step":104,"loss":-0.0,"dt":0.5}\n',
+            '{"type":"event","rank":1,"step":104,"kind":"nan","blame":1,"action":"redo",'
+            '"lost_steps":1,"detail":"non-finite gradient; step redone"}\n',
+            '{"type":"event","rank":1,"step":104,"kind":"storage","blame":-1,"action":"exit",'
+            '"lost_steps":0,"detail":"disk full"}\n',
+            '{"type":"ckpt","rank":1,"step":104,"seconds":0.21}\n',
+            '{"type":"inject","rank":1,"step":104,"index":3,"kind":"crash"}\n',
+            '{"type":"bye","rank":1,"step":104,"status":"stopped"}\n',
+        ])
+
+    def test_numbers_read_back_exactly(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        vals = [0.1, 1 / 3, 5e-324, 1.7976931348623157e308, 123456789.00000001, 2.0**52 + 1]
+        for i, v in enumerate(vals):
+            w.step(i + 1, v, v)
+        for v, m in zip(vals, sup.lines(len(vals))):
+            self.assertEqual(m["loss"], v)
+            self.assertIsInstance(m["step"], int)
+
+    def test_bad_arguments_refused_and_worker_alive(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        bad = [lambda: w.step(-1, 0.0, 0.1), lambda: w.step(2**53 + 1, 0.0, 0.1),
+               lambda: w.step(1.0, 0.0, 0.1), lambda: w.step(True, 0.0, 0.1),
+               lambda: w.step(1, 0.0, -0.1), lambda: w.step(1, 0.0, float("nan")),
+               lambda: w.event(1, "Nan"), lambda: w.event(1, "x" * 32),
+               lambda: w.event(1, "nan", blame=-2), lambda: w.event(1, "nan", action="re do"),
+               lambda: w.event(1, "nan", lost_steps=-1), lambda: w.bye(1, "ok"),
+               lambda: w.inject(1, -1, "crash"), lambda: w.ckpt(1, -1.0)]
+        for f in bad:
+            with self.assertRaises(ValueError):
+                f()
+        self.assertTrue(sup.nothing_more())
+        w.step(2**53, 1.0, 0.0)
+        self.assertEqual(sup.lines(1)[0]["step"], 2**53)
+        self.assertTrue(w.alive())
+
+    def test_detail_cleaned_and_cut(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        w.event(1, "slow_rank", detail="tab\there\nnew \u009b \U0001f600 \ud83d " + "\u00e9" * 400)
+        w.event(1, "slow_rank", detail=b"\xff\xc3(" + b"y" * 1000)
+        raw = sup.raw_lines(2)
+        for line in raw:
+            self.assertLessEqual(len(line), 4096)
+        m1, m2 = (json.loads(x) for x in raw)
+        self.assertTrue(m1["detail"].startswith("tab?here?new ? \U0001f600 ? \u00e9"))
+        self.assertLessEqual(len(m1["detail"].encode()), 512)
+        self.assertGreater(len(m1["detail"].encode()), 509)
+        self.assertTrue(m2["detail"].startswith("??(yyy"))
+        self.assertEqual(len(m2["detail"].encode()), 512)
+
+    def test_commands_poll_and_alive(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        self.assertEqual(w.poll(), set())
+        sup.send(b'{"cmd":"checkpoint"}\n{"cmd":"st')
+        time.sleep(0.1)
+        self.assertTrue(w.alive())  # reads, keeps what it read for poll
+        self.assertEqual(w.poll(), {"checkpoint"})
+        sup.send(b'op"}\r\n')
+        time.sleep(0.1)
+        self.assertEqual(w.poll(), {"stop"})
+        self.assertEqual(w.poll(), set())
+
+    def test_bad_command_lines_are_skipped(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        sup.send(b'{"cmd":"reboot"}\nnot json\n' + b"x" * 5000 + b'{"cmd":"stop"}\n'
+                 + b'{"cmd":"checkpoint"}\n')
+        time.sleep(0.2)
+        self.assertEqual(w.poll(), {"checkpoint"})  # the stop was inside the long line
+        self.assertIn("line", w.error)
+        self.assertTrue(w.alive())
+
+    def test_supervisor_gone(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        sup.send(b'{"cmd":"stop"}\n')
+        sup.conn.close()
+        sup.conn = None
+        time.sleep(0.1)
+        self.assertFalse(w.alive())
+        self.assertTrue(w.lost)
+        self.assertFalse(w.supervised)
+        self.assertIn("has gone", w.error)
+        self.assertEqual(w.poll(), {"stop"})  # what came before the end of file still counts
+        for i in range(3):  # sends after that do nothing, and never raise
+            w.step(i + 1, 1.0, 0.1)
+        w.bye(3, "done")
+
+    def test_send_to_a_gone_supervisor(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        sup.conn.close()
+        sup.conn = None
+        for i in range(50):  # the first send may still land in the buffer; then EPIPE
+            w.step(i + 1, 1.0, 0.1)
+        self.assertTrue(w.lost)
+        self.assertFalse(w.alive())
+
+    def test_no_supervisor_at_the_path(self):
+        d = rktest.tmpdir(self)
+        w = rekindle.Worker(env={"RK_HEARTBEAT": os.path.join(d, "nothing")})
+        self.assertTrue(w.supervised)
+        w.hello(0)  # never raises: the supervisor went, the worker stops
+        self.assertTrue(w.lost)
+        self.assertFalse(w.alive())
+        self.assertIn("cannot connect", w.error)
+
+    def test_threads_never_mix_lines(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        n, per = 4, 300
+
+        def run(k):
+            for i in range(per):
+                w.event(i, "slow_rank", blame=k, detail=f"thread {k} " + "z" * 400)
+
+        ts = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+        reader = []
+        rt = threading.Thread(target=lambda: reader.extend(sup.lines(n * per)))
+        rt.start()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        rt.join(20)
+        self.assertEqual(len(reader), n * per)
+        for k in range(n):
+            self.assertEqual(sum(1 for m in reader if m["blame"] == k), per)
+
+    def test_forked_child_sends_nothing(self):
+        sup = Sup(self)
+        w = self.connect(sup)
+        sup.lines(1)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                w.step(1, 1.0, 0.1)
+                w.bye(1, "done")
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        self.assertTrue(sup.nothing_more())
+        w.step(1, 2.0, 0.1)
+        self.assertEqual(sup.lines(1)[0]["loss"], 2.0)
+
+    def test_no_sigpipe(self):
+        """With SIGPIPE's default action restored (it kills), sends to a gone supervisor still
+        only turn the worker lost."""
+        sup = Sup(self)
+        code = ("import os, signal, sys, time; sys.path.insert(0, %r); import rekindle\n"
+                "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+                "w = rekindle.Worker(); w.hello(0); time.sleep(0.5)\n"
+                "for i in range(100): w.step(i + 1, 1.0, 0.1)\n"
+                "print('lost' if w.lost else 'alive')\n") % rktest.PYDIR
+        p = subprocess.Popen([sys.executable, "-c", code], env=env_for(sup), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        sup.accept()
+        sup.lines(1)
+        sup.conn.close()
+        sup.conn = None
+        out, err = p.communicate(timeout=20)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.strip(), b"lost")
+
+
+WORKER = r'''
+import json, os, struct, sys, time
+import rekindle
+from rekindle import ckpt, inject
+steps, out = int(sys.argv[1]), sys.argv[2]
+w = rekindle.Worker()
+start = 0
+if w.ckpt_dir and w.resume:
+    c, skipped = ckpt.load_latest(w.ckpt_dir)
+    if c is not None:
+        start = c.step
+inj = inject.from_env(w.rank, w.launch)
+w.hello(start)
+with open(f"{out}.rank{w.rank}.launch{w.launch}", "w") as f:
+    json.dump({"rank": w.rank, "world": w.world, "launch": w.launch, "start": start,
+               "supervised": w.supervised, "pid": rekindle.worker.outside_pid(),
+               "done": os.environ.get("RK_INJECT_DONE")}, f)
+step = start
+while step < steps:
+    for fault in (inj.due(step) if inj else []):
+        w.inject(step, fault.index, fault.kind)
+        if fault.kind == "crash":
+            os.kill(os.getpid(), 9)
+    w.comm(step)
+    time.sleep(0.03)
+    step += 1
+    w.step(step, 1.0 / step, 0.03)
+    cmds = w.poll()
+    if (step % 5 == 0 or cmds) and w.rank == 0 and w.ckpt_dir and w.alive():
+        t = time.monotonic()
+        ckpt.save(w.ckpt_dir, step, [ckpt.Item("model.w", "F64", (1,), struct.pack("<d", step))],
+                  world_size=w.world, config='{"model":"toy"}')
+        w.ckpt(step, time.monotonic() - t)
+    if not w.alive():
+        sys.exit(rekindle.EXIT_FAIL)
+    if "stop" in cmds:
+        w.bye(step, "stopped")
+        sys.exit(rekindle.EXIT_STOPPED)
+w.bye(step, "done")
+'''
+
+
+class TestUnderRkRun(unittest.TestCase):
+    def setUp(self):
+        self.rk = rktest.need_rk(self)
+        if not shutil.which("mpirun"):
+            self.skipTest("mpirun not found (rk run's launcher here)")
+        self.d = rktest.tmpdir(self)
+        self.script = os.path.join(self.d, "worker.py")
+        with open(self.script, "w") as f:
+            f.write(WORKER)
+        self.env = rktest.env_with_pythonpath({"OMPI_MCA_btl": "self,vader",
+                                               "OMPI_MCA_btl_vader_single_copy_mechanism": "none"})
+
+    def rk_run(self, *args, steps=20):
+        out = os.path.join(self.d, "out")
+        cmd = [self.rk, "run", *args, "--quiet", "--summary-json", os.path.join(self.d, "sum.json"),
+               "--", sys.executable, self.script, str(steps), out]
+        return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def facts(self, rank, launch):
+        with open(os.path.join(self.d, f"out.rank{rank}.launch{launch}")) as f:
+            return json.load(f)
+
+    def test_two_ranks_finish(self):
+        p = self.rk_run("-n", "2", "--ckpt-dir", os.path.join(self.d, "ck"))
+        out, _ = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, out.decode(errors="replace")[-3000:])
+        for r in (0, 1):
+            f = self.facts(r, 0)
+            self.assertEqual((f["rank"], f["world"], f["supervised"]), (r, 2, True))
+        with open(os.path.join(self.d, "sum.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["steps"], 20)
+        self.assertEqual(s["restarts"], 0)
+        v = subprocess.run([self.rk, "ckpt", "verify", os.path.join(self.d, "ck")],
+                           capture_output=True, text=True)
+        self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+
+    def test_injected_crash_relaunch_resumes(self):
+        p = self.rk_run("-n", "2", "--ckpt-dir", os.path.join(self.d, "ck"), "--inject",
+                        "crash@step=7:rank=1", steps=15)
+        out, _ = p.communicate(timeout=180)
+        text = out.decode(errors="replace")
+        self.assertEqual(p.returncode, 0, text[-3000:])
+        again = self.facts(1, 1)
+        self.assertEqual(again["launch"], 1)
+        self.assertEqual(again["start"], 5)  # the checkpoint of step 5
+        self.assertEqual(again["done"], "0")  # the fault fired: never again
+        with open(os.path.join(self.d, "sum.json")) as f:
+            s = json.load(f)
+        self.assertEqual((s["steps"], s["restarts"]), (15, 1), s)
+
+    def test_stop_on_interrupt(self):
+        ck = os.path.join(self.d, "ck")
+        p = self.rk_run("-n", "1", "--ckpt-dir", ck, steps=100000)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(ck, "latest")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 130, out.decode(errors="replace")[-3000:])
+        v = subprocess.run([self.rk, "ckpt", "verify", ck], capture_output=True, text=True)
+        self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
