@@ -45,35 +45,32 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
 TORCHRUN_FIX = ["--redirects", "9:0", "--tee", "9:0"]
-STEP_RE = re.compile(rb"\bstep[ =:]+(\d+)")
+STEP_RE = re.compile(rb"^bench-step (\d+) ")
+HOOKS = os.path.join(HERE, "pytorch_hooks.py")
+RESUMED_RE = re.compile(r"resumed from \S+ \(step (\d+)")
 
 
 # --- the scripts the bench knows how to drive --------------------------------------------
 
 
 def script_profile(path):
-    """How to drive a script: argument builders for steps, threads, checkpoints, and the
-    guard settings of each side."""
+    """How to drive a script: its arguments for steps, threads and checkpoints, and each
+    side's guard settings. Checkpoints under torchrun: RK_CKPT_DIR and RK_RESUME=1 in the
+    environment (what rk run gives its ranks), which rekindle.torch reads unsupervised too."""
     name = os.path.basename(path)
-    if name == "train_fashion_mnist.py":
-        return {
-            "steps": lambda n: ["--steps", str(n)],
-            "threads": lambda t: ["--threads", str(t)],
-            "ckpt": lambda d, every: ["--ckpt-dir", d, "--ckpt-every", str(every)],
-            "ckpt_rk": lambda every: ["--ckpt-every", str(every)],
-            "guards_off": ["--no-guards"],
-            "guards_on": ["--hash-every", "10"],
-            "pg_timeout": lambda s: ["--pg-timeout", str(s)],
-        }
-    return {  # bench/pytorch_ddp.py
+    prof = {
         "steps": lambda n: ["--steps", str(n)],
         "threads": lambda t: ["--threads", str(t)],
-        "ckpt": lambda d, every: ["--ckpt-dir", d, "--ckpt-every", str(every)],
-        "ckpt_rk": lambda every: ["--ckpt-every", str(every)],
+        "ckpt_every": lambda every: ["--ckpt-every", str(every)],
         "guards_off": [],
-        "guards_on": ["--hash-every", "10"],
-        "pg_timeout": lambda s: ["--pg-timeout", str(s)],
+        "guards_on": [],
     }
+    if name == "train_fashion_mnist.py":
+        prof["guards_off"] = ["--guard", "off"]
+        prof["guards_on"] = ["--guard", "on", "--hash-every", "10"]
+    elif name == "plain_ddp.py":
+        prof["ckpt_every"] = lambda every: []
+    return prof
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -123,7 +120,7 @@ def rank_of(pid):
 
 def rank_procs(root, script):
     """{rank: pid} of the job's rank processes: the top-most descendants of root that run
-    the script in a Python interpreter (not torchrun itself, not rk's keeper, a fork of rk
+    `script` (bench/pytorch_hooks.py) in a Python interpreter (not torchrun itself, not rk's keeper, a fork of rk
     run whose argv still names the script), not zombies."""
     table = proc_table()
     out = {}
@@ -253,6 +250,7 @@ class Bench:
         self.py = a.python
         self.script = os.path.abspath(a.script)
         self.prof = script_profile(self.script)
+        self.plain = os.path.join(os.path.dirname(self.script), "plain_ddp.py")
         self.tmp = tempfile.mkdtemp(prefix="pytorch_vs_torchrun.", dir=a.tmpdir)
         self.n = 0
         help_text = subprocess.run([self.rk, "run", "--help"], capture_output=True,
@@ -265,41 +263,56 @@ class Bench:
         e = dict(os.environ)
         e["PYTHONUNBUFFERED"] = "1"
         e["OMP_NUM_THREADS"] = str(threads)
-        e.setdefault("OMPI_MCA_btl", "self,vader")
-        e.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        e["RK_BENCH_PG_TIMEOUT"] = f"{self.a.pg_timeout:g}"
+        for k in ("RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_HEARTBEAT"):
+            e.pop(k, None)
         return e
 
-    def argv(self, side, steps, threads, guards, ckpt_every):
-        p, a = self.prof, self.a
+    def start(self, side, steps, threads, guards, ckpt_every):
+        """Starts one job: side "torchrun" or "rk" on the script, or "plain" (torchrun on
+        examples/pytorch/plain_ddp.py, the script before its port, no checkpoints)."""
+        a = self.a
+        script = self.plain if side == "plain" else self.script
+        p = script_profile(script)
         self.n += 1
         d = os.path.join(self.tmp, f"{self.n:03d}-{side}")
-        os.makedirs(d)
-        work = [*p["steps"](steps), *p["threads"](threads), *p["pg_timeout"](a.pg_timeout)]
-        if side == "torchrun":
+        ck = os.path.join(d, "ck")
+        os.makedirs(ck)
+        env = self.env(threads)
+        work = [HOOKS, script, *p["steps"](steps), *p["threads"](threads),
+                *p["ckpt_every"](ckpt_every), *(p["guards_on"] if guards else p["guards_off"])]
+        if side in ("torchrun", "plain"):
             cmd = ["/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", str(a.ranks),
                    "--standalone", "--max_restarts", str(a.max_restarts), *TORCHRUN_FIX]
             if a.monitor_interval is not None:
-                cmd += ["--monitor_interval", str(a.monitor_interval)]
-            cmd += [self.script, *work, *p["ckpt"](os.path.join(d, "ck"), ckpt_every),
-                    *(p["guards_on"] if guards else p["guards_off"])]
-            os.makedirs(os.path.join(d, "ck"))
+                cmd += ["--monitor_interval", f"{a.monitor_interval:g}"]
+            cmd += work
+            env["PYTHONPATH"] = os.path.join(SRC, "python") + (
+                ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            if side == "torchrun":
+                env["RK_CKPT_DIR"] = ck
+                env["RK_RESUME"] = "1"
         else:
             cmd = [self.rk, "run", "-n", str(a.ranks), "--quiet", "--heartbeat-timeout",
-                   str(a.hb), "--max-restarts", str(a.max_restarts), "--health", "off",
-                   "--ckpt-dir", os.path.join(d, "ck"), "--events", os.path.join(d, "events"),
+                   f"{a.hb:g}", "--max-restarts", str(a.max_restarts), "--health", "off",
+                   "--ckpt-dir", ck, "--events", os.path.join(d, "events"),
                    "--summary-json", os.path.join(d, "summary")]
             if self.launcher != "mpirun":
                 cmd += ["--launcher", self.launcher]
-            os.makedirs(os.path.join(d, "ck"))
-            cmd += ["--", self.py, self.script, *work, *p["ckpt_rk"](ckpt_every),
-                    *(p["guards_on"] if guards else p["guards_off"])]
-        return cmd, d
-
-    def start(self, side, steps, threads, guards, ckpt_every):
-        cmd, d = self.argv(side, steps, threads, guards, ckpt_every)
+            cmd += ["--", self.py, *work]
         with open(os.path.join(d, "cmd"), "w") as f:
-            f.write(" ".join(cmd) + "\n")
-        return Job(cmd, self.env(threads), os.path.join(d, "log"), self.script), d
+            f.write(" ".join(f"{k}={env[k]}" for k in ("RK_CKPT_DIR", "RK_RESUME", "PYTHONPATH")
+                             if k in env and k not in os.environ) + " " + " ".join(cmd) + "\n")
+        return Job(cmd, env, os.path.join(d, "log"), HOOKS), d
+
+    def resumed_step(self, d):
+        """The step the last resume started from, from rekindle.torch's line in the log."""
+        try:
+            with open(os.path.join(d, "log"), errors="replace") as f:
+                found = RESUMED_RE.findall(f.read())
+        except OSError:
+            return None
+        return int(found[-1]) if found else None
 
     def rk_events(self, d):
         try:
@@ -339,14 +352,14 @@ class Bench:
                         break
                 time.sleep(0.01)
             gone = job.gone_times(old)
-            res.update(step=at, first_gone=(gone[0] - t) if gone else None,
-                       all_gone=(gone[-1] - t) if len(gone) == len(old) else None)
+            res.update(step=at, first_gone=max(0.0, gone[0] - t) if gone else None,
+                       all_gone=max(0.0, gone[-1] - t) if len(gone) == len(old) else None)
             if resumed:
                 new = job.new_pids_after(old)
-                res.update(relaunched=new[0] - t, resumed=resumed[0] - t,
-                           resumed_step=resumed[1])
+                res.update(relaunched=new[0] - t, resumed=resumed[0] - t)
             rc = job.wait(300)
             res["rc"] = rc
+            res["resumed_step"] = self.resumed_step(d)
             res["ok"] = rc == 0 and resumed is not None
             if side == "rk":
                 ev = self.rk_events(d)
@@ -389,10 +402,12 @@ def fmt(x, nd=2):
 def main():
     ap = argparse.ArgumentParser(description="torchrun against rk run on a PyTorch script")
     ap.add_argument("build", help="the build directory holding rk")
-    ap.add_argument("--script", default=None,
-                    help="default: examples/pytorch/train_fashion_mnist.py if present, "
-                    "else bench/pytorch_ddp.py")
-    ap.add_argument("--python", default=None, help="default: tests/pyfind.sh torch numpy")
+    ap.add_argument("--script", default=os.path.join(SRC, "examples", "pytorch",
+                                                     "train_fashion_mnist.py"),
+                    help="the ported DDP script (default: the example); plain_ddp.py beside "
+                    "it, when there, is timed under torchrun too")
+    ap.add_argument("--python", default=None,
+                    help="default: tests/pyfind.sh torch xxhash numpy")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fault-rounds", type=int, default=2)
@@ -414,11 +429,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results",
                                                   "pytorch_vs_torchrun-latest.md"))
     a = ap.parse_args()
-    if a.script is None:
-        ex = os.path.join(SRC, "examples", "pytorch", "train_fashion_mnist.py")
-        a.script = ex if os.path.exists(ex) else os.path.join(HERE, "pytorch_ddp.py")
+    if not os.path.exists(a.script):
+        print(f"SKIP: {a.script} is not there", file=sys.stderr)
+        return 77
     if a.python is None:
-        r = subprocess.run([os.path.join(SRC, "tests", "pyfind.sh"), "torch", "numpy"],
+        r = subprocess.run([os.path.join(SRC, "tests", "pyfind.sh"), "torch", "xxhash", "numpy"],
                            capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout.strip(), file=sys.stderr)
@@ -487,9 +502,10 @@ def main():
               f"{best['rk']:.2f} s: **{best['torchrun'] / best['rk']:.1f}x** faster with rk run.")
         P("")
     if "overhead" in only:
-        runs = {(s, t): [] for s in ("torchrun", "rk") for t in threads}
+        sides = ["torchrun", "rk"] + (["plain"] if os.path.exists(b.plain) else [])
+        runs = {(s, t): [] for s in sides for t in threads}
         for r in range(a.rounds):
-            order = [(s, t) for t in threads for s in ("torchrun", "rk")]
+            order = [(s, t) for t in threads for s in sides]
             if r % 2:
                 order.reverse()
             for s, t in order:
@@ -501,30 +517,33 @@ def main():
         P(f"### overhead: steps/s of an uninterrupted run ({a.steps} steps, steps "
           f"{a.warmup} to {a.steps} timed), best of {a.rounds} alternating rounds")
         P("")
-        P("torchrun side: guards off" + (f" (`{' '.join(b.prof['guards_off'])}`)" if
-                                         b.prof["guards_off"] else "") +
-          f"; rk run side: supervised, `{' '.join(b.prof['guards_on'])}`.")
+        P(f"torchrun: the script with `{' '.join(b.prof['guards_off'])}`; rk run: the script "
+          f"with `{' '.join(b.prof['guards_on'])}` (guards and the replica hash every 10 steps), "
+          f"supervised; both checkpoint every {a.ckpt_every} steps"
+          + ("; plain: torchrun on `plain_ddp.py`, the script before its port (no "
+             "rekindle.torch, no checkpoints), for reference" if "plain" in sides else "") + ".")
         P("")
         P("| threads/rank | torchrun best | rk run best | rk run / torchrun | overhead | goal |"
-          " met? |")
-        P("|---|---|---|---|---|---|---|")
-        bests = {}
-        for t in threads:
-            tv = [x for x in runs[("torchrun", t)] if x]
-            rv = [x for x in runs[("rk", t)] if x]
-            if not tv or not rv:
-                P(f"| {t} | - | - | - | - | <= 2% | - |")
+          " met? |" + (" plain best | rk run / plain |" if "plain" in sides else ""))
+        P("|---|---|---|---|---|---|---|" + ("---|---|" if "plain" in sides else ""))
+
+        def best(side, t=None):
+            v = [x for tt in ([t] if t else threads) for x in runs[(side, tt)] if x]
+            return max(v) if v else None
+
+        for t in [*threads, None]:
+            bt, br = best("torchrun", t), best("rk", t)
+            label = t if t else "best vs best"
+            if not bt or not br:
+                P(f"| {label} | - | - | - | - | <= 2% | - |")
                 continue
-            bt, br = max(tv), max(rv)
-            bests[t] = (bt, br)
             ov = 1 - br / bt
-            P(f"| {t} | {bt:.1f} | {br:.1f} | {br / bt:.3f} | {100 * ov:.1f}% | <= 2% | "
-              f"{'yes' if ov <= 0.02 else 'no'} |")
-        if bests:
-            bt = max(v[0] for v in bests.values())
-            br = max(v[1] for v in bests.values())
-            P(f"| best vs best | {bt:.1f} | {br:.1f} | {br / bt:.3f} | "
-              f"{100 * (1 - br / bt):.1f}% | <= 2% | {'yes' if 1 - br / bt <= 0.02 else 'no'} |")
+            row = (f"| {label} | {bt:.1f} | {br:.1f} | {br / bt:.3f} | {100 * ov:.1f}% | "
+                   f"<= 2% | {'yes' if ov <= 0.02 else 'no'} |")
+            if "plain" in sides:
+                bp = best("plain", t)
+                row += f" {fmt(bp, 1)} | {fmt(br / bp if bp else None, 3)} |"
+            P(row)
         P("")
         P("Runs (steps/s, rounds in order):")
         P("")
