@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,7 +76,7 @@ def script_profile(path):
 
 
 def proc_table():
-    """{pid: (ppid, state, argv)} for every process now, from /proc."""
+    """{pid: (ppid, state)} for every process now, from /proc/PID/stat."""
     t = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -85,18 +84,24 @@ def proc_table():
         try:
             with open(f"/proc/{d}/stat", "rb") as f:
                 st = f.read()
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
         except OSError:
             continue
         rest = st.rsplit(b")", 1)[1].split()
-        t[int(d)] = (int(rest[1]), rest[0].decode(), argv)
+        t[int(d)] = (int(rest[1]), rest[0].decode())
     return t
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
 
 
 def descendants(root, table):
     kids = {}
-    for pid, (ppid, _, _) in table.items():
+    for pid, (ppid, _) in table.items():
         kids.setdefault(ppid, []).append(pid)
     out, stack = [], list(kids.get(root, []))
     while stack:
@@ -125,12 +130,13 @@ def rank_procs(root, script):
     table = proc_table()
     out = {}
     kids = {}
-    for pid, (ppid, _, _) in table.items():
+    for pid, (ppid, _) in table.items():
         kids.setdefault(ppid, []).append(pid)
     stack = list(kids.get(root, []))
     while stack:
         p = stack.pop()
-        _, state, argv = table[p]
+        state = table[p][1]
+        argv = cmdline(p)
         is_rank = (argv and os.path.basename(argv[0]).startswith("python")
                    and script in argv[1:4] and not any(a.endswith("torchrun") for a in argv[:2]))
         if is_rank:
@@ -145,10 +151,11 @@ def rank_procs(root, script):
 
 class Job:
     """One launch of a side: its stdout read line by line (arrival times), its rank
-    processes sampled every 10 ms (first-seen and gone times per pid)."""
+    processes sampled every 20 ms (first-seen and gone times per pid; not in overhead runs)."""
 
-    def __init__(self, argv, env, log, script):
+    def __init__(self, argv, env, log, script, watch=0.02):
         self.script = script
+        self.interval = watch
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
@@ -161,7 +168,8 @@ class Job:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.watcher = threading.Thread(target=self._watch, daemon=True)
-        self.watcher.start()
+        if watch:
+            self.watcher.start()
 
     def _read(self):
         for line in self.proc.stdout:
@@ -183,7 +191,7 @@ class Job:
                 for p, v in self.seen.items():
                     if v[2] is None and p not in cur.values():
                         v[2] = now
-            time.sleep(0.01)
+            time.sleep(self.interval)
 
     def last_step(self):
         with self.lock:
@@ -236,7 +244,8 @@ class Job:
             except ProcessLookupError:
                 pass
         self.proc.wait()
-        self.watcher.join()
+        if self.watcher.is_alive():
+            self.watcher.join()
         self.reader.join(timeout=5)
 
 
@@ -268,7 +277,7 @@ class Bench:
             e.pop(k, None)
         return e
 
-    def start(self, side, steps, threads, guards, ckpt_every):
+    def start(self, side, steps, threads, guards, ckpt_every, watch=0.02):
         """Starts one job: side "torchrun" or "rk" on the script, or "plain" (torchrun on
         examples/pytorch/plain_ddp.py, the script before its port, no checkpoints)."""
         a = self.a
@@ -281,15 +290,15 @@ class Bench:
         env = self.env(threads)
         work = [HOOKS, script, *p["steps"](steps), *p["threads"](threads),
                 *p["ckpt_every"](ckpt_every), *(p["guards_on"] if guards else p["guards_off"])]
-        if side in ("torchrun", "plain"):
+        if side in ("torchrun", "torchrun-fast", "plain"):
             cmd = ["/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", str(a.ranks),
                    "--standalone", "--max_restarts", str(a.max_restarts), *TORCHRUN_FIX]
-            if a.monitor_interval is not None:
-                cmd += ["--monitor_interval", f"{a.monitor_interval:g}"]
+            if side == "torchrun-fast":
+                cmd += ["--monitor_interval", f"{a.fast_monitor:g}"]
             cmd += work
             env["PYTHONPATH"] = os.path.join(SRC, "python") + (
                 ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-            if side == "torchrun":
+            if side != "plain":
                 env["RK_CKPT_DIR"] = ck
                 env["RK_RESUME"] = "1"
         else:
@@ -303,7 +312,7 @@ class Bench:
         with open(os.path.join(d, "cmd"), "w") as f:
             f.write(" ".join(f"{k}={env[k]}" for k in ("RK_CKPT_DIR", "RK_RESUME", "PYTHONPATH")
                              if k in env and k not in os.environ) + " " + " ".join(cmd) + "\n")
-        return Job(cmd, env, os.path.join(d, "log"), HOOKS), d
+        return Job(cmd, env, os.path.join(d, "log"), HOOKS, watch), d
 
     def resumed_step(self, d):
         """The step the last resume started from, from rekindle.torch's line in the log."""
@@ -381,7 +390,7 @@ class Bench:
 
     def throughput(self, side, threads):
         a = self.a
-        job, d = self.start(side, a.steps, threads, side == "rk", a.ckpt_every)
+        job, d = self.start(side, a.steps, threads, side == "rk", a.ckpt_every, watch=None)
         try:
             rc = job.wait(600)
             with job.lock:
@@ -420,8 +429,9 @@ def main():
     ap.add_argument("--hb", type=float, default=5, help="rk run --heartbeat-timeout")
     ap.add_argument("--pg-timeout", type=float, default=60)
     ap.add_argument("--max-restarts", type=int, default=3)
-    ap.add_argument("--monitor-interval", type=float, default=None,
-                    help="torchrun --monitor_interval (default: torchrun's, 5 s)")
+    ap.add_argument("--fast-monitor", type=float, default=0.5,
+                    help="the crash runs also time torchrun with this --monitor_interval "
+                    "(its default is 5 s; 0: not)")
     ap.add_argument("--rk-launcher", default=None,
                     help="rk run --launcher (default: local when rk run has it, else mpirun)")
     ap.add_argument("--only", default="crash,hang,overhead")
@@ -459,10 +469,9 @@ def main():
       f"checkpoint every {a.ckpt_every} steps; interpreter {a.python}")
     P(f"- torchrun: `torchrun --nnodes 1 --nproc_per_node {a.ranks} --standalone "
       f"--max_restarts {a.max_restarts} {' '.join(TORCHRUN_FIX)}"
-      + (f" --monitor_interval {a.monitor_interval}" if a.monitor_interval is not None else
-         "") + f"` (monitor interval "
-      f"{a.monitor_interval if a.monitor_interval is not None else 5} s), process-group "
-      f"timeout {a.pg_timeout:g} s (set by the script)")
+      + f"` (its default --monitor_interval, 5 s; \"torchrun-fast\": the same with "
+      f"`--monitor_interval {a.fast_monitor:g}`), process-group timeout {a.pg_timeout:g} s "
+      f"(set by bench/pytorch_hooks.py; torch's default is 30 min)")
     P(f"- rk run: `rk run -n {a.ranks} --heartbeat-timeout {a.hb:g} --max-restarts "
       f"{a.max_restarts} --health off --ckpt-dir ...` with launcher {b.launcher}")
     P("")
@@ -471,8 +480,10 @@ def main():
         if kind not in only:
             continue
         rows = []
+        sides = ["torchrun", "rk"] + (["torchrun-fast"] if kind == "crash" and a.fast_monitor
+                                      else [])
         for r in range(a.fault_rounds):
-            for side in (("torchrun", "rk") if r % 2 == 0 else ("rk", "torchrun")):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
                 log(f"{kind} round {r + 1}: {side}")
                 res = b.fault(side, sig)
                 log(f"  {res}")
@@ -489,20 +500,23 @@ def main():
             if res["side"] == "rk":
                 own = (f"recovery_s {fmt(res.get('rk_recovery_s'))}" if kind == "crash" else
                        f"hang event at {fmt(res.get('rk_event_t'))}")
-            P(f"| {i // 2 + 1} | {res['side']} | {fmt(res.get('first_gone'))} | "
+            P(f"| {i // len(sides) + 1} | {res['side']} | {fmt(res.get('first_gone'))} | "
               f"{fmt(res.get('all_gone'))} | {fmt(res.get('relaunched'))} | {fmt(res.get('resumed'))} | "
               f"{res.get('resumed_step', '-')} | {own} | {res.get('rc')} |")
         best = {}
-        for side in ("torchrun", "rk"):
+        for side in sides:
             v = [x["resumed"] for x in rows if x["side"] == side and x.get("resumed")]
             best[side] = min(v) if v else None
         P("")
-        if best["torchrun"] and best["rk"]:
-            P(f"Best {kind}-to-resumed-step: torchrun {best['torchrun']:.2f} s, rk run "
-              f"{best['rk']:.2f} s: **{best['torchrun'] / best['rk']:.1f}x** faster with rk run.")
+        for side in sides:
+            if side != "rk" and best[side] and best["rk"]:
+                P(f"Best {kind}-to-resumed-step: {side} {best[side]:.2f} s, rk run "
+                  f"{best['rk']:.2f} s: **{best[side] / best['rk']:.1f}x** faster with rk run.")
+                P("")
         P("")
     if "overhead" in only:
-        sides = ["torchrun", "rk"] + (["plain"] if os.path.exists(b.plain) else [])
+        sides = ["torchrun", "rk", "rk-noguard"] + (["plain"] if os.path.exists(b.plain)
+                                                     else [])
         runs = {(s, t): [] for s in sides for t in threads}
         for r in range(a.rounds):
             order = [(s, t) for t in threads for s in sides]
@@ -520,12 +534,15 @@ def main():
         P(f"torchrun: the script with `{' '.join(b.prof['guards_off'])}`; rk run: the script "
           f"with `{' '.join(b.prof['guards_on'])}` (guards and the replica hash every 10 steps), "
           f"supervised; both checkpoint every {a.ckpt_every} steps"
+          + f"; rk run, guards off: the script with `{' '.join(b.prof['guards_off'])}` under rk "
+          "run (supervision alone)"
           + ("; plain: torchrun on `plain_ddp.py`, the script before its port (no "
              "rekindle.torch, no checkpoints), for reference" if "plain" in sides else "") + ".")
         P("")
         P("| threads/rank | torchrun best | rk run best | rk run / torchrun | overhead | goal |"
-          " met? |" + (" plain best | rk run / plain |" if "plain" in sides else ""))
-        P("|---|---|---|---|---|---|---|" + ("---|---|" if "plain" in sides else ""))
+          " met? | rk run, guards off | its overhead |"
+          + (" plain best | rk run / plain |" if "plain" in sides else ""))
+        P("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if "plain" in sides else ""))
 
         def best(side, t=None):
             v = [x for tt in ([t] if t else threads) for x in runs[(side, tt)] if x]
@@ -535,11 +552,13 @@ def main():
             bt, br = best("torchrun", t), best("rk", t)
             label = t if t else "best vs best"
             if not bt or not br:
-                P(f"| {label} | - | - | - | - | <= 2% | - |")
+                P(f"| {label} | - | - | - | - | <= 2% | - | - | - |")
                 continue
             ov = 1 - br / bt
             row = (f"| {label} | {bt:.1f} | {br:.1f} | {br / bt:.3f} | {100 * ov:.1f}% | "
                    f"<= 2% | {'yes' if ov <= 0.02 else 'no'} |")
+            bo = best("rk-noguard", t)
+            row += (f" {fmt(bo, 1)} | {fmt(100 * (1 - bo / bt) if bo else None, 1)}% |")
             if "plain" in sides:
                 bp = best("plain", t)
                 row += f" {fmt(bp, 1)} | {fmt(br / bp if bp else None, 3)} |"
