@@ -2,18 +2,25 @@
 """torchrun --max_restarts against rk run on the same PyTorch DDP script, in one run.
 
     bench/pytorch_vs_torchrun.py BUILD_DIR [--ranks 2] [--rounds 3] [--threads 1,2]
-                                 [--only crash,hang,overhead] [--script PATH]
+                                 [--only crash,hang,overhead] [--script PATH] [--hb 5]
 
-Three measures, each side by side, rounds alternating which side goes first:
+The script (default examples/pytorch/train_fashion_mnist.py) runs on both sides through
+bench/pytorch_hooks.py, which sets the process group's timeout (--pg-timeout, 60 s; torch's
+default is 30 minutes) and prints a line per optimiser step of rank 0. Under torchrun the
+script checkpoints and resumes through RK_CKPT_DIR and RK_RESUME=1, as under rk run. Three
+measures, side by side, rounds alternating the order of the sides:
 
-- crash: one rank (RANK=1) is SIGKILLed at a fixed step; the time from the kill to the first
-  step line printed by the relaunched job (the job resumes from its last checkpoint).
-- hang: one rank is SIGSTOPped at a fixed step; the time until the launcher acts (the
-  first rank process of the old job gone), and until the first resumed step. torchrun only
-  learns of it through the process group's timeout (the script sets it to --pg-timeout,
-  60 s); rk run through its --heartbeat-timeout (--hb).
-- overhead: uninterrupted runs, steps/s after a warm-up: torchrun with the guards off
-  against rk run with the replica hash every 10 steps, at each --threads value per rank.
+- crash: rank 1 is SIGKILLed at step --fault-step; the time from the kill to the first step
+  line of the relaunched job (which resumes from its last checkpoint). torchrun is timed at
+  its default --monitor_interval (5 s) and at --fast-monitor (0.5 s, "torchrun-fast").
+- hang: rank 1 is SIGSTOPped at step --fault-step; the time until the first rank process of
+  the old job is gone (torchrun: the survivor's process-group timeout; rk run: its
+  --heartbeat-timeout, --hb, then its teardown), until all are gone, and until the first
+  resumed step.
+- overhead: uninterrupted runs, steps/s from step --warmup to the end, best of --rounds:
+  torchrun on the script with the guards off against rk run on it with the guards and the
+  replica hash every 10 steps, at each --threads value per rank; also rk run with the guards
+  off (supervision alone) and torchrun on plain_ddp.py (the script before its port).
 
 Rank processes are found by process tree (the descendants of torchrun, or of rk run and its
 keeper, read from /proc), their rank from their environment (RANK or OMPI_COMM_WORLD_RANK),
@@ -26,6 +33,10 @@ torchrun in Debian 12 (python3-torch 1.13.1, Python 3.11) fails at start with it
 zero-valued member of an IntFlag); the bench passes --redirects 9:0 --tee 9:0 (a mapping
 naming a local rank that does not exist, so every real rank gets Std.NONE). See
 bench/RESULTS.md.
+
+Prints a markdown section for bench/RESULTS.md and writes it to --out
+(bench/results/pytorch_vs_torchrun-latest.md). Exit status 0 when every run finished and
+resumed, 1 otherwise, 77 when torch or torchrun is missing.
 """
 
 import argparse
