@@ -2,7 +2,8 @@
  * rk _rank-env -- WORKER [ARGS...]: the hidden wrapper rk run puts in front of the worker
  * under mpirun and srun. Sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
  * launcher's variables (src/supervisor/env.c) and execs the worker in place: the same pid,
- * so the heartbeat's hello check against the kernel holds (docs/run.md).
+ * so the heartbeat's hello check against the kernel holds (docs/run.md). A worker that cannot
+ * be executed: one line and exit status 2.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ int rk_cmd_rank_env(int argc, char **argv)
         }
     }
     execvp(argv[i], argv + i);
-    fprintf(stderr, "rk _rank-env: cannot run %s: %s\n", argv[i], strerror(errno));
-    return 127;
+    /* bad input, as under the local launcher: rk run stops (exit 2) instead of relaunching */
+    fprintf(stderr, "rk _rank-env: cannot run the worker %s: %s\n", argv[i], strerror(errno));
+    return RK_EXIT_USAGE;
 }

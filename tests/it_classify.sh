@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # rk run classifies failures truthfully, tried with a worker written from docs/protocol.md
-# alone (Python, no rekindle code) under real mpirun ranks: (1) the doc and the supervisor
+# alone (Python, no rekindle code), real ranks forked by rk run: (1) the doc and the supervisor
 # agree: the commands the doc lists are the ones the supervisor sends, every event action and
 # kind the supervisor treats specially is documented, RK_RESUME means the same in both docs;
 # (2) each worker exit status in the doc's table makes rk run do what the table says, with no

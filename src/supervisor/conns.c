@@ -214,6 +214,7 @@ static int on_line(void *ctx, const char *line, size_t len)
             return REFUSE;
         }
         c->rank = m.rank;
+        c->stacks = m.stacks;
         c->last = now;
         c->done = m.step;
         c->progress = 2 * m.step;

@@ -451,7 +451,7 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
  * with the launcher's status (128 + signal for a signal; local: the first failed rank's, as
  * mpirun). Never returns. */
 static void keeper(int pidns, int life, int report, const char **argv, char *const *env,
-                   char *preload, int nranks)
+                   char *preload, int nranks, int failed)
 {
     setpgid(0, 0); /* the terminal's ^C goes to rk run, which decides */
     if (pidns)
@@ -510,6 +510,8 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
             left--;
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             /* the launcher, a failed rank (mpirun's rule), or the last rank: the job ends */
+            if (nranks > 0 && code != 0 && code != RK_EXIT_STOPPED)
+                write_errno(failed, r); /* which rank, before the others' ends are seen */
             if (nranks == 0 || (code != 0 && code != RK_EXIT_STOPPED) || left == 0) {
                 signal_job(pidns, SIGKILL); /* the other ranks, and what outlived them */
                 _exit(nranks == 0 || (code != 0 && code != RK_EXIT_STOPPED)
@@ -525,7 +527,7 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
                     char *const *worker, char *const *env, int want_pidns, rk_err *err)
 {
     memset(l, 0, sizeof *l);
-    l->life = -1;
+    l->life = l->failed = -1;
     const char *argv[MAX_ARGS];
     char nbuf[16];
     if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
@@ -538,12 +540,19 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
 #endif
     l->loopback = want_lo && kind == RK_LAUNCH_MPIRUN && !names_hosts(launcher_args) &&
                   loopback_preload(preload, sizeof preload);
-    int life[2], report[2];
+    int life[2], report[2], failed[2];
     if (pipe2(life, O_CLOEXEC) != 0)
         return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
     if (pipe2(report, O_CLOEXEC) != 0) {
         close(life[0]);
         close(life[1]);
+        return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
+    }
+    if (pipe2(failed, O_CLOEXEC | O_NONBLOCK) != 0) {
+        close(life[0]);
+        close(life[1]);
+        close(report[0]);
+        close(report[1]);
         return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
     }
     /* the next child is pid 1 of a new PID namespace; this process stays where it is */
@@ -557,8 +566,9 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     if (pid == 0) {
         close(life[1]);
         close(report[0]);
+        close(failed[0]);
         keeper(l->pidns, life[0], report[1], argv, env, l->loopback ? preload : NULL,
-               kind == RK_LAUNCH_LOCAL ? n : 0);
+               kind == RK_LAUNCH_LOCAL ? n : 0, failed[1]);
     }
     int fork_errno = errno;
     if (l->pidns && setns(self_ns, CLONE_NEWPID) != 0) { /* later children: our namespace */
@@ -573,9 +583,13 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
         close(self_ns);
     close(life[0]);
     close(report[1]);
+    close(failed[1]);
+    l->failed = failed[0];
     if (pid < 0) {
         close(life[1]);
         close(report[0]);
+        close(l->failed);
+        l->failed = -1;
         return rk_err_set(err, RK_EIO, "launch: fork failed: %s", strerror(fork_errno));
     }
     setpgid(pid, pid);
@@ -611,6 +625,14 @@ int rk_launch_poll(rk_launch *l)
         return 1;
     }
     return 0;
+}
+
+int rk_launch_failed_rank(rk_launch *l)
+{
+    int r = -1;
+    if (l->failed < 0 || read(l->failed, &r, sizeof r) != (ssize_t)sizeof r)
+        return -1;
+    return r;
 }
 
 int rk_launch_owns(const rk_launch *l, pid_t pid)
@@ -651,6 +673,9 @@ void rk_launch_kill(rk_launch *l, double grace_s)
     if (l->life >= 0)
         close(l->life);
     l->life = -1;
+    if (l->failed >= 0)
+        close(l->failed);
+    l->failed = -1;
     /* rk run is a subreaper: whatever escaped the keeper was reparented here */
     kill_tree(getpid());
 }

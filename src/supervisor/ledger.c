@@ -101,6 +101,18 @@ static json_t *incident_json(const rk_ledger *g, const rk_incident *i)
                         i->recovery_s >= 0 ? json_real(round(i->recovery_s * 1000) / 1000)
                                            : json_null());
     json_object_set_new(j, "detail", json_string(i->detail));
+    if (i->stacks[0]) { /* a hang whose ranks dumped their stacks: the files */
+        json_t *a = json_array();
+        char one[sizeof i->stacks];
+        for (const char *p = i->stacks; *p;) {
+            const char *nl = strchr(p, '\n');
+            size_t len = nl ? (size_t)(nl - p) : strlen(p);
+            snprintf(one, sizeof one, "%.*s", (int)len, p);
+            json_array_append_new(a, json_string(one));
+            p += len + (nl ? 1 : 0);
+        }
+        json_object_set_new(j, "stacks", a);
+    }
     return j;
 }
 

@@ -111,7 +111,7 @@ static int open_socket(sup *s, rk_err *err)
 static int start_launch(sup *s, rk_err *err)
 {
     memset(&s->l, 0, sizeof s->l);
-    s->l.life = -1;
+    s->l.life = s->l.failed = -1;
     sup_close_conns(s);
     s->nconn = s->hellos = 0;
     s->failing = s->stop_sent = 0;
@@ -122,7 +122,7 @@ static int start_launch(sup *s, rk_err *err)
     memset(&s->v, 0, sizeof s->v);
     s->v.next = RK_SUP_RELAUNCH;
     s->v.rank = -1;
-    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = '\0';
+    s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->stacks[0] = '\0';
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
         env_restart[48], env_stack[4300], env_pypath[8400];
@@ -246,6 +246,8 @@ static size_t record_verdict(sup *s, int stop)
         return SIZE_MAX;
     if (s->failing)
         i->t = s->ftime; /* when it was seen, not when the teardown ended */
+    if (s->v.kind == RK_SUP_KIND_HANG)
+        snprintf(i->stacks, sizeof i->stacks, "%s", s->stacks);
     size_t at = (size_t)(i - s->g.inc);
     if (stop) {
         rk_ledger_write(&s->g, i);
@@ -418,7 +420,7 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     }
     s->o = o;
     s->listen_fd = -1;
-    s->l.life = -1;
+    s->l.life = s->l.failed = -1;
     s->first_launch = -1;
     s->rules = (rk_sup_rules){.threshold = o->health_threshold,
                               .margin = RK_SUP_HELD_MARGIN,

@@ -38,6 +38,7 @@ typedef struct rk_sup_conn {
     int64_t progress; /* 2 x steps done, +1 while in the step's collective */
     int bye;
     int bye_done; /* its bye said "done" */
+    int stacks;   /* its hello said it dumps its stacks on SIGUSR1 */
 } rk_sup_conn;
 
 typedef struct sup {
@@ -80,12 +81,13 @@ typedef struct sup {
     double last_status;
     double strangers_t; /* start of the current 10 s window for messages about strangers */
     int strangers_said, strangers_hushed;
-    int told_pidns;    /* said once why the job has no PID namespace */
-    int told_loopback; /* said once that Open MPI's listeners are not on loopback only */
-    char jobdir[128];  /* the launcher's private temporary directory */
+    int told_pidns;       /* said once why the job has no PID namespace */
+    int told_loopback;    /* said once that Open MPI's listeners are not on loopback only */
+    char jobdir[128];     /* the launcher's private temporary directory */
     char stack_dir[4096]; /* RK_STACK_DIR: where hung ranks write their stacks (stacks.c) */
-    rk_gate *gate;     /* the health gate, NULL without --health */
-    double last_gate;  /* when the gate last read the GPUs */
+    char stacks[2048];    /* this launch's hang: the dumps copied, one path a line ("": none) */
+    rk_gate *gate;        /* the health gate, NULL without --health */
+    double last_gate;     /* when the gate last read the GPUs */
     rk_sup_rules rules;
 } sup;
 
@@ -123,6 +125,12 @@ void sup_fail(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 rk_sup_next sup_watch(sup *s);
 /* The incident kind's word for the verdict (the rank's own word for an exit event's). */
 const char *sup_verdict_kind(const sup *s);
+
+/* ---- stacks.c ------------------------------------------------------------------------------ */
+
+/* A hang: SIGUSR1 to each rank r with stuck[r] whose hello said "stacks" (by its verified
+ * pid), up to 2 s for the dumps, each copied to stderr; their paths into s->stacks. */
+void sup_dump_stacks(sup *s, const int *stuck);
 
 /* ---- drain.c ------------------------------------------------------------------------------- */
 

@@ -44,9 +44,9 @@ typedef struct rk_sup_opts {
     int failure_threshold;    /* failures that quarantine a device */
     int max_restarts;
     int min_ranks;
-    const char *inject;       /* fault spec (already checked) or NULL */
-    const char *events_path;  /* NULL: no events file */
-    const char *summary_path; /* NULL: no summary file */
+    const char *inject;         /* fault spec (already checked) or NULL */
+    const char *events_path;    /* NULL: no events file */
+    const char *summary_path;   /* NULL: no summary file */
     rk_launcher launcher;       /* never AUTO here (rk_launch_pick) */
     const char *launcher_why;   /* why that launcher, for the first status line; NULL: asked */
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
@@ -104,6 +104,7 @@ typedef struct rk_launch {
     int pidns;    /* 1: the job runs in a PID namespace of its own, the keeper its pid 1 */
     int ns_errno; /* why not, when one was asked for */
     int life;     /* the lifeline: the keeper kills the job when this end closes */
+    int failed;   /* local: the keeper writes the first failed rank here (-1: none) */
     int loopback; /* 1: a single-node mpirun with librkloopback.so (listeners on loopback) */
     int exited;   /* the keeper reaped */
     int status;   /* its wait status once exited: the launcher's (128 + signal if killed) */
@@ -125,6 +126,9 @@ typedef struct rk_launch {
  * worker in place (same pid). */
 int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
                     char *const *worker, char *const *env, int want_pidns, rk_err *err);
+/* Local: the rank whose failure made the keeper end the others (written before it killed
+ * them), once; -1 if none (yet) or another launcher. Never blocks. */
+int rk_launch_failed_rank(rk_launch *l);
 /* Reap without blocking: 1 once exited (l->status set), else 0. */
 int rk_launch_poll(rk_launch *l);
 /* Tear down every process of the job: SIGTERM to the keeper (it passes it on to the whole
@@ -207,8 +211,9 @@ typedef struct rk_incident {
     int64_t lost_steps; /* -1 unknown */
     double recovery_s;  /* -1 unknown */
     char detail[576];
-    int final;   /* complete: may be written (rk_ledger_write) */
-    int written; /* in the events file */
+    char stacks[2048]; /* a hang: the stack dumps' paths, one a line ("": none) */
+    int final;         /* complete: may be written (rk_ledger_write) */
+    int written;       /* in the events file */
 } rk_incident;
 
 /* Steps of one rk run the goodput counts, from the first step seen (2^24: 128 MiB of

@@ -43,12 +43,13 @@ static void teardown(sup *s, double grace)
     sup_close_conns(s);
 }
 
-/* Ranks that made the least progress (a hang's suspects, policy.h), as "1,3" into who[cap];
- * the first into *rank. */
-static int stuck_ranks(sup *s, int *rank, char *who, size_t cap)
+/* Ranks that made the least progress (a hang's suspects, policy.h), as "1,3" into who[cap],
+ * flagged in stuck[] (NULL: not wanted); the first into *rank. */
+static int stuck_ranks(sup *s, int *rank, char *who, size_t cap, int *stuck_out)
 {
     int64_t progress[RK_SUP_MAX_DEVICES];
-    int stuck[RK_SUP_MAX_DEVICES];
+    static int mine[RK_SUP_MAX_DEVICES];
+    int *stuck = stuck_out ? stuck_out : mine;
     for (int r = 0; r < s->n; r++) {
         const rk_sup_conn *c = sup_by_rank(s, r);
         progress[r] = c ? c->progress : -1;
@@ -71,7 +72,7 @@ static void check_timeouts(sup *s)
         if (now - s->t_launch > s->o->startup_timeout_s) {
             int r;
             char who[256];
-            stuck_ranks(s, &r, who, sizeof who);
+            stuck_ranks(s, &r, who, sizeof who, NULL);
             s->seen.startup_timeout = 1;
             sup_fail(s,
                      "rank %s never connected to %s within %.0f s (does the worker speak "
@@ -86,11 +87,14 @@ static void check_timeouts(sup *s)
             continue;
         int r;
         char who[256];
-        int nstuck = stuck_ranks(s, &r, who, sizeof who);
+        int stuck[RK_SUP_MAX_DEVICES];
+        int nstuck = stuck_ranks(s, &r, who, sizeof who, stuck);
         rk_sup_conn *sc = r >= 0 ? sup_by_rank(s, r) : c;
         if (nstuck == 0 || r < 0) {
             r = c->rank;
             snprintf(who, sizeof who, "%d", r);
+            memset(stuck, 0, sizeof stuck);
+            stuck[r] = 1;
         }
         s->seen.hang = 1;
         s->seen.hang_rank = nstuck == s->n ? -1 : r;
@@ -98,6 +102,7 @@ static void check_timeouts(sup *s)
                  sup_devname(s, r), now - (sc ? sc->last : c->last),
                  (long long)(sc ? sc->done : c->done),
                  nstuck < s->n ? "; the other ranks wait for it" : "");
+        sup_dump_stacks(s, stuck); /* before the teardown: where each hung rank is stuck */
         return;
     }
 }
@@ -157,6 +162,14 @@ static rk_sup_next judge(sup *s, int exited, int code)
     else
         snprintf(s->vdetail, sizeof s->vdetail, "the launcher exited with status %d at step %lld",
                  code, (long long)s->last_done);
+    if (s->v.kind == RK_SUP_KIND_HANG && s->stacks[0]) { /* the dumps, named on one line */
+        char files[sizeof s->stacks];
+        snprintf(files, sizeof files, "%s", s->stacks);
+        for (char *p = files; (p = strchr(p, '\n'));)
+            *p = ' ';
+        size_t used = strlen(s->vdetail);
+        snprintf(s->vdetail + used, sizeof s->vdetail - used, "; stacks in %s", files);
+    }
     if (s->v.next == RK_SUP_STOP) {
         if (s->v.kind == RK_SUP_KIND_STORAGE && !s->o->ckpt_dir) /* the worker's own files */
             sup_say(s,
@@ -224,6 +237,12 @@ rk_sup_next sup_watch(sup *s)
                 p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
             }
         int r = poll(p, (nfds_t)np, TICK_MS);
+        /* local: the rank that failed first, as the keeper saw it, is read before the ranks
+         * it killed for it (their connections may close in the same round) */
+        int failed = rk_launch_failed_rank(&s->l);
+        rk_sup_conn *first = failed >= 0 ? sup_by_rank(s, failed) : NULL;
+        while (first && first->fd >= 0 && sup_read_conn(s, first))
+            ;
         if (r > 0) {
             /* what the ranks said first, closings after: a rank's last words (an injected
              * crash it announces) come before another rank's end read in the same round */

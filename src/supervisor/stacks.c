@@ -1,0 +1,156 @@
+/*
+ * Stacks of a hung rank (docs/run.md, "Stacks of a hung rank"; docs/protocol.md, hello's
+ * "stacks"): before a hung launch is torn down, SIGUSR1 to each hung rank that said it dumps
+ * its stacks, by the kernel's pid of its connection and only if that is a process of this
+ * launch; up to 2 s for $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt to appear and stop
+ * growing; what it wrote copied to rk run's stderr (bounded, a regular file opened with
+ * O_NOFOLLOW, control characters removed, each line prefixed), its path kept for the event.
+ */
+#include "supervisor/sup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/text.h"
+
+#define STACKS_WAIT_S 2.0
+#define STACKS_STILL_S 0.2         /* unchanged this long: the dump is complete */
+#define STACKS_COPY_MAX (64 << 10) /* bytes of a dump copied into the log */
+#define STACKS_LINE_MAX 512        /* bytes of one line shown */
+
+typedef struct dump {
+    int rank;
+    char path[4200];
+    off_t from; /* the file's size before the signal: the dump is what came after */
+    off_t size;
+    double changed; /* when its size last changed */
+    int grew;
+} dump;
+
+/* The size of a regular file at `path` (not a link), -1 if there is none. */
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return -1;
+    return st.st_size;
+}
+
+/* Copy bytes [from, from + STACKS_COPY_MAX) of d->path to stderr, one prefixed, cleaned
+ * line at a time. */
+static void copy_dump(const sup *s, const dump *d)
+{
+    int fd = open(d->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0)
+            close(fd);
+        sup_say(s, "rank %d: no stack dump in %s", d->rank, d->path);
+        return;
+    }
+    off_t from = st.st_size < d->from ? 0 : d->from; /* rewritten from the start */
+    static char buf[STACKS_COPY_MAX + 1];
+    ssize_t n = pread(fd, buf, STACKS_COPY_MAX, from);
+    close(fd);
+    if (n <= 0) {
+        sup_say(s, "rank %d: its stack dump %s is empty", d->rank, d->path);
+        return;
+    }
+    buf[n] = '\0';
+    sup_say(s, "rank %d's stacks (%s):", d->rank, d->path);
+    char line[STACKS_LINE_MAX + 1], shown[STACKS_LINE_MAX + 1];
+    for (char *p = buf; p < buf + n;) {
+        char *nl = memchr(p, '\n', (size_t)(buf + n - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(buf + n - p);
+        size_t take = len < STACKS_LINE_MAX ? len : STACKS_LINE_MAX;
+        memcpy(line, p, take);
+        line[take] = '\0';
+        for (size_t i = 0; i < take; i++)
+            if (line[i] == '\0' || line[i] == '\t')
+                line[i] = ' '; /* a NUL would end the line early; tabs read as spaces */
+        rk_text_clean(shown, sizeof shown, line);
+        fprintf(stderr, "rk run:   rank %d | %s\n", d->rank, shown);
+        p += len + (nl ? 1 : 0);
+    }
+    if (st.st_size - from > STACKS_COPY_MAX)
+        fprintf(stderr, "rk run:   rank %d | ... (%lld more bytes in %s)\n", d->rank,
+                (long long)(st.st_size - from - STACKS_COPY_MAX), d->path);
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+void sup_dump_stacks(sup *s, const int *stuck)
+{
+    static dump d[RK_SUP_MAX_DEVICES];
+    int nd = 0;
+    s->stacks[0] = '\0';
+    for (int r = 0; r < s->n; r++) {
+        rk_sup_conn *c = stuck[r] ? sup_by_rank(s, r) : NULL;
+        if (!c || !c->stacks || c->fd < 0 || c->pid <= 0)
+            continue;
+        if (!rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid the worker named */
+            continue;
+        dump *x = &d[nd];
+        x->rank = r;
+        if ((size_t)snprintf(x->path, sizeof x->path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir,
+                             r, s->launch_no) >= sizeof x->path)
+            continue;
+        x->from = file_size(x->path);
+        x->from = x->from < 0 ? 0 : x->from;
+        x->size = x->from;
+        x->grew = 0;
+        if (kill((pid_t)c->pid, SIGUSR1) != 0)
+            continue;
+        x->changed = rk_ledger_now(&s->g);
+        nd++;
+    }
+    if (!nd)
+        return;
+    sup_say(s, "asked %d hung rank%s for %s stacks (SIGUSR1)", nd, nd == 1 ? "" : "s",
+            nd == 1 ? "its" : "their");
+    double t0 = rk_ledger_now(&s->g);
+    for (;;) {
+        double now = rk_ledger_now(&s->g);
+        int waiting = 0;
+        for (int k = 0; k < nd; k++) {
+            off_t size = file_size(d[k].path);
+            if (size >= 0 && size != d[k].size) {
+                d[k].size = size;
+                d[k].grew = 1;
+                d[k].changed = now;
+            }
+            if (!d[k].grew || now - d[k].changed < STACKS_STILL_S)
+                waiting++;
+        }
+        if (!waiting || now - t0 >= STACKS_WAIT_S)
+            break;
+        nap_ms(50);
+    }
+    size_t used = 0;
+    for (int k = 0; k < nd; k++) {
+        if (!d[k].grew) {
+            sup_say(s, "rank %d wrote no stacks to %s within %.0f s", d[k].rank, d[k].path,
+                    STACKS_WAIT_S);
+            continue;
+        }
+        copy_dump(s, &d[k]);
+        char clean[sizeof d[k].path];
+        rk_text_clean(clean, sizeof clean, d[k].path);
+        int w =
+            snprintf(s->stacks + used, sizeof s->stacks - used, "%s%s", used ? "\n" : "", clean);
+        if (w > 0 && (size_t)w < sizeof s->stacks - used)
+            used += (size_t)w;
+        else
+            s->stacks[used] = '\0';
+    }
+}

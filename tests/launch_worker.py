@@ -1,0 +1,66 @@
+# A rank for tests/it_launch_local.sh, written from docs/run.md and docs/protocol.md alone
+# (standard library only): rank and world from RANK and WORLD_SIZE, nothing else. Writes the
+# environment it got to --log/env.<RK_LAUNCH>.<RANK>.json, says hello (with "stacks": true
+# after registering faulthandler on SIGUSR1 to write every thread's stack to
+# $RK_STACK_DIR/stacks-rank<RANK>-launch<RK_LAUNCH>.txt), steps every 20 ms and says bye.
+# Faults, for rank --rank only, in the launches listed: --crash-at STEP SIGKILLs itself (once
+# every rank of the launch said hello, with --log), --hang-at STEP enters
+# hung_in_compute_for_test(), which never returns.
+import argparse, faulthandler, json, os, signal, socket, sys, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=40, help="steps in the launches after the first")
+ap.add_argument("--steps-first", type=int, help="steps in launch 0 (default --steps)")
+ap.add_argument("--rank", type=int, default=1, help="the rank the faults are for")
+ap.add_argument("--launches", default="0", help="launches the faults fire in (comma list)")
+ap.add_argument("--crash-at", type=int)
+ap.add_argument("--hang-at", type=int)
+ap.add_argument("--log")
+a = ap.parse_args()
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+launch = int(os.environ.get("RK_LAUNCH", "0"))
+steps = a.steps_first if launch == 0 and a.steps_first is not None else a.steps
+mine = rank == a.rank and str(launch) in a.launches.split(",")
+if a.log:
+    with open(os.path.join(a.log, f"env.{launch}.{rank}.json"), "w") as f:
+        json.dump(dict(os.environ, pid=str(os.getpid())), f)
+dump = None
+if os.environ.get("RK_STACK_DIR"):
+    path = os.path.join(os.environ["RK_STACK_DIR"], f"stacks-rank{rank}-launch{launch}.txt")
+    dump = open(path, "w")
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True, chain=False)
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(os.environ["RK_HEARTBEAT"])
+
+
+def send(**m):
+    sock.sendall((json.dumps(m, separators=(",", ":")) + "\n").encode())
+
+
+hello = dict(type="hello", v=1, rank=rank, world=world, pid=os.getpid(), device="", step=0)
+if dump:
+    hello["stacks"] = True
+send(**hello)
+if a.log:  # for a fault that waits for every rank's hello
+    open(os.path.join(a.log, f"hello.{launch}.{rank}"), "w").close()
+
+
+def hung_in_compute_for_test():
+    while True:
+        time.sleep(0.05)
+
+
+for step in range(1, steps + 1):
+    time.sleep(0.02)
+    if mine and step == a.hang_at:
+        hung_in_compute_for_test()
+    if mine and step == a.crash_at:
+        for _ in range(600):  # else a rank killed before its hello is "never connected"
+            if not a.log or all(os.path.exists(os.path.join(a.log, f"hello.{launch}.{r}"))
+                                for r in range(world)):
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)
+    send(type="comm", rank=rank, step=step - 1)
+    send(type="step", rank=rank, step=step, loss=1.0, dt=0.02)
+send(type="bye", rank=rank, step=steps, status="done")
