@@ -11,13 +11,14 @@ The library decides only when a fault fires; the caller (rekindle.torch) does th
 announcing it with Worker.inject(step, fault.index, fault.kind).
 
 Random (mtbf) faults: exponential gaps with mean mtbf, in seconds since the Injector was made,
-drawn from random.Random seeded with "seed:index:rank:launch" (Python's own stream: the same
-inputs give the same times, each rank and each launch its own; not the C runtime's times).
+drawn as the C runtime draws them (rekindle/rng.h: xoshiro256** seeded through splitmix64 from
+(seed, index << 32 | rank, launch); -mtbf * log1p(-u) with u from 53 random bits), so a spec,
+rank and launch give the same arrival times in Python as in C.
 """
 
 import math
 import os
-import random
+import struct
 import time
 
 SPEC_MAX = 4096
@@ -271,6 +272,54 @@ def parse_done(text, n):
             p += 1
 
 
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x):
+    """(new state, output) of splitmix64."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return x, z ^ (z >> 31)
+
+
+class Rng:
+    """rekindle's rng (src/base/rng.c): xoshiro256** with splitmix64 seeding."""
+
+    def __init__(self, seed):
+        x = seed & _M64
+        self.s = []
+        for _ in range(4):
+            x, v = _splitmix64(x)
+            self.s.append(v)
+
+    @classmethod
+    def derive(cls, seed, a, b):
+        """The stream of (seed, a, b), as rk_rng_derive."""
+        x, h = _splitmix64(seed & _M64)
+        x, h = _splitmix64(h ^ ((a * 0xD6E8FEB86659FD93) & _M64))
+        x, h = _splitmix64(h ^ ((b * 0xA0761D6478BD642F) & _M64))
+        return cls(h)
+
+    def next(self):
+        s = self.s
+        r = (((((s[1] * 5) & _M64) << 7 | ((s[1] * 5) & _M64) >> 57) & _M64) * 9) & _M64
+        t = (s[1] << 17) & _M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = ((s[3] << 45) | (s[3] >> 19)) & _M64
+        return r
+
+    def exponential(self, mean):
+        """An exponential draw with mean `mean` from 53 random bits, as the C runtime's."""
+        u = (self.next() >> 11) * 2.0**-53
+        return -mean * math.log1p(-u)
+
+
 class Injector:
     """The faults of a spec armed for one rank in one launch. due(step) returns, in index order,
     the faults that fire now: a step= fault once, at its step; an mtbf= fault whenever its next
@@ -292,9 +341,9 @@ class Injector:
         self._next = {}
         for f in self.faults:
             if f.random and self._applies(f):
-                g = random.Random(f"{f.seed}:{f.index}:{rank}:{launch}")
+                g = Rng.derive(f.seed, (f.index << 32) | rank, launch)
                 self._rng[f.index] = g
-                self._next[f.index] = g.expovariate(1.0 / f.mtbf_s)
+                self._next[f.index] = g.exponential(f.mtbf_s)
 
     def _applies(self, f):
         return f.rank == self.rank or (f.random and f.rank == -1)
@@ -314,7 +363,7 @@ class Injector:
                     self.fired.add(f.index)
                     out.append(f)
             elif self._next[f.index] <= now:
-                self._next[f.index] += self._rng[f.index].expovariate(1.0 / f.mtbf_s)
+                self._next[f.index] += self._rng[f.index].exponential(f.mtbf_s)
                 out.append(f)
         return out
 
@@ -332,6 +381,24 @@ class Injector:
         return bool(self.faults)
 
 
+def privileged():
+    """Whether this process runs with raised privileges (set-user-ID, set-group-ID or file
+    capabilities: the kernel's AT_SECURE, as the C runtime's src/base/env.h checks)."""
+    try:
+        with open("/proc/self/auxv", "rb") as f:
+            data = f.read()
+        size = struct.calcsize("LL")
+        for off in range(0, len(data) - size + 1, size):
+            key, val = struct.unpack_from("LL", data, off)
+            if key == 23:  # AT_SECURE
+                return val != 0
+            if key == 0:
+                break
+    except OSError:
+        pass
+    return os.getuid() != os.geteuid() or os.getgid() != os.getegid()
+
+
 def from_env(rank, launch=None, env=None):
     """The Injector of RK_INJECT armed for `rank` with RK_INJECT_DONE and RK_LAUNCH, or None
     without RK_INJECT. Ignored (None) in a set-user-ID or set-group-ID process, as the C
@@ -340,7 +407,7 @@ def from_env(rank, launch=None, env=None):
     spec = env.get("RK_INJECT")
     if spec is None:
         return None
-    if hasattr(os, "getuid") and (os.getuid() != os.geteuid() or os.getgid() != os.getegid()):
+    if privileged():
         return None
     if launch is None:
         lt = env.get("RK_LAUNCH")

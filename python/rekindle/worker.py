@@ -49,7 +49,7 @@ _BAD_MSGS = 3  # bad command lines reported per connection, then a count
 
 def _env_int(env, name, lo, hi):
     text = env.get(name, "")
-    if not re.fullmatch(r"[0-9]{1,10}", text) or not lo <= int(text) <= hi:
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not lo <= int(text) <= hi:
         raise ValueError(f"{name}={text[:40]!r} is not an integer in {lo}..{hi}")
     return int(text)
 
@@ -207,12 +207,17 @@ def parse_command(line):
             seen.add(k)
         return dict(kv)
 
+    def constant(name):
+        raise ValueError(f"heartbeat command: not JSON: {name}")
+
     try:
-        obj = json.loads(line.decode("utf-8"), object_pairs_hook=pairs)
+        obj = json.loads(line.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
     except UnicodeDecodeError:
         raise ValueError("heartbeat command: not valid UTF-8") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"heartbeat command: not JSON: {e.msg} (byte {e.pos})") from None
+    except RecursionError:
+        raise ValueError("heartbeat command: not JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise ValueError("heartbeat command: not a JSON object")
     cmd = obj.get("cmd")
@@ -298,15 +303,20 @@ class Worker:
                 self._sock.sendall(line, socket.MSG_NOSIGNAL)
             except OSError as e:
                 self._gone(e.strerror or str(e))
+            except BaseException:
+                # a signal handler raised (KeyboardInterrupt) inside the send: part of the
+                # line may be out, and the next one would run into it; the connection is done
+                self._gone("a send was interrupted by an exception")
+                raise
 
     def hello(self, step=0):
         """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the
         checkpoint resumed from). A supervisor that cannot be reached makes the worker lost
         (alive() is False): the job went with it. Once only."""
-        step = _int("step", step, 0, STEP_MAX)
-        device = _check_string("device", self.device, DEVICE_MAX)
         if self._said_hello or not self.heartbeat or self.lost:
             return
+        step = _int("step", step, 0, STEP_MAX)
+        device = _check_string("device", self.device, DEVICE_MAX)
         self._said_hello = True
         path = self.heartbeat
         if len(os.fsencode(path)) > 107:

@@ -1,0 +1,77 @@
+"""rekindle.stacks: SIGUSR1 writes every thread's Python stack to
+$RK_STACK_DIR/stacks-rank<R>-launch<L>.txt and the process lives on; a Worker that installed it
+says "stacks": true in its hello."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+import rktest
+from rekindle import stacks
+from test_worker import Sup
+
+CHILD = r'''
+import sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import rekindle
+
+def stuck_in_collective():
+    while True:
+        time.sleep(0.05)
+
+w = rekindle.Worker()
+w.hello(0)
+threading.Thread(target=stuck_in_collective, daemon=True, name="allreduce").start()
+print(w.stacks_path, flush=True)
+def main_loop_waiting():
+    time.sleep(60)
+main_loop_waiting()
+'''
+
+
+class TestStacks(unittest.TestCase):
+    def test_no_stack_dir_no_install(self):
+        self.assertIsNone(stacks.default_path(env={}))
+        self.assertEqual(stacks.default_path(env={"RK_STACK_DIR": "/s", "RANK": "3", "WORLD_SIZE": "4",
+                                                  "RK_LAUNCH": "2"}), "/s/stacks-rank3-launch2.txt")
+
+    def test_sigusr1_dumps_every_thread(self):
+        d = rktest.tmpdir(self)
+        sup = Sup(self)
+        env = dict(os.environ, RK_HEARTBEAT=sup.path, RANK="1", WORLD_SIZE="2", RK_LAUNCH="2",
+                   RK_STACK_DIR=d)
+        script = os.path.join(d, "child.py")
+        with open(script, "w") as f:
+            f.write(CHILD)
+        p = subprocess.Popen([sys.executable, script, rktest.PYDIR], env=env, stdout=subprocess.PIPE)
+        self.addCleanup(p.stdout.close)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        sup.accept()
+        hello = sup.lines(1)[0]
+        self.assertIs(hello["stacks"], True)
+        path = p.stdout.readline().decode().strip()
+        self.assertEqual(path, os.path.join(d, "stacks-rank1-launch2.txt"))
+        self.assertEqual(os.path.getsize(path), 0)
+        time.sleep(0.2)
+        os.kill(p.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        text = ""
+        while time.monotonic() < deadline:
+            with open(path) as f:
+                text = f.read()
+            if "main_loop_waiting" in text and "stuck_in_collective" in text:
+                break
+            time.sleep(0.05)
+        self.assertIn("stuck_in_collective", text)
+        self.assertIn("main_loop_waiting", text)
+        self.assertGreaterEqual(text.count("hread 0x"), 2)  # "Current thread", "Thread"
+        time.sleep(0.2)
+        self.assertIsNone(p.poll())  # it lives on: rk run decides what happens next
+
+
+if __name__ == "__main__":
+    unittest.main()
