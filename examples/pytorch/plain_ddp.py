@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import socket
+import time
 
 import numpy as np
 import torch
@@ -96,6 +97,7 @@ def main():
     model = DDP(Net().to(device), device_ids=[device] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
+    t0 = time.monotonic()
     for step in range(args.steps):
         idx = batch_indices(step, len(x), args.batch, args.seed, rank, world)
         xb, yb = x[idx].to(device), y[idx].to(device)
@@ -108,6 +110,8 @@ def main():
 
     digest = params_hash(model.module)
     if rank == 0:
+        dt = time.monotonic() - t0
+        print(f"train loop: {args.steps} steps in {dt:.3f} s ({args.steps / dt:.1f} steps/s)", flush=True)
         print(f"final step {args.steps} params xxh64 {digest}", flush=True)
         if args.result:
             with open(args.result, "w") as f:

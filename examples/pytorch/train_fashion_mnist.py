@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import socket
+import time
 
 import numpy as np
 import torch
@@ -102,6 +103,7 @@ def main():
 
     job = rekindle.torch.Job(model, opt, global_batch=args.batch, data_size=len(x), name="fashion_mnist_cnn",
                              ckpt_every=args.ckpt_every, hash_every=args.hash_every, guard=args.guard == "on")
+    t0 = time.monotonic()
     for step in job.steps(args.steps):
         idx = batch_indices(step, len(x), args.batch, args.seed, rank, world)
         xb, yb = x[idx].to(device), y[idx].to(device)
@@ -114,6 +116,8 @@ def main():
 
     digest = params_hash(model.module)
     if rank == 0:
+        dt = time.monotonic() - t0
+        print(f"train loop: {args.steps} steps in {dt:.3f} s ({args.steps / dt:.1f} steps/s)", flush=True)
         print(f"final step {args.steps} params xxh64 {digest}", flush=True)
         if args.result:
             with open(args.result, "w") as f:
