@@ -2,8 +2,8 @@
  * rk _rank-env -- WORKER [ARGS...]: the hidden wrapper rk run puts in front of the worker
  * under mpirun and srun. Sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
  * launcher's variables (src/supervisor/env.c) and execs the worker in place: the same pid,
- * so the heartbeat's hello check against the kernel holds (docs/run.md). A worker that cannot
- * be executed: one line and exit status 2.
+ * so the heartbeat's hello check against the kernel holds (docs/run.md). No launcher's
+ * variables to read, or a worker that cannot be executed: one line and exit status 2.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -29,14 +29,18 @@ int rk_cmd_rank_env(int argc, char **argv)
         return RK_EXIT_USAGE;
     }
     long v[4];
-    if (rk_env_rank_map(get, v)) {
-        static const char *const names[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                             "LOCAL_WORLD_SIZE"};
-        for (int k = 0; k < 4; k++) {
-            char num[24];
-            snprintf(num, sizeof num, "%ld", v[k]);
-            setenv(names[k], num, 1);
-        }
+    if (!rk_env_rank_map(get, v)) { /* else an inherited RANK would pass for this rank's */
+        fprintf(stderr,
+                "rk _rank-env: no rank from the launcher: none of OMPI_COMM_WORLD_RANK and "
+                "_SIZE, PMI_RANK and PMI_SIZE, SLURM_PROCID and SLURM_NTASKS is set to a rank "
+                "below its size\n");
+        return RK_EXIT_USAGE;
+    }
+    static const char *const names[4] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+    for (int k = 0; k < 4; k++) {
+        char num[24];
+        snprintf(num, sizeof num, "%ld", v[k]);
+        setenv(names[k], num, 1);
     }
     execvp(argv[i], argv + i);
     /* bad input, as under the local launcher: rk run stops (exit 2) instead of relaunching */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/env.h"
@@ -36,6 +37,35 @@ static int exit_status(rk_sup_end end)
     case RK_SUP_END_STORAGE: break;
     }
     return RK_EXIT_FAIL;
+}
+
+/* --stack-dir: made if missing (mkdir -p, new parts 0700), then checked as a home for the
+ * job's private stack directory (rk_sup_dir_safe). 0, else one line and -1. */
+static int make_stack_dir(const char *dir)
+{
+    char p[4096], why[160];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) {
+        fprintf(stderr, "rk run: --stack-dir %s: path too long\n", dir);
+        return -1;
+    }
+    size_t len = strlen(p);
+    for (size_t i = 1; i <= len; i++) {
+        if (p[i] != '/' && p[i] != '\0')
+            continue;
+        char c = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+            fprintf(stderr, "rk run: --stack-dir %s: cannot create %s: %s\n", dir, p,
+                    strerror(errno));
+            return -1;
+        }
+        p[i] = c;
+    }
+    if (rk_sup_dir_safe(dir, why, sizeof why) != 0) {
+        fprintf(stderr, "rk run: --stack-dir %s: %s\n", dir, why);
+        return -1;
+    }
+    return 0;
 }
 
 /* The closing summary on stderr: why it could not start or go on, then the job's numbers. */
@@ -90,11 +120,12 @@ static const char usage_text[] =
     "  --summary-json FILE     write the run's summary (goodput, restarts, incidents)\n"
     "  --launcher NAME         auto (default), local (rk run forks the ranks: no MPI),\n"
     "                          mpirun, srun. auto: mpirun for a worker that needs\n"
-    "                          libmpi.so or librekindle.so (rk train), or with\n"
+    "                          libmpi.so, libmpich or librekindle.so (rk train), or with\n"
     "                          --launcher-arg; else local (python3, bash, ...)\n"
     "  --launcher-arg ARG      pass ARG to the launcher (repeat as needed)\n"
-    "  --stack-dir DIR         RK_STACK_DIR: hung ranks' stack dumps (default: the --events\n"
-    "                          directory, else a private one removed at the end)\n"
+    "  --stack-dir DIR         hung ranks' stack dumps, in a private directory made in DIR\n"
+    "                          (made if missing, this user's or root's; default: the --events\n"
+    "                          directory, else one removed at the end)\n"
     "  --no-pythonpath         no rekindle Python package on the ranks' PYTHONPATH\n"
     "  --quiet                 no periodic status lines\n"
     "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
@@ -106,19 +137,18 @@ static const char usage_text[] =
     "  --sim-seed S            the simulated fleet's seed (default 1)\n"
     "  --sim-time-scale X      simulated seconds per real second (default 60)\n"
     "  --sim-age HOURS         hours of service the simulated GPUs start with (default 0)\n"
-    "  --sim-skip HOURS        start the simulated fleet's clock HOURS in: the job starts\n"
-    "                          there, the GPUs aged as they would have been (default 0)\n"
+    "  --sim-skip HOURS        start the simulated clock HOURS in, the GPUs aged (default 0)\n"
     "  --predictor MODEL       a failure model (rk predict train; docs/predict.md): drain a GPU,\n"
-    "                          or leave it out of a launch, once the model gives it at least\n"
-    "                          --drain-probability of failing within its horizon (needs\n"
-    "                          --health nvml or sim; readings once a minute of the GPUs' clock)\n"
+    "                          or leave it out of a launch, at --drain-probability of failing\n"
+    "                          in its horizon (--health nvml or sim; read each GPU minute)\n"
     "  --drain-probability P   default: the threshold rk predict train chose for the model\n"
     "                          (MODEL.json beside it), or 0.5 without that file\n"
     "  -h, --help              show this help\n"
     "\n"
     "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices, a\n"
     "storage error on the checkpoint directory: a worker exited 6); 2 bad usage, or the\n"
-    "worker rejected its arguments (exited 2), or a --predictor that cannot be read as a model;\n"
+    "worker rejected its arguments (exited 2) or speaks no heartbeat (every rank exited 0\n"
+    "without a hello: docs/protocol.md), or a --predictor that cannot be read as a model;\n"
     "130 interrupted (the ranks were asked to checkpoint and stop; torn down after\n"
     "--stop-grace or a second signal).\n";
 
@@ -437,7 +467,8 @@ int rk_cmd_run(int argc, char **argv)
     if ((o.ckpt_dir && rk_arg_path(&args, "--ckpt-dir", o.ckpt_dir, RK_PATH_DIR_OR_NEW)) ||
         (o.events_path && rk_arg_path(&args, "--events", o.events_path, RK_PATH_OUTPUT)) ||
         (o.summary_path && rk_arg_path(&args, "--summary-json", o.summary_path, RK_PATH_OUTPUT)) ||
-        (o.stack_dir && rk_arg_path(&args, "--stack-dir", o.stack_dir, RK_PATH_DIR_OR_NEW)))
+        (o.stack_dir && rk_arg_path(&args, "--stack-dir", o.stack_dir, RK_PATH_DIR_OR_NEW)) ||
+        (o.stack_dir && make_stack_dir(o.stack_dir)))
         return RK_EXIT_USAGE;
     /* one writer per checkpoint directory: this job, for as long as it runs (the workers do
      * not inherit the descriptor, and the kernel drops the lock when rk run dies) */

@@ -8,6 +8,8 @@
 #     rank 1's status 137) and the job is relaunched with a fresh MASTER_PORT; the same crash
 #     on the same device again quarantines it, and the next launch's CUDA_VISIBLE_DEVICES
 #     lacks it;
+# (1b) a rank that stopped (exit 4) waits for the others: after SIGTERM to rk run, rank 0
+#     stops at once and rank 1 a second later, and both reach their own stop (exit 130);
 # (2) a hang is found by heartbeats, the hung rank's Python stack (the function it hangs in)
 #     is in rk run's log before the teardown, and the hang event names the dump;
 # (3) auto: mpirun for rk train (it needs libmpi.so), local for python3; an unexecutable worker
@@ -16,13 +18,26 @@
 #     rk _rank-env, which keeps the pid (the hello check holds), and a worker it cannot run
 #     stops the job with exit 2; skipped without mpirun;
 # (5) PYTHONPATH starts with the source tree's python/ when it holds the rekindle package,
-#     and --no-pythonpath leaves it as given; skipped while python/rekindle/ is absent.
+#     and --no-pythonpath leaves it as given; skipped while python/rekindle/ is absent;
+# (6) local ranks read /dev/null (on a terminal too: no SIGTTIN, no hang);
+# (7) a SIGKILL of rk run leaves no rank and no rank's child, with a PID namespace and without;
+# (8) a stack dump swapped for a symlink is refused and not named by the hang event;
+# (9) --stack-dir is made if missing, holds a private 0700 directory, and is refused (exit 2)
+#     when writable by others without the sticky bit or another user's;
+# (10) MASTER_ADDR and MASTER_PORT given to rk run are kept (and, under (4), a launch whose
+#     launcher arguments name hosts gets no MASTER_ADDR);
+# (11) a plain script (every rank exits 0, no hello) is a usage error at once (exit 2), a
+#     non-zero exit without a hello is still relaunched;
+# (12) rk _rank-env without a launcher's variables: exit 2; SLURM_TASKS_PER_NODE bounded;
+# (13) an rk outside its build tree: no source-tree package on PYTHONPATH; an installed one
+#     first unless group-writable (skipped, said once).
 # Skips (77) without python3.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_launch_local
 w=(python3 "$RK_SRC/tests/launch_worker.py")
+unset MASTER_ADDR MASTER_PORT
 
 # --- (1) the environment, a crash, a quarantine ----------------------------------------------
 mkdir -p "$work/l1"
@@ -70,6 +85,21 @@ q = [e for e in ev if e["kind"] == "quarantine"]
 check(len(q) == 1 and q[0]["device"] == "2", f"device 2 quarantined: {q}")
 PY
 
+# --- (1b) a stop: ranks that exit 4 wait for the others ---------------------------------------
+mkdir -p "$work/stop"
+"$RK" run -n 2 --launcher local --health off --quiet --stop-grace 20 -- "${w[@]}" \
+  --log "$work/stop" --steps 100000 --rank 1 --stop-delay 1.0 >"$work/stop.out" 2>&1 &
+sup=$!
+pids+=("$sup")
+for ((i = 0; i < 600; i++)); do [[ -e $work/stop/hello.0.0 && -e $work/stop/hello.0.1 ]] && break; sleep 0.05; done
+kill -TERM "$sup"
+wait "$sup"
+st=$?
+[[ $st == 130 && -e $work/stop/stopped.0.0 && -e $work/stop/stopped.0.1 ]] \
+  && ! grep -q "did not stop within" "$work/stop.out" \
+  && ok "rank 0 exited 4 and rank 1 still stopped on its own a second later (exit $st)" \
+  || bad "stop: exit $st, stopped: $(ls "$work/stop" | grep stopped | tr '\n' ' '): $(tail -3 "$work/stop.out")"
+
 # --- (2) a hang, and the hung rank's stack ----------------------------------------------------
 mkdir -p "$work/hang"
 timeout 120 "$RK" run -n 2 --launcher local --heartbeat-timeout 2 --health off --quiet \
@@ -89,11 +119,17 @@ check(bool(fn) and bool(hang) and fn[0] < hang[0],
       + (out[fn[0]].strip() if fn else "none"))
 ev = [json.loads(l) for l in open(evf)]
 h = [e for e in ev if e["kind"] == "hang"]
-want = os.path.join(os.path.realpath(d), "stacks-rank1-launch0.txt")
+import glob, stat
+subs = glob.glob(os.path.join(os.path.realpath(d), f"rk-stacks.*"))
+check(len(subs) == 1 and stat.S_IMODE(os.stat(subs[0]).st_mode) == 0o700,
+      f"one private stack directory (0700) in the --events directory: {subs}")
+want = os.path.join(subs[0] if subs else "", "stacks-rank1-launch0.txt")
+check(any("launcher local" in l and f"stack dumps in {subs[0] if subs else '?'}" in l for l in out),
+      "the first status line names it")
 check(len(h) == 1 and h[0]["rank"] == 1 and h[0].get("stacks") == [want] and want in h[0]["detail"],
       f"the hang event names the dump: {h[0].get('stacks') if h else None}")
 check(os.path.isfile(want) and "hung_in_compute_for_test" in open(want).read(),
-      "the dump is in the --events directory")
+      "the dump is in it")
 check(not any("rank 0 |" in l for l in out), "only the hung rank was asked for its stacks")
 PY
 
@@ -133,6 +169,16 @@ ok = all(x["RANK"] == x["OMPI_COMM_WORLD_RANK"] == str(r) and x["LOCAL_RANK"] ==
 print(("ok - " if ok else "FAIL - ") + "under mpirun each rank sees its RANK, LOCAL_RANK, WORLD_SIZE, "
       f"CUDA_VISIBLE_DEVICES: {[(x.get('RANK'), x.get('LOCAL_RANK'), x.get('WORLD_SIZE')) for x in e]}")
 PY
+  # launcher arguments that name hosts: no MASTER_ADDR=127.0.0.1, said once
+  mkdir -p "$work/mh"
+  timeout 120 "$RK" run -n 2 --launcher mpirun --launcher-arg --host --launcher-arg localhost:2 \
+    --health off --quiet -- "${w[@]}" --log "$work/mh" --steps 3 >"$work/mh.out" 2>&1
+  st=$?
+  [[ $st == 0 && $(grep -c "MASTER_ADDR not set: the ranks may run on other hosts" "$work/mh.out") == 1 ]] \
+    && python3 -c 'import json,sys; sys.exit("MASTER_ADDR" in json.load(open(sys.argv[1])))' \
+      "$work/mh/env.0.1.json" \
+    && ok "with --host in the launcher arguments MASTER_ADDR is left unset, said once" \
+    || bad "--host: exit $st: $(grep 'rk run' "$work/mh.out" | head -3)"
   timeout 60 "$RK" run -n 2 --launcher mpirun --health off --quiet -- "$work/no-such-worker" \
     >"$work/mpinoexec.out" 2>&1
   st=$?
@@ -162,4 +208,184 @@ if [[ -f "$RK_SRC/python/rekindle/__init__.py" ]]; then
 else
   echo "skip - $RK_SRC/python/rekindle is not in this tree: PYTHONPATH not tested"
 fi
+# --- (6) stdin: a local rank reads /dev/null -------------------------------------------------
+mkdir -p "$work/in"
+echo "not for the ranks" | timeout 60 "$RK" run -n 2 --launcher local --health off --quiet \
+  -- "${w[@]}" --log "$work/in" --steps 2 --read-stdin >"$work/in.out" 2>&1
+st=$?
+[[ $st == 0 && $(json "$work/in/stdin.0.0.json" fd0) == /dev/null \
+  && $(json "$work/in/stdin.0.1.json" line) == "" ]] \
+  && ok "local ranks read /dev/null, not rk run's stdin (exit $st)" \
+  || bad "stdin: exit $st: $(cat "$work"/in/stdin.* 2>&1) $(tail -2 "$work/in.out")"
+if command -v script >/dev/null; then
+  # on a terminal, a read of it from the keeper's process group would stop the rank (SIGTTIN)
+  # and read as a hang
+  timeout 60 script -qec "$(printf '%q ' "$RK" run -n 1 --launcher local --health off --quiet \
+    --max-restarts 0 --heartbeat-timeout 6 -- "${w[@]}" --log "$work/in" --steps 2 --read-stdin)" \
+    /dev/null >"$work/tty.out" 2>&1 </dev/null
+  st=$?
+  [[ $st == 0 ]] && ! grep -q "hang" "$work/tty.out" \
+    && ok "on a terminal, a rank that reads stdin is not stopped (exit $st)" \
+    || bad "terminal stdin: exit $st: $(grep 'rk run' "$work/tty.out" | tail -3)"
+else
+  echo "skip - script not found: the terminal case not tested"
+fi
+
+# --- (7) a SIGKILL of rk run leaves no rank and no rank's child -------------------------------
+alive() { # processes whose argv holds $1, zombies aside
+  local n=0 f
+  for f in $(grep -l -a -F -- "$1" /proc/[0-9]*/cmdline 2>/dev/null); do
+    [[ $(awk '{print $3}' "${f%cmdline}stat" 2>/dev/null) == [^Z] ]] && n=$((n + 1))
+  done
+  echo "$n"
+}
+# rk run and its keeper (the worker's argv is in theirs), 2 ranks, 2 children of the ranks
+for ns in 1 0; do
+  tag="rk-it-kill-$$-$ns"
+  mkdir -p "$work/kill$ns"
+  RK_RUN_PIDNS=$ns "$RK" run -n 2 --launcher local --health off --quiet -- "${w[@]}" \
+    --log "$work/kill$ns" --steps 100000 --child "$tag" --tag "$tag" >"$work/kill$ns.out" 2>&1 &
+  sup=$!
+  pids+=("$sup")
+  for ((i = 0; i < 300; i++)); do [[ $(alive "$tag") == 6 ]] && break; sleep 0.1; done
+  before=$(alive "$tag")
+  kill -9 "$sup"
+  wait "$sup" 2>/dev/null
+  for ((i = 0; i < 100; i++)); do [[ $(alive "$tag") == 0 ]] && break; sleep 0.05; done
+  after=$(alive "$tag")
+  [[ $before == 6 && $after == 0 ]] \
+    && ok "RK_RUN_PIDNS=$ns: after a SIGKILL of rk run no rank nor rank's child is left ($before before)" \
+    || bad "RK_RUN_PIDNS=$ns: $before processes before the SIGKILL, $after after"
+done
+
+# --- (8) a hostile stack file: a symlink swapped in is refused and not named ------------------
+mkdir -p "$work/hs"
+echo "the target's secret line" >"$work/target"
+timeout 120 "$RK" run -n 2 --launcher local --heartbeat-timeout 2 --health off --quiet \
+  --max-restarts 0 --events "$work/hs/events.jsonl" -- "${w[@]}" --hang-at 8 --steps 30 \
+  --hostile-stacks --hostile-target "$work/target" >"$work/hs.out" 2>&1
+it_count python3 - "$work/hs.out" "$work/hs/events.jsonl" <<'PY'
+import json, sys
+out, ev = open(sys.argv[1]).read(), [json.loads(l) for l in open(sys.argv[2])]
+def check(cond, what):
+    print(("ok - " if cond else "FAIL - ") + what)
+h = [e for e in ev if e["kind"] == "hang"]
+check(len(h) == 1 and not h[0].get("stacks") and "stacks in" not in h[0]["detail"],
+      f"the hang event names no refused dump: {h[0].get('stacks') if h else 'no hang'}")
+check("rank 1: no stack dump in" in out and "secret" not in out,
+      "the link was refused and its target not copied")
+PY
+
+# --- (9) --stack-dir: made if missing, checked, a private directory inside --------------------
+mkdir -p "$work/sd1"
+timeout 60 "$RK" run -n 1 --launcher local --health off --quiet --stack-dir "$work/sd1/a/b" \
+  -- "${w[@]}" --steps 2 >"$work/sd1.out" 2>&1
+st=$?
+# (the rank opened its dump ahead and wrote nothing: the empty dump and the private directory
+# are removed at the end; (2) checks one that holds a dump)
+[[ $st == 0 && -d $work/sd1/a/b && -z $(ls -A "$work/sd1/a/b") ]] \
+  && grep -q "stack dumps in $work/sd1/a/b/rk-stacks\.[0-9]*\.[A-Za-z0-9]\{6\}$" "$work/sd1.out" \
+  && ok "a missing --stack-dir is made, holds a private directory named in the first line, left empty" \
+  || bad "--stack-dir a/b: exit $st, left: $(ls -A "$work/sd1/a/b" 2>&1): $(head -1 "$work/sd1.out")"
+mkdir -p "$work/ww" "$work/sticky"
+chmod 0777 "$work/ww"
+chmod 1777 "$work/sticky"
+timeout 60 "$RK" run -n 1 --launcher local --health off --quiet --stack-dir "$work/ww" \
+  -- "${w[@]}" --steps 2 >"$work/ww.out" 2>&1
+st=$?
+[[ $st == 2 && $(wc -l <"$work/ww.out") == 1 ]] \
+  && grep -q "writable by others without the sticky bit" "$work/ww.out" \
+  && ok "a world-writable --stack-dir without the sticky bit: one line, exit 2" \
+  || bad "--stack-dir 0777: exit $st: $(cat "$work/ww.out")"
+timeout 60 "$RK" run -n 1 --launcher local --health off --quiet --stack-dir "$work/sticky" \
+  -- "${w[@]}" --steps 2 >"$work/sticky.out" 2>&1
+st=$?
+[[ $st == 0 ]] && grep -q "stack dumps in $work/sticky/rk-stacks\." "$work/sticky.out" \
+  && ok "a sticky world-writable --stack-dir holds the private directory (exit 0)" \
+  || bad "--stack-dir 1777: exit $st: $(tail -2 "$work/sticky.out")"
+if [[ $(id -u) == 0 ]]; then
+  mkdir -p "$work/other"
+  chown 65534 "$work/other"
+  timeout 60 "$RK" run -n 1 --launcher local --health off --quiet --stack-dir "$work/other" \
+    -- "${w[@]}" --steps 2 >"$work/other.out" 2>&1
+  st=$?
+  [[ $st == 2 ]] && grep -q "owned by uid 65534" "$work/other.out" \
+    && ok "a --stack-dir of another user: exit 2" \
+    || bad "--stack-dir of uid 65534: exit $st: $(cat "$work/other.out")"
+fi
+touch "$work/afile"
+timeout 60 "$RK" run -n 1 --launcher local --health off --quiet --stack-dir "$work/afile/x" \
+  -- "${w[@]}" --steps 2 >"$work/sdf.out" 2>&1
+st=$?
+[[ $st == 2 ]] && ok "a --stack-dir under a file: exit 2" || bad "--stack-dir under a file: exit $st"
+
+# --- (10) MASTER_ADDR and MASTER_PORT the user set are kept -----------------------------------
+mkdir -p "$work/ma"
+MASTER_ADDR=10.1.2.3 MASTER_PORT=23456 timeout 60 "$RK" run -n 2 --launcher local --health off \
+  --quiet -- "${w[@]}" --log "$work/ma" --steps 2 >"$work/ma.out" 2>&1
+st=$?
+[[ $st == 0 && $(json "$work/ma/env.0.1.json" MASTER_ADDR) == 10.1.2.3 \
+  && $(json "$work/ma/env.0.1.json" MASTER_PORT) == 23456 ]] \
+  && grep "launcher local" "$work/ma.out" | grep -q "kept from the environment: MASTER_ADDR=10.1.2.3 MASTER_PORT=23456" \
+  && ok "the user's MASTER_ADDR and MASTER_PORT are kept, and said so" \
+  || bad "MASTER_ADDR kept: exit $st: $(head -1 "$work/ma.out")"
+
+# --- (11) a plain script that never says hello ------------------------------------------------
+timeout 60 "$RK" run -n 2 --launcher local --health off -- python3 -c 'print("plain")' \
+  >"$work/plain.out" 2>&1
+st=$?
+[[ $st == 2 && $(grep -c "never_connected" "$work/plain.out") == 2 ]] \
+  && grep -q "rekindle.Worker.*docs/protocol.md" "$work/plain.out" \
+  && ! grep -q "] relaunch" "$work/plain.out" \
+  && ok "ranks that exit 0 without a hello: a usage error at once, pointing to the protocol (exit 2)" \
+  || bad "plain script: exit $st: $(grep 'rk run' "$work/plain.out")"
+timeout 60 "$RK" run -n 1 --launcher local --health off --max-restarts 1 -- python3 -c \
+  'import sys; sys.exit(1)' >"$work/plain1.out" 2>&1
+st=$?
+[[ $st == 1 ]] && grep -q "] relaunch 1" "$work/plain1.out" \
+  && ok "a rank that exits 1 without a hello is still relaunched (exit $st)" \
+  || bad "exit 1 without hello: exit $st: $(grep 'rk run' "$work/plain1.out")"
+
+# --- (12) rk _rank-env without a launcher's variables, and a bounded SLURM_TASKS_PER_NODE --------
+env -i PATH="$PATH" RANK=7 "$RK" _rank-env -- env >"$work/re.out" 2>&1
+st=$?
+[[ $st == 2 && $(wc -l <"$work/re.out") == 1 ]] && grep -q "no rank from the launcher" "$work/re.out" \
+  && ok "rk _rank-env without a launcher's variables: one line, exit 2 (no inherited RANK)" \
+  || bad "_rank-env without variables: exit $st: $(cat "$work/re.out")"
+env -i PATH="$PATH" SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=1 SLURM_NODEID=0 \
+  SLURM_TASKS_PER_NODE=9223372036854775807 "$RK" _rank-env -- env >"$work/re2.out" 2>&1
+grep -qx "LOCAL_WORLD_SIZE=2" "$work/re2.out" && grep -qx "LOCAL_RANK=1" "$work/re2.out" \
+  && ok "a SLURM_TASKS_PER_NODE beyond the world: the local values are the world's" \
+  || bad "SLURM_TASKS_PER_NODE huge: $(grep LOCAL "$work/re2.out")"
+env -i PATH="$PATH" SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_LOCALID=1 SLURM_NODEID=1 \
+  SLURM_TASKS_PER_NODE="2(x2)" "$RK" _rank-env -- env >"$work/re3.out" 2>&1
+grep -qx "LOCAL_WORLD_SIZE=2" "$work/re3.out" && grep -qx "WORLD_SIZE=4" "$work/re3.out" \
+  && ok "SLURM_TASKS_PER_NODE 2(x2): local world 2 of 4" \
+  || bad "SLURM 2(x2): $(grep SIZE "$work/re3.out")"
+
+# --- (13) PYTHONPATH of an rk outside its build tree ----------------------------------------
+# (outside the build directory: $work is inside it, where the source tree's package is used)
+inst=$(mktemp -d "${TMPDIR:-/tmp}/rk-it-inst.XXXXXX")
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work" "$inst"' EXIT
+mkdir -p "$inst/bin" "$inst/share/rekindle/python/rekindle" "$work/pp3" "$work/pp4" "$work/pp5"
+cp "$RK" "$inst/bin/rk"
+PYTHONPATH=/given timeout 60 "$inst/bin/rk" run -n 1 --health off --quiet -- "${w[@]}" \
+  --steps 2 --log "$work/pp3" >"$work/pp3.out" 2>&1
+[[ $(json "$work/pp3/env.0.0.json" PYTHONPATH) == /given ]] \
+  && ok "an rk outside the build tree without share/rekindle/python: PYTHONPATH as given" \
+  || bad "copied rk: PYTHONPATH $(json "$work/pp3/env.0.0.json" PYTHONPATH)"
+touch "$inst/share/rekindle/python/rekindle/__init__.py"
+chmod 0755 "$inst/share/rekindle/python" "$inst/share/rekindle/python/rekindle"
+PYTHONPATH=/given timeout 60 "$inst/bin/rk" run -n 1 --health off --quiet -- "${w[@]}" \
+  --steps 2 --log "$work/pp4" >"$work/pp4.out" 2>&1
+[[ $(json "$work/pp4/env.0.0.json" PYTHONPATH) == "$inst/share/rekindle/python:/given" ]] \
+  && ok "an installed share/rekindle/python comes first on PYTHONPATH" \
+  || bad "installed: PYTHONPATH $(json "$work/pp4/env.0.0.json" PYTHONPATH)"
+chmod 0775 "$inst/share/rekindle/python/rekindle"
+PYTHONPATH=/given timeout 60 "$inst/bin/rk" run -n 1 --health off --quiet -- "${w[@]}" \
+  --steps 2 --log "$work/pp5" >"$work/pp5.out" 2>&1
+[[ $(json "$work/pp5/env.0.0.json" PYTHONPATH) == /given ]] \
+  && [[ $(grep -c "is not on the ranks' PYTHONPATH: it (or its rekindle/) is writable" "$work/pp5.out") == 1 ]] \
+  && ok "a group-writable package directory is skipped, said once" \
+  || bad "group-writable: PYTHONPATH $(json "$work/pp5/env.0.0.json" PYTHONPATH): $(head -3 "$work/pp5.out")"
 it_finish

@@ -15,7 +15,7 @@ it_init it_pytorch
 cd "$work" || exit 1
 ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 2048 --batch 32 --ckpt-every 20
     --hash-every 10 --data "$DATA")
-run=("$RK" run --launcher local --heartbeat-timeout 3 --startup-timeout 60)
+run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 60)
 
 # the uninterrupted run (supervised, no checkpoints)
 "${run[@]}" -n 2 -- "${ex[@]}" --steps 100 --result ref.json >ref.log 2>&1 \
@@ -80,4 +80,19 @@ st=$?
   || bad "hash after the fallback differs"
 ls ck | grep -q "ckpt-000000000100.safetensors.bad-" && ok "the corrupt file was moved aside, not deleted" \
   || bad "no moved-aside file: $(ls ck)"
+
+# SIGINT to rk run: the ranks checkpoint at the next step boundary, say bye stopped, exit 4
+"${run[@]}" -n 2 --ckpt-dir cks --inject 'slow@step=0:ms=50' -- "${ex[@]}" --steps 100000 --ckpt-every 1000 \
+  >stop.log 2>&1 &
+sup=$!
+pids+=("$sup")
+for ((i = 0; i < 600; i++)); do grep -q "global batch" stop.log && break; sleep 0.05; done
+sleep 0.5
+kill -INT "$sup"
+wait "$sup"
+st=$?
+at=$(sed -n 's/.*stopped on command at step \([0-9]*\) with its checkpoint saved.*/\1/p' stop.log)
+[[ $st == 130 && -n "$at" && "$(cat cks/latest 2>/dev/null)" == "$(printf 'ckpt-%012d.safetensors' "$at")" ]] \
+  && ok "stopped on SIGINT: checkpoint of step $at, rk run exit 130" \
+  || bad "stop: exit $st, step '$at', latest $(cat cks/latest 2>/dev/null): $(tail -5 stop.log)"
 it_finish

@@ -5,7 +5,12 @@
 # $RK_STACK_DIR/stacks-rank<RANK>-launch<RK_LAUNCH>.txt), steps every 20 ms and says bye.
 # Faults, for rank --rank only, in the launches listed: --crash-at STEP SIGKILLs itself (once
 # every rank of the launch said hello, with --log), --hang-at STEP enters
-# hung_in_compute_for_test(), which never returns.
+# hung_in_compute_for_test(), which never returns; --stop-delay S: on {"cmd":"stop"} wait S
+# seconds before saying bye "stopped", writing --log/stopped.<launch>.<rank> and exiting 4
+# (the other ranks stop at once). --read-stdin: after the hello, read a line of stdin and
+# write what came (and what fd 0 is) to --log/stdin.<launch>.<rank>.json. --child TAG: start
+# a child process (python3 sleeping, TAG in its argv) that outlives nothing. --hostile-stacks:
+# on SIGUSR1 write a dump, then swap a symlink to --hostile-target in for it.
 import argparse, faulthandler, json, os, signal, socket, sys, time
 
 ap = argparse.ArgumentParser()
@@ -15,7 +20,13 @@ ap.add_argument("--rank", type=int, default=1, help="the rank the faults are for
 ap.add_argument("--launches", default="0", help="launches the faults fire in (comma list)")
 ap.add_argument("--crash-at", type=int)
 ap.add_argument("--hang-at", type=int)
+ap.add_argument("--stop-delay", type=float, default=0.0)
 ap.add_argument("--log")
+ap.add_argument("--read-stdin", action="store_true")
+ap.add_argument("--child")
+ap.add_argument("--hostile-stacks", action="store_true")
+ap.add_argument("--hostile-target", default="/etc/hostname")
+ap.add_argument("--tag", help="ignored: marks the rank's argv")
 a = ap.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 launch = int(os.environ.get("RK_LAUNCH", "0"))
@@ -28,7 +39,16 @@ dump = None
 if os.environ.get("RK_STACK_DIR"):
     path = os.path.join(os.environ["RK_STACK_DIR"], f"stacks-rank{rank}-launch{launch}.txt")
     dump = open(path, "w")
-    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True, chain=False)
+    if a.hostile_stacks:
+        def swap(signum, frame):
+            dump.write("Thread 0x1 (most recent call first):\n  File x, line 1 in hostile\n")
+            dump.flush()
+            time.sleep(0.1)  # rk run sees it grow, then a link stands in its place
+            os.symlink(a.hostile_target, path + ".lnk")
+            os.replace(path + ".lnk", path)
+        signal.signal(signal.SIGUSR1, swap)
+    else:
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True, chain=False)
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 sock.connect(os.environ["RK_HEARTBEAT"])
 
@@ -43,6 +63,13 @@ if dump:
 send(**hello)
 if a.log:  # for a fault that waits for every rank's hello
     open(os.path.join(a.log, f"hello.{launch}.{rank}"), "w").close()
+if a.child:
+    import subprocess
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", a.child])
+if a.read_stdin:
+    got = sys.stdin.readline()
+    with open(os.path.join(a.log, f"stdin.{launch}.{rank}.json"), "w") as f:
+        json.dump(dict(line=got, fd0=os.readlink("/proc/self/fd/0")), f)
 
 
 def hung_in_compute_for_test():
@@ -50,8 +77,31 @@ def hung_in_compute_for_test():
         time.sleep(0.05)
 
 
+sock.setblocking(False)
+buf = b""
+
+
+def stop_asked():
+    global buf
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                sys.exit(1)  # the supervisor has gone
+            buf += data
+    except BlockingIOError:
+        pass
+    return b'"stop"' in buf
+
+
 for step in range(1, steps + 1):
     time.sleep(0.02)
+    if stop_asked():
+        time.sleep(a.stop_delay if rank == a.rank else 0.0)
+        if a.log:
+            open(os.path.join(a.log, f"stopped.{launch}.{rank}"), "w").close()
+        send(type="bye", rank=rank, step=step - 1, status="stopped")
+        sys.exit(4)
     if mine and step == a.hang_at:
         hung_in_compute_for_test()
     if mine and step == a.crash_at:

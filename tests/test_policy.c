@@ -201,8 +201,19 @@ static const classify_case k_classify[] = {
     {"the launcher exited before every hello; the rank lost is a victim", .ranks = 2, .hellos = 1,
      EXITED(RK_EXIT_FAIL), .lost = R(0), .next = RK_SUP_RELAUNCH,
      .kind = RK_SUP_KIND_NEVER_CONNECTED},
-    {"exit 0 without a hello (rk run -- true)", .ranks = 1, EXITED(0), .next = RK_SUP_RELAUNCH,
-     .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    /* every rank exited 0 and none said hello: a plain program, a usage error (no relaunch) */
+    {"exit 0 without a hello (rk run -- true)", .ranks = 1, EXITED(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_NEVER_CONNECTED, .end = RK_SUP_END_USAGE},
+    {"two ranks exit 0, neither said hello", .ranks = 2, EXITED(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_NEVER_CONNECTED, .end = RK_SUP_END_USAGE},
+    {"exit 0 with one hello of two: relaunched", .ranks = 2, .hellos = 1, EXITED(0),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    {"a non-zero exit without a hello: relaunched", .ranks = 2, EXITED(RK_EXIT_FAIL),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    {"killed by a signal without a hello: relaunched", .ranks = 2, EXITED(128 + 9),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NEVER_CONNECTED},
+    {"a startup timeout without a hello: relaunched", .ranks = 2, .startup = 1,
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NEVER_CONNECTED},
     {"a rank said it exits before the others connected: its failure", .ranks = 2, .hellos = 1,
      EXITED(RK_EXIT_COMM), .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(0),
      .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_COMMFAIL, .rank = R(0), .counted = 1},
@@ -756,8 +767,9 @@ static void write_elf(const char *path, const char *const *libs, size_t cut)
     fclose(f);
 }
 
-/* auto: mpirun for an ELF that needs libmpi.so* or librekindle.so* and whenever launcher
- * arguments are given; local for a script, an ELF needing neither, a cut or missing file. */
+/* auto: mpirun for an ELF that needs libmpi.so*, MPICH's libmpich*.so* or librekindle.so*
+ * and whenever launcher arguments are given; local for a script, an ELF needing neither, a
+ * cut or missing file. */
 static void test_launch_pick(void **state)
 {
     (void)state;
@@ -768,15 +780,16 @@ static void test_launch_pick(void **state)
     static const char *const mpi[] = {"libm.so.6", "libmpi.so.40", NULL};
     static const char *const rekindle[] = {"librekindle.so.0", NULL};
     static const char *const plain[] = {"libc.so.6", "libmpich_not.so", NULL};
+    static const char *const mpich[] = {"libc.so.6", "libmpich.so.12", NULL};
+    static const char *const mpichcxx[] = {"libmpichcxx.so.12", NULL};
     static const struct {
         const char *const *libs;
         size_t cut;
         rk_launcher want;
-    } cases[] = {{mpi, 0, RK_LAUNCH_MPIRUN},
-                 {rekindle, 0, RK_LAUNCH_MPIRUN},
-                 {plain, 0, RK_LAUNCH_LOCAL},
-                 {mpi, 1030, RK_LAUNCH_LOCAL},
-                 {mpi, 40, RK_LAUNCH_LOCAL}};
+    } cases[] = {{mpi, 0, RK_LAUNCH_MPIRUN},     {rekindle, 0, RK_LAUNCH_MPIRUN},
+                 {plain, 0, RK_LAUNCH_LOCAL},    {mpi, 1030, RK_LAUNCH_LOCAL},
+                 {mpi, 40, RK_LAUNCH_LOCAL},     {mpich, 0, RK_LAUNCH_MPIRUN},
+                 {mpichcxx, 0, RK_LAUNCH_MPIRUN}};
     for (size_t k = 0; k < N_OF(cases); k++) {
         snprintf(path, sizeof path, "%s/prog%zu", dir, k);
         write_elf(path, cases[k].libs, cases[k].cut);

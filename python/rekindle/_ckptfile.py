@@ -8,6 +8,7 @@ import math
 import os
 import re
 import stat
+import sys
 
 import xxhash
 
@@ -343,6 +344,10 @@ def _plan(label, items):
                                   f"({type(data).__name__})") from None
         if not mv.c_contiguous:
             raise CheckpointError(f"{label}: item '{_show(name)}': data is not C-contiguous")
+        if mv.itemsize > 1 and _big_endian_format(mv.format):
+            raise CheckpointError(f"{label}: item '{_show(name)}': data is big-endian (buffer "
+                                  f"format '{_show(mv.format, 16)}'); checkpoints hold "
+                                  "little-endian bytes")
         mv = mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
         need = numel * DTYPE_SIZE[dtype]
         if mv.nbytes != need:
@@ -350,6 +355,15 @@ def _plan(label, items):
                                   f"{dtype} {list(shape)} needs {need}")
         out.append((name, dtype, shape, mv))
     return out
+
+
+def _big_endian_format(fmt):
+    """A buffer format whose elements are big-endian: '>' or '!', or native on a big-endian
+    machine (a bare format, '@', '=')."""
+    first = fmt[:1]
+    if first in (">", "!"):
+        return True
+    return first != "<" and sys.byteorder == "big"
 
 
 def encode(step, items, *, epoch=0, cursor=0, world_size=1, config="{}", label="checkpoint"):
@@ -577,7 +591,7 @@ def _field(L, meta, key, hi=INT64_MAX):
     return v
 
 
-def _verify_header(L, meta, tensors):
+def _verify_header(L, meta, tensors, fname):
     fmt = meta.get("format")
     if fmt is None:
         raise CheckpointError(f"{L}: not a rekindle checkpoint: field 'format' is missing from "
@@ -613,7 +627,9 @@ def _verify_header(L, meta, tensors):
         _json_loads(meta["config"], duplicates=True)
     except ValueError as e:
         raise CheckpointError(f"{L}: field 'config' is not valid JSON: {_show(e)}") from None
-    named = name_step(os.path.basename(L))
+    named = None
+    if isinstance(fname, (str, bytes, os.PathLike)):  # the real name: L may be cut for display
+        named = name_step(os.path.basename(os.fsdecode(fname)))
     if named is not None and named != step:
         raise CheckpointError(f"{L}: field 'step' is {step} but the file name says {named}")
     mh = meta.get(_MANIFEST_KEY)
@@ -653,7 +669,7 @@ def _check_hlen(L, hlen, size):
 
 def _finish(L, name, mv, hlen, size, parsed=None):
     meta, tensors = parsed or _parse_header(L, bytes(mv[8 : 8 + hlen]), size - 8 - hlen)
-    sums = _verify_header(L, meta, tensors)
+    sums = _verify_header(L, meta, tensors, name)
     base = 8 + hlen
     items = {}
     for (tname, dtype, shape, b, e), stored in zip(tensors, sums):
@@ -691,11 +707,14 @@ def load(path):
         _read_exact_into(fd, memoryview(head), 0, L)
         hlen = int.from_bytes(head, "little")
         _check_hlen(L, hlen, size)
-        hdr = bytearray(hlen)
+        hdr = _alloc(L, hlen)
         _read_exact_into(fd, memoryview(hdr), 8, L)
         # the header is checked before the data is read: a bogus one costs 8 + N bytes
-        parsed = _parse_header(L, bytes(hdr), size - 8 - hlen)
-        buf = bytearray(size)
+        try:
+            parsed = _parse_header(L, bytes(hdr), size - 8 - hlen)
+        except MemoryError:
+            raise _no_memory(L, hlen) from None
+        buf = _alloc(L, size)
         buf[:8] = head
         buf[8 : 8 + hlen] = hdr
         del hdr
@@ -707,6 +726,18 @@ def load(path):
     finally:
         os.close(fd)
     return _finish(L, path, memoryview(buf), hlen, size, parsed)  # writable: the caller's copy
+
+
+def _no_memory(L, n):
+    # the C loader's RK_ENOMEM: the file may be fine, so the fallback stops here
+    return CheckpointError(f"{L}: out of memory for {n} bytes", unreadable=True)
+
+
+def _alloc(L, n):
+    try:
+        return bytearray(n)
+    except MemoryError:
+        raise _no_memory(L, n) from None
 
 
 def _read_exact_into(fd, mv, off, L):

@@ -13,6 +13,7 @@ wrong. Needs the `xxhash` module (Debian: python3-xxhash). The file format itsel
 and verifying one file) is in rekindle._ckptfile; everything public there is here too.
 """
 
+import errno
 import itertools
 import json
 import os
@@ -72,7 +73,7 @@ _tmp_lock = threading.Lock()
 
 
 class LockedError(CheckpointError):
-    """Another job holds the directory's lock; `holder` is its pid (0 if not written yet)."""
+    """Another job holds the directory's lock; `holder` is its pid (0 if not written yet or unreadable)."""
 
     def __init__(self, msg, holder=0):
         super().__init__(msg)
@@ -119,6 +120,7 @@ def aside_step(name):
 
 _verified = {}  # (dev, ino, size, mtime_ns) of files this process wrote or verified
 _VERIFIED_MAX = 64
+_verified_lock = threading.Lock()
 
 
 def _key(st):
@@ -130,16 +132,19 @@ def _verified_add(path):
         k = _key(os.stat(path))
     except OSError:
         return
-    if len(_verified) >= _VERIFIED_MAX:
-        _verified.pop(next(iter(_verified)))
-    _verified[k] = True
+    with _verified_lock:  # threads may save and load at once
+        if len(_verified) >= _VERIFIED_MAX:
+            _verified.pop(next(iter(_verified)), None)
+        _verified[k] = True
 
 
 def _verify_cached(path):
     """Written or verified by this process and unchanged since, or verified now."""
     try:
-        if _key(os.stat(path)) in _verified:
-            return True
+        k = _key(os.stat(path))
+        with _verified_lock:
+            if k in _verified:
+                return True
         load(path)
     except (OSError, CheckpointError):
         return False
@@ -151,6 +156,9 @@ def _fsync_dir(d):
     fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # a file system that cannot sync directories (as the C store)
+            raise
     finally:
         os.close(fd)
 
@@ -239,8 +247,11 @@ class _AtomicFile:
             os.fsync(self.fd)
         except OSError as e:
             raise _os_error(e, f"{self.tmp}: cannot fsync") from None
-        os.close(self.fd)
-        self.fd = -1
+        fd, self.fd = self.fd, -1  # closed once, even when close fails (abort must not again)
+        try:
+            os.close(fd)
+        except OSError as e:
+            raise _os_error(e, f"{self.tmp}: cannot close") from None
         if before_rename:
             before_rename()
         try:
@@ -255,8 +266,11 @@ class _AtomicFile:
 
     def abort(self):
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the temporary file goes all the same
         if self.tmp:
             try:
                 os.unlink(self.tmp)
@@ -613,11 +627,17 @@ def lock(dir, env=None):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raw = os.pread(fd, 32, 0).split(b"\n")[0]
+            unread = None
+            try:
+                raw = os.pread(fd, 32, 0).split(b"\n")[0]
+            except OSError as e:  # still locked by someone: say so, not the read's error
+                raw, unread = b"", e.strerror or str(e)
             pid = _u63(raw.decode("ascii", "replace")) or 0
             if pid > INT_MAX:
                 pid = 0
-            who = f"pid {pid} holds {path}" if pid else f"it holds {path}, its pid not written yet"
+            who = (f"pid {pid} holds {path}" if pid else
+                   f"it holds {path}, its pid cannot be read: {unread}" if unread else
+                   f"it holds {path}, its pid not written yet")
             raise LockedError(f"{d}: another job writes to this checkpoint directory ({who}); one "
                               "writer per directory", pid) from None
         except OSError as e:

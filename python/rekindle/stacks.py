@@ -4,9 +4,11 @@ kills the rank. faulthandler writes every thread's Python stack from the signal 
 so it works while the main thread is stuck in a collective or a C call holding the GIL released.
 """
 
+import errno
 import faulthandler
 import os
 import signal
+import stat
 
 _installed = None  # (path, file object): kept open for the handler, for the process's life
 
@@ -30,7 +32,8 @@ def install(path=None, *, env=None, rank=None, launch=None):
     """Register faulthandler for SIGUSR1 (all threads, not chained) writing into `path`
     (default: default_path()). The file is opened once, now, and kept open. Returns the path,
     or None when there is no path (no RK_STACK_DIR) or no SIGUSR1. Installing again returns the
-    path already installed. OSError if the file cannot be created."""
+    path already installed. OSError if the file cannot be created or is not a regular file
+    (a FIFO, a device, a link)."""
     global _installed
     if _installed is not None:
         return _installed[0]
@@ -38,9 +41,17 @@ def install(path=None, *, env=None, rank=None, launch=None):
         path = default_path(env, rank, launch)
     if path is None or not hasattr(signal, "SIGUSR1"):
         return None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    # not following a link, and never blocking on a FIFO (no reader: ENXIO); regular files only
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK
+             | getattr(os, "O_NOFOLLOW", 0))
     fd = os.open(path, flags, 0o600)
-    f = os.fdopen(fd, "w")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        f = os.fdopen(fd, "w")
+    except BaseException:
+        os.close(fd)
+        raise
     faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
     _installed = (path, f)
     return path

@@ -57,7 +57,9 @@ _DTYPES = {
 _TORCH = {v: k for k, v in _DTYPES.items()}
 
 # Layout of the vector each step's gradient all-reduce carries (summed over ranks): the
-# scaled loss, the sample count, three command flags, then one gradient-norm slot per rank.
+# scaled loss, the sample count, three command flags, one gradient-norm slot per rank, then
+# four slots per rank for a replica hash in 16-bit pieces (exact in float32; zeros on steps
+# without one: the length never changes, nor, with it, the all-reduce's summation order).
 _V_LOSS, _V_COUNT, _V_STOP, _V_CKPT, _V_LOST, _V_NORMS = range(6)
 _SPIKE_WINDOW = 32
 _COMM_GRACE_S = 10.0  # a survivor of a peer's death waits this long for rk run's teardown
@@ -131,7 +133,7 @@ def grad_outliers(norms, ratio):
     more ranks a norm above ratio x the median; with 2 the larger above ratio x the smaller."""
     n = len(norms)
     if n >= 3:
-        med = float(np.median(norms))
+        med = _median(norms)
         return [r for r in range(n) if norms[r] > ratio * med]
     if n == 2:
         hi = 0 if norms[0] >= norms[1] else 1
@@ -144,12 +146,17 @@ def spike_zscore(window, loss):
     (1.4826 MAD), the MAD floored at 1% of the median; 0 when there is nothing to compare."""
     if not window:
         return 0.0
-    v = np.array(window, dtype=np.float64)
-    med = float(np.median(v))
-    mad = max(float(np.median(np.abs(v - med))), 1e-2 * abs(med))
+    med = _median(window)
+    mad = max(_median([abs(x - med) for x in window]), 1e-2 * abs(med))
     if not mad > 0:
         return 0.0
     return (loss - med) / (1.4826 * mad)
+
+
+def _median(v):
+    s = sorted(v)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def _comm_error(exc):
@@ -240,7 +247,12 @@ class Job:
                 self._usage(str(e))
         self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
         self._perms = {}
+        self._pending = None
+        self._rolled_back = False
         if isinstance(model, _DDP):
+            # the group's own allreduce: dist.all_reduce's checks cost 75 us a call
+            self._pg = getattr(model, "process_group", None) or dist.distributed_c10d._get_default_group()
+            self._ar_opts = dist.AllreduceOptions()
             model.register_comm_hook(self, _comm_hook)
         if self.resume and self.ckpt_dir:
             self._resume()
@@ -264,6 +276,8 @@ class Job:
                 raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
         self._barrier()  # leave together: a group torn down while a peer still saves or sends aborts
         self._in_steps = False
+        if sys.excepthook is self._hook:
+            sys.excepthook = self._prev_hook
         if self._lock is not None:
             _ckpt.unlock(self._lock)
             self._lock = None
@@ -294,8 +308,19 @@ class Job:
         loss = v[_V_LOSS] / self.world
         norms = v[_V_NORMS:_V_NORMS + self.world]
         self._flags = [v[_V_STOP], v[_V_CKPT], v[_V_LOST]]
+        if self._pending is not None:
+            base = _V_NORMS + self.world
+            hashes = [sum(int(v[base + 4 * q + i]) << (16 * i) for i in range(4)) for q in range(self.world)]
+            pending, self._pending = self._pending, None
+            if all(h == hashes[0] for h in hashes):
+                self._snap = pending
+            else:
+                self._repair(hashes, pending)
+                return False
+        self._rolled_back = False
         if self.guard and not self._judge(loss, norms):
-            self._redo()
+            if not self._rolled_back:  # a rollback set the snapshot's RNG states already
+                self._redo()
             return False
         self.opt.step()
         self.step_no += 1
@@ -310,7 +335,8 @@ class Job:
         if not self._told_batch:
             self._told_batch = True
             if self.rank == 0:
-                self._say(f"global batch {self.global_samples} samples over {self.world} rank{'' if self.world == 1 else 's'} "
+                ranks = f"{self.world} rank{'' if self.world == 1 else 's'}"
+                self._say(f"global batch {self.global_samples} samples over {ranks} "
                           f"(this rank {self._count}; global_batch {self.global_batch})")
         self.w.step(self.step_no, loss, time.monotonic() - self._t0)
         return True
@@ -329,12 +355,14 @@ class Job:
             r, bits = self._suspect
             if out == [r] and struct.pack("<d", norms[r]) == bits:
                 self._event("grad_kept", -1, "kept", 0,
-                            f"rank {r}'s gradient norm {norms[r]:.6g} came back bit for bit on the redo: the data")
+                            f"rank {r}'s gradient norm {norms[r]:.6g} came back bit for bit on the redo: "
+                            "the data")
                 self._suspect = None
                 out = []
             elif not out:
                 self._event("grad_outlier", r, "redo", 0,
-                            f"rank {r}'s gradient norm was an outlier and the redo was clean: a transient fault")
+                            f"rank {r}'s gradient norm was an outlier and the redo was clean: "
+                            "a transient fault")
                 self._suspect = None
         if out:
             r = out[0]
@@ -349,10 +377,12 @@ class Job:
             if z > self.spike_z:
                 bits = struct.pack("<d", loss)
                 if self._spiked == bits:
-                    self._event("spike_kept", -1, "kept", 0, f"loss {loss:.6g} (z {z:.1f}) again on the redo: the data")
+                    self._event("spike_kept", -1, "kept", 0,
+                                f"loss {loss:.6g} (z {z:.1f}) again on the redo: the data")
                     return True
                 self._spiked = bits
-                self._event("loss_spike", -1, "redo", 0, f"loss {loss:.6g}, robust z-score {z:.1f}; step redone")
+                self._event("loss_spike", -1, "redo", 0,
+                            f"loss {loss:.6g}, robust z-score {z:.1f}; step redone")
                 return False
         return True
 
@@ -369,7 +399,8 @@ class Job:
                 self._rolled_at = self.step_no
                 lost = self.step_no - self._snap["step"]
                 self._event("guard_rollback", -1, "rollback", lost,
-                            f"3 guard trips at step {self.step_no}; back to the verified state of step {self._snap['step']}")
+                            f"3 guard trips at step {self.step_no}; back to the verified state of "
+                            f"step {self._snap['step']}")
                 self._restore(self._snap)
                 self._trips = 0
                 return False
@@ -415,13 +446,22 @@ class Job:
         save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
             stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
                                            and self.step_no > self.start_step))
-        check = self._snap is None or save or (self.hash_every > 0 and self.step_no % self.hash_every == 0)
-        if self.guard and self.hash_every > 0 and check and (self._snap is None or self._snap["step"] != self.step_no):
-            if not self._replica_check():
-                return False
+        verified = self._snap is not None and self._snap["step"] == self.step_no
+        if self.guard and self.hash_every > 0 and not verified:
+            if save or stop or final:  # only a verified state is saved or handed back
+                if not self._replica_check():
+                    return False
+            elif self._snap is None or self.step_no % self.hash_every == 0:
+                # the hash rides in this step's all-reduce; step() compares them
+                if self._pending is None or self._pending["step"] != self.step_no:
+                    self._pending = self._snapshot()
+                    self._pending["hash"] = state_hash(self.module, self.opt)
         if save:
             self._save()
         if stop:
+            if self.rank == 0:
+                self._say(f"stopped on command at step {self.step_no}" +
+                          (" with its checkpoint saved" if self.ckpt_dir else " (no checkpoint directory)"))
             self.w.bye(self.step_no, "stopped")
             self._barrier()
             self._exit(EXIT_STOPPED)
@@ -449,7 +489,8 @@ class Job:
         elif f.kind == "slow":
             self._slow = [f.ms or 100, f.for_ or None]
         elif f.kind == "commfail":
-            self.w.exit_event(self.step_no, "commfail", f"simulated collective failure at step {self.step_no}")
+            self.w.exit_event(self.step_no, "commfail",
+                              f"simulated collective failure at step {self.step_no}")
             self._exit(EXIT_COMM)
 
     def _bitflip(self):
@@ -479,13 +520,18 @@ class Job:
         if self._count is None or self._loss_t is None:
             raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
         factor = self.world * self._count / self.global_batch
-        r = self.rank
-        head = torch.tensor([float(self._count), float(self._stop_local), float(self._local_ckpt),
-                             float(self.w.lost)] + [0.0] * r, dtype=torch.float64, device=device)
-        norm = (sumsq.to(torch.float64).sqrt() / factor if factor > 0 else sumsq.to(torch.float64) * 0).reshape(1)
-        tail = torch.zeros(self.world - r - 1, dtype=torch.float64, device=device)
-        v = torch.cat([self._loss_t.to(torch.float64).reshape(1), head, norm, tail])
-        return v.to(dtype)
+        r, world = self.rank, self.world
+        h = self._pending["hash"] if self._pending is not None else 0
+        flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost)]
+        tail = ([0.0] * (world - r - 1 + 4 * r) + [float((h >> (16 * i)) & 0xFFFF) for i in range(4)]
+                + [0.0] * (4 * (world - r - 1)))
+        if device.type == "cpu":  # one tensor from Python numbers: a third of the torch calls
+            norm = math.sqrt(float(sumsq)) / factor if factor > 0 else 0.0
+            return torch.tensor([float(self._loss_t)] + flags + [0.0] * r + [norm] + tail, dtype=dtype)
+        head = torch.tensor(flags + [0.0] * r, dtype=dtype, device=device)
+        norm = (sumsq.sqrt() / factor if factor > 0 else sumsq * 0).reshape(1).to(dtype)
+        tail = torch.tensor(tail, dtype=dtype, device=device)
+        return torch.cat([self._loss_t.reshape(1).to(dtype), head, norm, tail])
 
     def _gathered(self):
         if self._vec is None:
@@ -528,18 +574,29 @@ class Job:
         return [int(t) for t in out]
 
     def _replica_check(self):
+        """An explicit check (one all-gather): before a checkpoint, a stop and the end."""
+        self._pending = None
         hashes = self._hashes()
         if all(h == hashes[0] for h in hashes):
             self._snap = self._snapshot()
             return True
+        self._repair(hashes)
+        return False
+
+    def _repair(self, hashes, pending=None):
+        """Replica hashes differ: every rank returns to the last verified snapshot (none yet:
+        the state of this step's start, `pending`), the majority's copy is broadcast, the steps
+        since are replayed."""
         counts = [hashes.count(h) for h in hashes]
         root = max(range(len(hashes)), key=lambda r: (counts[r], -r))
         minority = [r for r, h in enumerate(hashes) if h != hashes[root]]
         strict = counts[root] * 2 > len(hashes)
         blame = minority[0] if strict and len(minority) == 1 else -1
-        snap = self._snap
-        lost = self.step_no - snap["step"]
-        self._restore(snap)
+        snap = self._snap if self._snap is not None else pending
+        at = self.step_no
+        lost = at - snap["step"] if snap is not None else 0
+        if snap is not None:
+            self._restore(snap)
         self._broadcast_state(root)
         again = self._hashes()
         if any(h != again[0] for h in again):
@@ -548,8 +605,7 @@ class Job:
         names = ",".join(str(r) for r in minority)
         self._event("replica_mismatch", blame, "rollback", lost,
                     f"replica hash of rank(s) {names} differs; back to the verified state of step "
-                    f"{snap['step']}, rank {root}'s copy broadcast, {lost} steps replayed")
-        return False
+                    f"{self.step_no}, rank {root}'s copy broadcast, {lost} steps replayed", step=at)
 
     def _broadcast_state(self, root):
         if not (self.distributed and self.world > 1):
@@ -563,12 +619,14 @@ class Job:
         for i, (_, p) in enumerate(self._param_names()):
             st = self.opt.state.get(p)
             if st:
-                state[i] = {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v)) for k, v in st.items()}
+                state[i] = {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
+                            for k, v in st.items()}
         return {
             "step": self.step_no,
             "model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
             "optim": state,
-            "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
+            "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in self.opt.param_groups],
             "rng": self._capture_rng(),
             "losses": list(self._losses),
         }
@@ -583,6 +641,7 @@ class Job:
             "param_groups": [dict(g, params=c["params"]) for g, c in zip(snap["groups"], cur)],
         })
         self._restore_rng(snap["rng"])
+        self._rolled_back = True
         self._losses = list(snap["losses"])
         self.step_no = snap["step"]
         self._suspect = None
@@ -592,11 +651,13 @@ class Job:
     # ----------------------------------------------------------------- RNG states
 
     def _capture_rng(self, cheap=False):
-        """The RNG states; `cheap` (every step, for a redo) leaves numpy's global generator out:
-        saving it costs 35 to 75 us, 1% of a small model's step."""
-        st = {"torch": torch.get_rng_state(), "random": random.getstate()}
+        """The RNG states; `cheap` (every step, for a redo) is torch's (CPU and CUDA) alone:
+        saving numpy's and Python's global generators costs 10 to 75 us, 1 to 2% of a small
+        model's step."""
+        st = {"torch": torch.get_rng_state()}
         if not cheap:
             st["numpy"] = np.random.get_state()
+            st["random"] = random.getstate()
         if self.device.type == "cuda":
             st["cuda"] = torch.cuda.get_rng_state(self.device)
         return st
@@ -605,7 +666,8 @@ class Job:
         torch.set_rng_state(st["torch"])
         if "numpy" in st:
             np.random.set_state(st["numpy"])
-        random.setstate(st["random"])
+        if "random" in st:
+            random.setstate(st["random"])
         if "cuda" in st and self.device.type == "cuda":
             torch.cuda.set_rng_state(st["cuda"], self.device)
 
@@ -716,7 +778,8 @@ class Job:
         new_state = {}
         for i, (pname, p) in enumerate(self._param_names()):
             pre = f"optim.{pname}."
-            s = {n[len(pre):]: _tensor(it) for n, it in items.items() if n.startswith(pre) and "." not in n[len(pre):]}
+            s = {n[len(pre):]: _tensor(it) for n, it in items.items()
+                 if n.startswith(pre) and "." not in n[len(pre):]}
             s.update(meta["extra"].get(pname, {}))
             if s:
                 new_state[i] = s
@@ -743,10 +806,11 @@ class Job:
         if self.verbose:
             print(f"rekindle.torch: rank {self.rank}: {msg}", file=sys.stderr, flush=True)
 
-    def _event(self, kind, blame, action, lost, detail):
+    def _event(self, kind, blame, action, lost, detail, step=None):
         if self.rank == 0:
-            self._say(f"step {self.step_no}: {kind} (blame {blame}, {action}): {detail}")
-            self.w.event(self.step_no, kind, blame=blame, action=action, lost_steps=lost, detail=detail)
+            step = self.step_no if step is None else step
+            self._say(f"step {step}: {kind} (blame {blame}, {action}): {detail}")
+            self.w.event(step, kind, blame=blame, action=action, lost_steps=lost, detail=detail)
 
     def _exit(self, status):
         sys.stdout.flush()
@@ -790,6 +854,7 @@ class Job:
             prev(tp, exc, tb)
             self._exit(EXIT_FAIL)
 
+        self._prev_hook, self._hook = prev, hook
         sys.excepthook = hook
 
 
@@ -811,7 +876,7 @@ def _comm_hook(job, bucket):
             job._gradflip = False
             job._flip_grad(buf)
     job._hook_calls += 1
-    sq = buf.detach().to(torch.float64).pow(2).sum()
+    sq = torch.linalg.vector_norm(buf.detach(), dtype=torch.float64).square()
     job._sumsq = sq if job._sumsq is None else job._sumsq + sq
     buf.div_(job.world)
     perm = _canonical(job, bucket, buf)
@@ -822,21 +887,29 @@ def _comm_hook(job, bucket):
         pieces.append(job._vector(job._sumsq, buf.dtype, buf.device))
     elif last:
         vec = job._vector(job._sumsq, torch.float64, buf.device)
-        dist.all_reduce(vec)
+        job._pg.allreduce([vec], job._ar_opts).wait()
         job._vec = vec
     n = pieces[0].numel()
     flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
-    def done(f):
-        t = f.value()[0]
+    def done(t):
         if last and same:
             job._vec = t[n:].clone()
         if perm is None:
-            return t[:n]
-        buf.index_copy_(0, perm, t[:n])
+            if t.data_ptr() != buf.data_ptr():
+                buf.copy_(t[:n])
+        else:
+            buf.index_copy_(0, perm, t[:n])
         return buf
 
-    return dist.all_reduce(flat, async_op=True).get_future().then(done)
+    if last:
+        # the last bucket: nothing left to overlap with, and a Python callback on the
+        # future (a thread hop) costs more than the wait
+        job._pg.allreduce([flat], job._ar_opts).wait()
+        fut = torch.futures.Future()
+        fut.set_result(done(flat))
+        return fut
+    return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
 
 
 def _canonical(job, bucket, buf):

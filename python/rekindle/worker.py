@@ -234,7 +234,7 @@ class Worker:
     """One rank's connection to `rk run` (see the module's comment and docs/python.md).
 
     Attributes: rank, world, local_rank, launch (ints), device (str), ckpt_dir (str or None),
-    resume (bool), supervised (bool: connected to the supervisor), lost (bool: the supervisor
+    resume (bool), supervised (bool: RK_HEARTBEAT set and not lost), lost (bool: the supervisor
     has gone), error (the last problem as text, or None), heartbeat (the socket path or None).
     """
 

@@ -3,11 +3,14 @@ temporary-file cleanup, the finite-values rule, the lock, storage errors, the fa
 load_latest, and saves killed with SIGKILL at random moments."""
 
 import array
+import ctypes
 import errno
+import itertools
 import json
 import os
 import random
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -101,6 +104,7 @@ class TestRoundTrip(unittest.TestCase):
             its.append(Item(f"x.{dt}", dt, (3, 2), bytes(range(6 * size))))
         its += [Item("empty", "F32", (0, 4), b""), Item("scalar", "I32", (), b"\1\0\0\0"),
                 Item("arr", "F32", (4,), array.array("f", [1, 2, 3, 4])),
+                Item("le", "F32", (2,), (ctypes.c_float.__ctype_le__ * 2)(1, 2)),
                 Item("ba", "U8", (2,), bytearray(b"ab")), Item("mv", "U8", (1,), memoryview(b"z")),
                 Item("eight", "U8", (1,) * 8, b"q"), Item("caf\u00e9 \U0001f600", "U8", (1,), b"u")]
         c = ckpt.load(ckpt.save(self.d, 0, its))
@@ -121,6 +125,19 @@ class TestRoundTrip(unittest.TestCase):
         with self.assertRaisesRegex(CheckpointError, "file name says 4"):
             ckpt.parse(buf, "ckpt-000000000004.safetensors")
 
+    def test_step_checked_against_a_long_path(self):
+        # messages cut a path to 400 characters; the step check takes the real file name
+        d = os.path.join(self.d, *(["d" * 60] * 7))
+        q = os.path.join(d, ckpt.file_name(300))
+        os.rename(ckpt.save(d, 301, items(301)), q)
+        self.assertGreater(len(q), 400)
+        with self.assertRaisesRegex(CheckpointError, "field 'step' is 301 but the file name says 300"):
+            ckpt.load(q)
+        with open(q, "rb") as f:
+            buf = f.read()
+        with self.assertRaisesRegex(CheckpointError, "file name says 300"):
+            ckpt.parse(buf, os.fsencode(q))
+
     def test_bad_arguments_change_nothing(self):
         good = items()
         cases = [
@@ -137,6 +154,7 @@ class TestRoundTrip(unittest.TestCase):
             dict(items=[Item("a", "U8", (-1,), b"")]),
             dict(items=[Item("a", "U8", (2,), memoryview(b"abcd")[::2])]),
             dict(items=[Item("a", "U8", (1,), "x")]),
+            dict(items=[Item("model.w", "F32", (2,), (ctypes.c_float.__ctype_be__ * 2)(1, 2))]),
         ]
         for kw in cases:
             args = dict(step=5, items=good)
@@ -396,6 +414,78 @@ class TestStore(unittest.TestCase):
         self.assertEqual(self.names(), before)
         self.assertIs(os.write, real_write)
 
+    def test_failed_close_is_a_storage_error_closed_once(self):
+        ckpt.save(self.d, 10, items())
+        before = self.names()
+        real_fsync, real_close = os.fsync, os.close
+        synced, closes = [], []
+
+        def fsync(fd):
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                synced.append(fd)
+            return real_fsync(fd)
+
+        def close(fd):
+            if synced and fd == synced[-1]:
+                closes.append(fd)
+                real_close(fd)
+                raise OSError(errno.EIO, "Input/output error")  # closed, as Linux does
+            return real_close(fd)
+
+        with mock.patch.object(os, "fsync", fsync), mock.patch.object(os, "close", close):
+            with self.assertRaises(StorageError) as cm:
+                ckpt.save(self.d, 20, items())
+        self.assertEqual(cm.exception.errno, errno.EIO)
+        self.assertIn("cannot close", str(cm.exception))
+        self.assertEqual(len(closes), 1)  # not closed again by the cleanup (another thread's fd)
+        self.assertEqual(self.names(), before)  # the temporary file is gone
+
+    def test_directory_fsync_einval_is_ignored(self):
+        real_fsync = os.fsync
+
+        def fsync(fd):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_fsync(fd)
+
+        with mock.patch.object(os, "fsync", fsync):
+            p = ckpt.save(os.path.join(self.d, "a", "b"), 10, items())
+        self.assertEqual(ckpt.load(p).step, 10)
+        with mock.patch.object(os, "fsync", side_effect=OSError(errno.EINVAL, "Invalid argument")):
+            with self.assertRaises(CheckpointError):  # on the file itself it still counts
+                ckpt.save(self.d, 20, items())
+
+    def test_verified_table_is_thread_safe(self):
+        # the table of files this process verified is bounded: threads adding at once must not
+        # evict the same oldest entry twice (KeyError) or iterate it while it changes
+        import threading
+        from types import SimpleNamespace
+        keys = itertools.count()
+        fake = lambda p: SimpleNamespace(st_dev=0, st_ino=next(keys), st_size=0, st_mtime_ns=0)
+        errors = []
+
+        def run():
+            try:
+                for _ in range(3000):
+                    ckpt._verified_add("x")
+            except BaseException as e:  # noqa: B036
+                errors.append(repr(e))
+
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            with mock.patch.object(os, "stat", fake):
+                ts = [threading.Thread(target=run) for _ in range(8)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+        finally:
+            sys.setswitchinterval(old)
+            ckpt._verified.clear()
+        self.assertEqual(errors, [])
+        self.assertLessEqual(len(ckpt._verified), ckpt._VERIFIED_MAX)
+
     def test_lock(self):
         lk = ckpt.lock(self.d, env={})
         self.assertTrue(lk.held)
@@ -410,6 +500,11 @@ class TestStore(unittest.TestCase):
         self.assertIn("another job writes to this checkpoint directory", r.stdout)
         with self.assertRaises(ckpt.LockedError):  # per open file: in this process too
             ckpt.lock(self.d, env={})
+        with mock.patch.object(os, "pread", side_effect=OSError(errno.EIO, "Input/output error")):
+            with self.assertRaises(ckpt.LockedError) as cm:  # the holder's pid unreadable
+                ckpt.lock(self.d, env={})
+        self.assertEqual(cm.exception.holder, 0)
+        self.assertIn("its pid cannot be read: Input/output error", str(cm.exception))
         ckpt.unlock(lk)
         r = subprocess.run([sys.executable, "-c", code, self.d], capture_output=True, text=True)
         self.assertEqual(r.stdout.strip(), "took it")
@@ -518,6 +613,52 @@ class TestLoadLatest(unittest.TestCase):
         os.mkfifo(bad)
         with self.assertRaisesRegex(CheckpointError, "is a FIFO"):
             ckpt.load_latest(self.d)
+
+
+    def test_out_of_memory_is_a_checkpoint_error(self):
+        # a sparse 1 TiB file with a valid header: reading it whole cannot get the memory; under a
+        # 3 GiB address-space limit every call ends in CheckpointError, never MemoryError
+        N = 1 << 40
+        hdr = {"__metadata__": {"format": "rekindle-ckpt-1"},
+               "rng.x": {"dtype": "U8", "shape": [N], "data_offsets": [0, N]}}
+        big = os.path.join(self.d, ckpt.file_name(400))
+        write_raw(big, hdr)
+        os.truncate(big, os.path.getsize(big) + N)
+        script = r"""
+import os, resource, struct, sys
+sys.path.insert(0, sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from rekindle import ckpt
+d, big = sys.argv[2], sys.argv[3]
+one = [ckpt.Item("model.w", "F32", (1,), struct.pack("<f", 1))]
+for name, fn in (("load", lambda: ckpt.load(big)), ("verify", lambda: ckpt.verify(big)),
+                 ("load_latest", lambda: ckpt.load_latest(d)),
+                 ("save 500 keep 1", lambda: ckpt.save(d, 500, one, keep=1)),
+                 ("save 400", lambda: ckpt.save(d, 400, one, keep=1))):
+    try:
+        r = fn()
+        print(name, "->", os.path.basename(r) if isinstance(r, str) else r)
+    except ckpt.CheckpointError as e:
+        print(name, "CheckpointError", e.unreadable, e)
+    except BaseException as e:
+        print(name, "raised", type(e).__name__, e)
+"""
+        # the store's newest valid checkpoint is 300; load_latest stops at 400 (it may be good)
+        with open(os.path.join(self.d, "latest"), "w") as f:
+            f.write(ckpt.file_name(400) + "\n")
+        r = subprocess.run([sys.executable, "-c", script, rktest.PYDIR, self.d, big],
+                           capture_output=True, text=True, timeout=120)
+        lines = r.stdout.splitlines()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(lines), 5, r.stdout + r.stderr)
+        self.assertRegex(lines[0], r"^load CheckpointError True .*: out of memory for \d+ bytes$")
+        self.assertEqual(lines[1], "verify -> False")
+        self.assertRegex(lines[2], "^load_latest CheckpointError True .*cannot be read is not")
+        self.assertEqual(lines[3], "save 500 keep 1 -> " + ckpt.file_name(500))
+        self.assertEqual(lines[4], "save 400 -> " + ckpt.file_name(400))  # the big one set aside
+        with open(os.path.join(self.d, "latest")) as f:
+            self.assertEqual(f.read(), ckpt.file_name(400) + "\n")
+        self.assertTrue(any(n.startswith(ckpt.file_name(400) + ".bad-") for n in os.listdir(self.d)))
 
 
 SAVER = r'''

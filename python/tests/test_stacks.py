@@ -2,6 +2,7 @@
 $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt and the process lives on; a Worker that installed it
 says "stacks": true in its hello."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -37,6 +38,23 @@ class TestStacks(unittest.TestCase):
         self.assertIsNone(stacks.default_path(env={}))
         self.assertEqual(stacks.default_path(env={"RK_STACK_DIR": "/s", "RANK": "3", "WORLD_SIZE": "4",
                                                   "RK_LAUNCH": "2"}), "/s/stacks-rank3-launch2.txt")
+
+    def test_only_a_regular_file(self):
+        # a FIFO without a reader, a device or a link at the path: OSError at once, no install
+        d = rktest.tmpdir(self)
+        fifo = os.path.join(d, "fifo")
+        os.mkfifo(fifo)
+        link = os.path.join(d, "link")
+        os.symlink(os.path.join(d, "target"), link)
+        code = ("import sys; sys.path.insert(0, sys.argv[1])\nfrom rekindle import stacks\n"
+                "for p in sys.argv[2:]:\n    try:\n        stacks.install(p)\n"
+                "    except OSError as e:\n        print('refused', e.errno)\n    else:\n"
+                "        print('installed')\nprint(stacks.installed())\n")
+        r = subprocess.run([sys.executable, "-c", code, rktest.PYDIR, fifo, "/dev/null", link],
+                           capture_output=True, text=True, timeout=20)
+        self.assertEqual(r.stdout.split("\n"), ["refused %d" % errno.ENXIO, "refused %d" % errno.EINVAL,
+                                               "refused %d" % errno.ELOOP, "None", ""], r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(d, "target")))
 
     def test_sigusr1_dumps_every_thread(self):
         d = rktest.tmpdir(self)

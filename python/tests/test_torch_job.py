@@ -3,6 +3,7 @@ is exact, the checkpoint's names, a NaN redone and a loss spike kept. Skips with
 
 import os
 import struct
+import subprocess
 import sys
 import unittest
 
@@ -29,7 +30,7 @@ def data():
     return x, y
 
 
-def train(steps, env=None, spike_at=None, **kw):
+def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, **kw):
     """Train a small MLP for `steps` under a Job; returns (job, events, params hash)."""
     old = dict(os.environ)
     os.environ.update(env or {})
@@ -48,7 +49,11 @@ def train(steps, env=None, spike_at=None, **kw):
                 (step % per) * BATCH:(step % per + 1) * BATCH])
             yb = 1 - y[idx] if step == spike_at else y[idx]  # every label wrong: a spike of the data
             opt.zero_grad()
-            loss = job.scale(torch.nn.functional.cross_entropy(model(x[idx]), yb), len(idx))
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), yb)
+            if step == nan_at and nan_times > 0:  # a fault that outlasts the redos
+                nan_times -= 1
+                loss = loss * float("nan")
+            loss = job.scale(loss, len(idx))
             loss.backward()
             job.step()
         return job, events, rkt.params_hash(model.module)
@@ -127,10 +132,54 @@ class OneRank(unittest.TestCase):
         _, ev, _ = train(14, env={"RK_INJECT": "nan@step=12"}, guard=False)
         self.assertEqual(ev, [])
 
+    def test_three_trips_roll_back(self):
+        _, _, ref = train(30)
+        _, ev, got = train(30, nan_at=14, nan_times=3)
+        self.assertEqual([(s, k, a) for s, k, _, a in ev],
+                         [(14, "nan", "redo")] * 3 + [(14, "guard_rollback", "rollback")])
+        self.assertEqual(got, ref, "three trips at one step: back to step 10, replayed, the same weights")
+
     def test_spike_kept(self):
         _, ev, _ = train(50, spike_at=40)
         kinds = [(s, k) for s, k, _, _ in ev]
         self.assertEqual(kinds, [(40, "loss_spike"), (40, "spike_kept")])
+
+
+STORAGE = r"""
+import errno, os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import rekindle.torch as rkt
+from rekindle import ckpt
+def full(*a, **k):
+    raise ckpt.StorageError(errno.ENOSPC, "no space left on the device (simulated)", sys.argv[2])
+ckpt.save = full
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+model = DDP(torch.nn.Linear(3, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+job = rkt.Job(model, opt, global_batch=4, ckpt_dir=sys.argv[2], ckpt_every=2)
+events = []
+job.w.exit_event = lambda step, kind, detail="", blame=-1: print("EXIT_EVENT", step, kind, flush=True)
+for step in job.steps(5):
+    opt.zero_grad()
+    job.scale(model(torch.ones(4, 3)).pow(2).mean(), 4).backward()
+    job.step()
+print("not reached")
+"""
+
+
+class Storage(unittest.TestCase):
+    def test_storage_error_is_exit_6(self):
+        d = rktest.tmpdir(self)
+        env = rktest.env_with_pythonpath()
+        for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_STACK_DIR"):
+            env.pop(k, None)
+        p = subprocess.run([sys.executable, "-c", STORAGE, os.path.join(d, "store"), os.path.join(d, "ck")],
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 6, p.stderr[-2000:])
+        self.assertIn("EXIT_EVENT 2 storage", p.stdout)
+        self.assertNotIn("not reached", p.stdout)
+        self.assertIn("no space left", p.stderr)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import unittest
 
 import rktest  # noqa: F401  (python/ on sys.path)
 import rekindle
+from rekindle import ckpt
 from rekindle import worker as wmod
 
 
@@ -98,6 +99,16 @@ class Idx:
 
 
 class TestEnvironment(unittest.TestCase):
+    def test_supervised_means_under_rk_run_until_lost(self):
+        d = rktest.tmpdir(self)
+        w = rekindle.Worker(env={"RK_HEARTBEAT": os.path.join(d, "none.sock"),
+                                 "RK_DEVICES": "3,5", "RANK": "1", "WORLD_SIZE": "2"})
+        self.assertEqual(w.device, "5")  # RK_DEVICES[rank], as rk run --devices gives it
+        self.assertTrue(w.supervised)  # before hello too
+        w.hello(0)  # nobody there: lost, no longer supervised
+        self.assertTrue(w.lost)
+        self.assertFalse(w.supervised)
+
     def test_unsupervised_is_a_no_op(self):
         w = rekindle.Worker(env={})
         self.assertEqual((w.rank, w.world, w.local_rank, w.launch), (0, 1, 0, 0))
@@ -456,6 +467,33 @@ if w.ckpt_dir and w.resume:
     if c is not None:
         start = c.step
 inj = inject.from_env(w.rank, w.launch)
+sync = os.path.join(os.path.dirname(out), "sync")
+os.makedirs(sync, exist_ok=True)
+
+
+def agree(tag, flags):
+    """The ranks' bitwise OR of `flags` at `tag`: an all-reduce and barrier through files."""
+    name = lambda t, r: os.path.join(sync, f"launch{w.launch}.{t}.rank{r}")
+    mine = name(tag, w.rank)
+    with open(mine + ".tmp", "w") as f:
+        f.write(str(flags))
+    os.rename(mine + ".tmp", mine)
+    got, t0 = 0, time.monotonic()
+    for r in range(w.world):
+        while True:
+            try:
+                with open(name(tag, r)) as f:
+                    got |= int(f.read())
+                break
+            except FileNotFoundError:
+                if time.monotonic() - t0 > 60:  # a peer died: the launcher ends this one too
+                    sys.exit(rekindle.EXIT_FAIL)
+                time.sleep(0.002)
+    if isinstance(tag, int) and tag > start + 1:  # every peer has read it: it passed this one
+        os.unlink(name(tag - 1, w.rank))
+    return got
+
+
 w.hello(start)
 with open(f"{out}.rank{w.rank}.launch{w.launch}", "w") as f:
     json.dump({"rank": w.rank, "world": w.world, "launch": w.launch, "start": start,
@@ -476,14 +514,23 @@ while step < steps:
     step += 1
     w.step(step, 1.0 / step, 0.03)
     cmds = w.poll()
-    if (step % 5 == 0 or cmds) and w.rank == 0 and w.ckpt_dir and w.alive():
+    # all ranks act on a command at the same step: they agree on the commands and on a gone
+    # supervisor every step (an all-reduce in a real job; files here, as this test has no
+    # process group)
+    flags = agree(step, ("stop" in cmds) | ("checkpoint" in cmds) << 1 | (not w.alive()) << 2)
+    if flags & 4:
+        sys.exit(rekindle.EXIT_FAIL)
+    if (step % 5 == 0 or flags & 3) and w.rank == 0 and w.ckpt_dir and w.alive():
         t = time.monotonic()
         ckpt.save(w.ckpt_dir, step, [ckpt.Item("model.w", "F64", (1,), struct.pack("<d", step))],
                   world_size=w.world, config='{"model":"toy"}')
         w.ckpt(step, time.monotonic() - t)
-    if not w.alive():
-        sys.exit(rekindle.EXIT_FAIL)
-    if "stop" in cmds:
+    if flags & 1:
+        # nobody leaves before rank 0's checkpoint is out: under mpirun a rank that exits first
+        # gets the others killed, rank 0 in the middle of its save
+        agree(f"saved{step}", 0)
+        with open(f"{out}.stopped.rank{w.rank}", "w") as f:
+            f.write(str(step))
         w.bye(step, "stopped")
         sys.exit(rekindle.EXIT_STOPPED)
 w.bye(step, "done")
@@ -542,17 +589,30 @@ class TestUnderRkRun(unittest.TestCase):
         self.assertEqual((s["steps"], s["restarts"]), (15, 1), s)
 
     def test_stop_on_interrupt(self):
+        # two ranks under mpirun: both stop at one step and neither leaves before rank 0's
+        # checkpoint of that step is out (a rank that exits first gets the others killed, rank 0
+        # in the middle of its save: `latest` at an older step, a temporary file left)
         ck = os.path.join(self.d, "ck")
-        p = self.rk_run("-n", "1", "--ckpt-dir", ck, steps=100000)
+        p = self.rk_run("-n", "2", "--launcher", "mpirun", "--ckpt-dir", ck, steps=100000)
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(ck, "latest")) and time.monotonic() < deadline:
             time.sleep(0.05)
+        time.sleep(0.5)
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=60)
-        self.assertEqual(p.returncode, 130, out.decode(errors="replace")[-3000:])
+        text = out.decode(errors="replace")[-3000:]
+        self.assertEqual(p.returncode, 130, text)
+        stops = []
+        for r in (0, 1):
+            with open(os.path.join(self.d, f"out.stopped.rank{r}")) as f:
+                stops.append(int(f.read()))
+        self.assertEqual(stops[0], stops[1], text)
+        with open(os.path.join(ck, "latest")) as f:
+            self.assertEqual(f.read(), ckpt.file_name(stops[0]) + "\n", text)
+        self.assertEqual(ckpt.load(os.path.join(ck, ckpt.file_name(stops[0]))).step, stops[0])
+        self.assertEqual([n for n in os.listdir(ck) if ".tmp." in n], [])
         v = subprocess.run([self.rk, "ckpt", "verify", ck], capture_output=True, text=True)
         self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
-
 
 if __name__ == "__main__":
     unittest.main()

@@ -204,8 +204,12 @@ static int on_line(void *ctx, const char *line, size_t len)
     double now = rk_ledger_now(&s->g);
     if (m.type == RK_HB_HELLO) {
         if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || sup_by_rank(s, m.rank)) {
-            sup_note(s, c, "ignored a hello for rank %d of %d (this launch has %d ranks)", m.rank,
-                     m.world, s->n);
+            int lone = s->o->launcher == RK_LAUNCH_LOCAL && m.world == 1 && s->n > 1;
+            sup_note(s, c, "ignored a hello for rank %d of %d (this launch has %d ranks)%s", m.rank,
+                     m.world, s->n,
+                     lone ? "; an MPI program that rk run forks itself sees a world of 1: give "
+                            "--launcher mpirun"
+                          : "");
             return 0;
         }
         char why[160];

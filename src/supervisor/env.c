@@ -41,7 +41,41 @@ static int holds_package(const char *dir)
            stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-const char *rk_env_python_dir(char *buf, size_t cap)
+/* 1 if `path` is owned by the effective uid or root and writable by neither group nor
+ * others: nobody else can put code there that every rank would import. */
+static int trusted(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && (st.st_uid == geteuid() || st.st_uid == 0) &&
+           !(st.st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* 1 if `exe` lies inside directory `dir` (both absolute, no trailing '/'). */
+static int inside(const char *exe, const char *dir)
+{
+    size_t n = strlen(dir);
+    return n > 1 && strncmp(exe, dir, n) == 0 && exe[n] == '/';
+}
+
+/* buf as the package's directory if it holds the package and is trusted; else NULL, and why
+ * in why[wcap] when it holds an untrusted one. */
+static const char *use_dir(char *buf, char *why, size_t wcap)
+{
+    if (!holds_package(buf))
+        return NULL;
+    char pkg[4200];
+    snprintf(pkg, sizeof pkg, "%s/rekindle", buf);
+    if (trusted(buf) && trusted(pkg))
+        return buf;
+    if (why && wcap)
+        snprintf(why, wcap,
+                 "%.4000s is not on the ranks' PYTHONPATH: it (or its rekindle/) is writable by "
+                 "others or owned by another user",
+                 buf);
+    return NULL;
+}
+
+const char *rk_env_python_dir(char *buf, size_t cap, char *why, size_t wcap)
 {
 #ifndef RK_PYTHON_RELDIR
 #define RK_PYTHON_RELDIR "share/rekindle/python"
@@ -49,20 +83,28 @@ const char *rk_env_python_dir(char *buf, size_t cap)
 #ifndef RK_PYTHON_SRCDIR
 #define RK_PYTHON_SRCDIR ""
 #endif
-    char exe[4096];
+#ifndef RK_BINARY_DIR
+#define RK_BINARY_DIR ""
+#endif
+    if (why && wcap)
+        why[0] = '\0';
+    char exe[4096], real[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
+    /* the source tree's package only for an rk run from its own build tree */
+    int in_build = RK_BINARY_DIR[0] && n > 0 && realpath(RK_BINARY_DIR, real) && inside(exe, real);
     char *slash = strrchr(exe, '/');
     if (slash && slash != exe) {
         *slash = '\0'; /* <prefix>/bin */
         slash = strrchr(exe, '/');
         if (slash)
             *slash = '\0'; /* <prefix> */
-        if ((size_t)snprintf(buf, cap, "%s/%s", exe, RK_PYTHON_RELDIR) < cap && holds_package(buf))
+        if ((size_t)snprintf(buf, cap, "%s/%s", exe, RK_PYTHON_RELDIR) < cap &&
+            use_dir(buf, why, wcap))
             return buf;
     }
-    if (RK_PYTHON_SRCDIR[0] && (size_t)snprintf(buf, cap, "%s", RK_PYTHON_SRCDIR) < cap &&
-        holds_package(buf))
+    if (in_build && RK_PYTHON_SRCDIR[0] &&
+        (size_t)snprintf(buf, cap, "%s", RK_PYTHON_SRCDIR) < cap && use_dir(buf, why, wcap))
         return buf;
     return NULL;
 }
@@ -80,18 +122,18 @@ static long whole_int(const char *s, long max)
 }
 
 /* Slurm's SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of 3 nodes, then 1) for node
- * `node`; -1 if it says nothing about it. */
-static long slurm_tasks_on(const char *spec, long node)
+ * `node`, at most `max`; -1 if it says nothing about it (or more). */
+static long slurm_tasks_on(const char *spec, long node, long max)
 {
     for (const char *p = spec; p && *p && node >= 0;) {
         char *end;
         long tasks = strtol(p, &end, 10), times = 1;
-        if (end == p || tasks < 1)
+        if (end == p || tasks < 1 || tasks > max)
             return -1;
         p = end;
         if (strncmp(p, "(x", 2) == 0) {
             times = strtol(p + 2, &end, 10);
-            if (end == p + 2 || *end != ')' || times < 1)
+            if (end == p + 2 || *end != ')' || times < 1 || times > max)
                 return -1;
             p = end + 1;
         }
@@ -123,9 +165,10 @@ int rk_env_rank_map(const char *(*get)(const char *name), long out[4])
         if (sets[k][3])
             lworld = whole_int(get(sets[k][3]), max);
         else
-            lworld =
-                slurm_tasks_on(get("SLURM_TASKS_PER_NODE"), whole_int(get("SLURM_NODEID"), max));
-        if (lrank < 0 || lworld < 1 || lrank >= lworld) { /* one node */
+            lworld = slurm_tasks_on(get("SLURM_TASKS_PER_NODE"),
+                                    whole_int(get("SLURM_NODEID"), max), max);
+        /* nothing (or nothing consistent) about the node: one node */
+        if (lrank < 0 || lworld < 1 || lrank >= lworld || lworld > world) {
             lrank = rank;
             lworld = world;
         }

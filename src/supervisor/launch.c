@@ -33,7 +33,7 @@
 #define MAX_PROCS 65536 /* pids read from /proc in one scan */
 
 /* 1 if the launcher arguments name other hosts (then the job is not single-node). */
-static int names_hosts(char *const *extra)
+int rk_launch_names_hosts(char *const *extra)
 {
     static const char *const opts[] = {
         "--host",    "-host",         "-H",           "--hostfile",
@@ -95,8 +95,8 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
         argv[k++] = "--oversubscribe"; /* ranks may outnumber cores (CPU slots in tests) */
         argv[k++] = "--quiet"; /* rk run says what happened; mpirun's advice is noise here */
         argv[k++] = "--bind-to";
-        argv[k++] = "none";        /* each rank runs its own threads */
-        if (!names_hosts(extra)) { /* one node: Open MPI's TCP traffic on loopback only */
+        argv[k++] = "none";                  /* each rank runs its own threads */
+        if (!rk_launch_names_hosts(extra)) { /* one node: Open MPI's TCP traffic on loopback only */
             static const char *const lo[] = {"--mca", "oob_tcp_if_include", "lo",
                                              "--mca", "btl_tcp_if_include", "lo"};
             for (size_t i = 0; i < sizeof lo / sizeof lo[0]; i++)
@@ -185,8 +185,21 @@ static int read_at(int fd, void *buf, size_t n, uint64_t off, uint64_t size)
     return 0;
 }
 
+/* 1 for MPICH's libraries: libmpich.so*, and libmpich<letters>.so* (libmpichcxx.so.12,
+ * libmpichfort.so.12). */
+static int is_mpich(const char *name)
+{
+    if (strncmp(name, "libmpich", 8) != 0)
+        return 0;
+    name += 8;
+    while (islower((unsigned char)*name))
+        name++;
+    return strncmp(name, ".so", 3) == 0;
+}
+
 /* The first DT_NEEDED of the 64-bit little-endian ELF file `fd` (of `size` bytes) whose name
- * starts with libmpi.so or librekindle.so, into lib[cap]; 1 if found. */
+ * starts with libmpi.so (Open MPI), is MPICH's (is_mpich) or
+ * librekindle.so, into lib[cap]; 1 if found. */
 static int elf_needs_mpi(int fd, uint64_t size, char *lib, size_t cap)
 {
     Elf64_Ehdr eh;
@@ -217,7 +230,8 @@ static int elf_needs_mpi(int fd, uint64_t size, char *lib, size_t cap)
                 if (d[k].d_tag != DT_NEEDED || d[k].d_un.d_val >= str.sh_size)
                     continue;
                 const char *name = names + d[k].d_un.d_val;
-                if (strncmp(name, "libmpi.so", 9) == 0 || strncmp(name, "librekindle.so", 14) == 0)
+                if (strncmp(name, "libmpi.so", 9) == 0 || is_mpich(name) ||
+                    strncmp(name, "librekindle.so", 14) == 0)
                     found = snprintf(lib, cap, "%s", name) > 0;
             }
         }
@@ -435,6 +449,13 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
         putenv(preload);
     char rank_env[2][32];
     if (rank >= 0) {
+        /* a local rank reads /dev/null, as mpirun's ranks but the first: the keeper's process
+         * group is not the terminal's, so a read of the terminal would stop it (SIGTTIN) */
+        int null = open("/dev/null", O_RDONLY);
+        if (null >= 0 && null != STDIN_FILENO) {
+            dup2(null, STDIN_FILENO);
+            close(null);
+        }
         snprintf(rank_env[0], sizeof rank_env[0], "RANK=%d", rank);
         snprintf(rank_env[1], sizeof rank_env[1], "LOCAL_RANK=%d", rank);
         putenv(rank_env[0]);
@@ -538,7 +559,7 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
 #if defined(__SANITIZE_ADDRESS__)
     want_lo = 0; /* a sanitised build's ranks must load the sanitiser's runtime first */
 #endif
-    l->loopback = want_lo && kind == RK_LAUNCH_MPIRUN && !names_hosts(launcher_args) &&
+    l->loopback = want_lo && kind == RK_LAUNCH_MPIRUN && !rk_launch_names_hosts(launcher_args) &&
                   loopback_preload(preload, sizeof preload);
     int life[2], report[2], failed[2];
     if (pipe2(life, O_CLOEXEC) != 0)

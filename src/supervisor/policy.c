@@ -126,6 +126,15 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
             "help");
         return;
     }
+    /* every rank ran to its end, fine, and none said hello: a program that does not speak
+     * the protocol, which a relaunch would only run again */
+    if (st == RK_EXIT_OK && !has_exit && !s->stop_sent && s->ranks > 0 && s->hellos == 0) {
+        set(v, RK_SUP_STOP, RK_SUP_KIND_NEVER_CONNECTED, -1, 0, RK_SUP_END_USAGE,
+            "every rank exited 0 without a hello: the worker does not speak rk run's heartbeat "
+            "protocol (make it a rekindle.Worker: docs/python.md, docs/pytorch.md; or see "
+            "docs/protocol.md)");
+        return;
+    }
     if (s->stop_sent && !has_exit && (st == RK_EXIT_STOPPED || st == RK_EXIT_OK)) {
         set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_NONE, -1, 0, go_on, "the ranks stopped on command");
         return;

@@ -86,7 +86,8 @@ typedef enum rk_sup_end {
     RK_SUP_END_OUT_OF_RESTARTS, /* it failed again after --max-restarts relaunches: 1 */
     RK_SUP_END_TOO_FEW_DEVICES, /* fewer healthy devices than --min-ranks (or none): 1 */
     RK_SUP_END_STORAGE,         /* a worker cannot write its files (exit 6): 1 */
-    RK_SUP_END_USAGE,           /* a worker rejects its arguments or input (exit 2): 2 */
+    RK_SUP_END_USAGE,           /* a worker rejects its arguments or input (exit 2), or
+                                 * does not speak the protocol (all exit 0, no hello): 2 */
     RK_SUP_END_BAD_INPUT,       /* rk run's own input: the launcher cannot be executed, the
                                  * health gate cannot read its --predictor: 2 */
     RK_SUP_END_INTERRUPTED      /* rk run was interrupted: 130 */
@@ -107,6 +108,9 @@ typedef struct rk_sup_verdict {
  *   exited 0 and every rank said bye "done"       -> finished
  *   an exit event "storage" or exit status 6      -> stop: storage (never a device's)
  *   exit status 2, or a first exit event "usage"  -> stop: usage
+ *   exited 0, no rank said hello, no stop sent,
+ *   no exit event                                 -> stop: never_connected, end USAGE (a
+ *                                                    program that does not speak the protocol)
  *   a stop was sent, exited 0 or 4, no exit event -> relaunch, no incident
  *   a hang seen                                   -> hang of hang_rank
  *   a rank never said hello (startup timeout, or

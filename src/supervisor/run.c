@@ -6,6 +6,7 @@
 #define _GNU_SOURCE /* nftw */
 #include "supervisor/sup.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -86,6 +87,12 @@ static void flush_pending(sup *s)
         s->pending_done[r] = -1;
 }
 
+/* 1 if the ranks may run on other hosts: srun, or launcher arguments that name hosts. */
+static int sup_may_span_hosts(const rk_sup_opts *o)
+{
+    return o->launcher == RK_LAUNCH_SRUN || rk_launch_names_hosts(o->launcher_args);
+}
+
 /* ---- one launch ---------------------------------------------------------------------------- */
 
 static int open_socket(sup *s, rk_err *err)
@@ -156,8 +163,11 @@ static int start_launch(sup *s, rk_err *err)
     snprintf(env_world[1], sizeof env_world[1], "LOCAL_WORLD_SIZE=%d", s->n);
     env[e++] = env_world[0];
     env[e++] = env_world[1];
-    env[e++] = "MASTER_ADDR=127.0.0.1";
-    int port = rk_env_free_port(); /* fresh for every launch: the last one's may linger */
+    /* the user's MASTER_ADDR and MASTER_PORT are kept (said in the first status line);
+     * 127.0.0.1 only for a launch on this host alone */
+    if (!getenv("MASTER_ADDR") && !sup_may_span_hosts(s->o))
+        env[e++] = "MASTER_ADDR=127.0.0.1";
+    int port = getenv("MASTER_PORT") ? -1 : rk_env_free_port(); /* fresh for every launch */
     if (port > 0) {
         snprintf(env_port, sizeof env_port, "MASTER_PORT=%d", port);
         env[e++] = env_port;
@@ -173,9 +183,14 @@ static int start_launch(sup *s, rk_err *err)
     if (!s->o->no_pythonpath) {
         char dir[4096];
         const char *old = getenv("PYTHONPATH");
-        if (rk_env_python_dir(dir, sizeof dir) &&
-            (size_t)snprintf(env_pypath, sizeof env_pypath, "PYTHONPATH=%s%s%s", dir,
-                             old && *old ? ":" : "", old ? old : "") < sizeof env_pypath)
+        char why[4200];
+        int got = rk_env_python_dir(dir, sizeof dir, why, sizeof why) != NULL;
+        if (!got && why[0] && !s->told_pypath) {
+            s->told_pypath = 1;
+            sup_say(s, "%s", why);
+        }
+        if (got && (size_t)snprintf(env_pypath, sizeof env_pypath, "PYTHONPATH=%s%s%s", dir,
+                                    old && *old ? ":" : "", old ? old : "") < sizeof env_pypath)
             env[e++] = env_pypath;
     }
     if (s->o->ckpt_dir) {
@@ -276,12 +291,35 @@ static void no_relaunch(sup *s, size_t at)
 
 /* ---- the job ------------------------------------------------------------------------------- */
 
-/* RK_STACK_DIR: --stack-dir (created if missing), else the directory of --events, else
- * "stacks" in the job's private directory (removed at the end with the socket's). Absolute,
- * as the ranks may change directory. */
+/* 0 if `dir` is safe to hold the job's private stack directory: a directory owned by the
+ * effective uid or root, and writable by group or others only with the sticky bit (/tmp);
+ * else why in why[cap]. */
+int rk_sup_dir_safe(const char *dir, char *why, size_t cap)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return snprintf(why, cap, "%s", strerror(errno)), -1;
+    if (!S_ISDIR(st.st_mode))
+        return snprintf(why, cap, "not a directory"), -1;
+    if (st.st_uid != geteuid() && st.st_uid != 0)
+        return snprintf(why, cap, "owned by uid %ld, not by this user (uid %ld) or root",
+                        (long)st.st_uid, (long)geteuid()),
+               -1;
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX))
+        return snprintf(why, cap, "writable by %s without the sticky bit",
+                        st.st_mode & S_IWOTH ? "others" : "its group"),
+               -1;
+    return 0;
+}
+
+/* RK_STACK_DIR: a private directory of this job (mkdtemp: 0700, a random name) inside
+ * --stack-dir (made and checked by cli/cmd_run.c), else inside the directory of --events
+ * when that one is safe (rk_sup_dir_safe), else "stacks" in the job's private directory
+ * (removed at the end with the socket's). Absolute, as the ranks may change directory. */
 static int open_stack_dir(sup *s, rk_err *err)
 {
-    char want[4096];
+    char want[4096], why[160];
+    s->stack_parent = 0;
     if (s->o->stack_dir)
         snprintf(want, sizeof want, "%s", s->o->stack_dir);
     else if (s->o->events_path) {
@@ -293,13 +331,48 @@ static int open_stack_dir(sup *s, rk_err *err)
             want[1] = '\0';
         else
             *slash = '\0';
+        if (rk_sup_dir_safe(want, why, sizeof why) != 0) {
+            sup_say(s, "stack dumps not in the --events directory %s (%s): in rk run's own", want,
+                    why);
+            snprintf(want, sizeof want, "%s", s->dir);
+        }
     } else
-        snprintf(want, sizeof want, "%s/stacks", s->dir);
-    if (mkdir(want, 0700) != 0 && errno != EEXIST)
-        return rk_err_set(err, RK_EIO, "--stack-dir %s: %s", want, strerror(errno));
-    if (!realpath(want, s->stack_dir))
-        return rk_err_set(err, RK_EIO, "--stack-dir %s: %s", want, strerror(errno));
+        snprintf(want, sizeof want, "%s", s->dir);
+    char real[4096];
+    if (!realpath(want, real))
+        return rk_err_set(err, RK_EIO, "stack directory %s: %s", want, strerror(errno));
+    if (strcmp(want, s->dir) == 0) {
+        if ((size_t)snprintf(s->stack_dir, sizeof s->stack_dir, "%.4000s/stacks", real) >=
+            sizeof s->stack_dir)
+            return rk_err_set(err, RK_EINVAL, "stack directory %s: path too long", real);
+    } else if ((size_t)snprintf(s->stack_dir, sizeof s->stack_dir, "%s/rk-stacks.%ld.XXXXXX", real,
+                                (long)getpid()) >= sizeof s->stack_dir)
+        return rk_err_set(err, RK_EINVAL, "stack directory %s: path too long", real);
+    else
+        s->stack_parent = 1; /* kept at the end if a rank wrote into it */
+    if (s->stack_parent ? !mkdtemp(s->stack_dir) : mkdir(s->stack_dir, 0700) != 0)
+        return rk_err_set(err, RK_EIO, "stack directory %s: %s", s->stack_dir, strerror(errno));
     return RK_OK;
+}
+
+/* At the end: the private stack directory without the empty dumps the ranks opened ahead
+ * (rekindle.stacks does), and removed if nothing else is left; kept with the dumps that hold
+ * stacks (the events name them). */
+static void tidy_stack_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        for (struct dirent *e; (e = readdir(d));) {
+            char path[4400];
+            struct stat st;
+            if (strncmp(e->d_name, "stacks-rank", 11) == 0 &&
+                (size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < sizeof path &&
+                lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0)
+                unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir); /* fails, and keeps it, while anything is left */
 }
 
 /* The devices of this launch, as "0,2,3", into list[cap]. */
@@ -456,10 +529,22 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
         rep->end = RK_SUP_END_TOO_FEW_DEVICES;
         goto out;
     }
-    char desc[1024];
-    sup_say(s, "launcher %s (%s): %s", rk_launcher_name(o->launcher),
+    char desc[1024], master[400];
+    const char *ma = getenv("MASTER_ADDR"), *mp = getenv("MASTER_PORT");
+    if (ma || mp)
+        snprintf(master, sizeof master, "; kept from the environment:%s%.150s%s%.20s",
+                 ma ? " MASTER_ADDR=" : "", ma ? ma : "", mp ? " MASTER_PORT=" : "", mp ? mp : "");
+    else
+        master[0] = '\0';
+    sup_say(s, "launcher %s (%s): %s; stack dumps in %s%s", rk_launcher_name(o->launcher),
             o->launcher_why ? o->launcher_why : "--launcher",
-            rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc));
+            rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc),
+            s->stack_dir, master);
+    if (!ma && sup_may_span_hosts(o))
+        sup_say(s,
+                "MASTER_ADDR not set: the ranks may run on other hosts (%s), and 127.0.0.1 "
+                "would be wrong there; set it for torch.distributed",
+                o->launcher == RK_LAUNCH_SRUN ? "srun" : "the launcher arguments name hosts");
     char devs[512];
     sup_say(s, "%d rank%s on device%s %s; heartbeat timeout %.0f s, quarantine after %d failure%s",
             s->n, s->n == 1 ? "" : "s", s->n == 1 ? "" : "s", device_list(s, devs, sizeof devs),
@@ -478,6 +563,8 @@ out:
         close(s->listen_fd);
     if (s->sock[0])
         unlink(s->sock);
+    if (s->stack_parent)
+        tidy_stack_dir(s->stack_dir);
     if (s->dir[0])
         nftw(s->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); /* with the launchers' files */
     rk_inject_free(s->spec);

@@ -4,7 +4,8 @@
  * its stacks, by the kernel's pid of its connection and only if that is a process of this
  * launch; up to 2 s for $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt to appear and stop
  * growing; what it wrote copied to rk run's stderr (bounded, a regular file opened with
- * O_NOFOLLOW, control characters removed, each line prefixed), its path kept for the event.
+ * O_NOFOLLOW, control characters removed, each line prefixed), its path kept for the event
+ * only when something was copied.
  */
 #include "supervisor/sup.h"
 
@@ -43,16 +44,17 @@ static off_t file_size(const char *path)
 }
 
 /* Copy bytes [from, from + STACKS_COPY_MAX) of d->path to stderr, one prefixed, cleaned
- * line at a time. */
-static void copy_dump(const sup *s, const dump *d)
+ * line at a time. 1 if something was copied; 0 if the file was refused (a link, not a regular
+ * file) or held nothing new. */
+static int copy_dump(const sup *s, const dump *d)
 {
     int fd = open(d->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (fd >= 0)
             close(fd);
-        sup_say(s, "rank %d: no stack dump in %s", d->rank, d->path);
-        return;
+        sup_say(s, "rank %d: no stack dump in %s (not a regular file)", d->rank, d->path);
+        return 0;
     }
     off_t from = st.st_size < d->from ? 0 : d->from; /* rewritten from the start */
     static char buf[STACKS_COPY_MAX + 1];
@@ -60,7 +62,7 @@ static void copy_dump(const sup *s, const dump *d)
     close(fd);
     if (n <= 0) {
         sup_say(s, "rank %d: its stack dump %s is empty", d->rank, d->path);
-        return;
+        return 0;
     }
     buf[n] = '\0';
     sup_say(s, "rank %d's stacks (%s):", d->rank, d->path);
@@ -81,6 +83,7 @@ static void copy_dump(const sup *s, const dump *d)
     if (st.st_size - from > STACKS_COPY_MAX)
         fprintf(stderr, "rk run:   rank %d | ... (%lld more bytes in %s)\n", d->rank,
                 (long long)(st.st_size - from - STACKS_COPY_MAX), d->path);
+    return 1;
 }
 
 static void nap_ms(long ms)
@@ -143,7 +146,8 @@ void sup_dump_stacks(sup *s, const int *stuck)
                     STACKS_WAIT_S);
             continue;
         }
-        copy_dump(s, &d[k]);
+        if (!copy_dump(s, &d[k]))
+            continue; /* the event names only dumps that were copied */
         char clean[sizeof d[k].path];
         rk_text_clean(clean, sizeof clean, d[k].path);
         int w =

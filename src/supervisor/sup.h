@@ -82,9 +82,11 @@ typedef struct sup {
     double strangers_t; /* start of the current 10 s window for messages about strangers */
     int strangers_said, strangers_hushed;
     int told_pidns;       /* said once why the job has no PID namespace */
+    int told_pypath;      /* said once that the Python package's directory was skipped */
     int told_loopback;    /* said once that Open MPI's listeners are not on loopback only */
     char jobdir[128];     /* the launcher's private temporary directory */
     char stack_dir[4096]; /* RK_STACK_DIR: where hung ranks write their stacks (stacks.c) */
+    int stack_parent;     /* stack_dir is a private one inside --stack-dir or --events' dir */
     char stacks[2048];    /* this launch's hang: the dumps copied, one path a line ("": none) */
     rk_gate *gate;        /* the health gate, NULL without --health */
     double last_gate;     /* when the gate last read the GPUs */

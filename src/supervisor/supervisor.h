@@ -144,8 +144,8 @@ int rk_proc_descends(pid_t pid, pid_t root);
  * getpid() returns), -1 if it is gone. */
 long rk_proc_nspid(pid_t pid);
 /* `auto`: mpirun when `launcher_args` are given or the worker's executable (argv[0], looked
- * up in PATH as execvp does) is an ELF file that needs libmpi.so* or librekindle.so*, else
- * local. Why, in why[cap] ("python3 is not an MPI program (/usr/bin/python3.11)"). Reads at
+ * up in PATH as execvp does) is an ELF file that needs libmpi.so*, libmpich* or librekindle.so*,
+ * else local. Why, in why[cap] ("python3 is not an MPI program (/usr/bin/python3.11)"). Reads at
  * most a few MiB of the file, a regular file only; anything it cannot read is not MPI. */
 rk_launcher rk_launch_pick(char *const *worker, int launcher_args, char *why, size_t cap);
 /* "mpirun", "srun", "local". */
@@ -154,14 +154,24 @@ const char *rk_launcher_name(rk_launcher kind);
 const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_args,
                                char *const *worker, char *buf, size_t cap);
 
+/* 1 if the launcher arguments name hosts (--host, -H, --hostfile, ...): the job may span
+ * nodes. */
+int rk_launch_names_hosts(char *const *launcher_args);
+/* 0 if `dir` may hold the job's private stack directory: a directory owned by the effective
+ * uid or root, writable by group or others only with the sticky bit; else -1, why in
+ * why[cap] (run.c). */
+int rk_sup_dir_safe(const char *dir, char *why, size_t cap);
+
 /* ---- env.c ------------------------------------------------------------------------------- */
 
 /* A TCP port free on 127.0.0.1 now (bound to port 0, read, closed), -1 if none. */
 int rk_env_free_port(void);
 /* The directory that holds the rekindle Python package (rekindle/__init__.py): the installed
- * <prefix>/share/rekindle/python beside this executable's <prefix>/bin, else the source
- * tree's python/; into buf[cap], NULL if neither holds it. */
-const char *rk_env_python_dir(char *buf, size_t cap);
+ * <prefix>/share/rekindle/python beside this executable's <prefix>/bin, else, only for an
+ * executable inside the build directory, the source tree's python/; into buf[cap], NULL if
+ * neither holds it. A directory (or its rekindle/) writable by group or others, or owned by
+ * another user than the effective one or root, is skipped: why in why[wcap] ("" if none). */
+const char *rk_env_python_dir(char *buf, size_t cap, char *why, size_t wcap);
 /* A rank's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (out[0..3]) from its launcher's
  * variables, read through `get` (getenv): Open MPI's OMPI_COMM_WORLD_*, else MPICH's PMI_RANK,
  * PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS, else Slurm's SLURM_PROCID, SLURM_NTASKS,
