@@ -300,7 +300,8 @@ class Bench:
         os.makedirs(ck)
         env = self.env(threads)
         work = [HOOKS, script, *p["steps"](steps), *p["threads"](threads),
-                *p["ckpt_every"](ckpt_every), *(p["guards_on"] if guards else p["guards_off"])]
+                *p["ckpt_every"](ckpt_every), *(p["guards_on"] if guards else p["guards_off"]),
+                *a.script_args.split()]
         if side in ("torchrun", "torchrun-fast", "plain"):
             cmd = ["/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", str(a.ranks),
                    "--standalone", "--max_restarts", str(a.max_restarts), *TORCHRUN_FIX]
@@ -426,6 +427,8 @@ def main():
                                                      "train_fashion_mnist.py"),
                     help="the ported DDP script (default: the example); plain_ddp.py beside "
                     "it, when there, is timed under torchrun too")
+    ap.add_argument("--script-args", default="",
+                    help="more arguments for the script on every side, e.g. '--batch 512'")
     ap.add_argument("--python", default=None,
                     help="default: tests/pyfind.sh torch xxhash numpy")
     ap.add_argument("--ranks", type=int, default=2)
@@ -477,7 +480,8 @@ def main():
     P(f"- date: {started:%Y-%m-%d %H:%M} UTC; load average at the start "
       f"{' '.join(open('/proc/loadavg').read().split()[:3])}")
     P(f"- script: `{os.path.relpath(b.script, SRC)}`, {a.ranks} ranks, gloo on CPU, "
-      f"checkpoint every {a.ckpt_every} steps; interpreter {a.python}")
+      f"checkpoint every {a.ckpt_every} steps; interpreter {a.python}"
+      + (f"; script arguments `{a.script_args}`" if a.script_args else ""))
     P(f"- torchrun: `torchrun --nnodes 1 --nproc_per_node {a.ranks} --standalone "
       f"--max_restarts {a.max_restarts} {' '.join(TORCHRUN_FIX)}"
       + f"` (its default --monitor_interval, 5 s; \"torchrun-fast\": the same with "
