@@ -8,7 +8,7 @@ BENCH_BUILD ?= build-bench
 PREFIX ?= /usr/local
 
 .PHONY: all deps deps-run deps-test build build-asan build-tsan fuzz-build test demo install fuzz \
-	bench clean format format-check
+	bench bench-pytorch clean format format-check
 
 all: build
 
@@ -72,6 +72,10 @@ bench: deps
 	@cmake -S . -B $(BENCH_BUILD) -DCMAKE_BUILD_TYPE=Release -DRK_BENCH=ON >/dev/null
 	@cmake --build $(BENCH_BUILD) -j $(JOBS)
 	bench/train_throughput $(BENCH_BUILD)
+
+# torchrun against rk run on examples/pytorch (bench/RESULTS.md, PyTorch); needs python3-torch
+bench-pytorch: build
+	bench/pytorch_vs_torchrun.py $(BUILD)
 
 # The C sources and headers that follow the repo's .clang-format: every file tracked by git
 # under these directories. `make format-check` fails, naming each file that differs (one

@@ -1,0 +1,599 @@
+#!/usr/bin/env python3
+"""torchrun --max_restarts against rk run on the same PyTorch DDP script, in one run.
+
+    bench/pytorch_vs_torchrun.py BUILD_DIR [--ranks 2] [--rounds 3] [--threads 1,2]
+                                 [--only crash,hang,overhead] [--script PATH] [--hb 5]
+
+The script (default examples/pytorch/train_fashion_mnist.py) runs on both sides through
+bench/pytorch_hooks.py, which sets the process group's timeout (--pg-timeout, 60 s; torch's
+default is 30 minutes) and prints a line per optimiser step of rank 0. Under torchrun the
+script checkpoints and resumes through RK_CKPT_DIR and RK_RESUME=1, as under rk run. Three
+measures, side by side, rounds alternating the order of the sides:
+
+- crash: rank 1 is SIGKILLed at step --fault-step; the time from the kill to the first step
+  line of the relaunched job (which resumes from its last checkpoint). torchrun is timed at
+  its default --monitor_interval (5 s) and at --fast-monitor (0.5 s, "torchrun-fast").
+- hang: rank 1 is SIGSTOPped at step --fault-step; the time until the first rank process of
+  the old job is gone (torchrun: the survivor's process-group timeout; rk run: its
+  --heartbeat-timeout, --hb, then its teardown), until all are gone, and until the first
+  resumed step.
+- overhead: uninterrupted runs, steps/s from step --warmup to the end, best of --rounds:
+  torchrun on the script with the guards off against rk run on it with the guards and the
+  replica hash every 10 steps, at each --threads value per rank; also rk run with the guards
+  off (supervision alone) and torchrun on plain_ddp.py (the script before its port).
+
+Rank processes are found by process tree (the descendants of torchrun, or of rk run and its
+keeper, read from /proc), their rank from their environment (RANK or OMPI_COMM_WORLD_RANK),
+and signalled by pid, never by a pid a worker printed. Everything started is killed at the
+end. Step times are when the harness read a step line from the job's stdout
+(PYTHONUNBUFFERED=1 on both sides), so both sides are timed the same way.
+
+torchrun in Debian 12 (python3-torch 1.13.1, Python 3.11) fails at start with its default
+--redirects 0 --tee 0 (Std.from_str returns None: Python 3.11 no longer iterates the
+zero-valued member of an IntFlag); the bench passes --redirects 9:0 --tee 9:0 (a mapping
+naming a local rank that does not exist, so every real rank gets Std.NONE). See
+bench/RESULTS.md.
+
+Prints a markdown section for bench/RESULTS.md and writes it to --out
+(bench/results/pytorch_vs_torchrun-latest.md). Exit status 0 when every run finished and
+resumed, 1 otherwise, 77 when torch or torchrun is missing.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.dirname(HERE)
+TORCHRUN_FIX = ["--redirects", "9:0", "--tee", "9:0"]
+STEP_RE = re.compile(rb"^bench-step (\d+) ")
+HOOKS = os.path.join(HERE, "pytorch_hooks.py")
+RESUMED_RE = re.compile(r"resumed from \S+ \(step (\d+)")
+
+
+# --- the scripts the bench knows how to drive --------------------------------------------
+
+
+def script_profile(path):
+    """How to drive a script: its arguments for steps, threads and checkpoints, and each
+    side's guard settings. Checkpoints under torchrun: RK_CKPT_DIR and RK_RESUME=1 in the
+    environment (what rk run gives its ranks), which rekindle.torch reads unsupervised too."""
+    name = os.path.basename(path)
+    prof = {
+        "steps": lambda n: ["--steps", str(n)],
+        "threads": lambda t: ["--threads", str(t)],
+        "ckpt_every": lambda every: ["--ckpt-every", str(every)],
+        "guards_off": [],
+        "guards_on": [],
+    }
+    if name == "train_fashion_mnist.py":
+        prof["guards_off"] = ["--guard", "off"]
+        prof["guards_on"] = ["--guard", "on", "--hash-every", "10"]
+    elif name == "plain_ddp.py":
+        prof["ckpt_every"] = lambda every: []
+    return prof
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def proc_table():
+    """{pid: (ppid, state)} for every process now, from /proc/PID/stat."""
+    t = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                st = f.read()
+        except OSError:
+            continue
+        rest = st.rsplit(b")", 1)[1].split()
+        t[int(d)] = (int(rest[1]), rest[0].decode())
+    return t
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def descendants(root, table):
+    kids = {}
+    for pid, (ppid, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, stack = [], list(kids.get(root, []))
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(kids.get(p, []))
+    return out
+
+
+def rank_of(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    except OSError:
+        return None
+    for k in (b"RANK", b"OMPI_COMM_WORLD_RANK"):
+        if k in env:
+            return int(env[k])
+    return None
+
+
+def rank_procs(root, script):
+    """{rank: pid} of the job's rank processes: the top-most descendants of root that run
+    `script` (bench/pytorch_hooks.py) in a Python interpreter (not torchrun itself, not rk's keeper, a fork of rk
+    run whose argv still names the script), not zombies."""
+    table = proc_table()
+    out = {}
+    kids = {}
+    for pid, (ppid, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    stack = list(kids.get(root, []))
+    while stack:
+        p = stack.pop()
+        state = table[p][1]
+        argv = cmdline(p)
+        is_rank = (argv and os.path.basename(argv[0]).startswith("python")
+                   and script in argv[1:4] and not any(a.endswith("torchrun") for a in argv[:2]))
+        if is_rank:
+            if state != "Z":
+                r = rank_of(p)
+                if r is not None:
+                    out[r] = p
+            continue
+        stack.extend(kids.get(p, []))
+    return out
+
+
+class Job:
+    """One launch of a side: its stdout read line by line (arrival times), its rank
+    processes sampled every 20 ms (first-seen and gone times per pid; not in overhead runs)."""
+
+    def __init__(self, argv, env, log, script, watch=0.02):
+        self.script = script
+        self.interval = watch
+        self.t0 = time.monotonic()
+        self.wall0 = time.time()
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=open(log, "wb"), stdin=subprocess.DEVNULL)
+        self.lines = []  # (t, step)
+        self.seen = {}  # pid -> (rank, t_first, t_gone or None)
+        self.all_pids = set()
+        self.lock = threading.Lock()
+        self.done = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.watcher = threading.Thread(target=self._watch, daemon=True)
+        if watch:
+            self.watcher.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            t = time.monotonic()
+            m = STEP_RE.search(line)
+            if m:
+                with self.lock:
+                    self.lines.append((t, int(m.group(1))))
+
+    def _watch(self):
+        while not self.done:
+            now = time.monotonic()
+            cur = rank_procs(self.proc.pid, self.script)
+            with self.lock:
+                for r, p in cur.items():
+                    if p not in self.seen:
+                        self.seen[p] = [r, now, None]
+                        self.all_pids.add(p)
+                for p, v in self.seen.items():
+                    if v[2] is None and p not in cur.values():
+                        v[2] = now
+            time.sleep(self.interval)
+
+    def last_step(self):
+        with self.lock:
+            return self.lines[-1][1] if self.lines else -1
+
+    def wait_step(self, step, timeout):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.last_step() >= step:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.005)
+        return False
+
+    def ranks_now(self):
+        return rank_procs(self.proc.pid, self.script)
+
+    def first_step_after(self, t):
+        with self.lock:
+            for lt, s in self.lines:
+                if lt > t:
+                    return lt, s
+        return None
+
+    def new_pids_after(self, old):
+        with self.lock:
+            return sorted(v[1] for p, v in self.seen.items() if p not in old)
+
+    def gone_times(self, pids):
+        with self.lock:
+            return sorted(self.seen[p][2] for p in pids if p in self.seen and self.seen[p][2])
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self):
+        """Kill the launcher and every descendant (by pid, from /proc), rank processes seen
+        during the run included."""
+        self.done = True
+        table = proc_table()
+        pids = set(descendants(self.proc.pid, table)) | {
+            p for p in self.all_pids if p in table}
+        for p in [self.proc.pid, *pids]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        if self.watcher.is_alive():
+            self.watcher.join()
+        self.reader.join(timeout=5)
+
+
+# --- sides ---------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, a):
+        self.a = a
+        self.rk = os.path.abspath(os.path.join(a.build, "rk"))
+        self.py = a.python
+        self.script = os.path.abspath(a.script)
+        self.prof = script_profile(self.script)
+        self.plain = os.path.join(os.path.dirname(self.script), "plain_ddp.py")
+        self.tmp = tempfile.mkdtemp(prefix="pytorch_vs_torchrun.", dir=a.tmpdir)
+        self.n = 0
+        help_text = subprocess.run([self.rk, "run", "--help"], capture_output=True,
+                                   text=True).stdout
+        after = help_text.split("--launcher NAME", 1)[-1][:200]
+        self.launcher = a.rk_launcher or ("local" if re.search(r"\blocal\b", after)
+                                          else "mpirun")
+
+    def env(self, threads):
+        e = dict(os.environ)
+        e["PYTHONUNBUFFERED"] = "1"
+        e["OMP_NUM_THREADS"] = str(threads)
+        e["RK_BENCH_PG_TIMEOUT"] = f"{self.a.pg_timeout:g}"
+        for k in ("RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_HEARTBEAT"):
+            e.pop(k, None)
+        return e
+
+    def start(self, side, steps, threads, guards, ckpt_every, watch=0.02):
+        """Starts one job: side "torchrun" or "rk" on the script, or "plain" (torchrun on
+        examples/pytorch/plain_ddp.py, the script before its port, no checkpoints)."""
+        a = self.a
+        script = self.plain if side == "plain" else self.script
+        p = script_profile(script)
+        self.n += 1
+        d = os.path.join(self.tmp, f"{self.n:03d}-{side}")
+        ck = os.path.join(d, "ck")
+        os.makedirs(ck)
+        env = self.env(threads)
+        work = [HOOKS, script, *p["steps"](steps), *p["threads"](threads),
+                *p["ckpt_every"](ckpt_every), *(p["guards_on"] if guards else p["guards_off"]),
+                *a.script_args.split()]
+        if side in ("torchrun", "torchrun-fast", "plain"):
+            cmd = ["/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", str(a.ranks),
+                   "--standalone", "--max_restarts", str(a.max_restarts), *TORCHRUN_FIX]
+            if side == "torchrun-fast":
+                cmd += ["--monitor_interval", f"{a.fast_monitor:g}"]
+            cmd += work
+            env["PYTHONPATH"] = os.path.join(SRC, "python") + (
+                ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            if side != "plain":
+                env["RK_CKPT_DIR"] = ck
+                env["RK_RESUME"] = "1"
+        else:
+            cmd = [self.rk, "run", "-n", str(a.ranks), "--quiet", "--heartbeat-timeout",
+                   f"{a.hb:g}", "--max-restarts", str(a.max_restarts), "--health", "off",
+                   "--ckpt-dir", ck, "--events", os.path.join(d, "events"),
+                   "--summary-json", os.path.join(d, "summary")]
+            if self.launcher != "mpirun":
+                cmd += ["--launcher", self.launcher]
+            cmd += ["--", self.py, *work]
+        with open(os.path.join(d, "cmd"), "w") as f:
+            f.write(" ".join(f"{k}={env[k]}" for k in ("RK_CKPT_DIR", "RK_RESUME", "PYTHONPATH")
+                             if k in env and k not in os.environ) + " " + " ".join(cmd) + "\n")
+        return Job(cmd, env, os.path.join(d, "log"), HOOKS, watch), d
+
+    def resumed_step(self, d):
+        """The step the last resume started from, from rekindle.torch's line in the log."""
+        try:
+            with open(os.path.join(d, "log"), errors="replace") as f:
+                found = RESUMED_RE.findall(f.read())
+        except OSError:
+            return None
+        return int(found[-1]) if found else None
+
+    def rk_events(self, d):
+        try:
+            with open(os.path.join(d, "events")) as f:
+                return [json.loads(x) for x in f if x.strip()]
+        except OSError:
+            return []
+
+    # --- the three measures ---
+
+    def fault(self, side, sig):
+        """A run where rank 1 gets `sig` at step --fault-step: returns a dict of times."""
+        a = self.a
+        job, d = self.start(side, a.fault_steps, 1, True, a.ckpt_every)
+        res = {"side": side, "ok": False}
+        try:
+            if not job.wait_step(a.fault_step, 180):
+                res["error"] = f"never reached step {a.fault_step}"
+                return res
+            ranks = job.ranks_now()
+            if 1 not in ranks:
+                res["error"] = f"no rank 1 among {ranks}"
+                return res
+            old = set(ranks.values())
+            at = job.last_step()
+            t = time.monotonic()
+            os.kill(ranks[1], sig)
+            limit = (a.pg_timeout + 120) if sig == signal.SIGSTOP else 120
+            end = t + limit
+            resumed = None
+            while time.monotonic() < end and job.proc.poll() is None:
+                new = job.new_pids_after(old)
+                if len(new) >= 1:
+                    r = job.first_step_after(new[0])
+                    if r:
+                        resumed = r
+                        break
+                time.sleep(0.01)
+            gone = job.gone_times(old)
+            res.update(step=at, first_gone=max(0.0, gone[0] - t) if gone else None,
+                       all_gone=max(0.0, gone[-1] - t) if len(gone) == len(old) else None)
+            if resumed:
+                new = job.new_pids_after(old)
+                res.update(relaunched=new[0] - t, resumed=resumed[0] - t)
+            rc = job.wait(300)
+            res["rc"] = rc
+            res["resumed_step"] = self.resumed_step(d)
+            res["ok"] = rc == 0 and resumed is not None
+            if side == "rk":
+                ev = self.rk_events(d)
+                kind = "hang" if sig == signal.SIGSTOP else "crash"
+                for e in ev:
+                    if e.get("kind") == kind:
+                        res["rk_recovery_s"] = e.get("recovery_s")
+                        res["rk_event_t"] = e.get("t") - (t - job.t0)
+                        break
+            return res
+        finally:
+            for p in list(job.all_pids):  # a stopped rank left behind: let SIGKILL reach it
+                try:
+                    os.kill(p, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            job.kill()
+            res["dir"] = d
+
+    def throughput(self, side, threads):
+        a = self.a
+        job, d = self.start(side, a.steps, threads, side == "rk", a.ckpt_every, watch=None)
+        try:
+            rc = job.wait(600)
+            with job.lock:
+                lines = list(job.lines)
+            warm = [x for x in lines if x[1] >= a.warmup]
+            if rc != 0 or len(warm) < 2:
+                return None, d
+            (t1, s1), (t2, s2) = warm[0], warm[-1]
+            return (s2 - s1) / (t2 - t1), d
+        finally:
+            job.kill()
+
+
+def fmt(x, nd=2):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description="torchrun against rk run on a PyTorch script")
+    ap.add_argument("build", help="the build directory holding rk")
+    ap.add_argument("--script", default=os.path.join(SRC, "examples", "pytorch",
+                                                     "train_fashion_mnist.py"),
+                    help="the ported DDP script (default: the example); plain_ddp.py beside "
+                    "it, when there, is timed under torchrun too")
+    ap.add_argument("--script-args", default="",
+                    help="more arguments for the script on every side, e.g. '--batch 512'")
+    ap.add_argument("--python", default=None,
+                    help="default: tests/pyfind.sh torch xxhash numpy")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fault-rounds", type=int, default=2)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=600, help="steps of an overhead run")
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--fault-step", type=int, default=60)
+    ap.add_argument("--fault-steps", type=int, default=150)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--hb", type=float, default=5, help="rk run --heartbeat-timeout")
+    ap.add_argument("--pg-timeout", type=float, default=60)
+    ap.add_argument("--max-restarts", type=int, default=3)
+    ap.add_argument("--fast-monitor", type=float, default=0.5,
+                    help="the crash runs also time torchrun with this --monitor_interval "
+                    "(its default is 5 s; 0: not)")
+    ap.add_argument("--rk-launcher", default=None,
+                    help="rk run --launcher (default: local when rk run has it, else mpirun)")
+    ap.add_argument("--only", default="crash,hang,overhead")
+    ap.add_argument("--tmpdir", default=None)
+    ap.add_argument("--out", default=os.path.join(HERE, "results",
+                                                  "pytorch_vs_torchrun-latest.md"))
+    a = ap.parse_args()
+    if not os.path.exists(a.script):
+        print(f"SKIP: {a.script} is not there", file=sys.stderr)
+        return 77
+    if a.python is None:
+        r = subprocess.run([os.path.join(SRC, "tests", "pyfind.sh"), "torch", "xxhash", "numpy"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stdout.strip(), file=sys.stderr)
+            return 77
+        a.python = r.stdout.strip()
+    if not shutil.which("/usr/bin/torchrun"):
+        print("SKIP: /usr/bin/torchrun not installed (python3-torch)", file=sys.stderr)
+        return 77
+    b = Bench(a)
+    only = set(a.only.split(","))
+    threads = [int(t) for t in a.threads.split(",")]
+    log = lambda m: print(f"pytorch_vs_torchrun: {m}", file=sys.stderr, flush=True)
+    out = []
+    P = out.append
+    started = datetime.datetime.utcnow()
+    cmdline = "bench/pytorch_vs_torchrun.py " + " ".join(sys.argv[1:])
+    P(f"## PyTorch: torchrun against rk run — {started:%Y-%m-%d}")
+    P("")
+    P(f"- command: `{cmdline}`")
+    P(f"- date: {started:%Y-%m-%d %H:%M} UTC; load average at the start "
+      f"{' '.join(open('/proc/loadavg').read().split()[:3])}")
+    P(f"- script: `{os.path.relpath(b.script, SRC)}`, {a.ranks} ranks, gloo on CPU, "
+      f"checkpoint every {a.ckpt_every} steps; interpreter {a.python}"
+      + (f"; script arguments `{a.script_args}`" if a.script_args else ""))
+    P(f"- torchrun: `torchrun --nnodes 1 --nproc_per_node {a.ranks} --standalone "
+      f"--max_restarts {a.max_restarts} {' '.join(TORCHRUN_FIX)}"
+      + f"` (its default --monitor_interval, 5 s; \"torchrun-fast\": the same with "
+      f"`--monitor_interval {a.fast_monitor:g}`), process-group timeout {a.pg_timeout:g} s "
+      f"(set by bench/pytorch_hooks.py; torch's default is 30 min)")
+    P(f"- rk run: `rk run -n {a.ranks} --heartbeat-timeout {a.hb:g} --max-restarts "
+      f"{a.max_restarts} --health off --ckpt-dir ...` with launcher {b.launcher}")
+    P("")
+    ok = True
+    for kind, sig in (("crash", signal.SIGKILL), ("hang", signal.SIGSTOP)):
+        if kind not in only:
+            continue
+        rows = []
+        sides = ["torchrun", "rk"] + (["torchrun-fast"] if kind == "crash" and a.fast_monitor
+                                      else [])
+        for r in range(a.fault_rounds):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
+                log(f"{kind} round {r + 1}: {side}")
+                res = b.fault(side, sig)
+                log(f"  {res}")
+                rows.append(res)
+                ok &= res["ok"]
+        what = ("SIGKILL of rank 1" if kind == "crash" else "SIGSTOP of rank 1")
+        P(f"### {kind}: {what} at step {a.fault_step}, seconds after the signal")
+        P("")
+        P("| round | side | first old rank gone | all old ranks gone | new ranks started | "
+          "first resumed step | resumed at step | rk's own figure | exit |")
+        P("|---|---|---|---|---|---|---|---|---|")
+        for i, res in enumerate(rows):
+            own = "-"
+            if res["side"] == "rk":
+                own = (f"recovery_s {fmt(res.get('rk_recovery_s'))}" if kind == "crash" else
+                       f"hang event at {fmt(res.get('rk_event_t'))}")
+            P(f"| {i // len(sides) + 1} | {res['side']} | {fmt(res.get('first_gone'))} | "
+              f"{fmt(res.get('all_gone'))} | {fmt(res.get('relaunched'))} | {fmt(res.get('resumed'))} | "
+              f"{res.get('resumed_step', '-')} | {own} | {res.get('rc')} |")
+        best = {}
+        for side in sides:
+            v = [x["resumed"] for x in rows if x["side"] == side and x.get("resumed")]
+            best[side] = min(v) if v else None
+        P("")
+        for side in sides:
+            if side != "rk" and best[side] and best["rk"]:
+                P(f"Best {kind}-to-resumed-step: {side} {best[side]:.2f} s, rk run "
+                  f"{best['rk']:.2f} s: **{best[side] / best['rk']:.1f}x** faster with rk run.")
+                P("")
+        P("")
+    if "overhead" in only:
+        sides = ["torchrun", "rk", "rk-noguard"] + (["plain"] if os.path.exists(b.plain)
+                                                     else [])
+        runs = {(s, t): [] for s in sides for t in threads}
+        for r in range(a.rounds):
+            order = [(s, t) for t in threads for s in sides]
+            if r % 2:
+                order.reverse()
+            for s, t in order:
+                log(f"overhead round {r + 1}: {s} @{t}")
+                v, d = b.throughput(s, t)
+                log(f"  {v}")
+                runs[(s, t)].append(v)
+                ok &= v is not None
+        P(f"### overhead: steps/s of an uninterrupted run ({a.steps} steps, steps "
+          f"{a.warmup} to {a.steps} timed), best of {a.rounds} alternating rounds")
+        P("")
+        P(f"torchrun: the script with `{' '.join(b.prof['guards_off'])}`; rk run: the script "
+          f"with `{' '.join(b.prof['guards_on'])}` (guards and the replica hash every 10 steps), "
+          f"supervised; both checkpoint every {a.ckpt_every} steps"
+          + f"; rk run, guards off: the script with `{' '.join(b.prof['guards_off'])}` under rk "
+          "run (supervision alone)"
+          + ("; plain: torchrun on `plain_ddp.py`, the script before its port (no "
+             "rekindle.torch, no checkpoints), for reference" if "plain" in sides else "") + ".")
+        P("")
+        P("| threads/rank | torchrun best | rk run best | rk run / torchrun | overhead | goal |"
+          " met? | rk run, guards off | its overhead |"
+          + (" plain best | rk run / plain |" if "plain" in sides else ""))
+        P("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if "plain" in sides else ""))
+
+        def best(side, t=None):
+            v = [x for tt in ([t] if t else threads) for x in runs[(side, tt)] if x]
+            return max(v) if v else None
+
+        for t in [*threads, None]:
+            bt, br = best("torchrun", t), best("rk", t)
+            label = t if t else "best vs best"
+            if not bt or not br:
+                P(f"| {label} | - | - | - | - | <= 2% | - | - | - |")
+                continue
+            ov = 1 - br / bt
+            row = (f"| {label} | {bt:.1f} | {br:.1f} | {br / bt:.3f} | {100 * ov:.1f}% | "
+                   f"<= 2% | {'yes' if ov <= 0.02 else 'no'} |")
+            bo = best("rk-noguard", t)
+            row += (f" {fmt(bo, 1)} | {fmt(100 * (1 - bo / bt) if bo else None, 1)}% |")
+            if "plain" in sides:
+                bp = best("plain", t)
+                row += f" {fmt(bp, 1)} | {fmt(br / bp if bp else None, 3)} |"
+            P(row)
+        P("")
+        P("Runs (steps/s, rounds in order):")
+        P("")
+        for (s, t), v in runs.items():
+            P(f"- {s}@{t}: " + ", ".join(fmt(x, 1) for x in v))
+        P("")
+    P(f"- load average at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
+    text = "\n".join(out) + "\n"
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        f.write(text)
+    print(text)
+    if not a.tmpdir:
+        shutil.rmtree(b.tmp, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
