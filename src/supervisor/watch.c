@@ -12,8 +12,17 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
+
+#include "base/clock.h"
 
 #define TICK_MS 100
+/* At most one round of reading every PACE_S: a busy job's ranks send a few lines a step each,
+ * and a round per line woke rk run hundreds of times a second (poll, recv, the keeper's pipe,
+ * waitpid: 5 system calls each), CPU its ranks lost on a machine they fill. Lines wait in the
+ * socket buffers meanwhile (a few kB) and are read together; what rk run sees is 10 ms late
+ * at most, against timeouts of seconds. */
+#define PACE_S 0.010
 
 void sup_fail(sup *s, const char *fmt, ...)
 {
@@ -222,9 +231,22 @@ static int on_interrupt(sup *s)
     return 1;
 }
 
+/* Sleeps out what is left of PACE_S since the last round began (a signal cuts it short). */
+static void pace(double *last)
+{
+    double wait = *last + PACE_S - rk_mono_s();
+    if (wait > 0 && wait <= PACE_S) {
+        struct timespec ts = {0, (long)(wait * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    *last = rk_mono_s();
+}
+
 rk_sup_next sup_watch(sup *s)
 {
+    double last = 0;
     for (;;) {
+        pace(&last);
         if (on_interrupt(s))
             return RK_SUP_INTERRUPTED;
         struct pollfd p[RK_SUP_MAX_CONNS + 1];
