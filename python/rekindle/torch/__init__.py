@@ -834,12 +834,13 @@ class Job:
         """A collective failed. Most often a peer died: rk run sees that and tears the job
         down within seconds, so a supervised rank waits a little before reporting a
         communication failure of its own (which would be counted against its device)."""
-        self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {str(exc)[:300]}")
+        self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: "
+                  f"{' '.join(str(exc).split())[:300]}")
         if self.w.supervised:
             deadline = time.monotonic() + _COMM_GRACE_S
             while time.monotonic() < deadline and self.w.alive():
                 time.sleep(0.1)
-        self.w.exit_event(self.step_no, "commfail", f"collective failed: {str(exc)[:200]}")
+        self.w.exit_event(self.step_no, "commfail", f"collective failed: {' '.join(str(exc).split())[:200]}")
         self._exit(EXIT_COMM)
 
     def _install_excepthook(self):
