@@ -120,8 +120,9 @@ def main():
     digest = params_hash(model.module)
     if rank == 0:
         dt, cpu = time.monotonic() - t0, time.process_time() - c0
-        print(f"train loop: {args.steps} steps in {dt:.3f} s ({args.steps / dt:.1f} steps/s, "
-              f"{cpu / args.steps * 1e3:.3f} ms CPU a step on rank 0)", flush=True)
+        ran = max(job.step_no - job.start_step, 1)  # this launch's steps: fewer after a resume
+        print(f"train loop: {ran} steps in {dt:.3f} s ({ran / dt:.1f} steps/s, "
+              f"{cpu / ran * 1e3:.3f} ms CPU a step on rank 0)", flush=True)
         print(f"final step {args.steps} params xxh64 {digest}", flush=True)
         if args.result:
             with open(args.result, "w") as f:

@@ -33,14 +33,17 @@ import traceback
 import numpy as np
 import torch
 import torch.distributed as dist
-import xxhash
 from torch.nn.parallel import DistributedDataParallel as _DDP
 
 import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
+from rekindle.torch._hook import _comm_hook
+from rekindle.torch._state import _blob, _item, _optim_tensors, _tensor, params_hash, state_hash
+from rekindle.torch.data import StepBatches, batch_indices
+from rekindle.torch.guards import grad_outliers, spike_zscore
 
-__all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore"]
+__all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore", "batch_indices", "StepBatches"]
 
 EXIT_FAIL = getattr(rekindle, "EXIT_FAIL", 1)
 EXIT_USAGE = getattr(rekindle, "EXIT_USAGE", 2)
@@ -49,12 +52,6 @@ EXIT_STOPPED = getattr(rekindle, "EXIT_STOPPED", 4)
 EXIT_GUARD = getattr(rekindle, "EXIT_GUARD", 5)
 EXIT_STORAGE = getattr(rekindle, "EXIT_STORAGE", 6)
 
-_DTYPES = {
-    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-_TORCH = {v: k for k, v in _DTYPES.items()}
 
 # Layout of the vector each step's gradient all-reduce carries (summed over ranks): the
 # scaled loss, the sample count, three command flags, one gradient-norm slot per rank, then
@@ -65,105 +62,65 @@ _SPIKE_WINDOW = 32
 _COMM_GRACE_S = 10.0  # a survivor of a peer's death waits this long for rk run's teardown
 
 
-def _raw(t):
-    """The bytes of a tensor, C order, little-endian (as the checkpoint stores them)."""
-    t = t.detach().cpu().contiguous().reshape(-1)
-    if t.numel() == 0:
-        return b""
-    return t.view(torch.uint8).numpy().tobytes()
-
-
-def _item(name, t):
-    return _ckpt.Item(name, _DTYPES[t.dtype], tuple(t.shape), _raw(t))
-
-
-def _tensor(item):
-    dtype = _TORCH.get(item.dtype)
-    if dtype is None:
-        raise ValueError(f"tensor '{item.name}': dtype {item.dtype} is not one torch reads here")
-    shape = tuple(item.shape)
-    if len(item.data) == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(item.data), dtype=dtype).reshape(shape).clone()
-
-
-def _blob(name, obj):
-    data = json.dumps(obj, separators=(",", ":")).encode()
-    return _ckpt.Item(name, "U8", (len(data),), data)
-
-
-def _hash_tensors(tensors):
-    """xxh64 of the tensors' bytes one after the other: in place on the CPU, one transfer from
-    a GPU."""
-    parts = [t.detach().reshape(-1).view(torch.uint8) for t in tensors if t.numel() > 0]
-    if any(t.device.type != "cpu" for t in parts):
-        parts = [torch.cat(parts).cpu()]
-    h = xxhash.xxh64()
-    for t in parts:
-        h.update(t.numpy())
-    return h.intdigest()
-
-
-def params_hash(module):
-    """xxh64 (hex) of every tensor of the module's state dict, in state_dict order."""
-    h = xxhash.xxh64()
-    for t in module.state_dict().values():
-        h.update(_raw(t))
-    return h.hexdigest()
-
-
-def _optim_tensors(opt):
-    out = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            for k in sorted(opt.state.get(p, {})):
-                v = opt.state[p][k]
-                if torch.is_tensor(v):
-                    out.append(v)
-    return out
-
-
-def state_hash(module, opt):
-    """xxh64 (int) of the parameters and buffers and the optimiser's state tensors."""
-    return _hash_tensors(list(module.state_dict().values()) + _optim_tensors(opt))
-
-
-def grad_outliers(norms, ratio):
-    """Ranks whose (finite) gradient norm is far off the others' (docs/guards.md): with 3 or
-    more ranks a norm above ratio x the median; with 2 the larger above ratio x the smaller."""
-    n = len(norms)
-    if n >= 3:
-        med = _median(norms)
-        return [r for r in range(n) if norms[r] > ratio * med]
-    if n == 2:
-        hi = 0 if norms[0] >= norms[1] else 1
-        return [hi] if norms[hi] > ratio * norms[1 - hi] else []
-    return []
-
-
-def spike_zscore(window, loss):
-    """Robust z-score of `loss` against the accepted losses in `window`: (loss - median) /
-    (1.4826 MAD), the MAD floored at 1% of the median; 0 when there is nothing to compare."""
-    if not window:
-        return 0.0
-    med = _median(window)
-    mad = max(_median([abs(x - med) for x in window]), 1e-2 * abs(med))
-    if not mad > 0:
-        return 0.0
-    return (loss - med) / (1.4826 * mad)
-
-
-def _median(v):
-    s = sorted(v)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 def _comm_error(exc):
     text = f"{type(exc).__name__}: {exc}"
     return isinstance(exc, (RuntimeError, ConnectionError)) and any(
         w in text for w in ("Gloo", "gloo", "NCCL", "Connection", "connection", "peer", "Broken pipe",
                             "timed out", "Timed out", "ProcessGroup", "closed", "reset"))
+
+
+def _device_error(exc):
+    """A RuntimeError that names the device (a CUDA error, an ECC error, NCCL): a device failure."""
+    text = f"{exc}"
+    return isinstance(exc, RuntimeError) and any(w in text for w in ("CUDA error", "ECC", "NCCL"))
+
+
+def _where(exc):
+    """ "ExcType: message (file:line)", the innermost frame of the traceback."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    at = f" ({os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg[:400]}{at}"
+
+
+_SCALER_JOB = []  # the Job that an enabled GradScaler's scale() refuses (one per process)
+
+
+def _refuse_grad_scaler(job):
+    """torch.cuda.amp.GradScaler skips optimiser steps of its own and keeps a scale that is
+    neither checkpointed nor rolled back: not supported yet. An enabled one is refused when
+    it first scales a loss (a disabled one, as on a CPU, changes nothing and passes)."""
+    _SCALER_JOB[:] = [job]
+    gs = getattr(getattr(torch.cuda, "amp", None), "GradScaler", None)
+    if gs is None or getattr(gs, "_rk_refused", False):
+        return
+    orig = gs.scale
+
+    def scale(self, outputs):
+        if self.is_enabled() and _SCALER_JOB:
+            _SCALER_JOB[0]._usage("torch.cuda.amp.GradScaler is not supported yet: train in fp32, or "
+                                  "with bf16 autocast and no scaler")
+        return orig(self, outputs)
+
+    gs.scale = scale
+    gs._rk_refused = True
+
+
+def _jsonable(obj):
+    """A scheduler's state dict as JSON can hold it (what it cannot, a function, becomes None)."""
+    return json.loads(json.dumps(obj, default=lambda o: None))
+
+
+def _like(saved, cur):
+    """`saved` (read back from JSON) with the containers of `cur`: tuples where it had tuples
+    (Adam's betas), its keys' order first."""
+    if isinstance(cur, dict) and isinstance(saved, dict):
+        out = {k: _like(saved[k], cur[k]) for k in cur if k in saved}
+        out.update((k, v) for k, v in saved.items() if k not in out)
+        return out
+    if isinstance(cur, (tuple, list)) and isinstance(saved, list) and len(cur) == len(saved):
+        return type(cur)(_like(a, b) for a, b in zip(saved, cur))
+    return saved
 
 
 def injected_hang_sleeping_forever(step):
@@ -177,12 +134,13 @@ class Job:
 
     def __init__(self, model, optimizer, *, global_batch, data_size=0, name="pytorch", ckpt_every=500,
                  hash_every=10, guard=True, spike_z=10.0, grad_ratio=1000.0, keep=3, ckpt_dir=None,
-                 resume=None, config=None, verbose=True):
+                 resume=None, config=None, verbose=True, scheduler=None):
         if global_batch < 1:
             raise ValueError("global_batch must be >= 1")
         self.model = model
         self.module = model.module if isinstance(model, _DDP) else model
         self.opt = optimizer
+        self.scheduler = scheduler  # stepped after each applied step, saved and rolled back with it
         self.global_batch = int(global_batch)
         self.data_size = int(data_size)
         self.name = name
@@ -232,11 +190,13 @@ class Job:
         self._local_ckpt = False
         self._step_rng = None
         self._in_steps = False
+        self._scaled = 0
         self._install_excepthook()
+        _refuse_grad_scaler(self)
         try:
             self.inj = _inject.from_env(self.rank, self.w.launch)
         except ValueError as e:
-            self._usage(f"RK_INJECT: {e}")
+            self._usage(str(e) if str(e).startswith("RK_INJECT") else f"RK_INJECT: {e}")
         self._armed = time.monotonic()
         if self.ckpt_dir and self.rank == 0:
             try:  # skipped under rk run for RK_CKPT_DIR, which rk run holds
@@ -286,6 +246,10 @@ class Job:
     def scale(self, loss, n):
         """The rank's loss (a mean over its n samples) scaled so that DDP's average of the
         ranks' gradients is the mean over the global batch: loss * world * n / global_batch."""
+        self._scaled += 1
+        if self._scaled > 1:
+            self._usage("job.scale was called twice in one step: gradient accumulation (several "
+                        "micro-batches a step) is not supported yet; give each step one batch")
         self._count = int(n)
         factor = self.world * self._count / self.global_batch
         out = loss * factor
@@ -294,6 +258,22 @@ class Job:
             out = out * float("nan")
         self._loss_t = out.detach()
         return out
+
+    def loader(self, dataset, seed=0, **kw):
+        """An iterator whose next() is this rank's share of the current step's global batch
+        (batch_indices of the step, through a DataLoader with its own generator: the global
+        RNG is never drawn from). One next() per step, in the loop body: a redo, a replay or a
+        resume gets the step's own samples. kw goes to DataLoader (collate_fn, pin_memory);
+        workers read ahead of the step and are refused."""
+        if kw.get("num_workers", 0):
+            raise ValueError("rekindle.torch: Job.loader: num_workers > 0 reads ahead of the step; not supported yet")
+        for k in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator"):
+            if k in kw:
+                raise ValueError(f"rekindle.torch: Job.loader: {k} is the Job's (the global batch, the step)")
+        if not self.data_size:
+            self.data_size = len(dataset)
+        sampler = StepBatches(self, len(dataset), seed)
+        return iter(torch.utils.data.DataLoader(dataset, batch_sampler=sampler, generator=torch.Generator(), **kw))
 
     def step(self):
         """Judges the step's numbers (the guards) and applies the optimiser step, or marks
@@ -308,6 +288,10 @@ class Job:
         loss = v[_V_LOSS] / self.world
         norms = v[_V_NORMS:_V_NORMS + self.world]
         self._flags = [v[_V_STOP], v[_V_CKPT], v[_V_LOST]]
+        self.global_samples = int(round(v[_V_COUNT]))
+        if self.global_samples != self.global_batch:
+            self._usage(f"ranks' samples sum to {self.global_samples}, global_batch is {self.global_batch}: "
+                        "split the global batch over the ranks (rekindle.torch.batch_indices)")
         if self._pending is not None:
             base = _V_NORMS + self.world
             hashes = [sum(int(v[base + 4 * q + i]) << (16 * i) for i in range(4)) for q in range(self.world)]
@@ -323,6 +307,8 @@ class Job:
                 self._redo()
             return False
         self.opt.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.step_no += 1
         self.loss = loss
         if math.isfinite(loss):
@@ -331,7 +317,6 @@ class Job:
         self._suspect = None
         self._spiked = None
         self._accepted = True
-        self.global_samples = int(round(v[_V_COUNT]))
         if not self._told_batch:
             self._told_batch = True
             if self.rank == 0:
@@ -423,6 +408,7 @@ class Job:
             self._stop_local = True
         self._local_ckpt = "checkpoint" in cmds
         self._hook_calls = 0
+        self._scaled = 0
         self._sumsq = None
         self._vec = None
         if self.inj is not None:
@@ -629,6 +615,7 @@ class Job:
                        for g in self.opt.param_groups],
             "rng": self._capture_rng(),
             "losses": list(self._losses),
+            "sched": copy.deepcopy(self.scheduler.state_dict()) if self.scheduler is not None else None,
         }
 
     def _restore(self, snap):
@@ -641,6 +628,8 @@ class Job:
             "param_groups": [dict(g, params=c["params"]) for g, c in zip(snap["groups"], cur)],
         })
         self._restore_rng(snap["rng"])
+        if snap.get("sched") is not None:
+            self.scheduler.load_state_dict(copy.deepcopy(snap["sched"]))
         self._rolled_back = True
         self._losses = list(snap["losses"])
         self.step_no = snap["step"]
@@ -695,8 +684,9 @@ class Job:
 
     def _items(self):
         items = [_item("model." + k, v) for k, v in self.module.state_dict().items()]
-        extra = {}
+        extra, order = {}, {}
         for pname, p in self._param_names():
+            order[pname] = list(self.opt.state.get(p, {}))
             for k in sorted(self.opt.state.get(p, {})):
                 v = self.opt.state[p][k]
                 if torch.is_tensor(v):
@@ -704,7 +694,9 @@ class Job:
                 else:
                     extra.setdefault(pname, {})[k] = v
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
-        items.append(_blob("optim.param_groups", {"groups": groups, "extra": extra}))
+        items.append(_blob("optim.param_groups", {"groups": groups, "extra": extra, "order": order}))
+        if self.scheduler is not None:
+            items.append(_blob("sched", _jsonable(self.scheduler.state_dict())))
         rng = self._capture_rng()
         items.append(_item("rng.torch", rng["torch"]))
         if "cuda" in rng:
@@ -781,11 +773,14 @@ class Job:
             s = {n[len(pre):]: _tensor(it) for n, it in items.items()
                  if n.startswith(pre) and "." not in n[len(pre):]}
             s.update(meta["extra"].get(pname, {}))
+            keys = meta.get("order", {}).get(pname)
+            if keys and sorted(keys) == sorted(s):  # the optimiser's own key order
+                s = {k: s[k] for k in keys}
             if s:
                 new_state[i] = s
         groups = []
         for g, saved in zip(osd["param_groups"], meta["groups"]):
-            groups.append(dict(saved, params=g["params"]))
+            groups.append(dict(_like(saved, {k: v for k, v in g.items() if k != "params"}), params=g["params"]))
         self.opt.load_state_dict({"state": new_state, "param_groups": groups})
         rng = {"torch": _tensor(items["rng.torch"])}
         if "rng.cuda" in items and self.device.type == "cuda":
@@ -795,6 +790,9 @@ class Job:
         r = json.loads(bytes(items["rng.random"].data).decode())
         rng["random"] = (r["version"], tuple(r["state"]), r["gauss"])
         self._restore_rng(rng)
+        if self.scheduler is not None and "sched" in items:
+            saved = json.loads(bytes(items["sched"].data).decode())
+            self.scheduler.load_state_dict(_like(saved, self.scheduler.state_dict()))
         if "guard.losses" in items:
             d = bytes(items["guard.losses"].data)
             self._losses = list(struct.unpack(f"<{len(d) // 8}d", d))
@@ -836,12 +834,13 @@ class Job:
         """A collective failed. Most often a peer died: rk run sees that and tears the job
         down within seconds, so a supervised rank waits a little before reporting a
         communication failure of its own (which would be counted against its device)."""
-        self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {str(exc)[:300]}")
+        self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: "
+                  f"{' '.join(str(exc).split())[:300]}")
         if self.w.supervised:
             deadline = time.monotonic() + _COMM_GRACE_S
             while time.monotonic() < deadline and self.w.alive():
                 time.sleep(0.1)
-        self.w.exit_event(self.step_no, "commfail", f"collective failed: {str(exc)[:200]}")
+        self.w.exit_event(self.step_no, "commfail", f"collective failed: {' '.join(str(exc).split())[:200]}")
         self._exit(EXIT_COMM)
 
     def _install_excepthook(self):
@@ -849,87 +848,14 @@ class Job:
 
         def hook(tp, exc, tb):
             if self._in_steps and exc is not None and _comm_error(exc):
-                traceback.print_exception(tp, exc, tb)
+                if os.environ.get("RK_TORCH_TRACEBACK") == "1":
+                    traceback.print_exception(tp, exc, tb)
                 self._comm_failed(exc)
             prev(tp, exc, tb)
+            if exc is not None and not _device_error(exc) and isinstance(exc, Exception):
+                # the script's own error: no device's fault (rk run counts it against none)
+                self.w.exit_event(self.step_no, "exception", _where(exc))
             self._exit(EXIT_FAIL)
 
         self._prev_hook, self._hook = prev, hook
         sys.excepthook = hook
-
-
-def _comm_hook(job, bucket):
-    """DDP communication hook: the `comm` heartbeat before the first bucket's all-reduce, the
-    gradflip fault, each rank's gradient norm before the all-reduce, and (with the last
-    bucket) the step's vector of loss, sample count, command flags and norms, so the guards
-    and the command agreement cost no collective of their own.
-
-    The bucket is reduced in a canonical layout (parameters in model order, whatever order
-    DDP put them in): DDP rebuilds its buckets after the first iteration in the order the
-    gradients became ready, and with 3 or more ranks the ring all-reduce's summation order
-    depends on where an element sits, so a resumed or replayed step would round differently
-    from the same step of an uninterrupted run."""
-    buf = bucket.buffer()
-    if job._hook_calls == 0:
-        job.w.comm(job.step_no)
-        if job._gradflip:
-            job._gradflip = False
-            job._flip_grad(buf)
-    job._hook_calls += 1
-    sq = torch.linalg.vector_norm(buf.detach(), dtype=torch.float64).square()
-    job._sumsq = sq if job._sumsq is None else job._sumsq + sq
-    buf.div_(job.world)
-    perm = _canonical(job, bucket, buf)
-    last = bucket.is_last()
-    same = buf.dtype in (torch.float32, torch.float64)
-    pieces = [buf if perm is None else buf.index_select(0, perm)]
-    if last and same:
-        pieces.append(job._vector(job._sumsq, buf.dtype, buf.device))
-    elif last:
-        vec = job._vector(job._sumsq, torch.float64, buf.device)
-        job._pg.allreduce([vec], job._ar_opts).wait()
-        job._vec = vec
-    n = pieces[0].numel()
-    flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-
-    def done(t):
-        if last and same:
-            job._vec = t[n:].clone()
-        if perm is None:
-            if t.data_ptr() != buf.data_ptr():
-                buf.copy_(t[:n])
-        else:
-            buf.index_copy_(0, perm, t[:n])
-        return buf
-
-    if last:
-        # the last bucket: nothing left to overlap with, and a Python callback on the
-        # future (a thread hop) costs more than the wait
-        job._pg.allreduce([flat], job._ar_opts).wait()
-        fut = torch.futures.Future()
-        fut.set_result(done(flat))
-        return fut
-    return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
-
-
-def _canonical(job, bucket, buf):
-    """The index that puts the bucket's elements in model order (None: already so); cached
-    per bucket layout."""
-    params = bucket.parameters()
-    key = (bucket.index(), tuple(id(p) for p in params))
-    if key in job._perms:
-        return job._perms[key]
-    views = bucket.gradients()
-    size = buf.element_size()
-    spans = []
-    for p, v in zip(params, views):
-        off = (v.data_ptr() - buf.data_ptr()) // size
-        spans.append((job._pindex.get(id(p), len(job._pindex)), off, v.numel()))
-    order = sorted(spans)
-    idx = torch.cat([torch.arange(off, off + k, dtype=torch.int64) for _, off, k in order]) if order else None
-    if idx is not None and idx.numel() == buf.numel() and torch.equal(idx, torch.arange(buf.numel())):
-        idx = None
-    if idx is not None:
-        idx = idx.to(buf.device)
-    job._perms[key] = idx
-    return idx

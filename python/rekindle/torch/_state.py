@@ -1,0 +1,78 @@
+"""rekindle.torch's tensors as checkpoint items, and the state hashes."""
+
+import json
+
+import torch
+import xxhash
+
+from rekindle import ckpt as _ckpt
+
+_DTYPES = {
+    torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+_TORCH = {v: k for k, v in _DTYPES.items()}
+
+
+def _raw(t):
+    """The bytes of a tensor, C order, little-endian (as the checkpoint stores them)."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.numel() == 0:
+        return b""
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def _item(name, t):
+    return _ckpt.Item(name, _DTYPES[t.dtype], tuple(t.shape), _raw(t))
+
+
+def _tensor(item):
+    dtype = _TORCH.get(item.dtype)
+    if dtype is None:
+        raise ValueError(f"tensor '{item.name}': dtype {item.dtype} is not one torch reads here")
+    shape = tuple(item.shape)
+    if len(item.data) == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(item.data), dtype=dtype).reshape(shape).clone()
+
+
+def _blob(name, obj):
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return _ckpt.Item(name, "U8", (len(data),), data)
+
+
+def _hash_tensors(tensors):
+    """xxh64 of the tensors' bytes one after the other: in place on the CPU, one transfer from
+    a GPU."""
+    parts = [t.detach().reshape(-1).view(torch.uint8) for t in tensors if t.numel() > 0]
+    if any(t.device.type != "cpu" for t in parts):
+        parts = [torch.cat(parts).cpu()]
+    h = xxhash.xxh64()
+    for t in parts:
+        h.update(t.numpy())
+    return h.intdigest()
+
+
+def params_hash(module):
+    """xxh64 (hex) of every tensor of the module's state dict, in state_dict order."""
+    h = xxhash.xxh64()
+    for t in module.state_dict().values():
+        h.update(_raw(t))
+    return h.hexdigest()
+
+
+def _optim_tensors(opt):
+    out = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for k in sorted(opt.state.get(p, {})):
+                v = opt.state[p][k]
+                if torch.is_tensor(v):
+                    out.append(v)
+    return out
+
+
+def state_hash(module, opt):
+    """xxh64 (int) of the parameters and buffers and the optimiser's state tensors."""
+    return _hash_tensors(list(module.state_dict().values()) + _optim_tensors(opt))
