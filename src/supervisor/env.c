@@ -92,7 +92,9 @@ const char *rk_env_python_dir(char *buf, size_t cap, char *why, size_t wcap)
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
     /* the source tree's package only for an rk run from its own build tree */
-    int in_build = RK_BINARY_DIR[0] && n > 0 && realpath(RK_BINARY_DIR, real) && inside(exe, real);
+    /* as arrays, not literals: clang refuses `&&` with a constant operand (-Werror) */
+    static const char bindir[] = RK_BINARY_DIR, srcdir[] = RK_PYTHON_SRCDIR;
+    int in_build = bindir[0] && n > 0 && realpath(bindir, real) && inside(exe, real);
     char *slash = strrchr(exe, '/');
     if (slash && slash != exe) {
         *slash = '\0'; /* <prefix>/bin */
@@ -103,8 +105,8 @@ const char *rk_env_python_dir(char *buf, size_t cap, char *why, size_t wcap)
             use_dir(buf, why, wcap))
             return buf;
     }
-    if (in_build && RK_PYTHON_SRCDIR[0] &&
-        (size_t)snprintf(buf, cap, "%s", RK_PYTHON_SRCDIR) < cap && use_dir(buf, why, wcap))
+    if (in_build && srcdir[0] && (size_t)snprintf(buf, cap, "%s", srcdir) < cap &&
+        use_dir(buf, why, wcap))
         return buf;
     return NULL;
 }
