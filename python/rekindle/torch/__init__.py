@@ -165,6 +165,7 @@ class Job:
         self.loss = None  # the global mean loss of the last applied step
         self._losses = []
         self._snap = None
+        self._fresh = False  # the snapshot is of the state now: no step attempt began since
         self._saved_step = -1
         self._flags = [0.0, 0.0, 0.0]  # agreed stop, checkpoint, lost (from the last step)
         self._stop_local = False
@@ -402,6 +403,7 @@ class Job:
             self._t0, self._t0_step = time.monotonic(), self.step_no
         self._accepted = False
         self._attempt = self.step_no
+        self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
         self._step_rng = self._capture_rng(cheap=True)
         cmds = self.w.poll()
         if "stop" in cmds:
@@ -432,7 +434,7 @@ class Job:
         save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
             stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
                                            and self.step_no > self.start_step))
-        verified = self._snap is not None and self._snap["step"] == self.step_no
+        verified = self._fresh and self._snap is not None and self._snap["step"] == self.step_no
         if self.guard and self.hash_every > 0 and not verified:
             if save or stop or final:  # only a verified state is saved or handed back
                 if not self._replica_check():
@@ -565,6 +567,7 @@ class Job:
         hashes = self._hashes()
         if all(h == hashes[0] for h in hashes):
             self._snap = self._snapshot()
+            self._fresh = True
             return True
         self._repair(hashes)
         return False
@@ -588,6 +591,7 @@ class Job:
         if any(h != again[0] for h in again):
             self._fail_guard("replica hashes still differ after the repair from the majority")
         self._snap = self._snapshot()
+        self._fresh = True
         names = ",".join(str(r) for r in minority)
         self._event("replica_mismatch", blame, "rollback", lost,
                     f"replica hash of rank(s) {names} differs; back to the verified state of step "
@@ -628,6 +632,7 @@ class Job:
             "param_groups": [dict(g, params=c["params"]) for g, c in zip(snap["groups"], cur)],
         })
         self._restore_rng(snap["rng"])
+        self._fresh = snap is self._snap
         if snap.get("sched") is not None:
             self.scheduler.load_state_dict(copy.deepcopy(snap["sched"]))
         self._rolled_back = True
