@@ -30,14 +30,15 @@ def data():
     return x, y
 
 
-def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, **kw):
+def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, bn=False, **kw):
     """Train a small MLP for `steps` under a Job; returns (job, events, params hash)."""
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
         torch.manual_seed(3)
         np.random.seed(3)
-        model = DDP(torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)))
+        norm = [torch.nn.BatchNorm1d(16)] if bn else []  # buffers the forward updates
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(12, 16), *norm, torch.nn.Tanh(), torch.nn.Linear(16, 2)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x, y = data()
         job = rkt.Job(model, opt, global_batch=BATCH, data_size=N, name="mlp", verbose=False, **kw)
@@ -127,6 +128,12 @@ class OneRank(unittest.TestCase):
         job, ev, got = train(30, env={"RK_INJECT": "nan@step=12"})
         self.assertEqual(ev, [(12, "nan", 0, "redo")])
         self.assertEqual(got, ref, "a redone NaN step leaves no trace")
+
+    def test_nan_redo_restores_buffers(self):
+        _, _, ref = train(30, bn=True)
+        _, ev, got = train(30, env={"RK_INJECT": "nan@step=12"}, bn=True)
+        self.assertEqual(ev, [(12, "nan", 0, "redo")])
+        self.assertEqual(got, ref, "BatchNorm's running statistics are those of one forward of step 12")
 
     def test_nan_without_guard_is_applied(self):
         _, ev, _ = train(14, env={"RK_INJECT": "nan@step=12"}, guard=False)

@@ -190,6 +190,8 @@ class Job:
         self.global_samples = 0
         self._local_ckpt = False
         self._step_rng = None
+        self._buffers = list(self.module.buffers())
+        self._step_bufs = []
         self._in_steps = False
         self._scaled = 0
         self._install_excepthook()
@@ -395,6 +397,10 @@ class Job:
 
     def _redo(self):
         self._restore_rng(self._step_rng)
+        if self._step_bufs:
+            with torch.no_grad():
+                for b, saved in zip(self._buffers, self._step_bufs):
+                    b.copy_(saved)
 
     # ----------------------------------------------------------------- step boundary
 
@@ -405,6 +411,9 @@ class Job:
         self._attempt = self.step_no
         self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
         self._step_rng = self._capture_rng(cheap=True)
+        # the forward updates buffers (BatchNorm's running statistics) before step() judges:
+        # a redo puts them back (they are small)
+        self._step_bufs = [b.detach().clone() for b in self._buffers]
         cmds = self.w.poll()
         if "stop" in cmds:
             self._stop_local = True
