@@ -126,6 +126,15 @@ class SmallRanks(unittest.TestCase):
                 and bytes(a.items[n].data) != bytes(b.items[n].data)]
         self.assertEqual(diff, [])
 
+    def test_resume_restores_each_ranks_rng(self):
+        # dropout seeded per rank: each rank gets its own torch RNG state back on resume
+        ref, _ = small(self, 40, env={"DROPOUT": "1"})
+        ck = rktest.tmpdir(self)
+        small(self, 25, env={"DROPOUT": "1", "RK_CKPT_DIR": ck})
+        got, log = small(self, 40, env={"DROPOUT": "1", "RK_CKPT_DIR": ck, "RK_RESUME": "1"})
+        self.assertIn("resumed from", log)
+        self.assertEqual(got, ref)
+
 
 @unittest.skipUnless(os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
                      f"SKIP: Fashion-MNIST not found in {DATA}")

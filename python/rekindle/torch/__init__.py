@@ -696,7 +696,7 @@ class Job:
                 out.append((names.get(id(p), f"param{len(out)}"), p))
         return out
 
-    def _items(self):
+    def _items(self, rngs):
         items = [_item("model." + k, v) for k, v in self.module.state_dict().items()]
         extra, order = {}, {}
         for pname, p in self._param_names():
@@ -711,15 +711,8 @@ class Job:
         items.append(_blob("optim.param_groups", {"groups": groups, "extra": extra, "order": order}))
         if self.scheduler is not None:
             items.append(_blob("sched", _jsonable(self.scheduler.state_dict())))
-        rng = self._capture_rng()
-        items.append(_item("rng.torch", rng["torch"]))
-        if "cuda" in rng:
-            items.append(_item("rng.cuda", rng["cuda"]))
-        kind, keys, pos, has_gauss, cached = rng["numpy"]
-        items.append(_blob("rng.numpy", {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
-                                         "has_gauss": int(has_gauss), "cached": float(cached)}))
-        version, state, gauss = rng["random"]
-        items.append(_blob("rng.random", {"version": version, "state": list(state), "gauss": gauss}))
+        for r, rng in enumerate(rngs):  # rank 0's as rng.*, the others' as rng.*.rank<R>
+            items += self._rng_items(rng, "" if r == 0 else f".rank{r}")
         for k, val in (("epoch", self.epoch), ("cursor", self.cursor), ("global_batch", self.global_batch),
                        ("size", self.data_size)):
             items.append(_ckpt.Item("data." + k, "I64", (), struct.pack("<q", val)))
@@ -727,8 +720,31 @@ class Job:
                                 struct.pack(f"<{len(self._losses)}d", *self._losses)))
         return items
 
+    @staticmethod
+    def _rng_items(rng, suffix):
+        items = [_item("rng.torch" + suffix, rng["torch"])]
+        if "cuda" in rng:
+            items.append(_item("rng.cuda" + suffix, rng["cuda"]))
+        kind, keys, pos, has_gauss, cached = rng["numpy"]
+        items.append(_blob("rng.numpy" + suffix, {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
+                                                  "has_gauss": int(has_gauss), "cached": float(cached)}))
+        version, state, gauss = rng["random"]
+        items.append(_blob("rng.random" + suffix, {"version": version, "state": list(state), "gauss": gauss}))
+        return items
+
+    def _rank_rngs(self):
+        """Every rank's RNG states, on rank 0 (one gather of a few KiB, at a checkpoint)."""
+        mine = self._capture_rng()
+        if not (self.distributed and self.world > 1):
+            return [mine]
+        mine = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in mine.items()}
+        out = [None] * self.world
+        self._collective(dist.all_gather_object, out, mine)
+        return out
+
     def _save(self):
         self._saved_step = self.step_no
+        rngs = self._rank_rngs()
         if self.rank != 0:
             return
         if not self.w.alive():
@@ -737,7 +753,7 @@ class Job:
         config = dict(self.extra_config, model=self.name, framework="pytorch", global_batch=self.global_batch)
         t = time.monotonic()
         try:
-            _ckpt.save(self.ckpt_dir, self.step_no, self._items(), epoch=self.epoch, cursor=self.cursor,
+            _ckpt.save(self.ckpt_dir, self.step_no, self._items(rngs), epoch=self.epoch, cursor=self.cursor,
                        world_size=self.world, config=json.dumps(config, sort_keys=True), keep=self.keep)
         except _ckpt.StorageError as e:
             self._storage(f"{self.ckpt_dir}: cannot save the checkpoint of step {self.step_no}: {e}")
@@ -796,12 +812,17 @@ class Job:
         for g, saved in zip(osd["param_groups"], meta["groups"]):
             groups.append(dict(_like(saved, {k: v for k, v in g.items() if k != "params"}), params=g["params"]))
         self.opt.load_state_dict({"state": new_state, "param_groups": groups})
-        rng = {"torch": _tensor(items["rng.torch"])}
-        if "rng.cuda" in items and self.device.type == "cuda":
-            rng["cuda"] = _tensor(items["rng.cuda"])
-        n = json.loads(bytes(items["rng.numpy"].data).decode())
+        # this rank's own RNG states when the world size is the checkpoint's; on another world
+        # size (or from a checkpoint without them) rank 0's on every rank
+        suffix = f".rank{self.rank}" if self.rank > 0 and ck.world_size == self.world else ""
+        if "rng.torch" + suffix not in items:
+            suffix = ""
+        rng = {"torch": _tensor(items["rng.torch" + suffix])}
+        if "rng.cuda" + suffix in items and self.device.type == "cuda":
+            rng["cuda"] = _tensor(items["rng.cuda" + suffix])
+        n = json.loads(bytes(items["rng.numpy" + suffix].data).decode())
         rng["numpy"] = (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"])
-        r = json.loads(bytes(items["rng.random"].data).decode())
+        r = json.loads(bytes(items["rng.random" + suffix].data).decode())
         rng["random"] = (r["version"], tuple(r["state"]), r["gauss"])
         self._restore_rng(rng)
         if self.scheduler is not None and "sched" in items:
