@@ -189,5 +189,54 @@ class Storage(unittest.TestCase):
         self.assertIn("no space left", p.stderr)
 
 
+MISMATCH = r"""
+import os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import rekindle.torch as rkt
+store, ck, name, size, batch, groups = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)))
+ps = list(model.parameters())
+opt = torch.optim.SGD([{"params": ps[:2]}, {"params": ps[2:]}] if groups == 2 else ps, lr=0.1)
+import rekindle
+rekindle.Worker.exit_event = lambda self, step, kind, detail="", blame=-1: print("EXIT_EVENT", step, kind, detail, flush=True)
+job = rkt.Job(model, opt, global_batch=batch, data_size=size, name=name, ckpt_dir=ck, resume=True, verbose=True)
+for step in job.steps(2):
+    opt.zero_grad()
+    job.scale(model(torch.ones(batch, 3)).pow(2).mean(), batch).backward()
+    job.step()
+print("done", job.start_step, flush=True)
+"""
+
+
+class Resume(unittest.TestCase):
+    def test_another_runs_checkpoint_is_exit_2(self):
+        d = rktest.tmpdir(self)
+        env = rktest.env_with_pythonpath()
+        for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_STACK_DIR"):
+            env.pop(k, None)
+
+        def run(i, name="mlp", size=64, batch=4, groups=1):
+            return subprocess.run([sys.executable, "-c", MISMATCH, os.path.join(d, f"store{i}"), os.path.join(d, "ck"),
+                                   name, str(size), str(batch), str(groups)],
+                                  env=env, capture_output=True, text=True, timeout=60)
+
+        p = run(0)
+        self.assertEqual((p.returncode, p.stdout), (0, "done 0\n"), p.stderr[-2000:])
+        p = run(1)  # the same run resumes (2 steps done already)
+        self.assertEqual((p.returncode, p.stdout), (0, "done 2\n"), p.stderr[-2000:])
+        for i, (kw, what) in enumerate([({"name": "other"}, "config 'model'"),
+                                        ({"batch": 8}, "config 'global_batch'"),
+                                        ({"size": 128}, "data size 64, this run's is 128"),
+                                        ({"groups": 2}, "1 parameter groups, this run's optimiser has 2")]):
+            p = run(2 + i, **kw)
+            self.assertEqual(p.returncode, 2, (kw, p.stdout, p.stderr[-2000:]))
+            self.assertIn("EXIT_EVENT 0 usage cannot resume from another run's checkpoint", p.stdout)
+            self.assertIn(what, p.stdout)
+            self.assertNotIn("done", p.stdout)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -39,7 +39,7 @@ import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
 from rekindle.torch._hook import _comm_hook
-from rekindle.torch._state import _blob, _item, _optim_tensors, _tensor, params_hash, state_hash
+from rekindle.torch._state import _DTYPES, _blob, _item, _optim_tensors, _tensor, params_hash, state_hash
 from rekindle.torch.data import StepBatches, batch_indices
 from rekindle.torch.guards import grad_outliers, spike_zscore
 
@@ -761,8 +761,31 @@ class Job:
             self._fail_guard(f"checkpoint of step {self.step_no} refused: {e}")
         self.w.ckpt(self.step_no, time.monotonic() - t)
 
+    def _mismatch(self, ck):
+        """What makes checkpoint `ck` another run's (None: none): the config's model, framework
+        and global batch, the state dict's tensors, the data size, the parameter groups."""
+        expect = {"config": {"model": self.name, "framework": "pytorch", "global_batch": self.global_batch},
+                  "items": {"model." + k: (_DTYPES.get(v.dtype, str(v.dtype)), tuple(v.shape))
+                            for k, v in self.module.state_dict().items()}}
+        try:
+            _ckpt.check(ck, expect)
+        except _ckpt.CheckpointError as e:
+            return str(e)
+        it = ck.items.get("data.size")
+        if it is not None and self.data_size:
+            size = struct.unpack("<q", bytes(it.data))[0]
+            if size and size != self.data_size:
+                return f"{ck.path}: data size {size}, this run's is {self.data_size}"
+        it = ck.items.get("optim.param_groups")
+        if it is not None:
+            n = len(json.loads(bytes(it.data).decode()).get("groups", []))
+            if n != len(self.opt.param_groups):
+                return f"{ck.path}: {n} parameter groups, this run's optimiser has {len(self.opt.param_groups)}"
+        return None
+
     def _resume(self):
         path = None
+        bad = None
         if self.rank == 0:
             try:
                 ck, skipped = _ckpt.load_latest(self.ckpt_dir)
@@ -774,11 +797,16 @@ class Job:
                 self._say(f"resume skipped {s}")
             if ck is not None:
                 path = ck.path
+                bad = self._mismatch(ck)
         if self.distributed and self.world > 1:
-            box = [path]
+            box = [path, bad]
             self._collective(dist.broadcast_object_list, box, 0)
-            path = box[0]
+            path, bad = box
+            if bad is not None:
+                ck = None
             ck = _ckpt.load(path) if path and self.rank != 0 else (ck if self.rank == 0 else None)
+        if bad is not None:  # training from scratch over another run's checkpoints is no resume
+            self._usage(f"cannot resume from another run's checkpoint: {bad}")
         if path is None:
             return
         try:
