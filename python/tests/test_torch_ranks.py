@@ -51,7 +51,9 @@ def launch(test, n, steps, env=None, extra=()):
 
 
 # A small 2-rank job (gloo, a file store): argv rank, steps, store, result file. CKPT_AT: a
-# `checkpoint` command arrives at that step; DROPOUT=1: a dropout layer, torch seeded per rank.
+# `checkpoint` command arrives at that step; DROPOUT=1: a dropout layer, torch seeded per rank;
+# BN=1: a BatchNorm layer; PLAIN=1: no DDP (guards off); COMMLOG=1: prints "COMM <step>" at
+# each comm heartbeat and "FWD <step>" as the module's forward begins.
 SMALL = r"""
 import os, sys
 import numpy as np, torch, torch.distributed as dist
@@ -64,11 +66,17 @@ N, B = 256, 32
 g = torch.Generator().manual_seed(7); X = torch.randn(N, 12, generator=g); Y = (X[:, 0] > 0).long()
 torch.manual_seed(3)
 drop = [torch.nn.Dropout(0.3)] if os.environ.get("DROPOUT") else []
-model = DDP(torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), *drop, torch.nn.Linear(16, 2)))
+bn = [torch.nn.BatchNorm1d(16)] if os.environ.get("BN") else []
+inner = torch.nn.Sequential(torch.nn.Linear(12, 16), *bn, torch.nn.Tanh(), *drop, torch.nn.Linear(16, 2))
+model = inner if os.environ.get("PLAIN") else DDP(inner)
 if drop:
     torch.manual_seed(100 + rank)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-job = rkt.Job(model, opt, global_batch=B, data_size=N, verbose=True, ckpt_every=int(os.environ.get("CKE", "0")))
+job = rkt.Job(model, opt, global_batch=B, data_size=N, verbose=True, ckpt_every=int(os.environ.get("CKE", "0")),
+              guard=not os.environ.get("PLAIN"))
+if os.environ.get("COMMLOG"):
+    job.w.comm = lambda step: print("COMM", step, file=sys.stderr, flush=True)
+    inner.register_forward_pre_hook(lambda m, i: print("FWD", job.step_no, file=sys.stderr, flush=True))
 at, asked = int(os.environ.get("CKPT_AT", "-1")), []
 poll = job.w.poll
 def ask():
@@ -84,7 +92,7 @@ for step in job.steps(steps):
     loss = job.scale(torch.nn.functional.cross_entropy(model(X[idx]), Y[idx]), len(idx))
     loss.backward(); job.step()
 if rank == 0:
-    open(out, "w").write(rkt.params_hash(model.module))
+    open(out, "w").write(rkt.params_hash(inner))
 dist.destroy_process_group()
 """
 
@@ -134,6 +142,20 @@ class SmallRanks(unittest.TestCase):
         got, log = small(self, 40, env={"DROPOUT": "1", "RK_CKPT_DIR": ck, "RK_RESUME": "1"})
         self.assertIn("resumed from", log)
         self.assertEqual(got, ref)
+
+    def test_comm_before_every_collective(self):
+        def marks(log):
+            return [ln for ln in log.splitlines() if ln.startswith(("COMM", "FWD"))]
+
+        # not DDP: the vector's own all-reduce, after the forward
+        _, log = small(self, 5, env={"PLAIN": "1", "COMMLOG": "1"})
+        self.assertEqual(marks(log), [x for s in range(5) for x in (f"FWD {s}", f"COMM {s}")])
+        # DDP with buffers: the forward begins with their broadcast
+        _, log = small(self, 5, env={"BN": "1", "COMMLOG": "1"})
+        self.assertEqual(marks(log), [x for s in range(5) for x in (f"COMM {s}", f"FWD {s}")])
+        # the ranks' own batch statistics in the buffers are no replica mismatch (rank 0's are
+        # broadcast at each forward): the run ends, with no rollback
+        self.assertNotIn("replica_mismatch", log)
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")),

@@ -171,6 +171,7 @@ class Job:
         self._stop_local = False
         self._lock = None
         self._hook_calls = 0
+        self._comm_sent = False
         self._sumsq = None
         self._vec = None
         self._loss_t = None
@@ -208,6 +209,7 @@ class Job:
                 self._storage(str(e))
             except _ckpt.CheckpointError as e:  # another job holds it
                 self._usage(str(e))
+        self._hash_buffers = True
         self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
         self._perms = {}
         self._pending = None
@@ -217,6 +219,12 @@ class Job:
             self._pg = getattr(model, "process_group", None) or dist.distributed_c10d._get_default_group()
             self._ar_opts = dist.AllreduceOptions()
             model.register_comm_hook(self, _comm_hook)
+            if self.world > 1 and getattr(model, "will_sync_module_buffers", lambda: False)():
+                # the forward starts with a collective of its own (the buffers' broadcast)
+                model.register_forward_pre_hook(lambda mod, inputs: self._comm())
+                # each rank's forward leaves its own batch's statistics in the buffers; the
+                # next forward overwrites them with rank 0's: they are no replica's state
+                self._hash_buffers = False
         if self.resume and self.ckpt_dir:
             self._resume()
         self.w.hello(self.step_no)
@@ -419,6 +427,7 @@ class Job:
             self._stop_local = True
         self._local_ckpt = "checkpoint" in cmds
         self._hook_calls = 0
+        self._comm_sent = False
         self._scaled = 0
         self._sumsq = None
         self._vec = None
@@ -452,7 +461,7 @@ class Job:
                 # the hash rides in this step's all-reduce; step() compares them
                 if self._pending is None or self._pending["step"] != self.step_no:
                     self._pending = self._snapshot()
-                    self._pending["hash"] = state_hash(self.module, self.opt)
+                    self._pending["hash"] = state_hash(self.module, self.opt, self._hash_buffers)
         if save:
             self._save()
         if stop:
@@ -542,12 +551,19 @@ class Job:
                 sq = sq + g.detach().to(torch.float64).pow(2).sum()
             v = self._vector(sq, torch.float64, self.device)
             if self.distributed and self.world > 1:
+                self._comm()
                 self._collective(dist.all_reduce, v)
             self._vec = v
         out = self._vec.to(torch.float64).cpu().tolist()
         self._vec = None
         self._sumsq = None
         return out
+
+    def _comm(self):
+        """The `comm` heartbeat, once a step attempt, before its first collective."""
+        if not self._comm_sent and self._attempt is not None:
+            self._comm_sent = True
+            self.w.comm(self.step_no)
 
     def _collective(self, fn, *a, **kw):
         try:
@@ -562,7 +578,7 @@ class Job:
     # ----------------------------------------------------------------- replica hashes
 
     def _hashes(self):
-        h = state_hash(self.module, self.opt)
+        h = state_hash(self.module, self.opt, self._hash_buffers)
         mine = torch.tensor([h - (1 << 64) if h >= 1 << 63 else h], dtype=torch.int64, device=self.device)
         if not (self.distributed and self.world > 1):
             return [int(mine)]

@@ -16,7 +16,7 @@ def _comm_hook(job, bucket):
     from the same step of an uninterrupted run."""
     buf = bucket.buffer()
     if job._hook_calls == 0:
-        job.w.comm(job.step_no)
+        job._comm()
         if job._gradflip:
             job._gradflip = False
             job._flip_grad(buf)
