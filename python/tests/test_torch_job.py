@@ -30,7 +30,23 @@ def data():
     return x, y
 
 
-def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, bn=False, **kw):
+class _SumFault:
+    """A process group whose all-reduce result gets an infinity at step `at` (once): a sum
+    that is not finite where the rank's own gradient was."""
+
+    def __init__(self, job, at):
+        self.pg, self.job, self.at = job._pg, job, at
+
+    def allreduce(self, tensors, opts):
+        work = self.pg.allreduce(tensors, opts)
+        if self.job.step_no == self.at:
+            self.at = None
+            work.wait()
+            tensors[0][0] = float("inf")
+        return work
+
+
+def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, bn=False, sumfault_at=None, **kw):
     """Train a small MLP for `steps` under a Job; returns (job, events, params hash)."""
     old = dict(os.environ)
     os.environ.update(env or {})
@@ -44,6 +60,8 @@ def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, bn=False, **
         job = rkt.Job(model, opt, global_batch=BATCH, data_size=N, name="mlp", verbose=False, **kw)
         events = []
         job.w.event = lambda step, kind, **k: events.append((step, kind, k.get("blame"), k.get("action")))
+        if sumfault_at is not None:
+            job._pg = _SumFault(job, sumfault_at)
         for step in job.steps(steps):
             per = N // BATCH
             idx = torch.from_numpy(np.random.default_rng([1, step // per]).permutation(N)[
@@ -134,6 +152,12 @@ class OneRank(unittest.TestCase):
         _, ev, got = train(30, env={"RK_INJECT": "nan@step=12"}, bn=True)
         self.assertEqual(ev, [(12, "nan", 0, "redo")])
         self.assertEqual(got, ref, "BatchNorm's running statistics are those of one forward of step 12")
+
+    def test_non_finite_sum_is_redone(self):
+        _, _, ref = train(30)
+        _, ev, got = train(30, sumfault_at=12)
+        self.assertEqual(ev, [(12, "nan", -1, "redo")])
+        self.assertEqual(got, ref, "a sum that is not finite is not applied")
 
     def test_nan_without_guard_is_applied(self):
         _, ev, _ = train(14, env={"RK_INJECT": "nan@step=12"}, guard=False)

@@ -172,6 +172,7 @@ class Job:
         self._lock = None
         self._hook_calls = 0
         self._comm_sent = False
+        self._redsums = []  # the reduced buckets' float64 sums (the hook's)
         self._sumsq = None
         self._vec = None
         self._loss_t = None
@@ -313,7 +314,7 @@ class Job:
                 self._repair(hashes, pending)
                 return False
         self._rolled_back = False
-        if self.guard and not self._judge(loss, norms):
+        if self.guard and not self._judge(loss, norms, self._reduced_finite()):
             if not self._rolled_back:  # a rollback set the snapshot's RNG states already
                 self._redo()
             return False
@@ -339,8 +340,18 @@ class Job:
 
     # ----------------------------------------------------------------- guards
 
-    def _judge(self, loss, norms):
+    def _reduced_finite(self):
+        """Whether the all-reduced gradients are finite (their float64 sums, taken per bucket
+        by the hook): a sum can be non-finite where every rank's own gradient was finite."""
+        sums, self._redsums = self._redsums, []
+        return not sums or math.isfinite(float(torch.stack(sums).sum()))
+
+    def _judge(self, loss, norms, reduced=True):
         bad = [r for r, x in enumerate(norms) if not math.isfinite(x)]
+        if not bad and math.isfinite(loss) and not reduced:
+            self._event("nan", -1, "redo", 0, "non-finite sum of the ranks' gradients (each rank's own "
+                        "is finite); step redone")
+            return self._trip()
         if bad or not math.isfinite(loss):
             blame = bad[0] if bad else -1
             what = "gradient" if bad else "loss"
@@ -428,6 +439,7 @@ class Job:
         self._local_ckpt = "checkpoint" in cmds
         self._hook_calls = 0
         self._comm_sent = False
+        self._redsums = []
         self._scaled = 0
         self._sumsq = None
         self._vec = None
