@@ -128,6 +128,8 @@ class SmallRanks(unittest.TestCase):
         _, log = small(self, 22, env={"RK_CKPT_DIR": faulted, "CKPT_AT": "20",
                                       "RK_INJECT": "bitflip@step=20:rank=0,nan@step=20"})
         self.assertIn("nan (blame 0, redo)", log)
+        self.assertIn("replica_mismatch (blame -1, rollback): replica hashes of ranks 0 and 1 differ "
+                      "(no majority: rank 0's copy kept)", log)
         a = ckpt.load(os.path.join(clean, ckpt.file_name(20)))
         b = ckpt.load(os.path.join(faulted, ckpt.file_name(20)))
         diff = [n for n in a.items if n.startswith(("model.", "optim."))

@@ -629,10 +629,15 @@ class Job:
             self._fail_guard("replica hashes still differ after the repair from the majority")
         self._snap = self._snapshot()
         self._fresh = True
-        names = ",".join(str(r) for r in minority)
+        if len(hashes) == 2:  # which one is wrong cannot be told
+            what = "replica hashes of ranks 0 and 1 differ (no majority: rank 0's copy kept)"
+        elif not strict:
+            what = f"replica hashes differ with no majority (rank {root}'s copy kept)"
+        else:
+            what = f"replica hash of rank(s) {','.join(str(r) for r in minority)} differs"
         self._event("replica_mismatch", blame, "rollback", lost,
-                    f"replica hash of rank(s) {names} differs; back to the verified state of step "
-                    f"{self.step_no}, rank {root}'s copy broadcast, {lost} steps replayed", step=at)
+                    f"{what}; back to the verified state of step {self.step_no}, rank {root}'s copy "
+                    f"broadcast, {lost} steps replayed", step=at)
 
     def _broadcast_state(self, root):
         if not (self.distributed and self.world > 1):
