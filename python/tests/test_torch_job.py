@@ -30,19 +30,38 @@ def data():
     return x, y
 
 
-def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, **kw):
+class _SumFault:
+    """A process group whose all-reduce result gets an infinity at step `at` (once): a sum
+    that is not finite where the rank's own gradient was."""
+
+    def __init__(self, job, at):
+        self.pg, self.job, self.at = job._pg, job, at
+
+    def allreduce(self, tensors, opts):
+        work = self.pg.allreduce(tensors, opts)
+        if self.job.step_no == self.at:
+            self.at = None
+            work.wait()
+            tensors[0][0] = float("inf")
+        return work
+
+
+def train(steps, env=None, spike_at=None, nan_at=None, nan_times=0, bn=False, sumfault_at=None, **kw):
     """Train a small MLP for `steps` under a Job; returns (job, events, params hash)."""
     old = dict(os.environ)
     os.environ.update(env or {})
     try:
         torch.manual_seed(3)
         np.random.seed(3)
-        model = DDP(torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)))
+        norm = [torch.nn.BatchNorm1d(16)] if bn else []  # buffers the forward updates
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(12, 16), *norm, torch.nn.Tanh(), torch.nn.Linear(16, 2)))
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x, y = data()
         job = rkt.Job(model, opt, global_batch=BATCH, data_size=N, name="mlp", verbose=False, **kw)
         events = []
         job.w.event = lambda step, kind, **k: events.append((step, kind, k.get("blame"), k.get("action")))
+        if sumfault_at is not None:
+            job._pg = _SumFault(job, sumfault_at)
         for step in job.steps(steps):
             per = N // BATCH
             idx = torch.from_numpy(np.random.default_rng([1, step // per]).permutation(N)[
@@ -128,6 +147,18 @@ class OneRank(unittest.TestCase):
         self.assertEqual(ev, [(12, "nan", 0, "redo")])
         self.assertEqual(got, ref, "a redone NaN step leaves no trace")
 
+    def test_nan_redo_restores_buffers(self):
+        _, _, ref = train(30, bn=True)
+        _, ev, got = train(30, env={"RK_INJECT": "nan@step=12"}, bn=True)
+        self.assertEqual(ev, [(12, "nan", 0, "redo")])
+        self.assertEqual(got, ref, "BatchNorm's running statistics are those of one forward of step 12")
+
+    def test_non_finite_sum_is_redone(self):
+        _, _, ref = train(30)
+        _, ev, got = train(30, sumfault_at=12)
+        self.assertEqual(ev, [(12, "nan", -1, "redo")])
+        self.assertEqual(got, ref, "a sum that is not finite is not applied")
+
     def test_nan_without_guard_is_applied(self):
         _, ev, _ = train(14, env={"RK_INJECT": "nan@step=12"}, guard=False)
         self.assertEqual(ev, [])
@@ -180,6 +211,55 @@ class Storage(unittest.TestCase):
         self.assertIn("EXIT_EVENT 2 storage", p.stdout)
         self.assertNotIn("not reached", p.stdout)
         self.assertIn("no space left", p.stderr)
+
+
+MISMATCH = r"""
+import os, sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import rekindle.torch as rkt
+store, ck, name, size, batch, groups = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)))
+ps = list(model.parameters())
+opt = torch.optim.SGD([{"params": ps[:2]}, {"params": ps[2:]}] if groups == 2 else ps, lr=0.1)
+import rekindle
+rekindle.Worker.exit_event = lambda self, step, kind, detail="", blame=-1: print("EXIT_EVENT", step, kind, detail, flush=True)
+job = rkt.Job(model, opt, global_batch=batch, data_size=size, name=name, ckpt_dir=ck, resume=True, verbose=True)
+for step in job.steps(2):
+    opt.zero_grad()
+    job.scale(model(torch.ones(batch, 3)).pow(2).mean(), batch).backward()
+    job.step()
+print("done", job.start_step, flush=True)
+"""
+
+
+class Resume(unittest.TestCase):
+    def test_another_runs_checkpoint_is_exit_2(self):
+        d = rktest.tmpdir(self)
+        env = rktest.env_with_pythonpath()
+        for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_STACK_DIR"):
+            env.pop(k, None)
+
+        def run(i, name="mlp", size=64, batch=4, groups=1):
+            return subprocess.run([sys.executable, "-c", MISMATCH, os.path.join(d, f"store{i}"), os.path.join(d, "ck"),
+                                   name, str(size), str(batch), str(groups)],
+                                  env=env, capture_output=True, text=True, timeout=60)
+
+        p = run(0)
+        self.assertEqual((p.returncode, p.stdout), (0, "done 0\n"), p.stderr[-2000:])
+        p = run(1)  # the same run resumes (2 steps done already)
+        self.assertEqual((p.returncode, p.stdout), (0, "done 2\n"), p.stderr[-2000:])
+        for i, (kw, what) in enumerate([({"name": "other"}, "config 'model'"),
+                                        ({"batch": 8}, "config 'global_batch'"),
+                                        ({"size": 128}, "data size 64, this run's is 128"),
+                                        ({"groups": 2}, "1 parameter groups, this run's optimiser has 2")]):
+            p = run(2 + i, **kw)
+            self.assertEqual(p.returncode, 2, (kw, p.stdout, p.stderr[-2000:]))
+            self.assertIn("EXIT_EVENT 0 usage cannot resume from another run's checkpoint", p.stdout)
+            self.assertIn(what, p.stdout)
+            self.assertNotIn("done", p.stdout)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,116 @@ def launch(test, n, steps, env=None, extra=()):
         return json.load(f), outs[0][1]
 
 
+# A small 2-rank job (gloo, a file store): argv rank, steps, store, result file. CKPT_AT: a
+# `checkpoint` command arrives at that step; DROPOUT=1: a dropout layer, torch seeded per rank;
+# BN=1: a BatchNorm layer; PLAIN=1: no DDP (guards off); COMMLOG=1: prints "COMM <step>" at
+# each comm heartbeat and "FWD <step>" as the module's forward begins.
+SMALL = r"""
+import os, sys
+import numpy as np, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import rekindle.torch as rkt
+rank, steps, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+torch.set_num_threads(1); torch.use_deterministic_algorithms(True)
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+N, B = 256, 32
+g = torch.Generator().manual_seed(7); X = torch.randn(N, 12, generator=g); Y = (X[:, 0] > 0).long()
+torch.manual_seed(3)
+drop = [torch.nn.Dropout(0.3)] if os.environ.get("DROPOUT") else []
+bn = [torch.nn.BatchNorm1d(16)] if os.environ.get("BN") else []
+inner = torch.nn.Sequential(torch.nn.Linear(12, 16), *bn, torch.nn.Tanh(), *drop, torch.nn.Linear(16, 2))
+model = inner if os.environ.get("PLAIN") else DDP(inner)
+if drop:
+    torch.manual_seed(100 + rank)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+job = rkt.Job(model, opt, global_batch=B, data_size=N, verbose=True, ckpt_every=int(os.environ.get("CKE", "0")),
+              guard=not os.environ.get("PLAIN"))
+if os.environ.get("COMMLOG"):
+    job.w.comm = lambda step: print("COMM", step, file=sys.stderr, flush=True)
+    inner.register_forward_pre_hook(lambda m, i: print("FWD", job.step_no, file=sys.stderr, flush=True))
+at, asked = int(os.environ.get("CKPT_AT", "-1")), []
+poll = job.w.poll
+def ask():
+    if job.step_no == at and not asked:
+        asked.append(1); return {"checkpoint"}
+    return poll()
+job.w.poll = ask
+for step in job.steps(steps):
+    per = N // B
+    idx = torch.from_numpy(np.random.default_rng([1, step // per]).permutation(N)[(step % per) * B:(step % per + 1) * B])
+    idx = idx[rank * 16:(rank + 1) * 16]
+    opt.zero_grad()
+    loss = job.scale(torch.nn.functional.cross_entropy(model(X[idx]), Y[idx]), len(idx))
+    loss.backward(); job.step()
+if rank == 0:
+    open(out, "w").write(rkt.params_hash(inner))
+dist.destroy_process_group()
+"""
+
+
+def small(test, steps, env=None):
+    """Runs SMALL on 2 ranks; returns (rank 0's params hash, rank 0's stderr)."""
+    d = rktest.tmpdir(test)
+    script = os.path.join(d, "small.py")
+    with open(script, "w") as f:
+        f.write(SMALL)
+    e = rktest.env_with_pythonpath(dict(env or {}))
+    for k in ("RK_HEARTBEAT", "RK_STACK_DIR", "RK_INJECT", "RK_INJECT_DONE", "RK_RESUME", "RK_CKPT_DIR"):
+        if k not in (env or {}):
+            e.pop(k, None)
+    out = os.path.join(d, "hash")
+    store = os.path.join(d, "store")
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(steps), store, out], env=e,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for r, p in enumerate(procs):
+        test.assertEqual(p.returncode, 0, f"rank {r}: {outs[r][1][-2000:]}")
+    with open(out) as f:
+        return f.read(), outs[0][1]
+
+
+class SmallRanks(unittest.TestCase):
+    def test_checkpoint_after_a_redo_is_verified(self):
+        # a bit flip in the attempt of step 20 that is redone (nan), then a checkpoint at 20:
+        # the replicas are compared again; the checkpoint is the clean run's
+        from rekindle import ckpt
+        clean, faulted = rktest.tmpdir(self), rktest.tmpdir(self)
+        small(self, 22, env={"RK_CKPT_DIR": clean, "CKE": "20"})
+        _, log = small(self, 22, env={"RK_CKPT_DIR": faulted, "CKPT_AT": "20",
+                                      "RK_INJECT": "bitflip@step=20:rank=0,nan@step=20"})
+        self.assertIn("nan (blame 0, redo)", log)
+        self.assertIn("replica_mismatch (blame -1, rollback): replica hashes of ranks 0 and 1 differ "
+                      "(no majority: rank 0's copy kept)", log)
+        a = ckpt.load(os.path.join(clean, ckpt.file_name(20)))
+        b = ckpt.load(os.path.join(faulted, ckpt.file_name(20)))
+        diff = [n for n in a.items if n.startswith(("model.", "optim."))
+                and bytes(a.items[n].data) != bytes(b.items[n].data)]
+        self.assertEqual(diff, [])
+
+    def test_resume_restores_each_ranks_rng(self):
+        # dropout seeded per rank: each rank gets its own torch RNG state back on resume
+        ref, _ = small(self, 40, env={"DROPOUT": "1"})
+        ck = rktest.tmpdir(self)
+        small(self, 25, env={"DROPOUT": "1", "RK_CKPT_DIR": ck})
+        got, log = small(self, 40, env={"DROPOUT": "1", "RK_CKPT_DIR": ck, "RK_RESUME": "1"})
+        self.assertIn("resumed from", log)
+        self.assertEqual(got, ref)
+
+    def test_comm_before_every_collective(self):
+        def marks(log):
+            return [ln for ln in log.splitlines() if ln.startswith(("COMM", "FWD"))]
+
+        # not DDP: the vector's own all-reduce, after the forward
+        _, log = small(self, 5, env={"PLAIN": "1", "COMMLOG": "1"})
+        self.assertEqual(marks(log), [x for s in range(5) for x in (f"FWD {s}", f"COMM {s}")])
+        # DDP with buffers: the forward begins with their broadcast
+        _, log = small(self, 5, env={"BN": "1", "COMMLOG": "1"})
+        self.assertEqual(marks(log), [x for s in range(5) for x in (f"COMM {s}", f"FWD {s}")])
+        # the ranks' own batch statistics in the buffers are no replica mismatch (rank 0's are
+        # broadcast at each forward): the run ends, with no rollback
+        self.assertNotIn("replica_mismatch", log)
+
+
 @unittest.skipUnless(os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
                      f"SKIP: Fashion-MNIST not found in {DATA}")
 class Ranks(unittest.TestCase):

@@ -39,7 +39,7 @@ import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
 from rekindle.torch._hook import _comm_hook
-from rekindle.torch._state import _blob, _item, _optim_tensors, _tensor, params_hash, state_hash
+from rekindle.torch._state import _DTYPES, _blob, _item, _optim_tensors, _tensor, params_hash, state_hash
 from rekindle.torch.data import StepBatches, batch_indices
 from rekindle.torch.guards import grad_outliers, spike_zscore
 
@@ -165,11 +165,14 @@ class Job:
         self.loss = None  # the global mean loss of the last applied step
         self._losses = []
         self._snap = None
+        self._fresh = False  # the snapshot is of the state now: no step attempt began since
         self._saved_step = -1
         self._flags = [0.0, 0.0, 0.0]  # agreed stop, checkpoint, lost (from the last step)
         self._stop_local = False
         self._lock = None
         self._hook_calls = 0
+        self._comm_sent = False
+        self._redsums = []  # the reduced buckets' float64 sums (the hook's)
         self._sumsq = None
         self._vec = None
         self._loss_t = None
@@ -189,6 +192,8 @@ class Job:
         self.global_samples = 0
         self._local_ckpt = False
         self._step_rng = None
+        self._buffers = list(self.module.buffers())
+        self._step_bufs = []
         self._in_steps = False
         self._scaled = 0
         self._install_excepthook()
@@ -205,6 +210,7 @@ class Job:
                 self._storage(str(e))
             except _ckpt.CheckpointError as e:  # another job holds it
                 self._usage(str(e))
+        self._hash_buffers = True
         self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
         self._perms = {}
         self._pending = None
@@ -214,6 +220,12 @@ class Job:
             self._pg = getattr(model, "process_group", None) or dist.distributed_c10d._get_default_group()
             self._ar_opts = dist.AllreduceOptions()
             model.register_comm_hook(self, _comm_hook)
+            if self.world > 1 and getattr(model, "will_sync_module_buffers", lambda: False)():
+                # the forward starts with a collective of its own (the buffers' broadcast)
+                model.register_forward_pre_hook(lambda mod, inputs: self._comm())
+                # each rank's forward leaves its own batch's statistics in the buffers; the
+                # next forward overwrites them with rank 0's: they are no replica's state
+                self._hash_buffers = False
         if self.resume and self.ckpt_dir:
             self._resume()
         self.w.hello(self.step_no)
@@ -302,7 +314,7 @@ class Job:
                 self._repair(hashes, pending)
                 return False
         self._rolled_back = False
-        if self.guard and not self._judge(loss, norms):
+        if self.guard and not self._judge(loss, norms, self._reduced_finite()):
             if not self._rolled_back:  # a rollback set the snapshot's RNG states already
                 self._redo()
             return False
@@ -328,8 +340,18 @@ class Job:
 
     # ----------------------------------------------------------------- guards
 
-    def _judge(self, loss, norms):
+    def _reduced_finite(self):
+        """Whether the all-reduced gradients are finite (their float64 sums, taken per bucket
+        by the hook): a sum can be non-finite where every rank's own gradient was finite."""
+        sums, self._redsums = self._redsums, []
+        return not sums or math.isfinite(float(torch.stack(sums).sum()))
+
+    def _judge(self, loss, norms, reduced=True):
         bad = [r for r, x in enumerate(norms) if not math.isfinite(x)]
+        if not bad and math.isfinite(loss) and not reduced:
+            self._event("nan", -1, "redo", 0, "non-finite sum of the ranks' gradients (each rank's own "
+                        "is finite); step redone")
+            return self._trip()
         if bad or not math.isfinite(loss):
             blame = bad[0] if bad else -1
             what = "gradient" if bad else "loss"
@@ -394,6 +416,10 @@ class Job:
 
     def _redo(self):
         self._restore_rng(self._step_rng)
+        if self._step_bufs:
+            with torch.no_grad():
+                for b, saved in zip(self._buffers, self._step_bufs):
+                    b.copy_(saved)
 
     # ----------------------------------------------------------------- step boundary
 
@@ -402,12 +428,18 @@ class Job:
             self._t0, self._t0_step = time.monotonic(), self.step_no
         self._accepted = False
         self._attempt = self.step_no
+        self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
         self._step_rng = self._capture_rng(cheap=True)
+        # the forward updates buffers (BatchNorm's running statistics) before step() judges:
+        # a redo puts them back (they are small)
+        self._step_bufs = [b.detach().clone() for b in self._buffers]
         cmds = self.w.poll()
         if "stop" in cmds:
             self._stop_local = True
         self._local_ckpt = "checkpoint" in cmds
         self._hook_calls = 0
+        self._comm_sent = False
+        self._redsums = []
         self._scaled = 0
         self._sumsq = None
         self._vec = None
@@ -432,7 +464,7 @@ class Job:
         save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
             stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
                                            and self.step_no > self.start_step))
-        verified = self._snap is not None and self._snap["step"] == self.step_no
+        verified = self._fresh and self._snap is not None and self._snap["step"] == self.step_no
         if self.guard and self.hash_every > 0 and not verified:
             if save or stop or final:  # only a verified state is saved or handed back
                 if not self._replica_check():
@@ -441,7 +473,7 @@ class Job:
                 # the hash rides in this step's all-reduce; step() compares them
                 if self._pending is None or self._pending["step"] != self.step_no:
                     self._pending = self._snapshot()
-                    self._pending["hash"] = state_hash(self.module, self.opt)
+                    self._pending["hash"] = state_hash(self.module, self.opt, self._hash_buffers)
         if save:
             self._save()
         if stop:
@@ -531,12 +563,19 @@ class Job:
                 sq = sq + g.detach().to(torch.float64).pow(2).sum()
             v = self._vector(sq, torch.float64, self.device)
             if self.distributed and self.world > 1:
+                self._comm()
                 self._collective(dist.all_reduce, v)
             self._vec = v
         out = self._vec.to(torch.float64).cpu().tolist()
         self._vec = None
         self._sumsq = None
         return out
+
+    def _comm(self):
+        """The `comm` heartbeat, once a step attempt, before its first collective."""
+        if not self._comm_sent and self._attempt is not None:
+            self._comm_sent = True
+            self.w.comm(self.step_no)
 
     def _collective(self, fn, *a, **kw):
         try:
@@ -551,7 +590,7 @@ class Job:
     # ----------------------------------------------------------------- replica hashes
 
     def _hashes(self):
-        h = state_hash(self.module, self.opt)
+        h = state_hash(self.module, self.opt, self._hash_buffers)
         mine = torch.tensor([h - (1 << 64) if h >= 1 << 63 else h], dtype=torch.int64, device=self.device)
         if not (self.distributed and self.world > 1):
             return [int(mine)]
@@ -565,6 +604,7 @@ class Job:
         hashes = self._hashes()
         if all(h == hashes[0] for h in hashes):
             self._snap = self._snapshot()
+            self._fresh = True
             return True
         self._repair(hashes)
         return False
@@ -588,10 +628,16 @@ class Job:
         if any(h != again[0] for h in again):
             self._fail_guard("replica hashes still differ after the repair from the majority")
         self._snap = self._snapshot()
-        names = ",".join(str(r) for r in minority)
+        self._fresh = True
+        if len(hashes) == 2:  # which one is wrong cannot be told
+            what = "replica hashes of ranks 0 and 1 differ (no majority: rank 0's copy kept)"
+        elif not strict:
+            what = f"replica hashes differ with no majority (rank {root}'s copy kept)"
+        else:
+            what = f"replica hash of rank(s) {','.join(str(r) for r in minority)} differs"
         self._event("replica_mismatch", blame, "rollback", lost,
-                    f"replica hash of rank(s) {names} differs; back to the verified state of step "
-                    f"{self.step_no}, rank {root}'s copy broadcast, {lost} steps replayed", step=at)
+                    f"{what}; back to the verified state of step {self.step_no}, rank {root}'s copy "
+                    f"broadcast, {lost} steps replayed", step=at)
 
     def _broadcast_state(self, root):
         if not (self.distributed and self.world > 1):
@@ -628,6 +674,7 @@ class Job:
             "param_groups": [dict(g, params=c["params"]) for g, c in zip(snap["groups"], cur)],
         })
         self._restore_rng(snap["rng"])
+        self._fresh = snap is self._snap
         if snap.get("sched") is not None:
             self.scheduler.load_state_dict(copy.deepcopy(snap["sched"]))
         self._rolled_back = True
@@ -682,7 +729,7 @@ class Job:
                 out.append((names.get(id(p), f"param{len(out)}"), p))
         return out
 
-    def _items(self):
+    def _items(self, rngs):
         items = [_item("model." + k, v) for k, v in self.module.state_dict().items()]
         extra, order = {}, {}
         for pname, p in self._param_names():
@@ -697,15 +744,8 @@ class Job:
         items.append(_blob("optim.param_groups", {"groups": groups, "extra": extra, "order": order}))
         if self.scheduler is not None:
             items.append(_blob("sched", _jsonable(self.scheduler.state_dict())))
-        rng = self._capture_rng()
-        items.append(_item("rng.torch", rng["torch"]))
-        if "cuda" in rng:
-            items.append(_item("rng.cuda", rng["cuda"]))
-        kind, keys, pos, has_gauss, cached = rng["numpy"]
-        items.append(_blob("rng.numpy", {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
-                                         "has_gauss": int(has_gauss), "cached": float(cached)}))
-        version, state, gauss = rng["random"]
-        items.append(_blob("rng.random", {"version": version, "state": list(state), "gauss": gauss}))
+        for r, rng in enumerate(rngs):  # rank 0's as rng.*, the others' as rng.*.rank<R>
+            items += self._rng_items(rng, "" if r == 0 else f".rank{r}")
         for k, val in (("epoch", self.epoch), ("cursor", self.cursor), ("global_batch", self.global_batch),
                        ("size", self.data_size)):
             items.append(_ckpt.Item("data." + k, "I64", (), struct.pack("<q", val)))
@@ -713,8 +753,31 @@ class Job:
                                 struct.pack(f"<{len(self._losses)}d", *self._losses)))
         return items
 
+    @staticmethod
+    def _rng_items(rng, suffix):
+        items = [_item("rng.torch" + suffix, rng["torch"])]
+        if "cuda" in rng:
+            items.append(_item("rng.cuda" + suffix, rng["cuda"]))
+        kind, keys, pos, has_gauss, cached = rng["numpy"]
+        items.append(_blob("rng.numpy" + suffix, {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
+                                                  "has_gauss": int(has_gauss), "cached": float(cached)}))
+        version, state, gauss = rng["random"]
+        items.append(_blob("rng.random" + suffix, {"version": version, "state": list(state), "gauss": gauss}))
+        return items
+
+    def _rank_rngs(self):
+        """Every rank's RNG states, on rank 0 (one gather of a few KiB, at a checkpoint)."""
+        mine = self._capture_rng()
+        if not (self.distributed and self.world > 1):
+            return [mine]
+        mine = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in mine.items()}
+        out = [None] * self.world
+        self._collective(dist.all_gather_object, out, mine)
+        return out
+
     def _save(self):
         self._saved_step = self.step_no
+        rngs = self._rank_rngs()
         if self.rank != 0:
             return
         if not self.w.alive():
@@ -723,7 +786,7 @@ class Job:
         config = dict(self.extra_config, model=self.name, framework="pytorch", global_batch=self.global_batch)
         t = time.monotonic()
         try:
-            _ckpt.save(self.ckpt_dir, self.step_no, self._items(), epoch=self.epoch, cursor=self.cursor,
+            _ckpt.save(self.ckpt_dir, self.step_no, self._items(rngs), epoch=self.epoch, cursor=self.cursor,
                        world_size=self.world, config=json.dumps(config, sort_keys=True), keep=self.keep)
         except _ckpt.StorageError as e:
             self._storage(f"{self.ckpt_dir}: cannot save the checkpoint of step {self.step_no}: {e}")
@@ -731,8 +794,31 @@ class Job:
             self._fail_guard(f"checkpoint of step {self.step_no} refused: {e}")
         self.w.ckpt(self.step_no, time.monotonic() - t)
 
+    def _mismatch(self, ck):
+        """What makes checkpoint `ck` another run's (None: none): the config's model, framework
+        and global batch, the state dict's tensors, the data size, the parameter groups."""
+        expect = {"config": {"model": self.name, "framework": "pytorch", "global_batch": self.global_batch},
+                  "items": {"model." + k: (_DTYPES.get(v.dtype, str(v.dtype)), tuple(v.shape))
+                            for k, v in self.module.state_dict().items()}}
+        try:
+            _ckpt.check(ck, expect)
+        except _ckpt.CheckpointError as e:
+            return str(e)
+        it = ck.items.get("data.size")
+        if it is not None and self.data_size:
+            size = struct.unpack("<q", bytes(it.data))[0]
+            if size and size != self.data_size:
+                return f"{ck.path}: data size {size}, this run's is {self.data_size}"
+        it = ck.items.get("optim.param_groups")
+        if it is not None:
+            n = len(json.loads(bytes(it.data).decode()).get("groups", []))
+            if n != len(self.opt.param_groups):
+                return f"{ck.path}: {n} parameter groups, this run's optimiser has {len(self.opt.param_groups)}"
+        return None
+
     def _resume(self):
         path = None
+        bad = None
         if self.rank == 0:
             try:
                 ck, skipped = _ckpt.load_latest(self.ckpt_dir)
@@ -744,11 +830,16 @@ class Job:
                 self._say(f"resume skipped {s}")
             if ck is not None:
                 path = ck.path
+                bad = self._mismatch(ck)
         if self.distributed and self.world > 1:
-            box = [path]
+            box = [path, bad]
             self._collective(dist.broadcast_object_list, box, 0)
-            path = box[0]
+            path, bad = box
+            if bad is not None:
+                ck = None
             ck = _ckpt.load(path) if path and self.rank != 0 else (ck if self.rank == 0 else None)
+        if bad is not None:  # training from scratch over another run's checkpoints is no resume
+            self._usage(f"cannot resume from another run's checkpoint: {bad}")
         if path is None:
             return
         try:
@@ -782,12 +873,17 @@ class Job:
         for g, saved in zip(osd["param_groups"], meta["groups"]):
             groups.append(dict(_like(saved, {k: v for k, v in g.items() if k != "params"}), params=g["params"]))
         self.opt.load_state_dict({"state": new_state, "param_groups": groups})
-        rng = {"torch": _tensor(items["rng.torch"])}
-        if "rng.cuda" in items and self.device.type == "cuda":
-            rng["cuda"] = _tensor(items["rng.cuda"])
-        n = json.loads(bytes(items["rng.numpy"].data).decode())
+        # this rank's own RNG states when the world size is the checkpoint's; on another world
+        # size (or from a checkpoint without them) rank 0's on every rank
+        suffix = f".rank{self.rank}" if self.rank > 0 and ck.world_size == self.world else ""
+        if "rng.torch" + suffix not in items:
+            suffix = ""
+        rng = {"torch": _tensor(items["rng.torch" + suffix])}
+        if "rng.cuda" + suffix in items and self.device.type == "cuda":
+            rng["cuda"] = _tensor(items["rng.cuda" + suffix])
+        n = json.loads(bytes(items["rng.numpy" + suffix].data).decode())
         rng["numpy"] = (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"])
-        r = json.loads(bytes(items["rng.random"].data).decode())
+        r = json.loads(bytes(items["rng.random" + suffix].data).decode())
         rng["random"] = (r["version"], tuple(r["state"]), r["gauss"])
         self._restore_rng(rng)
         if self.scheduler is not None and "sched" in items:

@@ -16,7 +16,7 @@ def _comm_hook(job, bucket):
     from the same step of an uninterrupted run."""
     buf = bucket.buffer()
     if job._hook_calls == 0:
-        job.w.comm(job.step_no)
+        job._comm()
         if job._gradflip:
             job._gradflip = False
             job._flip_grad(buf)
@@ -40,6 +40,8 @@ def _comm_hook(job, bucket):
     def done(t):
         if last and same:
             job._vec = t[n:].clone()
+        if job.guard:  # one pass over the reduced bucket: is its sum finite (step() asks)
+            job._redsums.append(t[:n].sum(dtype=torch.float64))
         if perm is None:
             if t.data_ptr() != buf.data_ptr():
                 buf.copy_(t[:n])

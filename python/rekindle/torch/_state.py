@@ -73,6 +73,8 @@ def _optim_tensors(opt):
     return out
 
 
-def state_hash(module, opt):
-    """xxh64 (int) of the parameters and buffers and the optimiser's state tensors."""
-    return _hash_tensors(list(module.state_dict().values()) + _optim_tensors(opt))
+def state_hash(module, opt, buffers=True):
+    """xxh64 (int) of the parameters and buffers (without them: buffers=False) and the
+    optimiser's state tensors."""
+    tensors = list(module.state_dict().values()) if buffers else list(module.parameters())
+    return _hash_tensors(tensors + _optim_tensors(opt))
