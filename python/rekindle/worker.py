@@ -382,7 +382,8 @@ class Worker:
 
     def exit_event(self, step, kind, detail="", blame=-1):
         """The event before exiting with a failure: action "exit", kind usage, commfail,
-        guard_failed or storage (for exit statuses 2, 3, 5, 6)."""
+        guard_failed or storage (for exit statuses 2, 3, 5, 6), or exception (an error in the
+        job's own code, exit status 1: counted against no device, docs/protocol.md)."""
         self.event(step, kind, blame=blame, action="exit", lost_steps=0, detail=detail)
 
     def ckpt(self, step, seconds):

@@ -2,8 +2,11 @@
 docs/protocol.md, checked line by line) and against real `rk run` (skipped without rk or
 mpirun)."""
 
+import ctypes
 import json
+import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -616,3 +619,94 @@ class TestUnderRkRun(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RkHbMsg(ctypes.Structure):
+    """rk_hb_msg of rekindle/heartbeat.h."""
+
+    _fields_ = [("type", ctypes.c_int), ("rank", ctypes.c_int), ("world", ctypes.c_int),
+                ("blame", ctypes.c_int), ("index", ctypes.c_int), ("version", ctypes.c_int),
+                ("pid", ctypes.c_long), ("step", ctypes.c_int64), ("lost_steps", ctypes.c_int64),
+                ("loss", ctypes.c_double), ("dt", ctypes.c_double), ("seconds", ctypes.c_double),
+                ("loss_finite", ctypes.c_bool), ("stacks", ctypes.c_bool),
+                ("device", ctypes.c_char * 64), ("kind", ctypes.c_char * 32),
+                ("action", ctypes.c_char * 32), ("status", ctypes.c_char * 16),
+                ("detail", ctypes.c_char * 513)]
+
+
+class RkErr(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 512)]
+
+
+@unittest.skipIf(rktest.librekindle() is None, "librekindle.so not built")
+class TestAgainstTheCParser(unittest.TestCase):
+    """Every line the Worker writes is one rk run's parser (rk_hb_msg_parse of librekindle.so,
+    through ctypes) accepts, and reads back with the same step, loss bits and detail: random
+    steps, losses (NaN, infinities, -0.0, subnormals, huge), details of random Unicode and raw
+    bytes, every message type."""
+
+    def test_random_lines(self):
+        lib = ctypes.CDLL(rktest.librekindle())
+        lib.rk_hb_msg_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                        ctypes.POINTER(RkHbMsg), ctypes.POINTER(RkErr)]
+        sup = Sup(self)
+        w = rekindle.Worker(env=env_for(sup))
+        w.hello(0)
+        sup.accept()
+        self.addCleanup(w.close)
+        sup.raw_lines(1)  # the hello
+        r = random.Random(int(os.environ.get("RK_FUZZ_SEED", "15")))
+        n = int(os.environ.get("RK_FUZZ_N", "3000"))
+        odd = [math.nan, math.inf, -math.inf, -0.0, 5e-324, 1.7976931348623157e308, 0.1, 1e-300]
+
+        def text():
+            k = r.randrange(4)
+            if k == 0:
+                return "".join(chr(r.choice([r.randrange(32, 127), r.randrange(0x80, 0x800),
+                                             r.randrange(0xE000, 0x110000), r.randrange(0, 32)]))
+                               for _ in range(r.randrange(0, 700)))
+            if k == 1:
+                return bytes(r.randrange(256) for _ in range(r.randrange(0, 300)))
+            return "".join(r.choice("ab \"\\\u00e9\u2028\U0001f600") for _ in range(r.randrange(0, 40)))
+
+        sent, got = [], []
+        for _ in range(n):
+            step = r.choice([0, 1, r.randrange(1 << 20), (1 << 53)])
+            t = r.randrange(6)
+            if t == 0:
+                loss = r.choice(odd) if r.random() < 0.5 else r.uniform(-1e6, 1e6)
+                w.step(step, loss, r.random())
+                sent.append(("step", step, loss, None))
+            elif t == 1:
+                d = text()
+                w.event(step, "nan", blame=r.randrange(-1, 2), action="redo",
+                        lost_steps=r.randrange(10), detail=d)
+                sent.append(("event", step, None, d))
+            elif t == 2:
+                w.comm(step)
+                sent.append(("comm", step, None, None))
+            elif t == 3:
+                w.ckpt(step, r.random() * 10)
+                sent.append(("ckpt", step, None, None))
+            elif t == 4:
+                w.inject(step, r.randrange(256), r.choice(["crash", "nan", "bitflip"]))
+                sent.append(("inject", step, None, None))
+            else:
+                w.exit_event(step, "exception", detail=text())
+                sent.append(("event", step, None, ""))
+            got.extend(sup.raw_lines(1))  # read as it goes: the socket buffer is not endless
+        self.assertEqual(len(got), len(sent))
+        for raw, (kind, step, loss, detail) in zip(got, sent):
+            m, e = RkHbMsg(), RkErr()
+            line = raw.rstrip(b"\n")
+            rc = lib.rk_hb_msg_parse(line, len(line), ctypes.byref(m), ctypes.byref(e))
+            self.assertEqual(rc, 0, f"{raw!r}: {e.msg.decode(errors='replace')}")
+            self.assertEqual(m.step, step, raw)
+            if loss is not None:
+                if math.isfinite(loss):
+                    self.assertTrue(m.loss_finite, raw)
+                    self.assertEqual(struct.pack("<d", m.loss), struct.pack("<d", loss), raw)
+                else:
+                    self.assertFalse(m.loss_finite, raw)
+            if detail is not None:
+                self.assertEqual(m.detail.decode(), json.loads(line).get("detail", ""), raw)
