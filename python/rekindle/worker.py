@@ -295,7 +295,9 @@ class Worker:
     # ---- sending -----------------------------------------------------------------------
 
     def _send(self, msg):
-        line = format_line(msg)
+        self._send_line(format_line(msg))
+
+    def _send_line(self, line):
         with self._lock:
             if not self._mine():
                 return
@@ -351,8 +353,8 @@ class Worker:
 
     def comm(self, step):
         """About to enter the gradient collective; `step` = steps applied before it."""
-        if self._mine():
-            self._send({"type": "comm", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX)})
+        if self._mine():  # once a step: formatted directly (what format_line would write)
+            self._send_line(b'{"type":"comm","rank":%d,"step":%d}\n' % (self.rank, _int("step", step, 0, STEP_MAX)))
 
     def step(self, step, loss, dt):
         """Step `step` was applied (this one included): its loss (None, NaN or an infinity is
@@ -366,8 +368,9 @@ class Worker:
             loss = float(loss)
             if not math.isfinite(loss):
                 loss = None
-        self._send({"type": "step", "rank": self.rank, "step": step, "loss": loss,
-                    "dt": _nonneg("dt", dt)})
+        # once a step: formatted directly, as format_line would (a float's repr is its JSON)
+        self._send_line(b'{"type":"step","rank":%d,"step":%d,"loss":%s,"dt":%s}\n' % (
+            self.rank, step, b"null" if loss is None else repr(loss).encode(), repr(_nonneg("dt", dt)).encode()))
 
     def event(self, step, kind, blame=-1, action="none", lost_steps=0, detail=""):
         """A guard tripped or something is suspicious. kind and action are words [a-z_]{1,31};

@@ -1,6 +1,7 @@
 """rekindle.torch in one process (a gloo group of one): the guards' arithmetic, a resume that
 is exact, the checkpoint's names, a NaN redone and a loss spike kept. Skips without torch."""
 
+import math
 import os
 import struct
 import subprocess
@@ -97,6 +98,32 @@ class GuardMath(unittest.TestCase):
         self.assertEqual(rkt.spike_zscore([0.0] * 32, 1.0), 0.0)
         # the MAD is floored at 1% of the median: a flat window does not make every loss a spike
         self.assertLess(rkt.spike_zscore([1.0] * 32, 1.05), 10)
+
+    def test_hook_sums_large_finite_gradients(self):
+        """The hook's float32 shortcuts fall back where float32 overflows: a large but finite
+        gradient is not taken for an infinite one, an infinite one is still seen."""
+        from rekindle.torch import _hook
+
+        class J:
+            _sumsq = None
+            _red_bad = False
+            _redsums = []
+
+        j = J()
+        _hook._add_sumsq(j, torch.full((64,), 1e20), True)
+        self.assertTrue(math.isfinite(j._sumsq) and abs(j._sumsq / 6.4e41 - 1) < 1e-6, j._sumsq)
+        _hook._add_sumsq(j, torch.full((8,), 2.0, dtype=torch.float64), True)
+        self.assertAlmostEqual(j._sumsq / 6.4e41, 1.0)
+        big = torch.full((64,), 3e38)  # finite elements whose float32 sum overflows
+        _hook._add_redsum(j, big, True)
+        self.assertFalse(j._red_bad, "a finite reduced bucket is not 'not finite'")
+        big[5] = float("inf")
+        _hook._add_redsum(j, big, True)
+        self.assertTrue(j._red_bad)
+        j2 = J()
+        j2._red_bad = False
+        _hook._add_redsum(j2, torch.tensor([1.0, float("nan")]), True)
+        self.assertTrue(j2._red_bad)
 
 
 class OneRank(unittest.TestCase):

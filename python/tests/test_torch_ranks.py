@@ -84,7 +84,12 @@ def ask():
         asked.append(1); return {"checkpoint"}
     return poll()
 job.w.poll = ask
+rot = int(os.environ.get("SNAPROT", "-1"))
 for step in job.steps(steps):
+    if step == rot and rank == 0 and job._snap is not None:  # memory corruption in the snapshot
+        w = next(iter(job._snap["model"].values())).view(-1).view(torch.int32)
+        w[0] ^= 1 << 22
+        rot = -1
     per = N // B
     idx = torch.from_numpy(np.random.default_rng([1, step // per]).permutation(N)[(step % per) * B:(step % per + 1) * B])
     idx = idx[rank * 16:(rank + 1) * 16]
@@ -135,6 +140,15 @@ class SmallRanks(unittest.TestCase):
         diff = [n for n in a.items if n.startswith(("model.", "optim."))
                 and bytes(a.items[n].data) != bytes(b.items[n].data)]
         self.assertEqual(diff, [])
+
+    def test_damaged_snapshot_is_not_the_repair(self):
+        # rank 0's verified snapshot of step 10 changes in memory at step 12, rank 1's
+        # parameters at step 15: the repair at step 20 must come from rank 1's intact copy
+        ref, _ = small(self, 30)
+        got, log = small(self, 30, env={"SNAPROT": "12", "RK_INJECT": "bitflip@step=15:rank=1"})
+        self.assertIn("the snapshot of rank(s) 0 changed in memory since it was verified", log)
+        self.assertIn("rank 1's copy broadcast", log)
+        self.assertEqual(got, ref)
 
     def test_resume_restores_each_ranks_rng(self):
         # dropout seeded per rank: each rank gets its own torch RNG state back on resume

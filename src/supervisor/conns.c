@@ -319,7 +319,7 @@ int sup_read_conn(sup *s, rk_sup_conn *c)
         drop_conn(s, c, "broke the heartbeat protocol");
         return 0;
     }
-    return 1;
+    return (size_t)r == sizeof buf ? 2 : 1;
 }
 
 /* A slot for a new connection, cleared: a closed one that never said hello, a new one, or

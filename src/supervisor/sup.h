@@ -115,7 +115,8 @@ void sup_stop_job(sup *s);
 /* Accept waiting connections and read each at once; close those silent too long. */
 void sup_accept(sup *s);
 void sup_expire_strangers(sup *s);
-/* Read what is there; 1 if bytes were read (more may follow), 0 if none or closed. */
+/* Read what is there (one buffer of 8 KiB at most): 2 if the buffer was filled (more may be
+ * waiting), 1 if bytes were read, 0 if none or closed. */
 int sup_read_conn(sup *s, rk_sup_conn *c);
 /* Close every connection of the launch. */
 void sup_close_conns(sup *s);

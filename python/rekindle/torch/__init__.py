@@ -20,7 +20,6 @@ the steps since the snapshot again (replay).
 """
 
 import copy
-import json
 import math
 import os
 import random
@@ -38,8 +37,9 @@ from torch.nn.parallel import DistributedDataParallel as _DDP
 import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
+from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook
-from rekindle.torch._state import _DTYPES, _blob, _item, _optim_tensors, _tensor, params_hash, state_hash
+from rekindle.torch._state import _optim_tensors, params_hash, state_hash
 from rekindle.torch.data import StepBatches, batch_indices
 from rekindle.torch.guards import grad_outliers, spike_zscore
 
@@ -106,30 +106,13 @@ def _refuse_grad_scaler(job):
     gs._rk_refused = True
 
 
-def _jsonable(obj):
-    """A scheduler's state dict as JSON can hold it (what it cannot, a function, becomes None)."""
-    return json.loads(json.dumps(obj, default=lambda o: None))
-
-
-def _like(saved, cur):
-    """`saved` (read back from JSON) with the containers of `cur`: tuples where it had tuples
-    (Adam's betas), its keys' order first."""
-    if isinstance(cur, dict) and isinstance(saved, dict):
-        out = {k: _like(saved[k], cur[k]) for k in cur if k in saved}
-        out.update((k, v) for k, v in saved.items() if k not in out)
-        return out
-    if isinstance(cur, (tuple, list)) and isinstance(saved, list) and len(cur) == len(saved):
-        return type(cur)(_like(a, b) for a, b in zip(saved, cur))
-    return saved
-
-
 def injected_hang_sleeping_forever(step):
     """An injected `hang` fault: this rank stops making progress here, on purpose."""
     while True:
         time.sleep(3600)
 
 
-class Job:
+class Job(_Checkpoints):
     """One rank's side of a protected training job. See the module's docstring."""
 
     def __init__(self, model, optimizer, *, global_batch, data_size=0, name="pytorch", ckpt_every=500,
@@ -172,7 +155,9 @@ class Job:
         self._lock = None
         self._hook_calls = 0
         self._comm_sent = False
-        self._redsums = []  # the reduced buckets' float64 sums (the hook's)
+        self._redsums = []  # the reduced buckets' float64 sums (the hook's, on a GPU)
+        self._red_bad = False  # a reduced bucket was not finite (the hook's, on the CPU)
+        self._scratch = {}  # per bucket: the hook's all-reduce buffer
         self._sumsq = None
         self._vec = None
         self._loss_t = None
@@ -264,7 +249,7 @@ class Job:
                         "micro-batches a step) is not supported yet; give each step one batch")
         self._count = int(n)
         factor = self.world * self._count / self.global_batch
-        out = loss * factor
+        out = loss if factor == 1.0 else loss * factor  # x * 1.0 is x: no graph node for it
         if self._nan:
             self._nan = False
             out = out * float("nan")
@@ -344,6 +329,8 @@ class Job:
         """Whether the all-reduced gradients are finite (their float64 sums, taken per bucket
         by the hook): a sum can be non-finite where every rank's own gradient was finite."""
         sums, self._redsums = self._redsums, []
+        if self._red_bad:
+            return False
         return not sums or math.isfinite(float(torch.stack(sums).sum()))
 
     def _judge(self, loss, norms, reduced=True):
@@ -440,6 +427,7 @@ class Job:
         self._hook_calls = 0
         self._comm_sent = False
         self._redsums = []
+        self._red_bad = False
         self._scaled = 0
         self._sumsq = None
         self._vec = None
@@ -534,7 +522,13 @@ class Job:
 
     # ----------------------------------------------------------------- collectives
 
+    def _vector_len(self):
+        return _V_NORMS + 5 * self.world
+
     def _vector(self, sumsq, dtype, device):
+        """The step's vector (loss, count, flags, this rank's norm in its slot, the pending
+        replica hash in 16-bit pieces in its slots): a list of floats on the CPU, a tensor of
+        `dtype` on a GPU (no wait for the device)."""
         if self._count is None or self._loss_t is None:
             raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
         factor = self.world * self._count / self.global_batch
@@ -543,9 +537,9 @@ class Job:
         flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost)]
         tail = ([0.0] * (world - r - 1 + 4 * r) + [float((h >> (16 * i)) & 0xFFFF) for i in range(4)]
                 + [0.0] * (4 * (world - r - 1)))
-        if device.type == "cpu":  # one tensor from Python numbers: a third of the torch calls
+        if device.type == "cpu":  # Python numbers: no torch call per element
             norm = math.sqrt(float(sumsq)) / factor if factor > 0 else 0.0
-            return torch.tensor([float(self._loss_t)] + flags + [0.0] * r + [norm] + tail, dtype=dtype)
+            return [float(self._loss_t)] + flags + [0.0] * r + [norm] + tail
         head = torch.tensor(flags + [0.0] * r, dtype=dtype, device=device)
         norm = (sumsq.sqrt() / factor if factor > 0 else sumsq * 0).reshape(1).to(dtype)
         tail = torch.tensor(tail, dtype=dtype, device=device)
@@ -562,11 +556,13 @@ class Job:
             for g in grads:
                 sq = sq + g.detach().to(torch.float64).pow(2).sum()
             v = self._vector(sq, torch.float64, self.device)
+            if isinstance(v, list):
+                v = torch.tensor(v, dtype=torch.float64)
             if self.distributed and self.world > 1:
                 self._comm()
                 self._collective(dist.all_reduce, v)
             self._vec = v
-        out = self._vec.to(torch.float64).cpu().tolist()
+        out = self._vec if isinstance(self._vec, list) else self._vec.to(torch.float64).cpu().tolist()
         self._vec = None
         self._sumsq = None
         return out
@@ -593,10 +589,10 @@ class Job:
         h = state_hash(self.module, self.opt, self._hash_buffers)
         mine = torch.tensor([h - (1 << 64) if h >= 1 << 63 else h], dtype=torch.int64, device=self.device)
         if not (self.distributed and self.world > 1):
-            return [int(mine)]
+            return [h]
         out = [torch.zeros_like(mine) for _ in range(self.world)]
         self._collective(dist.all_gather, out, mine)
-        return [int(t) for t in out]
+        return [int(t) & 0xFFFFFFFFFFFFFFFF for t in out]  # as state_hash gives them: unsigned
 
     def _replica_check(self):
         """An explicit check (one all-gather): before a checkpoint, a stop and the end."""
@@ -604,6 +600,7 @@ class Job:
         hashes = self._hashes()
         if all(h == hashes[0] for h in hashes):
             self._snap = self._snapshot()
+            self._snap["hash"] = hashes[0]
             self._fresh = True
             return True
         self._repair(hashes)
@@ -611,8 +608,10 @@ class Job:
 
     def _repair(self, hashes, pending=None):
         """Replica hashes differ: every rank returns to the last verified snapshot (none yet:
-        the state of this step's start, `pending`), the majority's copy is broadcast, the steps
-        since are replayed."""
+        the state of this step's start, `pending`), a copy that still has the verified hash is
+        broadcast (the majority's, when nothing was verified yet), the steps since are
+        replayed. A rank's snapshot whose hash changed in memory since it was verified is
+        never the copy sent."""
         counts = [hashes.count(h) for h in hashes]
         root = max(range(len(hashes)), key=lambda r: (counts[r], -r))
         minority = [r for r, h in enumerate(hashes) if h != hashes[root]]
@@ -623,11 +622,20 @@ class Job:
         lost = at - snap["step"] if snap is not None else 0
         if snap is not None:
             self._restore(snap)
-        self._broadcast_state(root)
+        restored = self._hashes()  # each rank's copy of the snapshot, as it is now
+        want = snap.get("hash") if snap is not None and snap is self._snap else None
+        good = [r for r, h in enumerate(restored) if want is None or h == want]
+        if not good:
+            self._fail_guard(f"replica hashes differ at step {at} and no rank's snapshot of step "
+                             f"{snap['step']} still has its verified hash: nothing to repair from")
+        damaged = [r for r in range(len(restored)) if r not in good]
+        src = max(good, key=lambda r: (restored.count(restored[r]), -r))
+        self._broadcast_state(src)
         again = self._hashes()
         if any(h != again[0] for h in again):
             self._fail_guard("replica hashes still differ after the repair from the majority")
         self._snap = self._snapshot()
+        self._snap["hash"] = again[0]
         self._fresh = True
         if len(hashes) == 2:  # which one is wrong cannot be told
             what = "replica hashes of ranks 0 and 1 differ (no majority: rank 0's copy kept)"
@@ -635,8 +643,11 @@ class Job:
             what = f"replica hashes differ with no majority (rank {root}'s copy kept)"
         else:
             what = f"replica hash of rank(s) {','.join(str(r) for r in minority)} differs"
+        if damaged:
+            what += (f"; the snapshot of rank(s) {','.join(str(r) for r in damaged)} changed in "
+                     "memory since it was verified")
         self._event("replica_mismatch", blame, "rollback", lost,
-                    f"{what}; back to the verified state of step {self.step_no}, rank {root}'s copy "
+                    f"{what}; back to the verified state of step {self.step_no}, rank {src}'s copy "
                     f"broadcast, {lost} steps replayed", step=at)
 
     def _broadcast_state(self, root):
@@ -706,193 +717,6 @@ class Job:
             random.setstate(st["random"])
         if "cuda" in st and self.device.type == "cuda":
             torch.cuda.set_rng_state(st["cuda"], self.device)
-
-    # ----------------------------------------------------------------- checkpoints
-
-    @property
-    def epoch(self):
-        """Epochs started before the current step (the data position, with `cursor`)."""
-        per = self.data_size // self.global_batch if self.data_size else 0
-        return self.step_no // per if per else 0
-
-    @property
-    def cursor(self):
-        """Samples of the current epoch consumed before the current step."""
-        per = self.data_size // self.global_batch if self.data_size else 0
-        return (self.step_no % per if per else self.step_no) * self.global_batch
-
-    def _param_names(self):
-        names = {id(p): n for n, p in self.module.named_parameters()}
-        out = []
-        for group in self.opt.param_groups:
-            for p in group["params"]:
-                out.append((names.get(id(p), f"param{len(out)}"), p))
-        return out
-
-    def _items(self, rngs):
-        items = [_item("model." + k, v) for k, v in self.module.state_dict().items()]
-        extra, order = {}, {}
-        for pname, p in self._param_names():
-            order[pname] = list(self.opt.state.get(p, {}))
-            for k in sorted(self.opt.state.get(p, {})):
-                v = self.opt.state[p][k]
-                if torch.is_tensor(v):
-                    items.append(_item(f"optim.{pname}.{k}", v))
-                else:
-                    extra.setdefault(pname, {})[k] = v
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
-        items.append(_blob("optim.param_groups", {"groups": groups, "extra": extra, "order": order}))
-        if self.scheduler is not None:
-            items.append(_blob("sched", _jsonable(self.scheduler.state_dict())))
-        for r, rng in enumerate(rngs):  # rank 0's as rng.*, the others' as rng.*.rank<R>
-            items += self._rng_items(rng, "" if r == 0 else f".rank{r}")
-        for k, val in (("epoch", self.epoch), ("cursor", self.cursor), ("global_batch", self.global_batch),
-                       ("size", self.data_size)):
-            items.append(_ckpt.Item("data." + k, "I64", (), struct.pack("<q", val)))
-        items.append(_ckpt.Item("guard.losses", "F64", (len(self._losses),),
-                                struct.pack(f"<{len(self._losses)}d", *self._losses)))
-        return items
-
-    @staticmethod
-    def _rng_items(rng, suffix):
-        items = [_item("rng.torch" + suffix, rng["torch"])]
-        if "cuda" in rng:
-            items.append(_item("rng.cuda" + suffix, rng["cuda"]))
-        kind, keys, pos, has_gauss, cached = rng["numpy"]
-        items.append(_blob("rng.numpy" + suffix, {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
-                                                  "has_gauss": int(has_gauss), "cached": float(cached)}))
-        version, state, gauss = rng["random"]
-        items.append(_blob("rng.random" + suffix, {"version": version, "state": list(state), "gauss": gauss}))
-        return items
-
-    def _rank_rngs(self):
-        """Every rank's RNG states, on rank 0 (one gather of a few KiB, at a checkpoint)."""
-        mine = self._capture_rng()
-        if not (self.distributed and self.world > 1):
-            return [mine]
-        mine = {k: (v.cpu() if torch.is_tensor(v) else v) for k, v in mine.items()}
-        out = [None] * self.world
-        self._collective(dist.all_gather_object, out, mine)
-        return out
-
-    def _save(self):
-        self._saved_step = self.step_no
-        rngs = self._rank_rngs()
-        if self.rank != 0:
-            return
-        if not self.w.alive():
-            self._say("the supervisor is gone: no checkpoint written")
-            return
-        config = dict(self.extra_config, model=self.name, framework="pytorch", global_batch=self.global_batch)
-        t = time.monotonic()
-        try:
-            _ckpt.save(self.ckpt_dir, self.step_no, self._items(rngs), epoch=self.epoch, cursor=self.cursor,
-                       world_size=self.world, config=json.dumps(config, sort_keys=True), keep=self.keep)
-        except _ckpt.StorageError as e:
-            self._storage(f"{self.ckpt_dir}: cannot save the checkpoint of step {self.step_no}: {e}")
-        except _ckpt.CheckpointError as e:
-            self._fail_guard(f"checkpoint of step {self.step_no} refused: {e}")
-        self.w.ckpt(self.step_no, time.monotonic() - t)
-
-    def _mismatch(self, ck):
-        """What makes checkpoint `ck` another run's (None: none): the config's model, framework
-        and global batch, the state dict's tensors, the data size, the parameter groups."""
-        expect = {"config": {"model": self.name, "framework": "pytorch", "global_batch": self.global_batch},
-                  "items": {"model." + k: (_DTYPES.get(v.dtype, str(v.dtype)), tuple(v.shape))
-                            for k, v in self.module.state_dict().items()}}
-        try:
-            _ckpt.check(ck, expect)
-        except _ckpt.CheckpointError as e:
-            return str(e)
-        it = ck.items.get("data.size")
-        if it is not None and self.data_size:
-            size = struct.unpack("<q", bytes(it.data))[0]
-            if size and size != self.data_size:
-                return f"{ck.path}: data size {size}, this run's is {self.data_size}"
-        it = ck.items.get("optim.param_groups")
-        if it is not None:
-            n = len(json.loads(bytes(it.data).decode()).get("groups", []))
-            if n != len(self.opt.param_groups):
-                return f"{ck.path}: {n} parameter groups, this run's optimiser has {len(self.opt.param_groups)}"
-        return None
-
-    def _resume(self):
-        path = None
-        bad = None
-        if self.rank == 0:
-            try:
-                ck, skipped = _ckpt.load_latest(self.ckpt_dir)
-            except _ckpt.StorageError as e:
-                self._storage(str(e))
-            except _ckpt.CheckpointError as e:  # exists but cannot be read: not skipped
-                self._storage(str(e))
-            for s in skipped:
-                self._say(f"resume skipped {s}")
-            if ck is not None:
-                path = ck.path
-                bad = self._mismatch(ck)
-        if self.distributed and self.world > 1:
-            box = [path, bad]
-            self._collective(dist.broadcast_object_list, box, 0)
-            path, bad = box
-            if bad is not None:
-                ck = None
-            ck = _ckpt.load(path) if path and self.rank != 0 else (ck if self.rank == 0 else None)
-        if bad is not None:  # training from scratch over another run's checkpoints is no resume
-            self._usage(f"cannot resume from another run's checkpoint: {bad}")
-        if path is None:
-            return
-        try:
-            self._apply(ck)
-        except (KeyError, ValueError, RuntimeError) as e:
-            self._usage(f"{path}: cannot resume this model from it: {e}")
-        self._say(f"resumed from {path} (step {ck.step}, epoch {ck.epoch}, cursor {ck.cursor}, "
-                  f"written by {ck.world_size} ranks; now {self.world})")
-
-    def _apply(self, ck):
-        items = ck.items
-        sd = self.module.state_dict()
-        state = {}
-        for k in sd:
-            state[k] = _tensor(items["model." + k])
-        self.module.load_state_dict(state)
-        meta = json.loads(bytes(items["optim.param_groups"].data).decode())
-        osd = self.opt.state_dict()
-        new_state = {}
-        for i, (pname, p) in enumerate(self._param_names()):
-            pre = f"optim.{pname}."
-            s = {n[len(pre):]: _tensor(it) for n, it in items.items()
-                 if n.startswith(pre) and "." not in n[len(pre):]}
-            s.update(meta["extra"].get(pname, {}))
-            keys = meta.get("order", {}).get(pname)
-            if keys and sorted(keys) == sorted(s):  # the optimiser's own key order
-                s = {k: s[k] for k in keys}
-            if s:
-                new_state[i] = s
-        groups = []
-        for g, saved in zip(osd["param_groups"], meta["groups"]):
-            groups.append(dict(_like(saved, {k: v for k, v in g.items() if k != "params"}), params=g["params"]))
-        self.opt.load_state_dict({"state": new_state, "param_groups": groups})
-        # this rank's own RNG states when the world size is the checkpoint's; on another world
-        # size (or from a checkpoint without them) rank 0's on every rank
-        suffix = f".rank{self.rank}" if self.rank > 0 and ck.world_size == self.world else ""
-        if "rng.torch" + suffix not in items:
-            suffix = ""
-        rng = {"torch": _tensor(items["rng.torch" + suffix])}
-        if "rng.cuda" + suffix in items and self.device.type == "cuda":
-            rng["cuda"] = _tensor(items["rng.cuda" + suffix])
-        n = json.loads(bytes(items["rng.numpy" + suffix].data).decode())
-        rng["numpy"] = (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"])
-        r = json.loads(bytes(items["rng.random" + suffix].data).decode())
-        rng["random"] = (r["version"], tuple(r["state"]), r["gauss"])
-        self._restore_rng(rng)
-        if self.scheduler is not None and "sched" in items:
-            saved = json.loads(bytes(items["sched"].data).decode())
-            self.scheduler.load_state_dict(_like(saved, self.scheduler.state_dict()))
-        if "guard.losses" in items:
-            d = bytes(items["guard.losses"].data)
-            self._losses = list(struct.unpack(f"<{len(d) // 8}d", d))
-        self.step_no = self.start_step = self._saved_step = ck.step
 
     # ----------------------------------------------------------------- reporting, exits
 

@@ -1,6 +1,13 @@
 """The DDP communication hook that carries the step's vector of loss, count, flags and norms."""
 
+import math
+
 import torch
+
+# A last bucket up to this many elements carries the step's vector in its own all-reduce (two
+# copies of the bucket, each cheaper than a collective's latency); a larger one leaves the
+# bucket in place and reduces the vector in a second, small all-reduce.
+_FUSE_MAX = 1 << 18
 
 
 def _comm_hook(job, bucket):
@@ -9,11 +16,15 @@ def _comm_hook(job, bucket):
     bucket) the step's vector of loss, sample count, command flags and norms, so the guards
     and the command agreement cost no collective of their own.
 
-    The bucket is reduced in a canonical layout (parameters in model order, whatever order
-    DDP put them in): DDP rebuilds its buckets after the first iteration in the order the
-    gradients became ready, and with 3 or more ranks the ring all-reduce's summation order
-    depends on where an element sits, so a resumed or replayed step would round differently
-    from the same step of an uninterrupted run."""
+    With 3 or more ranks the bucket is reduced in a canonical layout (parameters in model
+    order, whatever order DDP put them in): DDP rebuilds its buckets after the first
+    iteration in the order the gradients became ready, and the ring all-reduce's summation
+    order depends on where an element sits, so a resumed or replayed step would round
+    differently from the same step of an uninterrupted run. With 1 or 2 ranks every element
+    is one sum of at most two numbers, the same in any layout: no permutation.
+
+    On the CPU the scalars are Python floats (no tensor per number): this hook runs every
+    step and its fixed cost is what a small model pays."""
     buf = bucket.buffer()
     if job._hook_calls == 0:
         job._comm()
@@ -21,32 +32,46 @@ def _comm_hook(job, bucket):
             job._gradflip = False
             job._flip_grad(buf)
     job._hook_calls += 1
-    sq = torch.linalg.vector_norm(buf.detach(), dtype=torch.float64).square()
-    job._sumsq = sq if job._sumsq is None else job._sumsq + sq
-    buf.div_(job.world)
-    perm = _canonical(job, bucket, buf)
+    cpu = buf.device.type == "cpu"
+    _add_sumsq(job, buf, cpu)
+    perm = _canonical(job, bucket, buf) if job.world > 2 else None
     last = bucket.is_last()
     same = buf.dtype in (torch.float32, torch.float64)
-    pieces = [buf if perm is None else buf.index_select(0, perm)]
-    if last and same:
-        pieces.append(job._vector(job._sumsq, buf.dtype, buf.device))
-    elif last:
+    n = buf.numel()
+    fuse = last and same and n <= _FUSE_MAX
+    if last and not fuse:
+        # the vector on its own, as float64 (a half-precision bucket cannot hold the hash)
         vec = job._vector(job._sumsq, torch.float64, buf.device)
+        if cpu:
+            vec = torch.tensor(vec, dtype=torch.float64)
         job._pg.allreduce([vec], job._ar_opts).wait()
-        job._vec = vec
-    n = pieces[0].numel()
-    flat = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        job._vec = vec.tolist() if cpu else vec
+    if fuse or perm is not None:
+        flat, head, tail, tail_np = _scratch(job, bucket.index(), buf, n, fuse, cpu)
+        if perm is None:
+            torch.div(buf, job.world, out=head)
+        else:
+            torch.index_select(buf, 0, perm, out=head)
+            head.div_(job.world)
+        if fuse:
+            vec = job._vector(job._sumsq, buf.dtype, buf.device)
+            if cpu:
+                tail_np[:] = vec
+            else:
+                tail.copy_(vec)
+    else:
+        buf.div_(job.world)
+        flat = head = buf
 
     def done(t):
-        if last and same:
-            job._vec = t[n:].clone()
+        if fuse:
+            job._vec = tail_np.tolist() if cpu else tail.clone()
         if job.guard:  # one pass over the reduced bucket: is its sum finite (step() asks)
-            job._redsums.append(t[:n].sum(dtype=torch.float64))
-        if perm is None:
-            if t.data_ptr() != buf.data_ptr():
-                buf.copy_(t[:n])
-        else:
-            buf.index_copy_(0, perm, t[:n])
+            _add_redsum(job, head, cpu)
+        if perm is not None:
+            buf.index_copy_(0, perm, head)
+        elif head is not buf:
+            buf.copy_(head)
         return buf
 
     if last:
@@ -57,6 +82,46 @@ def _comm_hook(job, bucket):
         fut.set_result(done(flat))
         return fut
     return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
+
+
+def _add_sumsq(job, buf, cpu):
+    """The rank's squared gradient norm, summed over the buckets: a Python float on the CPU (a
+    float32 dot product; float64 when that overflowed, so a large finite gradient is not
+    taken for an infinite one), a float64 tensor on a GPU (no wait for the device)."""
+    if cpu and buf.dtype in (torch.float32, torch.float64):
+        sq = float(torch.dot(buf, buf))
+        if not math.isfinite(sq):
+            sq = float(torch.linalg.vector_norm(buf, dtype=torch.float64).square())
+        job._sumsq = sq if job._sumsq is None else job._sumsq + sq
+        return
+    sq = torch.linalg.vector_norm(buf.detach(), dtype=torch.float64).square()
+    if cpu:
+        sq = float(sq)
+    job._sumsq = sq if job._sumsq is None else job._sumsq + sq
+
+
+def _add_redsum(job, head, cpu):
+    """Records whether the reduced bucket is finite: on the CPU at once (its float32 sum; an
+    element check when the sum is not finite, which overflow alone can cause), on a GPU as a
+    float64 sum that step() reads with the vector."""
+    if cpu:
+        if not math.isfinite(float(head.sum())) and not bool(torch.isfinite(head).all()):
+            job._red_bad = True
+        return
+    job._redsums.append(head.sum(dtype=torch.float64))
+
+
+def _scratch(job, index, buf, n, fuse, cpu):
+    """The bucket's reusable all-reduce buffer: (flat, head, tail, tail as numpy on the CPU),
+    head the n gradient elements and tail the step's vector (fused into the last bucket;
+    empty otherwise)."""
+    extra = job._vector_len() if fuse else 0
+    s = job._scratch.get(index)
+    if s is None or s[0].numel() != n + extra or s[0].dtype != buf.dtype or s[0].device != buf.device:
+        flat = torch.empty(n + extra, dtype=buf.dtype, device=buf.device)
+        s = (flat, flat[:n], flat[n:], flat[n:].numpy() if cpu else None)
+        job._scratch[index] = s
+    return s
 
 
 def _canonical(job, bucket, buf):
