@@ -16,6 +16,18 @@ checkpoint could not be written for a storage error (no space, read-only, permis
 Under `rk run` the supervisor sets RK_HEARTBEAT (its socket), RK_CKPT_DIR, RK_RESUME,
 RK_DEVICES, RANK and WORLD_SIZE (without those two, the launcher's variables say them).
 Without RK_HEARTBEAT the worker runs standalone. Python 3 standard library only.
+
+Its ranks are independent: no collective, each rank fits its own copy from the same batches
+and checkpoints it in a file of its own, so a rank's state never depends on another's and the
+ranks need not stop at the same step. What they do agree on is leaving. Under mpirun the first
+rank that exits with a status other than 0 makes mpirun kill the others at once, so a rank that
+stopped on command and exited 4 at once would kill a slower one before its stop checkpoint was
+written. So a rank that stopped (or finished) says so with a file in the checkpoint directory,
+python_worker.rank<R>.left, and a rank that stopped exits only when every rank's is there
+(or after --stop-wait seconds, for ranks whose directories are not shared). Each rank removes
+its own file when it starts, before it says hello (a stop only reaches a rank after its hello),
+so a file left from an earlier launch belongs to a rank that has not started training in this
+one, and has nothing to lose.
 """
 
 import argparse
@@ -31,6 +43,7 @@ import time
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_COMM, EXIT_STOPPED, EXIT_GUARD = 0, 1, 2, 3, 4, 5
 EXIT_STORAGE = 6  # the checkpoint directory is full, read-only, not writable or failing
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+STOP_WAIT_S = 60.0  # default --stop-wait: how long a stopped rank waits for the others
 LINE_MAX = 4096  # bytes per protocol line, newline included
 STATE_FORMAT = "rekindle-python-worker-1"
 
@@ -197,6 +210,29 @@ def load_state(path, seed):
     return s["step"], s["w"], s["b"], (version, tuple(internal), gauss_next)
 
 
+def left_path(ckpt_dir, rank):
+    return os.path.join(ckpt_dir, f"python_worker.rank{rank}.left")
+
+
+def say_left(ckpt_dir, rank):
+    """Tell the other ranks that this one has left with its checkpoint saved: an empty file
+    (a rendezvous within one launch, not state: no fsync)."""
+    with open(left_path(ckpt_dir, rank), "w"):
+        pass
+
+
+def wait_all_left(ckpt_dir, world, timeout_s, hb):
+    """Wait until every rank has said it left (or timeout_s, or the supervisor goes): a rank
+    that exits 4 before the others have saved their stop checkpoints would have mpirun kill
+    them. True when all are there."""
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(left_path(ckpt_dir, r)) for r in range(world)):
+        if time.monotonic() >= deadline or not hb.alive():
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def batch(seed, step, n):
     """The batch of `step`: the same for the same (seed, step), however the run got there."""
     g = random.Random(seed * 1000003 + step)
@@ -216,7 +252,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--sleep", type=float, default=0.01, help="seconds per step, to watch it")
+    ap.add_argument("--sleep", default="0.01", help="seconds per step, to watch it; a comma "
+                    "list gives rank R item R (a straggler), the last item for the ranks after")
+    ap.add_argument("--stop-wait", type=float, default=STOP_WAIT_S,
+                    help="seconds a rank that stopped on command waits for the other ranks' "
+                    f"stop checkpoints before it exits (default {STOP_WAIT_S:g})")
     ap.add_argument("--result", help="write {step, w, b} as JSON to this file at the end")
     ap.add_argument("--pid-file", help="write this process's pid, as seen from outside the "
                     "job's PID namespace, to this file at start (for a test or an operator "
@@ -226,15 +266,25 @@ def main():
         with open(args.pid_file + ".tmp", "w") as f:
             f.write(f"{outside_pid()}\n")
         os.replace(args.pid_file + ".tmp", args.pid_file)
-    if args.steps < 0 or args.ckpt_every < 1 or args.batch < 1:
-        ap.error("--steps must be >= 0, --ckpt-every and --batch >= 1")
+    if args.steps < 0 or args.ckpt_every < 1 or args.batch < 1 or args.stop_wait < 0:
+        ap.error("--steps must be >= 0, --ckpt-every and --batch >= 1, --stop-wait >= 0")
+    try:
+        sleeps = [float(x) for x in args.sleep.split(",")]
+    except ValueError:
+        ap.error(f"--sleep: {args.sleep!r} is not a number or a comma list of numbers")
 
     rank, world = rank_world()
     if not 0 <= rank < world:
         print(f"rank {rank} is not below world {world}", file=sys.stderr)
         return EXIT_USAGE
+    sleep_s = sleeps[min(rank, len(sleeps) - 1)]
     ckpt_path = (os.path.join(args.ckpt_dir, f"python_worker.rank{rank}.json")
                  if args.ckpt_dir else "")
+    if ckpt_path and world > 1:  # before hello: no stop can reach this rank before it
+        try:
+            os.unlink(left_path(args.ckpt_dir, rank))
+        except FileNotFoundError:
+            pass
 
     step, w, b = 0, 0.0, 0.0
     rng = random.Random(args.seed)  # the learning-rate jitter: its state is checkpointed
@@ -287,7 +337,7 @@ def main():
         w -= lr * gw / n
         b -= lr * gb / n
         step += 1
-        time.sleep(args.sleep)
+        time.sleep(sleep_s)
         hb.step(step, loss / n, time.monotonic() - t0)
 
         cmd = hb.poll()
@@ -297,10 +347,19 @@ def main():
             return EXIT_FAIL
         if cmd == "stop":
             hb.bye(step, "stopped")
-            print(f"stopped at step {step} on the supervisor's command", file=sys.stderr)
+            print(f"rank {rank}: stopped at step {step} on the supervisor's command"
+                  + (", checkpoint saved" if ckpt_path else ""), file=sys.stderr)
+            if ckpt_path and world > 1:  # none leaves before every stop checkpoint is written
+                say_left(args.ckpt_dir, rank)
+                if not wait_all_left(args.ckpt_dir, world, args.stop_wait, hb):
+                    why = ("the supervisor has gone" if hb.lost else
+                           f"not every rank said it left within {args.stop_wait:g} s (--stop-wait)")
+                    print(f"rank {rank}: {why}; exiting", file=sys.stderr)
             return EXIT_STOPPED
 
     checkpoint()
+    if ckpt_path and world > 1:  # a stopped rank does not wait for a finished one
+        say_left(args.ckpt_dir, rank)
     print(f"w = {w!r}, b = {b!r} (target 3, 2)")
     print(f"final step {step} w {w!r} b {b!r}")
     if args.result:

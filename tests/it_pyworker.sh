@@ -4,7 +4,9 @@
 # kills it with SIGKILL (a real signal, by its pid) after its first checkpoints; rk run sees
 # the crash, relaunches it with RK_RESUME=1, and the run ends with bitwise the same w and b as
 # an uninterrupted run. Also: the supervisor's stop command (on SIGINT to rk run) makes the
-# worker checkpoint and exit 4, and rk run exits 130. Skips (77) without mpirun or python3.
+# worker checkpoint and exit 4, and rk run exits 130; with 2 ranks under mpirun and one a
+# straggler, no rank exits before every rank's stop checkpoint is written. Skips (77) without
+# mpirun or python3.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
@@ -63,4 +65,25 @@ kill -INT "$sup"
 wait "$sup"; st=$?
 [[ $st == 130 ]] && ok "interrupted rk run exits 130" || bad "interrupt: exit $st: $(tail -3 "$work/int.out")"
 grep -q "interrupted" "$work/int.out" && ok "it says it was interrupted" || bad "no interrupt message"
+
+# 2 ranks under mpirun, rank 1 a straggler (0.4 s a step): SIGINT to rk run. Every rank
+# checkpoints the step it stopped at before any exits 4; a rank that left at once would make
+# mpirun kill rank 1 before its stop checkpoint
+rm -rf "$work/ck3"
+"$RK" run -n 2 --launcher mpirun --ckpt-dir "$work/ck3" --quiet -- "${py[@]}" --steps 100000 \
+  --sleep 0.01,0.4 --ckpt-every 2 >"$work/int2.out" 2>&1 &
+sup=$!
+pids+=("$sup")
+wait_for '[[ -e $work/ck3/python_worker.rank1.json ]]' 30 || bad "2 ranks: no checkpoint of rank 1 in 30 s"
+kill -INT "$sup"
+wait "$sup"; st=$?
+[[ $st == 130 ]] && ok "2 ranks: interrupted rk run exits 130" || bad "2 ranks: exit $st: $(tail -3 "$work/int2.out")"
+python3 - "$work/int2.out" "$work/ck3" <<'PY' && ok "2 ranks: each rank's checkpoint is of the step it stopped at" || bad "2 ranks: a stop checkpoint is missing: $(grep -i stop "$work/int2.out" | head -4)"
+import json, re, sys
+out = open(sys.argv[1], errors="replace").read()
+stops = {int(r): int(s) for r, s in re.findall(r"rank (\d+): stopped at step (\d+)", out)}
+ck = {r: json.load(open(f"{sys.argv[2]}/python_worker.rank{r}.json"))["step"] for r in (0, 1)}
+print(f"stopped at {stops}, checkpoints at {ck}")
+assert sorted(stops) == [0, 1] and all(ck[r] == stops[r] for r in (0, 1)), (stops, ck)
+PY
 it_finish

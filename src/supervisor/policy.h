@@ -3,8 +3,8 @@
  * quarantined, whether the job relaunches, which devices the next launch runs on (the shrink),
  * which rank is drained, when a hang is seen and when a failing launch is torn down. Pure
  * functions of what the watch loop saw: no I/O, no clock (times are passed in), no globals.
- * Unit-tested in tests/test_policy.c. The loop (watch.c, conns.c, drain.c, run.c) gathers
- * what it sees, asks here and acts on the answer.
+ * Unit-tested in tests/test_policy.c and tests/test_policy_launch.c. The loop (watch.c,
+ * conns.c, drain.c, run.c) gathers what it sees, asks here and acts on the answer.
  */
 #ifndef RK_SUPERVISOR_POLICY_H
 #define RK_SUPERVISOR_POLICY_H
