@@ -115,7 +115,7 @@ static void test_wrong_secret_refused(void **state)
 {
     (void)state;
     rk_net_secret k = key_of(1), wrong = key_of(2);
-    rk_net_hdr h = hdr_of(20), got;
+    rk_net_hdr h = hdr_of(5), got;
     size_t n;
     rk_err err;
     assert_int_equal(rk_net_frame_seal(&wrong, &h, "hello", g_frame, sizeof g_frame, &n, &err), 0);
