@@ -465,6 +465,8 @@ static void test_secret_file_rules(void **state)
     assert_int_equal(mkdir(p, 0700), 0);
     refused(p, RK_EINVAL, "is a directory, not a regular file");
     refused(in_dir(p, sizeof p, "missing"), RK_ENOENT, "no such file");
+    assert_int_equal(mkfifo(in_dir(p, sizeof p, "fifo"), 0600), 0);
+    refused(p, RK_EINVAL, "is a FIFO, not a regular file"); /* and the open did not hang */
 
     put(in_dir(p, sizeof p, "badhex"), "0011223344556677889g" HEX64 "\n", 0600);
     refused(p, RK_EFORMAT, "characters"); /* 84 characters */

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/crypto.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +249,11 @@ int rk_net_secret_read_fd(rk_net_secret *s, int fd, const char *label, rk_err *e
         ssize_t got = read(fd, buf + len, 1);
         if (got < 0 && errno == EINTR)
             continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* a non-blocking stdin */
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (poll(&p, 1, -1) >= 0 || errno == EINTR)
+                continue;
+        }
         if (got < 0) {
             rc =
                 rk_err_set(err, RK_EIO, "%s: read: %s", shown, rk_msg_strerror(errno, e, sizeof e));

@@ -60,9 +60,9 @@ int rk_net_secret_load(rk_net_secret *s, const char *path, rk_err *err);
 
 /* Read the text form from `fd` (an agent's stdin: a pipe), one byte at a time so that nothing
  * after the newline is consumed: up to the first '\n' or the end of input, and never more
- * than 65 bytes (the text form's longest). Blocks until then. `label` ("stdin") names it in
- * messages. RK_EFORMAT for a bad or missing secret (end of input before 64 characters), RK_EIO if a
- * read fails. */
+ * than 65 bytes (the text form's longest). Blocks until then (a non-blocking `fd` is polled).
+ * `label` ("stdin") names it in messages. RK_EFORMAT for a bad or missing secret (end of input
+ * before 64 characters), RK_EIO if a read fails. */
 int rk_net_secret_read_fd(rk_net_secret *s, int fd, const char *label, rk_err *err);
 
 /* Overwrite the key with zeros in a way the compiler keeps (OPENSSL_cleanse). NULL-safe. */

@@ -167,7 +167,7 @@ static int wait_fd(int fd, short events, double deadline)
         if (left <= 0)
             return 0;
         struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, (int)(left * 1000.0) + 1);
+        int n = poll(&p, 1, left > 3600 ? 3600 * 1000 : (int)(left * 1000.0) + 1);
         if (n > 0)
             return 1;
         if (n < 0 && errno != EINTR)

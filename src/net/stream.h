@@ -2,7 +2,8 @@
  * Inside librekindle: the node link's frames out of a TCP byte stream (non-blocking sockets).
  *
  * A reader holds one connection's bytes in a fixed buffer of RK_NET_FRAME_MAX bytes (about
- * 64 KiB; nothing is allocated). It looks at the header as it arrives: a wrong magic or
+ * 64 KiB; nothing is allocated: allocate the reader itself, or make it static, rather than
+ * putting it on a thread's stack). It looks at the header as it arrives: a wrong magic or
  * version fails as soon as those bytes are in, and a payload length over the bound fails as
  * soon as the length field is, before any payload is awaited. A complete frame is opened
  * (frame.h: the tag is checked) and only then handed out. The first failure is final: every
