@@ -93,6 +93,8 @@ int rk_net_frame_peek(const uint8_t *buf, size_t avail, const char *from, size_t
                       rk_err *err)
 {
     *total = 0;
+    if (avail == 0)
+        return RK_OK;
     char shown[RK_NET_ADDR_MAX + 16];
     rk_msg_show(shown, sizeof shown, who(from));
     size_t m = avail < 4 ? avail : 4;

@@ -185,7 +185,7 @@ static int check_file(int fd, const char *shown, rk_err *err)
                           shown, (unsigned)(st.st_mode & 07777),
                           st.st_mode & (S_IWGRP | S_IWOTH)
                               ? (st.st_mode & (S_IRGRP | S_IROTH) ? "read and write" : "write")
-                              : (st.st_mode & (S_IRGRP | S_IROTH) ? "read" : "open"),
+                              : (st.st_mode & (S_IRGRP | S_IROTH) ? "read" : "execute"),
                           shown);
     if (st.st_size > RK_NET_SECRET_FILE_MAX)
         return rk_err_set(err, RK_EINVAL,

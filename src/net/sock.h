@@ -38,9 +38,9 @@ int rk_net_listen(const char *addr, uint16_t port, int *fd, rk_err *err);
 int rk_net_accept(int lfd, int *fd, char *from, rk_err *err);
 
 /* Connect to `host`:`port` (every address the name resolves to, in turn) within `timeout_s`
- * seconds in all. On success *fd is the connected, non-blocking socket. RK_ENOENT (no such
- * host), RK_ECOMM (refused, unreachable, or the timeout passed: the message says which,
- * naming the address), RK_EIO. */
+ * seconds in all (> 0; even loopback needs a moment). On success *fd is the connected, non-blocking
+ * socket. RK_ENOENT (no such host), RK_ECOMM (refused, unreachable, or the timeout passed: the
+ * message says which, naming the address), RK_EIO. */
 int rk_net_connect(const char *host, uint16_t port, double timeout_s, int *fd, rk_err *err);
 
 /* Write all `len` bytes to the non-blocking socket `fd`, waiting for room up to `timeout_s`
