@@ -19,9 +19,9 @@ set -euo pipefail
 declare -A group
 group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
-  libopenblas-dev"
+  libopenblas-dev libssl-dev"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
-  libmicrohttpd12 libopenblas0 python3 python3-xxhash dataset-fashion-mnist"
+  libmicrohttpd12 libopenblas0 libssl3 python3 python3-xxhash dataset-fashion-mnist"
 group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
   python3-numpy python3-pip python3-setuptools python3-wheel python3-venv"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
