@@ -109,6 +109,15 @@ for h in h1 h2 h3; do
 done
 [[ $(rig_exec "$name" h2 hostname) == h2 ]] && ok "rig exec runs with hostname h2" ||
   bad "hostname in h2: $(rig_exec "$name" h2 hostname)"
+# As an rsh from inside another host (a coordinator in h1 starting an agent in h3): the words
+# are joined into one command line, and h2 resolves to its address there.
+# shellcheck disable=SC2016 # expanded in h3
+out=$(rig_exec "$name" h1 "$R" rsh "$name" h3 'echo $(hostname)' '$(getent hosts h2)')
+if [[ $out == "h3 $(rig_addr "$name" h2) h2 $name-h2" ]]; then
+  ok "rig rsh from h1 to h3 runs a command line there: '$out'"
+else
+  bad "rig rsh from h1 to h3 printed '$out'"
+fi
 
 # ---- every host reaches the others, by ping and TCP ----------------------------------------
 declare -A port addr
@@ -141,6 +150,25 @@ for i in h1 h2 h3; do
     fi
   done
 done
+
+# ---- a second rig at the same time: another subnet, and the two do not reach each other ----
+other=$(rig_name ro)
+rig_autoclean "$other"
+if rig_up "$other" 2; then
+  oaddr=$(rig_addr "$other" h1)
+  [[ ${oaddr%.*} != "${addr[h1]%.*}" ]] && ok "a second rig gets another subnet (${oaddr%.*}.0/24)" ||
+    bad "a second rig got the same subnet (${oaddr%.*}.0/24)"
+  for h in h1 h2 h3; do
+    if rig_exec "$other" h1 python3 "$T" probe "${addr[$h]}" "${port[$h]}" 1 2>/dev/null; then
+      bad "h1 of the second rig reaches $h of the first"
+    else
+      ok "h1 of the second rig cannot reach $h of the first (${addr[$h]})"
+    fi
+  done
+  rig_down "$other" || bad "rig down of the second rig failed"
+else
+  bad "a second rig could not be made"
+fi
 
 # ---- isolation: the root namespace and the rig do not reach each other ---------------------
 for h in h1 h2 h3; do
