@@ -159,7 +159,7 @@ if rig_up "$other" 2; then
   [[ ${oaddr%.*} != "${addr[h1]%.*}" ]] && ok "a second rig gets another subnet (${oaddr%.*}.0/24)" ||
     bad "a second rig got the same subnet (${oaddr%.*}.0/24)"
   for h in h1 h2 h3; do
-    if rig_exec "$other" h1 python3 "$T" probe "${addr[$h]}" "${port[$h]}" 1 2>/dev/null; then
+    if rig_exec "$other" h1 python3 "$T" probe "${addr[$h]}" "${port[$h]}" 1 >/dev/null 2>&1; then
       bad "h1 of the second rig reaches $h of the first"
     else
       ok "h1 of the second rig cannot reach $h of the first (${addr[$h]})"
@@ -177,7 +177,7 @@ for h in h1 h2 h3; do
   else
     ok "the root namespace cannot ping $h (${addr[$h]})"
   fi
-  if python3 "$T" probe "${addr[$h]}" "${port[$h]}" 1 2>/dev/null; then
+  if python3 "$T" probe "${addr[$h]}" "${port[$h]}" 1 >/dev/null 2>&1; then
     bad "the root namespace reaches $h by TCP"
   else
     ok "the root namespace cannot reach $h by TCP"
@@ -196,7 +196,7 @@ if wait_file "$work/ready-root" 10; then
     fi
     if [[ $rport == "${port[h1]}" ]]; then
       ok "(port $rport is also h1's: the TCP check on $a is skipped)"
-    elif rig_exec "$name" h1 python3 "$T" probe "$a" "$rport" 1 2>/dev/null; then
+    elif rig_exec "$name" h1 python3 "$T" probe "$a" "$rport" 1 >/dev/null 2>&1; then
       bad "h1 reaches the root namespace's listener on $a:$rport"
     else
       ok "h1 cannot reach the root namespace's listener on $a:$rport (root itself can)"
@@ -224,15 +224,16 @@ else
 fi
 [[ $(rig_status "$name") == *"h2 ns=$name-h2 addr=${addr[h2]} link=cut"* ]] &&
   ok "rig status shows h2 cut" || bad "rig status: $(rig_status "$name")"
+# The time to fail is the probe's own (from its connect on): python's start in a loaded
+# machine is not the link's.
 t0=$(now)
-if rig_exec "$name" h1 python3 "$T" probe h2 "${port[h2]}" 1.5 2>/dev/null; then
+if dt=$(rig_exec "$name" h1 python3 "$T" probe h2 "${port[h2]}" 1.5 2>/dev/null); then
   bad "h1 still reaches h2 by TCP after the cut"
 else
-  dt=$(since "$t0")
-  ge 2.5 "$dt" && ok "h1 -> h2 TCP fails after the cut, in $dt s" ||
-    bad "h1 -> h2 TCP took $dt s to fail (want <= 2.5)"
+  ge 2.5 "${dt:-9}" && ok "h1 -> h2 TCP fails after the cut, in $dt s ($(since "$t0") s with python's start)" ||
+    bad "h1 -> h2 TCP took '$dt' s to fail (want <= 2.5)"
 fi
-if rig_exec "$name" h2 python3 "$T" probe h1 "${port[h1]}" 1.5 2>/dev/null; then
+if rig_exec "$name" h2 python3 "$T" probe h1 "${port[h1]}" 1.5 >/dev/null 2>&1; then
   bad "h2 still reaches h1 by TCP after the cut"
 else
   ok "h2 -> h1 TCP fails after the cut"
@@ -243,7 +244,7 @@ rig_heal "$name" h2 || bad "rig heal $name h2 failed"
 t0=$(now)
 healed=
 for ((t = 0; t < 25; t++)); do
-  if rig_exec "$name" h1 python3 "$T" probe h2 "${port[h2]}" 1 2>/dev/null; then
+  if rig_exec "$name" h1 python3 "$T" probe h2 "${port[h2]}" 1 >/dev/null 2>&1; then
     healed=1
     break
   fi

@@ -4,7 +4,8 @@
   tcp.py serve READY [ADDR]        listen on ADDR (default 0.0.0.0), a port the kernel picks,
                                    written to the file READY once listening; each connection:
                                    read to EOF, answer "ok BYTES"
-  tcp.py probe ADDR PORT TIMEOUT   connect, send "ping", exit 0 on the answer, 1 otherwise
+  tcp.py probe ADDR PORT TIMEOUT   connect, send "ping", exit 0 on the answer, 1 otherwise;
+                                   a failure prints the seconds it took on stdout
   tcp.py send ADDR PORT BYTES TIMEOUT
                                    send BYTES bytes, wait for the answer; print the seconds
                                    from connect to answer
@@ -54,6 +55,7 @@ def exchange(addr, port, data, timeout):
 
 
 def main(argv):
+    t0 = time.monotonic()
     try:
         if argv[:1] == ["serve"] and len(argv) in (2, 3):
             serve(argv[1], argv[2] if len(argv) == 3 else "0.0.0.0")
@@ -67,6 +69,8 @@ def main(argv):
             return 2
     except (OSError, ValueError) as e:
         sys.stderr.write("tcp.py %s: %s\n" % (" ".join(argv[:3]), e))
+        if argv[:1] == ["probe"]:
+            print("%.3f" % (time.monotonic() - t0))
         return 1
     return 0
 
