@@ -370,6 +370,34 @@ for sig in TERM INT KILL; do
   [[ -z $(leftovers "$sub") ]] && ok "SIG$sig: nothing of its rig is left" ||
     bad "SIG$sig: left: $(leftovers "$sub" | tr '\n' ' ')"
 done
+# ---- the functions hold under set -euo pipefail (a test may use them so) -------------------
+cat >"$work/sete.sh" <<'EOF'
+set -euo pipefail
+. "$1"
+n=$2
+rig_autoclean "$n"
+rig_up "$n" 2
+rig_spawn "$n" h1 sleep 100
+rig_exec "$n" h1 ping -c1 -W2 -q h2 >/dev/null
+rig_cut "$n" h2
+rig_heal "$n" h2
+rig_shape "$n" h2 100mbit
+rig_status "$n" >/dev/null
+rig_shape "$n" h2 off
+rig_status "$n" >/dev/null
+rig_status >/dev/null
+rig_has_netem || true
+rig_down "$n"
+rig_down "$n"
+echo "all done"
+EOF
+sub=$(rig_name re)
+rig_autoclean "$sub"
+out=$(bash "$work/sete.sh" "$here/net.sh" "$sub" 2>&1)
+[[ $out == *"all done" && -z $(leftovers "$sub") ]] &&
+  ok "up, spawn, exec, cut, heal, shape, status and down under set -euo pipefail" ||
+  bad "under set -euo pipefail: '$out'"
+
 [[ $(root_links) == "$links0" ]] && ok "root namespace links as at the start" ||
   bad "root namespace links changed"
 

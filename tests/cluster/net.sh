@@ -27,6 +27,7 @@
 #   rig_addr NAME hK / rig_ns NAME hK / rig_hosts NAME   host K's address / namespace / h1..hN
 #   rig_status [NAME]          the rigs, or one rig's hosts, links and shaping
 #   rig_gc                     rig_down every rig whose owner process is gone (after SIGKILL)
+#   rig_has_netem              0 if this kernel can delay packets (netem), else 1
 
 RIG_RUN=${RIG_RUN:-/run/rk-rig}
 RIG_GRACE=${RIG_GRACE:-2}
@@ -113,7 +114,7 @@ rig_up() {
     _rig_err "usage: rig up NAME N"
     return 2
   fi
-  local name=$1 n=$2 owner=${RIG_OWNER:-$$} fd i k used net st pre
+  local name=$1 n=$2 owner=${RIG_OWNER:-$$} fd f i used net st pre
   _rig_name_ok "$name" || return 2
   if [[ ! $n =~ ^[1-9][0-9]{0,2}$ ]] || ((n > 250)); then
     _rig_err "bad host count '$n': 1 to 250"
@@ -135,7 +136,10 @@ rig_up() {
     _rig_err "rig '$name' exists (rig down $name removes it)"
     return 1
   fi
-  used=" $(cat "$RIG_RUN"/*/net 2>/dev/null | tr '\n' ' ') "
+  used=" "
+  for f in "$RIG_RUN"/*/net; do
+    if [[ -f $f ]]; then used+="$(<"$f") "; fi
+  done
   net=
   for ((i = 0; i < 512; i++)); do
     pre="198.$((18 + i / 256)).$((i % 256))"
@@ -226,7 +230,7 @@ _rig_kill_ns() {
     pids=$(_rig_ns_pids "$@")
     [[ -n $pids ]] || return 0
     # shellcheck disable=SC2086
-    kill -TERM $pids 2>/dev/null
+    kill -TERM $pids 2>/dev/null || true
     end=$((${EPOCHREALTIME/./} + RIG_GRACE * 1000000))
     while :; do
       live=
@@ -236,7 +240,7 @@ _rig_kill_ns() {
     done
     [[ -n $live ]] || continue
     # shellcheck disable=SC2086
-    kill -KILL $live 2>/dev/null
+    kill -KILL $live 2>/dev/null || true
     end=$((${EPOCHREALTIME/./} + 5000000))
     while :; do
       pids=$live live=
@@ -475,7 +479,7 @@ rig_status() {
       state='cut'
     fi
     q=$(tc -n "$name-$h" qdisc show dev eth0 2>/dev/null | grep -oE '(tbf|netem) .*' |
-      sed -E -e 's/ [0-9a-f]+: (root|parent [0-9a-f:]+) refcnt [0-9]+//' -e 's/ (burst|lat|limit|seed) .*//' | tr '\n' ' ')
+      sed -E -e 's/ [0-9a-f]+: (root|parent [0-9a-f:]+) refcnt [0-9]+//' -e 's/ (burst|lat|limit|seed) .*//' | tr '\n' ' ' || true)
     echo "$h ns=$name-$h addr=$(rig_addr "$name" "$h") link=$state shape=${q:-none}"
   done
 }
