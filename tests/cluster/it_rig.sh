@@ -156,7 +156,8 @@ other=$(rig_name ro)
 rig_autoclean "$other"
 if rig_up "$other" 2; then
   oaddr=$(rig_addr "$other" h1)
-  [[ ${oaddr%.*} != "${addr[h1]%.*}" ]] && ok "a second rig gets another subnet (${oaddr%.*}.0/24)" ||
+  [[ ${oaddr%.*} != "${addr[h1]%.*}" ]] &&
+    ok "a second rig gets another subnet (${oaddr%.*}.0/24)" ||
     bad "a second rig got the same subnet (${oaddr%.*}.0/24)"
   for h in h1 h2 h3; do
     if rig_exec "$other" h1 python3 "$T" probe "${addr[$h]}" "${port[$h]}" 1 >/dev/null 2>&1; then
@@ -230,7 +231,8 @@ t0=$(now)
 if dt=$(rig_exec "$name" h1 python3 "$T" probe h2 "${port[h2]}" 1.5 2>/dev/null); then
   bad "h1 still reaches h2 by TCP after the cut"
 else
-  ge 2.5 "${dt:-9}" && ok "h1 -> h2 TCP fails after the cut, in $dt s ($(since "$t0") s with python's start)" ||
+  ge 2.5 "${dt:-9}" &&
+    ok "h1 -> h2 TCP fails after the cut, in $dt s ($(since "$t0") s with python's start)" ||
     bad "h1 -> h2 TCP took '$dt' s to fail (want <= 2.5)"
 fi
 if rig_exec "$name" h2 python3 "$T" probe h1 "${port[h1]}" 1.5 >/dev/null 2>&1; then
@@ -303,7 +305,8 @@ rig_spawn "$name" h3 sh -c 'sleep 600 & sleep 600 & wait'
 sleep 0.5
 mapfile -t inside < <(for ns in $(_rig_list_ns "$name"); do ip netns pids "$ns"; done)
 t0=$(now)
-rig_down "$name" && ok "rig down $name in $(since "$t0") s (a process ignores TERM: KILL after ${RIG_GRACE} s)" ||
+rig_down "$name" &&
+  ok "rig down $name in $(since "$t0") s (a process ignores TERM: KILL after ${RIG_GRACE} s)" ||
   bad "rig down $name failed"
 left=()
 for p in "${inside[@]}"; do alive "$p" && left+=("$p"); done
@@ -361,7 +364,8 @@ for sig in TERM INT KILL; do
   else
     want=130
     [[ $sig != TERM ]] || want=143
-    [[ $rc == "$want" ]] && ok "SIG$sig sub-run exits $rc" || bad "SIG$sig sub-run exit $rc (want $want)"
+    [[ $rc == "$want" ]] && ok "SIG$sig sub-run exits $rc" ||
+      bad "SIG$sig sub-run exit $rc (want $want)"
     [[ ! -e $rdy.w ]] && ok "SIG$sig sub-run: its own EXIT trap ran too" ||
       bad "SIG$sig sub-run: its own EXIT trap did not run"
   fi

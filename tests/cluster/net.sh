@@ -419,7 +419,8 @@ rig_shape() {
   fi
   bytes=$(_rig_rate_bytes "$rate")
   if [[ -z $bytes || $bytes -lt 1000 ]]; then
-    _rig_err "bad rate '$rate': an integer with bit, kbit, mbit, gbit, bps, kbps, mbps or gbps, at least 8kbit (or off)"
+    _rig_err "bad rate '$rate': an integer with bit, kbit, mbit, gbit, bps, kbps, mbps" \
+      "or gbps, at least 8kbit (or off)"
     return 2
   fi
   if [[ ! $delay =~ ^(0|[1-9][0-9]{0,6}(us|ms|s))$ ]]; then
@@ -479,7 +480,8 @@ rig_status() {
       state='cut'
     fi
     q=$(tc -n "$name-$h" qdisc show dev eth0 2>/dev/null | grep -oE '(tbf|netem) .*' |
-      sed -E -e 's/ [0-9a-f]+: (root|parent [0-9a-f:]+) refcnt [0-9]+//' -e 's/ (burst|lat|limit|seed) .*//' | tr '\n' ' ' || true)
+      sed -E -e 's/ [0-9a-f]+: (root|parent [0-9a-f:]+) refcnt [0-9]+//' \
+        -e 's/ (burst|lat|limit|seed) .*//' | tr '\n' ' ' || true)
     echo "$h ns=$name-$h addr=$(rig_addr "$name" "$h") link=$state shape=${q:-none}"
   done
 }
