@@ -11,7 +11,8 @@
 #     test   clang (fuzzers), clang-format (make format-check), prometheus and promtool
 #            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh),
 #            python3-torch and python3-numpy (the PyTorch jobs' tests and torchrun, their peer),
-#            python3-pip, -setuptools, -wheel, -venv (the `pip install ./python` test)
+#            python3-pip, -setuptools, -wheel, -venv (the `pip install ./python` test),
+#            iproute2 and iputils-ping (the test cluster of network namespaces, tests/cluster)
 #     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
 #   --bench  the same as: build run test bench
 set -euo pipefail
@@ -23,7 +24,7 @@ group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
   libmicrohttpd12 libopenblas0 libssl3 python3 python3-xxhash dataset-fashion-mnist"
 group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
-  python3-numpy python3-pip python3-setuptools python3-wheel python3-venv"
+  python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")
