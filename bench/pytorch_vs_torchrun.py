@@ -172,6 +172,7 @@ class Job:
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                      stderr=open(log, "wb"), stdin=subprocess.DEVNULL)
         self.lines = []  # (t, step)
+        self.loop_lines = []  # the script's "train loop:" lines
         self.seen = {}  # pid -> (rank, t_first, t_gone or None)
         self.all_pids = set()
         self.lock = threading.Lock()
@@ -189,6 +190,9 @@ class Job:
             if m:
                 with self.lock:
                     self.lines.append((t, int(m.group(1))))
+            elif b"train loop:" in line:  # the script's own account of its loop (rank 0)
+                with self.lock:
+                    self.loop_lines.append(line.decode("utf-8", "replace"))
 
     def _watch(self):
         while not self.done:
@@ -407,6 +411,9 @@ class Bench:
             rc = job.wait(600)
             with job.lock:
                 lines = list(job.lines)
+                loop = list(job.loop_lines)
+            with open(os.path.join(d, "stdout-loop"), "w") as f:
+                f.writelines(loop)
             warm = [x for x in lines if x[1] >= a.warmup]
             if rc != 0 or len(warm) < 2:
                 return None, d
@@ -414,6 +421,29 @@ class Bench:
             return (s2 - s1) / (t2 - t1), d
         finally:
             job.kill()
+
+
+def median(v):
+    v = sorted(v)
+    if not v:
+        return None
+    return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+
+
+CPU_RE = re.compile(r"train loop: .*?([\d.]+) ms CPU a step on rank 0")
+
+
+def cpu_per_step(d):
+    """Rank 0's CPU milliseconds a step, from the script's own `train loop:` line on its
+    stdout (kept in stdout-loop) or in the run's log (None when the script prints none)."""
+    found = []
+    for name in ("stdout-loop", "log"):
+        try:
+            with open(os.path.join(d, name), errors="replace") as f:
+                found += CPU_RE.findall(f.read())
+        except OSError:
+            pass
+    return float(found[-1]) if found else None
 
 
 def fmt(x, nd=2):
@@ -533,6 +563,7 @@ def main():
         sides = ["torchrun", "rk", "rk-noguard"] + (["plain"] if os.path.exists(b.plain)
                                                      else [])
         runs = {(s, t): [] for s in sides for t in threads}
+        cpus = {(s, t): [] for s in sides for t in threads}
         for r in range(a.rounds):
             order = [(s, t) for t in threads for s in sides]
             if r % 2:
@@ -540,8 +571,10 @@ def main():
             for s, t in order:
                 log(f"overhead round {r + 1}: {s} @{t}")
                 v, d = b.throughput(s, t)
-                log(f"  {v}")
+                c = cpu_per_step(d)
+                log(f"  {v} steps/s, {c} ms CPU a step on rank 0")
                 runs[(s, t)].append(v)
+                cpus[(s, t)].append(c)
                 ok &= v is not None
         P(f"### overhead: steps/s of an uninterrupted run ({a.steps} steps, steps "
           f"{a.warmup} to {a.steps} timed), best of {a.rounds} alternating rounds")
@@ -579,10 +612,28 @@ def main():
                 row += f" {fmt(bp, 1)} | {fmt(br / bp if bp else None, 3)} |"
             P(row)
         P("")
-        P("Runs (steps/s, rounds in order):")
+        P("The same runs by their median (a best of N favours the side with the luckiest run; on a "
+          "machine shared with other work the median says what a run usually gets) and by rank "
+          "0's CPU time a step (its `time.process_time()` over the loop, as the script prints it; "
+          "the least of the rounds; on a loaded machine it grows with the wall clock). Overhead "
+          "and extra CPU are against torchrun; negative: less than torchrun:")
+        P("")
+        P("| threads/rank | side | median steps/s | overhead | least CPU ms a step | extra CPU |")
+        P("|---|---|---|---|---|---|")
+        for t in threads:
+            mt = median([x for x in runs[("torchrun", t)] if x])
+            ct = min([x for x in cpus[("torchrun", t)] if x], default=None)
+            for side in sides:
+                m = median([x for x in runs[(side, t)] if x])
+                c = min([x for x in cpus[(side, t)] if x], default=None)
+                P(f"| {t} | {side} | {fmt(m, 1)} | {fmt(100 * (1 - m / mt) if m and mt else None, 1)}% "
+                  f"| {fmt(c, 3)} | {fmt(100 * (c / ct - 1) if c and ct else None, 1)}% |")
+        P("")
+        P("Runs (steps/s, rounds in order; rank 0's CPU ms a step):")
         P("")
         for (s, t), v in runs.items():
-            P(f"- {s}@{t}: " + ", ".join(fmt(x, 1) for x in v))
+            P(f"- {s}@{t}: " + ", ".join(fmt(x, 1) for x in v) + "; CPU "
+              + ", ".join(fmt(x, 3) for x in cpus[(s, t)]))
         P("")
     P(f"- load average at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     text = "\n".join(out) + "\n"
