@@ -33,6 +33,19 @@ def free_port():
 def launch(test, n, steps, env=None, extra=()):
     """Start n ranks of the example; returns (rank 0's result dict, rank 0's stderr)."""
     d = rktest.tmpdir(test)
+    for attempt in range(3):
+        procs, outs = _start(d, n, steps, env, extra)
+        # free_port's port can be taken by another process before rank 0 binds it (a busy
+        # machine): nothing has run yet then, so the launch is made again on another port
+        if not (procs[0].returncode and "Address already in use" in outs[0][1]):
+            break
+    for r, p in enumerate(procs):
+        test.assertEqual(p.returncode, 0, f"rank {r}: {outs[r][1][-2000:]}")
+    with open(os.path.join(d, "result0.json")) as f:
+        return json.load(f), outs[0][1]
+
+
+def _start(d, n, steps, env, extra):
     port = str(free_port())
     procs = []
     for r in range(n):
@@ -43,11 +56,11 @@ def launch(test, n, steps, env=None, extra=()):
         out = os.path.join(d, f"result{r}.json")
         procs.append(subprocess.Popen([sys.executable, EXAMPLE, *ARGS, "--steps", str(steps), "--result", out,
                                        *extra], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=120) for p in procs]
-    for r, p in enumerate(procs):
-        test.assertEqual(p.returncode, 0, f"rank {r}: {outs[r][1][-2000:]}")
-    with open(os.path.join(d, "result0.json")) as f:
-        return json.load(f), outs[0][1]
+    outs = [procs[0].communicate(timeout=120)]
+    if procs[0].returncode and "Address already in use" in outs[0][1]:
+        for p in procs[1:]:  # they would wait for a store that is not there
+            p.kill()
+    return procs, outs + [p.communicate(timeout=120) for p in procs[1:]]
 
 
 # A small 2-rank job (gloo, a file store): argv rank, steps, store, result file. CKPT_AT: a
