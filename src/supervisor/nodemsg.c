@@ -181,7 +181,17 @@ int rk_node_hello_format(const rk_node_hello *h, char *out, size_t cap, size_t *
     return RK_OK;
 }
 
+static int hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_err *err);
+
 int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_err *err)
+{
+    int rc = hello_parse(payload, len, h, err);
+    if (rc)
+        memset(h, 0, sizeof *h); /* nothing half-parsed is handed out */
+    return rc;
+}
+
+static int hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_err *err)
 {
     memset(h, 0, sizeof *h);
     rk_node_kv kv;
@@ -197,18 +207,14 @@ int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_er
         return rc;
     size_t n;
     const char *s = kv_get(&kv, "host", &n);
-    if (!s || !host_ok(s, n)) {
-        memset(h, 0, sizeof *h);
+    if (!s || !host_ok(s, n))
         return rk_err_set(err, RK_EFORMAT, "hello: %s", s ? "host is empty" : "no host");
-    }
     memcpy(h->host, s, n);
     s = kv_get(&kv, "boot_id", &n);
-    if (!s || !rk_node_boot_id_ok(s, n)) {
-        memset(h, 0, sizeof *h);
+    if (!s || !rk_node_boot_id_ok(s, n))
         return rk_err_set(err, RK_EFORMAT, "hello: %s",
                           s ? "boot_id is not a UUID (8-4-4-4-12 lower-case hex digits)"
                             : "no boot_id");
-    }
     memcpy(h->boot_id, s, n);
     return RK_OK;
 }
