@@ -167,17 +167,37 @@ else
 fi
 wait "$a0" 2>/dev/null
 
+# --- a new agent process for node 0, same launch: its sequence numbers start again -----------
+"$RK" agent --coordinator "$coordinator" --node 0 --job-id "$job" <"$work/secret" 2>"$work/again.err"
+rc=$?
+[[ $rc == 1 ]] && grep -q 'closed the link' "$work/again.err" &&
+  wait_line "$work/coord.out" '^refused .*: replayed frame seq 1 <= [0-9]+ .*' 2 &&
+  [[ $(lines "$work/coord.out" '^refused .*replayed') == 2 ]] &&
+  ok "a restarted agent is refused as replaying until the next launch" ||
+  { bad "a restarted agent (exit $rc)"; cat "$work/again.err"; }
+
+# --- a node this job does not have: REFUSED, exit 1 with the reason ---------------------------
+"$RK" agent --coordinator "$coordinator" --node 5 --job-id "$job" <"$work/secret" 2>"$work/n5.err"
+rc=$?
+[[ $rc == 1 ]] && grep -q 'refused node 5: node 5 is not in this job' "$work/n5.err" &&
+  ok "node 5 of a 3-node job is refused, exit 1" || { bad "node 5 (exit $rc)"; cat "$work/n5.err"; }
+
+# --- SIGTERM to an agent: it says BYE, the node left ------------------------------------------
+kill -TERM "$a1"
+wait "$a1"
+rc=$?
+[[ $rc == 0 ]] && wait_line "$work/coord.out" '^node 1 left: the agent was stopped' 2 &&
+  ok "an agent stopped by SIGTERM says BYE (exit 0, node 1 left)" || bad "SIGTERM to an agent (exit $rc)"
+
 # --- the coordinator's BYE: the agents exit 0 -------------------------------------------------
 kill -TERM "$coord"
 wait "$coord"
 rc=$?
 [[ $rc == 0 ]] && ok "the coordinator stops on SIGTERM, exit 0" || bad "the coordinator exits $rc"
-for p in "$a1" "$a2"; do
-  wait "$p"
-  rc=$?
-  [[ $rc == 0 ]] && ok "agent $p exits 0 on BYE" || bad "agent $p exits $rc on BYE"
-done
-grep -q 'said BYE' "$work/a1.err" && ok "the agent says the coordinator said BYE" || bad "no BYE line"
+wait "$a2"
+rc=$?
+[[ $rc == 0 ]] && ok "the last agent exits 0 on the coordinator's BYE" || bad "the last agent exits $rc on BYE"
+grep -q 'said BYE' "$work/a2.err" && ok "the agent says the coordinator said BYE" || bad "no BYE line"
 kill "$relay" 2>/dev/null
 wait "$relay" 2>/dev/null
 echo "--- coordinator"
