@@ -33,8 +33,9 @@ typedef struct agent {
     char at[RK_NET_ADDR_MAX + 8]; /* the coordinator, for messages */
     char hello[RK_NODE_PAYLOAD_MAX];
     size_t hello_len;
-    bool welcomed; /* a WELCOME came on some connection already */
-    bool link_up;  /* on the connection last run */
+    bool welcomed;            /* a WELCOME came on some connection already */
+    bool link_up;             /* on the connection last run */
+    char why[RK_ERR_MSG_MAX]; /* why the last connection dropped */
 } agent;
 
 __attribute__((format(printf, 2, 3))) static void logf_(agent *a, const char *fmt, ...)
@@ -82,6 +83,17 @@ typedef enum link_end {
     LINK_DONE     /* return *outcome */
 } link_end;
 
+/* End a connection: say why (logged, and kept for the message of giving up). */
+__attribute__((format(printf, 2, 3))) static link_end drop(agent *a, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->why, sizeof a->why, fmt, ap);
+    va_end(ap);
+    logf_(a, "%s; reconnecting", a->why);
+    return LINK_DROPPED;
+}
+
 /* One connection: HELLO, then frames until it ends. */
 static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *err)
 {
@@ -89,9 +101,9 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     rk_err e = {0};
     rk_net_reader_init(a->r, a->at);
     a->link_up = false;
+    a->why[0] = 0;
     if (send_msg(a, fd, RK_NODE_MSG_HELLO, a->hello, a->hello_len, &e)) {
-        logf_(a, "cannot send HELLO: %s", e.msg);
-        return LINK_DROPPED;
+        return drop(a, "cannot send HELLO: %s", e.msg);
     }
     bool up = false;
     double now = rk_mono_s(), opened = now, last_rx = now, next_ping = now + o->ping_s;
@@ -106,17 +118,14 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
         }
         now = rk_mono_s();
         if (!up && now - opened >= o->connect_timeout_s) {
-            logf_(a, "no WELCOME from %s within %g s; reconnecting", a->at, o->connect_timeout_s);
-            return LINK_DROPPED;
+            return drop(a, "no WELCOME from %s within %g s", a->at, o->connect_timeout_s);
         }
         if (up && now - last_rx >= rx_timeout) {
-            logf_(a, "nothing from %s for %.1f s; reconnecting", a->at, now - last_rx);
-            return LINK_DROPPED;
+            return drop(a, "nothing from %s for %.1f s", a->at, now - last_rx);
         }
         if (up && now >= next_ping) {
             if (send_msg(a, fd, RK_NODE_MSG_PING, NULL, 0, &e)) {
-                logf_(a, "link lost: %s; reconnecting", e.msg);
-                return LINK_DROPPED;
+                return drop(a, "link lost: %s", e.msg);
             }
             next_ping = now + o->ping_s;
         }
@@ -126,8 +135,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
         struct pollfd p = {.fd = fd, .events = POLLIN};
         int n = poll(&p, 1, wait > 0 ? (int)(wait * 1000) + 1 : 0);
         if (n < 0 && errno != EINTR) {
-            logf_(a, "poll failed; reconnecting");
-            return LINK_DROPPED;
+            return drop(a, "poll failed");
         }
         if (n <= 0)
             continue;
@@ -136,17 +144,15 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
         const uint8_t *payload;
         while (rc >= 0 && (rc = rk_net_reader_next(a->r, a->key, &h, &payload, &e)) == 1) {
             if (rk_net_peer_accept(&a->peer, &h, a->at, &e)) {
-                logf_(a, "refused a frame: %s; reconnecting", e.msg);
-                return LINK_DROPPED;
+                return drop(a, "refused a frame: %s", e.msg);
             }
             last_rx = rk_mono_s();
             switch (h.type) {
             case RK_NODE_MSG_WELCOME: {
                 rk_node_welcome w;
                 if (rk_node_welcome_parse(payload, h.len, &w, &e) || w.node != o->node) {
-                    logf_(a, "a bad WELCOME from %s: %s; reconnecting", a->at,
-                          e.msg[0] ? e.msg : "another node's");
-                    return LINK_DROPPED;
+                    return drop(a, "a bad WELCOME from %s: %s", a->at,
+                                e.msg[0] ? e.msg : "another node's");
                 }
                 logf_(a, "%s %s as node %u, launch %u (node timeout %g s)",
                       a->welcomed ? "back on the link to" : "joined", a->at, (unsigned)o->node,
@@ -177,14 +183,15 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
             }
         }
         if (rc < 0) {
-            if (!up) {
+            if (!up && !a->welcomed) {
                 *outcome = RK_AGENT_CLOSED;
                 rk_err_set(err, RK_ECOMM,
                            "the coordinator closed the link (wrong secret or job id?): %s", e.msg);
                 return LINK_DONE;
             }
-            logf_(a, "link lost: %s; reconnecting", e.msg);
-            return LINK_DROPPED;
+            /* a reconnect closed before WELCOME: the secret was good before, so retry (an
+             * agent fenced off by a newer launch gives up after --reconnect-for) */
+            return drop(a, "link lost%s: %s", up ? "" : " before WELCOME", e.msg);
         }
     }
 }
@@ -258,7 +265,10 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         if (end == LINK_DONE)
             break;
         /* dropped: a link that had been up starts the outage and the backoff again */
-        snprintf(last.msg, sizeof last.msg, "the link to %s dropped", a.at);
+        if (a.why[0])
+            snprintf(last.msg, sizeof last.msg, "%s", a.why);
+        else
+            snprintf(last.msg, sizeof last.msg, "the link to %s dropped", a.at);
         if (a.link_up) {
             backoff = BACKOFF_MIN_S;
             down_since = rk_mono_s();

@@ -41,7 +41,7 @@ typedef enum rk_agent_outcome {
     RK_AGENT_BYE,     /* the coordinator said BYE: done (exit 0) */
     RK_AGENT_STOPPED, /* the stop flag: BYE sent (exit 0) */
     RK_AGENT_REFUSED, /* REFUSED, with the coordinator's reason (exit 1) */
-    RK_AGENT_CLOSED,  /* the link closed before WELCOME: wrong secret, job id or launch (exit 1) */
+    RK_AGENT_CLOSED,  /* the first link closed before WELCOME: wrong secret, job id, launch */
     RK_AGENT_GAVE_UP  /* no link for reconnect_s (exit 1) */
 } rk_agent_outcome;
 
