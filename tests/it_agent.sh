@@ -4,8 +4,9 @@
 # agent with a wrong secret is refused with one line and exits 1 while the others stay; the
 # recorded HELLO sent again on a new connection is refused as a replay; a SIGSTOPped agent is
 # lost by silence and rejoins after SIGCONT; a SIGKILLed agent is lost within the node timeout
-# + 1 s (the times are printed); the coordinator's BYE ends the other agents with exit 0; bad
-# flags exit 2. Every process is stopped by its pid. Skips (77) without python3.
+# + 1 s (the times are printed); the coordinator's BYE ends the other agents with exit 0; a
+# coordinator of a newer launch fences an agent of the earlier one off (it retries, then gives
+# up with exit 1); bad flags exit 2. Every process is stopped by its pid. Skips (77) without python3.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -200,6 +201,35 @@ rc=$?
 grep -q 'said BYE' "$work/a2.err" && ok "the agent says the coordinator said BYE" || bad "no BYE line"
 kill "$relay" 2>/dev/null
 wait "$relay" 2>/dev/null
+
+# --- a coordinator of a newer launch fences an agent off: it retries, then gives up ----------
+"$RK" _coordinator --listen 127.0.0.1:0 --nodes 1 --secret-file "$work/secret" --job-id "$job" \
+  --node-timeout 2 >"$work/c1.out" 2>&1 &
+c1=$!
+pids+=("$c1")
+wait_line "$work/c1.out" 'listening on .* port [0-9]+' 5
+port1=$(sed -nE 's/.*port ([0-9]+).*/\1/p' "$work/c1.out" | head -1)
+"$RK" agent --coordinator "127.0.0.1:$port1" --node 0 --job-id "$job" --reconnect-for 2 \
+  <"$work/secret" 2>"$work/f.err" &
+af=$!
+pids+=("$af")
+wait_line "$work/c1.out" '^node 0 joined' 5
+kill -KILL "$c1"
+wait "$c1" 2>/dev/null
+"$RK" _coordinator --listen "127.0.0.1:$port1" --nodes 1 --secret-file "$work/secret" \
+  --job-id "$job" --generation 2 --for 6 >"$work/c2.out" 2>&1 &
+c2=$!
+pids+=("$c2")
+wait "$af"
+rc=$?
+[[ $rc == 1 ]] && grep -q 'no link to the coordinator for 2 s' "$work/f.err" &&
+  ok "an agent fenced off by a newer launch retries, then gives up (exit 1)" ||
+  { bad "a fenced agent (exit $rc)"; cat "$work/f.err"; }
+grep -qE '^refused 127\.0\.0\.1:[0-9]+: frame of launch 1 from .*, this is launch 2' "$work/c2.out" &&
+  ok "the newer launch's coordinator refuses the agent's frames as fenced" ||
+  { bad "no fenced line"; cat "$work/c2.out"; }
+kill -TERM "$c2"
+wait "$c2" 2>/dev/null
 echo "--- coordinator"
 cat "$work/coord.out"
 it_finish
