@@ -26,6 +26,7 @@ static const command commands[] = {
      "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},
     {"predict", rk_cmd_predict, "failure predictor: C-MAPSS check, simulated fleet datasets"},
+    {"agent", rk_cmd_agent, "a node's agent: the link to the job's coordinator on many hosts"},
 };
 
 int rk_cli_status(int code)
@@ -63,6 +64,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(name, "_rank-env") == 0) /* not in the list: rk run's own (docs/run.md) */
         return rk_cmd_rank_env(argc - 1, argv + 1);
+    if (strcmp(name, "_coordinator") == 0) /* not in the list: the node table alone, for tests */
+        return rk_cmd_coordinator(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(name, commands[i].name) == 0)
             return commands[i].run(argc - 1, argv + 1);

@@ -1,0 +1,308 @@
+/*
+ * rk agent: a node's agent, linked to the job's coordinator over the authenticated node link
+ * (supervisor/agent.h, docs/cluster.md). Parses flags, reads the secret from stdin or a 0600
+ * file (net/secret.h), runs the link until BYE, a refusal or SIGINT/SIGTERM.
+ * Also rk _coordinator, the hidden stand-in for rk run's side (supervisor/nodes.h): it listens,
+ * keeps the table of nodes and prints one line per node event.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "net/secret.h"
+#include "rk.h"
+#include "supervisor/agent.h"
+#include "supervisor/nodes.h"
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+/* SIGINT and SIGTERM set the flag and interrupt poll (no SA_RESTART). */
+static void catch_stop(void)
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* ---- rk agent ---------------------------------------------------------------------------- */
+
+static const char agent_usage[] =
+    "usage: rk agent --coordinator HOST:PORT --node K --job-id HEX [--secret-file F]\n"
+    "                [--generation G] [--ping-interval D] [--connect-timeout D]\n"
+    "                [--reconnect-for D] [--boot-id-file F]\n"
+    "\n"
+    "Run this host's node agent: connect to the job's coordinator over the authenticated node\n"
+    "link (docs/cluster-protocol.md), say who this node is (index, host name, pid, boot id),\n"
+    "and keep the link alive with a ping every interval; reconnect with backoff when it drops.\n"
+    "Launching and watching the node's ranks is still ahead (docs/cluster.md).\n"
+    "\n"
+    "  --coordinator HOST:PORT  the coordinator's address ([V6]:PORT for IPv6)\n"
+    "  --node K                 this node's index in the job (0, 1, ...)\n"
+    "  --job-id HEX             the job's id: 32 hexadecimal digits\n"
+    "  --secret-file F          read the job's secret from F (0600, owned by this user) instead\n"
+    "                           of stdin; never give the secret on the command line\n"
+    "  --generation G           the launch generation to start in (default 1; the agent\n"
+    "                           follows the coordinator into newer ones)\n"
+    "  --ping-interval D        ping this often: 1s (default), 500ms, ...\n"
+    "  --connect-timeout D      one connection attempt, and the wait for the coordinator's\n"
+    "                           answer (default 5s)\n"
+    "  --reconnect-for D        give up after this long without a link (default 60s)\n"
+    "  --boot-id-file F         where the host's boot id is read (default\n"
+    "                           /proc/sys/kernel/random/boot_id)\n"
+    "  -h, --help               show this help\n"
+    "\n"
+    "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
+    "Exit status: 0 the coordinator said BYE (or SIGINT/SIGTERM: the agent says BYE), 1 the\n"
+    "coordinator refused this node, closed the link before accepting it, or could not be\n"
+    "reached for --reconnect-for, 2 bad usage.\n";
+
+static rk_args agent_args = {.cmd = "agent", .usage = agent_usage};
+
+static void print_log(void *ctx, const char *line)
+{
+    fprintf(stderr, "rk %s: %s\n", (const char *)ctx, line);
+    fflush(stderr);
+}
+
+/* The secret from --secret-file or stdin; 0, or an exit status after one line. */
+static int read_secret(const char *cmd, const char *path, rk_net_secret *key)
+{
+    rk_err err = {0};
+    int rc = path ? rk_net_secret_load(key, path, &err)
+                  : rk_net_secret_read_fd(key, STDIN_FILENO, "stdin", &err);
+    if (rc) {
+        fprintf(stderr, "rk %s: %s\n", cmd, err.msg);
+        return RK_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int rk_cmd_agent(int argc, char **argv)
+{
+    static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
+                                          {"node", required_argument, 0, 'n'},
+                                          {"job-id", required_argument, 0, 'j'},
+                                          {"secret-file", required_argument, 0, 's'},
+                                          {"generation", required_argument, 0, 'g'},
+                                          {"ping-interval", required_argument, 0, 'p'},
+                                          {"connect-timeout", required_argument, 0, 't'},
+                                          {"reconnect-for", required_argument, 0, 'r'},
+                                          {"boot-id-file", required_argument, 0, 'b'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
+    const char *coord = NULL, *job = NULL, *secret_file = NULL;
+    int node = -1, gen = 1;
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'c': coord = optarg; break;
+        case 'n':
+            if (rk_arg_count(&agent_args, "--node", optarg, 0, RK_NODES_MAX - 1, &node))
+                return RK_EXIT_USAGE;
+            break;
+        case 'j': job = optarg; break;
+        case 's': secret_file = optarg; break;
+        case 'g':
+            if (rk_arg_count(&agent_args, "--generation", optarg, 1, 1 << 30, &gen))
+                return RK_EXIT_USAGE;
+            break;
+        case 'p':
+            if (rk_arg_seconds(&agent_args, "--ping-interval", optarg, 0.01, 3600, &o.ping_s))
+                return RK_EXIT_USAGE;
+            break;
+        case 't':
+            if (rk_arg_seconds(&agent_args, "--connect-timeout", optarg, 0.01, 3600,
+                               &o.connect_timeout_s))
+                return RK_EXIT_USAGE;
+            break;
+        case 'r':
+            if (rk_arg_seconds(&agent_args, "--reconnect-for", optarg, 0, RK_ARG_SECONDS_MAX,
+                               &o.reconnect_s))
+                return RK_EXIT_USAGE;
+            break;
+        case 'b': o.boot_id_path = optarg; break;
+        case 'h': fputs(agent_usage, stdout); return RK_EXIT_OK;
+        default:
+            return rk_cli_usage_error("agent", agent_usage, "unknown option or missing value: '%s'",
+                                      argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return rk_cli_usage_error("agent", agent_usage, "unexpected argument '%s'", argv[optind]);
+    if (!coord || node < 0 || !job)
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--coordinator, --node and --job-id are required");
+    rk_err err = {0};
+    char host[RK_NODE_HOST_MAX];
+    if (rk_node_hostport_parse(coord, host, sizeof host, &o.port, &err))
+        return rk_cli_usage_error("agent", agent_usage, "--coordinator %s", err.msg);
+    if (o.port == 0)
+        return rk_cli_usage_error("agent", agent_usage, "--coordinator: port 0 is no address");
+    if (rk_node_job_parse(job, o.job, &err))
+        return rk_cli_usage_error("agent", agent_usage, "--job-id: %s", err.msg);
+    if ((secret_file && rk_arg_path(&agent_args, "--secret-file", secret_file, RK_PATH_FILE)) ||
+        (o.boot_id_path &&
+         rk_arg_path(&agent_args, "--boot-id-file", o.boot_id_path, RK_PATH_FILE)))
+        return RK_EXIT_USAGE;
+    o.host = host;
+    o.node = (uint32_t)node;
+    o.generation = (uint32_t)gen;
+    rk_net_secret key;
+    int st = read_secret("agent", secret_file, &key);
+    if (st)
+        return st;
+    catch_stop();
+    o.stop = &stop_flag;
+    o.on_log = print_log;
+    o.ctx = "agent";
+    rk_agent_outcome outcome;
+    int rc = rk_agent_run(&o, &key, &outcome, &err);
+    rk_net_secret_wipe(&key);
+    if (rc) {
+        fprintf(stderr, "rk agent: %s\n", err.msg);
+        return rc == RK_EINVAL || rc == RK_EFORMAT ? RK_EXIT_USAGE : RK_EXIT_FAIL;
+    }
+    fprintf(stderr, "rk agent: %s\n", err.msg);
+    return outcome == RK_AGENT_BYE || outcome == RK_AGENT_STOPPED ? RK_EXIT_OK : RK_EXIT_FAIL;
+}
+
+/* ---- rk _coordinator --------------------------------------------------------------------- */
+
+static const char coord_usage[] =
+    "usage: rk _coordinator --listen ADDR:PORT --nodes N --secret-file F --job-id HEX\n"
+    "                       [--generation G] [--node-timeout D] [--for D]\n"
+    "\n"
+    "The coordinator's side of the node link on its own (rk run's part, to try the agents):\n"
+    "listen on ADDR:PORT (port 0 picks one), accept the agents of nodes 0..N-1 and print one\n"
+    "line per node event: joined, lost, rejoined, rebooted, reconnected, left, refused.\n"
+    "After --for (default: until SIGINT/SIGTERM) it says BYE to every agent and exits 0.\n";
+
+static void print_event(void *ctx, const rk_node_event *e)
+{
+    (void)ctx;
+    const char *name = rk_node_event_name(e->kind);
+    switch (e->kind) {
+    case RK_NODE_LOST:
+        printf("node %d lost after %.1f s: %s\n", e->node, e->silent_s, e->why);
+        break;
+    case RK_NODE_REFUSED:
+        if (e->node >= 0)
+            printf("refused %s (node %d): %s\n", e->from, e->node, e->why);
+        else
+            printf("refused %s: %s\n", e->from, e->why);
+        break;
+    case RK_NODE_LEFT: printf("node %d left: %s\n", e->node, e->why); break;
+    default: printf("node %d %s: host %s from %s\n", e->node, name, e->host, e->from); break;
+    }
+    fflush(stdout);
+}
+
+int rk_cmd_coordinator(int argc, char **argv)
+{
+    static const struct option longs[] = {{"listen", required_argument, 0, 'l'},
+                                          {"nodes", required_argument, 0, 'n'},
+                                          {"secret-file", required_argument, 0, 's'},
+                                          {"job-id", required_argument, 0, 'j'},
+                                          {"generation", required_argument, 0, 'g'},
+                                          {"node-timeout", required_argument, 0, 't'},
+                                          {"for", required_argument, 0, 'f'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    rk_args args = {.cmd = "_coordinator", .usage = coord_usage};
+    rk_nodes_opts o = {.generation = 1, .timeout_s = 10};
+    const char *listen = NULL, *job = NULL, *secret_file = NULL;
+    int gen = 1;
+    double for_s = -1;
+    opterr = 0;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'l': listen = optarg; break;
+        case 'n':
+            if (rk_arg_count(&args, "--nodes", optarg, 1, RK_NODES_MAX, &o.nodes))
+                return RK_EXIT_USAGE;
+            break;
+        case 's': secret_file = optarg; break;
+        case 'j': job = optarg; break;
+        case 'g':
+            if (rk_arg_count(&args, "--generation", optarg, 1, 1 << 30, &gen))
+                return RK_EXIT_USAGE;
+            break;
+        case 't':
+            if (rk_arg_seconds(&args, "--node-timeout", optarg, 0.05, RK_ARG_SECONDS_MAX,
+                               &o.timeout_s))
+                return RK_EXIT_USAGE;
+            break;
+        case 'f':
+            if (rk_arg_seconds(&args, "--for", optarg, 0, RK_ARG_SECONDS_MAX, &for_s))
+                return RK_EXIT_USAGE;
+            break;
+        case 'h': fputs(coord_usage, stdout); return RK_EXIT_OK;
+        default:
+            return rk_cli_usage_error("_coordinator", coord_usage,
+                                      "unknown option or missing value: '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return rk_cli_usage_error("_coordinator", coord_usage, "unexpected argument '%s'",
+                                  argv[optind]);
+    if (!listen || !o.nodes || !job || !secret_file)
+        return rk_cli_usage_error("_coordinator", coord_usage,
+                                  "--listen, --nodes, --secret-file and --job-id are required");
+    rk_err err = {0};
+    char host[RK_NODE_HOST_MAX];
+    if (rk_node_hostport_parse(listen, host, sizeof host, &o.listen_port, &err))
+        return rk_cli_usage_error("_coordinator", coord_usage, "--listen %s", err.msg);
+    if (rk_node_job_parse(job, o.job, &err))
+        return rk_cli_usage_error("_coordinator", coord_usage, "--job-id: %s", err.msg);
+    if (rk_arg_path(&args, "--secret-file", secret_file, RK_PATH_FILE))
+        return RK_EXIT_USAGE;
+    o.listen_host = host;
+    o.generation = (uint32_t)gen;
+    o.on_event = print_event;
+    rk_net_secret key;
+    int st = read_secret("_coordinator", secret_file, &key);
+    if (st)
+        return st;
+    rk_nodes *t = NULL;
+    int rc = rk_nodes_open(&t, &o, &key, &err);
+    rk_net_secret_wipe(&key);
+    if (rc) {
+        fprintf(stderr, "rk _coordinator: %s\n", err.msg);
+        return rc == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
+    }
+    catch_stop();
+    printf("rk _coordinator: listening on %s port %u for %d node%s, launch %u\n", host,
+           (unsigned)rk_nodes_port(t), o.nodes, o.nodes == 1 ? "" : "s", o.generation);
+    fflush(stdout);
+    double end = for_s >= 0 ? rk_mono_s() + for_s : -1;
+    while (!stop_flag && (end < 0 || rk_mono_s() < end)) {
+        double wait = end < 0 ? 0.5 : end - rk_mono_s();
+        if (rk_nodes_poll(t, wait > 0.5 ? 0.5 : wait, &err)) {
+            fprintf(stderr, "rk _coordinator: %s\n", err.msg);
+            rk_nodes_free(t);
+            return RK_EXIT_FAIL;
+        }
+    }
+    rk_nodes_bye(t, stop_flag ? "the coordinator was stopped" : "done");
+    rk_nodes_free(t);
+    printf("rk _coordinator: done\n");
+    return RK_EXIT_OK;
+}

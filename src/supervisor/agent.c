@@ -1,0 +1,281 @@
+/*
+ * The node agent's link (supervisor/agent.h): one net/peer.h state for the coordinator for
+ * the agent's whole life, a stream reader allocated once, and a loop of connect, HELLO,
+ * WELCOME, PING/PONG, with backoff between connection attempts. poll(2) on one socket; times
+ * from base/clock.h.
+ */
+#include "supervisor/agent.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/msg.h"
+#include "net/peer.h"
+#include "net/sock.h"
+#include "net/stream.h"
+
+#define SEND_TIMEOUT_S 1.0
+#define BACKOFF_MIN_S 0.1
+#define BACKOFF_MAX_S 5.0
+#define SEAL_MAX (RK_NET_HDR_LEN + RK_NODE_PAYLOAD_MAX + RK_NET_TAG_LEN)
+
+typedef struct agent {
+    const rk_agent_opts *o;
+    const rk_net_secret *key;
+    rk_net_peer peer;
+    rk_net_reader *r;
+    char at[RK_NET_ADDR_MAX + 8]; /* the coordinator, for messages */
+    char hello[RK_NODE_PAYLOAD_MAX];
+    size_t hello_len;
+    bool welcomed;            /* a WELCOME came on some connection already */
+    bool link_up;             /* on the connection last run */
+    char why[RK_ERR_MSG_MAX]; /* why the last connection dropped */
+} agent;
+
+__attribute__((format(printf, 2, 3))) static void logf_(agent *a, const char *fmt, ...)
+{
+    if (!a->o->on_log)
+        return;
+    char line[RK_ERR_MSG_MAX + 128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    a->o->on_log(a->o->ctx, line);
+}
+
+static bool stopping(const agent *a)
+{
+    return a->o->stop && *a->o->stop;
+}
+
+static int send_msg(agent *a, int fd, uint8_t type, const void *payload, size_t len, rk_err *err)
+{
+    uint8_t frame[SEAL_MAX];
+    size_t n;
+    int rc = rk_net_peer_seal(&a->peer, a->key, type, 0, payload, (uint32_t)len, frame,
+                              sizeof frame, &n, err);
+    if (rc)
+        return rc;
+    return rk_net_send_all(fd, frame, n, SEND_TIMEOUT_S, a->at, err);
+}
+
+static void send_bye(agent *a, int fd, const char *reason)
+{
+    rk_node_reason r;
+    snprintf(r.reason, sizeof r.reason, "%s", reason);
+    char payload[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e) == RK_OK)
+        send_msg(a, fd, RK_NODE_MSG_BYE, payload, len, &e);
+}
+
+/* What one connection ended with. */
+typedef enum link_end {
+    LINK_DROPPED, /* reconnect */
+    LINK_DONE     /* return *outcome */
+} link_end;
+
+/* End a connection: say why (logged, and kept for the message of giving up). */
+__attribute__((format(printf, 2, 3))) static link_end drop(agent *a, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->why, sizeof a->why, fmt, ap);
+    va_end(ap);
+    logf_(a, "%s; reconnecting", a->why);
+    return LINK_DROPPED;
+}
+
+/* One connection: HELLO, then frames until it ends. */
+static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *err)
+{
+    const rk_agent_opts *o = a->o;
+    rk_err e = {0};
+    rk_net_reader_init(a->r, a->at);
+    a->link_up = false;
+    a->why[0] = 0;
+    if (send_msg(a, fd, RK_NODE_MSG_HELLO, a->hello, a->hello_len, &e)) {
+        return drop(a, "cannot send HELLO: %s", e.msg);
+    }
+    bool up = false;
+    double now = rk_mono_s(), opened = now, last_rx = now, next_ping = now + o->ping_s;
+    double rx_timeout = 3 * o->ping_s; /* raised to the coordinator's node timeout on WELCOME */
+    for (;;) {
+        if (stopping(a)) {
+            if (up)
+                send_bye(a, fd, "the agent was stopped");
+            *outcome = RK_AGENT_STOPPED;
+            rk_err_set(err, RK_OK, "stopped");
+            return LINK_DONE;
+        }
+        now = rk_mono_s();
+        if (!up && now - opened >= o->connect_timeout_s) {
+            return drop(a, "no WELCOME from %s within %g s", a->at, o->connect_timeout_s);
+        }
+        if (up && now - last_rx >= rx_timeout) {
+            return drop(a, "nothing from %s for %.1f s", a->at, now - last_rx);
+        }
+        if (up && now >= next_ping) {
+            if (send_msg(a, fd, RK_NODE_MSG_PING, NULL, 0, &e)) {
+                return drop(a, "link lost: %s", e.msg);
+            }
+            next_ping = now + o->ping_s;
+        }
+        double wait = up ? next_ping - now : opened + o->connect_timeout_s - now;
+        if (wait > o->ping_s)
+            wait = o->ping_s;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, wait > 0 ? (int)(wait * 1000) + 1 : 0);
+        if (n < 0 && errno != EINTR) {
+            return drop(a, "poll failed");
+        }
+        if (n <= 0)
+            continue;
+        int rc = rk_net_reader_fill(a->r, fd, &e);
+        rk_net_hdr h;
+        const uint8_t *payload;
+        while (rc >= 0 && (rc = rk_net_reader_next(a->r, a->key, &h, &payload, &e)) == 1) {
+            if (rk_net_peer_accept(&a->peer, &h, a->at, &e)) {
+                return drop(a, "refused a frame: %s", e.msg);
+            }
+            last_rx = rk_mono_s();
+            switch (h.type) {
+            case RK_NODE_MSG_WELCOME: {
+                rk_node_welcome w;
+                if (rk_node_welcome_parse(payload, h.len, &w, &e) || w.node != o->node) {
+                    return drop(a, "a bad WELCOME from %s: %s", a->at,
+                                e.msg[0] ? e.msg : "another node's");
+                }
+                logf_(a, "%s %s as node %u, launch %u (node timeout %g s)",
+                      a->welcomed ? "back on the link to" : "joined", a->at, (unsigned)o->node,
+                      (unsigned)a->peer.generation, w.timeout_s);
+                up = a->welcomed = a->link_up = true;
+                if (w.timeout_s > rx_timeout)
+                    rx_timeout = w.timeout_s;
+                next_ping = last_rx + o->ping_s;
+                break;
+            }
+            case RK_NODE_MSG_PONG: break;
+            case RK_NODE_MSG_BYE:
+            case RK_NODE_MSG_REFUSED: {
+                rk_node_reason r;
+                if (rk_node_reason_parse(payload, h.len, &r, &e))
+                    snprintf(r.reason, sizeof r.reason, "(no reason given)");
+                if (h.type == RK_NODE_MSG_BYE) {
+                    *outcome = RK_AGENT_BYE;
+                    rk_err_set_line(err, RK_OK, "the coordinator said BYE: %s", r.reason);
+                } else {
+                    *outcome = RK_AGENT_REFUSED;
+                    rk_err_set_line(err, RK_ECOMM, "the coordinator refused node %u: %s",
+                                    (unsigned)o->node, r.reason);
+                }
+                return LINK_DONE;
+            }
+            default: logf_(a, "ignored a %s from %s", rk_node_msg_name(h.type), a->at);
+            }
+        }
+        if (rc < 0) {
+            if (!up && !a->welcomed) {
+                *outcome = RK_AGENT_CLOSED;
+                rk_err_set(err, RK_ECOMM,
+                           "the coordinator closed the link (wrong secret or job id?): %s", e.msg);
+                return LINK_DONE;
+            }
+            /* a reconnect closed before WELCOME: the secret was good before, so retry (an
+             * agent fenced off by a newer launch gives up after --reconnect-for) */
+            return drop(a, "link lost%s: %s", up ? "" : " before WELCOME", e.msg);
+        }
+    }
+}
+
+/* Sleep up to `s` seconds, or until the stop flag is set (a signal interrupts poll). */
+static void nap(const agent *a, double s)
+{
+    double until = rk_mono_s() + s;
+    while (!stopping(a)) {
+        double left = until - rk_mono_s();
+        if (left <= 0)
+            return;
+        poll(NULL, 0, (int)(left * 1000) + 1);
+    }
+}
+
+int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outcome *outcome,
+                 rk_err *err)
+{
+    *outcome = RK_AGENT_GAVE_UP;
+    if (o->generation < 1 || !(o->ping_s > 0) || !(o->connect_timeout_s > 0) ||
+        !(o->reconnect_s >= 0) || o->node >= RK_NODES_MAX)
+        return rk_err_set(err, RK_EINVAL, "agent: bad options");
+    agent a = {.o = o, .key = key};
+    rk_node_hello hello = {.node = o->node, .pid = getpid()};
+    int rc = rk_node_boot_id_read(o->boot_id_path, hello.boot_id, err);
+    if (rc)
+        return rc;
+    if (gethostname(hello.host, sizeof hello.host - 1) != 0 || !hello.host[0])
+        snprintf(hello.host, sizeof hello.host, "unknown");
+    if ((rc = rk_node_hello_format(&hello, a.hello, sizeof a.hello, &a.hello_len, err)))
+        return rc;
+    if (strchr(o->host, ':'))
+        snprintf(a.at, sizeof a.at, "[%.*s]:%u", RK_NET_ADDR_MAX - 10, o->host, (unsigned)o->port);
+    else
+        snprintf(a.at, sizeof a.at, "%.*s:%u", RK_NET_ADDR_MAX - 8, o->host, (unsigned)o->port);
+    a.r = malloc(sizeof *a.r);
+    if (!a.r)
+        return rk_err_set(err, RK_ENOMEM, "agent: out of memory");
+    rk_net_peer_init(&a.peer, o->job, o->node, RK_NET_COORDINATOR, o->generation, true);
+
+    double backoff = BACKOFF_MIN_S, down_since = rk_mono_s();
+    rk_err last = {0};
+    bool told = false; /* said once per outage that the coordinator cannot be reached */
+    for (;;) {
+        if (stopping(&a)) {
+            *outcome = RK_AGENT_STOPPED;
+            rk_err_set(err, RK_OK, "stopped");
+            break;
+        }
+        if (rk_mono_s() - down_since > o->reconnect_s && last.msg[0]) {
+            *outcome = RK_AGENT_GAVE_UP;
+            rk_err_set(err, RK_ECOMM, "no link to the coordinator for %g s: %s", o->reconnect_s,
+                       last.msg);
+            break;
+        }
+        int fd;
+        rk_err e = {0};
+        if (rk_net_connect(o->host, o->port, o->connect_timeout_s, &fd, &e)) {
+            last = e;
+            if (!told)
+                logf_(&a, "cannot reach the coordinator: %s; retrying", e.msg);
+            told = true;
+            nap(&a, backoff);
+            backoff = backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : backoff * 2;
+            continue;
+        }
+        told = false;
+        link_end end = run_link(&a, fd, outcome, err);
+        close(fd);
+        if (end == LINK_DONE)
+            break;
+        /* dropped: a link that had been up starts the outage and the backoff again */
+        if (a.why[0])
+            snprintf(last.msg, sizeof last.msg, "%s", a.why);
+        else
+            snprintf(last.msg, sizeof last.msg, "the link to %s dropped", a.at);
+        if (a.link_up) {
+            backoff = BACKOFF_MIN_S;
+            down_since = rk_mono_s();
+        }
+        nap(&a, backoff);
+        backoff = backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : backoff * 2;
+    }
+    free(a.r);
+    return RK_OK;
+}

@@ -1,0 +1,54 @@
+/*
+ * The node agent's link to the coordinator (`rk agent`, docs/cluster.md): connect with a
+ * timeout, HELLO, wait for WELCOME, PING every interval; when the link drops (closed, or no
+ * answer for long enough), reconnect with backoff and HELLO again on the same net/peer.h
+ * state, so the sequence numbers go on where they were (the coordinator keeps one peer per
+ * node for the life of the job: a new process would start again at 1 and be refused as a
+ * replay). Returns on the coordinator's BYE, a refusal, a link closed before WELCOME, giving
+ * up reconnecting, or the caller's stop flag (then it says BYE itself).
+ *
+ * Poll-based, single-threaded; launching and watching the node's ranks is still ahead.
+ */
+#ifndef RK_SUPERVISOR_AGENT_H
+#define RK_SUPERVISOR_AGENT_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "supervisor/nodes.h"
+
+typedef struct rk_agent_opts {
+    const char *host; /* the coordinator's address */
+    uint16_t port;
+    uint32_t node; /* this node's index */
+    uint8_t job[RK_NET_JOB_ID_LEN];
+    uint32_t generation;         /* the launch generation the agent starts in (>= 1) */
+    double ping_s;               /* PING this often (default 1 s) */
+    double connect_timeout_s;    /* one connection attempt, and the wait for WELCOME (5 s) */
+    double reconnect_s;          /* give up after this long without a link (60 s) */
+    const char *boot_id_path;    /* NULL: /proc/sys/kernel/random/boot_id */
+    volatile sig_atomic_t *stop; /* set (by a signal handler) to say BYE and return */
+    void (*on_log)(void *ctx, const char *line); /* what happens, one line each */
+    void *ctx;
+} rk_agent_opts;
+
+#define RK_AGENT_OPTS_DEFAULT                                                                      \
+    {                                                                                              \
+        .generation = 1, .ping_s = 1, .connect_timeout_s = 5, .reconnect_s = 60                    \
+    }
+
+typedef enum rk_agent_outcome {
+    RK_AGENT_BYE,     /* the coordinator said BYE: done (exit 0) */
+    RK_AGENT_STOPPED, /* the stop flag: BYE sent (exit 0) */
+    RK_AGENT_REFUSED, /* REFUSED, with the coordinator's reason (exit 1) */
+    RK_AGENT_CLOSED,  /* the first link closed before WELCOME: wrong secret, job id, launch */
+    RK_AGENT_GAVE_UP  /* no link for reconnect_s (exit 1) */
+} rk_agent_outcome;
+
+/* Run the link until one of the outcomes above: RK_OK and *outcome, with err->msg the line
+ * that says why (the coordinator's reason, the last connection error). An error before any
+ * connection (no boot id, no host name): its code. */
+int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outcome *outcome,
+                 rk_err *err);
+
+#endif

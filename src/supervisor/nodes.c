@@ -1,0 +1,462 @@
+/*
+ * The coordinator's table of nodes (supervisor/nodes.h): one listening socket, a fixed array
+ * of connections (nodes + RK_NODES_PENDING_MAX, each with a stream reader allocated while it
+ * is open), one net/peer.h state per node for the life of the table. Every frame is opened
+ * and checked through src/net; a refusal is one event and the connection closed. poll(2)
+ * only, no thread; times from base/clock.h.
+ */
+#include "supervisor/nodes.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/msg.h"
+#include "net/peer.h"
+#include "net/sock.h"
+#include "net/stream.h"
+
+#define SEND_TIMEOUT_S 1.0 /* a frame that cannot be written in this long: the link is gone */
+#define SEAL_MAX (RK_NET_HDR_LEN + RK_NODE_PAYLOAD_MAX + RK_NET_TAG_LEN)
+
+typedef enum node_state { NODE_NEVER, NODE_UP, NODE_LOST, NODE_LEFT } node_state;
+
+typedef struct conn {
+    int fd;        /* -1: a free slot */
+    int node;      /* -1 until an authenticated HELLO */
+    double opened; /* when accepted */
+    rk_net_reader *r;
+    char from[RK_NET_ADDR_MAX];
+} conn;
+
+typedef struct node {
+    rk_net_peer peer;
+    node_state state;
+    int conn;    /* its connection's slot, -1 none */
+    double last; /* the last authenticated frame (rk_mono_s) */
+    char host[RK_NODE_HOST_MAX];
+    char boot_id[RK_NODE_BOOT_ID_LEN + 1];
+} nodeinfo;
+
+struct rk_nodes {
+    rk_nodes_opts o;
+    rk_net_secret key;
+    int lfd;
+    uint16_t port;
+    int nconns;
+    conn *conns;
+    nodeinfo *nodes;
+    struct pollfd *pfd;
+    int *pfd_conn; /* the slot of each pfd entry after the listener */
+};
+
+static void emit(rk_nodes *t, rk_node_event_kind kind, int node, const char *from, double silent_s,
+                 const char *host, const char *why)
+{
+    if (!t->o.on_event)
+        return;
+    rk_node_event e = {.kind = kind, .node = node, .silent_s = silent_s, .host = host, .why = why};
+    rk_msg_show(e.from, sizeof e.from, from ? from : "?");
+    t->o.on_event(t->o.ctx, &e);
+}
+
+static void conn_close(rk_nodes *t, int ci)
+{
+    conn *c = &t->conns[ci];
+    if (c->fd >= 0)
+        close(c->fd);
+    free(c->r);
+    if (c->node >= 0 && t->nodes[c->node].conn == ci)
+        t->nodes[c->node].conn = -1;
+    c->fd = -1;
+    c->node = -1;
+    c->r = NULL;
+}
+
+/* Node `k` is lost: one event, its connection closed. */
+static void node_lose(rk_nodes *t, int k, const char *why)
+{
+    nodeinfo *n = &t->nodes[k];
+    char from[RK_NET_ADDR_MAX] = "?";
+    if (n->conn >= 0) {
+        memcpy(from, t->conns[n->conn].from, sizeof from);
+        conn_close(t, n->conn);
+    }
+    n->state = NODE_LOST;
+    emit(t, RK_NODE_LOST, k, from, rk_mono_s() - n->last, n->host, why);
+}
+
+/* A connection refused: one event naming the peer and why, the connection closed. A node it
+ * was attached to is lost with it. */
+static void conn_refuse(rk_nodes *t, int ci, const char *why)
+{
+    conn *c = &t->conns[ci];
+    int k = c->node;
+    emit(t, RK_NODE_REFUSED, k, c->from, 0, NULL, why);
+    if (k >= 0 && t->nodes[k].conn == ci)
+        node_lose(t, k, "its connection was closed after a refused frame");
+    else
+        conn_close(t, ci);
+}
+
+/* Seal and send one message with `p`'s counters; false (and *err) when the link is gone. */
+static bool send_msg(rk_nodes *t, rk_net_peer *p, int ci, uint8_t type, const char *payload,
+                     size_t len, rk_err *err)
+{
+    uint8_t frame[SEAL_MAX];
+    size_t n;
+    if (rk_net_peer_seal(p, &t->key, type, 0, payload, (uint32_t)len, frame, sizeof frame, &n, err))
+        return false;
+    return rk_net_send_all(t->conns[ci].fd, frame, n, SEND_TIMEOUT_S, t->conns[ci].from, err) ==
+           RK_OK;
+}
+
+/* REFUSED with `reason` to a connection, then the refusal's event and close. `p` seals it
+ * (a node's own peer, or a scratch one for a node index this job does not have). */
+static void refuse_with(rk_nodes *t, rk_net_peer *p, int ci, const char *reason)
+{
+    rk_node_reason r;
+    snprintf(r.reason, sizeof r.reason, "%s", reason);
+    char payload[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e) == RK_OK)
+        send_msg(t, p, ci, RK_NODE_MSG_REFUSED, payload, len, &e);
+    conn_refuse(t, ci, reason);
+}
+
+/* The first frame of a connection: it must be an authenticated HELLO of a node of this job. */
+static void on_first(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *payload)
+{
+    conn *c = &t->conns[ci];
+    char why[RK_ERR_MSG_MAX + 64];
+    rk_err e = {0};
+    if (memcmp(h->job, t->o.job, RK_NET_JOB_ID_LEN) != 0) {
+        snprintf(why, sizeof why, "frame of another job from %s", c->from);
+        conn_refuse(t, ci, why);
+        return;
+    }
+    if (h->sender >= (uint32_t)t->o.nodes) {
+        rk_net_peer scratch;
+        rk_net_peer_init(&scratch, t->o.job, RK_NET_COORDINATOR, h->sender, t->o.generation, false);
+        if (h->sender == RK_NET_COORDINATOR)
+            snprintf(why, sizeof why, "a frame from %s claims to be from the coordinator", c->from);
+        else
+            snprintf(why, sizeof why, "node %u is not in this job (%d nodes: 0..%d)",
+                     (unsigned)h->sender, t->o.nodes, t->o.nodes - 1);
+        refuse_with(t, &scratch, ci, why);
+        return;
+    }
+    int k = (int)h->sender;
+    nodeinfo *n = &t->nodes[k];
+    if (rk_net_peer_accept(&n->peer, h, c->from, &e)) {
+        conn_refuse(t, ci, e.msg);
+        return;
+    }
+    if (h->type != RK_NODE_MSG_HELLO) {
+        snprintf(why, sizeof why, "the first frame from %s is %s, not HELLO", c->from,
+                 rk_node_msg_name(h->type));
+        conn_refuse(t, ci, why);
+        return;
+    }
+    rk_node_hello hello;
+    if (rk_node_hello_parse(payload, h->len, &hello, &e) || hello.node != h->sender) {
+        if (!e.msg[0])
+            snprintf(e.msg, sizeof e.msg, "hello: node %u in a frame from node %u",
+                     (unsigned)hello.node, (unsigned)h->sender);
+        refuse_with(t, &n->peer, ci, e.msg);
+        return;
+    }
+    rk_node_event_kind kind = RK_NODE_JOINED;
+    if (n->state == NODE_UP) {
+        kind = RK_NODE_RECONNECT;
+        if (n->conn >= 0)
+            conn_close(t, n->conn);
+    } else if (n->state == NODE_LOST || n->state == NODE_LEFT) {
+        kind = rk_node_return_kind(n->boot_id, hello.boot_id);
+    }
+    c->node = k;
+    n->conn = ci;
+    n->state = NODE_UP;
+    n->last = rk_mono_s();
+    memcpy(n->host, hello.host, sizeof n->host);
+    memcpy(n->boot_id, hello.boot_id, sizeof n->boot_id);
+    rk_node_welcome w = {
+        .node = (uint32_t)k, .generation = t->o.generation, .timeout_s = t->o.timeout_s};
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    if (rk_node_welcome_format(&w, out, sizeof out, &len, &e) ||
+        !send_msg(t, &n->peer, ci, RK_NODE_MSG_WELCOME, out, len, &e)) {
+        emit(t, kind, k, c->from, 0, n->host, NULL);
+        node_lose(t, k, e.msg);
+        return;
+    }
+    emit(t, kind, k, c->from, 0, n->host, NULL);
+}
+
+/* A frame on a node's connection. */
+static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *payload)
+{
+    conn *c = &t->conns[ci];
+    int k = c->node;
+    nodeinfo *n = &t->nodes[k];
+    rk_err e = {0};
+    char why[RK_ERR_MSG_MAX + 64];
+    if (rk_net_peer_accept(&n->peer, h, c->from, &e)) {
+        conn_refuse(t, ci, e.msg);
+        return;
+    }
+    n->last = rk_mono_s();
+    switch (h->type) {
+    case RK_NODE_MSG_PING:
+        if (!send_msg(t, &n->peer, ci, RK_NODE_MSG_PONG, NULL, 0, &e))
+            node_lose(t, k, e.msg);
+        return;
+    case RK_NODE_MSG_BYE: {
+        rk_node_reason r;
+        if (rk_node_reason_parse(payload, h->len, &r, &e))
+            snprintf(r.reason, sizeof r.reason, "(no reason)");
+        conn_close(t, ci);
+        n->state = NODE_LEFT;
+        emit(t, RK_NODE_LEFT, k, c->from, 0, n->host, r.reason);
+        return;
+    }
+    default:
+        snprintf(why, sizeof why, "unexpected %s from node %d at %s", rk_node_msg_name(h->type), k,
+                 c->from);
+        conn_refuse(t, ci, why);
+    }
+}
+
+static void on_readable(rk_nodes *t, int ci)
+{
+    conn *c = &t->conns[ci];
+    rk_err e = {0};
+    int rc = rk_net_reader_fill(c->r, c->fd, &e);
+    if (rc >= 0) {
+        rk_net_hdr h;
+        const uint8_t *payload;
+        while (c->fd >= 0 && (rc = rk_net_reader_next(c->r, &t->key, &h, &payload, &e)) == 1) {
+            if (c->node < 0)
+                on_first(t, ci, &h, payload);
+            else
+                on_frame(t, ci, &h, payload);
+        }
+        if (c->fd < 0 || rc == 0)
+            return;
+    }
+    /* the reader failed: closed, garbage, too big, or a wrong tag */
+    if (c->node >= 0 && rc == RK_NET_ECLOSED)
+        node_lose(t, c->node, e.msg);
+    else
+        conn_refuse(t, ci, e.msg);
+}
+
+static void accept_all(rk_nodes *t)
+{
+    for (;;) {
+        int fd;
+        char from[RK_NET_ADDR_MAX];
+        rk_err e = {0};
+        int rc = rk_net_accept(t->lfd, &fd, from, &e);
+        if (rc <= 0)
+            return; /* none waiting, or a failed accept (EMFILE...): tried again next poll */
+        int pending = 0, free_slot = -1, oldest = -1;
+        for (int i = 0; i < t->nconns; i++) {
+            conn *c = &t->conns[i];
+            if (c->fd < 0) {
+                if (free_slot < 0)
+                    free_slot = i;
+            } else if (c->node < 0) {
+                pending++;
+                if (oldest < 0 || c->opened < t->conns[oldest].opened)
+                    oldest = i;
+            }
+        }
+        if (pending >= RK_NODES_PENDING_MAX) {
+            conn_refuse(t, oldest, "too many connections without a HELLO: the oldest closed");
+            free_slot = oldest;
+        }
+        rk_net_reader *r = free_slot >= 0 ? malloc(sizeof *r) : NULL;
+        if (!r) {
+            close(fd);
+            emit(t, RK_NODE_REFUSED, -1, from, 0, NULL, "no room for another connection");
+            continue;
+        }
+        rk_net_reader_init(r, from);
+        conn *c = &t->conns[free_slot];
+        c->fd = fd;
+        c->node = -1;
+        c->opened = rk_mono_s();
+        c->r = r;
+        memcpy(c->from, from, sizeof c->from);
+    }
+}
+
+/* Lost nodes (silent for the timeout) and pending connections past the HELLO timeout. */
+static void check_times(rk_nodes *t)
+{
+    double now = rk_mono_s();
+    char why[96];
+    for (int k = 0; k < t->o.nodes; k++) {
+        nodeinfo *n = &t->nodes[k];
+        if (n->state == NODE_UP && now - n->last >= t->o.timeout_s) {
+            snprintf(why, sizeof why, "silent for %.1f s (the node timeout is %g s)", now - n->last,
+                     t->o.timeout_s);
+            node_lose(t, k, why);
+        }
+    }
+    for (int i = 0; i < t->nconns; i++)
+        if (t->conns[i].fd >= 0 && t->conns[i].node < 0 &&
+            now - t->conns[i].opened >= RK_NODES_HELLO_TIMEOUT_S) {
+            snprintf(why, sizeof why, "no HELLO from %s within %g s", t->conns[i].from,
+                     RK_NODES_HELLO_TIMEOUT_S);
+            conn_refuse(t, i, why);
+        }
+}
+
+/* Seconds until the next deadline of check_times (at most `cap`). */
+static double next_deadline(const rk_nodes *t, double cap)
+{
+    double now = rk_mono_s(), wait = cap;
+    for (int k = 0; k < t->o.nodes; k++)
+        if (t->nodes[k].state == NODE_UP && t->nodes[k].last + t->o.timeout_s - now < wait)
+            wait = t->nodes[k].last + t->o.timeout_s - now;
+    for (int i = 0; i < t->nconns; i++)
+        if (t->conns[i].fd >= 0 && t->conns[i].node < 0 &&
+            t->conns[i].opened + RK_NODES_HELLO_TIMEOUT_S - now < wait)
+            wait = t->conns[i].opened + RK_NODES_HELLO_TIMEOUT_S - now;
+    return wait > 0 ? wait : 0;
+}
+
+int rk_nodes_poll(rk_nodes *t, double timeout_s, rk_err *err)
+{
+    int np = 0;
+    t->pfd[np++] = (struct pollfd){.fd = t->lfd, .events = POLLIN};
+    for (int i = 0; i < t->nconns; i++)
+        if (t->conns[i].fd >= 0) {
+            t->pfd_conn[np] = i;
+            t->pfd[np++] = (struct pollfd){.fd = t->conns[i].fd, .events = POLLIN};
+        }
+    double wait = next_deadline(t, timeout_s > 0 ? timeout_s : 0);
+    int rc = poll(t->pfd, (nfds_t)np, (int)(wait * 1000 + 0.999));
+    if (rc < 0 && errno != EINTR) {
+        char e[96];
+        return rk_err_set(err, RK_EIO, "poll: %s", rk_msg_strerror(errno, e, sizeof e));
+    }
+    if (rc > 0) {
+        for (int j = 1; j < np; j++)
+            if (t->pfd[j].revents && t->conns[t->pfd_conn[j]].fd == t->pfd[j].fd)
+                on_readable(t, t->pfd_conn[j]);
+        if (t->pfd[0].revents & POLLIN)
+            accept_all(t);
+    }
+    check_times(t);
+    return RK_OK;
+}
+
+int rk_nodes_open(rk_nodes **out, const rk_nodes_opts *o, const rk_net_secret *key, rk_err *err)
+{
+    *out = NULL;
+    if (o->nodes < 1 || o->nodes > RK_NODES_MAX || o->generation < 1 || !(o->timeout_s > 0))
+        return rk_err_set(err, RK_EINVAL, "nodes: 1..%d nodes, a generation >= 1 and a timeout",
+                          RK_NODES_MAX);
+    rk_nodes *t = calloc(1, sizeof *t);
+    if (!t)
+        return rk_err_set(err, RK_ENOMEM, "nodes: out of memory");
+    t->o = *o;
+    t->key = *key;
+    t->lfd = -1;
+    t->nconns = o->nodes + RK_NODES_PENDING_MAX;
+    t->conns = calloc((size_t)t->nconns, sizeof *t->conns);
+    t->nodes = calloc((size_t)o->nodes, sizeof *t->nodes);
+    t->pfd = calloc((size_t)t->nconns + 1, sizeof *t->pfd);
+    t->pfd_conn = calloc((size_t)t->nconns + 1, sizeof *t->pfd_conn);
+    if (!t->conns || !t->nodes || !t->pfd || !t->pfd_conn) {
+        rk_nodes_free(t);
+        return rk_err_set(err, RK_ENOMEM, "nodes: out of memory");
+    }
+    for (int i = 0; i < t->nconns; i++) {
+        t->conns[i].fd = -1;
+        t->conns[i].node = -1;
+    }
+    for (int k = 0; k < o->nodes; k++) {
+        rk_net_peer_init(&t->nodes[k].peer, o->job, RK_NET_COORDINATOR, (uint32_t)k, o->generation,
+                         false);
+        t->nodes[k].conn = -1;
+    }
+    int rc = rk_net_listen(o->listen_host, o->listen_port, &t->lfd, err);
+    if (rc) {
+        rk_nodes_free(t);
+        return rc;
+    }
+    t->port = rk_net_local_port(t->lfd);
+    *out = t;
+    return RK_OK;
+}
+
+uint16_t rk_nodes_port(const rk_nodes *t)
+{
+    return t->port;
+}
+
+bool rk_nodes_connected(const rk_nodes *t, int i)
+{
+    return i >= 0 && i < t->o.nodes && t->nodes[i].state == NODE_UP;
+}
+
+double rk_nodes_silent_s(const rk_nodes *t, int i)
+{
+    if (i < 0 || i >= t->o.nodes || t->nodes[i].state == NODE_NEVER)
+        return -1;
+    return rk_mono_s() - t->nodes[i].last;
+}
+
+int rk_nodes_count_connected(const rk_nodes *t)
+{
+    int n = 0;
+    for (int k = 0; k < t->o.nodes; k++)
+        n += t->nodes[k].state == NODE_UP;
+    return n;
+}
+
+void rk_nodes_bye(rk_nodes *t, const char *reason)
+{
+    rk_node_reason r;
+    snprintf(r.reason, sizeof r.reason, "%s", reason ? reason : "done");
+    char payload[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e))
+        len = 0;
+    for (int k = 0; k < t->o.nodes; k++) {
+        nodeinfo *n = &t->nodes[k];
+        if (n->state != NODE_UP || n->conn < 0)
+            continue;
+        send_msg(t, &n->peer, n->conn, RK_NODE_MSG_BYE, payload, len, &e);
+        conn_close(t, n->conn);
+        n->state = NODE_LEFT;
+    }
+}
+
+void rk_nodes_free(rk_nodes *t)
+{
+    if (!t)
+        return;
+    if (t->conns)
+        for (int i = 0; i < t->nconns; i++)
+            if (t->conns[i].fd >= 0)
+                conn_close(t, i);
+    if (t->lfd >= 0)
+        close(t->lfd);
+    rk_net_secret_wipe(&t->key);
+    free(t->conns);
+    free(t->nodes);
+    free(t->pfd);
+    free(t->pfd_conn);
+    free(t);
+}

@@ -1,0 +1,173 @@
+/*
+ * The node link's messages and the coordinator's table of nodes (docs/cluster-protocol.md,
+ * "The agent protocol"). Every message is one frame of src/net (frame.h): its `type` byte is
+ * one of RK_NODE_MSG_*, its payload a few `key=value` lines, parsed here with fixed bounds
+ * and nothing allocated (so every parser is fuzzed: fuzz/fuzz_nodes.c).
+ *
+ * The table (rk_nodes) is the coordinator's side: it listens on one address, accepts agents,
+ * opens every frame through src/net (tag, job, ends, generation, sequence), answers HELLO
+ * with WELCOME and PING with PONG, and reports each node's events (joined, lost, back,
+ * refused) through a callback. Poll-based, single-threaded, no thread of its own: the caller
+ * calls rk_nodes_poll in its loop. Memory is bounded: at most RK_NODES_MAX nodes, and at
+ * most RK_NODES_PENDING_MAX connections that have not yet said who they are (each closed
+ * after RK_NODES_HELLO_TIMEOUT_S without an authenticated HELLO).
+ */
+#ifndef RK_SUPERVISOR_NODES_H
+#define RK_SUPERVISOR_NODES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "net/net.h"
+#include "net/secret.h"
+#include "rekindle/error.h"
+
+/* ---- the messages ------------------------------------------------------------------------ */
+
+enum {
+    RK_NODE_MSG_HELLO = 1,   /* agent -> coordinator: who it is (rk_node_hello) */
+    RK_NODE_MSG_WELCOME = 2, /* coordinator -> agent: accepted (rk_node_welcome) */
+    RK_NODE_MSG_PING = 3,    /* agent -> coordinator: alive (empty payload) */
+    RK_NODE_MSG_PONG = 4,    /* coordinator -> agent: the answer (empty payload) */
+    RK_NODE_MSG_BYE = 5,     /* either way: the sender is done (rk_node_reason) */
+    RK_NODE_MSG_REFUSED = 6  /* coordinator -> agent: not accepted, then closed (rk_node_reason) */
+};
+
+#define RK_NODES_MAX 1024           /* nodes of one job */
+#define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
+#define RK_NODE_LINES_MAX 16        /* key=value lines in one payload */
+#define RK_NODE_KEY_MAX 16          /* bytes of a key: [a-z_]{1,16} */
+#define RK_NODE_VALUE_MAX 255       /* bytes of a value: UTF-8, no control characters */
+#define RK_NODE_HOST_MAX 256        /* a host name (253 bytes) with its NUL */
+#define RK_NODE_BOOT_ID_LEN 36      /* /proc/sys/kernel/random/boot_id: a UUID, lower case */
+#define RK_NODE_REASON_MAX 256      /* a BYE's or REFUSED's reason with its NUL */
+#define RK_NODES_PENDING_MAX 16     /* connections without an authenticated HELLO yet */
+#define RK_NODES_HELLO_TIMEOUT_S 5. /* how long such a connection may stay silent */
+
+/* A name for a message type ("HELLO"), "type N" for another value (into a static buffer for
+ * those: not thread-safe then). */
+const char *rk_node_msg_name(uint8_t type);
+
+/* One payload's lines: keys and values point into the payload (not NUL-terminated). */
+typedef struct rk_node_kv {
+    size_t n;
+    struct {
+        const char *key, *val;
+        size_t key_len, val_len;
+    } line[RK_NODE_LINES_MAX];
+} rk_node_kv;
+
+/* Split `len` bytes into `key=value` lines: each ends with '\n' (the last one too), the key
+ * is [a-z_]{1,16}, the value up to 255 bytes of UTF-8 without control characters, no key
+ * twice, at most 16 lines and RK_NODE_PAYLOAD_MAX bytes. RK_EFORMAT with the line and the
+ * problem otherwise ("line 2: no '='"); the message never quotes a value. */
+int rk_node_kv_parse(rk_node_kv *kv, const void *payload, size_t len, rk_err *err);
+
+typedef struct rk_node_hello {
+    uint32_t node;                         /* node index */
+    char host[RK_NODE_HOST_MAX];           /* the agent's host name (gethostname) */
+    int64_t pid;                           /* the agent's pid */
+    char boot_id[RK_NODE_BOOT_ID_LEN + 1]; /* the host's boot id: a new one after a reboot */
+} rk_node_hello;
+
+typedef struct rk_node_welcome {
+    uint32_t node;       /* the node index accepted (the HELLO's) */
+    uint32_t generation; /* the launch generation (also in every frame's header) */
+    double timeout_s;    /* the coordinator's --node-timeout: ping more often than that */
+} rk_node_welcome;
+
+typedef struct rk_node_reason {
+    char reason[RK_NODE_REASON_MAX]; /* one line for people ("done", "node 7 is not in this job") */
+} rk_node_reason;
+
+/* Format into out[cap] (RK_NODE_PAYLOAD_MAX suffices): *len bytes. RK_EINVAL for a field
+ * the parser would refuse (a host name with a newline, a boot id that is not a UUID). */
+int rk_node_hello_format(const rk_node_hello *h, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_welcome_format(const rk_node_welcome *w, char *out, size_t cap, size_t *len,
+                           rk_err *err);
+/* The reason is cleaned for one line (base/text.h) and cut to fit. */
+int rk_node_reason_format(const rk_node_reason *r, char *out, size_t cap, size_t *len, rk_err *err);
+
+/* Parse a payload: RK_EFORMAT naming the field and the problem ("hello: boot_id is not a
+ * UUID"); unknown keys are ignored (a later version may add some); *out is zeroed first. */
+int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_err *err);
+int rk_node_welcome_parse(const void *payload, size_t len, rk_node_welcome *w, rk_err *err);
+int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_err *err);
+
+/* A UUID as the kernel writes a boot id: 8-4-4-4-12 lower-case hex digits. */
+bool rk_node_boot_id_ok(const char *s, size_t len);
+
+/* This host's boot id from `path` (NULL: /proc/sys/kernel/random/boot_id): at most 64 bytes
+ * read, the trailing newline dropped, checked with rk_node_boot_id_ok. */
+int rk_node_boot_id_read(const char *path, char out[RK_NODE_BOOT_ID_LEN + 1], rk_err *err);
+
+/* A job id in its text form: 32 hex digits (either case) -> 16 bytes. RK_EFORMAT otherwise. */
+int rk_node_job_parse(const char *text, uint8_t job[RK_NET_JOB_ID_LEN], rk_err *err);
+
+/* "HOST:PORT" or "[V6]:PORT" into host[cap] and *port (0..65535, digits only). RK_EINVAL. */
+int rk_node_hostport_parse(const char *s, char *host, size_t cap, uint16_t *port, rk_err *err);
+
+/* ---- the coordinator's table ------------------------------------------------------------- */
+
+typedef enum rk_node_event_kind {
+    RK_NODE_JOINED,    /* first HELLO of this node */
+    RK_NODE_LOST,      /* silent for the timeout, or its connection closed */
+    RK_NODE_REJOINED,  /* back after a loss, same boot id */
+    RK_NODE_REBOOTED,  /* back after a loss, another boot id */
+    RK_NODE_RECONNECT, /* a new connection replaced a live one (no loss in between) */
+    RK_NODE_LEFT,      /* said BYE */
+    RK_NODE_REFUSED    /* a connection refused: wrong secret, replay, fenced, bad HELLO... */
+} rk_node_event_kind;
+
+typedef struct rk_node_event {
+    rk_node_event_kind kind;
+    int node;                   /* the node index, -1 where none is known (REFUSED) */
+    char from[RK_NET_ADDR_MAX]; /* the peer's address */
+    double silent_s;            /* LOST: seconds since its last frame */
+    const char *host;           /* JOINED, REJOINED, REBOOTED: the HELLO's host name */
+    const char *why;            /* LOST, REFUSED, LEFT: one line */
+} rk_node_event;
+
+/* "joined", "lost", ... */
+const char *rk_node_event_name(rk_node_event_kind k);
+
+/* What a node coming back is: REJOINED for the same boot id, REBOOTED otherwise. */
+rk_node_event_kind rk_node_return_kind(const char *old_boot_id, const char *new_boot_id);
+
+typedef struct rk_nodes_opts {
+    const char *listen_host; /* the one address to listen on */
+    uint16_t listen_port;    /* 0: the kernel picks (rk_nodes_port) */
+    int nodes;               /* 1..RK_NODES_MAX: node indexes 0..nodes-1 */
+    uint8_t job[RK_NET_JOB_ID_LEN];
+    uint32_t generation; /* the launch generation (>= 1) */
+    double timeout_s;    /* a node silent this long is lost */
+    void (*on_event)(void *ctx, const rk_node_event *e);
+    void *ctx;
+} rk_nodes_opts;
+
+typedef struct rk_nodes rk_nodes;
+
+/* Listen (net/sock.h: rk_net_listen's errors) and make the table; the secret is copied (and
+ * wiped by rk_nodes_free). */
+int rk_nodes_open(rk_nodes **out, const rk_nodes_opts *o, const rk_net_secret *key, rk_err *err);
+
+/* The port listened on. */
+uint16_t rk_nodes_port(const rk_nodes *t);
+
+/* Wait up to `timeout_s` for sockets, then accept, read, answer and time nodes out; events
+ * go to on_event. RK_OK, or RK_EIO if poll itself fails. */
+int rk_nodes_poll(rk_nodes *t, double timeout_s, rk_err *err);
+
+/* Node `i`'s state: connected now, seconds since its last authenticated frame (-1: never). */
+bool rk_nodes_connected(const rk_nodes *t, int i);
+double rk_nodes_silent_s(const rk_nodes *t, int i);
+int rk_nodes_count_connected(const rk_nodes *t);
+
+/* Send BYE (`reason`) to every connected node, then close their connections. */
+void rk_nodes_bye(rk_nodes *t, const char *reason);
+
+/* Close everything and wipe the secret. NULL-safe. */
+void rk_nodes_free(rk_nodes *t);
+
+#endif

@@ -1,0 +1,423 @@
+/*
+ * Tests for the node link's messages and the coordinator's table (src/supervisor/nodemsg.c,
+ * nodes.c): key=value payloads and their bounds, HELLO / WELCOME / reason round trips and
+ * broken inputs, boot ids, job ids and HOST:PORT; then the table over 127.0.0.1 driven by a
+ * hand-made agent: a HELLO is welcomed (node joined), a PING answered, silence is a loss after
+ * the timeout, a replayed HELLO on a new connection, a wrong secret and an earlier launch are
+ * each refused with one event and change nothing, an unknown node gets REFUSED, and a node
+ * that comes back with its next sequence number rejoins (same boot id) or reboots (another).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "net/peer.h"
+#include "net/sock.h"
+#include "net/stream.h"
+#include "supervisor/nodes.h"
+#include "testutil.h"
+
+RK_TEST_DIR_FIXTURE("test_nodes")
+
+static const char BOOT_A[] = "0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab";
+static const char BOOT_B[] = "11111111-2222-4333-8444-555555555555";
+
+/* ---- payloads ---------------------------------------------------------------------------- */
+
+static int kv(const char *s)
+{
+    rk_node_kv k;
+    rk_err e = {0};
+    return rk_node_kv_parse(&k, s, strlen(s), &e);
+}
+
+static void test_kv_rules(void **state)
+{
+    (void)state;
+    rk_node_kv k;
+    rk_err e = {0};
+    const char *good = "a=1\nb_c=two words\nempty=\n";
+    assert_int_equal(rk_node_kv_parse(&k, good, strlen(good), &e), RK_OK);
+    assert_int_equal(k.n, 3);
+    assert_int_equal(k.line[2].val_len, 0);
+    assert_int_equal(kv(""), RK_OK);
+    assert_int_equal(kv("a=1"), RK_EFORMAT);                   /* no final newline */
+    assert_int_equal(kv("a1\n"), RK_EFORMAT);                  /* no '=' */
+    assert_int_equal(kv("A=1\n"), RK_EFORMAT);                 /* key case */
+    assert_int_equal(kv("=1\n"), RK_EFORMAT);                  /* empty key */
+    assert_int_equal(kv("a=1\na=2\n"), RK_EFORMAT);            /* twice */
+    assert_int_equal(kv("a=x\ty\n"), RK_EFORMAT);              /* a control character */
+    assert_int_equal(kv("a=\xc3\n"), RK_EFORMAT);              /* not UTF-8 */
+    assert_int_equal(kv("abcdefghijklmnopq=1\n"), RK_EFORMAT); /* a 17-byte key */
+    char big[400];
+    memset(big, 'x', sizeof big);
+    memcpy(big, "a=", 2);
+    big[258] = '\n';
+    assert_int_equal(rk_node_kv_parse(&k, big, 259, &e), RK_EFORMAT); /* a 256-byte value */
+    assert_non_null(strstr(e.msg, "at most 255"));
+    big[257] = '\n';
+    assert_int_equal(rk_node_kv_parse(&k, big, 258, &e), RK_OK); /* 255 is fine */
+    char many[17 * 4 + 1] = "";
+    for (int i = 0; i < 17; i++)
+        snprintf(many + strlen(many), sizeof many - strlen(many), "%c=\n", 'a' + i);
+    assert_int_equal(kv(many), RK_EFORMAT);
+    char huge[RK_NODE_PAYLOAD_MAX + 1];
+    memset(huge, '\n', sizeof huge);
+    assert_int_equal(rk_node_kv_parse(&k, huge, sizeof huge, &e), RK_EFORMAT);
+}
+
+static rk_node_hello hello_of(uint32_t node, const char *boot)
+{
+    rk_node_hello h = {.node = node, .pid = 4242};
+    snprintf(h.host, sizeof h.host, "gpu-%u.cluster", (unsigned)node);
+    snprintf(h.boot_id, sizeof h.boot_id, "%s", boot);
+    return h;
+}
+
+static void test_hello_round_trip_and_refusals(void **state)
+{
+    (void)state;
+    rk_node_hello h = hello_of(3, BOOT_A), back;
+    char buf[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    assert_int_equal(rk_node_hello_format(&h, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_hello_parse(buf, len, &back, &e), RK_OK);
+    assert_memory_equal(&h, &back, sizeof h);
+    /* unknown keys are ignored */
+    char more[RK_NODE_PAYLOAD_MAX];
+    snprintf(more, sizeof more, "%.*sgpus=4\n", (int)len, buf);
+    assert_int_equal(rk_node_hello_parse(more, strlen(more), &back, &e), RK_OK);
+    static const struct {
+        const char *text, *msg;
+    } bad[] = {
+        {"host=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "no node"},
+        {"node=01\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "node"},
+        {"node=1024\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "node"},
+        {"node=-1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "node"},
+        {"node=1\nhost=h\npid=0\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "pid"},
+        {"node=1\nhost=\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "host"},
+        {"node=1\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\n", "no host"},
+        {"node=1\nhost=h\npid=1\nboot_id=0F5C1D2E-3A4B-4C5D-8E9F-0123456789AB\n", "UUID"},
+        {"node=1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789a\n", "UUID"},
+        {"node=1\nhost=h\npid=1\n", "no boot_id"},
+        {"node=1\nhost=h\npid=1\nboot_id=x\nnode=2\n", "twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rk_err be = {0};
+        assert_int_equal(rk_node_hello_parse(bad[i].text, strlen(bad[i].text), &back, &be),
+                         RK_EFORMAT);
+        if (!strstr(be.msg, bad[i].msg))
+            fail_msg("case %zu: '%s' does not say '%s'", i, be.msg, bad[i].msg);
+        assert_int_equal(back.node, 0);
+        assert_int_equal(back.host[0], 0);
+    }
+    /* the formatter refuses what the parser would */
+    rk_node_hello nl = h;
+    snprintf(nl.host, sizeof nl.host, "a\nnode=9");
+    assert_int_equal(rk_node_hello_format(&nl, buf, sizeof buf, &len, &e), RK_EINVAL);
+    rk_node_hello nb = h;
+    nb.boot_id[0] = 'X';
+    assert_int_equal(rk_node_hello_format(&nb, buf, sizeof buf, &len, &e), RK_EINVAL);
+    assert_int_equal(rk_node_hello_format(&h, buf, 20, &len, &e), RK_EINVAL);
+}
+
+static void test_welcome_and_reason(void **state)
+{
+    (void)state;
+    rk_node_welcome w = {.node = 2, .generation = 7, .timeout_s = 2.5}, wb;
+    char buf[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    assert_int_equal(rk_node_welcome_format(&w, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_welcome_parse(buf, len, &wb, &e), RK_OK);
+    assert_int_equal(wb.node, 2);
+    assert_int_equal(wb.generation, 7);
+    assert_true(wb.timeout_s == 2.5);
+    const char *g0 = "node=1\ngeneration=0\ntimeout_ms=10\n";
+    assert_int_equal(rk_node_welcome_parse(g0, strlen(g0), &wb, &e), RK_EFORMAT);
+    assert_non_null(strstr(e.msg, "generation"));
+    const char *t0 = "node=1\ngeneration=1\ntimeout_ms=0\n";
+    assert_int_equal(rk_node_welcome_parse(t0, strlen(t0), &wb, &e), RK_EFORMAT);
+
+    rk_node_reason r, rb;
+    snprintf(r.reason, sizeof r.reason, "line one\nline two");
+    assert_int_equal(rk_node_reason_format(&r, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_reason_parse(buf, len, &rb, &e), RK_OK);
+    assert_string_equal(rb.reason, "line one?line two"); /* one line, cleaned */
+    assert_int_equal(rk_node_reason_parse("reason=\n", 8, &rb, &e), RK_EFORMAT);
+    assert_int_equal(rk_node_reason_parse("why=x\n", 6, &rb, &e), RK_EFORMAT);
+}
+
+static void test_text_forms(void **state)
+{
+    (void)state;
+    rk_err e = {0};
+    assert_true(rk_node_boot_id_ok(BOOT_A, strlen(BOOT_A)));
+    assert_false(rk_node_boot_id_ok("0f5c1d2e-3a4b-4c5d-8e9f_0123456789ab", 36));
+    uint8_t job[RK_NET_JOB_ID_LEN];
+    assert_int_equal(rk_node_job_parse("00112233445566778899AaBbCcDdEeFf", job, &e), RK_OK);
+    assert_int_equal(job[0], 0x00);
+    assert_int_equal(job[15], 0xff);
+    assert_int_equal(rk_node_job_parse("0011", job, &e), RK_EFORMAT);
+    assert_int_equal(rk_node_job_parse("0011223344556677889900aabbccddxx", job, &e), RK_EFORMAT);
+    char host[64];
+    uint16_t port;
+    assert_int_equal(rk_node_hostport_parse("198.18.0.3:7070", host, sizeof host, &port, &e), 0);
+    assert_string_equal(host, "198.18.0.3");
+    assert_int_equal(port, 7070);
+    assert_int_equal(rk_node_hostport_parse("[fd00::3]:0", host, sizeof host, &port, &e), 0);
+    assert_string_equal(host, "fd00::3");
+    assert_int_equal(port, 0);
+    static const char *const bad[] = {"host", ":80",        "h:",    "h:080",      "h:65536",
+                                      "h:1x", "fd00::3:80", "[]:80", "[fd00::3:80"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (rk_node_hostport_parse(bad[i], host, sizeof host, &port, &e) != RK_EINVAL)
+            fail_msg("'%s' accepted", bad[i]);
+    assert_int_equal(rk_node_return_kind(BOOT_A, BOOT_A), RK_NODE_REJOINED);
+    assert_int_equal(rk_node_return_kind(BOOT_A, BOOT_B), RK_NODE_REBOOTED);
+}
+
+static void test_boot_id_file(void **state)
+{
+    (void)state;
+    char path[600], id[RK_NODE_BOOT_ID_LEN + 1];
+    rk_err e = {0};
+    snprintf(path, sizeof path, "%s/boot_id", g_dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "%s\n", BOOT_B);
+    fclose(f);
+    assert_int_equal(rk_node_boot_id_read(path, id, &e), RK_OK);
+    assert_string_equal(id, BOOT_B);
+    f = fopen(path, "w");
+    fprintf(f, "not a boot id\n");
+    fclose(f);
+    assert_int_equal(rk_node_boot_id_read(path, id, &e), RK_EFORMAT);
+    assert_non_null(strstr(e.msg, path));
+    snprintf(path, sizeof path, "%s/none", g_dir);
+    assert_int_equal(rk_node_boot_id_read(path, id, &e), RK_ENOENT);
+    /* this host's, where there is one */
+    if (access("/proc/sys/kernel/random/boot_id", R_OK) == 0)
+        assert_int_equal(rk_node_boot_id_read(NULL, id, &e), RK_OK);
+}
+
+/* ---- the table over 127.0.0.1 ------------------------------------------------------------ */
+
+static const uint8_t JOB[RK_NET_JOB_ID_LEN] = "job-0123456789ab";
+
+typedef struct events {
+    int n;
+    rk_node_event_kind kind[32];
+    int node[32];
+    char why[32][RK_ERR_MSG_MAX];
+} events;
+
+static void on_event(void *ctx, const rk_node_event *e)
+{
+    events *ev = ctx;
+    if (ev->n == 32)
+        return;
+    ev->kind[ev->n] = e->kind;
+    ev->node[ev->n] = e->node;
+    snprintf(ev->why[ev->n], sizeof ev->why[ev->n], "%s", e->why ? e->why : "");
+    ev->n++;
+}
+
+static rk_net_secret key_of(uint8_t b)
+{
+    rk_net_secret k;
+    memset(k.key, b, sizeof k.key);
+    return k;
+}
+
+/* Poll the table until `ev` has `want` events or `secs` pass. */
+static void poll_until(rk_nodes *t, events *ev, int want, double secs)
+{
+    double end = rk_mono_s() + secs;
+    while (ev->n < want && rk_mono_s() < end)
+        assert_int_equal(rk_nodes_poll(t, 0.02, NULL), RK_OK);
+}
+
+static int dial(rk_nodes *t)
+{
+    int fd;
+    assert_int_equal(rk_net_connect("127.0.0.1", rk_nodes_port(t), 2, &fd, NULL), RK_OK);
+    return fd;
+}
+
+/* Seal a HELLO of `node` with `p` and `key` into frame[]; its size. */
+static size_t hello_frame(rk_net_peer *p, const rk_net_secret *key, uint32_t node, const char *boot,
+                          uint8_t *frame)
+{
+    rk_node_hello h = hello_of(node, boot);
+    char payload[RK_NODE_PAYLOAD_MAX];
+    size_t len, n;
+    assert_int_equal(rk_node_hello_format(&h, payload, sizeof payload, &len, NULL), RK_OK);
+    assert_int_equal(rk_net_peer_seal(p, key, RK_NODE_MSG_HELLO, 0, payload, (uint32_t)len, frame,
+                                      RK_NET_FRAME_MAX, &n, NULL),
+                     RK_OK);
+    return n;
+}
+
+/* The next frame the table sends on `fd` (polled while waiting): its type, or -1 (closed). */
+static int read_reply(rk_nodes *t, int fd, rk_net_reader *r, const rk_net_secret *key,
+                      rk_net_peer *p)
+{
+    double end = rk_mono_s() + 2;
+    while (rk_mono_s() < end) {
+        rk_nodes_poll(t, 0.01, NULL);
+        int rc = rk_net_reader_fill(r, fd, NULL);
+        rk_net_hdr h;
+        const uint8_t *payload;
+        if (rc >= 0 && (rc = rk_net_reader_next(r, key, &h, &payload, NULL)) == 1) {
+            assert_int_equal(rk_net_peer_accept(p, &h, "coordinator", NULL), RK_OK);
+            return h.type;
+        }
+        if (rc < 0)
+            return -1;
+    }
+    fail_msg("no reply from the table");
+    return -1;
+}
+
+static void test_table(void **state)
+{
+    (void)state;
+    rk_net_secret key = key_of(0x5a), wrong = key_of(0x5b);
+    events ev = {0};
+    rk_nodes_opts o = {.listen_host = "127.0.0.1",
+                       .nodes = 2,
+                       .generation = 3,
+                       .timeout_s = 0.3,
+                       .on_event = on_event,
+                       .ctx = &ev};
+    memcpy(o.job, JOB, sizeof o.job);
+    rk_nodes *t = NULL;
+    assert_int_equal(rk_nodes_open(&t, &o, &key, NULL), RK_OK);
+    assert_true(rk_nodes_port(t) > 0);
+    static rk_net_reader r;
+    static uint8_t frame[RK_NET_FRAME_MAX], first[RK_NET_FRAME_MAX];
+
+    /* node 1 joins: WELCOME; a PING gets a PONG */
+    rk_net_peer agent, from_coord;
+    rk_net_peer_init(&agent, JOB, 1, RK_NET_COORDINATOR, 3, true);
+    rk_net_peer_init(&from_coord, JOB, 1, RK_NET_COORDINATOR, 3, true);
+    int fd = dial(t);
+    size_t first_n = hello_frame(&agent, &key, 1, BOOT_A, first), n;
+    assert_int_equal(rk_net_send_all(fd, first, first_n, 1, "t", NULL), RK_OK);
+    rk_net_reader_init(&r, "coordinator");
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_WELCOME);
+    assert_int_equal(ev.n, 1);
+    assert_int_equal(ev.kind[0], RK_NODE_JOINED);
+    assert_int_equal(ev.node[0], 1);
+    assert_true(rk_nodes_connected(t, 1));
+    assert_false(rk_nodes_connected(t, 0));
+    assert_int_equal(
+        rk_net_peer_seal(&agent, &key, RK_NODE_MSG_PING, 0, NULL, 0, frame, sizeof frame, &n, NULL),
+        RK_OK);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_PONG);
+
+    /* the HELLO replayed on a new connection: refused, node 1 still connected */
+    int fd2 = dial(t);
+    assert_int_equal(rk_net_send_all(fd2, first, first_n, 1, "t", NULL), RK_OK);
+    poll_until(t, &ev, 2, 2);
+    assert_int_equal(ev.kind[1], RK_NODE_REFUSED);
+    assert_non_null(strstr(ev.why[1], "replayed frame seq 1"));
+    assert_true(rk_nodes_connected(t, 1));
+    close(fd2);
+
+    /* a wrong secret: refused, one event */
+    rk_net_peer stranger;
+    rk_net_peer_init(&stranger, JOB, 0, RK_NET_COORDINATOR, 3, true);
+    fd2 = dial(t);
+    n = hello_frame(&stranger, &wrong, 0, BOOT_A, frame);
+    assert_int_equal(rk_net_send_all(fd2, frame, n, 1, "t", NULL), RK_OK);
+    poll_until(t, &ev, 3, 2);
+    assert_int_equal(ev.kind[2], RK_NODE_REFUSED);
+    assert_non_null(strstr(ev.why[2], "wrong secret"));
+    assert_false(rk_nodes_connected(t, 0));
+    close(fd2);
+
+    /* an earlier launch: fenced */
+    rk_net_peer old;
+    rk_net_peer_init(&old, JOB, 0, RK_NET_COORDINATOR, 2, true);
+    fd2 = dial(t);
+    n = hello_frame(&old, &key, 0, BOOT_A, frame);
+    assert_int_equal(rk_net_send_all(fd2, frame, n, 1, "t", NULL), RK_OK);
+    poll_until(t, &ev, 4, 2);
+    assert_int_equal(ev.kind[3], RK_NODE_REFUSED);
+    assert_non_null(strstr(ev.why[3], "launch 2"));
+    close(fd2);
+
+    /* a node this job does not have: REFUSED sent, then closed */
+    rk_net_peer n7, n7in;
+    rk_net_peer_init(&n7, JOB, 7, RK_NET_COORDINATOR, 3, true);
+    rk_net_peer_init(&n7in, JOB, 7, RK_NET_COORDINATOR, 3, true);
+    fd2 = dial(t);
+    n = hello_frame(&n7, &key, 7, BOOT_A, frame);
+    assert_int_equal(rk_net_send_all(fd2, frame, n, 1, "t", NULL), RK_OK);
+    rk_net_reader_init(&r, "coordinator");
+    assert_int_equal(read_reply(t, fd2, &r, &key, &n7in), RK_NODE_MSG_REFUSED);
+    assert_int_equal(ev.kind[4], RK_NODE_REFUSED);
+    assert_non_null(strstr(ev.why[4], "node 7 is not in this job"));
+    close(fd2);
+
+    /* silence: node 1 lost after the timeout */
+    double t0 = rk_mono_s();
+    poll_until(t, &ev, 6, 3);
+    assert_int_equal(ev.kind[5], RK_NODE_LOST);
+    assert_non_null(strstr(ev.why[5], "silent"));
+    assert_true(rk_mono_s() - t0 < 1.5);
+    assert_false(rk_nodes_connected(t, 1));
+    close(fd);
+
+    /* back with its next sequence number, same boot id: rejoined; another: rebooted */
+    fd = dial(t);
+    n = hello_frame(&agent, &key, 1, BOOT_A, frame);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    rk_net_reader_init(&r, "coordinator");
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_WELCOME);
+    assert_int_equal(ev.kind[6], RK_NODE_REJOINED);
+    close(fd); /* closed: lost at once */
+    poll_until(t, &ev, 8, 2);
+    assert_int_equal(ev.kind[7], RK_NODE_LOST);
+    assert_non_null(strstr(ev.why[7], "closed the connection"));
+    fd = dial(t);
+    n = hello_frame(&agent, &key, 1, BOOT_B, frame);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    rk_net_reader_init(&r, "coordinator");
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_WELCOME);
+    assert_int_equal(ev.kind[8], RK_NODE_REBOOTED);
+    assert_int_equal(rk_nodes_count_connected(t), 1);
+
+    /* BYE to every node */
+    rk_nodes_bye(t, "done");
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_BYE);
+    assert_int_equal(rk_nodes_count_connected(t), 0);
+    close(fd);
+    rk_nodes_free(t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kv_rules),
+        cmocka_unit_test(test_hello_round_trip_and_refusals),
+        cmocka_unit_test(test_welcome_and_reason),
+        cmocka_unit_test(test_text_forms),
+        cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
+        cmocka_unit_test(test_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
