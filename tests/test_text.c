@@ -116,6 +116,21 @@ static void show_adds_dots_only_when_cut(void **state)
                         "?31m"); /* CSI as a C1 character */
 }
 
+static void hex_decodes_both_cases_and_names_the_bad_character(void **state)
+{
+    (void)state;
+    uint8_t out[4] = {0};
+    assert_int_equal(rk_hex_decode("00fFa9B1", 4, out), -1);
+    assert_int_equal(out[0], 0x00);
+    assert_int_equal(out[1], 0xff);
+    assert_int_equal(out[2], 0xa9);
+    assert_int_equal(out[3], 0xb1);
+    assert_int_equal(rk_hex_decode("0g", 1, out), 1);
+    assert_int_equal(rk_hex_decode("x0", 1, out), 0);
+    assert_int_equal(rk_hex_decode("0011 2", 3, out), 4);
+    assert_int_equal(rk_hex_decode("", 0, out), -1);
+}
+
 static void little_endian_round_trips(void **state)
 {
     (void)state;
@@ -141,6 +156,7 @@ int main(void)
         cmocka_unit_test(clean_replaces_and_cuts_between_characters),
         cmocka_unit_test(show_adds_dots_only_when_cut),
         cmocka_unit_test(little_endian_round_trips),
+        cmocka_unit_test(hex_decodes_both_cases_and_names_the_bad_character),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

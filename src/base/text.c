@@ -114,3 +114,27 @@ const char *rk_msg_show(char *dst, size_t cap, const char *s)
     memcpy(dst + strlen(dst), "...", 4);
     return dst;
 }
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+long rk_hex_decode(const char *hex, size_t n, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+        if (hi < 0)
+            return (long)(2 * i);
+        if (lo < 0)
+            return (long)(2 * i + 1);
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return -1;
+}

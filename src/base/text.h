@@ -41,4 +41,8 @@ size_t rk_text_clean(char *dst, size_t cap, const char *s);
  * that does not fit ends in "..." (cut on a character boundary). Returns dst. */
 const char *rk_msg_show(char *dst, size_t cap, const char *s);
 
+/* The 2*n hexadecimal digits (either case) at hex as n bytes into out. Returns -1 when all are
+ * digits, else the index of the first character that is not one (out then unspecified). */
+long rk_hex_decode(const char *hex, size_t n, uint8_t *out);
+
 #endif

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/msg.h"
+#include "base/text.h"
 #include "rekindle/fileio.h"
 
 int rk_net_random(void *buf, size_t n, rk_err *err)
@@ -61,17 +62,6 @@ void rk_net_secret_hex(const rk_net_secret *s, char out[RK_NET_SECRET_HEX_LEN + 
     out[RK_NET_SECRET_HEX_LEN + 1] = '\0';
 }
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int rk_net_secret_parse(rk_net_secret *s, const char *text, size_t len, const char *label,
                         rk_err *err)
 {
@@ -86,16 +76,13 @@ int rk_net_secret_parse(rk_net_secret *s, const char *text, size_t len, const ch
                           "%zu characters",
                           shown, RK_NET_SECRET_HEX_LEN, n);
     rk_net_secret t;
-    for (size_t i = 0; i < RK_NET_SECRET_LEN; i++) {
-        int hi = hex_value(text[2 * i]), lo = hex_value(text[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            rk_net_secret_wipe(&t);
-            return rk_err_set(err, RK_EFORMAT,
-                              "%s: character %zu is not a hexadecimal digit (a secret is %d "
-                              "of 0-9a-f and a newline)",
-                              shown, 2 * i + (hi < 0 ? 1 : 2), RK_NET_SECRET_HEX_LEN);
-        }
-        t.key[i] = (uint8_t)(hi << 4 | lo);
+    long bad = rk_hex_decode(text, RK_NET_SECRET_LEN, t.key);
+    if (bad >= 0) {
+        rk_net_secret_wipe(&t);
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: character %ld is not a hexadecimal digit (a secret is %d "
+                          "of 0-9a-f and a newline)",
+                          shown, bad + 1, RK_NET_SECRET_HEX_LEN);
     }
     *s = t;
     rk_net_secret_wipe(&t);

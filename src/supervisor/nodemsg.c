@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/msg.h"
+#include "base/text.h"
 
 const char *rk_node_msg_name(uint8_t type)
 {
@@ -309,30 +310,15 @@ int rk_node_boot_id_read(const char *path, char out[RK_NODE_BOOT_ID_LEN + 1], rk
     return RK_OK;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int rk_node_job_parse(const char *text, uint8_t job[RK_NET_JOB_ID_LEN], rk_err *err)
 {
     if (strlen(text) != 2 * RK_NET_JOB_ID_LEN)
         return rk_err_set(err, RK_EFORMAT, "a job id is %d hexadecimal digits",
                           2 * RK_NET_JOB_ID_LEN);
     uint8_t out[RK_NET_JOB_ID_LEN];
-    for (int i = 0; i < RK_NET_JOB_ID_LEN; i++) {
-        int hi = hex_digit(text[2 * i]), lo = hex_digit(text[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return rk_err_set(err, RK_EFORMAT, "a job id is %d hexadecimal digits",
-                              2 * RK_NET_JOB_ID_LEN);
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
+    if (rk_hex_decode(text, RK_NET_JOB_ID_LEN, out) >= 0)
+        return rk_err_set(err, RK_EFORMAT, "a job id is %d hexadecimal digits",
+                          2 * RK_NET_JOB_ID_LEN);
     memcpy(job, out, RK_NET_JOB_ID_LEN);
     return RK_OK;
 }
