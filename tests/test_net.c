@@ -494,7 +494,7 @@ static void test_secret_file_rules(void **state)
     put(in_dir(p, sizeof p, "badhex"), "0011223344556677889g" HEX64 "\n", 0600);
     refused(p, RK_EFORMAT, "characters"); /* 84 characters */
     char text[80];
-    snprintf(text, sizeof text, "%.19sg%s\n", HEX64, HEX64 + 20);
+    snprintf(text, sizeof text, "%.19sg%s\n", HEX64, &HEX64[20]);
     put(p, text, 0600);
     refused(p, RK_EFORMAT, "character 20 is not a hexadecimal digit");
     put(p, "", 0600);
