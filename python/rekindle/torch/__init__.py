@@ -326,8 +326,9 @@ class Job(_Checkpoints):
     # ----------------------------------------------------------------- guards
 
     def _reduced_finite(self):
-        """Whether the all-reduced gradients are finite (their float64 sums, taken per bucket
-        by the hook): a sum can be non-finite where every rank's own gradient was finite."""
+        """Whether the all-reduced gradients are finite (the hook's check per bucket: on the CPU
+        a float32 sum, each element when that is not finite; on a GPU a float64 sum): a sum can
+        be non-finite where every rank's own gradient was finite."""
         sums, self._redsums = self._redsums, []
         if self._red_bad:
             return False
@@ -370,9 +371,10 @@ class Job(_Checkpoints):
             z = self._zscore(loss)
             if z > self.spike_z:
                 bits = struct.pack("<d", loss)
-                if self._spiked == bits:
+                if self._spiked is not None:  # one redo a step: a spike again is kept
+                    same = "the same loss" if self._spiked == bits else "a spike"
                     self._event("spike_kept", -1, "kept", 0,
-                                f"loss {loss:.6g} (z {z:.1f}) again on the redo: the data")
+                                f"loss {loss:.6g} (z {z:.1f}): {same} again on the redo: the data")
                     return True
                 self._spiked = bits
                 self._event("loss_spike", -1, "redo", 0,
