@@ -150,6 +150,31 @@ class OneRank(unittest.TestCase):
         for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_INJECT_DONE", "RK_STACK_DIR"):
             os.environ.pop(k, None)
 
+    def test_the_model_does_not_keep_the_job(self):
+        # DDP's reducer holds the comm hook's state: a Job held there strongly was a cycle
+        # through C++ (model -> reducer -> Job -> model) that no gc could free, left to the
+        # interpreter's finalization with gloo's threads running
+        import gc
+        import weakref
+
+        torch.manual_seed(3)
+        model = DDP(torch.nn.Linear(12, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        job = rkt.Job(model, opt, global_batch=4, verbose=False)
+        for _ in job.steps(2):
+            opt.zero_grad()
+            job.scale(model(torch.randn(4, 12)).sum(), 4).backward()
+            job.step()
+        gone = weakref.ref(job)
+        del job
+        gc.collect()
+        self.assertIsNone(gone(), "the Job outlives its last reference")
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        model(torch.randn(4, 12)).sum().backward()  # the hook without its Job: plain averaging
+        opt.step()
+        self.assertTrue(any(not torch.equal(a, b) for a, b in zip(before, model.parameters())))
+
     def test_resume_is_exact(self):
         _, _, ref = train(60)
         d = rktest.tmpdir(self)

@@ -28,6 +28,7 @@ import struct
 import sys
 import time
 import traceback
+import weakref
 
 import numpy as np
 import torch
@@ -83,22 +84,23 @@ def _where(exc):
     return f"{type(exc).__name__}: {msg[:400]}{at}"
 
 
-_SCALER_JOB = []  # the Job that an enabled GradScaler's scale() refuses (one per process)
+_SCALER_JOB = []  # a weak reference to the Job that an enabled GradScaler's scale() refuses
 
 
 def _refuse_grad_scaler(job):
     """torch.cuda.amp.GradScaler skips optimiser steps of its own and keeps a scale that is
     neither checkpointed nor rolled back: not supported yet. An enabled one is refused when
     it first scales a loss (a disabled one, as on a CPU, changes nothing and passes)."""
-    _SCALER_JOB[:] = [job]
+    _SCALER_JOB[:] = [weakref.ref(job)]
     gs = getattr(getattr(torch.cuda, "amp", None), "GradScaler", None)
     if gs is None or getattr(gs, "_rk_refused", False):
         return
     orig = gs.scale
 
     def scale(self, outputs):
-        if self.is_enabled() and _SCALER_JOB:
-            _SCALER_JOB[0]._usage("torch.cuda.amp.GradScaler is not supported yet: train in fp32, or "
+        job = _SCALER_JOB[0]() if _SCALER_JOB else None
+        if self.is_enabled() and job is not None:
+            job._usage("torch.cuda.amp.GradScaler is not supported yet: train in fp32, or "
                                   "with bf16 autocast and no scaler")
         return orig(self, outputs)
 
@@ -204,10 +206,14 @@ class Job(_Checkpoints):
             # the group's own allreduce: dist.all_reduce's checks cost 75 us a call
             self._pg = getattr(model, "process_group", None) or dist.distributed_c10d._get_default_group()
             self._ar_opts = dist.AllreduceOptions()
-            model.register_comm_hook(self, _comm_hook)
+            # the hooks hold the Job weakly: a reference from DDP's reducer back to the Job (and
+            # through it to the model and the process group) would be a cycle through C++ that
+            # only the interpreter's finalization frees, with gloo's threads still running
+            me = weakref.ref(self)
+            model.register_comm_hook(me, _comm_hook)
             if self.world > 1 and getattr(model, "will_sync_module_buffers", lambda: False)():
                 # the forward starts with a collective of its own (the buffers' broadcast)
-                model.register_forward_pre_hook(lambda mod, inputs: self._comm())
+                model.register_forward_pre_hook(lambda mod, inputs: me() and me()._comm())
                 # each rank's forward leaves its own batch's statistics in the buffers; the
                 # next forward overwrites them with rank 0's: they are no replica's state
                 self._hash_buffers = False

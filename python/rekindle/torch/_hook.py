@@ -3,6 +3,7 @@
 import math
 
 import torch
+import torch.distributed  # noqa: F401  (the fallback when the Job is gone)
 
 # A last bucket up to this many elements carries the step's vector in its own all-reduce (two
 # copies of the bucket, each cheaper than a collective's latency); a larger one leaves the
@@ -10,7 +11,7 @@ import torch
 _FUSE_MAX = 1 << 18
 
 
-def _comm_hook(job, bucket):
+def _comm_hook(state, bucket):
     """DDP communication hook: the `comm` heartbeat before the first bucket's all-reduce, the
     gradflip fault, each rank's gradient norm before the all-reduce, and (with the last
     bucket) the step's vector of loss, sample count, command flags and norms, so the guards
@@ -26,6 +27,11 @@ def _comm_hook(job, bucket):
     On the CPU the scalars are Python floats (no tensor per number): this hook runs every
     step and its fixed cost is what a small model pays."""
     buf = bucket.buffer()
+    job = state()  # a weak reference to the Job
+    if job is None:  # the Job is gone, the model trains on: DDP's own averaging
+        pg = torch.distributed.distributed_c10d._get_default_group()
+        buf.div_(pg.size())
+        return pg.allreduce([buf]).get_future().then(lambda f: f.value()[0])
     if job._hook_calls == 0:
         job._comm()
         if job._gradflip:
