@@ -22,9 +22,11 @@
  * waitpid: 8 system calls a round with 2 ranks), CPU its ranks lost on a machine they fill: a
  * round cost 87 us of CPU on the 2-core test machine, 0.9% of a core at 10 ms. Lines wait in
  * the socket buffers meanwhile (a few kB) and are read together, up to READ_ROUNDS buffers of
- * 8 KiB a connection a round; what rk run sees is 50 ms late at most, against timeouts of
- * seconds. */
-#define PACE_S 0.050
+ * 8 KiB a connection a round; what rk run sees is 10 ms late at most, against timeouts of
+ * seconds. Not longer: new connections are accepted in the rounds too, and a hello is trusted
+ * only while its process is alive (conns.c), so a rank that connects, speaks and exits within
+ * one pace is not heard (at 50 ms it_classify's rank that only says bye failed so). */
+#define PACE_S 0.010
 #define READ_ROUNDS 16
 
 void sup_fail(sup *s, const char *fmt, ...)
@@ -292,7 +294,9 @@ rk_sup_next sup_watch(sup *s)
         sup_gate_tick(s);
         status_line(s);
         if (rk_launch_poll(&s->l)) {
-            /* read what the ranks said last before judging */
+            /* read what the ranks said last before judging: a rank that connected, spoke and
+             * exited within one pace still waits in the listen backlog, not yet accepted */
+            sup_accept(s);
             for (int k = 0; k < s->nconn; k++)
                 while (s->c[k].fd >= 0 && sup_read_conn(s, &s->c[k]))
                     ;
