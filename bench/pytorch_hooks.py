@@ -11,6 +11,10 @@ same on both sides (torchrun and rk run):
   else OMPI_COMM_WORLD_RANK, else 0): N counts the steps this process applied (a step a guard
   redoes does not call the optimiser; a resumed process counts from 1 again).
 
+- with RK_BENCH_PIN=1, the process pins itself to CPU LOCAL_RANK (modulo the CPUs it may use)
+  before the script starts: on both sides alike, so that neither loses time to ranks moving
+  between cores.
+
 Then SCRIPT runs as `python3 SCRIPT ARGS...` would run it (runpy, as __main__).
 """
 
@@ -38,6 +42,10 @@ def main():
     dist.init_process_group = init_process_group
 
     rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    if os.environ.get("RK_BENCH_PIN") == "1":
+        cpus = sorted(os.sched_getaffinity(0))
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        os.sched_setaffinity(0, {cpus[local % len(cpus)]})
     if rank == 0:
         opt_init = torch.optim.Optimizer.__init__
         count = [0]

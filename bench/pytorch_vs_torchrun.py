@@ -2,7 +2,7 @@
 """torchrun --max_restarts against rk run on the same PyTorch DDP script, in one run.
 
     bench/pytorch_vs_torchrun.py BUILD_DIR [--ranks 2] [--rounds 3] [--threads 1,2]
-                                 [--only crash,hang,overhead] [--script PATH] [--hb 5]
+                                 [--only crash,hang,overhead] [--script PATH] [--hb 5] [--pin]
 
 The script (default examples/pytorch/train_fashion_mnist.py) runs on both sides through
 bench/pytorch_hooks.py, which sets the process group's timeout (--pg-timeout, 60 s; torch's
@@ -288,6 +288,8 @@ class Bench:
         e["PYTHONUNBUFFERED"] = "1"
         e["OMP_NUM_THREADS"] = str(threads)
         e["RK_BENCH_PG_TIMEOUT"] = f"{self.a.pg_timeout:g}"
+        if self.a.pin:
+            e["RK_BENCH_PIN"] = "1"
         for k in ("RK_CKPT_DIR", "RK_RESUME", "RK_INJECT", "RK_HEARTBEAT"):
             e.pop(k, None)
         return e
@@ -467,6 +469,8 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=600, help="steps of an overhead run")
     ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--pin", action="store_true",
+                    help="each rank pins itself to CPU LOCAL_RANK (both sides alike)")
     ap.add_argument("--fault-step", type=int, default=60)
     ap.add_argument("--fault-steps", type=int, default=150)
     ap.add_argument("--ckpt-every", type=int, default=50)

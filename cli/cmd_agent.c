@@ -10,12 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "base/clock.h"
 #include "net/secret.h"
 #include "rk.h"
 #include "supervisor/agent.h"
+#include "supervisor/agent_job.h"
 #include "supervisor/nodes.h"
 
 static volatile sig_atomic_t stop_flag;
@@ -43,11 +45,14 @@ static const char agent_usage[] =
     "usage: rk agent --coordinator HOST:PORT --node K --job-id HEX [--secret-file F]\n"
     "                [--generation G] [--ping-interval D] [--connect-timeout D]\n"
     "                [--reconnect-for D] [--boot-id-file F]\n"
+    "                [--ckpt-dir DIR] [--inject SPEC] [--no-pythonpath] [-- WORKER ARGS...]\n"
     "\n"
     "Run this host's node agent: connect to the job's coordinator over the authenticated node\n"
     "link (docs/cluster-protocol.md), say who this node is (index, host name, pid, boot id),\n"
     "and keep the link alive with a ping every interval; reconnect with backoff when it drops.\n"
-    "Launching and watching the node's ranks is still ahead (docs/cluster.md).\n"
+    "With a WORKER, the agent starts this node's ranks of it when the coordinator says so,\n"
+    "relays their heartbeats and reports their end (docs/cluster.md); `rk run --hosts` starts\n"
+    "the agents itself.\n"
     "\n"
     "  --coordinator HOST:PORT  the coordinator's address ([V6]:PORT for IPv6)\n"
     "  --node K                 this node's index in the job (0, 1, ...)\n"
@@ -62,6 +67,9 @@ static const char agent_usage[] =
     "  --reconnect-for D        give up after this long without a link (default 60s)\n"
     "  --boot-id-file F         where the host's boot id is read (default\n"
     "                           /proc/sys/kernel/random/boot_id)\n"
+    "  --ckpt-dir DIR           RK_CKPT_DIR for the ranks (a directory every host sees)\n"
+    "  --inject SPEC            RK_INJECT for the ranks (fault injection, docs/run.md)\n"
+    "  --no-pythonpath          leave PYTHONPATH as it is (else the rekindle package is on it)\n"
     "  -h, --help               show this help\n"
     "\n"
     "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
@@ -101,17 +109,24 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"connect-timeout", required_argument, 0, 't'},
                                           {"reconnect-for", required_argument, 0, 'r'},
                                           {"boot-id-file", required_argument, 0, 'b'},
+                                          {"ckpt-dir", required_argument, 0, 'C'},
+                                          {"inject", required_argument, 0, 'I'},
+                                          {"no-pythonpath", no_argument, 0, 'P'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
+    rk_agent_job_opts jo = {0};
     const char *coord = NULL, *job = NULL, *secret_file = NULL;
     int node = -1, gen = 1;
     opterr = 0;
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+h", longs, NULL)) != -1) {
         switch (c) {
         case 'c': coord = optarg; break;
+        case 'C': jo.ckpt_dir = optarg; break;
+        case 'I': jo.inject = optarg; break;
+        case 'P': jo.no_pythonpath = 1; break;
         case 'n':
             if (rk_arg_count(&agent_args, "--node", optarg, 0, RK_NODES_MAX - 1, &node))
                 return RK_EXIT_USAGE;
@@ -144,7 +159,10 @@ int rk_cmd_agent(int argc, char **argv)
         }
     }
     if (optind < argc)
-        return rk_cli_usage_error("agent", agent_usage, "unexpected argument '%s'", argv[optind]);
+        jo.worker = argv + optind; /* the node's ranks run this */
+    if (!jo.worker && (jo.ckpt_dir || jo.inject))
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--ckpt-dir and --inject are for the ranks: give -- WORKER ARGS");
     if (!coord || node < 0 || !job)
         return rk_cli_usage_error("agent", agent_usage,
                                   "--coordinator, --node and --job-id are required");
@@ -171,8 +189,21 @@ int rk_cmd_agent(int argc, char **argv)
     o.stop = &stop_flag;
     o.on_log = print_log;
     o.ctx = "agent";
+    rk_agent_job *aj = NULL;
+    if (jo.worker) {
+        jo.on_log = print_log;
+        jo.ctx = "agent";
+        prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented here */
+        if (rk_agent_job_new(&aj, &jo, &err)) {
+            rk_net_secret_wipe(&key);
+            fprintf(stderr, "rk agent: %s\n", err.msg);
+            return RK_EXIT_FAIL;
+        }
+        o.ranks = aj;
+    }
     rk_agent_outcome outcome;
     int rc = rk_agent_run(&o, &key, &outcome, &err);
+    rk_agent_job_free(aj);
     rk_net_secret_wipe(&key);
     if (rc) {
         fprintf(stderr, "rk agent: %s\n", err.msg);

@@ -21,6 +21,7 @@
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
+#include "supervisor/hosts.h"
 #include "supervisor/supervisor.h"
 
 /* rk run's exit status for how the job ended (the usage text's list). */
@@ -93,7 +94,7 @@ static void print_report(const rk_sup_report *r)
         fprintf(stderr, "rk run: %s\n", r->summary_err.msg);
 }
 
-static const char usage_text[] =
+static const char usage_a[] =
     "usage: rk run -n N [OPTIONS] -- WORKER [ARGS...]\n"
     "\n"
     "Run a training job of N ranks and keep it going through crashes, hangs, communication\n"
@@ -127,6 +128,19 @@ static const char usage_text[] =
     "                          (made if missing, this user's or root's; default: the --events\n"
     "                          directory, else one removed at the end)\n"
     "  --no-pythonpath         no rekindle Python package on the ranks' PYTHONPATH\n"
+    "  --hosts LIST            run across hosts (docs/cluster.md): h1:4,h2:4 (HOST:SLOTS;\n"
+    "                          a host's devices are 0..SLOTS-1, named HOST:I); one agent a\n"
+    "                          host, started through --rsh; -n defaults to the slots\n"
+    "  --hostfile FILE         the hosts from an Open MPI hostfile (HOST slots=N a line)\n"
+    "  --spare-hosts LIST      hosts used only when others are lost or quarantined\n"
+    "  --listen ADDR:PORT      the address the agents connect to (this host's, as the\n"
+    "                          others reach it; port 0: any free one); nothing else listens\n"
+    "  --rsh CMD               how an agent is started: CMD HOST COMMAND (default\n"
+    "                          'ssh -o BatchMode=yes'); the job's secret goes on its stdin\n"
+    "  --node-timeout S        a host silent this long is lost (default 10)\n"
+    "  --agent-cmd PATH        rk on the hosts (default: this executable's path)\n";
+/* in two parts: C99 promises string literals of 4095 bytes only */
+static const char usage_b[] =
     "  --quiet                 no periodic status lines\n"
     "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
     "                          default), nvml, sim (a simulated fleet: device ids are its GPU\n"
@@ -151,6 +165,8 @@ static const char usage_text[] =
     "without a hello: docs/protocol.md), or a --predictor that cannot be read as a model;\n"
     "130 interrupted (the ranks were asked to checkpoint and stop; torn down after\n"
     "--stop-grace or a second signal).\n";
+
+static char usage_text[sizeof usage_a + sizeof usage_b];
 
 #define usage_error(...) rk_cli_usage_error("run", usage_text, __VA_ARGS__)
 
@@ -241,11 +257,81 @@ enum {
     OPT_PREDICTOR,
     OPT_DRAIN_PROB,
     OPT_STACK_DIR,
-    OPT_NO_PYTHONPATH
+    OPT_NO_PYTHONPATH,
+    OPT_HOSTS,
+    OPT_HOSTFILE,
+    OPT_SPARE_HOSTS,
+    OPT_RSH,
+    OPT_LISTEN,
+    OPT_NODE_TIMEOUT,
+    OPT_AGENT_CMD
 };
+
+/* --hosts, --hostfile, --spare-hosts: the hosts into sup_hosts, their slots as the devices
+ * ("HOST:0,HOST:1,...", into dev[cap]), -n by default the non-spare slots. 0, or an exit
+ * status after the message. */
+static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char *file,
+                      const char *spares, int devices_given, int health_given, int nlargs,
+                      rk_sup_host *out, char *dev, size_t cap)
+{
+    rk_err err = {0};
+    if (!list && !file)
+        return usage_error("--spare-hosts needs --hosts or --hostfile");
+    if (devices_given)
+        return usage_error("--devices with --hosts: a host's devices are its slots, 0..N-1 "
+                           "(HOST:N)");
+    if (nlargs)
+        return usage_error("--launcher-arg with --hosts: the agents start the ranks");
+    if (!o->listen)
+        return usage_error("--hosts needs --listen ADDR:PORT, the address the hosts reach "
+                           "this one by (port 0: any free port)");
+    if ((list && rk_hosts_parse_list(hs, list, 0, &err)) ||
+        (file && rk_hosts_load_file(hs, file, &err)) ||
+        (spares && rk_hosts_parse_list(hs, spares, 1, &err))) {
+        fprintf(stderr, "rk run: %s\n", err.msg);
+        return RK_EXIT_USAGE;
+    }
+    if (o->launcher == RK_LAUNCH_AUTO || o->launcher == RK_LAUNCH_LOCAL)
+        o->launcher = RK_LAUNCH_LOCAL;
+    else
+        return usage_error("--launcher %s with --hosts: across hosts each host's agent starts "
+                           "its ranks itself (--launcher local)",
+                           rk_launcher_name(o->launcher));
+    o->launcher_why = "--hosts: each host's agent starts its ranks";
+    if (!health_given)
+        o->health = NULL; /* the gate reads this host's GPUs: not the job's across hosts */
+    else if (o->health)
+        return usage_error("--health with --hosts: the health gate reads this host's GPUs, "
+                           "not the hosts'; give --health off");
+    int ndev = 0, primary = 0;
+    size_t used = 0;
+    dev[0] = '\0';
+    for (int k = 0; k < hs->n; k++) {
+        out[k] =
+            (rk_sup_host){.name = hs->h[k].name, .slots = hs->h[k].slots, .spare = hs->h[k].spare};
+        if (!hs->h[k].spare)
+            primary += hs->h[k].slots;
+        for (int i = 0; i < hs->h[k].slots; i++, ndev++) {
+            if (ndev >= RK_SUP_MAX_DEVICES)
+                return usage_error("the hosts have more than %d slots", RK_SUP_MAX_DEVICES);
+            used += (size_t)snprintf(dev + used, used < cap ? cap - used : 0, "%s%s:%d",
+                                     ndev ? "," : "", hs->h[k].name, i);
+        }
+    }
+    if (used >= cap)
+        return usage_error("the hosts' names are too long");
+    o->hosts = out;
+    o->nhosts = hs->n;
+    if (o->n == 0)
+        o->n = primary;
+    if (o->n < 1)
+        return usage_error("--hosts: no slots");
+    return 0;
+}
 
 int rk_cmd_run(int argc, char **argv)
 {
+    snprintf(usage_text, sizeof usage_text, "%s%s", usage_a, usage_b);
     static const struct option longs[] = {
         {"devices", required_argument, 0, OPT_DEVICES},
         {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
@@ -272,6 +358,13 @@ int rk_cmd_run(int argc, char **argv)
         {"drain-probability", required_argument, 0, OPT_DRAIN_PROB},
         {"stack-dir", required_argument, 0, OPT_STACK_DIR},
         {"no-pythonpath", no_argument, 0, OPT_NO_PYTHONPATH},
+        {"hosts", required_argument, 0, OPT_HOSTS},
+        {"hostfile", required_argument, 0, OPT_HOSTFILE},
+        {"spare-hosts", required_argument, 0, OPT_SPARE_HOSTS},
+        {"rsh", required_argument, 0, OPT_RSH},
+        {"listen", required_argument, 0, OPT_LISTEN},
+        {"node-timeout", required_argument, 0, OPT_NODE_TIMEOUT},
+        {"agent-cmd", required_argument, 0, OPT_AGENT_CMD},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     rk_sup_opts o = {.n = 0,
@@ -287,7 +380,11 @@ int rk_cmd_run(int argc, char **argv)
                      .health_time_scale = 60,
                      .health_threshold = RK_HEALTH_THRESHOLD_DEFAULT,
                      .health_interval_s = 5,
-                     .drain_probability = 0.5};
+                     .drain_probability = 0.5,
+                     .node_timeout_s = 10};
+    static rk_hosts hosts;
+    const char *hosts_list = NULL, *hostfile = NULL, *spare_list = NULL;
+    int health_given = 0;
     static char *largs[64];
     int nlargs = 0, drain_given = 0;
     char *devices = NULL;
@@ -353,7 +450,19 @@ int rk_cmd_run(int argc, char **argv)
             largs[nlargs++] = optarg;
             break;
         case OPT_QUIET: o.quiet = 1; break;
+        case OPT_HOSTS: hosts_list = optarg; break;
+        case OPT_HOSTFILE: hostfile = optarg; break;
+        case OPT_SPARE_HOSTS: spare_list = optarg; break;
+        case OPT_RSH: o.rsh = optarg; break;
+        case OPT_LISTEN: o.listen = optarg; break;
+        case OPT_AGENT_CMD: o.agent_cmd = optarg; break;
+        case OPT_NODE_TIMEOUT:
+            if (rk_arg_seconds(&args, "--node-timeout", optarg, 0.1, RK_ARG_SECONDS_MAX,
+                               &o.node_timeout_s))
+                return RK_EXIT_USAGE;
+            break;
         case OPT_HEALTH:
+            health_given = 1;
             if (strcmp(optarg, "off") == 0)
                 o.health = NULL;
             else if (!strcmp(optarg, "auto") || !strcmp(optarg, "nvml") || !strcmp(optarg, "sim"))
@@ -400,6 +509,15 @@ int rk_cmd_run(int argc, char **argv)
         optind++;
     if (optind >= argc)
         return usage_error("no worker command after --");
+    static char host_devices[RK_SUP_MAX_DEVICES * (RK_HOST_NAME_MAX + 8)];
+    static rk_sup_host sup_hosts[RK_HOSTS_MAX];
+    if (hosts_list || hostfile || spare_list) {
+        int st = hosts_opts(&o, &hosts, hosts_list, hostfile, spare_list, devices != NULL,
+                            health_given, nlargs, sup_hosts, host_devices, sizeof host_devices);
+        if (st)
+            return st;
+        devices = host_devices;
+    }
     if (o.n < 1)
         return usage_error("-n N is required");
     o.worker = argv + optind;

@@ -1,6 +1,7 @@
 /*
  * libFuzzer target for the node link's payload parsers (supervisor/nodes.h): the input goes
- * whole to the key=value splitter and to the HELLO, WELCOME and reason parsers. A rejection
+ * whole to the key=value splitter and to the HELLO, WELCOME, reason, LAUNCH, LAUNCHED, OPEN,
+ * EXITED, KILL, DATA and CLOSE parsers. A rejection
  * must be RK_EFORMAT with a one-line message and a zeroed result; an accepted message must
  * meet every documented bound and format to a payload that parses back to the same message.
  * The first byte, when the input starts with '#', picks the text form parsers instead (job
@@ -94,6 +95,51 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         check(err.code == RK_EFORMAT);
         check_line(&err);
+    }
+    rk_node_launch m, m2;
+    if (rk_node_launch_parse(data, size, &m, &err) == RK_OK) {
+        check(m.launch >= 1 && m.ranks >= 1 && m.base < m.world && m.ranks <= m.world - m.base);
+        check(m.port <= 65535 && m.master[0] && m.devices[0]);
+        check(rk_node_launch_format(&m, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_launch_parse(out, len, &m2, &err) == RK_OK);
+        check(memcmp(&m, &m2, sizeof m) == 0);
+    } else {
+        check(err.code == RK_EFORMAT && zero(&m, sizeof m));
+        check_line(&err);
+    }
+    rk_node_exited x, x2;
+    if (rk_node_exited_parse(data, size, &x, &err) == RK_OK) {
+        check(x.launch >= 1 && x.status <= 255 && x.failed >= -1);
+        check(rk_node_exited_format(&x, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_exited_parse(out, len, &x2, &err) == RK_OK);
+        check(memcmp(&x, &x2, sizeof x) == 0);
+    } else {
+        check(err.code == RK_EFORMAT);
+        check_line(&err);
+    }
+    rk_node_open op;
+    if (rk_node_open_parse(data, size, &op, &err) == RK_OK)
+        check(op.launch >= 1 && op.chan >= 1 && op.pid >= 1);
+    else
+        check(err.code == RK_EFORMAT && zero(&op, sizeof op));
+    rk_node_kill kl;
+    if (rk_node_kill_parse(data, size, &kl, &err) == RK_OK)
+        check(kl.launch >= 1 && kl.grace_s >= 0 && kl.grace_s <= 3600);
+    else
+        check(err.code == RK_EFORMAT);
+    rk_node_launched ld;
+    if (rk_node_launched_parse(data, size, &ld, &err) == RK_OK)
+        check(ld.launch >= 1 && ld.port <= 65535);
+    else
+        check(err.code == RK_EFORMAT);
+    for (int close = 0; close < 2; close++) {
+        uint32_t chan;
+        const uint8_t *bytes;
+        size_t n;
+        if (rk_node_data_parse(data, size, close, &chan, &bytes, &n, &err) == RK_OK)
+            check(chan >= 1 && n == size - 4 && (close ? n == 0 : n >= 1 && n <= RK_NODE_DATA_MAX));
+        else
+            check(err.code == RK_EFORMAT);
     }
     rk_node_reason r, r2;
     if (rk_node_reason_parse(data, size, &r, &err) == RK_OK) {

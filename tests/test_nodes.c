@@ -159,6 +159,82 @@ static void test_welcome_and_reason(void **state)
     assert_int_equal(rk_node_reason_parse("why=x\n", 6, &rb, &e), RK_EFORMAT);
 }
 
+/* The launch messages (jobmsg.c): round trips and the refusals that name the field. */
+static void test_launch_messages(void **state)
+{
+    (void)state;
+    char buf[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    rk_node_launch m = {.launch = 3, .world = 6, .base = 2, .ranks = 2, .port = 0}, mb;
+    snprintf(m.master, sizeof m.master, "h1");
+    snprintf(m.devices, sizeof m.devices, "0,1");
+    snprintf(m.done, sizeof m.done, "0,2");
+    assert_int_equal(rk_node_launch_format(&m, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_launch_parse(buf, len, &mb, &e), RK_OK);
+    assert_memory_equal(&m, &mb, sizeof m);
+    static const struct {
+        const char *text, *word;
+    } bad[] = {
+        {"launch=1\nworld=4\nbase=3\nranks=2\nmaster=h\nport=0\ndevices=0\n", "not in a world"},
+        {"launch=1\nworld=4\nbase=0\nranks=2\nmaster=h\nport=70000\ndevices=0\n", "port"},
+        {"launch=1\nworld=4\nbase=0\nranks=2\nmaster=h\nport=1\ndevices=0,,1\n", "devices"},
+        {"launch=1\nworld=4\nbase=0\nranks=2\nport=1\ndevices=0\n", "no master"},
+        {"launch=0\nworld=4\nbase=0\nranks=2\nmaster=h\nport=1\ndevices=0\n", "launch"},
+        {"launch=1\nworld=4\nbase=0\nranks=2\nmaster=h\nport=1\ndevices=0\ndone=a b\n", "done"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(rk_node_launch_parse(bad[i].text, strlen(bad[i].text), &mb, &e),
+                         RK_EFORMAT);
+        assert_non_null(strstr(e.msg, bad[i].word));
+        assert_int_equal(mb.launch, 0); /* nothing half-parsed */
+    }
+
+    rk_node_exited x = {.launch = 2, .status = 137, .failed = 5}, xb;
+    assert_int_equal(rk_node_exited_format(&x, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_exited_parse(buf, len, &xb, &e), RK_OK);
+    assert_int_equal(xb.status, 137);
+    assert_int_equal(xb.failed, 5);
+    x.failed = -1;
+    assert_int_equal(rk_node_exited_format(&x, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_exited_parse(buf, len, &xb, &e), RK_OK);
+    assert_int_equal(xb.failed, -1);
+    assert_int_equal(rk_node_exited_parse("launch=1\nstatus=256\n", 20, &xb, &e), RK_EFORMAT);
+
+    rk_node_kill k = {.launch = 4, .grace_s = 1.5}, kb;
+    assert_int_equal(rk_node_kill_format(&k, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_kill_parse(buf, len, &kb, &e), RK_OK);
+    assert_true(kb.grace_s == 1.5 && kb.launch == 4);
+    rk_node_open o = {.launch = 1, .chan = 9, .pid = 1234}, ob;
+    assert_int_equal(rk_node_open_format(&o, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_open_parse(buf, len, &ob, &e), RK_OK);
+    assert_true(ob.chan == 9 && ob.pid == 1234);
+    assert_int_equal(rk_node_open_parse("launch=1\nchan=0\npid=1\n", 22, &ob, &e), RK_EFORMAT);
+    rk_node_launched l = {.launch = 1, .port = 29500}, lb;
+    assert_int_equal(rk_node_launched_format(&l, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_launched_parse(buf, len, &lb, &e), RK_OK);
+    assert_int_equal(lb.port, 29500);
+
+    uint8_t fr[RK_NODE_DATA_MAX + 8];
+    uint32_t chan;
+    const uint8_t *bytes;
+    size_t n;
+    assert_int_equal(rk_node_data_format(7, "abc", 3, fr, sizeof fr, &len, &e), RK_OK);
+    assert_int_equal(len, 7);
+    assert_int_equal(rk_node_data_parse(fr, len, 0, &chan, &bytes, &n, &e), RK_OK);
+    assert_true(chan == 7 && n == 3 && memcmp(bytes, "abc", 3) == 0);
+    assert_int_equal(rk_node_data_parse(fr, len, 1, &chan, &bytes, &n, &e),
+                     RK_EFORMAT); /* CLOSE has no bytes */
+    assert_int_equal(rk_node_data_parse(fr, 4, 0, &chan, &bytes, &n, &e),
+                     RK_EFORMAT); /* DATA has some */
+    assert_int_equal(rk_node_data_parse(fr, 4, 1, &chan, &bytes, &n, &e), RK_OK);
+    assert_int_equal(rk_node_data_parse(fr, 3, 1, &chan, &bytes, &n, &e), RK_EFORMAT);
+    uint8_t zero4[4] = {0};
+    assert_int_equal(rk_node_data_parse(zero4, 4, 1, &chan, &bytes, &n, &e), RK_EFORMAT);
+    assert_int_equal(rk_node_data_format(1, fr, RK_NODE_DATA_MAX + 1, fr, sizeof fr, &len, &e),
+                     RK_EINVAL);
+}
+
 static void test_text_forms(void **state)
 {
     (void)state;
@@ -415,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_kv_rules),
         cmocka_unit_test(test_hello_round_trip_and_refusals),
         cmocka_unit_test(test_welcome_and_reason),
+        cmocka_unit_test(test_launch_messages),
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),

@@ -99,6 +99,7 @@ static void test_worker_words_are_read_into_kinds(void **state)
         {RK_SUP_KIND_STORAGE, "storage"},
         {RK_SUP_KIND_NEVER_CONNECTED, "never_connected"},
         {RK_SUP_KIND_LOSS_SPIKE, "loss_spike"},
+        {RK_SUP_KIND_NODE_LOST, "node_lost"},
     };
     for (size_t k = 0; k < N_OF(names); k++) {
         assert_string_equal(rk_sup_kind_name(names[k].kind), names[k].name);
@@ -121,7 +122,7 @@ typedef struct classify_case {
     const char *what;
     /* seen (rank fields R(k) or 0 for none) */
     int ranks, hellos, done, exited, status, stop_sent, interrupted, hang, hang_rank, startup, lost,
-        exit_rank, storage, crash;
+        exit_rank, storage, crash, node;
     rk_sup_kind exit_kind;
     /* expected */
     rk_sup_next next;
@@ -228,6 +229,11 @@ static const classify_case k_classify[] = {
     {"a rank said it exits before the others connected: its failure", .ranks = 2, .hellos = 1,
      EXITED(RK_EXIT_COMM), .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(0),
      .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_COMMFAIL, .rank = R(0), .counted = 1},
+    /* a node of a multi-host job lost: its own kind, counted against the node (cluster.c) */
+    {"a node lost: node_lost of its first rank, no device counted", ALL(6), .node = R(1),
+     .lost = R(2), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NODE_LOST, .rank = R(2)},
+    {"a node lost beats the hang it caused", ALL(6), .node = R(2), .hang = 1, .hang_rank = R(0),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NODE_LOST, .rank = R(4)},
     /* hang */
     {"a hang of rank 2", ALL(4), .hang = 1, .hang_rank = R(2), .next = RK_SUP_RELAUNCH,
      .kind = RK_SUP_KIND_HANG, .rank = R(2), .counted = 1},
@@ -275,6 +281,9 @@ static void test_classify(void **state)
         s.exit_kind = c->exit_kind;
         s.exit_rank = UNR(c->exit_rank);
         s.storage_rank = UNR(c->storage);
+        s.node_lost = UNR(c->node);
+        /* the node's first rank: node k holds ranks 2k, 2k+1 in these cases */
+        s.node_rank = s.node_lost >= 0 ? 2 * s.node_lost : -1;
         rk_sup_verdict v;
         memset(&v, 0x5a, sizeof v);
         rk_sup_classify(&s, &v);

@@ -19,6 +19,7 @@
 #include "net/peer.h"
 #include "net/sock.h"
 #include "net/stream.h"
+#include "supervisor/agent_job.h"
 
 #define SEND_TIMEOUT_S 1.0
 #define BACKOFF_MIN_S 0.1
@@ -35,6 +36,7 @@ typedef struct agent {
     size_t hello_len;
     bool welcomed;            /* a WELCOME came on some connection already */
     bool link_up;             /* on the connection last run */
+    int fd;                   /* the connection, for the job's sends (-1: none) */
     char why[RK_ERR_MSG_MAX]; /* why the last connection dropped */
 } agent;
 
@@ -77,6 +79,16 @@ static void send_bye(agent *a, int fd, const char *reason)
         send_msg(a, fd, RK_NODE_MSG_BYE, payload, len, &e);
 }
 
+/* The job's sends (agent_job.h): only on a welcomed link. */
+static int job_send(void *ctx, uint8_t type, const void *payload, size_t len)
+{
+    agent *a = ctx;
+    rk_err e = {0};
+    if (a->fd < 0 || !a->link_up || send_msg(a, a->fd, type, payload, len, &e))
+        return -1;
+    return 0;
+}
+
 /* What one connection ended with. */
 typedef enum link_end {
     LINK_DROPPED, /* reconnect */
@@ -101,6 +113,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     rk_err e = {0};
     rk_net_reader_init(a->r, a->at);
     a->link_up = false;
+    a->fd = fd;
     a->why[0] = 0;
     if (send_msg(a, fd, RK_NODE_MSG_HELLO, a->hello, a->hello_len, &e)) {
         return drop(a, "cannot send HELLO: %s", e.msg);
@@ -132,12 +145,19 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
         double wait = up ? next_ping - now : opened + o->connect_timeout_s - now;
         if (wait > o->ping_s)
             wait = o->ping_s;
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int n = poll(&p, 1, wait > 0 ? (int)(wait * 1000) + 1 : 0);
+        struct pollfd p[80] = {{.fd = fd, .events = POLLIN}};
+        int np = 1;
+        if (o->ranks && up)
+            np += rk_agent_job_pollfds(o->ranks, p + 1, (int)(sizeof p / sizeof p[0]) - 1);
+        if (o->ranks && up && rk_agent_job_running(o->ranks) && wait > 0.1)
+            wait = 0.1; /* the keeper is reaped in the job's turn */
+        int n = poll(p, (nfds_t)np, wait > 0 ? (int)(wait * 1000) + 1 : 0);
         if (n < 0 && errno != EINTR) {
             return drop(a, "poll failed");
         }
-        if (n <= 0)
+        if (o->ranks && up)
+            rk_agent_job_ready(o->ranks, p + 1, np - 1, job_send, a);
+        if (n <= 0 || !(p[0].revents))
             continue;
         int rc = rk_net_reader_fill(a->r, fd, &e);
         rk_net_hdr h;
@@ -164,6 +184,18 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
                 break;
             }
             case RK_NODE_MSG_PONG: break;
+            case RK_NODE_MSG_LAUNCH:
+            case RK_NODE_MSG_KILL:
+            case RK_NODE_MSG_DATA:
+            case RK_NODE_MSG_CLOSE:
+                if (!o->ranks || !up) {
+                    logf_(a, "ignored a %s from %s: %s", rk_node_msg_name(h.type), a->at,
+                          o->ranks ? "before WELCOME" : "this agent runs no ranks");
+                    break;
+                }
+                if (rk_agent_job_msg(o->ranks, h.type, payload, h.len, job_send, a))
+                    return drop(a, "the coordinator sent a bad %s", rk_node_msg_name(h.type));
+                break;
             case RK_NODE_MSG_BYE:
             case RK_NODE_MSG_REFUSED: {
                 rk_node_reason r;
@@ -215,7 +247,7 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
     if (o->generation < 1 || !(o->ping_s > 0) || !(o->connect_timeout_s > 0) ||
         !(o->reconnect_s >= 0) || o->node >= RK_NODES_MAX)
         return rk_err_set(err, RK_EINVAL, "agent: bad options");
-    agent a = {.o = o, .key = key};
+    agent a = {.o = o, .key = key, .fd = -1};
     rk_node_hello hello = {.node = o->node, .pid = getpid()};
     int rc = rk_node_boot_id_read(o->boot_id_path, hello.boot_id, err);
     if (rc)
@@ -262,6 +294,9 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         told = false;
         link_end end = run_link(&a, fd, outcome, err);
         close(fd);
+        a.fd = -1;
+        if (o->ranks) /* no rank waits in a collective for a node the coordinator calls lost */
+            rk_agent_job_link_lost(o->ranks);
         if (end == LINK_DONE)
             break;
         /* dropped: a link that had been up starts the outage and the backoff again */

@@ -7,7 +7,9 @@
  * replay). Returns on the coordinator's BYE, a refusal, a link closed before WELCOME, giving
  * up reconnecting, or the caller's stop flag (then it says BYE itself).
  *
- * Poll-based, single-threaded; launching and watching the node's ranks is still ahead.
+ * Poll-based, single-threaded. With a job (agent_job.h), the same loop polls the node's
+ * ranks: LAUNCH, KILL, DATA and CLOSE go to it, its OPEN, DATA, CLOSE, LAUNCHED and EXITED go
+ * out on the link, and a link that drops ends the node's ranks at once.
  */
 #ifndef RK_SUPERVISOR_AGENT_H
 #define RK_SUPERVISOR_AGENT_H
@@ -28,6 +30,7 @@ typedef struct rk_agent_opts {
     double reconnect_s;          /* give up after this long without a link (60 s) */
     const char *boot_id_path;    /* NULL: /proc/sys/kernel/random/boot_id */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to say BYE and return */
+    struct rk_agent_job *ranks;  /* the node's ranks (agent_job.h); NULL: the link alone */
     void (*on_log)(void *ctx, const char *line); /* what happens, one line each */
     void *ctx;
 } rk_agent_opts;

@@ -176,16 +176,17 @@ static void on_inject(sup *s, const rk_hb_msg *m)
 
 /* A hello is believed only from a process of this launch whose pid it names: the kernel's
  * credentials of the peer (SO_PEERCRED, taken at connect) must be a descendant of the keeper,
- * and the hello's pid that process's own pid in its namespace. (srun's ranks are children of
- * Slurm's daemons, not of the keeper: there only the pid is checked.) */
+ * and the hello's pid that process's own pid in its namespace. Both are read from /proc when
+ * the connection is accepted (sup_accept), which the watch loop does as soon as a connection
+ * waits, so a rank that connects, speaks and exits at once is still believed. (srun's ranks
+ * are children of Slurm's daemons, not of the keeper: there only the pid is checked.) */
 static int hello_trusted(sup *s, const rk_sup_conn *c, const rk_hb_msg *m, char *why, size_t cap)
 {
-    long own = c->pid > 0 ? rk_proc_nspid((pid_t)c->pid) : -1;
-    if (c->pid <= 0 || own < 0)
-        snprintf(why, cap, "the peer's process is unknown or gone");
-    else if (own != m->pid)
-        snprintf(why, cap, "it names pid %ld but comes from pid %ld", m->pid, own);
-    else if (s->o->launcher != RK_LAUNCH_SRUN && !rk_launch_owns(&s->l, (pid_t)c->pid))
+    if (c->pid <= 0 || c->nspid < 0)
+        snprintf(why, cap, "the peer's process is unknown or was gone when it was accepted");
+    else if (c->nspid != m->pid)
+        snprintf(why, cap, "it names pid %ld but comes from pid %ld", m->pid, c->nspid);
+    else if (s->o->launcher != RK_LAUNCH_SRUN && !c->owned)
         snprintf(why, cap, "pid %ld is not a process of this launch", c->pid);
     else
         return 1;
@@ -280,7 +281,7 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
 {
     if (c->fd >= 0)
         close(c->fd);
-    c->fd = -1;
+    c->fd = -1; /* a relayed rank's channel ends when cluster.c reads this end's close */
     if (c->hushed)
         sup_say(s, "%d more messages about rank %d's connection were suppressed", c->hushed,
                 c->rank);
@@ -331,7 +332,7 @@ static rk_sup_conn *free_slot(sup *s)
     int strangers = 0;
     for (int k = 0; k < s->nconn && !c; k++) {
         rk_sup_conn *x = &s->c[k];
-        if (x->fd < 0 && x->rank < 0)
+        if (x->fd < 0 && x->rank < 0 && x->relay < 0)
             c = x;
         else if (x->fd >= 0 && x->rank < 0) {
             strangers++;
@@ -351,8 +352,15 @@ static rk_sup_conn *free_slot(sup *s)
         memset(c, 0, sizeof *c);
         c->fd = -1;
         c->rank = -1;
+        c->node = -1;
+        c->relay = -1;
     }
     return c;
+}
+
+rk_sup_conn *sup_new_conn(sup *s)
+{
+    return free_slot(s);
 }
 
 /* Accept what is waiting (a bounded batch) and read each at once: a rank's hello is already
@@ -372,8 +380,12 @@ void sup_accept(sup *s)
         c->since = c->last = rk_ledger_now(&s->g);
         struct ucred cr;
         socklen_t len = sizeof cr;
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0)
+        c->nspid = -1;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && cr.pid > 0) {
             c->pid = cr.pid; /* the kernel's word, in our namespace */
+            c->nspid = rk_proc_nspid((pid_t)cr.pid);
+            c->owned = c->nspid >= 0 && rk_launch_owns(&s->l, (pid_t)cr.pid);
+        }
         sup_read_conn(s, c);
     }
 }
@@ -398,5 +410,8 @@ void sup_close_conns(sup *s)
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);
         s->c[k].fd = -1;
+        if (s->c[k].relay >= 0)
+            close(s->c[k].relay);
+        s->c[k].relay = -1;
     }
 }

@@ -76,14 +76,22 @@ int sup_pick_devices(sup *s)
     rk_sup_health h[RK_SUP_MAX_DEVICES];
     char why[RK_SUP_MAX_DEVICES][200];
     rk_sup_pick pick[RK_SUP_MAX_DEVICES];
-    for (int d = 0; d < o->ndevices; d++)
+    for (int d = 0; d < o->ndevices; d++) {
         h[d] = reading(s, o->devices[d], why[d], sizeof why[d]);
+        if (s->cl && !sup_cluster_node_up(s, d)) { /* its host is down or quarantined */
+            h[d].lost = 1;
+            snprintf(why[d], sizeof why[d], "node %s is not connected",
+                     sup_cluster_node_name(s, d));
+        }
+    }
     s->n = rk_sup_pick_devices(&s->rules, o->ndevices, h, s->devs, o->n, s->dev, pick);
     for (int d = 0; d < o->ndevices; d++) {
         const char *id = o->devices[d];
         const char *w = why[d][0] ? why[d] : "below the margin to come back";
         switch (pick[d].why) {
         case RK_SUP_OUT_LOST:
+            if (s->cl && !sup_cluster_node_up(s, d))
+                break; /* said once per node, not per device */
             sup_say(s, "health gate: device %s left out of this launch: the GPU is gone%s", id,
                     is_sim(s) ? " (simulated)" : "");
             break;

@@ -487,7 +487,11 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
             dup2(null, STDIN_FILENO);
             close(null);
         }
-        snprintf(rank_env[0], sizeof rank_env[0], "RANK=%d", rank);
+        /* a node's ranks of a multi-host job (the agent's launch) start at RK_RANK_BASE */
+        const char *base = getenv("RK_RANK_BASE");
+        long b = base ? strtol(base, NULL, 10) : 0;
+        unsetenv("RK_RANK_BASE");
+        snprintf(rank_env[0], sizeof rank_env[0], "RANK=%ld", b + rank);
         snprintf(rank_env[1], sizeof rank_env[1], "LOCAL_RANK=%d", rank);
         putenv(rank_env[0]);
         putenv(rank_env[1]);

@@ -20,9 +20,11 @@
 
 const char *rk_node_msg_name(uint8_t type)
 {
-    static const char *const names[] = {NULL, "HELLO", "WELCOME", "PING", "PONG", "BYE", "REFUSED"};
+    static const char *const names[] = {NULL,   "HELLO",   "WELCOME", "PING",     "PONG",
+                                        "BYE",  "REFUSED", "LAUNCH",  "LAUNCHED", "OPEN",
+                                        "DATA", "CLOSE",   "EXITED",  "KILL"};
     static char other[16];
-    if (type >= 1 && type <= RK_NODE_MSG_REFUSED)
+    if (type >= 1 && type <= RK_NODE_MSG_LAST)
         return names[type];
     snprintf(other, sizeof other, "type %u", (unsigned)type);
     return other;
@@ -83,8 +85,7 @@ int rk_node_kv_parse(rk_node_kv *kv, const void *payload, size_t len, rk_err *er
     return RK_OK;
 }
 
-/* The value of `key`, or NULL. */
-static const char *kv_get(const rk_node_kv *kv, const char *key, size_t *vlen)
+const char *rk_node_kv_get(const rk_node_kv *kv, const char *key, size_t *vlen)
 {
     size_t klen = strlen(key);
     for (size_t i = 0; i < kv->n; i++)
@@ -112,11 +113,11 @@ static bool digits(const char *s, size_t len, int64_t lo, int64_t hi, int64_t *o
     return true;
 }
 
-static int get_int(const rk_node_kv *kv, const char *what, const char *key, int64_t lo, int64_t hi,
+int rk_node_kv_int(const rk_node_kv *kv, const char *what, const char *key, int64_t lo, int64_t hi,
                    int64_t *out, rk_err *err)
 {
     size_t n;
-    const char *v = kv_get(kv, key, &n);
+    const char *v = rk_node_kv_get(kv, key, &n);
     if (!v)
         return rk_err_set(err, RK_EFORMAT, "%s: no %s", what, key);
     if (!digits(v, n, lo, hi, out))
@@ -201,17 +202,17 @@ static int hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_err
         return rk_err_set(err, RK_EFORMAT, "hello: %s", e.msg);
     int64_t v;
     int rc;
-    if ((rc = get_int(&kv, "hello", "node", 0, RK_NODES_MAX - 1, &v, err)))
+    if ((rc = rk_node_kv_int(&kv, "hello", "node", 0, RK_NODES_MAX - 1, &v, err)))
         return rc;
     h->node = (uint32_t)v;
-    if ((rc = get_int(&kv, "hello", "pid", 1, INT32_MAX, &h->pid, err)))
+    if ((rc = rk_node_kv_int(&kv, "hello", "pid", 1, INT32_MAX, &h->pid, err)))
         return rc;
     size_t n;
-    const char *s = kv_get(&kv, "host", &n);
+    const char *s = rk_node_kv_get(&kv, "host", &n);
     if (!s || !host_ok(s, n))
         return rk_err_set(err, RK_EFORMAT, "hello: %s", s ? "host is empty" : "no host");
     memcpy(h->host, s, n);
-    s = kv_get(&kv, "boot_id", &n);
+    s = rk_node_kv_get(&kv, "boot_id", &n);
     if (!s || !rk_node_boot_id_ok(s, n))
         return rk_err_set(err, RK_EFORMAT, "hello: %s",
                           s ? "boot_id is not a UUID (8-4-4-4-12 lower-case hex digits)"
@@ -244,9 +245,9 @@ int rk_node_welcome_parse(const void *payload, size_t len, rk_node_welcome *w, r
         return rk_err_set(err, RK_EFORMAT, "welcome: %s", e.msg);
     int64_t node, gen, ms;
     int rc;
-    if ((rc = get_int(&kv, "welcome", "node", 0, RK_NODES_MAX - 1, &node, err)) ||
-        (rc = get_int(&kv, "welcome", "generation", 1, UINT32_MAX, &gen, err)) ||
-        (rc = get_int(&kv, "welcome", "timeout_ms", 1, 86400000, &ms, err)))
+    if ((rc = rk_node_kv_int(&kv, "welcome", "node", 0, RK_NODES_MAX - 1, &node, err)) ||
+        (rc = rk_node_kv_int(&kv, "welcome", "generation", 1, UINT32_MAX, &gen, err)) ||
+        (rc = rk_node_kv_int(&kv, "welcome", "timeout_ms", 1, 86400000, &ms, err)))
         return rc;
     w->node = (uint32_t)node;
     w->generation = (uint32_t)gen;
@@ -274,7 +275,7 @@ int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_
     if (rk_node_kv_parse(&kv, payload, len, &e))
         return rk_err_set(err, RK_EFORMAT, "reason: %s", e.msg);
     size_t n;
-    const char *s = kv_get(&kv, "reason", &n);
+    const char *s = rk_node_kv_get(&kv, "reason", &n);
     if (!s || n == 0)
         return rk_err_set(err, RK_EFORMAT, "reason: %s", s ? "reason is empty" : "no reason");
     memcpy(r->reason, s, n); /* n <= RK_NODE_VALUE_MAX < sizeof r->reason */

@@ -225,11 +225,40 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
         emit(t, RK_NODE_LEFT, k, c->from, 0, n->host, r.reason);
         return;
     }
+    case RK_NODE_MSG_LAUNCHED:
+    case RK_NODE_MSG_OPEN:
+    case RK_NODE_MSG_DATA:
+    case RK_NODE_MSG_CLOSE:
+    case RK_NODE_MSG_EXITED:
+        if (t->o.on_msg) { /* the job's messages: the caller's (supervisor/cluster.c) */
+            t->o.on_msg(t->o.ctx, k, h->type, payload, h->len);
+            return;
+        }
+        /* fall through */
     default:
         snprintf(why, sizeof why, "unexpected %s from node %d at %s", rk_node_msg_name(h->type), k,
                  c->from);
         conn_refuse(t, ci, why);
     }
+}
+
+int rk_nodes_send(rk_nodes *t, int k, uint8_t type, const void *payload, size_t len, rk_err *err)
+{
+    if (k < 0 || k >= t->o.nodes || t->nodes[k].state != NODE_UP || t->nodes[k].conn < 0)
+        return rk_err_set(err, RK_ECOMM, "node %d is not connected", k);
+    nodeinfo *n = &t->nodes[k];
+    if (!send_msg(t, &n->peer, n->conn, type, payload, len, err)) {
+        char why[RK_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "%s", err->msg);
+        node_lose(t, k, why);
+        return RK_ECOMM;
+    }
+    return RK_OK;
+}
+
+const char *rk_nodes_host(const rk_nodes *t, int k)
+{
+    return k >= 0 && k < t->o.nodes && t->nodes[k].state != NODE_NEVER ? t->nodes[k].host : NULL;
 }
 
 static void on_readable(rk_nodes *t, int ci)

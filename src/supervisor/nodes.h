@@ -31,8 +31,18 @@ enum {
     RK_NODE_MSG_PING = 3,    /* agent -> coordinator: alive (empty payload) */
     RK_NODE_MSG_PONG = 4,    /* coordinator -> agent: the answer (empty payload) */
     RK_NODE_MSG_BYE = 5,     /* either way: the sender is done (rk_node_reason) */
-    RK_NODE_MSG_REFUSED = 6  /* coordinator -> agent: not accepted, then closed (rk_node_reason) */
+    RK_NODE_MSG_REFUSED = 6, /* coordinator -> agent: not accepted, then closed (rk_node_reason) */
+    /* the job's launches (jobmsg.c, docs/cluster-protocol.md "Launching the ranks") */
+    RK_NODE_MSG_LAUNCH = 7, /* coordinator -> agent: start this node's ranks (rk_node_launch) */
+    RK_NODE_MSG_LAUNCHED =
+        8,                /* agent -> coordinator: started; the port it picked (rk_node_launched) */
+    RK_NODE_MSG_OPEN = 9, /* agent -> coordinator: a rank connected (rk_node_open) */
+    RK_NODE_MSG_DATA = 10,   /* either way: bytes of a rank's heartbeat stream (rk_node_data) */
+    RK_NODE_MSG_CLOSE = 11,  /* either way: that stream ended (rk_node_data, no bytes) */
+    RK_NODE_MSG_EXITED = 12, /* agent -> coordinator: the node's ranks are gone (rk_node_exited) */
+    RK_NODE_MSG_KILL = 13    /* coordinator -> agent: end this node's ranks (rk_node_kill) */
 };
+#define RK_NODE_MSG_LAST RK_NODE_MSG_KILL
 
 #define RK_NODES_MAX 1024           /* nodes of one job */
 #define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
@@ -95,6 +105,68 @@ int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_er
 int rk_node_welcome_parse(const void *payload, size_t len, rk_node_welcome *w, rk_err *err);
 int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_err *err);
 
+/* The value of `key` in kv (NULL if absent, its length in *vlen); a whole number of digits in
+ * [lo, hi] (no sign, no leading zero): RK_EFORMAT "WHAT: KEY is ..." otherwise. */
+const char *rk_node_kv_get(const rk_node_kv *kv, const char *key, size_t *vlen);
+int rk_node_kv_int(const rk_node_kv *kv, const char *what, const char *key, int64_t lo, int64_t hi,
+                   int64_t *out, rk_err *err);
+
+/* ---- the launch messages (jobmsg.c) ------------------------------------------------------ */
+
+#define RK_NODE_DATA_MAX 1000 /* bytes of a heartbeat stream in one DATA */
+#define RK_NODE_LIST_MAX 256  /* a device or injection list with its NUL */
+
+typedef struct rk_node_launch {
+    uint32_t launch;                /* the coordinator's launch number (>= 1) */
+    uint32_t world;                 /* WORLD_SIZE */
+    uint32_t base;                  /* the global rank of this node's first rank */
+    uint32_t ranks;                 /* ranks on this node (LOCAL_WORLD_SIZE), >= 1 */
+    char master[RK_NODE_HOST_MAX];  /* MASTER_ADDR: rank 0's host */
+    uint32_t port;                  /* MASTER_PORT; 0: rank 0's agent picks one (LAUNCHED) */
+    char devices[RK_NODE_LIST_MAX]; /* this node's device ids for its ranks, "0,1" */
+    char done[RK_NODE_LIST_MAX];    /* RK_INJECT_DONE: injections that fired ("" none) */
+} rk_node_launch;
+
+typedef struct rk_node_launched {
+    uint32_t launch;
+    uint32_t port; /* the MASTER_PORT picked, 0 if none was asked for */
+} rk_node_launched;
+
+typedef struct rk_node_open {
+    uint32_t launch;
+    uint32_t chan; /* the stream's number, the agent's choice (>= 1) */
+    int64_t pid;   /* the rank process's own pid, as the agent's kernel named it */
+} rk_node_open;
+
+typedef struct rk_node_exited {
+    uint32_t launch;
+    uint32_t status; /* the node's keeper's status: an exit status, 128 + N for signal N */
+    int64_t failed;  /* the global rank whose failure ended the node's others, -1 none */
+} rk_node_exited;
+
+typedef struct rk_node_kill {
+    uint32_t launch;
+    double grace_s; /* SIGTERM, then SIGKILL after this long */
+} rk_node_kill;
+
+int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_launch_parse(const void *payload, size_t len, rk_node_launch *m, rk_err *err);
+int rk_node_launched_format(const rk_node_launched *m, char *out, size_t cap, size_t *len,
+                            rk_err *err);
+int rk_node_launched_parse(const void *payload, size_t len, rk_node_launched *m, rk_err *err);
+int rk_node_open_format(const rk_node_open *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_open_parse(const void *payload, size_t len, rk_node_open *m, rk_err *err);
+int rk_node_exited_format(const rk_node_exited *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_exited_parse(const void *payload, size_t len, rk_node_exited *m, rk_err *err);
+int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_kill_parse(const void *payload, size_t len, rk_node_kill *m, rk_err *err);
+/* DATA and CLOSE: a 4-byte channel number (big-endian, >= 1), then DATA's bytes (1 to
+ * RK_NODE_DATA_MAX; CLOSE none). */
+int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,
+                        size_t *len, rk_err *err);
+int rk_node_data_parse(const void *payload, size_t len, int close, uint32_t *chan,
+                       const uint8_t **bytes, size_t *n, rk_err *err);
+
 /* A UUID as the kernel writes a boot id: 8-4-4-4-12 lower-case hex digits. */
 bool rk_node_boot_id_ok(const char *s, size_t len);
 
@@ -143,6 +215,9 @@ typedef struct rk_nodes_opts {
     uint32_t generation; /* the launch generation (>= 1) */
     double timeout_s;    /* a node silent this long is lost */
     void (*on_event)(void *ctx, const rk_node_event *e);
+    /* LAUNCHED, OPEN, DATA, CLOSE, EXITED from node `node` (authenticated, in order); NULL:
+     * they are refused as unexpected */
+    void (*on_msg)(void *ctx, int node, uint8_t type, const uint8_t *payload, size_t len);
     void *ctx;
 } rk_nodes_opts;
 
@@ -163,6 +238,12 @@ int rk_nodes_poll(rk_nodes *t, double timeout_s, rk_err *err);
 bool rk_nodes_connected(const rk_nodes *t, int i);
 double rk_nodes_silent_s(const rk_nodes *t, int i);
 int rk_nodes_count_connected(const rk_nodes *t);
+
+/* Send one message to node `k`: RK_ECOMM if it is not connected, or the send fails (then
+ * the node is lost: its event is emitted first). */
+int rk_nodes_send(rk_nodes *t, int k, uint8_t type, const void *payload, size_t len, rk_err *err);
+/* The host name node `k` said in its HELLO, NULL before any. */
+const char *rk_nodes_host(const rk_nodes *t, int k);
 
 /* Send BYE (`reason`) to every connected node, then close their connections. */
 void rk_nodes_bye(rk_nodes *t, const char *reason);

@@ -26,6 +26,7 @@ static const char *const k_names[] = {
     [RK_SUP_KIND_GRAD_SUSPECT] = "grad_suspect",
     [RK_SUP_KIND_GRAD_KEPT] = "grad_kept",
     [RK_SUP_KIND_EXCEPTION] = "exception",
+    [RK_SUP_KIND_NODE_LOST] = "node_lost",
 };
 
 /* The words of a worker's event that change what rk run does (docs/protocol.md): an exit
@@ -81,6 +82,7 @@ void rk_sup_seen_init(rk_sup_seen *s, int ranks)
     memset(s, 0, sizeof *s);
     s->ranks = ranks;
     s->hang_rank = s->lost_rank = s->crash_rank = s->exit_rank = s->storage_rank = -1;
+    s->node_lost = s->node_rank = -1;
     s->exit_kind = RK_SUP_KIND_NONE;
     s->exit_step = -1;
     s->exit_detail = NULL;
@@ -142,6 +144,11 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
     }
     if (s->stop_sent && !has_exit && (st == RK_EXIT_STOPPED || st == RK_EXIT_OK)) {
         set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_NONE, -1, 0, go_on, "the ranks stopped on command");
+        return;
+    }
+    if (s->node_lost >= 0) {
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_NODE_LOST, s->node_rank, 0, go_on,
+            "a node of the job was lost");
         return;
     }
     if (s->hang) {

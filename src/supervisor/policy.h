@@ -33,6 +33,9 @@ typedef enum rk_sup_kind {
     /* an exit event "exception": the job's own code raised an error that is not a device's
      * or the network's (a bug in the script); relaunched, counted against no device */
     RK_SUP_KIND_EXCEPTION,
+    /* a host of a multi-host job lost (its agent silent, its link or its process gone):
+     * counted against the node (cluster.c), not a device */
+    RK_SUP_KIND_NODE_LOST,
     RK_SUP_KIND_OTHER /* any other word a worker sent (nan, grad_outlier, ...): its own */
 } rk_sup_kind;
 
@@ -64,6 +67,8 @@ typedef struct rk_sup_seen {
     int hang_rank;           /*   the rank that made the least progress; -1: all equally stuck */
     int startup_timeout;     /* not every rank said hello within the startup timeout */
     int lost_rank;           /* the first rank whose connection closed without bye */
+    int node_lost;           /* a multi-host job's node lost during the launch, -1 none */
+    int node_rank;           /*   its first rank in the launch */
     int crash_rank;          /* a rank that announced an injected crash (inject event): the
                               * culprit of the closings that follow, whichever is read first */
     rk_sup_kind exit_kind;   /* the first event with action "exit" (a rank leaving with that
@@ -118,6 +123,8 @@ typedef struct rk_sup_verdict {
  *   no exit event                                 -> stop: never_connected, end USAGE (a
  *                                                    program that does not speak the protocol)
  *   a stop was sent, exited 0 or 4, no exit event -> relaunch, no incident
+ *   a node lost                                   -> node_lost of node_rank, not counted
+ *                                                    (the node's failure is counted instead)
  *   a hang seen                                   -> hang of hang_rank
  *   a rank never said hello (startup timeout, or
  *   the launcher exited first)                    -> never_connected, nobody's device

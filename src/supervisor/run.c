@@ -4,6 +4,7 @@
  * the job to be back at work, and the report the caller prints (cli/cmd_run.c).
  */
 #define _GNU_SOURCE /* nftw */
+#include "supervisor/nodes.h"
 #include "supervisor/sup.h"
 
 #include <dirent.h>
@@ -131,6 +132,17 @@ static int start_launch(sup *s, rk_err *err)
     s->v.rank = -1;
     s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->exit_detail[0] = s->stacks[0] =
         '\0';
+    if (s->cl) { /* many hosts: the agents start the ranks (cluster.c) */
+        char done[RK_NODE_LIST_MAX];
+        size_t u = 0;
+        done[0] = '\0';
+        for (size_t i = 0; s->o->inject && i < rk_inject_count(s->spec) && u + 12 < sizeof done;
+             i++)
+            if (s->fired[i])
+                u += (size_t)snprintf(done + u, sizeof done - u, u ? ",%zu" : "%zu", i);
+        s->t_launch = rk_ledger_now(&s->g);
+        return sup_cluster_launch(s, done, err);
+    }
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
         env_restart[48], env_stack[4300], env_pypath[8400];
@@ -536,6 +548,11 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     sigaction(SIGHUP, &sa, NULL); /* a closed terminal: checkpoint and stop, like TERM */
     signal(SIGPIPE, SIG_IGN);
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented to us */
+    if (o->hosts && sup_cluster_open(s, &err)) {
+        rep->err = err;
+        rep->end = err.code == RK_EINVAL ? RK_SUP_END_BAD_INPUT : RK_SUP_END_FAILED;
+        goto out;
+    }
     if (sup_pick_devices(s) < o->min_ranks || s->n < 1) {
         sup_say(s, "cannot start: %d healthy device%s, below --min-ranks %d", s->n,
                 s->n == 1 ? "" : "s", o->min_ranks);
@@ -576,6 +593,10 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
 out:
     if (s->l.pid > 0)
         rk_launch_kill(&s->l, 0); /* nothing of the job outlives rk run */
+    if (s->cl) {
+        sup_cluster_kill(s, 0);
+        sup_cluster_close(s);
+    }
     rep->outcome = outcome_word(rep->end);
     if (s->g.t0 > 0)
         (void)rk_ledger_summary(&s->g, o->summary_path, s->last_done, s->n, rep->outcome, rep,

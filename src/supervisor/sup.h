@@ -30,6 +30,8 @@ typedef struct rk_sup_conn {
     int fd;
     int rank;         /* -1 until hello */
     long pid;         /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
+    long nspid;       /* ... that process's own pid (its getpid()), read at accept; -1: gone */
+    int owned;        /* ... it was a process of this launch at accept (rk_launch_owns) */
     double since;     /* accepted */
     int said, hushed; /* messages about this connection: shown, suppressed */
     rk_hb_lines lines;
@@ -39,7 +41,14 @@ typedef struct rk_sup_conn {
     int bye;
     int bye_done; /* its bye said "done" */
     int stacks;   /* its hello said it dumps its stacks on SIGUSR1 */
+    /* a rank on another host (cluster.c): its stream comes through a socketpair whose other
+     * end (relay) the node link feeds; pid is the rank's own, on that host */
+    int node;      /* -1: a local connection */
+    uint32_t chan; /* the channel on the node's link */
+    int relay;     /* the socketpair's other end, -1 none */
 } rk_sup_conn;
+
+typedef struct sup_cluster sup_cluster;
 
 typedef struct sup {
     const rk_sup_opts *o;
@@ -94,6 +103,7 @@ typedef struct sup {
     rk_gate *gate;        /* the health gate, NULL without --health */
     double last_gate;     /* when the gate last read the GPUs */
     rk_sup_rules rules;
+    sup_cluster *cl; /* a job over many hosts (cluster.c), NULL on one */
 } sup;
 
 /* SIGINT, SIGTERM and SIGHUP seen (run.c's handler counts them). */
@@ -120,6 +130,32 @@ void sup_expire_strangers(sup *s);
 int sup_read_conn(sup *s, rk_sup_conn *c);
 /* Close every connection of the launch. */
 void sup_close_conns(sup *s);
+/* A cleared slot for a new connection (fd -1, rank -1, node -1, relay -1), NULL if none. */
+rk_sup_conn *sup_new_conn(sup *s);
+
+/* ---- cluster.c: a job over many hosts (o->hosts) --------------------------------------------- */
+
+/* Listen on --listen, start every host's agent through --rsh, wait for them to join. */
+int sup_cluster_open(sup *s, rk_err *err);
+/* BYE to the agents, wait for them to exit (then SIGKILL the rsh processes we started). */
+void sup_cluster_close(sup *s);
+/* Read the node link (waiting up to wait_s), relay the ranks' channels, reap agents. */
+void sup_cluster_tick(sup *s, double wait_s);
+/* Start launch s->launch_no + 1 on the nodes of s->dev (rank 0's first: its port). `done`:
+ * RK_INJECT_DONE's list. */
+int sup_cluster_launch(sup *s, const char *done, rk_err *err);
+/* As rk_launch_poll: 1 once every node in use ended (s->l.exited, s->l.status set). */
+int sup_cluster_poll(sup *s);
+/* As rk_launch_failed_rank: the global rank whose failure ended its node first, once. */
+int sup_cluster_failed_rank(sup *s);
+/* KILL to every node in use, then wait up to grace_s + a few seconds for their EXITED. */
+void sup_cluster_kill(sup *s, double grace_s);
+/* KILL to every node in use that has not ended, without waiting. */
+void sup_cluster_kill_ranks(sup *s, double grace_s);
+/* 1 if device d's node is connected and not quarantined. */
+int sup_cluster_node_up(const sup *s, int d);
+/* Device d's host name. */
+const char *sup_cluster_node_name(const sup *s, int d);
 
 /* ---- watch.c ------------------------------------------------------------------------------- */
 

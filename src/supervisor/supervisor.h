@@ -33,6 +33,13 @@ typedef enum rk_launcher {
     RK_LAUNCH_AUTO
 } rk_launcher;
 
+/* A host of a job over many hosts (cluster.c). */
+typedef struct rk_sup_host {
+    const char *name; /* what --rsh reaches it by; also MASTER_ADDR when it holds rank 0 */
+    int slots;        /* ranks it runs: its devices 0..slots-1 */
+    int spare;        /* used only when the others are not enough */
+} rk_sup_host;
+
 typedef struct rk_sup_opts {
     int n;                                   /* ranks to start with */
     const char *devices[RK_SUP_MAX_DEVICES]; /* device ids, at least n */
@@ -66,6 +73,13 @@ typedef struct rk_sup_opts {
     /* the failure predictor (predict/predict_online.h): NULL = none */
     const char *predictor;    /* model file */
     double drain_probability; /* drain (or leave out) a GPU whose probability reaches it */
+    /* many hosts: NULL = this host alone; then devices are "HOST:INDEX" in the hosts' order */
+    const rk_sup_host *hosts;
+    int nhosts;
+    const char *listen;    /* the coordinator's ADDR:PORT (port 0: the kernel picks) */
+    const char *rsh;       /* how an agent is started: "ssh -o BatchMode=yes" when NULL */
+    const char *agent_cmd; /* rk on the hosts; NULL: this executable's path */
+    double node_timeout_s; /* a node silent this long is lost */
 } rk_sup_opts;
 
 /* Incidents of one kind, for the report. */

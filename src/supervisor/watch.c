@@ -6,6 +6,7 @@
  */
 #include "supervisor/sup.h"
 
+#include <errno.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,13 +21,15 @@
 /* At most one round of reading every PACE_S: a busy job's ranks send a few lines a step each,
  * and a round per line woke rk run hundreds of times a second (poll, recv, the keeper's pipe,
  * waitpid: 8 system calls a round with 2 ranks), CPU its ranks lost on a machine they fill: a
- * round cost 87 us of CPU on the 2-core test machine, 0.9% of a core at 10 ms. Lines wait in
- * the socket buffers meanwhile (a few kB) and are read together, up to READ_ROUNDS buffers of
- * 8 KiB a connection a round; what rk run sees is 10 ms late at most, against timeouts of
- * seconds. Not longer: new connections are accepted in the rounds too, and a hello is trusted
- * only while its process is alive (conns.c), so a rank that connects, speaks and exits within
- * one pace is not heard (at 50 ms it_classify's rank that only says bye failed so). */
-#define PACE_S 0.010
+ * round cost 87 us of CPU on the 2-core test machine, 4.4% of a core at 2 ms, 0.9% at 10 ms,
+ * 0.2% at 50 ms. Lines wait in the socket buffers meanwhile (a few kB) and are read together,
+ * up to READ_ROUNDS buffers of 8 KiB a connection a round; what rk run sees is 50 ms late at
+ * most, against timeouts of seconds. Between rounds it still wakes at once for a new
+ * connection and for what a connection says before its hello is read (pace): a hello is
+ * believed from the process the kernel named at accept, read from /proc then (conns.c), so a
+ * rank that connects, speaks and exits within one pace is heard (at a 50 ms pace that only
+ * read at the rounds, it_classify's rank that only says bye was not). */
+#define PACE_S 0.050
 #define READ_ROUNDS 16
 
 void sup_fail(sup *s, const char *fmt, ...)
@@ -53,7 +56,10 @@ const char *sup_verdict_kind(const sup *s)
  * by the kernel, never by the pids workers reported; ranks that never said hello too. */
 static void teardown(sup *s, double grace)
 {
-    rk_launch_kill(&s->l, grace);
+    if (s->cl)
+        sup_cluster_kill(s, grace);
+    else
+        rk_launch_kill(&s->l, grace);
     sup_close_conns(s);
 }
 
@@ -236,13 +242,35 @@ static int on_interrupt(sup *s)
     return 1;
 }
 
-/* Sleeps out what is left of PACE_S since the last round began (a signal cuts it short). */
-static void pace(double *last)
+/* Waits out what is left of PACE_S since the last round began (a signal cuts it short),
+ * accepting new connections and reading those that said no hello yet as soon as they are
+ * ready: the kernel's word on who connected is read while the process is surely alive. */
+static void pace(sup *s, double *last)
 {
-    double wait = *last + PACE_S - rk_mono_s();
-    if (wait > 0 && wait <= PACE_S) {
-        struct timespec ts = {0, (long)(wait * 1e9)};
-        nanosleep(&ts, NULL);
+    for (;;) {
+        double wait = *last + PACE_S - rk_mono_s();
+        if (wait <= 0 || wait > PACE_S)
+            break;
+        struct pollfd p[RK_SUP_MAX_CONNS + 1];
+        int map[RK_SUP_MAX_CONNS];
+        int np = 0;
+        p[np++] = (struct pollfd){s->listen_fd, POLLIN, 0};
+        for (int k = 0; k < s->nconn; k++)
+            if (s->c[k].fd >= 0 && s->c[k].rank < 0) {
+                map[np - 1] = k;
+                p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
+            }
+        int ms = (int)(wait * 1000.0) + 1;
+        int r = poll(p, (nfds_t)np, ms);
+        if (r < 0 && errno == EINTR)
+            break;
+        if (r <= 0)
+            continue;
+        for (int q = 1; q < np; q++)
+            if (p[q].revents)
+                sup_read_conn(s, &s->c[map[q - 1]]);
+        if (p[0].revents & POLLIN)
+            sup_accept(s);
     }
     *last = rk_mono_s();
 }
@@ -251,7 +279,9 @@ rk_sup_next sup_watch(sup *s)
 {
     double last = 0;
     for (;;) {
-        pace(&last);
+        pace(s, &last);
+        if (s->cl) /* the node link: the remote ranks' streams into their socketpairs */
+            sup_cluster_tick(s, 0);
         if (on_interrupt(s))
             return RK_SUP_INTERRUPTED;
         struct pollfd p[RK_SUP_MAX_CONNS + 1];
@@ -263,10 +293,10 @@ rk_sup_next sup_watch(sup *s)
                 map[np - 1] = k;
                 p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
             }
-        int r = poll(p, (nfds_t)np, TICK_MS);
+        int r = poll(p, (nfds_t)np, s->cl ? 0 : TICK_MS);
         /* local: the rank that failed first, as the keeper saw it, is read before the ranks
          * it killed for it (their connections may close in the same round) */
-        int failed = rk_launch_failed_rank(&s->l);
+        int failed = s->cl ? sup_cluster_failed_rank(s) : rk_launch_failed_rank(&s->l);
         rk_sup_conn *first = failed >= 0 ? sup_by_rank(s, failed) : NULL;
         while (first && first->fd >= 0 && sup_read_conn(s, first))
             ;
@@ -293,7 +323,7 @@ rk_sup_next sup_watch(sup *s)
         check_timeouts(s);
         sup_gate_tick(s);
         status_line(s);
-        if (rk_launch_poll(&s->l)) {
+        if (s->cl ? sup_cluster_poll(s) : rk_launch_poll(&s->l)) {
             /* read what the ranks said last before judging: a rank that connected, spoke and
              * exited within one pace still waits in the listen backlog, not yet accepted */
             sup_accept(s);

@@ -1,0 +1,446 @@
+/*
+ * The node agent's ranks (supervisor/agent_job.h): a keeper of launch.c for the node's ranks,
+ * a private Unix socket for their heartbeats, and one channel of the node link per rank
+ * connection. The agent trusts a connection only when the kernel says its peer is a process
+ * of the keeper's tree (SO_PEERCRED, /proc), as rk run does on one host (conns.c); the
+ * coordinator then believes the channel's pid because the link is authenticated.
+ */
+#define _GNU_SOURCE
+#include "supervisor/agent_job.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "supervisor/nodes.h"
+#include "supervisor/supervisor.h"
+
+#define MAX_CHANS 64
+#define WRITE_TIMEOUT_S 1.0
+
+typedef struct chan {
+    int fd; /* -1: free */
+    uint32_t id;
+} chan;
+
+struct rk_agent_job {
+    rk_agent_job_opts o;
+    char dir[64], sock[96], stacks[96];
+    int lfd;
+    rk_launch l;
+    int running;        /* the keeper of `launch` runs */
+    int exited_pending; /* its EXITED is still to be sent */
+    rk_node_exited exited;
+    uint32_t launch, base;
+    uint32_t next_chan;
+    chan ch[MAX_CHANS];
+};
+
+__attribute__((format(printf, 2, 3))) static void say(rk_agent_job *j, const char *fmt, ...)
+{
+    if (!j->o.on_log)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    j->o.on_log(j->o.ctx, line);
+}
+
+int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err)
+{
+    *out = NULL;
+    rk_agent_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return rk_err_set(err, RK_ENOMEM, "agent: out of memory");
+    j->o = *o;
+    j->lfd = -1;
+    j->l.life = j->l.failed = -1;
+    j->next_chan = 1;
+    for (int i = 0; i < MAX_CHANS; i++)
+        j->ch[i].fd = -1;
+    const char *tmp = getenv("TMPDIR");
+    snprintf(j->dir, sizeof j->dir, "%s/rk-agent.XXXXXX",
+             tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
+    if (!mkdtemp(j->dir)) {
+        free(j);
+        return rk_err_set(err, RK_EIO,
+                          "agent: cannot create a directory for the heartbeat socket: %s",
+                          strerror(errno));
+    }
+    snprintf(j->sock, sizeof j->sock, "%s/hb.sock", j->dir);
+    snprintf(j->stacks, sizeof j->stacks, "%s/stacks", j->dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", j->sock);
+    j->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (j->lfd < 0 || chmod(j->dir, 0700) < 0 || mkdir(j->stacks, 0700) < 0 ||
+        bind(j->lfd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(j->sock, 0600) < 0 ||
+        listen(j->lfd, 64) < 0) {
+        int e = errno;
+        rk_agent_job_free(j);
+        return rk_err_set(err, RK_EIO, "agent: heartbeat socket: %s", strerror(e));
+    }
+    *out = j;
+    return RK_OK;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)st, (void)flag, (void)f;
+    remove(path);
+    return 0;
+}
+
+static void close_chans(rk_agent_job *j)
+{
+    for (int i = 0; i < MAX_CHANS; i++)
+        if (j->ch[i].fd >= 0) {
+            close(j->ch[i].fd);
+            j->ch[i].fd = -1;
+        }
+}
+
+/* The keeper is gone: its EXITED, waiting to be sent. */
+static void reaped(rk_agent_job *j)
+{
+    int st = j->l.status;
+    int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    int failed = rk_launch_failed_rank(&j->l);
+    j->exited = (rk_node_exited){.launch = j->launch,
+                                 .status = (uint32_t)(code & 0xff),
+                                 .failed = failed >= 0 ? (int64_t)j->base + failed : -1};
+    j->exited_pending = 1;
+    j->running = 0;
+    say(j, "the ranks of launch %u ended: status %d%s", (unsigned)j->launch, code,
+        failed >= 0 ? "" : "");
+}
+
+static void end_ranks(rk_agent_job *j, double grace)
+{
+    if (!j->running)
+        return;
+    rk_launch_kill(&j->l, grace);
+    rk_launch_poll(&j->l);
+    reaped(j);
+}
+
+void rk_agent_job_free(rk_agent_job *j)
+{
+    if (!j)
+        return;
+    end_ranks(j, 0);
+    close_chans(j);
+    if (j->lfd >= 0)
+        close(j->lfd);
+    if (j->dir[0])
+        nftw(j->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+    free(j);
+}
+
+int rk_agent_job_running(const rk_agent_job *j)
+{
+    return j->running;
+}
+
+int rk_agent_job_pollfds(const rk_agent_job *j, struct pollfd *p, int cap)
+{
+    int n = 0;
+    if (n < cap)
+        p[n++] = (struct pollfd){j->lfd, POLLIN, 0};
+    for (int i = 0; i < MAX_CHANS && n < cap; i++)
+        if (j->ch[i].fd >= 0)
+            p[n++] = (struct pollfd){j->ch[i].fd, POLLIN, 0};
+    return n;
+}
+
+static void send_close(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
+{
+    uint8_t out[8];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
+        send(ctx, RK_NODE_MSG_CLOSE, out, len);
+    close(c->fd);
+    c->fd = -1;
+    (void)j;
+}
+
+/* Relay what a rank said: 1 if bytes went, 0 if none waited, -1 once it closed. */
+static int relay(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
+{
+    uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
+    ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    if (r <= 0) {
+        send_close(j, c, send, ctx);
+        return -1;
+    }
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_data_format(c->id, buf, (size_t)r, out, sizeof out, &len, &e) == RK_OK)
+        send(ctx, RK_NODE_MSG_DATA, out, len);
+    return 1;
+}
+
+static void accept_ranks(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+{
+    for (int k = 0; k < 16; k++) {
+        int fd = accept4(j->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0)
+            return;
+        struct ucred cr;
+        socklen_t len = sizeof cr;
+        long nspid = -1;
+        int owned = 0;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && cr.pid > 0) {
+            nspid = rk_proc_nspid((pid_t)cr.pid);
+            owned = j->running && nspid > 0 && rk_launch_owns(&j->l, (pid_t)cr.pid);
+        }
+        chan *c = NULL;
+        for (int i = 0; i < MAX_CHANS && !c; i++)
+            if (j->ch[i].fd < 0)
+                c = &j->ch[i];
+        if (!owned || !c) {
+            say(j, "closed a heartbeat connection from pid %ld: %s",
+                (long)(nspid > 0 ? cr.pid : -1),
+                !c ? "too many connections" : "not a process of this node's launch");
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->id = j->next_chan++;
+        rk_node_open m = {.launch = j->launch, .chan = c->id, .pid = nspid};
+        char out[RK_NODE_PAYLOAD_MAX];
+        size_t n;
+        rk_err e = {0};
+        if (rk_node_open_format(&m, out, sizeof out, &n, &e) == RK_OK)
+            send(ctx, RK_NODE_MSG_OPEN, out, n);
+        relay(j, c, send, ctx);
+    }
+}
+
+static void send_exited(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+{
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t n;
+    rk_err e = {0};
+    if (rk_node_exited_format(&j->exited, out, sizeof out, &n, &e) != RK_OK ||
+        send(ctx, RK_NODE_MSG_EXITED, out, n) == 0)
+        j->exited_pending = 0;
+}
+
+void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent_send_fn send,
+                        void *ctx)
+{
+    for (int q = 1; q < n; q++) {
+        if (!p[q].revents)
+            continue;
+        for (int i = 0; i < MAX_CHANS; i++)
+            if (j->ch[i].fd == p[q].fd) {
+                for (int k = 0; k < 16 && relay(j, &j->ch[i], send, ctx) == 1; k++)
+                    ;
+                break;
+            }
+    }
+    if (n > 0 && (p[0].revents & POLLIN))
+        accept_ranks(j, send, ctx);
+    if (j->running && rk_launch_poll(&j->l)) {
+        /* the ranks' last words before the node's end */
+        for (int i = 0; i < MAX_CHANS; i++)
+            while (j->ch[i].fd >= 0 && relay(j, &j->ch[i], send, ctx) == 1)
+                ;
+        reaped(j);
+    }
+    if (j->exited_pending)
+        send_exited(j, send, ctx);
+}
+
+void rk_agent_job_link_lost(rk_agent_job *j)
+{
+    if (j->running)
+        say(j, "ending the ranks of launch %u: the link to the coordinator is gone",
+            (unsigned)j->launch);
+    end_ranks(j, 0);
+    close_chans(j);
+}
+
+/* ---- LAUNCH ---------------------------------------------------------------------------- */
+
+static int start(rk_agent_job *j, const rk_node_launch *m, uint32_t port, rk_err *err)
+{
+    static char e_hb[160], e_dev[1200], e_launch[32], e_world[2][40], e_base[40], e_master[300],
+        e_port[32], e_cvd[300], e_restart[48], e_stack[160], e_pypath[8400], e_dir[4200],
+        e_inj[4200], e_done[300];
+    const char *env[32];
+    int e = 0;
+    snprintf(e_hb, sizeof e_hb, "RK_HEARTBEAT=%s", j->sock);
+    env[e++] = e_hb;
+    /* RK_DEVICES is indexed by the global rank: other nodes' ranks hold a "-" */
+    size_t used = (size_t)snprintf(e_dev, sizeof e_dev, "RK_DEVICES=");
+    for (uint32_t r = 0; r < m->base && used < sizeof e_dev; r++)
+        used += (size_t)snprintf(e_dev + used, sizeof e_dev - used, r ? ",-" : "-");
+    if (used < sizeof e_dev)
+        snprintf(e_dev + used, sizeof e_dev - used, "%s%s", m->base ? "," : "", m->devices);
+    env[e++] = e_dev;
+    snprintf(e_launch, sizeof e_launch, "RK_LAUNCH=%u", (unsigned)(m->launch - 1));
+    env[e++] = e_launch;
+    snprintf(e_world[0], sizeof e_world[0], "WORLD_SIZE=%u", (unsigned)m->world);
+    snprintf(e_world[1], sizeof e_world[1], "LOCAL_WORLD_SIZE=%u", (unsigned)m->ranks);
+    env[e++] = e_world[0];
+    env[e++] = e_world[1];
+    snprintf(e_base, sizeof e_base, "RK_RANK_BASE=%u", (unsigned)m->base);
+    env[e++] = e_base;
+    snprintf(e_master, sizeof e_master, "MASTER_ADDR=%s", m->master);
+    env[e++] = e_master;
+    snprintf(e_port, sizeof e_port, "MASTER_PORT=%u", (unsigned)port);
+    env[e++] = e_port;
+    snprintf(e_cvd, sizeof e_cvd, "CUDA_VISIBLE_DEVICES=%s", m->devices);
+    env[e++] = e_cvd;
+    if (!getenv("CUDA_DEVICE_ORDER"))
+        env[e++] = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
+    snprintf(e_restart, sizeof e_restart, "TORCHELASTIC_RESTART_COUNT=%u",
+             (unsigned)(m->launch - 1));
+    env[e++] = e_restart;
+    snprintf(e_stack, sizeof e_stack, "RK_STACK_DIR=%s", j->stacks);
+    env[e++] = e_stack;
+    if (!j->o.no_pythonpath) {
+        char dir[4096], why[4200];
+        const char *old = getenv("PYTHONPATH");
+        if (rk_env_python_dir(dir, sizeof dir, why, sizeof why) &&
+            (size_t)snprintf(e_pypath, sizeof e_pypath, "PYTHONPATH=%s%s%s", dir,
+                             old && *old ? ":" : "", old ? old : "") < sizeof e_pypath)
+            env[e++] = e_pypath;
+    }
+    if (j->o.ckpt_dir) {
+        snprintf(e_dir, sizeof e_dir, "RK_CKPT_DIR=%s", j->o.ckpt_dir);
+        env[e++] = e_dir;
+        env[e++] = "RK_RESUME=1";
+    }
+    if (j->o.inject) {
+        snprintf(e_inj, sizeof e_inj, "RK_INJECT=%s", j->o.inject);
+        env[e++] = e_inj;
+        if (m->done[0]) {
+            snprintf(e_done, sizeof e_done, "RK_INJECT_DONE=%s", m->done);
+            env[e++] = e_done;
+        }
+    }
+    env[e] = NULL;
+    const char *ns = getenv("RK_RUN_PIDNS");
+    return rk_launch_start(&j->l, RK_LAUNCH_LOCAL, NULL, (int)m->ranks, j->o.worker,
+                           (char *const *)env, !(ns && strcmp(ns, "0") == 0), err);
+}
+
+static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_agent_send_fn send, void *ctx)
+{
+    end_ranks(j, 0); /* a launch replaces the one before (its EXITED goes first) */
+    close_chans(j);
+    if (j->exited_pending)
+        send_exited(j, send, ctx);
+    uint32_t port = m->port;
+    if (port == 0) {
+        int p = rk_env_free_port();
+        port = p > 0 ? (uint32_t)p : 29500;
+    }
+    j->launch = m->launch;
+    j->base = m->base;
+    rk_err e = {0};
+    if (start(j, m, port, &e)) {
+        say(j, "launch %u: %s", (unsigned)m->launch, e.msg);
+        j->exited = (rk_node_exited){.launch = m->launch, .status = 127, .failed = m->base};
+        j->exited_pending = 1;
+        send_exited(j, send, ctx);
+        return 0;
+    }
+    j->running = 1;
+    say(j, "launch %u: started ranks %u..%u of %u (MASTER_ADDR %s, port %u)", (unsigned)m->launch,
+        (unsigned)m->base, (unsigned)(m->base + m->ranks - 1), (unsigned)m->world, m->master,
+        (unsigned)port);
+    rk_node_launched a = {.launch = m->launch, .port = m->port == 0 ? port : 0};
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t n;
+    if (rk_node_launched_format(&a, out, sizeof out, &n, &e) == RK_OK)
+        send(ctx, RK_NODE_MSG_LAUNCHED, out, n);
+    return 0;
+}
+
+/* Write all of buf to a rank's connection, waiting up to WRITE_TIMEOUT_S. */
+static int write_all(int fd, const uint8_t *buf, size_t n)
+{
+    double until = rk_mono_s() + WRITE_TIMEOUT_S;
+    while (n > 0) {
+        ssize_t w = send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            buf += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EINTR)
+            return -1;
+        if (rk_mono_s() > until)
+            return -1;
+        struct pollfd p = {fd, POLLOUT, 0};
+        poll(&p, 1, 20);
+    }
+    return 0;
+}
+
+int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size_t len,
+                     rk_agent_send_fn send, void *ctx)
+{
+    rk_err e = {0};
+    switch (type) {
+    case RK_NODE_MSG_LAUNCH: {
+        rk_node_launch m;
+        if (rk_node_launch_parse(payload, len, &m, &e)) {
+            say(j, "a bad LAUNCH: %s", e.msg);
+            return -1;
+        }
+        return on_launch(j, &m, send, ctx);
+    }
+    case RK_NODE_MSG_KILL: {
+        rk_node_kill m;
+        if (rk_node_kill_parse(payload, len, &m, &e)) {
+            say(j, "a bad KILL: %s", e.msg);
+            return -1;
+        }
+        if (m.launch == j->launch && j->running) {
+            end_ranks(j, m.grace_s);
+            send_exited(j, send, ctx);
+        }
+        return 0;
+    }
+    case RK_NODE_MSG_DATA:
+    case RK_NODE_MSG_CLOSE: {
+        uint32_t id;
+        const uint8_t *bytes;
+        size_t n;
+        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_CLOSE, &id, &bytes, &n, &e)) {
+            say(j, "a bad %s: %s", rk_node_msg_name(type), e.msg);
+            return -1;
+        }
+        for (int i = 0; i < MAX_CHANS; i++) {
+            chan *c = &j->ch[i];
+            if (c->fd < 0 || c->id != id)
+                continue;
+            if (type == RK_NODE_MSG_CLOSE || write_all(c->fd, bytes, n) != 0) {
+                close(c->fd);
+                c->fd = -1;
+            }
+            break;
+        }
+        return 0;
+    }
+    default: return -1;
+    }
+}

@@ -1,0 +1,599 @@
+/*
+ * A job over many hosts (docs/cluster.md): rk run is the coordinator. It listens on --listen
+ * for the node link (nodes.h), starts one `rk agent` per host through --rsh (ssh by default;
+ * the job's secret on the agent's stdin), and runs each launch through the agents: LAUNCH to
+ * every node in use (rank 0's node first: its agent picks MASTER_PORT), each rank's heartbeat
+ * stream relayed as a channel that ends here in a socketpair, so conns.c reads a remote rank
+ * as it reads a local one; the launch has ended when every node in use said EXITED or was
+ * lost. The first node to end with a failure gets the others' ranks ended at once, as the
+ * local keeper does. A node lost during a launch (silent for --node-timeout, its link or its
+ * agent gone) fails the launch (kind node_lost), is counted towards its quarantine like a
+ * device (--failure-threshold), and its devices stay out while it is not connected: the
+ * spare hosts' devices take their place.
+ */
+#define _GNU_SOURCE
+#include "supervisor/sup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "net/secret.h"
+#include "supervisor/nodes.h"
+
+#define MAX_NODES 256
+#define LAUNCHED_WAIT_S 10.0 /* rank 0's agent answers LAUNCH within this */
+#define AGENT_EXIT_WAIT_S 3.0
+
+struct sup_cluster {
+    rk_nodes *t;
+    int nnodes;
+    uint8_t job[RK_NET_JOB_ID_LEN];
+    char job_hex[2 * RK_NET_JOB_ID_LEN + 1];
+    char addr[RK_NODE_HOST_MAX + 16]; /* what the agents connect to */
+    pid_t rsh[MAX_NODES];             /* the agent's rsh process, 0 none */
+    int fails[MAX_NODES];             /* node failures counted */
+    int quarantined[MAX_NODES];
+    int dev_node[RK_SUP_MAX_DEVICES];  /* device index -> node */
+    int dev_local[RK_SUP_MAX_DEVICES]; /* ... its index on the node */
+    /* this launch */
+    int used[MAX_NODES];   /* the node runs ranks of this launch */
+    int exited[MAX_NODES]; /* ... and said EXITED (or was lost) */
+    int first_rank[MAX_NODES];
+    int status;             /* the launch's status so far: the first failure's, else 0/4 */
+    int failed_rank;        /* the first EXITED's failed rank, -1 none; read once */
+    int failure_seen;       /* a node ended with a failure: the others are being ended */
+    uint32_t launched_port; /* LAUNCHED from rank 0's node */
+    int launched;
+};
+
+/* ---- the node table's callbacks ---------------------------------------------------------- */
+
+static int node_of_rank(const sup *s, int r)
+{
+    return r >= 0 && r < s->n ? s->cl->dev_node[s->dev[r]] : -1;
+}
+
+static const char *node_name(const sup *s, int k)
+{
+    return k >= 0 && k < s->o->nhosts ? s->o->hosts[k].name : "?";
+}
+
+static void on_event(void *ctx, const rk_node_event *e)
+{
+    sup *s = ctx;
+    sup_cluster *cl = s->cl;
+    int k = e->node;
+    switch (e->kind) {
+    case RK_NODE_JOINED:
+    case RK_NODE_REJOINED:
+    case RK_NODE_REBOOTED:
+        sup_say(s, "node %d (%s) %s from %s", k, node_name(s, k), rk_node_event_name(e->kind),
+                e->from);
+        return;
+    case RK_NODE_RECONNECT: return;
+    case RK_NODE_REFUSED:
+        sup_say(s, "refused a node link from %s: %s", e->from, e->why ? e->why : "");
+        return;
+    case RK_NODE_LEFT:
+    case RK_NODE_LOST: break;
+    }
+    sup_say(s, "node %d (%s) %s: %s", k, node_name(s, k), rk_node_event_name(e->kind),
+            e->why ? e->why : "");
+    if (k < 0 || k >= cl->nnodes || !cl->used[k] || cl->exited[k])
+        return;
+    /* a node of this launch is gone, its ranks with it: the others' ranks wait in a
+     * collective for them, so they are ended now (their EXITED ends the launch) */
+    cl->exited[k] = 1;
+    sup_cluster_kill_ranks(s, 0);
+    if (!s->failing) {
+        sup_fail(s, "node %d (%s) lost after %.1f s of silence: %s", k, node_name(s, k),
+                 e->silent_s, e->why ? e->why : "");
+        s->seen.node_lost = k;
+        s->seen.node_rank = cl->first_rank[k];
+        cl->fails[k]++;
+        if (cl->fails[k] >= s->o->failure_threshold && !cl->quarantined[k]) {
+            cl->quarantined[k] = 1;
+            for (int d = 0; d < s->o->ndevices; d++)
+                if (cl->dev_node[d] == k)
+                    s->devs[d].quarantined = 1;
+            sup_record(s, "quarantine", -1, "", "quarantine",
+                       "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
+                       cl->fails[k], cl->fails[k] == 1 ? "" : "s");
+            sup_say(s, "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
+                    cl->fails[k], cl->fails[k] == 1 ? "" : "s");
+        }
+    }
+}
+
+static rk_sup_conn *conn_of_chan(sup *s, int node, uint32_t chan)
+{
+    for (int i = 0; i < s->nconn; i++)
+        if (s->c[i].node == node && s->c[i].chan == chan && s->c[i].relay >= 0)
+            return &s->c[i];
+    return NULL;
+}
+
+/* A rank's channel opened: a socketpair whose one end conns.c reads as a connection. The
+ * agent checked the rank's process (SO_PEERCRED, its keeper's tree); the link is
+ * authenticated, so its pid is believed. */
+static void on_open(sup *s, int k, const rk_node_open *m)
+{
+    if ((int)m->launch != s->launch_no + 1 || !s->cl->used[k])
+        return; /* an earlier launch's */
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sp) != 0) {
+        sup_say(s, "node %d: cannot relay a rank's heartbeats: %s", k, strerror(errno));
+        return;
+    }
+    rk_sup_conn *c = sup_new_conn(s);
+    if (!c) {
+        close(sp[0]);
+        close(sp[1]);
+        return;
+    }
+    c->fd = sp[0];
+    c->relay = sp[1];
+    c->node = k;
+    c->chan = m->chan;
+    c->pid = (long)m->pid;
+    c->nspid = (long)m->pid;
+    c->owned = 1;
+    c->since = c->last = rk_ledger_now(&s->g);
+}
+
+static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_t len)
+{
+    sup *s = ctx;
+    sup_cluster *cl = s->cl;
+    rk_err e = {0};
+    switch (type) {
+    case RK_NODE_MSG_LAUNCHED: {
+        rk_node_launched m;
+        if (rk_node_launched_parse(payload, len, &m, &e) == RK_OK &&
+            (int)m.launch == s->launch_no + 1 && k == node_of_rank(s, 0)) {
+            cl->launched = 1;
+            cl->launched_port = m.port;
+        }
+        return;
+    }
+    case RK_NODE_MSG_OPEN: {
+        rk_node_open m;
+        if (rk_node_open_parse(payload, len, &m, &e) == RK_OK)
+            on_open(s, k, &m);
+        else
+            sup_say(s, "node %d: a bad OPEN: %s", k, e.msg);
+        return;
+    }
+    case RK_NODE_MSG_DATA:
+    case RK_NODE_MSG_CLOSE: {
+        uint32_t chan;
+        const uint8_t *bytes;
+        size_t n;
+        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_CLOSE, &chan, &bytes, &n, &e)) {
+            sup_say(s, "node %d: %s", k, e.msg);
+            return;
+        }
+        rk_sup_conn *c = conn_of_chan(s, k, chan);
+        if (!c)
+            return;
+        if (type == RK_NODE_MSG_CLOSE ||
+            send(c->relay, bytes, n, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)n) {
+            close(c->relay); /* conns.c reads the end of the stream */
+            c->relay = -1;
+        }
+        return;
+    }
+    case RK_NODE_MSG_EXITED: {
+        rk_node_exited m;
+        if (rk_node_exited_parse(payload, len, &m, &e) || (int)m.launch != s->launch_no + 1 ||
+            k >= cl->nnodes || !cl->used[k] || cl->exited[k])
+            return;
+        cl->exited[k] = 1;
+        int bad = m.status != RK_EXIT_OK && m.status != RK_EXIT_STOPPED;
+        if (bad && !cl->failure_seen) {
+            cl->failure_seen = 1;
+            cl->status = (int)m.status;
+            cl->failed_rank = (int)m.failed;
+            /* as the local keeper: the first failure ends every other rank at once */
+            sup_cluster_kill_ranks(s, 0);
+        } else if (!cl->failure_seen && m.status == RK_EXIT_STOPPED) {
+            cl->status = RK_EXIT_STOPPED;
+        }
+        return;
+    }
+    default: return;
+    }
+}
+
+/* ---- starting the agents ----------------------------------------------------------------- */
+
+/* `arg` quoted for the remote shell (ssh joins the words into one command line). */
+static size_t put_word(char *buf, size_t used, size_t cap, const char *arg)
+{
+    int plain = *arg != '\0';
+    for (const char *p = arg; *p && plain; p++)
+        plain = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-",
+                       *p) != NULL;
+    used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", used ? " " : "");
+    if (plain)
+        return used + (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", arg);
+    used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "'");
+    for (const char *p = arg; *p; p++)
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0,
+                                 *p == '\'' ? "'\\''" : "%c", *p);
+    return used + (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "'");
+}
+
+static const char *self_exe(void)
+{
+    static char exe[4096];
+    if (!exe[0]) {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n <= 0)
+            snprintf(exe, sizeof exe, "rk");
+    }
+    return exe;
+}
+
+/* Start node k's agent: RSH HOST 'AGENT agent --coordinator ... -- WORKER...', the secret
+ * on its stdin. */
+static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
+{
+    const rk_sup_opts *o = s->o;
+    sup_cluster *cl = s->cl;
+    static char cmd[65536];
+    char node[16], timeout[32];
+    snprintf(node, sizeof node, "%d", k);
+    snprintf(timeout, sizeof timeout, "%gs", o->node_timeout_s);
+    size_t used = 0;
+    cmd[0] = 0;
+    used = put_word(cmd, used, sizeof cmd, o->agent_cmd ? o->agent_cmd : self_exe());
+    const char *words[] = {"agent", "--coordinator", cl->addr,   "--node",
+                           node,    "--job-id",      cl->job_hex};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        used = put_word(cmd, used, sizeof cmd, words[i]);
+    if (o->ckpt_dir) {
+        used = put_word(cmd, used, sizeof cmd, "--ckpt-dir");
+        used = put_word(cmd, used, sizeof cmd, o->ckpt_dir);
+    }
+    if (o->inject) {
+        used = put_word(cmd, used, sizeof cmd, "--inject");
+        used = put_word(cmd, used, sizeof cmd, o->inject);
+    }
+    if (o->no_pythonpath)
+        used = put_word(cmd, used, sizeof cmd, "--no-pythonpath");
+    used = put_word(cmd, used, sizeof cmd, "--");
+    for (int i = 0; o->worker[i]; i++)
+        used = put_word(cmd, used, sizeof cmd, o->worker[i]);
+    if (used >= sizeof cmd)
+        return rk_err_set(err, RK_EINVAL, "the agent's command line is too long");
+    /* argv: the words of --rsh, the host, the command line */
+    char rsh[4096];
+    snprintf(rsh, sizeof rsh, "%s", o->rsh ? o->rsh : "ssh -o BatchMode=yes");
+    const char *argv[72];
+    int a = 0;
+    for (char *save = NULL, *w = strtok_r(rsh, " \t", &save); w && a < 64;
+         w = strtok_r(NULL, " \t", &save))
+        argv[a++] = w;
+    if (a == 0)
+        return rk_err_set(err, RK_EINVAL, "--rsh is empty");
+    argv[a++] = o->hosts[k].name;
+    argv[a++] = cmd;
+    argv[a] = NULL;
+    int in[2];
+    if (pipe2(in, O_CLOEXEC) != 0)
+        return rk_err_set(err, RK_EIO, "pipe: %s", strerror(errno));
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(in[0]);
+        close(in[1]);
+        return rk_err_set(err, RK_EIO, "fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        dup2(in[0], STDIN_FILENO);
+        setpgid(0, 0); /* a terminal's ^C goes to rk run, which ends the job in order */
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent goes with rk run */
+        execvp(argv[0], (char *const *)argv);
+        fprintf(stderr, "rk run: cannot run --rsh %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(in[0]);
+    char hex[RK_NET_SECRET_HEX_LEN + 2];
+    rk_net_secret_hex(key, hex);
+    size_t hl = strlen(hex);
+    ssize_t w = write(in[1], hex, hl);
+    memset(hex, 0, sizeof hex);
+    close(in[1]);
+    if (w != (ssize_t)hl)
+        sup_say(s, "node %d (%s): could not hand the secret to the agent", k, o->hosts[k].name);
+    cl->rsh[k] = pid;
+    return RK_OK;
+}
+
+/* ---- the cluster's life ------------------------------------------------------------------ */
+
+int sup_cluster_open(sup *s, rk_err *err)
+{
+    const rk_sup_opts *o = s->o;
+    if (o->nhosts < 1 || o->nhosts > MAX_NODES)
+        return rk_err_set(err, RK_EINVAL, "1 to %d hosts", MAX_NODES);
+    sup_cluster *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return rk_err_set(err, RK_ENOMEM, "out of memory");
+    s->cl = cl;
+    cl->nnodes = o->nhosts;
+    /* the devices are the hosts' slots in order ("h1:0", "h1:1", "h2:0", ...) */
+    int d = 0;
+    for (int k = 0; k < o->nhosts; k++)
+        for (int i = 0; i < o->hosts[k].slots && d < RK_SUP_MAX_DEVICES; i++, d++) {
+            cl->dev_node[d] = k;
+            cl->dev_local[d] = i;
+        }
+    if (d != o->ndevices)
+        return rk_err_set(err, RK_EINVAL, "the devices are not the hosts' slots");
+    rk_net_secret key;
+    int rc = rk_net_secret_generate(&key, err);
+    if (rc)
+        return rc;
+    rk_net_secret job;
+    if ((rc = rk_net_secret_generate(&job, err))) /* 32 random bytes: the job id is 16 */
+        return rc;
+    memcpy(cl->job, job.key, RK_NET_JOB_ID_LEN);
+    rk_net_secret_wipe(&job);
+    for (int i = 0; i < RK_NET_JOB_ID_LEN; i++)
+        snprintf(cl->job_hex + 2 * i, 3, "%02x", cl->job[i]);
+    char host[RK_NODE_HOST_MAX];
+    uint16_t port;
+    if ((rc = rk_node_hostport_parse(o->listen, host, sizeof host, &port, err)))
+        goto out;
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::")) {
+        rc = rk_err_set(err, RK_EINVAL,
+                        "--listen %s: give the address the hosts reach this one by, not a "
+                        "wildcard (rk run listens on exactly that address)",
+                        o->listen);
+        goto out;
+    }
+    rk_nodes_opts no = {.listen_host = host,
+                        .listen_port = port,
+                        .nodes = o->nhosts,
+                        .generation = 1,
+                        .timeout_s = o->node_timeout_s,
+                        .on_event = on_event,
+                        .on_msg = on_msg,
+                        .ctx = s};
+    memcpy(no.job, cl->job, sizeof no.job);
+    if ((rc = rk_nodes_open(&cl->t, &no, &key, err)))
+        goto out;
+    if (strchr(host, ':'))
+        snprintf(cl->addr, sizeof cl->addr, "[%s]:%u", host, (unsigned)rk_nodes_port(cl->t));
+    else
+        snprintf(cl->addr, sizeof cl->addr, "%s:%u", host, (unsigned)rk_nodes_port(cl->t));
+    sup_say(s, "coordinator listening on %s for %d host%s (node timeout %g s)", cl->addr, o->nhosts,
+            o->nhosts == 1 ? "" : "s", o->node_timeout_s);
+    for (int k = 0; k < o->nhosts; k++)
+        if ((rc = start_agent(s, k, &key, err)))
+            goto out;
+    /* every agent joins, or the startup timeout passes (the missing ones are down) */
+    double until = rk_mono_s() + o->startup_timeout_s;
+    while (rk_nodes_count_connected(cl->t) < o->nhosts && rk_mono_s() < until &&
+           !rk_sup_interrupted)
+        if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
+            goto out;
+    for (int k = 0; k < o->nhosts; k++)
+        if (!rk_nodes_connected(cl->t, k))
+            sup_say(s, "node %d (%s): no agent joined within %g s; its devices are left out", k,
+                    o->hosts[k].name, o->startup_timeout_s);
+out:
+    rk_net_secret_wipe(&key);
+    return rc;
+}
+
+void sup_cluster_close(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    if (!cl)
+        return;
+    if (cl->t)
+        rk_nodes_bye(cl->t, "the job is over");
+    double until = rk_mono_s() + AGENT_EXIT_WAIT_S;
+    for (int k = 0; k < cl->nnodes; k++) {
+        while (cl->rsh[k] > 0) {
+            int st;
+            pid_t r = waitpid(cl->rsh[k], &st, WNOHANG);
+            if (r == cl->rsh[k] || (r < 0 && errno == ECHILD)) {
+                cl->rsh[k] = 0;
+                break;
+            }
+            if (rk_mono_s() > until) { /* our own child, by the pid fork gave us */
+                kill(cl->rsh[k], SIGKILL);
+                waitpid(cl->rsh[k], &st, 0);
+                cl->rsh[k] = 0;
+                break;
+            }
+            poll(NULL, 0, 20);
+        }
+    }
+    rk_nodes_free(cl->t);
+    free(cl);
+    s->cl = NULL;
+}
+
+/* Reap agents' rsh processes that ended (an agent that exits is a node gone). */
+static void reap_agents(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    for (int k = 0; k < cl->nnodes; k++) {
+        int st;
+        if (cl->rsh[k] > 0 && waitpid(cl->rsh[k], &st, WNOHANG) == cl->rsh[k])
+            cl->rsh[k] = 0;
+    }
+}
+
+/* Relay what conns.c wrote to remote ranks (commands) to their agents. */
+static void pump(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    for (int i = 0; i < s->nconn; i++) {
+        rk_sup_conn *c = &s->c[i];
+        if (c->relay < 0)
+            continue;
+        uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
+        for (int k = 0; k < 8; k++) {
+            ssize_t r = recv(c->relay, buf, sizeof buf, MSG_DONTWAIT);
+            if (r < 0 && (errno == EAGAIN || errno == EINTR))
+                break;
+            rk_err e = {0};
+            size_t len;
+            if (r <= 0) { /* conns.c closed it: the channel ends */
+                if (rk_node_data_format(c->chan, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
+                    rk_nodes_send(cl->t, c->node, RK_NODE_MSG_CLOSE, out, len, &e);
+                close(c->relay);
+                c->relay = -1;
+                break;
+            }
+            if (rk_node_data_format(c->chan, buf, (size_t)r, out, sizeof out, &len, &e) == RK_OK)
+                rk_nodes_send(cl->t, c->node, RK_NODE_MSG_DATA, out, len, &e);
+        }
+    }
+}
+
+void sup_cluster_tick(sup *s, double wait_s)
+{
+    rk_err e = {0};
+    if (rk_nodes_poll(s->cl->t, wait_s, &e))
+        sup_say(s, "node link: %s", e.msg);
+    pump(s);
+    reap_agents(s);
+}
+
+int sup_cluster_node_up(const sup *s, int d)
+{
+    const sup_cluster *cl = s->cl;
+    int k = cl->dev_node[d];
+    return rk_nodes_connected(cl->t, k) && !cl->quarantined[k];
+}
+
+const char *sup_cluster_node_name(const sup *s, int d)
+{
+    return node_name(s, s->cl->dev_node[d]);
+}
+
+/* ---- a launch ---------------------------------------------------------------------------- */
+
+static int send_launch(sup *s, int k, uint32_t port, const char *done, rk_err *err)
+{
+    sup_cluster *cl = s->cl;
+    rk_node_launch m = {.launch = (uint32_t)s->launch_no + 1,
+                        .world = (uint32_t)s->n,
+                        .base = (uint32_t)cl->first_rank[k],
+                        .port = port};
+    int nr = 0;
+    size_t used = 0;
+    for (int r = 0; r < s->n; r++)
+        if (node_of_rank(s, r) == k) {
+            used += (size_t)snprintf(m.devices + used,
+                                     used < sizeof m.devices ? sizeof m.devices - used : 0,
+                                     nr ? ",%d" : "%d", cl->dev_local[s->dev[r]]);
+            nr++;
+        }
+    m.ranks = (uint32_t)nr;
+    snprintf(m.master, sizeof m.master, "%s", node_name(s, node_of_rank(s, 0)));
+    snprintf(m.done, sizeof m.done, "%s", done);
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    int rc = rk_node_launch_format(&m, out, sizeof out, &len, err);
+    if (!rc)
+        rc = rk_nodes_send(cl->t, k, RK_NODE_MSG_LAUNCH, out, len, err);
+    return rc;
+}
+
+int sup_cluster_launch(sup *s, const char *done, rk_err *err)
+{
+    sup_cluster *cl = s->cl;
+    memset(cl->used, 0, sizeof cl->used);
+    memset(cl->exited, 0, sizeof cl->exited);
+    cl->status = RK_EXIT_OK;
+    cl->failed_rank = -1;
+    cl->failure_seen = 0;
+    cl->launched = 0;
+    s->l.exited = 0;
+    s->l.status = 0;
+    for (int r = s->n - 1; r >= 0; r--) { /* ranks of a node are consecutive (the pick's order) */
+        int k = node_of_rank(s, r);
+        cl->used[k] = 1;
+        cl->first_rank[k] = r;
+    }
+    int k0 = node_of_rank(s, 0);
+    int rc = send_launch(s, k0, 0, done, err);
+    double until = rk_mono_s() + LAUNCHED_WAIT_S;
+    while (!rc && !cl->launched && !cl->exited[k0] && rk_mono_s() < until)
+        sup_cluster_tick(s, 0.05);
+    if (!rc && !cl->launched) /* the launch fails, and is judged as one (its EXITED, a loss) */
+        sup_fail(s, "node %d (%s) did not start rank 0 within %g s", k0, node_name(s, k0),
+                 LAUNCHED_WAIT_S);
+    for (int k = 0; !rc && k < cl->nnodes; k++)
+        if (cl->used[k] && k != k0)
+            rc = send_launch(s, k, cl->launched_port, done, err);
+    return rc;
+}
+
+int sup_cluster_poll(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    if (s->l.exited)
+        return 1;
+    for (int k = 0; k < cl->nnodes; k++)
+        if (cl->used[k] && !cl->exited[k])
+            return 0;
+    s->l.exited = 1;
+    s->l.status = (cl->status & 0xff) << 8; /* as waitpid's status of an exit */
+    return 1;
+}
+
+int sup_cluster_failed_rank(sup *s)
+{
+    int r = s->cl->failed_rank;
+    s->cl->failed_rank = -1;
+    return r;
+}
+
+void sup_cluster_kill_ranks(sup *s, double grace_s)
+{
+    sup_cluster *cl = s->cl;
+    rk_node_kill m = {.launch = (uint32_t)s->launch_no + 1, .grace_s = grace_s};
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_kill_format(&m, out, sizeof out, &len, &e))
+        return;
+    for (int k = 0; k < cl->nnodes; k++)
+        if (cl->used[k] && !cl->exited[k] &&
+            rk_nodes_send(cl->t, k, RK_NODE_MSG_KILL, out, len, &e))
+            cl->exited[k] = 1; /* not connected: its ranks end with its link (agent.c) */
+}
+
+void sup_cluster_kill(sup *s, double grace_s)
+{
+    sup_cluster_kill_ranks(s, grace_s);
+    double until = rk_mono_s() + grace_s + AGENT_EXIT_WAIT_S;
+    while (!sup_cluster_poll(s) && rk_mono_s() < until)
+        sup_cluster_tick(s, 0.05);
+    for (int k = 0; k < s->cl->nnodes; k++)
+        if (s->cl->used[k] && !s->cl->exited[k]) {
+            sup_say(s, "node %d (%s): its ranks did not end within %g s of KILL", k,
+                    node_name(s, k), grace_s + AGENT_EXIT_WAIT_S);
+            s->cl->exited[k] = 1;
+        }
+    sup_cluster_poll(s);
+}

@@ -1,0 +1,294 @@
+/*
+ * The node link's launch messages (supervisor/nodes.h, docs/cluster-protocol.md "Launching
+ * the ranks"): LAUNCH, LAUNCHED, OPEN, EXITED and KILL as key=value lines (the rules of
+ * nodemsg.c), DATA and CLOSE as a channel number and raw bytes. Fixed bounds, nothing
+ * allocated; every parser is fuzzed (fuzz/fuzz_nodes.c).
+ */
+#include "supervisor/nodes.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/text.h"
+
+__attribute__((format(printf, 4, 5))) static int put(char *out, size_t cap, size_t *len,
+                                                     const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap - *len)
+        return -1;
+    *len += (size_t)n;
+    return 0;
+}
+
+/* A list "a,b,c" of 1..16 characters of [A-Za-z0-9_.:-] each ("" allowed when `empty`). */
+static int list_ok(const char *s, size_t n, int empty)
+{
+    if (n == 0)
+        return empty;
+    if (n >= RK_NODE_LIST_MAX)
+        return 0;
+    size_t item = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == ',') {
+            if (item == 0)
+                return 0;
+            item = 0;
+            continue;
+        }
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == ':' || c == '-'))
+            return 0;
+        if (++item > 16)
+            return 0;
+    }
+    return item > 0;
+}
+
+static int host_ok(const char *s, size_t n)
+{
+    return n > 0 && n < RK_NODE_HOST_MAX && n <= RK_NODE_VALUE_MAX && rk_text_ok(s, n);
+}
+
+static int parse_kv(rk_node_kv *kv, const char *what, const void *payload, size_t len, rk_err *err)
+{
+    rk_err e = {0};
+    if (rk_node_kv_parse(kv, payload, len, &e))
+        return rk_err_set(err, RK_EFORMAT, "%s: %s", what, e.msg);
+    return RK_OK;
+}
+
+static int get_u32(const rk_node_kv *kv, const char *what, const char *key, int64_t lo,
+                   uint32_t *out, rk_err *err)
+{
+    int64_t v;
+    int rc = rk_node_kv_int(kv, what, key, lo, UINT32_MAX, &v, err);
+    if (!rc)
+        *out = (uint32_t)v;
+    return rc;
+}
+
+/* ---- LAUNCH ------------------------------------------------------------------------------ */
+
+int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    size_t ml = strnlen(m->master, sizeof m->master);
+    if (m->launch < 1 || m->ranks < 1 || m->world < 1 || m->base >= m->world ||
+        m->ranks > m->world - m->base || m->port > 65535 || !host_ok(m->master, ml) ||
+        !list_ok(m->devices, strnlen(m->devices, sizeof m->devices), 0) ||
+        !list_ok(m->done, strnlen(m->done, sizeof m->done), 1))
+        return rk_err_set(err, RK_EINVAL, "launch: a field out of range");
+    if (put(out, cap, len,
+            "launch=%u\nworld=%u\nbase=%u\nranks=%u\nmaster=%s\nport=%u\ndevices=%s\n",
+            (unsigned)m->launch, (unsigned)m->world, (unsigned)m->base, (unsigned)m->ranks,
+            m->master, (unsigned)m->port, m->devices) ||
+        (m->done[0] && put(out, cap, len, "done=%s\n", m->done)))
+        return rk_err_set(err, RK_EINVAL, "launch: the buffer is too small");
+    return RK_OK;
+}
+
+static int launch_parse(const void *payload, size_t len, rk_node_launch *m, rk_err *err)
+{
+    rk_node_kv kv;
+    int rc;
+    if ((rc = parse_kv(&kv, "launch", payload, len, err)) ||
+        (rc = get_u32(&kv, "launch", "launch", 1, &m->launch, err)) ||
+        (rc = get_u32(&kv, "launch", "world", 1, &m->world, err)) ||
+        (rc = get_u32(&kv, "launch", "base", 0, &m->base, err)) ||
+        (rc = get_u32(&kv, "launch", "ranks", 1, &m->ranks, err)) ||
+        (rc = get_u32(&kv, "launch", "port", 0, &m->port, err)))
+        return rc;
+    if (m->base >= m->world || m->ranks > m->world - m->base)
+        return rk_err_set(err, RK_EFORMAT, "launch: ranks %u..%u are not in a world of %u",
+                          (unsigned)m->base, (unsigned)(m->base + m->ranks - 1),
+                          (unsigned)m->world);
+    if (m->port > 65535)
+        return rk_err_set(err, RK_EFORMAT, "launch: port is not in 0..65535");
+    size_t n;
+    const char *v = rk_node_kv_get(&kv, "master", &n);
+    if (!v || !host_ok(v, n))
+        return rk_err_set(err, RK_EFORMAT, "launch: %s", v ? "master is empty" : "no master");
+    memcpy(m->master, v, n);
+    v = rk_node_kv_get(&kv, "devices", &n);
+    if (!v || !list_ok(v, n, 0))
+        return rk_err_set(err, RK_EFORMAT, "launch: %s",
+                          v ? "devices is not a list of device ids" : "no devices");
+    memcpy(m->devices, v, n);
+    v = rk_node_kv_get(&kv, "done", &n);
+    if (v && !list_ok(v, n, 1))
+        return rk_err_set(err, RK_EFORMAT, "launch: done is not a list of numbers");
+    if (v)
+        memcpy(m->done, v, n);
+    return RK_OK;
+}
+
+int rk_node_launch_parse(const void *payload, size_t len, rk_node_launch *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    int rc = launch_parse(payload, len, m, err);
+    if (rc)
+        memset(m, 0, sizeof *m);
+    return rc;
+}
+
+/* ---- LAUNCHED, OPEN, EXITED, KILL -------------------------------------------------------- */
+
+int rk_node_launched_format(const rk_node_launched *m, char *out, size_t cap, size_t *len,
+                            rk_err *err)
+{
+    *len = 0;
+    if (m->launch < 1 || m->port > 65535)
+        return rk_err_set(err, RK_EINVAL, "launched: a field out of range");
+    if (put(out, cap, len, "launch=%u\nport=%u\n", (unsigned)m->launch, (unsigned)m->port))
+        return rk_err_set(err, RK_EINVAL, "launched: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_launched_parse(const void *payload, size_t len, rk_node_launched *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    rk_node_kv kv;
+    int rc;
+    if ((rc = parse_kv(&kv, "launched", payload, len, err)) ||
+        (rc = get_u32(&kv, "launched", "launch", 1, &m->launch, err)) ||
+        (rc = get_u32(&kv, "launched", "port", 0, &m->port, err)))
+        return rc;
+    if (m->port > 65535) {
+        memset(m, 0, sizeof *m);
+        return rk_err_set(err, RK_EFORMAT, "launched: port is not in 0..65535");
+    }
+    return RK_OK;
+}
+
+int rk_node_open_format(const rk_node_open *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (m->launch < 1 || m->chan < 1 || m->pid < 1 || m->pid > INT32_MAX)
+        return rk_err_set(err, RK_EINVAL, "open: a field out of range");
+    if (put(out, cap, len, "launch=%u\nchan=%u\npid=%" PRId64 "\n", (unsigned)m->launch,
+            (unsigned)m->chan, m->pid))
+        return rk_err_set(err, RK_EINVAL, "open: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_open_parse(const void *payload, size_t len, rk_node_open *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    rk_node_kv kv;
+    int rc;
+    if ((rc = parse_kv(&kv, "open", payload, len, err)) ||
+        (rc = get_u32(&kv, "open", "launch", 1, &m->launch, err)) ||
+        (rc = get_u32(&kv, "open", "chan", 1, &m->chan, err)) ||
+        (rc = rk_node_kv_int(&kv, "open", "pid", 1, INT32_MAX, &m->pid, err)))
+        memset(m, 0, sizeof *m);
+    return rc;
+}
+
+int rk_node_exited_format(const rk_node_exited *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (m->launch < 1 || m->status > 255 || m->failed < -1 || m->failed > INT32_MAX)
+        return rk_err_set(err, RK_EINVAL, "exited: a field out of range");
+    if (put(out, cap, len, "launch=%u\nstatus=%u\n", (unsigned)m->launch, (unsigned)m->status) ||
+        (m->failed >= 0 && put(out, cap, len, "failed=%" PRId64 "\n", m->failed)))
+        return rk_err_set(err, RK_EINVAL, "exited: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_exited_parse(const void *payload, size_t len, rk_node_exited *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    m->failed = -1;
+    rk_node_kv kv;
+    int rc;
+    if ((rc = parse_kv(&kv, "exited", payload, len, err)) ||
+        (rc = get_u32(&kv, "exited", "launch", 1, &m->launch, err)) ||
+        (rc = get_u32(&kv, "exited", "status", 0, &m->status, err)))
+        goto bad;
+    if (m->status > 255) {
+        rc = rk_err_set(err, RK_EFORMAT, "exited: status is not in 0..255");
+        goto bad;
+    }
+    size_t n;
+    if (rk_node_kv_get(&kv, "failed", &n) &&
+        (rc = rk_node_kv_int(&kv, "exited", "failed", 0, INT32_MAX, &m->failed, err)))
+        goto bad;
+    return RK_OK;
+bad:
+    memset(m, 0, sizeof *m);
+    m->failed = -1;
+    return rc;
+}
+
+int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (m->launch < 1 || !(m->grace_s >= 0) || m->grace_s > 3600)
+        return rk_err_set(err, RK_EINVAL, "kill: a field out of range");
+    if (put(out, cap, len, "launch=%u\ngrace_ms=%" PRId64 "\n", (unsigned)m->launch,
+            (int64_t)(m->grace_s * 1000 + 0.5)))
+        return rk_err_set(err, RK_EINVAL, "kill: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_kill_parse(const void *payload, size_t len, rk_node_kill *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    rk_node_kv kv;
+    int64_t ms;
+    int rc;
+    if ((rc = parse_kv(&kv, "kill", payload, len, err)) ||
+        (rc = get_u32(&kv, "kill", "launch", 1, &m->launch, err)) ||
+        (rc = rk_node_kv_int(&kv, "kill", "grace_ms", 0, 3600000, &ms, err))) {
+        memset(m, 0, sizeof *m);
+        return rc;
+    }
+    m->grace_s = (double)ms / 1000;
+    return RK_OK;
+}
+
+/* ---- DATA and CLOSE ---------------------------------------------------------------------- */
+
+int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,
+                        size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (chan < 1 || n > RK_NODE_DATA_MAX || cap < 4 + n)
+        return rk_err_set(err, RK_EINVAL, "data: channel, length or buffer out of range");
+    out[0] = (uint8_t)(chan >> 24);
+    out[1] = (uint8_t)(chan >> 16);
+    out[2] = (uint8_t)(chan >> 8);
+    out[3] = (uint8_t)chan;
+    if (n)
+        memcpy(out + 4, bytes, n);
+    *len = 4 + n;
+    return RK_OK;
+}
+
+int rk_node_data_parse(const void *payload, size_t len, int close, uint32_t *chan,
+                       const uint8_t **bytes, size_t *n, rk_err *err)
+{
+    const uint8_t *p = payload;
+    *chan = 0;
+    *bytes = NULL;
+    *n = 0;
+    const char *what = close ? "close" : "data";
+    if (len < 4)
+        return rk_err_set(err, RK_EFORMAT, "%s: %zu bytes, no channel number", what, len);
+    uint32_t c = (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+    if (c < 1)
+        return rk_err_set(err, RK_EFORMAT, "%s: channel 0", what);
+    if (close ? len != 4 : (len == 4 || len > 4 + RK_NODE_DATA_MAX))
+        return rk_err_set(err, RK_EFORMAT, "%s: %zu bytes after the channel number", what, len - 4);
+    *chan = c;
+    *bytes = p + 4;
+    *n = len - 4;
+    return RK_OK;
+}

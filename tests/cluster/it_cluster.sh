@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# One job over many hosts on the test cluster (tests/cluster/net.sh): `rk run --hosts` in
+# host 1 starts an agent in each of 4 hosts through `rig rsh` (ssh's stand-in), and runs 3
+# hosts x 2 ranks of the PyTorch example (gloo over the rig's addresses) with host 4 as a
+# spare. (a) fault-free: the reference parameters; (b) every process of host 2 SIGKILLed at
+# once (by the kernel's list of the namespace's pids); (c) host 3's link cut mid-run. After
+# (b) and (c) the job relaunches on hosts 1, 3/2 and the spare, 6 ranks (the global batch
+# kept), and ends with the fault-free run's parameters, bit for bit; the node loss is seen
+# within --node-timeout + 1 s and every rank of the launch is gone within 2 s after. (d) an
+# agent with a wrong secret, and one with a wrong job id, are refused with one log line each
+# and the run goes on. Skips (77) without root/namespaces, torch or Fashion-MNIST.
+# shellcheck disable=SC2015
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/itlib.sh
+. "$here/../itlib.sh"
+# shellcheck source=tests/cluster/net.sh
+. "$here/net.sh"
+rig_need || exit $?
+py=$("$RK_SRC/tests/pyfind.sh" torch xxhash numpy) || { echo "$py"; exit 77; }
+it_need_data
+it_init it_cluster
+R=$here/rig
+name=$(rig_name cl)
+rig_autoclean "$name"
+rig_up "$name" 4 >/dev/null || { bad "rig up"; it_finish; exit; }
+a1=$(rig_addr "$name" h1)
+cd "$work" || exit 1
+NT=3 # --node-timeout
+ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 2048 --batch 32 --hash-every 10
+    --data "$DATA" --steps 60 --ckpt-every 10)
+run=("$RK" run --hosts h1:2,h2:2,h3:2 --spare-hosts h4:2 --listen "$a1:0" --rsh "$R rsh $name"
+     --node-timeout "$NT" --heartbeat-timeout 20 --startup-timeout 90)
+
+now() { echo "$EPOCHREALTIME"; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+# ranks0: the pids of the example's processes of launch 0 on every host (by the namespaces'
+# pid lists and each process's environment)
+ranks0() {
+  local k p
+  for k in 1 2 3 4; do
+    for p in $(ip netns pids "$name-h$k" 2>/dev/null); do
+      tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q train_fashion_mnist.py || continue
+      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx RK_LAUNCH=0 && echo "$p"
+    done
+  done
+}
+# wait_ckpt DIR: until the checkpoint of step 20 or 30 is the latest (launch 0 is slowed)
+wait_ckpt() {
+  local i
+  for ((i = 0; i < 1800; i++)); do
+    [[ "$(cat "$1/latest" 2>/dev/null)" == ckpt-0000000000[23]0.safetensors ]] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+# after_fault LOG T0: checks the node loss's detection (within LIMIT s of T0) and that
+# launch 0's ranks are all gone within 2 s of it
+after_fault() {
+  local log=$1 t0=$2 limit=$3 what=$4 i tl= tg=
+  for ((i = 0; i < 600; i++)); do
+    [[ -z $tl ]] && grep -Eq "node [0-9] \(h[0-9]\) lost: " "$log" && tl=$(now)
+    if [[ -n $tl && -z "$(ranks0)" ]]; then
+      tg=$(now)
+      break
+    fi
+    sleep 0.05
+  done
+  if [[ -n $tl ]]; then
+    local d
+    d=$(sub "$t0" "$tl")
+    le "$d" "$limit" && ok "$what: the node loss seen after $d s (at most $limit)" \
+      || bad "$what: the node loss seen after $d s (more than $limit)"
+  else
+    bad "$what: no line of a node lost: $(grep -v '^rk agent' "$log" | tail -3)"
+  fi
+  if [[ -n $tg ]]; then
+    local d
+    d=$(sub "$tl" "$tg")
+    le "$d" 2 && ok "$what: every rank of the launch gone $d s after (at most 2)" \
+      || bad "$what: the launch's ranks gone only $d s after the loss"
+  else
+    bad "$what: ranks of launch 0 still there: $(ranks0 | tr '\n' ' ')"
+  fi
+}
+# the run's end: its parameters against the reference
+check_end() {
+  local what=$1 st=$2 out=$3
+  [[ $st == 0 ]] && ok "$what: rk run exit 0" || bad "$what: rk run exit $st: $(grep -v '^rk agent' "$4" | tail -4)"
+  local got
+  got=$(json "$out" hash 2>/dev/null)
+  [[ -n $ref && $got == "$ref" ]] && ok "$what: final parameters $got equal the fault-free run's" \
+    || bad "$what: final hash '$got', the fault-free run's '$ref'"
+  [[ "$(json "$out" world 2>/dev/null)" == 6 ]] && ok "$what: finished on 6 ranks (the spare host in)" \
+    || bad "$what: world $(json "$out" world 2>/dev/null)"
+}
+
+# ---- (a) fault-free ---------------------------------------------------------------------
+rig_exec "$name" h1 "${run[@]}" --events "$work/a.ev" -- "${ex[@]}" --result "$work/ref.json" \
+  >a.log 2>&1
+st=$?
+ref=$(json ref.json hash 2>/dev/null)
+[[ $st == 0 && -n $ref ]] && ok "(a) fault-free 3 hosts x 2 ranks: exit 0, parameters $ref" \
+  || bad "(a) fault-free run: exit $st: $(grep -v '^rk agent' a.log | tail -5)"
+grep -q "6 ranks on devices h1:0,h1:1,h2:0,h2:1,h3:0,h3:1" a.log \
+  && ok "(a) the ranks on h1..h3, the spare h4 idle" || bad "(a) placement: $(grep 'ranks on devices' a.log)"
+n=$(grep -c "joined from" a.log)
+[[ $n == 4 ]] && ok "(a) 4 agents joined" || bad "(a) $n agents joined"
+
+# ---- (b) every process of host 2 killed -------------------------------------------------
+slow=(--inject 'slow@step=0:rank=0:ms=100:for=33')
+rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckb" --events "$work/b.ev" "${slow[@]}" \
+  -- "${ex[@]}" --result "$work/b.json" >b.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+if wait_ckpt ckb; then
+  victims=$(ip netns pids "$name-h2")
+  t0=$(now)
+  # shellcheck disable=SC2086
+  kill -9 $victims
+  ok "(b) SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat ckb/latest)"
+  after_fault b.log "$t0" 1 "(b)"
+else
+  bad "(b) no checkpoint of step 20 or 30: $(grep -v '^rk agent' b.log | tail -3)"
+fi
+wait "$sup"
+check_end "(b)" $? b.json b.log
+grep -q '"kind":"node_lost".*node 1 (h2)' b.ev && ok "(b) the events name node 1 (h2)" \
+  || bad "(b) events: $(cat b.ev)"
+grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h3:0,h3:1,h4:0,h4:1)" b.log \
+  && ok "(b) relaunched on h1, h3 and the spare h4" || bad "(b) $(grep relaunch b.log)"
+
+# ---- (c) host 3's link cut ----------------------------------------------------------------
+rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckc" --events "$work/c.ev" "${slow[@]}" \
+  -- "${ex[@]}" --result "$work/c.json" >c.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+if wait_ckpt ckc; then
+  t0=$(now)
+  rig_cut "$name" h3
+  ok "(c) cut host 3's link after $(cat ckc/latest)"
+  after_fault c.log "$t0" $((NT + 1)) "(c)"
+  rig_heal "$name" h3
+else
+  bad "(c) no checkpoint of step 20 or 30: $(grep -v '^rk agent' c.log | tail -3)"
+fi
+wait "$sup"
+check_end "(c)" $? c.json c.log
+grep -q '"kind":"node_lost".*node 2 (h3).*silence' c.ev && ok "(c) the events name node 2 (h3), silent" \
+  || bad "(c) events: $(cat c.ev)"
+
+# ---- (d) a wrong secret and a wrong job id ----------------------------------------------
+rig_spawn "$name" h1 "${run[@]}" "${slow[@]}" -- "${ex[@]}" --result "$work/d.json" >d.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+for ((i = 0; i < 600; i++)); do
+  grep -q "coordinator listening on" d.log && break
+  sleep 0.05
+done
+coord=$(sed -n 's/.*coordinator listening on \([0-9.]*:[0-9]*\).*/\1/p' d.log | head -1)
+job=
+# the job id the agents were given is on their command lines (it is not a secret)
+for p in $(ip netns pids "$name-h2"); do
+  job=$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -A1 -x -- --job-id | tail -1)
+  [[ -n $job ]] && break
+done
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >wrong.key
+echo >>wrong.key
+chmod 600 wrong.key
+rig_exec "$name" h4 "$RK" agent --coordinator "$coord" --node 3 --job-id "$job" \
+  --secret-file "$work/wrong.key" --reconnect-for 0 >wrong.log 2>&1
+st=$?
+[[ $st == 1 ]] && grep -q "closed the link" wrong.log && ok "(d) an agent with a wrong secret: exit 1, link closed" \
+  || bad "(d) wrong secret: exit $st: $(cat wrong.log)"
+rig_exec "$name" h4 "$RK" agent --coordinator "$coord" --node 3 --job-id 00112233445566778899aabbccddeeff \
+  --secret-file "$work/wrong.key" --reconnect-for 0 >wrongjob.log 2>&1
+wait "$sup"
+st=$?
+[[ $st == 0 ]] && ok "(d) the run went on and finished" || bad "(d) rk run exit $st"
+n=$(grep -c "refused a node link from" d.log)
+[[ $n -ge 2 ]] && ok "(d) $n refusals, one line each: $(grep -m1 'refused a node link' d.log | cut -c1-110)" \
+  || bad "(d) $n refusal lines: $(grep -v '^rk agent' d.log | tail -5)"
+[[ "$(json d.json hash 2>/dev/null)" == "$ref" ]] && ok "(d) and its parameters are the fault-free run's" \
+  || bad "(d) hash $(json d.json hash 2>/dev/null)"
+
+it_finish
