@@ -45,7 +45,8 @@ static const char agent_usage[] =
     "usage: rk agent --coordinator HOST:PORT --node K --job-id HEX [--secret-file F]\n"
     "                [--generation G] [--ping-interval D] [--connect-timeout D]\n"
     "                [--reconnect-for D] [--boot-id-file F]\n"
-    "                [--ckpt-dir DIR] [--inject SPEC] [--no-pythonpath] [-- WORKER ARGS...]\n"
+    "                [--ckpt-dir DIR] [--inject SPEC] [--no-pythonpath] [--watch]\n"
+    "                [-- WORKER ARGS...]\n"
     "\n"
     "Run this host's node agent: connect to the job's coordinator over the authenticated node\n"
     "link (docs/cluster-protocol.md), say who this node is (index, host name, pid, boot id),\n"
@@ -70,6 +71,8 @@ static const char agent_usage[] =
     "  --ckpt-dir DIR           RK_CKPT_DIR for the ranks (a directory every host sees)\n"
     "  --inject SPEC            RK_INJECT for the ranks (fault injection, docs/run.md)\n"
     "  --no-pythonpath          leave PYTHONPATH as it is (else the rekindle package is on it)\n"
+    "  --watch                  ranks another launcher starts (one mpirun across the hosts)\n"
+    "                           connect to the abstract socket @rk-JOBID: relay them\n"
     "  -h, --help               show this help\n"
     "\n"
     "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
@@ -112,12 +115,13 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"ckpt-dir", required_argument, 0, 'C'},
                                           {"inject", required_argument, 0, 'I'},
                                           {"no-pythonpath", no_argument, 0, 'P'},
+                                          {"watch", no_argument, 0, 'W'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
     rk_agent_job_opts jo = {0};
     const char *coord = NULL, *job = NULL, *secret_file = NULL;
-    int node = -1, gen = 1;
+    int node = -1, gen = 1, watch = 0;
     opterr = 0;
     optind = 1;
     int c;
@@ -127,6 +131,7 @@ int rk_cmd_agent(int argc, char **argv)
         case 'C': jo.ckpt_dir = optarg; break;
         case 'I': jo.inject = optarg; break;
         case 'P': jo.no_pythonpath = 1; break;
+        case 'W': watch = 1; break;
         case 'n':
             if (rk_arg_count(&agent_args, "--node", optarg, 0, RK_NODES_MAX - 1, &node))
                 return RK_EXIT_USAGE;
@@ -160,6 +165,9 @@ int rk_cmd_agent(int argc, char **argv)
     }
     if (optind < argc)
         jo.worker = argv + optind; /* the node's ranks run this */
+    if (watch && jo.worker)
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--watch is for ranks another launcher starts: no WORKER");
     if (!jo.worker && (jo.ckpt_dir || jo.inject))
         return rk_cli_usage_error("agent", agent_usage,
                                   "--ckpt-dir and --inject are for the ranks: give -- WORKER ARGS");
@@ -190,7 +198,14 @@ int rk_cmd_agent(int argc, char **argv)
     o.on_log = print_log;
     o.ctx = "agent";
     rk_agent_job *aj = NULL;
-    if (jo.worker) {
+    char abstract[64];
+    if (watch) { /* the ranks connect to @rk-JOBID (docs/cluster.md) */
+        snprintf(abstract, sizeof abstract, "rk-%s", job);
+        for (char *p = abstract; *p; p++)
+            *p = (char)(*p >= 'A' && *p <= 'F' ? *p - 'A' + 'a' : *p);
+        jo.abstract = abstract;
+    }
+    if (jo.worker || watch) {
         jo.on_log = print_log;
         jo.ctx = "agent";
         prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented here */

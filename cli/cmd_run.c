@@ -280,8 +280,6 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     if (devices_given)
         return usage_error("--devices with --hosts: a host's devices are its slots, 0..N-1 "
                            "(HOST:N)");
-    if (nlargs)
-        return usage_error("--launcher-arg with --hosts: the agents start the ranks");
     if (!o->listen)
         return usage_error("--hosts needs --listen ADDR:PORT, the address the hosts reach "
                            "this one by (port 0: any free port)");
@@ -291,13 +289,21 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
         fprintf(stderr, "rk run: %s\n", err.msg);
         return RK_EXIT_USAGE;
     }
-    if (o->launcher == RK_LAUNCH_AUTO || o->launcher == RK_LAUNCH_LOCAL)
-        o->launcher = RK_LAUNCH_LOCAL;
-    else
-        return usage_error("--launcher %s with --hosts: across hosts each host's agent starts "
-                           "its ranks itself (--launcher local)",
-                           rk_launcher_name(o->launcher));
-    o->launcher_why = "--hosts: each host's agent starts its ranks";
+    /* auto: mpirun across the hosts for an MPI program (rk train), else the agents fork */
+    static char why[4400];
+    if (o->launcher == RK_LAUNCH_AUTO) {
+        o->launcher = rk_launch_pick(o->worker, nlargs > 0, why, sizeof why);
+        o->launcher_why = why;
+    }
+    if (o->launcher == RK_LAUNCH_SRUN)
+        return usage_error("--launcher srun with --hosts: srun places the ranks itself");
+    if (o->launcher == RK_LAUNCH_LOCAL && nlargs)
+        return usage_error("--launcher-arg with --hosts and --launcher local: the agents start "
+                           "the ranks");
+    if (!o->launcher_why)
+        o->launcher_why = o->launcher == RK_LAUNCH_LOCAL
+                              ? "--hosts: each host's agent starts its ranks"
+                              : "--hosts: one mpirun across the hosts, the agents watch";
     if (!health_given)
         o->health = NULL; /* the gate reads this host's GPUs: not the job's across hosts */
     else if (o->health)
@@ -509,6 +515,7 @@ int rk_cmd_run(int argc, char **argv)
         optind++;
     if (optind >= argc)
         return usage_error("no worker command after --");
+    o.worker = argv + optind;
     static char host_devices[RK_SUP_MAX_DEVICES * (RK_HOST_NAME_MAX + 8)];
     static rk_sup_host sup_hosts[RK_HOSTS_MAX];
     if (hosts_list || hostfile || spare_list) {

@@ -329,7 +329,8 @@ class Worker:
             return
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            s.connect(path)
+            # "@name": an abstract socket (a multi-host job's agent, docs/cluster.md)
+            s.connect("\0" + path[1:] if path.startswith("@") else path)
         except OSError as e:
             s.close()
             with self._lock:

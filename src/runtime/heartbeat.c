@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -631,14 +632,23 @@ static int hb_send(rk_hb *h, const rk_hb_msg *m)
     return rc;
 }
 
-/* Connect fd to path, waiting out EINTR; 0 or an errno. */
+/* Connect fd to path, waiting out EINTR; 0 or an errno. A path that starts with '@' names
+ * an abstract socket (Linux: no file, one name space per network namespace), the name
+ * after the '@': a multi-host job's agent listens on one (docs/cluster.md). */
 static int connect_to(int fd, const char *path)
 {
     struct sockaddr_un a;
     memset(&a, 0, sizeof a);
     a.sun_family = AF_UNIX;
-    memcpy(a.sun_path, path, strlen(path) + 1);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+    socklen_t len = sizeof a;
+    if (path[0] == '@') {
+        size_t n = strlen(path + 1);
+        memcpy(a.sun_path + 1, path + 1, n);
+        len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    } else {
+        memcpy(a.sun_path, path, strlen(path) + 1);
+    }
+    if (connect(fd, (struct sockaddr *)&a, len) == 0)
         return 0;
     int e = errno;
     if (e == EINTR || e == EINPROGRESS) { /* the connection goes on: wait for it */

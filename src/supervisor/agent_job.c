@@ -10,12 +10,15 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,12 +33,15 @@
 typedef struct chan {
     int fd; /* -1: free */
     uint32_t id;
+    int pidfd; /* a watched rank's process (abstract socket), -1 none */
 } chan;
 
 struct rk_agent_job {
     rk_agent_job_opts o;
     char dir[64], sock[96], stacks[96];
     int lfd;
+    int afd;      /* the abstract socket, -1 none */
+    int watching; /* a LAUNCH with watch=1: ranks of another launcher connect to afd */
     rk_launch l;
     int running;        /* the keeper of `launch` runs */
     int exited_pending; /* its EXITED is still to be sent */
@@ -64,11 +70,11 @@ int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err
     if (!j)
         return rk_err_set(err, RK_ENOMEM, "agent: out of memory");
     j->o = *o;
-    j->lfd = -1;
+    j->lfd = j->afd = -1;
     j->l.life = j->l.failed = -1;
     j->next_chan = 1;
     for (int i = 0; i < MAX_CHANS; i++)
-        j->ch[i].fd = -1;
+        j->ch[i].fd = j->ch[i].pidfd = -1;
     const char *tmp = getenv("TMPDIR");
     snprintf(j->dir, sizeof j->dir, "%s/rk-agent.XXXXXX",
              tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
@@ -90,6 +96,25 @@ int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err
         rk_agent_job_free(j);
         return rk_err_set(err, RK_EIO, "agent: heartbeat socket: %s", strerror(e));
     }
+    if (o->abstract) {
+        struct sockaddr_un b = {.sun_family = AF_UNIX};
+        size_t n = strlen(o->abstract);
+        if (n + 1 >= sizeof b.sun_path) {
+            rk_agent_job_free(j);
+            return rk_err_set(err, RK_EINVAL, "agent: the abstract socket's name is too long");
+        }
+        memcpy(b.sun_path + 1, o->abstract, n);
+        j->afd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (j->afd < 0 ||
+            bind(j->afd, (struct sockaddr *)&b,
+                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) < 0 ||
+            listen(j->afd, 64) < 0) {
+            int e = errno;
+            rk_agent_job_free(j);
+            return rk_err_set(err, RK_EIO, "agent: abstract socket @%s: %s", o->abstract,
+                              strerror(e));
+        }
+    }
     *out = j;
     return RK_OK;
 }
@@ -101,13 +126,31 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
     return 0;
 }
 
+static void close_chan(chan *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    if (c->pidfd >= 0)
+        close(c->pidfd);
+    c->fd = c->pidfd = -1;
+}
+
 static void close_chans(rk_agent_job *j)
 {
     for (int i = 0; i < MAX_CHANS; i++)
-        if (j->ch[i].fd >= 0) {
-            close(j->ch[i].fd);
-            j->ch[i].fd = -1;
-        }
+        close_chan(&j->ch[i]);
+}
+
+/* The watched ranks (another launcher's) ended: SIGKILL through the pidfds the kernel gave
+ * when they connected, so a pid reused since is never hit. */
+static void end_watched(rk_agent_job *j)
+{
+    if (!j->watching)
+        return;
+    for (int i = 0; i < MAX_CHANS; i++)
+        if (j->ch[i].pidfd >= 0)
+            syscall(SYS_pidfd_send_signal, j->ch[i].pidfd, SIGKILL, NULL, 0);
+    j->watching = 0;
 }
 
 /* The keeper is gone: its EXITED, waiting to be sent. */
@@ -139,9 +182,12 @@ void rk_agent_job_free(rk_agent_job *j)
     if (!j)
         return;
     end_ranks(j, 0);
+    end_watched(j);
     close_chans(j);
     if (j->lfd >= 0)
         close(j->lfd);
+    if (j->afd >= 0)
+        close(j->afd);
     if (j->dir[0])
         nftw(j->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
     free(j);
@@ -157,6 +203,8 @@ int rk_agent_job_pollfds(const rk_agent_job *j, struct pollfd *p, int cap)
     int n = 0;
     if (n < cap)
         p[n++] = (struct pollfd){j->lfd, POLLIN, 0};
+    if (n < cap)
+        p[n++] = (struct pollfd){j->afd, j->afd >= 0 ? POLLIN : 0, 0};
     for (int i = 0; i < MAX_CHANS && n < cap; i++)
         if (j->ch[i].fd >= 0)
             p[n++] = (struct pollfd){j->ch[i].fd, POLLIN, 0};
@@ -170,8 +218,7 @@ static void send_close(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ct
     rk_err e = {0};
     if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
         send(ctx, RK_NODE_MSG_CLOSE, out, len);
-    close(c->fd);
-    c->fd = -1;
+    close_chan(c);
     (void)j;
 }
 
@@ -193,19 +240,26 @@ static int relay(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
     return 1;
 }
 
-static void accept_ranks(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+/* Accept on the private socket (ranks of this agent's keeper) or, `abstract`, on the
+ * abstract one (ranks another launcher started: this user's processes). */
+static void accept_ranks(rk_agent_job *j, int abstract, rk_agent_send_fn send, void *ctx)
 {
     for (int k = 0; k < 16; k++) {
-        int fd = accept4(j->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = accept4(abstract ? j->afd : j->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0)
             return;
         struct ucred cr;
         socklen_t len = sizeof cr;
         long nspid = -1;
-        int owned = 0;
+        int owned = 0, pidfd = -1;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0 && cr.pid > 0) {
             nspid = rk_proc_nspid((pid_t)cr.pid);
-            owned = j->running && nspid > 0 && rk_launch_owns(&j->l, (pid_t)cr.pid);
+            if (abstract) {
+                pidfd = (int)syscall(SYS_pidfd_open, cr.pid, 0);
+                owned = j->watching && nspid > 0 && cr.uid == geteuid() && pidfd >= 0;
+            } else {
+                owned = j->running && nspid > 0 && rk_launch_owns(&j->l, (pid_t)cr.pid);
+            }
         }
         chan *c = NULL;
         for (int i = 0; i < MAX_CHANS && !c; i++)
@@ -214,11 +268,17 @@ static void accept_ranks(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
         if (!owned || !c) {
             say(j, "closed a heartbeat connection from pid %ld: %s",
                 (long)(nspid > 0 ? cr.pid : -1),
-                !c ? "too many connections" : "not a process of this node's launch");
+                !c                         ? "too many connections"
+                : abstract && !j->watching ? "no launch of another launcher is watched"
+                : abstract                 ? "not this user's process"
+                                           : "not a process of this node's launch");
             close(fd);
+            if (pidfd >= 0)
+                close(pidfd);
             continue;
         }
         c->fd = fd;
+        c->pidfd = pidfd;
         c->id = j->next_chan++;
         rk_node_open m = {.launch = j->launch, .chan = c->id, .pid = nspid};
         char out[RK_NODE_PAYLOAD_MAX];
@@ -243,7 +303,7 @@ static void send_exited(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
 void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent_send_fn send,
                         void *ctx)
 {
-    for (int q = 1; q < n; q++) {
+    for (int q = 2; q < n; q++) {
         if (!p[q].revents)
             continue;
         for (int i = 0; i < MAX_CHANS; i++)
@@ -254,7 +314,9 @@ void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent
             }
     }
     if (n > 0 && (p[0].revents & POLLIN))
-        accept_ranks(j, send, ctx);
+        accept_ranks(j, 0, send, ctx);
+    if (n > 1 && (p[1].revents & POLLIN))
+        accept_ranks(j, 1, send, ctx);
     if (j->running && rk_launch_poll(&j->l)) {
         /* the ranks' last words before the node's end */
         for (int i = 0; i < MAX_CHANS; i++)
@@ -272,6 +334,7 @@ void rk_agent_job_link_lost(rk_agent_job *j)
         say(j, "ending the ranks of launch %u: the link to the coordinator is gone",
             (unsigned)j->launch);
     end_ranks(j, 0);
+    end_watched(j);
     close_chans(j);
 }
 
@@ -344,9 +407,24 @@ static int start(rk_agent_job *j, const rk_node_launch *m, uint32_t port, rk_err
 static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_agent_send_fn send, void *ctx)
 {
     end_ranks(j, 0); /* a launch replaces the one before (its EXITED goes first) */
+    end_watched(j);
     close_chans(j);
     if (j->exited_pending)
         send_exited(j, send, ctx);
+    if (m->watch) { /* another launcher starts them: watch who connects */
+        if (!j->o.abstract) {
+            say(j, "launch %u: asked to watch ranks, but this agent has no abstract socket",
+                (unsigned)m->launch);
+            return -1;
+        }
+        j->launch = m->launch;
+        j->base = m->base;
+        j->watching = 1;
+        say(j, "launch %u: watching ranks %u..%u of %u on @%s", (unsigned)m->launch,
+            (unsigned)m->base, (unsigned)(m->base + m->ranks - 1), (unsigned)m->world,
+            j->o.abstract);
+        return 0;
+    }
     uint32_t port = m->port;
     if (port == 0) {
         int p = rk_env_free_port();
@@ -418,6 +496,10 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
             end_ranks(j, m.grace_s);
             send_exited(j, send, ctx);
         }
+        if (m.launch == j->launch && j->watching) {
+            end_watched(j);
+            close_chans(j);
+        }
         return 0;
     }
     case RK_NODE_MSG_DATA:
@@ -433,10 +515,8 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
             chan *c = &j->ch[i];
             if (c->fd < 0 || c->id != id)
                 continue;
-            if (type == RK_NODE_MSG_CLOSE || write_all(c->fd, bytes, n) != 0) {
-                close(c->fd);
-                c->fd = -1;
-            }
+            if (type == RK_NODE_MSG_CLOSE || write_all(c->fd, bytes, n) != 0)
+                close_chan(c);
             break;
         }
         return 0;

@@ -6,7 +6,10 @@
  * their heartbeats (docs/protocol.md, unchanged), and relays each rank's stream over the node
  * link as a channel (OPEN, DATA, CLOSE), after the kernel's word that the peer is one of the
  * launch's processes (SO_PEERCRED and the keeper's process tree). It reports the node's end
- * (EXITED) and ends its ranks on KILL or when the link is gone. Poll-based: the agent's loop
+ * (EXITED) and ends its ranks on KILL or when the link is gone. With an abstract socket
+ * (opts.abstract) it also watches ranks another launcher started (a LAUNCH with watch=1:
+ * one mpirun across the hosts): those are relayed the same way and, on KILL or a lost
+ * link, ended through the pidfd taken when they connected. Poll-based: the agent's loop
  * (agent.c) polls its descriptors and calls in.
  */
 #ifndef RK_SUPERVISOR_AGENT_JOB_H
@@ -23,6 +26,10 @@ typedef struct rk_agent_job_opts {
     const char *ckpt_dir; /* RK_CKPT_DIR for the ranks (with RK_RESUME=1); NULL: none */
     const char *inject;   /* RK_INJECT; NULL: none */
     int no_pythonpath;    /* 1: leave PYTHONPATH as it is */
+    /* the abstract socket's name (without the '@') on which ranks that another launcher
+     * (one mpirun across the hosts) starts connect; NULL: none. A peer is taken when the
+     * kernel says it runs as this agent's user; it is held by a pidfd from then on. */
+    const char *abstract;
     void (*on_log)(void *ctx, const char *line);
     void *ctx;
 } rk_agent_job_opts;

@@ -36,6 +36,7 @@
 
 struct sup_cluster {
     rk_nodes *t;
+    int watch; /* one mpirun across the hosts starts the ranks; the agents watch them */
     int nnodes;
     uint8_t job[RK_NET_JOB_ID_LEN];
     char job_hex[2 * RK_NET_JOB_ID_LEN + 1];
@@ -262,6 +263,10 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
                            node,    "--job-id",      cl->job_hex};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
         used = put_word(cmd, used, sizeof cmd, words[i]);
+    if (cl->watch) { /* no worker: mpirun starts the ranks, the agent watches them */
+        used = put_word(cmd, used, sizeof cmd, "--watch");
+        goto argv;
+    }
     if (o->ckpt_dir) {
         used = put_word(cmd, used, sizeof cmd, "--ckpt-dir");
         used = put_word(cmd, used, sizeof cmd, o->ckpt_dir);
@@ -275,6 +280,7 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
     used = put_word(cmd, used, sizeof cmd, "--");
     for (int i = 0; o->worker[i]; i++)
         used = put_word(cmd, used, sizeof cmd, o->worker[i]);
+argv:
     if (used >= sizeof cmd)
         return rk_err_set(err, RK_EINVAL, "the agent's command line is too long");
     /* argv: the words of --rsh, the host, the command line */
@@ -318,6 +324,7 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
     if (w != (ssize_t)hl)
         sup_say(s, "node %d (%s): could not hand the secret to the agent", k, o->hosts[k].name);
     cl->rsh[k] = pid;
+    rk_launch_spare(pid); /* a launch's teardown leaves the agents be */
     return RK_OK;
 }
 
@@ -333,6 +340,7 @@ int sup_cluster_open(sup *s, rk_err *err)
         return rk_err_set(err, RK_ENOMEM, "out of memory");
     s->cl = cl;
     cl->nnodes = o->nhosts;
+    cl->watch = o->launcher == RK_LAUNCH_MPIRUN;
     /* the devices are the hosts' slots in order ("h1:0", "h1:1", "h2:0", ...) */
     int d = 0;
     for (int k = 0; k < o->nhosts; k++)
@@ -497,7 +505,8 @@ static int send_launch(sup *s, int k, uint32_t port, const char *done, rk_err *e
     rk_node_launch m = {.launch = (uint32_t)s->launch_no + 1,
                         .world = (uint32_t)s->n,
                         .base = (uint32_t)cl->first_rank[k],
-                        .port = port};
+                        .port = port,
+                        .watch = (uint32_t)cl->watch};
     int nr = 0;
     size_t used = 0;
     for (int r = 0; r < s->n; r++)
@@ -535,6 +544,13 @@ int sup_cluster_launch(sup *s, const char *done, rk_err *err)
         cl->first_rank[k] = r;
     }
     int k0 = node_of_rank(s, 0);
+    if (cl->watch) { /* the agents watch; run.c starts mpirun across the hosts */
+        int rc = RK_OK;
+        for (int k = 0; !rc && k < cl->nnodes; k++)
+            if (cl->used[k])
+                rc = send_launch(s, k, 0, done, err);
+        return rc;
+    }
     int rc = send_launch(s, k0, 0, done, err);
     double until = rk_mono_s() + LAUNCHED_WAIT_S;
     while (!rc && !cl->launched && !cl->exited[k0] && rk_mono_s() < until)
@@ -546,6 +562,36 @@ int sup_cluster_launch(sup *s, const char *done, rk_err *err)
         if (cl->used[k] && k != k0)
             rc = send_launch(s, k, cl->launched_port, done, err);
     return rc;
+}
+
+int sup_cluster_runs_ranks(const sup *s)
+{
+    return s->cl && !s->cl->watch;
+}
+
+const char *sup_cluster_socket(const sup *s, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "@rk-%s", s->cl->job_hex);
+    return buf;
+}
+
+const char *sup_cluster_host_list(const sup *s, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < s->n;) {
+        int k = node_of_rank(s, r), n = 0;
+        while (r < s->n && node_of_rank(s, r) == k)
+            r++, n++;
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s:%d",
+                                 used ? "," : "", node_name(s, k), n);
+    }
+    return buf;
+}
+
+const char *sup_cluster_master(const sup *s)
+{
+    return node_name(s, node_of_rank(s, 0));
 }
 
 int sup_cluster_poll(sup *s)
@@ -586,6 +632,8 @@ void sup_cluster_kill_ranks(sup *s, double grace_s)
 void sup_cluster_kill(sup *s, double grace_s)
 {
     sup_cluster_kill_ranks(s, grace_s);
+    if (s->cl->watch) /* no EXITED to wait for: mpirun's end is the launch's */
+        return;
     double until = rk_mono_s() + grace_s + AGENT_EXIT_WAIT_S;
     while (!sup_cluster_poll(s) && rk_mono_s() < until)
         sup_cluster_tick(s, 0.05);

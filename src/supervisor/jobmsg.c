@@ -80,7 +80,7 @@ int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t
 {
     *len = 0;
     size_t ml = strnlen(m->master, sizeof m->master);
-    if (m->launch < 1 || m->ranks < 1 || m->world < 1 || m->base >= m->world ||
+    if (m->launch < 1 || m->ranks < 1 || m->world < 1 || m->base >= m->world || m->watch > 1 ||
         m->ranks > m->world - m->base || m->port > 65535 || !host_ok(m->master, ml) ||
         !list_ok(m->devices, strnlen(m->devices, sizeof m->devices), 0) ||
         !list_ok(m->done, strnlen(m->done, sizeof m->done), 1))
@@ -89,7 +89,8 @@ int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t
             "launch=%u\nworld=%u\nbase=%u\nranks=%u\nmaster=%s\nport=%u\ndevices=%s\n",
             (unsigned)m->launch, (unsigned)m->world, (unsigned)m->base, (unsigned)m->ranks,
             m->master, (unsigned)m->port, m->devices) ||
-        (m->done[0] && put(out, cap, len, "done=%s\n", m->done)))
+        (m->done[0] && put(out, cap, len, "done=%s\n", m->done)) ||
+        (m->watch && put(out, cap, len, "watch=1\n")))
         return rk_err_set(err, RK_EINVAL, "launch: the buffer is too small");
     return RK_OK;
 }
@@ -105,6 +106,12 @@ static int launch_parse(const void *payload, size_t len, rk_node_launch *m, rk_e
         (rc = get_u32(&kv, "launch", "ranks", 1, &m->ranks, err)) ||
         (rc = get_u32(&kv, "launch", "port", 0, &m->port, err)))
         return rc;
+    size_t wn;
+    if (rk_node_kv_get(&kv, "watch", &wn) &&
+        (rc = get_u32(&kv, "launch", "watch", 0, &m->watch, err)))
+        return rc;
+    if (m->watch > 1)
+        return rk_err_set(err, RK_EFORMAT, "launch: watch is 0 or 1");
     if (m->base >= m->world || m->ranks > m->world - m->base)
         return rk_err_set(err, RK_EFORMAT, "launch: ranks %u..%u are not in a world of %u",
                           (unsigned)m->base, (unsigned)(m->base + m->ranks - 1),

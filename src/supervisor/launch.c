@@ -388,6 +388,25 @@ long rk_proc_nspid(pid_t pid)
     return inner < 0 && seen ? (long)pid : inner;
 }
 
+/* Processes that no tree walk of this file signals, nor their descendants: a multi-host
+ * job's agents, which rk run started besides the launches and which outlive each one. */
+static pid_t spared[256];
+static int nspared;
+
+void rk_launch_spare(pid_t pid)
+{
+    if (nspared < (int)(sizeof spared / sizeof spared[0]))
+        spared[nspared++] = pid;
+}
+
+static int is_spared(pid_t p)
+{
+    for (int i = 0; i < nspared; i++)
+        if (spared[i] == p)
+            return 1;
+    return 0;
+}
+
 /* Send `sig` to every live descendant of `root` (not root itself); how many were found.
  * With `reap`, then reap those that are this process's children (zombies are not counted,
  * but a zombie's children are: they await reparenting). */
@@ -416,7 +435,7 @@ static int signal_tree(pid_t root, int sig, int reap)
     while (head < tail) {
         pid_t up = queue[head++];
         for (size_t i = 0; i < n && tail < MAX_PROCS; i++) {
-            if (ppid[i] != up || pid[i] == root)
+            if (ppid[i] != up || pid[i] == root || is_spared(pid[i]))
                 continue;
             queue[tail++] = pid[i];
             if (state[i] != 'Z') {

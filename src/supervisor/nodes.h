@@ -125,6 +125,8 @@ typedef struct rk_node_launch {
     uint32_t port;                  /* MASTER_PORT; 0: rank 0's agent picks one (LAUNCHED) */
     char devices[RK_NODE_LIST_MAX]; /* this node's device ids for its ranks, "0,1" */
     char done[RK_NODE_LIST_MAX];    /* RK_INJECT_DONE: injections that fired ("" none) */
+    uint32_t watch;                 /* 1: another launcher (mpirun) starts the ranks; the agent
+                                     * watches those that connect to its abstract socket */
 } rk_node_launch;
 
 typedef struct rk_node_launched {

@@ -141,7 +141,10 @@ static int start_launch(sup *s, rk_err *err)
             if (s->fired[i])
                 u += (size_t)snprintf(done + u, sizeof done - u, u ? ",%zu" : "%zu", i);
         s->t_launch = rk_ledger_now(&s->g);
-        return sup_cluster_launch(s, done, err);
+        int rc = sup_cluster_launch(s, done, err);
+        if (rc || sup_cluster_runs_ranks(s))
+            return rc;
+        /* else one mpirun across the hosts, below, its ranks watched by the agents */
     }
     static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
         env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
@@ -157,11 +160,13 @@ static int start_launch(sup *s, rk_err *err)
     static const char *const tmpvars[3] = {"OMPI_MCA_orte_tmpdir_base",
                                            "OMPI_MCA_btl_vader_backing_directory",
                                            "OMPI_MCA_shmem_mmap_backing_file_base_dir"};
-    for (int k = 0; k < 3 && s->o->launcher == RK_LAUNCH_MPIRUN; k++) {
+    for (int k = 0; k < 3 && s->o->launcher == RK_LAUNCH_MPIRUN && !s->cl; k++) {
         snprintf(env_tmp[k], sizeof env_tmp[k], "%s=%s", tmpvars[k], s->jobdir);
         env[e++] = env_tmp[k];
     }
-    snprintf(env_hb, sizeof env_hb, "RK_HEARTBEAT=%s", s->sock);
+    char abs_sock[96];
+    snprintf(env_hb, sizeof env_hb, "RK_HEARTBEAT=%s",
+             s->cl ? sup_cluster_socket(s, abs_sock, sizeof abs_sock) : s->sock);
     env[e++] = env_hb;
     size_t used = (size_t)snprintf(env_dev, sizeof env_dev, "RK_DEVICES=");
     for (int r = 0; r < s->n && used < sizeof env_dev; r++)
@@ -178,7 +183,11 @@ static int start_launch(sup *s, rk_err *err)
     env[e++] = env_world[1];
     /* the user's MASTER_ADDR and MASTER_PORT are kept (said in the first status line);
      * 127.0.0.1 only for a launch on this host alone */
-    if (!getenv("MASTER_ADDR") && !sup_may_span_hosts(s->o))
+    static char env_master[300];
+    if (!getenv("MASTER_ADDR") && s->cl) { /* rank 0's host */
+        snprintf(env_master, sizeof env_master, "MASTER_ADDR=%s", sup_cluster_master(s));
+        env[e++] = env_master;
+    } else if (!getenv("MASTER_ADDR") && !sup_may_span_hosts(s->o))
         env[e++] = "MASTER_ADDR=127.0.0.1";
     int port = getenv("MASTER_PORT") ? -1 : rk_env_free_port(); /* fresh for every launch */
     if (port > 0) {
@@ -186,13 +195,15 @@ static int start_launch(sup *s, rk_err *err)
         env[e++] = env_port;
     }
     snprintf(env_cvd, sizeof env_cvd, "CUDA_VISIBLE_DEVICES=%s", env_dev + strlen("RK_DEVICES="));
-    env[e++] = env_cvd;
+    if (!s->cl) /* across hosts each host's list differs: not one variable for all */
+        env[e++] = env_cvd;
     if (!getenv("CUDA_DEVICE_ORDER")) /* CUDA's numbering is then NVML's, the device ids' */
         env[e++] = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
     snprintf(env_restart, sizeof env_restart, "TORCHELASTIC_RESTART_COUNT=%d", s->launch_no);
     env[e++] = env_restart;
     snprintf(env_stack, sizeof env_stack, "RK_STACK_DIR=%s", s->stack_dir);
-    env[e++] = env_stack;
+    if (!s->cl) /* a directory of this host */
+        env[e++] = env_stack;
     if (!s->o->no_pythonpath) {
         char dir[4096];
         const char *old = getenv("PYTHONPATH");
@@ -233,8 +244,28 @@ static int start_launch(sup *s, rk_err *err)
     env[e] = NULL;
     s->t_launch = rk_ledger_now(&s->g);
     const char *ns = getenv("RK_RUN_PIDNS"); /* "0": the subreaper fallback (tests) */
-    int rc = rk_launch_start(&s->l, s->o->launcher, s->o->launcher_args, s->n, s->o->worker,
-                             (char *const *)env, !(ns && strcmp(ns, "0") == 0), err);
+    char *const *largs = s->o->launcher_args;
+    static char *cargs[64 + 8 + 2 * 32];
+    static char hostlist[8192], envnames[32][64];
+    if (s->cl) { /* mpirun across the hosts: where, how to reach them, what to pass on */
+        int a = 0;
+        for (int i = 0; largs && largs[i] && a < 64; i++)
+            cargs[a++] = largs[i];
+        cargs[a++] = "--host";
+        cargs[a++] = (char *)sup_cluster_host_list(s, hostlist, sizeof hostlist);
+        cargs[a++] = "--mca";
+        cargs[a++] = "plm_rsh_agent";
+        cargs[a++] = (char *)(s->o->rsh ? s->o->rsh : "ssh -o BatchMode=yes");
+        for (int i = 0; i < e && i < 32; i++) { /* Open MPI passes on only what -x names */
+            snprintf(envnames[i], sizeof envnames[i], "%.*s", (int)strcspn(env[i], "="), env[i]);
+            cargs[a++] = "-x";
+            cargs[a++] = envnames[i];
+        }
+        cargs[a] = NULL;
+        largs = cargs;
+    }
+    int rc = rk_launch_start(&s->l, s->o->launcher, largs, s->n, s->o->worker, (char *const *)env,
+                             !(ns && strcmp(ns, "0") == 0), err);
     if (!rc && !s->l.pidns && !s->told_pidns) {
         s->told_pidns = 1;
         sup_say(s,
@@ -566,10 +597,16 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
                  ma ? " MASTER_ADDR=" : "", ma ? ma : "", mp ? " MASTER_PORT=" : "", mp ? mp : "");
     else
         master[0] = '\0';
+    /* across hosts with mpirun: its --host is each launch's (shown as HOSTS here) */
+    char *shown_args[72] = {"--host", "HOSTS", NULL};
+    for (int i = 0; o->launcher_args && o->launcher_args[i] && i < 64; i++)
+        shown_args[i + 2] = o->launcher_args[i], shown_args[i + 3] = NULL;
+    int cl_mpi = o->hosts && o->launcher == RK_LAUNCH_MPIRUN;
     sup_say(s, "launcher %s (%s): %s; stack dumps in %s%s", rk_launcher_name(o->launcher),
             o->launcher_why ? o->launcher_why : "--launcher",
-            rk_launch_describe(o->launcher, s->n, o->launcher_args, o->worker, desc, sizeof desc),
-            s->stack_dir, master);
+            rk_launch_describe(o->launcher, s->n, cl_mpi ? shown_args : o->launcher_args, o->worker,
+                               desc, sizeof desc),
+            o->hosts ? "each host's agent's directory" : s->stack_dir, master);
     if (!ma && sup_may_span_hosts(o))
         sup_say(s,
                 "MASTER_ADDR not set: the ranks may run on other hosts (%s), and 127.0.0.1 "

@@ -144,6 +144,15 @@ void sup_cluster_tick(sup *s, double wait_s);
 /* Start launch s->launch_no + 1 on the nodes of s->dev (rank 0's first: its port). `done`:
  * RK_INJECT_DONE's list. */
 int sup_cluster_launch(sup *s, const char *done, rk_err *err);
+/* 1 if the agents start the ranks (mode local); 0 when one mpirun across the hosts does
+ * (the agents watch the ranks that connect to their abstract socket). */
+int sup_cluster_runs_ranks(const sup *s);
+/* The ranks' RK_HEARTBEAT under mpirun: "@rk-JOBID" (an abstract socket on every host). */
+const char *sup_cluster_socket(const sup *s, char *buf, size_t cap);
+/* mpirun's --host for this launch: "h1:2,h2:2". */
+const char *sup_cluster_host_list(const sup *s, char *buf, size_t cap);
+/* Rank 0's host. */
+const char *sup_cluster_master(const sup *s);
 /* As rk_launch_poll: 1 once every node in use ended (s->l.exited, s->l.status set). */
 int sup_cluster_poll(sup *s);
 /* As rk_launch_failed_rank: the global rank whose failure ended its node first, once. */

@@ -149,6 +149,9 @@ int rk_launch_poll(rk_launch *l);
  * job), up to `grace_s` for the launcher to exit, then SIGKILL (the namespace, or every
  * descendant found in /proc); reaps. Never uses pids that workers reported. */
 void rk_launch_kill(rk_launch *l, double grace_s);
+/* Leave `pid` and its descendants out of every kill of rk run's descendants (rk_launch_kill
+ * ends with one: whatever escaped a keeper): a multi-host job's agents. */
+void rk_launch_spare(pid_t pid);
 /* 1 if `pid` (in this process's PID namespace) is a process of this launch (a descendant
  * of its keeper, by /proc). */
 int rk_launch_owns(const rk_launch *l, pid_t pid);

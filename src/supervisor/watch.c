@@ -56,10 +56,13 @@ const char *sup_verdict_kind(const sup *s)
  * by the kernel, never by the pids workers reported; ranks that never said hello too. */
 static void teardown(sup *s, double grace)
 {
-    if (s->cl)
+    if (sup_cluster_runs_ranks(s))
         sup_cluster_kill(s, grace);
-    else
+    else {
+        if (s->cl) /* mpirun across the hosts: the agents end what they watch at once */
+            sup_cluster_kill_ranks(s, 0);
         rk_launch_kill(&s->l, grace);
+    }
     sup_close_conns(s);
 }
 
@@ -296,7 +299,8 @@ rk_sup_next sup_watch(sup *s)
         int r = poll(p, (nfds_t)np, s->cl ? 0 : TICK_MS);
         /* local: the rank that failed first, as the keeper saw it, is read before the ranks
          * it killed for it (their connections may close in the same round) */
-        int failed = s->cl ? sup_cluster_failed_rank(s) : rk_launch_failed_rank(&s->l);
+        int failed =
+            sup_cluster_runs_ranks(s) ? sup_cluster_failed_rank(s) : rk_launch_failed_rank(&s->l);
         rk_sup_conn *first = failed >= 0 ? sup_by_rank(s, failed) : NULL;
         while (first && first->fd >= 0 && sup_read_conn(s, first))
             ;
@@ -323,7 +327,7 @@ rk_sup_next sup_watch(sup *s)
         check_timeouts(s);
         sup_gate_tick(s);
         status_line(s);
-        if (s->cl ? sup_cluster_poll(s) : rk_launch_poll(&s->l)) {
+        if (sup_cluster_runs_ranks(s) ? sup_cluster_poll(s) : rk_launch_poll(&s->l)) {
             /* read what the ranks said last before judging: a rank that connected, spoke and
              * exited within one pace still waits in the listen backlog, not yet accepted */
             sup_accept(s);

@@ -161,9 +161,13 @@ done
 coord=$(sed -n 's/.*coordinator listening on \([0-9.]*:[0-9]*\).*/\1/p' d.log | head -1)
 job=
 # the job id the agents were given is on their command lines (it is not a secret)
-for p in $(ip netns pids "$name-h2"); do
-  job=$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -A1 -x -- --job-id | tail -1)
-  [[ -n $job ]] && break
+for ((i = 0; i < 100 && ${#job} != 32; i++)); do
+  for p in $(ip netns pids "$name-h2"); do
+    job=$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | awk 'prev == "--job-id" { print; exit } { prev = $0 }')
+    [[ $job =~ ^[0-9a-f]{32}$ ]] && break
+    job=
+  done
+  [[ -n $job ]] || sleep 0.05
 done
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >wrong.key
 echo >>wrong.key
@@ -183,5 +187,52 @@ n=$(grep -c "refused a node link from" d.log)
   || bad "(d) $n refusal lines: $(grep -v '^rk agent' d.log | tail -5)"
 [[ "$(json d.json hash 2>/dev/null)" == "$ref" ]] && ok "(d) and its parameters are the fault-free run's" \
   || bad "(d) hash $(json d.json hash 2>/dev/null)"
+
+# ---- (e) rk train (an MPI program): one mpirun across the hosts, the agents watch ----------
+python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 6400 1000 >/dev/null || bad "make subset"
+mpiargs=()
+for a in --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0; do mpiargs+=(--launcher-arg "$a"); done
+train=("$RK" train --data "$work/sub" --threads 1 --seed 3 --model cnn-small --max-steps 60 --no-eval
+       --ckpt-every 10)
+weights() { sed -n 's/.*weights xxh64 \([0-9a-f]*\).*/\1/p' "$1" | tail -1; }
+rig_exec "$name" h1 "${run[@]}" "${mpiargs[@]}" --ckpt-dir "$work/cke" -- "${train[@]}" >e.log 2>&1
+st=$?
+tref=$(weights e.log)
+[[ $st == 0 && -n $tref ]] && ok "(e) rk train, 3 hosts x 2 ranks under one mpirun: exit 0, weights $tref" \
+  || bad "(e) rk train across hosts: exit $st: $(grep -v '^rk agent' e.log | tail -5)"
+grep -q "launcher mpirun (--launcher-arg given): mpirun .* --host HOSTS" e.log && ok "(e) launched by mpirun across the hosts" \
+  || bad "(e) $(grep 'launcher ' e.log | head -1)"
+# the same 6 ranks on one host: the same weights (the hosts change nothing in the arithmetic)
+"$RK" run -n 6 --ckpt-dir "$work/ck1" --quiet -- "${train[@]}" >one.log 2>&1
+[[ -n $tref && "$(weights one.log)" == "$tref" ]] && ok "(e) the same weights as 6 ranks on one host" \
+  || bad "(e) one host: $(weights one.log), across hosts: $tref"
+
+# ---- (f) rk train: every process of host 2 killed ------------------------------------------
+rig_spawn "$name" h1 "${run[@]}" "${mpiargs[@]}" --ckpt-dir "$work/ckf" --events "$work/f.ev" \
+  --inject 'slow@step=0:rank=0:ms=150:for=40' -- "${train[@]}" >f.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+if wait_ckpt ckf; then
+  victims=$(ip netns pids "$name-h2")
+  t0=$(now)
+  # shellcheck disable=SC2086
+  kill -9 $victims
+  ok "(f) SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat ckf/latest)"
+  for ((i = 0; i < 200; i++)); do
+    grep -Eq "node [0-9] \(h[0-9]\) lost: " f.log && break
+    sleep 0.05
+  done
+  d=$(sub "$t0" "$(now)")
+  le "$d" 1 && ok "(f) the node loss seen after $d s" || bad "(f) the node loss seen after $d s"
+else
+  bad "(f) no checkpoint of step 20 or 30: $(grep -v '^rk agent' f.log | tail -3)"
+fi
+wait "$sup"
+st=$?
+[[ $st == 0 ]] && ok "(f) rk run exit 0" || bad "(f) rk run exit $st: $(grep -v '^rk agent' f.log | tail -4)"
+[[ -n $tref && "$(weights f.log)" == "$tref" ]] && ok "(f) final weights $tref equal the fault-free run's" \
+  || bad "(f) weights $(weights f.log), fault-free $tref"
+grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h3:0,h3:1,h4:0,h4:1)" f.log \
+  && ok "(f) relaunched on h1, h3 and the spare h4" || bad "(f) $(grep relaunch f.log)"
 
 it_finish
