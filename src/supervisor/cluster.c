@@ -42,6 +42,9 @@ struct sup_cluster {
     char job_hex[2 * RK_NET_JOB_ID_LEN + 1];
     char addr[RK_NODE_HOST_MAX + 16]; /* what the agents connect to */
     pid_t rsh[MAX_NODES];             /* the agent's rsh process, 0 none */
+    double restart_at[MAX_NODES];     /* a node without an agent gets a new one then */
+    double backoff[MAX_NODES];        /* ... and the wait after that one (doubling to 30 s) */
+    rk_net_secret key;                /* for the agents started later */
     int fails[MAX_NODES];             /* node failures counted */
     int quarantined[MAX_NODES];
     int dev_node[RK_SUP_MAX_DEVICES];  /* device index -> node */
@@ -253,14 +256,14 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
     const rk_sup_opts *o = s->o;
     sup_cluster *cl = s->cl;
     static char cmd[65536];
-    char node[16], timeout[32];
+    char node[16], gen[16];
     snprintf(node, sizeof node, "%d", k);
-    snprintf(timeout, sizeof timeout, "%gs", o->node_timeout_s);
+    snprintf(gen, sizeof gen, "%u", (unsigned)rk_nodes_generation(cl->t, k));
     size_t used = 0;
     cmd[0] = 0;
     used = put_word(cmd, used, sizeof cmd, o->agent_cmd ? o->agent_cmd : self_exe());
-    const char *words[] = {"agent", "--coordinator", cl->addr,   "--node",
-                           node,    "--job-id",      cl->job_hex};
+    const char *words[] = {"agent",    "--coordinator", cl->addr,       "--node", node,
+                           "--job-id", cl->job_hex,     "--generation", gen};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
         used = put_word(cmd, used, sizeof cmd, words[i]);
     if (cl->watch) { /* no worker: mpirun starts the ranks, the agent watches them */
@@ -383,6 +386,7 @@ int sup_cluster_open(sup *s, rk_err *err)
     memcpy(no.job, cl->job, sizeof no.job);
     if ((rc = rk_nodes_open(&cl->t, &no, &key, err)))
         goto out;
+    cl->key = key;
     if (strchr(host, ':'))
         snprintf(cl->addr, sizeof cl->addr, "[%s]:%u", host, (unsigned)rk_nodes_port(cl->t));
     else
@@ -433,18 +437,43 @@ void sup_cluster_close(sup *s)
         }
     }
     rk_nodes_free(cl->t);
+    rk_net_secret_wipe(&cl->key);
     free(cl);
     s->cl = NULL;
 }
 
-/* Reap agents' rsh processes that ended (an agent that exits is a node gone). */
+/* Reap agents' rsh processes that ended (an agent that exits is a node gone), and start a
+ * new agent for a node that has none and is not connected (its host rebooted, its agent
+ * died), with backoff: a new generation for the node, so the new process's frames count
+ * from 1 and the old one's are refused. It may run ranks again from the next launch. */
 static void reap_agents(sup *s)
 {
     sup_cluster *cl = s->cl;
+    double now = rk_mono_s();
     for (int k = 0; k < cl->nnodes; k++) {
         int st;
-        if (cl->rsh[k] > 0 && waitpid(cl->rsh[k], &st, WNOHANG) == cl->rsh[k])
-            cl->rsh[k] = 0;
+        if (cl->rsh[k] > 0) {
+            pid_t r = waitpid(cl->rsh[k], &st, WNOHANG);
+            if (r == cl->rsh[k] || (r < 0 && errno == ECHILD)) {
+                cl->rsh[k] = 0;
+                if (cl->backoff[k] < 1)
+                    cl->backoff[k] = 1;
+                cl->restart_at[k] = now + cl->backoff[k];
+            }
+            continue;
+        }
+        if (cl->quarantined[k] || rk_nodes_connected(cl->t, k) || now < cl->restart_at[k] ||
+            rk_sup_interrupted)
+            continue;
+        rk_nodes_renew(cl->t, k, rk_nodes_generation(cl->t, k) + 1);
+        rk_err e = {0};
+        if (start_agent(s, k, &cl->key, &e))
+            sup_say(s, "node %d (%s): cannot start a new agent: %s", k, node_name(s, k), e.msg);
+        else
+            sup_say(s, "node %d (%s): its agent is gone; started a new one (generation %u)", k,
+                    node_name(s, k), (unsigned)rk_nodes_generation(cl->t, k));
+        cl->backoff[k] = cl->backoff[k] * 2 > 30 ? 30 : cl->backoff[k] * 2;
+        cl->restart_at[k] = now + cl->backoff[k];
     }
 }
 

@@ -186,7 +186,7 @@ static void on_first(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     memcpy(n->host, hello.host, sizeof n->host);
     memcpy(n->boot_id, hello.boot_id, sizeof n->boot_id);
     rk_node_welcome w = {
-        .node = (uint32_t)k, .generation = t->o.generation, .timeout_s = t->o.timeout_s};
+        .node = (uint32_t)k, .generation = n->peer.generation, .timeout_s = t->o.timeout_s};
     char out[RK_NODE_PAYLOAD_MAX];
     size_t len;
     if (rk_node_welcome_format(&w, out, sizeof out, &len, &e) ||
@@ -254,6 +254,21 @@ int rk_nodes_send(rk_nodes *t, int k, uint8_t type, const void *payload, size_t 
         return RK_ECOMM;
     }
     return RK_OK;
+}
+
+void rk_nodes_renew(rk_nodes *t, int k, uint32_t generation)
+{
+    if (k < 0 || k >= t->o.nodes || generation <= t->nodes[k].peer.generation)
+        return;
+    nodeinfo *n = &t->nodes[k];
+    if (n->conn >= 0) /* the earlier process's connection, if any, goes with its generation */
+        conn_close(t, n->conn);
+    rk_net_peer_set_generation(&n->peer, generation);
+}
+
+uint32_t rk_nodes_generation(const rk_nodes *t, int k)
+{
+    return k >= 0 && k < t->o.nodes ? t->nodes[k].peer.generation : 0;
 }
 
 const char *rk_nodes_host(const rk_nodes *t, int k)

@@ -244,6 +244,12 @@ int rk_nodes_count_connected(const rk_nodes *t);
 /* Send one message to node `k`: RK_ECOMM if it is not connected, or the send fails (then
  * the node is lost: its event is emitted first). */
 int rk_nodes_send(rk_nodes *t, int k, uint8_t type, const void *payload, size_t len, rk_err *err);
+/* Node `k`'s next agent is a new process (its host rebooted, or its agent died), started
+ * with `--generation G`, G above the node's current one: its frames count from 1 again, and
+ * every frame of the earlier process (an older generation) is refused from now on. */
+void rk_nodes_renew(rk_nodes *t, int k, uint32_t generation);
+/* Node `k`'s current generation. */
+uint32_t rk_nodes_generation(const rk_nodes *t, int k);
 /* The host name node `k` said in its HELLO, NULL before any. */
 const char *rk_nodes_host(const rk_nodes *t, int k);
 

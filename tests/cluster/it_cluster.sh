@@ -130,6 +130,11 @@ grep -q '"kind":"node_lost".*node 1 (h2)' b.ev && ok "(b) the events name node 1
   || bad "(b) events: $(cat b.ev)"
 grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h3:0,h3:1,h4:0,h4:1)" b.log \
   && ok "(b) relaunched on h1, h3 and the spare h4" || bad "(b) $(grep relaunch b.log)"
+# the host is back (its namespace is still there): rk run starts a new agent for it, in a new
+# generation of the node's link, and the new process is let in (its frames count from 1)
+grep -q "node 1 (h2): its agent is gone; started a new one (generation 2)" b.log \
+  && grep -q "node 1 (h2) rejoined" b.log && ok "(b) a new agent for h2 (generation 2) rejoined" \
+  || bad "(b) no new agent for h2: $(grep 'node 1' b.log | tail -3)"
 
 # ---- (c) host 3's link cut ----------------------------------------------------------------
 rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckc" --events "$work/c.ev" "${slow[@]}" \
