@@ -221,32 +221,11 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
 
 /* ---- starting the agents ----------------------------------------------------------------- */
 
-/* `arg` quoted for the remote shell (ssh joins the words into one command line). */
+/* `arg` as the next word of the remote shell's command line (ssh joins the words into one). */
 static size_t put_word(char *buf, size_t used, size_t cap, const char *arg)
 {
-    int plain = *arg != '\0';
-    for (const char *p = arg; *p && plain; p++)
-        plain = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-",
-                       *p) != NULL;
     used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", used ? " " : "");
-    if (plain)
-        return used + (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", arg);
-    used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "'");
-    for (const char *p = arg; *p; p++)
-        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0,
-                                 *p == '\'' ? "'\\''" : "%c", *p);
-    return used + (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "'");
-}
-
-static const char *self_exe(void)
-{
-    static char exe[4096];
-    if (!exe[0]) {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (n <= 0)
-            snprintf(exe, sizeof exe, "rk");
-    }
-    return exe;
+    return rk_launch_quote(buf, used, cap, arg);
 }
 
 /* Start node k's agent: RSH HOST 'AGENT agent --coordinator ... -- WORKER...', the secret
@@ -261,7 +240,7 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
     snprintf(gen, sizeof gen, "%u", (unsigned)rk_nodes_generation(cl->t, k));
     size_t used = 0;
     cmd[0] = 0;
-    used = put_word(cmd, used, sizeof cmd, o->agent_cmd ? o->agent_cmd : self_exe());
+    used = put_word(cmd, used, sizeof cmd, o->agent_cmd ? o->agent_cmd : rk_launch_self_exe());
     const char *words[] = {"agent",    "--coordinator", cl->addr,       "--node", node,
                            "--job-id", cl->job_hex,     "--generation", gen};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)

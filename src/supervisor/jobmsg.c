@@ -13,19 +13,6 @@
 
 #include "base/text.h"
 
-__attribute__((format(printf, 4, 5))) static int put(char *out, size_t cap, size_t *len,
-                                                     const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out + *len, cap - *len, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= cap - *len)
-        return -1;
-    *len += (size_t)n;
-    return 0;
-}
-
 /* A list "a,b,c" of 1..16 characters of [A-Za-z0-9_.:-] each ("" allowed when `empty`). */
 static int list_ok(const char *s, size_t n, int empty)
 {
@@ -85,12 +72,12 @@ int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t
         !list_ok(m->devices, strnlen(m->devices, sizeof m->devices), 0) ||
         !list_ok(m->done, strnlen(m->done, sizeof m->done), 1))
         return rk_err_set(err, RK_EINVAL, "launch: a field out of range");
-    if (put(out, cap, len,
-            "launch=%u\nworld=%u\nbase=%u\nranks=%u\nmaster=%s\nport=%u\ndevices=%s\n",
-            (unsigned)m->launch, (unsigned)m->world, (unsigned)m->base, (unsigned)m->ranks,
-            m->master, (unsigned)m->port, m->devices) ||
-        (m->done[0] && put(out, cap, len, "done=%s\n", m->done)) ||
-        (m->watch && put(out, cap, len, "watch=1\n")))
+    if (!rk_node_put(out, cap, len,
+                     "launch=%u\nworld=%u\nbase=%u\nranks=%u\nmaster=%s\nport=%u\ndevices=%s\n",
+                     (unsigned)m->launch, (unsigned)m->world, (unsigned)m->base, (unsigned)m->ranks,
+                     m->master, (unsigned)m->port, m->devices) ||
+        (m->done[0] && !rk_node_put(out, cap, len, "done=%s\n", m->done)) ||
+        (m->watch && !rk_node_put(out, cap, len, "watch=1\n")))
         return rk_err_set(err, RK_EINVAL, "launch: the buffer is too small");
     return RK_OK;
 }
@@ -153,7 +140,7 @@ int rk_node_launched_format(const rk_node_launched *m, char *out, size_t cap, si
     *len = 0;
     if (m->launch < 1 || m->port > 65535)
         return rk_err_set(err, RK_EINVAL, "launched: a field out of range");
-    if (put(out, cap, len, "launch=%u\nport=%u\n", (unsigned)m->launch, (unsigned)m->port))
+    if (!rk_node_put(out, cap, len, "launch=%u\nport=%u\n", (unsigned)m->launch, (unsigned)m->port))
         return rk_err_set(err, RK_EINVAL, "launched: the buffer is too small");
     return RK_OK;
 }
@@ -179,8 +166,8 @@ int rk_node_open_format(const rk_node_open *m, char *out, size_t cap, size_t *le
     *len = 0;
     if (m->launch < 1 || m->chan < 1 || m->pid < 1 || m->pid > INT32_MAX)
         return rk_err_set(err, RK_EINVAL, "open: a field out of range");
-    if (put(out, cap, len, "launch=%u\nchan=%u\npid=%" PRId64 "\n", (unsigned)m->launch,
-            (unsigned)m->chan, m->pid))
+    if (!rk_node_put(out, cap, len, "launch=%u\nchan=%u\npid=%" PRId64 "\n", (unsigned)m->launch,
+                     (unsigned)m->chan, m->pid))
         return rk_err_set(err, RK_EINVAL, "open: the buffer is too small");
     return RK_OK;
 }
@@ -203,8 +190,9 @@ int rk_node_exited_format(const rk_node_exited *m, char *out, size_t cap, size_t
     *len = 0;
     if (m->launch < 1 || m->status > 255 || m->failed < -1 || m->failed > INT32_MAX)
         return rk_err_set(err, RK_EINVAL, "exited: a field out of range");
-    if (put(out, cap, len, "launch=%u\nstatus=%u\n", (unsigned)m->launch, (unsigned)m->status) ||
-        (m->failed >= 0 && put(out, cap, len, "failed=%" PRId64 "\n", m->failed)))
+    if (!rk_node_put(out, cap, len, "launch=%u\nstatus=%u\n", (unsigned)m->launch,
+                     (unsigned)m->status) ||
+        (m->failed >= 0 && !rk_node_put(out, cap, len, "failed=%" PRId64 "\n", m->failed)))
         return rk_err_set(err, RK_EINVAL, "exited: the buffer is too small");
     return RK_OK;
 }
@@ -239,8 +227,8 @@ int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *le
     *len = 0;
     if (m->launch < 1 || !(m->grace_s >= 0) || m->grace_s > 3600)
         return rk_err_set(err, RK_EINVAL, "kill: a field out of range");
-    if (put(out, cap, len, "launch=%u\ngrace_ms=%" PRId64 "\n", (unsigned)m->launch,
-            (int64_t)(m->grace_s * 1000 + 0.5)))
+    if (!rk_node_put(out, cap, len, "launch=%u\ngrace_ms=%" PRId64 "\n", (unsigned)m->launch,
+                     (int64_t)(m->grace_s * 1000 + 0.5)))
         return rk_err_set(err, RK_EINVAL, "kill: the buffer is too small");
     return RK_OK;
 }

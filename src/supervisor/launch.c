@@ -56,7 +56,7 @@ const char *rk_launcher_name(rk_launcher kind)
 }
 
 /* This executable's path (for `rk _rank-env` under mpirun and srun), "rk" if unknown. */
-static const char *self_exe(void)
+const char *rk_launch_self_exe(void)
 {
     static char exe[4096];
     if (!exe[0]) {
@@ -114,7 +114,7 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
      * variables, then the worker in place (cli/cmd_rank_env.c) */
     if (k >= MAX_ARGS - 4)
         return -1;
-    argv[k++] = self_exe();
+    argv[k++] = rk_launch_self_exe();
     argv[k++] = "_rank-env";
     argv[k++] = "--";
     for (int i = 0; worker[i]; i++) {
@@ -130,7 +130,7 @@ static int resolve_program(const char *prog, char *out, size_t cap);
 
 /* `arg` as a POSIX shell reads it back, into buf + used (cap): bare when it holds only
  * characters no shell treats specially, else in single quotes ('\'' for a quote). */
-static size_t put_quoted(char *buf, size_t used, size_t cap, const char *arg)
+size_t rk_launch_quote(char *buf, size_t used, size_t cap, const char *arg)
 {
     int plain = *arg != '\0';
     for (const char *p = arg; *p && plain; p++)
@@ -168,7 +168,7 @@ const char *rk_launch_describe(rk_launcher kind, int n, char *const *launcher_ar
             a = prog;
         if (i || used)
             used += (size_t)snprintf(buf + used, cap - used, " ");
-        used = put_quoted(buf, used, cap, a);
+        used = rk_launch_quote(buf, used, cap, a);
     }
     return buf;
 }

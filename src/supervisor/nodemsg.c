@@ -148,9 +148,7 @@ static bool host_ok(const char *s, size_t len)
     return len > 0 && len < RK_NODE_HOST_MAX && len <= RK_NODE_VALUE_MAX && rk_text_ok(s, len);
 }
 
-/* snprintf into out[cap] at *len; false when it does not fit. */
-__attribute__((format(printf, 4, 5))) static bool put(char *out, size_t cap, size_t *len,
-                                                      const char *fmt, ...)
+bool rk_node_put(char *out, size_t cap, size_t *len, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -177,8 +175,8 @@ int rk_node_hello_format(const rk_node_hello *h, char *out, size_t cap, size_t *
         return rk_err_set(err, RK_EINVAL, "hello: the boot id is not a UUID");
     if (h->node >= RK_NODES_MAX || h->pid < 1 || h->pid > INT32_MAX)
         return rk_err_set(err, RK_EINVAL, "hello: node or pid out of range");
-    if (!put(out, cap, len, "node=%u\nhost=%s\npid=%" PRId64 "\nboot_id=%s\n", (unsigned)h->node,
-             h->host, h->pid, h->boot_id))
+    if (!rk_node_put(out, cap, len, "node=%u\nhost=%s\npid=%" PRId64 "\nboot_id=%s\n",
+                     (unsigned)h->node, h->host, h->pid, h->boot_id))
         return too_small(err, "hello");
     return RK_OK;
 }
@@ -230,8 +228,8 @@ int rk_node_welcome_format(const rk_node_welcome *w, char *out, size_t cap, size
         return rk_err_set(err, RK_EINVAL, "welcome: node, generation or timeout out of range");
     /* the timeout in whole milliseconds: no locale, no float syntax to parse */
     int64_t ms = (int64_t)(w->timeout_s * 1000 + 0.5);
-    if (!put(out, cap, len, "node=%u\ngeneration=%u\ntimeout_ms=%" PRId64 "\n", (unsigned)w->node,
-             (unsigned)w->generation, ms))
+    if (!rk_node_put(out, cap, len, "node=%u\ngeneration=%u\ntimeout_ms=%" PRId64 "\n",
+                     (unsigned)w->node, (unsigned)w->generation, ms))
         return too_small(err, "welcome");
     return RK_OK;
 }
@@ -262,7 +260,7 @@ int rk_node_reason_format(const rk_node_reason *r, char *out, size_t cap, size_t
     rk_text_clean(clean, sizeof clean, r->reason);
     if (!clean[0])
         snprintf(clean, sizeof clean, "-");
-    if (!put(out, cap, len, "reason=%s\n", clean))
+    if (!rk_node_put(out, cap, len, "reason=%s\n", clean))
         return too_small(err, "reason");
     return RK_OK;
 }

@@ -105,6 +105,9 @@ int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_er
 int rk_node_welcome_parse(const void *payload, size_t len, rk_node_welcome *w, rk_err *err);
 int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_err *err);
 
+/* snprintf into out[cap] at *len, advancing *len; false when it does not fit. */
+__attribute__((format(printf, 4, 5))) bool rk_node_put(char *out, size_t cap, size_t *len,
+                                                       const char *fmt, ...);
 /* The value of `key` in kv (NULL if absent, its length in *vlen); a whole number of digits in
  * [lo, hi] (no sign, no leading zero): RK_EFORMAT "WHAT: KEY is ..." otherwise. */
 const char *rk_node_kv_get(const rk_node_kv *kv, const char *key, size_t *vlen);

@@ -149,6 +149,12 @@ int rk_launch_poll(rk_launch *l);
  * job), up to `grace_s` for the launcher to exit, then SIGKILL (the namespace, or every
  * descendant found in /proc); reaps. Never uses pids that workers reported. */
 void rk_launch_kill(rk_launch *l, double grace_s);
+/* This executable's path ("rk" if /proc says nothing). */
+const char *rk_launch_self_exe(void);
+/* `arg` appended to buf + used (cap) as a POSIX shell reads it back: bare when it holds only
+ * characters no shell treats specially, else in single quotes ('\'' for a quote); the new
+ * length (which may pass cap: then buf holds what fitted). */
+size_t rk_launch_quote(char *buf, size_t used, size_t cap, const char *arg);
 /* Leave `pid` and its descendants out of every kill of rk run's descendants (rk_launch_kill
  * ends with one: whatever escaped a keeper): a multi-host job's agents. */
 void rk_launch_spare(pid_t pid);

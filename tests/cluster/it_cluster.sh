@@ -58,7 +58,7 @@ wait_ckpt() {
 # after_fault LOG T0: checks the node loss's detection (within LIMIT s of T0) and that
 # launch 0's ranks are all gone within 2 s of it
 after_fault() {
-  local log=$1 t0=$2 limit=$3 what=$4 i tl= tg=
+  local log=$1 t0=$2 limit=$3 what=$4 i tl='' tg=''
   for ((i = 0; i < 600; i++)); do
     [[ -z $tl ]] && grep -Eq "node [0-9] \(h[0-9]\) lost: " "$log" && tl=$(now)
     if [[ -n $tl && -z "$(ranks0)" ]]; then
@@ -83,6 +83,15 @@ after_fault() {
   else
     bad "$what: ranks of launch 0 still there: $(ranks0 | tr '\n' ' ')"
   fi
+}
+# kill_host2 WHAT CKDIR: SIGKILL every process of host 2 (by its namespace's pid list); sets t0
+kill_host2() {
+  local victims
+  victims=$(ip netns pids "$name-h2")
+  t0=$(now)
+  # shellcheck disable=SC2086
+  kill -9 $victims
+  ok "$1 SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat "$2/latest")"
 }
 # the run's end: its parameters against the reference
 check_end() {
@@ -115,11 +124,7 @@ rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckb" --events "$work/b.ev" "$
 sup=$RIG_PID
 pids+=("$sup")
 if wait_ckpt ckb; then
-  victims=$(ip netns pids "$name-h2")
-  t0=$(now)
-  # shellcheck disable=SC2086
-  kill -9 $victims
-  ok "(b) SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat ckb/latest)"
+  kill_host2 "(b)" ckb
   after_fault b.log "$t0" 1 "(b)"
 else
   bad "(b) no checkpoint of step 20 or 30: $(grep -v '^rk agent' b.log | tail -3)"
@@ -218,11 +223,7 @@ rig_spawn "$name" h1 "${run[@]}" "${mpiargs[@]}" --ckpt-dir "$work/ckf" --events
 sup=$RIG_PID
 pids+=("$sup")
 if wait_ckpt ckf; then
-  victims=$(ip netns pids "$name-h2")
-  t0=$(now)
-  # shellcheck disable=SC2086
-  kill -9 $victims
-  ok "(f) SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat ckf/latest)"
+  kill_host2 "(f)" ckf
   for ((i = 0; i < 200; i++)); do
     grep -Eq "node [0-9] \(h[0-9]\) lost: " f.log && break
     sleep 0.05
