@@ -60,8 +60,9 @@ static const char agent_usage[] =
     "  --job-id HEX             the job's id: 32 hexadecimal digits\n"
     "  --secret-file F          read the job's secret from F (0600, owned by this user) instead\n"
     "                           of stdin; never give the secret on the command line\n"
-    "  --generation G           the launch generation to start in (default 1; the agent\n"
-    "                           follows the coordinator into newer ones)\n"
+    "  --generation G           the generation of this node's link to start in (default 1;\n"
+    "                           rk run gives an agent it starts again a newer one, and the\n"
+    "                           agent follows the coordinator into newer ones)\n"
     "  --ping-interval D        ping this often: 1s (default), 500ms, ...\n"
     "  --connect-timeout D      one connection attempt, and the wait for the coordinator's\n"
     "                           answer (default 5s)\n"
@@ -195,8 +196,10 @@ int rk_cmd_agent(int argc, char **argv)
         return st;
     catch_stop();
     o.stop = &stop_flag;
+    static char who[64];
+    snprintf(who, sizeof who, "agent (node %d)", node);
     o.on_log = print_log;
-    o.ctx = "agent";
+    o.ctx = who;
     rk_agent_job *aj = NULL;
     char abstract[64];
     if (watch) { /* the ranks connect to @rk-JOBID (docs/cluster.md) */
@@ -207,7 +210,7 @@ int rk_cmd_agent(int argc, char **argv)
     }
     if (jo.worker || watch) {
         jo.on_log = print_log;
-        jo.ctx = "agent";
+        jo.ctx = who;
         prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented here */
         if (rk_agent_job_new(&aj, &jo, &err)) {
             rk_net_secret_wipe(&key);

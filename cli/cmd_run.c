@@ -22,6 +22,7 @@
 #include "rekindle/inject.h"
 #include "rk.h"
 #include "supervisor/hosts.h"
+#include "supervisor/nodes.h"
 #include "supervisor/supervisor.h"
 
 /* rk run's exit status for how the job ended (the usage text's list). */
@@ -96,6 +97,7 @@ static void print_report(const rk_sup_report *r)
 
 static const char usage_a[] =
     "usage: rk run -n N [OPTIONS] -- WORKER [ARGS...]\n"
+    "       rk run --hosts LIST --listen ADDR:PORT [-n N] [OPTIONS] -- WORKER [ARGS...]\n"
     "\n"
     "Run a training job of N ranks and keep it going through crashes, hangs, communication\n"
     "failures, NaNs and silent data corruption: relaunch from the latest good checkpoint,\n"
@@ -283,6 +285,14 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     if (!o->listen)
         return usage_error("--hosts needs --listen ADDR:PORT, the address the hosts reach "
                            "this one by (port 0: any free port)");
+    char lhost[RK_NODE_HOST_MAX];
+    uint16_t lport;
+    if (rk_node_hostport_parse(o->listen, lhost, sizeof lhost, &lport, &err))
+        return usage_error("--listen: %s", err.msg);
+    if (!strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::") || !lhost[0])
+        return usage_error("--listen %s: give the address the hosts reach this one by, not a "
+                           "wildcard (rk run listens on exactly that address)",
+                           o->listen);
     if ((list && rk_hosts_parse_list(hs, list, 0, &err)) ||
         (file && rk_hosts_load_file(hs, file, &err)) ||
         (spares && rk_hosts_parse_list(hs, spares, 1, &err))) {
@@ -326,12 +336,23 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     }
     if (used >= cap)
         return usage_error("the hosts' names are too long");
+    /* a loopback --listen reaches no other host: only hosts named by loopback addresses */
+    int lo_listen =
+        !strncmp(lhost, "127.", 4) || !strcmp(lhost, "::1") || !strcmp(lhost, "localhost");
+    for (int k = 0; lo_listen && k < hs->n; k++)
+        if (strncmp(hs->h[k].name, "127.", 4) && strcmp(hs->h[k].name, "::1"))
+            return usage_error("--listen %s is a loopback address: host %s cannot reach it; give "
+                               "this host's address on the hosts' network",
+                               o->listen, hs->h[k].name);
     o->hosts = out;
     o->nhosts = hs->n;
     if (o->n == 0)
         o->n = primary;
     if (o->n < 1)
         return usage_error("--hosts: no slots");
+    if (o->n > ndev)
+        return usage_error("-n %d: the hosts have %d slot%s, spares included", o->n, ndev,
+                           ndev == 1 ? "" : "s");
     return 0;
 }
 

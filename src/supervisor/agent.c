@@ -174,7 +174,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
                     return drop(a, "a bad WELCOME from %s: %s", a->at,
                                 e.msg[0] ? e.msg : "another node's");
                 }
-                logf_(a, "%s %s as node %u, launch %u (node timeout %g s)",
+                logf_(a, "%s %s as node %u, generation %u (node timeout %g s)",
                       a->welcomed ? "back on the link to" : "joined", a->at, (unsigned)o->node,
                       (unsigned)a->peer.generation, w.timeout_s);
                 up = a->welcomed = a->link_up = true;

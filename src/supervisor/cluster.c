@@ -347,7 +347,7 @@ int sup_cluster_open(sup *s, rk_err *err)
     uint16_t port;
     if ((rc = rk_node_hostport_parse(o->listen, host, sizeof host, &port, err)))
         goto out;
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::")) {
+    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "")) {
         rc = rk_err_set(err, RK_EINVAL,
                         "--listen %s: give the address the hosts reach this one by, not a "
                         "wildcard (rk run listens on exactly that address)",
@@ -363,8 +363,12 @@ int sup_cluster_open(sup *s, rk_err *err)
                         .on_msg = on_msg,
                         .ctx = s};
     memcpy(no.job, cl->job, sizeof no.job);
-    if ((rc = rk_nodes_open(&cl->t, &no, &key, err)))
+    if ((rc = rk_nodes_open(&cl->t, &no, &key, err))) {
+        if (strstr(err->msg, "assign requested address")) /* not an address of this host */
+            rc = rk_err_set(err, RK_EINVAL, "--listen %s: not an address of this host",
+                            o->listen);
         goto out;
+    }
     cl->key = key;
     if (strchr(host, ':'))
         snprintf(cl->addr, sizeof cl->addr, "[%s]:%u", host, (unsigned)rk_nodes_port(cl->t));
@@ -375,16 +379,50 @@ int sup_cluster_open(sup *s, rk_err *err)
     for (int k = 0; k < o->nhosts; k++)
         if ((rc = start_agent(s, k, &key, err)))
             goto out;
-    /* every agent joins, or the startup timeout passes (the missing ones are down) */
+    /* every agent joins, or its --rsh ends first, or the startup timeout passes (the missing
+     * ones are down) */
     double until = rk_mono_s() + o->startup_timeout_s;
-    while (rk_nodes_count_connected(cl->t) < o->nhosts && rk_mono_s() < until &&
-           !rk_sup_interrupted)
+    int rsh_status[MAX_NODES], missing = 0, unrunnable = 0;
+    for (int k = 0; k < o->nhosts; k++)
+        rsh_status[k] = -1;
+    for (;;) {
+        int waiting = 0;
+        for (int k = 0; k < o->nhosts; k++) {
+            int st;
+            if (cl->rsh[k] > 0 && !rk_nodes_connected(cl->t, k) &&
+                waitpid(cl->rsh[k], &st, WNOHANG) == cl->rsh[k]) {
+                cl->rsh[k] = 0;
+                rsh_status[k] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            }
+            waiting += !rk_nodes_connected(cl->t, k) && cl->rsh[k] > 0;
+        }
+        if (!waiting || rk_mono_s() >= until || rk_sup_interrupted)
+            break;
         if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
             goto out;
-    for (int k = 0; k < o->nhosts; k++)
-        if (!rk_nodes_connected(cl->t, k))
-            sup_say(s, "node %d (%s): no agent joined within %g s; its devices are left out", k,
-                    o->hosts[k].name, o->startup_timeout_s);
+    }
+    if (rk_sup_interrupted)
+        goto out;
+    for (int k = 0; k < o->nhosts; k++) {
+        if (rk_nodes_connected(cl->t, k))
+            continue;
+        missing++;
+        if (rsh_status[k] >= 0) {
+            unrunnable += rsh_status[k] == 127;
+            sup_say(s,
+                    "node %d (%s): its agent did not start: the --rsh command exited with "
+                    "status %d (its words are above); its devices are left out",
+                    k, o->hosts[k].name, rsh_status[k]);
+        } else {
+            sup_say(s,
+                    "node %d (%s): no agent joined within %g s (--startup-timeout); its devices "
+                    "are left out",
+                    k, o->hosts[k].name, o->startup_timeout_s);
+        }
+    }
+    if (missing == o->nhosts && unrunnable == o->nhosts)
+        rc = rk_err_set(err, RK_ENOENT, "--rsh '%s' cannot be run (exit status 127 on every host)",
+                        o->rsh ? o->rsh : "ssh -o BatchMode=yes");
 out:
     rk_net_secret_wipe(&key);
     return rc;
@@ -442,7 +480,7 @@ static void reap_agents(sup *s)
             continue;
         }
         if (cl->quarantined[k] || rk_nodes_connected(cl->t, k) || now < cl->restart_at[k] ||
-            rk_sup_interrupted)
+            rk_sup_interrupted || !rk_nodes_host(cl->t, k)) /* never joined: never up */
             continue;
         rk_nodes_renew(cl->t, k, rk_nodes_generation(cl->t, k) + 1);
         rk_err e = {0};

@@ -298,9 +298,12 @@ static size_t record_verdict(sup *s, int stop)
         return SIZE_MAX;
     int r = s->v.rank;
     const char *kind = sup_verdict_kind(s);
-    /* the device is named only when it is blamed */
-    rk_incident *i = rk_ledger_add(&s->g, kind, r, s->v.counted ? sup_devname(s, r) : "",
-                                   stop ? "stop" : "relaunch", "%s", s->vdetail);
+    /* the device is named only when it is blamed; a node lost: its host */
+    const char *dev = s->v.counted ? sup_devname(s, r) : "";
+    if (s->v.kind == RK_SUP_KIND_NODE_LOST && s->cl)
+        dev = sup_cluster_node_name(s, s->dev[r]);
+    rk_incident *i =
+        rk_ledger_add(&s->g, kind, r, dev, stop ? "stop" : "relaunch", "%s", s->vdetail);
     if (!i)
         return SIZE_MAX;
     if (s->failing)
@@ -581,7 +584,13 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     prctl(PR_SET_CHILD_SUBREAPER, 1); /* whatever escapes a keeper is reparented to us */
     if (o->hosts && sup_cluster_open(s, &err)) {
         rep->err = err;
-        rep->end = err.code == RK_EINVAL ? RK_SUP_END_BAD_INPUT : RK_SUP_END_FAILED;
+        rep->end = err.code == RK_EINVAL || err.code == RK_ENOENT ? RK_SUP_END_BAD_INPUT
+                                                                  : RK_SUP_END_FAILED;
+        goto out;
+    }
+    if (o->hosts && rk_sup_interrupted) { /* before the first launch: nothing to stop */
+        sup_say(s, "interrupted while the agents were starting");
+        rep->end = RK_SUP_END_INTERRUPTED;
         goto out;
     }
     if (sup_pick_devices(s) < o->min_ranks || s->n < 1) {
