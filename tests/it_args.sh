@@ -151,6 +151,21 @@ refused "--events $O:" "${RUN[@]}" --events "$O" -- true
 refused "--summary-json $M/s.json:" "${RUN[@]}" --summary-json "$M/s.json" -- true
 refused "--predictor $D:" "${RUN[@]}" --health sim --predictor "$D" -- true
 
+# a job across hosts: its flags (nothing is started: the checks come first)
+H=(run --hosts h1:2,h2:2)
+refused "--hosts needs --listen" "${H[@]}" -- true
+refused "--listen: '10.0.0.1' is not HOST:PORT" "${H[@]}" --listen 10.0.0.1 -- true
+refused "not a wildcard" "${H[@]}" --listen 0.0.0.0:0 -- true
+refused "is a loopback address: host h1" "${H[@]}" --listen 127.0.0.1:0 -- true
+refused "-n 9: the hosts have 4 slots" "${H[@]}" -n 9 --listen 10.0.0.1:0 -- true
+refused "--devices with --hosts" "${H[@]}" --devices 0,1 --listen 10.0.0.1:0 -- true
+refused "--health with --hosts" "${H[@]}" --health sim --listen 10.0.0.1:0 -- true
+refused "entry 2 is empty" run --hosts h1:2,,h2 --listen 10.0.0.1:0 -- true
+refused "twice" run --hosts h1:2 --spare-hosts H1:2 --listen 10.0.0.1:0 -- true
+refused "hostfile $D" run --hostfile "$D" --listen 10.0.0.1:0 -- true
+refused "--spare-hosts needs --hosts" run --spare-hosts h1:2 --listen 10.0.0.1:0 -- true
+refused "not an address of this host" "${H[@]}" --listen 10.255.255.254:0 --rsh true -- true
+
 refused "--textfile-dir /nonexistent:" "${DOCTOR[@]}" --textfile-dir /nonexistent
 refused "--textfile-dir $F:" "${DOCTOR[@]}" --textfile-dir "$F"
 refused "--predictor $D:" "${DOCTOR[@]}" --predictor "$D"
