@@ -8,6 +8,13 @@ large one (docs/pytorch.md, "What they cost").
     bench/pytorch_step_costs.py [--hidden 2048] [--layers 3] [--reps 20]
 
 Run it with a python3 that has torch, numpy and xxhash (Debian's /usr/bin/python3).
+
+Timings on a shared machine spread by tens of percent; instruction counts do not. With
+`--count SIDE --steps N` (SIDE plain, hash0 or hash10: plain DDP, the guards on without or with
+the replica hash every 10 steps) it runs N steps of the CNN alone, and under
+`valgrind --tool=callgrind --instr-atstart=no` it switches the count on after 10 warm-up
+steps (callgrind_control) and off after the N: run it for two N and divide the difference of
+the "Collected" totals by the difference of the N for the instructions a step.
 """
 
 import argparse
@@ -37,6 +44,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=2048, help="width of the large MLP")
     ap.add_argument("--layers", type=int, default=3, help="hidden layers of the large MLP")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--count", choices=["plain", "hash0", "hash10"], help="run one side's steps (under callgrind)")
+    ap.add_argument("--steps", type=int, default=20, help="steps of --count")
     a = ap.parse_args()
     for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_INJECT", "RK_RESUME"):
         os.environ.pop(k, None)
@@ -55,6 +64,8 @@ def main():
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    if a.count:
+        return count(a, torch, F, DDP, rkt, ex)
     print(f"torch {torch.__version__}, 1 thread, world 1 (gloo), {a.reps} repetitions each")
     print("| model | parameters | snapshot ms | replica hash ms | both, a step at hash_every 10 ms |"
           " step, plain DDP ms | step, guards on ms |")
@@ -116,6 +127,43 @@ def main():
         w.step(k[0] + 1, 0.123456789, 0.005)
     print(f"\nWorker comm + step lines: {timed(lines, 20000) * 1e6:.1f} us a step")
     dist.destroy_process_group()
+    return 0
+
+
+def count(a, torch, F, DDP, rkt, ex):
+    """--count: a.steps steps of one side, the instruction count on for them alone."""
+    import subprocess
+
+    torch.manual_seed(1)
+    x, y = torch.rand(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    model = DDP(ex.Net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if a.count == "plain":
+        def step():
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    else:
+        job = rkt.Job(model, opt, global_batch=32, ckpt_every=0, hash_every=int(a.count[4:]), verbose=False)
+        it = job.steps(10 ** 9)
+
+        def step():
+            next(it)
+            opt.zero_grad()
+            job.scale(F.cross_entropy(model(x), y), 32).backward()
+            job.step()
+    for _ in range(10):
+        step()
+    def toggle(on):
+        try:  # outside valgrind callgrind_control finds no such process: nothing happens
+            subprocess.run(["callgrind_control", "-i", on, str(os.getpid())], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        except OSError:
+            pass
+    toggle("on")
+    for _ in range(a.steps):
+        step()
+    toggle("off")
     return 0
 
 

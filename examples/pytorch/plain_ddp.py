@@ -53,13 +53,17 @@ def params_hash(model):
     return h.hexdigest()
 
 
+_perm = [None, None]  # the epoch's (n, seed, epoch) and its permutation
+
+
 def batch_indices(step, n, batch, seed, rank, world):
     """This rank's share of global batch `step`: a seeded permutation per epoch, split in
     contiguous slices (the first batch % world ranks get one sample more)."""
     per_epoch = n // batch
     epoch, k = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(n)
-    idx = perm[k * batch:(k + 1) * batch]
+    if _perm[0] != (n, seed, epoch):  # drawn once an epoch, not at every step
+        _perm[:] = [(n, seed, epoch), np.random.default_rng([seed, epoch]).permutation(n)]
+    idx = _perm[1][k * batch:(k + 1) * batch]
     lo = rank * (batch // world) + min(rank, batch % world)
     return torch.from_numpy(idx[lo:lo + batch // world + (rank < batch % world)])
 

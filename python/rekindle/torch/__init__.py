@@ -40,9 +40,9 @@ from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
 from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook
-from rekindle.torch._state import _optim_tensors, params_hash, state_hash
+from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
 from rekindle.torch.data import StepBatches, batch_indices
-from rekindle.torch.guards import grad_outliers, spike_zscore
+from rekindle.torch.guards import grad_outliers, spike_zscore, spike_zscore_over
 
 __all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore", "batch_indices", "StepBatches"]
 
@@ -162,8 +162,10 @@ class Job(_Checkpoints):
         self._scratch = {}  # per bucket: the hook's all-reduce buffer
         self._sumsq = None
         self._vec = None
-        self._loss_t = None
+        self._loss_t = None  # the scaled loss: a float on the CPU, a tensor on a GPU
         self._count = None
+        self._factor = 1.0
+        self._vtail = (None, None)  # the vector's tail (the pending hash in its slots), by hash
         self._nan = False
         self._gradflip = False
         self._slow = None  # [ms, steps left or None]
@@ -254,12 +256,14 @@ class Job(_Checkpoints):
             self._usage("job.scale was called twice in one step: gradient accumulation (several "
                         "micro-batches a step) is not supported yet; give each step one batch")
         self._count = int(n)
-        factor = self.world * self._count / self.global_batch
+        self._factor = factor = self.world * self._count / self.global_batch
         out = loss if factor == 1.0 else loss * factor  # x * 1.0 is x: no graph node for it
         if self._nan:
             self._nan = False
             out = out * float("nan")
-        self._loss_t = out.detach()
+        # on the CPU the number itself (the hook reads it; a tensor would cost a detach and a
+        # read), on a GPU a tensor (no wait for the device)
+        self._loss_t = float(out) if out.device.type == "cpu" else out.detach()
         return out
 
     def loader(self, dataset, seed=0, **kw):
@@ -288,9 +292,10 @@ class Job(_Checkpoints):
         v = self._gathered()
         self._loss_t = None
         self._attempt = None
-        loss = v[_V_LOSS] / self.world
-        norms = v[_V_NORMS:_V_NORMS + self.world]
-        self._flags = [v[_V_STOP], v[_V_CKPT], v[_V_LOST]]
+        world = self.world
+        loss = v[_V_LOSS] / world
+        norms = v[_V_NORMS:_V_NORMS + world]
+        self._flags = v[_V_STOP:_V_NORMS]
         self.global_samples = int(round(v[_V_COUNT]))
         if self.global_samples != self.global_batch:
             self._usage(f"ranks' samples sum to {self.global_samples}, global_batch is {self.global_batch}: "
@@ -315,7 +320,10 @@ class Job(_Checkpoints):
         self.step_no += 1
         self.loss = loss
         if math.isfinite(loss):
-            self._losses = (self._losses + [loss])[-_SPIKE_WINDOW:]
+            losses = self._losses
+            losses.append(loss)
+            if len(losses) > _SPIKE_WINDOW:
+                del losses[:-_SPIKE_WINDOW]
         self._trips = 0
         self._suspect = None
         self._spiked = None
@@ -335,12 +343,25 @@ class Job(_Checkpoints):
         """Whether the all-reduced gradients are finite (the hook's check per bucket: on the CPU
         a float32 sum, each element when that is not finite; on a GPU a float64 sum): a sum can
         be non-finite where every rank's own gradient was finite."""
-        sums, self._redsums = self._redsums, []
         if self._red_bad:
             return False
-        return not sums or math.isfinite(float(torch.stack(sums).sum()))
+        sums = self._redsums
+        if not sums:
+            return True
+        self._redsums = []
+        return math.isfinite(float(torch.stack(sums).sum()))
 
     def _judge(self, loss, norms, reduced=True):
+        if reduced and self._suspect is None and math.isfinite(loss + sum(norms)):
+            # every number finite (a NaN or an infinity anywhere makes the sum one), no rank
+            # under suspicion: the outlier and spike tests alone
+            if len(norms) > 1 and self._outliers(norms):
+                return self._judge_full(loss, norms, reduced)
+            if len(self._losses) < _SPIKE_WINDOW or not self._zscore(loss) > self.spike_z:
+                return True
+        return self._judge_full(loss, norms, reduced)
+
+    def _judge_full(self, loss, norms, reduced=True):
         bad = [r for r, x in enumerate(norms) if not math.isfinite(x)]
         if not bad and math.isfinite(loss) and not reduced:
             self._event("nan", -1, "redo", 0, "non-finite sum of the ranks' gradients (each rank's own "
@@ -392,7 +413,7 @@ class Job(_Checkpoints):
         return grad_outliers(norms, self.grad_ratio)
 
     def _zscore(self, loss):
-        return spike_zscore(self._losses, loss)
+        return spike_zscore_over(self._losses, loss, self.spike_z)
 
     def _trip(self):
         self._trips += 1
@@ -427,7 +448,8 @@ class Job(_Checkpoints):
         self._step_rng = self._capture_rng(cheap=True)
         # the forward updates buffers (BatchNorm's running statistics) before step() judges:
         # a redo puts them back (they are small)
-        self._step_bufs = [b.detach().clone() for b in self._buffers]
+        if self._buffers:
+            self._step_bufs = [b.detach().clone() for b in self._buffers]
         cmds = self.w.poll()
         if "stop" in cmds:
             self._stop_local = True
@@ -452,7 +474,8 @@ class Job(_Checkpoints):
     def _boundary(self, total):
         """Between steps: the agreed commands, the replica check, checkpoints, the stop.
         False after a rollback (the loop replays)."""
-        stop, want_ckpt, lost = (x > 0 for x in self._flags)
+        flags = self._flags
+        stop, want_ckpt, lost = flags[0] > 0, flags[1] > 0, flags[2] > 0
         if lost:
             self._say("the supervisor is gone; stopping without a checkpoint")
             self._exit(EXIT_FAIL)
@@ -468,8 +491,7 @@ class Job(_Checkpoints):
             elif self._snap is None or self.step_no % self.hash_every == 0:
                 # the hash rides in this step's all-reduce; step() compares them
                 if self._pending is None or self._pending["step"] != self.step_no:
-                    self._pending = self._snapshot()
-                    self._pending["hash"] = state_hash(self.module, self.opt, self._hash_buffers)
+                    self._pending = self._snapshot(hashed=True)
         if save:
             self._save()
         if stop:
@@ -539,19 +561,24 @@ class Job(_Checkpoints):
         `dtype` on a GPU (no wait for the device)."""
         if self._count is None or self._loss_t is None:
             raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
-        factor = self.world * self._count / self.global_batch
-        r, world = self.rank, self.world
+        factor = self._factor
+        r = self.rank
         h = self._pending["hash"] if self._pending is not None else 0
-        flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost)]
-        tail = ([0.0] * (world - r - 1 + 4 * r) + [float((h >> (16 * i)) & 0xFFFF) for i in range(4)]
-                + [0.0] * (4 * (world - r - 1)))
+        if self._vtail[0] != h:  # the same on every step without a pending hash
+            world = self.world
+            self._vtail = (h, [0.0] * (world - r - 1 + 4 * r) + [float((h >> (16 * i)) & 0xFFFF) for i in range(4)]
+                           + [0.0] * (4 * (world - r - 1)))
+        tail = self._vtail[1]
         if device.type == "cpu":  # Python numbers: no torch call per element
             norm = math.sqrt(float(sumsq)) / factor if factor > 0 else 0.0
-            return [float(self._loss_t)] + flags + [0.0] * r + [norm] + tail
+            return ([float(self._loss_t), float(self._count), float(self._stop_local), float(self._local_ckpt),
+                     float(self.w.lost)] + [0.0] * r + [norm] + tail)
+        flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost)]
         head = torch.tensor(flags + [0.0] * r, dtype=dtype, device=device)
         norm = (sumsq.sqrt() / factor if factor > 0 else sumsq * 0).reshape(1).to(dtype)
         tail = torch.tensor(tail, dtype=dtype, device=device)
-        return torch.cat([self._loss_t.reshape(1).to(dtype), head, norm, tail])
+        lt = self._loss_t if torch.is_tensor(self._loss_t) else torch.tensor(self._loss_t)
+        return torch.cat([lt.reshape(1).to(device=device, dtype=dtype), head, norm, tail])
 
     def _gathered(self):
         if self._vec is None:
@@ -665,16 +692,35 @@ class Job(_Checkpoints):
             for t in list(self.module.state_dict().values()) + _optim_tensors(self.opt):
                 self._collective(dist.broadcast, t, root)
 
-    def _snapshot(self):
+    def _snapshot(self, hashed=False):
+        """A copy of the state to return to; `hashed`: with its replica hash (state_hash of
+        the state now)."""
+        sd = self.module.state_dict()
         state = {}
-        for i, (_, p) in enumerate(self._param_names()):
-            st = self.opt.state.get(p)
-            if st:
-                state[i] = {k: (v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v))
-                            for k, v in st.items()}
-        return {
+        keys = list(sd)
+        tensors = list(sd.values())
+        slots = []  # (param index, key) of the optimiser's tensors, in _optim_tensors' order
+        ostate = self.opt.state
+        i = 0
+        for group in self.opt.param_groups:  # the order of _param_names, without the names
+            for p in group["params"]:
+                st = ostate.get(p)
+                if st:
+                    state[i] = {}
+                    for k in sorted(st):
+                        v = st[k]
+                        if torch.is_tensor(v):
+                            slots.append((i, k))
+                            tensors.append(v)
+                        else:
+                            state[i][k] = copy.deepcopy(v)
+                i += 1
+        copies = [t.detach().clone() for t in tensors]
+        for (i, k), v in zip(slots, copies[len(keys):]):
+            state[i][k] = v
+        snap = {
             "step": self.step_no,
-            "model": {k: v.detach().clone() for k, v in self.module.state_dict().items()},
+            "model": dict(zip(keys, copies)),
             "optim": state,
             "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
                        for g in self.opt.param_groups],
@@ -682,6 +728,10 @@ class Job(_Checkpoints):
             "losses": list(self._losses),
             "sched": copy.deepcopy(self.scheduler.state_dict()) if self.scheduler is not None else None,
         }
+        if hashed:  # state_hash, from the state dict already taken where it covers the buffers
+            snap["hash"] = _hash_tensors(tensors) if self._hash_buffers else \
+                state_hash(self.module, self.opt, False)
+        return snap
 
     def _restore(self, snap):
         with torch.no_grad():

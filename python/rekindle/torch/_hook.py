@@ -9,6 +9,10 @@ import torch.distributed  # noqa: F401  (the fallback when the Job is gone)
 # copies of the bucket, each cheaper than a collective's latency); a larger one leaves the
 # bucket in place and reduces the vector in a second, small all-reduce.
 _FUSE_MAX = 1 << 18
+_SAME = (torch.float32, torch.float64)
+_vector_norm = torch.linalg.vector_norm
+_Future = torch._C.Future
+_set_result = torch._C.Future.set_result
 
 
 def _comm_hook(state, bucket):
@@ -38,11 +42,18 @@ def _comm_hook(state, bucket):
             job._gradflip = False
             job._flip_grad(buf)
     job._hook_calls += 1
+    world = job.world
     cpu = buf.device.type == "cpu"
-    _add_sumsq(job, buf, cpu)
-    perm = _canonical(job, bucket, buf) if job.world > 2 else None
+    same = buf.dtype in _SAME
+    if cpu and same:  # _add_sumsq's CPU path, inline: it runs every step
+        sq = float(_vector_norm(buf)) ** 2
+        if not math.isfinite(sq):
+            sq = float(_vector_norm(buf, dtype=torch.float64).square())
+        job._sumsq = sq if job._sumsq is None else job._sumsq + sq
+    else:
+        _add_sumsq(job, buf, cpu)
+    perm = _canonical(job, bucket, buf) if world > 2 else None
     last = bucket.is_last()
-    same = buf.dtype in (torch.float32, torch.float64)
     n = buf.numel()
     fuse = last and same and n <= _FUSE_MAX
     if last and not fuse:
@@ -53,12 +64,12 @@ def _comm_hook(state, bucket):
         job._pg.allreduce([vec], job._ar_opts).wait()
         job._vec = vec.tolist() if cpu else vec
     if fuse or perm is not None:
-        flat, head, tail, tail_np = _scratch(job, bucket.index(), buf, n, fuse, cpu)
+        flat, head, tail, tail_np, _ = _scratch(job, bucket.index(), buf, n, fuse, cpu)
         if perm is None:
-            torch.div(buf, job.world, out=head)
+            torch.div(buf, world, out=head)
         else:
             torch.index_select(buf, 0, perm, out=head)
-            head.div_(job.world)
+            head.div_(world)
         if fuse:
             vec = job._vector(job._sumsq, buf.dtype, buf.device)
             if cpu:
@@ -66,27 +77,36 @@ def _comm_hook(state, bucket):
             else:
                 tail.copy_(vec)
     else:
-        buf.div_(job.world)
+        buf.div_(world)
         flat = head = buf
 
-    def done(t):
-        if fuse:
-            job._vec = tail_np.tolist() if cpu else tail.clone()
-        if job.guard:  # one pass over the reduced bucket: is its sum finite (step() asks)
-            _add_redsum(job, head, cpu)
-        if perm is not None:
-            buf.index_copy_(0, perm, head)
-        elif head is not buf:
-            buf.copy_(head)
-        return buf
-
+    # The reduced gradients go back to DDP as `head` itself where it is in the bucket's layout
+    # (DDP copies the hook's result into the gradients; copying it into the bucket first
+    # was one more pass), through the bucket where it was permuted.
     if last:
         # the last bucket: nothing left to overlap with, and a Python callback on the
         # future (a thread hop) costs more than the wait
         job._pg.allreduce([flat], job._ar_opts).wait()
-        fut = torch.futures.Future()
-        fut.set_result(done(flat))
+        if fuse:
+            job._vec = tail_np.tolist() if cpu else tail.clone()
+        if job.guard:  # one pass over the reduced bucket: is its sum finite (step() asks)
+            if cpu and not math.isfinite(float(head.sum())):
+                _add_redsum(job, head, cpu)
+            elif not cpu:
+                job._redsums.append(head.sum(dtype=torch.float64))
+        if perm is not None:
+            head = buf.index_copy_(0, perm, head)
+        fut = _Future([])  # torch.futures.Future without its Python layer
+        _set_result(fut, head)
         return fut
+
+    def done(t):
+        if job.guard:
+            _add_redsum(job, head, cpu)
+        if perm is not None:
+            return buf.index_copy_(0, perm, head)
+        return head
+
     return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
 
 
@@ -123,11 +143,10 @@ def _scratch(job, index, buf, n, fuse, cpu):
     """The bucket's reusable all-reduce buffer: (flat, head, tail, tail as numpy on the CPU),
     head the n gradient elements and tail the step's vector (fused into the last bucket;
     empty otherwise)."""
-    extra = job._vector_len() if fuse else 0
     s = job._scratch.get(index)
-    if s is None or s[0].numel() != n + extra or s[0].dtype != buf.dtype or s[0].device != buf.device:
-        flat = torch.empty(n + extra, dtype=buf.dtype, device=buf.device)
-        s = (flat, flat[:n], flat[n:], flat[n:].numpy() if cpu else None)
+    if s is None or s[4] != (n, fuse, buf.dtype, buf.device):
+        flat = torch.empty(n + (job._vector_len() if fuse else 0), dtype=buf.dtype, device=buf.device)
+        s = (flat, flat[:n], flat[n:], flat[n:].numpy() if cpu else None, (n, fuse, buf.dtype, buf.device))
         job._scratch[index] = s
     return s
 

@@ -13,6 +13,9 @@ _DTYPES = {
     torch.uint8: "U8", torch.bool: "BOOL",
 }
 _TORCH = {v: k for k, v in _DTYPES.items()}
+# dtypes whose tensors numpy() takes as they are (bfloat16 has no numpy type)
+_NUMPY = frozenset((torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int16,
+                    torch.int8, torch.uint8, torch.bool))
 
 
 def _raw(t):
@@ -45,9 +48,18 @@ def _blob(name, obj):
 def _hash_tensors(tensors):
     """xxh64 of the tensors' bytes one after the other: in place on the CPU, one transfer from
     a GPU."""
+    if all(t.device.type == "cpu" for t in tensors):
+        h = xxhash.xxh64()
+        for t in tensors:
+            if t.numel() == 0:
+                continue
+            if t.dtype in _NUMPY and t.is_contiguous():  # its bytes as they are: no view to make
+                h.update((t.detach() if t.requires_grad else t).numpy())
+            else:
+                h.update(t.detach().reshape(-1).view(torch.uint8).numpy())
+        return h.intdigest()
     parts = [t.detach().reshape(-1).view(torch.uint8) for t in tensors if t.numel() > 0]
-    if any(t.device.type != "cpu" for t in parts):
-        parts = [torch.cat(parts).cpu()]
+    parts = [torch.cat(parts).cpu()] if parts else []
     h = xxhash.xxh64()
     for t in parts:
         h.update(t.numpy())

@@ -20,10 +20,28 @@ def batch_indices(step, data_size, global_batch, seed=0, rank=0, world=1):
     if per_epoch < 1:
         raise ValueError(f"data_size {data_size} is smaller than global_batch {global_batch}")
     epoch, k = divmod(int(step), per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(data_size)
-    idx = perm[k * global_batch:(k + 1) * global_batch]
+    idx = _permutation(data_size, seed, epoch)[k * global_batch:(k + 1) * global_batch]
     lo = rank * (global_batch // world) + min(rank, global_batch % world)
-    return torch.from_numpy(idx[lo:lo + global_batch // world + (rank < global_batch % world)])
+    return torch.from_numpy(idx[lo:lo + global_batch // world + (rank < global_batch % world)].copy())
+
+
+_PERM = [None, None]  # the last epoch's (data_size, seed, epoch) and its permutation
+
+
+def _permutation(data_size, seed, epoch):
+    """The epoch's seeded permutation of the data, drawn once per (data_size, seed, epoch):
+    drawing 60,000 again at every step cost 1.1 ms of a 4.8 ms step. Read-only: the caller
+    copies its slice."""
+    key = (data_size, seed, epoch)
+    try:
+        if _PERM[0] == key:
+            return _PERM[1]
+    except (TypeError, ValueError):  # a seed that compares oddly (an array): no cache
+        return np.random.default_rng([seed, epoch]).permutation(data_size)
+    perm = np.random.default_rng([seed, epoch]).permutation(data_size)
+    perm.flags.writeable = False
+    _PERM[:] = [key, perm]
+    return perm
 
 
 class StepBatches(torch.utils.data.Sampler):

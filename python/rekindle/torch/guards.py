@@ -26,6 +26,22 @@ def spike_zscore(window, loss):
     return (loss - med) / (1.4826 * mad)
 
 
+def spike_zscore_over(window, loss, limit):
+    """spike_zscore(window, loss) where it may exceed `limit`; 0.0 where it cannot, found
+    without the MAD (it runs every step): the MAD is at least 1% of the median's size, so a
+    loss within half of limit x 1.4826 x 1% of it above the median has a z-score of at most
+    about limit / 2."""
+    if not window:
+        return 0.0
+    if limit > 0:
+        s = sorted(window)
+        n = len(s)
+        med = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+        if loss - med <= 0.5 * limit * 1.4826e-2 * abs(med):
+            return 0.0
+    return spike_zscore(window, loss)
+
+
 def _median(v):
     s = sorted(v)
     n = len(s)
