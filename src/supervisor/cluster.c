@@ -365,8 +365,7 @@ int sup_cluster_open(sup *s, rk_err *err)
     memcpy(no.job, cl->job, sizeof no.job);
     if ((rc = rk_nodes_open(&cl->t, &no, &key, err))) {
         if (strstr(err->msg, "assign requested address")) /* not an address of this host */
-            rc = rk_err_set(err, RK_EINVAL, "--listen %s: not an address of this host",
-                            o->listen);
+            rc = rk_err_set(err, RK_EINVAL, "--listen %s: not an address of this host", o->listen);
         goto out;
     }
     cl->key = key;
