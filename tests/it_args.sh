@@ -166,6 +166,28 @@ refused "hostfile $D" run --hostfile "$D" --listen 10.0.0.1:0 -- true
 refused "--spare-hosts needs --hosts" run --spare-hosts h1:2 --listen 10.0.0.1:0 -- true
 refused "not an address of this host" "${H[@]}" --listen 10.255.255.254:0 --rsh true -- true
 
+# an --rsh that cannot run on any host: bad usage, at once (not after --startup-timeout)
+LH=(run --quiet --hosts 127.0.0.1:1,127.0.0.2:1 --listen 127.0.0.1:0 --startup-timeout 60)
+t0=$SECONDS
+(cd "$W" && timeout 30 "$RK" "${LH[@]}" --rsh /nonexistent/ssh -- true </dev/null >"$work/logs/out" 2>"$work/logs/err")
+rc=$?
+[[ $rc -eq 2 ]] && grep -q "rsh '/nonexistent/ssh' cannot be run" "$work/logs/err" && ((SECONDS - t0 < 20)) \
+  && ok "rk run --hosts with an --rsh that cannot run: exit 2 in $((SECONDS - t0)) s" \
+  || bad "--rsh /nonexistent/ssh: exit $rc after $((SECONDS - t0)) s: $(tail -2 "$work/logs/err")"
+# SIGTERM while the agents start (an --rsh that never starts one): interrupted, exit 130
+printf '#!/bin/sh\nexec sleep 60\n' >"$work/hang-rsh"
+chmod +x "$work/hang-rsh"
+(cd "$W" && exec "$RK" "${LH[@]}" --rsh "$work/hang-rsh" -- true </dev/null >"$work/logs/out" 2>"$work/logs/err") &
+sup=$!
+pids+=("$sup")
+sleep 1
+kill -TERM "$sup"
+wait "$sup"
+rc=$?
+[[ $rc -eq 130 ]] && grep -q "interrupted while the agents were starting" "$work/logs/err" \
+  && ok "rk run --hosts interrupted while the agents start: exit 130" \
+  || bad "SIGTERM while the agents start: exit $rc: $(tail -2 "$work/logs/err")"
+
 refused "--textfile-dir /nonexistent:" "${DOCTOR[@]}" --textfile-dir /nonexistent
 refused "--textfile-dir $F:" "${DOCTOR[@]}" --textfile-dir "$F"
 refused "--predictor $D:" "${DOCTOR[@]}" --predictor "$D"
