@@ -296,8 +296,9 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
                  "connection closed at step %lld",
                  crashed, sup_devname(s, crashed), c->rank, (long long)c->done);
     else if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
-        sup_fail(s, "rank %d (device %s, pid %ld) %s at step %lld", c->rank,
-                 sup_devname(s, c->rank), c->pid, why, (long long)c->done);
+        sup_fail(s, "rank %d (device %s, pid %ld%s) %s at step %lld", c->rank,
+                 sup_devname(s, c->rank), c->pid, c->node >= 0 ? " on its host" : "", why,
+                 (long long)c->done);
 }
 
 /* Read what is there; 1 if bytes were read (more may follow), 0 if none or closed. */

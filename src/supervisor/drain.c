@@ -150,7 +150,7 @@ static int deliver_sim_failures(sup *s)
         if (!rk_gate_take_fatal(s->gate, sup_devname(s, r)))
             continue;
         for (int k = 0; k < s->nconn; k++)
-            if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye &&
+            if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye && s->c[k].node < 0 &&
                 rk_launch_owns(&s->l, (pid_t)s->c[k].pid)) { /* only a rank of ours */
                 sup_say(s,
                         "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "

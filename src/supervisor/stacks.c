@@ -99,7 +99,9 @@ void sup_dump_stacks(sup *s, const int *stuck)
     s->stacks[0] = '\0';
     for (int r = 0; r < s->n; r++) {
         rk_sup_conn *c = stuck[r] ? sup_by_rank(s, r) : NULL;
-        if (!c || !c->stacks || c->fd < 0 || c->pid <= 0)
+        /* a rank on another host (c->node >= 0): its pid is that host's, never one to
+         * signal here, even where a process of ours has the same number */
+        if (!c || !c->stacks || c->fd < 0 || c->pid <= 0 || c->node >= 0)
             continue;
         if (!rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid the worker named */
             continue;
