@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "net/sock.h"
 #include "supervisor/nodes.h"
 #include "supervisor/supervisor.h"
 
@@ -452,27 +453,6 @@ static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_agent_send_fn 
     return 0;
 }
 
-/* Write all of buf to a rank's connection, waiting up to WRITE_TIMEOUT_S. */
-static int write_all(int fd, const uint8_t *buf, size_t n)
-{
-    double until = rk_mono_s() + WRITE_TIMEOUT_S;
-    while (n > 0) {
-        ssize_t w = send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-            buf += w;
-            n -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno != EAGAIN && errno != EINTR)
-            return -1;
-        if (rk_mono_s() > until)
-            return -1;
-        struct pollfd p = {fd, POLLOUT, 0};
-        poll(&p, 1, 20);
-    }
-    return 0;
-}
-
 int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size_t len,
                      rk_agent_send_fn send, void *ctx)
 {
@@ -515,7 +495,8 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
             chan *c = &j->ch[i];
             if (c->fd < 0 || c->id != id)
                 continue;
-            if (type == RK_NODE_MSG_CLOSE || write_all(c->fd, bytes, n) != 0)
+            if (type == RK_NODE_MSG_CLOSE ||
+                rk_net_send_all(c->fd, bytes, n, WRITE_TIMEOUT_S, "a rank", &e) != RK_OK)
                 close_chan(c);
             break;
         }

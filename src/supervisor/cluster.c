@@ -155,6 +155,25 @@ static void on_open(sup *s, int k, const rk_node_open *m)
     c->since = c->last = rk_ledger_now(&s->g);
 }
 
+/* Feed a remote rank's bytes to its socketpair. The reader is conns.c, in this thread: when
+ * the pair is full, read that connection now (as a round would) and go on, so a burst of
+ * lines is never cut into a closed stream. -1 only if the connection is gone. */
+static int relay_write(sup *s, rk_sup_conn *c, const uint8_t *bytes, size_t n)
+{
+    for (int tries = 0; n > 0 && tries < 64; tries++) {
+        ssize_t w = send(c->relay, bytes, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            bytes += w;
+            n -= (size_t)w;
+        } else if (w < 0 && (errno == EAGAIN || errno == EINTR) && c->fd >= 0) {
+            sup_read_conn(s, c);
+        } else {
+            return -1;
+        }
+    }
+    return n == 0 ? 0 : -1;
+}
+
 static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_t len)
 {
     sup *s = ctx;
@@ -190,8 +209,7 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         rk_sup_conn *c = conn_of_chan(s, k, chan);
         if (!c)
             return;
-        if (type == RK_NODE_MSG_CLOSE ||
-            send(c->relay, bytes, n, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)n) {
+        if (type == RK_NODE_MSG_CLOSE || relay_write(s, c, bytes, n) != 0) {
             close(c->relay); /* conns.c reads the end of the stream */
             c->relay = -1;
         }
