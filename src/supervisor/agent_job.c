@@ -76,26 +76,14 @@ int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err
     j->next_chan = 1;
     for (int i = 0; i < MAX_CHANS; i++)
         j->ch[i].fd = j->ch[i].pidfd = -1;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(j->dir, sizeof j->dir, "%s/rk-agent.XXXXXX",
-             tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
-    if (!mkdtemp(j->dir)) {
-        free(j);
-        return rk_err_set(err, RK_EIO,
-                          "agent: cannot create a directory for the heartbeat socket: %s",
-                          strerror(errno));
-    }
-    snprintf(j->sock, sizeof j->sock, "%s/hb.sock", j->dir);
+    int rc = rk_sup_private_socket("rk-agent", j->dir, sizeof j->dir, j->sock, sizeof j->sock,
+                                   &j->lfd, err);
     snprintf(j->stacks, sizeof j->stacks, "%s/stacks", j->dir);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", j->sock);
-    j->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (j->lfd < 0 || chmod(j->dir, 0700) < 0 || mkdir(j->stacks, 0700) < 0 ||
-        bind(j->lfd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(j->sock, 0600) < 0 ||
-        listen(j->lfd, 64) < 0) {
-        int e = errno;
+    if (!rc && mkdir(j->stacks, 0700) < 0)
+        rc = rk_err_set(err, RK_EIO, "agent: %s: %s", j->stacks, strerror(errno));
+    if (rc) {
         rk_agent_job_free(j);
-        return rk_err_set(err, RK_EIO, "agent: heartbeat socket: %s", strerror(e));
+        return rc;
     }
     if (o->abstract) {
         struct sockaddr_un b = {.sun_family = AF_UNIX};

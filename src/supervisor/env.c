@@ -8,13 +8,39 @@
 #include "supervisor/supervisor.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+int rk_sup_private_socket(const char *prefix, char *dir, size_t dcap, char *sock, size_t scap,
+                          int *fd, rk_err *err)
+{
+    const char *tmp = getenv("TMPDIR");
+    *fd = -1;
+    sock[0] = '\0';
+    snprintf(dir, dcap, "%s/%s.XXXXXX", tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp", prefix);
+    if (!mkdtemp(dir)) {
+        int e = errno;
+        dir[0] = '\0';
+        return rk_err_set(err, RK_EIO, "cannot create a directory for the heartbeat socket: %s",
+                          strerror(e));
+    }
+    snprintf(sock, scap, "%s/hb.sock", dir);
+    *fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
+    /* the directory is 0700 (mkdtemp) and the socket 0600: only this user connects */
+    if (*fd < 0 || chmod(dir, 0700) < 0 || bind(*fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+        chmod(sock, 0600) < 0 || listen(*fd, 256) < 0)
+        return rk_err_set(err, RK_EIO, "heartbeat socket %s: %s", sock, strerror(errno));
+    return RK_OK;
+}
 
 int rk_env_free_port(void)
 {

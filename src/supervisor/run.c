@@ -98,22 +98,8 @@ static int sup_may_span_hosts(const rk_sup_opts *o)
 
 static int open_socket(sup *s, rk_err *err)
 {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(s->dir, sizeof s->dir, "%s/rk-run.XXXXXX",
-             tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
-    if (!mkdtemp(s->dir))
-        return rk_err_set(err, RK_EIO, "cannot create a directory for the heartbeat socket: %s",
-                          strerror(errno));
-    snprintf(s->sock, sizeof s->sock, "%s/hb.sock", s->dir);
-    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    snprintf(a.sun_path, sizeof a.sun_path, "%s", s->sock);
-    /* the directory is 0700 (mkdtemp) and the socket 0600: only this user connects */
-    if (s->listen_fd < 0 || chmod(s->dir, 0700) < 0 ||
-        bind(s->listen_fd, (struct sockaddr *)&a, sizeof a) < 0 || chmod(s->sock, 0600) < 0 ||
-        listen(s->listen_fd, 256) < 0)
-        return rk_err_set(err, RK_EIO, "heartbeat socket %s: %s", s->sock, strerror(errno));
-    return RK_OK;
+    return rk_sup_private_socket("rk-run", s->dir, sizeof s->dir, s->sock, sizeof s->sock,
+                                 &s->listen_fd, err);
 }
 
 static int start_launch(sup *s, rk_err *err)

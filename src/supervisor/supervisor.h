@@ -188,6 +188,11 @@ int rk_sup_dir_safe(const char *dir, char *why, size_t cap);
 
 /* ---- env.c ------------------------------------------------------------------------------- */
 
+/* A private directory PREFIX.XXXXXX in $TMPDIR (or /tmp) into dir[dcap], 0700, and a Unix
+ * socket hb.sock in it, 0600, listening, into sock[scap] and *fd: only this user connects.
+ * On an error the caller removes what was made (dir is "" if nothing was; *fd may be open). */
+int rk_sup_private_socket(const char *prefix, char *dir, size_t dcap, char *sock, size_t scap,
+                          int *fd, rk_err *err);
 /* A TCP port free on 127.0.0.1 now (bound to port 0, read, closed), -1 if none. */
 int rk_env_free_port(void);
 /* The directory that holds the rekindle Python package (rekindle/__init__.py): the installed
