@@ -15,10 +15,12 @@
 
 #include "base/clock.h"
 #include "net/secret.h"
+#include "rekindle/health.h"
 #include "rk.h"
 #include "supervisor/agent.h"
 #include "supervisor/agent_job.h"
 #include "supervisor/nodes.h"
+#include "supervisor/supervisor.h"
 
 static volatile sig_atomic_t stop_flag;
 
@@ -46,6 +48,9 @@ static const char agent_usage[] =
     "                [--generation G] [--ping-interval D] [--connect-timeout D]\n"
     "                [--reconnect-for D] [--boot-id-file F]\n"
     "                [--ckpt-dir DIR] [--inject SPEC] [--no-pythonpath] [--watch]\n"
+    "                [--devices N --health nvml|sim [--health-interval S] [--predictor M]\n"
+    "                 [--sim-first I --sim-gpus N --sim-seed S --sim-time-scale X --sim-age H\n"
+    "                  --sim-skip H]]\n"
     "                [-- WORKER ARGS...]\n"
     "\n"
     "Run this host's node agent: connect to the job's coordinator over the authenticated node\n"
@@ -74,6 +79,15 @@ static const char agent_usage[] =
     "  --no-pythonpath          leave PYTHONPATH as it is (else the rekindle package is on it)\n"
     "  --watch                  ranks another launcher starts (one mpirun across the hosts)\n"
     "                           connect to the abstract socket @rk-JOBID: relay them\n"
+    "  --devices N              this node's GPUs, 0..N-1 (with --health)\n"
+    "  --health MODE            read them and report each one's score to the coordinator\n"
+    "                           (HEALTH): nvml, or sim (a simulated fleet: docs/cluster.md)\n"
+    "  --health-interval S      seconds between readings (default 5)\n"
+    "  --predictor MODEL        the failure model of rk run --predictor (a path on this host)\n"
+    "  --sim-first I            sim: this node's device 0 is the fleet's GPU I (default 0)\n"
+    "  --sim-gpus N             sim: the whole fleet's size (default: I + --devices)\n"
+    "  --sim-seed S, --sim-time-scale X, --sim-age H, --sim-skip H\n"
+    "                           sim: as rk run's (defaults 1, 60, 0, 0)\n"
     "  -h, --help               show this help\n"
     "\n"
     "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
@@ -117,12 +131,26 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"inject", required_argument, 0, 'I'},
                                           {"no-pythonpath", no_argument, 0, 'P'},
                                           {"watch", no_argument, 0, 'W'},
+                                          {"devices", required_argument, 0, 'D'},
+                                          {"health", required_argument, 0, 'H'},
+                                          {"health-interval", required_argument, 0, 'i'},
+                                          {"predictor", required_argument, 0, 'M'},
+                                          {"sim-first", required_argument, 0, 'f'},
+                                          {"sim-seed", required_argument, 0, 'S'},
+                                          {"sim-gpus", required_argument, 0, 'F'},
+                                          {"sim-time-scale", required_argument, 0, 'x'},
+                                          {"sim-age", required_argument, 0, 'a'},
+                                          {"sim-skip", required_argument, 0, 'k'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
     rk_agent_job_opts jo = {0};
     const char *coord = NULL, *job = NULL, *secret_file = NULL;
-    int node = -1, gen = 1, watch = 0;
+    int node = -1, gen = 1, watch = 0, ndev = 0, first = 0, fleet = 0, sim_given = 0;
+    rk_sup_opts ho = {.health_seed = 1,
+                      .health_time_scale = 60,
+                      .health_interval_s = 5,
+                      .health_threshold = RK_HEALTH_THRESHOLD_DEFAULT};
     opterr = 0;
     optind = 1;
     int c;
@@ -158,6 +186,53 @@ int rk_cmd_agent(int argc, char **argv)
                 return RK_EXIT_USAGE;
             break;
         case 'b': o.boot_id_path = optarg; break;
+        case 'D':
+            if (rk_arg_count(&agent_args, "--devices", optarg, 1, RK_NODES_MAX, &ndev))
+                return RK_EXIT_USAGE;
+            break;
+        case 'H':
+            if (strcmp(optarg, "nvml") != 0 && strcmp(optarg, "sim") != 0)
+                return rk_cli_usage_error("agent", agent_usage, "--health '%s' is not nvml or sim",
+                                          optarg);
+            ho.health = optarg;
+            break;
+        case 'i':
+            if (rk_arg_seconds(&agent_args, "--health-interval", optarg, 0.1, RK_ARG_SECONDS_MAX,
+                               &ho.health_interval_s))
+                return RK_EXIT_USAGE;
+            break;
+        case 'M': ho.predictor = optarg; break;
+        case 'f':
+            sim_given = 1;
+            if (rk_arg_count(&agent_args, "--sim-first", optarg, 0, 1023, &first))
+                return RK_EXIT_USAGE;
+            break;
+        case 'F':
+            sim_given = 1;
+            if (rk_arg_count(&agent_args, "--sim-gpus", optarg, 1, 1024, &fleet))
+                return RK_EXIT_USAGE;
+            break;
+        case 'S':
+            sim_given = 1;
+            if (rk_arg_seed(&agent_args, "--sim-seed", optarg, &ho.health_seed))
+                return RK_EXIT_USAGE;
+            break;
+        case 'x':
+            sim_given = 1;
+            if (rk_arg_real(&agent_args, "--sim-time-scale", optarg, 1e-3, 1e9,
+                            &ho.health_time_scale))
+                return RK_EXIT_USAGE;
+            break;
+        case 'a':
+            sim_given = 1;
+            if (rk_arg_hours(&agent_args, "--sim-age", optarg, &ho.health_age_h))
+                return RK_EXIT_USAGE;
+            break;
+        case 'k':
+            sim_given = 1;
+            if (rk_arg_hours(&agent_args, "--sim-skip", optarg, &ho.sim_skip_h))
+                return RK_EXIT_USAGE;
+            break;
         case 'h': fputs(agent_usage, stdout); return RK_EXIT_OK;
         default:
             return rk_cli_usage_error("agent", agent_usage, "unknown option or missing value: '%s'",
@@ -172,6 +247,24 @@ int rk_cmd_agent(int argc, char **argv)
     if (!jo.worker && (jo.ckpt_dir || jo.inject))
         return rk_cli_usage_error("agent", agent_usage,
                                   "--ckpt-dir and --inject are for the ranks: give -- WORKER ARGS");
+    if (ho.health && !ndev)
+        return rk_cli_usage_error("agent", agent_usage, "--health needs --devices N");
+    if (!ho.health && (ndev || ho.predictor || sim_given))
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--devices, --predictor and --sim-* are for --health");
+    if (sim_given && strcmp(ho.health, "sim") != 0)
+        return rk_cli_usage_error("agent", agent_usage, "--sim-* options need --health sim");
+    if (ho.health && fleet && first + ndev > fleet)
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--sim-gpus %d: the fleet has no GPU %d (--sim-first %d, "
+                                  "--devices %d)",
+                                  fleet, first + ndev - 1, first, ndev);
+    if (ho.health && first + ndev > 1024)
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--sim-first %d with --devices %d: past the fleet's GPU 1023",
+                                  first, ndev);
+    if (ho.predictor && rk_arg_path(&agent_args, "--predictor", ho.predictor, RK_PATH_FILE))
+        return RK_EXIT_USAGE;
     if (!coord || node < 0 || !job)
         return rk_cli_usage_error("agent", agent_usage,
                                   "--coordinator, --node and --job-id are required");
@@ -219,8 +312,40 @@ int rk_cmd_agent(int argc, char **argv)
         }
         o.ranks = aj;
     }
+    rk_gate *gate = NULL;
+    if (ho.health) { /* the node's GPUs: ids 0..N-1, or the fleet's first..first+N-1 */
+        int sim = strcmp(ho.health, "sim") == 0;
+        if (!sim)
+            first = 0;
+        ho.health_sim_gpus = fleet > first + ndev ? fleet : first + ndev;
+        if (rk_gate_open(&gate, &ho, &err)) {
+            rk_agent_job_free(aj);
+            rk_net_secret_wipe(&key);
+            fprintf(stderr, "rk agent: health gate: %s\n", err.msg);
+            /* a broken --predictor is bad input; no NVML here is not */
+            return err.code == RK_EFORMAT || err.code == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
+        }
+        char id[16];
+        snprintf(id, sizeof id, "%d", first + ndev - 1);
+        if (!rk_gate_knows(gate, id)) {
+            fprintf(stderr, "rk agent: health gate: %d GPUs asked for, the %s backend has fewer\n",
+                    ndev, rk_gate_backend(gate));
+            rk_gate_close(gate);
+            rk_agent_job_free(aj);
+            rk_net_secret_wipe(&key);
+            return RK_EXIT_FAIL;
+        }
+        fprintf(stderr, "rk %s: health gate: %d %s GPU%s%s, read every %.1f s\n", who, ndev,
+                rk_gate_backend(gate), ndev == 1 ? "" : "s", sim ? " (simulated)" : "",
+                ho.health_interval_s);
+        o.gate = gate;
+        o.gate_first = first;
+        o.gate_n = ndev;
+        o.health_s = ho.health_interval_s;
+    }
     rk_agent_outcome outcome;
     int rc = rk_agent_run(&o, &key, &outcome, &err);
+    rk_gate_close(gate);
     rk_agent_job_free(aj);
     rk_net_secret_wipe(&key);
     if (rc) {

@@ -147,7 +147,9 @@ static const char usage_b[] =
     "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
     "                          default), nvml, sim (a simulated fleet: device ids are its GPU\n"
     "                          indices), off. GPUs scoring below --health-threshold are left\n"
-    "                          out before each launch and drained during a run\n"
+    "                          out before each launch and drained during a run. With\n"
+    "                          --hosts: nvml or sim, read by each host's agent (default off;\n"
+    "                          sim: one fleet over the hosts' slots in order)\n"
     "  --health-threshold T    default 60\n"
     "  --health-interval S     seconds between readings during a run (default 5)\n"
     "  --sim-seed S            the simulated fleet's seed (default 1)\n"
@@ -315,10 +317,10 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
                               ? "--hosts: each host's agent starts its ranks"
                               : "--hosts: one mpirun across the hosts, the agents watch";
     if (!health_given)
-        o->health = NULL; /* the gate reads this host's GPUs: not the job's across hosts */
-    else if (o->health)
-        return usage_error("--health with --hosts: the health gate reads this host's GPUs, "
-                           "not the hosts'; give --health off");
+        o->health = NULL; /* off unless asked for: each host's agent needs its NVML */
+    else if (o->health && !strcmp(o->health, "auto"))
+        return usage_error("--health auto with --hosts: give nvml or sim (each host's agent "
+                           "reads its GPUs) or off");
     int ndev = 0, primary = 0;
     size_t used = 0;
     dev[0] = '\0';
@@ -582,7 +584,8 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--predictor %s: %s", o.predictor, strerror(errno));
     if (o.predictor && !drain_given && drain_default(&o))
         return RK_EXIT_USAGE;
-    if (o.health && strcmp(o.health, "sim") == 0) { /* the fleet covers every device index */
+    if (o.health && strcmp(o.health, "sim") == 0 && !o.hosts) {
+        /* the fleet covers every device index (over the hosts: every slot, in order) */
         o.health_sim_gpus = 1;
         for (int d = 0; d < o.ndevices; d++) {
             int64_t v;

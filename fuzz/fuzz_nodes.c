@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/text.h"
 #include "supervisor/nodes.h"
 
 static void check(int cond)
@@ -115,6 +116,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(memcmp(&x, &x2, sizeof x) == 0);
     } else {
         check(err.code == RK_EFORMAT);
+        check_line(&err);
+    }
+    rk_node_health he, he2;
+    if (rk_node_health_parse(data, size, &he, &err) == RK_OK) {
+        check(he.score <= 100 && he.lost <= 1 && he.sim <= 1 && he.prob_ppm >= -1 &&
+              he.prob_ppm <= 1000000 && he.device < RK_NODES_MAX);
+        check(rk_text_ok(he.why, strlen(he.why)));
+        check(rk_node_health_format(&he, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_health_parse(out, len, &he2, &err) == RK_OK);
+        check(memcmp(&he, &he2, sizeof he) == 0);
+    } else {
+        check(err.code == RK_EFORMAT && he.prob_ppm == -1 && !he.why[0]);
         check_line(&err);
     }
     rk_node_open op;

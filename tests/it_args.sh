@@ -159,7 +159,14 @@ refused "not a wildcard" "${H[@]}" --listen 0.0.0.0:0 -- true
 refused "is a loopback address: host h1" "${H[@]}" --listen 127.0.0.1:0 -- true
 refused "-n 9: the hosts have 4 slots" "${H[@]}" -n 9 --listen 10.0.0.1:0 -- true
 refused "--devices with --hosts" "${H[@]}" --devices 0,1 --listen 10.0.0.1:0 -- true
-refused "--health with --hosts" "${H[@]}" --health sim --listen 10.0.0.1:0 -- true
+refused "--health auto with --hosts: give nvml or sim" "${H[@]}" --health auto --listen 10.0.0.1:0 -- true
+# the agent's health flags
+AG=(agent --coordinator 10.0.0.1:7 --node 0 --job-id 00112233445566778899aabbccddeeff)
+refused "--health needs --devices N" "${AG[@]}" --health sim
+refused "--devices, --predictor and --sim-* are for --health" "${AG[@]}" --sim-seed 3
+refused "--sim-* options need --health sim" "${AG[@]}" --devices 2 --health nvml --sim-age 10
+refused "--health 'auto' is not nvml or sim" "${AG[@]}" --devices 2 --health auto
+refused "--sim-gpus 3: the fleet has no GPU 3" "${AG[@]}" --devices 2 --health sim --sim-first 2 --sim-gpus 3
 refused "entry 2 is empty" run --hosts h1:2,,h2 --listen 10.0.0.1:0 -- true
 refused "twice" run --hosts h1:2 --spare-hosts H1:2 --listen 10.0.0.1:0 -- true
 refused "hostfile $D" run --hostfile "$D" --listen 10.0.0.1:0 -- true

@@ -6,6 +6,7 @@
  * the timeout, a replayed HELLO on a new connection, a wrong secret and an earlier launch are
  * each refused with one event and change nothing, an unknown node gets REFUSED, and a node
  * that comes back with its next sequence number rejoins (same boot id) or reboots (another).
+ * HEALTH (jobmsg.c): round trips and bounds.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -233,6 +234,50 @@ static void test_launch_messages(void **state)
     assert_int_equal(rk_node_data_parse(zero4, 4, 1, &chan, &bytes, &n, &e), RK_EFORMAT);
     assert_int_equal(rk_node_data_format(1, fr, RK_NODE_DATA_MAX + 1, fr, sizeof fr, &len, &e),
                      RK_EINVAL);
+}
+
+/* HEALTH: a round trip with and without the optional fields, a reason with a control
+ * character cleaned on the way out, and each bound refused with a line naming the field */
+static void test_health_message(void **state)
+{
+    (void)state;
+    char buf[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    rk_node_health h = {.device = 1, .score = 41, .lost = 0, .sim = 1, .prob_ppm = 250000}, hb;
+    snprintf(h.why, sizeof h.why, "thermal_high: core at 91 C\n(idle)");
+    assert_int_equal(rk_node_health_format(&h, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_health_parse(buf, len, &hb, &e), RK_OK);
+    assert_int_equal(hb.device, 1);
+    assert_int_equal(hb.score, 41);
+    assert_int_equal(hb.sim, 1);
+    assert_int_equal(hb.prob_ppm, 250000);
+    assert_string_equal(hb.why, "thermal_high: core at 91 C?(idle)");
+    rk_node_health bare = {.device = 0, .score = 100, .prob_ppm = -1};
+    assert_int_equal(rk_node_health_format(&bare, buf, sizeof buf, &len, &e), RK_OK);
+    buf[len] = 0;
+    assert_null(strstr(buf, "prob_ppm"));
+    assert_int_equal(rk_node_health_parse(buf, len, &hb, &e), RK_OK);
+    assert_int_equal(hb.prob_ppm, -1);
+    assert_string_equal(hb.why, "");
+    bare.score = 101;
+    assert_int_equal(rk_node_health_format(&bare, buf, sizeof buf, &len, &e), RK_EINVAL);
+    const char *bad[][2] = {
+        {"device=0\nscore=101\nlost=0\nsim=0\n", "score"},
+        {"device=0\nscore=50\nlost=2\nsim=0\n", "lost"},
+        {"device=0\nscore=50\nlost=0\n", "sim"},
+        {"score=50\nlost=0\nsim=0\n", "device"},
+        {"device=1024\nscore=50\nlost=0\nsim=0\n", "device"},
+        {"device=0\nscore=50\nlost=0\nsim=0\nprob_ppm=1000001\n", "prob_ppm"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rk_err be = {0};
+        assert_int_equal(rk_node_health_parse(bad[i][0], strlen(bad[i][0]), &hb, &be), RK_EFORMAT);
+        assert_non_null(strstr(be.msg, "health: "));
+        assert_non_null(strstr(be.msg, bad[i][1]));
+        assert_int_equal(hb.prob_ppm, -1);
+    }
+    assert_string_equal(rk_node_msg_name(RK_NODE_MSG_HEALTH), "HEALTH");
 }
 
 static void test_text_forms(void **state)
@@ -492,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_hello_round_trip_and_refusals),
         cmocka_unit_test(test_welcome_and_reason),
         cmocka_unit_test(test_launch_messages),
+        cmocka_unit_test(test_health_message),
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),

@@ -20,6 +20,7 @@
 #include "net/sock.h"
 #include "net/stream.h"
 #include "supervisor/agent_job.h"
+#include "supervisor/supervisor.h"
 
 #define SEND_TIMEOUT_S 1.0
 #define BACKOFF_MIN_S 0.1
@@ -89,6 +90,35 @@ static int job_send(void *ctx, uint8_t type, const void *payload, size_t len)
     return 0;
 }
 
+/* Read the node's GPUs and send one HEALTH a device; 0, or -1 when a send failed. */
+static int send_health(agent *a, int fd, rk_err *err)
+{
+    const rk_agent_opts *o = a->o;
+    rk_err e = {0};
+    if (rk_gate_sample(o->gate, &e))
+        logf_(a, "health gate: %s", e.msg);
+    int sim = strcmp(rk_gate_backend(o->gate), "sim") == 0;
+    for (int i = 0; i < o->gate_n; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "%d", o->gate_first + i);
+        rk_node_health m = {.device = (uint32_t)i, .sim = (uint32_t)sim};
+        int score = rk_gate_score(o->gate, id, m.why, sizeof m.why);
+        m.score = (uint32_t)(score < 0 ? 0 : score > 100 ? 100 : score);
+        m.lost = (uint32_t)(rk_gate_lost(o->gate, id) != 0);
+        double p = rk_gate_prob(o->gate, id);
+        m.prob_ppm = p >= 0 && p <= 1 ? (int64_t)(p * 1e6 + 0.5) : -1;
+        if (rk_gate_take_fatal(o->gate, id)) /* not delivered to a rank here: see cluster.md */
+            logf_(a, "%sGPU %d (device %d of this node): an uncorrectable ECC error",
+                  sim ? "simulated " : "", o->gate_first + i, i);
+        char payload[RK_NODE_PAYLOAD_MAX];
+        size_t len;
+        if (rk_node_health_format(&m, payload, sizeof payload, &len, &e) ||
+            send_msg(a, fd, RK_NODE_MSG_HEALTH, payload, len, err))
+            return -1;
+    }
+    return 0;
+}
+
 /* What one connection ended with. */
 typedef enum link_end {
     LINK_DROPPED, /* reconnect */
@@ -120,6 +150,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     }
     bool up = false;
     double now = rk_mono_s(), opened = now, last_rx = now, next_ping = now + o->ping_s;
+    double next_health = 0;            /* with a gate: at once after WELCOME, then every health_s */
     double rx_timeout = 3 * o->ping_s; /* raised to the coordinator's node timeout on WELCOME */
     for (;;) {
         if (stopping(a)) {
@@ -142,7 +173,14 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
             }
             next_ping = now + o->ping_s;
         }
+        if (up && o->gate && now >= next_health) {
+            if (send_health(a, fd, &e))
+                return drop(a, "link lost: %s", e.msg);
+            next_health = now + o->health_s;
+        }
         double wait = up ? next_ping - now : opened + o->connect_timeout_s - now;
+        if (up && o->gate && next_health - now < wait)
+            wait = next_health - now;
         if (wait > o->ping_s)
             wait = o->ping_s;
         struct pollfd p[80] = {{.fd = fd, .events = POLLIN}};
@@ -245,7 +283,9 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
 {
     *outcome = RK_AGENT_GAVE_UP;
     if (o->generation < 1 || !(o->ping_s > 0) || !(o->connect_timeout_s > 0) ||
-        !(o->reconnect_s >= 0) || o->node >= RK_NODES_MAX)
+        !(o->reconnect_s >= 0) || o->node >= RK_NODES_MAX ||
+        (o->gate &&
+         (o->gate_n < 1 || o->gate_n > RK_NODES_MAX || o->gate_first < 0 || !(o->health_s > 0))))
         return rk_err_set(err, RK_EINVAL, "agent: bad options");
     agent a = {.o = o, .key = key, .fd = -1};
     rk_node_hello hello = {.node = o->node, .pid = getpid()};

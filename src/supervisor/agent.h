@@ -9,7 +9,8 @@
  *
  * Poll-based, single-threaded. With a job (agent_job.h), the same loop polls the node's
  * ranks: LAUNCH, KILL, DATA and CLOSE go to it, its OPEN, DATA, CLOSE, LAUNCHED and EXITED go
- * out on the link, and a link that drops ends the node's ranks at once.
+ * out on the link, and a link that drops ends the node's ranks at once. With a health gate,
+ * the node's GPUs are read and reported (HEALTH) on every welcomed link.
  */
 #ifndef RK_SUPERVISOR_AGENT_H
 #define RK_SUPERVISOR_AGENT_H
@@ -31,6 +32,12 @@ typedef struct rk_agent_opts {
     const char *boot_id_path;    /* NULL: /proc/sys/kernel/random/boot_id */
     volatile sig_atomic_t *stop; /* set (by a signal handler) to say BYE and return */
     struct rk_agent_job *ranks;  /* the node's ranks (agent_job.h); NULL: the link alone */
+    /* the node's health gate (supervisor.h): sampled after each WELCOME and every health_s,
+     * each device's reading sent as HEALTH; NULL: none */
+    struct rk_gate *gate;
+    int gate_first;  /* the gate's id of the node's device 0 (a simulated fleet spans hosts) */
+    int gate_n;      /* the node's devices, 1..RK_NODES_MAX */
+    double health_s; /* > 0 with a gate */
     void (*on_log)(void *ctx, const char *line); /* what happens, one line each */
     void *ctx;
 } rk_agent_opts;

@@ -33,6 +33,7 @@
 #define MAX_NODES 256
 #define LAUNCHED_WAIT_S 10.0 /* rank 0's agent answers LAUNCH within this */
 #define AGENT_EXIT_WAIT_S 3.0
+#define HEALTH_WAIT_S 10.0 /* the agents' first readings, before the first launch */
 
 struct sup_cluster {
     rk_nodes *t;
@@ -58,6 +59,13 @@ struct sup_cluster {
     int failure_seen;       /* a node ended with a failure: the others are being ended */
     uint32_t launched_port; /* LAUNCHED from rank 0's node */
     int launched;
+    /* the agents' health readings (HEALTH), by device index; with --health only */
+    struct {
+        int have; /* a reading came */
+        int sim;
+        rk_sup_health h;
+        char why[RK_NODE_VALUE_MAX + 1];
+    } health[RK_SUP_MAX_DEVICES];
 };
 
 /* ---- the node table's callbacks ---------------------------------------------------------- */
@@ -215,6 +223,29 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         }
         return;
     }
+    case RK_NODE_MSG_HEALTH: {
+        rk_node_health m;
+        if (!s->o->health)
+            return; /* not asked for */
+        if (rk_node_health_parse(payload, len, &m, &e)) {
+            sup_say(s, "node %d: a bad HEALTH: %s", k, e.msg);
+            return;
+        }
+        for (int d = 0; d < s->o->ndevices; d++)
+            if (cl->dev_node[d] == k && cl->dev_local[d] == (int)m.device) {
+                cl->health[d].have = 1;
+                cl->health[d].sim = (int)m.sim;
+                cl->health[d].h =
+                    (rk_sup_health){.lost = (int)m.lost,
+                                    .score = (int)m.score,
+                                    .prob = m.prob_ppm < 0 ? -1.0 : (double)m.prob_ppm / 1e6};
+                snprintf(cl->health[d].why, sizeof cl->health[d].why, "%s", m.why);
+                return;
+            }
+        sup_say(s, "node %d: a HEALTH for device %u, which the node does not have", k,
+                (unsigned)m.device);
+        return;
+    }
     case RK_NODE_MSG_EXITED: {
         rk_node_exited m;
         if (rk_node_exited_parse(payload, len, &m, &e) || (int)m.launch != s->launch_no + 1 ||
@@ -263,6 +294,44 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
                            "--job-id", cl->job_hex,     "--generation", gen};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
         used = put_word(cmd, used, sizeof cmd, words[i]);
+    if (o->health) { /* the agent reads its GPUs; a simulated fleet spans the hosts */
+        char num[32];
+        snprintf(num, sizeof num, "%d", o->hosts[k].slots);
+        used = put_word(cmd, used, sizeof cmd, "--devices");
+        used = put_word(cmd, used, sizeof cmd, num);
+        used = put_word(cmd, used, sizeof cmd, "--health");
+        used = put_word(cmd, used, sizeof cmd, o->health);
+        snprintf(num, sizeof num, "%g", o->health_interval_s);
+        used = put_word(cmd, used, sizeof cmd, "--health-interval");
+        used = put_word(cmd, used, sizeof cmd, num);
+        if (o->predictor) {
+            used = put_word(cmd, used, sizeof cmd, "--predictor");
+            used = put_word(cmd, used, sizeof cmd, o->predictor);
+        }
+        if (!strcmp(o->health, "sim")) {
+            int first = 0;
+            for (int d = 0; d < o->ndevices; d++)
+                if (cl->dev_node[d] == k) {
+                    first = d;
+                    break;
+                }
+            /* every agent simulates the whole fleet (its GPUs' profiles are drawn in order)
+             * and reads its own slots of it */
+            const char *flag[] = {"--sim-first", "--sim-gpus",       "--sim-seed",
+                                  "--sim-age",   "--sim-time-scale", "--sim-skip"};
+            char val[6][32];
+            snprintf(val[0], sizeof val[0], "%d", first);
+            snprintf(val[1], sizeof val[1], "%d", o->ndevices);
+            snprintf(val[2], sizeof val[2], "%llu", (unsigned long long)o->health_seed);
+            snprintf(val[3], sizeof val[3], "%.17g", o->health_age_h);
+            snprintf(val[4], sizeof val[4], "%.17g", o->health_time_scale);
+            snprintf(val[5], sizeof val[5], "%.17g", o->sim_skip_h);
+            for (int i = 0; i < 6; i++) {
+                used = put_word(cmd, used, sizeof cmd, flag[i]);
+                used = put_word(cmd, used, sizeof cmd, val[i]);
+            }
+        }
+    }
     if (cl->watch) { /* no worker: mpirun starts the ranks, the agent watches them */
         used = put_word(cmd, used, sizeof cmd, "--watch");
         goto argv;
@@ -437,9 +506,34 @@ int sup_cluster_open(sup *s, rk_err *err)
                     k, o->hosts[k].name, o->startup_timeout_s);
         }
     }
-    if (missing == o->nhosts && unrunnable == o->nhosts)
+    if (missing == o->nhosts && unrunnable == o->nhosts) {
         rc = rk_err_set(err, RK_ENOENT, "--rsh '%s' cannot be run (exit status 127 on every host)",
                         o->rsh ? o->rsh : "ssh -o BatchMode=yes");
+        goto out;
+    }
+    if (o->health) { /* the first launch is picked on readings: wait for the nodes' first */
+        sup_say(s,
+                "health gate: each host's agent reads its GPUs (%s%s), threshold %.0f, every "
+                "%.1f s",
+                o->health, !strcmp(o->health, "sim") ? ", simulated" : "", o->health_threshold,
+                o->health_interval_s);
+        double health_until = rk_mono_s() + HEALTH_WAIT_S;
+        while (rk_mono_s() < health_until && !rk_sup_interrupted) {
+            int waiting = 0;
+            for (int e = 0; d < o->ndevices; d++)
+                waiting += rk_nodes_connected(cl->t, cl->dev_node[e]) && !cl->health[e].have;
+            if (!waiting)
+                break;
+            if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
+                goto out;
+        }
+        for (int e = 0; d < o->ndevices; d++)
+            if (rk_nodes_connected(cl->t, cl->dev_node[e]) && !cl->health[e].have)
+                sup_say(s,
+                        "health gate: no reading of device %s within %g s (its agent's "
+                        "words are above); taken as sound until one comes",
+                        o->devices[e], HEALTH_WAIT_S);
+    }
 out:
     rk_net_secret_wipe(&key);
     return rc;
@@ -553,6 +647,25 @@ int sup_cluster_node_up(const sup *s, int d)
     const sup_cluster *cl = s->cl;
     int k = cl->dev_node[d];
     return rk_nodes_connected(cl->t, k) && !cl->quarantined[k];
+}
+
+int sup_cluster_health(const sup *s, int d, rk_sup_health *h, char *why, size_t cap)
+{
+    const sup_cluster *cl = s->cl;
+    if (!cl || !s->o->health)
+        return 0;
+    *h = (rk_sup_health){.score = 100, .prob = -1.0};
+    why[0] = 0;
+    if (cl->health[d].have) {
+        *h = cl->health[d].h;
+        snprintf(why, cap, "%s", cl->health[d].why);
+    }
+    return 1;
+}
+
+int sup_cluster_health_sim(const sup *s, int d)
+{
+    return s->cl && s->cl->health[d].have && s->cl->health[d].sim;
 }
 
 const char *sup_cluster_node_name(const sup *s, int d)

@@ -46,13 +46,15 @@ static int is_sim(const sup *s)
     return s->gate && strcmp(rk_gate_backend(s->gate), "sim") == 0;
 }
 
-/* What the gate read for device id `id` (no gate: a sound device). */
-static rk_sup_health reading(const sup *s, const char *id, char *why, size_t cap)
+/* What the gate read for device d (over the hosts: what its agent read; no gate: a sound
+ * device). */
+static rk_sup_health reading(const sup *s, int d, char *why, size_t cap)
 {
     rk_sup_health h = {.lost = 0, .fatal = 0, .score = 100, .prob = -1.0};
     why[0] = '\0';
-    if (!s->gate)
+    if (sup_cluster_health(s, d, &h, why, cap) || !s->gate)
         return h;
+    const char *id = s->o->devices[d];
     h.lost = rk_gate_lost(s->gate, id);
     h.score = rk_gate_score(s->gate, id, why, cap);
     h.prob = rk_gate_prob(s->gate, id);
@@ -77,7 +79,7 @@ int sup_pick_devices(sup *s)
     char why[RK_SUP_MAX_DEVICES][200];
     rk_sup_pick pick[RK_SUP_MAX_DEVICES];
     for (int d = 0; d < o->ndevices; d++) {
-        h[d] = reading(s, o->devices[d], why[d], sizeof why[d]);
+        h[d] = reading(s, d, why[d], sizeof why[d]);
         if (s->cl && !sup_cluster_node_up(s, d)) { /* its host is down or quarantined */
             h[d].lost = 1;
             snprintf(why[d], sizeof why[d], "node %s is not connected",
@@ -93,7 +95,7 @@ int sup_pick_devices(sup *s)
             if (s->cl && !sup_cluster_node_up(s, d))
                 break; /* said once per node, not per device */
             sup_say(s, "health gate: device %s left out of this launch: the GPU is gone%s", id,
-                    is_sim(s) ? " (simulated)" : "");
+                    is_sim(s) || sup_cluster_health_sim(s, d) ? " (simulated)" : "");
             break;
         case RK_SUP_OUT_SCORE:
             sup_record(s, "health_gate", -1, id, "left_out", "score %d below %.0f: %s", h[d].score,
@@ -171,8 +173,8 @@ static int deliver_sim_failures(sup *s)
 void sup_gate_tick(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (!rk_sup_gate_due(s->gate != NULL, s->failing, s->stop_sent, s->hellos, s->n, now,
-                         s->last_gate, s->o->health_interval_s))
+    if (!rk_sup_gate_due(s->gate != NULL || (s->cl && s->o->health), s->failing, s->stop_sent,
+                         s->hellos, s->n, now, s->last_gate, s->o->health_interval_s))
         return;
     sample(s);
     if (is_sim(s) && deliver_sim_failures(s))
@@ -180,7 +182,7 @@ void sup_gate_tick(sup *s)
     rk_sup_health h[RK_SUP_MAX_DEVICES];
     char why[RK_SUP_MAX_DEVICES][200];
     for (int r = 0; r < s->n; r++)
-        h[r] = reading(s, sup_devname(s, r), why[r], sizeof why[r]);
+        h[r] = reading(s, s->dev[r], why[r], sizeof why[r]);
     rk_sup_why reason;
     int r = rk_sup_drain_rank(&s->rules, s->n, h, &reason);
     if (r >= 0)

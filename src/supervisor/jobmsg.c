@@ -222,6 +222,58 @@ bad:
     return rc;
 }
 
+int rk_node_health_format(const rk_node_health *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (m->score > 100 || m->lost > 1 || m->sim > 1 || m->prob_ppm < -1 || m->prob_ppm > 1000000 ||
+        m->device >= RK_NODES_MAX)
+        return rk_err_set(err, RK_EINVAL, "health: a field out of range");
+    char why[RK_NODE_VALUE_MAX + 1];
+    rk_text_clean(why, sizeof why, m->why);
+    if (!rk_node_put(out, cap, len, "device=%u\nscore=%u\nlost=%u\nsim=%u\n", (unsigned)m->device,
+                     (unsigned)m->score, (unsigned)m->lost, (unsigned)m->sim) ||
+        (m->prob_ppm >= 0 && !rk_node_put(out, cap, len, "prob_ppm=%" PRId64 "\n", m->prob_ppm)) ||
+        (why[0] && !rk_node_put(out, cap, len, "why=%s\n", why)))
+        return rk_err_set(err, RK_EINVAL, "health: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_health_parse(const void *payload, size_t len, rk_node_health *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    m->prob_ppm = -1;
+    rk_node_kv kv;
+    int rc;
+    int64_t v;
+    if ((rc = parse_kv(&kv, "health", payload, len, err)) ||
+        (rc = rk_node_kv_int(&kv, "health", "device", 0, RK_NODES_MAX - 1, &v, err)))
+        goto bad;
+    m->device = (uint32_t)v;
+    if ((rc = rk_node_kv_int(&kv, "health", "score", 0, 100, &v, err)))
+        goto bad;
+    m->score = (uint32_t)v;
+    if ((rc = rk_node_kv_int(&kv, "health", "lost", 0, 1, &v, err)))
+        goto bad;
+    m->lost = (uint32_t)v;
+    if ((rc = rk_node_kv_int(&kv, "health", "sim", 0, 1, &v, err)))
+        goto bad;
+    m->sim = (uint32_t)v;
+    size_t n;
+    if (rk_node_kv_get(&kv, "prob_ppm", &n) &&
+        (rc = rk_node_kv_int(&kv, "health", "prob_ppm", 0, 1000000, &m->prob_ppm, err)))
+        goto bad;
+    const char *why = rk_node_kv_get(&kv, "why", &n);
+    if (why) { /* rk_node_kv_parse checked it: UTF-8, no control characters, <= 255 bytes */
+        memcpy(m->why, why, n);
+        m->why[n] = 0;
+    }
+    return RK_OK;
+bad:
+    memset(m, 0, sizeof *m);
+    m->prob_ppm = -1;
+    return rc;
+}
+
 int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err)
 {
     *len = 0;

@@ -22,7 +22,7 @@ const char *rk_node_msg_name(uint8_t type)
 {
     static const char *const names[] = {NULL,   "HELLO",   "WELCOME", "PING",     "PONG",
                                         "BYE",  "REFUSED", "LAUNCH",  "LAUNCHED", "OPEN",
-                                        "DATA", "CLOSE",   "EXITED",  "KILL"};
+                                        "DATA", "CLOSE",   "EXITED",  "KILL",     "HEALTH"};
     static char other[16];
     if (type >= 1 && type <= RK_NODE_MSG_LAST)
         return names[type];

@@ -40,9 +40,10 @@ enum {
     RK_NODE_MSG_DATA = 10,   /* either way: bytes of a rank's heartbeat stream (rk_node_data) */
     RK_NODE_MSG_CLOSE = 11,  /* either way: that stream ended (rk_node_data, no bytes) */
     RK_NODE_MSG_EXITED = 12, /* agent -> coordinator: the node's ranks are gone (rk_node_exited) */
-    RK_NODE_MSG_KILL = 13    /* coordinator -> agent: end this node's ranks (rk_node_kill) */
+    RK_NODE_MSG_KILL = 13,   /* coordinator -> agent: end this node's ranks (rk_node_kill) */
+    RK_NODE_MSG_HEALTH = 14  /* agent -> coordinator: one GPU's reading (rk_node_health) */
 };
-#define RK_NODE_MSG_LAST RK_NODE_MSG_KILL
+#define RK_NODE_MSG_LAST RK_NODE_MSG_HEALTH
 
 #define RK_NODES_MAX 1024           /* nodes of one job */
 #define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
@@ -163,6 +164,20 @@ int rk_node_open_format(const rk_node_open *m, char *out, size_t cap, size_t *le
 int rk_node_open_parse(const void *payload, size_t len, rk_node_open *m, rk_err *err);
 int rk_node_exited_format(const rk_node_exited *m, char *out, size_t cap, size_t *len, rk_err *err);
 int rk_node_exited_parse(const void *payload, size_t len, rk_node_exited *m, rk_err *err);
+/* HEALTH: what the agent's health gate read for one GPU of its node (docs/cluster-protocol.md,
+ * "Health"): sent after WELCOME and then every --health-interval, one message a device. */
+typedef struct rk_node_health {
+    uint32_t device;                 /* its index on the node (0 .. slots-1) */
+    uint32_t score;                  /* 0..100, the health score */
+    uint32_t lost;                   /* 1: the GPU is gone (off the bus, not found) */
+    uint32_t sim;                    /* 1: a simulated GPU */
+    int64_t prob_ppm;                /* the predictor's probability of failing, parts per
+                                      * million; -1: no predictor */
+    char why[RK_NODE_VALUE_MAX + 1]; /* the score's reason, "" none */
+} rk_node_health;
+
+int rk_node_health_format(const rk_node_health *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_health_parse(const void *payload, size_t len, rk_node_health *m, rk_err *err);
 int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err);
 int rk_node_kill_parse(const void *payload, size_t len, rk_node_kill *m, rk_err *err);
 /* DATA and CLOSE: a 4-byte channel number (big-endian, >= 1), then DATA's bytes (1 to

@@ -165,6 +165,11 @@ void sup_cluster_kill_ranks(sup *s, double grace_s);
 int sup_cluster_node_up(const sup *s, int d);
 /* Device d's host name. */
 const char *sup_cluster_node_name(const sup *s, int d);
+/* With --health over the hosts: device d's last reading from its agent into *h and why[cap]
+ * (a sound one before any came), returning 1; 0 without (not a cluster, or no --health). */
+int sup_cluster_health(const sup *s, int d, rk_sup_health *h, char *why, size_t cap);
+/* 1 if device d's last reading came from a simulated GPU. */
+int sup_cluster_health_sim(const sup *s, int d);
 
 /* ---- watch.c ------------------------------------------------------------------------------- */
 

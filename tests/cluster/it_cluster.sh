@@ -8,7 +8,10 @@
 # kept), and ends with the fault-free run's parameters, bit for bit; the node loss is seen
 # within --node-timeout + 1 s and every rank of the launch is gone within 2 s after. (d) an
 # agent with a wrong secret, and one with a wrong job id, are refused with one log line each
-# and the run goes on. Skips (77) without root/namespaces, torch or Fashion-MNIST.
+# and the run goes on. (g) with --health sim each agent reads its host's simulated GPUs: one
+# below the threshold is left out of the first launch, (h) one that degrades is drained
+# during the run; both end with the fault-free parameters. Skips (77) without
+# root/namespaces, torch or Fashion-MNIST.
 # shellcheck disable=SC2015
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -198,6 +201,7 @@ n=$(grep -c "refused a node link from" d.log)
 [[ "$(json d.json hash 2>/dev/null)" == "$ref" ]] && ok "(d) and its parameters are the fault-free run's" \
   || bad "(d) hash $(json d.json hash 2>/dev/null)"
 
+
 # ---- (e) rk train (an MPI program): one mpirun across the hosts, the agents watch ----------
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 6400 1000 >/dev/null || bad "make subset"
 mpiargs=()
@@ -240,5 +244,36 @@ st=$?
   || bad "(f) weights $(weights f.log), fault-free $tref"
 grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h3:0,h3:1,h4:0,h4:1)" f.log \
   && ok "(f) relaunched on h1, h3 and the spare h4" || bad "(f) $(grep relaunch f.log)"
+
+# ---- (g) the agents read their hosts' GPUs: one below the threshold is left out ---------------
+# a simulated fleet spans the hosts in order (h1:0 is GPU 0 ... h4:1 is GPU 7); at 12,000
+# hours of service (seed 1) its GPU 0 (h1:0, rank 0's device) scores 45 for a PCIe link
+# trained down to Gen1 (a finding that does not come and go with a reading's noise), GPU 2
+# 75 and the others 100: h1:0 alone is left out
+rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 1 --sim-age 12000 --sim-time-scale 1 \
+  --events "$work/g.ev" -- "${ex[@]}" --result "$work/g.json" >g.log 2>&1
+st=$?
+grep -q "health gate: each host's agent reads its GPUs (sim, simulated)" g.log \
+  && ok "(g) the gate says the agents' GPUs are simulated" || bad "(g) no simulated notice"
+grep -q '"kind":"health_gate","rank":null,"device":"h1:0","action":"left_out"' g.ev \
+  && grep -q "6 ranks on devices h1:1,h2:0,h2:1,h3:0,h3:1,h4:0;" g.log \
+  && ok "(g) h1:0 (score $(sed -n 's/.*left out of this launch: score \([0-9]*\).*/\1/p' g.log | head -1)) left out of the first launch, the spare h4:0 in" \
+  || bad "(g) left out: $(grep -v '^rk agent' g.log | grep 'health\|ranks on' | head -4)"
+check_end "(g)" "$st" g.json g.log
+
+# ---- (h) ... and a GPU that degrades during the run is drained -----------------------------
+# from 7,500 hours at 480,000x, GPU 3 (h2:1) falls below 50 about 12 s in, the next one (not
+# below 50 before 30 s) long after the run; rank 0 is slowed (250 ms a step for 60 steps) so
+# that launch 0 is still running at 12 s on any machine
+rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 4 --sim-age 7500 --sim-time-scale 480000 \
+  --health-interval 1 --health-threshold 50 --ckpt-dir "$work/ckh" --events "$work/h.ev" \
+  --inject 'slow@step=0:rank=0:ms=250:for=60' -- "${ex[@]}" --result "$work/h.json" >h.log 2>&1
+st=$?
+first=$(grep -m1 '"kind":"health_drain"' h.ev)
+relaunch=$(grep -m1 -o "relaunch 1 on 6 ranks (devices [^)]*)" h.log)
+[[ $first == *'"device":"h2:1"'* && -n $relaunch && $relaunch != *h2:1* && $relaunch == *h4:* ]] \
+  && ok "(h) h2:1 drained during the run ($(echo "$first" | sed 's/.*"detail":"\([^"]*\)".*/\1/' | cut -c1-60)); $relaunch" \
+  || bad "(h) drain: $first / $relaunch / $(grep -v '^rk agent' h.log | grep 'health\|relaunch' | head -4)"
+check_end "(h)" "$st" h.json h.log
 
 it_finish
