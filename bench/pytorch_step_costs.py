@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--count", choices=["plain", "hash0", "hash10"], help="run one side's steps (under callgrind)")
     ap.add_argument("--steps", type=int, default=20, help="steps of --count")
+    ap.add_argument("--batch", type=int, default=32, help="the CNN's batch in --count (one rank's share)")
     a = ap.parse_args()
     for k in ("RK_HEARTBEAT", "RK_CKPT_DIR", "RK_INJECT", "RK_RESUME"):
         os.environ.pop(k, None)
@@ -135,7 +136,8 @@ def count(a, torch, F, DDP, rkt, ex):
     import subprocess
 
     torch.manual_seed(1)
-    x, y = torch.rand(32, 1, 28, 28), torch.randint(0, 10, (32,))
+    n = a.batch
+    x, y = torch.rand(n, 1, 28, 28), torch.randint(0, 10, (n,))
     model = DDP(ex.Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if a.count == "plain":
@@ -144,13 +146,13 @@ def count(a, torch, F, DDP, rkt, ex):
             F.cross_entropy(model(x), y).backward()
             opt.step()
     else:
-        job = rkt.Job(model, opt, global_batch=32, ckpt_every=0, hash_every=int(a.count[4:]), verbose=False)
+        job = rkt.Job(model, opt, global_batch=n, ckpt_every=0, hash_every=int(a.count[4:]), verbose=False)
         it = job.steps(10 ** 9)
 
         def step():
             next(it)
             opt.zero_grad()
-            job.scale(F.cross_entropy(model(x), y), 32).backward()
+            job.scale(F.cross_entropy(model(x), y), n).backward()
             job.step()
     for _ in range(10):
         step()

@@ -72,6 +72,7 @@ def script_profile(path):
         "steps": lambda n: ["--steps", str(n)],
         "threads": lambda t: ["--threads", str(t)],
         "ckpt_every": lambda every: ["--ckpt-every", str(every)],
+        "batch": lambda b: ["--batch", str(b)],
         "guards_off": [],
         "guards_on": [],
     }
@@ -294,7 +295,7 @@ class Bench:
             e.pop(k, None)
         return e
 
-    def start(self, side, steps, threads, guards, ckpt_every, watch=0.02):
+    def start(self, side, steps, threads, guards, ckpt_every, watch=0.02, batch=None):
         """Starts one job: side "torchrun" or "rk" on the script, or "plain" (torchrun on
         examples/pytorch/plain_ddp.py, the script before its port, no checkpoints)."""
         a = self.a
@@ -307,6 +308,7 @@ class Bench:
         env = self.env(threads)
         work = [HOOKS, script, *p["steps"](steps), *p["threads"](threads),
                 *p["ckpt_every"](ckpt_every), *(p["guards_on"] if guards else p["guards_off"]),
+                *(p["batch"](batch) if batch else []),
                 *a.script_args.split()]
         if side in ("torchrun", "torchrun-fast", "plain"):
             cmd = ["/usr/bin/torchrun", "--nnodes", "1", "--nproc_per_node", str(a.ranks),
@@ -406,9 +408,21 @@ class Bench:
             job.kill()
             res["dir"] = d
 
-    def throughput(self, side, threads):
+    def steps_for(self, batch):
+        """An overhead run's steps: --steps at the smallest batch, as many samples at a larger
+        one, but never under 600 steps."""
         a = self.a
-        job, d = self.start(side, a.steps, threads, side == "rk", a.ckpt_every, watch=None)
+        small = min(a.batch_list)
+        return a.steps if batch == small else max(min(600, a.steps), round(a.steps * small / batch))
+
+    def throughput(self, side, threads, batch=None):
+        """(steps/s, run directory, steal): the rate of steps --warmup to the end, and the
+        machine's steal time over the run in clock ticks (/proc/stat: CPU time the hypervisor
+        gave to others while this machine wanted it)."""
+        a = self.a
+        steal0 = steal_ticks()
+        job, d = self.start(side, self.steps_for(batch or min(a.batch_list)), threads,
+                            side == "rk", a.ckpt_every, watch=None, batch=batch)
         try:
             rc = job.wait(600)
             with job.lock:
@@ -418,11 +432,22 @@ class Bench:
                 f.writelines(loop)
             warm = [x for x in lines if x[1] >= a.warmup]
             if rc != 0 or len(warm) < 2:
-                return None, d
+                return None, d, steal_ticks() - steal0
             (t1, s1), (t2, s2) = warm[0], warm[-1]
-            return (s2 - s1) / (t2 - t1), d
+            return (s2 - s1) / (t2 - t1), d, steal_ticks() - steal0
         finally:
             job.kill()
+
+
+def steal_ticks():
+    """The machine's steal time so far, in clock ticks (the 8th number of /proc/stat's cpu
+    line; 0 where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            v = f.readline().split()
+        return int(v[8]) if len(v) > 8 else 0
+    except (OSError, ValueError):
+        return 0
 
 
 def median(v):
@@ -448,6 +473,112 @@ def cpu_per_step(d):
     return float(found[-1]) if found else None
 
 
+def overhead(a, b, threads, log, P):
+    """The per-step overhead: each side at each thread count and batch, rounds alternating
+    in order; samples/s compared best with best (each side at its best setting), then by
+    medians and by the ratio within a round. Returns False when a run failed."""
+    ok = True
+    sides = ["torchrun", "rk", "rk-noguard"] + (["plain"] if os.path.exists(b.plain) else [])
+    settings = [(t, bt) for bt in a.batch_list for t in threads]
+    runs = {(s, t, bt): [] for s in sides for t, bt in settings}  # samples/s, None: failed
+    cpus = {k: [] for k in runs}
+    steal = {k: [] for k in runs}
+    for r in range(a.rounds):
+        order = [(s, t, bt) for t, bt in settings for s in sides]
+        if r % 2:
+            order.reverse()
+        for s, t, bt in order:
+            log(f"overhead round {r + 1}: {s} @{t} threads, batch {bt}")
+            v, d, st = b.throughput(s, t, bt)
+            c = cpu_per_step(d)
+            log(f"  {v} steps/s, {c} ms CPU a step on rank 0, steal {st} ticks")
+            runs[(s, t, bt)].append(v * bt if v else None)
+            cpus[(s, t, bt)].append(c)
+            steal[(s, t, bt)].append(st)
+            ok &= v is not None
+
+    def vals(side, keys):
+        return [x for k in keys for x in runs[(side, *k)] if x]
+
+    def best(side, keys):
+        v = vals(side, keys)
+        return max(v) if v else None
+
+    def where(side):
+        v = [(x, k) for k in settings for x in runs[(side, *k)] if x]
+        return max(v)[1] if v else None
+
+    P(f"### overhead: samples/s of an uninterrupted run, {a.rounds} alternating rounds")
+    P("")
+    P(f"Each side at each setting: threads a rank {', '.join(map(str, threads))}; global batch "
+      f"{', '.join(map(str, a.batch_list))} ({', '.join(str(b.steps_for(x)) for x in a.batch_list)} "
+      f"steps, steps {a.warmup} on timed). torchrun: the script with "
+      f"`{' '.join(b.prof['guards_off'])}`; rk run: the script with "
+      f"`{' '.join(b.prof['guards_on'])}` (guards and the replica hash every 10 steps), "
+      f"supervised; both checkpoint every {a.ckpt_every} steps; rk run, guards off: the script "
+      f"with `{' '.join(b.prof['guards_off'])}` under rk run (supervision alone)"
+      + ("; plain: torchrun on `plain_ddp.py`, the script before its port (no rekindle.torch, "
+         "no checkpoints), for reference" if "plain" in sides else "") + ".")
+    P("")
+    P("| setting | torchrun best | rk run best | rk run / torchrun | overhead | goal | met? "
+      "| rk run, guards off | its overhead |" + (" plain best | rk run / plain |" if "plain" in sides else ""))
+    P("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if "plain" in sides else ""))
+    rows = [(f"{t} threads, batch {bt}", [(t, bt)]) for t, bt in settings]
+    wt, wr = where("torchrun"), where("rk")
+    rows.append((f"best vs best (torchrun at {wt[0]} threads, batch {wt[1]}; rk run at "
+                 f"{wr[0]} threads, batch {wr[1]})" if wt and wr else "best vs best", settings))
+    for label, keys in rows:
+        bt, br = best("torchrun", keys), best("rk", keys)
+        if not bt or not br:
+            P(f"| {label} | - | - | - | - | <= 2% | - | - | - |")
+            continue
+        ov = 1 - br / bt
+        row = (f"| {label} | {bt:.0f} | {br:.0f} | {br / bt:.3f} | {100 * ov:.1f}% | <= 2% | "
+               f"{'yes' if ov <= 0.02 else 'no'} |")
+        bo = best("rk-noguard", keys)
+        row += f" {fmt(bo, 0)} | {fmt(100 * (1 - bo / bt) if bo else None, 1)}% |"
+        if "plain" in sides:
+            bp = best("plain", keys)
+            row += f" {fmt(bp, 0)} | {fmt(br / bp if bp else None, 3)} |"
+        P(row)
+    P("")
+    P("The same runs by their median (a best of N favours the side with the luckiest run; on a "
+      "machine shared with other work the median says what a run usually gets), by the median "
+      "of each round's ratio to torchrun's run at the same setting (the two ran minutes apart, "
+      "so a slow spell of the machine falls on both), and by rank 0's CPU time a step (its "
+      "`time.process_time()` over the loop, as the script prints it; the least of the rounds; "
+      "on a loaded machine it grows with the wall clock). Overhead and extra CPU are against "
+      "torchrun; negative: less than torchrun. Steal: the machine's /proc/stat steal time over "
+      "each run, clock ticks (CPU time its hypervisor gave to others), median and most:")
+    P("")
+    P("| setting | side | median samples/s | overhead | median of the rounds' ratios | "
+      "least CPU ms a step | extra CPU | steal median / most |")
+    P("|---|---|---|---|---|---|---|---|")
+    for t, bt in settings:
+        mt = median(vals("torchrun", [(t, bt)]))
+        ct = min([x for x in cpus[("torchrun", t, bt)] if x], default=None)
+        for side in sides:
+            m = median(vals(side, [(t, bt)]))
+            c = min([x for x in cpus[(side, t, bt)] if x], default=None)
+            pairs = [x / y for x, y in zip(runs[(side, t, bt)], runs[("torchrun", t, bt)]) if x and y]
+            pr = median(pairs) if side != "torchrun" else None
+            st = steal[(side, t, bt)]
+            P(f"| {t} threads, batch {bt} | {side} | {fmt(m, 0)} | "
+              f"{fmt(100 * (1 - m / mt) if m and mt else None, 1)}% | "
+              f"{fmt(100 * (1 - pr) if pr else None, 1)}% | {fmt(c, 3)} | "
+              f"{fmt(100 * (c / ct - 1) if c and ct else None, 1)}% | "
+              f"{median(st) if st else '-'} / {max(st) if st else '-'} |")
+    P("")
+    P("Runs (samples/s, rounds in order; rank 0's CPU ms a step; steal ticks):")
+    P("")
+    for (s, t, bt), v in runs.items():
+        P(f"- {s} @{t} threads, batch {bt}: " + ", ".join(fmt(x, 0) for x in v) + "; CPU "
+          + ", ".join(fmt(x, 3) for x in cpus[(s, t, bt)]) + "; steal "
+          + ", ".join(str(x) for x in steal[(s, t, bt)]))
+    P("")
+    return ok
+
+
 def fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -467,7 +598,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fault-rounds", type=int, default=2)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--steps", type=int, default=600, help="steps of an overhead run")
+    ap.add_argument("--steps", type=int, default=600,
+                    help="steps of an overhead run at the smallest batch (a larger batch: as "
+                    "many samples, at least 600 steps)")
+    ap.add_argument("--batches", default="64",
+                    help="global batches of the overhead runs, comma-separated: each side is "
+                    "timed at each, and compared best (samples/s) with best, e.g. 64,1024")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--pin", action="store_true",
                     help="each rank pins itself to CPU LOCAL_RANK (both sides alike)")
@@ -487,6 +623,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "results",
                                                   "pytorch_vs_torchrun-latest.md"))
     a = ap.parse_args()
+    try:
+        a.batch_list = [int(x) for x in a.batches.split(",")]
+        if not a.batch_list or min(a.batch_list) < a.ranks:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--batches: {a.batches!r} is not a list of batches of at least --ranks "
+                 f"({a.ranks}) samples")
     if not os.path.exists(a.script):
         print(f"SKIP: {a.script} is not there", file=sys.stderr)
         return 77
@@ -564,81 +707,7 @@ def main():
                 P("")
         P("")
     if "overhead" in only:
-        sides = ["torchrun", "rk", "rk-noguard"] + (["plain"] if os.path.exists(b.plain)
-                                                     else [])
-        runs = {(s, t): [] for s in sides for t in threads}
-        cpus = {(s, t): [] for s in sides for t in threads}
-        for r in range(a.rounds):
-            order = [(s, t) for t in threads for s in sides]
-            if r % 2:
-                order.reverse()
-            for s, t in order:
-                log(f"overhead round {r + 1}: {s} @{t}")
-                v, d = b.throughput(s, t)
-                c = cpu_per_step(d)
-                log(f"  {v} steps/s, {c} ms CPU a step on rank 0")
-                runs[(s, t)].append(v)
-                cpus[(s, t)].append(c)
-                ok &= v is not None
-        P(f"### overhead: steps/s of an uninterrupted run ({a.steps} steps, steps "
-          f"{a.warmup} to {a.steps} timed), best of {a.rounds} alternating rounds")
-        P("")
-        P(f"torchrun: the script with `{' '.join(b.prof['guards_off'])}`; rk run: the script "
-          f"with `{' '.join(b.prof['guards_on'])}` (guards and the replica hash every 10 steps), "
-          f"supervised; both checkpoint every {a.ckpt_every} steps"
-          + f"; rk run, guards off: the script with `{' '.join(b.prof['guards_off'])}` under rk "
-          "run (supervision alone)"
-          + ("; plain: torchrun on `plain_ddp.py`, the script before its port (no "
-             "rekindle.torch, no checkpoints), for reference" if "plain" in sides else "") + ".")
-        P("")
-        P("| threads/rank | torchrun best | rk run best | rk run / torchrun | overhead | goal |"
-          " met? | rk run, guards off | its overhead |"
-          + (" plain best | rk run / plain |" if "plain" in sides else ""))
-        P("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if "plain" in sides else ""))
-
-        def best(side, t=None):
-            v = [x for tt in ([t] if t else threads) for x in runs[(side, tt)] if x]
-            return max(v) if v else None
-
-        for t in [*threads, None]:
-            bt, br = best("torchrun", t), best("rk", t)
-            label = t if t else "best vs best"
-            if not bt or not br:
-                P(f"| {label} | - | - | - | - | <= 2% | - | - | - |")
-                continue
-            ov = 1 - br / bt
-            row = (f"| {label} | {bt:.1f} | {br:.1f} | {br / bt:.3f} | {100 * ov:.1f}% | "
-                   f"<= 2% | {'yes' if ov <= 0.02 else 'no'} |")
-            bo = best("rk-noguard", t)
-            row += (f" {fmt(bo, 1)} | {fmt(100 * (1 - bo / bt) if bo else None, 1)}% |")
-            if "plain" in sides:
-                bp = best("plain", t)
-                row += f" {fmt(bp, 1)} | {fmt(br / bp if bp else None, 3)} |"
-            P(row)
-        P("")
-        P("The same runs by their median (a best of N favours the side with the luckiest run; on a "
-          "machine shared with other work the median says what a run usually gets) and by rank "
-          "0's CPU time a step (its `time.process_time()` over the loop, as the script prints it; "
-          "the least of the rounds; on a loaded machine it grows with the wall clock). Overhead "
-          "and extra CPU are against torchrun; negative: less than torchrun:")
-        P("")
-        P("| threads/rank | side | median steps/s | overhead | least CPU ms a step | extra CPU |")
-        P("|---|---|---|---|---|---|")
-        for t in threads:
-            mt = median([x for x in runs[("torchrun", t)] if x])
-            ct = min([x for x in cpus[("torchrun", t)] if x], default=None)
-            for side in sides:
-                m = median([x for x in runs[(side, t)] if x])
-                c = min([x for x in cpus[(side, t)] if x], default=None)
-                P(f"| {t} | {side} | {fmt(m, 1)} | {fmt(100 * (1 - m / mt) if m and mt else None, 1)}% "
-                  f"| {fmt(c, 3)} | {fmt(100 * (c / ct - 1) if c and ct else None, 1)}% |")
-        P("")
-        P("Runs (steps/s, rounds in order; rank 0's CPU ms a step):")
-        P("")
-        for (s, t), v in runs.items():
-            P(f"- {s}@{t}: " + ", ".join(fmt(x, 1) for x in v) + "; CPU "
-              + ", ".join(fmt(x, 3) for x in cpus[(s, t)]))
-        P("")
+        ok &= overhead(a, b, threads, log, P)
     P(f"- load average at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     text = "\n".join(out) + "\n"
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

@@ -93,7 +93,8 @@ static const char agent_usage[] =
     "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
     "Exit status: 0 the coordinator said BYE (or SIGINT/SIGTERM: the agent says BYE), 1 the\n"
     "coordinator refused this node, closed the link before accepting it, or could not be\n"
-    "reached for --reconnect-for, 2 bad usage.\n";
+    "reached for --reconnect-for, or --health cannot read the GPUs (no NVML, fewer GPUs than\n"
+    "--devices), 2 bad usage (a --predictor model it cannot use too).\n";
 
 static rk_args agent_args = {.cmd = "agent", .usage = agent_usage};
 

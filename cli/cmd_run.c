@@ -17,6 +17,7 @@
 
 #include "base/env.h"
 #include "predict/detectors.h"
+#include "predict/predict.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
@@ -584,6 +585,19 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--predictor %s: %s", o.predictor, strerror(errno));
     if (o.predictor && !drain_given && drain_default(&o))
         return RK_EXIT_USAGE;
+    static char predictor_abs[PATH_MAX];
+    if (o.predictor && o.hosts) {
+        /* the agents load it on their hosts: a model that cannot be read is bad input here,
+         * and the path must not depend on the remote shell's working directory */
+        rk_pred_model *m = NULL;
+        rk_err err = {0};
+        if (rk_pred_load(&m, o.predictor, &err))
+            return usage_error("--predictor %s: %s", o.predictor, err.msg);
+        rk_pred_free(m);
+        if (!realpath(o.predictor, predictor_abs))
+            return usage_error("--predictor %s: %s", o.predictor, strerror(errno));
+        o.predictor = predictor_abs;
+    }
     if (o.health && strcmp(o.health, "sim") == 0 && !o.hosts) {
         /* the fleet covers every device index (over the hosts: every slot, in order) */
         o.health_sim_gpus = 1;

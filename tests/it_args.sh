@@ -160,6 +160,8 @@ refused "is a loopback address: host h1" "${H[@]}" --listen 127.0.0.1:0 -- true
 refused "-n 9: the hosts have 4 slots" "${H[@]}" -n 9 --listen 10.0.0.1:0 -- true
 refused "--devices with --hosts" "${H[@]}" --devices 0,1 --listen 10.0.0.1:0 -- true
 refused "--health auto with --hosts: give nvml or sim" "${H[@]}" --health auto --listen 10.0.0.1:0 -- true
+printf 'not a model\n' >"$work/garbage.model"
+refused "--predictor $work/garbage.model: " "${H[@]}" --health sim --predictor "$work/garbage.model" --listen 10.0.0.1:0 -- true
 # the agent's health flags
 AG=(agent --coordinator 10.0.0.1:7 --node 0 --job-id 00112233445566778899aabbccddeeff)
 refused "--health needs --devices N" "${AG[@]}" --health sim

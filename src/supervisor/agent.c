@@ -35,10 +35,11 @@ typedef struct agent {
     char at[RK_NET_ADDR_MAX + 8]; /* the coordinator, for messages */
     char hello[RK_NODE_PAYLOAD_MAX];
     size_t hello_len;
-    bool welcomed;            /* a WELCOME came on some connection already */
-    bool link_up;             /* on the connection last run */
-    int fd;                   /* the connection, for the job's sends (-1: none) */
-    char why[RK_ERR_MSG_MAX]; /* why the last connection dropped */
+    bool welcomed;                  /* a WELCOME came on some connection already */
+    bool link_up;                   /* on the connection last run */
+    int fd;                         /* the connection, for the job's sends (-1: none) */
+    char why[RK_ERR_MSG_MAX];       /* why the last connection dropped */
+    uint8_t gone[RK_NODES_MAX / 8]; /* with a gate: the GPUs said gone already */
 } agent;
 
 __attribute__((format(printf, 2, 3))) static void logf_(agent *a, const char *fmt, ...)
@@ -107,9 +108,16 @@ static int send_health(agent *a, int fd, rk_err *err)
         m.lost = (uint32_t)(rk_gate_lost(o->gate, id) != 0);
         double p = rk_gate_prob(o->gate, id);
         m.prob_ppm = p >= 0 && p <= 1 ? (int64_t)(p * 1e6 + 0.5) : -1;
-        if (rk_gate_take_fatal(o->gate, id)) /* not delivered to a rank here: see cluster.md */
-            logf_(a, "%sGPU %d (device %d of this node): an uncorrectable ECC error",
-                  sim ? "simulated " : "", o->gate_first + i, i);
+        /* a failure since the last reading (not delivered to a rank here: cluster.md); a
+         * GPU that stays gone is said once */
+        int fatal = rk_gate_take_fatal(o->gate, id);
+        if (fatal && (!m.lost || !(a->gone[i / 8] & (1u << (i % 8)))))
+            logf_(a, "%sGPU %d (device %d of this node) failed: %s", sim ? "simulated " : "",
+                  o->gate_first + i, i, m.lost ? "off the bus" : "an uncorrectable ECC error");
+        if (m.lost)
+            a->gone[i / 8] |= (uint8_t)(1u << (i % 8));
+        else
+            a->gone[i / 8] &= (uint8_t) ~(1u << (i % 8));
         char payload[RK_NODE_PAYLOAD_MAX];
         size_t len;
         if (rk_node_health_format(&m, payload, sizeof payload, &len, &e) ||

@@ -85,6 +85,10 @@ static void on_event(void *ctx, const rk_node_event *e)
     sup *s = ctx;
     sup_cluster *cl = s->cl;
     int k = e->node;
+    if (k >= 0 && k < cl->nnodes && e->kind != RK_NODE_JOINED && e->kind != RK_NODE_REFUSED)
+        for (int d = 0; d < s->o->ndevices; d++) /* no reading from before counts again */
+            if (cl->dev_node[d] == k)
+                cl->health[d].have = 0;
     switch (e->kind) {
     case RK_NODE_JOINED:
     case RK_NODE_REJOINED:
@@ -301,7 +305,7 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
         used = put_word(cmd, used, sizeof cmd, num);
         used = put_word(cmd, used, sizeof cmd, "--health");
         used = put_word(cmd, used, sizeof cmd, o->health);
-        snprintf(num, sizeof num, "%g", o->health_interval_s);
+        snprintf(num, sizeof num, "%.17g", o->health_interval_s);
         used = put_word(cmd, used, sizeof cmd, "--health-interval");
         used = put_word(cmd, used, sizeof cmd, num);
         if (o->predictor) {
@@ -520,14 +524,14 @@ int sup_cluster_open(sup *s, rk_err *err)
         double health_until = rk_mono_s() + HEALTH_WAIT_S;
         while (rk_mono_s() < health_until && !rk_sup_interrupted) {
             int waiting = 0;
-            for (int e = 0; d < o->ndevices; d++)
+            for (int e = 0; e < o->ndevices; e++)
                 waiting += rk_nodes_connected(cl->t, cl->dev_node[e]) && !cl->health[e].have;
             if (!waiting)
                 break;
             if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
                 goto out;
         }
-        for (int e = 0; d < o->ndevices; d++)
+        for (int e = 0; e < o->ndevices; e++)
             if (rk_nodes_connected(cl->t, cl->dev_node[e]) && !cl->health[e].have)
                 sup_say(s,
                         "health gate: no reading of device %s within %g s (its agent's "

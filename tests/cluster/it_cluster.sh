@@ -10,7 +10,9 @@
 # agent with a wrong secret, and one with a wrong job id, are refused with one log line each
 # and the run goes on. (g) with --health sim each agent reads its host's simulated GPUs: one
 # below the threshold is left out of the first launch, (h) one that degrades is drained
-# during the run; both end with the fault-free parameters. Skips (77) without
+# during the run; both end with the fault-free parameters. (i) host 4's agent's recorded
+# frames, replayed on a new connection, are refused and the run goes on. (j) the agents'
+# predictor's probabilities drain a device. Skips (77) without
 # root/namespaces, torch or Fashion-MNIST.
 # shellcheck disable=SC2015
 set -u
@@ -275,5 +277,63 @@ relaunch=$(grep -m1 -o "relaunch 1 on 6 ranks (devices [^)]*)" h.log)
   && ok "(h) h2:1 drained during the run ($(echo "$first" | sed 's/.*"detail":"\([^"]*\)".*/\1/' | cut -c1-60)); $relaunch" \
   || bad "(h) drain: $first / $relaunch / $(grep -v '^rk agent' h.log | grep 'health\|relaunch' | head -4)"
 check_end "(h)" "$st" h.json h.log
+
+# ---- (i) a replayed message ------------------------------------------------------------------
+# host 4's agent reaches the coordinator through a recording relay on its host (tap-rsh,
+# tap.py): an attacker on the wire. Once the agent has sent its HELLO and some PINGs, the
+# recorded bytes (sealed frames: nothing in them can be changed) are sent again from host 4 on
+# a new connection: the coordinator refuses the replay with one line and closes it, the real
+# agent stays on its link (no node lost) and the run finishes with the fault-free parameters.
+rec=$work/h4.rec
+trun=()
+for w in "${run[@]}"; do
+  [[ $w == "$R rsh $name" ]] && w="$here/tap-rsh $name h4 $rec"
+  trun+=("$w")
+done
+rig_spawn "$name" h1 "${trun[@]}" \
+  --inject 'slow@step=0:rank=0:ms=100:for=60' -- "${ex[@]}" --result "$work/i.json" >i.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+for ((i = 0; i < 600; i++)); do
+  [[ -s $rec && $(stat -c %s "$rec") -ge 400 ]] && break # HELLO and a few PINGs
+  sleep 0.05
+done
+coord=$(sed -n 's/.*coordinator listening on \([0-9.]*\):\([0-9]*\).*/\1 \2/p' i.log | head -1)
+read -r caddr cport <<<"$coord"
+if [[ -s $rec && -n $cport ]]; then
+  said=$(rig_exec "$name" h4 python3 "$here/tap.py" replay "$caddr" "$cport" "$rec" 10)
+  [[ $said == closed* ]] && ok "(i) $(stat -c %s "$rec") recorded bytes of host 4's agent replayed: the coordinator $said" \
+    || bad "(i) the replayed connection: $said"
+else
+  bad "(i) nothing recorded from host 4's agent: $(grep -v '^rk agent' i.log | tail -3)"
+fi
+wait "$sup"
+st=$?
+[[ -f $rec.pid ]] && kill "$(cat "$rec.pid")" 2>/dev/null
+grep -q "refused a node link from $(rig_addr "$name" h4):[0-9]*: replayed frame seq 1 <= " i.log \
+  && ok "(i) one line: $(grep -m1 'refused a node link' i.log | sed 's/^rk run: \[[^]]*\] //' | cut -c1-100)" \
+  || bad "(i) no replay refusal: $(grep 'refused\|node 3' i.log | head -3)"
+! grep -q "node 3 (h4) lost" i.log && ok "(i) the real agent of h4 kept its link" \
+  || bad "(i) $(grep 'node 3 (h4) lost' i.log)"
+[[ $st == 0 && "$(json i.json hash 2>/dev/null)" == "$ref" ]] && ok "(i) the run finished with the fault-free parameters" \
+  || bad "(i) exit $st, hash $(json i.json hash 2>/dev/null)"
+
+# ---- (j) the predictor on the agents ------------------------------------------------------
+# a model that predicts failure for every GPU (mkmodel's "hot" model, as tests/it_drain.sh):
+# once the agents' windows fill (5 simulated minutes, 3.3 s at 90x) the coordinator drains a
+# device of the running job on the probability its agent sent, then finds too few devices
+# left for a launch (every one predicted to fail): exit 1
+if "${RK_MKMODEL:?}" "$work/hot.model" 5 8 8 >/dev/null; then
+  rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 6 --sim-time-scale 90 --health-interval 0.5 \
+    --health-threshold 0 --predictor "$work/hot.model" --ckpt-dir "$work/ckj" --events "$work/j.ev" \
+    --inject 'slow@step=0:rank=0:ms=200:for=60' -- "${ex[@]}" >j.log 2>&1
+  st=$?
+  grep -q '"kind":"predicted_failure","rank":[0-9],"device":"h[1-4]:[01]","action":"drain"' j.ev \
+    && grep -Eq "draining device h[1-4]:[01] \(rank [0-9]\): predicted to fail \(p=(0\.9|1\.0)" j.log \
+    && ok "(j) exit $st: $(grep -m1 'predicted to fail' j.log | sed 's/^rk run: \[[^]]*\] //')" \
+    || bad "(j) predicted drain: exit $st: $(grep -v '^rk agent' j.log | grep 'predict\|health\|failed' | head -4)"
+else
+  bad "(j) mkmodel"
+fi
 
 it_finish
