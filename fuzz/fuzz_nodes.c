@@ -130,6 +130,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(err.code == RK_EFORMAT && he.prob_ppm == -1 && !he.why[0]);
         check_line(&err);
     }
+    rk_node_stacks sk, sk2;
+    if (rk_node_stacks_parse(data, size, &sk, &err) == RK_OK) {
+        check(sk.launch >= 1 && sk.chan >= 1 && sk.rank <= INT32_MAX);
+        check(rk_node_stacks_format(&sk, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_stacks_parse(out, len, &sk2, &err) == RK_OK);
+        check(memcmp(&sk, &sk2, sizeof sk) == 0);
+    } else {
+        check(err.code == RK_EFORMAT && zero(&sk, sizeof sk));
+        check_line(&err);
+    }
     rk_node_open op;
     if (rk_node_open_parse(data, size, &op, &err) == RK_OK)
         check(op.launch >= 1 && op.chan >= 1 && op.pid >= 1);

@@ -6,7 +6,7 @@
  * the timeout, a replayed HELLO on a new connection, a wrong secret and an earlier launch are
  * each refused with one event and change nothing, an unknown node gets REFUSED, and a node
  * that comes back with its next sequence number rejoins (same boot id) or reboots (another).
- * HEALTH (jobmsg.c): round trips and bounds.
+ * HEALTH and STACKS (jobmsg.c): round trips and bounds.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -280,6 +280,28 @@ static void test_health_message(void **state)
     assert_string_equal(rk_node_msg_name(RK_NODE_MSG_HEALTH), "HEALTH");
 }
 
+/* STACKS: a round trip, and a channel 0, a rank past INT32_MAX or a missing field refused */
+static void test_stacks_message(void **state)
+{
+    (void)state;
+    char buf[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    rk_node_stacks m = {.launch = 3, .chan = 7, .rank = 5}, mb;
+    assert_int_equal(rk_node_stacks_format(&m, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_stacks_parse(buf, len, &mb, &e), RK_OK);
+    assert_memory_equal(&m, &mb, sizeof m);
+    const char *bad[] = {"launch=3\nchan=0\nrank=5\n", "launch=3\nchan=7\nrank=2147483648\n",
+                         "launch=3\nchan=7\n", "launch=0\nchan=7\nrank=1\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rk_err be = {0};
+        assert_int_equal(rk_node_stacks_parse(bad[i], strlen(bad[i]), &mb, &be), RK_EFORMAT);
+        assert_non_null(strstr(be.msg, "stacks: "));
+        assert_int_equal(mb.launch, 0);
+    }
+    assert_string_equal(rk_node_msg_name(RK_NODE_MSG_STACK_END), "STACK_END");
+}
+
 static void test_text_forms(void **state)
 {
     (void)state;
@@ -538,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_welcome_and_reason),
         cmocka_unit_test(test_launch_messages),
         cmocka_unit_test(test_health_message),
+        cmocka_unit_test(test_stacks_message),
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),

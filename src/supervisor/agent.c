@@ -234,6 +234,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
             case RK_NODE_MSG_KILL:
             case RK_NODE_MSG_DATA:
             case RK_NODE_MSG_CLOSE:
+            case RK_NODE_MSG_STACKS:
                 if (!o->ranks || !up) {
                     logf_(a, "ignored a %s from %s: %s", rk_node_msg_name(h.type), a->at,
                           o->ranks ? "before WELCOME" : "this agent runs no ranks");

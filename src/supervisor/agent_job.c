@@ -9,6 +9,7 @@
 #include "supervisor/agent_job.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -30,11 +31,20 @@
 
 #define MAX_CHANS 64
 #define WRITE_TIMEOUT_S 1.0
+#define STACKS_WAIT_S 2.0          /* for a hung rank's dump to appear (as rk run on one host) */
+#define STACKS_STILL_S 0.2         /* unchanged this long: complete */
+#define STACKS_SEND_MAX (64 << 10) /* bytes of one dump sent to the coordinator */
 
 typedef struct chan {
     int fd; /* -1: free */
     uint32_t id;
     int pidfd; /* a watched rank's process (abstract socket), -1 none */
+    pid_t pid; /* the rank's process in the agent's view (SO_PEERCRED) */
+    /* a stack dump asked for (STACKS): its file, and how it grows */
+    int dumping;
+    char dump[160];
+    off_t from, size;
+    double asked, changed;
 } chan;
 
 struct rk_agent_job {
@@ -122,6 +132,103 @@ static void close_chan(chan *c)
     if (c->pidfd >= 0)
         close(c->pidfd);
     c->fd = c->pidfd = -1;
+    c->dumping = 0;
+}
+
+/* The size of a regular file at `path` (not a link), -1 if there is none. */
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return -1;
+    return st.st_size;
+}
+
+/* Send what the rank dumped since the signal (at most STACKS_SEND_MAX bytes of the regular
+ * file, opened without following a link) as STACK frames, then STACK_END. */
+static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
+{
+    uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
+    size_t len, sent = 0;
+    rk_err e = {0};
+    int fd = open(c->dump, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        off_t at = st.st_size < c->from ? 0 : c->from;
+        while (sent < STACKS_SEND_MAX) {
+            size_t want = STACKS_SEND_MAX - sent < sizeof buf ? STACKS_SEND_MAX - sent : sizeof buf;
+            ssize_t n = pread(fd, buf, want, at);
+            if (n <= 0)
+                break;
+            if (rk_node_data_format(c->id, buf, (size_t)n, out, sizeof out, &len, &e) != RK_OK ||
+                send(ctx, RK_NODE_MSG_STACK, out, len) != 0)
+                break;
+            at += n;
+            sent += (size_t)n;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
+        send(ctx, RK_NODE_MSG_STACK_END, out, len);
+    say(j, "sent the stacks of the rank on channel %u: %zu bytes of %s", (unsigned)c->id, sent,
+        c->dump);
+    c->dumping = 0;
+}
+
+/* The dumps asked for: sent once complete (unchanged for STACKS_STILL_S) or after
+ * STACKS_WAIT_S (what is there, maybe nothing). */
+static void pump_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+{
+    double now = rk_mono_s();
+    for (int i = 0; i < MAX_CHANS; i++) {
+        chan *c = &j->ch[i];
+        if (!c->dumping)
+            continue;
+        off_t size = file_size(c->dump);
+        if (size >= 0 && size != c->size) {
+            c->size = size;
+            c->changed = now;
+        }
+        int grew = c->size > c->from || (c->size >= 0 && c->size < c->from);
+        if ((grew && now - c->changed >= STACKS_STILL_S) || now - c->asked >= STACKS_WAIT_S)
+            send_dump(j, c, send, ctx);
+    }
+}
+
+/* STACKS: SIGUSR1 to the rank of that channel (a process the kernel named at accept: of the
+ * keeper's tree, checked again now, or through the pidfd of a watched one), its dump file
+ * watched from now. */
+static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_agent_send_fn send, void *ctx)
+{
+    chan *c = NULL;
+    for (int i = 0; i < MAX_CHANS && !c; i++)
+        if (j->ch[i].fd >= 0 && j->ch[i].id == m->chan)
+            c = &j->ch[i];
+    if (!c || m->launch != j->launch || c->dumping)
+        return;
+    uint8_t out[8];
+    size_t len;
+    rk_err e = {0};
+    int sig = -1;
+    if (j->running && c->pidfd < 0 && c->pid > 0 && rk_launch_owns(&j->l, c->pid)) {
+        /* the file the rank writes: $RK_STACK_DIR (this agent's) with its global rank and
+         * RK_LAUNCH (launch - 1) in the name */
+        snprintf(c->dump, sizeof c->dump, "%s/stacks-rank%u-launch%u.txt", j->stacks,
+                 (unsigned)m->rank, (unsigned)(m->launch - 1));
+        c->from = file_size(c->dump);
+        c->from = c->from < 0 ? 0 : c->from;
+        c->size = c->from;
+        sig = kill(c->pid, SIGUSR1);
+    }
+    if (sig != 0) { /* nothing to ask (a watched rank's dump is in its own directory) */
+        if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
+            send(ctx, RK_NODE_MSG_STACK_END, out, len);
+        return;
+    }
+    c->dumping = 1;
+    c->asked = c->changed = rk_mono_s();
+    say(j, "asked rank %u (pid %ld) for its stacks (SIGUSR1)", (unsigned)m->rank, (long)c->pid);
 }
 
 static void close_chans(rk_agent_job *j)
@@ -268,6 +375,8 @@ static void accept_ranks(rk_agent_job *j, int abstract, rk_agent_send_fn send, v
         }
         c->fd = fd;
         c->pidfd = pidfd;
+        c->pid = cr.pid;
+        c->dumping = 0;
         c->id = j->next_chan++;
         rk_node_open m = {.launch = j->launch, .chan = c->id, .pid = nspid};
         char out[RK_NODE_PAYLOAD_MAX];
@@ -313,6 +422,7 @@ void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent
                 ;
         reaped(j);
     }
+    pump_dumps(j, send, ctx);
     if (j->exited_pending)
         send_exited(j, send, ctx);
 }
@@ -468,6 +578,15 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
             end_watched(j);
             close_chans(j);
         }
+        return 0;
+    }
+    case RK_NODE_MSG_STACKS: {
+        rk_node_stacks m;
+        if (rk_node_stacks_parse(payload, len, &m, &e)) {
+            say(j, "a bad STACKS: %s", e.msg);
+            return -1;
+        }
+        on_stacks(j, &m, send, ctx);
         return 0;
     }
     case RK_NODE_MSG_DATA:

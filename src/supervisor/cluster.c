@@ -33,7 +33,8 @@
 #define MAX_NODES 256
 #define LAUNCHED_WAIT_S 10.0 /* rank 0's agent answers LAUNCH within this */
 #define AGENT_EXIT_WAIT_S 3.0
-#define HEALTH_WAIT_S 10.0 /* the agents' first readings, before the first launch */
+#define HEALTH_WAIT_S 10.0         /* the agents' first readings, before the first launch */
+#define STACKS_RECV_MAX (64 << 10) /* bytes of one remote rank's stack dump */
 
 struct sup_cluster {
     rk_nodes *t;
@@ -131,6 +132,15 @@ static void on_event(void *ctx, const rk_node_event *e)
     }
 }
 
+/* The connection of a channel, its stream ended or not. */
+static rk_sup_conn *conn_of_chan_any(sup *s, int node, uint32_t chan)
+{
+    for (int i = 0; i < s->nconn; i++)
+        if (s->c[i].node == node && s->c[i].chan == chan)
+            return &s->c[i];
+    return NULL;
+}
+
 static rk_sup_conn *conn_of_chan(sup *s, int node, uint32_t chan)
 {
     for (int i = 0; i < s->nconn; i++)
@@ -225,6 +235,39 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
             close(c->relay); /* conns.c reads the end of the stream */
             c->relay = -1;
         }
+        return;
+    }
+    case RK_NODE_MSG_STACK:
+    case RK_NODE_MSG_STACK_END: {
+        uint32_t chan;
+        const uint8_t *bytes;
+        size_t n;
+        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_STACK_END, &chan, &bytes, &n,
+                               &e)) {
+            sup_say(s, "node %d: %s", k, e.msg);
+            return;
+        }
+        rk_sup_conn *c = conn_of_chan_any(s, k, chan);
+        if (!c || c->rank < 0 || !c->stack_asked || c->stack_end)
+            return; /* not asked for, or done */
+        if (type == RK_NODE_MSG_STACK_END) {
+            c->stack_end = 1;
+            return;
+        }
+        if (c->stack_bytes + n > STACKS_RECV_MAX)
+            return;
+        char path[4200];
+        if ((size_t)snprintf(path, sizeof path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir,
+                             c->rank, s->launch_no) >= sizeof path)
+            return;
+        int fd =
+            open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
+        if (fd < 0)
+            return;
+        ssize_t w = write(fd, bytes, n);
+        close(fd);
+        if (w > 0)
+            c->stack_bytes += (size_t)w;
         return;
     }
     case RK_NODE_MSG_HEALTH: {
@@ -651,6 +694,24 @@ int sup_cluster_node_up(const sup *s, int d)
     const sup_cluster *cl = s->cl;
     int k = cl->dev_node[d];
     return rk_nodes_connected(cl->t, k) && !cl->quarantined[k];
+}
+
+int sup_cluster_ask_stacks(sup *s, rk_sup_conn *c)
+{
+    if (!s->cl || c->node < 0 || c->rank < 0)
+        return -1;
+    rk_node_stacks m = {
+        .launch = (uint32_t)s->launch_no + 1, .chan = c->chan, .rank = (uint32_t)c->rank};
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_stacks_format(&m, out, sizeof out, &len, &e) ||
+        rk_nodes_send(s->cl->t, c->node, RK_NODE_MSG_STACKS, out, len, &e))
+        return -1;
+    c->stack_asked = 1;
+    c->stack_bytes = 0;
+    c->stack_end = 0;
+    return 0;
 }
 
 int sup_cluster_health(const sup *s, int d, rk_sup_health *h, char *why, size_t cap)

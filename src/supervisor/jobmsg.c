@@ -274,6 +274,34 @@ bad:
     return rc;
 }
 
+int rk_node_stacks_format(const rk_node_stacks *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (m->launch < 1 || m->chan < 1 || m->rank > INT32_MAX)
+        return rk_err_set(err, RK_EINVAL, "stacks: a field out of range");
+    if (!rk_node_put(out, cap, len, "launch=%u\nchan=%u\nrank=%u\n", (unsigned)m->launch,
+                     (unsigned)m->chan, (unsigned)m->rank))
+        return rk_err_set(err, RK_EINVAL, "stacks: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_stacks_parse(const void *payload, size_t len, rk_node_stacks *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    rk_node_kv kv;
+    int rc;
+    int64_t rank;
+    if ((rc = parse_kv(&kv, "stacks", payload, len, err)) ||
+        (rc = get_u32(&kv, "stacks", "launch", 1, &m->launch, err)) ||
+        (rc = get_u32(&kv, "stacks", "chan", 1, &m->chan, err)) ||
+        (rc = rk_node_kv_int(&kv, "stacks", "rank", 0, INT32_MAX, &rank, err))) {
+        memset(m, 0, sizeof *m);
+        return rc;
+    }
+    m->rank = (uint32_t)rank;
+    return RK_OK;
+}
+
 int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err)
 {
     *len = 0;

@@ -231,6 +231,8 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     case RK_NODE_MSG_CLOSE:
     case RK_NODE_MSG_EXITED:
     case RK_NODE_MSG_HEALTH:
+    case RK_NODE_MSG_STACK:
+    case RK_NODE_MSG_STACK_END:
         if (t->o.on_msg) { /* the job's messages: the caller's (supervisor/cluster.c) */
             t->o.on_msg(t->o.ctx, k, h->type, payload, h->len);
             return;

@@ -41,9 +41,13 @@ enum {
     RK_NODE_MSG_CLOSE = 11,  /* either way: that stream ended (rk_node_data, no bytes) */
     RK_NODE_MSG_EXITED = 12, /* agent -> coordinator: the node's ranks are gone (rk_node_exited) */
     RK_NODE_MSG_KILL = 13,   /* coordinator -> agent: end this node's ranks (rk_node_kill) */
-    RK_NODE_MSG_HEALTH = 14  /* agent -> coordinator: one GPU's reading (rk_node_health) */
+    RK_NODE_MSG_HEALTH = 14, /* agent -> coordinator: one GPU's reading (rk_node_health) */
+    /* a hung rank's stacks (docs/cluster-protocol.md "Stacks of a hung rank") */
+    RK_NODE_MSG_STACKS = 15,   /* coordinator -> agent: dump this rank's (rk_node_stacks) */
+    RK_NODE_MSG_STACK = 16,    /* agent -> coordinator: bytes of the dump (as DATA) */
+    RK_NODE_MSG_STACK_END = 17 /* agent -> coordinator: the dump is complete (as CLOSE) */
 };
-#define RK_NODE_MSG_LAST RK_NODE_MSG_HEALTH
+#define RK_NODE_MSG_LAST RK_NODE_MSG_STACK_END
 
 #define RK_NODES_MAX 1024           /* nodes of one job */
 #define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
@@ -178,6 +182,16 @@ typedef struct rk_node_health {
 
 int rk_node_health_format(const rk_node_health *m, char *out, size_t cap, size_t *len, rk_err *err);
 int rk_node_health_parse(const void *payload, size_t len, rk_node_health *m, rk_err *err);
+/* STACKS: the coordinator asks for a hung rank's stacks: the rank on channel `chan` of launch
+ * `launch` is global rank `rank` (the dump's file name). The agent answers with STACK frames
+ * (the dump's bytes, a channel number then 1 to RK_NODE_DATA_MAX bytes, as DATA) and one
+ * STACK_END (the channel number alone, as CLOSE). */
+typedef struct rk_node_stacks {
+    uint32_t launch, chan, rank;
+} rk_node_stacks;
+
+int rk_node_stacks_format(const rk_node_stacks *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_stacks_parse(const void *payload, size_t len, rk_node_stacks *m, rk_err *err);
 int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err);
 int rk_node_kill_parse(const void *payload, size_t len, rk_node_kill *m, rk_err *err);
 /* DATA and CLOSE: a 4-byte channel number (big-endian, >= 1), then DATA's bytes (1 to

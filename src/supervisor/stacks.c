@@ -5,7 +5,8 @@
  * launch; up to 2 s for $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt to appear and stop
  * growing; what it wrote copied to rk run's stderr (bounded, a regular file opened with
  * O_NOFOLLOW, control characters removed, each line prefixed), its path kept for the event
- * only when something was copied.
+ * only when something was copied. A rank on another host (a node's channel) is asked through
+ * its agent (cluster.c: STACKS), whose answer lands in the same file here.
  */
 #include "supervisor/sup.h"
 
@@ -21,12 +22,14 @@
 #include "base/text.h"
 
 #define STACKS_WAIT_S 2.0
+#define STACKS_REMOTE_S 1.5        /* more for a dump that comes over the node link */
 #define STACKS_STILL_S 0.2         /* unchanged this long: the dump is complete */
 #define STACKS_COPY_MAX (64 << 10) /* bytes of a dump copied into the log */
 #define STACKS_LINE_MAX 512        /* bytes of one line shown */
 
 typedef struct dump {
     int rank;
+    rk_sup_conn *remote; /* a rank on another host: its agent sends the dump */
     char path[4200];
     off_t from; /* the file's size before the signal: the dump is what came after */
     off_t size;
@@ -99,14 +102,16 @@ void sup_dump_stacks(sup *s, const int *stuck)
     s->stacks[0] = '\0';
     for (int r = 0; r < s->n; r++) {
         rk_sup_conn *c = stuck[r] ? sup_by_rank(s, r) : NULL;
-        /* a rank on another host (c->node >= 0): its pid is that host's, never one to
-         * signal here, even where a process of ours has the same number */
-        if (!c || !c->stacks || c->fd < 0 || c->pid <= 0 || c->node >= 0)
+        if (!c || !c->stacks || c->fd < 0 || c->pid <= 0)
             continue;
-        if (!rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid the worker named */
+        /* a rank on another host (c->node >= 0): its pid is that host's, never one to
+         * signal here, even where a process of ours has the same number: its agent is
+         * asked, and signals it there */
+        if (c->node < 0 && !rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid it named */
             continue;
         dump *x = &d[nd];
         x->rank = r;
+        x->remote = c->node >= 0 ? c : NULL;
         if ((size_t)snprintf(x->path, sizeof x->path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir,
                              r, s->launch_no) >= sizeof x->path)
             continue;
@@ -114,7 +119,7 @@ void sup_dump_stacks(sup *s, const int *stuck)
         x->from = x->from < 0 ? 0 : x->from;
         x->size = x->from;
         x->grew = 0;
-        if (kill((pid_t)c->pid, SIGUSR1) != 0)
+        if (x->remote ? sup_cluster_ask_stacks(s, c) != 0 : kill((pid_t)c->pid, SIGUSR1) != 0)
             continue;
         x->changed = rk_ledger_now(&s->g);
         nd++;
@@ -134,12 +139,17 @@ void sup_dump_stacks(sup *s, const int *stuck)
                 d[k].grew = 1;
                 d[k].changed = now;
             }
-            if (!d[k].grew || now - d[k].changed < STACKS_STILL_S)
+            if (d[k].remote ? !d[k].remote->stack_end
+                            : !d[k].grew || now - d[k].changed < STACKS_STILL_S)
                 waiting++;
         }
-        if (!waiting || now - t0 >= STACKS_WAIT_S)
+        /* a remote dump: the agent's own wait, then the transfer */
+        if (!waiting || now - t0 >= (s->cl ? STACKS_WAIT_S + STACKS_REMOTE_S : STACKS_WAIT_S))
             break;
-        nap_ms(50);
+        if (s->cl)
+            sup_cluster_tick(s, 0.05); /* the agents' answers come on the node link */
+        else
+            nap_ms(50);
     }
     size_t used = 0;
     for (int k = 0; k < nd; k++) {

@@ -46,6 +46,10 @@ typedef struct rk_sup_conn {
     int node;      /* -1: a local connection */
     uint32_t chan; /* the channel on the node's link */
     int relay;     /* the socketpair's other end, -1 none */
+    /* its stacks asked of its agent (stacks.c): bytes written here so far, and STACK_END */
+    int stack_asked;
+    size_t stack_bytes;
+    int stack_end;
 } rk_sup_conn;
 
 typedef struct sup_cluster sup_cluster;
@@ -165,6 +169,10 @@ void sup_cluster_kill_ranks(sup *s, double grace_s);
 int sup_cluster_node_up(const sup *s, int d);
 /* Device d's host name. */
 const char *sup_cluster_node_name(const sup *s, int d);
+/* Ask the agent of remote connection c for its rank's stacks (STACKS): its answer is appended
+ * to s->stack_dir/stacks-rank<R>-launch<L>.txt (created 0600, not through a link; at most
+ * 64 KiB) and c->stack_end set at its end. 0 if asked, -1 if the node cannot be reached. */
+int sup_cluster_ask_stacks(sup *s, rk_sup_conn *c);
 /* With --health over the hosts: device d's last reading from its agent into *h and why[cap]
  * (a sound one before any came), returning 1; 0 without (not a cluster, or no --health). */
 int sup_cluster_health(const sup *s, int d, rk_sup_health *h, char *why, size_t cap);

@@ -12,7 +12,8 @@
 # below the threshold is left out of the first launch, (h) one that degrades is drained
 # during the run; both end with the fault-free parameters. (i) host 4's agent's recorded
 # frames, replayed on a new connection, are refused and the run goes on. (j) the agents'
-# predictor's probabilities drain a device. Skips (77) without
+# predictor's probabilities drain a device. (k) a hung rank on another host has its Python
+# stack in rk run's log. Skips (77) without
 # root/namespaces, torch or Fashion-MNIST.
 # shellcheck disable=SC2015
 set -u
@@ -335,5 +336,32 @@ if "${RK_MKMODEL:?}" "$work/hot.model" 5 8 8 >/dev/null; then
 else
   bad "(j) mkmodel"
 fi
+
+# ---- (k) a hung rank on another host: its Python stack in rk run's log ------------------------
+# rank 3 (on h2) hangs at step 20; rk run sees it by its heartbeats (--heartbeat-timeout 6),
+# asks h2's agent for its stacks (STACKS), the agent signals it there (SIGUSR1) and sends the
+# dump back, and the stack is in the log before the launch is torn down; the relaunch ends
+# with the fault-free parameters
+krun=()
+for w in "${run[@]}"; do
+  [[ $w == 20 && ${krun[-1]} == --heartbeat-timeout ]] && w=6
+  krun+=("$w")
+done
+rig_exec "$name" h1 "${krun[@]}" --ckpt-dir "$work/ckk" --events "$work/k.ev" \
+  --inject 'hang@step=20:rank=3' -- "${ex[@]}" --result "$work/k.json" >k.log 2>&1
+st=$?
+python3 - "$work/k.log" <<'PY' && ok "(k) rank 3's stack from h2 in the log before the hang is reported" \
+  || bad "(k) no remote stack: $(grep -v '^rk agent' k.log | grep 'stack\|hang' | head -4)"
+import sys
+log = open(sys.argv[1], errors="replace").read().splitlines()
+st = [i for i, l in enumerate(log) if "rank 3 |" in l and "injected_hang_sleeping_forever" in l]
+hg = [i for i, l in enumerate(log) if "hang: rank 3 " in l]
+assert st, "no stack line of rank 3"
+assert hg and st[0] < hg[0], f"stack at {st[0]}, hang line at {hg}"
+PY
+grep -q '"kind":"hang".*stacks in ' k.ev && ok "(k) the hang event names the dump" \
+  || bad "(k) hang event: $(grep '"hang"' k.ev | cut -c1-300)"
+[[ $st == 0 && "$(json k.json hash 2>/dev/null)" == "$ref" ]] && ok "(k) relaunched, finished with the fault-free parameters" \
+  || bad "(k) exit $st, hash $(json k.json hash 2>/dev/null)"
 
 it_finish
