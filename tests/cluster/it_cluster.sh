@@ -12,7 +12,8 @@
 # below the threshold is left out of the first launch, (h) one that degrades is drained
 # during the run; both end with the fault-free parameters. (i) host 4's agent's recorded
 # frames, replayed on a new connection, are refused and the run goes on. (j) the agents'
-# predictor's probabilities drain a device. (k) a hung rank on another host has its Python
+# predictor's probabilities drain a device. (l) rk train under one mpirun: host 3's link cut,
+# the same weights. (k) a hung rank on another host has its Python
 # stack in rk run's log. Skips (77) without
 # root/namespaces, torch or Fashion-MNIST.
 # shellcheck disable=SC2015
@@ -41,13 +42,19 @@ run=("$RK" run --hosts h1:2,h2:2,h3:2 --spare-hosts h4:2 --listen "$a1:0" --rsh 
 now() { echo "$EPOCHREALTIME"; }
 sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
-# ranks0: the pids of the example's processes of launch 0 on every host (by the namespaces'
-# pid lists and each process's environment)
+# ranks0: the pids of the ranks' processes of launch 0 on every host (by the namespaces' pid
+# lists and each process's environment); a rank's command line has $rank_pat (rk-train: its
+# second word is "train", so that mpirun, whose command line holds the worker's, is not one)
+rank_pat=train_fashion_mnist.py
 ranks0() {
   local k p
   for k in 1 2 3 4; do
     for p in $(ip netns pids "$name-h$k" 2>/dev/null); do
-      tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q train_fashion_mnist.py || continue
+      if [[ $rank_pat == rk-train ]]; then
+        [[ "$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | sed -n 2p)" == train ]] || continue
+      else
+        tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$rank_pat" || continue
+      fi
       tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx RK_LAUNCH=0 && echo "$p"
     done
   done
@@ -247,6 +254,30 @@ st=$?
   || bad "(f) weights $(weights f.log), fault-free $tref"
 grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h3:0,h3:1,h4:0,h4:1)" f.log \
   && ok "(f) relaunched on h1, h3 and the spare h4" || bad "(f) $(grep relaunch f.log)"
+
+# ---- (l) rk train: host 3's link cut -------------------------------------------------------
+rank_pat=rk-train
+rig_spawn "$name" h1 "${run[@]}" "${mpiargs[@]}" --ckpt-dir "$work/ckl" --events "$work/l.ev" \
+  --inject 'slow@step=0:rank=0:ms=150:for=40' -- "${train[@]}" >l.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+if wait_ckpt ckl; then
+  t0=$(now)
+  rig_cut "$name" h3
+  ok "(l) cut host 3's link after $(cat ckl/latest)"
+  after_fault l.log "$t0" $((NT + 1)) "(l)"
+  rig_heal "$name" h3
+else
+  bad "(l) no checkpoint of step 20 or 30: $(grep -v '^rk agent' l.log | tail -3)"
+fi
+wait "$sup"
+st=$?
+rank_pat=train_fashion_mnist.py
+[[ $st == 0 ]] && ok "(l) rk run exit 0" || bad "(l) rk run exit $st: $(grep -v '^rk agent' l.log | tail -4)"
+[[ -n $tref && "$(weights l.log)" == "$tref" ]] && ok "(l) final weights $tref equal the fault-free run's" \
+  || bad "(l) weights $(weights l.log), fault-free $tref"
+grep -q '"kind":"node_lost".*node 2 (h3).*silence' l.ev && ok "(l) the events name node 2 (h3), silent" \
+  || bad "(l) events: $(cut -c1-200 l.ev)"
 
 # ---- (g) the agents read their hosts' GPUs: one below the threshold is left out ---------------
 # a simulated fleet spans the hosts in order (h1:0 is GPU 0 ... h4:1 is GPU 7); at 12,000
