@@ -196,6 +196,14 @@ static void pump_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
     }
 }
 
+/* Send every dump under way now, as far as it got. */
+static void flush_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+{
+    for (int i = 0; i < MAX_CHANS; i++)
+        if (j->ch[i].dumping)
+            send_dump(j, &j->ch[i], send, ctx);
+}
+
 /* STACKS: SIGUSR1 to the rank of that channel (a process the kernel named at accept: of the
  * keeper's tree, checked again now, or through the pidfd of a watched one), its dump file
  * watched from now. */
@@ -205,11 +213,16 @@ static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_agent_send_fn
     for (int i = 0; i < MAX_CHANS && !c; i++)
         if (j->ch[i].fd >= 0 && j->ch[i].id == m->chan)
             c = &j->ch[i];
-    if (!c || m->launch != j->launch || c->dumping)
-        return;
     uint8_t out[8];
     size_t len;
     rk_err e = {0};
+    if (c && c->dumping)
+        return;                         /* the dump under way sends its own end */
+    if (!c || m->launch != j->launch) { /* nothing to dump: say so at once */
+        if (rk_node_data_format(m->chan, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
+            send(ctx, RK_NODE_MSG_STACK_END, out, len);
+        return;
+    }
     int sig = -1;
     if (j->running && c->pidfd < 0 && c->pid > 0 && rk_launch_owns(&j->l, c->pid)) {
         /* the file the rank writes: $RK_STACK_DIR (this agent's) with its global rank and
@@ -312,6 +325,8 @@ static void send_close(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ct
     uint8_t out[8];
     size_t len;
     rk_err e = {0};
+    if (c->dumping) /* the rank is gone: what it dumped goes first */
+        send_dump(j, c, send, ctx);
     if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
         send(ctx, RK_NODE_MSG_CLOSE, out, len);
     close_chan(c);
@@ -505,6 +520,7 @@ static int start(rk_agent_job *j, const rk_node_launch *m, uint32_t port, rk_err
 
 static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_agent_send_fn send, void *ctx)
 {
+    flush_dumps(j, send, ctx);
     end_ranks(j, 0); /* a launch replaces the one before (its EXITED goes first) */
     end_watched(j);
     close_chans(j);
@@ -570,6 +586,8 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
             say(j, "a bad KILL: %s", e.msg);
             return -1;
         }
+        if (m.launch == j->launch)
+            flush_dumps(j, send, ctx); /* what the ranks dumped before they are ended */
         if (m.launch == j->launch && j->running) {
             end_ranks(j, m.grace_s);
             send_exited(j, send, ctx);

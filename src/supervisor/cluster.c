@@ -23,6 +23,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -260,10 +261,15 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         if ((size_t)snprintf(path, sizeof path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir,
                              c->rank, s->launch_no) >= sizeof path)
             return;
-        int fd =
-            open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0600);
-        if (fd < 0)
+        int fd = open(
+            path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
+            0600);
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { /* not a FIFO or device */
+            if (fd >= 0)
+                close(fd);
             return;
+        }
         ssize_t w = write(fd, bytes, n);
         close(fd);
         if (w > 0)

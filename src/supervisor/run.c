@@ -601,7 +601,8 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
             o->launcher_why ? o->launcher_why : "--launcher",
             rk_launch_describe(o->launcher, s->n, cl_mpi ? shown_args : o->launcher_args, o->worker,
                                desc, sizeof desc),
-            o->hosts ? "each host's agent's directory" : s->stack_dir, master);
+            cl_mpi ? "each host's own directory (not collected: one mpirun's ranks)" : s->stack_dir,
+            master);
     if (!ma && sup_may_span_hosts(o))
         sup_say(s,
                 "MASTER_ADDR not set: the ranks may run on other hosts (%s), and 127.0.0.1 "

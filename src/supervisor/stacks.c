@@ -106,8 +106,11 @@ void sup_dump_stacks(sup *s, const int *stuck)
             continue;
         /* a rank on another host (c->node >= 0): its pid is that host's, never one to
          * signal here, even where a process of ours has the same number: its agent is
-         * asked, and signals it there */
+         * asked, and signals it there (only ranks an agent started: one mpirun's are not
+         * its to signal) */
         if (c->node < 0 && !rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid it named */
+            continue;
+        if (c->node >= 0 && !sup_cluster_runs_ranks(s))
             continue;
         dump *x = &d[nd];
         x->rank = r;
@@ -126,8 +129,8 @@ void sup_dump_stacks(sup *s, const int *stuck)
     }
     if (!nd)
         return;
-    sup_say(s, "asked %d hung rank%s for %s stacks (SIGUSR1)", nd, nd == 1 ? "" : "s",
-            nd == 1 ? "its" : "their");
+    sup_say(s, "asked %d hung rank%s for %s stacks (SIGUSR1%s)", nd, nd == 1 ? "" : "s",
+            nd == 1 ? "its" : "their", s->cl ? ", from its host's agent for a rank there" : "");
     double t0 = rk_ledger_now(&s->g);
     for (;;) {
         double now = rk_ledger_now(&s->g);
@@ -154,8 +157,8 @@ void sup_dump_stacks(sup *s, const int *stuck)
     size_t used = 0;
     for (int k = 0; k < nd; k++) {
         if (!d[k].grew) {
-            sup_say(s, "rank %d wrote no stacks to %s within %.0f s", d[k].rank, d[k].path,
-                    STACKS_WAIT_S);
+            sup_say(s, "rank %d wrote no stacks to %s within %.1f s", d[k].rank, d[k].path,
+                    d[k].remote ? STACKS_WAIT_S + STACKS_REMOTE_S : STACKS_WAIT_S);
             continue;
         }
         if (!copy_dump(s, &d[k]))
