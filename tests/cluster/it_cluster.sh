@@ -106,6 +106,20 @@ kill_host2() {
   kill -9 $victims
   ok "$1 SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat "$2/latest")"
 }
+# cut_host3 WHAT CKDIR LOG: once the run has a checkpoint of step 20 or 30, pull host 3's
+# cable, check the loss's detection (within --node-timeout + 1 s) and the ranks' end, plug it
+# back
+cut_host3() {
+  if wait_ckpt "$2"; then
+    t0=$(now)
+    rig_cut "$name" h3
+    ok "$1 cut host 3's link after $(cat "$2/latest")"
+    after_fault "$3" "$t0" $((NT + 1)) "$1"
+    rig_heal "$name" h3
+  else
+    bad "$1 no checkpoint of step 20 or 30: $(grep -v '^rk agent' "$3" | tail -3)"
+  fi
+}
 # the run's end: its parameters against the reference
 check_end() {
   local what=$1 st=$2 out=$3
@@ -159,15 +173,7 @@ rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckc" --events "$work/c.ev" "$
   -- "${ex[@]}" --result "$work/c.json" >c.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
-if wait_ckpt ckc; then
-  t0=$(now)
-  rig_cut "$name" h3
-  ok "(c) cut host 3's link after $(cat ckc/latest)"
-  after_fault c.log "$t0" $((NT + 1)) "(c)"
-  rig_heal "$name" h3
-else
-  bad "(c) no checkpoint of step 20 or 30: $(grep -v '^rk agent' c.log | tail -3)"
-fi
+cut_host3 "(c)" ckc c.log
 wait "$sup"
 check_end "(c)" $? c.json c.log
 grep -q '"kind":"node_lost".*node 2 (h3).*silence' c.ev && ok "(c) the events name node 2 (h3), silent" \
@@ -261,15 +267,7 @@ rig_spawn "$name" h1 "${run[@]}" "${mpiargs[@]}" --ckpt-dir "$work/ckl" --events
   --inject 'slow@step=0:rank=0:ms=150:for=40' -- "${train[@]}" >l.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
-if wait_ckpt ckl; then
-  t0=$(now)
-  rig_cut "$name" h3
-  ok "(l) cut host 3's link after $(cat ckl/latest)"
-  after_fault l.log "$t0" $((NT + 1)) "(l)"
-  rig_heal "$name" h3
-else
-  bad "(l) no checkpoint of step 20 or 30: $(grep -v '^rk agent' l.log | tail -3)"
-fi
+cut_host3 "(l)" ckl l.log
 wait "$sup"
 st=$?
 rank_pat=train_fashion_mnist.py
