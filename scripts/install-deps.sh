@@ -4,7 +4,8 @@
 # any user, without apt-get or root. Only a missing package needs root: as root it installs
 # it with apt-get; as another user it prints the exact command and exits 1.
 #   scripts/install-deps.sh [GROUP...]   default: build run test
-#     build  compilers, CMake and the -dev packages (make build)
+#     build  compilers, CMake and the -dev packages (make build), with gRPC core and
+#            protobuf-c and its compiler (rk device-plugin)
 #     run    what rk, librekindle and the demo need at run time: the shared libraries,
 #            mpirun, python3 with python3-xxhash (the Python package's checkpoints) and the
 #            Fashion-MNIST data (make demo)
@@ -12,7 +13,11 @@
 #            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh),
 #            python3-torch and python3-numpy (the PyTorch jobs' tests and torchrun, their peer),
 #            python3-pip, -setuptools, -wheel, -venv (the `pip install ./python` test),
-#            iproute2 and iputils-ping (the test cluster of network namespaces, tests/cluster)
+#            iproute2 and iputils-ping (the test cluster of network namespaces, tests/cluster),
+#            Slurm's controller, daemon and client (the Slurm rig, tests/slurm), python3-grpcio
+#            and python3-grpc-tools (the fake kubelet, tests/k8s) and kubectl (the
+#            kubernetes-client package, checking deploy/k8s; left out when another package
+#            already installed a kubectl, which it would collide with)
 #     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
 #   --bench  the same as: build run test bench
 set -euo pipefail
@@ -20,11 +25,13 @@ set -euo pipefail
 declare -A group
 group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
-  libopenblas-dev libssl-dev"
+  libopenblas-dev libssl-dev libgrpc-dev libprotobuf-c-dev protobuf-c-compiler"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
-  libmicrohttpd12 libopenblas0 libssl3 python3 python3-xxhash dataset-fashion-mnist"
+  libmicrohttpd12 libopenblas0 libssl3 libgrpc29 libprotobuf-c1 python3 python3-xxhash
+  dataset-fashion-mnist"
 group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
-  python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping"
+  python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping
+  slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")
@@ -42,6 +49,11 @@ done
 
 missing=()
 for p in $(printf '%s\n' "${pkgs[@]}" | sort -u); do
+  # kubectl from another package (a cloud SDK's) would collide with kubernetes-client's
+  if [[ "$p" == kubernetes-client ]] && command -v kubectl >/dev/null 2>&1 &&
+    ! dpkg-query -S "$(command -v kubectl)" 2>/dev/null | grep -q '^kubernetes-client:'; then
+    continue
+  fi
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
