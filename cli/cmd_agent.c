@@ -20,6 +20,7 @@
 #include "supervisor/agent.h"
 #include "supervisor/agent_job.h"
 #include "supervisor/nodes.h"
+#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 static volatile sig_atomic_t stop_flag;
@@ -48,6 +49,7 @@ static const char agent_usage[] =
     "                [--generation G] [--ping-interval D] [--connect-timeout D]\n"
     "                [--reconnect-for D] [--boot-id-file F]\n"
     "                [--ckpt-dir DIR] [--inject SPEC] [--no-pythonpath] [--watch]\n"
+    "                [--socket-node NAME]\n"
     "                [--devices N --health nvml|sim [--health-interval S] [--predictor M]\n"
     "                 [--sim-first I --sim-gpus N --sim-seed S --sim-time-scale X --sim-age H\n"
     "                  --sim-skip H]]\n"
@@ -79,6 +81,8 @@ static const char agent_usage[] =
     "  --no-pythonpath          leave PYTHONPATH as it is (else the rekindle package is on it)\n"
     "  --watch                  ranks another launcher starts (one mpirun across the hosts)\n"
     "                           connect to the abstract socket @rk-JOBID: relay them\n"
+    "  --socket-node NAME       with --watch: the socket is @rk-JOBID-NAME (srun's ranks on\n"
+    "                           Slurm node NAME: nodes may share a network namespace)\n"
     "  --devices N              this node's GPUs, 0..N-1 (with --health)\n"
     "  --health MODE            read them and report each one's score to the coordinator\n"
     "                           (HEALTH): nvml, or sim (a simulated fleet: docs/cluster.md)\n"
@@ -132,6 +136,7 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"inject", required_argument, 0, 'I'},
                                           {"no-pythonpath", no_argument, 0, 'P'},
                                           {"watch", no_argument, 0, 'W'},
+                                          {"socket-node", required_argument, 0, 'O'},
                                           {"devices", required_argument, 0, 'D'},
                                           {"health", required_argument, 0, 'H'},
                                           {"health-interval", required_argument, 0, 'i'},
@@ -146,7 +151,7 @@ int rk_cmd_agent(int argc, char **argv)
                                           {0, 0, 0, 0}};
     rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
     rk_agent_job_opts jo = {0};
-    const char *coord = NULL, *job = NULL, *secret_file = NULL;
+    const char *coord = NULL, *job = NULL, *secret_file = NULL, *socket_node = NULL;
     int node = -1, gen = 1, watch = 0, ndev = 0, first = 0, fleet = 0, sim_given = 0;
     rk_sup_opts ho = {.health_seed = 1,
                       .health_time_scale = 60,
@@ -162,6 +167,16 @@ int rk_cmd_agent(int argc, char **argv)
         case 'I': jo.inject = optarg; break;
         case 'P': jo.no_pythonpath = 1; break;
         case 'W': watch = 1; break;
+        case 'O':
+            if (!rk_slurm_node_name_ok(optarg)) {
+                fprintf(stderr,
+                        "rk agent: --socket-node '%.64s': not a node name (1 to 63 of "
+                        "A-Z a-z 0-9 . _ -)\n",
+                        optarg);
+                return RK_EXIT_USAGE;
+            }
+            socket_node = optarg;
+            break;
         case 'n':
             if (rk_arg_count(&agent_args, "--node", optarg, 0, RK_NODES_MAX - 1, &node))
                 return RK_EXIT_USAGE;
@@ -245,6 +260,8 @@ int rk_cmd_agent(int argc, char **argv)
     if (watch && jo.worker)
         return rk_cli_usage_error("agent", agent_usage,
                                   "--watch is for ranks another launcher starts: no WORKER");
+    if (socket_node && !watch)
+        return rk_cli_usage_error("agent", agent_usage, "--socket-node goes with --watch");
     if (!jo.worker && (jo.ckpt_dir || jo.inject))
         return rk_cli_usage_error("agent", agent_usage,
                                   "--ckpt-dir and --inject are for the ranks: give -- WORKER ARGS");
@@ -295,9 +312,10 @@ int rk_cmd_agent(int argc, char **argv)
     o.on_log = print_log;
     o.ctx = who;
     rk_agent_job *aj = NULL;
-    char abstract[64];
-    if (watch) { /* the ranks connect to @rk-JOBID (docs/cluster.md) */
-        snprintf(abstract, sizeof abstract, "rk-%s", job);
+    char abstract[128];
+    if (watch) { /* the ranks connect to @rk-JOBID[-NODE] (docs/cluster.md, slurm.md) */
+        snprintf(abstract, sizeof abstract, "rk-%s%s%s", job, socket_node ? "-" : "",
+                 socket_node ? socket_node : "");
         for (char *p = abstract; *p; p++)
             *p = (char)(*p >= 'A' && *p <= 'F' ? *p - 'A' + 'a' : *p);
         jo.abstract = abstract;

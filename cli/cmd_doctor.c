@@ -7,6 +7,7 @@
  * them says so.
  */
 #include <cblas.h>
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -18,17 +19,20 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "doctor.h"
 #include "health/sim.h"
 #include "predict/predict.h"
 #include "predict/predict_online.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
 #include "rk.h"
+#include "supervisor/slurm.h"
 
 static const char usage_text[] =
     "usage: rk doctor [--sim N [--seed S] [--age HOURS]] [--json] [--threshold T]\n"
     "                 [--textfile-dir DIR] [--samples K] [--interval SECONDS]\n"
     "                 [--predictor MODEL]\n"
+    "                 [--slurm [--node NAME] [--dry-run] [--scontrol PATH] | --gres]\n"
     "\n"
     "Score each GPU of this node 0-100 (docs/health.md) and say what to fix.\n"
     "\n"
@@ -47,10 +51,22 @@ static const char usage_text[] =
     "                      short check cannot fill it, and then says so rather than\n"
     "                      guess (a simulated fleet: --samples 61 fills 60 minutes; real GPUs:\n"
     "                      --samples 61 --interval 60, or watch with rk exporter --predictor)\n"
+    "  --slurm             also act as Slurm's HealthCheckProgram (docs/slurm.md): drain this\n"
+    "                      node when a GPU fails (scontrol update state=drain, the reason\n"
+    "                      \"rk: GPU 2 (bus ...) score 41: ...\"), resume it when every GPU\n"
+    "                      passes again, but only a drain of its own (an administrator's is\n"
+    "                      left alone)\n"
+    "  --node NAME         the node's Slurm name (default: $SLURMD_NODENAME, which slurmd\n"
+    "                      sets for its health check)\n"
+    "  --dry-run           with --slurm: say what it would run, change nothing\n"
+    "  --scontrol PATH     with --slurm: the scontrol to run (default: scontrol in PATH)\n"
+    "  --gres              print a gres.conf for the GPUs that pass (File=, Type= from the\n"
+    "                      model name), leaving out the ones that fail, and nothing else\n"
     "  -h, --help          show this help\n"
     "\n"
     "Exit status: 0 every GPU at or above the threshold, 1 one or more below it or unreadable\n"
-    "(or no GPU at all), 2 bad usage or a model file it cannot use.\n";
+    "(or no GPU at all; with --slurm also when the node's state could not be read or\n"
+    "changed), 2 bad usage or a model file it cannot use.\n";
 
 #define usage_error(...) rk_cli_usage_error("doctor", usage_text, __VA_ARGS__)
 
@@ -137,6 +153,11 @@ int rk_cmd_doctor(int argc, char **argv)
                                           {"samples", required_argument, 0, 'k'},
                                           {"interval", required_argument, 0, 'i'},
                                           {"predictor", required_argument, 0, 'P'},
+                                          {"slurm", no_argument, 0, 'L'},
+                                          {"node", required_argument, 0, 'N'},
+                                          {"dry-run", no_argument, 0, 'D'},
+                                          {"scontrol", required_argument, 0, 'C'},
+                                          {"gres", no_argument, 0, 'G'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
@@ -144,6 +165,8 @@ int rk_cmd_doctor(int argc, char **argv)
     double threshold = RK_HEALTH_THRESHOLD_DEFAULT, interval = 0.5;
     int samples = 5;
     const char *model_path = NULL;
+    int slurm = 0, gres = 0;
+    rk_doctor_slurm_opts so = {.scontrol = "scontrol"};
     opterr = 0;
     optind = 1;
     int c;
@@ -176,12 +199,36 @@ int rk_cmd_doctor(int argc, char **argv)
                 return RK_EXIT_USAGE;
             break;
         case 'P': model_path = optarg; break;
+        case 'L': slurm = 1; break;
+        case 'N': so.node = optarg; break;
+        case 'D': so.dry_run = true; break;
+        case 'C': so.scontrol = optarg; break;
+        case 'G': gres = 1; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
+    if (slurm && gres)
+        return usage_error("--slurm and --gres are two different jobs: one at a time");
+    if ((slurm || gres) && as_json)
+        return usage_error("--json is not for --slurm or --gres");
+    if (!slurm && (so.node || so.dry_run || strcmp(so.scontrol, "scontrol") != 0))
+        return usage_error("--node, --dry-run and --scontrol go with --slurm");
+    if (slurm) {
+        if (!so.node)
+            so.node = getenv("SLURMD_NODENAME");
+        if (!so.node || !so.node[0])
+            return usage_error("--slurm needs the node's name: --node NAME, or SLURMD_NODENAME "
+                               "in the environment (slurmd sets it for its health check)");
+        if (!rk_slurm_node_name_ok(so.node))
+            return usage_error("node name '%s': not a Slurm node name (letters, digits, '.', "
+                               "'_', '-', at most 63)",
+                               so.node);
+        if (!so.scontrol[0])
+            return usage_error("--scontrol: empty path");
+    }
     if ((o.textfile_dir && rk_arg_path(&args, "--textfile-dir", o.textfile_dir, RK_PATH_DIR)) ||
         (model_path && rk_arg_path(&args, "--predictor", model_path, RK_PATH_FILE)))
         return RK_EXIT_USAGE;
@@ -199,11 +246,14 @@ int rk_cmd_doctor(int argc, char **argv)
         fprintf(stderr, "rk doctor: %s\n", err.msg);
         if (!sim)
             fprintf(stderr, "rk doctor: no GPU to check; --sim N checks a simulated fleet\n");
+        if (slurm)
+            fprintf(stderr, "rk doctor: node %s left as it is: no GPU was read\n", so.node);
         rk_pred_free(model);
         return RK_EXIT_FAIL;
     }
     int n = rk_telemetry_count(t);
     rk_monitor *mon = NULL;
+    rk_doctor_gpu *dg = NULL;
     int status = RK_EXIT_OK;
     if (model && n > 0 && rk_pred_online_create(&pred, model, n, &err)) {
         fprintf(stderr, "rk doctor: %s\n", err.msg);
@@ -227,10 +277,19 @@ int rk_cmd_doctor(int argc, char **argv)
         fprintf(stderr, "rk doctor: %s\n", err.msg);
     if (n == 0) {
         fprintf(stderr, "rk doctor: %s found no GPU\n", rk_telemetry_backend(t));
+        if (slurm)
+            fprintf(stderr, "rk doctor: node %s left as it is: no GPU was read\n", so.node);
         status = RK_EXIT_FAIL;
+        goto out;
+    }
+    dg = calloc((size_t)n, sizeof *dg);
+    if (!dg) {
+        fprintf(stderr, "rk doctor: out of memory\n");
+        status = RK_EXIT_FAIL;
+        goto out;
     }
     json_t *arr = json_array();
-    if (!as_json)
+    if (!as_json && !gres)
         printf("%-4s %-46s %5s  %-4s  %s\n", "GPU", "NAME", "SCORE", "", "FINDINGS");
     for (int i = 0; i < n; i++) {
         const rk_monitor_gpu *g = rk_monitor_gpu_state(mon, i);
@@ -242,6 +301,19 @@ int rk_cmd_doctor(int argc, char **argv)
         int pass = g->has_score && score >= threshold; /* unreadable: nothing says it is sound */
         if (!pass)
             status = RK_EXIT_FAIL;
+        dg[i] = (rk_doctor_gpu){.index = in->index,
+                                .simulated = in->simulated,
+                                .has_score = g->has_score,
+                                .score = score,
+                                .pass = pass};
+        snprintf(dg[i].name, sizeof dg[i].name, "%s", in->name);
+        snprintf(dg[i].bus_id, sizeof dg[i].bus_id, "%s", in->bus_id);
+        snprintf(dg[i].why, sizeof dg[i].why, "%s",
+                 !g->has_score ? "no reading succeeded"
+                 : nf          ? f[0].message
+                               : "");
+        if (gres)
+            continue;
         if (as_json) {
             json_t *o2 = json_object();
             json_object_set_new(o2, "index", json_integer(in->index));
@@ -310,12 +382,22 @@ int rk_cmd_doctor(int argc, char **argv)
             printf("%s\n", text);
         free(text);
         json_decref(root);
+    } else if (gres) {
+        json_decref(arr);
+        status = rk_doctor_gres(dg, n, threshold);
     } else {
         json_decref(arr);
         printf("threshold %.0f: %s\n", threshold,
                status == RK_EXIT_OK ? "every GPU passes" : "one or more GPUs fail");
+        if (slurm) {
+            fflush(stdout);
+            int st = rk_doctor_slurm(dg, n, &so);
+            if (st != RK_EXIT_OK)
+                status = st;
+        }
     }
 out:
+    free(dg);
     rk_monitor_free(mon);
     rk_telemetry_close(t);
     rk_pred_online_free(pred);

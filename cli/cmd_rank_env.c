@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "rk.h"
+#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 static const char *get(const char *name)
@@ -41,6 +42,27 @@ int rk_cmd_rank_env(int argc, char **argv)
         char num[24];
         snprintf(num, sizeof num, "%ld", v[k]);
         setenv(names[k], num, 1);
+    }
+    /* under srun across nodes that may share one network namespace, each node's agent has a
+     * socket of its own: "@rk-JOBID-{node}" ends with this node's name (docs/slurm.md) */
+    const char *hb = getenv("RK_HEARTBEAT");
+    static const char tail[] = "{node}";
+    size_t hl = hb ? strlen(hb) : 0, tl = sizeof tail - 1;
+    if (hl >= tl && strcmp(hb + hl - tl, tail) == 0) {
+        const char *node = getenv("SLURMD_NODENAME");
+        if (!node || !rk_slurm_node_name_ok(node)) {
+            fprintf(stderr,
+                    "rk _rank-env: RK_HEARTBEAT ends in {node}, and SLURMD_NODENAME is "
+                    "%s: not a rank srun started on a node\n",
+                    node ? "not a node name" : "not set");
+            return RK_EXIT_USAGE;
+        }
+        char sock[256];
+        if (snprintf(sock, sizeof sock, "%.*s%s", (int)(hl - tl), hb, node) >= (int)sizeof sock) {
+            fprintf(stderr, "rk _rank-env: RK_HEARTBEAT with the node's name is too long\n");
+            return RK_EXIT_USAGE;
+        }
+        setenv("RK_HEARTBEAT", sock, 1);
     }
     execvp(argv[i], argv + i);
     /* bad input, as under the local launcher: rk run stops (exit 2) instead of relaunching */

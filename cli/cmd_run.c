@@ -24,6 +24,7 @@
 #include "rk.h"
 #include "supervisor/hosts.h"
 #include "supervisor/nodes.h"
+#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 /* rk run's exit status for how the job ended (the usage text's list). */
@@ -144,6 +145,13 @@ static const char usage_a[] =
     "  --agent-cmd PATH        rk on the hosts (default: this executable's path)\n";
 /* in two parts: C99 promises string literals of 4095 bytes only */
 static const char usage_b[] =
+    "  Under Slurm (docs/slurm.md), --launcher srun with hosts: srun starts the agents, one\n"
+    "  task a node, and each launch's ranks in the allocation, leaving out (--exclude) the\n"
+    "  nodes lost or quarantined\n"
+    "  --hosts slurm:N         the allocation's nodes (SLURM_JOB_NODELIST), N slots each;\n"
+    "                          the ones named in --spare-hosts are its spares\n"
+    "  --slurm-drain           drain a quarantined node in Slurm (scontrol update\n"
+    "                          state=drain), the reason starting \"rk run: \"\n"
     "  --quiet                 no periodic status lines\n"
     "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
     "                          default), nvml, sim (a simulated fleet: device ids are its GPU\n"
@@ -269,8 +277,48 @@ enum {
     OPT_RSH,
     OPT_LISTEN,
     OPT_NODE_TIMEOUT,
-    OPT_AGENT_CMD
+    OPT_AGENT_CMD,
+    OPT_SLURM_DRAIN
 };
+
+/* --hosts slurm[:N]: the allocation's nodes as a host list "node1:N,node2:N" into buf, those
+ * named in the spare list left out (they are its spares). 0, or -1 after the message. */
+static int slurm_hosts(const char *list, const char *spares, char *buf, size_t cap)
+{
+    int slots = 1;
+    if (list[5] == ':' &&
+        rk_arg_count(&args, "--hosts slurm:N", list + 6, 1, RK_HOST_SLOTS_MAX, &slots))
+        return -1;
+    static char names[RK_HOSTS_MAX][RK_SLURM_NODE_MAX];
+    rk_err err = {0};
+    int n = rk_slurm_job_nodes("scontrol", names, RK_HOSTS_MAX, &err);
+    if (n < 0) {
+        fprintf(stderr, "rk run: --hosts %s: %s\n", list, err.msg);
+        return -1;
+    }
+    size_t used = 0;
+    int kept = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        int spare = 0;
+        for (const char *p = spares; p && *p && !spare;) {
+            size_t l = strcspn(p, ":,");
+            spare = l == strlen(names[i]) && !strncmp(p, names[i], l);
+            p += strcspn(p, ",");
+            p += *p == ',';
+        }
+        if (spare)
+            continue;
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s:%d",
+                                 kept++ ? "," : "", names[i], slots);
+    }
+    if (used >= cap || kept == 0) {
+        fprintf(stderr, "rk run: --hosts %s: %s\n", list,
+                kept ? "too many nodes" : "every node of the allocation is a spare");
+        return -1;
+    }
+    return 0;
+}
 
 /* --hosts, --hostfile, --spare-hosts: the hosts into sup_hosts, their slots as the devices
  * ("HOST:0,HOST:1,...", into dev[cap]), -n by default the non-spare slots. 0, or an exit
@@ -296,6 +344,12 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
         return usage_error("--listen %s: give the address the hosts reach this one by, not a "
                            "wildcard (rk run listens on exactly that address)",
                            o->listen);
+    static char slurm_list[RK_HOSTS_MAX * (RK_SLURM_NODE_MAX + 8)];
+    if (list && !strncmp(list, "slurm", 5) && (list[5] == '\0' || list[5] == ':')) {
+        if (slurm_hosts(list, spares, slurm_list, sizeof slurm_list))
+            return RK_EXIT_USAGE;
+        list = slurm_list;
+    }
     if ((list && rk_hosts_parse_list(hs, list, 0, &err)) ||
         (file && rk_hosts_load_file(hs, file, &err)) ||
         (spares && rk_hosts_parse_list(hs, spares, 1, &err))) {
@@ -308,14 +362,17 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
         o->launcher = rk_launch_pick(o->worker, nlargs > 0, why, sizeof why);
         o->launcher_why = why;
     }
-    if (o->launcher == RK_LAUNCH_SRUN)
-        return usage_error("--launcher srun with --hosts: srun places the ranks itself");
+    if (o->launcher == RK_LAUNCH_SRUN && o->rsh)
+        return usage_error("--rsh with --launcher srun: srun starts the agents");
     if (o->launcher == RK_LAUNCH_LOCAL && nlargs)
         return usage_error("--launcher-arg with --hosts and --launcher local: the agents start "
                            "the ranks");
     if (!o->launcher_why)
         o->launcher_why = o->launcher == RK_LAUNCH_LOCAL
                               ? "--hosts: each host's agent starts its ranks"
+                          : o->launcher == RK_LAUNCH_SRUN
+                              ? "--hosts: srun starts an agent a node and the ranks, the "
+                                "agents watch"
                               : "--hosts: one mpirun across the hosts, the agents watch";
     if (!health_given)
         o->health = NULL; /* off unless asked for: each host's agent needs its NVML */
@@ -325,9 +382,20 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     int ndev = 0, primary = 0;
     size_t used = 0;
     dev[0] = '\0';
+    static char addrs[RK_HOSTS_MAX][RK_NODE_HOST_MAX];
     for (int k = 0; k < hs->n; k++) {
         out[k] =
             (rk_sup_host){.name = hs->h[k].name, .slots = hs->h[k].slots, .spare = hs->h[k].spare};
+        if (o->launcher == RK_LAUNCH_SRUN) { /* MASTER_ADDR: where Slurm reaches the node */
+            if (!rk_slurm_node_name_ok(hs->h[k].name))
+                return usage_error("--launcher srun: host %s is not a Slurm node name",
+                                   hs->h[k].name);
+            if (rk_slurm_node_addr("scontrol", hs->h[k].name, addrs[k], sizeof addrs[k], &err)) {
+                fprintf(stderr, "rk run: node %s: %s\n", hs->h[k].name, err.msg);
+                return RK_EXIT_USAGE;
+            }
+            out[k].addr = addrs[k];
+        }
         if (!hs->h[k].spare)
             primary += hs->h[k].slots;
         for (int i = 0; i < hs->h[k].slots; i++, ndev++) {
@@ -342,11 +410,13 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     /* a loopback --listen reaches no other host: only hosts named by loopback addresses */
     int lo_listen =
         !strncmp(lhost, "127.", 4) || !strcmp(lhost, "::1") || !strcmp(lhost, "localhost");
-    for (int k = 0; lo_listen && k < hs->n; k++)
-        if (strncmp(hs->h[k].name, "127.", 4) && strcmp(hs->h[k].name, "::1"))
+    for (int k = 0; lo_listen && k < hs->n; k++) {
+        const char *a = out[k].addr ? out[k].addr : hs->h[k].name;
+        if (strncmp(a, "127.", 4) && strcmp(a, "::1") && strcmp(a, "localhost"))
             return usage_error("--listen %s is a loopback address: host %s cannot reach it; give "
                                "this host's address on the hosts' network",
                                o->listen, hs->h[k].name);
+    }
     o->hosts = out;
     o->nhosts = hs->n;
     if (o->n == 0)
@@ -395,6 +465,7 @@ int rk_cmd_run(int argc, char **argv)
         {"listen", required_argument, 0, OPT_LISTEN},
         {"node-timeout", required_argument, 0, OPT_NODE_TIMEOUT},
         {"agent-cmd", required_argument, 0, OPT_AGENT_CMD},
+        {"slurm-drain", no_argument, 0, OPT_SLURM_DRAIN},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     rk_sup_opts o = {.n = 0,
@@ -486,6 +557,7 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_RSH: o.rsh = optarg; break;
         case OPT_LISTEN: o.listen = optarg; break;
         case OPT_AGENT_CMD: o.agent_cmd = optarg; break;
+        case OPT_SLURM_DRAIN: o.slurm_drain = 1; break;
         case OPT_NODE_TIMEOUT:
             if (rk_arg_seconds(&args, "--node-timeout", optarg, 0.1, RK_ARG_SECONDS_MAX,
                                &o.node_timeout_s))
@@ -549,6 +621,9 @@ int rk_cmd_run(int argc, char **argv)
             return st;
         devices = host_devices;
     }
+    if (o.slurm_drain && !(o.hosts && o.launcher == RK_LAUNCH_SRUN))
+        return usage_error("--slurm-drain goes with --launcher srun and --hosts (a job over "
+                           "the nodes of a Slurm allocation)");
     if (o.n < 1)
         return usage_error("-n N is required");
     o.worker = argv + optind;

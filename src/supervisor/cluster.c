@@ -30,6 +30,7 @@
 #include "base/clock.h"
 #include "net/secret.h"
 #include "supervisor/nodes.h"
+#include "supervisor/slurm.h"
 
 #define MAX_NODES 256
 #define LAUNCHED_WAIT_S 10.0 /* rank 0's agent answers LAUNCH within this */
@@ -39,7 +40,8 @@
 
 struct sup_cluster {
     rk_nodes *t;
-    int watch; /* one mpirun across the hosts starts the ranks; the agents watch them */
+    int watch; /* one mpirun (or srun) across the hosts starts the ranks; the agents watch */
+    int srun;  /* in a Slurm allocation: srun starts the agents and the ranks */
     int nnodes;
     uint8_t job[RK_NET_JOB_ID_LEN];
     char job_hex[2 * RK_NET_JOB_ID_LEN + 1];
@@ -80,6 +82,22 @@ static int node_of_rank(const sup *s, int r)
 static const char *node_name(const sup *s, int k)
 {
     return k >= 0 && k < s->o->nhosts ? s->o->hosts[k].name : "?";
+}
+
+/* --slurm-drain: the quarantined node drained in Slurm, with the reason (its mark "rk run: "
+ * is not rk doctor --slurm's, which therefore never resumes it: docs/slurm.md). */
+static void drain_node(sup *s, int k, const char *why)
+{
+    char reason[256];
+    snprintf(reason, sizeof reason, "rk run: node lost %d time%s in job %s: %.150s",
+             s->cl->fails[k], s->cl->fails[k] == 1 ? "" : "s", s->cl->job_hex,
+             why && why[0] ? why : "no reason given");
+    rk_err e = {0};
+    const char *exe = s->o->scontrol ? s->o->scontrol : "scontrol";
+    if (rk_slurm_drain(exe, node_name(s, k), reason, &e))
+        sup_say(s, "node %d (%s): --slurm-drain: %s", k, node_name(s, k), e.msg);
+    else
+        sup_say(s, "node %d (%s) drained in Slurm: %s", k, node_name(s, k), reason);
 }
 
 static void on_event(void *ctx, const rk_node_event *e)
@@ -129,6 +147,8 @@ static void on_event(void *ctx, const rk_node_event *e)
                        cl->fails[k], cl->fails[k] == 1 ? "" : "s");
             sup_say(s, "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
                     cl->fails[k], cl->fails[k] == 1 ? "" : "s");
+            if (s->o->slurm_drain)
+                drain_node(s, k, e->why);
         }
     }
 }
@@ -324,14 +344,32 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
 /* ---- starting the agents ----------------------------------------------------------------- */
 
 /* `arg` as the next word of the remote shell's command line (ssh joins the words into one). */
+#define MAX_WORDS 512
+#define RK_HOST_ARG_MAX 300 /* "--nodelist=" and a host name */
+/* the agent's words as they are, for srun's argv (copies: some are a block's locals) */
+static const char *words_raw[MAX_WORDS];
+static char words_pool[65536];
+static size_t pool_used;
+static int nwords;
+
+/* Append arg to the command line in buf, quoted for the remote shell, and keep it as a word
+ * (a word that does not fit makes the line too long: the caller's check refuses it). */
 static size_t put_word(char *buf, size_t used, size_t cap, const char *arg)
 {
+    size_t l = strlen(arg) + 1;
+    if (nwords < MAX_WORDS && pool_used + l <= sizeof words_pool) {
+        memcpy(words_pool + pool_used, arg, l);
+        words_raw[nwords++] = words_pool + pool_used;
+        pool_used += l;
+    } else {
+        used = cap; /* too long either way */
+    }
     used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", used ? " " : "");
     return rk_launch_quote(buf, used, cap, arg);
 }
 
 /* Start node k's agent: RSH HOST 'AGENT agent --coordinator ... -- WORKER...', the secret
- * on its stdin. */
+ * on its stdin (under Slurm: srun ... AGENT agent ...). */
 static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
 {
     const rk_sup_opts *o = s->o;
@@ -342,6 +380,8 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
     snprintf(gen, sizeof gen, "%u", (unsigned)rk_nodes_generation(cl->t, k));
     size_t used = 0;
     cmd[0] = 0;
+    nwords = 0;
+    pool_used = 0;
     used = put_word(cmd, used, sizeof cmd, o->agent_cmd ? o->agent_cmd : rk_launch_self_exe());
     const char *words[] = {"agent",    "--coordinator", cl->addr,       "--node", node,
                            "--job-id", cl->job_hex,     "--generation", gen};
@@ -387,6 +427,10 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
     }
     if (cl->watch) { /* no worker: mpirun starts the ranks, the agent watches them */
         used = put_word(cmd, used, sizeof cmd, "--watch");
+        if (cl->srun) { /* the hosts may share one network namespace: a socket a node */
+            used = put_word(cmd, used, sizeof cmd, "--socket-node");
+            used = put_word(cmd, used, sizeof cmd, o->hosts[k].name);
+        }
         goto argv;
     }
     if (o->ckpt_dir) {
@@ -405,18 +449,32 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
 argv:
     if (used >= sizeof cmd)
         return rk_err_set(err, RK_EINVAL, "the agent's command line is too long");
-    /* argv: the words of --rsh, the host, the command line */
-    char rsh[4096];
+    /* argv: the words of --rsh, the host, the command line; or srun's, then the words */
+    char rsh[4096], nodearg[RK_HOST_ARG_MAX], namearg[RK_HOST_ARG_MAX];
     snprintf(rsh, sizeof rsh, "%s", o->rsh ? o->rsh : "ssh -o BatchMode=yes");
-    const char *argv[72];
+    static const char *argv[MAX_WORDS + 16];
     int a = 0;
-    for (char *save = NULL, *w = strtok_r(rsh, " \t", &save); w && a < 64;
-         w = strtok_r(NULL, " \t", &save))
-        argv[a++] = w;
-    if (a == 0)
-        return rk_err_set(err, RK_EINVAL, "--rsh is empty");
-    argv[a++] = o->hosts[k].name;
-    argv[a++] = cmd;
+    if (cl->srun) {
+        /* one task on the node, sharing its CPUs with the ranks' step (--overlap), not ended
+         * when another node of the allocation fails */
+        snprintf(nodearg, sizeof nodearg, "--nodelist=%s", o->hosts[k].name);
+        snprintf(namearg, sizeof namearg, "--job-name=rk-agent-%s", o->hosts[k].name);
+        const char *sw[] = {"srun",   "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
+                            nodearg,  namearg,     "--overlap",  "--kill-on-bad-exit=0",
+                            "--quiet"};
+        for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
+            argv[a++] = sw[i];
+        for (int i = 0; i < nwords; i++)
+            argv[a++] = words_raw[i];
+    } else {
+        for (char *save = NULL, *w = strtok_r(rsh, " \t", &save); w && a < 64;
+             w = strtok_r(NULL, " \t", &save))
+            argv[a++] = w;
+        if (a == 0)
+            return rk_err_set(err, RK_EINVAL, "--rsh is empty");
+        argv[a++] = o->hosts[k].name;
+        argv[a++] = cmd;
+    }
     argv[a] = NULL;
     int in[2];
     if (pipe2(in, O_CLOEXEC) != 0)
@@ -433,7 +491,8 @@ argv:
         setpgid(0, 0); /* a terminal's ^C goes to rk run, which ends the job in order */
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent goes with rk run */
         execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "rk run: cannot run --rsh %s: %s\n", argv[0], strerror(errno));
+        fprintf(stderr, "rk run: cannot run %s%s: %s\n", cl->srun ? "" : "--rsh ", argv[0],
+                strerror(errno));
         _exit(127);
     }
     close(in[0]);
@@ -462,7 +521,8 @@ int sup_cluster_open(sup *s, rk_err *err)
         return rk_err_set(err, RK_ENOMEM, "out of memory");
     s->cl = cl;
     cl->nnodes = o->nhosts;
-    cl->watch = o->launcher == RK_LAUNCH_MPIRUN;
+    cl->srun = o->launcher == RK_LAUNCH_SRUN;
+    cl->watch = o->launcher == RK_LAUNCH_MPIRUN || cl->srun;
     /* the devices are the hosts' slots in order ("h1:0", "h1:1", "h2:0", ...) */
     int d = 0;
     for (int k = 0; k < o->nhosts; k++)
@@ -818,7 +878,7 @@ int sup_cluster_runs_ranks(const sup *s)
 
 const char *sup_cluster_socket(const sup *s, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "@rk-%s", s->cl->job_hex);
+    snprintf(buf, cap, "@rk-%s%s", s->cl->job_hex, s->cl->srun ? "-{node}" : "");
     return buf;
 }
 
@@ -838,7 +898,41 @@ const char *sup_cluster_host_list(const sup *s, char *buf, size_t cap)
 
 const char *sup_cluster_master(const sup *s)
 {
-    return node_name(s, node_of_rank(s, 0));
+    int k = node_of_rank(s, 0);
+    return k >= 0 && k < s->o->nhosts && s->o->hosts[k].addr ? s->o->hosts[k].addr
+                                                             : node_name(s, k);
+}
+
+int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *nodes, char *excl, size_t cap,
+                           rk_err *err)
+{
+    const sup_cluster *cl = s->cl;
+    FILE *f = fopen(hostfile, "wex");
+    if (!f)
+        return rk_err_set(err, RK_EIO, "cannot create %s: %s", hostfile, strerror(errno));
+    for (int r = 0; r < s->n; r++) /* rank r on the r-th line: srun's arbitrary distribution */
+        fprintf(f, "%s\n", node_name(s, node_of_rank(s, r)));
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad)
+        return rk_err_set(err, RK_EIO, "cannot write %s", hostfile);
+    size_t nu = 0, xu = 0;
+    int nn = 0;
+    nodes[0] = excl[0] = '\0';
+    for (int k = 0; k < cl->nnodes; k++) {
+        /* a node out of this launch that is lost or quarantined: left out by name too */
+        int out = cl->quarantined[k] || !rk_nodes_connected(cl->t, k);
+        if (cl->used[k]) {
+            nu += (size_t)snprintf(nodes + nu, nu < cap ? cap - nu : 0, "%s%s", nu ? "," : "",
+                                   node_name(s, k));
+            nn++;
+        } else if (out) {
+            xu += (size_t)snprintf(excl + xu, xu < cap ? cap - xu : 0, "%s%s", xu ? "," : "",
+                                   node_name(s, k));
+        }
+    }
+    if (nu >= cap || xu >= cap)
+        return rk_err_set(err, RK_EINVAL, "the node lists are too long");
+    return nn;
 }
 
 int sup_cluster_poll(sup *s)

@@ -227,13 +227,41 @@ static int start_launch(sup *s, rk_err *err)
      * SIGKILL, and the relaunch waits for it (unless the user chose otherwise) */
     if (s->o->launcher == RK_LAUNCH_MPIRUN && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
         env[e++] = "OMPI_MCA_odls_base_sigkill_timeout=0";
+    /* srun in the allocation: rank r on the node of line r, the nodes used named, the ones
+     * lost or quarantined left out (docs/slurm.md) */
+    static char srun_nodes[8192], srun_excl[8192], srun_args[1][8300], env_hostfile[4300];
+    int srun_nn = 0;
+    if (s->cl && s->o->launcher == RK_LAUNCH_SRUN) {
+        char hostfile[4200];
+        snprintf(hostfile, sizeof hostfile, "%s/hostfile", s->jobdir);
+        srun_nn =
+            sup_cluster_srun_hosts(s, hostfile, srun_nodes, srun_excl, sizeof srun_nodes, err);
+        if (srun_nn < 0)
+            return err->code;
+        if (srun_excl[0])
+            sup_say(s, "srun leaves out %s (--exclude): lost or quarantined", srun_excl);
+        snprintf(env_hostfile, sizeof env_hostfile, "SLURM_HOSTFILE=%s", hostfile);
+        env[e++] = env_hostfile;
+    }
     env[e] = NULL;
     s->t_launch = rk_ledger_now(&s->g);
     const char *ns = getenv("RK_RUN_PIDNS"); /* "0": the subreaper fallback (tests) */
     char *const *largs = s->o->launcher_args;
     static char *cargs[64 + 8 + 2 * 32];
     static char hostlist[8192], envnames[32][64];
-    if (s->cl) { /* mpirun across the hosts: where, how to reach them, what to pass on */
+    if (s->cl && s->o->launcher == RK_LAUNCH_SRUN) { /* srun passes the environment on */
+        int a = 0;
+        for (int i = 0; largs && largs[i] && a < 64; i++)
+            cargs[a++] = largs[i];
+        /* the hostfile places every rank (srun refuses --nodelist beside it) */
+        snprintf(srun_args[0], sizeof srun_args[0], "--exclude=%s", srun_excl);
+        if (srun_excl[0])
+            cargs[a++] = srun_args[0];
+        cargs[a++] = "--distribution=arbitrary";
+        cargs[a++] = "--overlap"; /* beside the agents' steps, on the same CPUs */
+        cargs[a] = NULL;
+        largs = cargs;
+    } else if (s->cl) { /* mpirun across the hosts: where, how to reach them, what to pass on */
         int a = 0;
         for (int i = 0; largs && largs[i] && a < 64; i++)
             cargs[a++] = largs[i];
@@ -592,18 +620,27 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
                  ma ? " MASTER_ADDR=" : "", ma ? ma : "", mp ? " MASTER_PORT=" : "", mp ? mp : "");
     else
         master[0] = '\0';
-    /* across hosts with mpirun: its --host is each launch's (shown as HOSTS here) */
+    /* across hosts with mpirun: its --host is each launch's (shown as HOSTS here); with srun
+     * its placement (SLURM_HOSTFILE: a rank's node a line) and the nodes it leaves out */
+    int cl_mpi = o->hosts && (o->launcher == RK_LAUNCH_MPIRUN || o->launcher == RK_LAUNCH_SRUN);
     char *shown_args[72] = {"--host", "HOSTS", NULL};
-    for (int i = 0; o->launcher_args && o->launcher_args[i] && i < 64; i++)
-        shown_args[i + 2] = o->launcher_args[i], shown_args[i + 3] = NULL;
-    int cl_mpi = o->hosts && o->launcher == RK_LAUNCH_MPIRUN;
+    if (o->launcher == RK_LAUNCH_SRUN) {
+        shown_args[0] = "--distribution=arbitrary";
+        shown_args[1] = "--exclude=NODES-OUT";
+        shown_args[2] = "--overlap";
+        shown_args[3] = NULL;
+    }
+    for (int i = 0, k = o->launcher == RK_LAUNCH_SRUN ? 3 : 2;
+         o->launcher_args && o->launcher_args[i] && i < 64; i++)
+        shown_args[i + k] = o->launcher_args[i], shown_args[i + k + 1] = NULL;
     sup_say(s, "launcher %s (%s): %s; stack dumps in %s%s", rk_launcher_name(o->launcher),
             o->launcher_why ? o->launcher_why : "--launcher",
             rk_launch_describe(o->launcher, s->n, cl_mpi ? shown_args : o->launcher_args, o->worker,
                                desc, sizeof desc),
-            cl_mpi ? "each host's own directory (not collected: one mpirun's ranks)" : s->stack_dir,
+            cl_mpi ? "each host's own directory (not collected: ranks of one mpirun or srun)"
+                   : s->stack_dir,
             master);
-    if (!ma && sup_may_span_hosts(o))
+    if (!ma && !o->hosts && sup_may_span_hosts(o)) /* with hosts: rank 0's, set (cluster.c) */
         sup_say(s,
                 "MASTER_ADDR not set: the ranks may run on other hosts (%s), and 127.0.0.1 "
                 "would be wrong there; set it for torch.distributed",

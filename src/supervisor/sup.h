@@ -151,11 +151,19 @@ int sup_cluster_launch(sup *s, const char *done, rk_err *err);
 /* 1 if the agents start the ranks (mode local); 0 when one mpirun across the hosts does
  * (the agents watch the ranks that connect to their abstract socket). */
 int sup_cluster_runs_ranks(const sup *s);
-/* The ranks' RK_HEARTBEAT under mpirun: "@rk-JOBID" (an abstract socket on every host). */
+/* The ranks' RK_HEARTBEAT under mpirun: "@rk-JOBID" (an abstract socket on every host);
+ * under srun "@rk-JOBID-{node}", which rk _rank-env ends with the rank's SLURMD_NODENAME
+ * (the nodes may share one network namespace, and with it the abstract names). */
 const char *sup_cluster_socket(const sup *s, char *buf, size_t cap);
 /* mpirun's --host for this launch: "h1:2,h2:2". */
 const char *sup_cluster_host_list(const sup *s, char *buf, size_t cap);
-/* Rank 0's host. */
+/* srun's placement of this launch: hostfile gets rank r's node on line r (SLURM_HOSTFILE, for
+ * --distribution=arbitrary), nodes the nodes used ("node1,node3"), excl those lost or
+ * quarantined ("node2", "" none), each at most cap bytes. The count of nodes used, or an
+ * error. */
+int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *nodes, char *excl, size_t cap,
+                           rk_err *err);
+/* Rank 0's host: its address (under Slurm its NodeAddr), else its name. */
 const char *sup_cluster_master(const sup *s);
 /* As rk_launch_poll: 1 once every node in use ended (s->l.exited, s->l.status set). */
 int sup_cluster_poll(sup *s);

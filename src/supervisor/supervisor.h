@@ -35,7 +35,9 @@ typedef enum rk_launcher {
 
 /* A host of a job over many hosts (cluster.c). */
 typedef struct rk_sup_host {
-    const char *name; /* what --rsh reaches it by; also MASTER_ADDR when it holds rank 0 */
+    const char *name; /* what --rsh reaches it by (under Slurm: its node name) */
+    const char *addr; /* MASTER_ADDR when it holds rank 0 (under Slurm: its NodeAddr); NULL:
+                       * the name */
     int slots;        /* ranks it runs: its devices 0..slots-1 */
     int spare;        /* used only when the others are not enough */
 } rk_sup_host;
@@ -80,6 +82,10 @@ typedef struct rk_sup_opts {
     const char *rsh;       /* how an agent is started: "ssh -o BatchMode=yes" when NULL */
     const char *agent_cmd; /* rk on the hosts; NULL: this executable's path */
     double node_timeout_s; /* a node silent this long is lost */
+    /* --launcher srun with hosts: the agents and each launch's ranks are started by srun in
+     * the allocation (docs/slurm.md) */
+    int slurm_drain;      /* a node quarantined is drained in Slurm, with the reason */
+    const char *scontrol; /* the scontrol to run; NULL: "scontrol" */
 } rk_sup_opts;
 
 /* Incidents of one kind, for the report. */

@@ -1,0 +1,45 @@
+/* rk doctor's verdict on one GPU, as its Slurm modes (doctor_slurm.c) read it: the health
+ * check that drains and resumes this node, and the gres.conf it prints. */
+#ifndef RK_CLI_DOCTOR_H
+#define RK_CLI_DOCTOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct rk_doctor_gpu {
+    int index;
+    char name[96];    /* "NVIDIA GeForce GTX 1070 Ti", "" unknown */
+    char bus_id[32];  /* "00000000:03:00.0", "" unknown */
+    bool simulated;
+    bool has_score;   /* false: no reading succeeded */
+    int score;
+    bool pass;        /* scored, and at or above the threshold */
+    char why[160];    /* the worst finding's message ("" none), or why it is unreadable */
+} rk_doctor_gpu;
+
+typedef struct rk_doctor_slurm_opts {
+    const char *node;    /* the node's Slurm name (--node, else $SLURMD_NODENAME) */
+    const char *scontrol; /* the scontrol to run (PATH lookup when it has no '/') */
+    bool dry_run;        /* say what it would run, change nothing */
+} rk_doctor_slurm_opts;
+
+/* The reason rk doctor --slurm drains a node with, and the mark by which it knows a drain is
+ * its own: every reason it writes starts with it. */
+#define RK_SLURM_REASON_MARK "rk: "
+
+/* Write the drain reason for the failing GPUs of g[0..n) into out (at most cap bytes, cut at
+ * a GPU's boundary where it can be); 0 when none fails. */
+int rk_doctor_slurm_reason(const rk_doctor_gpu *g, int n, char *out, size_t cap);
+
+/* The Slurm health check: drain this node when a GPU fails, resume it when every GPU passes
+ * and the drain is its own. Prints one line a decision. Returns the exit status: 0 every GPU
+ * passes, 1 one fails (or the node's state could not be read or changed), 2 bad usage. */
+int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o);
+
+/* Print a gres.conf for the GPUs that pass (docs/slurm.md); 0, or 1 when none passes. */
+int rk_doctor_gres(const rk_doctor_gpu *g, int n, double threshold);
+
+/* Slurm's GRES type for a GPU model name: "NVIDIA GeForce GTX 1070 Ti" -> "gtx_1070_ti". */
+void rk_doctor_gres_type(const char *name, char *out, size_t cap);
+
+#endif
