@@ -101,11 +101,18 @@ out=$(T srun -N3 bash -c 'echo "$SLURM_NODEID $SLURMD_NODENAME"' 2>"$work/err" |
 
 # ---- sbatch --wrap and salloc: 3 nodes, srun --ntasks-per-node=1 inside --------------------
 inner='echo "list $SLURM_JOB_NODELIST"; srun --ntasks-per-node=1 bash -c "echo task \$SLURM_NODEID \$SLURMD_NODENAME"'
-T sbatch --wait -N3 -o "$work/batch.out" --wrap "$inner" >"$work/sb.out" 2>&1
-rc=$?
+# (not sbatch --wait: it polls every 10 s)
+js=none
+if jid=$(T sbatch --parsable -N3 -o "$work/batch.out" --wrap "$inner" 2>"$work/sb.out"); then
+  for ((i = 0; i < 300; i++)); do
+    js=$(scontrol show job "$jid" | grep -o 'JobState=[A-Z_]*')
+    [[ $js == JobState=@(PENDING|RUNNING|CONFIGURING|COMPLETING) ]] || break
+    sleep 0.1
+  done
+fi
 got=$(sort "$work/batch.out" 2>/dev/null | tr '\n' ' ')
-[[ $rc == 0 && $got == "list node[1-3] task 0 node1 task 1 node2 task 2 node3 " ]] &&
-  ok "sbatch --wrap -N3: $got" || bad "sbatch: rc $rc, '$got' $(cat "$work/sb.out")"
+[[ $js == JobState=COMPLETED && $got == "list node[1-3] task 0 node1 task 1 node2 task 2 node3 " ]] &&
+  ok "sbatch --wrap -N3: $js, $got" || bad "sbatch: $js, '$got' $(cat "$work/sb.out")"
 got=$(T salloc -N3 bash -c "$inner" 2>"$work/err" | sort | tr '\n' ' ')
 [[ $got == "list node[1-3] task 0 node1 task 1 node2 task 2 node3 " ]] &&
   ok "salloc -N3: $got" || bad "salloc: '$got' $(cat "$work/err")"
@@ -160,7 +167,23 @@ else
   bad "second rig: $(cat "$work/up2.out")"
 fi
 
-# ---- down: no daemon, no state -------------------------------------------------------------
+# ---- down: no daemon, no state, no job left (one is running) -------------------------------
+zz=$((4000 + $$ % 1000)).5
+sleeps() { # the pids of this test's job tasks (sleep $zz), alive
+  local f p
+  for f in /proc/[0-9]*/cmdline; do
+    p=${f#/proc/}
+    p=${p%/cmdline}
+    [[ $({ tr '\0' ' ' <"$f"; } 2>/dev/null) == *"sleep $zz " ]] && alive "$p" && echo "$p"
+  done
+}
+T sbatch -N3 -o /dev/null --wrap "srun --ntasks-per-node=1 sleep $zz" >/dev/null 2>&1
+for ((i = 0; i < 100; i++)); do
+  [[ $(sleeps | wc -l) -ge 3 ]] && break
+  sleep 0.1
+done
+n=$(sleeps | wc -l)
+((n >= 3)) && ok "a job runs sleep $zz on 3 nodes before rig down" || bad "the job's tasks: $n running"
 t0=$EPOCHREALTIME
 "$R" down "$name" || bad "rig down exit $?"
 echo "rig down took $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') s"
@@ -168,6 +191,12 @@ left=
 for p in "${dpids[@]}"; do alive "$p" && left+=" $p"; done
 [[ -z $left && ! -e $st ]] && ok "rig down: daemons ${dpids[*]} gone, $st removed" ||
   bad "rig down: left pids '$left', state dir $(ls -d "$st" 2>&1)"
+left=$(sleeps | tr '\n' ' ')
+[[ -z $left ]] && ok "rig down: the job's tasks gone" || bad "rig down left the job's tasks: $left"
+left=$(for f in /proc/[0-9]*/environ; do
+  { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qx "RK_SLURM_RIG=$st" && p=${f#/proc/} && alive "${p%/environ}" && echo "${p%/environ}"
+done)
+[[ -z $left ]] && ok "rig down: no slurmstepd or daemon of the rig left" || bad "rig down left pids $left"
 "$R" down "$name" && ok "rig down again: exit 0" || bad "rig down again: exit $?"
 
 # ---- a rig that cannot start: exit 1 with the logs, nothing left ---------------------------
@@ -177,7 +206,7 @@ rc=$?
   ok "failing rig up: exit 1, log tails shown, state removed" ||
   bad "failing rig up: exit $rc, $(head -c 300 "$work/out")"
 left=$(for f in /proc/[0-9]*/environ; do
-  { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qx "RK_SLURM_RIG=.*rk-slurm-${name}x" && echo "${f//[^0-9]/}"
+  { tr '\0' '\n' <"$f"; } 2>/dev/null | grep -qx "RK_SLURM_RIG=.*rk-slurm-${name}x" && p=${f#/proc/} && alive "${p%/environ}" && echo "${p%/environ}"
 done)
 [[ -z $left ]] && ok "failing rig up: no daemon left" || bad "failing rig up left pids $left"
 
