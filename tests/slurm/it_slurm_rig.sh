@@ -8,7 +8,7 @@
 # daemons fail to start fails with their logs and leaves nothing. Bad usage exits 2; not
 # root, or no Slurm: skip (77). Prints how long `rig up` took.
 # ok and bad always succeed: `check && ok ... || bad ...` is an if-then-else here.
-# shellcheck disable=SC2015
+# shellcheck disable=SC2015,SC2016
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tests/itlib.sh
@@ -70,6 +70,7 @@ cat >"$hc" <<EOF
 #!/bin/sh
 echo "\$SLURMD_NODENAME \$(date +%s.%N)" >>"$work/hc.calls"
 env >"$work/hc.env.\${SLURMD_NODENAME:-none}"
+/usr/bin/scontrol show node "\$SLURMD_NODENAME" >"$work/hc.node.\$SLURMD_NODENAME" 2>&1
 EOF
 chmod +x "$hc"
 t0=$EPOCHREALTIME
@@ -152,6 +153,14 @@ if [[ -s $work/hc.env.node1 ]]; then
   echo "health check environment (node1): $(sort "$work/hc.env.node1" | tr '\n' ' ')"
   grep -qx 'SLURMD_NODENAME=node1' "$work/hc.env.node1" && ok "health check env: SLURMD_NODENAME=node1" ||
     bad "health check env lacks SLURMD_NODENAME=node1"
+  # slurmd gives it no PATH and no SLURM_CONF: the rig's wrapper adds SLURM_CONF, nothing else
+  others=$(grep -vE '^(SLURMD_NODENAME|SLURM_CONF|PWD|SHLVL|_|OLDPWD)=' "$work/hc.env.node1" | tr '\n' ' ')
+  grep -qx "SLURM_CONF=$SLURM_CONF" "$work/hc.env.node1" && [[ -z $others ]] &&
+    ok "health check env: SLURM_CONF (from the rig's wrapper), no PATH, nothing else" ||
+    bad "health check env: SLURM_CONF $(grep SLURM_CONF "$work/hc.env.node1"), others '$others'"
+  grep -q '^NodeName=node2 ' "$work/hc.node.node2" &&
+    ok "scontrol in the health check reaches the controller ($(grep -o 'State=[^ ]*' "$work/hc.node.node2"))" ||
+    bad "scontrol in the health check: $(head -c 200 "$work/hc.node.node2")"
 else
   bad "no health check environment recorded"
 fi
