@@ -149,7 +149,8 @@ static const char usage_b[] =
     "  task a node, and each launch's ranks in the allocation, leaving out (--exclude) the\n"
     "  nodes lost or quarantined\n"
     "  --hosts slurm:N         the allocation's nodes (SLURM_JOB_NODELIST), N slots each;\n"
-    "                          the ones named in --spare-hosts are its spares\n"
+    "                          the ones named in --spare-hosts are its spares; --listen\n"
+    "                          defaults to this node's NodeAddr in a batch script\n"
     "  --slurm-drain           drain a quarantined node in Slurm (scontrol update\n"
     "                          state=drain), the reason starting \"rk run: \"\n"
     "  --quiet                 no periodic status lines\n"
@@ -333,6 +334,18 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     if (devices_given)
         return usage_error("--devices with --hosts: a host's devices are its slots, 0..N-1 "
                            "(HOST:N)");
+    static char slurm_listen[RK_NODE_HOST_MAX + 8];
+    const char *here = getenv("SLURMD_NODENAME");
+    if (!o->listen && list && !strncmp(list, "slurm", 5) && here && rk_slurm_node_name_ok(here)) {
+        /* in a batch script: this node's NodeAddr, as Slurm reaches it */
+        char a[RK_NODE_HOST_MAX];
+        if (rk_slurm_node_addr("scontrol", here, a, sizeof a, &err)) {
+            fprintf(stderr, "rk run: --listen not given, and this node's address: %s\n", err.msg);
+            return RK_EXIT_USAGE;
+        }
+        snprintf(slurm_listen, sizeof slurm_listen, strchr(a, ':') ? "[%s]:0" : "%s:0", a);
+        o->listen = slurm_listen;
+    }
     if (!o->listen)
         return usage_error("--hosts needs --listen ADDR:PORT, the address the hosts reach "
                            "this one by (port 0: any free port)");

@@ -8,19 +8,19 @@
 
 typedef struct rk_doctor_gpu {
     int index;
-    char name[96];    /* "NVIDIA GeForce GTX 1070 Ti", "" unknown */
-    char bus_id[32];  /* "00000000:03:00.0", "" unknown */
+    char name[96];   /* "NVIDIA GeForce GTX 1070 Ti", "" unknown */
+    char bus_id[32]; /* "00000000:03:00.0", "" unknown */
     bool simulated;
-    bool has_score;   /* false: no reading succeeded */
+    bool has_score; /* false: no reading succeeded */
     int score;
-    bool pass;        /* scored, and at or above the threshold */
-    char why[160];    /* the worst finding's message ("" none), or why it is unreadable */
+    bool pass;     /* scored, and at or above the threshold */
+    char why[160]; /* the worst finding's message ("" none), or why it is unreadable */
 } rk_doctor_gpu;
 
 typedef struct rk_doctor_slurm_opts {
-    const char *node;    /* the node's Slurm name (--node, else $SLURMD_NODENAME) */
+    const char *node;     /* the node's Slurm name (--node, else $SLURMD_NODENAME) */
     const char *scontrol; /* the scontrol to run (PATH lookup when it has no '/') */
-    bool dry_run;        /* say what it would run, change nothing */
+    bool dry_run;         /* say what it would run, change nothing */
 } rk_doctor_slurm_opts;
 
 /* The reason rk doctor --slurm drains a node with, and the mark by which it knows a drain is

@@ -96,8 +96,8 @@ static int update(const rk_doctor_slurm_opts *o, const char *state, const char *
     char *out = malloc(RK_SLURM_OUT_MAX);
     if (!out)
         return -1;
-    int rc = scontrol(o, out, RK_SLURM_OUT_MAX, "update", nodearg, statearg,
-                      reason ? reasonarg : NULL);
+    int rc =
+        scontrol(o, out, RK_SLURM_OUT_MAX, "update", nodearg, statearg, reason ? reasonarg : NULL);
     if (rc != 0) {
         char line[256];
         first_line(out, line, sizeof line);
@@ -131,12 +131,14 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
     if (rc != 0 || rk_slurm_parse_node(out, &drained, &down, now, sizeof now, NULL, 0) != 0) {
         char line[256];
         first_line(out, line, sizeof line);
-        fprintf(stderr, "rk doctor: cannot read node %s's state: %s show node %s: %s%s\n",
-                o->node, o->scontrol, o->node,
-                rc == 0   ? "no NodeName= and State= in what it printed: "
-                : rc < 0  ? "timed out"
-                          : "",
-                rc < 0 ? "" : line[0] ? line : "no message");
+        fprintf(stderr, "rk doctor: cannot read node %s's state: %s show node %s: %s%s\n", o->node,
+                o->scontrol, o->node,
+                rc == 0  ? "no NodeName= and State= in what it printed: "
+                : rc < 0 ? "timed out"
+                         : "",
+                rc < 0    ? ""
+                : line[0] ? line
+                          : "no message");
         free(out);
         if (!o->dry_run) /* the GPUs' verdict stands; the node is left as it is */
             return RK_EXIT_FAIL;

@@ -85,6 +85,23 @@ refused "--age 'nan'" "${DOCTOR[@]}" --age nan
 refused "--samples '2.0'" "${DOCTOR[@]}" --samples 2.0
 refused "--interval '0x1'" "${DOCTOR[@]}" --interval 0x1
 refused "--threshold '100.5'" "${DOCTOR[@]}" --threshold 100.5
+# the Slurm modes: one at a time, their options only with them, a node name that is one
+refused "--slurm and --gres are two different jobs" "${DOCTOR[@]}" --slurm --node n1 --gres
+refused "--json is not for --slurm or --gres" "${DOCTOR[@]}" --slurm --node n1 --json
+refused "--node, --dry-run and --scontrol go with --slurm" "${DOCTOR[@]}" --dry-run
+refused "node name 'a b': not a Slurm node name" "${DOCTOR[@]}" --slurm --node "a b"
+refused "node name '-x': not a Slurm node name" "${DOCTOR[@]}" --slurm --node -x
+if [[ -z ${SLURMD_NODENAME:-} && -z ${SLURM_JOB_NODELIST:-} && -z ${SLURM_NODELIST:-} ]]; then
+  refused "--slurm needs the node's name" "${DOCTOR[@]}" --slurm
+  refused "--hosts slurm:2: not inside a Slurm allocation" run --launcher srun --hosts slurm:2 \
+    --listen 127.0.0.1:0 -- true
+fi
+refused "--slurm-drain goes with --launcher srun and --hosts" "${RUN[@]}" --slurm-drain -- true
+refused "--hosts slurm:N" run --launcher srun --hosts slurm:0 --listen 127.0.0.1:0 -- true
+refused "--rsh with --launcher srun" run --launcher srun --hosts 127.0.0.1:1 \
+  --listen 127.0.0.1:0 --rsh ssh -- true
+refused "--socket-node 'a/b': not a node name" agent --coordinator 127.0.0.1:1 --node 0 \
+  --job-id 00 --watch --socket-node a/b
 
 refused "--interval '0x10'" "${EXPORTER[@]}" --interval 0x10
 refused "--sim ' 2'" "${EXPORTER[@]}" --sim " 2"

@@ -229,7 +229,7 @@ static int start_launch(sup *s, rk_err *err)
         env[e++] = "OMPI_MCA_odls_base_sigkill_timeout=0";
     /* srun in the allocation: rank r on the node of line r, the nodes used named, the ones
      * lost or quarantined left out (docs/slurm.md) */
-    static char srun_nodes[8192], srun_excl[8192], srun_args[1][8300], env_hostfile[4300];
+    static char srun_nodes[8192], srun_excl[8192], srun_args[2][8300], env_hostfile[4300];
     int srun_nn = 0;
     if (s->cl && s->o->launcher == RK_LAUNCH_SRUN) {
         char hostfile[4200];
@@ -253,10 +253,13 @@ static int start_launch(sup *s, rk_err *err)
         int a = 0;
         for (int i = 0; largs && largs[i] && a < 64; i++)
             cargs[a++] = largs[i];
-        /* the hostfile places every rank (srun refuses --nodelist beside it) */
-        snprintf(srun_args[0], sizeof srun_args[0], "--exclude=%s", srun_excl);
+        /* the hostfile places every rank (srun refuses --nodelist beside it); the node count
+         * given, as an allocation that lost a node (sbatch --no-kill) needs it */
+        snprintf(srun_args[0], sizeof srun_args[0], "--nodes=%d", srun_nn);
+        snprintf(srun_args[1], sizeof srun_args[1], "--exclude=%s", srun_excl);
+        cargs[a++] = srun_args[0];
         if (srun_excl[0])
-            cargs[a++] = srun_args[0];
+            cargs[a++] = srun_args[1];
         cargs[a++] = "--distribution=arbitrary";
         cargs[a++] = "--overlap"; /* beside the agents' steps, on the same CPUs */
         cargs[a] = NULL;
@@ -625,12 +628,13 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     int cl_mpi = o->hosts && (o->launcher == RK_LAUNCH_MPIRUN || o->launcher == RK_LAUNCH_SRUN);
     char *shown_args[72] = {"--host", "HOSTS", NULL};
     if (o->launcher == RK_LAUNCH_SRUN) {
-        shown_args[0] = "--distribution=arbitrary";
+        shown_args[0] = "--nodes=K";
         shown_args[1] = "--exclude=NODES-OUT";
-        shown_args[2] = "--overlap";
-        shown_args[3] = NULL;
+        shown_args[2] = "--distribution=arbitrary";
+        shown_args[3] = "--overlap";
+        shown_args[4] = NULL;
     }
-    for (int i = 0, k = o->launcher == RK_LAUNCH_SRUN ? 3 : 2;
+    for (int i = 0, k = o->launcher == RK_LAUNCH_SRUN ? 4 : 2;
          o->launcher_args && o->launcher_args[i] && i < 64; i++)
         shown_args[i + k] = o->launcher_args[i], shown_args[i + k + 1] = NULL;
     sup_say(s, "launcher %s (%s): %s; stack dumps in %s%s", rk_launcher_name(o->launcher),

@@ -219,8 +219,9 @@ int rk_slurm_job_nodes(const char *scontrol_exe, char names[][RK_SLURM_NODE_MAX]
     if (!list || !list[0])
         list = getenv("SLURM_NODELIST");
     if (!list || !list[0]) {
-        rk_err_set(err, RK_EINVAL, "not inside a Slurm allocation: SLURM_JOB_NODELIST is not set "
-                                   "(run it in sbatch or salloc)");
+        rk_err_set(err, RK_EINVAL,
+                   "not inside a Slurm allocation: SLURM_JOB_NODELIST is not set "
+                   "(run it in sbatch or salloc)");
         return -1;
     }
     char *out = NULL;
@@ -242,8 +243,8 @@ int rk_slurm_node_addr(const char *scontrol_exe, const char *node, char *addr, s
     if (rc != 0) {
         failed(err, rc, scontrol_exe, "show node", out);
     } else if (rk_slurm_parse_node(out, &drained, &down, NULL, 0, addr, cap) != 0 || !addr[0]) {
-        rk_err_set(err, RK_EFORMAT, "scontrol show node %s: no NodeName=, State= or NodeAddr=",
-                   node);
+        rk_err_set(err, RK_EFORMAT,
+                   "scontrol show node %s: no NodeName=, State= or NodeAddr=", node);
         rc = -1;
     }
     free(out);

@@ -41,13 +41,11 @@ int rk_slurm_parse_hostnames(const char *text, char names[][RK_SLURM_NODE_MAX], 
 
 /* The nodes of this allocation (SLURM_JOB_NODELIST, expanded by scontrol) into
  * names[0..max): the count, or -1 with a message (not in an allocation, scontrol fails). */
-int rk_slurm_job_nodes(const char *scontrol, char names[][RK_SLURM_NODE_MAX], int max,
-                       rk_err *err);
+int rk_slurm_job_nodes(const char *scontrol, char names[][RK_SLURM_NODE_MAX], int max, rk_err *err);
 
 /* A node's NodeAddr= (the address its slurmd is reached at) into addr: 0, or -1 with a
  * message. */
-int rk_slurm_node_addr(const char *scontrol, const char *node, char *addr, size_t cap,
-                       rk_err *err);
+int rk_slurm_node_addr(const char *scontrol, const char *node, char *addr, size_t cap, rk_err *err);
 
 /* scontrol update nodename=NODE state=drain reason=REASON: 0, or -1 with a message. */
 int rk_slurm_drain(const char *scontrol, const char *node, const char *reason, rk_err *err);

@@ -187,4 +187,28 @@ if [[ "$(state node2)" =~ ^drain.*\|rk\ run:\ node\ lost ]]; then
 else
   bad "(c) node2 after --slurm-drain: '$(state node2)'"
 fi
+
+# ---- (d) the sbatch example of deploy/slurm, with a crash -----------------------------------
+scontrol update nodename=node2 state=resume
+wait_state node2 '^idle' 20 || bad "(d) node2 not idle: $(state node2)"
+jid=$(RK="$RK" RK_SLOTS=2 RK_JOB_DIR="$work/job" RK_INJECT='crash@step=15:rank=1' \
+  RK_RUN_ARGS='--node-timeout 3 --startup-timeout 90' \
+  sbatch --parsable --gres=gpu:3 --chdir="$work" --output="$work/d.out" \
+  "$RK_SRC/deploy/slurm/train.sbatch" "${ex[@]}" 2>"$work/d.err")
+jst=''
+for ((i = 0; i < 2400; i++)); do
+  [[ -n $jid ]] || break
+  jst=$(scontrol show job "$jid" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  [[ $jst == COMPLETED || $jst == FAILED || $jst == CANCELLED || $jst == TIMEOUT || $jst == NODE_FAIL ]] && break
+  sleep 0.1
+done
+hd=$(hash_of "$work/d.out")
+if [[ $jst == COMPLETED && $hd == "$h0" && "$(json "$work/job/summary.json" restarts)" == 1 ]]; then
+  ok "(d) deploy/slurm/train.sbatch: job $jid COMPLETED after 1 restart, the fault-free parameters ($hd)"
+else
+  bad "(d) deploy/slurm/train.sbatch: job '$jid' $jst, parameters '$hd': $(cat "$work/d.err") $(grep -v '^rk agent' "$work/d.out" 2>/dev/null | tail -4)"
+fi
+grep -q '4 ranks on devices node1:0,node1:1,node2:0,node2:1;' "$work/d.out" \
+  && ok "(d) 4 ranks on node1 and node2, node3 (the allocation's last node) spare" \
+  || bad "(d) $(grep -m1 'ranks on devices' "$work/d.out")"
 it_finish
