@@ -648,9 +648,10 @@ int rk_cmd_run(int argc, char **argv)
     }
     const char *jn = getenv("SLURM_JOB_NUM_NODES");
     if (o.launcher == RK_LAUNCH_SRUN && !o.hosts && jn && strcmp(jn, "1") != 0 && jn[0] != '0')
-        fprintf(stderr, "rk run: this allocation has %.8s nodes, and without --hosts the ranks "
-                        "report to this node's Unix socket: ranks on the others cannot reach it. "
-                        "For a job across the nodes: --hosts slurm:N (docs/slurm.md)\n",
+        fprintf(stderr,
+                "rk run: this allocation has %.8s nodes, and without --hosts the ranks "
+                "report to this node's Unix socket: ranks on the others cannot reach it. "
+                "For a job across the nodes: --hosts slurm:N (docs/slurm.md)\n",
                 jn);
     if (o.launcher == RK_LAUNCH_LOCAL && nlargs)
         return usage_error("--launcher-arg: --launcher local has no launcher to pass it to");

@@ -69,18 +69,6 @@ static int scontrol(const rk_doctor_slurm_opts *o, char *out, size_t cap, const 
     return rk_slurm_run(argv, out, cap, RK_SLURM_WAIT_S);
 }
 
-/* The first line of text, trimmed, for messages. */
-static void first_line(const char *text, char *out, size_t cap)
-{
-    size_t l = strcspn(text, "\n");
-    while (l > 0 && isspace((unsigned char)text[l - 1]))
-        l--;
-    if (l >= cap)
-        l = cap - 1;
-    memcpy(out, text, l);
-    out[l] = '\0';
-}
-
 /* Change the node (drain with a reason, or resume), or in a dry run say what it would run. */
 static int update(const rk_doctor_slurm_opts *o, const char *state, const char *reason)
 {
@@ -100,10 +88,9 @@ static int update(const rk_doctor_slurm_opts *o, const char *state, const char *
         scontrol(o, out, RK_SLURM_OUT_MAX, "update", nodearg, statearg, reason ? reasonarg : NULL);
     if (rc != 0) {
         char line[256];
-        first_line(out, line, sizeof line);
         fprintf(stderr, "rk doctor: %s update %s %s failed (%s%d): %s\n", o->scontrol, nodearg,
                 statearg, rc < 0 ? "timed out " : "exit ", rc < 0 ? (int)RK_SLURM_WAIT_S : rc,
-                line[0] ? line : "no message");
+                rk_slurm_first_line(out, line, sizeof line));
     }
     free(out);
     return rc == 0 ? 0 : -1;
@@ -130,15 +117,12 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
     char now[REASON_MAX * 2];
     if (rc != 0 || rk_slurm_parse_node(out, &drained, &down, now, sizeof now, NULL, 0) != 0) {
         char line[256];
-        first_line(out, line, sizeof line);
         fprintf(stderr, "rk doctor: cannot read node %s's state: %s show node %s: %s%s\n", o->node,
                 o->scontrol, o->node,
                 rc == 0  ? "no NodeName= and State= in what it printed: "
                 : rc < 0 ? "timed out"
                          : "",
-                rc < 0    ? ""
-                : line[0] ? line
-                          : "no message");
+                rc < 0 ? "" : rk_slurm_first_line(out, line, sizeof line));
         free(out);
         if (!o->dry_run) /* the GPUs' verdict stands; the node is left as it is */
             return RK_EXIT_FAIL;
@@ -239,7 +223,7 @@ static int device_minor(const rk_doctor_gpu *g, int *assumed)
         return g->index;
     char line[256];
     int minor = g->index;
-    while (fgets(line, sizeof line, f))
+    for (int k = 0; k < 64 && fgets(line, sizeof line, f); k++) /* the driver's: ~15 lines */
         if (sscanf(line, "Device Minor: %d", &minor) == 1 && minor >= 0 && minor < 256) {
             *assumed = 0;
             break;

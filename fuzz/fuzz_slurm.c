@@ -29,8 +29,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     text[size] = '\0';
     bool drained, down;
     char reason[8], addr[4], big_reason[512], big_addr[128];
-    if (rk_slurm_parse_node(text, &drained, &down, reason, sizeof reason, addr, sizeof addr) ==
-        0) {
+    if (rk_slurm_parse_node(text, &drained, &down, reason, sizeof reason, addr, sizeof addr) == 0) {
         check(memchr(reason, 0, sizeof reason) != NULL && memchr(addr, 0, sizeof addr) != NULL);
         check(!down || strstr(text, "State=") != NULL);
     }

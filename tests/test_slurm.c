@@ -56,15 +56,13 @@ static void node_oneliner(void **state)
     assert_string_equal(addr, "10.0.0.7");
     /* idle, no reason; a reason of "(null)" is none */
     const char *idle = "NodeName=n2 State=idle Reason=(null)\n";
-    assert_int_equal(rk_slurm_parse_node(idle, &drained, &down, reason, sizeof reason, NULL, 0),
-                     0);
+    assert_int_equal(rk_slurm_parse_node(idle, &drained, &down, reason, sizeof reason, NULL, 0), 0);
     assert_false(drained);
     assert_false(down);
     assert_string_equal(reason, "");
     /* a reason cut to its buffer, still ended */
     char small[8];
-    assert_int_equal(
-        rk_slurm_parse_node(multi, &drained, &down, small, sizeof small, NULL, 0), 0);
+    assert_int_equal(rk_slurm_parse_node(multi, &drained, &down, small, sizeof small, NULL, 0), 0);
     assert_string_equal(small, "rk: GPU");
 }
 
@@ -79,13 +77,11 @@ static void node_refused(void **state)
                      -1);
     assert_false(drained);
     assert_string_equal(reason, "");
-    assert_int_equal(rk_slurm_parse_node("NodeName=a Arch=x\n", &drained, &down, NULL, 0, NULL,
-                                         0),
+    assert_int_equal(rk_slurm_parse_node("NodeName=a Arch=x\n", &drained, &down, NULL, 0, NULL, 0),
                      -1);
     /* "XState=" is not State= */
-    assert_int_equal(rk_slurm_parse_node("NodeName=a XState=DRAIN\n", &drained, &down, NULL, 0,
-                                         NULL, 0),
-                     -1);
+    assert_int_equal(
+        rk_slurm_parse_node("NodeName=a XState=DRAIN\n", &drained, &down, NULL, 0, NULL, 0), -1);
 }
 
 static void hostnames(void **state)

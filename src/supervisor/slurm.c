@@ -174,8 +174,7 @@ int rk_slurm_parse_hostnames(const char *text, char names[][RK_SLURM_NODE_MAX], 
     return n;
 }
 
-/* The first line of text, trimmed, for messages. */
-static const char *first_line(const char *text, char *out, size_t cap)
+const char *rk_slurm_first_line(const char *text, char *out, size_t cap)
 {
     size_t l = strcspn(text, "\n");
     while (l > 0 && isspace((unsigned char)text[l - 1]))
@@ -208,7 +207,7 @@ static int failed(rk_err *err, int rc, const char *exe, const char *what, const 
         rk_err_set(err, RK_EIO, "%s %s: no answer within %.0f s", exe, what, RK_SLURM_WAIT_S);
     else
         rk_err_set(err, RK_EIO, "%s %s: exit %d: %s", exe, what, rc,
-                   first_line(out ? out : "", line, sizeof line));
+                   rk_slurm_first_line(out ? out : "", line, sizeof line));
     return -1;
 }
 

@@ -22,6 +22,10 @@
  * signal), 126/127 when it could not be run, -1 when it did not end within wait_s (killed). */
 int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s);
 
+/* The first line of what scontrol printed, trimmed, into out (for messages): out, or "no
+ * message" when it is empty. */
+const char *rk_slurm_first_line(const char *text, char *out, size_t cap);
+
 /* 1 if s is a node name rekindle passes to scontrol and srun: 1..63 bytes of
  * [A-Za-z0-9._-], not starting with '-' (nothing scontrol's parser would read as another
  * field or a host list). */
