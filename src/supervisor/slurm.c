@@ -176,6 +176,8 @@ int rk_slurm_parse_hostnames(const char *text, char names[][RK_SLURM_NODE_MAX], 
 
 const char *rk_slurm_first_line(const char *text, char *out, size_t cap)
 {
+    if (cap == 0)
+        return "no message";
     size_t l = strcspn(text, "\n");
     while (l > 0 && isspace((unsigned char)text[l - 1]))
         l--;
