@@ -117,12 +117,16 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
     char now[REASON_MAX * 2];
     if (rc != 0 || rk_slurm_parse_node(out, &drained, &down, now, sizeof now, NULL, 0) != 0) {
         char line[256];
-        fprintf(stderr, "rk doctor: cannot read node %s's state: %s show node %s: %s%s\n", o->node,
-                o->scontrol, o->node,
-                rc == 0  ? "no NodeName= and State= in what it printed: "
-                : rc < 0 ? "timed out"
-                         : "",
-                rc < 0 ? "" : rk_slurm_first_line(out, line, sizeof line));
+        if (rc < 0)
+            fprintf(stderr,
+                    "rk doctor: cannot read node %s's state: %s show node %s: no answer "
+                    "within %.0f s\n",
+                    o->node, o->scontrol, o->node, RK_SLURM_WAIT_S);
+        else
+            fprintf(stderr, "rk doctor: cannot read node %s's state: %s show node %s: %s%d: %s\n",
+                    o->node, o->scontrol, o->node,
+                    rc ? "exit " : "no NodeName= and State= in what it printed, exit ", rc,
+                    rk_slurm_first_line(out, line, sizeof line));
         free(out);
         if (!o->dry_run) /* the GPUs' verdict stands; the node is left as it is */
             return RK_EXIT_FAIL;
