@@ -314,10 +314,12 @@ int rk_cmd_agent(int argc, char **argv)
     rk_agent_job *aj = NULL;
     char abstract[128];
     if (watch) { /* the ranks connect to @rk-JOBID[-NODE] (docs/cluster.md, slurm.md) */
-        snprintf(abstract, sizeof abstract, "rk-%s%s%s", job, socket_node ? "-" : "",
-                 socket_node ? socket_node : "");
-        for (char *p = abstract; *p; p++)
+        snprintf(abstract, sizeof abstract, "rk-%s", job);
+        for (char *p = abstract; *p; p++) /* the job id's hex digits, not the node's name */
             *p = (char)(*p >= 'A' && *p <= 'F' ? *p - 'A' + 'a' : *p);
+        if (socket_node)
+            snprintf(abstract + strlen(abstract), sizeof abstract - strlen(abstract), "-%s",
+                     socket_node);
         jo.abstract = abstract;
     }
     if (jo.worker || watch) {

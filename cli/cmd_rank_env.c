@@ -5,7 +5,6 @@
  * so the heartbeat's hello check against the kernel holds (docs/run.md). No launcher's
  * variables to read, or a worker that cannot be executed: one line and exit status 2.
  */
-#define _GNU_SOURCE /* memrchr */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,39 +20,72 @@ static const char *get(const char *name)
     return getenv(name);
 }
 
-/* From RK_DEVICES "h1:0,h1:2,h2:0" and a rank: the device indices of that rank's host in
- * order ("0,2" for rank 0 or 1) into out. 0 when the list is not HOST:INDEX ids (one host:
- * rk run set CUDA_VISIBLE_DEVICES itself) or names no such rank. */
-static int host_devices(const char *list, long rank, char *out, size_t cap)
+/* Item k (0-based) of a comma-separated list into out: 1, or 0 when there is none. */
+static int item(const char *list, long k, char *out, size_t cap)
 {
-    if (!list || !*list || cap < 2)
-        return 0;
-    char mine[300] = "";
-    long r = 0;
-    for (const char *p = list; *p; r++) { /* this rank's host */
-        size_t l = strcspn(p, ",");
-        const char *c = memrchr(p, ':', l);
-        if (!c)
-            return 0;
-        if (r == rank && (size_t)(c - p) < sizeof mine)
-            memcpy(mine, p, (size_t)(c - p)), mine[c - p] = '\0';
-        p += l + (p[l] == ',');
+    for (long i = 0; list && *list; i++) {
+        size_t l = strcspn(list, ",");
+        if (i == k) {
+            if (l >= cap)
+                return 0;
+            memcpy(out, list, l);
+            out[l] = '\0';
+            return 1;
+        }
+        list += l + (list[l] == ',');
     }
-    if (!mine[0])
+    return 0;
+}
+
+/* From RK_DEVICES "h1:0,h1:2,h2:0" (HOST:INDEX ids: rk run sets RK_DEVICES_BY_HOST=1 with
+ * them) and a rank: the device indices of that rank's host in order ("0,2" for rank 0 or 1)
+ * into out. Where the launcher gave the node's GPUs already (Slurm's CUDA_VISIBLE_DEVICES of
+ * the step, "5,6"), index i is its item i. 1 when out is set; 0 with a message in why. */
+static int host_devices(const char *list, long rank, char *out, size_t cap, char *why, size_t wcap)
+{
+    char mine[300], id[300];
+    if (!item(list, rank, id, sizeof id)) {
+        snprintf(why, wcap, "RK_DEVICES has no item %ld", rank);
         return 0;
+    }
+    const char *c = strrchr(id, ':');
+    if (!c || c == id) {
+        snprintf(why, wcap, "RK_DEVICES item %ld is not HOST:INDEX", rank);
+        return 0;
+    }
+    snprintf(mine, sizeof mine, "%.*s", (int)(c - id), id);
+    const char *given = getenv("CUDA_VISIBLE_DEVICES");
     size_t used = 0, ml = strlen(mine);
     out[0] = '\0';
-    for (const char *p = list; *p;) {
-        size_t l = strcspn(p, ",");
-        const char *c = memrchr(p, ':', l);
-        size_t il = l - (size_t)(c - p) - 1;
-        if ((size_t)(c - p) == ml && !strncmp(p, mine, ml) && il > 0 && used + il + 2 < cap) {
-            used +=
-                (size_t)snprintf(out + used, cap - used, "%s%.*s", used ? "," : "", (int)il, c + 1);
+    for (long k = 0; item(list, k, id, sizeof id); k++) {
+        c = strrchr(id, ':');
+        if (!c || (size_t)(c - id) != ml || strncmp(id, mine, ml) != 0)
+            continue;
+        char *end;
+        errno = 0;
+        long idx = strtol(c + 1, &end, 10);
+        if (!c[1] || *end || errno || idx < 0 || idx > 4095 || (c[1] == '0' && c[2])) {
+            snprintf(why, wcap, "RK_DEVICES item %ld: '%.20s' is not a device index", k, c + 1);
+            return 0;
         }
-        p += l + (p[l] == ',');
+        char dev[64];
+        if (given && *given && !item(given, idx, dev, sizeof dev)) {
+            snprintf(why, wcap,
+                     "device %s:%ld: the launcher's CUDA_VISIBLE_DEVICES (%.100s) has "
+                     "no item %ld",
+                     mine, idx, given, idx);
+            return 0;
+        }
+        if (!(given && *given))
+            snprintf(dev, sizeof dev, "%ld", idx);
+        int w = snprintf(out + used, cap - used, "%s%s", used ? "," : "", dev);
+        if (w < 0 || (size_t)w >= cap - used) {
+            snprintf(why, wcap, "this host's devices do not fit CUDA_VISIBLE_DEVICES");
+            return 0;
+        }
+        used += (size_t)w;
     }
-    return used > 0;
+    return 1;
 }
 
 int rk_cmd_rank_env(int argc, char **argv)
@@ -82,9 +114,15 @@ int rk_cmd_rank_env(int argc, char **argv)
     /* across hosts (RK_DEVICES of HOST:INDEX ids, item RANK this rank's): this host's
      * devices of the launch in rank order, so that cuda:LOCAL_RANK is the rank's device and a
      * quarantined or drained one is not seen, as on one host (docs/cluster.md) */
-    char cvd[1024];
-    if (host_devices(getenv("RK_DEVICES"), v[0], cvd, sizeof cvd))
+    const char *by_host = getenv("RK_DEVICES_BY_HOST");
+    if (by_host && strcmp(by_host, "1") == 0) {
+        char cvd[4096], why[256];
+        if (!host_devices(getenv("RK_DEVICES"), v[0], cvd, sizeof cvd, why, sizeof why)) {
+            fprintf(stderr, "rk _rank-env: %s\n", why);
+            return RK_EXIT_USAGE;
+        }
         setenv("CUDA_VISIBLE_DEVICES", cvd, 1);
+    }
     /* under srun across nodes that may share one network namespace, each node's agent has a
      * socket of its own: "@rk-JOBID-{node}" ends with this node's name (docs/slurm.md) */
     const char *hb = getenv("RK_HEARTBEAT");

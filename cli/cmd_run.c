@@ -3,11 +3,14 @@
  * its position), hands the job to src/supervisor (supervisor.h), prints its report and maps
  * how the job ended to rk run's exit status.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -282,6 +285,24 @@ enum {
     OPT_SLURM_DRAIN
 };
 
+/* 1 if name is, or resolves to, a loopback address (Debian's /etc/hosts maps the host's own
+ * name to 127.0.1.1). */
+static int loopback_name(const char *name)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(name, NULL, &hints, &res) != 0)
+        return 0;
+    int lo = 0;
+    for (struct addrinfo *a = res; a && !lo; a = a->ai_next) {
+        if (a->ai_family == AF_INET)
+            lo = (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+        else if (a->ai_family == AF_INET6)
+            lo = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
+    }
+    freeaddrinfo(res);
+    return lo;
+}
+
 /* --hosts slurm[:N]: the allocation's nodes as a host list "node1:N,node2:N" into buf, those
  * named in the spare list left out (they are its spares). 0, or -1 after the message. */
 static int slurm_hosts(const char *list, const char *spares, char *buf, size_t cap)
@@ -289,13 +310,13 @@ static int slurm_hosts(const char *list, const char *spares, char *buf, size_t c
     int slots = 1;
     if (list[5] == ':' &&
         rk_arg_count(&args, "--hosts slurm:N", list + 6, 1, RK_HOST_SLOTS_MAX, &slots))
-        return -1;
+        return RK_EXIT_USAGE;
     static char names[RK_HOSTS_MAX][RK_SLURM_NODE_MAX];
     rk_err err = {0};
     int n = rk_slurm_job_nodes("scontrol", names, RK_HOSTS_MAX, &err);
-    if (n < 0) {
+    if (n < 0) { /* outside an allocation: bad usage; scontrol failing: not */
         fprintf(stderr, "rk run: --hosts %s: %s\n", list, err.msg);
-        return -1;
+        return err.code == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
     }
     size_t used = 0;
     int kept = 0;
@@ -316,7 +337,7 @@ static int slurm_hosts(const char *list, const char *spares, char *buf, size_t c
     if (used >= cap || kept == 0) {
         fprintf(stderr, "rk run: --hosts %s: %s\n", list,
                 kept ? "too many nodes" : "every node of the allocation is a spare");
-        return -1;
+        return RK_EXIT_USAGE;
     }
     return 0;
 }
@@ -335,16 +356,18 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
         return usage_error("--devices with --hosts: a host's devices are its slots, 0..N-1 "
                            "(HOST:N)");
     static char slurm_listen[RK_NODE_HOST_MAX + 8];
+    int listen_defaulted = 0;
     const char *here = getenv("SLURMD_NODENAME");
     if (!o->listen && list && !strncmp(list, "slurm", 5) && here && rk_slurm_node_name_ok(here)) {
         /* in a batch script: this node's NodeAddr, as Slurm reaches it */
         char a[RK_NODE_HOST_MAX];
         if (rk_slurm_node_addr("scontrol", here, a, sizeof a, &err)) {
             fprintf(stderr, "rk run: --listen not given, and this node's address: %s\n", err.msg);
-            return RK_EXIT_USAGE;
+            return RK_EXIT_FAIL;
         }
         snprintf(slurm_listen, sizeof slurm_listen, strchr(a, ':') ? "[%s]:0" : "%s:0", a);
         o->listen = slurm_listen;
+        listen_defaulted = 1;
     }
     if (!o->listen)
         return usage_error("--hosts needs --listen ADDR:PORT, the address the hosts reach "
@@ -359,8 +382,9 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
                            o->listen);
     static char slurm_list[RK_HOSTS_MAX * (RK_SLURM_NODE_MAX + 8)];
     if (list && !strncmp(list, "slurm", 5) && (list[5] == '\0' || list[5] == ':')) {
-        if (slurm_hosts(list, spares, slurm_list, sizeof slurm_list))
-            return RK_EXIT_USAGE;
+        int st = slurm_hosts(list, spares, slurm_list, sizeof slurm_list);
+        if (st)
+            return st;
         list = slurm_list;
     }
     if ((list && rk_hosts_parse_list(hs, list, 0, &err)) ||
@@ -405,7 +429,7 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
                                    hs->h[k].name);
             if (rk_slurm_node_addr("scontrol", hs->h[k].name, addrs[k], sizeof addrs[k], &err)) {
                 fprintf(stderr, "rk run: node %s: %s\n", hs->h[k].name, err.msg);
-                return RK_EXIT_USAGE;
+                return RK_EXIT_FAIL; /* Slurm's answer, not the command line */
             }
             out[k].addr = addrs[k];
         }
@@ -421,14 +445,16 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
     if (used >= cap)
         return usage_error("the hosts' names are too long");
     /* a loopback --listen reaches no other host: only hosts named by loopback addresses */
-    int lo_listen =
-        !strncmp(lhost, "127.", 4) || !strcmp(lhost, "::1") || !strcmp(lhost, "localhost");
+    /* (a name that resolves to one too: Debian's /etc/hosts maps the host's own name to
+     * 127.0.1.1, and a Slurm NodeAddr may be that name) */
+    int lo_listen = loopback_name(lhost);
     for (int k = 0; lo_listen && k < hs->n; k++) {
         const char *a = out[k].addr ? out[k].addr : hs->h[k].name;
-        if (strncmp(a, "127.", 4) && strcmp(a, "::1") && strcmp(a, "localhost"))
-            return usage_error("--listen %s is a loopback address: host %s cannot reach it; give "
-                               "this host's address on the hosts' network",
-                               o->listen, hs->h[k].name);
+        if (!loopback_name(a))
+            return usage_error("--listen %s is a loopback address%s: host %s cannot reach it; "
+                               "give this host's address on the hosts' network",
+                               o->listen, listen_defaulted ? " (this node's NodeAddr)" : "",
+                               hs->h[k].name);
     }
     o->hosts = out;
     o->nhosts = hs->n;

@@ -18,16 +18,40 @@
 
 /* ---- the drain reason ------------------------------------------------------------------- */
 
+/* NVML's bus ids have an 8-digit domain: "00000000:03:00.0" reads as lspci's 0000:03:00.0. */
+static const char *short_bus(const char *bus)
+{
+    return strlen(bus) == 16 && strncmp(bus, "0000", 4) == 0 && bus[8] == ':' ? bus + 4 : bus;
+}
+
+/* A GPU that a drain reason of ours names by its bus id and that is not among g[0..n): its
+ * bus id into out (1), else 0. A card that fell off the bus is not healed. */
+static int gpu_gone(const char *reason, const rk_doctor_gpu *g, int n, char *out, size_t cap)
+{
+    for (const char *p = reason; (p = strstr(p, "(bus "));) {
+        p += 5;
+        size_t l = strcspn(p, ")");
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) {
+            const char *b = short_bus(g[i].bus_id);
+            seen = strlen(b) == l && strncmp(b, p, l) == 0;
+        }
+        if (!seen) {
+            snprintf(out, cap, "%.*s", (int)l, p);
+            return 1;
+        }
+        p += l;
+    }
+    return 0;
+}
+
 /* One failing GPU's part of a reason: "GPU 2 (bus 0000:03:00.0) score 41: why". */
 static void gpu_reason(const rk_doctor_gpu *g, char *out, size_t cap)
 {
     char score[16] = "unreadable";
     if (g->has_score)
         snprintf(score, sizeof score, "score %d", g->score);
-    /* NVML's bus ids have an 8-digit domain: "00000000:03:00.0" reads as lspci's 0000:03:00.0 */
-    const char *bus = g->bus_id;
-    if (strlen(bus) == 16 && strncmp(bus, "0000", 4) == 0 && bus[8] == ':')
-        bus += 4;
+    const char *bus = short_bus(g->bus_id);
     snprintf(out, cap, "GPU %d%s%s%s %s%s%s", g->index, bus[0] ? " (bus " : "", bus,
              bus[0] ? ")" : "", score, g->why[0] ? ": " : "", g->why);
 }
@@ -137,13 +161,16 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
         free(out);
     }
     bool ours = is_ours(now);
+    /* someone else's: down or held (FAIL, MAINT, ...), or drained, or any reason not ours */
+    bool others = down || ((drained || now[0]) && !ours);
     int status = failing ? RK_EXIT_FAIL : RK_EXIT_OK;
+    char gone[64];
     if (failing) {
-        if ((drained || down) && !ours) {
+        if (others) {
             printf("rk doctor: node %s: %d GPU%s fail%s; it is already %s by someone else "
                    "(reason \"%s\"): left as it is\n",
                    o->node, failing, failing == 1 ? "" : "s", failing == 1 ? "s" : "",
-                   down ? "down" : "drained", now);
+                   down ? "down or held" : "drained", now);
         } else if (drained && strcmp(now, reason) == 0) {
             printf("rk doctor: node %s: stays drained: %s\n", o->node, reason);
         } else {
@@ -153,16 +180,21 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
             if (!o->dry_run)
                 printf("rk doctor: node %s: drained: %s\n", o->node, reason);
         }
-    } else if (drained && ours) {
+    } else if (drained && !others && gpu_gone(now, g, n, gone, sizeof gone)) {
+        status = RK_EXIT_FAIL;
+        printf("rk doctor: node %s: stays drained: the GPU at bus %s it was drained for is not "
+               "seen (%s)\n",
+               o->node, gone, now);
+    } else if (drained && !others) {
         if (update(o, "resume", NULL) != 0)
             return RK_EXIT_FAIL;
         if (!o->dry_run)
             printf("rk doctor: node %s: resumed: every GPU passes again (it was drained: %s)\n",
                    o->node, now);
-    } else if (drained || down) {
+    } else if (others) {
         printf("rk doctor: node %s: every GPU passes; it is %s by someone else (reason \"%s\"): "
                "left as it is\n",
-               o->node, down && !drained ? "down" : "drained", now);
+               o->node, down ? "down or held" : "drained", now);
     } else {
         printf("rk doctor: node %s: every GPU passes\n", o->node);
     }

@@ -54,6 +54,22 @@ else
   bad "rk --help lists agent and not _coordinator"
 fi
 "$RK" agent --help | grep -q -- '--secret-file' && ok "rk agent --help" || bad "rk agent --help"
+# --watch --socket-node: the ranks' socket is @rk-JOBID-NODE with the node's name as given
+# (srun's ranks put SLURMD_NODENAME there as it is: an upper-case name must stay one)
+ujob=$(tr a-f A-F <<<"$job")
+"$RK" agent --coordinator 127.0.0.1:1 --node 0 --job-id "$ujob" --secret-file "$work/secret" \
+  --watch --socket-node DGX-A100-01 --reconnect-for 10s 2>"$work/sn.err" &
+snp=$!
+pids+=("$snp")
+seen=''
+for ((i = 0; i < 100; i++)); do
+  grep -q "@rk-$job-DGX-A100-01\$" /proc/net/unix && { seen=1; break; }
+  sleep 0.05
+done
+kill "$snp" 2>/dev/null
+wait "$snp" 2>/dev/null
+[[ -n $seen ]] && ok "--socket-node DGX-A100-01: the socket @rk-JOBID-DGX-A100-01 (the job id in lower case, the node's name as given)" \
+  || bad "--socket-node: no @rk-$job-DGX-A100-01 in /proc/net/unix: $(grep -o "@rk-[^ ]*" /proc/net/unix | head -3) $(head -2 "$work/sn.err")"
 
 # --- the coordinator and two agents ----------------------------------------------------------
 "$RK" _coordinator --listen 127.0.0.1:0 --nodes 3 --secret-file "$work/secret" --job-id "$job" \

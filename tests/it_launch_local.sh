@@ -408,6 +408,28 @@ env -i PATH="$PATH" SLURM_PROCID=1 SLURM_NTASKS=4 SLURM_LOCALID=1 SLURM_NODEID=1
 grep -qx "LOCAL_WORLD_SIZE=2" "$work/re3.out" && grep -qx "WORLD_SIZE=4" "$work/re3.out" \
   && ok "SLURM_TASKS_PER_NODE 2(x2): local world 2 of 4" \
   || bad "SLURM 2(x2): $(grep SIZE "$work/re3.out")"
+# across hosts (RK_DEVICES_BY_HOST=1): a rank's CUDA_VISIBLE_DEVICES is its host's devices of
+# the launch, in order, mapped through a CUDA_VISIBLE_DEVICES the launcher gave (Slurm's)
+re_env() { env -i PATH="$PATH" OMPI_COMM_WORLD_RANK="$1" OMPI_COMM_WORLD_SIZE=4 RK_DEVICES_BY_HOST=1 \
+  RK_DEVICES="${2}" ${3:+CUDA_VISIBLE_DEVICES=$3} "$RK" _rank-env -- printenv CUDA_VISIBLE_DEVICES 2>&1; }
+[[ "$(re_env 1 h1:0,h1:2,h2:0,h2:1)" == 0,2 && "$(re_env 3 h1:0,h1:2,h2:0,h2:1)" == 0,1 ]] \
+  && ok "across hosts: CUDA_VISIBLE_DEVICES 0,2 on h1 (its devices 0 and 2), 0,1 on h2" \
+  || bad "across hosts: $(re_env 1 h1:0,h1:2,h2:0,h2:1) / $(re_env 3 h1:0,h1:2,h2:0,h2:1)"
+[[ "$(re_env 0 fd00::1:0,fd00::1:3,h2:0,h2:1 5,6,7,8)" == 5,8 ]] \
+  && ok "an IPv6 host's devices 0,3 through the launcher's CUDA_VISIBLE_DEVICES 5,6,7,8: 5,8" \
+  || bad "IPv6 host through 5,6,7,8: $(re_env 0 fd00::1:0,fd00::1:3,h2:0,h2:1 5,6,7,8)"
+out=$(re_env 0 h1:x,h1:1,h2:0,h2:1)
+st=$?
+[[ $st == 2 && $out == *"'x' is not a device index"* ]] && ok "a device index that is not one: exit 2, named" \
+  || bad "h1:x: exit $st: $out"
+out=$(re_env 1 h1:0,h1:4,h2:0,h2:1 5,6)
+st=$?
+[[ $st == 2 && $out == *"CUDA_VISIBLE_DEVICES (5,6) has no item 4"* ]] \
+  && ok "a device past the launcher's CUDA_VISIBLE_DEVICES: exit 2, named" || bad "h1:4 of 5,6: exit $st: $out"
+[[ "$(env -i PATH="$PATH" OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 RK_DEVICES=a:0,b:0 \
+  CUDA_VISIBLE_DEVICES=a:0,b:0 "$RK" _rank-env -- printenv CUDA_VISIBLE_DEVICES)" == a:0,b:0 ]] \
+  && ok "one host's ids that hold ':' (no RK_DEVICES_BY_HOST): CUDA_VISIBLE_DEVICES as rk run set it" \
+  || bad "one host, ids with ':'"
 
 # --- (13) PYTHONPATH of an rk outside its build tree ----------------------------------------
 # (outside the build directory: $work is inside it, where the source tree's package is used)

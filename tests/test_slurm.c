@@ -60,6 +60,18 @@ static void node_oneliner(void **state)
     assert_false(drained);
     assert_false(down);
     assert_string_equal(reason, "");
+    /* holds of someone else's: FAIL, a reboot asked for, maintenance */
+    const char *fail = "NodeName=n3 State=IDLE+FAIL Reason=PSU [root@2026-12-02T05:00:00]\n";
+    assert_int_equal(rk_slurm_parse_node(fail, &drained, &down, reason, sizeof reason, NULL, 0), 0);
+    assert_false(drained);
+    assert_true(down);
+    assert_string_equal(reason, "PSU");
+    const char *reboot = "NodeName=n3 State=MIXED+REBOOT_REQUESTED\n";
+    assert_int_equal(rk_slurm_parse_node(reboot, &drained, &down, NULL, 0, NULL, 0), 0);
+    assert_true(down);
+    const char *maint = "NodeName=n3 State=IDLE+MAINT+RESERVED\n";
+    assert_int_equal(rk_slurm_parse_node(maint, &drained, &down, NULL, 0, NULL, 0), 0);
+    assert_true(down);
     /* a reason cut to its buffer, still ended */
     char small[8];
     assert_int_equal(rk_slurm_parse_node(multi, &drained, &down, small, sizeof small, NULL, 0), 0);

@@ -94,7 +94,14 @@ static void drain_node(sup *s, int k, const char *why)
              why && why[0] ? why : "no reason given");
     rk_err e = {0};
     const char *exe = s->o->scontrol ? s->o->scontrol : "scontrol";
-    if (rk_slurm_drain(exe, node_name(s, k), reason, &e))
+    char held[256];
+    int st = rk_slurm_node_held(exe, node_name(s, k), held, sizeof held, &e);
+    if (st == 1) { /* an administrator's drain (or Slurm's own hold) is not overwritten */
+        sup_say(s, "node %d (%s): --slurm-drain: already %s: left as it is", k, node_name(s, k),
+                held);
+        return;
+    }
+    if (st < 0 || rk_slurm_drain(exe, node_name(s, k), reason, &e))
         sup_say(s, "node %d (%s): --slurm-drain: %s", k, node_name(s, k), e.msg);
     else
         sup_say(s, "node %d (%s) drained in Slurm: %s", k, node_name(s, k), reason);
@@ -344,7 +351,7 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
 /* ---- starting the agents ----------------------------------------------------------------- */
 
 /* `arg` as the next word of the remote shell's command line (ssh joins the words into one). */
-#define MAX_WORDS 512
+#define MAX_WORDS 4096
 #define RK_HOST_ARG_MAX 300 /* "--nodelist=" and a host name */
 /* the agent's words as they are, for srun's argv (copies: some are a block's locals) */
 static const char *words_raw[MAX_WORDS];
@@ -903,11 +910,10 @@ const char *sup_cluster_master(const sup *s)
                                                              : node_name(s, k);
 }
 
-int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *nodes, char *excl, size_t cap,
-                           rk_err *err)
+int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *excl, size_t cap, rk_err *err)
 {
     const sup_cluster *cl = s->cl;
-    FILE *f = fopen(hostfile, "wex");
+    FILE *f = fopen(hostfile, "we");
     if (!f)
         return rk_err_set(err, RK_EIO, "cannot create %s: %s", hostfile, strerror(errno));
     for (int r = 0; r < s->n; r++) /* rank r on the r-th line: srun's arbitrary distribution */
@@ -915,23 +921,19 @@ int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *nodes, char
     int bad = ferror(f);
     if (fclose(f) != 0 || bad)
         return rk_err_set(err, RK_EIO, "cannot write %s", hostfile);
-    size_t nu = 0, xu = 0;
+    size_t xu = 0;
     int nn = 0;
-    nodes[0] = excl[0] = '\0';
+    excl[0] = '\0';
     for (int k = 0; k < cl->nnodes; k++) {
         /* a node out of this launch that is lost or quarantined: left out by name too */
         int out = cl->quarantined[k] || !rk_nodes_connected(cl->t, k);
-        if (cl->used[k]) {
-            nu += (size_t)snprintf(nodes + nu, nu < cap ? cap - nu : 0, "%s%s", nu ? "," : "",
-                                   node_name(s, k));
+        if (cl->used[k])
             nn++;
-        } else if (out) {
-            xu += (size_t)snprintf(excl + xu, xu < cap ? cap - xu : 0, "%s%s", xu ? "," : "",
-                                   node_name(s, k));
-        }
+        else if (out && xu < cap)
+            xu += (size_t)snprintf(excl + xu, cap - xu, "%s%s", xu ? "," : "", node_name(s, k));
     }
-    if (nu >= cap || xu >= cap)
-        return rk_err_set(err, RK_EINVAL, "the node lists are too long");
+    if (xu >= cap)
+        return rk_err_set(err, RK_EINVAL, "the list of nodes left out is too long");
     return nn;
 }
 

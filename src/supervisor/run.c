@@ -132,9 +132,9 @@ static int start_launch(sup *s, rk_err *err)
             return rc;
         /* else one mpirun across the hosts, below, its ranks watched by the agents */
     }
-    static char env_hb[160], env_dev[4096], env_launch[32], env_dir[4200], env_inj[4200],
-        env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32], env_cvd[4200],
-        env_restart[48], env_stack[4300], env_pypath[8400];
+    static char env_hb[160], env_dev[RK_SUP_MAX_DEVICES * 300], env_launch[32], env_dir[4200],
+        env_inj[4200], env_done[8192], env_tmp[3][200], env_world[2][40], env_port[32],
+        env_cvd[RK_SUP_MAX_DEVICES * 300 + 32], env_restart[48], env_stack[4300], env_pypath[8400];
     const char *env[32];
     int e = 0;
     /* Open MPI's session directory and shared-memory files in a directory of this launch:
@@ -158,7 +158,12 @@ static int start_launch(sup *s, rk_err *err)
     for (int r = 0; r < s->n && used < sizeof env_dev; r++)
         used += (size_t)snprintf(env_dev + used, sizeof env_dev - used, r ? ",%s" : "%s",
                                  s->o->devices[s->dev[r]]);
+    if (used >= sizeof env_dev)
+        return rk_err_set(err, RK_EINVAL, "the launch's device ids are longer than %zu bytes",
+                          sizeof env_dev - 1);
     env[e++] = env_dev;
+    if (s->cl) /* HOST:INDEX ids: rk _rank-env sets each rank's CUDA_VISIBLE_DEVICES */
+        env[e++] = "RK_DEVICES_BY_HOST=1";
     snprintf(env_launch, sizeof env_launch, "RK_LAUNCH=%d", s->launch_no);
     env[e++] = env_launch;
     /* what torch.distributed and torchrun's users read (RANK and LOCAL_RANK: per rank, set by
@@ -229,13 +234,12 @@ static int start_launch(sup *s, rk_err *err)
         env[e++] = "OMPI_MCA_odls_base_sigkill_timeout=0";
     /* srun in the allocation: rank r on the node of line r, the nodes used named, the ones
      * lost or quarantined left out (docs/slurm.md) */
-    static char srun_nodes[8192], srun_excl[8192], srun_args[2][8300], env_hostfile[4300];
+    static char srun_excl[8192], srun_args[2][8300], env_hostfile[4300];
     int srun_nn = 0;
     if (s->cl && s->o->launcher == RK_LAUNCH_SRUN) {
         char hostfile[4200];
         snprintf(hostfile, sizeof hostfile, "%s/hostfile", s->jobdir);
-        srun_nn =
-            sup_cluster_srun_hosts(s, hostfile, srun_nodes, srun_excl, sizeof srun_nodes, err);
+        srun_nn = sup_cluster_srun_hosts(s, hostfile, srun_excl, sizeof srun_excl, err);
         if (srun_nn < 0)
             return err->code;
         if (srun_excl[0])

@@ -34,6 +34,7 @@ int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s)
         return 127;
     }
     if (pid == 0) {
+        setpgid(0, 0); /* a wrapper's own children go with it past the time limit */
         dup2(fd[1], STDOUT_FILENO);
         dup2(fd[1], STDERR_FILENO);
         execvp(argv[0], argv);
@@ -41,9 +42,10 @@ int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s)
         _exit(errno == ENOENT ? 127 : 126);
     }
     close(fd[1]);
+    setpgid(pid, pid); /* as the child does: whichever runs first */
     size_t len = 0;
     double end = rk_mono_s() + wait_s;
-    int timed_out = 0;
+    int timed_out = 0, truncated = 0;
     for (;;) {
         double left = end - rk_mono_s();
         if (left <= 0) {
@@ -61,20 +63,27 @@ int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s)
         if (got <= 0)
             break;
         size_t keep = (size_t)got;
-        if (keep > cap - 1 - len)
+        if (keep > cap - 1 - len) {
             keep = cap - 1 - len;
+            truncated = 1;
+        }
         memcpy(out + len, buf, keep);
         len += keep;
     }
     out[len] = '\0';
     close(fd[0]);
     if (timed_out)
-        kill(pid, SIGKILL);
+        kill(-pid, SIGKILL); /* its group: our own child and what it started */
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    pid_t w;
+    while ((w = waitpid(pid, &st, 0)) < 0 && errno == EINTR) {
     }
     if (timed_out)
         return -1;
+    if (w != pid) /* no status (SIGCHLD ignored by whoever started us): not a success */
+        return 125;
+    if (truncated)
+        return RK_SLURM_TOO_LONG;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
@@ -124,7 +133,12 @@ int rk_slurm_parse_node(const char *text, bool *drained, bool *down, char *reaso
     for (char *s = state; *s; s++)
         *s = (char)toupper((unsigned char)*s);
     *drained = strstr(state, "DRAIN") != NULL;
+    /* down, failed, in maintenance, to be rebooted or powered: a hold of someone's (an
+     * administrator's, Slurm's own) that rekindle leaves alone */
+    static const char *const holds[] = {"FAIL", "MAINT", "REBOOT", "POWER", "RESERVED"};
     *down = strncmp(state, "DOWN", 4) == 0;
+    for (size_t i = 0; i < sizeof holds / sizeof holds[0]; i++)
+        *down = *down || strstr(state, holds[i]) != NULL;
     if (addr && addr_cap && field(text, "NodeAddr=", 0, addr, addr_cap) != 0)
         addr[0] = '\0';
     if (reason && reason_cap && field(text, "Reason=", 1, reason, reason_cap) == 0) {
@@ -207,6 +221,8 @@ static int failed(rk_err *err, int rc, const char *exe, const char *what, const 
         rk_err_set(err, RK_ENOMEM, "out of memory");
     else if (rc < 0)
         rk_err_set(err, RK_EIO, "%s %s: no answer within %.0f s", exe, what, RK_SLURM_WAIT_S);
+    else if (rc == RK_SLURM_TOO_LONG)
+        rk_err_set(err, RK_EIO, "%s %s: printed more than %d bytes", exe, what, RK_SLURM_OUT_MAX);
     else
         rk_err_set(err, RK_EIO, "%s %s: exit %d: %s", exe, what, rc,
                    rk_slurm_first_line(out ? out : "", line, sizeof line));
@@ -250,6 +266,27 @@ int rk_slurm_node_addr(const char *scontrol_exe, const char *node, char *addr, s
     }
     free(out);
     return rc == 0 ? 0 : -1;
+}
+
+int rk_slurm_node_held(const char *scontrol_exe, const char *node, char *what, size_t cap,
+                       rk_err *err)
+{
+    char *out = NULL;
+    int rc = scontrol(scontrol_exe, &out, "show", "node", node, NULL);
+    bool drained = false, down = false;
+    char reason[256];
+    int held = -1;
+    if (rc != 0)
+        failed(err, rc, scontrol_exe, "show node", out);
+    else if (rk_slurm_parse_node(out, &drained, &down, reason, sizeof reason, NULL, 0) != 0)
+        rk_err_set(err, RK_EFORMAT, "scontrol show node %s: no NodeName= or State=", node);
+    else
+        held = drained || down;
+    if (held == 1)
+        snprintf(what, cap, "%s: %s", down ? "down or held" : "drained",
+                 reason[0] ? reason : "no reason");
+    free(out);
+    return held;
 }
 
 int rk_slurm_drain(const char *scontrol_exe, const char *node, const char *reason, rk_err *err)

@@ -17,9 +17,13 @@
 #define RK_SLURM_WAIT_S 30.0         /* above scontrol's own MessageTimeout (10 s default) */
 #define RK_SLURM_NODE_MAX 64         /* a node name rekindle passes on: 1..63 bytes */
 
-/* Run argv[0] (PATH lookup without a '/') with its stdout and stderr into out (NUL-ended, at
- * most cap-1 bytes kept: the rest is read and dropped). Returns its exit status (128+N for a
- * signal), 126/127 when it could not be run, -1 when it did not end within wait_s (killed). */
+#define RK_SLURM_TOO_LONG 1000 /* rk_slurm_run: it printed more than cap-1 bytes */
+
+/* Run argv[0] (PATH lookup without a '/') in a process group of its own, its stdout and stderr
+ * into out (NUL-ended, at most cap-1 bytes kept: the rest is read and dropped, and the call
+ * returns RK_SLURM_TOO_LONG). Returns its exit status (128+N for a signal), 126/127 when it
+ * could not be run, 125 when no status could be had, -1 when it did not end within wait_s
+ * (its group killed). */
 int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s);
 
 /* The first line of what scontrol printed, trimmed, into out (for messages): out, or "no
@@ -32,7 +36,8 @@ const char *rk_slurm_first_line(const char *text, char *out, size_t cap);
 int rk_slurm_node_name_ok(const char *s);
 
 /* From `scontrol show node NAME` (one node, either layout: the default one or -o): whether
- * State= holds DRAIN, whether its base state is DOWN, its Reason= text without the
+ * State= holds DRAIN, whether it is held otherwise (down: DOWN, or a FAIL, MAINT, REBOOT*,
+ * POWER* or RESERVED flag), its Reason= text without the
  * " [user@time]" suffix ("" none), NodeAddr= ("" none). 0, or -1 when it names no node
  * (no NodeName= or no State=). Any of reason/addr may be NULL. */
 int rk_slurm_parse_node(const char *text, bool *drained, bool *down, char *reason,
@@ -50,6 +55,11 @@ int rk_slurm_job_nodes(const char *scontrol, char names[][RK_SLURM_NODE_MAX], in
 /* A node's NodeAddr= (the address its slurmd is reached at) into addr: 0, or -1 with a
  * message. */
 int rk_slurm_node_addr(const char *scontrol, const char *node, char *addr, size_t cap, rk_err *err);
+
+/* Whether NODE is drained, down or held (rk_slurm_parse_node) already: 1 with its state
+ * and reason in what ("drained: admin: fan"), 0 when not, -1 with a message when it cannot
+ * be read. */
+int rk_slurm_node_held(const char *scontrol, const char *node, char *what, size_t cap, rk_err *err);
 
 /* scontrol update nodename=NODE state=drain reason=REASON: 0, or -1 with a message. */
 int rk_slurm_drain(const char *scontrol, const char *node, const char *reason, rk_err *err);

@@ -158,11 +158,9 @@ const char *sup_cluster_socket(const sup *s, char *buf, size_t cap);
 /* mpirun's --host for this launch: "h1:2,h2:2". */
 const char *sup_cluster_host_list(const sup *s, char *buf, size_t cap);
 /* srun's placement of this launch: hostfile gets rank r's node on line r (SLURM_HOSTFILE, for
- * --distribution=arbitrary), nodes the nodes used ("node1,node3"), excl those lost or
- * quarantined ("node2", "" none), each at most cap bytes. The count of nodes used, or an
- * error. */
-int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *nodes, char *excl, size_t cap,
-                           rk_err *err);
+ * --distribution=arbitrary), excl the nodes out of it that are lost or quarantined ("node2",
+ * "" none; at most cap bytes). The count of nodes used, or an error. */
+int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *excl, size_t cap, rk_err *err);
 /* Rank 0's host: its address (under Slurm its NodeAddr), else its name. */
 const char *sup_cluster_master(const sup *s);
 /* As rk_launch_poll: 1 once every node in use ended (s->l.exited, s->l.status set). */

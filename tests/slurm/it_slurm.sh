@@ -84,6 +84,15 @@ else
 fi
 grep -q "rk doctor: node node2: drained: rk: GPU 1" "$work/hc-node2.log" \
   && ok "(a) the health check said so in its output" || bad "(a) hc-node2.log: $(tail -2 "$work/hc-node2.log")"
+# the card it was drained for is gone (one GPU left, which passes): not healed, stays drained
+out=$("$RK" doctor --slurm --node node2 --sim 1 --samples 1 --interval 0 2>&1)
+rc=$?
+if [[ $rc == 1 && $out == *"stays drained: the GPU at bus 0000:01:00.0 it was drained for is not seen"* ]] &&
+  [[ "$(state node2)" =~ ^drain ]]; then
+  ok "(a) its GPU 1 gone, the other passing: node2 stays drained (exit 1)"
+else
+  bad "(a) GPU 1 gone: exit $rc, $(state node2): $(tail -1 <<<"$out")"
+fi
 [[ "$(state node1)" == idle* ]] && ok "(a) node1 left idle" || bad "(a) node1: $(state node1)"
 t=$(now)
 rm -f "$work/tf/node2/sensor.prom"
@@ -103,6 +112,15 @@ sleep $((2 * HCI + 1))
 grep -q "it is already drained by someone else (reason \"admin: fan" "$work/hc-node3.log" \
   && ok "(a) the health check said it left node3 as it is" || bad "(a) hc-node3.log: $(tail -2 "$work/hc-node3.log")"
 rm -f "$work/tf/node3/sensor.prom"
+scontrol update nodename=node3 state=resume
+# Slurm's FAIL state, an administrator's: not taken for "not drained", never overwritten
+scontrol update nodename=node3 state=fail reason="admin: PSU flapping"
+sick node3
+sleep $((2 * HCI + 1))
+rm -f "$work/tf/node3/sensor.prom"
+sleep $((2 * HCI + 1))
+[[ "$(state node3)" =~ \|admin:\ PSU\ flapping ]] && ok "(a) node3 in FAIL (an administrator's): its reason kept through a GPU failing and healing ($(state node3))" \
+  || bad "(a) node3 in FAIL: $(state node3)"
 scontrol update nodename=node3 state=resume
 # dry run: says what it would do, changes nothing
 sick node1
