@@ -9,7 +9,8 @@
 # warn-level textfile keeps it Unhealthy (hysteresis), removing the file heals it, the PCIe
 # switch preference, malformed requests refused; the kubelet restarting (its directory wiped)
 # brings a new Register; (3) every log line says simulated; SIGTERM ends it with status 0 and
-# its socket removed; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
+# its socket removed; a kubelet socket nobody answers on is retried with a growing backoff, one
+# line each; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
 # Skips (77) without /usr/bin/python3's grpc and grpc_tools modules.
 set -u
 PY=/usr/bin/python3 # the grpc modules are Debian's (python3-grpcio, python3-grpc-tools)
@@ -97,6 +98,29 @@ grep -q 'cannot register\|registered rekindle.io/gpu' "$work/dp.log" && ok "regi
 echo "--- the plugin's log"
 cat "$work/dp.log"
 echo "---"
+
+# ---- (3b) a kubelet socket nobody answers on: one clear line per try, a growing backoff ------
+stale=$work/stale
+mkdir -p "$stale"
+"$PY" -c 'import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' \
+  "$stale/kubelet.sock"
+"$RK" device-plugin --plugin-dir "$stale" --sim 1 --interval 0.5 2>"$work/stale.log" &
+spid=$!
+pids+=("$spid")
+for _ in $(seq 1 60); do
+  grep -q "retrying in 2 s" "$work/stale.log" && break
+  sleep 0.1
+done
+if grep -q "cannot register with the kubelet at $stale/kubelet.sock: .*; retrying in 1 s" "$work/stale.log" &&
+   grep -q "; retrying in 2 s" "$work/stale.log"; then
+  ok "a dead kubelet socket: $(grep -m1 'cannot register' "$work/stale.log" | cut -c1-160)... then 2 s"
+else
+  bad "a dead kubelet socket: $(cat "$work/stale.log")"
+fi
+kill -TERM "$spid"
+wait "$spid"
+rc=$?
+[[ $rc == 0 ]] && ok "still running while the kubelet is gone; SIGTERM: exit 0" || bad "stale: exit $rc"
 
 # ---- (4) the DaemonSet --------------------------------------------------------------------
 # kubectl maps kinds to resources through the API server's discovery even for a client-side

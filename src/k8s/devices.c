@@ -146,7 +146,7 @@ int rk_dp_fleet_open(rk_dp_fleet **out, const rk_dp_fleet_opts *o, rk_err *err)
         /* the id: the UUID of a real GPU; a simulated one's index (what its textfile label
          * gpu="N" names) */
         if (!d->simulated && rk_dp_id_ok(d->uuid, strlen(d->uuid)))
-            snprintf(d->id, sizeof d->id, "%s", d->uuid);
+            snprintf(d->id, sizeof d->id, "%.*s", RK_DP_MAX_ID, d->uuid); /* id_ok: fits */
         else
             snprintf(d->id, sizeof d->id, "%d", i);
         if (d->simulated) /* two simulated GPUs to a simulated switch */

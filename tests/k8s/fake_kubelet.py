@@ -1,9 +1,9 @@
 """A fake kubelet for rk device-plugin's tests (Debian's python3-grpcio).
 
 It does what the kubelet's device manager does with a device plugin, over the real gRPC API:
-serves Registration on DIR/kubelet.sock, and after a Register connects back to the plugin's
-endpoint, asks GetDevicePluginOptions, consumes ListAndWatch (every update kept with the
-monotonic time it arrived), and calls GetPreferredAllocation and Allocate on request. The
+serves Registration on DIR/kubelet.sock, and during a Register connects back to the plugin's
+endpoint and asks GetDevicePluginOptions before it answers (as the kubelet does), then consumes
+ListAndWatch (every update kept with the monotonic time it arrived), and calls GetPreferredAllocation and Allocate on request. The
 Python stubs are generated at test time by grpc_tools.protoc from the same vendored api.proto
 that the plugin's C messages come from (third_party/deviceplugin/v1beta1/api.proto).
 
@@ -55,9 +55,15 @@ class FakeKubelet:
                 with kubelet.cond:
                     kubelet.registrations.append((time.monotonic(), request))
                     kubelet.cond.notify_all()
-                # as the kubelet does: answer, then connect back to the plugin's endpoint
-                threading.Thread(target=kubelet._connect, args=(request.endpoint,),
-                                 daemon=True).start()
+                # as the kubelet's device manager does: connect back and ask the plugin's
+                # options before answering (a plugin that blocks on its Register call never
+                # answers), then consume ListAndWatch in the background
+                try:
+                    kubelet._connect(request.endpoint)
+                except grpc.RpcError as e:
+                    context.abort(grpc.StatusCode.UNAVAILABLE,
+                                  "cannot reach the plugin: %s" % e.code())
+                threading.Thread(target=kubelet._watch, daemon=True).start()
                 return kubelet.pb.Empty()
 
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -75,11 +81,12 @@ class FakeKubelet:
 
     # ---- the plugin (the device manager's client side) ----
     def _connect(self, endpoint):
+        self.channel = grpc.insecure_channel("unix:" + os.path.join(self.dir, endpoint))
+        self.stub = self.pbg.DevicePluginStub(self.channel)
+        self.options = self.stub.GetDevicePluginOptions(self.pb.Empty(), timeout=5)
+
+    def _watch(self):
         try:
-            time.sleep(0.05)
-            self.channel = grpc.insecure_channel("unix:" + os.path.join(self.dir, endpoint))
-            self.stub = self.pbg.DevicePluginStub(self.channel)
-            self.options = self.stub.GetDevicePluginOptions(self.pb.Empty(), timeout=5)
             for resp in self.stub.ListAndWatch(self.pb.Empty()):
                 with self.cond:
                     self.updates.append((time.monotonic(),
@@ -93,7 +100,7 @@ class FakeKubelet:
                     self.cond.notify_all()
         except Exception as e:  # a checker must see it, not a silent thread
             with self.cond:
-                self.errors.append("connect: %r" % e)
+                self.errors.append("ListAndWatch: %r" % e)
                 self.cond.notify_all()
 
     def wait_registration(self, n, timeout):
