@@ -5,8 +5,11 @@
  * order (must_include first, Healthy before Unhealthy, the anchor switch, then score, and every
  * refusal); Allocate's check (unknown, below, recovering, never read); the PCIe switch of a
  * sysfs path; device ids and resource names; and every request the plugin parses, good and
- * broken, packed here with protobuf-c from the same generated messages.
+ * broken, packed here with protobuf-c from the same generated messages; and the real-GPU
+ * path of the fleet through a fake NVML (tests/fake_nvml.c) over a made-up sysfs, /proc and
+ * /dev: UUIDs as ids, the switch, NUMA node and minor number read, the device nodes that exist.
  */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,11 +17,18 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
+#include <ftw.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include "api.pb-c.h"
+#include "health/nvml.h"
 #include "k8s/dp.h"
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
@@ -414,6 +424,127 @@ static void test_parse_preferred_and_others(void **state)
     assert_int_equal(rk_dp_request_parse(RK_DP_MSG_KINDS, buf, 0, &rq, &st), RK_DP_INTERNAL);
 }
 
+/* ---- the fleet over NVML ------------------------------------------------------------------ */
+
+static void mkdirs(const char *path)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *c = p + 1; *c; c++)
+        if (*c == '/') {
+            *c = '\0';
+            mkdir(p, 0755);
+            *c = '/';
+        }
+    assert_true(mkdir(p, 0755) == 0 || errno == EEXIST);
+}
+
+static void put(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fputs(text, fp);
+    fclose(fp);
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void test_fleet_nvml(void **state)
+{
+    (void)state;
+    char root[512], sys[1024], proc[1024], dev[1024], gpu[2048], p[PATH_MAX];
+    snprintf(root, sizeof root, "%s/k8s.XXXXXX", RK_TEST_TMPDIR);
+    assert_non_null(mkdtemp(root));
+    /* the fake's GPUs both say bus 00000000:01:00.0: behind a switch whose upstream port is
+     * 0000:10:00.0, on NUMA node 1, minor 3 */
+    snprintf(sys, sizeof sys, "%s/sys", root);
+    snprintf(gpu, sizeof gpu,
+             "%s/devices/pci0000:00/0000:00:01.0/0000:10:00.0/0000:11:08.0/0000:01:00.0", sys);
+    mkdirs(gpu);
+    snprintf(p, sizeof p, "%s/numa_node", gpu);
+    put(p, "1\n");
+    snprintf(p, sizeof p, "%s/bus/pci/devices", sys);
+    mkdirs(p);
+    snprintf(p, sizeof p, "%s/bus/pci/devices/0000:01:00.0", sys);
+    assert_int_equal(symlink(gpu, p), 0);
+    snprintf(proc, sizeof proc, "%s/proc", root);
+    snprintf(p, sizeof p, "%s/driver/nvidia/gpus/0000:01:00.0", proc);
+    mkdirs(p);
+    snprintf(p, sizeof p, "%s/driver/nvidia/gpus/0000:01:00.0/information", proc);
+    put(p, "Model: \t\t NVIDIA GeForce GTX 1070 Ti\nIRQ:   \t\t 130\nDevice Minor: \t 3\n");
+    snprintf(dev, sizeof dev, "%s/dev", root);
+    mkdirs(dev);
+    snprintf(p, sizeof p, "%s/nvidia-uvm", dev);
+    put(p, "not a device\n"); /* a regular file is no device node */
+    bool nodes = true;
+    static const char *const names[] = {"nvidia3", "nvidiactl"};
+    for (size_t i = 0; i < N_OF(names); i++) {
+        snprintf(p, sizeof p, "%s/%s", dev, names[i]);
+        if (mknod(p, S_IFCHR | 0600, makedev(1, 3)))
+            nodes = false;
+    }
+
+    assert_int_equal(setenv(RK_NVML_LIB_ENV, FAKE_NVML, 1), 0);
+    rk_dp_fleet_opts o = {
+        .threshold = 60, .hysteresis = 10, .sysfs = sys, .procdir = proc, .devdir = dev};
+    rk_dp_fleet *f = NULL;
+    rk_err err = {0};
+    assert_int_equal(rk_dp_fleet_open(&f, &o, &err), RK_OK);
+    assert_false(rk_dp_fleet_simulated(f));
+    assert_string_equal(rk_dp_fleet_backend(f), "nvml");
+    assert_int_equal(rk_dp_fleet_count(f), 2);
+    int changed = 0;
+    rk_dp_fleet_sample(f, &changed, &err);
+    assert_int_equal(changed, 2); /* the first reading gives every device its health */
+    const rk_dp_dev *d = rk_dp_fleet_devs(f);
+    assert_string_equal(d[0].id, "GPU-00000000-1070-0000-0000-000000000000");
+    assert_false(d[0].simulated);
+    snprintf(p, sizeof p, "%s/devices/pci0000:00/0000:00:01.0/0000:10:00.0", sys);
+    char want[PATH_MAX];
+    assert_non_null(realpath(p, want));
+    assert_string_equal(d[0].sw, want);
+    assert_int_equal(d[0].numa, 1);
+    assert_int_equal(d[0].minor, 3);
+    assert_true(d[0].has_score);
+    /* GPU 1 fell off the bus: it scores 0 and is Unhealthy */
+    assert_true(d[1].has_score);
+    assert_int_equal(d[1].score, 0);
+    assert_false(d[1].healthy);
+    rk_dp_fleet_sample(f, &changed, &err);
+    assert_int_equal(changed, 0);
+    char paths[8][64];
+    int n = rk_dp_fleet_nodes(f, (int[]){0}, 1, paths, 8);
+    if (nodes) {
+        assert_int_equal(n, 2);
+        snprintf(p, sizeof p, "%s/nvidia3", dev);
+        assert_string_equal(paths[0], p);
+        snprintf(p, sizeof p, "%s/nvidiactl", dev);
+        assert_string_equal(paths[1], p);
+    } else {
+        printf("(no mknod here: the device nodes are not checked)\n");
+    }
+    rk_dp_fleet_close(f);
+    unsetenv(RK_NVML_LIB_ENV);
+
+    /* a simulated fleet: ids are indexes, two GPUs to a simulated switch, no device nodes */
+    rk_dp_fleet_opts so = {
+        .sim_gpus = 3, .seed = 1, .threshold = 60, .hysteresis = 10, .devdir = dev};
+    assert_int_equal(rk_dp_fleet_open(&f, &so, &err), RK_OK);
+    d = rk_dp_fleet_devs(f);
+    assert_string_equal(d[2].id, "2");
+    assert_string_equal(d[0].sw, d[1].sw);
+    assert_string_not_equal(d[1].sw, d[2].sw);
+    assert_int_equal(rk_dp_fleet_nodes(f, (int[]){0, 1}, 2, paths, 8), 0);
+    rk_dp_fleet_close(f);
+    assert_int_equal(nftw(root, rm_one, 16, FTW_DEPTH | FTW_PHYS), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -421,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_prefer_refusals),   cmocka_unit_test(test_allocate_check),
         cmocka_unit_test(test_switch_key),        cmocka_unit_test(test_ids_and_resources),
         cmocka_unit_test(test_parse_allocate),    cmocka_unit_test(test_parse_preferred_and_others),
+        cmocka_unit_test(test_fleet_nvml),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
