@@ -195,6 +195,9 @@ static void test_allocate_check(void **state)
     assert_non_null(strstr(st.msg, "score 65 has not recovered to 70"));
     assert_int_equal(rk_dp_allocate_check(d, 4, unread, 1, 60, 10, &st), RK_DP_FAILED_PRECONDITION);
     assert_non_null(strstr(st.msg, "no reading"));
+    char *twice[] = {"0", "0"};
+    assert_int_equal(rk_dp_allocate_check(d, 4, twice, 2, 60, 10, &st), RK_DP_INVALID_ARGUMENT);
+    assert_non_null(strstr(st.msg, "device 0: asked for twice"));
 }
 
 static void test_switch_key(void **state)

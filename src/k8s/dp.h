@@ -106,8 +106,9 @@ int rk_dp_prefer(const rk_dp_dev *devs, int n, const int *avail, int navail, con
                  int nmust, int size, int *out, rk_dp_status *st);
 
 /* Allocate's check of one container's devices (ids[], nids): RK_DP_OK when every id names a
- * known device that is Healthy; RK_DP_NOT_FOUND naming an unknown id, or
- * RK_DP_FAILED_PRECONDITION naming the first device that is Unhealthy, its score and why. */
+ * known device that is Healthy, each once; RK_DP_NOT_FOUND naming an unknown id,
+ * RK_DP_INVALID_ARGUMENT naming one asked for twice, or RK_DP_FAILED_PRECONDITION naming the
+ * first device that is Unhealthy, its score and why. */
 int rk_dp_allocate_check(const rk_dp_dev *devs, int n, char *const *ids, size_t nids,
                          double threshold, double hysteresis, rk_dp_status *st);
 

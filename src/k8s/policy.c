@@ -186,10 +186,15 @@ int rk_dp_allocate_check(const rk_dp_dev *devs, int n, char *const *ids, size_t 
                          double threshold, double hysteresis, rk_dp_status *st)
 {
     status(st, RK_DP_OK, "%s", "");
+    unsigned char seen[RK_DP_MAX_DEVICES] = {0};
     for (size_t j = 0; j < nids; j++) {
         int i = rk_dp_find(devs, n, ids[j]);
-        if (i < 0) {
+        if (i < 0 || i >= RK_DP_MAX_DEVICES) {
             status(st, RK_DP_NOT_FOUND, "device %s: no such device on this node", ids[j]);
+            return st->code;
+        }
+        if (seen[i]++) {
+            status(st, RK_DP_INVALID_ARGUMENT, "device %s: asked for twice", ids[j]);
             return st->code;
         }
         const rk_dp_dev *d = &devs[i];

@@ -304,7 +304,64 @@ static void visible_list(const rk_dp_dev *devs, const int *idx, size_t n, char *
     }
 }
 
-#define MAX_NODES 64
+/* One container's answer to Allocate, its arrays sized to its devices. */
+typedef struct one {
+    V1beta1__ContainerAllocateResponse r;
+    V1beta1__ContainerAllocateResponse__EnvsEntry env[2], *envp[2];
+    V1beta1__DeviceSpec *spec, **specp;
+    char (*nodes)[64];
+    char *visible;
+    int *idx;
+} one;
+
+static void one_free(one *a)
+{
+    free(a->spec);
+    free(a->specp);
+    free(a->nodes);
+    free(a->visible);
+    free(a->idx);
+}
+
+/* Fill a's answer for the (checked: known, Healthy, distinct) devices ids[0..n). */
+static bool one_fill(plugin *pl, one *a, char *const *ids, size_t n)
+{
+    static const char *const keys[2] = {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"};
+    const rk_dp_dev *devs = rk_dp_fleet_devs(pl->fleet);
+    size_t cap = n + 4; /* each device's node and the shared ones */
+    size_t vis = n * (sizeof devs->uuid + 1) + 1;
+    a->spec = calloc(cap, sizeof *a->spec);
+    a->specp = calloc(cap, sizeof *a->specp);
+    a->nodes = calloc(cap, sizeof *a->nodes);
+    a->visible = calloc(vis, 1);
+    a->idx = calloc(n ? n : 1, sizeof *a->idx);
+    if (!a->spec || !a->specp || !a->nodes || !a->visible || !a->idx)
+        return false;
+    rk_dp_status st;
+    if (indexes(pl, ids, n, a->idx, &st))
+        return false;
+    v1beta1__container_allocate_response__init(&a->r);
+    visible_list(devs, a->idx, n, a->visible, vis);
+    for (int e = 0; e < 2; e++) {
+        v1beta1__container_allocate_response__envs_entry__init(&a->env[e]);
+        a->env[e].key = (char *)keys[e];
+        a->env[e].value = a->visible;
+        a->envp[e] = &a->env[e];
+    }
+    a->r.n_envs = 2;
+    a->r.envs = a->envp;
+    int nn = rk_dp_fleet_nodes(pl->fleet, a->idx, (int)n, a->nodes, (int)cap);
+    for (int j = 0; j < nn; j++) {
+        v1beta1__device_spec__init(&a->spec[j]);
+        a->spec[j].container_path = a->nodes[j];
+        a->spec[j].host_path = a->nodes[j];
+        a->spec[j].permissions = "rw";
+        a->specp[j] = &a->spec[j];
+    }
+    a->r.n_devices = (size_t)nn;
+    a->r.devices = a->specp;
+    return true;
+}
 
 static void do_allocate(call *c, const rk_dp_request *rq)
 {
@@ -321,56 +378,30 @@ static void do_allocate(call *c, const rk_dp_request *rq)
         reply(c, NULL, st.code, st.msg);
         return;
     }
-    /* per container: two envs and the device nodes */
-    typedef struct one {
-        V1beta1__ContainerAllocateResponse r;
-        V1beta1__ContainerAllocateResponse__EnvsEntry env[2], *envp[2];
-        V1beta1__DeviceSpec spec[MAX_NODES], *specp[MAX_NODES];
-        char nodes[MAX_NODES][64];
-        char visible[RK_DP_MAX_IDS * 8];
-        int idx[RK_DP_MAX_IDS];
-    } one;
     one *all = calloc(rq->n, sizeof *all);
     V1beta1__ContainerAllocateResponse *rp[RK_DP_MAX_CONTAINERS];
-    if (!all) {
-        reply(c, NULL, RK_DP_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
+    bool ok = all != NULL;
     char said[512] = "";
-    for (size_t k = 0; k < rq->n; k++) {
+    for (size_t k = 0; ok && k < rq->n; k++) {
         one *a = &all[k];
-        indexes(pl, rq->c[k].ids, rq->c[k].nids, a->idx, &st); /* all known: checked above */
-        v1beta1__container_allocate_response__init(&a->r);
-        visible_list(devs, a->idx, rq->c[k].nids, a->visible, sizeof a->visible);
-        static const char *const keys[2] = {"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"};
-        for (int e = 0; e < 2; e++) {
-            v1beta1__container_allocate_response__envs_entry__init(&a->env[e]);
-            a->env[e].key = (char *)keys[e];
-            a->env[e].value = a->visible;
-            a->envp[e] = &a->env[e];
-        }
-        a->r.n_envs = 2;
-        a->r.envs = a->envp;
-        int nn = rk_dp_fleet_nodes(pl->fleet, a->idx, (int)rq->c[k].nids, a->nodes, MAX_NODES);
-        for (int j = 0; j < nn; j++) {
-            v1beta1__device_spec__init(&a->spec[j]);
-            a->spec[j].container_path = a->nodes[j];
-            a->spec[j].host_path = a->nodes[j];
-            a->spec[j].permissions = "rw";
-            a->specp[j] = &a->spec[j];
-        }
-        a->r.n_devices = (size_t)nn;
-        a->r.devices = a->specp;
+        ok = one_fill(pl, a, rq->c[k].ids, rq->c[k].nids);
         rp[k] = &a->r;
         size_t len = strlen(said);
-        snprintf(said + len, sizeof said - len, "%s[%s]%s", k ? " " : "", a->visible,
-                 nn ? "" : " (no device nodes)");
+        if (ok)
+            snprintf(said + len, sizeof said - len, "%s[%.100s]%s", k ? " " : "", a->visible,
+                     a->r.n_devices ? "" : " (no device nodes)");
     }
-    V1beta1__AllocateResponse r = V1BETA1__ALLOCATE_RESPONSE__INIT;
-    r.n_container_responses = rq->n;
-    r.container_responses = rp;
-    dp_emit(pl, "Allocate: %s", said);
-    reply(c, &r.base, RK_DP_OK, "");
+    if (ok) {
+        V1beta1__AllocateResponse r = V1BETA1__ALLOCATE_RESPONSE__INIT;
+        r.n_container_responses = rq->n;
+        r.container_responses = rp;
+        dp_emit(pl, "Allocate: %s", said);
+        reply(c, &r.base, RK_DP_OK, "");
+    } else {
+        reply(c, NULL, RK_DP_RESOURCE_EXHAUSTED, "out of memory");
+    }
+    for (size_t k = 0; all && k < rq->n; k++)
+        one_free(&all[k]);
     free(all);
 }
 
