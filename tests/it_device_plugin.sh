@@ -10,7 +10,7 @@
 # switch preference, malformed requests refused; the kubelet restarting (its directory wiped)
 # brings a new Register; (3) every log line says simulated; SIGTERM ends it with status 0 and
 # its socket removed; a kubelet socket nobody answers on is retried with a growing backoff, one
-# line each; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
+# line each; its directory removed and made again is served again; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
 # Skips (77) without /usr/bin/python3's grpc and grpc_tools modules.
 set -u
 PY=/usr/bin/python3 # the grpc modules are Debian's (python3-grpcio, python3-grpc-tools)
@@ -121,6 +121,27 @@ kill -TERM "$spid"
 wait "$spid"
 rc=$?
 [[ $rc == 0 ]] && ok "still running while the kubelet is gone; SIGTERM: exit 0" || bad "stale: exit $rc"
+
+# ---- (3c) the directory itself removed and made again: said once, served again ---------------
+gone=$work/gone
+mkdir -p "$gone"
+"$RK" device-plugin --plugin-dir "$gone" --sim 1 --interval 0.5 2>"$work/gone.log" &
+gpid=$!
+pids+=("$gpid")
+for _ in $(seq 1 50); do [[ -S $gone/rekindle.sock ]] && break; sleep 0.1; done
+rm -rf "$gone"
+sleep 2.5
+mkdir "$gone"
+for _ in $(seq 1 50); do [[ -S $gone/rekindle.sock ]] && break; sleep 0.1; done
+said=$(grep -c "the directory $gone is gone" "$work/gone.log")
+[[ -S $gone/rekindle.sock && $said == 1 ]] && ok "its directory removed and made again: said once, served again" \
+  || bad "directory gone: socket $( [[ -S $gone/rekindle.sock ]] && echo back || echo missing), said $said times"
+kill -TERM "$gpid"
+wait "$gpid"
+rc=$?
+others=$(grep -vc '^rk device-plugin: \[simulated\] ' "$work/gone.log" "$work/stale.log" | awk -F: '{n += $2} END {print n}')
+[[ $rc == 0 && $others == 0 ]] && ok "exit 0; no line but its own (gRPC's log kept quiet)" \
+  || bad "gone: exit $rc, $others foreign lines: $(grep -v '^rk device-plugin' "$work/gone.log" | head -2)"
 
 # ---- (4) the DaemonSet --------------------------------------------------------------------
 # kubectl maps kinds to resources through the API server's discovery even for a client-side

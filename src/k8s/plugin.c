@@ -19,6 +19,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
+#include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
 #include "api.pb-c.h"
@@ -186,10 +187,13 @@ static void watch_sockets(plugin *pl, double now)
     }
     if (!pl->cur && now >= pl->next_bind) {
         if (dp_server_start(pl, &err)) {
-            dp_emit(pl, "%s; trying again in %g s", err.msg, BACKOFF_MIN_S);
+            if (strcmp(err.msg, pl->last_bind_err) != 0) /* once, not every second */
+                dp_emit(pl, "%s; trying again every %g s", err.msg, BACKOFF_MIN_S);
+            snprintf(pl->last_bind_err, sizeof pl->last_bind_err, "%s", err.msg);
             pl->next_bind = now + BACKOFF_MIN_S;
             return;
         }
+        pl->last_bind_err[0] = '\0';
         dp_emit(pl, "serving %s", pl->sock_path);
         if (pl->reg != REG_FLIGHT) {
             pl->reg = REG_WAIT;
@@ -343,6 +347,13 @@ static void next_event(plugin *pl, double wait_s)
         dispatch(pl, ev);
 }
 
+/* gRPC's own log lines: the plugin says what failed itself, so they are dropped unless asked for
+ * with gRPC's GRPC_VERBOSITY or GRPC_TRACE (then gRPC prints them as it always does). */
+static void grpc_log_drop(gpr_log_func_args *args)
+{
+    (void)args;
+}
+
 int rk_dp_run(const rk_dp_opts *o, rk_err *err)
 {
     plugin *pl = calloc(1, sizeof *pl);
@@ -362,6 +373,8 @@ int rk_dp_run(const rk_dp_opts *o, rk_err *err)
     }
     sample(pl); /* the first health, before anything is served */
     announce(pl);
+    if (!getenv("GRPC_VERBOSITY") && !getenv("GRPC_TRACE"))
+        gpr_set_log_function(grpc_log_drop);
     grpc_init();
     pl->cq = grpc_completion_queue_create_for_next(NULL);
     pl->t_reg = (tag){T_REGISTER, pl};

@@ -86,6 +86,7 @@ struct plugin {
     double next_sample, next_watch;
     unsigned long samples;
     char last_read_err[RK_ERR_MSG_MAX];
+    char last_bind_err[RK_ERR_MSG_MAX];
 };
 
 /* One line to the event callback ("[simulated] " first for a simulated fleet). */

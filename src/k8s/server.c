@@ -567,6 +567,9 @@ int dp_server_start(plugin *pl, rk_err *err)
     if (!port) {
         grpc_server_destroy(sv->srv);
         free(sv);
+        if (stat(pl->o->dir, &st) || !S_ISDIR(st.st_mode))
+            return rk_err_set(err, RK_EIO, "cannot listen on %s: the directory %s is gone",
+                              pl->sock_path, pl->o->dir);
         return rk_err_set(err, RK_EIO, "cannot listen on %s (is the directory writable?)",
                           pl->sock_path);
     }
