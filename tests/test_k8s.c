@@ -521,7 +521,7 @@ static void test_fleet_nvml(void **state)
     assert_false(d[1].healthy);
     rk_dp_fleet_sample(f, &changed, &err);
     assert_int_equal(changed, 0);
-    char paths[8][64];
+    char paths[8][RK_DP_NODE_PATH];
     int n = rk_dp_fleet_nodes(f, (int[]){0}, 1, paths, 8);
     if (nodes) {
         assert_int_equal(n, 2);

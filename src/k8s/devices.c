@@ -212,7 +212,8 @@ static bool is_chardev(const char *path)
     return stat(path, &st) == 0 && S_ISCHR(st.st_mode);
 }
 
-int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)[64], int cap)
+int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)[RK_DP_NODE_PATH],
+                      int cap)
 {
     int k = 0;
     if (f->simulated)
@@ -220,13 +221,16 @@ int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)
     for (int j = 0; j < n && k < cap; j++) {
         const rk_dp_dev *d = &f->devs[idx[j]];
         int minor = d->minor >= 0 ? d->minor : d->index;
-        if (snprintf(paths[k], 64, "%s/nvidia%d", f->devdir, minor) < 64 && is_chardev(paths[k]))
+        if (snprintf(paths[k], RK_DP_NODE_PATH, "%s/nvidia%d", f->devdir, minor) <
+                RK_DP_NODE_PATH &&
+            is_chardev(paths[k]))
             k++;
     }
     static const char *const shared[] = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
                                          "nvidia-modeset"};
     for (size_t s = 0; s < sizeof shared / sizeof shared[0] && k < cap; s++)
-        if (snprintf(paths[k], 64, "%s/%s", f->devdir, shared[s]) < 64 && is_chardev(paths[k]))
+        if (snprintf(paths[k], RK_DP_NODE_PATH, "%s/%s", f->devdir, shared[s]) < RK_DP_NODE_PATH &&
+            is_chardev(paths[k]))
             k++;
     return k;
 }

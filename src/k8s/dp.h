@@ -43,6 +43,7 @@
 #define RK_DP_MAX_IDS 1024       /* device ids in one container request */
 #define RK_DP_MAX_ID 63          /* bytes of one device id */
 #define RK_DP_MAX_DEVICES 1024   /* GPUs one plugin serves */
+#define RK_DP_NODE_PATH 256      /* bytes of a device node's path, NUL included */
 
 /* gRPC status codes the plugin answers with (grpc/status.h's values, so that policy.c and
  * msg.c need no gRPC header). */
@@ -190,7 +191,8 @@ const char *rk_dp_fleet_backend(const rk_dp_fleet *f);
  * (by its minor number) and the shared ones (/dev/nvidiactl, /dev/nvidia-uvm,
  * /dev/nvidia-uvm-tools, /dev/nvidia-modeset). None for simulated GPUs. paths[] has room for
  * `cap`; returns how many. */
-int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)[64], int cap);
+int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)[RK_DP_NODE_PATH],
+                      int cap);
 
 /* ---- the plugin (plugin.c) ------------------------------------------------------------- */
 

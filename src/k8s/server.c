@@ -309,7 +309,7 @@ typedef struct one {
     V1beta1__ContainerAllocateResponse r;
     V1beta1__ContainerAllocateResponse__EnvsEntry env[2], *envp[2];
     V1beta1__DeviceSpec *spec, **specp;
-    char (*nodes)[64];
+    char (*nodes)[RK_DP_NODE_PATH];
     char *visible;
     int *idx;
 } one;
