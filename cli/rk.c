@@ -26,6 +26,8 @@ static const command commands[] = {
      "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},
     {"predict", rk_cmd_predict, "failure predictor: C-MAPSS check, simulated fleet datasets"},
+    {"device-plugin", rk_cmd_device_plugin,
+     "offer this node's GPUs to Kubernetes with their health (a device plugin)"},
     {"agent", rk_cmd_agent, "a node's agent: the link to the job's coordinator on many hosts"},
 };
 
@@ -43,7 +45,7 @@ static void usage(FILE *out)
                  "rekindle: a training cluster you can trust, built from unreliable GPUs.\n\n"
                  "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+        fprintf(out, "  %-13s %s\n", commands[i].name, commands[i].summary);
     fprintf(out, "\n'rk COMMAND --help' describes a command's options.\n");
 }
 

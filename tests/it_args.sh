@@ -222,6 +222,11 @@ refused "--textfile-dir /nonexistent:" "${EXPORTER[@]}" --textfile-dir /nonexist
 refused "--textfile-dir $F:" "${EXPORTER[@]}" --textfile-dir "$F"
 refused "--predictor $D:" "${EXPORTER[@]}" --predictor "$D"
 
+refused "--plugin-dir $F:" device-plugin --sim 1 --plugin-dir "$F"
+refused "--textfile-dir /nonexistent:" device-plugin --sim 1 --plugin-dir "$D" --textfile-dir /nonexistent
+refused "--interval '0.01'" device-plugin --sim 1 --plugin-dir "$D" --interval 0.01
+refused "--sim '1.5'" device-plugin --sim 1.5 --plugin-dir "$D"
+
 refused "-o $O:" ckpt export "$D" -o "$O"
 refused "-o $M/w.safetensors:" ckpt export "$D" -o "$M/w.safetensors"
 
@@ -230,7 +235,7 @@ refused "-o $O:" predict train "$D" -o "$O"
 refused "--model $D:" predict eval "$D" --model "$D"
 
 # --- what stays accepted --------------------------------------------------------------------
-for cmd in train ckpt "ckpt ls" "ckpt verify" "ckpt export" run agent doctor tune exporter predict \
+for cmd in train ckpt "ckpt ls" "ckpt verify" "ckpt export" run agent doctor tune exporter device-plugin predict \
   "predict cmapss" "predict dataset" "predict train" "predict eval"; do
   # shellcheck disable=SC2086 # the words of $cmd are the subcommand
   "$RK" $cmd --help >"$work/logs/out" 2>"$work/logs/err"
