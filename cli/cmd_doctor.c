@@ -57,7 +57,7 @@ static const char usage_text[] =
     "                      passes again, but only a drain of its own (an administrator's is\n"
     "                      left alone)\n"
     "  --node NAME         the node's Slurm name (default: $SLURMD_NODENAME, which slurmd\n"
-    "                      sets for its health check)\n"
+    "                      sets for its health check); with --gres: NodeName= on each line\n"
     "  --dry-run           with --slurm: say what it would run, change nothing\n"
     "  --scontrol PATH     with --slurm: the scontrol to run (default: scontrol in PATH)\n"
     "  --gres              print a gres.conf for the GPUs that pass (File=, Type= from the\n"
@@ -214,8 +214,14 @@ int rk_cmd_doctor(int argc, char **argv)
         return usage_error("--slurm and --gres are two different jobs: one at a time");
     if ((slurm || gres) && as_json)
         return usage_error("--json is not for --slurm or --gres");
-    if (!slurm && (so.node || so.dry_run || strcmp(so.scontrol, "scontrol") != 0))
-        return usage_error("--node, --dry-run and --scontrol go with --slurm");
+    if (!slurm && (so.dry_run || strcmp(so.scontrol, "scontrol") != 0))
+        return usage_error("--dry-run and --scontrol go with --slurm");
+    if (!slurm && !gres && so.node)
+        return usage_error("--node goes with --slurm or --gres");
+    if (gres && so.node && !rk_slurm_node_name_ok(so.node))
+        return usage_error("node name '%s': not a Slurm node name (letters, digits, '.', "
+                           "'_', '-', at most 63)",
+                           so.node);
     if (slurm) {
         if (!so.node)
             so.node = getenv("SLURMD_NODENAME");
@@ -273,8 +279,12 @@ int rk_cmd_doctor(int argc, char **argv)
         goto out;
     }
     /* the first problem once: the rest is still read */
-    if (n > 0 && rk_monitor_sample(mon, t, samples, interval, &err))
+    static char unsure[sizeof err.msg];
+    if (n > 0 && rk_monitor_sample(mon, t, samples, interval, &err)) {
         fprintf(stderr, "rk doctor: %s\n", err.msg);
+        snprintf(unsure, sizeof unsure, "%s", err.msg);
+        so.unsure = unsure; /* --slurm resumes nothing on a reading that went wrong */
+    }
     if (n == 0) {
         fprintf(stderr, "rk doctor: %s found no GPU\n", rk_telemetry_backend(t));
         if (slurm)
@@ -312,6 +322,9 @@ int rk_cmd_doctor(int argc, char **argv)
                  !g->has_score ? "no reading succeeded"
                  : nf          ? f[0].message
                                : "");
+        snprintf(dg[i].code, sizeof dg[i].code, "%.31s", g->has_score && nf ? f[0].code : "");
+        dg[i].vrm_read = rk_field_valid(&g->latest, RK_F_VRM_RIPPLE);
+        dg[i].fan_vib_read = rk_field_valid(&g->latest, RK_F_FAN_VIB);
         if (gres)
             continue;
         if (as_json) {
@@ -384,7 +397,7 @@ int rk_cmd_doctor(int argc, char **argv)
         json_decref(root);
     } else if (gres) {
         json_decref(arr);
-        status = rk_doctor_gres(dg, n, threshold);
+        status = rk_doctor_gres(dg, n, threshold, so.node);
     } else {
         json_decref(arr);
         printf("threshold %.0f: %s\n", threshold,

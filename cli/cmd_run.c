@@ -428,7 +428,8 @@ static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char
                 return usage_error("--launcher srun: host %s is not a Slurm node name",
                                    hs->h[k].name);
             if (rk_slurm_node_addr("scontrol", hs->h[k].name, addrs[k], sizeof addrs[k], &err)) {
-                fprintf(stderr, "rk run: node %s: %s\n", hs->h[k].name, err.msg);
+                fprintf(stderr, "rk run: %s node %s: %s\n",
+                        hs->h[k].spare ? "--spare-hosts" : "--hosts", hs->h[k].name, err.msg);
                 return RK_EXIT_FAIL; /* Slurm's answer, not the command line */
             }
             out[k].addr = addrs[k];

@@ -24,23 +24,42 @@ static const char *short_bus(const char *bus)
     return strlen(bus) == 16 && strncmp(bus, "0000", 4) == 0 && bus[8] == ':' ? bus + 4 : bus;
 }
 
-/* A GPU that a drain reason of ours names by its bus id and that is not among g[0..n): its
- * bus id into out (1), else 0. A card that fell off the bus is not healed. */
-static int gpu_gone(const char *reason, const rk_doctor_gpu *g, int n, char *out, size_t cap)
+/* Why the GPUs a drain reason of ours names are not known to be healed, into out (1), else 0:
+ * one is not among g[0..n) (a card that fell off the bus is not healed), or the finding it
+ * was drained for came from a sensor NVML cannot read and that sensor's reading is not there
+ * now (its file gone, or cut: no reading is not a good one). */
+int rk_doctor_not_healed(const char *reason, const rk_doctor_gpu *g, int n, char *out,
+                         size_t cap)
 {
     for (const char *p = reason; (p = strstr(p, "(bus "));) {
         p += 5;
         size_t l = strcspn(p, ")");
-        int seen = 0;
+        const rk_doctor_gpu *seen = NULL;
         for (int i = 0; i < n && !seen; i++) {
             const char *b = short_bus(g[i].bus_id);
-            seen = strlen(b) == l && strncmp(b, p, l) == 0;
+            if (strlen(b) == l && strncmp(b, p, l) == 0)
+                seen = &g[i];
         }
         if (!seen) {
-            snprintf(out, cap, "%.*s", (int)l, p);
+            snprintf(out, cap, "the GPU at bus %.*s it was drained for is not seen", (int)l, p);
             return 1;
         }
         p += l;
+        /* ") score 35 vrm_ripple: ..." : the finding's code */
+        const char *c = strstr(p, " score ");
+        size_t seg = strcspn(p, ";");
+        if (c && (size_t)(c - p) < seg) {
+            c += 7;
+            c += strspn(c, "0123456789");
+            int vrm = !strncmp(c, " vrm_ripple:", 12), fan = !strncmp(c, " fan_bearing:", 13);
+            if ((vrm && !seen->vrm_read) || (fan && !seen->fan_vib_read)) {
+                snprintf(out, cap,
+                         "GPU %d was drained for its %s, and that sensor's reading is not there "
+                         "now (no file, or one it could not read): not known to be healed",
+                         seen->index, vrm ? "VRM ripple" : "fan vibration");
+                return 1;
+            }
+        }
     }
     return 0;
 }
@@ -52,8 +71,9 @@ static void gpu_reason(const rk_doctor_gpu *g, char *out, size_t cap)
     if (g->has_score)
         snprintf(score, sizeof score, "score %d", g->score);
     const char *bus = short_bus(g->bus_id);
-    snprintf(out, cap, "GPU %d%s%s%s %s%s%s", g->index, bus[0] ? " (bus " : "", bus,
-             bus[0] ? ")" : "", score, g->why[0] ? ": " : "", g->why);
+    snprintf(out, cap, "GPU %d%s%s%s %s%s%s%s%s", g->index, bus[0] ? " (bus " : "", bus,
+             bus[0] ? ")" : "", score, g->code[0] ? " " : "", g->code, g->why[0] ? ": " : "",
+             g->why);
 }
 
 int rk_doctor_slurm_reason(const rk_doctor_gpu *g, int n, char *out, size_t cap)
@@ -164,7 +184,7 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
     /* someone else's: down or held (FAIL, MAINT, ...), or drained, or any reason not ours */
     bool others = down || ((drained || now[0]) && !ours);
     int status = failing ? RK_EXIT_FAIL : RK_EXIT_OK;
-    char gone[64];
+    char gone[256];
     if (failing) {
         if (others) {
             printf("rk doctor: node %s: %d GPU%s fail%s; it is already %s by someone else "
@@ -180,11 +200,16 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
             if (!o->dry_run)
                 printf("rk doctor: node %s: drained: %s\n", o->node, reason);
         }
-    } else if (drained && !others && gpu_gone(now, g, n, gone, sizeof gone)) {
+    } else if (drained && !others && o->unsure) {
         status = RK_EXIT_FAIL;
-        printf("rk doctor: node %s: stays drained: the GPU at bus %s it was drained for is not "
-               "seen (%s)\n",
-               o->node, gone, now);
+        printf("rk doctor: node %s: stays drained: a reading went wrong (%s): not known to be "
+               "healed (%s)\n",
+               o->node, o->unsure, now);
+    } else if (drained && !others && rk_doctor_not_healed(now, g, n, gone, sizeof gone)) {
+        status = RK_EXIT_FAIL;
+        printf("rk doctor: node %s: stays drained: %s (%s); if that was meant (the card taken "
+               "out): scontrol update nodename=%s state=resume\n",
+               o->node, gone, now, o->node);
     } else if (drained && !others) {
         if (update(o, "resume", NULL) != 0)
             return RK_EXIT_FAIL;
@@ -268,7 +293,7 @@ static int device_minor(const rk_doctor_gpu *g, int *assumed)
     return *assumed ? g->index : minor;
 }
 
-int rk_doctor_gres(const rk_doctor_gpu *g, int n, double threshold)
+int rk_doctor_gres(const rk_doctor_gpu *g, int n, double threshold, const char *node)
 {
     int pass = 0, sim = 0;
     for (int i = 0; i < n; i++) {
@@ -305,7 +330,7 @@ int rk_doctor_gres(const rk_doctor_gpu *g, int n, double threshold)
             counts[k]++;
     }
     if (nt) {
-        printf("# slurm.conf: NodeName=<this node> Gres=");
+        printf("# slurm.conf: NodeName=%s Gres=", node ? node : "<this node>");
         for (int k = 0; k < nt; k++)
             printf("%sgpu:%s:%d", k ? "," : "", types[k], counts[k]);
         printf("\n");
@@ -318,7 +343,8 @@ int rk_doctor_gres(const rk_doctor_gpu *g, int n, double threshold)
         rk_doctor_gres_type(g[i].name, t, sizeof t);
         int minor = device_minor(&g[i], &assumed);
         any_assumed |= assumed;
-        printf("Name=gpu Type=%s File=/dev/nvidia%d\n", t, minor);
+        printf("%s%s%sName=gpu Type=%s File=/dev/nvidia%d\n", node ? "NodeName=" : "",
+               node ? node : "", node ? " " : "", t, minor);
     }
     if (any_assumed)
         printf("# File=: the device minor numbers are assumed equal to the GPU indices%s\n",

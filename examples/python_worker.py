@@ -95,7 +95,8 @@ class Heartbeat:
             return
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.sock.connect(path)
+            # "@NAME" is Linux's abstract socket NAME (rk run across hosts: docs/cluster.md)
+            self.sock.connect("\0" + path[1:] if path.startswith("@") else path)
         except OSError as e:
             raise SystemExit(f"heartbeat: cannot connect to the supervisor at {path} "
                              f"(RK_HEARTBEAT): {e.strerror}")

@@ -167,6 +167,37 @@ static void drain_reason(void **state)
     assert_true(strlen(t) < sizeof t);
 }
 
+static void healed_or_not(void **state)
+{
+    (void)state;
+    char why[256];
+    rk_doctor_gpu g[2] = {gpu(0, 90, 1, ""), gpu(1, 95, 1, "")};
+    g[1].vrm_read = g[1].fan_vib_read = true;
+    const char *r = "rk: GPU 1 (bus 0000:02:00.0) score 35 vrm_ripple: VRM ripple 180 mV (more "
+                    "than 100)";
+    assert_int_equal(rk_doctor_not_healed(r, g, 2, why, sizeof why), 0); /* read, and good */
+    g[1].vrm_read = false; /* the sensor's file gone: no reading is not a good one */
+    assert_int_equal(rk_doctor_not_healed(r, g, 2, why, sizeof why), 1);
+    assert_string_equal(why, "GPU 1 was drained for its VRM ripple, and that sensor's reading is "
+                             "not there now (no file, or one it could not read): not known to be "
+                             "healed");
+    /* another GPU's sensor missing does not matter; a finding NVML reads needs no sensor */
+    g[1].vrm_read = true;
+    g[0].fan_vib_read = false;
+    assert_int_equal(rk_doctor_not_healed(r, g, 2, why, sizeof why), 0);
+    const char *pcie = "rk: GPU 1 (bus 0000:02:00.0) score 40 pcie_downtrained: PCIe link Gen1";
+    g[1].vrm_read = g[1].fan_vib_read = false;
+    assert_int_equal(rk_doctor_not_healed(pcie, g, 2, why, sizeof why), 0);
+    /* fan vibration, as the second GPU of a reason */
+    const char *two = "rk: GPU 0 (bus 0000:01:00.0) score 40; GPU 1 (bus 0000:02:00.0) score 45 "
+                      "fan_bearing: fan vibration at 520 Hz";
+    assert_int_equal(rk_doctor_not_healed(two, g, 2, why, sizeof why), 1);
+    assert_non_null(strstr(why, "GPU 1 was drained for its fan vibration"));
+    /* the card gone from the bus */
+    assert_int_equal(rk_doctor_not_healed(r, g, 1, why, sizeof why), 1);
+    assert_string_equal(why, "the GPU at bus 0000:02:00.0 it was drained for is not seen");
+}
+
 static void gres_type(void **state)
 {
     (void)state;
@@ -190,7 +221,7 @@ int main(void)
         cmocka_unit_test(node_default_layout), cmocka_unit_test(node_oneliner),
         cmocka_unit_test(node_refused),        cmocka_unit_test(hostnames),
         cmocka_unit_test(node_names),          cmocka_unit_test(drain_reason),
-        cmocka_unit_test(gres_type),
+        cmocka_unit_test(healed_or_not),       cmocka_unit_test(gres_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

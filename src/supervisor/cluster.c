@@ -89,9 +89,10 @@ static const char *node_name(const sup *s, int k)
 static void drain_node(sup *s, int k, const char *why)
 {
     char reason[256];
-    snprintf(reason, sizeof reason, "rk run: node lost %d time%s in job %s: %.150s",
-             s->cl->fails[k], s->cl->fails[k] == 1 ? "" : "s", s->cl->job_hex,
-             why && why[0] ? why : "no reason given");
+    const char *sj = getenv("SLURM_JOB_ID"); /* the id an administrator can look up */
+    snprintf(reason, sizeof reason, "rk run: node lost %d time%s in %s %.20s: %.150s",
+             s->cl->fails[k], s->cl->fails[k] == 1 ? "" : "s", sj ? "Slurm job" : "job",
+             sj ? sj : s->cl->job_hex, why && why[0] ? why : "no reason given");
     rk_err e = {0};
     const char *exe = s->o->scontrol ? s->o->scontrol : "scontrol";
     char held[256];
@@ -147,9 +148,11 @@ static void on_event(void *ctx, const rk_node_event *e)
         if (cl->fails[k] >= s->o->failure_threshold && !cl->quarantined[k]) {
             cl->quarantined[k] = 1;
             for (int d = 0; d < s->o->ndevices; d++)
-                if (cl->dev_node[d] == k)
+                if (cl->dev_node[d] == k && !s->devs[d].quarantined) {
                     s->devs[d].quarantined = 1;
-            sup_record(s, "quarantine", -1, "", "quarantine",
+                    s->g.quarantined++; /* the summary's count: a node's devices go with it */
+                }
+            sup_record(s, "quarantine", -1, node_name(s, k), "quarantine",
                        "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
                        cl->fails[k], cl->fails[k] == 1 ? "" : "s");
             sup_say(s, "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
