@@ -44,8 +44,7 @@ int rk_doctor_slurm(const rk_doctor_gpu *g, int n, const rk_doctor_slurm_opts *o
 /* Why the GPUs a drain reason of ours names are not known to be healed, into out (1), else
  * 0: one is not among g[0..n), or it was drained for a sensor NVML cannot read (vrm_ripple,
  * fan_bearing) whose reading is not there now. */
-int rk_doctor_not_healed(const char *reason, const rk_doctor_gpu *g, int n, char *out,
-                         size_t cap);
+int rk_doctor_not_healed(const char *reason, const rk_doctor_gpu *g, int n, char *out, size_t cap);
 
 /* Print a gres.conf for the GPUs that pass (docs/slurm.md), each line with NodeName=node
  * when node is not NULL; 0, or 1 when none passes. */

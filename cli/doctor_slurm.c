@@ -28,8 +28,7 @@ static const char *short_bus(const char *bus)
  * one is not among g[0..n) (a card that fell off the bus is not healed), or the finding it
  * was drained for came from a sensor NVML cannot read and that sensor's reading is not there
  * now (its file gone, or cut: no reading is not a good one). */
-int rk_doctor_not_healed(const char *reason, const rk_doctor_gpu *g, int n, char *out,
-                         size_t cap)
+int rk_doctor_not_healed(const char *reason, const rk_doctor_gpu *g, int n, char *out, size_t cap)
 {
     for (const char *p = reason; (p = strstr(p, "(bus "));) {
         p += 5;

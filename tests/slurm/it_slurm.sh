@@ -221,10 +221,10 @@ else
   bad "(c) node2 after --slurm-drain: '$(state node2)'"
 fi
 
-# ---- (d) the sbatch example of deploy/slurm, with a crash: 2 slots a node from --gres=gpu:2 ---
+# ---- (d) the sbatch example of deploy/slurm, with a crash (RK_SLOTS: --exclusive gets all GPUs)
 scontrol update nodename=node2 state=resume
 wait_state node2 '^idle' 20 || bad "(d) node2 not idle: $(state node2)"
-jid=$(RK="$RK" RK_JOB_DIR="$work/job" RK_INJECT='crash@step=15:rank=1' \
+jid=$(RK="$RK" RK_SLOTS=2 RK_JOB_DIR="$work/job" RK_INJECT='crash@step=15:rank=1' \
   RK_RUN_ARGS='--node-timeout 3 --startup-timeout 90' \
   sbatch --parsable --gres=gpu:2 --chdir="$work" --output="$work/d.out" \
   "$RK_SRC/deploy/slurm/train.sbatch" "${ex[@]}" 2>"$work/d.err")
