@@ -88,7 +88,9 @@ refused "--threshold '100.5'" "${DOCTOR[@]}" --threshold 100.5
 # the Slurm modes: one at a time, their options only with them, a node name that is one
 refused "--slurm and --gres are two different jobs" "${DOCTOR[@]}" --slurm --node n1 --gres
 refused "--json is not for --slurm or --gres" "${DOCTOR[@]}" --slurm --node n1 --json
-refused "--node, --dry-run and --scontrol go with --slurm" "${DOCTOR[@]}" --dry-run
+refused "--dry-run and --scontrol go with --slurm" "${DOCTOR[@]}" --dry-run
+refused "--node goes with --slurm or --gres" "${DOCTOR[@]}" --node n1
+refused "node name 'a=b': not a Slurm node name" "${DOCTOR[@]}" --gres --node a=b
 refused "node name 'a b': not a Slurm node name" "${DOCTOR[@]}" --slurm --node "a b"
 refused "node name '-x': not a Slurm node name" "${DOCTOR[@]}" --slurm --node -x
 if [[ -z ${SLURMD_NODENAME:-} && -z ${SLURM_JOB_NODELIST:-} && -z ${SLURM_NODELIST:-} ]]; then
