@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rk device-plugin against a fake kubelet over the real device-plugin gRPC API
 # (tests/k8s/fake_kubelet.py, stubs generated from the vendored api.proto): (1) bad flags exit
-# 2 naming the problem; no NVML and no --sim exits 1; (2) with --sim 3 --interval 0.5
+# 2 naming the problem (T + H over 100 naming both flags); no NVML and no --sim exits 1, and
+# so does a regular file at the socket's path (left alone); (2) with --sim 3 --interval 0.5
 # --hysteresis 20 --textfile-dir, started before the kubelet (it says it waits): registration
 # (resource, endpoint, version), all devices Healthy, a crit textfile makes device 1 Unhealthy
 # on the stream within one interval (the delay printed), Allocate refuses it with a gRPC error
@@ -10,7 +11,11 @@
 # switch preference, malformed requests refused; the kubelet restarting (its directory wiped)
 # brings a new Register; (3) every log line says simulated; SIGTERM ends it with status 0 and
 # its socket removed; a kubelet socket nobody answers on is retried with a growing backoff, one
-# line each; its directory removed and made again is served again; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
+# line each; its directory removed and made again is served again; (3d) two instances on one
+# directory (tests/k8s/check_socket_owner.py): the second exits 1 "served by another process",
+# the first keeps its socket, registration and stream; an unknown method answered at once; a
+# stale socket replaced; the first's socket taken over by another process stops it, leaving
+# that socket; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
 # Skips (77) without /usr/bin/python3's grpc and grpc_tools modules.
 set -u
 PY=/usr/bin/python3 # the grpc modules are Debian's (python3-grpcio, python3-grpc-tools)
