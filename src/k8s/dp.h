@@ -225,8 +225,11 @@ typedef struct rk_dp_opts {
 } rk_dp_opts;
 
 /* Serve until should_stop says so: open the fleet, bind DIR/SOCKET, register, watch. Returns
- * RK_OK after a requested stop (the socket removed), or an error before serving (a bad
- * option, the fleet, the socket cannot be bound) with a message. The kubelet being absent or
+ * RK_OK after a requested stop (the socket removed), or an error before serving (RK_EINVAL a
+ * bad option, the fleet's, RK_EIO the socket cannot be bound or a file that is not a socket is
+ * there, RK_EBUSY another process answers on it) with a message; RK_EBUSY also while serving,
+ * when another process's socket took ours over (ours is then left to the process's exit, with
+ * gRPC's state: a caller should exit). The kubelet being absent or
  * refusing is no error: it is reported and retried with a backoff (1 s doubling to 30 s). */
 int rk_dp_run(const rk_dp_opts *o, rk_err *err);
 
