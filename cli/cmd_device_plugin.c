@@ -29,7 +29,8 @@ static const char usage_text[] =
     "                      " RK_DP_DEFAULT_RESOURCE ")\n"
     "  --interval D        read every GPU this often: 10s (default), 500ms, 1m, or bare seconds\n"
     "  --threshold T       a GPU scoring below T is Unhealthy (default 60)\n"
-    "  --hysteresis H      an Unhealthy GPU is Healthy again only at T + H or above (default 10)\n"
+    "  --hysteresis H      an Unhealthy GPU is Healthy again only at T + H or above (default 10;\n"
+    "                      T + H at most 100)\n"
     "  --sim N             a simulated fleet of N GPUs instead of NVML (marked as simulated)\n"
     "  --seed S            the simulated fleet's seed (default 1)\n"
     "  --age HOURS         hours of service the simulated GPUs start with (default 0)\n"
@@ -38,8 +39,9 @@ static const char usage_text[] =
     "  -h, --help          show this help\n"
     "\n"
     "Registers with the kubelet again whenever it restarts. Runs until SIGINT or SIGTERM, which\n"
-    "remove the socket. Exit status: 0 stopped by a signal, 1 it could not start (no NVML and no\n"
-    "--sim, the socket cannot be served), 2 bad usage.\n";
+    "remove the socket. Exit status: 0 stopped by a signal, 1 it could not start or had to stop\n"
+    "(no NVML and no --sim, the socket cannot be served or another process serves it), 2 bad\n"
+    "usage.\n";
 
 #define usage_error(...) rk_cli_usage_error("device-plugin", usage_text, __VA_ARGS__)
 
@@ -135,10 +137,10 @@ int rk_cmd_device_plugin(int argc, char **argv)
     if (!rk_dp_resource_ok(o.resource))
         return usage_error("--resource '%s' is not DOMAIN/NAME (as %s)", o.resource,
                            RK_DP_DEFAULT_RESOURCE);
-    if (!o.socket[0] || strchr(o.socket, '/') || o.socket[0] == '.' ||
-        strcmp(o.socket, RK_DP_KUBELET_SOCKET) == 0)
-        return usage_error("--socket '%s' is not a plain file name other than %s", o.socket,
-                           RK_DP_KUBELET_SOCKET);
+    if (o.threshold + o.hysteresis > 100)
+        return usage_error("--threshold %g + --hysteresis %g is over 100: an Unhealthy GPU could "
+                           "never be Healthy again",
+                           o.threshold, o.hysteresis);
     if (rk_arg_path(&args, "--plugin-dir", o.dir, RK_PATH_DIR) ||
         (o.fleet.textfile_dir &&
          rk_arg_path(&args, "--textfile-dir", o.fleet.textfile_dir, RK_PATH_DIR)))

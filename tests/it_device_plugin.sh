@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rk device-plugin against a fake kubelet over the real device-plugin gRPC API
 # (tests/k8s/fake_kubelet.py, stubs generated from the vendored api.proto): (1) bad flags exit
-# 2 naming the problem; no NVML and no --sim exits 1; (2) with --sim 3 --interval 0.5
+# 2 naming the problem (T + H over 100 naming both flags); no NVML and no --sim exits 1, and
+# so does a regular file at the socket's path (left alone); (2) with --sim 3 --interval 0.5
 # --hysteresis 20 --textfile-dir, started before the kubelet (it says it waits): registration
 # (resource, endpoint, version), all devices Healthy, a crit textfile makes device 1 Unhealthy
 # on the stream within one interval (the delay printed), Allocate refuses it with a gRPC error
@@ -10,7 +11,11 @@
 # switch preference, malformed requests refused; the kubelet restarting (its directory wiped)
 # brings a new Register; (3) every log line says simulated; SIGTERM ends it with status 0 and
 # its socket removed; a kubelet socket nobody answers on is retried with a growing backoff, one
-# line each; its directory removed and made again is served again; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
+# line each; its directory removed and made again is served again; (3d) two instances on one
+# directory (tests/k8s/check_socket_owner.py): the second exits 1 "served by another process",
+# the first keeps its socket, registration and stream; an unknown method answered at once; a
+# stale socket replaced; the first's socket taken over by another process stops it, leaving
+# that socket; (4) `kubectl create --dry-run=client` accepts deploy/k8s/'s DaemonSet.
 # Skips (77) without /usr/bin/python3's grpc and grpc_tools modules.
 set -u
 PY=/usr/bin/python3 # the grpc modules are Debian's (python3-grpcio, python3-grpc-tools)
@@ -42,8 +47,10 @@ usage "--sim" --sim 0
 usage "--seed" --seed 3
 usage "--resource" --sim 1 --resource gpu
 usage "--resource" --sim 1 --resource "Rekindle.io/gpu"
-usage "--socket" --sim 1 --socket kubelet.sock
-usage "--socket" --sim 1 --socket a/b
+usage "--threshold 95 + --hysteresis 10 is over 100" --sim 1 --threshold 95 --hysteresis 10
+usage "--threshold 60 + --hysteresis 41 is over 100" --sim 1 --hysteresis 41
+usage "socket name 'kubelet.sock'" --sim 1 --plugin-dir "$dp" --socket kubelet.sock
+usage "socket name 'a/b'" --sim 1 --plugin-dir "$dp" --socket a/b
 usage "--plugin-dir" --sim 1 --plugin-dir "$work/nope"
 usage "unexpected argument" --sim 1 extra
 long=$work/$(printf 'd%.0s' $(seq 1 100))
@@ -59,6 +66,18 @@ if [[ $rc == 1 && $(wc -l <<<"$out") == 1 && $out == *"--sim N"* ]]; then
   ok "no NVML and no --sim: exit 1, one line: $out"
 else
   bad "no NVML and no --sim: exit $rc: $out"
+fi
+# a regular file where the socket goes: not replaced, exit 1 (it cannot be served: no usage error)
+reg=$work/regular
+mkdir -p "$reg"
+echo keep >"$reg/rekindle.sock"
+out=$("$RK" device-plugin --sim 1 --plugin-dir "$reg" 2>&1)
+rc=$?
+if [[ $rc == 1 && $(tail -1 <<<"$out") == *"$reg/rekindle.sock exists and is not a socket"* &&
+      $(cat "$reg/rekindle.sock") == keep ]]; then
+  ok "a regular file at the socket's path: exit 1, left alone: $(tail -1 <<<"$out")"
+else
+  bad "a regular file at the socket's path: exit $rc: $(tail -1 <<<"$out")"
 fi
 "$RK" device-plugin --help | grep -q -- '--hysteresis H' && ok "--help lists the options" \
   || bad "--help"
@@ -93,8 +112,9 @@ lines=$(wc -l <"$work/dp.log")
 unsim=$(grep -vc '^rk device-plugin: \[simulated\] ' "$work/dp.log")
 [[ $lines -gt 10 && $unsim == 0 ]] && ok "all $lines log lines say [simulated]" \
   || bad "$unsim of $lines log lines do not say [simulated]"
-grep -q 'cannot register\|registered rekindle.io/gpu' "$work/dp.log" && ok "registrations logged" \
-  || bad "no registration in the log"
+n=$(grep -c "registered rekindle.io/gpu with the kubelet ($dp/kubelet.sock): endpoint rekindle.sock" "$work/dp.log")
+[[ $n -ge 2 ]] && ok "successful registrations logged ($n: the first and after the kubelet's restart)" \
+  || bad "$n successful registrations in the log"
 echo "--- the plugin's log"
 cat "$work/dp.log"
 echo "---"
@@ -142,6 +162,12 @@ rc=$?
 others=$(grep -vc '^rk device-plugin: \[simulated\] ' "$work/gone.log" "$work/stale.log" | awk -F: '{n += $2} END {print n}')
 [[ $rc == 0 && $others == 0 ]] && ok "exit 0; no line but its own (gRPC's log kept quiet)" \
   || bad "gone: exit $rc, $others foreign lines: $(grep -v '^rk device-plugin' "$work/gone.log" | head -2)"
+
+# ---- (3d) who owns the socket: a second instance on the same directory is refused ------------
+owner=$work/owner
+mkdir -p "$owner"
+it_count "$PY" "$RK_SRC/tests/k8s/check_socket_owner.py" \
+  "$RK_SRC/third_party/deviceplugin/v1beta1/api.proto" "$owner" "$RK" "$work"
 
 # ---- (4) the DaemonSet --------------------------------------------------------------------
 # kubectl maps kinds to resources through the API server's discovery even for a client-side

@@ -69,6 +69,44 @@ static void test_health_hysteresis(void **state)
     assert_false(rk_dp_health_next(true, false, true, 59, 60, 0));
 }
 
+/* A GPU whose readings keep failing: Healthy through two failed readings (the last score
+ * stands), Unhealthy at the third with "no reading for 3 intervals" (and Allocate refuses it
+ * saying so), Healthy again only when a good reading reaches threshold + hysteresis. */
+static void test_stale_readings(void **state)
+{
+    (void)state;
+    rk_dp_dev d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.id, sizeof d.id, "0");
+    assert_true(rk_dp_dev_update(&d, true, 90, 0, NULL, 60, 10)); /* first: Healthy */
+    assert_true(d.healthy);
+    assert_false(rk_dp_dev_update(&d, true, 90, 1, NULL, 60, 10));
+    assert_false(rk_dp_dev_update(&d, true, 90, 2, NULL, 60, 10));
+    assert_true(d.healthy);
+    assert_true(rk_dp_dev_update(&d, true, 90, 3, NULL, 60, 10));
+    assert_false(d.healthy);
+    assert_string_equal(d.why, "no reading for 3 intervals");
+    assert_false(rk_dp_dev_update(&d, true, 90, 4, NULL, 60, 10));
+    assert_string_equal(d.why, "no reading for 4 intervals");
+    rk_dp_status st = {RK_DP_OK, ""};
+    char *ids[] = {"0"};
+    assert_int_equal(rk_dp_allocate_check(&d, 1, ids, 1, 60, 10, &st), RK_DP_FAILED_PRECONDITION);
+    assert_non_null(strstr(st.msg, "no reading for 4 intervals (last score 90)"));
+    /* a good reading again: back from Unhealthy, so threshold + hysteresis */
+    assert_false(rk_dp_dev_update(&d, true, 65, 0, "x: y", 60, 10));
+    assert_false(d.healthy);
+    assert_string_equal(d.why, "x: y");
+    assert_true(rk_dp_dev_update(&d, true, 70, 0, NULL, 60, 10));
+    assert_true(d.healthy);
+    assert_string_equal(d.why, "");
+    /* never read and failing: Unhealthy, and saying why once there are three */
+    memset(&d, 0, sizeof d);
+    rk_dp_dev_update(&d, false, 0, 1, NULL, 60, 10);
+    assert_false(d.healthy);
+    rk_dp_dev_update(&d, false, 0, 3, NULL, 60, 10);
+    assert_string_equal(d.why, "no reading for 3 intervals");
+}
+
 /* A fleet: switch names, scores, health. */
 static void fleet(rk_dp_dev *d, int n, const char *const *sw, const int *score, const bool *ok)
 {
@@ -533,6 +571,24 @@ static void test_fleet_nvml(void **state)
         printf("(no mknod here: the device nodes are not checked)\n");
     }
     rk_dp_fleet_close(f);
+
+    /* the minor unknown (no /proc information): no /dev/nvidiaN, not the NVML index's
+     * /dev/nvidia0, which may be another GPU */
+    snprintf(p, sizeof p, "%s/driver/nvidia/gpus/0000:01:00.0/information", proc);
+    assert_int_equal(unlink(p), 0);
+    snprintf(p, sizeof p, "%s/nvidia0", dev);
+    if (nodes && mknod(p, S_IFCHR | 0600, makedev(1, 3)))
+        nodes = false;
+    assert_int_equal(rk_dp_fleet_open(&f, &o, &err), RK_OK);
+    d = rk_dp_fleet_devs(f);
+    assert_int_equal(d[0].minor, -1);
+    n = rk_dp_fleet_nodes(f, (int[]){0}, 1, paths, 8);
+    if (nodes) {
+        assert_int_equal(n, 1);
+        snprintf(p, sizeof p, "%s/nvidiactl", dev);
+        assert_string_equal(paths[0], p);
+    }
+    rk_dp_fleet_close(f);
     unsetenv(RK_NVML_LIB_ENV);
 
     /* a simulated fleet: ids are indexes, two GPUs to a simulated switch, no device nodes */
@@ -555,7 +611,7 @@ int main(void)
         cmocka_unit_test(test_prefer_refusals),   cmocka_unit_test(test_allocate_check),
         cmocka_unit_test(test_switch_key),        cmocka_unit_test(test_ids_and_resources),
         cmocka_unit_test(test_parse_allocate),    cmocka_unit_test(test_parse_preferred_and_others),
-        cmocka_unit_test(test_fleet_nvml),
+        cmocka_unit_test(test_fleet_nvml),        cmocka_unit_test(test_stale_readings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -166,18 +166,15 @@ int rk_dp_fleet_sample(rk_dp_fleet *f, int *changed, rk_err *err)
         const rk_monitor_gpu *g = rk_monitor_gpu_state(f->mon, i);
         rk_dp_dev *d = &f->devs[i];
         d->changed = false;
-        /* first: its first score, judged by the threshold alone; a failed reading of a GPU
-         * that has a score keeps everything as it was (the monitor's rule) */
-        bool was = d->healthy, first = !d->has_score, announced = f->seen[i];
-        d->has_score = g->has_score;
-        d->score = g->has_score ? g->score : 0;
+        /* a failed reading of a GPU that has a score keeps its score (the monitor's rule), but
+         * RK_DP_STALE_READS of them in a row make it Unhealthy (policy.c) */
+        bool announced = f->seen[i];
+        char why[sizeof d->why] = "";
         if (g->has_score && g->nfindings)
-            snprintf(d->why, sizeof d->why, "%s: %s", g->findings[0].code, g->findings[0].message);
-        else
-            d->why[0] = '\0';
-        d->healthy =
-            rk_dp_health_next(was, first, d->has_score, d->score, f->threshold, f->hysteresis);
-        if (!announced || was != d->healthy) {
+            snprintf(why, sizeof why, "%s: %s", g->findings[0].code, g->findings[0].message);
+        bool flipped = rk_dp_dev_update(d, g->has_score, g->score, g->failed_reads, why,
+                                        f->threshold, f->hysteresis);
+        if (!announced || flipped) {
             d->changed = true;
             (*changed)++;
         }
@@ -220,8 +217,10 @@ int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)
         return 0;
     for (int j = 0; j < n && k < cap; j++) {
         const rk_dp_dev *d = &f->devs[idx[j]];
-        int minor = d->minor >= 0 ? d->minor : d->index;
-        if (snprintf(paths[k], RK_DP_NODE_PATH, "%s/nvidia%d", f->devdir, minor) <
+        if (d->minor <
+            0) /* the NVML index need not be the minor: no node rather than another GPU's */
+            continue;
+        if (snprintf(paths[k], RK_DP_NODE_PATH, "%s/nvidia%d", f->devdir, d->minor) <
                 RK_DP_NODE_PATH &&
             is_chardev(paths[k]))
             k++;

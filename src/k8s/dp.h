@@ -75,11 +75,12 @@ typedef struct rk_dp_dev {
     int numa;                  /* NUMA node, -1 unknown */
     int minor;                 /* /dev/nvidiaN's N, -1 unknown */
     bool simulated;
-    bool has_score; /* false until a reading succeeded */
-    int score;      /* 0..100 (the health monitor's) */
-    bool healthy;   /* by rk_dp_health_next */
-    bool changed;   /* the last rk_dp_fleet_sample gave it its first health or changed it */
-    char why[200];  /* the worst finding, "" none */
+    bool has_score;   /* false until a reading succeeded */
+    int score;        /* 0..100 (the health monitor's) */
+    bool healthy;     /* by rk_dp_health_next */
+    int failed_reads; /* readings failed in a row (the monitor's) */
+    bool changed;     /* the last rk_dp_fleet_sample gave it its first health or changed it */
+    char why[200];    /* the worst finding, "" none */
 } rk_dp_dev;
 
 /* A device's health after a new score (policy, docs/device-plugin.md): a device is Unhealthy
@@ -88,6 +89,17 @@ typedef struct rk_dp_dev {
  * threshold alone. A device without a score (never read) is Unhealthy. */
 bool rk_dp_health_next(bool healthy, bool first, bool has_score, int score, double threshold,
                        double hysteresis);
+
+/* Readings failed in a row that make a device Unhealthy ("no reading for N intervals"). */
+#define RK_DP_STALE_READS 3
+
+/* A device after one health reading (the monitor's has_score, score and failed_reads; why:
+ * its worst finding, NULL none): RK_DP_STALE_READS or more failed readings in a row make it
+ * Unhealthy with why "no reading for N intervals", whatever its last score; otherwise its
+ * health is rk_dp_health_next's (so a device back from failed readings needs threshold +
+ * hysteresis). True when its health changed. */
+bool rk_dp_dev_update(rk_dp_dev *d, bool has_score, int score, int failed_reads, const char *why,
+                      double threshold, double hysteresis);
 
 /* The index of the device whose id is `id` (exact match), or -1. */
 int rk_dp_find(const rk_dp_dev *devs, int n, const char *id);
@@ -188,9 +200,9 @@ const rk_dp_dev *rk_dp_fleet_devs(const rk_dp_fleet *f);
 bool rk_dp_fleet_simulated(const rk_dp_fleet *f);
 const char *rk_dp_fleet_backend(const rk_dp_fleet *f);
 /* The device nodes that exist for a container holding devs[idx[0..n-1]]: /dev/nvidiaN of each
- * (by its minor number) and the shared ones (/dev/nvidiactl, /dev/nvidia-uvm,
- * /dev/nvidia-uvm-tools, /dev/nvidia-modeset). None for simulated GPUs. paths[] has room for
- * `cap`; returns how many. */
+ * by its minor number (none for a GPU whose minor is unknown) and the shared ones (/dev/nvidiactl,
+ * /dev/nvidia-uvm, /dev/nvidia-uvm-tools, /dev/nvidia-modeset). None for simulated GPUs. paths[]
+ * has room for `cap`; returns how many. */
 int rk_dp_fleet_nodes(const rk_dp_fleet *f, const int *idx, int n, char (*paths)[RK_DP_NODE_PATH],
                       int cap);
 
@@ -213,8 +225,11 @@ typedef struct rk_dp_opts {
 } rk_dp_opts;
 
 /* Serve until should_stop says so: open the fleet, bind DIR/SOCKET, register, watch. Returns
- * RK_OK after a requested stop (the socket removed), or an error before serving (a bad
- * option, the fleet, the socket cannot be bound) with a message. The kubelet being absent or
+ * RK_OK after a requested stop (the socket removed), or an error before serving (RK_EINVAL a
+ * bad option, the fleet's, RK_EIO the socket cannot be bound or a file that is not a socket is
+ * there, RK_EBUSY another process answers on it) with a message; RK_EBUSY also while serving,
+ * when another process's socket took ours over (ours is then left to the process's exit, with
+ * gRPC's state: a caller should exit). The kubelet being absent or
  * refusing is no error: it is reported and retried with a backoff (1 s doubling to 30 s). */
 int rk_dp_run(const rk_dp_opts *o, rk_err *err);
 

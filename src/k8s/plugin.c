@@ -175,18 +175,41 @@ static void on_registered(plugin *pl, bool ok)
             pl->o->resource, pl->kubelet_path, pl->o->socket, RK_DP_API_VERSION, pl->registrations);
 }
 
+/* Stop the plugin with err: another process serves our socket's path. Our server is left to
+ * the process's exit: gRPC's listener teardown unlinks the path, which is no longer ours. */
+static void give_up_socket(plugin *pl, const rk_err *err)
+{
+    pl->fatal = err->code ? err->code : RK_EBUSY;
+    pl->fatal_err = *err;
+    pl->abandoned = pl->cur != NULL;
+}
+
 /* Look at both sockets: ours removed (a kubelet restart wipes the directory) means serve a new
- * one and register again; the kubelet's replaced means register again. */
+ * one and register again, once the old server is gone (its teardown unlinks the path); ours
+ * replaced by a socket another process answers on stops the plugin; the kubelet's replaced
+ * means register again. */
 static void watch_sockets(plugin *pl, double now)
 {
     rk_err err = {0};
     if (pl->cur && !dp_sock_is_ours(pl)) {
-        dp_emit(pl, "%s was removed (the kubelet restarted?): serving a new socket", pl->sock_path);
+        struct stat st;
+        bool there = lstat(pl->sock_path, &st) == 0;
+        if (there && S_ISSOCK(st.st_mode) && dp_sock_probe(pl->sock_path) == 1) {
+            rk_err_set(&err, RK_EBUSY, "%s is served by another process: stopping", pl->sock_path);
+            give_up_socket(pl, &err);
+            return;
+        }
+        dp_emit(pl, "%s was %s (the kubelet restarted?): serving a new socket", pl->sock_path,
+                there ? "replaced" : "removed");
         dp_server_stop(pl);
         pl->next_bind = now;
     }
-    if (!pl->cur && now >= pl->next_bind) {
+    if (!pl->cur && pl->servers == 0 && now >= pl->next_bind) {
         if (dp_server_start(pl, &err)) {
+            if (err.code == RK_EBUSY) {
+                give_up_socket(pl, &err);
+                return;
+            }
             if (strcmp(err.msg, pl->last_bind_err) != 0) /* once, not every second */
                 dp_emit(pl, "%s; trying again every %g s", err.msg, BACKOFF_MIN_S);
             snprintf(pl->last_bind_err, sizeof pl->last_bind_err, "%s", err.msg);
@@ -292,9 +315,8 @@ static int check_opts(const rk_dp_opts *o, plugin *pl, rk_err *err)
         return rk_err_set(err, RK_EINVAL, "device plugin: no directory, socket or resource");
     if (!o->socket[0] || strchr(o->socket, '/') || strcmp(o->socket, RK_DP_KUBELET_SOCKET) == 0 ||
         o->socket[0] == '.')
-        return rk_err_set(err, RK_EINVAL,
-                          "socket name '%s': a plain file name in the directory, not %s", o->socket,
-                          RK_DP_KUBELET_SOCKET);
+        return rk_err_set(err, RK_EINVAL, "socket name '%s' is not a plain file name other than %s",
+                          o->socket, RK_DP_KUBELET_SOCKET);
     if (!rk_dp_resource_ok(o->resource))
         return rk_err_set(err, RK_EINVAL,
                           "resource '%s' is not DOMAIN/NAME (DOMAIN: lower-case letters, digits, "
@@ -332,6 +354,11 @@ static void announce(plugin *pl)
                 d->index, d->uuid, d->simulated ? " (simulated)" : "",
                 d->bus_id[0] ? d->bus_id : "?", d->sw[0] ? d->sw : "?", numa,
                 d->has_score ? d->score : 0, d->healthy ? RK_DP_HEALTHY : RK_DP_UNHEALTHY);
+        if (!d->simulated && d->minor < 0)
+            dp_emit(pl,
+                    "device %s: its minor number is unknown (no /proc/driver/nvidia/gpus/%s/"
+                    "information): Allocate gives no /dev/nvidiaN for it",
+                    d->id, d->bus_id[0] ? d->bus_id : "?");
     }
 }
 
@@ -385,7 +412,7 @@ int rk_dp_run(const rk_dp_opts *o, rk_err *err)
         double now = rk_mono_s();
         pl->next_sample = now + o->interval_s;
         double tick = o->interval_s / 5 < 0.1 ? o->interval_s / 5 : 0.1;
-        while (!(o->should_stop && o->should_stop(o->stop_ctx))) {
+        while (!pl->fatal && !(o->should_stop && o->should_stop(o->stop_ctx))) {
             now = rk_mono_s();
             if (now >= pl->next_watch) {
                 watch_sockets(pl, now);
@@ -401,9 +428,18 @@ int rk_dp_run(const rk_dp_opts *o, rk_err *err)
             double wait = until - rk_mono_s();
             next_event(pl, wait < 0 ? 0 : wait > tick ? tick : wait);
         }
-        dp_emit(pl, "stopping: removing %s", pl->sock_path);
-        if (dp_sock_is_ours(pl))
-            unlink(pl->sock_path);
+        if (pl->fatal) {
+            *err = pl->fatal_err;
+            rc = pl->fatal;
+        } else {
+            dp_emit(pl, "stopping: removing %s", pl->sock_path);
+            if (dp_sock_is_ours(pl))
+                unlink(pl->sock_path);
+        }
+    }
+    if (pl->abandoned) { /* gRPC's teardown would unlink another process's socket */
+        rk_dp_fleet_close(pl->fleet);
+        return rc; /* pl and gRPC's state are left to the process's exit */
     }
     /* stop: no new calls, every call cancelled, the Register call too; wait for them all */
     dp_server_stop(pl);

@@ -67,6 +67,9 @@ struct plugin {
     dev_t sock_dev;
     ino_t sock_ino;
     double next_bind;
+    int fatal; /* nonzero: stop with fatal_err (another process serves our socket) */
+    rk_err fatal_err;
+    bool abandoned; /* our server left running: its teardown would unlink the path */
     /* registration */
     reg_state reg;
     double next_try, backoff;
@@ -98,8 +101,12 @@ const char *dp_code_name(int code);
 /* A message packed into a new byte buffer (NULL when out of memory). */
 grpc_byte_buffer *dp_pack(const ProtobufCMessage *m);
 
-/* Serve DIR/SOCKET anew (a stale socket there is replaced; anything else is refused). */
+/* Serve DIR/SOCKET anew: a stale socket there (nothing answers) is replaced; one another
+ * process answers on is RK_EBUSY ("served by another process"), anything else RK_EIO. */
 int dp_server_start(plugin *pl, rk_err *err);
+/* Does a socket answer at path? 1 it does, 0 nothing listens (ECONNREFUSED), -1 it cannot be
+ * told (errno set: ENOENT when nothing is there). */
+int dp_sock_probe(const char *path);
 /* Stop the current server: no new calls, every call cancelled; its shutdown tag frees it. */
 void dp_server_stop(plugin *pl);
 /* Is DIR/SOCKET still the socket the current server made? */

@@ -22,6 +22,23 @@ bool rk_dp_health_next(bool healthy, bool first, bool has_score, int score, doub
     return score >= threshold + hysteresis;
 }
 
+bool rk_dp_dev_update(rk_dp_dev *d, bool has_score, int score, int failed_reads, const char *why,
+                      double threshold, double hysteresis)
+{
+    bool was = d->healthy, first = !d->has_score;
+    d->has_score = has_score;
+    d->score = has_score ? score : 0;
+    d->failed_reads = failed_reads;
+    if (failed_reads >= RK_DP_STALE_READS) {
+        d->healthy = false;
+        snprintf(d->why, sizeof d->why, "no reading for %d intervals", failed_reads);
+    } else {
+        snprintf(d->why, sizeof d->why, "%s", why ? why : "");
+        d->healthy = rk_dp_health_next(was, first, has_score, d->score, threshold, hysteresis);
+    }
+    return was != d->healthy;
+}
+
 int rk_dp_find(const rk_dp_dev *devs, int n, const char *id)
 {
     for (int i = 0; i < n; i++)
@@ -200,7 +217,11 @@ int rk_dp_allocate_check(const rk_dp_dev *devs, int n, char *const *ids, size_t 
         const rk_dp_dev *d = &devs[i];
         if (d->healthy)
             continue;
-        if (!d->has_score)
+        if (d->failed_reads >= RK_DP_STALE_READS)
+            status(st, RK_DP_FAILED_PRECONDITION,
+                   "device %s (GPU %d%s) refused: no reading for %d intervals (last score %d)",
+                   d->id, d->index, d->simulated ? ", simulated" : "", d->failed_reads, d->score);
+        else if (!d->has_score)
             status(st, RK_DP_FAILED_PRECONDITION,
                    "device %s (GPU %d%s) refused: no reading of it has succeeded", d->id, d->index,
                    d->simulated ? ", simulated" : "");

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
@@ -161,6 +163,23 @@ static void reply(call *c, const ProtobufCMessage *m, int code, const char *text
     start(c, ops, n, &c->t_send);
 }
 
+/* End a ListAndWatch stream whose update cannot be sent with INTERNAL, so that the kubelet
+ * reconnects instead of waiting on a silent stream. */
+static void watch_fail(call *c, const char *why)
+{
+    c->watching = false;
+    if (c->closed)
+        return;
+    dp_emit(c->pl, "ListAndWatch: %s: ending the stream (INTERNAL)", why);
+    if (!c->has_status_details && !c->sending) {
+        int before = c->pending;
+        reply(c, NULL, RK_DP_INTERNAL, why);
+        if (c->pending > before)
+            return;
+    }
+    grpc_call_cancel_with_status(c->call, GRPC_STATUS_INTERNAL, why, NULL);
+}
+
 /* ListAndWatch's message: every device with its health and topology. */
 static void watch_send(call *c)
 {
@@ -172,8 +191,10 @@ static void watch_send(call *c)
     V1beta1__TopologyInfo *topo = calloc((size_t)n, sizeof *topo);
     V1beta1__NUMANode *numa = calloc((size_t)n, sizeof *numa);
     V1beta1__NUMANode **numap = calloc((size_t)n, sizeof *numap);
-    if (!dv || !dp || !topo || !numa || !numap)
+    if (!dv || !dp || !topo || !numa || !numap) {
+        watch_fail(c, "out of memory for the device list");
         goto out;
+    }
     for (int i = 0; i < n; i++) {
         v1beta1__device__init(&dv[i]);
         dv[i].id = (char *)devs[i].id;
@@ -195,8 +216,10 @@ static void watch_send(call *c)
     if (c->send_buf)
         grpc_byte_buffer_destroy(c->send_buf);
     c->send_buf = dp_pack(&r.base);
-    if (!c->send_buf)
+    if (!c->send_buf) {
+        watch_fail(c, "out of memory packing the device list");
         goto out;
+    }
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     size_t k = 0;
@@ -210,7 +233,7 @@ static void watch_send(call *c)
         c->sending = true;
         c->dirty = false;
     } else {
-        c->watching = false;
+        watch_fail(c, "the device list could not be sent");
     }
 out:
     free(dv);
@@ -405,23 +428,25 @@ static void do_allocate(call *c, const rk_dp_request *rq)
     free(all);
 }
 
+/* An unknown method: UNIMPLEMENTED naming it (printable, at most 100 bytes). */
+static void reply_unknown(call *c)
+{
+    char name[160];
+    size_t len = GRPC_SLICE_LENGTH(c->details.method);
+    snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100),
+             (const char *)GRPC_SLICE_START_PTR(c->details.method));
+    for (char *p = name; *p; p++)
+        if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
+            *p = '?';
+    char text[256];
+    snprintf(text, sizeof text, "no method %s in this device plugin", name);
+    reply(c, NULL, RK_DP_UNIMPLEMENTED, text);
+}
+
 /* A request's message has arrived: parse it, answer it. */
 static void on_request(call *c, bool ok)
 {
     plugin *pl = c->pl;
-    if (c->m == M_UNKNOWN) {
-        char name[160];
-        size_t len = GRPC_SLICE_LENGTH(c->details.method);
-        snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100),
-                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
-        for (char *p = name; *p; p++)
-            if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f)
-                *p = '?';
-        char text[256];
-        snprintf(text, sizeof text, "no method %s in this device plugin", name);
-        reply(c, NULL, RK_DP_UNIMPLEMENTED, text);
-        return;
-    }
     if (!ok || !c->recv_buf) {
         reply(c, NULL, RK_DP_INVALID_ARGUMENT, "no request message");
         return;
@@ -490,6 +515,10 @@ static void on_new(call *c, bool ok)
     op.data.recv_close_on_server.cancelled = &c->cancelled;
     if (!start(c, &op, 1, &c->t_close))
         c->closed = true;
+    if (c->m == M_UNKNOWN) { /* answered at once: no request message is waited for */
+        reply_unknown(c);
+        return;
+    }
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv_buf;
@@ -506,8 +535,8 @@ void dp_on_call_event(tag *t, bool ok)
     case T_RECV: on_request(c, ok); break;
     case T_SEND:
         c->sending = false;
-        if (!ok)
-            c->watching = false;
+        if (!ok && c->watching)
+            watch_fail(c, "sending the device list failed");
         if (c->watching && c->dirty && !c->closed)
             watch_send(c);
         break;
@@ -534,14 +563,46 @@ void dp_server_stop(plugin *pl)
     grpc_server_cancel_all_calls(sv->srv);
 }
 
-/* Serve DIR/SOCKET anew (a stale socket there is replaced; anything else is refused). */
+/* Does a socket answer at path? 1 it does (another server holds it), 0 nothing listens
+ * (ECONNREFUSED: a stale socket), -1 it cannot be told (errno set). */
+int dp_sock_probe(const char *path)
+{
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof a.sun_path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int rc = connect(fd, (const struct sockaddr *)&a, sizeof a);
+    int e = errno;
+    close(fd);
+    if (rc == 0)
+        return 1;
+    errno = e;
+    return e == ECONNREFUSED ? 0 : -1;
+}
+
+/* Serve DIR/SOCKET anew: a stale socket there (nothing answers) is replaced; a live one is
+ * RK_EBUSY, anything else RK_EIO. */
 int dp_server_start(plugin *pl, rk_err *err)
 {
     struct stat st;
     if (lstat(pl->sock_path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode))
-            return rk_err_set(err, RK_EINVAL, "%s exists and is not a socket: not replaced",
+            return rk_err_set(err, RK_EIO, "%s exists and is not a socket: not replaced",
                               pl->sock_path);
+        int live = dp_sock_probe(pl->sock_path);
+        if (live == 1)
+            return rk_err_set(err, RK_EBUSY, "%s is served by another process: not replaced",
+                              pl->sock_path);
+        if (live < 0 && errno != ENOENT)
+            return rk_err_set(err, RK_EIO, "%s: cannot tell whether another process serves it: %s",
+                              pl->sock_path, strerror(errno));
         if (unlink(pl->sock_path) && errno != ENOENT)
             return rk_err_set(err, RK_EIO, "cannot remove the stale socket %s: %s", pl->sock_path,
                               strerror(errno));

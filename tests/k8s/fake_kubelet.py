@@ -41,6 +41,7 @@ class FakeKubelet:
         self.updates = []  # (monotonic time, {id: health}, [Device])
         self.options = None
         self.errors = []
+        self.watch_ended = None  # the monotonic time the ListAndWatch stream ended, None open
         self.cond = threading.Condition()
         self.server = None
         self.channel = None
@@ -101,6 +102,10 @@ class FakeKubelet:
         except Exception as e:  # a checker must see it, not a silent thread
             with self.cond:
                 self.errors.append("ListAndWatch: %r" % e)
+                self.cond.notify_all()
+        finally:
+            with self.cond:
+                self.watch_ended = time.monotonic()
                 self.cond.notify_all()
 
     def wait_registration(self, n, timeout):
