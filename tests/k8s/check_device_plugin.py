@@ -14,20 +14,11 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_kubelet import FakeKubelet, load_stubs  # noqa: E402
+from fake_kubelet import FakeKubelet, load_stubs, check, failed  # noqa: E402
 
 proto, pdir, tf, log, interval, threshold, hyst = sys.argv[1:8]
 interval, threshold, hyst = float(interval), float(threshold), float(hyst)
 slack = 0.5  # scheduling on a shared machine: the plugin's tick and the stream's hop
-fails = 0
-
-
-def check(cond, msg):
-    global fails
-    print(("ok - " if cond else "FAIL - ") + msg, flush=True)
-    if not cond:
-        fails += 1
-    return cond
 
 
 def write_textfile(name, lines):
@@ -196,4 +187,4 @@ if check(reg is not None, "a new Register after the kubelet restarted (its direc
     check(rpc_error(lambda: k2.allocate(["2"])) is None, "Allocate through the new socket")
 check(not k.errors and not k2.errors, "no stream errors: %s" % (k.errors + k2.errors))
 k2.stop()
-sys.exit(1 if fails else 0)
+sys.exit(1 if failed() else 0)

@@ -20,19 +20,10 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fake_kubelet import FakeKubelet, load_stubs  # noqa: E402
+from fake_kubelet import FakeKubelet, load_stubs, check, failed  # noqa: E402
 
 proto, pdir, rk, logdir = sys.argv[1:5]
 sock = os.path.join(pdir, "rekindle.sock")
-fails = 0
-
-
-def check(cond, msg):
-    global fails
-    print(("ok - " if cond else "FAIL - ") + msg, flush=True)
-    if not cond:
-        fails += 1
-    return cond
 
 
 def plugin(log, d=pdir):
@@ -142,4 +133,4 @@ finally:
     if a.poll() is None:
         a.kill()
     k.stop()
-sys.exit(1 if fails else 0)
+sys.exit(1 if failed() else 0)

@@ -34,6 +34,21 @@ def load_stubs(proto_path, out_dir):
     return api_pb2, api_pb2_grpc
 
 
+FAILS = [0]  # checks failed so far, for the checkers' exit status (check, failed)
+
+
+def check(cond, msg):
+    """One TAP-like line, "ok - MSG" or "FAIL - MSG" (it_count counts them); cond back."""
+    print(("ok - " if cond else "FAIL - ") + msg, flush=True)
+    if not cond:
+        FAILS[0] += 1
+    return cond
+
+
+def failed():
+    return FAILS[0]
+
+
 class FakeKubelet:
     def __init__(self, pb, pbg, plugin_dir):
         self.pb, self.pbg, self.dir = pb, pbg, plugin_dir
