@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/text.h"
 #include "rk.h"
 #include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
@@ -20,23 +21,6 @@ static const char *get(const char *name)
     return getenv(name);
 }
 
-/* Item k (0-based) of a comma-separated list into out: 1, or 0 when there is none. */
-static int item(const char *list, long k, char *out, size_t cap)
-{
-    for (long i = 0; list && *list; i++) {
-        size_t l = strcspn(list, ",");
-        if (i == k) {
-            if (l >= cap)
-                return 0;
-            memcpy(out, list, l);
-            out[l] = '\0';
-            return 1;
-        }
-        list += l + (list[l] == ',');
-    }
-    return 0;
-}
-
 /* From RK_DEVICES "h1:0,h1:2,h2:0" (HOST:INDEX ids: rk run sets RK_DEVICES_BY_HOST=1 with
  * them) and a rank: the device indices of that rank's host in order ("0,2" for rank 0 or 1)
  * into out. Where the launcher gave the node's GPUs already (Slurm's CUDA_VISIBLE_DEVICES of
@@ -44,7 +28,7 @@ static int item(const char *list, long k, char *out, size_t cap)
 static int host_devices(const char *list, long rank, char *out, size_t cap, char *why, size_t wcap)
 {
     char mine[300], id[300];
-    if (!item(list, rank, id, sizeof id)) {
+    if (!rk_text_list_item(list, rank, id, sizeof id)) {
         snprintf(why, wcap, "RK_DEVICES has no item %ld", rank);
         return 0;
     }
@@ -57,7 +41,7 @@ static int host_devices(const char *list, long rank, char *out, size_t cap, char
     const char *given = getenv("CUDA_VISIBLE_DEVICES");
     size_t used = 0, ml = strlen(mine);
     out[0] = '\0';
-    for (long k = 0; item(list, k, id, sizeof id); k++) {
+    for (long k = 0; rk_text_list_item(list, k, id, sizeof id); k++) {
         c = strrchr(id, ':');
         if (!c || (size_t)(c - id) != ml || strncmp(id, mine, ml) != 0)
             continue;
@@ -69,7 +53,7 @@ static int host_devices(const char *list, long rank, char *out, size_t cap, char
             return 0;
         }
         char dev[64];
-        if (given && *given && !item(given, idx, dev, sizeof dev)) {
+        if (given && *given && !rk_text_list_item(given, idx, dev, sizeof dev)) {
             snprintf(why, wcap,
                      "device %s:%ld: the launcher's CUDA_VISIBLE_DEVICES (%.100s) has "
                      "no item %ld",

@@ -138,3 +138,23 @@ long rk_hex_decode(const char *hex, size_t n, uint8_t *out)
     }
     return -1;
 }
+
+int rk_text_list_item(const char *list, long k, char *out, size_t cap)
+{
+    if (cap)
+        out[0] = '\0';
+    for (long i = 0; list && *list && i <= k; i++) {
+        size_t l = strcspn(list, ",");
+        if (i == k) {
+            if (l == 0 || l >= cap)
+                return 0;
+            memcpy(out, list, l);
+            out[l] = '\0';
+            return 1;
+        }
+        if (!list[l])
+            break;
+        list += l + 1;
+    }
+    return 0;
+}

@@ -41,6 +41,10 @@ size_t rk_text_clean(char *dst, size_t cap, const char *s);
  * that does not fit ends in "..." (cut on a character boundary). Returns dst. */
 const char *rk_msg_show(char *dst, size_t cap, const char *s);
 
+/* Item k (0-based) of a comma-separated list ("0,2,h1:3") into out[cap]: 1, or 0 when the
+ * list has no item k, it is empty, or it does not fit (out is then ""). */
+int rk_text_list_item(const char *list, long k, char *out, size_t cap);
+
 /* The 2*n hexadecimal digits (either case) at hex as n bytes into out. Returns -1 when all are
  * digits, else the index of the first character that is not one (out then unspecified). */
 long rk_hex_decode(const char *hex, size_t n, uint8_t *out);

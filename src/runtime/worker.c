@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "base/clock.h"
+#include "base/text.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/guard.h"
 #include "rekindle/heartbeat.h"
@@ -40,23 +41,8 @@ void rk_worker_opts_default(rk_worker_opts *o)
 /* Item `rank` of RK_DEVICES, else the rank number. */
 static void device_of(int rank, char *buf, size_t cap)
 {
-    const char *list = getenv("RK_DEVICES");
-    snprintf(buf, cap, "%d", rank);
-    if (!list || !*list)
-        return;
-    const char *p = list;
-    for (int i = 0; i < rank && p; i++) {
-        p = strchr(p, ',');
-        if (p)
-            p++;
-    }
-    if (p && *p) {
-        size_t n = strcspn(p, ",");
-        if (n > 0 && n < cap) {
-            memcpy(buf, p, n);
-            buf[n] = '\0';
-        }
-    }
+    if (!rk_text_list_item(getenv("RK_DEVICES"), rank, buf, cap))
+        snprintf(buf, cap, "%d", rank);
 }
 
 int rk_worker_open(rk_worker **out, rk_comm *comm, const rk_worker_opts *o, rk_err *err)
