@@ -148,6 +148,24 @@ static void little_endian_round_trips(void **state)
     assert_int_equal(b[1], 0xbe);
 }
 
+static void list_item_reads_one_item_or_none(void **state)
+{
+    (void)state;
+    char out[8];
+    assert_int_equal(rk_text_list_item("0,h1:2,7", 1, out, sizeof out), 1);
+    assert_string_equal(out, "h1:2");
+    assert_int_equal(rk_text_list_item("0,h1:2,7", 2, out, sizeof out), 1);
+    assert_string_equal(out, "7");
+    assert_int_equal(rk_text_list_item("0,h1:2,7", 3, out, sizeof out), 0); /* no such item */
+    assert_string_equal(out, "");
+    assert_int_equal(rk_text_list_item("0,,7", 1, out, sizeof out), 0); /* empty */
+    assert_int_equal(rk_text_list_item("0,123456789", 1, out, sizeof out), 0); /* too long */
+    assert_string_equal(out, "");
+    assert_int_equal(rk_text_list_item("0,", 1, out, sizeof out), 0);
+    assert_int_equal(rk_text_list_item(NULL, 0, out, sizeof out), 0);
+    assert_int_equal(rk_text_list_item("a", -1, out, sizeof out), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +175,7 @@ int main(void)
         cmocka_unit_test(show_adds_dots_only_when_cut),
         cmocka_unit_test(little_endian_round_trips),
         cmocka_unit_test(hex_decodes_both_cases_and_names_the_bad_character),
+        cmocka_unit_test(list_item_reads_one_item_or_none),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
