@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -318,17 +319,20 @@ static int slurm_hosts(const char *list, const char *spares, char *buf, size_t c
         fprintf(stderr, "rk run: --hosts %s: %s\n", list, err.msg);
         return err.code == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
     }
+    /* the spares as the host list parser reads them (the same rules as below) */
+    static rk_hosts sp;
+    memset(&sp, 0, sizeof sp);
+    if (spares && rk_hosts_parse_list(&sp, spares, 1, &err)) {
+        fprintf(stderr, "rk run: %s\n", err.msg);
+        return RK_EXIT_USAGE;
+    }
     size_t used = 0;
     int kept = 0;
     buf[0] = '\0';
     for (int i = 0; i < n; i++) {
         int spare = 0;
-        for (const char *p = spares; p && *p && !spare;) {
-            size_t l = strcspn(p, ":,");
-            spare = l == strlen(names[i]) && !strncmp(p, names[i], l);
-            p += strcspn(p, ",");
-            p += *p == ',';
-        }
+        for (int k = 0; k < sp.n && !spare; k++) /* one host, as hosts.h says, ignoring case */
+            spare = strcasecmp(sp.h[k].name, names[i]) == 0;
         if (spare)
             continue;
         used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s:%d",
