@@ -100,6 +100,12 @@ if [[ -z ${SLURMD_NODENAME:-} && -z ${SLURM_JOB_NODELIST:-} && -z ${SLURM_NODELI
 fi
 refused "--slurm-drain goes with --launcher srun and --hosts" "${RUN[@]}" --slurm-drain -- true
 refused "--hosts slurm:N" run --launcher srun --hosts slurm:0 --listen 127.0.0.1:0 -- true
+# a --listen name that resolves to loopback (Debian's /etc/hosts: the host's own name) is one
+here=$(hostname)
+if [[ "$(getent ahostsv4 "$here" 2>/dev/null | awk 'NR == 1 { print $1 }')" == 127.* ]]; then
+  refused "--listen $here:0 is a loopback address: host h1 cannot reach it" run --hosts h1:1 \
+    --listen "$here:0" -- true
+fi
 refused "--rsh with --launcher srun" run --launcher srun --hosts 127.0.0.1:1 \
   --listen 127.0.0.1:0 --rsh ssh -- true
 refused "--socket-node 'a/b': not a node name" agent --coordinator 127.0.0.1:1 --node 0 \
