@@ -158,7 +158,7 @@ static void list_item_reads_one_item_or_none(void **state)
     assert_string_equal(out, "7");
     assert_int_equal(rk_text_list_item("0,h1:2,7", 3, out, sizeof out), 0); /* no such item */
     assert_string_equal(out, "");
-    assert_int_equal(rk_text_list_item("0,,7", 1, out, sizeof out), 0); /* empty */
+    assert_int_equal(rk_text_list_item("0,,7", 1, out, sizeof out), 0);        /* empty */
     assert_int_equal(rk_text_list_item("0,123456789", 1, out, sizeof out), 0); /* too long */
     assert_string_equal(out, "");
     assert_int_equal(rk_text_list_item("0,", 1, out, sizeof out), 0);
