@@ -243,6 +243,13 @@ typedef struct rk_finding {
 } rk_finding;
 
 #define RK_HEALTH_THRESHOLD_DEFAULT 60
+/* Core temperature limits, degrees Celsius: thermal_high (warn) at or above WARN,
+ * thermal_critical at or above CRIT. The alert rule RekindleGpuTemperatureHigh
+ * (deploy/prometheus/rekindle.rules.yml) and the dashboard's Temperature panel
+ * (deploy/grafana/rekindle.json) use the same numbers; tests/test_thresholds.c holds them
+ * to these. */
+#define RK_HEALTH_TEMP_WARN_C 83
+#define RK_HEALTH_TEMP_CRIT_C 90
 /* A predicted failure probability at or above this takes the score below the default
  * threshold (finding failure_predicted, docs/health.md). */
 #define RK_HEALTH_FAIL_PROB_PREDICTED 0.5

@@ -78,13 +78,13 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
             *nfindings = a.n;
         return 0;
     }
-    if (V(TEMP) && s->temp_c >= 90)
+    if (V(TEMP) && s->temp_c >= RK_HEALTH_TEMP_CRIT_C)
         add(&a, "thermal_critical", RK_SEV_CRIT, 40,
             "stop it; clean the heatsink, repaste, check the case airflow",
-            "core at %.0f C (90 C or more)", s->temp_c);
-    else if (V(TEMP) && s->temp_c >= 83)
+            "core at %.0f C (%d C or more)", s->temp_c, RK_HEALTH_TEMP_CRIT_C);
+    else if (V(TEMP) && s->temp_c >= RK_HEALTH_TEMP_WARN_C)
         add(&a, "thermal_high", RK_SEV_WARN, 20, "clean the heatsink and repaste; check airflow",
-            "core at %.0f C (83 C or more)", s->temp_c);
+            "core at %.0f C (%d C or more)", s->temp_c, RK_HEALTH_TEMP_WARN_C);
     if (g && g->dtdt_valid && g->dtdt_c_per_min > 15)
         add(&a, "thermal_paste", RK_SEV_WARN, 15,
             "heats too fast for its load: clean and repaste (dried thermal interface)",
