@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/clock.h"
 #include "doctor.h"
@@ -99,47 +100,248 @@ static rk_pred_model *load_predictor(const char *path)
     return m;
 }
 
-/* The sample's valid fields as a JSON object (absent fields absent). */
-static json_t *sample_json(const rk_gpu_sample *s)
+#ifndef RK_VERSION
+#define RK_VERSION "unknown"
+#endif
+
+/* Per-Xid counts (rekindle/health.h's xids[], helper "xid"'s part of issue 18): JSON and the
+ * table's "(79 x2, 48 x1)" in this one place; nothing while the sample has no such array. */
+static void xids_json(json_t *o, const rk_gpu_sample *s)
+{
+#ifdef RK_XID_SLOTS
+    json_t *a = json_array();
+    for (int k = 0; k < s->nxids && k < RK_XID_SLOTS; k++) {
+        json_t *x = json_object();
+        json_object_set_new(x, "xid", json_integer(s->xids[k].xid));
+        json_object_set_new(x, "count", json_integer((json_int_t)s->xids[k].count));
+        json_array_append_new(a, x);
+    }
+    json_object_set_new(o, "xids", a);
+#else
+    (void)o;
+    (void)s;
+#endif
+}
+
+static void xids_text(char *buf, size_t cap, const rk_gpu_sample *s)
+{
+    buf[0] = 0;
+#ifdef RK_XID_SLOTS
+    size_t used = 0;
+    for (int k = 0; k < s->nxids && k < RK_XID_SLOTS && used + 1 < cap; k++) {
+        int w = snprintf(buf + used, cap - used, "%s%d x%llu", k ? ", " : " (", s->xids[k].xid,
+                         (unsigned long long)s->xids[k].count);
+        if (w < 0 || (size_t)w >= cap - used)
+            break;
+        used += (size_t)w;
+    }
+    if (used && used + 1 < cap)
+        snprintf(buf + used, cap - used, ")");
+#else
+    (void)cap;
+    (void)s;
+#endif
+}
+
+/* The readings a GPU was judged on, as JSON with units in the keys (docs/doctor-json.md):
+ * counts and bytes exact integers, absent fields absent. */
+static json_t *readings_json(const rk_gpu_sample *s)
 {
     json_t *o = json_object();
     if (s->lost) {
         json_object_set_new(o, "lost", json_true());
         return o;
     }
-    struct {
+    const struct {
         rk_field f;
+        const char *key;
         double v;
-    } d[] = {
-        {RK_F_TEMP, s->temp_c},
-        {RK_F_FAN, s->fan_pct},
-        {RK_F_POWER, s->power_w},
-        {RK_F_POWER_LIMIT, s->power_limit_w},
-        {RK_F_SM_CLOCK, s->sm_mhz},
-        {RK_F_MEM_CLOCK, s->mem_mhz},
-        {RK_F_CLOCK_REASONS, (double)s->clock_reasons},
-        {RK_F_UTIL, s->util_pct},
-        {RK_F_MEM_USED, (double)s->mem_used_bytes},
-        {RK_F_MEM_TOTAL, (double)s->mem_total_bytes},
-        {RK_F_ECC_CORRECTED, (double)s->ecc_corrected},
-        {RK_F_ECC_UNCORRECTED, (double)s->ecc_uncorrected},
-        {RK_F_RETIRED, (double)s->retired_pages},
-        {RK_F_RETIRED_PENDING, (double)s->retired_pending},
-        {RK_F_REMAPPED, (double)s->remapped_rows},
-        {RK_F_PCIE_GEN, s->pcie_gen},
-        {RK_F_PCIE_WIDTH, s->pcie_width},
-        {RK_F_PCIE_GEN_MAX, s->pcie_gen_max},
-        {RK_F_PCIE_WIDTH_MAX, s->pcie_width_max},
-        {RK_F_PCIE_REPLAY, (double)s->pcie_replay},
-        {RK_F_ENERGY, s->energy_j},
-        {RK_F_XID, s->last_xid},
-        {RK_F_VRM_RIPPLE, s->vrm_ripple_mv},
-        {RK_F_FAN_VIB, s->fan_vib_hz},
+        double scale;
+    } reals[] = {
+        {RK_F_TEMP, "temp_c", s->temp_c, 1},
+        {RK_F_POWER, "power_w", s->power_w, 1},
+        {RK_F_POWER_LIMIT, "power_limit_w", s->power_limit_w, 1},
+        {RK_F_FAN, "fan_pct", s->fan_pct, 1},
+        {RK_F_SM_CLOCK, "sm_clock_mhz", s->sm_mhz, 1},
+        {RK_F_MEM_CLOCK, "mem_clock_mhz", s->mem_mhz, 1},
+        {RK_F_UTIL, "util_pct", s->util_pct, 1},
+        {RK_F_ENERGY, "energy_j", s->energy_j, 1},
+        {RK_F_VRM_RIPPLE, "vrm_ripple_v", s->vrm_ripple_mv, 1e-3},
+        {RK_F_FAN_VIB, "fan_vibration_hz", s->fan_vib_hz, 1},
     };
-    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
-        if (rk_field_valid(s, d[i].f))
-            json_object_set_new(o, rk_field_name(d[i].f), json_real(d[i].v));
+    const struct {
+        rk_field f;
+        const char *key;
+        uint64_t v;
+    } ints[] = {
+        {RK_F_PCIE_GEN, "pcie_gen", (uint64_t)s->pcie_gen},
+        {RK_F_PCIE_GEN_MAX, "pcie_gen_max", (uint64_t)s->pcie_gen_max},
+        {RK_F_PCIE_WIDTH, "pcie_width", (uint64_t)s->pcie_width},
+        {RK_F_PCIE_WIDTH_MAX, "pcie_width_max", (uint64_t)s->pcie_width_max},
+        {RK_F_PCIE_REPLAY, "pcie_replay", s->pcie_replay},
+        {RK_F_ECC_CORRECTED, "ecc_corrected", s->ecc_corrected},
+        {RK_F_ECC_UNCORRECTED, "ecc_uncorrected", s->ecc_uncorrected},
+        {RK_F_RETIRED, "retired_pages", s->retired_pages},
+        {RK_F_RETIRED_PENDING, "retired_pending", s->retired_pending},
+        {RK_F_REMAPPED, "remapped_rows", s->remapped_rows},
+        {RK_F_MEM_USED, "mem_used_bytes", s->mem_used_bytes},
+        {RK_F_MEM_TOTAL, "mem_total_bytes", s->mem_total_bytes},
+        {RK_F_CLOCK_REASONS, "clock_reasons", s->clock_reasons},
+        {RK_F_XID, "xid_count", s->xid_count},
+    };
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+        if (rk_field_valid(s, reals[i].f))
+            json_object_set_new(o, reals[i].key, json_real(reals[i].v * reals[i].scale));
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (rk_field_valid(s, ints[i].f)) /* JSON integers are signed 64-bit: clamp, never wrap */
+            json_object_set_new(
+                o, ints[i].key,
+                json_integer(ints[i].v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)ints[i].v));
+    if (rk_field_valid(s, RK_F_XID)) {
+        if (s->xid_count > 0)
+            json_object_set_new(o, "last_xid", json_integer(s->last_xid));
+        xids_json(o, s);
+    }
     return o;
+}
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+/* Colour on a terminal only: stdout a tty, NO_COLOR unset or empty, TERM not "dumb". */
+static int use_colour(void)
+{
+    const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
+    return isatty(STDOUT_FILENO) && !(nc && nc[0]) && !(term && strcmp(term, "dumb") == 0);
+}
+
+enum { C_NONE, C_RED, C_YELLOW };
+static int colour_on;
+
+/* s padded to width (negative: left-aligned) in colour c. */
+static void put(int width, int c, const char *s)
+{
+    static const char *const on[] = {"", "\033[31m", "\033[33m"};
+    if (colour_on && c != C_NONE)
+        printf("%s%*s\033[0m", on[c], width, s);
+    else
+        printf("%*s", width, s);
+}
+
+/* "x" for a valid field's value (fmt), "-" for an absent one. */
+static const char *fmt_field(char *buf, size_t cap, const rk_gpu_sample *s, rk_field f,
+                             const char *fmt, double v)
+{
+    if (!rk_field_valid(s, f))
+        return "-";
+    snprintf(buf, cap, fmt, v);
+    return buf;
+}
+
+static const char *fmt_u64(char *buf, size_t cap, const rk_gpu_sample *s, rk_field f, uint64_t v)
+{
+    if (!rk_field_valid(s, f))
+        return "-";
+    snprintf(buf, cap, "%llu", (unsigned long long)v);
+    return buf;
+}
+
+/* The readings under a GPU's line, two lines within 80 columns:
+ *        bus 00000000:01:00.0  serial 0323617041234
+ *        67 C  142/180 W  fan 55%  SM 1683 MHz  mem 4004 MHz
+ *        PCIe 3/3 x16/16  ECC 0/0  retired 0  Xid 2 (79 x2) */
+static void print_readings(const rk_gpu_info *in, const rk_gpu_sample *s)
+{
+    printf("       bus %s  serial %s\n", in->bus_id[0] ? in->bus_id : "-",
+           in->serial[0] ? in->serial : "-");
+    if (s->lost || !s->valid)
+        return;
+    char a[32], b[32], c[32], d[32];
+    const char *t = fmt_field(a, sizeof a, s, RK_F_TEMP, "%.0f C", s->temp_c);
+    printf("       ");
+    put(0, rk_field_valid(s, RK_F_TEMP) && s->temp_c >= RK_HEALTH_TEMP_WARN_C ? C_YELLOW : C_NONE,
+        t);
+    printf("  %s/%s W", fmt_field(a, sizeof a, s, RK_F_POWER, "%.0f", s->power_w),
+           fmt_field(b, sizeof b, s, RK_F_POWER_LIMIT, "%.0f", s->power_limit_w));
+    printf("  fan %s", fmt_field(a, sizeof a, s, RK_F_FAN, "%.0f%%", s->fan_pct));
+    printf("  SM %s", fmt_field(a, sizeof a, s, RK_F_SM_CLOCK, "%.0f MHz", s->sm_mhz));
+    printf("  mem %s\n", fmt_field(a, sizeof a, s, RK_F_MEM_CLOCK, "%.0f MHz", s->mem_mhz));
+    int down = (rk_field_valid(s, RK_F_PCIE_WIDTH) && rk_field_valid(s, RK_F_PCIE_WIDTH_MAX) &&
+                s->pcie_width < s->pcie_width_max);
+    char link[160];
+    snprintf(link, sizeof link, "PCIe %s/%s x%s/%s",
+             fmt_field(a, sizeof a, s, RK_F_PCIE_GEN, "%.0f", s->pcie_gen),
+             fmt_field(b, sizeof b, s, RK_F_PCIE_GEN_MAX, "%.0f", s->pcie_gen_max),
+             fmt_field(c, sizeof c, s, RK_F_PCIE_WIDTH, "%.0f", s->pcie_width),
+             fmt_field(d, sizeof d, s, RK_F_PCIE_WIDTH_MAX, "%.0f", s->pcie_width_max));
+    printf("       ");
+    put(0, down ? C_YELLOW : C_NONE, link);
+    int ue = rk_field_valid(s, RK_F_ECC_UNCORRECTED) && s->ecc_uncorrected > 0;
+    printf("  ECC %s/", fmt_u64(a, sizeof a, s, RK_F_ECC_CORRECTED, s->ecc_corrected));
+    put(0, ue ? C_RED : C_NONE, fmt_u64(a, sizeof a, s, RK_F_ECC_UNCORRECTED, s->ecc_uncorrected));
+    printf("  retired %s", fmt_u64(a, sizeof a, s, RK_F_RETIRED, s->retired_pages));
+    char xd[64];
+    xids_text(xd, sizeof xd, s);
+    printf("  Xid %s%s\n", fmt_u64(a, sizeof a, s, RK_F_XID, s->xid_count), xd);
+}
+
+/* text after lead, wrapped at spaces to 80 columns, continuation lines indented as lead. */
+static void print_wrapped(const char *lead, const char *text)
+{
+    const int width = 80, ind = (int)strlen(lead) > 12 ? 12 : (int)strlen(lead);
+    int col = printf("%s", lead);
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ')
+            p++;
+        int w = (int)strcspn(p, " ");
+        if (!w)
+            break;
+        if (col > ind + 3 && col + 1 + w > width)
+            col = printf("\n%*s", ind + 3, "") - 1;
+        else if (col > (int)strlen(lead))
+            col += printf(" ");
+        col += printf("%.*s", w, p);
+        p += w;
+    }
+    printf("\n");
+}
+
+/* RFC 3339, UTC, to the second. */
+static void now_rfc3339(char *buf, size_t cap)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    if (!gmtime_r(&now, &tm) || !strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm))
+        snprintf(buf, cap, "1970-01-01T00:00:00Z");
+}
+
+/* The report's head: host, time, version (docs/doctor-json.md). */
+static json_t *report_root(void)
+{
+    json_t *root = json_object();
+    char host[256] = "", when[32];
+    if (gethostname(host, sizeof host - 1) != 0)
+        host[0] = 0;
+    host[sizeof host - 1] = 0;
+    now_rfc3339(when, sizeof when);
+    json_object_set_new(root, "host", json_string(host));
+    json_object_set_new(root, "time", json_string(when));
+    json_object_set_new(root, "version", json_string(RK_VERSION));
+    return root;
+}
+
+/* --json when no GPU could be read: {"gpus": [], "error": ...} with the head, on stdout. */
+static void print_json_error(const char *backend, const char *msg)
+{
+    json_t *root = report_root();
+    json_object_set_new(root, "backend", json_string(backend));
+    json_object_set_new(root, "gpus", json_array());
+    json_object_set_new(root, "error", json_string(msg));
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (text)
+        printf("%s\n", text);
+    free(text);
+    json_decref(root);
 }
 
 int rk_cmd_doctor(int argc, char **argv)
@@ -250,6 +452,8 @@ int rk_cmd_doctor(int argc, char **argv)
     }
     if (rk_telemetry_open(&t, sim ? "sim" : "nvml", &o, &err)) {
         fprintf(stderr, "rk doctor: %s\n", err.msg);
+        if (as_json)
+            print_json_error(sim ? "sim" : "nvml", err.msg);
         if (!sim)
             fprintf(stderr, "rk doctor: no GPU to check; --sim N checks a simulated fleet\n");
         if (slurm)
@@ -287,6 +491,11 @@ int rk_cmd_doctor(int argc, char **argv)
     }
     if (n == 0) {
         fprintf(stderr, "rk doctor: %s found no GPU\n", rk_telemetry_backend(t));
+        if (as_json) {
+            char m[64];
+            snprintf(m, sizeof m, "%s found no GPU", rk_telemetry_backend(t));
+            print_json_error(rk_telemetry_backend(t), m);
+        }
         if (slurm)
             fprintf(stderr, "rk doctor: node %s left as it is: no GPU was read\n", so.node);
         status = RK_EXIT_FAIL;
@@ -299,6 +508,7 @@ int rk_cmd_doctor(int argc, char **argv)
         goto out;
     }
     json_t *arr = json_array();
+    colour_on = !as_json && !gres && use_colour();
     if (!as_json && !gres)
         printf("%-4s %-46s %5s  %-4s  %s\n", "GPU", "NAME", "SCORE", "", "FINDINGS");
     for (int i = 0; i < n; i++) {
@@ -332,6 +542,10 @@ int rk_cmd_doctor(int argc, char **argv)
             json_object_set_new(o2, "index", json_integer(in->index));
             json_object_set_new(o2, "name", json_string(in->name));
             json_object_set_new(o2, "uuid", json_string(in->uuid));
+            if (in->serial[0])
+                json_object_set_new(o2, "serial", json_string(in->serial));
+            if (in->bus_id[0])
+                json_object_set_new(o2, "bus_id", json_string(in->bus_id));
             json_object_set_new(o2, "simulated", json_boolean(in->simulated));
             if (in->profile[0])
                 json_object_set_new(o2, "profile", json_string(in->profile));
@@ -355,7 +569,7 @@ int rk_cmd_doctor(int argc, char **argv)
             }
             if (g->failed_reads)
                 json_object_set_new(o2, "failed_reads", json_integer(g->failed_reads));
-            json_object_set_new(o2, "sample", sample_json(&g->latest));
+            json_object_set_new(o2, "readings", readings_json(&g->latest));
             json_array_append_new(arr, o2);
             continue;
         }
@@ -365,16 +579,24 @@ int rk_cmd_doctor(int argc, char **argv)
         char shown[16] = "-";
         if (g->has_score)
             snprintf(shown, sizeof shown, "%d", score);
-        printf("%-4d %-46.46s %5s  %-4s  %s\n", in->index, name, shown, pass ? "ok" : "FAIL",
-               !g->has_score ? "unreadable: no reading succeeded"
-               : nf          ? ""
-                             : "none");
+        printf("%-4d %-46.46s %5s  ", in->index, name, shown);
+        put(-4, pass ? C_NONE : C_RED, pass ? "ok" : "FAIL");
+        printf("  %s\n", !g->has_score ? "unreadable: no reading succeeded" : nf ? "" : "none");
+        print_readings(in, &g->latest);
         if (g->has_score && g->failed_reads)
             printf("       the last %d reading%s failed: the score is the last good one's\n",
                    g->failed_reads, g->failed_reads == 1 ? "" : "s");
-        for (int q = 0; q < nf; q++)
-            printf("       %-4s %-20s %s -> %s\n", rk_severity_name(f[q].severity), f[q].code,
-                   f[q].message, f[q].action);
+        for (int q = 0; q < nf; q++) {
+            printf("       ");
+            put(-4,
+                f[q].severity == RK_SEV_CRIT   ? C_RED
+                : f[q].severity == RK_SEV_WARN ? C_YELLOW
+                                               : C_NONE,
+                rk_severity_name(f[q].severity));
+            printf(" %s (-%d)\n", f[q].code, f[q].penalty);
+            print_wrapped("            ", f[q].message);
+            print_wrapped("            -> ", f[q].action);
+        }
         if (pred && p >= 0)
             printf("       prediction: p=%.2f of failing within %.0f min (a model's estimate "
                    "over the last %d minutes)\n",
@@ -385,7 +607,7 @@ int rk_cmd_doctor(int argc, char **argv)
                    rk_pred_config_of(model)->window, minutes);
     }
     if (as_json) {
-        json_t *root = json_object();
+        json_t *root = report_root();
         json_object_set_new(root, "backend", json_string(rk_telemetry_backend(t)));
         json_object_set_new(root, "threshold", json_real(threshold));
         json_object_set_new(root, "gpus", arr);

@@ -4,7 +4,10 @@
 # NVML (one clear line, exit 1), with bad flags (exit 2), and through the real dlopen path
 # against the test's fake libnvidia-ml (RK_NVML_LIB): a passive GeForce whose absent fields
 # stay absent and a lost GPU that scores 0; rk tune --dry-run says what would change and
-# changes nothing; an out-of-range setting is refused before anything is applied.
+# changes nothing; an out-of-range setting is refused before anything is applied. The table
+# shows the readings (bus id, serial, temperature, power, clocks, link, ECC, Xid; "-" where
+# absent) within 80 columns and without colour when piped; --json matches the schema that
+# docs/doctor-json.md documents (tests/doctor_json_check.py), also without NVML.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_health
@@ -15,6 +18,12 @@ fake=${RK_BUILD:?}/tests/libfake_nvml.so
 "$RK" doctor --sim 6 --seed 3 --samples 3 --interval 0.1 >"$work/d0" 2>&1; st=$?
 [[ $st == 0 ]] && ok "fresh simulated fleet passes (exit 0)" || bad "exit $st: $(cat "$work/d0")"
 [[ $(grep -c "(simulated)" "$work/d0") == 6 ]] && ok "every simulated GPU is marked" || bad "marks"
+[[ $(grep -c '^       bus 00000000:0[0-5]:00.0  serial ' "$work/d0") == 6 ]] \
+  && [[ $(grep -cE '^       [0-9]+ C  [0-9]+/[0-9]+ W  fan ([0-9]+%|-)  SM [0-9]+ MHz  mem [0-9]+ MHz$' "$work/d0") == 6 ]] \
+  && [[ $(grep -cE '^       PCIe [0-9]/[0-9] x[0-9]+/[0-9]+  ECC [-0-9]+/[-0-9]+  retired [-0-9]+  Xid [0-9]+' "$work/d0") == 6 ]] \
+  && ok "the table shows each GPU's bus id, serial and readings" || bad "readings: $(cat "$work/d0")"
+awk 'length($0) > 80 { exit 1 }' "$work/d0" && ! grep -q $'\033' "$work/d0" \
+  && ok "the table fits 80 columns, no colour when piped" || bad "width or colour: $(cat "$work/d0")"
 "$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --json >"$work/d1.json" 2>"$work/d1.err"; st=$?
 python3 - "$work/d1.json" "$st" <<'PY' && ok "worn fleet: JSON scores, findings, exit 1 because GPUs fail" || bad "json: $(head -c 300 "$work/d1.json")"
 import json, sys
@@ -26,11 +35,17 @@ for x in g:
     assert x["simulated"] is True and 0 <= x["score"] <= 100 and x["pass"] == (x["score"] >= 60)
     for f in x["findings"]:
         assert f["severity"] in ("info", "warn", "crit") and f["code"] and f["action"], f
-    assert "ecc_corrected" not in x["sample"] or not x["name"].startswith("NVIDIA GeForce GTX"), x
+    assert "ecc_corrected" not in x["readings"] or not x["name"].startswith("NVIDIA GeForce GTX"), x
+    assert "serial" not in x or x["name"].startswith("Tesla"), x
 failing = [x["index"] for x in g if not x["pass"]]
 assert failing and st == 1, (failing, st)
 print(f"scores {[x['score'] for x in g]}, failing {failing}")
 PY
+check_json() { # FILE WHAT: the report matches docs/doctor-json.md's schema
+  if python3 "$RK_SRC/tests/doctor_json_check.py" "$RK_SRC/docs/doctor-json.md" "$1" >"$work/schema" 2>&1
+  then ok "$2: --json matches docs/doctor-json.md"; else bad "$2: $(head -5 "$work/schema")"; fi
+}
+check_json "$work/d1.json" "worn simulated fleet"
 "$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --threshold 0 >/dev/null 2>&1
 [[ $? == 0 ]] && ok "--threshold 0: every GPU passes" || bad "threshold 0"
 
@@ -38,6 +53,14 @@ PY
 RK_NVML_LIB=$work/none.so "$RK" doctor >"$work/n" 2>&1; st=$?
 [[ $st == 1 ]] && grep -q "NVML not available" "$work/n" && ok "no NVML: one clear line, exit 1" \
   || bad "no nvml: exit $st: $(cat "$work/n")"
+RK_NVML_LIB=$work/none.so "$RK" doctor --json >"$work/n.json" 2>/dev/null; st=$?
+python3 - "$work/n.json" "$st" <<'PY' && ok "no NVML, --json: gpus [] and the error on stdout, exit 1" || bad "no nvml json: $(cat "$work/n.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert int(sys.argv[2]) == 1 and d["gpus"] == [] and d["error"].startswith("NVML not available"), d
+assert d["host"] and d["version"] and d["time"].endswith("Z"), d
+PY
+check_json "$work/n.json" "no NVML"
 for args in "--sim 0" "--sim 2 --threshold 101" "--bogus" "--sim 2 extra"; do
   "$RK" doctor $args >/dev/null 2>&1
   [[ $? == 2 ]] && ok "doctor $args: exit 2" || bad "doctor $args"
@@ -55,11 +78,17 @@ d = json.load(open(sys.argv[1]))
 g = d["gpus"]
 assert d["backend"] == "nvml" and len(g) == 2 and int(sys.argv[2]) == 1
 a, lost = g[0], g[1]
-assert a["simulated"] is False and "temp" in a["sample"] and "fan" not in a["sample"] \
-    and "ecc_corrected" not in a["sample"], a["sample"]
+r = a["readings"]
+assert a["simulated"] is False and "temp_c" in r and "fan_pct" not in r \
+    and "ecc_corrected" not in r, r
+assert lost["readings"] == {"lost": True}, lost["readings"]
 assert lost["score"] == 0 and lost["findings"][0]["code"] == "gpu_lost"
-print(f"GPU 0 score {a['score']}, sample fields {sorted(a['sample'])}")
+print(f"GPU 0 score {a['score']}, readings {sorted(r)}")
 PY
+check_json "$work/f.json" "fake driver"
+RK_NVML_LIB=$fake "$RK" doctor --samples 2 --interval 0.1 >"$work/f.txt" 2>&1
+grep -qE '^       [0-9]+ C  [0-9]+/[0-9]+ W  fan -  ' "$work/f.txt" \
+  && ok "fake driver: the passive card's fan shows as '-'" || bad "fake table: $(cat "$work/f.txt")"
 RK_NVML_LIB=$fake "$RK" tune --gpu 0 --lock-clocks 1506 --power-limit 150 --dry-run >"$work/t1" 2>&1; st=$?
 [[ $st == 0 ]] && grep -q "SM clocks locked 1506 MHz" "$work/t1" && grep -q "power limit 150 W" "$work/t1" \
   && grep -q "dry run: nothing changed" "$work/t1" && ok "tune --dry-run says what would change" \
