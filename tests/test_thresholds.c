@@ -1,0 +1,143 @@
+/*
+ * One temperature limit everywhere (rekindle/health.h's RK_HEALTH_TEMP_WARN_C and
+ * RK_HEALTH_TEMP_CRIT_C): the score's thermal_high fires at the warn limit and not just under
+ * it, thermal_critical at the critical one; the alert rule RekindleGpuTemperatureHigh
+ * (deploy/prometheus/rekindle.rules.yml) compares against the warn limit with ">=" and says
+ * that number; the dashboard's Temperature panel (deploy/grafana/rekindle.json) draws its
+ * orange and red lines at the two limits; docs/health.md's table states them. Read from the
+ * source tree (RK_SRC_DIR), so none of them can drift from the constants again.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rekindle/health.h"
+
+#ifndef RK_SRC_DIR
+#define RK_SRC_DIR "."
+#endif
+
+static char *slurp(const char *rel)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", RK_SRC_DIR, rel);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    char *buf = calloc(1, 1 << 20);
+    assert_non_null(buf);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    fclose(f);
+    assert_true(n > 0 && n < (1 << 20) - 1);
+    return buf;
+}
+
+/* Does the score give `code` for a reading at temp_c? */
+static int has_finding(double temp_c, const char *code)
+{
+    rk_gpu_sample s = {0};
+    s.temp_c = temp_c;
+    rk_field_set(&s, RK_F_TEMP);
+    rk_finding f[RK_MAX_FINDINGS];
+    int n = 0;
+    rk_health_score(&s, NULL, f, &n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(f[i].code, code) == 0)
+            return 1;
+    return 0;
+}
+
+static void test_score_uses_the_constants(void **st)
+{
+    (void)st;
+    assert_true(RK_HEALTH_TEMP_WARN_C < RK_HEALTH_TEMP_CRIT_C);
+    assert_false(has_finding(RK_HEALTH_TEMP_WARN_C - 0.5, "thermal_high"));
+    assert_true(has_finding(RK_HEALTH_TEMP_WARN_C, "thermal_high"));
+    assert_true(has_finding(RK_HEALTH_TEMP_CRIT_C - 0.5, "thermal_high"));
+    assert_false(has_finding(RK_HEALTH_TEMP_CRIT_C - 0.5, "thermal_critical"));
+    assert_true(has_finding(RK_HEALTH_TEMP_CRIT_C, "thermal_critical"));
+    assert_false(has_finding(RK_HEALTH_TEMP_CRIT_C, "thermal_high"));
+}
+
+static void test_alert_rule_uses_the_warn_limit(void **st)
+{
+    (void)st;
+    char *y = slurp("deploy/prometheus/rekindle.rules.yml");
+    char *a = strstr(y, "- alert: RekindleGpuTemperatureHigh\n");
+    assert_non_null(a);
+    char *next = strstr(a + 1, "- alert:");
+    if (next)
+        *next = 0; /* this rule's block only */
+    char *e = strstr(a, "expr: rk_gpu_temperature_celsius >= ");
+    assert_non_null(e);
+    char *end = NULL;
+    double v = strtod(e + strlen("expr: rk_gpu_temperature_celsius >= "), &end);
+    assert_true(end && *end == '\n');
+    assert_true(v == RK_HEALTH_TEMP_WARN_C);
+    char says[32];
+    snprintf(says, sizeof says, "%d C or more", RK_HEALTH_TEMP_WARN_C);
+    assert_non_null(strstr(a, says)); /* the summary and description say the same number */
+    free(y);
+}
+
+static void test_dashboard_uses_both_limits(void **st)
+{
+    (void)st;
+    char *text = slurp("deploy/grafana/rekindle.json");
+    json_error_t je;
+    json_t *d = json_loads(text, 0, &je);
+    assert_non_null(d);
+    json_t *panels = json_object_get(d, "panels"), *p;
+    size_t i;
+    int found = 0;
+    json_array_foreach(panels, i, p)
+    {
+        const char *title = json_string_value(json_object_get(p, "title"));
+        if (!title || strcmp(title, "Temperature") != 0)
+            continue;
+        found++;
+        json_t *steps = json_object_get(
+            json_object_get(json_object_get(json_object_get(p, "fieldConfig"), "defaults"),
+                            "thresholds"),
+            "steps");
+        assert_int_equal(json_array_size(steps), 3);
+        assert_true(json_is_null(json_object_get(json_array_get(steps, 0), "value")));
+        assert_true(json_number_value(json_object_get(json_array_get(steps, 1), "value")) ==
+                    RK_HEALTH_TEMP_WARN_C);
+        assert_true(json_number_value(json_object_get(json_array_get(steps, 2), "value")) ==
+                    RK_HEALTH_TEMP_CRIT_C);
+    }
+    assert_int_equal(found, 1);
+    json_decref(d);
+    free(text);
+}
+
+static void test_docs_state_the_limits(void **st)
+{
+    (void)st;
+    char *doc = slurp("docs/health.md"), want[64];
+    snprintf(want, sizeof want, "| thermal_high | warn | 20 | core >= %d C |", RK_HEALTH_TEMP_WARN_C);
+    assert_non_null(strstr(doc, want));
+    snprintf(want, sizeof want, "core >= %d C", RK_HEALTH_TEMP_CRIT_C);
+    assert_non_null(strstr(doc, want));
+    free(doc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_score_uses_the_constants),
+        cmocka_unit_test(test_alert_rule_uses_the_warn_limit),
+        cmocka_unit_test(test_dashboard_uses_both_limits),
+        cmocka_unit_test(test_docs_state_the_limits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
