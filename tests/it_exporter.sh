@@ -250,7 +250,7 @@ def healthy(out):
     open(out, "wb").write(body)
     v = [l for l in body.decode().splitlines() if l.startswith('rk_gpu_vrm_ripple_volts{gpu="0"')]
     check(len(v) == 1 and abs(float(v[0].rsplit(" ", 1)[1]) - 0.0555) < 1e-12,
-          "a textfile's 55.5 mV ripple is served as 0.0555 V: %s" % v)
+          "a textfile's 0.0555 V ripple (rk_sensor_vrm_ripple_volts) is served as 0.0555 V: %s" % v)
 
 globals()[sys.argv[1]](sys.argv[3])
 sys.exit(1 if fails else 0)
@@ -276,14 +276,14 @@ kill -0 "$main_pid" 2>/dev/null && ok "the exporter is still running after the g
 
 # --- (4) textfile sensors: a malformed file, then a good one -------------------------------
 mkdir -p "$work/tf"
-printf 'rk_gpu_vrm_ripple_millivolts{gpu="0"} 55.5 garbage here\n' >"$work/tf/bad.prom"
+printf 'rk_sensor_vrm_ripple_volts{gpu="0"} 0.0555 garbage here\n' >"$work/tf/bad.prom"
 if start tf --sim 2 --interval 1s --listen 127.0.0.1:0 --textfile-dir "$work/tf"; then
   tf_pid=$pid tf_addr=$addr
   sleep 3.5 # more than 3 intervals
   run_py unhealthy "$tf_addr" "$work/m3.txt"
   promcheck "$work/m3.txt" "with a malformed textfile"
   rm -f "$work/tf/bad.prom"
-  printf '# TYPE rk_gpu_vrm_ripple_millivolts gauge\nrk_gpu_vrm_ripple_millivolts{gpu="0"} 55.5\n' \
+  printf '# TYPE rk_sensor_vrm_ripple_volts gauge\nrk_sensor_vrm_ripple_volts{gpu="0"} 0.0555\n' \
     >"$work/tf/good.prom"
   sleep 2.5
   run_py healthy "$tf_addr" "$work/m4.txt"

@@ -136,19 +136,19 @@ static void test_valid_file_merges_both_sensors_by_index_and_uuid(void **state)
     }
 }
 
-/* The example of docs/textfile.md, as printed there. */
+/* The example of docs/textfile.md, as printed there (the rk_sensor_ names, base units). */
 static void test_the_documented_example_merges_as_documented(void **state)
 {
     (void)state;
     static const char text[] =
-        "# HELP rk_gpu_vrm_ripple_millivolts VRM output ripple, peak to peak.\n"
-        "# TYPE rk_gpu_vrm_ripple_millivolts gauge\n"
-        "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 38.5\n"
-        "rk_gpu_vrm_ripple_millivolts{gpu=\"1\",probe=\"scope-ch2\"} 112\n"
-        "# HELP rk_gpu_fan_vibration_hertz Dominant fan vibration frequency.\n"
-        "# TYPE rk_gpu_fan_vibration_hertz gauge\n"
-        "rk_gpu_fan_vibration_hertz{uuid=\"GPU-5b0c3f1e-9a0d-4c7e-8e55-2f1d6b7a9c01\"} 180\n"
-        "rk_gpu_fan_vibration_hertz{gpu=\"1\"} 310 1717000000000\n";
+        "# HELP rk_sensor_vrm_ripple_volts VRM output ripple, peak to peak.\n"
+        "# TYPE rk_sensor_vrm_ripple_volts gauge\n"
+        "rk_sensor_vrm_ripple_volts{gpu=\"0\"} 0.0385\n"
+        "rk_sensor_vrm_ripple_volts{gpu=\"1\",probe=\"scope-ch2\"} 0.112\n"
+        "# HELP rk_sensor_fan_vibration_hertz Dominant fan vibration frequency.\n"
+        "# TYPE rk_sensor_fan_vibration_hertz gauge\n"
+        "rk_sensor_fan_vibration_hertz{uuid=\"GPU-5b0c3f1e-9a0d-4c7e-8e55-2f1d6b7a9c01\"} 180\n"
+        "rk_sensor_fan_vibration_hertz{gpu=\"1\"} 310 1717000000000\n";
     rk_gpu_info info[2] = {{.index = 0, .uuid = "GPU-5b0c3f1e-9a0d-4c7e-8e55-2f1d6b7a9c01"},
                            {.index = 1, .uuid = "GPU-0d1e"}};
     rk_gpu_sample s[2] = {{0}};
@@ -157,12 +157,39 @@ static void test_the_documented_example_merges_as_documented(void **state)
     rk_err err = {0};
     assert_int_equal(rk_textfile_merge("gpu-sensors.prom", text, strlen(text), info, s, 2, &err),
                      RK_OK);
-    assert_float_equal(s[0].vrm_ripple_mv, 38.5, 0);
+    assert_float_equal(s[0].vrm_ripple_mv, 38.5, 1e-9); /* volts in, millivolts in the sample */
     assert_float_equal(s[0].fan_vib_hz, 180, 0);
-    assert_float_equal(s[1].vrm_ripple_mv, 112, 0);
+    assert_float_equal(s[1].vrm_ripple_mv, 112, 1e-9);
     assert_float_equal(s[1].fan_vib_hz, 310, 0);
     for (int i = 0; i < 2; i++)
         assert_true(has(&s[i], RK_F_VRM_RIPPLE) && has(&s[i], RK_F_FAN_VIB));
+}
+
+/* The old input names (rk_gpu_vrm_ripple_millivolts, rk_gpu_fan_vibration_hertz) still merge,
+ * in their own units; one GPU's sensor given under both names in one file is refused as given
+ * twice; a volts value that would overflow in millivolts is refused, not stored as inf. */
+static void test_old_names_still_merge_and_cannot_double_up(void **state)
+{
+    (void)state;
+    rk_gpu_sample s[NGPU];
+    rk_err err = {0};
+    fresh(s);
+    const char *old = "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n"
+                      "rk_gpu_fan_vibration_hertz{gpu=\"0\"} 260\n";
+    assert_int_equal(merge(old, s, &err), RK_OK);
+    assert_float_equal(s[0].vrm_ripple_mv, 55, 0);
+    assert_float_equal(s[0].fan_vib_hz, 260, 0);
+    fresh(s);
+    const char *both = "rk_sensor_vrm_ripple_volts{gpu=\"0\"} 0.05\n"
+                       "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n";
+    assert_int_equal(merge(both, s, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "for GPU 0 already given on line 1"));
+    assert_false(has(&s[0], RK_F_VRM_RIPPLE));
+    fresh(s);
+    const char *huge = "rk_sensor_vrm_ripple_volts{gpu=\"0\"} 1e308\n";
+    assert_int_equal(merge(huge, s, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "rk_sensor_vrm_ripple_volts must be a finite number"));
+    assert_false(has(&s[0], RK_F_VRM_RIPPLE));
 }
 
 static void test_empty_and_comment_only_files_change_nothing(void **state)
@@ -781,6 +808,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_file_merges_both_sensors_by_index_and_uuid),
         cmocka_unit_test(test_the_documented_example_merges_as_documented),
+        cmocka_unit_test(test_old_names_still_merge_and_cannot_double_up),
         cmocka_unit_test(test_empty_and_comment_only_files_change_nothing),
         cmocka_unit_test(test_values_are_read_as_go_floats),
         cmocka_unit_test(test_malformed_lines_are_named_with_line_and_problem),

@@ -4,8 +4,10 @@
  * it, thermal_critical at the critical one; the alert rule RekindleGpuTemperatureHigh
  * (deploy/prometheus/rekindle.rules.yml) compares against the warn limit with ">=" and says
  * that number; the dashboard's Temperature panel (deploy/grafana/rekindle.json) draws its
- * orange and red lines at the two limits; docs/health.md's table states them. Read from the
- * source tree (RK_SRC_DIR), so none of them can drift from the constants again.
+ * orange and red lines at the two limits; docs/health.md's table states them. And the names
+ * agree: each textfile input that docs/textfile.md lists is merged by the reader, is not an
+ * output name of rk exporter (docs/metrics.md), and carries the same unit as the output it is
+ * served as. Read from the source tree (RK_SRC_DIR), so none of them can drift again.
  */
 #include <jansson.h>
 #include <math.h>
@@ -124,11 +126,59 @@ static void test_docs_state_the_limits(void **st)
 {
     (void)st;
     char *doc = slurp("docs/health.md"), want[64];
-    snprintf(want, sizeof want, "| thermal_high | warn | 20 | core >= %d C |", RK_HEALTH_TEMP_WARN_C);
+    snprintf(want, sizeof want, "| thermal_high | warn | 20 | core >= %d C |",
+             RK_HEALTH_TEMP_WARN_C);
     assert_non_null(strstr(doc, want));
     snprintf(want, sizeof want, "core >= %d C", RK_HEALTH_TEMP_CRIT_C);
     assert_non_null(strstr(doc, want));
     free(doc);
+}
+
+/* The unit at the end of a metric name: "volts" of rk_sensor_vrm_ripple_volts. */
+static const char *unit_of(const char *name)
+{
+    const char *u = strrchr(name, '_');
+    return u ? u + 1 : name;
+}
+
+static void test_textfile_inputs_never_equal_outputs(void **st)
+{
+    (void)st;
+    char *tf = slurp("docs/textfile.md"), *metrics = slurp("docs/metrics.md");
+    int rows = 0;
+    for (char *p = tf; (p = strstr(p, "\n| `rk_sensor_")); p++) {
+        char in[64] = "", out[64] = "";
+        assert_int_equal(sscanf(p, "\n| `%63[a-z_]`", in), 1);
+        char *eol = strchr(p + 1, '\n'), *last = eol;
+        while (last > p && *last != '`')
+            last--; /* the row's last column: the exporter's name for it */
+        char *first = last - 1;
+        while (first > p && *first != '`')
+            first--;
+        assert_true(first > p && last - first - 1 < (long)sizeof out);
+        memcpy(out, first + 1, (size_t)(last - first - 1));
+        char want[80];
+        snprintf(want, sizeof want, "| %s |", in);
+        assert_null(strstr(metrics, want)); /* an input is never an output */
+        snprintf(want, sizeof want, "| %s |", out);
+        assert_non_null(strstr(metrics, want)); /* the output exists */
+        assert_string_equal(unit_of(in), unit_of(out));
+        /* and the reader takes it */
+        rk_gpu_info info = {.index = 0, .uuid = "GPU-0"};
+        rk_gpu_sample s = {0};
+        rk_field_set(&s, RK_F_TEMP);
+        char line[96];
+        snprintf(line, sizeof line, "%s{gpu=\"0\"} 1\n", in);
+        rk_err err = {0};
+        assert_int_equal(rk_textfile_merge("t.prom", line, strlen(line), &info, &s, 1, &err),
+                         RK_OK);
+        assert_true(rk_field_valid(&s, RK_F_VRM_RIPPLE) || rk_field_valid(&s, RK_F_FAN_VIB));
+        rows++;
+        p = eol ? eol - 1 : p;
+    }
+    assert_int_equal(rows, 2);
+    free(tf);
+    free(metrics);
 }
 
 int main(void)
@@ -138,6 +188,7 @@ int main(void)
         cmocka_unit_test(test_alert_rule_uses_the_warn_limit),
         cmocka_unit_test(test_dashboard_uses_both_limits),
         cmocka_unit_test(test_docs_state_the_limits),
+        cmocka_unit_test(test_textfile_inputs_never_equal_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 /*
  * Textfile sensors (rekindle/health.h, docs/textfile.md): node_exporter textfiles (*.prom,
  * Prometheus text format 0.0.4) from sensors NVML cannot read. The whole file is checked the
- * way node_exporter's parser checks it; only rk_gpu_vrm_ripple_millivolts and
- * rk_gpu_fan_vibration_hertz are merged into the samples, and only when the file parsed.
+ * way node_exporter's parser checks it; only rk_sensor_vrm_ripple_volts and
+ * rk_sensor_fan_vibration_hertz (and, deprecated, the old rk_gpu_vrm_ripple_millivolts and
+ * rk_gpu_fan_vibration_hertz) are merged into the samples, and only when the file parsed.
  * Relies on libc (strtod for decimal values) and the one bounded opener (rekindle/fileio.h).
  * Never prints or exits.
  */
@@ -30,14 +31,22 @@
 #define SHOW_PATH_CAP 224            /* a path shown in a message */
 #define UUID_MAX 128                 /* longer label values cannot name a GPU */
 
-/* The two metrics that matter, and the sample field each one sets. */
+/* The metrics that matter: the sample field each one sets (slot 0 VRM ripple, 1 fan
+ * vibration) and the factor to the field's unit (vrm_ripple_mv is millivolts). Input names
+ * never equal an output name of rk exporter (docs/textfile.md): the rk_sensor_ names are the
+ * inputs; the rk_gpu_ ones are the old input names, accepted until they are removed (the old
+ * fan name is also the exporter's output name). */
 static const struct {
     const char *name;
-    rk_field field;
-} sensors[2] = {
-    {"rk_gpu_vrm_ripple_millivolts", RK_F_VRM_RIPPLE},
-    {"rk_gpu_fan_vibration_hertz", RK_F_FAN_VIB},
+    int slot;
+    double scale;
+} sensors[] = {
+    {"rk_sensor_vrm_ripple_volts", 0, 1e3},
+    {"rk_sensor_fan_vibration_hertz", 1, 1},
+    {"rk_gpu_vrm_ripple_millivolts", 0, 1},
+    {"rk_gpu_fan_vibration_hertz", 1, 1},
 };
+#define NSENSORS ((int)(sizeof sensors / sizeof sensors[0]))
 
 /* ---- metric names seen (for the HELP and TYPE rules) ------------------------------------- */
 
@@ -324,11 +333,11 @@ static name_ent *family(parser *P, span name)
 }
 
 /* How messages name things from the file without quoting it: a metric by name only when it is
- * one of the two sensors (a name rekindle knows, not the file's bytes), a label by name only
+ * one of the sensors (a name rekindle knows, not the file's bytes), a label by name only
  * when it is one the reader knows (gpu, uuid, le, quantile), else by its column. */
 static const char *metric_label(char *dst, size_t cap, span name)
 {
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < NSENSORS; k++)
         if (span_is(name, sensors[k].name)) {
             snprintf(dst, cap, "\"%s\"", sensors[k].name);
             return dst;
@@ -601,19 +610,22 @@ static int parse_sample(parser *P, const char *s, size_t n, size_t i)
     }
     e->flags |= SEEN_SAMPLE;
 
-    int k = span_is(name, sensors[0].name) ? 0 : span_is(name, sensors[1].name) ? 1 : -1;
+    int k = -1;
+    for (int q = 0; q < NSENSORS && k < 0; q++)
+        if (span_is(name, sensors[q].name))
+            k = q;
     if (k < 0)
         return RK_OK; /* another metric: checked, not used */
-    if (!isfinite(v) || v < 0)
+    if (!isfinite(v) || v < 0 || !isfinite(v * sensors[k].scale))
         return bad(P, "%s must be a finite number >= 0 (column %zu)", sensors[k].name, vb + 1);
     int pos;
     if ((rc = select_gpu(P, sensors[k].name, gpu, uuid, &pos)) || pos < 0)
         return rc;
-    pending *p = &P->pend[2 * pos + k];
+    pending *p = &P->pend[2 * pos + sensors[k].slot];
     if (p->line)
         return bad(P, "%s for GPU %d already given on line %d", sensors[k].name,
                    P->infos[pos].index, p->line);
-    p->v = v + 0.0; /* -0 becomes 0 */
+    p->v = v * sensors[k].scale + 0.0; /* -0 becomes 0 */
     p->line = P->line;
     return RK_OK;
 }
@@ -650,11 +662,11 @@ int rk_textfile_merge(const char *path, const char *text, size_t len, const rk_g
              * values would turn it into a good, nearly empty one (rk_monitor_read_failed) */
             if (P.pend[2 * g + k].line && !samples[g].lost &&
                 !rk_monitor_read_failed(&samples[g])) {
-                if (sensors[k].field == RK_F_VRM_RIPPLE)
+                if (k == 0)
                     samples[g].vrm_ripple_mv = P.pend[2 * g + k].v;
                 else
                     samples[g].fan_vib_hz = P.pend[2 * g + k].v;
-                rk_field_set(&samples[g], sensors[k].field);
+                rk_field_set(&samples[g], k == 0 ? RK_F_VRM_RIPPLE : RK_F_FAN_VIB);
             }
     free(P.pend);
     free(P.names.v);

@@ -86,8 +86,8 @@ check(dict(c0.envs) == {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "
 # ---- device 1 fails: a crit VRM ripple and fan vibration ---------------------------------
 n = len(k.updates)
 t_write = time.monotonic()
-write_textfile("gpu1.prom", ['rk_gpu_vrm_ripple_millivolts{gpu="1"} 150',
-                             'rk_gpu_fan_vibration_hertz{gpu="1"} 450'])
+write_textfile("gpu1.prom", ['rk_sensor_vrm_ripple_volts{gpu="1"} 0.150',
+                             'rk_sensor_fan_vibration_hertz{gpu="1"} 450'])
 u = k.wait_health(lambda h: h.get("1") == "Unhealthy", timeout=10 * interval + 5, since=n)
 if check(u is not None, "device 1 streamed Unhealthy after its textfile"):
     delay = u[0] - t_write
@@ -115,8 +115,8 @@ check("1" not in p2 and sorted(p2) == ["0", "2"] and p3[-1] == "1",
 
 # ---- hysteresis: a warn-level textfile is not enough to be Healthy again ------------------
 n = len(k.updates)
-write_textfile("gpu1.prom", ['rk_gpu_vrm_ripple_millivolts{gpu="1"} 60',
-                             'rk_gpu_fan_vibration_hertz{gpu="1"} 300'])
+write_textfile("gpu1.prom", ['rk_sensor_vrm_ripple_volts{gpu="1"} 0.060',
+                             'rk_sensor_fan_vibration_hertz{gpu="1"} 300'])
 time.sleep(3 * interval + slack)
 back = k.wait_health(lambda h: h.get("1") == "Healthy", timeout=0, since=n)
 e = rpc_error(lambda: k.allocate(["1"]))
@@ -142,7 +142,7 @@ check(a is None, "Allocate of the healed device 1 succeeds")
 need = s0.get("0", 0) - 15 >= threshold and s0.get("2", 0) > s0.get("0", 0) - 15
 if check(need, "the fleet has the scores this check needs (0 - 15 >= %g, 2 > 0 - 15): %s"
          % (threshold, s0)):
-    write_textfile("gpu0.prom", ['rk_gpu_vrm_ripple_millivolts{gpu="0"} 60'])
+    write_textfile("gpu0.prom", ['rk_sensor_vrm_ripple_volts{gpu="0"} 0.060'])
     time.sleep(2 * interval + slack)
     pm = k.preferred(["0", "1", "2"], ["1"], 2)
     pb2 = k.preferred(["0", "1", "2"], [], 2)

@@ -65,14 +65,14 @@ wait_state() {
   done
   return 1
 }
-sensors() { # sensors NODE MV HZ: GPU 1's VRM ripple and fan vibration on node NODE
-  printf '%s\n' '# TYPE rk_gpu_vrm_ripple_millivolts gauge' \
-    "rk_gpu_vrm_ripple_millivolts{gpu=\"1\"} $2" '# TYPE rk_gpu_fan_vibration_hertz gauge' \
-    "rk_gpu_fan_vibration_hertz{gpu=\"1\"} $3" >"$work/tf/$1/sensor.prom.tmp"
+sensors() { # sensors NODE VOLTS HZ: GPU 1's VRM ripple and fan vibration on node NODE
+  printf '%s\n' '# TYPE rk_sensor_vrm_ripple_volts gauge' \
+    "rk_sensor_vrm_ripple_volts{gpu=\"1\"} $2" '# TYPE rk_sensor_fan_vibration_hertz gauge' \
+    "rk_sensor_fan_vibration_hertz{gpu=\"1\"} $3" >"$work/tf/$1/sensor.prom.tmp"
   mv "$work/tf/$1/sensor.prom.tmp" "$work/tf/$1/sensor.prom"
 }
-sick() { sensors "$1" 180 520; } # crit both: score 35
-healed() { sensors "$1" 20 90; }
+sick() { sensors "$1" 0.180 520; } # crit both: score 35
+healed() { sensors "$1" 0.020 90; }
 
 # ---- (a) the health check drains and resumes, and leaves an administrator's drain be -------
 wait_state node1 '^idle' 10 && ok "(a) node1 idle with the health check running" \
@@ -99,7 +99,7 @@ fi
 # a sensor file cut while written: a reading went wrong, which is not a good one (stays
 # drained); a simulated card has VRM and fan sensors of its own, so a file gone is judged by
 # them (a real card's missing sensor: tests/test_slurm.c)
-printf '# TYPE rk_gpu_vrm_ripple_millivolts gauge\nrk_gpu_vrm_ripple_millivolts{gpu="1' >"$work/tf/node2/sensor.prom"
+printf '# TYPE rk_sensor_vrm_ripple_volts gauge\nrk_sensor_vrm_ripple_volts{gpu="1' >"$work/tf/node2/sensor.prom"
 out=$("$RK" doctor --slurm --node node2 --sim 2 --samples 1 --interval 0 --textfile-dir "$work/tf/node2" 2>&1)
 rc=$?
 [[ $rc == 1 && $out == *"stays drained: a reading went wrong"* ]] && [[ "$(state node2)" =~ ^drain ]] \
