@@ -126,8 +126,7 @@ int rk_burn_record_check(const rk_burn_record *r, const char *what, rk_err *err)
 
 /* Open `path` for reading as rk_file_open_read does, but never through a symbolic link at
  * its last component (rk_file_openat_read in its directory). */
-static int open_nofollow(const char *path, const char *shown, int *fd, uint64_t *size,
-                         rk_err *err)
+static int open_nofollow(const char *path, const char *shown, int *fd, uint64_t *size, rk_err *err)
 {
     size_t plen = strlen(path);
     char *dir = malloc(plen + 2);
@@ -233,9 +232,8 @@ static int get_count(json_t *o, const char *k, uint64_t *out, const char **why)
     return 0;
 }
 
-static const char *const record_fields[] = {"name",   "when",           "duration_s",
-                                            "ok",     "failed",         "gflops",
-                                            "wrong_elements", "bad_addresses"};
+static const char *const record_fields[] = {"name",   "when",   "duration_s",     "ok",
+                                            "failed", "gflops", "wrong_elements", "bad_addresses"};
 #define NFIELDS (sizeof record_fields / sizeof record_fields[0])
 
 /* One record (value v under key k, the i-th) into r. `file` is the shown path. */
@@ -251,8 +249,7 @@ static int parse_record(const char *file, int i, const char *k, json_t *v, rk_bu
                           "control characters (the GPU's serial or UUID)",
                           file, i + 1, sizeof r->key - 1);
     }
-    snprintf(label, sizeof label, "record %d (\"%s\")", i + 1,
-             rk_msg_show(kshow, sizeof kshow, k));
+    snprintf(label, sizeof label, "record %d (\"%s\")", i + 1, rk_msg_show(kshow, sizeof kshow, k));
     memcpy(r->key, k, klen + 1);
     if (!json_is_object(v))
         return rk_err_set(err, RK_EFORMAT, "%s: gpus: %s: not an object", file, label);
@@ -348,15 +345,14 @@ int rk_burn_state_parse(const char *file, const char *text, size_t len, rk_burn_
     }
     if (!json_is_integer(ver) || json_integer_value(ver) != RK_BURN_STATE_VERSION) {
         rc = rk_err_set(err, RK_EFORMAT, "%s: version: %s (this rekindle reads version %d)", file,
-                        !ver                    ? "missing"
+                        !ver                   ? "missing"
                         : json_is_integer(ver) ? "a version it does not know"
                                                : "not an integer",
                         RK_BURN_STATE_VERSION);
         goto out;
     }
     if (!json_is_object(gpus)) {
-        rc = rk_err_set(err, RK_EFORMAT, "%s: gpus: %s", file,
-                        gpus ? "not an object" : "missing");
+        rc = rk_err_set(err, RK_EFORMAT, "%s: gpus: %s", file, gpus ? "not an object" : "missing");
         goto out;
     }
     size_t n = json_object_size(gpus);
@@ -434,14 +430,15 @@ static json_t *record_json(const rk_burn_record *r)
     json_t *o = json_object();
     if (!o)
         return NULL;
-    int bad = json_object_set_new(o, "name", json_string(r->name)) ||
-              json_object_set_new(o, "when", json_real(r->when)) ||
-              json_object_set_new(o, "duration_s", json_real(r->duration_s)) ||
-              json_object_set_new(o, "ok", json_boolean(r->ok)) ||
-              json_object_set_new(o, "failed", json_string(r->failed)) ||
-              json_object_set_new(o, "gflops", json_real(r->gflops)) ||
-              json_object_set_new(o, "wrong_elements", json_integer((json_int_t)r->wrong_elements)) ||
-              json_object_set_new(o, "bad_addresses", json_integer((json_int_t)r->bad_addresses));
+    int bad =
+        json_object_set_new(o, "name", json_string(r->name)) ||
+        json_object_set_new(o, "when", json_real(r->when)) ||
+        json_object_set_new(o, "duration_s", json_real(r->duration_s)) ||
+        json_object_set_new(o, "ok", json_boolean(r->ok)) ||
+        json_object_set_new(o, "failed", json_string(r->failed)) ||
+        json_object_set_new(o, "gflops", json_real(r->gflops)) ||
+        json_object_set_new(o, "wrong_elements", json_integer((json_int_t)r->wrong_elements)) ||
+        json_object_set_new(o, "bad_addresses", json_integer((json_int_t)r->bad_addresses));
     if (bad) {
         json_decref(o);
         return NULL;
@@ -466,7 +463,8 @@ static char *state_text(const rk_burn_state *s, const rk_burn_record *r)
         bad = json_object_set_new(j, "gpus", gpus);
         gpus = NULL;
     }
-    char *text = bad ? NULL : json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    char *text =
+        bad ? NULL : json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(gpus);
     json_decref(j);
     if (text) {
