@@ -409,6 +409,38 @@ static void test_openat_refuses_symlinks(void **state)
     close(dfd);
 }
 
+/* rk_file_open_read_nofollow: a whole path, its last component never a link; links above it
+ * are followed as in any path. */
+static void test_open_nofollow_path(void **state)
+{
+    (void)state;
+    char p[1024], l[1024], d[1024], via[1100];
+    rk_err err;
+    in_dir(p, sizeof p, "nf-real.txt");
+    assert_int_equal(rk_file_write_atomic(p, "secret", 6, &err), RK_OK);
+    in_dir(l, sizeof l, "nf-link.txt");
+    assert_int_equal(symlink("nf-real.txt", l), 0);
+    int fd;
+    uint64_t size;
+    assert_int_equal(rk_file_open_read_nofollow(p, NULL, 100, &fd, &size, &err), RK_OK);
+    assert_int_equal(size, 6);
+    close(fd);
+    assert_int_equal(rk_file_open_read_nofollow(l, "the state", 100, &fd, &size, &err), RK_EINVAL);
+    assert_int_equal(fd, -1);
+    assert_non_null(strstr(err.msg, "the state: is a symbolic link"));
+    /* a linked directory above the file is fine */
+    in_dir(d, sizeof d, "nf-dirlink");
+    assert_int_equal(symlink(".", d), 0);
+    snprintf(via, sizeof via, "%s/nf-real.txt", d);
+    assert_int_equal(rk_file_open_read_nofollow(via, NULL, 100, &fd, &size, &err), RK_OK);
+    close(fd);
+    assert_int_equal(rk_file_open_read_nofollow(p, NULL, 3, &fd, &size, &err), RK_EFORMAT);
+    snprintf(via, sizeof via, "%s/missing/x", g_dir);
+    assert_int_equal(rk_file_open_read_nofollow(via, NULL, 100, &fd, &size, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "cannot open its directory"));
+    assert_int_equal(rk_file_open_read_nofollow("", NULL, 100, &fd, &size, &err), RK_EINVAL);
+}
+
 /* Files whose size stat cannot tell (procfs reports 0) are read to EOF and still bounded. */
 static void test_read_all_unsized_file(void **state)
 {
@@ -474,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_read_refuses_fifo_and_devices),
         cmocka_unit_test(test_open_read_checks_size_first),
         cmocka_unit_test(test_openat_refuses_symlinks),
+        cmocka_unit_test(test_open_nofollow_path),
         cmocka_unit_test(test_fsync_dir),
         cmocka_unit_test(test_relative_path),
     };

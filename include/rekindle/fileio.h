@@ -96,6 +96,14 @@ RK_API int rk_file_open_read(const char *path, size_t max_len, int *fd, uint64_t
 RK_API int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t max_len,
                                int *fd, uint64_t *size, rk_err *err);
 
+/* rk_file_openat_read for a whole path: its directory is opened (following links, as any
+ * path is) and its last component never through a symbolic link. For files that rekindle
+ * also replaces by rename (a link there would be read but never written). `label` (NULL:
+ * path) is what messages call the file. Errors as rk_file_openat_read's, and RK_EINVAL for a
+ * path of PATH_MAX bytes or more. */
+RK_API int rk_file_open_read_nofollow(const char *path, const char *label, size_t max_len, int *fd,
+                                      uint64_t *size, rk_err *err);
+
 /* Read exactly `n` bytes from `fd` (short reads and EINTR retried). A file that ends first is
  * RK_EFORMAT ("file ended after K of N bytes"), a failed read RK_EIO; `path` names it. */
 RK_API int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_err *err);

@@ -387,6 +387,51 @@ int rk_file_openat_read(int dirfd, const char *name, const char *label, size_t m
     return rc;
 }
 
+int rk_file_open_read_nofollow(const char *path, const char *label, size_t max_len, int *fd,
+                               uint64_t *size, rk_err *err)
+{
+    if (!fd)
+        return rk_err_set(err, RK_EINVAL, "rk_file_open_read_nofollow: fd is NULL");
+    *fd = -1;
+    if (size)
+        *size = 0;
+    if (!path || !*path)
+        return rk_err_set(err, RK_EINVAL, "rk_file_open_read_nofollow: path is empty");
+    if (!label)
+        label = path;
+    size_t plen = strlen(path);
+    if (plen >= PATH_MAX)
+        return rk_err_set(err, RK_EINVAL, "%s: a path of %zu bytes, at most %d", label, plen,
+                          PATH_MAX - 1);
+    char dir[PATH_MAX];
+    memcpy(dir, path, plen + 1);
+    while (plen > 1 && dir[plen - 1] == '/')
+        dir[--plen] = 0;
+    char *slash = strrchr(dir, '/');
+    const char *name = dir, *dname = NULL;
+    if (slash) {
+        name = slash[1] ? slash + 1 : ".";
+        if (slash == dir) {
+            dname = "/";
+        } else {
+            *slash = 0;
+            dname = dir;
+        }
+    }
+    int dfd = AT_FDCWD;
+    if (dname) {
+        do {
+            dfd = open(dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        } while (dfd < 0 && errno == EINTR);
+        if (dfd < 0)
+            return io_fail(err, errno, label, "cannot open its directory");
+    }
+    int rc = rk_file_openat_read(dfd, name, label, max_len, fd, size, err);
+    if (dfd != AT_FDCWD)
+        close(dfd);
+    return rc;
+}
+
 int rk_file_read_exact(int fd, void *buf, size_t n, const char *path, rk_err *err)
 {
     unsigned char *p = buf;

@@ -124,48 +124,6 @@ int rk_burn_record_check(const rk_burn_record *r, const char *what, rk_err *err)
 
 /* ---- the reader --------------------------------------------------------------------------- */
 
-/* Open `path` for reading as rk_file_open_read does, but never through a symbolic link at
- * its last component (rk_file_openat_read in its directory). */
-static int open_nofollow(const char *path, const char *shown, int *fd, uint64_t *size, rk_err *err)
-{
-    size_t plen = strlen(path);
-    char *dir = malloc(plen + 2);
-    if (!dir)
-        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", shown);
-    memcpy(dir, path, plen + 1);
-    while (plen > 1 && dir[plen - 1] == '/')
-        dir[--plen] = 0;
-    char *slash = strrchr(dir, '/');
-    const char *name = dir, *dname = NULL;
-    if (slash) {
-        name = slash[1] ? slash + 1 : ".";
-        if (slash == dir) {
-            dname = "/";
-        } else {
-            *slash = 0;
-            dname = dir;
-        }
-    }
-    int dfd = AT_FDCWD, rc;
-    if (dname) {
-        do {
-            dfd = open(dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        } while (dfd < 0 && errno == EINTR);
-        if (dfd < 0) {
-            int e = errno;
-            char eb[128];
-            free(dir);
-            return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot open its directory: %s",
-                                   shown, rk_msg_strerror(e, eb, sizeof eb));
-        }
-    }
-    rc = rk_file_openat_read(dfd, name, shown, RK_BURN_STATE_MAX, fd, size, err);
-    if (dfd != AT_FDCWD)
-        close(dfd);
-    free(dir);
-    return rc;
-}
-
 /* Copy a JSON string member into dst[cap]; 0, or -1 when absent, not a string or too long. */
 static int get_text(json_t *o, const char *k, char *dst, size_t cap, const char **why)
 {
@@ -399,7 +357,7 @@ int rk_burn_state_load(const char *path, rk_burn_state **out, rk_err *err)
     int fd;
     uint64_t size;
     rk_err e2 = {0};
-    int rc = open_nofollow(path, shown, &fd, &size, &e2);
+    int rc = rk_file_open_read_nofollow(path, shown, RK_BURN_STATE_MAX, &fd, &size, &e2);
     if (rc == RK_ENOENT) {
         rk_burn_state *s = calloc(1, sizeof *s);
         if (!s)

@@ -408,43 +408,9 @@ int rk_hosts_load_file(rk_hosts *hs, const char *path, rk_err *err)
         return rk_err_set(err, RK_EINVAL, "rk_hosts_load_file: hs or path is empty");
     char what[300], shown[256];
     snprintf(what, sizeof what, "hostfile %s", rk_msg_show(shown, sizeof shown, path));
-    /* The file's own name opened in its directory with O_NOFOLLOW (rk_file_openat_read). */
-    char dir[PATH_MAX];
-    size_t plen = strlen(path);
-    if (plen >= sizeof dir)
-        return rk_err_set(err, RK_EINVAL, "%s: a path of %zu bytes, at most %zu", what, plen,
-                          sizeof dir - 1);
-    memcpy(dir, path, plen + 1);
-    while (plen > 1 && dir[plen - 1] == '/')
-        dir[--plen] = 0;
-    char *slash = strrchr(dir, '/');
-    const char *name = dir, *dname = NULL;
-    if (slash) {
-        name = slash[1] ? slash + 1 : ".";
-        if (slash == dir) {
-            dname = "/";
-        } else {
-            *slash = 0;
-            dname = dir;
-        }
-    }
-    int dfd = AT_FDCWD;
-    if (dname) {
-        do {
-            dfd = open(dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        } while (dfd < 0 && errno == EINTR);
-        if (dfd < 0) {
-            int e = errno;
-            char eb[128];
-            return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot open its directory: %s",
-                                   what, rk_msg_strerror(e, eb, sizeof eb));
-        }
-    }
     int fd;
     uint64_t size;
-    int rc = rk_file_openat_read(dfd, name, what, (size_t)RK_HOSTFILE_MAX, &fd, &size, err);
-    if (dfd != AT_FDCWD)
-        close(dfd);
+    int rc = rk_file_open_read_nofollow(path, what, (size_t)RK_HOSTFILE_MAX, &fd, &size, err);
     if (rc < 0)
         return rc;
     uint8_t *buf;
