@@ -253,6 +253,7 @@ static int on_line(void *ctx, const char *line, size_t len)
         if (c->rank == 0) {
             rk_ledger_step(&s->g, m.step, m.dt);
             s->loss = m.loss_finite ? m.loss : NAN;
+            rk_ledger_step_rec(&s->g, s->launch_no, 0, m.step, s->loss, m.dt);
         }
         /* the job is back at work when all its ranks are back and any of them applies a
          * step (ranks of a data-parallel job step together; independent ones need not) */
@@ -267,7 +268,10 @@ static int on_line(void *ctx, const char *line, size_t len)
             on_event(s, &m);
         break;
     case RK_HB_INJECT: on_inject(s, &m); break;
-    case RK_HB_CKPT: break;
+    case RK_HB_CKPT:
+        if (c->rank == 0) /* every rank writes its part of one checkpoint: rank 0 speaks */
+            rk_ledger_ckpt_rec(&s->g, s->launch_no, 0, m.step, m.seconds);
+        break;
     case RK_HB_BYE:
         c->bye = 1;
         c->bye_done = strcmp(m.status, "done") == 0;
