@@ -142,8 +142,10 @@ static void on_event(sup *s, const rk_hb_msg *m)
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
     rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, sup_devname(s, blame), m->action,
                                    "step %lld: %s", (long long)m->step, m->detail);
-    if (i)
+    if (i) {
         i->lost_steps = m->lost_steps;
+        i->step = m->step; /* the step the rank was computing */
+    }
     if (blame >= 0)
         sup_say(s, "step %lld: %s on rank %d device %s -> %s (in-process, no restart)",
                 (long long)m->step, m->kind, blame, sup_devname(s, blame), m->action);
@@ -168,6 +170,7 @@ static void on_inject(sup *s, const rk_hb_msg *m)
                                    m->kind, (long long)m->step);
     if (i) {
         i->lost_steps = 0;
+        i->step = m->step;
         rk_ledger_write(&s->g, i);
     }
 }

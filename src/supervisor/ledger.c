@@ -25,6 +25,7 @@ int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
     clock_gettime(CLOCK_REALTIME, &ts);
     g->wall0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
     g->first_step = -1;
+    g->at_step = -1;
     if (events_path && !(g->events = fopen(events_path, "a")))
         return rk_err_set(err, RK_EIO, "--events %s: %s", events_path, strerror(errno));
     return RK_OK;
@@ -152,6 +153,7 @@ rk_incident *rk_ledger_addv(rk_ledger *g, const char *kind, int rank, const char
     snprintf(i->action, sizeof i->action, "%s", action);
     i->lost_steps = -1;
     i->recovery_s = -1;
+    i->step = g->at_step;
     vsnprintf(i->detail, sizeof i->detail, fmt, ap);
     return i;
 }
@@ -183,6 +185,7 @@ static json_t *incident_json(const rk_ledger *g, const rk_incident *i)
     json_object_set_new(j, "rank", i->rank >= 0 ? json_integer(i->rank) : json_null());
     json_object_set_new(j, "device", i->device[0] ? json_string(i->device) : json_null());
     json_object_set_new(j, "action", json_string(i->action));
+    json_object_set_new(j, "step", i->step >= 0 ? json_integer(i->step) : json_null());
     json_object_set_new(j, "lost_steps",
                         i->lost_steps >= 0 ? json_integer(i->lost_steps) : json_null());
     json_object_set_new(j, "recovery_s",
@@ -254,6 +257,8 @@ void rk_ledger_flush(rk_ledger *g)
 
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt)
 {
+    if (k >= 0 && k <= RK_RUNLOG_MAX_STEP)
+        g->at_step = k; /* where the job is, for the incidents (a replay goes back) */
     if (k < 1 || !(dt >= 0) || !isfinite(dt))
         return;
     if (!g->capdt) /* the first step seen fixes the window: a job resumed at step 10^7 */

@@ -46,6 +46,7 @@ int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_e
     memset(e, 0, sizeof *e);
     e->rank = -1;
     e->lost_steps = -1;
+    e->step = -1;
     e->recovery_s = NAN;
     if (len > RK_REPORT_MAX_EVENT_LINE)
         return rk_err_set(err, RK_EFORMAT, "a line longer than %d bytes", RK_REPORT_MAX_EVENT_LINE);
@@ -86,6 +87,15 @@ int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_e
             goto out;
         }
         e->lost_steps = json_integer_value(x);
+    }
+    x = json_object_get(o, "step");
+    if (x && !json_is_null(x)) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+            json_integer_value(x) > RK_RUNLOG_MAX_STEP) {
+            rc = ev_bad(err, "step", "not a step from 0 to 2^53 or null");
+            goto out;
+        }
+        e->step = json_integer_value(x);
     }
     x = json_object_get(o, "recovery_s");
     if (x && !json_is_null(x)) {
@@ -571,6 +581,12 @@ static int64_t step_at(const data *d, double t)
     return lo ? d->st[lo - 1].step : 0;
 }
 
+/* The step an incident is marked at: its own (rk run writes it), else where the job was. */
+static int64_t event_step(const data *d, const rk_report_event *e)
+{
+    return e->step >= 0 ? e->step : step_at(d, e->t);
+}
+
 static double end_time(const data *d, const nums *n)
 {
     double end = isfinite(n->wall_s) ? n->wall_s : 0;
@@ -620,18 +636,23 @@ static void loss_chart(FILE *f, const data *d, long *markers)
         if (isfinite(d->st[i].loss))
             c.y1 = fmax(c.y1, d->st[i].loss), c.y0 = fmin(c.y0, d->st[i].loss);
     }
-    if (!d->nst)
-        c.x0 = 0, c.x1 = 1;
+    for (size_t i = 0; i < d->nev; i++) { /* the incidents' steps are on the chart too */
+        double k = (double)event_step(d, &d->ev[i]);
+        c.x0 = fmin(c.x0, k);
+        c.x1 = fmax(c.x1, k);
+    }
+    if (!(c.x1 > c.x0))
+        c.x1 = c.x0 + 1;
     if (c.y1 > 0)
         c.y1 *= 1.08;
     double H = 360;
     chart_begin(&c, f, "loss", "Loss by step",
                 d->nst ? "Rank 0's loss at every step it applied, one line per launch (a "
                          "relaunch replays from its checkpoint). Each incident is marked at "
-                         "the step the job had reached when it was seen; the numbers are the "
-                         "table's."
-                       : "No steps recorded (no steps.jsonl: give rk run --steps): incidents "
-                         "are marked at step 0.",
+                         "its step (a rank's event: the step it computed; else the last step "
+                         "rank 0 applied before it was seen); the numbers are the table's."
+                       : "No steps recorded (no steps.jsonl: give rk run --steps): only "
+                         "the incidents, at their steps.",
                 "step", "loss", H, 6);
     /* one line per launch, broken at non-finite losses */
     double *xy = malloc((d->nst ? d->nst : 1) * 2 * sizeof *xy);
@@ -664,7 +685,7 @@ static void loss_chart(FILE *f, const data *d, long *markers)
         if (is_inject(e))
             continue;
         no++;
-        int64_t s = step_at(d, e->t);
+        int64_t s = event_step(d, e);
         double x = cx(&c, (double)s), y = c.T + 10 + (double)((no - 1) % 4) * 16;
         family fam = family_of(e->kind);
         fprintf(f, "<g class=\"incident-marker %s\" data-kind=\"", k_fam_class[fam]);
@@ -685,7 +706,7 @@ static void loss_chart(FILE *f, const data *d, long *markers)
         const rk_report_event *e = &d->ev[i];
         if (!is_inject(e))
             continue;
-        double x = cx(&c, (double)step_at(d, e->t));
+        double x = cx(&c, (double)event_step(d, e));
         fprintf(f, "<path class=\"inject-marker\" d=\"M%.1f %.1fl-4 7h8z\"><title>", x,
                 c.H - c.B + 1);
         esc(f, e->detail);
@@ -965,7 +986,7 @@ static void event_table(FILE *f, const data *d, int inject)
             fprintf(f, "<td>%ld</td>", ++no);
         fprintf(f, "<td>%.1f</td><td class=\"time\">", e->t);
         esc(f, e->time);
-        fprintf(f, "</td><td>%lld</td><td class=\"kind\">", (long long)step_at(d, e->t));
+        fprintf(f, "</td><td>%lld</td><td class=\"kind\">", (long long)event_step(d, e));
         esc(f, e->kind);
         fprintf(f, "</td><td>");
         if (e->rank >= 0)

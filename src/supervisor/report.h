@@ -35,6 +35,7 @@ typedef struct rk_report_event {
     char device[64];    /* "" : null or absent */
     char action[32];    /* "" when absent */
     int64_t lost_steps; /* -1: null or absent */
+    int64_t step;       /* -1: null or absent (an older rk run): rk report then places it */
     double recovery_s;  /* NAN: null or absent */
     char detail[1024];  /* cut to fit */
 } rk_report_event;

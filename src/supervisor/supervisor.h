@@ -261,6 +261,8 @@ typedef struct rk_incident {
     char action[32];    /* relaunch, redo, rollback, quarantine, stop, ... */
     int64_t lost_steps; /* -1 unknown */
     double recovery_s;  /* -1 unknown */
+    int64_t step;       /* the step it happened at (-1 unknown): a rank's event says; else
+                         * the last step rank 0 applied before it was recorded */
     char detail[576];
     char stacks[2048]; /* a hang: the stack dumps' paths, one a line ("": none) */
     int final;         /* complete: may be written (rk_ledger_write) */
@@ -282,6 +284,7 @@ typedef struct rk_ledger {
     int64_t base;    /* the first step seen, less one */
     int64_t ndt, capdt;
     int64_t first_step; /* the step the job began from */
+    int64_t at_step;    /* the last step rank 0 applied (-1: none yet) */
     int restarts, quarantined;
     int injected;
     /* the run's records (runlog.h): NULL without --steps / --gate-log */
