@@ -70,7 +70,7 @@ int rk_cmd_report(int argc, char **argv)
         fprintf(stderr, "rk report: %s\n", err.msg);
         return err.code == RK_EIO || err.code == RK_ENOMEM ? RK_EXIT_FAIL : RK_EXIT_USAGE;
     }
-    printf("rk report: %s: %ld incident%s marked, %ld fault%s injected, %ld steps in %ld "
+    printf("rk report: %s: %ld incident%s marked, %ld fault%s injected, %ld step records in %ld "
            "launch%s, %ld checkpoint%s, %ld GPU%s read%s\n",
            out, st.incidents, st.incidents == 1 ? "" : "s", st.injections,
            st.injections == 1 ? "" : "s", st.steps, st.launches, st.launches == 1 ? "" : "es",
