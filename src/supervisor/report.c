@@ -618,7 +618,7 @@ static void polyline(FILE *f, const chart *c, const double *xy, size_t n, const 
     fprintf(f, "\"/>\n");
 }
 
-static void loss_chart(FILE *f, const data *d, long *markers)
+static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
 {
     *markers = 0;
     long nevents = 0;
@@ -636,24 +636,28 @@ static void loss_chart(FILE *f, const data *d, long *markers)
         if (isfinite(d->st[i].loss))
             c.y1 = fmax(c.y1, d->st[i].loss), c.y0 = fmin(c.y0, d->st[i].loss);
     }
-    for (size_t i = 0; i < d->nev; i++) { /* the incidents' steps are on the chart too */
+    int by_time = !d->nst;                            /* no steps: the incidents over time */
+    for (size_t i = 0; i < d->nev && !by_time; i++) { /* the incidents' steps are on it too */
         double k = (double)event_step(d, &d->ev[i]);
         c.x0 = fmin(c.x0, k);
         c.x1 = fmax(c.x1, k);
     }
+    if (by_time)
+        c.x0 = 0, c.x1 = end_time(d, nm), c.y0 = 0, c.y1 = 1;
     if (!(c.x1 > c.x0))
         c.x1 = c.x0 + 1;
     if (c.y1 > 0)
         c.y1 *= 1.08;
     double H = 360;
-    chart_begin(&c, f, "loss", "Loss by step",
+    chart_begin(&c, f, "loss", by_time ? "Incidents over time" : "Loss by step",
                 d->nst ? "Rank 0's loss at every step it applied, one line per launch (a "
                          "relaunch replays from its checkpoint). Each incident is marked at "
                          "its step (a rank's event: the step it computed; else the last step "
                          "rank 0 applied before it was seen); the numbers are the table's."
-                       : "No steps recorded (no steps.jsonl: give rk run --steps): only "
-                         "the incidents, at their steps.",
-                "step", "loss", H, 6);
+                       : "No steps recorded (no steps.jsonl: give rk run --steps): no loss "
+                         "curve, the incidents at their times.",
+                by_time ? "seconds since rk run started" : "step", by_time ? NULL : "loss", H,
+                by_time ? 0 : 6);
     /* one line per launch, broken at non-finite losses */
     double *xy = malloc((d->nst ? d->nst : 1) * 2 * sizeof *xy);
     for (size_t i = 0; xy && i < d->nst;) {
@@ -686,7 +690,7 @@ static void loss_chart(FILE *f, const data *d, long *markers)
             continue;
         no++;
         int64_t s = event_step(d, e);
-        double x = cx(&c, (double)s), y = c.T + 10 + (double)((no - 1) % 4) * 16;
+        double x = cx(&c, by_time ? e->t : (double)s), y = c.T + 10 + (double)((no - 1) % 4) * 16;
         family fam = family_of(e->kind);
         fprintf(f, "<g class=\"incident-marker %s\" data-kind=\"", k_fam_class[fam]);
         esc(f, e->kind);
@@ -706,7 +710,7 @@ static void loss_chart(FILE *f, const data *d, long *markers)
         const rk_report_event *e = &d->ev[i];
         if (!is_inject(e))
             continue;
-        double x = cx(&c, (double)event_step(d, e));
+        double x = cx(&c, by_time ? e->t : (double)event_step(d, e));
         fprintf(f, "<path class=\"inject-marker\" d=\"M%.1f %.1fl-4 7h8z\"><title>", x,
                 c.H - c.B + 1);
         esc(f, e->detail);
@@ -986,7 +990,10 @@ static void event_table(FILE *f, const data *d, int inject)
             fprintf(f, "<td>%ld</td>", ++no);
         fprintf(f, "<td>%.1f</td><td class=\"time\">", e->t);
         esc(f, e->time);
-        fprintf(f, "</td><td>%lld</td><td class=\"kind\">", (long long)event_step(d, e));
+        fprintf(f, "</td><td>");
+        if (e->step >= 0 || d->nst)
+            fprintf(f, "%lld", (long long)event_step(d, e));
+        fprintf(f, "</td><td class=\"kind\">");
         esc(f, e->kind);
         fprintf(f, "</td><td>");
         if (e->rank >= 0)
@@ -1193,7 +1200,7 @@ int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report
                 "mid-line); it was left out.</p>\n",
                 d.torn, d.torn == 1 ? "" : "s");
     long markers = 0;
-    loss_chart(f, &d, &markers);
+    loss_chart(f, &d, &n, &markers);
     goodput_chart(f, &d, &n);
     devices_chart(f, &d, &n);
     gate_chart(f, &d, &n, 0);
