@@ -1,9 +1,10 @@
 /*
  * Fuzz rk report's parsers and renderer (src/supervisor/runlog.c, report.c): the input,
- * split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json and
- * metrics.json. Every line goes through the record and event parsers (a record that parses
- * must format and parse back as the same type and step), then the whole through the page
- * renderer, whose output must hold no markup the input brought (no "<script").
+ * split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json, metrics.json
+ * and loss.log (read when steps.jsonl is empty). Every line goes through the record and event
+ * parsers (a record that parses must format and parse back as the same type and step), then the
+ * whole through the page renderer, whose output must hold no markup the input brought (no
+ * "<script").
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -37,12 +38,12 @@ static void each_line(const char *p, size_t n)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    const char *part[5] = {0};
-    size_t plen[5] = {0};
+    const char *part[6] = {0};
+    size_t plen[6] = {0};
     const char *p = (const char *)data;
     size_t left = size;
-    for (int k = 0; k < 5 && (k == 0 || left); k++) {
-        const char *z = k < 4 ? memchr(p, '\0', left) : NULL;
+    for (int k = 0; k < 6 && (k == 0 || left); k++) {
+        const char *z = k < 5 ? memchr(p, '\0', left) : NULL;
         size_t len = z ? (size_t)(z - p) : left;
         part[k] = p;
         plen[k] = len;
@@ -64,7 +65,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                        .summary = part[3],
                        .summary_len = plen[3],
                        .metrics = part[4],
-                       .metrics_len = plen[4]};
+                       .metrics_len = plen[4],
+                       .loss = part[5],
+                       .loss_len = plen[5]};
+    if (!plen[1])
+        in.steps = NULL; /* rk report reads loss.log only without steps.jsonl */
     char *html = NULL;
     size_t len = 0;
     rk_report_stats st;

@@ -139,6 +139,21 @@ PY
 [[ $(stat -c %s "$art/report.png" 2>/dev/null || echo 0) -gt 50000 ]] && ok "the PNG holds a picture ($(stat -c %s "$art/report.png") bytes): $art/report.png" \
   || bad "no screenshot: $(tail -3 "$work/shot.out")"
 
+# --- a run of rk train alone: its loss log and metrics ------------------------------------
+solo=$work/solo
+mkdir -p "$solo"
+"$RK" train --data "$work/sub" --threads 1 --seed 3 --max-steps 30 --no-eval \
+  --loss-log "$solo/loss.log" --metrics-json "$solo/metrics.json" >"$work/solo.out" 2>&1 \
+  || bad "rk train alone: $(tail -3 "$work/solo.out")"
+"$RK" report "$solo" >"$work/solo.rep" 2>&1 && grep -q "30 step records" "$work/solo.rep" \
+  && python3 - "$solo/report.html" <<'PY' && ok "rk train alone: its loss.log drawn (30 steps), no goodput" || bad "solo report: $(cat "$work/solo.rep")"
+import re, sys
+t = open(sys.argv[1]).read()
+pts = re.findall(r'class="loss-line"[^>]*points="([^"]*)"', t)
+assert len(pts) == 1 and len(pts[0].split()) == 30, pts
+assert "loss.log has no times" in t
+PY
+
 # --- strings from the files are escaped -----------------------------------------------------
 inj=$work/inj
 mkdir -p "$inj"
@@ -179,7 +194,7 @@ echo "keep" >"$work/old.html"
 [[ $? == 2 ]] && ok "a file as RUN_DIR: exit 2" || bad "file as dir: $(head -2 "$work/b2.out")"
 mkdir -p "$work/empty"
 "$RK" report "$work/empty" -o "$work/old.html" >"$work/b3.out" 2>&1
-[[ $? == 2 ]] && grep -q "neither events.jsonl nor steps.jsonl" "$work/b3.out" && [[ $(cat "$work/old.html") == keep ]] \
+[[ $? == 2 ]] && grep -q "holds none of events.jsonl, steps.jsonl, loss.log" "$work/b3.out" && [[ $(cat "$work/old.html") == keep ]] \
   && ok "an empty RUN_DIR: exit 2, the old page unchanged" || bad "empty dir: $(cat "$work/b3.out")"
 fifo=$work/fifo
 mkdir -p "$fifo" && mkfifo "$fifo/events.jsonl"

@@ -328,6 +328,31 @@ static void test_report_marks_and_escapes(void **state)
     assert_non_null(strstr(err.msg, "summary.json: not a JSON object"));
 }
 
+static void test_report_reads_train_loss_log(void **state)
+{
+    (void)state;
+    const char *loss = "0 2.30258512\n1 1.5\n2 nan\n3 0.9\n";
+    rk_report_in in = {.name = "solo", .loss = loss, .loss_len = strlen(loss)};
+    char *html = NULL;
+    size_t len = 0;
+    rk_report_stats st;
+    rk_err err = {0};
+    assert_int_equal(rk_report_render(&in, &html, &len, &st, &err), RK_OK);
+    assert_int_equal(st.steps, 4);
+    assert_int_equal(count(html, "class=\"loss-line\""), 2); /* broken at the NaN step */
+    assert_int_equal(count(html, "class=\"nan-step\""), 1);
+    assert_non_null(strstr(html, "loss.log has no times"));
+    free(html);
+    static const char *const bad[] = {"1 2\nx 1\n", "1 2\n2  1\n", "1 2\n2 x\n", "1 2\n-2 1\n",
+                                      "1 2\n2 1 3\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        in.loss = bad[i];
+        in.loss_len = strlen(bad[i]);
+        assert_int_equal(rk_report_render(&in, &html, &len, &st, &err), RK_EFORMAT);
+        assert_non_null(strstr(err.msg, "loss.log line 2: not \"STEP LOSS\""));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -336,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_thinning_bounds_the_files),
         cmocka_unit_test_setup_teardown(test_ledger_writes_records, setup, teardown),
         cmocka_unit_test(test_report_marks_and_escapes),
+        cmocka_unit_test(test_report_reads_train_loss_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

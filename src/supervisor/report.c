@@ -150,6 +150,7 @@ typedef struct data {
     char (*dev)[RK_RUNLOG_ID_LEN]; /* every device named, in order of first appearance */
     int ndev, capdev;
     double threshold; /* the gate's threshold, -1 unknown */
+    int untimed;      /* the steps came from rk train's loss.log: no times, no launches */
     int simulated;
     int torn;
 } data;
@@ -241,6 +242,38 @@ static int on_record_line(data *d, const char *line, size_t len, rk_err *err)
         return RK_OK;
     }
     }
+    return RK_OK;
+}
+
+/* A line of rk train's --loss-log (src/nn/train.c writes "%lld %.9g"): "STEP LOSS", the step
+ * counted from 0 (steps done before it: drawn as step + 1, as steps.jsonl counts), the loss a
+ * number, nan or inf. */
+static int on_loss_line(data *d, const char *line, size_t len, rk_err *err)
+{
+    char buf[128];
+    if (len >= sizeof buf)
+        return rk_err_set(err, RK_EFORMAT, "not \"STEP LOSS\": longer than %zu bytes",
+                          sizeof buf - 1);
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    char *end;
+    errno = 0;
+    long long k = buf[0] >= '0' && buf[0] <= '9' ? strtoll(buf, &end, 10) : -1;
+    if (k < 0 || errno || *end != ' ' || k >= RK_RUNLOG_MAX_STEP)
+        return rk_err_set(err, RK_EFORMAT,
+                          "not \"STEP LOSS\": the step is not a whole number "
+                          "from 0 to 2^53");
+    const char *l = end + 1;
+    double loss = strtod(l, &end);
+    if (end == l || *end || *l == ' ')
+        return rk_err_set(err, RK_EFORMAT, "not \"STEP LOSS\": the loss is not a number");
+    if (grow((void **)&d->st, &d->capst, d->nst, sizeof *d->st))
+        return rk_err_set(err, RK_ENOMEM, "out of memory");
+    d->st[d->nst++] = (step_pt){.t = NAN,
+                                .loss = isfinite(loss) && fabs(loss) < 1e300 ? loss : NAN,
+                                .dt = 0,
+                                .step = k + 1,
+                                .launch = 0};
     return RK_OK;
 }
 
@@ -570,6 +603,8 @@ static int is_inject(const rk_report_event *e)
  * in time order); 0 before the first. */
 static int64_t step_at(const data *d, double t)
 {
+    if (d->untimed) /* loss.log has no times */
+        return 0;
     size_t lo = 0, hi = d->nst; /* first record with .t > t */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -650,12 +685,13 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
         c.y1 *= 1.08;
     double H = 360;
     chart_begin(&c, f, "loss", by_time ? "Incidents over time" : "Loss by step",
-                d->nst ? "Rank 0's loss at every step it applied, one line per launch (a "
-                         "relaunch replays from its checkpoint). Each incident is marked at "
-                         "its step (a rank's event: the step it computed; else the last step "
-                         "rank 0 applied before it was seen); the numbers are the table's."
-                       : "No steps recorded (no steps.jsonl: give rk run --steps): no loss "
-                         "curve, the incidents at their times.",
+                d->untimed ? "The loss at every step, from rk train's loss.log (--loss-log)."
+                : d->nst   ? "Rank 0's loss at every step it applied, one line per launch (a "
+                             "relaunch replays from its checkpoint). Each incident is marked at "
+                             "its step (a rank's event: the step it computed; else the last step "
+                             "rank 0 applied before it was seen); the numbers are the table's."
+                           : "No steps recorded (no steps.jsonl: give rk run --steps): no loss "
+                             "curve, the incidents at their times.",
                 by_time ? "seconds since rk run started" : "step", by_time ? NULL : "loss", H,
                 by_time ? 0 : 6);
     /* one line per launch, broken at non-finite losses */
@@ -731,9 +767,10 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
  * stand for the steps since the previous one. */
 static void goodput_chart(FILE *f, const data *d, const nums *n)
 {
-    if (!d->nst) {
+    if (!d->nst || d->untimed) {
         chart_empty(f, "goodput", "Goodput over time",
-                    "No steps recorded (no steps.jsonl: give rk run --steps).");
+                    d->untimed ? "rk train's loss.log has no times: goodput needs rk run --steps."
+                               : "No steps recorded (no steps.jsonl: give rk run --steps).");
         return;
     }
     typedef struct {
@@ -1150,6 +1187,11 @@ int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report
                         RK_REPORT_GATE);
         goto fail;
     }
+    if (!in->steps && in->loss) { /* a run of rk train alone: its loss log */
+        if ((rc = each_line(&d, RK_REPORT_LOSS, in->loss, in->loss_len, on_loss_line, err)))
+            goto fail;
+        d.untimed = 1;
+    }
     size_t nst = d.nst, nla = d.nla, nck = d.nck;
     if (in->gate &&
         (rc = each_line(&d, RK_REPORT_GATE, in->gate, in->gate_len, on_record_line, err)))
@@ -1212,8 +1254,10 @@ int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report
             "<footer>Written by rk report from %s%s%s%s%s. Times are seconds since rk run "
             "started.</footer>\n</body></html>\n",
             in->events ? RK_REPORT_EVENTS " " : "", in->summary ? RK_REPORT_SUMMARY " " : "",
-            in->steps ? RK_REPORT_STEPS " " : "", in->gate ? RK_REPORT_GATE " " : "",
-            in->metrics ? RK_REPORT_METRICS : "");
+            in->steps   ? RK_REPORT_STEPS " "
+            : d.untimed ? RK_REPORT_LOSS " "
+                        : "",
+            in->gate ? RK_REPORT_GATE " " : "", in->metrics ? RK_REPORT_METRICS : "");
     if (fclose(f) != 0 || !buf) {
         free(buf);
         rc = rk_err_set(err, RK_ENOMEM, "cannot render: out of memory");
@@ -1270,7 +1314,7 @@ int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *
     if (!S_ISDIR(sb.st_mode))
         return rk_err_set(err, RK_EINVAL, "%s: is %s, not a run directory", run_dir,
                           rk_file_kind_name(sb.st_mode));
-    char *ev = NULL, *su = NULL, *stp = NULL, *ga = NULL, *me = NULL;
+    char *ev = NULL, *su = NULL, *stp = NULL, *ga = NULL, *me = NULL, *lo = NULL;
     rk_report_in in = {0};
     int rc;
     if ((rc =
@@ -1279,14 +1323,17 @@ int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *
              read_opt(run_dir, RK_REPORT_SUMMARY, RK_REPORT_MAX_JSON, &su, &in.summary_len, err)) ||
         (rc = read_opt(run_dir, RK_REPORT_STEPS, RK_REPORT_MAX_LOG, &stp, &in.steps_len, err)) ||
         (rc = read_opt(run_dir, RK_REPORT_GATE, RK_REPORT_MAX_LOG, &ga, &in.gate_len, err)) ||
-        (rc = read_opt(run_dir, RK_REPORT_METRICS, RK_REPORT_MAX_JSON, &me, &in.metrics_len, err)))
+        (rc =
+             read_opt(run_dir, RK_REPORT_METRICS, RK_REPORT_MAX_JSON, &me, &in.metrics_len, err)) ||
+        (!stp &&
+         (rc = read_opt(run_dir, RK_REPORT_LOSS, RK_REPORT_MAX_LOG, &lo, &in.loss_len, err))))
         goto out;
-    if (!ev && !stp) {
+    if (!ev && !stp && !lo) {
         rc = rk_err_set(err, RK_EINVAL,
-                        "%s: holds neither %s nor %s (give rk run --events DIR/%s --steps "
-                        "DIR/%s)",
-                        run_dir, RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_EVENTS,
-                        RK_REPORT_STEPS);
+                        "%s: holds none of %s, %s, %s (give rk run --events DIR/%s --steps "
+                        "DIR/%s, or rk train --loss-log DIR/%s)",
+                        run_dir, RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_LOSS,
+                        RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_LOSS);
         goto out;
     }
     in.events = ev;
@@ -1294,6 +1341,7 @@ int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *
     in.steps = stp;
     in.gate = ga;
     in.metrics = me;
+    in.loss = lo;
     /* the page calls the run by its directory's last name */
     char name[256];
     size_t dl = strlen(run_dir);
@@ -1316,5 +1364,6 @@ out:
     free(stp);
     free(ga);
     free(me);
+    free(lo);
     return rc;
 }

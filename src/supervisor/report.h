@@ -1,7 +1,8 @@
 /*
  * rk report (docs/report.md): a run at a glance. Reads what `rk run` and `rk train` leave in
- * a run directory (events.jsonl, summary.json, steps.jsonl, gate.jsonl, metrics.json; every
- * one optional but events.jsonl or steps.jsonl needed) and renders one self-contained HTML
+ * a run directory (events.jsonl, summary.json, steps.jsonl, gate.jsonl, metrics.json, and
+ * rk train's loss.log when there is no steps.jsonl; every one optional but events.jsonl,
+ * steps.jsonl or loss.log needed) and renders one self-contained HTML
  * page: inline SVG charts, a stylesheet for the screen and for paper, no script, nothing
  * fetched. Every string from the files is escaped. Library code: it prints nothing.
  */
@@ -25,6 +26,8 @@
 #define RK_REPORT_STEPS "steps.jsonl"
 #define RK_REPORT_GATE "gate.jsonl"
 #define RK_REPORT_METRICS "metrics.json"
+#define RK_REPORT_LOSS                                                                             \
+    "loss.log" /* rk train --loss-log: "STEP LOSS" a line, read without steps.jsonl */
 
 /* One line of the events file (docs/run.md, "Accounting"). */
 typedef struct rk_report_event {
@@ -46,8 +49,8 @@ int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_e
 /* The files' contents (NULL: the file is absent); `name` is what the page calls the run. */
 typedef struct rk_report_in {
     const char *name;
-    const char *events, *summary, *steps, *gate, *metrics;
-    size_t events_len, summary_len, steps_len, gate_len, metrics_len;
+    const char *events, *summary, *steps, *gate, *metrics, *loss;
+    size_t events_len, summary_len, steps_len, gate_len, metrics_len, loss_len;
 } rk_report_in;
 
 /* What the page shows, counted (for the CLI's line and the tests). */
@@ -71,7 +74,7 @@ int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report
 
 /* Read run_dir's files (bounded, regular files only, rekindle/fileio.h) and write the page
  * to out_path atomically: on any error nothing is written. RK_EINVAL for a run_dir that is
- * not a directory or holds neither events.jsonl nor steps.jsonl; the readers' errors
+ * not a directory or holds none of events.jsonl, steps.jsonl, loss.log; the readers' errors
  * otherwise (RK_EFORMAT, RK_EINVAL: not a regular file), each naming the file. */
 int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *st, rk_err *err);
 
