@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1342,15 +1343,17 @@ int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *
     in.gate = ga;
     in.metrics = me;
     in.loss = lo;
-    /* the page calls the run by its directory's last name */
-    char name[256];
-    size_t dl = strlen(run_dir);
-    while (dl > 1 && run_dir[dl - 1] == '/')
+    /* the page calls the run by its directory's last name ("." and ".." resolved) */
+    char name[256], *real = realpath(run_dir, NULL);
+    const char *dn = real ? real : run_dir;
+    size_t dl = strlen(dn);
+    while (dl > 1 && dn[dl - 1] == '/')
         dl--;
     size_t from = dl;
-    while (from > 0 && run_dir[from - 1] != '/')
+    while (from > 0 && dn[from - 1] != '/')
         from--;
-    snprintf(name, sizeof name, "%.*s", (int)(dl - from), run_dir + from);
+    snprintf(name, sizeof name, "%.*s", (int)(dl - from), dn + from);
+    free(real);
     in.name = name;
     char *html = NULL;
     size_t hlen = 0;
