@@ -81,7 +81,7 @@ chrome --dump-dom "file://$work/report.html" >"$work/dom.html" 2>"$work/dom.err"
 [[ $? == 0 && -s $work/dom.html ]] && ok "chromium loads the page" || bad "chromium --dump-dom: $(tail -3 "$work/dom.err")"
 if grep -E ':CONSOLE(:|\()|Uncaught|Refused to' "$work/dom.err"; then bad "console messages while loading the page"
 else ok "no console message while loading the page"; fi
-chrome --screenshot="$art/report.png" --window-size=1280,3400 "file://$work/report.html" >"$work/shot.out" 2>&1
+chrome --screenshot="$art/report.png" --window-size=1280,3000 "file://$work/report.html" >"$work/shot.out" 2>&1
 cp "$work/report.html" "$art/report.html"
 
 # the page as the browser parsed it, against the files it came from
