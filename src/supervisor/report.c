@@ -695,12 +695,13 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
                              "curve, the incidents at their times.",
                 by_time ? "seconds since rk run started" : "step", by_time ? NULL : "loss", H,
                 by_time ? 0 : 6);
-    /* one line per launch, broken at non-finite losses */
+    /* one line per launch, broken at non-finite losses and where a rollback replays */
     double *xy = malloc((d->nst ? d->nst : 1) * 2 * sizeof *xy);
     for (size_t i = 0; xy && i < d->nst;) {
         size_t j = i, n = 0;
         int launch = d->st[i].launch;
-        while (j < d->nst && d->st[j].launch == launch && isfinite(d->st[j].loss)) {
+        while (j < d->nst && d->st[j].launch == launch && isfinite(d->st[j].loss) &&
+               (j == i || d->st[j].step > d->st[j - 1].step)) {
             xy[2 * n] = (double)d->st[j].step;
             xy[2 * n + 1] = d->st[j].loss;
             n++, j++;
