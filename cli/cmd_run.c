@@ -127,6 +127,10 @@ static const char usage_a[] =
     "                          (default: $RK_INJECT)\n"
     "  --events FILE           append one JSON line per incident\n"
     "  --summary-json FILE     write the run's summary (goodput, restarts, incidents)\n"
+    "  --steps FILE            append each launch's devices, rank 0's steps (loss, time) and\n"
+    "                          its checkpoints, one JSON line each (for rk report)\n"
+    "  --gate-log FILE         append every GPU's score and temperature at each reading of\n"
+    "                          the health gate, one JSON line each (for rk report)\n"
     "  --launcher NAME         auto (default), local (rk run forks the ranks: no MPI),\n"
     "                          mpirun, srun. auto: mpirun for a worker that needs\n"
     "                          libmpi.so, libmpich or librekindle.so (rk train), or with\n"
@@ -262,6 +266,8 @@ enum {
     OPT_INJECT,
     OPT_EVENTS,
     OPT_SUMMARY,
+    OPT_STEPS,
+    OPT_GATE_LOG,
     OPT_LAUNCHER,
     OPT_LAUNCHER_ARG,
     OPT_QUIET,
@@ -488,6 +494,8 @@ int rk_cmd_run(int argc, char **argv)
         {"inject", required_argument, 0, OPT_INJECT},
         {"events", required_argument, 0, OPT_EVENTS},
         {"summary-json", required_argument, 0, OPT_SUMMARY},
+        {"steps", required_argument, 0, OPT_STEPS},
+        {"gate-log", required_argument, 0, OPT_GATE_LOG},
         {"launcher", required_argument, 0, OPT_LAUNCHER},
         {"launcher-arg", required_argument, 0, OPT_LAUNCHER_ARG},
         {"quiet", no_argument, 0, OPT_QUIET},
@@ -575,6 +583,8 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_INJECT: o.inject = optarg; break;
         case OPT_EVENTS: o.events_path = optarg; break;
         case OPT_SUMMARY: o.summary_path = optarg; break;
+        case OPT_STEPS: o.steps_path = optarg; break;
+        case OPT_GATE_LOG: o.gate_path = optarg; break;
         case OPT_LAUNCHER:
             if (strcmp(optarg, "mpirun") == 0)
                 o.launcher = RK_LAUNCH_MPIRUN;
@@ -756,6 +766,8 @@ int rk_cmd_run(int argc, char **argv)
     if ((o.ckpt_dir && rk_arg_path(&args, "--ckpt-dir", o.ckpt_dir, RK_PATH_DIR_OR_NEW)) ||
         (o.events_path && rk_arg_path(&args, "--events", o.events_path, RK_PATH_OUTPUT)) ||
         (o.summary_path && rk_arg_path(&args, "--summary-json", o.summary_path, RK_PATH_OUTPUT)) ||
+        (o.steps_path && rk_arg_path(&args, "--steps", o.steps_path, RK_PATH_OUTPUT)) ||
+        (o.gate_path && rk_arg_path(&args, "--gate-log", o.gate_path, RK_PATH_OUTPUT)) ||
         (o.stack_dir && rk_arg_path(&args, "--stack-dir", o.stack_dir, RK_PATH_DIR_OR_NEW)) ||
         (o.stack_dir && make_stack_dir(o.stack_dir)))
         return RK_EXIT_USAGE;

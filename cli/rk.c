@@ -21,6 +21,7 @@ static const command commands[] = {
     {"train", rk_cmd_train, "train a Fashion-MNIST model (mlp, cnn, cnn-small) on the CPU"},
     {"ckpt", rk_cmd_ckpt, "list, verify and export checkpoints"},
     {"run", rk_cmd_run, "supervise a training job through crashes, hangs and corruption"},
+    {"report", rk_cmd_report, "write one HTML page showing a run: loss, incidents, GPUs"},
     {"doctor", rk_cmd_doctor, "score this node's GPUs 0-100 and say what to fix"},
     {"tune", rk_cmd_tune,
      "apply stability settings to GPUs through NVML (clocks, power, persistence)"},

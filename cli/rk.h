@@ -13,6 +13,7 @@ int rk_cli_status(int code);
 int rk_cmd_train(int argc, char **argv);
 int rk_cmd_ckpt(int argc, char **argv);
 int rk_cmd_run(int argc, char **argv);
+int rk_cmd_report(int argc, char **argv);
 int rk_cmd_rank_env(int argc, char **argv); /* hidden: rk run's wrapper under mpirun, srun */
 int rk_cmd_doctor(int argc, char **argv);
 int rk_cmd_tune(int argc, char **argv);

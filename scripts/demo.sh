@@ -7,8 +7,10 @@
 # gradient exponent and a communication failure. The health gate drains GPUs that degrade
 # (the spare takes the first one's place); the device behind rank 2 fails three times
 # (--failure-threshold 3) and is quarantined, and the job shrinks onto the rest.
-# The summary at the end says what happened and what it cost. The ranks are CPU processes
-# standing in for the GPUs; GPUs and faults are simulated, and every line about them says so.
+# The summary at the end says what happened and what it cost, and `rk report` draws the run
+# as one HTML page (runs/demo/report.html: loss with every incident, goodput, devices, GPU
+# health). The ranks are CPU processes standing in for the GPUs; GPUs and faults are
+# simulated, and every line about them says so.
 # Usage: scripts/demo.sh [BUILD_DIR]   (files in runs/demo/)
 set -euo pipefail
 build=${1:-build}
@@ -44,10 +46,19 @@ set +e
   --failure-threshold 3 --health sim --sim-seed 4 --sim-age 8000 --sim-time-scale 480000 \
   --health-interval 2 \
   --events "$out/events.jsonl" --summary-json "$out/summary.json" --inject "$faults" \
+  --steps "$out/steps.jsonl" --gate-log "$out/gate.jsonl" \
   -- "$rk" train --model cnn-small --epochs 1 --ckpt-every 50 --ckpt-async \
   --metrics-json "$out/metrics.json"
 st=$?
 set -e
 echo "demo: exporter was at http://127.0.0.1:$port/metrics; events in $out/events.jsonl,"
 echo "demo: summary in $out/summary.json, checkpoints in $out/ckpt"
+echo
+echo "== rk report: the run at a glance"
+if "$rk" report "$out" -o "$out/report.html"; then
+  echo "demo: open $(cd "$out" && pwd)/report.html in a browser (one file, works offline)"
+else
+  echo "demo: rk report could not draw the run (above)"
+  [[ $st != 0 ]] || st=1
+fi
 exit $st

@@ -17,7 +17,8 @@
 #            Slurm's controller, daemon and client (the Slurm rig, tests/slurm), python3-grpcio
 #            and python3-grpc-tools (the fake kubelet, tests/k8s) and kubectl (the
 #            kubernetes-client package, checking deploy/k8s; left out when another package
-#            already installed a kubectl, which it would collide with)
+#            already installed a kubectl, which it would collide with), chromium (rk report's
+#            page rendered headless to a PNG, tests/it_report.sh)
 #     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
 #   --bench  the same as: build run test bench
 set -euo pipefail
@@ -31,7 +32,7 @@ group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-
   dataset-fashion-mnist"
 group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
   python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping
-  slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client"
+  slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client chromium"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")

@@ -142,8 +142,10 @@ static void on_event(sup *s, const rk_hb_msg *m)
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
     rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, sup_devname(s, blame), m->action,
                                    "step %lld: %s", (long long)m->step, m->detail);
-    if (i)
+    if (i) {
         i->lost_steps = m->lost_steps;
+        i->step = m->step; /* the step the rank was computing */
+    }
     if (blame >= 0)
         sup_say(s, "step %lld: %s on rank %d device %s -> %s (in-process, no restart)",
                 (long long)m->step, m->kind, blame, sup_devname(s, blame), m->action);
@@ -168,6 +170,7 @@ static void on_inject(sup *s, const rk_hb_msg *m)
                                    m->kind, (long long)m->step);
     if (i) {
         i->lost_steps = 0;
+        i->step = m->step;
         rk_ledger_write(&s->g, i);
     }
 }
@@ -253,6 +256,7 @@ static int on_line(void *ctx, const char *line, size_t len)
         if (c->rank == 0) {
             rk_ledger_step(&s->g, m.step, m.dt);
             s->loss = m.loss_finite ? m.loss : NAN;
+            rk_ledger_step_rec(&s->g, s->launch_no, 0, m.step, s->loss, m.dt);
         }
         /* the job is back at work when all its ranks are back and any of them applies a
          * step (ranks of a data-parallel job step together; independent ones need not) */
@@ -267,7 +271,10 @@ static int on_line(void *ctx, const char *line, size_t len)
             on_event(s, &m);
         break;
     case RK_HB_INJECT: on_inject(s, &m); break;
-    case RK_HB_CKPT: break;
+    case RK_HB_CKPT:
+        if (c->rank == 0) /* every rank writes its part of one checkpoint: rank 0 speaks */
+            rk_ledger_ckpt_rec(&s->g, s->launch_no, 0, m.step, m.seconds);
+        break;
     case RK_HB_BYE:
         c->bye = 1;
         c->bye_done = strcmp(m.status, "done") == 0;

@@ -6,6 +6,7 @@
  */
 #include "supervisor/sup.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -61,12 +62,38 @@ static rk_sup_health reading(const sup *s, int d, char *why, size_t cap)
     return h;
 }
 
+/* The gate's reading of every device into the gate file (--gate-log). */
+static void record_reading(sup *s)
+{
+    const rk_sup_opts *o = s->o;
+    if (!s->g.gatelog || (!s->gate && !(s->cl && o->health)))
+        return;
+    static rk_runlog_rec rec[RK_SUP_MAX_DEVICES];
+    int n = 0;
+    for (int d = 0; d < o->ndevices && d < RK_SUP_MAX_DEVICES; d++) {
+        char why[200];
+        rk_sup_health h = reading(s, d, why, sizeof why);
+        rk_runlog_rec *r = &rec[n];
+        rk_runlog_init(r, RK_RUNLOG_GATE);
+        snprintf(r->device, sizeof r->device, "%s", o->devices[d]);
+        r->score = h.score < 0 ? 0 : h.score > 100 ? 100 : h.score;
+        r->lost = h.lost != 0;
+        r->temperature_c = s->gate ? rk_gate_temperature(s->gate, o->devices[d]) : NAN;
+        r->simulated = is_sim(s) || sup_cluster_health_sim(s, d);
+        r->threshold = s->rules.threshold;
+        if (r->device[0] && strlen(o->devices[d]) < sizeof r->device)
+            n++;
+    }
+    rk_ledger_gate_rec(&s->g, rec, n);
+}
+
 static void sample(sup *s)
 {
     rk_err err = {0};
     if (s->gate && rk_gate_sample(s->gate, &err))
         sup_say(s, "health gate: %s", err.msg);
     s->last_gate = rk_ledger_now(&s->g);
+    record_reading(s);
 }
 
 /* Pick the devices of the next launch: the first n that are not quarantined and, with the

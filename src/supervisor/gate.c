@@ -215,6 +215,15 @@ int rk_gate_lost(const rk_gate *g, const char *id)
     return i >= 0 && rk_monitor_gpu_state(g->mon, i)->latest.lost;
 }
 
+double rk_gate_temperature(const rk_gate *g, const char *id)
+{
+    int i = index_of(g, id);
+    if (i < 0)
+        return NAN;
+    const rk_gpu_sample *x = &rk_monitor_gpu_state(g->mon, i)->latest;
+    return !x->lost && rk_field_valid(x, RK_F_TEMP) ? x->temp_c : NAN;
+}
+
 int rk_gate_take_fatal(rk_gate *g, const char *id)
 {
     int i = index_of(g, id);

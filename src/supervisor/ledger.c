@@ -25,15 +25,104 @@ int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
     clock_gettime(CLOCK_REALTIME, &ts);
     g->wall0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
     g->first_step = -1;
+    g->at_step = -1;
     if (events_path && !(g->events = fopen(events_path, "a")))
         return rk_err_set(err, RK_EIO, "--events %s: %s", events_path, strerror(errno));
     return RK_OK;
+}
+
+int rk_ledger_open_records(rk_ledger *g, const char *steps_path, const char *gate_path, rk_err *err)
+{
+    if (steps_path && !(g->steps = fopen(steps_path, "a")))
+        return rk_err_set(err, RK_EIO, "--steps %s: %s", steps_path, strerror(errno));
+    if (gate_path && !(g->gatelog = fopen(gate_path, "a")))
+        return rk_err_set(err, RK_EIO, "--gate-log %s: %s", gate_path, strerror(errno));
+    return RK_OK;
+}
+
+/* One record line; flushed (not fsync'ed: a step a line is too many fsyncs), fsync'ed at
+ * close. A record the format refuses, or a full disk, leaves the line out. */
+static void put_rec(FILE *f, const rk_runlog_rec *r)
+{
+    static char line[RK_RUNLOG_MAX_LINE + 1];
+    long n = rk_runlog_format(r, line, sizeof line);
+    if (n < 0)
+        return;
+    fprintf(f, "%s\n", line);
+    fflush(f);
+}
+
+void rk_ledger_launch_rec(rk_ledger *g, int launch, const char *const *devices, int n)
+{
+    if (!g->steps || n < 1 || n > RK_RUNLOG_MAX_DEVICES)
+        return;
+    static rk_runlog_rec r; /* 16 KiB of device ids: not on the stack */
+    rk_runlog_init(&r, RK_RUNLOG_LAUNCH);
+    r.t = rk_ledger_now(g);
+    r.launch = launch;
+    r.ndevices = n;
+    for (int i = 0; i < n; i++)
+        snprintf(r.devices[i], sizeof r.devices[i], "%s", devices[i]);
+    put_rec(g->steps, &r); /* launches are never thinned: there are few */
+}
+
+void rk_ledger_step_rec(rk_ledger *g, int launch, int rank, int64_t k, double loss, double dt)
+{
+    if (!g->steps || !rk_runlog_thin_keep(&g->thin_steps))
+        return;
+    static rk_runlog_rec r;
+    rk_runlog_init(&r, RK_RUNLOG_STEP);
+    r.t = rk_ledger_now(g);
+    r.launch = launch;
+    r.rank = rank;
+    r.step = k;
+    r.loss = loss;
+    r.dt = dt;
+    put_rec(g->steps, &r);
+}
+
+void rk_ledger_ckpt_rec(rk_ledger *g, int launch, int rank, int64_t k, double seconds)
+{
+    if (!g->steps || !rk_runlog_thin_keep(&g->thin_ckpt))
+        return;
+    static rk_runlog_rec r;
+    rk_runlog_init(&r, RK_RUNLOG_CKPT);
+    r.t = rk_ledger_now(g);
+    r.launch = launch;
+    r.rank = rank;
+    r.step = k;
+    r.seconds = seconds;
+    put_rec(g->steps, &r);
+}
+
+void rk_ledger_gate_rec(rk_ledger *g, rk_runlog_rec *recs, int n)
+{
+    /* the bound counts lines: a reading of n GPUs is n of them */
+    if (!g->gatelog || n < 1 || g->thin_gate.written * n >= RK_RUNLOG_MAX_LINES ||
+        !rk_runlog_thin_keep(&g->thin_gate))
+        return;
+    double now = rk_ledger_now(g);
+    for (int i = 0; i < n; i++) {
+        recs[i].t = now;
+        put_rec(g->gatelog, &recs[i]);
+    }
+}
+
+static void close_rec(FILE *f)
+{
+    if (!f)
+        return;
+    fflush(f);
+    fsync(fileno(f));
+    fclose(f);
 }
 
 void rk_ledger_close(rk_ledger *g)
 {
     if (g->events)
         fclose(g->events);
+    close_rec(g->steps);
+    close_rec(g->gatelog);
     free(g->inc);
     free(g->dt);
     memset(g, 0, sizeof *g);
@@ -64,6 +153,7 @@ rk_incident *rk_ledger_addv(rk_ledger *g, const char *kind, int rank, const char
     snprintf(i->action, sizeof i->action, "%s", action);
     i->lost_steps = -1;
     i->recovery_s = -1;
+    i->step = g->at_step;
     vsnprintf(i->detail, sizeof i->detail, fmt, ap);
     return i;
 }
@@ -95,6 +185,7 @@ static json_t *incident_json(const rk_ledger *g, const rk_incident *i)
     json_object_set_new(j, "rank", i->rank >= 0 ? json_integer(i->rank) : json_null());
     json_object_set_new(j, "device", i->device[0] ? json_string(i->device) : json_null());
     json_object_set_new(j, "action", json_string(i->action));
+    json_object_set_new(j, "step", i->step >= 0 ? json_integer(i->step) : json_null());
     json_object_set_new(j, "lost_steps",
                         i->lost_steps >= 0 ? json_integer(i->lost_steps) : json_null());
     json_object_set_new(j, "recovery_s",
@@ -166,6 +257,8 @@ void rk_ledger_flush(rk_ledger *g)
 
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt)
 {
+    if (k >= 0 && k <= RK_RUNLOG_MAX_STEP)
+        g->at_step = k; /* where the job is, for the incidents (a replay goes back) */
     if (k < 1 || !(dt >= 0) || !isfinite(dt))
         return;
     if (!g->capdt) /* the first step seen fixes the window: a job resumed at step 10^7 */

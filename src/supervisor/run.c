@@ -118,6 +118,10 @@ static int start_launch(sup *s, rk_err *err)
     s->v.rank = -1;
     s->vdetail[0] = s->storage_detail[0] = s->exit_word[0] = s->exit_detail[0] = s->stacks[0] =
         '\0';
+    const char *ids[RK_SUP_MAX_DEVICES]; /* the steps file: rank i on ids[i] */
+    for (int r = 0; r < s->n && r < RK_SUP_MAX_DEVICES; r++)
+        ids[r] = s->o->devices[s->dev[r]];
+    rk_ledger_launch_rec(&s->g, s->launch_no, ids, s->n);
     if (s->cl) { /* many hosts: the agents start the ranks (cluster.c) */
         char done[RK_NODE_LIST_MAX];
         size_t u = 0;
@@ -582,7 +586,9 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
     for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
         s->pending_done[r] = -1;
     rk_err err = {0};
-    if (rk_ledger_open(&s->g, o->events_path, &err) || rk_inject_parse(o->inject, &s->spec, &err) ||
+    if (rk_ledger_open(&s->g, o->events_path, &err) ||
+        rk_ledger_open_records(&s->g, o->steps_path, o->gate_path, &err) ||
+        rk_inject_parse(o->inject, &s->spec, &err) ||
         !(s->fired = calloc(rk_inject_count(s->spec) + 1, 1)) || open_socket(s, &err)) {
         if (err.msg[0])
             rep->err = err;

@@ -20,6 +20,7 @@
 #include "rekindle/error.h"
 #include "rekindle/heartbeat.h"
 #include "supervisor/policy.h"
+#include "supervisor/runlog.h"
 
 #define RK_SUP_MAX_DEVICES 256
 
@@ -56,6 +57,8 @@ typedef struct rk_sup_opts {
     const char *inject;         /* fault spec (already checked) or NULL */
     const char *events_path;    /* NULL: no events file */
     const char *summary_path;   /* NULL: no summary file */
+    const char *steps_path;     /* NULL: no steps file (launches, steps, checkpoints) */
+    const char *gate_path;      /* NULL: no gate file (the health gate's readings) */
     rk_launcher launcher;       /* never AUTO here (rk_launch_pick) */
     const char *launcher_why;   /* why that launcher, for the first status line; NULL: asked */
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
@@ -235,6 +238,9 @@ int rk_gate_score(const rk_gate *g, const char *id, char *why, size_t cap);
 int rk_gate_knows(const rk_gate *g, const char *id);
 /* 1 if the latest reading found device `id` gone (off the bus, dead). */
 int rk_gate_lost(const rk_gate *g, const char *id);
+/* The latest reading's core temperature of device `id`, degrees Celsius; NAN when the GPU
+ * did not report it (or `id` names no GPU). */
+double rk_gate_temperature(const rk_gate *g, const char *id);
 /* 1 if device `id` is gone or had an uncorrectable ECC error since the last call (either
  * ends the process using it); clears the error. */
 int rk_gate_take_fatal(rk_gate *g, const char *id);
@@ -255,6 +261,8 @@ typedef struct rk_incident {
     char action[32];    /* relaunch, redo, rollback, quarantine, stop, ... */
     int64_t lost_steps; /* -1 unknown */
     double recovery_s;  /* -1 unknown */
+    int64_t step;       /* the step it happened at (-1 unknown): a rank's event says; else
+                         * the last step rank 0 applied before it was recorded */
     char detail[576];
     char stacks[2048]; /* a hang: the stack dumps' paths, one a line ("": none) */
     int final;         /* complete: may be written (rk_ledger_write) */
@@ -276,8 +284,12 @@ typedef struct rk_ledger {
     int64_t base;    /* the first step seen, less one */
     int64_t ndt, capdt;
     int64_t first_step; /* the step the job began from */
+    int64_t at_step;    /* the last step rank 0 applied (-1: none yet) */
     int restarts, quarantined;
     int injected;
+    /* the run's records (runlog.h): NULL without --steps / --gate-log */
+    FILE *steps, *gatelog;
+    rk_runlog_thin thin_steps, thin_ckpt, thin_gate; /* the bound on each file (runlog.h) */
 } rk_ledger;
 
 int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err);
@@ -301,6 +313,20 @@ void rk_ledger_write(rk_ledger *g, rk_incident *i);
 void rk_ledger_flush(rk_ledger *g);
 /* Step k (1-based: steps done) took dt seconds; a replay overwrites. */
 void rk_ledger_step(rk_ledger *g, int64_t k, double dt);
+/* The run's records (docs/run.md, "The run's records"; line formats in runlog.h): open the
+ * steps file and the gate file for appending (either path NULL: none). RK_EIO naming the
+ * flag and path on failure. */
+int rk_ledger_open_records(rk_ledger *g, const char *steps_path, const char *gate_path,
+                           rk_err *err);
+/* Into the steps file: launch `launch` runs rank i on devices[i]; rank 0 applied step k of
+ * that launch with loss (NAN: not finite) in dt seconds; a rank's checkpoint of step k is
+ * durable, written in `seconds`. Lines past the thinning bound (runlog.h) are dropped. */
+void rk_ledger_launch_rec(rk_ledger *g, int launch, const char *const *devices, int n);
+void rk_ledger_step_rec(rk_ledger *g, int launch, int rank, int64_t k, double loss, double dt);
+void rk_ledger_ckpt_rec(rk_ledger *g, int launch, int rank, int64_t k, double seconds);
+/* Into the gate file: one reading of the health gate, n GPUs (rk_runlog_rec of type gate;
+ * t is set here). A reading is kept or dropped whole by the thinning. */
+void rk_ledger_gate_rec(rk_ledger *g, rk_runlog_rec *recs, int n);
 /* The closing numbers into rep (steps, goodput, restarts, incidents by kind, recovery
  * times: every field from summary to nkinds), then the summary JSON to `path` (atomic; NULL:
  * none). Flushes every incident to the events file first. */

@@ -1,0 +1,83 @@
+/*
+ * Fuzz rk report's parsers and renderer (src/supervisor/runlog.c, report.c): the input,
+ * split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json, metrics.json
+ * and loss.log (read when steps.jsonl is empty). Every line goes through the record and event
+ * parsers (a record that parses must format and parse back as the same type and step), then the
+ * whole through the page renderer, whose output must hold no markup the input brought (no
+ * "<script").
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "supervisor/report.h"
+#include "supervisor/runlog.h"
+
+static rk_runlog_rec g_rec, g_back;
+static char g_line[RK_RUNLOG_MAX_LINE + 1];
+
+static void each_line(const char *p, size_t n)
+{
+    while (n) {
+        const char *nl = memchr(p, '\n', n);
+        size_t len = nl ? (size_t)(nl - p) : n;
+        rk_err err = {0};
+        if (rk_runlog_parse(p, len, &g_rec, &err) == RK_OK) {
+            long m = rk_runlog_format(&g_rec, g_line, sizeof g_line);
+            if (m < 0 || rk_runlog_parse(g_line, (size_t)m, &g_back, &err) != RK_OK ||
+                g_back.type != g_rec.type || g_back.step != g_rec.step)
+                abort(); /* what was read must write and read back */
+        }
+        rk_report_event e;
+        (void)rk_report_event_parse(p, len, &e, &err);
+        p += len + (nl ? 1 : 0);
+        n -= len + (nl ? 1 : 0);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const char *part[6] = {0};
+    size_t plen[6] = {0};
+    const char *p = (const char *)data;
+    size_t left = size;
+    for (int k = 0; k < 6 && (k == 0 || left); k++) {
+        const char *z = k < 5 ? memchr(p, '\0', left) : NULL;
+        size_t len = z ? (size_t)(z - p) : left;
+        part[k] = p;
+        plen[k] = len;
+        p += len + (z ? 1 : 0);
+        left -= len + (z ? 1 : 0);
+        if (!z)
+            break;
+    }
+    for (int k = 0; k < 3; k++)
+        if (part[k])
+            each_line(part[k], plen[k]);
+    rk_report_in in = {.name = "fuzz",
+                       .events = part[0],
+                       .events_len = plen[0],
+                       .steps = part[1],
+                       .steps_len = plen[1],
+                       .gate = part[2],
+                       .gate_len = plen[2],
+                       .summary = part[3],
+                       .summary_len = plen[3],
+                       .metrics = part[4],
+                       .metrics_len = plen[4],
+                       .loss = part[5],
+                       .loss_len = plen[5]};
+    if (!plen[1])
+        in.steps = NULL; /* rk report reads loss.log only without steps.jsonl */
+    char *html = NULL;
+    size_t len = 0;
+    rk_report_stats st;
+    rk_err err = {0};
+    if (rk_report_render(&in, &html, &len, &st, &err) == RK_OK) {
+        if (!html || strlen(html) != len || strstr(html, "<script") || strstr(html, "<img"))
+            abort();
+        free(html);
+    }
+    return 0;
+}

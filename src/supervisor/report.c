@@ -1,0 +1,1373 @@
+/*
+ * rk report (report.h): reads a run directory's records with the bounded readers of
+ * rekindle/fileio.h and the line formats of runlog.h, and renders one HTML page with inline
+ * SVG charts (loss by step with every incident marked, goodput over time, ranks on devices
+ * across launches, each GPU's score and temperature, checkpoints) and the incidents' table.
+ * Relies on jansson, open_memstream, base/text.h's cleaning of untrusted text.
+ */
+#include "supervisor/report.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/text.h"
+#include "rekindle/fileio.h"
+#include "supervisor/runlog.h"
+
+/* ---- the events file's lines ------------------------------------------------------------- */
+
+static int ev_bad(rk_err *err, const char *field, const char *what)
+{
+    return rk_err_set(err, RK_EFORMAT, "field \"%s\": %s", field, what);
+}
+
+/* An optional string field into out[cap] (absent or null: ""); cut on a character boundary. */
+static int ev_str(json_t *o, const char *k, char *out, size_t cap, int required, rk_err *err)
+{
+    json_t *x = json_object_get(o, k);
+    out[0] = '\0';
+    if (!x || json_is_null(x))
+        return required ? ev_bad(err, k, "missing") : RK_OK;
+    if (!json_is_string(x))
+        return ev_bad(err, k, "not a string");
+    rk_text_clean(out, cap, json_string_value(x));
+    if (required && !out[0])
+        return ev_bad(err, k, "empty");
+    return RK_OK;
+}
+
+int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_err *err)
+{
+    memset(e, 0, sizeof *e);
+    e->rank = -1;
+    e->lost_steps = -1;
+    e->step = -1;
+    e->recovery_s = NAN;
+    if (len > RK_REPORT_MAX_EVENT_LINE)
+        return rk_err_set(err, RK_EFORMAT, "a line longer than %d bytes", RK_REPORT_MAX_EVENT_LINE);
+    json_error_t je;
+    json_t *o = json_loadb(len ? line : "", len, JSON_REJECT_DUPLICATES, &je);
+    if (!o)
+        return rk_err_set(err, RK_EFORMAT, "not JSON: %s", je.text);
+    int rc = RK_OK;
+    json_t *x;
+    if (!json_is_object(o)) {
+        rc = rk_err_set(err, RK_EFORMAT, "not a JSON object");
+        goto out;
+    }
+    x = json_object_get(o, "t");
+    if (!json_is_number(x) || !(json_number_value(x) >= 0) || json_number_value(x) > 1e10) {
+        rc = ev_bad(err, "t", "missing, or not a number of seconds from 0 to 1e10");
+        goto out;
+    }
+    e->t = json_number_value(x);
+    if ((rc = ev_str(o, "kind", e->kind, sizeof e->kind, 1, err)) ||
+        (rc = ev_str(o, "time", e->time, sizeof e->time, 0, err)) ||
+        (rc = ev_str(o, "device", e->device, sizeof e->device, 0, err)) ||
+        (rc = ev_str(o, "action", e->action, sizeof e->action, 0, err)) ||
+        (rc = ev_str(o, "detail", e->detail, sizeof e->detail, 0, err)))
+        goto out;
+    x = json_object_get(o, "rank");
+    if (x && !json_is_null(x)) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 65535) {
+            rc = ev_bad(err, "rank", "not a rank from 0 to 65535 or null");
+            goto out;
+        }
+        e->rank = (int)json_integer_value(x);
+    }
+    x = json_object_get(o, "lost_steps");
+    if (x && !json_is_null(x)) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0) {
+            rc = ev_bad(err, "lost_steps", "not a count of steps or null");
+            goto out;
+        }
+        e->lost_steps = json_integer_value(x);
+    }
+    x = json_object_get(o, "step");
+    if (x && !json_is_null(x)) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+            json_integer_value(x) > RK_RUNLOG_MAX_STEP) {
+            rc = ev_bad(err, "step", "not a step from 0 to 2^53 or null");
+            goto out;
+        }
+        e->step = json_integer_value(x);
+    }
+    x = json_object_get(o, "recovery_s");
+    if (x && !json_is_null(x)) {
+        if (!json_is_number(x) || !(json_number_value(x) >= 0) || json_number_value(x) > 1e10) {
+            rc = ev_bad(err, "recovery_s", "not a number of seconds or null");
+            goto out;
+        }
+        e->recovery_s = json_number_value(x);
+    }
+out:
+    json_decref(o);
+    return rc;
+}
+
+/* ---- reading the files into arrays ------------------------------------------------------- */
+
+typedef struct step_pt {
+    double t, loss, dt;
+    int64_t step;
+    int launch;
+} step_pt;
+
+typedef struct launch_pt {
+    double t;
+    int launch, n;
+    int first_dev; /* index into the device table of rank 0's device; ranks follow in devmap */
+} launch_pt;
+
+typedef struct ckpt_pt {
+    double t, seconds;
+    int64_t step;
+} ckpt_pt;
+
+typedef struct gate_pt {
+    double t, temp;
+    int dev, score, lost;
+} gate_pt;
+
+typedef struct data {
+    rk_report_event *ev;
+    size_t nev, capev;
+    step_pt *st;
+    size_t nst, capst;
+    launch_pt *la;
+    size_t nla, capla;
+    int *ldev; /* device index of each rank of each launch, launch after launch */
+    size_t nldev, capldev;
+    ckpt_pt *ck;
+    size_t nck, capck;
+    gate_pt *gt;
+    size_t ngt, capgt;
+    char (*dev)[RK_RUNLOG_ID_LEN]; /* every device named, in order of first appearance */
+    int ndev, capdev;
+    double threshold; /* the gate's threshold, -1 unknown */
+    int untimed;      /* the steps came from rk train's loss.log: no times, no launches */
+    int simulated;
+    int torn;
+} data;
+
+static int grow(void **p, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap)
+        return RK_OK;
+    size_t c = *cap ? 2 * *cap : 64;
+    void *q = realloc(*p, c * size);
+    if (!q)
+        return RK_ENOMEM;
+    *p = q;
+    *cap = c;
+    return RK_OK;
+}
+
+static int dev_index(data *d, const char *id)
+{
+    for (int i = 0; i < d->ndev; i++)
+        if (strcmp(d->dev[i], id) == 0)
+            return i;
+    if (d->ndev >= 4096)
+        return -1;
+    if (d->ndev == d->capdev) {
+        int c = d->capdev ? 2 * d->capdev : 16;
+        void *q = realloc(d->dev, (size_t)c * sizeof *d->dev);
+        if (!q)
+            return -1;
+        d->dev = q;
+        d->capdev = c;
+    }
+    snprintf(d->dev[d->ndev], sizeof d->dev[0], "%s", id);
+    return d->ndev++;
+}
+
+typedef int (*line_fn)(data *d, const char *line, size_t len, rk_err *err);
+
+static int on_event_line(data *d, const char *line, size_t len, rk_err *err)
+{
+    if (grow((void **)&d->ev, &d->capev, d->nev, sizeof *d->ev))
+        return rk_err_set(err, RK_ENOMEM, "out of memory");
+    return rk_report_event_parse(line, len, &d->ev[d->nev++], err) ? (d->nev--, RK_EFORMAT) : RK_OK;
+}
+
+static int on_record_line(data *d, const char *line, size_t len, rk_err *err)
+{
+    static rk_runlog_rec r;
+    if (rk_runlog_parse(line, len, &r, err))
+        return RK_EFORMAT;
+    switch (r.type) {
+    case RK_RUNLOG_LAUNCH:
+        if (grow((void **)&d->la, &d->capla, d->nla, sizeof *d->la))
+            return rk_err_set(err, RK_ENOMEM, "out of memory");
+        for (int i = 0; i < r.ndevices; i++) {
+            if (grow((void **)&d->ldev, &d->capldev, d->nldev, sizeof *d->ldev))
+                return rk_err_set(err, RK_ENOMEM, "out of memory");
+            int k = dev_index(d, r.devices[i]);
+            if (k < 0)
+                return rk_err_set(err, RK_EFORMAT, "more than 4096 devices");
+            d->ldev[d->nldev++] = k;
+        }
+        d->la[d->nla++] = (launch_pt){.t = r.t,
+                                      .launch = r.launch,
+                                      .n = r.ndevices,
+                                      .first_dev = (int)(d->nldev - (size_t)r.ndevices)};
+        return RK_OK;
+    case RK_RUNLOG_STEP:
+        if (grow((void **)&d->st, &d->capst, d->nst, sizeof *d->st))
+            return rk_err_set(err, RK_ENOMEM, "out of memory");
+        d->st[d->nst++] =
+            (step_pt){.t = r.t, .loss = r.loss, .dt = r.dt, .step = r.step, .launch = r.launch};
+        return RK_OK;
+    case RK_RUNLOG_CKPT:
+        if (grow((void **)&d->ck, &d->capck, d->nck, sizeof *d->ck))
+            return rk_err_set(err, RK_ENOMEM, "out of memory");
+        d->ck[d->nck++] = (ckpt_pt){.t = r.t, .seconds = r.seconds, .step = r.step};
+        return RK_OK;
+    case RK_RUNLOG_GATE: {
+        if (grow((void **)&d->gt, &d->capgt, d->ngt, sizeof *d->gt))
+            return rk_err_set(err, RK_ENOMEM, "out of memory");
+        int k = dev_index(d, r.device);
+        if (k < 0)
+            return rk_err_set(err, RK_EFORMAT, "more than 4096 devices");
+        d->gt[d->ngt++] = (gate_pt){
+            .t = r.t, .temp = r.temperature_c, .dev = k, .score = r.score, .lost = r.lost};
+        d->threshold = r.threshold;
+        d->simulated |= r.simulated;
+        return RK_OK;
+    }
+    }
+    return RK_OK;
+}
+
+/* A line of rk train's --loss-log (src/nn/train.c writes "%lld %.9g"): "STEP LOSS", the step
+ * counted from 0 (steps done before it: drawn as step + 1, as steps.jsonl counts), the loss a
+ * number, nan or inf. */
+static int on_loss_line(data *d, const char *line, size_t len, rk_err *err)
+{
+    char buf[128];
+    if (len >= sizeof buf)
+        return rk_err_set(err, RK_EFORMAT, "not \"STEP LOSS\": longer than %zu bytes",
+                          sizeof buf - 1);
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    char *end;
+    errno = 0;
+    long long k = buf[0] >= '0' && buf[0] <= '9' ? strtoll(buf, &end, 10) : -1;
+    if (k < 0 || errno || *end != ' ' || k >= RK_RUNLOG_MAX_STEP)
+        return rk_err_set(err, RK_EFORMAT,
+                          "not \"STEP LOSS\": the step is not a whole number "
+                          "from 0 to 2^53");
+    const char *l = end + 1;
+    double loss = strtod(l, &end);
+    if (end == l || *end || *l == ' ')
+        return rk_err_set(err, RK_EFORMAT, "not \"STEP LOSS\": the loss is not a number");
+    if (grow((void **)&d->st, &d->capst, d->nst, sizeof *d->st))
+        return rk_err_set(err, RK_ENOMEM, "out of memory");
+    d->st[d->nst++] = (step_pt){.t = NAN,
+                                .loss = isfinite(loss) && fabs(loss) < 1e300 ? loss : NAN,
+                                .dt = 0,
+                                .step = k + 1,
+                                .launch = 0};
+    return RK_OK;
+}
+
+/* Every line of text[0..len) through fn; an error names file and line. A last line without
+ * its newline that does not parse is a torn write: left out, counted. Empty lines are
+ * skipped. `want` is the record kind the file must hold (steps.jsonl: no gate records). */
+static int each_line(data *d, const char *file, const char *text, size_t len, line_fn fn,
+                     rk_err *err)
+{
+    size_t at = 0;
+    long no = 0;
+    while (at < len) {
+        const char *nl = memchr(text + at, '\n', len - at);
+        size_t n = nl ? (size_t)(nl - (text + at)) : len - at;
+        no++;
+        if (n) {
+            rk_err e = {0};
+            if (fn(d, text + at, n, &e)) {
+                if (!nl && e.code == RK_EFORMAT) { /* the writer died mid-line */
+                    d->torn++;
+                    break;
+                }
+                return rk_err_set(err, e.code, "%s line %ld: %s", file, no, e.msg);
+            }
+        }
+        at += n + (nl ? 1 : 0);
+    }
+    return RK_OK;
+}
+
+/* summary.json and metrics.json: the few numbers the page shows. */
+typedef struct nums {
+    int have_summary, have_metrics;
+    char outcome[32];
+    double wall_s, productive_s, goodput;
+    int64_t steps, restarts, quarantined, final_ranks, injected;
+    double recovery_median_s, recovery_max_s;
+    char model[64];
+    double test_accuracy, final_train_loss;
+} nums;
+
+static int json_num(json_t *o, const char *k, double *v, const char *file, rk_err *err)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x))
+        return RK_OK;
+    if (!json_is_number(x) || !isfinite(json_number_value(x)))
+        return rk_err_set(err, RK_EFORMAT, "%s: field \"%s\": not a number", file, k);
+    *v = json_number_value(x);
+    return RK_OK;
+}
+
+static int json_int(json_t *o, const char *k, int64_t *v, const char *file, rk_err *err)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x))
+        return RK_OK;
+    if (!json_is_integer(x) || json_integer_value(x) < 0)
+        return rk_err_set(err, RK_EFORMAT, "%s: field \"%s\": not a count", file, k);
+    *v = json_integer_value(x);
+    return RK_OK;
+}
+
+static int json_text(json_t *o, const char *k, char *out, size_t cap, const char *file, rk_err *err)
+{
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x))
+        return RK_OK;
+    if (!json_is_string(x))
+        return rk_err_set(err, RK_EFORMAT, "%s: field \"%s\": not a string", file, k);
+    rk_text_clean(out, cap, json_string_value(x));
+    return RK_OK;
+}
+
+static json_t *load_object(const char *text, size_t len, const char *file, rk_err *err)
+{
+    json_error_t je;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        rk_err_set(err, RK_EFORMAT, "%s: not JSON: %s (line %d)", file, je.text, je.line);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        json_decref(o);
+        rk_err_set(err, RK_EFORMAT, "%s: not a JSON object", file);
+        return NULL;
+    }
+    return o;
+}
+
+static int read_nums(const rk_report_in *in, nums *n, rk_err *err)
+{
+    memset(n, 0, sizeof *n);
+    n->wall_s = n->productive_s = n->goodput = NAN;
+    n->recovery_median_s = n->recovery_max_s = NAN;
+    n->test_accuracy = n->final_train_loss = NAN;
+    n->steps = n->restarts = n->quarantined = n->final_ranks = n->injected = -1;
+    int rc = RK_OK;
+    if (in->summary) {
+        const char *f = RK_REPORT_SUMMARY;
+        json_t *o = load_object(in->summary, in->summary_len, f, err);
+        if (!o)
+            return RK_EFORMAT;
+        n->have_summary = 1;
+        rc = json_text(o, "outcome", n->outcome, sizeof n->outcome, f, err) ||
+                     json_num(o, "wall_s", &n->wall_s, f, err) ||
+                     json_num(o, "productive_s", &n->productive_s, f, err) ||
+                     json_num(o, "goodput", &n->goodput, f, err) ||
+                     json_int(o, "steps", &n->steps, f, err) ||
+                     json_int(o, "restarts", &n->restarts, f, err) ||
+                     json_int(o, "quarantined", &n->quarantined, f, err) ||
+                     json_int(o, "final_ranks", &n->final_ranks, f, err) ||
+                     json_int(o, "injected_faults", &n->injected, f, err) ||
+                     json_num(o, "recovery_median_s", &n->recovery_median_s, f, err) ||
+                     json_num(o, "recovery_max_s", &n->recovery_max_s, f, err)
+                 ? RK_EFORMAT
+                 : RK_OK;
+        json_decref(o);
+        if (rc)
+            return rc;
+        if (!(n->wall_s >= 0) || n->wall_s > 1e10)
+            n->wall_s = NAN;
+    }
+    if (in->metrics) {
+        const char *f = RK_REPORT_METRICS;
+        json_t *o = load_object(in->metrics, in->metrics_len, f, err);
+        if (!o)
+            return RK_EFORMAT;
+        n->have_metrics = 1;
+        rc = json_text(o, "model", n->model, sizeof n->model, f, err) ||
+                     json_num(o, "test_accuracy", &n->test_accuracy, f, err) ||
+                     json_num(o, "final_train_loss", &n->final_train_loss, f, err)
+                 ? RK_EFORMAT
+                 : RK_OK;
+        json_decref(o);
+    }
+    return rc;
+}
+
+/* ---- HTML and SVG ------------------------------------------------------------------------ */
+
+/* Text from a file, escaped for an HTML text node or a quoted attribute. */
+static void esc(FILE *f, const char *s)
+{
+    for (; *s; s++)
+        switch (*s) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&#39;", f); break;
+        default: fputc(*s, f);
+        }
+}
+
+typedef struct chart {
+    FILE *f;
+    double x0, x1, y0, y1; /* data ranges */
+    double W, H, L, R, T, B;
+} chart;
+
+static double cx(const chart *c, double x)
+{
+    double v = c->L + (x - c->x0) / (c->x1 - c->x0) * (c->W - c->L - c->R);
+    return v < 0 ? 0 : v > c->W ? c->W : v;
+}
+
+static double cy(const chart *c, double y)
+{
+    double v = c->H - c->B - (y - c->y0) / (c->y1 - c->y0) * (c->H - c->T - c->B);
+    return v < 0 ? 0 : v > c->H ? c->H : v;
+}
+
+/* A tick step of 1, 2 or 5 times a power of ten giving about `want` ticks over span. */
+static double tick_step(double span, int want)
+{
+    if (!(span > 0) || !isfinite(span))
+        return 1;
+    double raw = span / want, p = pow(10, floor(log10(raw))), m = raw / p;
+    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+}
+
+static void fix_range(double *lo, double *hi)
+{
+    if (!isfinite(*lo) || !isfinite(*hi)) {
+        *lo = 0;
+        *hi = 1;
+    }
+    if (*hi - *lo < 1e-9) {
+        *hi = *lo + 1;
+    }
+}
+
+static void fmt_tick(char *b, size_t cap, double v, double step)
+{
+    if (fabs(v) < step * 1e-6)
+        v = 0;
+    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+    snprintf(b, cap, "%.*f", dec > 6 ? 6 : dec, v);
+}
+
+/* Open a figure: caption, the SVG, its grid, axes and tick labels. */
+static void chart_begin(chart *c, FILE *f, const char *id, const char *title, const char *note,
+                        const char *xlabel, const char *ylabel, double H, int yticks)
+{
+    c->f = f;
+    c->W = 1180;
+    c->H = H;
+    c->L = 64;
+    c->R = 24;
+    c->T = 14;
+    c->B = 42;
+    fix_range(&c->x0, &c->x1);
+    fix_range(&c->y0, &c->y1);
+    fprintf(f, "<figure class=\"chart\" id=\"%s\"><figcaption><h2>%s</h2>", id, title);
+    if (note && note[0])
+        fprintf(f, "<p class=\"note\">%s</p>", note);
+    fprintf(f,
+            "</figcaption>\n<svg class=\"plot\" viewBox=\"0 0 %.0f %.0f\" role=\"img\" "
+            "aria-label=\"%s\" xmlns=\"http://www.w3.org/2000/svg\">\n",
+            c->W, c->H, title);
+    fprintf(f, "<g class=\"axes\">");
+    if (yticks > 0) {
+        double ys = tick_step(c->y1 - c->y0, yticks);
+        for (double v = ceil(c->y0 / ys) * ys; v <= c->y1 + ys * 1e-9; v += ys) {
+            char b[32];
+            fmt_tick(b, sizeof b, v, ys);
+            fprintf(f,
+                    "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+                    "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
+                    c->L, c->W - c->R, cy(c, v), cy(c, v), c->L - 6, cy(c, v) + 4, b);
+        }
+    }
+    double xs = tick_step(c->x1 - c->x0, 10);
+    for (double v = ceil(c->x0 / xs) * xs; v <= c->x1 + xs * 1e-9; v += xs) {
+        char b[32];
+        fmt_tick(b, sizeof b, v, xs);
+        fprintf(f,
+                "<line class=\"xtick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+                "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
+                cx(c, v), cx(c, v), c->H - c->B, c->H - c->B + 5, cx(c, v), c->H - c->B + 18, b);
+    }
+    fprintf(f,
+            "<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+            "<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>",
+            c->L, c->W - c->R, c->H - c->B, c->H - c->B, c->L, c->L, c->T, c->H - c->B);
+    fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
+            (c->L + c->W - c->R) / 2, c->H - 6, xlabel);
+    if (ylabel)
+        fprintf(f,
+                "<text class=\"label\" transform=\"translate(14 %.1f) rotate(-90)\" "
+                "text-anchor=\"middle\">%s</text>",
+                (c->T + c->H - c->B) / 2, ylabel);
+    fprintf(f, "</g>\n");
+}
+
+static void chart_end(chart *c)
+{
+    fprintf(c->f, "</svg></figure>\n");
+}
+
+static void chart_empty(FILE *f, const char *id, const char *title, const char *why)
+{
+    fprintf(f,
+            "<figure class=\"chart empty\" id=\"%s\"><figcaption><h2>%s</h2></figcaption>"
+            "<p class=\"none\">%s</p></figure>\n",
+            id, title, why);
+}
+
+/* Eight colours that stay apart on screen, with a dash pattern each for paper. */
+static const char *const k_colour[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                       "#ff7f0e", "#17becf", "#8c564b", "#e377c2"};
+static const char *const k_dash[] = {"", "6 3", "2 2", "8 3 2 3", "1 3", "10 4", "4 4", "6 2 1 2"};
+
+/* The incident's family: its colour and its marker's shape. */
+typedef enum { FAM_FAILURE, FAM_HEALTH, FAM_NUMERIC, FAM_QUARANTINE, FAM_OTHER } family;
+
+static family family_of(const char *kind)
+{
+    static const char *const fail[] = {"crash",           "hang",    "commfail",
+                                       "node_lost",       "storage", "exception",
+                                       "never_connected", "usage",   "guard_failed"};
+    static const char *const health[] = {"health_drain", "health_gate", "predicted_failure"};
+    static const char *const num[] = {"nan",       "grad_suspect",     "grad_outlier",
+                                      "grad_kept", "replica_mismatch", "loss_spike",
+                                      "spike_kept"};
+    for (size_t i = 0; i < sizeof fail / sizeof *fail; i++)
+        if (strcmp(kind, fail[i]) == 0)
+            return FAM_FAILURE;
+    for (size_t i = 0; i < sizeof health / sizeof *health; i++)
+        if (strcmp(kind, health[i]) == 0)
+            return FAM_HEALTH;
+    for (size_t i = 0; i < sizeof num / sizeof *num; i++)
+        if (strcmp(kind, num[i]) == 0)
+            return FAM_NUMERIC;
+    return strcmp(kind, "quarantine") == 0 ? FAM_QUARANTINE : FAM_OTHER;
+}
+
+static const char *const k_fam_class[] = {"fam-failure", "fam-health", "fam-numeric",
+                                          "fam-quarantine", "fam-other"};
+
+/* A marker's shape centred at (x, y): circle, triangle, square, diamond, circle. */
+static void shape(FILE *f, family fam, double x, double y)
+{
+    switch (fam) {
+    case FAM_HEALTH:
+        fprintf(f, "<path class=\"mk\" d=\"M%.1f %.1fl6 10.4h-12z\"/>", x, y - 6.9);
+        break;
+    case FAM_NUMERIC:
+        fprintf(f, "<rect class=\"mk\" x=\"%.1f\" y=\"%.1f\" width=\"11\" height=\"11\"/>", x - 5.5,
+                y - 5.5);
+        break;
+    case FAM_QUARANTINE:
+        fprintf(f, "<path class=\"mk\" d=\"M%.1f %.1fl7 7l-7 7l-7 -7z\"/>", x, y - 7);
+        break;
+    case FAM_FAILURE:
+    case FAM_OTHER: fprintf(f, "<circle class=\"mk\" cx=\"%.1f\" cy=\"%.1f\" r=\"6\"/>", x, y);
+    }
+}
+
+static int is_inject(const rk_report_event *e)
+{
+    return strcmp(e->kind, "inject") == 0;
+}
+
+/* The step the job had reached at time t: the last step record at or before t (the file is
+ * in time order); 0 before the first. */
+static int64_t step_at(const data *d, double t)
+{
+    if (d->untimed) /* loss.log has no times */
+        return 0;
+    size_t lo = 0, hi = d->nst; /* first record with .t > t */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->st[mid].t <= t)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo ? d->st[lo - 1].step : 0;
+}
+
+/* The step an incident is marked at: its own (rk run writes it), else where the job was. */
+static int64_t event_step(const data *d, const rk_report_event *e)
+{
+    return e->step >= 0 ? e->step : step_at(d, e->t);
+}
+
+static double end_time(const data *d, const nums *n)
+{
+    double end = isfinite(n->wall_s) ? n->wall_s : 0;
+    for (size_t i = 0; i < d->nst; i++)
+        end = fmax(end, d->st[i].t);
+    for (size_t i = 0; i < d->nev; i++)
+        end = fmax(end, d->ev[i].t);
+    for (size_t i = 0; i < d->ngt; i++)
+        end = fmax(end, d->gt[i].t);
+    for (size_t i = 0; i < d->nla; i++)
+        end = fmax(end, d->la[i].t);
+    for (size_t i = 0; i < d->nck; i++)
+        end = fmax(end, d->ck[i].t);
+    return end > 0 ? end : 1;
+}
+
+/* A polyline of at most ~2000 points from pts (x, y pairs). */
+static void polyline(FILE *f, const chart *c, const double *xy, size_t n, const char *cls,
+                     const char *attrs)
+{
+    if (!n)
+        return;
+    size_t stride = n > 2000 ? (n + 1999) / 2000 : 1;
+    fprintf(f, "<polyline class=\"%s\" %s points=\"", cls, attrs);
+    for (size_t i = 0; i < n; i += stride)
+        fprintf(f, "%.1f,%.1f ", cx(c, xy[2 * i]), cy(c, xy[2 * i + 1]));
+    if ((n - 1) % stride)
+        fprintf(f, "%.1f,%.1f", cx(c, xy[2 * (n - 1)]), cy(c, xy[2 * (n - 1) + 1]));
+    fprintf(f, "\"/>\n");
+}
+
+static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
+{
+    *markers = 0;
+    long nevents = 0;
+    for (size_t i = 0; i < d->nev; i++)
+        nevents += !is_inject(&d->ev[i]);
+    if (!d->nst && !nevents) {
+        chart_empty(f, "loss", "Loss by step",
+                    "No steps recorded (no steps.jsonl: give rk run --steps) and no incidents.");
+        return;
+    }
+    chart c = {.x0 = INFINITY, .x1 = -INFINITY, .y0 = 0, .y1 = -INFINITY};
+    for (size_t i = 0; i < d->nst; i++) {
+        c.x0 = fmin(c.x0, (double)d->st[i].step - 1);
+        c.x1 = fmax(c.x1, (double)d->st[i].step);
+        if (isfinite(d->st[i].loss))
+            c.y1 = fmax(c.y1, d->st[i].loss), c.y0 = fmin(c.y0, d->st[i].loss);
+    }
+    int by_time = !d->nst;                            /* no steps: the incidents over time */
+    for (size_t i = 0; i < d->nev && !by_time; i++) { /* the incidents' steps are on it too */
+        double k = (double)event_step(d, &d->ev[i]);
+        c.x0 = fmin(c.x0, k);
+        c.x1 = fmax(c.x1, k);
+    }
+    if (by_time)
+        c.x0 = 0, c.x1 = end_time(d, nm), c.y0 = 0, c.y1 = 1;
+    if (!(c.x1 > c.x0))
+        c.x1 = c.x0 + 1;
+    if (c.y1 > 0)
+        c.y1 *= 1.08;
+    double H = 360;
+    chart_begin(&c, f, "loss", by_time ? "Incidents over time" : "Loss by step",
+                d->untimed ? "The loss at every step, from rk train's loss.log (--loss-log)."
+                : d->nst   ? "Rank 0's loss at every step it applied, one line per launch (a "
+                             "relaunch replays from its checkpoint). Each incident is marked at "
+                             "its step (a rank's event: the step it computed; else the last step "
+                             "rank 0 applied before it was seen); the numbers are the table's."
+                           : "No steps recorded (no steps.jsonl: give rk run --steps): no loss "
+                             "curve, the incidents at their times.",
+                by_time ? "seconds since rk run started" : "step", by_time ? NULL : "loss", H,
+                by_time ? 0 : 6);
+    /* one line per launch, broken at non-finite losses and where a rollback replays */
+    double *xy = malloc((d->nst ? d->nst : 1) * 2 * sizeof *xy);
+    for (size_t i = 0; xy && i < d->nst;) {
+        size_t j = i, n = 0;
+        int launch = d->st[i].launch;
+        while (j < d->nst && d->st[j].launch == launch && isfinite(d->st[j].loss) &&
+               (j == i || d->st[j].step > d->st[j - 1].step)) {
+            xy[2 * n] = (double)d->st[j].step;
+            xy[2 * n + 1] = d->st[j].loss;
+            n++, j++;
+        }
+        char attrs[96];
+        snprintf(attrs, sizeof attrs, "data-launch=\"%d\" style=\"stroke:%s\"", launch,
+                 k_colour[launch % 8]);
+        polyline(f, &c, xy, n, "loss-line", attrs);
+        i = j > i ? j : i + 1;
+        while (i < d->nst && !isfinite(d->st[i].loss)) { /* a NaN step: a cross on the axis */
+            fprintf(f,
+                    "<text class=\"nan-step\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
+                    "&#215;</text>",
+                    cx(&c, (double)d->st[i].step), c.H - c.B - 3);
+            i++;
+        }
+    }
+    free(xy);
+    /* incidents: a dashed line at the step and a numbered shape on top, staggered */
+    long no = 0;
+    for (size_t i = 0; i < d->nev; i++) {
+        const rk_report_event *e = &d->ev[i];
+        if (is_inject(e))
+            continue;
+        no++;
+        int64_t s = event_step(d, e);
+        double x = cx(&c, by_time ? e->t : (double)s), y = c.T + 10 + (double)((no - 1) % 4) * 16;
+        family fam = family_of(e->kind);
+        fprintf(f, "<g class=\"incident-marker %s\" data-kind=\"", k_fam_class[fam]);
+        esc(f, e->kind);
+        fprintf(f, "\" data-step=\"%lld\" data-n=\"%ld\"><title>#%ld ", (long long)s, no, no);
+        esc(f, e->kind);
+        fprintf(f, " at %.1f s, step %lld: ", e->t, (long long)s);
+        esc(f, e->detail);
+        fprintf(f, "</title><line class=\"stem\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>",
+                x, x, y, c.H - c.B);
+        shape(f, fam, x, y);
+        fprintf(f, "<text class=\"mk-no\" x=\"%.1f\" y=\"%.1f\">%ld</text></g>\n", x + 8, y + 4,
+                no);
+        (*markers)++;
+    }
+    /* injections: a small grey tick below the axis */
+    for (size_t i = 0; i < d->nev; i++) {
+        const rk_report_event *e = &d->ev[i];
+        if (!is_inject(e))
+            continue;
+        double x = cx(&c, by_time ? e->t : (double)event_step(d, e));
+        fprintf(f, "<path class=\"inject-marker\" d=\"M%.1f %.1fl-4 7h8z\"><title>", x,
+                c.H - c.B + 1);
+        esc(f, e->detail);
+        fprintf(f, "</title></path>\n");
+    }
+    chart_end(&c);
+    fprintf(f, "<p class=\"legend\"><span class=\"key fam-failure\">&#9679; crash, hang, "
+               "communication</span> <span class=\"key fam-health\">&#9650; health drain or "
+               "gate</span> <span class=\"key fam-numeric\">&#9632; NaN, gradient, replica "
+               "(redo, rollback)</span> <span class=\"key fam-quarantine\">&#9670; "
+               "quarantine</span> <span class=\"key inject\">&#9652; fault injected "
+               "(simulated)</span></p>\n");
+}
+
+/* Goodput so far at each step record: the time of the steps that are in the model at that
+ * moment (rank 0's dt; a replayed step counts once, its latest time), over the time since
+ * the start. A replay drops the steps it redoes until they are done again. Thinned records
+ * stand for the steps since the previous one. */
+static void goodput_chart(FILE *f, const data *d, const nums *n)
+{
+    if (!d->nst || d->untimed) {
+        chart_empty(f, "goodput", "Goodput over time",
+                    d->untimed ? "rk train's loss.log has no times: goodput needs rk run --steps."
+                               : "No steps recorded (no steps.jsonl: give rk run --steps).");
+        return;
+    }
+    typedef struct {
+        int64_t step;
+        double c;
+    } held;
+    held *stack = malloc(d->nst * sizeof *stack);
+    double *xy = malloc(d->nst * 2 * sizeof *xy);
+    if (!stack || !xy) {
+        free(stack);
+        free(xy);
+        return;
+    }
+    size_t top = 0, np = 0;
+    double prod = 0;
+    for (size_t i = 0; i < d->nst; i++) {
+        const step_pt *p = &d->st[i];
+        while (top && stack[top - 1].step >= p->step)
+            prod -= stack[--top].c;
+        int64_t prev = top ? stack[top - 1].step : p->step - 1;
+        double c = p->dt * (double)(p->step - prev);
+        stack[top++] = (held){p->step, c};
+        prod += c;
+        if (p->t > 0) {
+            xy[2 * np] = p->t;
+            xy[2 * np + 1] = fmin(1.0, fmax(0.0, prod / p->t));
+            np++;
+        }
+    }
+    free(stack);
+    chart c = {.x0 = 0, .x1 = end_time(d, n), .y0 = 0, .y1 = 1};
+    char note[200];
+    if (isfinite(n->goodput))
+        snprintf(note, sizeof note,
+                 "Productive time so far over time since the start; the summary's goodput at "
+                 "the end: %.3f (dashed).",
+                 n->goodput);
+    else
+        snprintf(note, sizeof note, "Productive time so far over time since the start.");
+    chart_begin(&c, f, "goodput", "Goodput over time", note, "seconds since rk run started",
+                "goodput", 260, 5);
+    for (size_t i = 0; i < d->nla; i++)
+        fprintf(f,
+                "<line class=\"launch-line\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+                "<text class=\"launch-label\" x=\"%.1f\" y=\"%.1f\">launch %d</text>\n",
+                cx(&c, d->la[i].t), cx(&c, d->la[i].t), c.T, c.H - c.B, cx(&c, d->la[i].t) + 3,
+                c.T + 10, d->la[i].launch);
+    if (isfinite(n->goodput))
+        fprintf(f,
+                "<line class=\"goodput-final\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
+                "y2=\"%.1f\"/>\n",
+                c.L, c.W - c.R, cy(&c, n->goodput), cy(&c, n->goodput));
+    polyline(f, &c, xy, np, "goodput-line", "");
+    free(xy);
+    chart_end(&c);
+}
+
+/* Rows: devices; a bar for each rank of each launch, from its start to the next launch. */
+static void devices_chart(FILE *f, const data *d, const nums *n)
+{
+    if (!d->nla) {
+        chart_empty(f, "devices", "Ranks on devices, launch by launch",
+                    "No launches recorded (no steps.jsonl: give rk run --steps).");
+        return;
+    }
+    /* the devices used by some launch, in order of first appearance */
+    int *row = malloc((size_t)(d->ndev ? d->ndev : 1) * sizeof *row);
+    if (!row)
+        return;
+    int rows = 0;
+    for (int k = 0; k < d->ndev; k++)
+        row[k] = -1;
+    for (size_t i = 0; i < d->nldev; i++)
+        if (row[d->ldev[i]] < 0)
+            row[d->ldev[i]] = rows++;
+    double end = end_time(d, n);
+    chart c = {.x0 = 0, .x1 = end, .y0 = 0, .y1 = rows};
+    double H = 14 + 42 + 30.0 * rows;
+    chart_begin(&c, f, "devices", "Ranks on devices, launch by launch",
+                "Which rank ran on which device in each launch (rk run --devices); a device "
+                "left out, drained or quarantined has no bar.",
+                "seconds since rk run started", NULL, H, 0);
+    for (int k = 0; k < d->ndev; k++)
+        if (row[k] >= 0) {
+            fprintf(f, "<text class=\"tick dev-name\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">",
+                    c.L - 6, cy(&c, rows - row[k] - 0.5) + 4);
+            esc(f, d->dev[k]);
+            fprintf(f, "</text>\n");
+        }
+    for (size_t i = 0; i < d->nla; i++) {
+        const launch_pt *la = &d->la[i];
+        double t1 = i + 1 < d->nla ? d->la[i + 1].t : end;
+        double x0 = cx(&c, la->t), x1 = cx(&c, fmax(t1, la->t));
+        for (int r = 0; r < la->n; r++) {
+            int k = d->ldev[la->first_dev + r];
+            double y = cy(&c, rows - row[k]);
+            fprintf(f,
+                    "<g class=\"launch-bar\" data-launch=\"%d\" data-rank=\"%d\" "
+                    "data-device=\"",
+                    la->launch, r);
+            esc(f, d->dev[k]);
+            fprintf(f, "\"><title>launch %d: rank %d on device ", la->launch, r);
+            esc(f, d->dev[k]);
+            fprintf(f,
+                    "</title><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"22\" "
+                    "style=\"fill:%s\"/>",
+                    x0 + 0.5, y + 4, fmax(x1 - x0 - 1, 1), k_colour[r % 8]);
+            if (x1 - x0 > 30)
+                fprintf(f, "<text class=\"bar-label\" x=\"%.1f\" y=\"%.1f\">r%d</text>", x0 + 4,
+                        y + 19, r);
+            fprintf(f, "</g>\n");
+        }
+    }
+    free(row);
+    chart_end(&c);
+}
+
+/* One line per device: score (with the threshold) or temperature, over time. */
+static void gate_chart(FILE *f, const data *d, const nums *n, int temp)
+{
+    const char *id = temp ? "temperature" : "score";
+    const char *title = temp ? "GPU temperature" : "GPU health score";
+    if (!d->ngt) {
+        chart_empty(f, id, title,
+                    "No readings of the health gate recorded (no gate.jsonl: give rk run "
+                    "--gate-log, with --health).");
+        return;
+    }
+    chart c = {.x0 = 0, .x1 = end_time(d, n), .y0 = 0, .y1 = 100};
+    if (temp) {
+        c.y0 = INFINITY, c.y1 = -INFINITY;
+        for (size_t i = 0; i < d->ngt; i++)
+            if (isfinite(d->gt[i].temp))
+                c.y0 = fmin(c.y0, d->gt[i].temp), c.y1 = fmax(c.y1, d->gt[i].temp);
+        if (!isfinite(c.y0)) {
+            chart_empty(f, id, title, "The GPUs reported no temperature.");
+            return;
+        }
+        c.y0 = floor(c.y0 / 10) * 10;
+        c.y1 = ceil(c.y1 / 10) * 10 + (c.y1 == c.y0 ? 10 : 0);
+    }
+    char note[240];
+    snprintf(note, sizeof note, "%s of every GPU at each reading of rk run's health gate%s%s.",
+             temp ? "Core temperature (&#176;C)" : "The 0-100 score (docs/health.md)",
+             temp ? "" : "; dashed: the threshold below which a device is left out or drained",
+             d->simulated ? "; the GPUs are simulated" : "");
+    chart_begin(&c, f, id, title, note, "seconds since rk run started",
+                temp ? "temperature (\xc2\xb0"
+                       "C)"
+                     : "score",
+                260, 5);
+    if (!temp && d->threshold >= 0)
+        fprintf(f, "<line class=\"threshold\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>\n",
+                c.L, c.W - c.R, cy(&c, d->threshold), cy(&c, d->threshold));
+    double *xy = malloc(d->ngt * 2 * sizeof *xy);
+    for (int k = 0; xy && k < d->ndev; k++) {
+        size_t np = 0;
+        for (size_t i = 0; i < d->ngt; i++) {
+            const gate_pt *g = &d->gt[i];
+            if (g->dev != k || (temp && !isfinite(g->temp)))
+                continue;
+            xy[2 * np] = g->t;
+            xy[2 * np + 1] = temp ? g->temp : g->score;
+            np++;
+        }
+        if (!np)
+            continue;
+        char attrs[128];
+        snprintf(attrs, sizeof attrs, "style=\"stroke:%s;stroke-dasharray:%s\" data-device=\"",
+                 k_colour[k % 8], k_dash[(k / 8) % 8][0] ? k_dash[(k / 8) % 8] : "none");
+        fprintf(f, "<g class=\"device-series\" data-device=\"");
+        esc(f, d->dev[k]);
+        fprintf(f, "\"><title>device ");
+        esc(f, d->dev[k]);
+        fprintf(f, "</title>");
+        attrs[strlen(attrs) - strlen(" data-device=\"")] = '\0';
+        polyline(f, &c, xy, np, temp ? "temp-line" : "score-line", attrs);
+        fprintf(f, "</g>\n");
+    }
+    free(xy);
+    chart_end(&c);
+    fprintf(f, "<p class=\"legend\">");
+    for (int k = 0; k < d->ndev; k++) {
+        int used = 0;
+        for (size_t i = 0; i < d->ngt && !used; i++)
+            used = d->gt[i].dev == k;
+        if (!used)
+            continue;
+        fprintf(f, "<span class=\"key\" style=\"color:%s\">&#9644; device ", k_colour[k % 8]);
+        esc(f, d->dev[k]);
+        fprintf(f, "</span> ");
+    }
+    fprintf(f, "</p>\n");
+}
+
+static void ckpt_chart(FILE *f, const data *d, const nums *n)
+{
+    if (!d->nck) {
+        chart_empty(f, "checkpoints", "Checkpoints",
+                    "No checkpoints recorded (no steps.jsonl, or the job wrote none).");
+        return;
+    }
+    chart c = {.x0 = 0, .x1 = end_time(d, n), .y0 = 0, .y1 = 0};
+    for (size_t i = 0; i < d->nck; i++)
+        c.y1 = fmax(c.y1, d->ck[i].seconds);
+    c.y1 = c.y1 > 0 ? c.y1 * 1.15 : 1;
+    chart_begin(&c, f, "checkpoints", "Checkpoints",
+                "When each checkpoint became durable, and how long rank 0 said its save took.",
+                "seconds since rk run started", "save (s)", 200, 4);
+    for (size_t i = 0; i < d->nck; i++) {
+        double x = cx(&c, d->ck[i].t), y = cy(&c, d->ck[i].seconds);
+        fprintf(f,
+                "<g class=\"ckpt-mark\" data-step=\"%lld\"><title>step %lld at %.1f s, saved in "
+                "%.3f s</title><line class=\"stem\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
+                "y2=\"%.1f\"/><circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\"/></g>\n",
+                (long long)d->ck[i].step, (long long)d->ck[i].step, d->ck[i].t, d->ck[i].seconds, x,
+                x, y, c.H - c.B, x, y);
+    }
+    chart_end(&c);
+}
+
+static void cell_num(FILE *f, double v, const char *fmt)
+{
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+    else
+        fputs("&#8212;", f);
+}
+
+static void event_table(FILE *f, const data *d, int inject)
+{
+    long rows = 0;
+    for (size_t i = 0; i < d->nev; i++)
+        rows += is_inject(&d->ev[i]) == inject;
+    fprintf(f, "<section class=\"%s\"><h2>%s (%ld)</h2>\n", inject ? "injections" : "incidents",
+            inject ? "Injected faults (simulated)" : "Incidents", rows);
+    if (!rows) {
+        fprintf(f, "<p class=\"none\">None.</p></section>\n");
+        return;
+    }
+    fprintf(f,
+            "<table class=\"%s\"><thead><tr>%s<th>t (s)</th><th>time (UTC)</th><th>step</th>"
+            "<th>kind</th><th>rank</th><th>device</th><th>action</th>%s<th>detail</th>"
+            "</tr></thead><tbody>\n",
+            inject ? "inject-table" : "incident-table", inject ? "" : "<th>#</th>",
+            inject ? "" : "<th>lost steps</th><th>recovery (s)</th>");
+    long no = 0;
+    for (size_t i = 0; i < d->nev; i++) {
+        const rk_report_event *e = &d->ev[i];
+        if (is_inject(e) != inject)
+            continue;
+        fprintf(f, "<tr class=\"%s\">", k_fam_class[family_of(e->kind)]);
+        if (!inject)
+            fprintf(f, "<td>%ld</td>", ++no);
+        fprintf(f, "<td>%.1f</td><td class=\"time\">", e->t);
+        esc(f, e->time);
+        fprintf(f, "</td><td>");
+        if (e->step >= 0 || d->nst)
+            fprintf(f, "%lld", (long long)event_step(d, e));
+        fprintf(f, "</td><td class=\"kind\">");
+        esc(f, e->kind);
+        fprintf(f, "</td><td>");
+        if (e->rank >= 0)
+            fprintf(f, "%d", e->rank);
+        fprintf(f, "</td><td>");
+        esc(f, e->device);
+        fprintf(f, "</td><td>");
+        esc(f, e->action);
+        fprintf(f, "</td>");
+        if (!inject) {
+            fprintf(f, "<td>");
+            if (e->lost_steps >= 0)
+                fprintf(f, "%lld", (long long)e->lost_steps);
+            fprintf(f, "</td><td>");
+            cell_num(f, e->recovery_s, "%.2f");
+            fprintf(f, "</td>");
+        }
+        fprintf(f, "<td class=\"detail\">");
+        esc(f, e->detail);
+        fprintf(f, "</td></tr>\n");
+    }
+    fprintf(f, "</tbody></table></section>\n");
+}
+
+static const char k_style[] =
+    "*{box-sizing:border-box}"
+    "body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;"
+    "color:#1b1b1b;background:#fff;margin:0 auto;padding:16px 24px;max-width:1280px}"
+    "h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:0 0 2px}"
+    ".sub{color:#555;margin:0 0 12px}"
+    "dl.facts{display:grid;grid-template-columns:repeat(6,1fr);gap:6px 16px;margin:0 0 16px;"
+    "padding:10px 12px;background:#f4f6f8;border:1px solid #dde2e6;border-radius:4px}"
+    "dl.facts div{min-width:0}dt{color:#555;font-size:12px}dd{margin:0;font-size:17px;"
+    "font-weight:600}"
+    ".chart{margin:0 0 18px;break-inside:avoid}.note{color:#555;margin:0 0 4px;font-size:13px}"
+    "svg.plot{width:100%;height:auto;display:block;border:1px solid #e3e6e9;background:#fff}"
+    ".grid{stroke:#eceff1}.xtick,.axis{stroke:#888}.tick{font-size:11px;fill:#444}"
+    ".label{font-size:12px;fill:#333}"
+    ".loss-line,.goodput-line,.score-line,.temp-line{fill:none;stroke-width:1.6;"
+    "stroke-linejoin:round}"
+    ".goodput-line{stroke:#1f77b4;stroke-width:2}"
+    ".goodput-final{stroke:#1f77b4;stroke-dasharray:6 4;opacity:.7}"
+    ".threshold{stroke:#c0392b;stroke-dasharray:6 4}"
+    ".launch-line{stroke:#999;stroke-dasharray:2 3}.launch-label{font-size:10px;fill:#777}"
+    ".incident-marker .stem{stroke-dasharray:3 3;stroke-width:1}"
+    ".incident-marker .mk{stroke:#fff;stroke-width:1}.mk-no{font-size:11px;font-weight:600}"
+    ".fam-failure .stem,.fam-failure .mk-no{stroke:none;fill:#c0392b}"
+    ".fam-failure .stem{stroke:#c0392b}.fam-failure .mk{fill:#c0392b}"
+    ".fam-health .stem{stroke:#d35400}.fam-health .mk,.fam-health .mk-no{fill:#d35400}"
+    ".fam-numeric .stem{stroke:#8e44ad}.fam-numeric .mk,.fam-numeric .mk-no{fill:#8e44ad}"
+    ".fam-quarantine .stem{stroke:#000}.fam-quarantine .mk,.fam-quarantine .mk-no{fill:#000}"
+    ".fam-other .stem{stroke:#666}.fam-other .mk,.fam-other .mk-no{fill:#666}"
+    ".inject-marker{fill:#888}.nan-step{fill:#8e44ad;font-size:14px}"
+    ".launch-bar rect{opacity:.85}.bar-label{font-size:11px;fill:#fff;font-weight:600}"
+    ".ckpt-mark .stem{stroke:#2ca02c}.ckpt-mark circle{fill:#2ca02c}"
+    ".legend{font-size:12px;margin:2px 0 14px}.key{margin-right:14px;white-space:nowrap}"
+    "span.fam-failure{color:#c0392b}span.fam-health{color:#d35400}"
+    "span.fam-numeric{color:#8e44ad}span.fam-quarantine{color:#000}span.inject{color:#888}"
+    ".none{color:#666;font-style:italic;margin:0 0 14px}"
+    "table{border-collapse:collapse;width:100%;font-size:12.5px;margin:4px 0 18px}"
+    "th,td{border-bottom:1px solid #e3e6e9;padding:3px 6px;text-align:left;vertical-align:top}"
+    "th{background:#f4f6f8}td.time{white-space:nowrap}td.detail{word-break:break-word}td.kind{font-"
+    "weight:600}"
+    "tr.fam-failure td.kind{color:#c0392b}tr.fam-health td.kind{color:#d35400}"
+    "tr.fam-numeric td.kind{color:#8e44ad}"
+    ".warn{color:#8a4b00;background:#fff4e0;padding:6px 10px;border-radius:4px}"
+    "footer{color:#777;font-size:12px;margin-top:10px}"
+    "@media print{@page{size:A4 landscape;margin:12mm}"
+    "body{max-width:none;padding:0;font-size:10pt;color:#000}"
+    "dl.facts{background:none;border:1px solid #999}"
+    "svg.plot{border:none}.chart,section,tr{break-inside:avoid}"
+    "h2{break-after:avoid}table{font-size:9pt}th{background:none;border-bottom:2px solid #000}"
+    "a{color:#000;text-decoration:none}}";
+
+static void fact(FILE *f, const char *name, const char *value)
+{
+    fprintf(f, "<div><dt>%s</dt><dd>%s</dd></div>", name, value);
+}
+
+static void facts(FILE *f, const data *d, const nums *n, long incidents, long injections)
+{
+    char b[64];
+    fprintf(f, "<dl class=\"facts\">");
+    if (n->outcome[0]) {
+        fprintf(f, "<div><dt>outcome</dt><dd>");
+        esc(f, n->outcome);
+        fprintf(f, "</dd></div>");
+    } else {
+        fact(f, "outcome", "&#8212;");
+    }
+    int64_t steps = n->steps;
+    if (steps < 0 && d->nst)
+        steps = d->st[d->nst - 1].step;
+    if (steps >= 0)
+        snprintf(b, sizeof b, "%lld", (long long)steps);
+    fact(f, "steps", steps >= 0 ? b : "&#8212;");
+    snprintf(b, sizeof b, "%.1f s", n->wall_s);
+    fact(f, "wall time", isfinite(n->wall_s) ? b : "&#8212;");
+    snprintf(b, sizeof b, "%.3f", n->goodput);
+    fact(f, "goodput", isfinite(n->goodput) ? b : "&#8212;");
+    snprintf(b, sizeof b, "%lld", (long long)n->restarts);
+    fact(f, "restarts", n->restarts >= 0 ? b : "&#8212;");
+    snprintf(b, sizeof b, "%lld", (long long)n->quarantined);
+    fact(f, "quarantined", n->quarantined >= 0 ? b : "&#8212;");
+    snprintf(b, sizeof b, "%ld", incidents);
+    fact(f, "incidents", b);
+    snprintf(b, sizeof b, "%ld", injections);
+    fact(f, "faults injected", b);
+    snprintf(b, sizeof b, "%.2f s / %.2f s", n->recovery_median_s, n->recovery_max_s);
+    fact(f, "recovery median / max", isfinite(n->recovery_median_s) ? b : "&#8212;");
+    snprintf(b, sizeof b, "%lld", (long long)n->final_ranks);
+    fact(f, "final ranks", n->final_ranks >= 0 ? b : "&#8212;");
+    snprintf(b, sizeof b, "%.4f", n->test_accuracy);
+    fact(f, "test accuracy", isfinite(n->test_accuracy) ? b : "&#8212;");
+    if (n->model[0]) {
+        fprintf(f, "<div><dt>model</dt><dd>");
+        esc(f, n->model);
+        fprintf(f, "</dd></div>");
+    } else {
+        fact(f, "model", "&#8212;");
+    }
+    fprintf(f, "</dl>\n");
+}
+
+static void data_free(data *d)
+{
+    free(d->ev);
+    free(d->st);
+    free(d->la);
+    free(d->ldev);
+    free(d->ck);
+    free(d->gt);
+    free(d->dev);
+}
+
+int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report_stats *st,
+                     rk_err *err)
+{
+    *html = NULL;
+    *len = 0;
+    memset(st, 0, sizeof *st);
+    data d = {.threshold = -1};
+    nums n;
+    int rc;
+    if ((rc = read_nums(in, &n, err)) ||
+        (in->events &&
+         (rc = each_line(&d, RK_REPORT_EVENTS, in->events, in->events_len, on_event_line, err))))
+        goto fail;
+    if (in->steps &&
+        (rc = each_line(&d, RK_REPORT_STEPS, in->steps, in->steps_len, on_record_line, err)))
+        goto fail;
+    if (d.ngt) { /* steps.jsonl holds no gate records */
+        rc = rk_err_set(err, RK_EFORMAT, "%s: holds gate records (those go in %s)", RK_REPORT_STEPS,
+                        RK_REPORT_GATE);
+        goto fail;
+    }
+    if (!in->steps && in->loss) { /* a run of rk train alone: its loss log */
+        if ((rc = each_line(&d, RK_REPORT_LOSS, in->loss, in->loss_len, on_loss_line, err)))
+            goto fail;
+        d.untimed = 1;
+    }
+    size_t nst = d.nst, nla = d.nla, nck = d.nck;
+    if (in->gate &&
+        (rc = each_line(&d, RK_REPORT_GATE, in->gate, in->gate_len, on_record_line, err)))
+        goto fail;
+    if (d.nst != nst || d.nla != nla || d.nck != nck) {
+        rc = rk_err_set(err, RK_EFORMAT,
+                        "%s: holds step, launch or checkpoint records (those go "
+                        "in %s)",
+                        RK_REPORT_GATE, RK_REPORT_STEPS);
+        goto fail;
+    }
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *f = open_memstream(&buf, &blen);
+    if (!f) {
+        rc = rk_err_set(err, RK_ENOMEM, "cannot render: %s", strerror(errno));
+        goto fail;
+    }
+    long incidents = 0, injections = 0, gpus = 0;
+    for (size_t i = 0; i < d.nev; i++)
+        is_inject(&d.ev[i]) ? injections++ : incidents++;
+    for (int k = 0; k < d.ndev; k++) {
+        int used = 0;
+        for (size_t i = 0; i < d.ngt && !used; i++)
+            used = d.gt[i].dev == k;
+        gpus += used;
+    }
+    char name[256];
+    rk_text_clean(name, sizeof name, in->name ? in->name : "run");
+    fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+               "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+               "style-src 'unsafe-inline'\">\n"
+               "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+               "<title>rk report: ");
+    esc(f, name);
+    fprintf(f, "</title>\n<style>%s</style></head><body>\n<header><h1>rk report: ", k_style);
+    esc(f, name);
+    fprintf(f, "</h1><p class=\"sub\">A run of <code>rk run</code> at a glance");
+    if (injections)
+        fprintf(f, "; the faults were injected (simulated)");
+    if (d.simulated)
+        fprintf(f, "; the GPUs are simulated");
+    fprintf(f, ".</p></header>\n");
+    facts(f, &d, &n, incidents, injections);
+    if (d.torn)
+        fprintf(f,
+                "<p class=\"warn\">%d file%s ended in a cut line (the writer was stopped "
+                "mid-line); it was left out.</p>\n",
+                d.torn, d.torn == 1 ? "" : "s");
+    long markers = 0;
+    loss_chart(f, &d, &n, &markers);
+    goodput_chart(f, &d, &n);
+    devices_chart(f, &d, &n);
+    gate_chart(f, &d, &n, 0);
+    gate_chart(f, &d, &n, 1);
+    ckpt_chart(f, &d, &n);
+    event_table(f, &d, 0);
+    event_table(f, &d, 1);
+    fprintf(f,
+            "<footer>Written by rk report from %s%s%s%s%s. Times are seconds since rk run "
+            "started.</footer>\n</body></html>\n",
+            in->events ? RK_REPORT_EVENTS " " : "", in->summary ? RK_REPORT_SUMMARY " " : "",
+            in->steps   ? RK_REPORT_STEPS " "
+            : d.untimed ? RK_REPORT_LOSS " "
+                        : "",
+            in->gate ? RK_REPORT_GATE " " : "", in->metrics ? RK_REPORT_METRICS : "");
+    if (fclose(f) != 0 || !buf) {
+        free(buf);
+        rc = rk_err_set(err, RK_ENOMEM, "cannot render: out of memory");
+        goto fail;
+    }
+    *html = buf;
+    *len = blen;
+    st->incidents = incidents;
+    st->injections = injections;
+    st->steps = (long)d.nst;
+    st->launches = (long)d.nla;
+    st->ckpts = (long)d.nck;
+    st->gate_lines = (long)d.ngt;
+    st->gpus = gpus;
+    st->torn = d.torn;
+    st->simulated = d.simulated;
+    (void)markers; /* equals incidents: every incident gets its marker */
+    data_free(&d);
+    return RK_OK;
+fail:
+    data_free(&d);
+    return rc;
+}
+
+/* ---- the files ---------------------------------------------------------------------------- */
+
+/* Read dir/name into *buf (NULL when absent); other errors name the file. */
+static int read_opt(const char *dir, const char *name, size_t max, char **buf, size_t *len,
+                    rk_err *err)
+{
+    char path[4200];
+    *buf = NULL;
+    *len = 0;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
+        return rk_err_set(err, RK_EINVAL, "%s: the path is too long", dir);
+    rk_err e = {0};
+    uint8_t *b = NULL;
+    int rc = rk_file_read_all(path, &b, len, max, &e);
+    if (rc == RK_ENOENT)
+        return RK_OK;
+    if (rc)
+        return rk_err_set(err, rc, "%s", e.msg);
+    *buf = (char *)b;
+    return RK_OK;
+}
+
+int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *st, rk_err *err)
+{
+    memset(st, 0, sizeof *st);
+    struct stat sb;
+    if (stat(run_dir, &sb) != 0)
+        return rk_err_set(err, errno == ENOENT ? RK_ENOENT : RK_EIO, "%s: %s", run_dir,
+                          strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return rk_err_set(err, RK_EINVAL, "%s: is %s, not a run directory", run_dir,
+                          rk_file_kind_name(sb.st_mode));
+    char *ev = NULL, *su = NULL, *stp = NULL, *ga = NULL, *me = NULL, *lo = NULL;
+    rk_report_in in = {0};
+    int rc;
+    if ((rc =
+             read_opt(run_dir, RK_REPORT_EVENTS, RK_REPORT_MAX_EVENTS, &ev, &in.events_len, err)) ||
+        (rc =
+             read_opt(run_dir, RK_REPORT_SUMMARY, RK_REPORT_MAX_JSON, &su, &in.summary_len, err)) ||
+        (rc = read_opt(run_dir, RK_REPORT_STEPS, RK_REPORT_MAX_LOG, &stp, &in.steps_len, err)) ||
+        (rc = read_opt(run_dir, RK_REPORT_GATE, RK_REPORT_MAX_LOG, &ga, &in.gate_len, err)) ||
+        (rc =
+             read_opt(run_dir, RK_REPORT_METRICS, RK_REPORT_MAX_JSON, &me, &in.metrics_len, err)) ||
+        (!stp &&
+         (rc = read_opt(run_dir, RK_REPORT_LOSS, RK_REPORT_MAX_LOG, &lo, &in.loss_len, err))))
+        goto out;
+    if (!ev && !stp && !lo) {
+        rc = rk_err_set(err, RK_EINVAL,
+                        "%s: holds none of %s, %s, %s (give rk run --events DIR/%s --steps "
+                        "DIR/%s, or rk train --loss-log DIR/%s)",
+                        run_dir, RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_LOSS,
+                        RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_LOSS);
+        goto out;
+    }
+    in.events = ev;
+    in.summary = su;
+    in.steps = stp;
+    in.gate = ga;
+    in.metrics = me;
+    in.loss = lo;
+    /* the page calls the run by its directory's last name ("." and ".." resolved) */
+    char name[256], *real = realpath(run_dir, NULL);
+    const char *dn = real ? real : run_dir;
+    size_t dl = strlen(dn);
+    while (dl > 1 && dn[dl - 1] == '/')
+        dl--;
+    size_t from = dl;
+    while (from > 0 && dn[from - 1] != '/')
+        from--;
+    snprintf(name, sizeof name, "%.*s", (int)(dl - from), dn + from);
+    free(real);
+    in.name = name;
+    char *html = NULL;
+    size_t hlen = 0;
+    if ((rc = rk_report_render(&in, &html, &hlen, st, err)))
+        goto out;
+    rc = rk_file_write_atomic(out_path, html, hlen, err);
+    free(html);
+out:
+    free(ev);
+    free(su);
+    free(stp);
+    free(ga);
+    free(me);
+    free(lo);
+    return rc;
+}

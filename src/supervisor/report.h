@@ -1,0 +1,81 @@
+/*
+ * rk report (docs/report.md): a run at a glance. Reads what `rk run` and `rk train` leave in
+ * a run directory (events.jsonl, summary.json, steps.jsonl, gate.jsonl, metrics.json, and
+ * rk train's loss.log when there is no steps.jsonl; every one optional but events.jsonl,
+ * steps.jsonl or loss.log needed) and renders one self-contained HTML
+ * page: inline SVG charts, a stylesheet for the screen and for paper, no script, nothing
+ * fetched. Every string from the files is escaped. Library code: it prints nothing.
+ */
+#ifndef RK_SUPERVISOR_REPORT_H
+#define RK_SUPERVISOR_REPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/error.h"
+
+/* Limits of what is read: a file larger than this is refused before a byte is read. */
+#define RK_REPORT_MAX_LOG ((size_t)256 << 20)   /* steps.jsonl, gate.jsonl */
+#define RK_REPORT_MAX_EVENTS ((size_t)64 << 20) /* events.jsonl */
+#define RK_REPORT_MAX_JSON ((size_t)1 << 20)    /* summary.json, metrics.json */
+#define RK_REPORT_MAX_EVENT_LINE 65536
+
+/* The files' names in a run directory. */
+#define RK_REPORT_EVENTS "events.jsonl"
+#define RK_REPORT_SUMMARY "summary.json"
+#define RK_REPORT_STEPS "steps.jsonl"
+#define RK_REPORT_GATE "gate.jsonl"
+#define RK_REPORT_METRICS "metrics.json"
+#define RK_REPORT_LOSS                                                                             \
+    "loss.log" /* rk train --loss-log: "STEP LOSS" a line, read without steps.jsonl */
+
+/* One line of the events file (docs/run.md, "Accounting"). */
+typedef struct rk_report_event {
+    double t;           /* seconds since rk run started */
+    char time[40];      /* UTC, as written ("" when absent) */
+    char kind[64];      /* crash, hang, ..., inject */
+    int rank;           /* -1: null or absent */
+    char device[64];    /* "" : null or absent */
+    char action[32];    /* "" when absent */
+    int64_t lost_steps; /* -1: null or absent */
+    int64_t step;       /* -1: null or absent (an older rk run): rk report then places it */
+    double recovery_s;  /* NAN: null or absent */
+    char detail[1024];  /* cut to fit */
+} rk_report_event;
+
+/* Parse one events line (len bytes, no newline). RK_EFORMAT naming the field otherwise. */
+int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_err *err);
+
+/* The files' contents (NULL: the file is absent); `name` is what the page calls the run. */
+typedef struct rk_report_in {
+    const char *name;
+    const char *events, *summary, *steps, *gate, *metrics, *loss;
+    size_t events_len, summary_len, steps_len, gate_len, metrics_len, loss_len;
+} rk_report_in;
+
+/* What the page shows, counted (for the CLI's line and the tests). */
+typedef struct rk_report_stats {
+    long incidents;  /* events that are not injections: one marker each on the loss chart */
+    long injections; /* inject events */
+    long steps;      /* step records */
+    long launches;   /* launch records */
+    long ckpts;      /* checkpoint records */
+    long gate_lines; /* gate records */
+    long gpus;       /* devices in the gate records */
+    int torn;        /* files whose last line was cut (a crash mid-write): left out */
+    int simulated;   /* the gate's GPUs were simulated */
+} rk_report_stats;
+
+/* Render the page into a new buffer (*html, free() it; *len bytes, NUL-terminated). Bad
+ * content is RK_EFORMAT naming the file, line and field. A last line without a newline that
+ * does not parse (the writer was killed mid-line) is left out and counted in st->torn. */
+int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report_stats *st,
+                     rk_err *err);
+
+/* Read run_dir's files (bounded, regular files only, rekindle/fileio.h) and write the page
+ * to out_path atomically: on any error nothing is written. RK_EINVAL for a run_dir that is
+ * not a directory or holds none of events.jsonl, steps.jsonl, loss.log; the readers' errors
+ * otherwise (RK_EFORMAT, RK_EINVAL: not a regular file), each naming the file. */
+int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *st, rk_err *err);
+
+#endif
