@@ -21,9 +21,10 @@ deps-run:
 deps-test:
 	@scripts/install-deps.sh build run test
 
+# Quiet: progress only, the full output in $(BUILD)/build.log, shown when a step fails
+# (scripts/quiet-build.sh); make build V=1 prints all of it.
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@JOBS=$(JOBS) scripts/quiet-build.sh $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX)
 
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_SANITIZE=ON >/dev/null
@@ -62,7 +63,7 @@ fuzz: fuzz-build
 # The main job: rk run keeps 4 ranks of cnn-small training through injected faults
 # (scripts/demo.sh says which) and prints what happened and the test accuracy.
 demo: deps-run build
-	scripts/demo.sh $(BUILD)
+	@scripts/demo.sh $(BUILD)
 
 install: build
 	cmake --install $(BUILD)
