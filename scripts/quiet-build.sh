@@ -5,18 +5,21 @@
 # fails it shows the end of the log (the compiler's errors are there) and names the log.
 #   scripts/quiet-build.sh BUILD_DIR [CMAKE_CONFIGURE_ARGUMENT...]
 #   JOBS=N   parallel jobs (default: nproc);  V=1   the full output instead, as before
+#   RK_TARGETS="a b"   build only these targets (default: all)
 # Exit status: CMake's (0 built; non-zero: configuring or building failed).
 set -uo pipefail
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-  sed -n '2,8s/^# \{0,1\}//p' "$0"
+  sed -n '2,9s/^# \{0,1\}//p' "$0"
   [[ $# -ge 1 ]] && exit 0
   exit 2
 fi
 build=$1
 shift
 jobs=${JOBS:-$(nproc)}
+targets=()
+[[ -z ${RK_TARGETS:-} ]] || read -r -a targets <<<"--target $RK_TARGETS"
 if [[ ${V:-0} != 0 ]]; then
-  cmake -S . -B "$build" "$@" && exec cmake --build "$build" -j "$jobs"
+  cmake -S . -B "$build" "$@" && exec cmake --build "$build" -j "$jobs" "${targets[@]}"
 fi
 mkdir -p "$build" || exit
 log=$build/build.log
@@ -46,7 +49,7 @@ while IFS= read -r line; do
     pct=${BASH_REMATCH[1]}
     ((tty)) && printf '\rbuild: %3d%% (%d compiled, %d linked)' "$pct" "$compiled" "$linked"
   fi
-done < <(cmake --build "$build" -j "$jobs" 2>&1; echo "__rk_build_status $?")
+done < <(cmake --build "$build" -j "$jobs" "${targets[@]}" 2>&1; echo "__rk_build_status $?")
 # the build's status travels as the last line (a process substitution has no PIPESTATUS)
 status=$(tail -n 1 "$log" | sed -n 's/^__rk_build_status //p')
 sed -i '$d' "$log"
