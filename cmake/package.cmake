@@ -67,6 +67,17 @@ foreach(unit rk-exporter.service rk-tune.service)
 endforeach()
 
 # ---- install rules --------------------------------------------------------------------------
+# rk run's look-up of the Python package (share/rekindle/python): a relative link to it where
+# it is installed elsewhere (Debian's dist-packages in the package).
+set(RK_PYTHON_RUN_DIR ${CMAKE_INSTALL_DATADIR}/rekindle/python)
+if(NOT RK_PYTHON_INSTALL_DIR STREQUAL RK_PYTHON_RUN_DIR)
+  file(RELATIVE_PATH _rel ${CMAKE_INSTALL_PREFIX}/${RK_PYTHON_RUN_DIR}
+    ${CMAKE_INSTALL_PREFIX}/${RK_PYTHON_INSTALL_DIR}/rekindle)
+  file(MAKE_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/pylink)
+  file(CREATE_LINK ${_rel} ${CMAKE_CURRENT_BINARY_DIR}/pylink/rekindle SYMBOLIC)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/pylink/rekindle DESTINATION ${RK_PYTHON_RUN_DIR}
+    COMPONENT rekindle)
+endif()
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/rk.1.gz DESTINATION ${CMAKE_INSTALL_MANDIR}/man1
   COMPONENT rekindle)
 # The docs: the README and docs/*.md, and deploy/'s examples (Prometheus config and rules,

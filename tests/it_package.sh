@@ -168,6 +168,13 @@ py=$(PYTHONPATH=$R/usr/lib/python3/dist-packages /usr/bin/python3 -c \
   'import rekindle, rekindle.ckpt, rekindle.worker; print(rekindle.__file__)' 2>&1)
 [[ $py == "$R/usr/lib/python3/dist-packages/rekindle/__init__.py" ]] &&
   ok "the Python package imports from R" || bad "python3 -c 'import rekindle' from R: $py"
+# rk run puts <prefix>/share/rekindle/python on its ranks' PYTHONPATH: there, a link to it
+# and nothing else (not all of dist-packages)
+run_dir=$R/usr/share/rekindle/python
+if [[ $(ls -A "$run_dir" 2>&1) == rekindle && -f $run_dir/rekindle/__init__.py &&
+      $(readlink -f "$run_dir/rekindle") == "$R/usr/lib/python3/dist-packages/rekindle" ]]; then
+  ok "share/rekindle/python (rk run's ranks' PYTHONPATH) holds only a link to the package"
+else bad "share/rekindle/python: $(ls -lA "$run_dir" 2>&1 | tail -n +2)"; fi
 
 # ---- the units ----------------------------------------------------------------------------
 # systemd-analyze --root needs the targets they refer to: the host's units, copied in
