@@ -2,11 +2,15 @@
 # rk.1, the man page, made from the help texts at build time: `rk --help` is the description,
 # and every command it lists gets a subsection with its own `rk CMD --help`, verbatim (no-fill
 # troff), so the page says exactly what the program says. The result is gzip -9n (no name, no
-# time stamp: the same bytes from the same rk). CMake runs it (target rk_man, rk.1.gz).
+# time stamp: the same bytes from the same rk). CMake runs it (target rk_package_files, cmake/package.cmake).
 #   scripts/gen-man.sh RK OUT.1.gz VERSION DATE
 #     RK       the rk binary to ask;  VERSION  e.g. 0.1.0;  DATE  the page's date, e.g. 2026-12-02
 # Exit status: 0 written; 1 rk failed to give a help text (nothing written); 2 bad usage.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,8s/^# \{0,1\}//p' "$0"
+  exit 0
+fi
 if [[ $# -ne 4 ]]; then
   echo "usage: $0 RK OUT.1.gz VERSION DATE" >&2
   exit 2
