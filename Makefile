@@ -5,9 +5,10 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 BENCH_BUILD ?= build-bench
+PKG_BUILD ?= build-pkg
 PREFIX ?= /usr/local
 
-.PHONY: all deps deps-run deps-test build build-asan build-tsan fuzz-build test demo install fuzz \
+.PHONY: all deps deps-run deps-test build build-asan build-tsan fuzz-build test demo install package fuzz \
 	bench bench-pytorch clean format format-check
 
 all: build
@@ -21,9 +22,10 @@ deps-run:
 deps-test:
 	@scripts/install-deps.sh build run test
 
+# Quiet: progress only, the full output in $(BUILD)/build.log, shown when a step fails
+# (scripts/quiet-build.sh); make build V=1 prints all of it.
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@JOBS=$(JOBS) scripts/quiet-build.sh $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX)
 
 build-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_SANITIZE=ON >/dev/null
@@ -38,8 +40,8 @@ build-tsan: deps
 # Every test: the sources' formatting first, then unit + integration in the release build,
 # unit tests again under ASan+UBSan and under ThreadSanitizer, and a short run of every fuzz
 # target.
-test: format-check build build-asan build-tsan fuzz-build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+test: format-check build build-asan build-tsan fuzz-build package
+	cd $(BUILD) && RK_PKG_DIR=$(CURDIR)/$(PKG_BUILD)/packages ctest --output-on-failure -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	  ctest --output-on-failure -j $(JOBS) -L unit
 	cd $(TSAN_BUILD) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" \
@@ -62,10 +64,28 @@ fuzz: fuzz-build
 # The main job: rk run keeps 4 ranks of cnn-small training through injected faults
 # (scripts/demo.sh says which) and prints what happened and the test accuracy.
 demo: deps-run build
-	scripts/demo.sh $(BUILD)
+	@scripts/demo.sh $(BUILD)
 
+# rk, librekindle, headers, the Python package, the man page and the docs under PREFIX; not
+# the systemd units nor /etc/rekindle (cmake --install $(BUILD) --component rekindle adds
+# them; docs/packaging.md). Needs only the build group of scripts/install-deps.sh.
 install: build
 	cmake --install $(BUILD)
+
+# The Debian packages rekindle, librekindle0 and rekindle-dev (docs/packaging.md), built in a
+# tree of their own for /usr with Debian's hardening flags, by CPack's DEB generator, into
+# $(PKG_BUILD)/packages/. Install them with: apt install ./$(PKG_BUILD)/packages/*.deb
+PKG_CFLAGS = $(shell dpkg-buildflags --get CFLAGS) $(shell dpkg-buildflags --get CPPFLAGS)
+PKG_LDFLAGS = $(shell dpkg-buildflags --get LDFLAGS)
+package: deps
+	@rm -rf $(PKG_BUILD)/packages
+	@JOBS=$(JOBS) RK_TARGETS="rk rekindle rkloopback rk_package_files" scripts/quiet-build.sh $(PKG_BUILD) \
+	  -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
+	  -DRK_PYTHON_INSTALL_DIR=lib/python3/dist-packages -DCMAKE_SKIP_INSTALL_ALL_DEPENDENCY=ON \
+	  "-DCMAKE_C_FLAGS=$(PKG_CFLAGS)" "-DCMAKE_EXE_LINKER_FLAGS=$(PKG_LDFLAGS)" \
+	  "-DCMAKE_SHARED_LINKER_FLAGS=$(PKG_LDFLAGS)" "-DCMAKE_MODULE_LINKER_FLAGS=$(PKG_LDFLAGS)"
+	@cd $(PKG_BUILD) && cpack -G DEB >cpack.log 2>&1 || { cat cpack.log >&2; echo "package: cpack failed; log: $(PKG_BUILD)/cpack.log" >&2; exit 1; }
+	@ls $(PKG_BUILD)/packages/*.deb | sed 's/^/package: /'
 
 bench: deps
 	@scripts/install-deps.sh build run test bench
@@ -100,4 +120,4 @@ format:
 	@$(format_files); $(CLANG_FORMAT) -i $$files
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(BENCH_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) $(BENCH_BUILD) $(PKG_BUILD)

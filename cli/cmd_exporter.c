@@ -30,7 +30,7 @@ static const char usage_text[] =
     "\n"
     "  --listen ADDR:PORT  where to listen (default " RK_EXPORTER_DEFAULT_LISTEN ": this machine\n"
     "                      only, because the exporter has no authentication and describes the\n"
-    "                      node's hardware; 0.0.0.0:9835 exposes it on every interface, "
+    "                      node's hardware; 0.0.0.0:9258 exposes it on every interface, "
     "[::1]:PORT\n"
     "                      for IPv6; port 0 picks a free one)\n"
     "  --interval D        read every GPU this often: 5s (default), 500ms, 1m, or bare seconds\n"
@@ -173,7 +173,7 @@ int rk_cmd_exporter(int argc, char **argv)
     unsigned sslen;
     if (rk_exporter_parse_listen(o.listen, &ss, &sslen, &err))
         return usage_error("--listen: %s", err.msg);
-    int64_t port; /* the port by the one rule for whole numbers: no "09835" */
+    int64_t port; /* the port by the one rule for whole numbers: no "09258" */
     if (!rk_args_int(strrchr(o.listen, ':') + 1, 0, 65535, &port))
         return usage_error("--listen '%s': the port is not a whole number in 0..65535", o.listen);
     if (sim) {

@@ -5,7 +5,8 @@
 # it with apt-get; as another user it prints the exact command and exits 1.
 #   scripts/install-deps.sh [GROUP...]   default: build run test
 #     build  compilers, CMake and the -dev packages (make build), with gRPC core and
-#            protobuf-c and its compiler (rk device-plugin)
+#            protobuf-c and its compiler (rk device-plugin); dpkg-dev and file (make package:
+#            dpkg-shlibdeps and dpkg-buildflags, and CPack's look at the ELF files)
 #     run    what rk, librekindle and the demo need at run time: the shared libraries,
 #            mpirun, python3 with python3-xxhash (the Python package's checkpoints) and the
 #            Fashion-MNIST data (make demo)
@@ -18,7 +19,8 @@
 #            and python3-grpc-tools (the fake kubelet, tests/k8s) and kubectl (the
 #            kubernetes-client package, checking deploy/k8s; left out when another package
 #            already installed a kubectl, which it would collide with), chromium (rk report's
-#            page rendered headless to a PNG, tests/it_report.sh)
+#            page rendered headless to a PNG, tests/it_report.sh), lintian and systemd
+#            (tests/it_package.sh: lintian on the .debs, systemd-analyze verify on the units)
 #     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
 #   --bench  the same as: build run test bench
 set -euo pipefail
@@ -26,13 +28,14 @@ set -euo pipefail
 declare -A group
 group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
-  libopenblas-dev libssl-dev libgrpc-dev libprotobuf-c-dev protobuf-c-compiler"
+  libopenblas-dev libssl-dev libgrpc-dev libprotobuf-c-dev protobuf-c-compiler dpkg-dev file"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
   libmicrohttpd12 libopenblas0 libssl3 libgrpc29 libprotobuf-c1 python3 python3-xxhash
   dataset-fashion-mnist"
 group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
   python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping
-  slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client chromium"
+  slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client chromium
+  lintian systemd"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")

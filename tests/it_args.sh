@@ -117,7 +117,7 @@ refused "--seed '1e3'" "${EXPORTER[@]}" --seed 1e3
 refused "--age '1e7'" "${EXPORTER[@]}" --age 1e7
 refused "--time-scale 'inf'" "${EXPORTER[@]}" --time-scale inf
 refused "--threshold '-1'" "${EXPORTER[@]}" --threshold -1
-refused "--listen '127.0.0.1:09835'" "${EXPORTER[@]}" --listen 127.0.0.1:09835
+refused "--listen '127.0.0.1:09258'" "${EXPORTER[@]}" --listen 127.0.0.1:09258
 
 refused "--lock-clocks '1.5e3'" tune --lock-clocks 1.5e3
 refused "--power-limit '0x64'" tune --power-limit 0x64

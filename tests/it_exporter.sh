@@ -68,11 +68,11 @@ usage_case "--time-scale" --sim 2 --time-scale 0
 usage_case "--threshold" --sim 2 --threshold 101
 usage_case "listen address" --sim 2 --listen 127.0.0.1
 usage_case "listen address" --sim 2 --listen 127.0.0.1:99999
-usage_case "listen address" --sim 2 --listen example.org:9835
-usage_case "no address" --sim 2 --listen :9835
+usage_case "listen address" --sim 2 --listen example.org:9258
+usage_case "no address" --sim 2 --listen :9258
 usage_case "unknown option" --sim 2 --bogus
 usage_case "unexpected argument" --sim 2 extra
-if "$RK" exporter --help | grep -q "127.0.0.1:9835"; then ok "--help names the default listen address"
+if "$RK" exporter --help | grep -q "127.0.0.1:9258"; then ok "--help names the default listen address"
 else bad "--help: $("$RK" exporter --help 2>&1 | head -3)"; fi
 
 if ldconfig -p 2>/dev/null | grep -q "libnvidia-ml.so.1"; then

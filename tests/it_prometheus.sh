@@ -53,7 +53,7 @@ def config(src, dst, exporter):
     # The shipped config with the target and intervals replaced; each must be found once, so a
     # change to prometheus.yml that defeats the rewrite fails here instead of scraping nothing.
     text = open(src).read()
-    for pat, rep in ((r'"127\.0\.0\.1:9835"', '"%s"' % exporter),
+    for pat, rep in ((r'"127\.0\.0\.1:9258"', '"%s"' % exporter),
                      (r"scrape_interval: \S+", "scrape_interval: 1s"),
                      (r"scrape_timeout: \S+", "scrape_timeout: 1s"),
                      (r"evaluation_interval: \S+", "evaluation_interval: 1s")):

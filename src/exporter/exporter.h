@@ -103,8 +103,8 @@ void rk_prom_escape_label(rk_buf *b, const char *s);
 
 /* ---- the exporter (http.c) ---------------------------------------------------------------- */
 
-#define RK_EXPORTER_DEFAULT_PORT 9835
-#define RK_EXPORTER_DEFAULT_LISTEN "127.0.0.1:9835"
+#define RK_EXPORTER_DEFAULT_PORT 9258
+#define RK_EXPORTER_DEFAULT_LISTEN "127.0.0.1:9258"
 #define RK_EXPORTER_PATH_MAX 1024 /* longer request paths get 414 */
 
 typedef struct rk_exporter rk_exporter;
@@ -164,7 +164,7 @@ int rk_exporter_start(rk_exporter **out, const rk_exporter_opts *o, rk_err *err)
  * backend and free everything. NULL is a no-op. */
 void rk_exporter_stop(rk_exporter *x);
 
-/* The address actually bound, "127.0.0.1:9835" or "[::1]:9835" (with the real port when 0
+/* The address actually bound, "127.0.0.1:9258" or "[::1]:9258" (with the real port when 0
  * was asked for). */
 const char *rk_exporter_address(const rk_exporter *x);
 /* The backend's name ("nvml", "sim"), how many GPUs it watches, and whether they are
