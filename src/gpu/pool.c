@@ -20,7 +20,10 @@ typedef struct avl {
     int h;
 } avl;
 
-static int avl_h(const avl *n) { return n ? n->h : 0; }
+static int avl_h(const avl *n)
+{
+    return n ? n->h : 0;
+}
 
 static void avl_fix(avl *n)
 {
@@ -157,14 +160,14 @@ static avl *avl_floor1(avl *n, uint64_t k1)
 typedef struct seg seg;
 
 typedef struct blk {
-    avl by_addr;           /* in p->addr_tree: (addr, 0), every block */
-    avl by_size;           /* in p->free_tree[kind]: (size, addr), free blocks only */
-    uint64_t addr;         /* first byte */
-    size_t size;           /* bytes, a multiple of RK_POOL_MIN_BLOCK */
-    size_t requested;      /* what the caller asked for, while allocated */
-    struct blk *prev;      /* neighbours in the segment, in address order */
-    struct blk *next;      /* (also links the spare list) */
-    seg *seg;              /* the segment that holds it */
+    avl by_addr;      /* in p->addr_tree: (addr, 0), every block */
+    avl by_size;      /* in p->free_tree[kind]: (size, addr), free blocks only */
+    uint64_t addr;    /* first byte */
+    size_t size;      /* bytes, a multiple of RK_POOL_MIN_BLOCK */
+    size_t requested; /* what the caller asked for, while allocated */
+    struct blk *prev; /* neighbours in the segment, in address order */
+    struct blk *next; /* (also links the spare list) */
+    seg *seg;         /* the segment that holds it */
     bool allocated;
 } blk;
 
@@ -187,7 +190,7 @@ struct rk_pool {
     rk_pool_stats st;
 };
 
-#define BLK_OF(node, field) ((blk *)((char *)(node) - offsetof(blk, field)))
+#define BLK_OF(node, field) ((blk *)((char *)(node)-offsetof(blk, field)))
 
 /* ---- the rules ------------------------------------------------------------------------ */
 
@@ -241,7 +244,10 @@ static void stat_add(rk_pool_stat *arr, int kind, int64_t delta)
     stat_one(&arr[kind], delta);
 }
 
-static bool is_split(const blk *b) { return b->prev || b->next; }
+static bool is_split(const blk *b)
+{
+    return b->prev || b->next;
+}
 
 /* Count (sign +1) or uncount (-1) a block in inactive_split if it is one. */
 static void stat_inactive(rk_pool *p, const blk *b, int sign)
@@ -308,7 +314,10 @@ static void addr_tree_insert(rk_pool *p, blk *b)
     p->addr_tree = avl_insert(p->addr_tree, &b->by_addr);
 }
 
-static void addr_tree_remove(rk_pool *p, blk *b) { p->addr_tree = avl_remove(p->addr_tree, b->addr, 0); }
+static void addr_tree_remove(rk_pool *p, blk *b)
+{
+    p->addr_tree = avl_remove(p->addr_tree, b->addr, 0);
+}
 
 /* ---- create, destroy ------------------------------------------------------------------ */
 
@@ -408,8 +417,8 @@ static int seg_new(rk_pool *p, size_t asked, size_t rounded, blk **out, rk_err *
     int kind = rk_pool_kind_of(rounded);
     seg *s = calloc(1, sizeof *s);
     if (!s)
-        return rk_err_set(err, RK_ENOMEM, "%s: out of host memory for a %zu-byte segment",
-                          p->name, size);
+        return rk_err_set(err, RK_ENOMEM, "%s: out of host memory for a %zu-byte segment", p->name,
+                          size);
     uint64_t addr = 0;
     rk_err be_err = {0};
     int rc = seg_try(p, size, &addr, &be_err);
@@ -590,7 +599,10 @@ int rk_pool_block_size(const rk_pool *p, uint64_t addr, size_t *size, rk_err *er
     return RK_OK;
 }
 
-void rk_pool_stats_get(const rk_pool *p, rk_pool_stats *out) { *out = p->st; }
+void rk_pool_stats_get(const rk_pool *p, rk_pool_stats *out)
+{
+    *out = p->st;
+}
 
 /* ---- the invariant checker ---------------------------------------------------------------- */
 
@@ -614,6 +626,23 @@ static bool avl_valid(const avl *n, const avl *lo, const avl *hi, size_t *count,
     (*count)++;
     *height = n->h;
     return true;
+}
+
+/* Walk the address tree in order; the first block that starts before the end of the one
+ * before it, or NULL. */
+static const avl *overlap_walk(const avl *n, uint64_t *end, bool *first)
+{
+    if (!n)
+        return NULL;
+    const avl *bad = overlap_walk(n->l, end, first);
+    if (bad)
+        return bad;
+    const blk *b = BLK_OF(n, by_addr);
+    if (!*first && b->addr < *end)
+        return n;
+    *first = false;
+    *end = b->addr + b->size; /* no wrap: seg_new refuses a range that reaches 2^64 */
+    return overlap_walk(n->r, end, first);
 }
 
 /* Is node x (by its key) in the tree? */
@@ -642,8 +671,7 @@ static int check_stat(const rk_pool *p, const char *name, const rk_pool_stat *ar
             return rk_err_set(err, RK_EFORMAT,
                               "%s: %s[%s]: current %" PRIu64 ", peak %" PRIu64
                               ", allocated %" PRIu64 ", freed %" PRIu64 " do not agree",
-                              p->name, name, kinds[k], s->current, s->peak, s->allocated,
-                              s->freed);
+                              p->name, name, kinds[k], s->current, s->peak, s->allocated, s->freed);
     }
     return RK_OK;
 }
@@ -669,8 +697,8 @@ int rk_pool_check(const rk_pool *p, rk_err *err)
         for (const blk *b = s->first; b; b = b->next) {
             if (b->seg != s || (b->next && b->next->prev != b))
                 return rk_err_set(err, RK_EFORMAT,
-                                  "%s: block 0x%" PRIx64 " is linked into the wrong place",
-                                  p->name, b->addr);
+                                  "%s: block 0x%" PRIx64 " is linked into the wrong place", p->name,
+                                  b->addr);
             if (b->addr != at || b->size == 0 || b->size % RK_POOL_MIN_BLOCK != 0 ||
                 b->size > s->size - (at - s->addr))
                 return rk_err_set(err, RK_EFORMAT,
@@ -746,16 +774,10 @@ int rk_pool_check(const rk_pool *p, rk_err *err)
     /* blocks (hence segments) do not overlap: the address tree's in-order walk */
     uint64_t end = 0;
     bool first = true;
-    for (avl *x = avl_ceil(p->addr_tree, 0, 0); x; x = avl_ceil(p->addr_tree, x->k1 + 1, 0)) {
-        const blk *b = BLK_OF(x, by_addr);
-        if (!first && b->addr < end)
-            return rk_err_set(err, RK_EFORMAT, "%s: block 0x%" PRIx64 " overlaps the one before",
-                              p->name, b->addr);
-        first = false;
-        end = b->addr + b->size;
-        if (end == 0) /* a block that ends at 2^64 */
-            break;
-    }
+    const avl *bad = overlap_walk(p->addr_tree, &end, &first);
+    if (bad)
+        return rk_err_set(err, RK_EFORMAT, "%s: block 0x%" PRIx64 " overlaps the one before",
+                          p->name, bad->k1);
     const rk_pool_stats *st = &p->st;
     int rc;
     if ((rc = check_stat(p, "segment", st->segment, sum[N_SEG], err)) ||
@@ -769,11 +791,10 @@ int rk_pool_check(const rk_pool *p, rk_err *err)
         (rc = check_stat(p, "inactive_split_bytes", st->inactive_split_bytes, sum[B_SPLIT], err)))
         return rc;
     if (st->num_device_alloc - st->num_device_free != st->segment[RK_POOL_ALL].current)
-        return rk_err_set(err, RK_EFORMAT,
-                          "%s: %" PRIu64 " device allocs and %" PRIu64
-                          " frees for %" PRIu64 " segments",
-                          p->name, st->num_device_alloc, st->num_device_free,
-                          st->segment[RK_POOL_ALL].current);
+        return rk_err_set(
+            err, RK_EFORMAT,
+            "%s: %" PRIu64 " device allocs and %" PRIu64 " frees for %" PRIu64 " segments", p->name,
+            st->num_device_alloc, st->num_device_free, st->segment[RK_POOL_ALL].current);
     if (p->limit && st->reserved_bytes[RK_POOL_ALL].current > p->limit)
         return rk_err_set(err, RK_EFORMAT,
                           "%s: %" PRIu64 " bytes reserved past the limit of %" PRIu64, p->name,
