@@ -443,12 +443,12 @@ static int seg_new(rk_pool *p, size_t asked, size_t rounded, blk **out, rk_err *
         return rk_err_set(err, rc, "%s: the backend failed to allocate %zu bytes: %s", p->name,
                           size, be_err.msg[0] ? be_err.msg : rk_strerror(rc));
     }
-    if (addr > UINT64_MAX - size || addr % RK_POOL_MIN_BLOCK != 0 || overlaps(p, addr, size)) {
+    if (addr > UINT64_MAX - size || overlaps(p, addr, size)) {
         p->be.free(p->be.ctx, addr, size);
         free(s);
         return rk_err_set(err, RK_EBACKEND,
                           "%s: the backend returned a %zu-byte range at 0x%" PRIx64
-                          " that is misaligned, wraps around or overlaps a segment it gave before",
+                          " that wraps around or overlaps a segment it gave before",
                           p->name, size, addr);
     }
     blk *b = spare_take(p);
