@@ -426,7 +426,7 @@ static void test_oom_retry(void **state)
     fake *f = fake_new(20 * MiB);
     rk_pool *p = pool_new(f, 0);
     uint64_t a = alloc_ok(p, 4096);
-    free_ok(p, a); /* a 2 MiB segment cached, fully free */
+    free_ok(p, a);                      /* a 2 MiB segment cached, fully free */
     uint64_t b = alloc_ok(p, 19 * MiB); /* needs 20 MiB: refused, released, retried */
     rk_pool_stats s = stats(p);
     assert_int_equal(f->refusals, 1);
@@ -654,7 +654,7 @@ static void test_random_trace(void **state)
     }
     rk_pool_stats s = stats(p);
     assert_int_equal(s.num_ooms, ooms);
-    assert_true(ooms > 0);                     /* the trace reaches the device's end */
+    assert_true(ooms > 0);                    /* the trace reaches the device's end */
     assert_true(s.num_alloc_retries >= ooms); /* each OOM was retried first */
     for (size_t i = 0; i < SLOTS; i++)
         if (asked[i])
@@ -670,18 +670,12 @@ static void test_random_trace(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rules),
-        cmocka_unit_test(test_small_split),
-        cmocka_unit_test(test_large_split),
-        cmocka_unit_test(test_coalesce_every_order),
-        cmocka_unit_test(test_best_fit),
-        cmocka_unit_test(test_stats_model),
-        cmocka_unit_test(test_oom_retry),
-        cmocka_unit_test(test_limit),
-        cmocka_unit_test(test_bad_free),
-        cmocka_unit_test(test_bad_args_and_backends),
-        cmocka_unit_test(test_checker_catches),
-        cmocka_unit_test(test_random_trace),
+        cmocka_unit_test(test_rules),           cmocka_unit_test(test_small_split),
+        cmocka_unit_test(test_large_split),     cmocka_unit_test(test_coalesce_every_order),
+        cmocka_unit_test(test_best_fit),        cmocka_unit_test(test_stats_model),
+        cmocka_unit_test(test_oom_retry),       cmocka_unit_test(test_limit),
+        cmocka_unit_test(test_bad_free),        cmocka_unit_test(test_bad_args_and_backends),
+        cmocka_unit_test(test_checker_catches), cmocka_unit_test(test_random_trace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,13 +40,13 @@
 #include "rekindle/error.h"
 
 /* PyTorch's constants (c10/cuda/CUDACachingAllocator.cpp), same names without the k. */
-#define RK_POOL_MIN_BLOCK ((size_t)512)                /* every size is a multiple of this */
-#define RK_POOL_SMALL_SIZE ((size_t)1 << 20)           /* largest "small" request: 1 MiB */
-#define RK_POOL_SMALL_BUFFER ((size_t)2 << 20)         /* a small-pool segment: 2 MiB */
-#define RK_POOL_MIN_LARGE_ALLOC ((size_t)10 << 20)     /* large requests under this ... */
-#define RK_POOL_LARGE_BUFFER ((size_t)20 << 20)        /* ... get a 20 MiB segment */
-#define RK_POOL_ROUND_LARGE ((size_t)2 << 20)          /* bigger ones: rounded up to 2 MiB */
-#define RK_POOL_MAX_REQUEST ((size_t)1 << 48)          /* past this a request is refused */
+#define RK_POOL_MIN_BLOCK ((size_t)512)            /* every size is a multiple of this */
+#define RK_POOL_SMALL_SIZE ((size_t)1 << 20)       /* largest "small" request: 1 MiB */
+#define RK_POOL_SMALL_BUFFER ((size_t)2 << 20)     /* a small-pool segment: 2 MiB */
+#define RK_POOL_MIN_LARGE_ALLOC ((size_t)10 << 20) /* large requests under this ... */
+#define RK_POOL_LARGE_BUFFER ((size_t)20 << 20)    /* ... get a 20 MiB segment */
+#define RK_POOL_ROUND_LARGE ((size_t)2 << 20)      /* bigger ones: rounded up to 2 MiB */
+#define RK_POOL_MAX_REQUEST ((size_t)1 << 48)      /* past this a request is refused */
 
 /* Where the memory comes from. alloc reserves `bytes` (a segment size as above) and puts its
  * first address in *addr; it returns RK_OK, RK_ENOMEM when the device is out of memory (the
@@ -80,13 +80,13 @@ typedef struct rk_pool_stat {
 enum { RK_POOL_ALL = 0, RK_POOL_SMALL = 1, RK_POOL_LARGE = 2, RK_POOL_KINDS = 3 };
 
 typedef struct rk_pool_stats {
-    rk_pool_stat allocation[RK_POOL_KINDS];     /* blocks handed out and not yet freed */
-    rk_pool_stat segment[RK_POOL_KINDS];        /* segments held from the backend */
-    rk_pool_stat active[RK_POOL_KINDS];         /* blocks in use (== allocation: no streams) */
-    rk_pool_stat inactive_split[RK_POOL_KINDS]; /* free blocks in segments that are split */
-    rk_pool_stat allocated_bytes[RK_POOL_KINDS];      /* bytes of blocks handed out (rounded) */
-    rk_pool_stat reserved_bytes[RK_POOL_KINDS];       /* bytes of segments held */
-    rk_pool_stat active_bytes[RK_POOL_KINDS];         /* == allocated_bytes: no streams */
+    rk_pool_stat allocation[RK_POOL_KINDS];      /* blocks handed out and not yet freed */
+    rk_pool_stat segment[RK_POOL_KINDS];         /* segments held from the backend */
+    rk_pool_stat active[RK_POOL_KINDS];          /* blocks in use (== allocation: no streams) */
+    rk_pool_stat inactive_split[RK_POOL_KINDS];  /* free blocks in segments that are split */
+    rk_pool_stat allocated_bytes[RK_POOL_KINDS]; /* bytes of blocks handed out (rounded) */
+    rk_pool_stat reserved_bytes[RK_POOL_KINDS];  /* bytes of segments held */
+    rk_pool_stat active_bytes[RK_POOL_KINDS];    /* == allocated_bytes: no streams */
     rk_pool_stat inactive_split_bytes[RK_POOL_KINDS]; /* bytes of those free blocks */
     rk_pool_stat requested_bytes[RK_POOL_KINDS];      /* bytes callers asked for (unrounded) */
     uint64_t num_alloc_retries; /* backend allocs retried after releasing cached segments */
