@@ -154,9 +154,8 @@ int main(int argc, char **argv)
         rk_trace_op(i, &is_free, &bytes, &slot);
         allocs += !is_free;
     }
-    printf("trace: %zu ops (%zu allocs), %zu slots, peak %.1f MiB live; %d rounds x %d passes\n",
-           n, allocs, rk_trace_slots(), (double)rk_trace_peak_bytes() / (1 << 20), rounds,
-           passes);
+    printf("trace: %zu ops (%zu allocs), %zu slots, peak %.1f MiB live; %d rounds x %d passes\n", n,
+           allocs, rk_trace_slots(), (double)rk_trace_peak_bytes() / (1 << 20), rounds, passes);
     double *tp = calloc((size_t)rounds, sizeof *tp), *tm = calloc((size_t)rounds, sizeof *tm);
     if (!tp || !tm)
         return 1;

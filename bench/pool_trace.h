@@ -48,9 +48,9 @@ typedef struct rk_trace_entry {
 typedef struct rk_trace_table {
     rk_trace_entry op[RK_TRACE_MAX_OPS];
     size_t n;
-    size_t slots;     /* slot numbers used: 0 .. slots - 1 */
-    uint64_t live;    /* bytes live now, while building */
-    uint64_t peak;    /* most bytes live at once */
+    size_t slots;  /* slot numbers used: 0 .. slots - 1 */
+    uint64_t live; /* bytes live now, while building */
+    uint64_t peak; /* most bytes live at once */
     uint64_t size_of[RK_TRACE_MAX_SLOTS];
     uint32_t free_slot[RK_TRACE_MAX_SLOTS]; /* a stack of empty slots */
     size_t n_free;
