@@ -64,11 +64,14 @@ typedef enum rk_field {
     RK_F_PCIE_WIDTH_MAX,
     RK_F_PCIE_REPLAY, /* pcie_replay: PCIe replay counter, lifetime total */
     RK_F_ENERGY,      /* energy_j: energy since the driver loaded, joules */
-    RK_F_XID,         /* xid_count and last_xid: Xid events seen, the latest one's code */
+    RK_F_XID,         /* xid_count, last_xid, xids[]: Xid events seen, the latest one's code */
     RK_F_VRM_RIPPLE,  /* vrm_ripple_mv: VRM output ripple, millivolts peak to peak */
     RK_F_FAN_VIB,     /* fan_vib_hz: dominant fan vibration frequency, hertz */
     RK_F_COUNT
 } rk_field;
+
+/* Per-Xid counts kept in a sample: the RK_XID_SLOTS most frequent codes. */
+#define RK_XID_SLOTS 8
 
 /* Clock event (throttle) reasons, the NVML bit values. */
 #define RK_CLOCK_GPU_IDLE 0x1ull
@@ -90,8 +93,19 @@ typedef struct rk_gpu_sample {
     int pcie_gen, pcie_width, pcie_gen_max, pcie_width_max;
     uint64_t pcie_replay;
     double energy_j;
+    /* Xids: with RK_F_XID, xid_count events in all and last_xid the latest one's code. NVML
+     * counts the events since the backend opened; where the kernel log can be read
+     * (docs/health.md, "Past Xids") the counts are those since boot, and xids[] holds the
+     * count of each code for this GPU's bus id: nxids (0..RK_XID_SLOTS) entries, the most
+     * frequent first, equal counts by code ascending. Codes beyond RK_XID_SLOTS are counted in
+     * xid_count only. */
     uint64_t xid_count;
     int last_xid;
+    struct {
+        int xid;
+        uint64_t count;
+    } xids[RK_XID_SLOTS];
+    int nxids;
     double vrm_ripple_mv, fan_vib_hz;
     bool lost; /* the GPU is gone (fallen off the bus, shut down): nothing else valid */
 } rk_gpu_sample;
