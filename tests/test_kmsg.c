@@ -45,18 +45,21 @@ static void test_bus_id_norm(void **state)
     const struct {
         const char *in, *out;
     } ok[] = {
-        {"0000:01:00", "00000000:01:00.0"},   {"00000000:01:00.0", "00000000:01:00.0"},
-        {"01:00", "00000000:01:00.0"},        {"0000:3B:00.0", "00000000:3b:00.0"},
-        {"0000:10:1c", "00000000:10:1c.0"},   {"1:2:3.4", "00000001:02:03.4"},
+        {"0000:01:00", "00000000:01:00.0"},
+        {"00000000:01:00.0", "00000000:01:00.0"},
+        {"01:00", "00000000:01:00.0"},
+        {"0000:3B:00.0", "00000000:3b:00.0"},
+        {"0000:10:1c", "00000000:10:1c.0"},
+        {"1:2:3.4", "00000001:02:03.4"},
         {"abcd0001:ff:1f.7", "abcd0001:ff:1f.7"},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         assert_int_equal(rk_kmsg_bus_id_norm(ok[i].in, strlen(ok[i].in), b, sizeof b), 0);
         assert_string_equal(b, ok[i].out);
     }
-    const char *bad[] = {"",          "01",         "0000:01:20",   "0000:100:00", "0:0:0:0",
-                         "0000:01:00.8", "0000:01:00.", "123456789:01:00", "0000:01:0g",
-                         ":01:00",    "0000:01:00 "};
+    const char *bad[] = {"",           "01",           "0000:01:20",  "0000:100:00",
+                         "0:0:0:0",    "0000:01:00.8", "0000:01:00.", "123456789:01:00",
+                         "0000:01:0g", ":01:00",       "0000:01:00 "};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(rk_kmsg_bus_id_norm(bad[i], strlen(bad[i]), b, sizeof b), -1);
     assert_int_equal(rk_kmsg_bus_id_norm("01:00", 5, b, 16), -1); /* too small a buffer */
@@ -78,8 +81,14 @@ static void test_record(void **state)
     assert_int_equal(rk_kmsg_parse_record(l, strlen(l), &r), 0);
     assert_int_equal(r.facility, 1);
     assert_int_equal(r.level, 6);
-    const char *bad[] = {"",       "4,1,2;x",   "4,1,2,x;m",         "a,1,2,-;m", "4,1,2,-",
-                         "4,,2,-;m", "1024,1,2,-;m", "4,99999999999999999999,2,-;m",
+    const char *bad[] = {"",
+                         "4,1,2;x",
+                         "4,1,2,x;m",
+                         "a,1,2,-;m",
+                         "4,1,2,-",
+                         "4,,2,-;m",
+                         "1024,1,2,-;m",
+                         "4,99999999999999999999,2,-;m",
                          "4,1,2,-,a b;m"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(rk_kmsg_parse_record(bad[i], strlen(bad[i]), &r), -1);
@@ -96,8 +105,8 @@ static void test_xid_lines(void **state)
     } ok[] = {
         {"NVRM: Xid (PCI:0000:01:00): 79, pid=1234, GPU has fallen off the bus.",
          "00000000:01:00.0", 79},
-        {"NVRM: Xid (PCI:01:00): 48, pid=77, DBE (double bit error) ECC error",
-         "00000000:01:00.0", 48},
+        {"NVRM: Xid (PCI:01:00): 48, pid=77, DBE (double bit error) ECC error", "00000000:01:00.0",
+         48},
         {"NVRM: Xid (PCI:0000:3b:00.0): 13, pid='<unknown>', name=<unknown>, Graphics Exception",
          "00000000:3b:00.0", 13},
         {"NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping",
@@ -168,8 +177,9 @@ static void test_seq_dedupe(void **state)
     assert_int_equal(rk_kmsg_count(k, "00000000:01:00.0", 79), 3);
     assert_int_equal(rk_kmsg_count(k, "00000000:01:00.0", 95), 1);
     /* a record repeated within one text, or older than the last one taken, is skipped */
-    assert_int_equal(feed(k, "3,8,800,-;NVRM: Xid (PCI:0000:01:00): 95, pid=5, again\n"
-                             "3,3,300,-;NVRM: Xid (PCI:0000:01:00): 48, pid=5, old\n",
+    assert_int_equal(feed(k,
+                          "3,8,800,-;NVRM: Xid (PCI:0000:01:00): 95, pid=5, again\n"
+                          "3,3,300,-;NVRM: Xid (PCI:0000:01:00): 48, pid=5, old\n",
                           &err),
                      RK_OK);
     assert_int_equal(rk_kmsg_count(k, "00000000:01:00.0", 95), 1);
@@ -223,9 +233,9 @@ static void test_pairs_bound(void **state)
     assert_non_null(t);
     size_t used = 0;
     for (int i = 0; i < RK_KMSG_PAIRS_MAX + 10; i++)
-        used += (size_t)snprintf(t + used, cap - used,
-                                 "3,%d,%d,-;NVRM: Xid (PCI:0000:01:00): %d, pid=1\n", i + 1, i,
-                                 i + 1);
+        used +=
+            (size_t)snprintf(t + used, cap - used,
+                             "3,%d,%d,-;NVRM: Xid (PCI:0000:01:00): %d, pid=1\n", i + 1, i, i + 1);
     assert_int_equal(rk_kmsg_feed(k, "log", t, used, &err), RK_OK);
     assert_int_equal(rk_kmsg_dropped(k), 10);
     assert_int_equal(rk_kmsg_count(k, "00000000:01:00.0", 1), 1);

@@ -243,6 +243,14 @@ typedef struct rk_gpu_signals {
     bool fail_prob_valid;
     double fail_prob;
     double fail_horizon_min;
+    /* The last burn-in's verdict (rk burn, docs/burn.md), from its state file. Caller-set like
+     * fail_prob: rk_signals_compute leaves it invalid; the monitor sets it from the record of
+     * the GPU's serial, else its UUID. burn_when: seconds since the epoch, the burn's end;
+     * burn_failed: what failed ("" when ok). A failed burn is the finding burn_failed. */
+    bool burn_valid;
+    bool burn_ok;
+    double burn_when;
+    char burn_failed[160];
 } rk_gpu_signals;
 
 RK_API void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
@@ -268,6 +276,17 @@ typedef struct rk_finding {
 /* A predicted failure probability at or above this takes the score below the default
  * threshold (finding failure_predicted, docs/health.md). */
 #define RK_HEALTH_FAIL_PROB_PREDICTED 0.5
+/* Points a critical Xid (the table in docs/health.md, "Xids") takes off: below the default
+ * threshold on its own. A memory Xid that is a warning takes RK_HEALTH_XID_WARN_PENALTY. */
+#define RK_HEALTH_XID_CRIT_PENALTY 45
+#define RK_HEALTH_XID_WARN_PENALTY 10
+/* Points a failed burn-in takes off (finding burn_failed): below the default threshold. */
+#define RK_HEALTH_BURN_FAILED_PENALTY 50
+/* What the score makes of an Xid code: RK_SEV_CRIT, RK_SEV_WARN, RK_SEV_INFO (an
+ * application's error: ignored) or -1 (not in the table: ignored), and its meaning in *what
+ * (may be NULL; "" for codes not in the table). One table for the score, docs/health.md and
+ * the alert rules (tests/test_thresholds.c holds them together). */
+RK_API int rk_health_xid_class(int xid, const char **what);
 #define RK_MAX_FINDINGS 16
 
 /* Score 0..100 (100 healthy) from the latest sample and the signals, with the findings that

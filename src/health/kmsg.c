@@ -42,9 +42,9 @@ struct rk_kmsg {
     int npairs;
     uint64_t dropped;
     char cursor[CURSOR_MAX]; /* the journal's last entry */
-    bool journal_ok;   /* journalctl ran well once */
-    char dev_note[100]; /* why the device could not be read */
-    char jnote[100];    /* why journalctl failed */
+    bool journal_ok;         /* journalctl ran well once */
+    char dev_note[100];      /* why the device could not be read */
+    char jnote[100];         /* why journalctl failed */
     char note[200];
 };
 
@@ -403,8 +403,8 @@ static int export_pass(rk_kmsg *k, const char *label, const char *text, size_t l
                 pos += vlen;
                 if (text[pos] != '\n')
                     return rk_err_set(err, RK_EFORMAT,
-                                      "%s: entry %ld: a binary field not ended by a newline",
-                                      label, entry);
+                                      "%s: entry %ld: a binary field not ended by a newline", label,
+                                      entry);
                 pos++;
             }
             if (vlen > RK_KMSG_LINE_MAX)
@@ -418,8 +418,8 @@ static int export_pass(rk_kmsg *k, const char *label, const char *text, size_t l
         if (!ended || cut) {
             if (!complete)
                 break; /* the output was cut: this entry waits for the next run */
-            return rk_err_set(err, RK_EFORMAT, "%s: entry %ld: ends without its empty line",
-                              label, entry);
+            return rk_err_set(err, RK_EFORMAT, "%s: entry %ld: ends without its empty line", label,
+                              entry);
         }
         if (fields == 0)
             return rk_err_set(err, RK_EFORMAT, "%s: entry %ld: empty", label, entry);
@@ -436,8 +436,8 @@ static int export_pass(rk_kmsg *k, const char *label, const char *text, size_t l
     return RK_OK;
 }
 
-int rk_kmsg_feed_export(rk_kmsg *k, const char *label, const char *text, size_t len,
-                        bool complete, rk_err *err)
+int rk_kmsg_feed_export(rk_kmsg *k, const char *label, const char *text, size_t len, bool complete,
+                        rk_err *err)
 {
     if (!label)
         label = "journal";
@@ -528,9 +528,10 @@ static int read_journal(rk_kmsg *k, rk_err *err)
     if (st == 0 || st == RK_PROC_TOO_LONG) {
         rc = rk_kmsg_feed_export(k, "journalctl -k -o export", out, strlen(out), st == 0, err);
     } else {
-        snprintf(k->jnote, sizeof k->jnote, "journalctl -k %s", st == -1 ? "timed out"
-                 : st == 127                                           ? "not found"
-                                                                       : "failed");
+        snprintf(k->jnote, sizeof k->jnote, "journalctl -k %s",
+                 st == -1    ? "timed out"
+                 : st == 127 ? "not found"
+                             : "failed");
         rc = RK_EIO;
     }
     free(out);

@@ -42,9 +42,9 @@
 
 #define RK_KMSG_ENV "RK_KMSG_PATH"
 #define RK_KMSG_DEVICE "/dev/kmsg"
-#define RK_KMSG_LINE_MAX 8192              /* longest record (or journal field) read */
-#define RK_KMSG_RECORDS_MAX 100000         /* records taken per read */
-#define RK_KMSG_FILE_MAX ((size_t)16 << 20) /* largest RK_KMSG_PATH file */
+#define RK_KMSG_LINE_MAX 8192                 /* longest record (or journal field) read */
+#define RK_KMSG_RECORDS_MAX 100000            /* records taken per read */
+#define RK_KMSG_FILE_MAX ((size_t)16 << 20)   /* largest RK_KMSG_PATH file */
 #define RK_KMSG_JOURNAL_MAX ((size_t)8 << 20) /* journalctl output read per run */
 #define RK_KMSG_JOURNAL_WAIT_S 10.0
 #define RK_KMSG_PAIRS_MAX 512 /* distinct (bus id, Xid code) pairs kept */
@@ -85,8 +85,8 @@ int rk_kmsg_feed(rk_kmsg *k, const char *label, const char *text, size_t len, rk
  * `complete` false: the text was cut (bounded output), so an unfinished last entry is left
  * for the next run; true: it is RK_EFORMAT. The last entry's __CURSOR is kept for
  * rk_kmsg_read's next run. Errors as rk_kmsg_feed. */
-int rk_kmsg_feed_export(rk_kmsg *k, const char *label, const char *text, size_t len,
-                        bool complete, rk_err *err);
+int rk_kmsg_feed_export(rk_kmsg *k, const char *label, const char *text, size_t len, bool complete,
+                        rk_err *err);
 
 /* Read what is new from the source (chosen at the first call, as the header says). RK_OK also
  * when no source can be read (rk_kmsg_note says why); RK_EFORMAT or RK_EINVAL for an
