@@ -284,6 +284,21 @@ static void print_readings(const rk_gpu_info *in, const rk_gpu_sample *s)
     printf("  Xid %s%s\n", fmt_u64(a, sizeof a, s, RK_F_XID, s->xid_count), xd);
 }
 
+/* The last burn-in (docs/burn.md) under the readings: "burn OK, 2026-12-02 18:04 UTC". */
+static void print_burn(const rk_gpu_signals *q)
+{
+    if (!q->burn_valid)
+        return;
+    char when[40] = "at an unknown time";
+    time_t t = (time_t)q->burn_when;
+    struct tm tm;
+    if (q->burn_when > 0 && gmtime_r(&t, &tm))
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &tm);
+    printf("       burn ");
+    put(0, q->burn_ok ? C_NONE : C_RED, q->burn_ok ? "OK" : "FAULTY");
+    printf(", %s\n", when);
+}
+
 /* text after lead, wrapped at spaces to 80 columns, continuation lines indented as lead. */
 static void print_wrapped(const char *lead, const char *text)
 {
@@ -570,6 +585,14 @@ int rk_cmd_doctor(int argc, char **argv)
             if (g->failed_reads)
                 json_object_set_new(o2, "failed_reads", json_integer(g->failed_reads));
             json_object_set_new(o2, "readings", readings_json(&g->latest));
+            if (g->sig.burn_valid) { /* the last burn-in (docs/burn.md) */
+                json_t *bo = json_object();
+                json_object_set_new(bo, "ok", json_boolean(g->sig.burn_ok));
+                json_object_set_new(bo, "ended_unix_s", json_real(g->sig.burn_when));
+                if (!g->sig.burn_ok)
+                    json_object_set_new(bo, "failed", json_string(g->sig.burn_failed));
+                json_object_set_new(o2, "burn", bo);
+            }
             json_array_append_new(arr, o2);
             continue;
         }
@@ -583,6 +606,7 @@ int rk_cmd_doctor(int argc, char **argv)
         put(-4, pass ? C_NONE : C_RED, pass ? "ok" : "FAIL");
         printf("  %s\n", !g->has_score ? "unreadable: no reading succeeded" : nf ? "" : "none");
         print_readings(in, &g->latest);
+        print_burn(&g->sig);
         if (g->has_score && g->failed_reads)
             printf("       the last %d reading%s failed: the score is the last good one's\n",
                    g->failed_reads, g->failed_reads == 1 ? "" : "s");
