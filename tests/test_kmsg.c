@@ -16,9 +16,11 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "health/kmsg.h"
 #include "testutil.h"
@@ -362,6 +364,37 @@ static void test_file_source_and_merge(void **state)
     unsetenv(RK_KMSG_ENV);
 }
 
+/* The real device: a line written into /dev/kmsg from user space, even one claiming the kernel's
+ * facility ("<3>"), is stored by the kernel with facility "user" and must not be counted,
+ * while the reader still takes the device's other records. Skips where /dev/kmsg cannot be
+ * written or read (not root, dmesg_restrict). */
+static void user_lines_in_the_real_log_never_count(void **state)
+{
+    (void)state;
+    unsetenv(RK_KMSG_ENV);
+    int fd = open(RK_KMSG_DEVICE, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        print_message("skipped: %s cannot be written here\n", RK_KMSG_DEVICE);
+        return;
+    }
+    static const char line[] = "<3>NVRM: Xid (PCI:0000:ff:1f.7): 79, pid=1, rekindle test_kmsg: "
+                               "a user line that must not count\n";
+    ssize_t w = write(fd, line, sizeof line - 1);
+    close(fd);
+    assert_int_equal(w, (ssize_t)(sizeof line - 1));
+    rk_kmsg *k = fresh();
+    rk_err err = {0};
+    assert_int_equal(rk_kmsg_read(k, &err), RK_OK);
+    if (!rk_kmsg_source(k) || strcmp(rk_kmsg_source(k), RK_KMSG_DEVICE) != 0) {
+        print_message("skipped: %s cannot be read here (%s)\n", RK_KMSG_DEVICE, rk_kmsg_note(k));
+        rk_kmsg_free(k);
+        return;
+    }
+    assert_int_equal(rk_kmsg_read(k, &err), RK_OK); /* the kept device: only what is new */
+    assert_int_equal(rk_kmsg_count(k, "00000000:ff:1f.7", 79), 0);
+    rk_kmsg_free(k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -374,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_pairs_bound),
         cmocka_unit_test(test_export),
         cmocka_unit_test_setup_teardown(test_file_source_and_merge, setup, teardown),
+        cmocka_unit_test(user_lines_in_the_real_log_never_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
