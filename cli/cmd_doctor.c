@@ -65,6 +65,10 @@ static const char usage_text[] =
     "                      model name), leaving out the ones that fail, and nothing else\n"
     "  -h, --help          show this help\n"
     "\n"
+    "For NVIDIA GPUs the Xids since boot are read from the kernel log (/dev/kmsg, else\n"
+    "journalctl -k; docs/health.md) and each GPU's last burn-in from the burn state file\n"
+    "($RK_BURN_STATE, default /var/lib/rekindle/burn.json; docs/burn.md).\n"
+    "\n"
     "Exit status: 0 every GPU at or above the threshold, 1 one or more below it or unreadable\n"
     "(or no GPU at all; with --slurm also when the node's state could not be read or\n"
     "changed), 2 bad usage or a model file it cannot use.\n";
