@@ -364,6 +364,71 @@ static void test_file_source_and_merge(void **state)
     unsetenv(RK_KMSG_ENV);
 }
 
+/* The journal fallback through a fake journalctl in PATH: the export format parsed, the run's
+ * argv (-k -b -o export, the cursor of the last entry on the next run), nothing counted twice;
+ * a journalctl that fails is RK_EIO, one that prints something else RK_EFORMAT. */
+static void write_script(const char *path, const char *body)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\n%s", body);
+    fclose(f);
+    assert_int_equal(chmod(path, 0755), 0);
+}
+
+static void journal_fallback(void **state)
+{
+    (void)state;
+    char bin[600], exe[700], args[700], body[2048], path[4096];
+    snprintf(bin, sizeof bin, "%s/bin", g_dir);
+    assert_int_equal(mkdir(bin, 0755), 0);
+    snprintf(exe, sizeof exe, "%s/journalctl", bin);
+    snprintf(args, sizeof args, "%s/args", g_dir);
+    snprintf(body, sizeof body,
+             "cur=\nfor a in \"$@\"; do case $a in --after-cursor=*) cur=${a#--after-cursor=};; "
+             "esac; done\n"
+             "echo \"$@\" >>%s\n"
+             "if [ -z \"$cur\" ]; then printf '__CURSOR=c1\\nSYSLOG_FACILITY=0\\n_TRANSPORT=kernel"
+             "\\nMESSAGE=NVRM: Xid (PCI:0000:01:00): 79, pid=1\\n\\n'; fi\n"
+             "if [ -z \"$cur\" ] || [ \"$cur\" = c1 ]; then printf '__CURSOR=c2\\nSYSLOG_FACILITY=0"
+             "\\n_TRANSPORT=kernel\\nMESSAGE=NVRM: Xid (PCI:0000:01:00): 48, pid=1\\n\\n'; fi\n",
+             args);
+    write_script(exe, body);
+    const char *old = getenv("PATH");
+    snprintf(path, sizeof path, "%s:%s", bin, old ? old : "/usr/bin:/bin");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("PATH", path, 1);
+    rk_kmsg *k = fresh();
+    rk_err err = {0};
+    assert_int_equal(rk_kmsg_read_journal(k, &err), RK_OK);
+    assert_int_equal(rk_kmsg_read_journal(k, &err), RK_OK); /* after c2: nothing new */
+    assert_int_equal(rk_kmsg_count(k, "00000000:01:00.0", 79), 1);
+    assert_int_equal(rk_kmsg_count(k, "00000000:01:00.0", 48), 1);
+    FILE *f = fopen(args, "r");
+    assert_non_null(f);
+    char l1[512] = "", l2[512] = "";
+    assert_non_null(fgets(l1, sizeof l1, f));
+    assert_non_null(fgets(l2, sizeof l2, f));
+    fclose(f);
+    assert_non_null(strstr(l1, "-k -b -q --no-pager -o export"));
+    assert_null(strstr(l1, "--after-cursor"));
+    assert_non_null(strstr(l2, "--after-cursor=c2"));
+    rk_kmsg_free(k);
+    write_script(exe, "exit 1\n");
+    k = fresh();
+    assert_int_equal(rk_kmsg_read_journal(k, &err), RK_EIO);
+    assert_non_null(strstr(err.msg, "journalctl -k failed"));
+    rk_kmsg_free(k);
+    write_script(exe, "echo 'not the export format'; echo\n");
+    k = fresh();
+    assert_int_equal(rk_kmsg_read_journal(k, &err), RK_EFORMAT);
+    rk_kmsg_free(k);
+    if (saved) {
+        setenv("PATH", saved, 1);
+        free(saved);
+    }
+}
+
 /* The real device: a line written into /dev/kmsg from user space, even one claiming the kernel's
  * facility ("<3>"), is stored by the kernel with facility "user" and must not be counted,
  * while the reader still takes the device's other records. Skips where /dev/kmsg cannot be
@@ -408,6 +473,7 @@ int main(void)
         cmocka_unit_test(test_export),
         cmocka_unit_test_setup_teardown(test_file_source_and_merge, setup, teardown),
         cmocka_unit_test(user_lines_in_the_real_log_never_count),
+        cmocka_unit_test_setup_teardown(journal_fallback, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -501,7 +501,7 @@ static int read_device(rk_kmsg *k)
     return RK_OK;
 }
 
-static int read_journal(rk_kmsg *k, rk_err *err)
+int rk_kmsg_read_journal(rk_kmsg *k, rk_err *err)
 {
     char after[CURSOR_MAX + 16];
     char *argv[12];
@@ -532,7 +532,7 @@ static int read_journal(rk_kmsg *k, rk_err *err)
                  st == -1    ? "timed out"
                  : st == 127 ? "not found"
                              : "failed");
-        rc = RK_EIO;
+        rc = rk_err_set(err, RK_EIO, "kernel log: %s", k->jnote);
     }
     free(out);
     return rc;
@@ -571,7 +571,7 @@ int rk_kmsg_read(rk_kmsg *k, rk_err *err)
     case SRC_DEVICE: return read_device(k);
     case SRC_JOURNAL: {
         rk_err e = {0};
-        int rc = read_journal(k, &e);
+        int rc = rk_kmsg_read_journal(k, &e);
         if (rc == RK_ENOMEM) {
             if (err)
                 *err = e;

@@ -93,6 +93,12 @@ int rk_kmsg_feed_export(rk_kmsg *k, const char *label, const char *text, size_t 
  * RK_KMSG_PATH file that is bad (not regular, too large, not records), RK_ENOMEM. */
 int rk_kmsg_read(rk_kmsg *k, rk_err *err);
 
+/* One run of journalctl (`journalctl` as PATH finds it) as rk_kmsg_read's fallback does it:
+ * the whole log since boot the first time, after the last cursor later. RK_OK; RK_EIO when it
+ * could not run, failed or timed out; RK_EFORMAT for output that is not the export format;
+ * RK_ENOMEM. Exposed for tests (a fake journalctl in PATH). */
+int rk_kmsg_read_journal(rk_kmsg *k, rk_err *err);
+
 /* The source read ("/dev/kmsg", "journalctl", the RK_KMSG_PATH file), or NULL when none
  * could be (before the first read too). */
 const char *rk_kmsg_source(const rk_kmsg *k);
