@@ -46,6 +46,7 @@ struct rk_kmsg {
     char dev_note[100];      /* why the device could not be read */
     char jnote[100];         /* why journalctl failed */
     char note[200];
+    char rec[RK_KMSG_LINE_MAX + 1]; /* one device record */
 };
 
 /* ---- parsers -------------------------------------------------------------------------------- */
@@ -483,7 +484,7 @@ static int read_file(rk_kmsg *k, rk_err *err)
  * records we had not read yet (the next read goes on from the oldest left). */
 static int read_device(rk_kmsg *k)
 {
-    static char buf[RK_KMSG_LINE_MAX + 1];
+    char *buf = k->rec;
     for (long n = 0; n < RK_KMSG_RECORDS_MAX; n++) {
         ssize_t got = read(k->fd, buf, RK_KMSG_LINE_MAX);
         if (got < 0 && (errno == EINTR || errno == EPIPE))
