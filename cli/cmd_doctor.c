@@ -65,6 +65,10 @@ static const char usage_text[] =
     "                      model name), leaving out the ones that fail, and nothing else\n"
     "  -h, --help          show this help\n"
     "\n"
+    "For NVIDIA GPUs the Xids since boot are read from the kernel log (/dev/kmsg, else\n"
+    "journalctl -k; docs/health.md) and each GPU's last burn-in from the burn state file\n"
+    "($RK_BURN_STATE, default /var/lib/rekindle/burn.json; docs/burn.md).\n"
+    "\n"
     "Exit status: 0 every GPU at or above the threshold, 1 one or more below it or unreadable\n"
     "(or no GPU at all; with --slurm also when the node's state could not be read or\n"
     "changed), 2 bad usage or a model file it cannot use.\n";
@@ -282,6 +286,21 @@ static void print_readings(const rk_gpu_info *in, const rk_gpu_sample *s)
     char xd[64];
     xids_text(xd, sizeof xd, s);
     printf("  Xid %s%s\n", fmt_u64(a, sizeof a, s, RK_F_XID, s->xid_count), xd);
+}
+
+/* The last burn-in (docs/burn.md) under the readings: "burn OK, 2026-12-02 18:04 UTC". */
+static void print_burn(const rk_gpu_signals *q)
+{
+    if (!q->burn_valid)
+        return;
+    char when[40] = "at an unknown time";
+    time_t t = (time_t)q->burn_when;
+    struct tm tm;
+    if (q->burn_when > 0 && gmtime_r(&t, &tm))
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", &tm);
+    printf("       burn ");
+    put(0, q->burn_ok ? C_NONE : C_RED, q->burn_ok ? "OK" : "FAULTY");
+    printf(", %s\n", when);
 }
 
 /* text after lead, wrapped at spaces to 80 columns, continuation lines indented as lead. */
@@ -570,6 +589,14 @@ int rk_cmd_doctor(int argc, char **argv)
             if (g->failed_reads)
                 json_object_set_new(o2, "failed_reads", json_integer(g->failed_reads));
             json_object_set_new(o2, "readings", readings_json(&g->latest));
+            if (g->sig.burn_valid) { /* the last burn-in (docs/burn.md) */
+                json_t *bo = json_object();
+                json_object_set_new(bo, "ok", json_boolean(g->sig.burn_ok));
+                json_object_set_new(bo, "ended_unix_s", json_real(g->sig.burn_when));
+                if (!g->sig.burn_ok)
+                    json_object_set_new(bo, "failed", json_string(g->sig.burn_failed));
+                json_object_set_new(o2, "burn", bo);
+            }
             json_array_append_new(arr, o2);
             continue;
         }
@@ -583,6 +610,7 @@ int rk_cmd_doctor(int argc, char **argv)
         put(-4, pass ? C_NONE : C_RED, pass ? "ok" : "FAIL");
         printf("  %s\n", !g->has_score ? "unreadable: no reading succeeded" : nf ? "" : "none");
         print_readings(in, &g->latest);
+        print_burn(&g->sig);
         if (g->has_score && g->failed_reads)
             printf("       the last %d reading%s failed: the score is the last good one's\n",
                    g->failed_reads, g->failed_reads == 1 ? "" : "s");

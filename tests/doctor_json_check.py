@@ -5,7 +5,7 @@ never written as reals. Usage: doctor_json_check.py DOC JSON; exit 1 naming ever
 import json, re, sys
 
 SECTIONS = {"Top level": "root", "A GPU": "gpu", "A finding": "finding",
-            "Readings": "readings", "Per-Xid counts": "xid"}
+            "Readings": "readings", "Per-Xid counts": "xid", "The last burn-in": "burn"}
 
 
 def read_schema(path):
@@ -57,6 +57,8 @@ def main():
         check(g, "gpu", f"$.gpus[{i}]", schema, problems)
         for q, f in enumerate(g.get("findings") or []):
             check(f, "finding", f"$.gpus[{i}].findings[{q}]", schema, problems)
+        if "burn" in g:
+            check(g["burn"], "burn", f"$.gpus[{i}].burn", schema, problems)
         r = g.get("readings")
         if isinstance(r, dict):
             check(r, "readings", f"$.gpus[{i}].readings", schema, problems)

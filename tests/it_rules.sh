@@ -82,7 +82,8 @@ for b in blocks:
             problems.append("%s: %s does not name the node ($labels.instance)" % (name, key))
 want = {"RekindleGpuHealthLow", "RekindleGpuTemperatureHigh", "RekindleGpuHeatingFast",
         "RekindleGpuEccUncorrected", "RekindleGpuRetiredPagesPending",
-        "RekindleGpuPcieDowntrained", "RekindleGpuCriticalXid", "RekindleGpuLost",
+        "RekindleGpuPcieDowntrained", "RekindleGpuCriticalXid", "RekindleGpuMemoryXid",
+        "RekindleGpuLost",
         "RekindleGpuMissing", "RekindleExporterDown", "RekindleGpuFailurePredicted"}
 for name in sorted(want - set(alerts)):
     problems.append("rules: alert %s is missing" % name)

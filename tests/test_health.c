@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -138,7 +139,8 @@ static void each_rule_at_its_threshold(void **state)
     rk_field_set(&s, RK_F_XID);
     assert_int_equal(score1(&s, f, &n), 100);
     s.last_xid = 79;
-    assert_int_equal(score1(&s, f, &n), 80);
+    assert_int_equal(score1(&s, f, &n), 100 - RK_HEALTH_XID_CRIT_PENALTY);
+    assert_true(100 - RK_HEALTH_XID_CRIT_PENALTY < RK_HEALTH_THRESHOLD_DEFAULT);
     /* throttling reasons */
     s = healthy(0);
     s.clock_reasons = RK_CLOCK_HW_THERMAL | RK_CLOCK_HW_SLOWDOWN;
@@ -254,6 +256,87 @@ static void rates_and_links(void **state)
  * a graded warning of round(50 p) points that keeps a healthy card above the threshold; 0.5
  * or more a critical finding that takes it below; a value outside [0, 1] is ignored; a lost
  * GPU still scores 0 with its one finding. */
+/* The Xid table: per-code counts from the kernel log; critical codes fail the GPU, the memory
+ * codes that warn cost a little, application errors nothing; one finding per severity. */
+static void xid_table(void **state)
+{
+    (void)state;
+    rk_finding f[RK_MAX_FINDINGS];
+    int n;
+    rk_gpu_sample s = healthy(0);
+    rk_field_set(&s, RK_F_XID);
+    assert_int_equal(score1(&s, f, &n), 100); /* read, none */
+    const struct {
+        int xid, sev;
+    } table[] = {{79, RK_SEV_CRIT}, {48, RK_SEV_CRIT}, {95, RK_SEV_CRIT}, {63, RK_SEV_WARN},
+                 {64, RK_SEV_WARN}, {94, RK_SEV_WARN}, {13, RK_SEV_INFO}, {31, RK_SEV_INFO},
+                 {43, RK_SEV_INFO}, {45, RK_SEV_INFO}, {68, RK_SEV_INFO}, {1000, -1}};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        const char *what = NULL;
+        assert_int_equal(rk_health_xid_class(table[i].xid, &what), table[i].sev);
+        assert_non_null(what);
+        s.xid_count = 3;
+        s.nxids = 1;
+        s.xids[0].xid = table[i].xid;
+        s.xids[0].count = 3;
+        s.last_xid = table[i].xid;
+        int want = table[i].sev == RK_SEV_CRIT   ? 100 - RK_HEALTH_XID_CRIT_PENALTY
+                   : table[i].sev == RK_SEV_WARN ? 100 - RK_HEALTH_XID_WARN_PENALTY
+                                                 : 100;
+        assert_int_equal(score1(&s, f, &n), want);
+    }
+    /* the latest code harmless, an earlier one critical: the counts still see it */
+    s.xid_count = 6;
+    s.nxids = 3;
+    s.xids[0].xid = 13;
+    s.xids[0].count = 3;
+    s.xids[1].xid = 79;
+    s.xids[1].count = 2;
+    s.xids[2].xid = 94;
+    s.xids[2].count = 1;
+    s.last_xid = 13;
+    assert_int_equal(score1(&s, f, &n),
+                     100 - RK_HEALTH_XID_CRIT_PENALTY - RK_HEALTH_XID_WARN_PENALTY);
+    assert_int_equal(n, 2);
+    assert_string_equal(f[0].code, "xid");
+    assert_non_null(strstr(f[0].message, "79 x2 (fell off the bus)"));
+    assert_non_null(strstr(f[0].action, "riser"));
+    assert_string_equal(f[1].code, "xid_memory");
+    assert_non_null(strstr(f[1].message, "94 x1"));
+}
+
+/* A failed burn-in is a critical finding below the threshold; a passed one or none, nothing. */
+static void burn_verdict(void **state)
+{
+    (void)state;
+    rk_gpu_sample s = healthy(0);
+    rk_gpu_history h;
+    assert_int_equal(rk_history_init(&h, 4, NULL), RK_OK);
+    rk_history_push(&h, &s);
+    rk_gpu_signals g;
+    rk_signals_compute(&h, &g);
+    rk_history_free(&h);
+    assert_false(g.burn_valid); /* not derived from the window */
+    rk_finding f[RK_MAX_FINDINGS];
+    int n;
+    g.burn_ok = false; /* not valid: ignored */
+    assert_int_equal(rk_health_score(&s, &g, f, &n), 100);
+    g.burn_valid = true;
+    g.burn_ok = true;
+    assert_int_equal(rk_health_score(&s, &g, f, &n), 100);
+    g.burn_ok = false;
+    snprintf(g.burn_failed, sizeof g.burn_failed, "sgemm: 12 elements wrong in copies 3,7");
+    int score = rk_health_score(&s, &g, f, &n);
+    assert_int_equal(score, 100 - RK_HEALTH_BURN_FAILED_PENALTY);
+    assert_true(score < RK_HEALTH_THRESHOLD_DEFAULT);
+    assert_int_equal(n, 1);
+    assert_string_equal(f[0].code, "burn_failed");
+    assert_int_equal(f[0].severity, RK_SEV_CRIT);
+    assert_non_null(strstr(f[0].message, "12 elements wrong in copies 3,7"));
+    assert_string_equal(f[0].action,
+                        "wrong arithmetic under load: retire or down-clock and burn again");
+}
+
 static void predicted_failure(void **state)
 {
     (void)state;
@@ -327,6 +410,8 @@ int main(void)
         cmocka_unit_test(dtdt_is_the_least_squares_slope),
         cmocka_unit_test(rates_and_links),
         cmocka_unit_test(predicted_failure),
+        cmocka_unit_test(xid_table),
+        cmocka_unit_test(burn_verdict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

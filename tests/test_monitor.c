@@ -19,8 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "exporter/exporter.h"
+#include "health/burnstate.h"
 #include "predict/fleetdata.h"
 #include "predict/predict.h"
 #include "predict/predict_online.h"
@@ -347,6 +349,76 @@ static void failed_readings_and_probabilities(void **state)
 }
 
 /* A model file records its horizon; a file without one (older models) reads as 60. */
+static bool has_code(const rk_monitor_gpu *g, const char *code)
+{
+    for (int k = 0; k < g->nfindings; k++)
+        if (strcmp(g->findings[k].code, code) == 0)
+            return true;
+    return false;
+}
+
+/* The burn verdicts: the state file's record for a GPU's UUID (the replayed GPUs have no
+ * serial) gives it burn_failed; a new verdict in the file is seen at the next reading; a file
+ * that does not load is one warning (once per version of the file) and no finding. */
+static void burn_verdicts_follow_the_file(void **state)
+{
+    (void)state;
+    record();
+    const char *path = RK_TEST_TMPDIR "/monitor-burn.json";
+    unlink(path);
+    setenv(RK_BURN_STATE_ENV, path, 1);
+    rk_burn_record r = {0};
+    snprintf(r.key, sizeof r.key, "GPU-replay-1");
+    snprintf(r.name, sizeof r.name, "Replayed GPU 1");
+    r.when = 1764660000;
+    r.duration_s = 60;
+    r.ok = false;
+    snprintf(r.failed, sizeof r.failed, "memory: moving inversions, 4 addresses wrong");
+    r.bad_addresses = 4;
+    rk_err err = {0};
+    assert_int_equal(rk_burn_state_put(path, &r, &err), RK_OK);
+    rk_telemetry *t = replay_open();
+    rk_monitor *m;
+    assert_int_equal(rk_monitor_create(&m, GPUS, NULL, &err), RK_OK);
+    assert_int_equal(rk_monitor_read(m, t, &err), RK_OK);
+    const rk_monitor_gpu *g0 = rk_monitor_gpu_state(m, 0), *g1 = rk_monitor_gpu_state(m, 1);
+    assert_false(g0->sig.burn_valid);
+    assert_false(has_code(g0, "burn_failed"));
+    assert_true(g1->sig.burn_valid && !g1->sig.burn_ok);
+    assert_true(g1->sig.burn_when == 1764660000);
+    assert_true(has_code(g1, "burn_failed"));
+    assert_true(g1->score < RK_HEALTH_THRESHOLD_DEFAULT);
+    /* burnt again, OK now: the next reading sees it */
+    r.ok = true;
+    r.failed[0] = '\0';
+    r.bad_addresses = 0;
+    assert_int_equal(rk_burn_state_put(path, &r, &err), RK_OK);
+    assert_int_equal(rk_monitor_read(m, t, &err), RK_OK);
+    g1 = rk_monitor_gpu_state(m, 1);
+    assert_true(g1->sig.burn_valid && g1->sig.burn_ok);
+    assert_false(has_code(g1, "burn_failed"));
+    /* a file that does not load: one warning, then quiet; no verdict */
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"rekindle-burn-state\", \"gpus\": [", f);
+    fclose(f);
+    assert_int_equal(rk_monitor_read(m, t, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "warning: burn verdicts not used: "));
+    assert_non_null(strstr(err.msg, "monitor-burn.json"));
+    g1 = rk_monitor_gpu_state(m, 1);
+    assert_false(g1->sig.burn_valid);
+    assert_false(has_code(g1, "burn_failed"));
+    assert_int_equal(rk_monitor_read(m, t, &err), RK_OK); /* the same bad file: said once */
+    assert_false(rk_monitor_gpu_state(m, 1)->sig.burn_valid);
+    rk_monitor_free(m);
+    rk_telemetry_close(t);
+    unsetenv(RK_BURN_STATE_ENV);
+    unlink(path);
+    char lock[256];
+    snprintf(lock, sizeof lock, "%s.lock", path);
+    unlink(lock);
+}
+
 static void models_record_their_horizon(void **state)
 {
     (void)state;
@@ -377,6 +449,7 @@ int main(void)
         cmocka_unit_test(every_path_gives_the_same_scores),
         cmocka_unit_test(failed_readings_and_probabilities),
         cmocka_unit_test(models_record_their_horizon),
+        cmocka_unit_test(burn_verdicts_follow_the_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -501,6 +501,46 @@ static void duplicate_findings_merged(void **state)
     free(text);
 }
 
+/* Per-code Xid counters (one series per code, a code twice never twice) and the burn
+ * verdict's two gauges, absent without a record and for a GPU that does not answer. */
+static void xid_codes_and_burn(void **state)
+{
+    (void)state;
+    rk_prom_gpu g;
+    one_gpu(&g);
+    char *text = render(&g, 1, NULL);
+    assert_null(strstr(text, "rk_gpu_xid_errors_total"));
+    assert_null(strstr(text, "rk_gpu_burn_ok"));
+    free(text);
+    g.sample.xid_count = 4;
+    g.sample.last_xid = 79;
+    g.sample.nxids = 3;
+    g.sample.xids[0].xid = 79, g.sample.xids[0].count = 3;
+    g.sample.xids[1].xid = 48, g.sample.xids[1].count = 1;
+    g.sample.xids[2].xid = 79, g.sample.xids[2].count = 1; /* a duplicate: left out */
+    g.sig.burn_valid = true;
+    g.sig.burn_ok = false;
+    g.sig.burn_when = 1764660000.5;
+    text = render(&g, 1, NULL);
+    check_exposition(text);
+    assert_int_equal(count_lines(text, "rk_gpu_xid_errors_total{"), 2);
+    assert_non_null(strstr(text, "# TYPE rk_gpu_xid_errors_total counter\n"));
+    assert_non_null(strstr(text, "rk_gpu_xid_errors_total" L0 ",xid=\"79\"} 3\n"));
+    assert_non_null(strstr(text, "rk_gpu_xid_errors_total" L0 ",xid=\"48\"} 1\n"));
+    assert_non_null(strstr(text, "rk_gpu_burn_ok" L0 "} 0\n"));
+    assert_non_null(strstr(text, "rk_gpu_burn_timestamp_seconds" L0 "} 1764660000.5\n"));
+    free(text);
+    g.sig.burn_ok = true;
+    text = render(&g, 1, NULL);
+    assert_non_null(strstr(text, "rk_gpu_burn_ok" L0 "} 1\n"));
+    free(text);
+    g.sample.lost = true; /* gone: nothing but info, up and score */
+    text = render(&g, 1, NULL);
+    assert_null(strstr(text, "rk_gpu_burn_ok"));
+    assert_null(strstr(text, "rk_gpu_xid_errors_total"));
+    free(text);
+}
+
 /* Samples run through the monitor with a real window: the signals and findings come
  * from the health layer and show up with the right units. */
 static void assess_window(void **state)
@@ -633,19 +673,13 @@ static void failure_probability(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(one_gpu_exact),
-        cmocka_unit_test(lost_gpu),
-        cmocka_unit_test(failed_read),
-        cmocka_unit_test(absent_fields),
-        cmocka_unit_test(non_finite_values_left_out),
-        cmocka_unit_test(format_values),
-        cmocka_unit_test(escape_labels),
-        cmocka_unit_test(families_grouped),
-        cmocka_unit_test(duplicate_findings_merged),
-        cmocka_unit_test(assess_window),
-        cmocka_unit_test(failure_probability),
-        cmocka_unit_test(exporter_stats),
-        cmocka_unit_test(buffer_grows),
+        cmocka_unit_test(one_gpu_exact),    cmocka_unit_test(xid_codes_and_burn),
+        cmocka_unit_test(lost_gpu),         cmocka_unit_test(failed_read),
+        cmocka_unit_test(absent_fields),    cmocka_unit_test(non_finite_values_left_out),
+        cmocka_unit_test(format_values),    cmocka_unit_test(escape_labels),
+        cmocka_unit_test(families_grouped), cmocka_unit_test(duplicate_findings_merged),
+        cmocka_unit_test(assess_window),    cmocka_unit_test(failure_probability),
+        cmocka_unit_test(exporter_stats),   cmocka_unit_test(buffer_grows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -134,6 +134,61 @@ static void test_docs_state_the_limits(void **st)
     free(doc);
 }
 
+/* The Xid codes an alert rule's block compares rk_gpu_last_xid with ("rk_gpu_last_xid == N"):
+ * a bit per code 0..255 in set[]. */
+static void rule_codes(const char *rules, const char *alert, bool set[256])
+{
+    memset(set, 0, 256 * sizeof set[0]);
+    char head[96];
+    snprintf(head, sizeof head, "- alert: %s\n", alert);
+    const char *a = strstr(rules, head);
+    assert_non_null(a);
+    const char *next = strstr(a + 1, "- alert:");
+    const char *end = next ? next : a + strlen(a);
+    for (const char *p = a; (p = strstr(p, "rk_gpu_last_xid == ")) && p < end;) {
+        p += strlen("rk_gpu_last_xid == ");
+        long v = strtol(p, NULL, 10);
+        assert_true(v > 0 && v < 256);
+        set[v] = true;
+    }
+    const char *range = strstr(a, "rk_gpu_last_xid >=");
+    assert_true(!range || range >= end); /* every code written out, so this check sees it */
+}
+
+/* The Xid table: the score's classes, the two Xid alerts and docs/health.md's table agree. */
+static void test_xid_table_agrees(void **st)
+{
+    (void)st;
+    char *y = slurp("deploy/prometheus/rekindle.rules.yml");
+    char *doc = slurp("docs/health.md");
+    bool crit[256], warn[256];
+    rule_codes(y, "RekindleGpuCriticalXid", crit);
+    rule_codes(y, "RekindleGpuMemoryXid", warn);
+    const int ignored[] = {13, 31, 43, 45, 68};
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++)
+        assert_int_equal(rk_health_xid_class(ignored[i], NULL), RK_SEV_INFO);
+    assert_int_equal(rk_health_xid_class(79, NULL), RK_SEV_CRIT);
+    assert_int_equal(rk_health_xid_class(48, NULL), RK_SEV_CRIT);
+    assert_int_equal(rk_health_xid_class(95, NULL), RK_SEV_CRIT);
+    for (int x = 1; x < 256; x++) {
+        const char *what;
+        int c = rk_health_xid_class(x, &what);
+        assert_int_equal(crit[x], c == RK_SEV_CRIT);
+        assert_int_equal(warn[x], c == RK_SEV_WARN);
+        if (c < 0)
+            continue;
+        char row[48];
+        snprintf(row, sizeof row, "\n| %d | %s | ", x,
+                 c == RK_SEV_CRIT   ? "crit"
+                 : c == RK_SEV_WARN ? "warn"
+                                    : "ignored");
+        if (!strstr(doc, row))
+            fail_msg("docs/health.md's Xid table has no row '%s'", row + 1);
+    }
+    free(y);
+    free(doc);
+}
+
 /* The unit at the end of a metric name: "volts" of rk_sensor_vrm_ripple_volts. */
 static const char *unit_of(const char *name)
 {
@@ -188,6 +243,7 @@ int main(void)
         cmocka_unit_test(test_alert_rule_uses_the_warn_limit),
         cmocka_unit_test(test_dashboard_uses_both_limits),
         cmocka_unit_test(test_docs_state_the_limits),
+        cmocka_unit_test(test_xid_table_agrees),
         cmocka_unit_test(test_textfile_inputs_never_equal_outputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

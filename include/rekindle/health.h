@@ -64,11 +64,14 @@ typedef enum rk_field {
     RK_F_PCIE_WIDTH_MAX,
     RK_F_PCIE_REPLAY, /* pcie_replay: PCIe replay counter, lifetime total */
     RK_F_ENERGY,      /* energy_j: energy since the driver loaded, joules */
-    RK_F_XID,         /* xid_count and last_xid: Xid events seen, the latest one's code */
+    RK_F_XID,         /* xid_count, last_xid, xids[]: Xid events seen, the latest one's code */
     RK_F_VRM_RIPPLE,  /* vrm_ripple_mv: VRM output ripple, millivolts peak to peak */
     RK_F_FAN_VIB,     /* fan_vib_hz: dominant fan vibration frequency, hertz */
     RK_F_COUNT
 } rk_field;
+
+/* Per-Xid counts kept in a sample: the RK_XID_SLOTS most frequent codes. */
+#define RK_XID_SLOTS 8
 
 /* Clock event (throttle) reasons, the NVML bit values. */
 #define RK_CLOCK_GPU_IDLE 0x1ull
@@ -90,8 +93,19 @@ typedef struct rk_gpu_sample {
     int pcie_gen, pcie_width, pcie_gen_max, pcie_width_max;
     uint64_t pcie_replay;
     double energy_j;
+    /* Xids: with RK_F_XID, xid_count events in all and last_xid the latest one's code. NVML
+     * counts the events since the backend opened; where the kernel log can be read
+     * (docs/health.md, "Past Xids") the counts are those since boot, and xids[] holds the
+     * count of each code for this GPU's bus id: nxids (0..RK_XID_SLOTS) entries, the most
+     * frequent first, equal counts by code ascending. Codes beyond RK_XID_SLOTS are counted in
+     * xid_count only. */
     uint64_t xid_count;
     int last_xid;
+    struct {
+        int xid;
+        uint64_t count;
+    } xids[RK_XID_SLOTS];
+    int nxids;
     double vrm_ripple_mv, fan_vib_hz;
     bool lost; /* the GPU is gone (fallen off the bus, shut down): nothing else valid */
 } rk_gpu_sample;
@@ -229,6 +243,14 @@ typedef struct rk_gpu_signals {
     bool fail_prob_valid;
     double fail_prob;
     double fail_horizon_min;
+    /* The last burn-in's verdict (rk burn, docs/burn.md), from its state file. Caller-set like
+     * fail_prob: rk_signals_compute leaves it invalid; the monitor sets it from the record of
+     * the GPU's serial, else its UUID. burn_when: seconds since the epoch, the burn's end;
+     * burn_failed: what failed ("" when ok). A failed burn is the finding burn_failed. */
+    bool burn_valid;
+    bool burn_ok;
+    double burn_when;
+    char burn_failed[160];
 } rk_gpu_signals;
 
 RK_API void rk_signals_compute(const rk_gpu_history *h, rk_gpu_signals *out);
@@ -254,6 +276,17 @@ typedef struct rk_finding {
 /* A predicted failure probability at or above this takes the score below the default
  * threshold (finding failure_predicted, docs/health.md). */
 #define RK_HEALTH_FAIL_PROB_PREDICTED 0.5
+/* Points a critical Xid (the table in docs/health.md, "Xids") takes off: below the default
+ * threshold on its own. A memory Xid that is a warning takes RK_HEALTH_XID_WARN_PENALTY. */
+#define RK_HEALTH_XID_CRIT_PENALTY 45
+#define RK_HEALTH_XID_WARN_PENALTY 10
+/* Points a failed burn-in takes off (finding burn_failed): below the default threshold. */
+#define RK_HEALTH_BURN_FAILED_PENALTY 50
+/* What the score makes of an Xid code: RK_SEV_CRIT, RK_SEV_WARN, RK_SEV_INFO (an
+ * application's error: ignored) or -1 (not in the table: ignored), and its meaning in *what
+ * (may be NULL; "" for codes not in the table). One table for the score, docs/health.md and
+ * the alert rules (tests/test_thresholds.c holds them together). */
+RK_API int rk_health_xid_class(int xid, const char **what);
 #define RK_MAX_FINDINGS 16
 
 /* Score 0..100 (100 healthy) from the latest sample and the signals, with the findings that

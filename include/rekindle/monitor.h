@@ -7,6 +7,10 @@
  *   a probability  optional: a failure predictor's probability that the GPU fails within
  *                  the predictor's horizon (read from the model file, never assumed here)
  *   the score      rk_health_score of the latest reading with those signals, and its findings
+ *   a burn verdict the GPU's last burn-in (docs/burn.md), from the state file at
+ *                  rk_burn_state's path (RK_BURN_STATE, else /var/lib/rekindle/burn.json),
+ *                  by serial, else UUID; looked at by every rk_monitor_read, loaded again
+ *                  when it changed; in rk_monitor_gpu.sig.burn_*
  *
  * rk doctor, rk exporter, rk run's health gate and the predictor's dataset builder all feed
  * their readings here, so the same readings score the same in every tool.
@@ -106,9 +110,12 @@ RK_API bool rk_monitor_read_failed(const rk_gpu_sample *s);
  * (the reading is in the history and scored all the same). */
 RK_API int rk_monitor_push(rk_monitor *m, int gpu, double t_s, const rk_gpu_sample *s, rk_err *err);
 
-/* One cycle: read every GPU of `t` (rk_telemetry_read_all, textfile sensors merged) at the
- * backend's clock (rk_telemetry_now) and push each reading. Every GPU is read and pushed even
- * when some fail; the first error (of the backend, a textfile or the predictor) is returned.
+/* One cycle: read every GPU of `t` (rk_telemetry_read_all, textfile sensors and the kernel
+ * log's Xids merged) at the backend's clock (rk_telemetry_now), give each GPU its burn verdict
+ * and push each reading. Every GPU is read and pushed even when some fail; the first error
+ * (of the backend, a textfile, the kernel log file, the predictor) is returned. A burn state
+ * file that does not load counts as no verdicts and is reported once per version of the file
+ * ("warning: burn verdicts not used: ...", its RK_EFORMAT or RK_EINVAL).
  * RK_EINVAL when t has another number of GPUs than the monitor. */
 RK_API int rk_monitor_read(rk_monitor *m, rk_telemetry *t, rk_err *err);
 

@@ -173,6 +173,9 @@ enum metric_id {
     M_ENERGY,
     M_XID,
     M_LAST_XID,
+    M_XID_ERRORS,
+    M_BURN_OK,
+    M_BURN_TS,
     M_VRM_RIPPLE,
     M_COUNT
 };
@@ -240,6 +243,14 @@ static const metric metrics[M_COUNT] = {
                   "Energy used since the driver loaded, joules."},
     [M_XID] = {"rk_gpu_xid_events_total", "counter", "Xid events seen."},
     [M_LAST_XID] = {"rk_gpu_last_xid", "gauge", "The code of the latest Xid event."},
+    [M_XID_ERRORS] = {"rk_gpu_xid_errors_total", "counter",
+                      "Xid events by code (label xid) since boot, from the kernel log "
+                      "(docs/health.md, \"Past Xids\"); the most frequent codes of each GPU."},
+    [M_BURN_OK] = {"rk_gpu_burn_ok", "gauge",
+                   "1 if the GPU's last burn-in (rk burn, docs/burn.md) passed, 0 if it was "
+                   "FAULTY; absent without a record."},
+    [M_BURN_TS] = {"rk_gpu_burn_timestamp_seconds", "gauge",
+                   "When the GPU's last burn-in ended, Unix time; absent without a record."},
     [M_VRM_RIPPLE] = {"rk_gpu_vrm_ripple_volts", "gauge",
                       "VRM output ripple, volts peak to peak (textfile sensor or simulator)."},
 };
@@ -311,6 +322,8 @@ static bool gpu_value(int id, const rk_prom_gpu *g, double *v)
         *v = s->last_xid;
         return has(g, RK_F_XID) && s->xid_count > 0;
     case M_VRM_RIPPLE: *v = s->vrm_ripple_mv / 1000.0; return has(g, RK_F_VRM_RIPPLE);
+    case M_BURN_OK: *v = q->burn_ok ? 1 : 0; return answering(g) && q->burn_valid;
+    case M_BURN_TS: *v = q->burn_when; return answering(g) && q->burn_valid && q->burn_when > 0;
     case M_FAIL_PROB: /* not derived from the window: present without signals too */
         *v = q->fail_prob;
         return answering(g) && q->fail_prob_valid && q->fail_prob >= 0 && q->fail_prob <= 1;
@@ -447,6 +460,30 @@ static void render_clock_events(rk_buf *b, const rk_prom_gpu *g, int n)
     }
 }
 
+/* One series per Xid code the kernel log counted for the GPU (xids[]). */
+static void render_xid_errors(rk_buf *b, const rk_prom_gpu *g, int n)
+{
+    family f = {b, &metrics[M_XID_ERRORS], false};
+    for (int i = 0; i < n; i++) {
+        if (!has(&g[i], RK_F_XID))
+            continue;
+        const rk_gpu_sample *s = &g[i].sample;
+        for (int k = 0; k < s->nxids && k < RK_XID_SLOTS; k++) {
+            bool seen = false; /* a code twice would make the scrape invalid */
+            for (int j = 0; j < k && !seen; j++)
+                seen = s->xids[j].xid == s->xids[k].xid;
+            if (seen)
+                continue;
+            char code[16];
+            snprintf(code, sizeof code, "%d", s->xids[k].xid);
+            family_begin(&f);
+            gpu_labels(b, f.m->name, &g[i]);
+            label(b, "xid", code);
+            series_end(b, (double)s->xids[k].count);
+        }
+    }
+}
+
 static void render_plain(rk_buf *b, int id, const rk_prom_gpu *g, int n)
 {
     family f = {b, &metrics[id], false};
@@ -469,6 +506,7 @@ void rk_prom_render_gpus(rk_buf *b, const rk_prom_gpu *g, int n)
         case M_SCORE: render_score(b, g, n); break;
         case M_FINDINGS: render_findings(b, g, n); break;
         case M_CLOCK_EVENT: render_clock_events(b, g, n); break;
+        case M_XID_ERRORS: render_xid_errors(b, g, n); break;
         default: render_plain(b, id, g, n); break;
         }
     }

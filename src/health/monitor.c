@@ -1,11 +1,18 @@
 /*
  * The health monitor (rekindle/monitor.h): per GPU a history of readings, the signals over
  * it, the predictor's probability checked to [0, 1], and the score with findings. The rule
- * for failed readings and the check of probabilities live here and nowhere else.
+ * for failed readings and the check of probabilities live here and nowhere else. Each
+ * rk_monitor_read also looks at the burn-in state file (health/burnstate.h) and gives every
+ * GPU its last burn verdict, by serial, else UUID.
  */
 #include "rekindle/monitor.h"
 
+#include "health/burnstate.h"
+
+#include <sys/stat.h>
+
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,6 +22,8 @@
 typedef struct mon_gpu {
     rk_gpu_history h;
     rk_monitor_gpu st;
+    bool has_burn;
+    rk_burn_record burn; /* its last burn-in, when has_burn */
 } mon_gpu;
 
 struct rk_monitor {
@@ -24,6 +33,9 @@ struct rk_monitor {
     mon_gpu *g;
     rk_gpu_info *infos;     /* of the last rk_monitor_read */
     rk_gpu_sample *samples; /* its scratch */
+    rk_burn_state *burn;    /* the state file as last loaded; NULL: none or bad */
+    bool burn_seen;         /* burn_st is of a file that was looked at */
+    struct stat burn_st;    /* the file loaded (or refused) last */
 };
 
 bool rk_monitor_read_failed(const rk_gpu_sample *s)
@@ -40,6 +52,7 @@ void rk_monitor_free(rk_monitor *m)
     free(m->g);
     free(m->infos);
     free(m->samples);
+    rk_burn_state_free(m->burn);
     free(m);
 }
 
@@ -103,6 +116,12 @@ static void rescore(mon_gpu *g)
         st->sig.fail_prob = st->prob;
         st->sig.fail_horizon_min = st->horizon_min;
     }
+    if (g->has_burn) { /* the last burn-in's verdict (docs/burn.md) */
+        st->sig.burn_valid = true;
+        st->sig.burn_ok = g->burn.ok;
+        st->sig.burn_when = g->burn.when;
+        snprintf(st->sig.burn_failed, sizeof st->sig.burn_failed, "%s", g->burn.failed);
+    }
     int nf = 0;
     st->score = rk_health_score(&st->latest, &st->sig, st->findings, &nf);
     st->nfindings = nf < 0 ? 0 : nf > RK_MAX_FINDINGS ? RK_MAX_FINDINGS : nf;
@@ -135,6 +154,34 @@ int rk_monitor_push(rk_monitor *m, int gpu, double t_s, const rk_gpu_sample *s, 
     return rc;
 }
 
+/* Load the burn state file again when it changed (inode, size or mtime). A missing file is no
+ * records; one that does not load is no records and an RK_EFORMAT/RK_EINVAL warning, returned
+ * once per version of the file. */
+static int burn_refresh(rk_monitor *m, rk_err *err)
+{
+    const char *path = rk_burn_state_path();
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        rk_burn_state_free(m->burn);
+        m->burn = NULL;
+        m->burn_seen = false;
+        return RK_OK;
+    }
+    if (m->burn_seen && st.st_ino == m->burn_st.st_ino && st.st_dev == m->burn_st.st_dev &&
+        st.st_size == m->burn_st.st_size && st.st_mtim.tv_sec == m->burn_st.st_mtim.tv_sec &&
+        st.st_mtim.tv_nsec == m->burn_st.st_mtim.tv_nsec)
+        return RK_OK;
+    m->burn_seen = true;
+    m->burn_st = st;
+    rk_burn_state_free(m->burn);
+    m->burn = NULL;
+    rk_err e = {0};
+    int rc = rk_burn_state_load(path, &m->burn, &e);
+    if (rc)
+        return rk_err_set(err, rc, "warning: burn verdicts not used: %s", e.msg);
+    return RK_OK;
+}
+
 int rk_monitor_read(rk_monitor *m, rk_telemetry *t, rk_err *err)
 {
     int n = rk_telemetry_count(t);
@@ -144,6 +191,18 @@ int rk_monitor_read(rk_monitor *m, rk_telemetry *t, rk_err *err)
     int first = rk_telemetry_read_all(t, m->infos, m->samples, &e);
     if (first && err)
         *err = e;
+    int brc = burn_refresh(m, &e);
+    if (brc && !first) {
+        first = brc;
+        if (err)
+            *err = e;
+    }
+    for (int i = 0; i < n; i++) {
+        const rk_burn_record *r = rk_burn_state_find(m->burn, m->infos[i].serial, m->infos[i].uuid);
+        m->g[i].has_burn = r != NULL;
+        if (r)
+            m->g[i].burn = *r;
+    }
     double now = rk_telemetry_now(t);
     for (int i = 0; i < n; i++) {
         int rc = rk_monitor_push(m, i, now, &m->samples[i], &e);

@@ -54,14 +54,116 @@ static int worst_first(const void *x, const void *y)
     return b->penalty - a->penalty;
 }
 
-/* Critical Xid codes: the ones that mean hardware or a lost GPU, not an application bug. */
-static bool xid_critical(int x)
+/* ---- Xids (docs/health.md, "Xids": keep the table there in step) -------------------------- */
+
+static const struct xid_rule {
+    int xid;
+    int sev; /* rk_severity; RK_SEV_INFO: an application's error, ignored */
+    const char *what;
+} xid_rules[] = {
+    {13, RK_SEV_INFO, "graphics engine exception"},
+    {31, RK_SEV_INFO, "GPU memory page fault"},
+    {43, RK_SEV_INFO, "GPU stopped processing"},
+    {45, RK_SEV_INFO, "preemptive cleanup"},
+    {48, RK_SEV_CRIT, "double-bit ECC error"},
+    {61, RK_SEV_CRIT, "internal micro-controller breakpoint"},
+    {62, RK_SEV_CRIT, "internal micro-controller halt"},
+    {63, RK_SEV_WARN, "page retirement or row remapping event"},
+    {64, RK_SEV_WARN, "page retirement or row remapping failure"},
+    {68, RK_SEV_INFO, "video processor exception"},
+    {74, RK_SEV_CRIT, "NVLink error"},
+    {79, RK_SEV_CRIT, "fell off the bus"},
+    {92, RK_SEV_WARN, "high single-bit ECC error rate"},
+    {94, RK_SEV_WARN, "contained ECC error"},
+    {95, RK_SEV_CRIT, "uncontained ECC error"},
+    {119, RK_SEV_CRIT, "GSP RPC timeout"},
+    {120, RK_SEV_CRIT, "GSP error"},
+};
+
+int rk_health_xid_class(int xid, const char **what)
 {
-    static const int crit[] = {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120};
-    for (size_t i = 0; i < sizeof crit / sizeof crit[0]; i++)
-        if (crit[i] == x)
-            return true;
-    return false;
+    for (size_t i = 0; i < sizeof xid_rules / sizeof xid_rules[0]; i++)
+        if (xid_rules[i].xid == xid) {
+            if (what)
+                *what = xid_rules[i].what;
+            return xid_rules[i].sev;
+        }
+    if (what)
+        *what = "";
+    return -1;
+}
+
+/* What to do after a critical Xid: the bus (79) and the GSP are the riser and seating; the
+ * memory codes retire the card. */
+static const char *xid_action(int xid)
+{
+    switch (xid) {
+    case 79: return "reseat the card, its riser and power cables; retire it if it falls off again";
+    case 48:
+    case 95: return "retire the card (its memory is failing)";
+    default: return "read the Xid in the driver log; reseat; retire if it repeats";
+    }
+}
+
+/* One finding per severity: "xid" (critical codes) and "xid_memory" (the memory codes that
+ * warn), listing codes and counts. From xids[] when the kernel log was read, else from the
+ * latest code only (NVML's events). */
+static void score_xids(acc *a, const rk_gpu_sample *s)
+{
+    if (!rk_field_valid(s, RK_F_XID) || s->xid_count == 0)
+        return;
+    int codes[RK_XID_SLOTS];
+    uint64_t counts[RK_XID_SLOTS];
+    int n = 0;
+    if (s->nxids > 0) {
+        for (int k = 0; k < s->nxids && k < RK_XID_SLOTS; k++) {
+            codes[n] = s->xids[k].xid;
+            counts[n++] = s->xids[k].count;
+        }
+    } else {
+        codes[n] = s->last_xid;
+        counts[n++] = 0; /* unknown: the count of all events is xid_count */
+    }
+    for (int sev = RK_SEV_CRIT; sev >= RK_SEV_WARN; sev--) {
+        char list[120] = "";
+        size_t used = 0;
+        int first = -1;
+        for (int k = 0; k < n; k++) {
+            const char *what;
+            if (rk_health_xid_class(codes[k], &what) != sev)
+                continue;
+            if (first < 0)
+                first = codes[k];
+            int w = counts[k]
+                        ? snprintf(list + used, sizeof list - used, "%s%d x%llu (%s)",
+                                   used ? ", " : "", codes[k], (unsigned long long)counts[k], what)
+                        : snprintf(list + used, sizeof list - used, "%s%d (%s)", used ? ", " : "",
+                                   codes[k], what);
+            if (w < 0 || (size_t)w >= sizeof list - used)
+                break;
+            used += (size_t)w;
+        }
+        if (first < 0)
+            continue;
+        if (sev == RK_SEV_CRIT)
+            add(a, "xid", RK_SEV_CRIT, RK_HEALTH_XID_CRIT_PENALTY, xid_action(first),
+                "critical Xid %s; %llu Xid events", list, (unsigned long long)s->xid_count);
+        else
+            add(a, "xid_memory", RK_SEV_WARN, RK_HEALTH_XID_WARN_PENALTY,
+                "memory errors caught by ECC: watch it, reset the GPU to apply remapped rows",
+                "memory Xid %s", list);
+    }
+}
+
+/* ---- the burn-in (docs/burn.md) ------------------------------------------------------------ */
+
+static void score_burn(acc *a, const rk_gpu_signals *g)
+{
+    if (!g || !g->burn_valid || g->burn_ok)
+        return;
+    add(a, "burn_failed", RK_SEV_CRIT, RK_HEALTH_BURN_FAILED_PENALTY,
+        "wrong arithmetic under load: retire or down-clock and burn again",
+        "the last burn-in was FAULTY: %.130s", g->burn_failed[0] ? g->burn_failed : "?");
 }
 
 #define V(f) rk_field_valid(s, RK_F_##f)
@@ -137,10 +239,8 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
         add(&a, "pcie_replays", RK_SEV_WARN, 15, "reseat or replace the riser; force Gen3",
             "%.1f PCIe replays a minute (limit %.1f for Gen%d x%d)", g->replay_per_min,
             g->replay_limit_per_min, s->pcie_gen, s->pcie_width);
-    if (V(XID) && s->xid_count > 0 && xid_critical(s->last_xid))
-        add(&a, "xid", RK_SEV_CRIT, 20,
-            "read the Xid in the driver log; reseat; retire if it repeats",
-            "critical Xid %d (%llu Xid events)", s->last_xid, (unsigned long long)s->xid_count);
+    score_xids(&a, s);
+    score_burn(&a, g);
     if (g && g->fail_prob_valid && g->fail_prob >= 0.2 && g->fail_prob <= 1) {
         char within[48] = "within its horizon";
         if (g->fail_horizon_min > 0 && isfinite(g->fail_horizon_min))

@@ -1,10 +1,12 @@
 /*
  * Telemetry dispatch (rekindle/health.h): picks a backend's operation table, forwards to it,
- * and merges textfile sensors into every sample read. Backends: nvml.c, sim.c.
+ * and merges textfile sensors into every sample read, and for NVML the Xids since boot from
+ * the kernel log (kmsg.c). Backends: nvml.c, sim.c.
  */
 #include "rekindle/health.h"
 
 #include "base/clock.h"
+#include "health/kmsg.h"
 #include "health/sim.h"
 
 #include <stdlib.h>
@@ -14,6 +16,7 @@ struct rk_telemetry {
     const rk_telemetry_ops *ops;
     void *state;
     char *textfile_dir;
+    rk_kmsg *kmsg; /* NVML only: the kernel log's Xids, kept across reads */
 };
 
 static const char *const field_names[RK_F_COUNT] = {
@@ -97,6 +100,7 @@ void rk_telemetry_close(rk_telemetry *t)
     if (!t)
         return;
     t->ops->close(t->state);
+    rk_kmsg_free(t->kmsg);
     free(t->textfile_dir);
     free(t);
 }
@@ -109,6 +113,13 @@ int rk_telemetry_count(const rk_telemetry *t)
 const char *rk_telemetry_backend(const rk_telemetry *t)
 {
     return t->ops->name;
+}
+
+const char *rk_telemetry_kmsg_source(const rk_telemetry *t, const char **note)
+{
+    if (note)
+        *note = t && t->kmsg ? rk_kmsg_note(t->kmsg) : "";
+    return t && t->kmsg ? rk_kmsg_source(t->kmsg) : NULL;
 }
 
 rk_sim *rk_telemetry_sim_of(rk_telemetry *t)
@@ -145,6 +156,17 @@ int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sample *sa
     for (int i = 0; i < n; i++) {
         rk_telemetry_info(t, i, &infos[i]);
         int rc = rk_telemetry_read(t, i, &samples[i], &e);
+        if (rc && !first) {
+            first = rc;
+            if (err)
+                *err = e;
+        }
+    }
+    if (t->ops == &rk_telemetry_nvml) { /* real cards only: the simulator keeps its own Xids */
+        int rc = t->kmsg ? RK_OK : rk_kmsg_create(&t->kmsg, &e);
+        if (!rc)
+            rc = rk_kmsg_read(t->kmsg, &e);
+        rk_kmsg_merge(t->kmsg, infos, samples, n);
         if (rc && !first) {
             first = rc;
             if (err)

@@ -17,74 +17,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "base/clock.h"
+#include "base/proc.h"
 
 int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s)
 {
-    int fd[2];
-    if (cap)
-        out[0] = '\0';
-    if (cap == 0 || pipe2(fd, O_CLOEXEC) != 0)
-        return 127;
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(fd[0]);
-        close(fd[1]);
-        return 127;
-    }
-    if (pid == 0) {
-        setpgid(0, 0); /* a wrapper's own children go with it past the time limit */
-        dup2(fd[1], STDOUT_FILENO);
-        dup2(fd[1], STDERR_FILENO);
-        execvp(argv[0], argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(errno == ENOENT ? 127 : 126);
-    }
-    close(fd[1]);
-    setpgid(pid, pid); /* as the child does: whichever runs first */
-    size_t len = 0;
-    double end = rk_mono_s() + wait_s;
-    int timed_out = 0, truncated = 0;
-    for (;;) {
-        double left = end - rk_mono_s();
-        if (left <= 0) {
-            timed_out = 1;
-            break;
-        }
-        struct pollfd p = {.fd = fd[0], .events = POLLIN};
-        int r = poll(&p, 1, (int)(left * 1000) + 1);
-        if (r <= 0)
-            continue; /* EINTR, or the time is checked above */
-        char buf[4096];
-        ssize_t got = read(fd[0], buf, sizeof buf);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            break;
-        size_t keep = (size_t)got;
-        if (keep > cap - 1 - len) {
-            keep = cap - 1 - len;
-            truncated = 1;
-        }
-        memcpy(out + len, buf, keep);
-        len += keep;
-    }
-    out[len] = '\0';
-    close(fd[0]);
-    if (timed_out)
-        kill(-pid, SIGKILL); /* its group: our own child and what it started */
-    int st = 0;
-    pid_t w;
-    while ((w = waitpid(pid, &st, 0)) < 0 && errno == EINTR) {
-    }
-    if (timed_out)
-        return -1;
-    if (w != pid) /* no status (SIGCHLD ignored by whoever started us): not a success */
-        return 125;
-    if (truncated)
-        return RK_SLURM_TOO_LONG;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return rk_proc_run(argv, out, cap, wait_s, 0);
 }
 
 int rk_slurm_node_name_ok(const char *s)

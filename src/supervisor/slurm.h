@@ -11,19 +11,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "base/proc.h"
 #include "rekindle/error.h"
 
 #define RK_SLURM_OUT_MAX (64 * 1024) /* `scontrol show node` prints about 1 KiB a node */
 #define RK_SLURM_WAIT_S 30.0         /* above scontrol's own MessageTimeout (10 s default) */
 #define RK_SLURM_NODE_MAX 64         /* a node name rekindle passes on: 1..63 bytes */
 
-#define RK_SLURM_TOO_LONG 1000 /* rk_slurm_run: it printed more than cap-1 bytes */
+#define RK_SLURM_TOO_LONG RK_PROC_TOO_LONG /* rk_slurm_run: it printed more than cap-1 bytes */
 
-/* Run argv[0] (PATH lookup without a '/') in a process group of its own, its stdout and stderr
- * into out (NUL-ended, at most cap-1 bytes kept: the rest is read and dropped, and the call
- * returns RK_SLURM_TOO_LONG). Returns its exit status (128+N for a signal), 126/127 when it
- * could not be run, 125 when no status could be had, -1 when it did not end within wait_s
- * (its group killed). */
+/* rk_proc_run (base/proc.h) with stdout and stderr together into out: its exit status, 126/127
+ * when it could not be run, 125 without a status, -1 past wait_s (its group killed),
+ * RK_SLURM_TOO_LONG when it printed more than cap-1 bytes. */
 int rk_slurm_run(char *const argv[], char *out, size_t cap, double wait_s);
 
 /* The first line of what scontrol printed, trimmed, into out (for messages): out, or "no

@@ -1,0 +1,23 @@
+/*
+ * Inside librekindle: running a helper program (scontrol, journalctl) with an argv, never a
+ * shell, its output read bounded and within a time limit. Moved down from the supervisor's
+ * Slurm code so that the health layer can run journalctl too. Not part of the public API.
+ */
+#ifndef RK_BASE_PROC_H
+#define RK_BASE_PROC_H
+
+#include <stddef.h>
+
+#define RK_PROC_TOO_LONG 1000 /* rk_proc_run: it printed more than cap-1 bytes */
+
+/* Flags of rk_proc_run. */
+#define RK_PROC_STDERR_NULL 0x1 /* its stderr to /dev/null (default: into out with stdout) */
+
+/* Run argv[0] (PATH lookup without a '/') in a process group of its own, its stdout (and its
+ * stderr unless RK_PROC_STDERR_NULL) into out (NUL-ended, at most cap-1 bytes kept: the rest
+ * is read and dropped, and the call returns RK_PROC_TOO_LONG). Returns its exit status (128+N
+ * for a signal), 126/127 when it could not be run, 125 when no status could be had, -1 when
+ * it did not end within wait_s (its group killed: our own child and what it started). */
+int rk_proc_run(char *const argv[], char *out, size_t cap, double wait_s, int flags);
+
+#endif
