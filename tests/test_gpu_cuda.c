@@ -28,8 +28,16 @@ static void test_bus_id_equal(void **state)
     assert_false(rk_cuda_bus_id_equal("0000:01:00.0", "00000000:01:00.1"));
     assert_false(rk_cuda_bus_id_equal("0001:01:00.0", "00000000:01:00.0"));
     /* what does not parse matches nothing, itself included */
-    const char *bad[] = {"", "0000:01:00", "0000:01:00.", "0000:0g:00.0", "x", "0000:01:00.0 ",
-                         "0000::00.0", "000000000:01:00.0", "0000:01:00.000", NULL};
+    const char *bad[] = {"",
+                         "0000:01:00",
+                         "0000:01:00.",
+                         "0000:0g:00.0",
+                         "x",
+                         "0000:01:00.0 ",
+                         "0000::00.0",
+                         "000000000:01:00.0",
+                         "0000:01:00.000",
+                         NULL};
     for (int i = 0; bad[i]; i++) {
         assert_false(rk_cuda_bus_id_equal(bad[i], bad[i]));
         assert_false(rk_cuda_bus_id_equal(bad[i], "0000:01:00.0"));

@@ -18,8 +18,8 @@ _Static_assert(sizeof(void *) == sizeof(void (*)(void)), "dlsym results fit a fu
 
 /* ---- our own declarations of the driver API (cuda.h's types, by value) ----------------- */
 
-typedef int CUresult;                 /* CUDA_SUCCESS = 0 */
-typedef int CUdevice;                 /* an ordinal */
+typedef int CUresult;                   /* CUDA_SUCCESS = 0 */
+typedef int CUdevice;                   /* an ordinal */
 typedef unsigned long long CUdeviceptr; /* 64-bit device address */
 typedef void *CUcontext, *CUmodule, *CUfunction, *CUevent, *CUstream;
 
@@ -58,8 +58,7 @@ typedef struct cuda_fns {
     CUresult (*htod)(CUdeviceptr dst, const void *src, size_t bytes);
     CUresult (*dtoh)(void *dst, CUdeviceptr src, size_t bytes);
     CUresult (*memset32)(CUdeviceptr dst, unsigned value, size_t n);
-    CUresult (*module_load)(CUmodule *m, const void *image, unsigned nopt, int *opts,
-                            void **vals);
+    CUresult (*module_load)(CUmodule *m, const void *image, unsigned nopt, int *opts, void **vals);
     CUresult (*module_unload)(CUmodule m);
     CUresult (*module_function)(CUfunction *f, CUmodule m, const char *name);
     CUresult (*launch)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,

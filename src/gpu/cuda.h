@@ -35,10 +35,10 @@ typedef void *rk_cuda_event; /* CUevent */
 
 /* What a device is (cuDeviceGet*). */
 typedef struct rk_cuda_device {
-    int ordinal;        /* the driver's index */
-    char name[96];      /* "NVIDIA GeForce GTX 1070 Ti" */
-    char bus_id[32];    /* "0000:01:00.0" as cuDeviceGetPCIBusId writes it; "" unknown */
-    int cc_major;       /* compute capability: 6.1 Pascal, 8.0 A100, 9.0 H100 */
+    int ordinal;     /* the driver's index */
+    char name[96];   /* "NVIDIA GeForce GTX 1070 Ti" */
+    char bus_id[32]; /* "0000:01:00.0" as cuDeviceGetPCIBusId writes it; "" unknown */
+    int cc_major;    /* compute capability: 6.1 Pascal, 8.0 A100, 9.0 H100 */
     int cc_minor;
     int sm_count;       /* multiprocessors */
     uint64_t total_mem; /* bytes */
@@ -65,7 +65,7 @@ bool rk_cuda_bus_id_equal(const char *a, const char *b);
 int rk_cuda_ctx_open(rk_cuda *c, int ordinal, rk_cuda_ctx **out, rk_err *err);
 /* Make the context current on the calling thread (a worker thread calls this first). */
 int rk_cuda_ctx_bind(rk_cuda_ctx *x, rk_err *err);
-void rk_cuda_ctx_close(rk_cuda_ctx *x); /* releases the primary context; NULL-safe */
+void rk_cuda_ctx_close(rk_cuda_ctx *x);        /* releases the primary context; NULL-safe */
 int rk_cuda_sync(rk_cuda_ctx *x, rk_err *err); /* cuCtxSynchronize: errors of earlier launches */
 
 /* Memory of the current context's device. */
