@@ -244,11 +244,16 @@ static void test_mt_random(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sgemm_variants),  cmocka_unit_test(test_sgemm_fits),
-        cmocka_unit_test(test_sgemm_bound_catches), cmocka_unit_test(test_inputs),
-        cmocka_unit_test(test_compare),         cmocka_unit_test(test_mt_bit_flips),
-        cmocka_unit_test(test_mt_address_line), cmocka_unit_test(test_mt_misplaced),
-        cmocka_unit_test(test_mt_inversions),   cmocka_unit_test(test_mt_random),
+        cmocka_unit_test(test_sgemm_variants),
+        cmocka_unit_test(test_sgemm_fits),
+        cmocka_unit_test(test_sgemm_bound_catches),
+        cmocka_unit_test(test_inputs),
+        cmocka_unit_test(test_compare),
+        cmocka_unit_test(test_mt_bit_flips),
+        cmocka_unit_test(test_mt_address_line),
+        cmocka_unit_test(test_mt_misplaced),
+        cmocka_unit_test(test_mt_inversions),
+        cmocka_unit_test(test_mt_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

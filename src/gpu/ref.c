@@ -62,8 +62,8 @@ void rk_ref_sgemm_fma(const float *a, const float *b, float *c, int m, int n, in
 }
 
 /* One block (by, bx) of variant v, its threads one after another: the kernel's loops. */
-static void tiled_block(const rk_sgemm_variant *v, const float *A, const float *B, float *C,
-                        int N, int K, int by, int bx, float *As, float *Bs, float *acc)
+static void tiled_block(const rk_sgemm_variant *v, const float *A, const float *B, float *C, int N,
+                        int K, int by, int bx, float *As, float *Bs, float *acc)
 {
     const int BM = v->bm, BN = v->bn, BK = v->bk, TM = v->tm, TN = v->tn;
     const int nthreads = rk_sgemm_variant_threads(v);
@@ -106,8 +106,8 @@ static void tiled_block(const rk_sgemm_variant *v, const float *A, const float *
     }
 }
 
-bool rk_ref_sgemm_tiled(const rk_sgemm_variant *v, const float *a, const float *b, float *c,
-                        int m, int n, int k)
+bool rk_ref_sgemm_tiled(const rk_sgemm_variant *v, const float *a, const float *b, float *c, int m,
+                        int n, int k)
 {
     if (!rk_sgemm_variant_fits(v, m, n, k) || v->tm > 16 || v->tn > 16)
         return false;

@@ -43,8 +43,8 @@ void rk_ref_sgemm_exact(const float *a, const float *b, double *c, int m, int n,
 void rk_ref_sgemm_fma(const float *a, const float *b, float *c, int m, int n, int k);
 /* C = A * B the way variant v's kernel does it: block by block, shared tiles loaded, each
  * thread's registers and sub-tile. false (nothing written) when the sizes do not fit v. */
-bool rk_ref_sgemm_tiled(const rk_sgemm_variant *v, const float *a, const float *b, float *c,
-                        int m, int n, int k);
+bool rk_ref_sgemm_tiled(const rk_sgemm_variant *v, const float *a, const float *b, float *c, int m,
+                        int n, int k);
 /* The documented error bound of a float SGEMM element against the exact product:
  * |c - exact| <= RK_SGEMM_REL_BOUND * k * 2^-24 * sum_k |a_ik * b_kj| (the classic gamma_k
  * bound of a recursive sum, with margin). The number of elements of c outside it. */
