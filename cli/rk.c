@@ -22,6 +22,7 @@ static const command commands[] = {
     {"ckpt", rk_cmd_ckpt, "list, verify and export checkpoints"},
     {"run", rk_cmd_run, "supervise a training job through crashes, hangs and corruption"},
     {"doctor", rk_cmd_doctor, "score this node's GPUs 0-100 and say what to fix"},
+    {"burn", rk_cmd_burn, "burn in GPUs: SGEMM compared across copies, memory tests, a verdict"},
     {"tune", rk_cmd_tune,
      "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},

@@ -150,8 +150,7 @@ static void test_tune_cache(void **state)
         "rekindle-sgemm-tune 1\nvariant rk_sgemm_64x64x8_4x4\ngflops 1\ncolor red\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        assert_int_equal(rk_burn_tune_parse("f", bad[i], strlen(bad[i]), &v, &g, &err),
-                         RK_EFORMAT);
+        assert_int_equal(rk_burn_tune_parse("f", bad[i], strlen(bad[i]), &v, &g, &err), RK_EFORMAT);
     char dir[600], path[1024];
     snprintf(dir, sizeof dir, "%s/cache/rekindle", g_dir);
     rk_burn_tune_path(path, sizeof path, dir, "NVIDIA GeForce GTX 1070 Ti", 6, 1);
@@ -170,9 +169,9 @@ static void test_reasons(void **state)
     (void)state;
     char buf[128];
     assert_string_equal(rk_burn_reasons_str(0, buf, sizeof buf), "none");
-    assert_string_equal(rk_burn_reasons_str(RK_CLOCK_SW_POWER_CAP | RK_CLOCK_HW_SLOWDOWN, buf,
-                                            sizeof buf),
-                        "sw_power_cap,hw_slowdown");
+    assert_string_equal(
+        rk_burn_reasons_str(RK_CLOCK_SW_POWER_CAP | RK_CLOCK_HW_SLOWDOWN, buf, sizeof buf),
+        "sw_power_cap,hw_slowdown");
     assert_string_equal(rk_burn_mt_name(RK_MT_RANDOM), "random");
     assert_null(rk_burn_mt_name(RK_MT_TESTS));
 }

@@ -43,11 +43,11 @@ static int load_kernels(rk_cuda_ctx *x, const char *ptx, kern *k, rk_err *err)
         const char *name;
         rk_cuda_fn *fn;
     } t[] = {
-        {"rk_fill_input", &k->fill},         {"rk_compare", &k->compare},
-        {"rk_mt_lines_write", &k->lines_w},  {"rk_mt_lines_check", &k->lines_c},
-        {"rk_mt_own_write", &k->own_w},      {"rk_mt_own_check", &k->own_c},
-        {"rk_mt_fill", &k->mt_fill},         {"rk_mt_check_invert", &k->mt_check_inv},
-        {"rk_mt_check", &k->mt_check},       {"rk_mt_random_write", &k->rnd_w},
+        {"rk_fill_input", &k->fill},        {"rk_compare", &k->compare},
+        {"rk_mt_lines_write", &k->lines_w}, {"rk_mt_lines_check", &k->lines_c},
+        {"rk_mt_own_write", &k->own_w},     {"rk_mt_own_check", &k->own_c},
+        {"rk_mt_fill", &k->mt_fill},        {"rk_mt_check_invert", &k->mt_check_inv},
+        {"rk_mt_check", &k->mt_check},      {"rk_mt_random_write", &k->rnd_w},
         {"rk_mt_random_check", &k->rnd_c},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
@@ -61,11 +61,11 @@ static int load_kernels(rk_cuda_ctx *x, const char *ptx, kern *k, rk_err *err)
 
 /* The burn's device buffers. */
 typedef struct bufs {
-    uint64_t a, b;      /* inputs, n x n */
-    uint64_t region;    /* the copies, then the rest the memory tests cover */
-    uint64_t words;     /* 32-bit words of region */
-    uint64_t counts;    /* RK_BURN_COPIES_MAX u64: the compare kernel's counts */
-    uint64_t res;       /* 2 u64: a memory test's {count, first} */
+    uint64_t a, b;   /* inputs, n x n */
+    uint64_t region; /* the copies, then the rest the memory tests cover */
+    uint64_t words;  /* 32-bit words of region */
+    uint64_t counts; /* RK_BURN_COPIES_MAX u64: the compare kernel's counts */
+    uint64_t res;    /* 2 u64: a memory test's {count, first} */
     rk_cuda_event e0, e1;
 } bufs;
 
@@ -126,8 +126,8 @@ static int res_add(rk_cuda_ctx *x, const bufs *bf, rk_burn_result *r, int test, 
 }
 
 /* One pass of memory test `test` over the region. */
-static int memtest(rk_cuda_ctx *x, const kern *k, const rk_burn_gpu *g, const bufs *bf,
-                   int test, uint32_t seed, rk_burn_result *r, rk_err *err)
+static int memtest(rk_cuda_ctx *x, const kern *k, const rk_burn_gpu *g, const bufs *bf, int test,
+                   uint32_t seed, rk_burn_result *r, rk_err *err)
 {
     unsigned grid[3] = {(unsigned)mt_grid(g), 1, 1}, block[3] = {MT_BLOCK, 1, 1};
     uint64_t p = bf->region, n = bf->words, base = bf->region, res = bf->res;
@@ -311,7 +311,8 @@ static void burn_one(worker *w, rk_err *err)
         goto setup_failed;
     }
     uint64_t mat = (uint64_t)r->n * (uint64_t)r->n * 4;
-    if ((rc = rk_cuda_alloc(x, mat, &bf.a, err)) < 0 || (rc = rk_cuda_alloc(x, mat, &bf.b, err)) < 0 ||
+    if ((rc = rk_cuda_alloc(x, mat, &bf.a, err)) < 0 ||
+        (rc = rk_cuda_alloc(x, mat, &bf.b, err)) < 0 ||
         (rc = rk_cuda_alloc(x, region, &bf.region, err)) < 0 ||
         (rc = rk_cuda_alloc(x, 8 * RK_BURN_COPIES_MAX, &bf.counts, err)) < 0 ||
         (rc = rk_cuda_alloc(x, 16, &bf.res, err)) < 0 ||

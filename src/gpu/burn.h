@@ -33,31 +33,31 @@ enum { RK_MT_LINES, RK_MT_OWN, RK_MT_INVERSIONS, RK_MT_RANDOM, RK_MT_TESTS };
 const char *rk_burn_mt_name(int test);
 
 typedef struct rk_burn_opts {
-    double duration_s;   /* how long to burn each GPU (> 0) */
-    double memory_frac;  /* of the free memory at the start, (0, 1) */
-    uint32_t seed;       /* the inputs' and random patterns' seed */
+    double duration_s;    /* how long to burn each GPU (> 0) */
+    double memory_frac;   /* of the free memory at the start, (0, 1) */
+    uint32_t seed;        /* the inputs' and random patterns' seed */
     const char *tune_dir; /* the autotune cache directory, NULL: none (tune every time) */
 } rk_burn_opts;
 
 /* What the burn of one GPU found: the counts the verdict is made of. */
 typedef struct rk_burn_result {
-    bool ran;            /* the burn started (setup worked); false: setup_error says why */
+    bool ran; /* the burn started (setup worked); false: setup_error says why */
     char setup_error[RK_ERR_MSG_MAX]; /* not the card's fault: nothing is recorded */
     double duration_s;
     /* SGEMM */
-    char variant[48]; /* the kernel used */
-    bool tuned_now;   /* autotuned in this run (else from the cache) */
-    int n;            /* matrix size n x n */
-    int copies;       /* result copies per round */
-    uint64_t rounds;  /* SGEMM rounds compared */
-    double gflops;    /* total flops / total kernel time */
-    uint64_t wrong_elements;           /* elements differing from copy 0, all rounds */
+    char variant[48];                       /* the kernel used */
+    bool tuned_now;                         /* autotuned in this run (else from the cache) */
+    int n;                                  /* matrix size n x n */
+    int copies;                             /* result copies per round */
+    uint64_t rounds;                        /* SGEMM rounds compared */
+    double gflops;                          /* total flops / total kernel time */
+    uint64_t wrong_elements;                /* elements differing from copy 0, all rounds */
     uint8_t copy_wrong[RK_BURN_COPIES_MAX]; /* 1: copy i was wrong at least once */
     /* memory */
-    uint64_t mem_bytes;                /* bytes each memory test covers */
-    uint64_t mt_passes[RK_MT_TESTS];   /* passes of each test */
-    uint64_t mt_bad[RK_MT_TESTS];      /* words found wrong, per test */
-    uint64_t mt_first[RK_MT_TESTS];    /* the lowest wrong word (UINT64_MAX none) */
+    uint64_t mem_bytes;              /* bytes each memory test covers */
+    uint64_t mt_passes[RK_MT_TESTS]; /* passes of each test */
+    uint64_t mt_bad[RK_MT_TESTS];    /* words found wrong, per test */
+    uint64_t mt_first[RK_MT_TESTS];  /* the lowest wrong word (UINT64_MAX none) */
     /* a driver error while running (an illegal address, an ECC error, a lost GPU): a fault */
     char run_error[RK_ERR_MSG_MAX]; /* "" none */
 } rk_burn_result;
@@ -92,8 +92,8 @@ void rk_burn_tune_path(char *path, size_t cap, const char *dir, const char *mode
                        int cc_minor);
 /* Parse a cache file's text: *variant its index in rk_sgemm_variants, *gflops >= 0. RK_EFORMAT
  * naming `file` and the line otherwise. What fuzz_gpu_tune drives. */
-int rk_burn_tune_parse(const char *file, const char *text, size_t len, int *variant,
-                       double *gflops, rk_err *err);
+int rk_burn_tune_parse(const char *file, const char *text, size_t len, int *variant, double *gflops,
+                       rk_err *err);
 /* Read the file at path: RK_ENOENT when missing, the opener's and the parser's errors. */
 int rk_burn_tune_load(const char *path, int *variant, double *gflops, rk_err *err);
 /* Write it atomically, making the directory (and its parent) when missing. */
@@ -104,19 +104,19 @@ int rk_burn_tune_save(const char *path, int variant, double gflops, rk_err *err)
 /* One sample of a GPU's telemetry, kept over the burn (every RK_BURN_SERIES_S seconds). */
 #define RK_BURN_SERIES_S 5.0
 typedef struct rk_burn_point {
-    double t; /* seconds since the start */
+    double t;                                /* seconds since the start */
     double temp_c, sm_mhz, mem_mhz, power_w; /* NaN when the card does not report it */
     uint64_t clock_reasons;                  /* NVML's clocks-event reasons bit mask */
 } rk_burn_point;
 
 /* One GPU's burn as the caller sees it: who it is, how far it is, what it found. */
 typedef struct rk_burn_gpu {
-    int ordinal;       /* CUDA's index */
+    int ordinal; /* CUDA's index */
     rk_cuda_device dev;
-    int nvml_index;    /* NVML's index of the same card (matched by bus id), -1 none */
-    rk_gpu_info info;  /* NVML's identity (serial, UUID), when matched */
+    int nvml_index;   /* NVML's index of the same card (matched by bus id), -1 none */
+    rk_gpu_info info; /* NVML's identity (serial, UUID), when matched */
     /* live, updated by the worker (read them in the progress callback) */
-    double progress; /* 0..1 */
+    double progress;   /* 0..1 */
     const char *phase; /* "starting", "tuning", "sgemm", "memory", "done" */
     double gflops_now; /* the last round's rate, 0 before the first */
     bool done;

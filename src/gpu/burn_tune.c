@@ -50,8 +50,8 @@ void rk_burn_tune_path(char *path, size_t cap, const char *dir, const char *mode
     size_t j = 0;
     for (const char *p = model ? model : ""; *p && j + 1 < sizeof m; p++) {
         char ch = *p;
-        bool keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-                    ch == '.' || ch == '-';
+        bool keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+                    (ch >= '0' && ch <= '9') || ch == '.' || ch == '-';
         m[j++] = keep ? ch : '_';
     }
     m[j] = '\0';
@@ -75,8 +75,8 @@ static int next_line(const char *text, size_t len, size_t *pos, char *line, size
     return 1;
 }
 
-int rk_burn_tune_parse(const char *file, const char *text, size_t len, int *variant,
-                       double *gflops, rk_err *err)
+int rk_burn_tune_parse(const char *file, const char *text, size_t len, int *variant, double *gflops,
+                       rk_err *err)
 {
     const char *f = file ? file : "sgemm tune cache";
     if (len > RK_BURN_TUNE_MAX)

@@ -56,8 +56,8 @@ bool rk_burn_verdict(const rk_burn_result *r, char *failed, size_t cap)
         put(tmp, sizeof tmp, &len, "sgemm: %llu elements wrong in copies",
             (unsigned long long)r->wrong_elements);
         const char *sep = " ";
-        int copies = r->copies > 0 && r->copies <= RK_BURN_COPIES_MAX ? r->copies
-                                                                      : RK_BURN_COPIES_MAX;
+        int copies =
+            r->copies > 0 && r->copies <= RK_BURN_COPIES_MAX ? r->copies : RK_BURN_COPIES_MAX;
         for (int c = 0; c < copies; c++)
             if (r->copy_wrong[c]) {
                 put(tmp, sizeof tmp, &len, "%s%d", sep, c);
@@ -69,7 +69,10 @@ bool rk_burn_verdict(const rk_burn_result *r, char *failed, size_t cap)
         if (!r->mt_bad[t])
             continue;
         ok = false;
-        put(tmp, sizeof tmp, &len, "%s%s %llu words wrong", mem ? ", " : len ? "; memory: " : "memory: ",
+        put(tmp, sizeof tmp, &len, "%s%s %llu words wrong",
+            mem   ? ", "
+            : len ? "; memory: "
+                  : "memory: ",
             rk_burn_mt_name(t), (unsigned long long)r->mt_bad[t]);
         if (r->mt_first[t] != UINT64_MAX)
             put(tmp, sizeof tmp, &len, " (first at word %llu)", (unsigned long long)r->mt_first[t]);
@@ -116,8 +119,8 @@ int rk_burn_record_make(const rk_burn_result *r, const char *serial, const char 
     out->duration_s = r->duration_s;
     out->ok = rk_burn_verdict(r, out->failed, sizeof out->failed);
     out->gflops = isfinite(r->gflops) && r->gflops > 0 ? r->gflops : 0;
-    out->wrong_elements = r->wrong_elements > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX
-                                                                  : r->wrong_elements;
+    out->wrong_elements =
+        r->wrong_elements > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : r->wrong_elements;
     uint64_t bad = 0;
     for (int t = 0; t < RK_MT_TESTS; t++)
         bad = r->mt_bad[t] > (uint64_t)INT64_MAX - bad ? (uint64_t)INT64_MAX : bad + r->mt_bad[t];
