@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool_trace.h" /* beside this file */
 #include "base/clock.h"
 #include "gpu/cuda.h"
 #include "gpu/pool.h"
+#include "pool_trace.h" /* beside this file */
 
 static rk_cuda_ctx *x;
 

@@ -23,8 +23,8 @@
 typedef int (*cublas_create_fn)(void **h);
 typedef int (*cublas_destroy_fn)(void *h);
 typedef int (*cublas_sgemm_fn)(void *h, int ta, int tb, int m, int n, int k, const float *alpha,
-                               const float *a, int lda, const float *b, int ldb,
-                               const float *beta, float *c, int ldc);
+                               const float *a, int lda, const float *b, int ldb, const float *beta,
+                               float *c, int ldc);
 
 typedef struct cublas {
     void *lib, *h;
@@ -37,8 +37,12 @@ typedef struct cublas {
 static bool cublas_open(cublas *b)
 {
     static const char *const libs[] = {
-        "libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so",
-        "/usr/local/cuda/lib64/libcublas.so.13", "/usr/local/cuda/lib64/libcublas.so.12",
+        "libcublas.so.13",
+        "libcublas.so.12",
+        "libcublas.so.11",
+        "libcublas.so",
+        "/usr/local/cuda/lib64/libcublas.so.13",
+        "/usr/local/cuda/lib64/libcublas.so.12",
         "/usr/local/cuda/lib64/libcublas.so",
     };
     for (size_t i = 0; i < sizeof libs / sizeof libs[0] && !b->lib; i++)
@@ -159,8 +163,7 @@ int main(int argc, char **argv)
     CK(rk_cuda_device_get(c, dev, &d, &err));
     const char *ptx = rk_gpu_ptx_for(d.cc_major, d.cc_minor);
     if (!ptx) {
-        fprintf(stderr, "gpu_sgemm: no kernels for %s (built without them, or cc < 6.1)\n",
-                d.name);
+        fprintf(stderr, "gpu_sgemm: no kernels for %s (built without them, or cc < 6.1)\n", d.name);
         return 1;
     }
     CK(rk_cuda_ctx_open(c, dev, &x, &err));

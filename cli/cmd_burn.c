@@ -141,12 +141,12 @@ static json_t *gpu_json(const rk_burn_gpu *g, bool ok, const char *failed, const
         json_object_set_new(mt, rk_burn_mt_name(t), x);
     }
     json_object_set_new(o, "memory_tests", mt);
-    json_object_set_new(o, "temp_max_c", isnan(g->temp_max_c) ? json_null()
-                                                              : json_real(g->temp_max_c));
-    json_object_set_new(o, "sm_min_mhz", isnan(g->sm_min_mhz) ? json_null()
-                                                              : json_real(g->sm_min_mhz));
-    json_object_set_new(o, "sm_max_mhz", isnan(g->sm_max_mhz) ? json_null()
-                                                              : json_real(g->sm_max_mhz));
+    json_object_set_new(o, "temp_max_c",
+                        isnan(g->temp_max_c) ? json_null() : json_real(g->temp_max_c));
+    json_object_set_new(o, "sm_min_mhz",
+                        isnan(g->sm_min_mhz) ? json_null() : json_real(g->sm_min_mhz));
+    json_object_set_new(o, "sm_max_mhz",
+                        isnan(g->sm_max_mhz) ? json_null() : json_real(g->sm_max_mhz));
     json_object_set_new(o, "clock_reasons",
                         json_string(rk_burn_reasons_str(g->clock_reasons_seen, rs, sizeof rs)));
     json_t *series = json_array();
@@ -156,10 +156,8 @@ static json_t *gpu_json(const rk_burn_gpu *g, bool ok, const char *failed, const
         json_object_set_new(x, "t", json_real(p->t));
         json_object_set_new(x, "temp_c", isnan(p->temp_c) ? json_null() : json_real(p->temp_c));
         json_object_set_new(x, "sm_mhz", isnan(p->sm_mhz) ? json_null() : json_real(p->sm_mhz));
-        json_object_set_new(x, "mem_mhz",
-                            isnan(p->mem_mhz) ? json_null() : json_real(p->mem_mhz));
-        json_object_set_new(x, "power_w",
-                            isnan(p->power_w) ? json_null() : json_real(p->power_w));
+        json_object_set_new(x, "mem_mhz", isnan(p->mem_mhz) ? json_null() : json_real(p->mem_mhz));
+        json_object_set_new(x, "power_w", isnan(p->power_w) ? json_null() : json_real(p->power_w));
         json_object_set_new(x, "clock_reasons", json_integer((json_int_t)p->clock_reasons));
         json_array_append_new(series, x);
     }
@@ -248,19 +246,14 @@ int rk_cmd_burn(int argc, char **argv)
             o.seed = (uint32_t)s;
             break;
         }
-        case 'j':
-            json = true;
-            break;
+        case 'j': json = true; break;
         case 'S':
             if (rk_arg_path(&args, "--state", optarg, RK_PATH_OUTPUT))
                 return RK_EXIT_USAGE;
             state = optarg;
             break;
-        case 'h':
-            fputs(usage_text, stdout);
-            return 0;
-        default:
-            return rk_cli_usage_error("burn", usage_text, "unknown option");
+        case 'h': fputs(usage_text, stdout); return 0;
+        default: return rk_cli_usage_error("burn", usage_text, "unknown option");
         }
     }
     if (optind < argc)
@@ -288,8 +281,8 @@ int rk_cmd_burn(int argc, char **argv)
     for (int i = 0; i < nsel; i++)
         if (sel[i] >= count) {
             rk_cuda_close(cu);
-            return rk_arg_error(&args, "--gpus: GPU %d does not exist (this node has %d)",
-                                sel[i], count);
+            return rk_arg_error(&args, "--gpus: GPU %d does not exist (this node has %d)", sel[i],
+                                count);
         }
     rk_nvml *nvml = NULL;
     rk_err nerr = {0};
