@@ -93,8 +93,12 @@ static void progress(void *ctx, const rk_burn_gpu *gpus, int n, double elapsed)
     fprintf(stderr, "\r%5.0fs", elapsed);
     for (int i = 0; i < n; i++) {
         const rk_burn_gpu *g = &gpus[i];
-        fprintf(stderr, "  gpu%d %3.0f%% %s %.0f GFLOP/s", g->ordinal, 100 * g->progress,
-                g->phase ? g->phase : "?", g->gflops_now);
+        double prog, gf;
+        __atomic_load(&g->progress, &prog, __ATOMIC_RELAXED);
+        __atomic_load(&g->gflops_now, &gf, __ATOMIC_RELAXED);
+        const char *phase = __atomic_load_n(&g->phase, __ATOMIC_RELAXED);
+        fprintf(stderr, "  gpu%d %3.0f%% %s %.0f GFLOP/s", g->ordinal, 100 * prog,
+                phase ? phase : "?", gf);
         if (g->have_sample && rk_field_valid(&g->last, RK_F_TEMP))
             fprintf(stderr, " %.0fC", g->last.temp_c);
         if (g->have_sample && rk_field_valid(&g->last, RK_F_SM_CLOCK))

@@ -164,6 +164,33 @@ static void test_tune_cache(void **state)
     assert_int_equal(rk_burn_tune_load(dir, &v, &g, &err), RK_EINVAL);
 }
 
+static void test_plan(void **state)
+{
+    (void)state;
+    int n = 0, copies = 0;
+    uint64_t region = 0;
+    const uint64_t MiB = 1 << 20, GiB = MiB << 10;
+    /* 72 GiB (90% of an H100's free memory): n 4096, the copies capped, the rest tested too */
+    assert_true(rk_burn_plan(72 * GiB, &n, &copies, &region));
+    assert_int_equal(n, 4096);
+    assert_int_equal(copies, RK_BURN_COPIES_MAX);
+    assert_true(region <= 72 * GiB - 2 * 64 * MiB && region > 71 * GiB && region % 256 == 0);
+    /* 7 GiB (a 1070 Ti): still n 4096, 110 copies of 64 MiB beside A and B */
+    assert_true(rk_burn_plan(7 * GiB, &n, &copies, &region));
+    assert_int_equal(n, 4096);
+    assert_int_equal(copies, (int)((7 * GiB - 128 * MiB - 4096) / (64 * MiB)));
+    assert_true((uint64_t)copies * 64 * MiB <= region);
+    /* just under 4 matrices of 4096: n drops to 2048 */
+    assert_true(rk_burn_plan(256 * MiB, &n, &copies, &region));
+    assert_int_equal(n, 2048);
+    assert_true(copies >= 2 && 2 * 16 * MiB + region <= 256 * MiB);
+    /* too little for n = 512 (4 MiB + 4 KiB) */
+    assert_false(rk_burn_plan(4 * MiB, &n, &copies, &region));
+    assert_true(rk_burn_plan(4 * MiB + 4096, &n, &copies, &region));
+    assert_int_equal(n, 512);
+    assert_int_equal(copies, 2);
+}
+
 static void test_reasons(void **state)
 {
     (void)state;
@@ -185,6 +212,7 @@ int main(void)
         cmocka_unit_test(test_driver_error_and_cut),
         cmocka_unit_test_setup_teardown(test_record_roundtrip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tune_cache, setup, teardown),
+        cmocka_unit_test(test_plan),
         cmocka_unit_test(test_reasons),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

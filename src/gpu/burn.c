@@ -20,6 +20,16 @@
 #define TUNE_REPS 3     /* timed launches per variant when autotuning */
 #define BURN_ALIGN 256u /* the copies region's memory-test words start aligned */
 
+/* The live fields are written by the worker and read by the caller's thread: atomically. */
+static void set_phase(rk_burn_gpu *g, const char *phase)
+{
+    __atomic_store_n(&g->phase, phase, __ATOMIC_RELAXED);
+}
+static void set_progress(rk_burn_gpu *g, double p)
+{
+    __atomic_store(&g->progress, &p, __ATOMIC_RELAXED);
+}
+
 typedef struct worker {
     rk_burn_gpu *g;
     rk_cuda *c;
@@ -193,7 +203,8 @@ static int sgemm_round(rk_cuda_ctx *x, const kern *k, rk_burn_gpu *g, const bufs
     double f = 2.0 * n * (double)n * n * r->copies;
     *flops += f;
     *ms_total += ms;
-    g->gflops_now = ms > 0 ? f / (ms * 1e6) : 0;
+    double now = ms > 0 ? f / (ms * 1e6) : 0;
+    __atomic_store(&g->gflops_now, &now, __ATOMIC_RELAXED);
     if ((rc = rk_cuda_memset32(x, bf->counts, 0, 2 * RK_BURN_COPIES_MAX, err)) < 0)
         return rc;
     unsigned grid[3] = {(unsigned)mt_grid(g), 1, 1}, block[3] = {MT_BLOCK, 1, 1};
@@ -230,7 +241,7 @@ static int pick_variant(rk_cuda_ctx *x, const kern *k, rk_burn_gpu *g, const buf
             rk_sgemm_variant_fits(&rk_sgemm_variants[*variant], r->n, r->n, r->n))
             return RK_OK;
     }
-    g->phase = "tuning";
+    set_phase(g, "tuning");
     int best = -1;
     double best_gf = 0;
     for (int v = 0; v < rk_sgemm_variant_count && v < 8; v++) {
@@ -258,9 +269,7 @@ static int pick_variant(rk_cuda_ctx *x, const kern *k, rk_burn_gpu *g, const buf
     return RK_OK;
 }
 
-/* Sizes: the largest n of 4096, 2048, 1024, 512 for which A, B and 2 copies fit the budget;
- * copies as many as fit, at most RK_BURN_COPIES_MAX. */
-static bool plan(uint64_t budget, int *n, int *copies, uint64_t *region)
+bool rk_burn_plan(uint64_t budget, int *n, int *copies, uint64_t *region)
 {
     static const int sizes[] = {4096, 2048, 1024, 512};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -305,7 +314,7 @@ static void burn_one(worker *w, rk_err *err)
     if ((rc = rk_cuda_mem_info(x, &free_b, &total_b, err)) < 0)
         goto setup_failed;
     uint64_t region = 0;
-    if (!plan((uint64_t)((double)free_b * o->memory_frac), &r->n, &r->copies, &region)) {
+    if (!rk_burn_plan((uint64_t)((double)free_b * o->memory_frac), &r->n, &r->copies, &region)) {
         rk_err_set(err, RK_ENOMEM, "%.0f%% of the free %llu MiB is too little to burn",
                    o->memory_frac * 100, (unsigned long long)(free_b >> 20));
         goto setup_failed;
@@ -340,18 +349,18 @@ static void burn_one(worker *w, rk_err *err)
         int test = 0;
         uint32_t seed = o->seed;
         while (rk_mono_s() - t0 < o->duration_s) {
-            g->phase = "sgemm";
+            set_phase(g, "sgemm");
             if ((rc = sgemm_round(x, &k, g, &bf, variant, &flops, &ms, err)) < 0)
                 goto run_failed;
             r->gflops = ms > 0 ? flops / (ms * 1e6) : 0;
-            g->progress = fmin(1.0, (rk_mono_s() - t0) / o->duration_s);
+            set_progress(g, fmin(1.0, (rk_mono_s() - t0) / o->duration_s));
             if (rk_mono_s() - t0 >= o->duration_s)
                 break;
-            g->phase = "memory";
+            set_phase(g, "memory");
             if ((rc = memtest(x, &k, g, &bf, test, seed++, r, err)) < 0)
                 goto run_failed;
             test = (test + 1) % RK_MT_TESTS;
-            g->progress = fmin(1.0, (rk_mono_s() - t0) / o->duration_s);
+            set_progress(g, fmin(1.0, (rk_mono_s() - t0) / o->duration_s));
         }
         if ((rc = rk_cuda_sync(x, err)) < 0)
             goto run_failed;
@@ -382,10 +391,10 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     rk_err err = {0};
-    w->g->phase = "starting";
+    set_phase(w->g, "starting");
     burn_one(w, &err);
-    w->g->phase = "done";
-    w->g->progress = 1.0;
+    set_phase(w->g, "done");
+    set_progress(w->g, 1.0);
     __atomic_store_n(&w->g->done, true, __ATOMIC_RELEASE);
     return NULL;
 }
@@ -400,7 +409,8 @@ static void sample(rk_nvml *nvml, rk_burn_gpu *g, double elapsed)
     g->have_sample = true;
     if (rk_field_valid(&s, RK_F_TEMP))
         g->temp_max_c = isnan(g->temp_max_c) ? s.temp_c : fmax(g->temp_max_c, s.temp_c);
-    if (rk_field_valid(&s, RK_F_SM_CLOCK) && g->phase && strcmp(g->phase, "starting") != 0) {
+    const char *phase = __atomic_load_n(&g->phase, __ATOMIC_RELAXED);
+    if (rk_field_valid(&s, RK_F_SM_CLOCK) && phase && strcmp(phase, "starting") != 0) {
         g->sm_min_mhz = isnan(g->sm_min_mhz) ? s.sm_mhz : fmin(g->sm_min_mhz, s.sm_mhz);
         g->sm_max_mhz = isnan(g->sm_max_mhz) ? s.sm_mhz : fmax(g->sm_max_mhz, s.sm_mhz);
     }

@@ -101,6 +101,13 @@ int rk_burn_tune_save(const char *path, int variant, double gflops, rk_err *err)
 
 /* ---- running a burn (burn.c) --------------------------------------------------------------- */
 
+/* The sizes of a burn with `budget` bytes of device memory: n the largest of 4096, 2048, 1024,
+ * 512 for which A, B (n x n floats each) and two result copies fit with 4 KiB to spare; copies
+ * as many as fit beside A and B, at most RK_BURN_COPIES_MAX; region the bytes beside A and B
+ * (a multiple of 256, holding the copies; the memory tests cover all of it). false when even
+ * n = 512 does not fit. Pure. */
+bool rk_burn_plan(uint64_t budget, int *n, int *copies, uint64_t *region);
+
 /* One sample of a GPU's telemetry, kept over the burn (every RK_BURN_SERIES_S seconds). */
 #define RK_BURN_SERIES_S 5.0
 typedef struct rk_burn_point {
@@ -115,7 +122,7 @@ typedef struct rk_burn_gpu {
     rk_cuda_device dev;
     int nvml_index;   /* NVML's index of the same card (matched by bus id), -1 none */
     rk_gpu_info info; /* NVML's identity (serial, UUID), when matched */
-    /* live, updated by the worker (read them in the progress callback) */
+    /* live, updated by the worker (read them in the progress callback with __atomic_load) */
     double progress;   /* 0..1 */
     const char *phase; /* "starting", "tuning", "sgemm", "memory", "done" */
     double gflops_now; /* the last round's rate, 0 before the first */
