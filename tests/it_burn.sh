@@ -44,4 +44,39 @@ else
   bad "no driver: rc $rc, $(cat "$work/out")"
 fi
 [[ $(sha256sum "$state") == "$sum0" ]] && ok "state file unchanged" || bad "state file changed"
+
+# End to end on a simulated GPU: tests/fake_cuda.c runs the kernels by their host references;
+# fake_nvml gives it a UUID (bus 01:00.0). Faults injected with FAKE_CUDA_FAULT.
+fake_cuda=$RK_BUILD/tests/libfake_cuda.so fake_nvml=$RK_BUILD/tests/libfake_nvml.so
+if [[ ! -f $fake_cuda || ! -f $fake_nvml ]]; then
+  bad "fake libraries missing ($fake_cuda, $fake_nvml)"
+  it_finish
+  exit
+fi
+export XDG_CACHE_HOME=$work/cache RK_CUDA_LIB=$fake_cuda RK_NVML_LIB=$fake_nvml
+key=GPU-00000000-1070-0000-0000-000000000000
+burn() { # NAME FAULT EXPECTED-RC: run rk burn --json, keep its output in $work/NAME.json
+  FAKE_CUDA_FAULT=$2 "$RK" burn --duration 2s --json >"$work/$1.json" 2>"$work/$1.err"
+  local rc=$?
+  [[ $rc == "$3" ]] && ok "$1: exit $rc" || bad "$1: exit $rc, wanted $3: $(head -3 "$work/$1.err")"
+}
+field() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['gpus'][0][sys.argv[2]])" "$@"; }
+stated() { python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['gpus'][sys.argv[2]]; print(r['ok'], r['failed'])" "$state" "$key"; }
+
+burn clean "" 0
+[[ $(field "$work/clean.json" name) == *Simulated* ]] && ok "the simulated GPU says it is simulated" || bad "name"
+[[ $(field "$work/clean.json" tuned_now) == True ]] && ok "first run autotunes" || bad "no tune"
+ls "$work/cache/rekindle/"sgemm-*-sm80.tune >/dev/null 2>&1 && ok "autotune cache written" || bad "no tune cache"
+(( $(field "$work/clean.json" rounds) >= 1 )) && ok "SGEMM rounds compared" || bad "no round"
+[[ $(stated) == "True " ]] && ok "clean burn recorded OK under the UUID" || bad "record: $(stated)"
+
+burn sgemm sgemm:2 1
+[[ $(field "$work/sgemm.json" tuned_now) == False ]] && ok "second run uses the cache" || bad "retuned"
+[[ $(field "$work/sgemm.json" failed) == "sgemm: "*" elements wrong in copies 2" ]] &&
+  ok "a flipped element in copy 2 is FAULTY and named" || bad "sgemm fault: $(field "$work/sgemm.json" failed)"
+[[ $(stated) == "False sgemm: "* ]] && ok "FAULTY recorded, replacing OK" || bad "record: $(stated)"
+
+burn memory memory:64 1
+[[ $(field "$work/memory.json" failed) == *"address lines"*"words wrong (first at word 64)"* ]] &&
+  ok "a bad memory word is FAULTY, its test and word named" || bad "memory fault: $(field "$work/memory.json" failed)"
 it_finish

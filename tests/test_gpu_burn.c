@@ -43,6 +43,16 @@ static void test_clean_is_ok(void **state)
     assert_string_equal(failed, "");
 }
 
+static void test_no_round_is_not_ok(void **state)
+{
+    (void)state;
+    rk_burn_result r = clean();
+    r.rounds = 0;
+    char failed[160];
+    assert_false(rk_burn_verdict(&r, failed, sizeof failed));
+    assert_string_equal(failed, "sgemm: no round completed");
+}
+
 static void test_sgemm_fault_named(void **state)
 {
     (void)state;
@@ -207,6 +217,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean_is_ok),
+        cmocka_unit_test(test_no_round_is_not_ok),
         cmocka_unit_test(test_sgemm_fault_named),
         cmocka_unit_test(test_memory_fault_named),
         cmocka_unit_test(test_driver_error_and_cut),

@@ -43,7 +43,7 @@ typedef struct rk_burn_opts {
 typedef struct rk_burn_result {
     bool ran; /* the burn started (setup worked); false: setup_error says why */
     char setup_error[RK_ERR_MSG_MAX]; /* not the card's fault: nothing is recorded */
-    double duration_s;
+    double duration_s;                /* of the burn itself, after setup and tuning */
     /* SGEMM */
     char variant[48];                       /* the kernel used */
     bool tuned_now;                         /* autotuned in this run (else from the cache) */
@@ -65,10 +65,10 @@ typedef struct rk_burn_result {
 /* A result with nothing counted yet (mt_first UINT64_MAX). */
 void rk_burn_result_init(rk_burn_result *r);
 
-/* The verdict: true (OK) when the burn ran and found no wrong element, no wrong word and no
- * driver error. Otherwise false, and `failed` (cap bytes, cap >= 16) says what failed, e.g.
- * "sgemm: 12 elements wrong in copies 3,7; memory: moving inversions 4 words wrong (first at
- * word 1234)", cut with "..." when it does not fit; "" when OK. */
+/* The verdict: true (OK) when the burn ran, completed at least one SGEMM round and found no
+ * wrong element, no wrong word and no driver error. Otherwise false, and `failed` (cap bytes, cap
+ * >= 16) says what failed, e.g. "sgemm: 12 elements wrong in copies 3,7; memory: moving inversions
+ * 4 words wrong (first at word 1234)", cut with "..." when it does not fit; "" when OK. */
 bool rk_burn_verdict(const rk_burn_result *r, char *failed, size_t cap);
 
 /* The state-file record of a burn that ran: keyed by serial, else uuid (one must be non-empty:

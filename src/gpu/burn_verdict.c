@@ -51,6 +51,10 @@ bool rk_burn_verdict(const rk_burn_result *r, char *failed, size_t cap)
         put(tmp, sizeof tmp, &len, "did not run: %s", r->setup_error[0] ? r->setup_error : "?");
         ok = false;
     }
+    if (r->ran && r->rounds == 0 && !r->run_error[0]) {
+        ok = false; /* nothing was compared: no verdict of health */
+        put(tmp, sizeof tmp, &len, "sgemm: no round completed");
+    }
     if (r->ran && r->wrong_elements > 0) {
         ok = false;
         put(tmp, sizeof tmp, &len, "sgemm: %llu elements wrong in copies",
