@@ -23,6 +23,7 @@ static const command commands[] = {
     {"run", rk_cmd_run, "supervise a training job through crashes, hangs and corruption"},
     {"report", rk_cmd_report, "write one HTML page showing a run: loss, incidents, GPUs"},
     {"doctor", rk_cmd_doctor, "score this node's GPUs 0-100 and say what to fix"},
+    {"burn", rk_cmd_burn, "burn in GPUs: SGEMM compared across copies, memory tests, a verdict"},
     {"tune", rk_cmd_tune,
      "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},

@@ -17,6 +17,7 @@ int rk_cmd_report(int argc, char **argv);
 int rk_cmd_rank_env(int argc, char **argv); /* hidden: rk run's wrapper under mpirun, srun */
 int rk_cmd_doctor(int argc, char **argv);
 int rk_cmd_tune(int argc, char **argv);
+int rk_cmd_burn(int argc, char **argv);
 int rk_cmd_exporter(int argc, char **argv);
 int rk_cmd_predict(int argc, char **argv);
 int rk_cmd_agent(int argc, char **argv);

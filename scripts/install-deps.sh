@@ -5,12 +5,13 @@
 # it with apt-get; as another user it prints the exact command and exits 1.
 #   scripts/install-deps.sh [GROUP...]   default: build run test
 #     build  compilers, CMake and the -dev packages (make build), with gRPC core and
-#            protobuf-c and its compiler (rk device-plugin); dpkg-dev and file (make package:
-#            dpkg-shlibdeps and dpkg-buildflags, and CPack's look at the ELF files)
+#            protobuf-c and its compiler (rk device-plugin); clang, which also compiles the GPU
+#            kernels to PTX (src/gpu/kernels.cu; without it rk has no GPU kernels); dpkg-dev and
+#            file (make package: dpkg-shlibdeps and dpkg-buildflags, and CPack's look at the ELF files)
 #     run    what rk, librekindle and the demo need at run time: the shared libraries,
 #            mpirun, python3 with python3-xxhash (the Python package's checkpoints) and the
 #            Fashion-MNIST data (make demo)
-#     test   clang (fuzzers), clang-format (make format-check), prometheus and promtool
+#     test   libclang-rt-14-dev (the fuzzers' runtime), clang-format (make format-check), prometheus and promtool
 #            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh),
 #            python3-torch and python3-numpy (the PyTorch jobs' tests and torchrun, their peer),
 #            python3-pip, -setuptools, -wheel, -venv (the `pip install ./python` test),
@@ -28,11 +29,12 @@ set -euo pipefail
 declare -A group
 group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
   libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
-  libopenblas-dev libssl-dev libgrpc-dev libprotobuf-c-dev protobuf-c-compiler dpkg-dev file"
+  libopenblas-dev libssl-dev libgrpc-dev libprotobuf-c-dev protobuf-c-compiler dpkg-dev file
+  clang"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
   libmicrohttpd12 libopenblas0 libssl3 libgrpc29 libprotobuf-c1 python3 python3-xxhash
   dataset-fashion-mnist"
-group[test]="clang libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
+group[test]="libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
   python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping
   slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client chromium
   lintian systemd"
