@@ -21,23 +21,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_exporter_predict
 MKMODEL=${RK_MKMODEL:?}
 
-# start NAME ARGS...: run `rk exporter ARGS` in the background, wait for its serving line;
-# sets $pid and $addr.
-start() {
-  local name=$1; shift
-  "$RK" exporter "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  addr=
-  for _ in $(seq 1 100); do
-    addr=$(sed -n 's|.*serving http://\([^/]*\)/metrics.*|\1|p' "$work/$name.out")
-    [[ -n $addr ]] && return 0
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  return 1
-}
-
 # stop PID: SIGTERM, wait up to 5 s; sets $stopped to the exit status or "running"
 stop() {
   kill -TERM "$1"

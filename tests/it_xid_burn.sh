@@ -48,21 +48,6 @@ then ok "Xids: --json matches docs/doctor-json.md"; else bad "schema: $(head -5 
 grep -q "Xid 3 (79 x2, 48 x1)" "$work/x.txt" && ok "the table shows Xid 3 (79 x2, 48 x1)" \
   || bad "table: $(cat "$work/x.txt")"
 
-# start NAME ARGS...: rk exporter in the background; sets $pid and $addr
-start() {
-  local name=$1; shift
-  "$RK" exporter "$@" >"$work/$name.out" 2>"$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  addr=
-  for _ in $(seq 1 100); do
-    addr=$(sed -n 's|.*serving http://\([^/]*\)/metrics.*|\1|p' "$work/$name.out")
-    [[ -n $addr ]] && return 0
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  return 1
-}
 scrape() { python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://$1/metrics', timeout=5).read().decode())"; }
 series() { grep -E "^$1\{gpu=\"0\"[^}]*$2[^}]*\} " "$3" | awk '{print $NF}'; }
 

@@ -8,6 +8,7 @@
 #                     counts as ok / bad here, other lines are shown
 #   json FILE KEY     one key of a JSON file
 #   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
+#   start NAME ARGS   rk exporter ARGS in the background until it serves: sets $pid and $addr
 RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
 DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 pass=0 fail=0
@@ -50,6 +51,24 @@ it_count() {
   [[ $rc == 0 ]] || bad "checker ${*:1:2} exited with status $rc"
 }
 json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+# start NAME ARGS...: run `rk exporter ARGS` in the background (stdout $work/NAME.out, stderr
+# $work/NAME.err), wait up to 10 s for its "serving http://ADDR/metrics" line; sets $pid (also
+# appended to $pids, which it_init's cleanup stops) and $addr. Status 1 if it never served.
+start() {
+  local name=$1; shift
+  "$RK" exporter "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  pid=$!
+  pids+=("$pid")
+  addr=
+  for _ in $(seq 1 100); do
+    addr=$(sed -n 's|.*serving http://\([^/]*\)/metrics.*|\1|p' "$work/$name.out")
+    [[ -n $addr ]] && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  return 1
+}
 
 it_finish() {
   echo "$pass passed, $fail failed"
