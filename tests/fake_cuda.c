@@ -195,9 +195,9 @@ CUresult cuModuleUnload(void *m)
 }
 
 static const char *const kernel_names[] = {
-    "rk_fill_input",      "rk_compare",       "rk_mt_lines_write",  "rk_mt_lines_check",
-    "rk_mt_own_write",    "rk_mt_own_check",  "rk_mt_fill",         "rk_mt_check_invert",
-    "rk_mt_check",        "rk_mt_random_write", "rk_mt_random_check",
+    "rk_fill_input",   "rk_compare",         "rk_mt_lines_write",  "rk_mt_lines_check",
+    "rk_mt_own_write", "rk_mt_own_check",    "rk_mt_fill",         "rk_mt_check_invert",
+    "rk_mt_check",     "rk_mt_random_write", "rk_mt_random_check",
 };
 #define NK (sizeof kernel_names / sizeof kernel_names[0])
 static int fn_ids[NK + 16];
@@ -258,9 +258,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
         return 0;
     }
     switch (id) {
-    case 0:
-        rk_ref_fill_input(PTR(0, float), P(1, uint64_t), P(2, uint32_t));
-        break;
+    case 0: rk_ref_fill_input(PTR(0, float), P(1, uint64_t), P(2, uint32_t)); break;
     case 1: {
         uint64_t faulty[256] = {0};
         int copies = P(2, int);
@@ -270,27 +268,22 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
             out[i] += faulty[i];
         break;
     }
-    case 2:
-        rk_ref_mt_lines_write(PTR(0, uint32_t), P(1, uint64_t));
-        break;
+    case 2: rk_ref_mt_lines_write(PTR(0, uint32_t), P(1, uint64_t)); break;
     case 3: {
         inject_mem(PTR(0, uint32_t), P(1, uint64_t));
         uint64_t bad = rk_ref_mt_lines_check(PTR(0, uint32_t), P(1, uint64_t), &first);
         report(PTR(2, uint64_t), bad, first);
         break;
     }
-    case 4:
-        rk_ref_mt_own_write(PTR(0, uint32_t), P(1, uint64_t), P(2, uint64_t));
-        break;
+    case 4: rk_ref_mt_own_write(PTR(0, uint32_t), P(1, uint64_t), P(2, uint64_t)); break;
     case 5: {
         inject_mem(PTR(0, uint32_t), P(1, uint64_t));
-        uint64_t bad = rk_ref_mt_own_check(PTR(0, uint32_t), P(1, uint64_t), P(2, uint64_t), &first);
+        uint64_t bad =
+            rk_ref_mt_own_check(PTR(0, uint32_t), P(1, uint64_t), P(2, uint64_t), &first);
         report(PTR(3, uint64_t), bad, first);
         break;
     }
-    case 6:
-        rk_ref_mt_fill(PTR(0, uint32_t), P(1, uint64_t), P(2, uint32_t));
-        break;
+    case 6: rk_ref_mt_fill(PTR(0, uint32_t), P(1, uint64_t), P(2, uint32_t)); break;
     case 7: {
         inject_mem(PTR(0, uint32_t), P(1, uint64_t));
         uint64_t bad =
@@ -299,7 +292,8 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
         break;
     }
     case 8: {
-        uint64_t bad = rk_ref_mt_check(PTR(0, const uint32_t), P(1, uint64_t), P(2, uint32_t), &first);
+        uint64_t bad =
+            rk_ref_mt_check(PTR(0, const uint32_t), P(1, uint64_t), P(2, uint32_t), &first);
         report(PTR(3, uint64_t), bad, first);
         break;
     }
