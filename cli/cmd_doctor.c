@@ -255,8 +255,11 @@ static const char *fmt_u64(char *buf, size_t cap, const rk_gpu_sample *s, rk_fie
  *        PCIe 3/3 x16/16  ECC 0/0  retired 0  Xid 2 (79 x2) */
 static void print_readings(const rk_gpu_info *in, const rk_gpu_sample *s)
 {
-    printf("       bus %s  serial %s\n", in->bus_id[0] ? in->bus_id : "-",
+    printf("       bus %s  serial %s", in->bus_id[0] ? in->bus_id : "-",
            in->serial[0] ? in->serial : "-");
+    if (in->arch != RK_ARCH_UNKNOWN)
+        printf("  %s", rk_gpu_arch_name(in->arch));
+    printf("\n");
     if (s->lost || !s->valid)
         return;
     char a[32], b[32], c[32], d[32];
@@ -568,6 +571,19 @@ int rk_cmd_doctor(int argc, char **argv)
             json_object_set_new(o2, "simulated", json_boolean(in->simulated));
             if (in->profile[0])
                 json_object_set_new(o2, "profile", json_string(in->profile));
+            if (in->arch != RK_ARCH_UNKNOWN)
+                json_object_set_new(o2, "architecture", json_string(rk_gpu_arch_name(in->arch)));
+            if (in->tune & RK_TUNE_KNOWN) {
+                json_object_set_new(o2, "geforce", json_boolean(in->geforce));
+                json_t *ta = json_array();
+                if (in->tune & RK_TUNE_LOCK_CLOCKS)
+                    json_array_append_new(ta, json_string("lock_clocks"));
+                if (in->tune & RK_TUNE_CLOCK_OFFSET)
+                    json_array_append_new(ta, json_string("clock_offset"));
+                if (in->tune & RK_TUNE_POWER_LIMIT)
+                    json_array_append_new(ta, json_string("power_limit"));
+                json_object_set_new(o2, "tune", ta);
+            }
             /* null: no reading succeeded (docs/health.md, failed readings) */
             json_object_set_new(o2, "score", g->has_score ? json_integer(score) : json_null());
             json_object_set_new(o2, "pass", json_boolean(pass));

@@ -1,8 +1,10 @@
 /*
  * rk tune: apply stability settings to this node's GPUs through NVML (docs/tune.md): lock the
- * SM clock below what a worn card boosts to, set the power limit, turn persistence mode on.
- * Reads every selected GPU's settings first and checks every requested value, so a bad value
- * changes nothing on any GPU; --dry-run stops there. Uses health/nvml.h.
+ * SM clock below what a worn card boosts to (or, where a card cannot lock clocks, shift its
+ * clock curve down or lower its power limit), set the power limit, turn persistence mode on.
+ * Reads every selected GPU's settings first and checks every requested value against what
+ * the card allows, so a bad value changes nothing on any GPU; --dry-run stops there. Uses
+ * health/nvml.h.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -19,15 +21,18 @@
 #define MAX_SELECT 1024
 
 static const char usage_text[] =
-    "usage: rk tune [--gpu LIST] [--lock-clocks MHZ|reset] [--power-limit W]\n"
-    "               [--persistence on|off] [--dry-run]\n"
+    "usage: rk tune [--gpu LIST] [--lock-clocks MHZ|reset] [--clock-offset MHZ]\n"
+    "               [--power-limit W] [--persistence on|off] [--dry-run]\n"
     "\n"
     "Apply stability settings to this node's GPUs through NVML (docs/tune.md). Each change\n"
-    "is shown with the value it replaces; without a change, the current settings are shown.\n"
+    "is shown with the value it replaces; without a change, the current settings are shown\n"
+    "with what each card allows (Pascal and older lock no clocks: use --power-limit there).\n"
     "\n"
     "  --gpu LIST              GPUs by index: 0,2,5-7 (default: every GPU)\n"
-    "  --lock-clocks MHZ       lock the SM clock at MHZ (e.g. 1506 on a worn GTX 1070 Ti)\n"
+    "  --lock-clocks MHZ       lock the SM clock at MHZ (Volta and newer)\n"
     "  --lock-clocks reset     remove a clock lock\n"
+    "  --clock-offset MHZ      shift the clock/voltage curve by MHZ, e.g. -100 (where the\n"
+    "                          driver offers it)\n"
     "  --power-limit W         set the board power limit in watts (within the card's range)\n"
     "  --persistence on|off    keep the driver loaded without clients, so settings stay\n"
     "  --dry-run               say what would change, change nothing\n"
@@ -113,10 +118,13 @@ typedef struct request {
     bool power;
     unsigned mw;
     int persistence; /* 0 none, 1 on, -1 off */
+    bool offset;
+    int offset_mhz;
     bool dry_run;
 } request;
 
-typedef enum change_kind { CH_LOCK, CH_RESET, CH_POWER, CH_PERSIST } change_kind;
+typedef enum change_kind { CH_LOCK, CH_RESET, CH_OFFSET, CH_POWER, CH_PERSIST } change_kind;
+#define MAX_CHANGES 4 /* per GPU: a lock or reset, an offset, a power limit, persistence */
 
 /* One change for one GPU, described before it is made. */
 typedef struct change {
@@ -132,6 +140,53 @@ static const char *gpu_name(const rk_gpu_info *in)
     return in->name[0] ? in->name : "name unknown";
 }
 
+/* What the card allows, as flags: "--lock-clocks, --clock-offset -500..+1000 MHz,
+ * --power-limit 90-217 W" (docs/tune.md, "Which cards can"). */
+static const char *routes(char *buf, size_t cap, const rk_gpu_info *in, const rk_nvml_settings *s)
+{
+    char r[48];
+    int m = 0;
+    buf[0] = '\0';
+    if (in->tune & RK_TUNE_LOCK_CLOCKS)
+        m += snprintf(buf + m, cap - (size_t)m, "--lock-clocks");
+    if ((in->tune & RK_TUNE_CLOCK_OFFSET) && (size_t)m < cap) {
+        m += snprintf(buf + m, cap - (size_t)m, "%s--clock-offset", m ? ", " : "");
+        if (s->offset_range_valid && (size_t)m < cap)
+            m += snprintf(buf + m, cap - (size_t)m, " %+d..%+d MHz", s->offset_min_mhz,
+                          s->offset_max_mhz);
+    }
+    if ((in->tune & RK_TUNE_POWER_LIMIT) && (size_t)m < cap) {
+        m += snprintf(buf + m, cap - (size_t)m, "%s--power-limit", m ? ", " : "");
+        if (s->power_range_valid && (size_t)m < cap)
+            snprintf(buf + m, cap - (size_t)m, " %s",
+                     watt_range(r, sizeof r, s->power_min_mw, s->power_max_mw));
+    }
+    if (!buf[0])
+        snprintf(buf, cap,
+                 "no clock or power setting through the driver: only a BIOS with "
+                 "lower clocks");
+    return buf;
+}
+
+/* "Pascal" or "this card", for "... locks no clocks". */
+static const char *arch_or_card(const rk_gpu_info *in)
+{
+    return in->arch != RK_ARCH_UNKNOWN ? rk_gpu_arch_name(in->arch) : "this card";
+}
+
+/* A request the card cannot take, known before asking NVML: locked clocks on Pascal and older,
+ * an offset where the driver has none. Says so with what the card does allow. */
+static bool refuse_route(int i, const rk_gpu_info *in, const rk_nvml_settings *s, unsigned bit,
+                         const char *what)
+{
+    if (!(in->tune & RK_TUNE_KNOWN) || (in->tune & bit))
+        return false;
+    char r[160];
+    fprintf(stderr, "rk tune: GPU %d (%s): %s: not supported on %s; it allows %s\n", i,
+            gpu_name(in), what, arch_or_card(in), routes(r, sizeof r, in, s));
+    return true;
+}
+
 static void show_settings(int i, const rk_gpu_info *in, const rk_nvml_settings *s)
 {
     char a[32], b[48];
@@ -144,9 +199,17 @@ static void show_settings(int i, const rk_gpu_info *in, const rk_nvml_settings *
         printf(", power limit %s", watts(a, sizeof a, s->power_limit_mw));
     if (s->power_range_valid)
         printf(" (allowed %s)", watt_range(b, sizeof b, s->power_min_mw, s->power_max_mw));
+    if (s->offset_valid)
+        printf(", clock offset %+d MHz", s->offset_mhz);
     if (s->persistence_valid)
         printf(", persistence mode %s", s->persistence_on ? "on" : "off");
     printf("\n");
+    if (in->tune & RK_TUNE_KNOWN) {
+        char r[160];
+        printf("GPU %d: %s%s: can set %s%s\n", i, rk_gpu_arch_name(in->arch),
+               in->geforce ? " GeForce" : "", routes(r, sizeof r, in, s),
+               in->tune & RK_TUNE_LOCK_CLOCKS ? "" : "; locks no clocks");
+    }
 }
 
 /* Describe the requested changes for GPU i into ch (returns how many), or report a value the
@@ -156,6 +219,10 @@ static int plan_gpu(int i, const rk_gpu_info *in, const rk_nvml_settings *s, con
 {
     int k = 0;
     char a[32], b[32], c[48];
+    if (rq->lock && refuse_route(i, in, s, RK_TUNE_LOCK_CLOCKS, "locked clocks"))
+        return -1;
+    if (rq->offset && refuse_route(i, in, s, RK_TUNE_CLOCK_OFFSET, "a clock offset"))
+        return -1;
     if (rq->lock) {
         change *x = &ch[k++];
         memset(x, 0, sizeof *x);
@@ -178,6 +245,28 @@ static int plan_gpu(int i, const rk_gpu_info *in, const rk_nvml_settings *s, con
         if (s->sm_max_valid)
             snprintf(x->now + m, sizeof x->now - (size_t)m, "%smax %u MHz", m ? ", " : "",
                      s->sm_max_mhz);
+    }
+    if (rq->offset) {
+        change *x = &ch[k++];
+        memset(x, 0, sizeof *x);
+        x->gpu = i;
+        x->kind = CH_OFFSET;
+        if (s->offset_range_valid &&
+            (rq->offset_mhz < s->offset_min_mhz || rq->offset_mhz > s->offset_max_mhz)) {
+            fprintf(stderr,
+                    "rk tune: GPU %d (%s): clock offset %+d MHz is outside what it allows "
+                    "(%+d..%+d MHz)\n",
+                    i, gpu_name(in), rq->offset_mhz, s->offset_min_mhz, s->offset_max_mhz);
+            return -1;
+        }
+        snprintf(x->what, sizeof x->what, "clock offset %+d MHz", rq->offset_mhz);
+        x->already = s->offset_valid && s->offset_mhz == rq->offset_mhz;
+        int m = 0;
+        if (s->offset_valid)
+            m += snprintf(x->now + m, sizeof x->now - (size_t)m, "now %+d MHz", s->offset_mhz);
+        if (s->offset_range_valid)
+            snprintf(x->now + m, sizeof x->now - (size_t)m, "%sallowed %+d..%+d MHz", m ? ", " : "",
+                     s->offset_min_mhz, s->offset_max_mhz);
     }
     if (rq->power) {
         change *x = &ch[k++];
@@ -230,6 +319,7 @@ static int apply(rk_nvml *n, const change *x, const request *rq, rk_err *err)
     switch (x->kind) {
     case CH_LOCK: return rk_nvml_clocks_lock(n, x->gpu, rq->mhz, err);
     case CH_RESET: return rk_nvml_clocks_reset(n, x->gpu, err);
+    case CH_OFFSET: return rk_nvml_clock_offset_set(n, x->gpu, rq->offset_mhz, err);
     case CH_POWER: return rk_nvml_power_limit_set(n, x->gpu, rq->mw, err);
     case CH_PERSIST: return rk_nvml_persistence_set(n, x->gpu, rq->persistence > 0, err);
     }
@@ -241,6 +331,7 @@ int rk_cmd_tune(int argc, char **argv)
     static const struct option longs[] = {{"gpu", required_argument, 0, 'g'},
                                           {"lock-clocks", required_argument, 0, 'l'},
                                           {"power-limit", required_argument, 0, 'p'},
+                                          {"clock-offset", required_argument, 0, 'o'},
                                           {"persistence", required_argument, 0, 'P'},
                                           {"dry-run", no_argument, 0, 'n'},
                                           {"help", no_argument, 0, 'h'},
@@ -274,6 +365,16 @@ int rk_cmd_tune(int argc, char **argv)
                 return RK_EXIT_USAGE;
             rq.power = true;
             rq.mw = (unsigned)lround(w * 1000.0);
+            break;
+        }
+        case 'o': {
+            int64_t v;
+            if (!whole(optarg, -5000, 5000, &v))
+                return usage_error("--clock-offset '%s' is not a whole number of MHz in "
+                                   "-5000..5000 (e.g. -100)",
+                                   optarg);
+            rq.offset = true;
+            rq.offset_mhz = (int)v;
             break;
         }
         case 'P':
@@ -311,14 +412,14 @@ int rk_cmd_tune(int argc, char **argv)
         }
 
     rk_gpu_info *info = calloc((size_t)nsel, sizeof *info);
-    change *plan = calloc((size_t)nsel * 3, sizeof *plan);
+    change *plan = calloc((size_t)nsel * MAX_CHANGES, sizeof *plan);
     int nplan = 0, bad = 0;
     if (!info || !plan) {
         fprintf(stderr, "rk tune: out of memory\n");
         status = RK_EXIT_FAIL;
         goto out;
     }
-    bool nothing = !rq.lock && !rq.power && !rq.persistence;
+    bool nothing = !rq.lock && !rq.power && !rq.persistence && !rq.offset;
     for (int k = 0; k < nsel; k++) {
         int i = sel[k];
         rk_nvml_settings s;
@@ -339,7 +440,8 @@ int rk_cmd_tune(int argc, char **argv)
             nplan += m;
     }
     if (nothing) {
-        printf("nothing to do: give --lock-clocks, --power-limit or --persistence\n");
+        printf("nothing to do: give --lock-clocks, --clock-offset, --power-limit or "
+               "--persistence\n");
         goto out;
     }
     if (bad) {

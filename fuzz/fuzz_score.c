@@ -82,6 +82,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int score = rk_health_score(&last, &g, f, &nf);
     if (score < 0 || score > 100 || nf < 0 || nf > RK_MAX_FINDINGS)
         abort();
+    /* the advice fitted to a card: any architecture and routes, the same score */
+    rk_gpu_info in;
+    memset(&in, 0, sizeof in);
+    in.arch = (rk_gpu_arch)(size % 11);
+    in.tune = (unsigned)(size / 11) & 15u;
+    int nf2 = -1;
+    if (rk_health_score_gpu(&in, &last, &g, f, &nf2) != score || nf2 != nf)
+        abort();
     for (int i = 0; i < nf; i++)
         if (!memchr(f[i].code, 0, sizeof f[i].code) ||
             !memchr(f[i].message, 0, sizeof f[i].message) ||

@@ -6,8 +6,15 @@
  * Where NVML has versions of an entry point both are exported with different answers, so a
  * test sees which one was called; built with FAKE_NVML_OLD it exports only the old ones.
  * Setters record their arguments. The test drives and reads it through fake_nvml_set/get.
+ *
+ * GPU 0 is a Pascal GeForce by default: it answers NOT_SUPPORTED to locked clocks, as the
+ * GTX 10 series does, and has no clock offset unless "offsets" is set. The knob "arch" (NVML's
+ * numbers: 4 Pascal, 7 Ampere) makes it an RTX 3090 that locks clocks. A process that cannot
+ * call fake_nvml_set (rk run by a test script) chooses with FAKE_NVML_BOARD: "pascal" (the
+ * default), "pascal-offsets" (a driver that offers offsets), "ampere".
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../src/health/nvml_api.h"
@@ -32,6 +39,7 @@ static struct {
     long long lock_calls, lock_dev, lock_min, lock_max, reset_calls, reset_dev;
     long long limit_calls, limit_dev, limit_mw, persistence_calls, persistence[FAKE_GPUS];
     long long registered[FAKE_GPUS], event_sets;
+    long long arch, brand, offsets, offset, offset_calls;
 } st;
 
 static struct {
@@ -71,6 +79,11 @@ static const struct {
     {"registered0", &st.registered[0]},
     {"registered1", &st.registered[1]},
     {"event_sets", &st.event_sets},
+    {"arch", &st.arch},
+    {"brand", &st.brand},
+    {"offsets", &st.offsets},
+    {"offset", &st.offset},
+    {"offset_calls", &st.offset_calls},
 };
 
 void fake_nvml_reset(void);
@@ -86,7 +99,17 @@ void fake_nvml_reset(void)
     st.geforce = 1;
     st.events_supported = 1;
     st.lock_dev = st.reset_dev = st.limit_dev = -1;
+    st.arch = 4;  /* NVML_DEVICE_ARCH_PASCAL */
+    st.brand = 5; /* NVML_BRAND_GEFORCE */
     xq_head = xq_len = 0;
+    const char *board = getenv("FAKE_NVML_BOARD");
+    if (board && strcmp(board, "ampere") == 0) {
+        st.arch = 7;   /* NVML_DEVICE_ARCH_AMPERE */
+        st.brand = 15; /* NVML_BRAND_GEFORCE_RTX */
+        st.offsets = 1;
+    } else if (board && strcmp(board, "pascal-offsets") == 0) {
+        st.offsets = 1;
+    }
 }
 
 int fake_nvml_set(const char *key, long long v)
@@ -193,7 +216,7 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *buf, unsigned int len)
     DEV_CHECK(d);
     if (len < 27)
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    strcpy(buf, "NVIDIA GeForce GTX 1070 Ti");
+    strcpy(buf, st.arch >= 7 ? "NVIDIA GeForce RTX 3090" : "NVIDIA GeForce GTX 1070 Ti");
     return NVML_SUCCESS;
 }
 
@@ -575,12 +598,15 @@ nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
     return NVML_SUCCESS;
 }
 
+/* Locked clocks: Volta (5) and newer only, as NVML documents. */
 nvmlDeviceSetGpuLockedClocks_fn nvmlDeviceSetGpuLockedClocks;
 nvmlReturn_t nvmlDeviceSetGpuLockedClocks(nvmlDevice_t d, unsigned int lo, unsigned int hi)
 {
     DEV_CHECK(d);
     if (st.set_rc)
         return (nvmlReturn_t)st.set_rc;
+    if (st.arch < 5)
+        return NVML_ERROR_NOT_SUPPORTED;
     st.lock_calls++;
     st.lock_dev = d->index;
     st.lock_min = lo;
@@ -594,6 +620,8 @@ nvmlReturn_t nvmlDeviceResetGpuLockedClocks(nvmlDevice_t d)
     DEV_CHECK(d);
     if (st.set_rc)
         return (nvmlReturn_t)st.set_rc;
+    if (st.arch < 5)
+        return NVML_ERROR_NOT_SUPPORTED;
     st.reset_calls++;
     st.reset_dev = d->index;
     return NVML_SUCCESS;
@@ -623,3 +651,58 @@ nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t d, nvmlEnableState_t mode
     st.persistence[d->index] = mode == NVML_FEATURE_ENABLED;
     return NVML_SUCCESS;
 }
+
+#ifndef FAKE_NVML_OLD
+nvmlDeviceGetArchitecture_fn nvmlDeviceGetArchitecture;
+nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch)
+{
+    DEV_CHECK(d);
+    *arch = (unsigned)st.arch;
+    return NVML_SUCCESS;
+}
+
+nvmlDeviceGetBrand_fn nvmlDeviceGetBrand;
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, unsigned int *brand)
+{
+    DEV_CHECK(d);
+    *brand = (unsigned)st.brand;
+    return NVML_SUCCESS;
+}
+
+/* Clock offsets: -500..+1000 MHz when "offsets" is set, else NOT_SUPPORTED. */
+nvmlDeviceGetGpcClkVfOffset_fn nvmlDeviceGetGpcClkVfOffset;
+nvmlReturn_t nvmlDeviceGetGpcClkVfOffset(nvmlDevice_t d, int *offset)
+{
+    DEV_CHECK(d);
+    if (!st.offsets)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *offset = (int)st.offset;
+    return NVML_SUCCESS;
+}
+
+nvmlDeviceGetGpcClkMinMaxVfOffset_fn nvmlDeviceGetGpcClkMinMaxVfOffset;
+nvmlReturn_t nvmlDeviceGetGpcClkMinMaxVfOffset(nvmlDevice_t d, int *lo, int *hi)
+{
+    DEV_CHECK(d);
+    if (!st.offsets)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *lo = -500;
+    *hi = 1000;
+    return NVML_SUCCESS;
+}
+
+nvmlDeviceSetGpcClkVfOffset_fn nvmlDeviceSetGpcClkVfOffset;
+nvmlReturn_t nvmlDeviceSetGpcClkVfOffset(nvmlDevice_t d, int offset)
+{
+    DEV_CHECK(d);
+    if (st.set_rc)
+        return (nvmlReturn_t)st.set_rc;
+    if (!st.offsets)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (offset < -500 || offset > 1000)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    st.offset_calls++;
+    st.offset = offset;
+    return NVML_SUCCESS;
+}
+#endif

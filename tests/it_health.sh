@@ -89,10 +89,44 @@ check_json "$work/f.json" "fake driver"
 RK_NVML_LIB=$fake "$RK" doctor --samples 2 --interval 0.1 >"$work/f.txt" 2>&1
 grep -qE '^       [0-9]+ C  [0-9]+/[0-9]+ W  fan -  ' "$work/f.txt" \
   && ok "fake driver: the passive card's fan shows as '-'" || bad "fake table: $(cat "$work/f.txt")"
-RK_NVML_LIB=$fake "$RK" tune --gpu 0 --lock-clocks 1506 --power-limit 150 --dry-run >"$work/t1" 2>&1; st=$?
+FAKE_NVML_BOARD=ampere RK_NVML_LIB=$fake "$RK" tune --gpu 0 --lock-clocks 1506 --power-limit 150 --dry-run >"$work/t1" 2>&1; st=$?
 [[ $st == 0 ]] && grep -q "SM clocks locked 1506 MHz" "$work/t1" && grep -q "power limit 150 W" "$work/t1" \
   && grep -q "dry run: nothing changed" "$work/t1" && ok "tune --dry-run says what would change" \
   || bad "tune dry run: exit $st: $(cat "$work/t1")"
 RK_NVML_LIB=$fake "$RK" tune --gpu 0 --power-limit 5000 >"$work/t2" 2>&1; st=$?
 [[ $st == 2 ]] && ok "an out-of-range power limit is refused (exit 2)" || bad "tune range: $st $(cat "$work/t2")"
+# The fake's default GPU 0 is a Pascal GeForce: NVML answers NOT_SUPPORTED to locked clocks.
+# rk tune knows before asking and changes nothing; the doctor's advice and the table name
+# what the card does allow (docs/tune.md, "Which cards can").
+RK_NVML_LIB=$fake "$RK" tune --gpu 0 --lock-clocks 1506 --power-limit 150 >"$work/t3" 2>&1; st=$?
+[[ $st == 2 ]] && grep -q "locked clocks: not supported on Pascal; it allows --power-limit 90-217 W" "$work/t3" \
+  && grep -q "nothing changed" "$work/t3" && ! grep -q "power limit 150 W.*done" "$work/t3" \
+  && ok "Pascal: a clock lock is refused before anything changes (exit 2)" \
+  || bad "Pascal lock: exit $st: $(cat "$work/t3")"
+RK_NVML_LIB=$fake "$RK" tune --gpu 0 >"$work/t4" 2>&1
+grep -q "^GPU 0: Pascal GeForce: can set --power-limit 90-217 W; locks no clocks" "$work/t4" \
+  && ok "Pascal: rk tune shows what the card allows" || bad "Pascal routes: $(cat "$work/t4")"
+FAKE_NVML_BOARD=pascal-offsets RK_NVML_LIB=$fake "$RK" tune --gpu 0 --clock-offset -100 --dry-run >"$work/t5" 2>&1; st=$?
+[[ $st == 0 ]] && grep -q "clock offset -100 MHz (now +0 MHz, allowed -500..+1000 MHz)" "$work/t5" \
+  && ok "Pascal with a driver that offers offsets: --clock-offset" || bad "offset: $st $(cat "$work/t5")"
+RK_NVML_LIB=$fake "$RK" tune --gpu 0 --clock-offset -100 >"$work/t6" 2>&1; st=$?
+[[ $st == 2 ]] && grep -q "a clock offset: not supported on Pascal" "$work/t6" \
+  && ok "Pascal without offsets: --clock-offset refused (exit 2)" || bad "no offset: $st $(cat "$work/t6")"
+for board in pascal ampere; do
+  FAKE_NVML_BOARD=$board RK_NVML_LIB=$fake "$RK" doctor --samples 2 --interval 0.1 --json >"$work/b-$board.json" 2>/dev/null
+  check_json "$work/b-$board.json" "fake $board"
+done
+python3 - "$work/b-pascal.json" "$work/b-ampere.json" <<'PY' && ok "the doctor's advice fits the card: power limit on Pascal, locked clocks on Ampere" || bad "advice by architecture"
+import json, sys
+def gpu0(p):
+    return json.load(open(p))["gpus"][0]
+p, a = gpu0(sys.argv[1]), gpu0(sys.argv[2])
+pa = [f["action"] for f in p["findings"] if f["code"] == "power_capped"][0]
+aa = [f["action"] for f in a["findings"] if f["code"] == "power_capped"][0]
+assert p["architecture"] == "Pascal" and p["tune"] == ["power_limit"] and p["geforce"], p
+assert a["architecture"] == "Ampere" and "lock_clocks" in a["tune"], a
+assert "--power-limit" in pa and "--lock-clocks" not in pa, pa
+assert "--lock-clocks" in aa, aa
+print("Pascal:", pa, "| Ampere:", aa)
+PY
 it_finish

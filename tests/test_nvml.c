@@ -87,6 +87,20 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Open the fake as a card of NVML architecture `arch` (4 Pascal, 7 Ampere), with or
+ * without clock offsets. */
+static rk_nvml *open_board(long long arch, long long offsets)
+{
+    use_fake(FAKE_NVML);
+    knob("arch", arch);
+    knob("brand", arch >= 7 ? 15 : 5);
+    knob("offsets", offsets);
+    rk_nvml *n = NULL;
+    rk_err err = {0};
+    assert_int_equal(rk_nvml_open(&n, &err), RK_OK);
+    return n;
+}
+
 static rk_nvml *open_fake(const char *path)
 {
     use_fake(path);
@@ -413,7 +427,7 @@ static void test_read_errors(void **state)
 static void test_setters_pass_arguments(void **state)
 {
     (void)state;
-    rk_nvml *n = open_fake(FAKE_NVML);
+    rk_nvml *n = open_board(7, 1); /* an Ampere card: every setter works */
     rk_err err = {0};
     rk_nvml_settings st;
     assert_int_equal(rk_nvml_settings_get(n, 0, &st, &err), RK_OK);
@@ -444,7 +458,94 @@ static void test_setters_pass_arguments(void **state)
     assert_true(st.power_limit_mw == 150000);
     assert_int_equal(rk_nvml_persistence_set(n, 0, false, &err), RK_OK);
     assert_int_equal(rec("persistence0"), 0);
+
+    assert_int_equal(rk_nvml_clock_offset_set(n, 0, -100, &err), RK_OK);
+    assert_int_equal(rec("offset"), -100);
+    assert_int_equal(rk_nvml_settings_get(n, 0, &st, &err), RK_OK);
+    assert_true(st.offset_valid && st.offset_mhz == -100);
+    assert_true(st.offset_range_valid && st.offset_min_mhz == -500 && st.offset_max_mhz == 1000);
+    assert_int_equal(rk_nvml_clock_offset_set(n, 0, -501, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "-501 MHz is outside what the driver allows (-500..+1000"));
+    assert_int_equal(rec("offset_calls"), 1);
     rk_nvml_close(n);
+}
+
+/* What each card allows, as rk tune and the score's advice see it: a Pascal GeForce locks no
+ * clocks (NVML answers NOT_SUPPORTED, and the routes say so before anyone asks), sets a power
+ * limit, and a clock offset only where the driver offers one; an Ampere card does all. */
+static void test_routes_by_architecture(void **state)
+{
+    (void)state;
+    rk_err err = {0};
+    rk_gpu_info in;
+    rk_nvml *n = open_board(4, 0);
+    assert_int_equal(rk_nvml_info(n, 0, &in), RK_OK);
+    assert_int_equal(in.arch, RK_ARCH_PASCAL);
+    assert_string_equal(rk_gpu_arch_name(in.arch), "Pascal");
+    assert_true(in.geforce);
+    assert_int_equal(in.tune, RK_TUNE_KNOWN | RK_TUNE_POWER_LIMIT);
+    assert_int_equal(rk_nvml_clocks_lock(n, 0, 1506, &err), RK_ENOTSUP);
+    assert_non_null(strstr(err.msg, "Not Supported"));
+    assert_int_equal(rk_nvml_clock_offset_set(n, 0, -100, &err), RK_ENOTSUP);
+    rk_nvml_settings st;
+    assert_int_equal(rk_nvml_settings_get(n, 0, &st, &err), RK_OK);
+    assert_false(st.offset_valid || st.offset_range_valid);
+    assert_int_equal(rec("lock_calls") + rec("offset_calls"), 0);
+    /* the lost GPU was never probed: nothing known */
+    assert_int_equal(rk_nvml_info(n, 1, &in), RK_OK);
+    assert_int_equal(in.tune, 0u);
+    rk_nvml_close(n);
+
+    n = open_board(4, 1);
+    assert_int_equal(rk_nvml_info(n, 0, &in), RK_OK);
+    assert_int_equal(in.tune, RK_TUNE_KNOWN | RK_TUNE_POWER_LIMIT | RK_TUNE_CLOCK_OFFSET);
+    rk_nvml_close(n);
+
+    n = open_board(7, 1);
+    assert_int_equal(rk_nvml_info(n, 0, &in), RK_OK);
+    assert_int_equal(in.arch, RK_ARCH_AMPERE);
+    assert_string_equal(in.name, "NVIDIA GeForce RTX 3090");
+    assert_int_equal(in.tune, RK_TUNE_KNOWN | RK_TUNE_LOCK_CLOCKS | RK_TUNE_POWER_LIMIT |
+                                  RK_TUNE_CLOCK_OFFSET);
+    rk_nvml_close(n);
+}
+
+/* The advice follows the routes: "lock clocks" only to a card that can. */
+static void test_advice_by_architecture(void **state)
+{
+    (void)state;
+    rk_gpu_sample s;
+    memset(&s, 0, sizeof s);
+    rk_gpu_signals g;
+    memset(&g, 0, sizeof g);
+    g.throttled_power = true; /* power_capped: the finding whose advice is only a tune */
+    rk_finding f[RK_MAX_FINDINGS];
+    int nf = 0;
+    rk_gpu_info in;
+    const struct {
+        long long arch, offsets;
+        const char *want, *not ;
+    } cases[] = {
+        {4, 0, "rk tune --power-limit W; Pascal cannot lock clocks", "--lock-clocks"},
+        {4, 1, "rk tune --clock-offset -100; Pascal cannot lock clocks", "--lock-clocks"},
+        {7, 1, "rk tune --lock-clocks MHZ", "cannot"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        rk_nvml *n = open_board(cases[k].arch, cases[k].offsets);
+        assert_int_equal(rk_nvml_info(n, 0, &in), RK_OK);
+        rk_nvml_close(n);
+        teardown(NULL);
+        assert_int_equal(rk_health_score_gpu(&in, &s, &g, f, &nf), 100);
+        assert_int_equal(nf, 1);
+        assert_string_equal(f[0].code, "power_capped");
+        assert_non_null(strstr(f[0].action, cases[k].want));
+        assert_null(strstr(f[0].action, cases[k].not ));
+    }
+    in.tune = RK_TUNE_KNOWN; /* nothing settable */
+    rk_health_score_gpu(&in, &s, &g, f, &nf);
+    assert_non_null(strstr(f[0].action, "only a BIOS with lower clocks"));
+    rk_health_score(&s, &g, f, &nf); /* no card: every route named */
+    assert_non_null(strstr(f[0].action, "lock clocks lower or lower the power limit"));
 }
 
 /* Out-of-range values are refused before NVML is asked. */
@@ -521,6 +622,8 @@ int main(void)
         cmocka_unit_test_teardown(test_setters_pass_arguments, teardown),
         cmocka_unit_test_teardown(test_setters_check_ranges, teardown),
         cmocka_unit_test_teardown(test_setters_explain_refusals, teardown),
+        cmocka_unit_test_teardown(test_routes_by_architecture, teardown),
+        cmocka_unit_test_teardown(test_advice_by_architecture, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

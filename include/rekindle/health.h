@@ -122,6 +122,29 @@ static inline void rk_field_set(rk_gpu_sample *s, rk_field f)
 RK_API const char *rk_field_name(rk_field f);
 
 /* What a GPU is. */
+/* The GPU's architecture, as NVML names it (nvmlDeviceGetArchitecture). */
+typedef enum rk_gpu_arch {
+    RK_ARCH_UNKNOWN = 0,
+    RK_ARCH_KEPLER,
+    RK_ARCH_MAXWELL,
+    RK_ARCH_PASCAL,
+    RK_ARCH_VOLTA,
+    RK_ARCH_TURING,
+    RK_ARCH_AMPERE,
+    RK_ARCH_ADA,
+    RK_ARCH_HOPPER,
+    RK_ARCH_BLACKWELL,
+} rk_gpu_arch;
+
+/* "Pascal", ..., "unknown". */
+RK_API const char *rk_gpu_arch_name(rk_gpu_arch a);
+
+/* What `rk tune` can set on a card (rk_gpu_info.tune, docs/tune.md "Which cards can"). */
+#define RK_TUNE_KNOWN 1u        /* the routes were probed: without it nothing is known */
+#define RK_TUNE_LOCK_CLOCKS 2u  /* locked SM clocks (Volta and newer) */
+#define RK_TUNE_POWER_LIMIT 4u  /* a power limit within the range the BIOS allows */
+#define RK_TUNE_CLOCK_OFFSET 8u /* a clock/voltage curve offset, where the driver has it */
+
 typedef struct rk_gpu_info {
     int index;        /* 0.. in the backend's order */
     char name[96];    /* "NVIDIA GeForce GTX 1070 Ti" */
@@ -131,6 +154,9 @@ typedef struct rk_gpu_info {
     char profile[32]; /* sim: the profile it was drawn from ("1070ti-mining", ...); "" */
     bool simulated;
     const char *backend; /* "nvml", "sim" */
+    rk_gpu_arch arch;    /* RK_ARCH_UNKNOWN when the driver does not say */
+    bool geforce;        /* a consumer board (NVML brand GeForce or TITAN) */
+    unsigned tune;       /* RK_TUNE_* bits; 0 when not probed */
 } rk_gpu_info;
 
 /* ---- backends ----------------------------------------------------------------------------- */
@@ -294,6 +320,11 @@ RK_API int rk_health_xid_class(int xid, const char **what);
  * scores 0. */
 RK_API int rk_health_score(const rk_gpu_sample *latest, const rk_gpu_signals *sig,
                            rk_finding *findings, int *nfindings);
+/* The same score, with advice fitted to what the card allows (info->tune: a Pascal GeForce
+ * that cannot lock clocks is told to lower its power limit). info may be NULL: then the
+ * advice names every route, as rk_health_score does. */
+RK_API int rk_health_score_gpu(const rk_gpu_info *info, const rk_gpu_sample *latest,
+                               const rk_gpu_signals *sig, rk_finding *findings, int *nfindings);
 
 RK_API const char *rk_severity_name(rk_severity s);
 

@@ -106,8 +106,9 @@ int rk_monitor_gpus(const rk_monitor *m)
     return m->n;
 }
 
-/* The score of GPU i from its history, latest reading and probability. */
-static void rescore(mon_gpu *g)
+/* The score of GPU i from its history, latest reading and probability; info (may be NULL)
+ * fits the advice to what the card allows. */
+static void rescore(mon_gpu *g, const rk_gpu_info *info)
 {
     rk_monitor_gpu *st = &g->st;
     rk_signals_compute(&g->h, &st->sig);
@@ -123,7 +124,7 @@ static void rescore(mon_gpu *g)
         snprintf(st->sig.burn_failed, sizeof st->sig.burn_failed, "%s", g->burn.failed);
     }
     int nf = 0;
-    st->score = rk_health_score(&st->latest, &st->sig, st->findings, &nf);
+    st->score = rk_health_score_gpu(info, &st->latest, &st->sig, st->findings, &nf);
     st->nfindings = nf < 0 ? 0 : nf > RK_MAX_FINDINGS ? RK_MAX_FINDINGS : nf;
     st->has_score = true;
 }
@@ -150,7 +151,7 @@ int rk_monitor_push(rk_monitor *m, int gpu, double t_s, const rk_gpu_sample *s, 
         /* the one check of a probability: finite and in [0, 1], else none */
         g->st.prob = isfinite(p) && p >= 0.0 && p <= 1.0 ? p : -1.0;
     }
-    rescore(g);
+    rescore(g, &m->infos[gpu]);
     return rc;
 }
 

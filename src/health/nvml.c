@@ -54,6 +54,11 @@ typedef struct nvml_fns {
     nvmlDeviceResetGpuLockedClocks_fn *reset_clocks;
     nvmlDeviceSetPowerManagementLimit_fn *set_limit;
     nvmlDeviceSetPersistenceMode_fn *set_persistence;
+    nvmlDeviceGetArchitecture_fn *arch;
+    nvmlDeviceGetBrand_fn *brand;
+    nvmlDeviceGetGpcClkVfOffset_fn *get_offset;
+    nvmlDeviceSetGpcClkVfOffset_fn *set_offset;
+    nvmlDeviceGetGpcClkMinMaxVfOffset_fn *offset_range;
 } nvml_fns;
 
 /* Where each pointer comes from: the names to try, newest first. */
@@ -115,6 +120,11 @@ static const sym_spec syms[] = {
     SYM(reset_clocks, false, "nvmlDeviceResetGpuLockedClocks"),
     SYM(set_limit, false, "nvmlDeviceSetPowerManagementLimit"),
     SYM(set_persistence, false, "nvmlDeviceSetPersistenceMode"),
+    SYM(arch, false, "nvmlDeviceGetArchitecture"),
+    SYM(brand, false, "nvmlDeviceGetBrand"),
+    SYM(get_offset, false, "nvmlDeviceGetGpcClkVfOffset"),
+    SYM(set_offset, false, "nvmlDeviceSetGpcClkVfOffset"),
+    SYM(offset_range, false, "nvmlDeviceGetGpcClkMinMaxVfOffset"),
 };
 #undef SYM
 
@@ -177,6 +187,41 @@ static const char *missing_required(const rk_nvml *n)
     return NULL;
 }
 
+/* NVML_DEVICE_ARCH_* (2 Kepler ... 10 Blackwell) into ours. */
+static rk_gpu_arch arch_of(unsigned a)
+{
+    return a >= 2 && a <= 10 ? (rk_gpu_arch)(a - 2 + RK_ARCH_KEPLER) : RK_ARCH_UNKNOWN;
+}
+
+/* Architecture, brand and what rk tune can set (docs/tune.md, "Which cards can"): locked
+ * clocks on Volta and newer (NVML's documented rule; on an unknown architecture the driver
+ * decides when asked), a power limit where the card reports a range with room in it, a clock
+ * offset where the driver answers for its range. Reads only. */
+static void read_routes(rk_nvml *n, gpu *g)
+{
+    rk_gpu_info *in = &g->info;
+    unsigned v = 0;
+    nvmlReturn_t rc = n->f.arch ? n->f.arch(g->h, &v) : NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (rc == NVML_ERROR_GPU_IS_LOST)
+        return; /* a card off the bus: nothing known */
+    if (rc == NVML_SUCCESS)
+        in->arch = arch_of(v);
+    if (n->f.brand && n->f.brand(g->h, &v) == NVML_SUCCESS)
+        in->geforce = v == NVML_BRAND_GEFORCE || v == NVML_BRAND_TITAN ||
+                      v == NVML_BRAND_GEFORCE_RTX || v == NVML_BRAND_TITAN_RTX;
+    in->tune = RK_TUNE_KNOWN;
+    if (n->f.lock_clocks && (in->arch == RK_ARCH_UNKNOWN || in->arch >= RK_ARCH_VOLTA))
+        in->tune |= RK_TUNE_LOCK_CLOCKS;
+    unsigned lo = 0, hi = 0;
+    if (n->f.set_limit && n->f.limit_constraints &&
+        n->f.limit_constraints(g->h, &lo, &hi) == NVML_SUCCESS && lo < hi)
+        in->tune |= RK_TUNE_POWER_LIMIT;
+    int omin = 0, omax = 0;
+    if (n->f.set_offset && n->f.offset_range &&
+        n->f.offset_range(g->h, &omin, &omax) == NVML_SUCCESS && omin < 0)
+        in->tune |= RK_TUNE_CLOCK_OFFSET; /* a negative offset is the one a worn card wants */
+}
+
 static void read_info(rk_nvml *n, int i)
 {
     gpu *g = &n->gpus[i];
@@ -198,6 +243,7 @@ static void read_info(rk_nvml *n, int i)
         copy_str(in->bus_id, sizeof in->bus_id, pci.busId, sizeof pci.busId);
     else if (n->f.pci_v1 && n->f.pci_v1(g->h, &pci) == NVML_SUCCESS)
         copy_str(in->bus_id, sizeof in->bus_id, pci.busIdLegacy, sizeof pci.busIdLegacy);
+    read_routes(n, g);
 }
 
 /* Ask for critical Xid events of every GPU that can send them, into one event set. */
@@ -628,6 +674,17 @@ int rk_nvml_settings_get(rk_nvml *n, int i, rk_nvml_settings *out, rk_err *err)
         out->persistence_valid = true;
         out->persistence_on = e == NVML_FEATURE_ENABLED;
     }
+    int o, omin, omax;
+    if (f->get_offset && live(&r) && took(&r, f->get_offset(h, &o), "clock offset")) {
+        out->offset_valid = true;
+        out->offset_mhz = o;
+    }
+    if (f->offset_range && live(&r) &&
+        took(&r, f->offset_range(h, &omin, &omax), "clock offset range") && omin <= omax) {
+        out->offset_range_valid = true;
+        out->offset_min_mhz = omin;
+        out->offset_max_mhz = omax;
+    }
     if (r.lost)
         return rk_err_set_line(err, RK_EIO, "GPU %d: the GPU is lost (fallen off the bus)", i);
     if (r.fatal)
@@ -696,6 +753,28 @@ int rk_nvml_power_limit_set(rk_nvml *n, int i, unsigned mw, rk_err *err)
     return r == NVML_SUCCESS
                ? RK_OK
                : set_failed(n, i, "power limit", r, "this card's power limit cannot be set", err);
+}
+
+int rk_nvml_clock_offset_set(rk_nvml *n, int i, int mhz, rk_err *err)
+{
+    nvmlDevice_t h;
+    int rc = handle_of(n, i, &h, err);
+    if (rc)
+        return rc;
+    int lo = 0, hi = 0;
+    if (n->f.offset_range && n->f.offset_range(h, &lo, &hi) == NVML_SUCCESS && lo <= hi &&
+        (mhz < lo || mhz > hi))
+        return rk_err_set(err, RK_EINVAL,
+                          "GPU %d: clock offset: %+d MHz is outside what the driver allows "
+                          "(%+d..%+d MHz)",
+                          i, mhz, lo, hi);
+    if (!n->f.set_offset)
+        return set_failed(n, i, "clock offset", NVML_ERROR_FUNCTION_NOT_FOUND,
+                          "this NVML has no nvmlDeviceSetGpcClkVfOffset", err);
+    nvmlReturn_t r = n->f.set_offset(h, mhz);
+    return r == NVML_SUCCESS ? RK_OK
+                             : set_failed(n, i, "clock offset", r,
+                                          "this driver offers no clock offset for this card", err);
 }
 
 int rk_nvml_persistence_set(rk_nvml *n, int i, bool on, rk_err *err)

@@ -54,6 +54,10 @@ typedef struct rk_nvml_settings {
     unsigned power_default_mw;
     bool persistence_valid;
     bool persistence_on;
+    bool offset_valid;
+    int offset_mhz; /* the graphics clock's offset on its clock/voltage curve now */
+    bool offset_range_valid;
+    int offset_min_mhz, offset_max_mhz; /* what may be set */
 } rk_nvml_settings;
 
 /* Current settings of GPU i (fields the card cannot report stay invalid). RK_EIO when the GPU
@@ -66,6 +70,10 @@ int rk_nvml_clocks_lock(rk_nvml *n, int i, unsigned mhz, rk_err *err);
 int rk_nvml_clocks_reset(rk_nvml *n, int i, rk_err *err);
 /* Set the power limit in milliwatts; RK_EINVAL outside the card's constraints. */
 int rk_nvml_power_limit_set(rk_nvml *n, int i, unsigned mw, rk_err *err);
+/* Shift the graphics clock's clock/voltage curve by mhz (negative: lower clocks at each
+ * voltage; nvmlDeviceSetGpcClkVfOffset), where the driver offers it. RK_EINVAL outside the
+ * range the driver reports. */
+int rk_nvml_clock_offset_set(rk_nvml *n, int i, int mhz, rk_err *err);
 /* Persistence mode on or off (the driver stays loaded with no client, so settings stay). */
 int rk_nvml_persistence_set(rk_nvml *n, int i, bool on, rk_err *err);
 

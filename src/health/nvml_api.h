@@ -168,5 +168,18 @@ typedef nvmlReturn_t nvmlDeviceSetGpuLockedClocks_fn(nvmlDevice_t device,
 typedef nvmlReturn_t nvmlDeviceResetGpuLockedClocks_fn(nvmlDevice_t device);
 typedef nvmlReturn_t nvmlDeviceSetPowerManagementLimit_fn(nvmlDevice_t device, unsigned int limit);
 typedef nvmlReturn_t nvmlDeviceSetPersistenceMode_fn(nvmlDevice_t device, nvmlEnableState_t mode);
+/* Architecture (NVML_DEVICE_ARCH_*: Kepler 2 ... Blackwell 10) and brand (NVML_BRAND_*). */
+typedef nvmlReturn_t nvmlDeviceGetArchitecture_fn(nvmlDevice_t device, unsigned int *arch);
+typedef nvmlReturn_t nvmlDeviceGetBrand_fn(nvmlDevice_t device, unsigned int *brand);
+#define NVML_BRAND_GEFORCE 5
+#define NVML_BRAND_TITAN 6
+#define NVML_BRAND_GEFORCE_RTX 15
+#define NVML_BRAND_TITAN_RTX 16
+/* The graphics clock's offset on its clock/voltage curve, MHz (Maxwell and newer where the
+ * driver offers it), and the range it may take. */
+typedef nvmlReturn_t nvmlDeviceGetGpcClkVfOffset_fn(nvmlDevice_t device, int *offset);
+typedef nvmlReturn_t nvmlDeviceSetGpcClkVfOffset_fn(nvmlDevice_t device, int offset);
+typedef nvmlReturn_t nvmlDeviceGetGpcClkMinMaxVfOffset_fn(nvmlDevice_t device, int *minOffset,
+                                                          int *maxOffset);
 
 #endif

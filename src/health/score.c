@@ -166,12 +166,49 @@ static void score_burn(acc *a, const rk_gpu_signals *g)
         "the last burn-in was FAULTY: %.130s", g->burn_failed[0] ? g->burn_failed : "?");
 }
 
+/* ---- what steadies this card (docs/tune.md, "Which cards can") ------------------------------ */
+
+/* The way to hold a worn card below the top of its clock/voltage curve, in the words of an
+ * action: locked clocks where the card has them, else a clock offset, else a lower power
+ * limit, else only the BIOS. Unknown routes name every one. */
+static const char *steady(const rk_gpu_info *in, char *buf, size_t cap)
+{
+    if (!in || !(in->tune & RK_TUNE_KNOWN))
+        return "lock clocks lower or lower the power limit (rk tune)";
+    if (in->tune & RK_TUNE_LOCK_CLOCKS)
+        return "lock clocks lower (rk tune --lock-clocks MHZ)";
+    const char *no = in->arch != RK_ARCH_UNKNOWN ? rk_gpu_arch_name(in->arch) : "this card";
+    if (in->tune & RK_TUNE_CLOCK_OFFSET)
+        snprintf(buf, cap,
+                 "lower its clock curve (rk tune --clock-offset -100; %s cannot lock "
+                 "clocks)",
+                 no);
+    else if (in->tune & RK_TUNE_POWER_LIMIT)
+        snprintf(buf, cap,
+                 "lower the power limit (rk tune --power-limit W; %s cannot lock "
+                 "clocks)",
+                 no);
+    else
+        snprintf(buf, cap,
+                 "only a BIOS with lower clocks steadies it (the driver sets no "
+                 "clock or power limit here)");
+    return buf;
+}
+
 #define V(f) rk_field_valid(s, RK_F_##f)
 
 int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding *findings,
                     int *nfindings)
 {
+    return rk_health_score_gpu(NULL, s, g, findings, nfindings);
+}
+
+int rk_health_score_gpu(const rk_gpu_info *info, const rk_gpu_sample *s, const rk_gpu_signals *g,
+                        rk_finding *findings, int *nfindings)
+{
     acc a = {findings, 0, 0};
+    char how[112], act[160];
+    const char *steady_how = steady(info, how, sizeof how);
     if (s->lost) {
         add(&a, "gpu_lost", RK_SEV_CRIT, 100,
             "reseat the card, its riser and power cables; retire it if it falls off again",
@@ -194,10 +231,10 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
     if (g && g->throttled_thermal)
         add(&a, "throttling_thermal", RK_SEV_WARN, 10, "clean and repaste; lower the power limit",
             "clocks held down by temperature");
-    if (g && g->hw_slowdown)
-        add(&a, "hw_slowdown", RK_SEV_WARN, 15,
-            "check the PSU and its cables; lock clocks lower (e.g. 1506 MHz)",
-            "hardware slowdown or power brake engaged");
+    if (g && g->hw_slowdown) {
+        snprintf(act, sizeof act, "check the PSU and its cables; %s", steady_how);
+        add(&a, "hw_slowdown", RK_SEV_WARN, 15, act, "hardware slowdown or power brake engaged");
+    }
     if (V(FAN_VIB) && s->fan_vib_hz > 400)
         add(&a, "fan_bearing", RK_SEV_CRIT, 30, "replace the fan now",
             "fan vibration at %.0f Hz (more than 400: bearing failing)", s->fan_vib_hz);
@@ -208,10 +245,11 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
         add(&a, "vrm_ripple", RK_SEV_CRIT, 35,
             "retire the card or replace the VRM capacitors: expect wrong arithmetic",
             "VRM ripple %.0f mV (more than 100)", s->vrm_ripple_mv);
-    else if (V(VRM_RIPPLE) && s->vrm_ripple_mv > 50)
-        add(&a, "vrm_ripple", RK_SEV_WARN, 15,
-            "VRM capacitors ageing: lower the power limit, lock clocks, plan a repair",
-            "VRM ripple %.0f mV (more than 50)", s->vrm_ripple_mv);
+    else if (V(VRM_RIPPLE) && s->vrm_ripple_mv > 50) {
+        snprintf(act, sizeof act, "VRM capacitors ageing: %s; plan a repair", steady_how);
+        add(&a, "vrm_ripple", RK_SEV_WARN, 15, act, "VRM ripple %.0f mV (more than 50)",
+            s->vrm_ripple_mv);
+    }
     if (V(ECC_UNCORRECTED) && s->ecc_uncorrected > 0)
         add(&a, "ecc_uncorrected", RK_SEV_CRIT, 30, "retire the card (its memory is failing)",
             "%llu uncorrected ECC errors", (unsigned long long)s->ecc_uncorrected);
@@ -255,10 +293,10 @@ int rk_health_score(const rk_gpu_sample *s, const rk_gpu_signals *g, rk_finding 
                 "the predictor gives p=%.2f of failing %s (%.1f or more predicts a failure)",
                 g->fail_prob, within, RK_HEALTH_FAIL_PROB_PREDICTED);
     }
-    if (g && g->throttled_power && !g->hw_slowdown)
-        add(&a, "power_capped", RK_SEV_INFO, 0,
-            "fine for a worn card; to steady it, lock clocks (e.g. rk tune --lock-clocks 1506)",
-            "clocks held at the power limit");
+    if (g && g->throttled_power && !g->hw_slowdown) {
+        snprintf(act, sizeof act, "fine for a worn card; to steady it, %s", steady_how);
+        add(&a, "power_capped", RK_SEV_INFO, 0, act, "clocks held at the power limit");
+    }
     if (findings)
         qsort(findings, (size_t)a.n, sizeof *findings, worst_first);
     if (nfindings)

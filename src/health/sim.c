@@ -524,6 +524,32 @@ static void gpu_draw(sim_gpu *g, uint64_t seed, int i, const profile *p, double 
     g->ep_th = g->ep;
 }
 
+/* What each profile's card is and what rk tune could set on it, as NVML would say
+ * (docs/tune.md, "Which cards can"): Pascal and Kepler lock no clocks. */
+static const struct {
+    const char *id;
+    rk_gpu_arch arch;
+    bool geforce;
+    unsigned tune;
+} routes[] = {
+    {"1070ti-mining", RK_ARCH_PASCAL, true, RK_TUNE_KNOWN | RK_TUNE_POWER_LIMIT},
+    {"1080ti-gaming", RK_ARCH_PASCAL, true, RK_TUNE_KNOWN | RK_TUNE_POWER_LIMIT},
+    {"p100-hpc", RK_ARCH_PASCAL, false, RK_TUNE_KNOWN | RK_TUNE_POWER_LIMIT},
+    {"3090-mining", RK_ARCH_AMPERE, true,
+     RK_TUNE_KNOWN | RK_TUNE_LOCK_CLOCKS | RK_TUNE_POWER_LIMIT | RK_TUNE_CLOCK_OFFSET},
+    {"k20x-titan", RK_ARCH_KEPLER, false, RK_TUNE_KNOWN | RK_TUNE_POWER_LIMIT},
+};
+
+static void gpu_routes_fill(rk_gpu_info *in, const char *id)
+{
+    for (size_t k = 0; k < sizeof routes / sizeof routes[0]; k++)
+        if (strcmp(routes[k].id, id) == 0) {
+            in->arch = routes[k].arch;
+            in->geforce = routes[k].geforce;
+            in->tune = routes[k].tune;
+        }
+}
+
 static void gpu_info_fill(sim_gpu *g, uint64_t seed)
 {
     rk_gpu_info *in = &g->info;
@@ -540,6 +566,7 @@ static void gpu_info_fill(sim_gpu *g, uint64_t seed)
     snprintf(in->profile, sizeof in->profile, "%s", g->p->id);
     in->simulated = true;
     in->backend = "sim";
+    gpu_routes_fill(in, g->p->id);
 }
 
 /* ---- the event log ------------------------------------------------------------------------ */

@@ -34,6 +34,13 @@ static const char *const field_names[RK_F_COUNT] = {
     "vrm_ripple",     "fan_vibration",
 };
 
+const char *rk_gpu_arch_name(rk_gpu_arch a)
+{
+    static const char *const names[] = {"unknown", "Kepler", "Maxwell", "Pascal", "Volta",
+                                        "Turing",  "Ampere", "Ada",     "Hopper", "Blackwell"};
+    return (unsigned)a < sizeof names / sizeof names[0] ? names[a] : "unknown";
+}
+
 const char *rk_field_name(rk_field f)
 {
     return (unsigned)f < RK_F_COUNT ? field_names[f] : "?";
