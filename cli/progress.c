@@ -205,40 +205,145 @@ void rk_progress_clear(rk_progress *p)
 
 void rk_progress_say(rk_progress *p, const char *fmt, ...)
 {
+    FILE *f = rk_progress_notes(p, p->out);
     rk_progress_clear(p);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(p->out, fmt, ap);
+    vfprintf(f, fmt, ap);
     va_end(ap);
-    fflush(p->out);
+    fflush(f);
+}
+
+/* ---- notes: a stream that clears the bar, and wraps lines at spaces on a terminal ---------- */
+
+#define PEND_CAP (4 * (LIVE_MAX + 2)) /* a line of LIVE_MAX + 1 columns, 4 bytes each */
+
+static void note_put(rk_progress_note *n, const char *s, size_t len)
+{
+    if (len && fwrite(s, 1, len, n->to) != len)
+        n->failed = true;
+}
+
+/* The pending line has outgrown width: write it up to its last space (after the indentation)
+ * or, with no space, all but its last character; keep the rest, indented, as the pending
+ * line. */
+static void note_wrap(rk_progress_note *n, int width)
+{
+    size_t lead = 0;
+    while (lead < n->len && n->pend[lead] == ' ')
+        lead++;
+    if (!n->wrapped) { /* the line's first break: its own indentation, plus two */
+        n->indent = (int)lead + 2;
+        n->wrapped = true;
+    }
+    size_t cut = 0;
+    for (size_t i = n->len; i-- > lead;)
+        if (n->pend[i] == ' ') {
+            cut = i;
+            break;
+        }
+    size_t end, rest;
+    if (cut > lead) {
+        end = cut;
+        while (end > lead && n->pend[end - 1] == ' ')
+            end--;
+        rest = cut + 1;
+    } else {
+        end = n->len;
+        do
+            end--;
+        while (end > 0 && ((unsigned char)n->pend[end] & 0xC0) == 0x80);
+        rest = end;
+    }
+    note_put(n, n->pend, end);
+    note_put(n, "\n", 1);
+    size_t ind = (size_t)(n->indent < width / 4 ? n->indent : width / 4);
+    memmove(n->pend + ind, n->pend + rest, n->len - rest);
+    memset(n->pend, ' ', ind);
+    n->len = ind + n->len - rest;
+    n->cols = 0;
+    for (size_t i = 0; i < n->len; i++)
+        n->cols += ((unsigned char)n->pend[i] & 0xC0) != 0x80;
 }
 
 static ssize_t notes_write(void *cookie, const char *buf, size_t n)
 {
-    rk_progress *p = cookie;
-    rk_progress_clear(p);
-    size_t w = fwrite(buf, 1, n, p->out);
-    fflush(p->out);
-    return w > 0 ? (ssize_t)w : -1;
+    rk_progress_note *note = cookie;
+    rk_progress_clear(note->p);
+    int width = 0; /* 0: `to` is no terminal, the text goes as it is */
+    if (rk_term_live(fileno(note->to))) {
+        width = rk_term_columns(fileno(note->to)) - 1;
+        width = width < 1 ? 1 : width > LIVE_MAX ? LIVE_MAX : width;
+    }
+    if (!width) {
+        note_put(note, note->pend, note->len);
+        note->len = 0;
+        note->cols = 0;
+        note->wrapped = false;
+        note_put(note, buf, n);
+    }
+    for (size_t i = 0; width && i < n; i++) {
+        if (buf[i] == '\n') {
+            note_put(note, note->pend, note->len);
+            note_put(note, "\n", 1);
+            note->len = 0;
+            note->cols = 0;
+            note->wrapped = false;
+            continue;
+        }
+        note->pend[note->len++] = buf[i];
+        note->cols += ((unsigned char)buf[i] & 0xC0) != 0x80;
+        while (note->cols > width)
+            note_wrap(note, width);
+    }
+    fflush(note->to);
+    if (note->failed) {
+        note->failed = false;
+        return -1;
+    }
+    return (ssize_t)n;
 }
 
-FILE *rk_progress_notes(rk_progress *p)
+static int notes_close(void *cookie)
+{
+    rk_progress_note *note = cookie;
+    note_put(note, note->pend, note->len); /* a last line with no newline */
+    fflush(note->to);
+    free(note->pend);
+    note->pend = NULL;
+    return 0;
+}
+
+FILE *rk_progress_notes(rk_progress *p, FILE *to)
 {
     if (!p->live)
-        return p->out;
-    if (!p->notes) {
-        p->notes = fopencookie(p, "w", (cookie_io_functions_t){.write = notes_write});
-        if (!p->notes)
-            return p->out; /* out of memory: notes may share the bar's line */
-        setvbuf(p->notes, NULL, _IOLBF, 0);
+        return to;
+    for (int i = 0; i < RK_PROGRESS_NOTES; i++) {
+        rk_progress_note *note = &p->notes[i];
+        if (note->f && note->to == to)
+            return note->f;
+        if (note->f)
+            continue;
+        *note = (rk_progress_note){.p = p, .to = to, .pend = malloc(PEND_CAP)};
+        if (note->pend)
+            note->f = fopencookie(
+                note, "w", (cookie_io_functions_t){.write = notes_write, .close = notes_close});
+        if (!note->f) {
+            free(note->pend);
+            note->pend = NULL;
+            return to; /* out of memory: notes may share the bar's line */
+        }
+        setvbuf(note->f, NULL, _IOLBF, 0);
+        return note->f;
     }
-    return p->notes;
+    return to;
 }
 
 void rk_progress_close(rk_progress *p)
 {
-    if (p->notes)
-        fclose(p->notes);
-    p->notes = NULL;
     rk_progress_clear(p);
+    for (int i = 0; i < RK_PROGRESS_NOTES; i++)
+        if (p->notes[i].f)
+            fclose(p->notes[i].f);
+    memset(p->notes, 0, sizeof p->notes);
 }

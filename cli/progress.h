@@ -42,15 +42,30 @@ typedef struct rk_progress_parts {
     const char *eta;    /* "ETA 1:05": dropped first */
 } rk_progress_parts;
 
+#define RK_PROGRESS_NOTES 2 /* rk_progress_notes streams per progress stream */
+
+typedef struct rk_progress rk_progress;
+
+/* One stream of rk_progress_notes's (its own): the line being written, kept until its newline
+ * or until it outgrows the terminal. */
+typedef struct rk_progress_note {
+    rk_progress *p;
+    FILE *to, *f;
+    char *pend;
+    size_t len;
+    int cols, indent;
+    bool wrapped, failed;
+} rk_progress_note;
+
 /* One progress stream. Fill it with rk_progress_init; the fields are its own. */
-typedef struct rk_progress {
+struct rk_progress {
     FILE *out;
     bool live;       /* redrawn in place; else plain lines */
     bool drawn;      /* live: a line is on the screen, not yet cleared */
     int plain_lines; /* plain: a line at every 1/plain_lines of progress (10: tenths) */
     int plain_last;  /* plain: the last of those points printed */
-    FILE *notes;     /* rk_progress_notes's stream, when it made one */
-} rk_progress;
+    rk_progress_note notes[RK_PROGRESS_NOTES];
+};
 
 /* True when fd is a terminal that takes redraws and escapes: isatty(fd), TERM not "dumb",
  * NO_COLOR unset or empty. */
@@ -86,16 +101,22 @@ void rk_progress_restart(rk_progress *p);
 /* Clear the live line, if one is drawn. */
 void rk_progress_clear(rk_progress *p);
 
-/* A normal line (printf format; put the "\n" in it): clears the live line first, so the text
- * starts at column 0; the next draw puts the bar back under it. */
+/* A normal line (printf format; put the "\n" in it) through rk_progress_notes(p, p->out):
+ * clears the live line first, so the text starts at column 0, and wraps it on a terminal; the
+ * next draw puts the bar back under it. */
 __attribute__((format(printf, 2, 3))) void rk_progress_say(rk_progress *p, const char *fmt, ...);
 
-/* A stream for code that prints its own lines to out (the library's checkpoint notes): in live
- * mode each write clears the live line first, as rk_progress_say does; in plain mode it is out
- * itself. Valid until rk_progress_close. */
-FILE *rk_progress_notes(rk_progress *p);
+/* A stream for code that prints its own lines to `to` (the worker's checkpoint notes on
+ * stdout, its guard messages on stderr) while the bar is up. In live mode each write clears
+ * the live line first, then goes to `to`; when `to` is a live terminal too, a line longer
+ * than its width less one column is broken at its last space that fits (no space: at the
+ * width), the rest indented by the line's own indentation plus two, so every line fits and
+ * no text is lost. A line is written when its newline comes (or at rk_progress_close), never
+ * half under the bar. In plain mode (or when no stream can be made: RK_PROGRESS_NOTES are in
+ * use, out of memory) it is `to` itself, text unchanged. Valid until rk_progress_close. */
+FILE *rk_progress_notes(rk_progress *p, FILE *to);
 
-/* Clear the live line and close the notes stream. The rk_progress can be initialised again. */
+/* Clear the live line and close the notes streams. The rk_progress can be initialised again. */
 void rk_progress_close(rk_progress *p);
 
 #endif

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "progress.h"
@@ -207,7 +208,7 @@ static void test_plain_mode_tenths(void **state)
         rk_progress_draw(&p, &parts);
     }
     rk_progress_say(&p, "done\n");
-    assert_ptr_equal(rk_progress_notes(&p), f);
+    assert_ptr_equal(rk_progress_notes(&p, f), f);
     rk_progress_close(&p);
     char out[4096];
     slurp(f, out, sizeof out);
@@ -245,8 +246,9 @@ static void test_plain_mode_tenths(void **state)
 static void test_live_mode_redraws_within_the_width(void **state)
 {
     (void)state;
-    FILE *f = tmpfile();
+    FILE *f = tmpfile(), *g = tmpfile();
     assert_non_null(f);
+    assert_non_null(g);
     setenv("COLUMNS", "60", 1); /* a file has no window size: $COLUMNS says */
     rk_progress p;
     rk_progress_init(&p, f, true);
@@ -254,9 +256,16 @@ static void test_live_mode_redraws_within_the_width(void **state)
     rk_progress_draw(&p, &train_parts);
     rk_progress_draw(&p, &train_parts);
     rk_progress_say(&p, "checkpoint: %s\n", "saved");
-    fprintf(rk_progress_notes(&p), "a note\n");
+    fprintf(rk_progress_notes(&p, f), "a note\n");
     rk_progress_draw(&p, &train_parts);
-    fprintf(rk_progress_notes(&p), "another note\n");
+    FILE *notes = rk_progress_notes(&p, f), *diag = rk_progress_notes(&p, g);
+    assert_ptr_not_equal(notes, f);
+    assert_ptr_equal(rk_progress_notes(&p, f), notes); /* one per target */
+    assert_ptr_not_equal(diag, g);
+    assert_ptr_equal(rk_progress_notes(&p, stdout), stdout); /* two in use: the target itself */
+    fprintf(notes, "another note\n");
+    rk_progress_draw(&p, &train_parts);
+    fprintf(diag, "a diagnostic\n"); /* the bar is on f: cleared there, the text to g */
     rk_progress_close(&p);
     unsetenv("COLUMNS");
     char out[4096], want[1024], line[128];
@@ -266,10 +275,13 @@ static void test_live_mode_redraws_within_the_width(void **state)
     assert_null(strstr(line, "ETA"));
     snprintf(want, sizeof want,
              "\r%s\033[K\r%s\033[K\r\033[Kcheckpoint: saved\na note\n\r%s\033[K\r\033[Kanother "
-             "note\n",
-             line, line, line);
+             "note\n\r%s\033[K\r\033[K",
+             line, line, line, line);
     assert_string_equal(out, want);
+    slurp(g, out, sizeof out);
+    assert_string_equal(out, "a diagnostic\n");
     fclose(f);
+    fclose(g);
 }
 
 static void test_columns_from_the_environment(void **state)
@@ -330,6 +342,88 @@ static void test_on_a_pty(void **state)
     close(master);
 }
 
+/* Everything the pty's master has to read now. */
+static size_t drain(int master, char *buf, size_t cap)
+{
+    size_t len = 0;
+    ssize_t n;
+    while (len + 1 < cap && (n = read(master, buf + len, cap - 1 - len)) > 0)
+        len += (size_t)n;
+    buf[len] = '\0';
+    return len;
+}
+
+/* On a 30-column terminal, say and the notes streams break long lines at spaces (indented by
+ * the line's own indentation plus two), cut a word longer than the width, lose no text, and
+ * leave short lines and the bar's line alone. */
+static void test_notes_wrap_on_a_terminal(void **state)
+{
+    (void)state;
+    int master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0 || grantpt(master) || unlockpt(master)) {
+        if (master >= 0)
+            close(master);
+        skip();
+    }
+    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
+    assert_true(slave >= 0);
+    struct termios t;
+    assert_int_equal(tcgetattr(slave, &t), 0);
+    cfmakeraw(&t); /* "\n" stays "\n" */
+    assert_int_equal(tcsetattr(slave, TCSANOW, &t), 0);
+    struct winsize ws = {.ws_row = 20, .ws_col = 30};
+    assert_int_equal(ioctl(slave, TIOCSWINSZ, &ws), 0);
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    setenv("TERM", "xterm", 1);
+    unsetenv("NO_COLOR");
+    FILE *out = fdopen(slave, "w");
+    assert_non_null(out);
+    rk_progress p;
+    rk_progress_init(&p, out, true);
+    assert_true(p.live);
+    char got[4096];
+
+    rk_progress_say(&p, "short line\n");
+    drain(master, got, sizeof got);
+    assert_string_equal(got, "short line\n");
+
+    rk_progress_say(&p, "rk train: model cnn-small (421642 parameters), cpu (oneDNN), %d thread\n",
+                    1);
+    drain(master, got, sizeof got);
+    assert_string_equal(got, "rk train: model cnn-small\n"
+                             "  (421642 parameters), cpu\n"
+                             "  (oneDNN), 1 thread\n");
+
+    FILE *notes = rk_progress_notes(&p, out);
+    fprintf(notes, "  sgemm: variant tiled, n=512, 3 copies x 9 rounds\n");
+    drain(master, got, sizeof got);
+    assert_string_equal(got, "  sgemm: variant tiled,\n"
+                             "    n=512, 3 copies x 9\n"
+                             "    rounds\n");
+    /* 29 columns exactly: as it is */
+    fprintf(notes, "%s\n", "abcdefghijklmnopqrstuvwxyz012");
+    drain(master, got, sizeof got);
+    assert_string_equal(got, "abcdefghijklmnopqrstuvwxyz012\n");
+    /* no space: cut at the width */
+    fprintf(notes, "state /a/very/long/path/with/no/spaces/burn.json\n");
+    drain(master, got, sizeof got);
+    assert_string_equal(got, "state\n"
+                             "  /a/very/long/path/with/no/s\n"
+                             "  paces/burn.json\n");
+    /* a line in two writes, the bar drawn in between: the bar is cleared, the line whole */
+    rk_progress_parts parts = {.label = "epoch 1/1", .frac = 0.5};
+    fprintf(notes, "checkpoint: ");
+    fflush(notes);
+    rk_progress_draw(&p, &parts);
+    fprintf(notes, "step 5 saved\n");
+    drain(master, got, sizeof got);
+    assert_string_equal(got, "\repoch 1/1  [########........]\033[K\r\033[Kcheckpoint: step 5 "
+                             "saved\n");
+    rk_progress_close(&p);
+    fclose(out);
+    close(master);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -343,6 +437,7 @@ int main(void)
         cmocka_unit_test(test_live_mode_redraws_within_the_width),
         cmocka_unit_test(test_columns_from_the_environment),
         cmocka_unit_test(test_on_a_pty),
+        cmocka_unit_test(test_notes_wrap_on_a_terminal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
