@@ -43,6 +43,9 @@ static const char usage_text[] =
     "The fastest SGEMM kernel is found on first use and cached per GPU model in\n"
     "$XDG_CACHE_HOME/rekindle (root: /var/cache/rekindle, else ~/.cache/rekindle).\n"
     "\n"
+    "Progress on stderr: on a terminal one line redrawn in place, fitted to its width; else\n"
+    "(a file, TERM=dumb, NO_COLOR) a plain line per tenth of the burn (docs/cli.md).\n"
+    "\n"
     "Exit status: 0 every GPU OK, 1 a GPU FAULTY, no GPU or the burn could not run,\n"
     "2 bad usage.\n";
 
