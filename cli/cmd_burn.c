@@ -17,6 +17,7 @@
 #include "gpu/cuda.h"
 #include "health/burnstate.h"
 #include "health/nvml.h"
+#include "progress.h"
 #include "rk.h"
 
 #define MAX_SELECT 64
@@ -41,6 +42,9 @@ static const char usage_text[] =
     "\n"
     "The fastest SGEMM kernel is found on first use and cached per GPU model in\n"
     "$XDG_CACHE_HOME/rekindle (root: /var/cache/rekindle, else ~/.cache/rekindle).\n"
+    "\n"
+    "Progress on stderr: on a terminal one line redrawn in place, fitted to its width; else\n"
+    "(a file, TERM=dumb, NO_COLOR) a plain line per tenth of the burn (docs/cli.md).\n"
     "\n"
     "Exit status: 0 every GPU OK, 1 a GPU FAULTY, no GPU or the burn could not run,\n"
     "2 bad usage.\n";
@@ -85,27 +89,53 @@ static bool parse_list(const char *s, int *idx, int *n)
     return *n > 0;
 }
 
+/* The burn's progress on stderr: a line redrawn on a terminal, else a plain line per tenth. */
+typedef struct burn_view {
+    rk_progress bar;
+    double duration_s;
+} burn_view;
+
 static void progress(void *ctx, const rk_burn_gpu *gpus, int n, double elapsed)
 {
-    (void)ctx;
-    if (!isatty(STDERR_FILENO))
-        return;
-    fprintf(stderr, "\r%5.0fs", elapsed);
+    burn_view *v = ctx;
+    char label[32], counts[512] = "", detail[64] = "", rate[32], eta[32];
+    double least = 1, gflops = 0, temp = NAN, mhz = NAN;
+    size_t used = 0;
     for (int i = 0; i < n; i++) {
         const rk_burn_gpu *g = &gpus[i];
         double prog, gf;
         __atomic_load(&g->progress, &prog, __ATOMIC_RELAXED);
         __atomic_load(&g->gflops_now, &gf, __ATOMIC_RELAXED);
         const char *phase = __atomic_load_n(&g->phase, __ATOMIC_RELAXED);
-        fprintf(stderr, "  gpu%d %3.0f%% %s %.0f GFLOP/s", g->ordinal, 100 * prog,
-                phase ? phase : "?", gf);
+        least = fmin(least, prog);
+        gflops += gf;
+        if (used < sizeof counts)
+            used += (size_t)snprintf(counts + used, sizeof counts - used, "%sgpu%d %.0f%% %s",
+                                     i ? ", " : "", g->ordinal, 100 * prog, phase ? phase : "?");
         if (g->have_sample && rk_field_valid(&g->last, RK_F_TEMP))
-            fprintf(stderr, " %.0fC", g->last.temp_c);
+            temp = isnan(temp) ? g->last.temp_c : fmax(temp, g->last.temp_c);
         if (g->have_sample && rk_field_valid(&g->last, RK_F_SM_CLOCK))
-            fprintf(stderr, " %.0fMHz", g->last.sm_mhz);
+            mhz = isnan(mhz) ? g->last.sm_mhz : fmin(mhz, g->last.sm_mhz);
     }
-    fprintf(stderr, "\033[K");
-    fflush(stderr);
+    /* the hottest GPU and the slowest SM clock (one GPU: its own) */
+    const char *hot = n > 1 ? "max " : "", *slow = n > 1 ? "min " : "";
+    if (!isnan(temp) && !isnan(mhz))
+        snprintf(detail, sizeof detail, "%s%.0fC %s%.0fMHz", hot, temp, slow, mhz);
+    else if (!isnan(temp))
+        snprintf(detail, sizeof detail, "%s%.0fC", hot, temp);
+    else if (!isnan(mhz))
+        snprintf(detail, sizeof detail, "%s%.0fMHz", slow, mhz);
+    snprintf(label, sizeof label, "burn %.0fs", elapsed);
+    snprintf(rate, sizeof rate, "%.0f GFLOP/s", gflops);
+    long left = (long)(v->duration_s * (1 - least) + 0.5);
+    snprintf(eta, sizeof eta, "ETA %ld:%02ld", left / 60, left % 60);
+    rk_progress_parts parts = {.label = label,
+                               .frac = least,
+                               .counts = counts,
+                               .detail = detail,
+                               .rate = rate,
+                               .eta = eta};
+    rk_progress_draw(&v->bar, &parts);
 }
 
 static const char *gpu_key(const rk_burn_gpu *g)
@@ -170,38 +200,39 @@ static json_t *gpu_json(const rk_burn_gpu *g, bool ok, const char *failed, const
     return o;
 }
 
-static void print_gpu(const rk_burn_gpu *g, bool ok, const char *failed, const char *recorded)
+static void print_gpu(FILE *so, const rk_burn_gpu *g, bool ok, const char *failed,
+                      const char *recorded)
 {
     const rk_burn_result *r = &g->result;
     char rs[160];
-    printf("gpu %d: %s (%s)%s%s\n", g->ordinal, g->dev.name, g->dev.bus_id,
-           g->nvml_index >= 0 && g->info.serial[0] ? " serial " : "",
-           g->nvml_index >= 0 ? g->info.serial : "");
+    fprintf(so, "gpu %d: %s (%s)%s%s\n", g->ordinal, g->dev.name, g->dev.bus_id,
+            g->nvml_index >= 0 && g->info.serial[0] ? " serial " : "",
+            g->nvml_index >= 0 ? g->info.serial : "");
     if (!r->ran) {
-        printf("  not burnt: %s\n", r->setup_error);
+        fprintf(so, "  not burnt: %s\n", r->setup_error);
         return;
     }
-    printf("  sgemm: %s%s, n=%d, %d copies x %llu rounds, %.1f GFLOP/s, %llu elements wrong\n",
-           r->variant, r->tuned_now ? " (tuned now)" : "", r->n, r->copies,
-           (unsigned long long)r->rounds, r->gflops, (unsigned long long)r->wrong_elements);
-    printf("  memory: %.1f GiB;", (double)r->mem_bytes / (1 << 30));
+    fprintf(so, "  sgemm: %s%s, n=%d, %d copies x %llu rounds, %.1f GFLOP/s, %llu elements wrong\n",
+            r->variant, r->tuned_now ? " (tuned now)" : "", r->n, r->copies,
+            (unsigned long long)r->rounds, r->gflops, (unsigned long long)r->wrong_elements);
+    fprintf(so, "  memory: %.1f GiB;", (double)r->mem_bytes / (1 << 30));
     for (int t = 0; t < RK_MT_TESTS; t++)
-        printf(" %s %llu passes %llu bad%s", rk_burn_mt_name(t),
-               (unsigned long long)r->mt_passes[t], (unsigned long long)r->mt_bad[t],
-               t + 1 < RK_MT_TESTS ? "," : "\n");
+        fprintf(so, " %s %llu passes %llu bad%s", rk_burn_mt_name(t),
+                (unsigned long long)r->mt_passes[t], (unsigned long long)r->mt_bad[t],
+                t + 1 < RK_MT_TESTS ? "," : "\n");
     if (g->nvml_index >= 0) {
-        printf("  telemetry (nvml):");
+        fprintf(so, "  telemetry (nvml):");
         if (!isnan(g->temp_max_c))
-            printf(" max %.0f C,", g->temp_max_c);
+            fprintf(so, " max %.0f C,", g->temp_max_c);
         if (!isnan(g->sm_min_mhz))
-            printf(" SM %.0f-%.0f MHz,", g->sm_min_mhz, g->sm_max_mhz);
-        printf(" throttle reasons seen: %s\n",
-               rk_burn_reasons_str(g->clock_reasons_seen, rs, sizeof rs));
+            fprintf(so, " SM %.0f-%.0f MHz,", g->sm_min_mhz, g->sm_max_mhz);
+        fprintf(so, " throttle reasons seen: %s\n",
+                rk_burn_reasons_str(g->clock_reasons_seen, rs, sizeof rs));
     } else {
-        printf("  telemetry: none (no NVML GPU with this bus id)\n");
+        fprintf(so, "  telemetry: none (no NVML GPU with this bus id)\n");
     }
-    printf("  verdict: %s%s%s\n", ok ? "OK" : "FAULTY", ok ? "" : ": ", failed);
-    printf("  record: %s\n", recorded);
+    fprintf(so, "  verdict: %s%s%s\n", ok ? "OK" : "FAULTY", ok ? "" : ": ", failed);
+    fprintf(so, "  record: %s\n", recorded);
 }
 
 int rk_cmd_burn(int argc, char **argv)
@@ -301,15 +332,22 @@ int rk_cmd_burn(int argc, char **argv)
         rk_cuda_close(cu);
         return RK_EXIT_FAIL;
     }
+    /* the report on stdout, wrapped to a terminal's width (JSON as it is); the progress on
+     * stderr */
+    rk_progress out;
+    rk_progress_init(&out, stdout, !json);
+    FILE *so = rk_progress_notes(&out, stdout);
     if (!json)
-        printf("rk burn: %d GPU(s), %.0f s each, %.0f%% of free memory, state %s\n", nsel,
-               o.duration_s, o.memory_frac * 100, state);
-    fflush(stdout);
-    int rc = rk_burn_run(cu, nvml, &o, sel, nsel, progress, NULL, gpus, &err);
-    if (isatty(STDERR_FILENO))
-        fputc('\n', stderr);
+        fprintf(so, "rk burn: %d GPU(s), %.0f s each, %.0f%% of free memory, state %s\n", nsel,
+                o.duration_s, o.memory_frac * 100, state);
+    fflush(so);
+    burn_view view = {.duration_s = o.duration_s};
+    rk_progress_init(&view.bar, stderr, true);
+    int rc = rk_burn_run(cu, nvml, &o, sel, nsel, progress, &view, gpus, &err);
+    rk_progress_close(&view.bar);
     if (rc < 0) {
         fprintf(stderr, "rk burn: %s\n", err.msg);
+        rk_progress_close(&out);
         free(gpus);
         rk_nvml_close(nvml);
         rk_cuda_close(cu);
@@ -342,7 +380,7 @@ int rk_cmd_burn(int argc, char **argv)
         if (json)
             json_array_append_new(arr, gpu_json(g, ok, failed, recorded));
         else
-            print_gpu(g, ok, failed, recorded);
+            print_gpu(so, g, ok, failed, recorded);
     }
     if (json) {
         json_t *root = json_object();
@@ -357,6 +395,7 @@ int rk_cmd_burn(int argc, char **argv)
     } else {
         json_decref(arr);
     }
+    rk_progress_close(&out);
     rk_burn_gpus_free(gpus, nsel);
     free(gpus);
     rk_nvml_close(nvml);

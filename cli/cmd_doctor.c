@@ -24,6 +24,7 @@
 #include "health/sim.h"
 #include "predict/predict.h"
 #include "predict/predict_online.h"
+#include "progress.h"
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
 #include "rk.h"
@@ -210,13 +211,6 @@ static json_t *readings_json(const rk_gpu_sample *s)
 }
 
 /* ---- the table ------------------------------------------------------------------------------ */
-
-/* Colour on a terminal only: stdout a tty, NO_COLOR unset or empty, TERM not "dumb". */
-static int use_colour(void)
-{
-    const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
-    return isatty(STDOUT_FILENO) && !(nc && nc[0]) && !(term && strcmp(term, "dumb") == 0);
-}
 
 enum { C_NONE, C_RED, C_YELLOW };
 static int colour_on;
@@ -530,7 +524,7 @@ int rk_cmd_doctor(int argc, char **argv)
         goto out;
     }
     json_t *arr = json_array();
-    colour_on = !as_json && !gres && use_colour();
+    colour_on = !as_json && !gres && rk_term_live(STDOUT_FILENO); /* progress.h: TERM, NO_COLOR */
     if (!as_json && !gres)
         printf("%-4s %-46s %5s  %-4s  %s\n", "GPU", "NAME", "SCORE", "", "FINDINGS");
     for (int i = 0; i < n; i++) {

@@ -20,6 +20,7 @@
 #include "predict/fleetdata.h"
 #include "predict/pipeline.h"
 #include "predict/predict.h"
+#include "progress.h"
 #include "rekindle/fileio.h"
 #include "rekindle/health.h"
 #include "rk.h"
@@ -167,10 +168,20 @@ static int other_option(int c, int li, const struct option *longs, char **argv, 
     return 0;
 }
 
+/* The status lines below, on stderr: broken at spaces to fit a terminal (cli/progress.h), as
+ * they are; as they are anywhere else. */
+static FILE *status(void)
+{
+    static rk_progress p;
+    if (!p.out)
+        rk_progress_init(&p, stderr, true);
+    return rk_progress_notes(&p, stderr);
+}
+
 static void member_line(int k, const rk_pred_report *r, double val_rmse, void *ctx)
 {
     const rk_cmapss_opts *o = ctx;
-    fprintf(stderr,
+    fprintf(status(),
             "rk predict: model %d/%d (seed %llu): %d epochs (best %d), validation "
             "RMSE %.2f, %.1f s\n",
             k + 1, o->ensemble, (unsigned long long)(o->seed + (uint64_t)k), r->epochs,
@@ -180,7 +191,8 @@ static void member_line(int k, const rk_pred_report *r, double val_rmse, void *c
 static void epoch_line(const rk_pred_epoch *e, void *ctx)
 {
     (void)ctx;
-    fprintf(stderr, "rk predict:   epoch %d: training loss %.4f, validation RMSE %.3f%s (%.1f s)\n",
+    fprintf(status(),
+            "rk predict:   epoch %d: training loss %.4f, validation RMSE %.3f%s (%.1f s)\n",
             e->epoch, e->train_loss, sqrt(e->val_loss), e->best ? " *" : "", e->seconds);
 }
 
@@ -322,7 +334,7 @@ static void gpu_done(int gpu, int gpus, void *ctx)
 {
     (void)ctx;
     if ((gpu + 1) % 16 == 0 || gpu + 1 == gpus)
-        fprintf(stderr, "rk predict: %d/%d simulated GPUs written\n", gpu + 1, gpus);
+        fprintf(status(), "rk predict: %d/%d simulated GPUs written\n", gpu + 1, gpus);
 }
 
 static int cmd_dataset(int argc, char **argv)
@@ -469,7 +481,7 @@ static void print_json(json_t *j)
 static void epoch_line_ap(const rk_fleet_epoch *e, void *ctx)
 {
     (void)ctx;
-    fprintf(stderr, "rk predict:   epoch %d: training loss %.4f, validation AP %.4f%s (%.1f s)\n",
+    fprintf(status(), "rk predict:   epoch %d: training loss %.4f, validation AP %.4f%s (%.1f s)\n",
             e->epoch, e->train_loss, e->val_ap, e->best ? " *" : "", e->seconds);
 }
 
@@ -477,13 +489,14 @@ static void train_stage(int stage, const rk_fleet_train_report *r, void *ctx)
 {
     (void)ctx;
     if (stage == RK_FLEET_STAGE_WINDOWS)
-        fprintf(stderr,
+        fprintf(status(),
                 "rk predict: %zu training windows (%zu positive), %zu validation windows "
                 "(%zu positive), %.1f s\n",
                 r->train_windows, r->train_positives, r->val_windows, r->val_positives,
                 r->windows_seconds);
     else
-        fprintf(stderr, "rk predict: predictor: %d epochs (best %d), validation AP %.4f, %.1f s\n",
+        fprintf(status(),
+                "rk predict: predictor: %d epochs (best %d), validation AP %.4f, %.1f s\n",
                 r->det.training.epochs, r->det.training.best_epoch, r->det.training.val_ap,
                 r->predictor_seconds);
 }

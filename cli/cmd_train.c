@@ -20,6 +20,7 @@
 #include "nn/model.h"
 #include "nn/train.h"
 #include "nn/train_ckpt.h"
+#include "progress.h"
 #include "rekindle/batch.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/comm.h"
@@ -406,55 +407,41 @@ static int parse_args(int argc, char **argv, train_opts *o)
 }
 
 typedef struct view {
-    int tty;
-    int last_decile;
+    rk_progress bar; /* stdout: a bar on a terminal of our own, else plain lines */
 } view;
 
 static void fmt_eta(double s, char *buf, size_t n)
 {
     long t = (long)(s + 0.5);
-    snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+    snprintf(buf, n, "ETA %ld:%02ld", t / 60, t % 60);
 }
 
 static void on_progress(const rk_train_progress *p, void *user)
 {
     view *v = user;
+    char label[32], counts[48], loss[32], rate[32], eta[32];
+    snprintf(label, sizeof label, "epoch %d/%d", p->epoch, p->epochs);
+    snprintf(loss, sizeof loss, "loss %.4f", p->loss);
+    snprintf(rate, sizeof rate, "%.0f samples/s", p->samples_per_s);
     if (p->epoch_done) {
-        if (v->tty)
-            printf("\r\033[K");
-        printf("epoch %d/%d  steps %lld  loss %.4f  %.0f samples/s", p->epoch, p->epochs,
-               (long long)p->step, p->loss, p->samples_per_s);
+        char acc[40] = "";
         if (p->test_accuracy >= 0)
-            printf("  test accuracy %.4f", p->test_accuracy);
-        printf("\n");
-        fflush(stdout);
-        v->last_decile = 0;
+            snprintf(acc, sizeof acc, "  test accuracy %.4f", p->test_accuracy);
+        rk_progress_say(&v->bar, "%s  steps %lld  %s  %s%s\n", label, (long long)p->step, loss,
+                        rate, acc);
+        rk_progress_restart(&v->bar);
         return;
     }
-    char eta[32];
+    snprintf(counts, sizeof counts, "step %lld/%lld", (long long)p->step_in_epoch,
+             (long long)p->steps_in_epoch);
     fmt_eta(p->eta_s, eta, sizeof eta);
-    double frac = (double)p->step_in_epoch / (double)p->steps_in_epoch;
-    if (v->tty) {
-        enum { W = 30 };
-        char bar[W + 1];
-        int filled = (int)(frac * W);
-        for (int i = 0; i < W; i++)
-            bar[i] = i < filled ? '#' : '.';
-        bar[W] = 0;
-        printf("\r\033[Kepoch %d/%d [%s] %lld/%lld  loss %.4f  %.0f samples/s  ETA %s", p->epoch,
-               p->epochs, bar, (long long)p->step_in_epoch, (long long)p->steps_in_epoch, p->loss,
-               p->samples_per_s, eta);
-        fflush(stdout);
-    } else {
-        int decile = (int)(frac * 10);
-        if (decile > v->last_decile) {
-            v->last_decile = decile;
-            printf("epoch %d/%d  step %lld/%lld  loss %.4f  %.0f samples/s  ETA %s\n", p->epoch,
-                   p->epochs, (long long)p->step_in_epoch, (long long)p->steps_in_epoch, p->loss,
-                   p->samples_per_s, eta);
-            fflush(stdout);
-        }
-    }
+    rk_progress_parts parts = {.label = label,
+                               .frac = (double)p->step_in_epoch / (double)p->steps_in_epoch,
+                               .counts = counts,
+                               .detail = loss,
+                               .rate = rate,
+                               .eta = eta};
+    rk_progress_draw(&v->bar, &parts);
 }
 
 static int write_metrics(const train_opts *o, const rk_model *m, const rk_train_result *r,
@@ -619,7 +606,7 @@ static int train_supervised(const train_opts *o, rk_model *m, rk_optim *opt,
                          .policy = policy,
                          .comm = comm,
                          .cfg = &cfg,
-                         .log = rank == 0 ? stdout : NULL,
+                         .log = rank == 0 ? rk_progress_notes(&v->bar, stdout) : NULL,
                          .worker = w};
     int rc = RK_OK;
     if (o->ckpt_dir) {
@@ -664,15 +651,23 @@ int rk_cmd_train(int argc, char **argv)
     rk_worker_opts wo;
     rk_worker_opts_default(&wo);
     wo.name = "rk train";
-    wo.notes = stdout;
-    wo.diag = stderr;
     wo.seed = o.cfg.seed;
     wo.hash_every = o.cfg.guard ? o.hash_every : 0;
     rk_train_result res = {.test_accuracy = -1.0};
     rk_compressor *compressor = NULL;
     rk_loss_scaler scaler;
+    view v = {0};
     int rc = rk_comm_open(&comm, "auto", &err);
-    if (rc || (rc = rk_worker_open(&w, comm, &wo, &err)))
+    if (rc)
+        goto fail;
+    /* a bar only on a terminal of our own: under mpirun (even one rank) or a supervisor,
+     * plain lines; the worker's notes and diagnostics clear it before they print */
+    rk_progress_init(&v.bar, stdout,
+                     rk_comm_size(comm) == 1 && !getenv("OMPI_COMM_WORLD_SIZE") &&
+                         !getenv("RK_HEARTBEAT"));
+    wo.notes = rk_progress_notes(&v.bar, stdout);
+    wo.diag = rk_progress_notes(&v.bar, stderr);
+    if ((rc = rk_worker_open(&w, comm, &wo, &err)))
         goto fail;
     int rank = rk_comm_rank(comm), nranks = rk_comm_size(comm);
     if (o.threads <= 0) { /* share the node's cores among its ranks */
@@ -719,37 +714,33 @@ int rk_cmd_train(int argc, char **argv)
         goto fail;
     }
     o.cfg.loss_log = loss_log;
-    if (rank == 0) {
-        printf("rk train: model %s (%zu parameters), %s, %d thread%s", o.model, m.numel, be->name,
-               o.threads, o.threads == 1 ? "" : "s");
+    if (rank == 0) { /* through the bar's stream: wrapped to the width on a terminal */
+        FILE *so = rk_progress_notes(&v.bar, stdout);
+        fprintf(so, "rk train: model %s (%zu parameters), %s, %d thread%s", o.model, m.numel,
+                be->name, o.threads, o.threads == 1 ? "" : "s");
         if (nranks > 1)
-            printf(" x %d ranks (%s)", nranks, rk_comm_backend(comm));
+            fprintf(so, " x %d ranks (%s)", nranks, rk_comm_backend(comm));
         if (nranks > 1)
-            printf(", %s batch split", rk_batch_kind_name(o.policy));
-        printf(", batch %d, %s lr %g, %d train / %d test images\n", o.cfg.batch,
-               o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
+            fprintf(so, ", %s batch split", rk_batch_kind_name(o.policy));
+        fprintf(so, ", batch %d, %s lr %g, %d train / %d test images\n", o.cfg.batch,
+                o.cfg.optim == RK_OPTIM_ADAMW ? "adamw" : "sgd", (double)o.cfg.lr, train.n, test.n);
         if (o.compress != RK_COMPRESS_NONE || o.cfg.precision != RK_F32) {
-            printf("rk train: gradients allreduced as %s", rk_compress_name(o.compress));
+            fprintf(so, "rk train: gradients allreduced as %s", rk_compress_name(o.compress));
             if (o.compress != RK_COMPRESS_NONE && o.cfg.optim == RK_OPTIM_SGD &&
                 o.cfg.momentum != 0.0f)
-                printf(" (on the %s)", o.cfg.compress_momentum ? "momentum" : "gradient");
+                fprintf(so, " (on the %s)", o.cfg.compress_momentum ? "momentum" : "gradient");
             if (o.compress != RK_COMPRESS_NONE && o.cfg.compress_warmup > 0)
-                printf(" after %lld full-precision steps", (long long)o.cfg.compress_warmup);
+                fprintf(so, " after %lld full-precision steps", (long long)o.cfg.compress_warmup);
             if (o.compress != RK_COMPRESS_NONE && nranks == 1)
-                printf(" (one rank: nothing to send)");
-            printf("; precision %s", rk_dtype_name(o.cfg.precision));
+                fprintf(so, " (one rank: nothing to send)");
+            fprintf(so, "; precision %s", rk_dtype_name(o.cfg.precision));
             if (o.cfg.precision == RK_F16)
-                printf(", loss scale %g", (double)scaler.scale);
-            printf("\n");
+                fprintf(so, ", loss scale %g", (double)scaler.scale);
+            fprintf(so, "\n");
         }
         if (o.cfg.precision != RK_F32)
-            printf("rk train: %s\n", m.storage_note);
+            fprintf(so, "rk train: %s\n", m.storage_note);
     }
-    /* a bar only on a terminal of our own: under mpirun (even one rank) or a supervisor,
-     * plain lines */
-    view v = {nranks == 1 && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
-                  !getenv("RK_HEARTBEAT"),
-              0};
     if (o.cfg.epochs > 0) {
         rk_optim opt;
         if ((rc = rk_optim_init(&opt, o.cfg.optim, &m, &err)))
@@ -763,14 +754,17 @@ int rk_cmd_train(int argc, char **argv)
         rc = rk_evaluate(&m, &test, comm, &res.test_accuracy, &res.test_loss, &err);
     if (rc)
         goto fail;
+    rk_progress_clear(&v.bar); /* --max-steps can stop with the bar up */
     if (rank == 0) {
+        FILE *so = rk_progress_notes(&v.bar, stdout);
         if (res.test_accuracy >= 0)
-            printf("test accuracy %.4f on %d images (loss %.4f)\n", res.test_accuracy, test.n,
-                   res.test_loss);
-        printf("trained %lld steps in %.1f s: %.0f samples/s, final train loss %.4f, weights "
-               "xxh64 %016llx\n",
-               (long long)res.steps, res.train_seconds, res.train_samples_per_s,
-               res.final_train_loss, (unsigned long long)rk_model_hash(&m));
+            fprintf(so, "test accuracy %.4f on %d images (loss %.4f)\n", res.test_accuracy, test.n,
+                    res.test_loss);
+        fprintf(so,
+                "trained %lld steps in %.1f s: %.0f samples/s, final train loss %.4f, weights "
+                "xxh64 %016llx\n",
+                (long long)res.steps, res.train_seconds, res.train_samples_per_s,
+                res.final_train_loss, (unsigned long long)rk_model_hash(&m));
         if (o.save && (rc = rk_model_save(&m, o.save, &err)))
             goto fail;
         if (o.metrics && (rc = write_metrics(&o, &m, &res, be->name, nranks, &err)))
@@ -783,6 +777,7 @@ int rk_cmd_train(int argc, char **argv)
         loss_log = NULL;
     }
     rk_worker_close(w, res.steps, RK_EXIT_OK, NULL);
+    rk_progress_close(&v.bar);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);
@@ -790,17 +785,20 @@ int rk_cmd_train(int argc, char **argv)
     rk_compressor_free(compressor);
     rk_comm_close(comm);
     return RK_EXIT_OK;
-fail:
+fail:;
+    FILE *se = rk_progress_notes(&v.bar, stderr); /* clears the bar, wraps on a terminal */
     if (comm && rk_comm_size(comm) > 1)
-        fprintf(stderr, "rk train (rank %d): %s\n", rk_comm_rank(comm),
+        fprintf(se, "rk train (rank %d): %s\n", rk_comm_rank(comm),
                 err.msg[0] ? err.msg : rk_strerror(rc));
     else
-        fprintf(stderr, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+        fprintf(se, "rk train: %s\n", err.msg[0] ? err.msg : rk_strerror(rc));
+    fflush(se);
     if (loss_log)
         fclose(loss_log);
     int code = rc ? rc : err.code;
     int status = rk_worker_exit_status(code);
     rk_worker_close(w, res.steps, status, err.msg);
+    rk_progress_close(&v.bar);
     rk_model_destroy(&m);
     rk_dataset_free(&train);
     rk_dataset_free(&test);

@@ -21,7 +21,8 @@
 #            kubernetes-client package, checking deploy/k8s; left out when another package
 #            already installed a kubectl, which it would collide with), chromium (rk report's
 #            page rendered headless to a PNG, tests/it_report.sh), lintian and systemd
-#            (tests/it_package.sh: lintian on the .debs, systemd-analyze verify on the units)
+#            (tests/it_package.sh: lintian on the .debs, systemd-analyze verify on the units),
+#            tmux (a real terminal at 60, 80 and 200 columns for tests/it_term.sh)
 #     bench  the benchmark peers: libtorch-dev (large), wrk, prometheus-node-exporter
 #   --bench  the same as: build run test bench
 set -euo pipefail
@@ -37,7 +38,7 @@ group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-
 group[test]="libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
   python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping
   slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client chromium
-  lintian systemd"
+  lintian systemd tmux"
 group[bench]="libtorch-dev wrk prometheus-node-exporter"
 
 asked=("$@")

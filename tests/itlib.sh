@@ -1,7 +1,8 @@
 # Shared by the integration tests (tests/it_*.sh; this file is not one: no it_ prefix),
 # sourced after `set -u`:
-#   it_init NAME      check RK, RK_SRC, RK_TMP; make $work (removed on exit, with any pid in $pids;
-#                     kept in $RK_KEEP_FAILED when set and a check failed)
+#   it_init NAME      check RK, RK_SRC, RK_TMP; make $work (removed on exit, with any pid in $pids
+#                     and after each command in $atexit; kept in $RK_KEEP_FAILED when set and a
+#                     check failed)
 #   it_need_data      skip (exit 77) when Fashion-MNIST is not in $DATA
 #   ok / bad MSG      count a check; it_finish prints "N passed, N failed" and sets the status
 #   it_count CMD...   run CMD (a checker script); each "ok - MSG" / "FAIL - MSG" line it prints
@@ -13,13 +14,15 @@ RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
 DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 pass=0 fail=0
 pids=()
+atexit=()
 mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
      --mca btl_vader_single_copy_mechanism none)
 
 it_init() {
   work=$(mktemp -d "$RK_TMP/$1.XXXXXX")
   # RK_KEEP_FAILED=DIR: a test that failed leaves its files in DIR/NAME.XXXXXX to look at
-  trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  trap 'for c in "${atexit[@]}"; do eval "$c"; done
+        for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
         if ((fail)) && [[ -n ${RK_KEEP_FAILED:-} ]]; then mkdir -p "$RK_KEEP_FAILED" && cp -a "$work" "$RK_KEEP_FAILED/"; fi
         rm -rf "$work"' EXIT
 }
