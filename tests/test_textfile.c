@@ -28,8 +28,8 @@
 #include "testutil.h"
 
 #define NGPU 3
-#define VRM "rk_gpu_vrm_ripple_millivolts"
-#define FAN "rk_gpu_fan_vibration_hertz"
+#define VRM "rk_sensor_vrm_ripple_volts" /* volts in, millivolts in the sample */
+#define FAN "rk_sensor_fan_vibration_hertz"
 
 static char g_dir[512];
 static rk_gpu_info g_info[NGPU];
@@ -122,13 +122,13 @@ static void test_valid_file_merges_both_sensors_by_index_and_uuid(void **state)
     fresh(s);
     assert_int_equal(merge(text, s, &err), RK_OK);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE));
-    assert_float_equal(s[0].vrm_ripple_mv, 42.5, 0);
+    assert_float_equal(s[0].vrm_ripple_mv, 42500, 0); /* volts in, millivolts out */
     assert_false(has(&s[0], RK_F_FAN_VIB));
     assert_false(has(&s[1], RK_F_VRM_RIPPLE)); /* only _total and comments named GPU 1 */
     assert_true(has(&s[1], RK_F_FAN_VIB));
     assert_float_equal(s[1].fan_vib_hz, 310, 0);
     assert_true(has(&s[2], RK_F_VRM_RIPPLE) && has(&s[2], RK_F_FAN_VIB));
-    assert_float_equal(s[2].vrm_ripple_mv, 120, 0);
+    assert_float_equal(s[2].vrm_ripple_mv, 120000, 0);
     assert_float_equal(s[2].fan_vib_hz, 0, 0); /* zero is a reading, valid */
     for (int i = 0; i < NGPU; i++) {           /* the backend's fields are untouched */
         assert_true(has(&s[i], RK_F_TEMP));
@@ -165,26 +165,28 @@ static void test_the_documented_example_merges_as_documented(void **state)
         assert_true(has(&s[i], RK_F_VRM_RIPPLE) && has(&s[i], RK_F_FAN_VIB));
 }
 
-/* The old input names (rk_gpu_vrm_ripple_millivolts, rk_gpu_fan_vibration_hertz) still merge,
- * in their own units; one GPU's sensor given under both names in one file is refused as given
- * twice; a volts value that would overflow in millivolts is refused, not stored as inf. */
-static void test_old_names_still_merge_and_cannot_double_up(void **state)
+/* The old input names are gone: rk_gpu_fan_vibration_hertz is rk exporter's own output, so a
+ * scrape of it in the directory is just another metric (never read back as a sensor); the
+ * old VRM input, in millivolts, is refused with the name to use. A volts value that would
+ * overflow in millivolts is refused, not stored as inf. */
+static void test_old_names_are_not_inputs(void **state)
 {
     (void)state;
     rk_gpu_sample s[NGPU];
     rk_err err = {0};
     fresh(s);
-    const char *old = "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n"
-                      "rk_gpu_fan_vibration_hertz{gpu=\"0\"} 260\n";
-    assert_int_equal(merge(old, s, &err), RK_OK);
-    assert_float_equal(s[0].vrm_ripple_mv, 55, 0);
-    assert_float_equal(s[0].fan_vib_hz, 260, 0);
+    const char *scrape = "# TYPE rk_gpu_fan_vibration_hertz gauge\n"
+                         "rk_gpu_fan_vibration_hertz{gpu=\"0\"} 260\n";
+    assert_int_equal(merge(scrape, s, &err), RK_OK);
+    assert_false(has(&s[0], RK_F_FAN_VIB));
     fresh(s);
-    const char *both = "rk_sensor_vrm_ripple_volts{gpu=\"0\"} 0.05\n"
-                       "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n";
-    assert_int_equal(merge(both, s, &err), RK_EFORMAT);
-    assert_non_null(strstr(err.msg, "for GPU 0 already given on line 1"));
+    const char *old = FAN "{gpu=\"1\"} 200\n"
+                          "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n";
+    assert_int_equal(merge(old, s, &err), RK_EFORMAT);
+    assert_string_equal(err.msg, "t.prom:2: rk_gpu_vrm_ripple_millivolts is no longer read: give "
+                                 "rk_sensor_vrm_ripple_volts, in volts (docs/textfile.md)");
     assert_false(has(&s[0], RK_F_VRM_RIPPLE));
+    assert_false(has(&s[1], RK_F_FAN_VIB)); /* all or nothing */
     fresh(s);
     const char *huge = "rk_sensor_vrm_ripple_volts{gpu=\"0\"} 1e308\n";
     assert_int_equal(merge(huge, s, &err), RK_EFORMAT);
@@ -232,27 +234,27 @@ static void test_values_are_read_as_go_floats(void **state)
     rk_err err = {0};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         fresh(s);
-        snprintf(text, sizeof text, VRM "{gpu=\"1\"} %s\n", good[i].tok);
+        snprintf(text, sizeof text, FAN "{gpu=\"1\"} %s\n", good[i].tok);
         int rc = merge(text, s, &err);
         if (rc)
             print_error("%s: %s\n", good[i].tok, err.msg);
         assert_int_equal(rc, RK_OK);
-        assert_true(has(&s[1], RK_F_VRM_RIPPLE));
-        assert_float_equal(s[1].vrm_ripple_mv, good[i].v, fabs(good[i].v) * 1e-15);
-        assert_false(signbit(s[1].vrm_ripple_mv)); /* -0 is stored as 0 */
+        assert_true(has(&s[1], RK_F_FAN_VIB));
+        assert_float_equal(s[1].fan_vib_hz, good[i].v, fabs(good[i].v) * 1e-15);
+        assert_false(signbit(s[1].fan_vib_hz)); /* -0 is stored as 0 */
     }
     for (size_t i = 0; i < sizeof bad_tok / sizeof bad_tok[0]; i++) {
         fresh(s);
-        snprintf(text, sizeof text, "x 1\n" VRM "{gpu=\"1\"} %s\n", bad_tok[i]);
+        snprintf(text, sizeof text, "x 1\n" FAN "{gpu=\"1\"} %s\n", bad_tok[i]);
         const char *tok = bad_tok[i];
         if (strcmp(tok, "- 1") == 0) /* the value is "-", then "1" reads as a timestamp */
             tok = "-";
         (void)tok; /* the message gives the column, never the token */
         snprintf(want, sizeof want, "t.prom:2: invalid value (column %zu)",
-                 strlen(VRM "{gpu=\"1\"} ") + 1);
+                 strlen(FAN "{gpu=\"1\"} ") + 1);
         assert_int_equal(merge(text, s, &err), RK_EFORMAT);
         assert_string_equal(err.msg, want);
-        assert_false(has(&s[1], RK_F_VRM_RIPPLE));
+        assert_false(has(&s[1], RK_F_FAN_VIB));
     }
     /* overflow is out of range, as in Go; underflow (above) is 0 */
     assert_int_equal(merge("x 1e999\n", s, &err), RK_EFORMAT);
@@ -343,10 +345,10 @@ static void test_malformed_lines_are_named_with_line_and_problem(void **state)
         {"# TYPE foo histogram\n# TYPE foo_bucket gauge\n",
          "t.prom:4: second TYPE line for this metric"},
         /* the two sensors */
-        {VRM "{gpu=\"1\"} -1\n", "t.prom:3: " VRM " must be a finite number >= 0 (column 39)"},
-        {FAN "{gpu=\"1\"} NaN\n", "t.prom:3: " FAN " must be a finite number >= 0 (column 37)"},
-        {FAN "{gpu=\"1\"} +Inf\n", "t.prom:3: " FAN " must be a finite number >= 0 (column 37)"},
-        {FAN "{gpu=\"7\"} -2e-3\n", "t.prom:3: " FAN " must be a finite number >= 0 (column 37)"},
+        {VRM "{gpu=\"1\"} -1\n", "t.prom:3: " VRM " must be a finite number >= 0 (column 37)"},
+        {FAN "{gpu=\"1\"} NaN\n", "t.prom:3: " FAN " must be a finite number >= 0 (column 40)"},
+        {FAN "{gpu=\"1\"} +Inf\n", "t.prom:3: " FAN " must be a finite number >= 0 (column 40)"},
+        {FAN "{gpu=\"7\"} -2e-3\n", "t.prom:3: " FAN " must be a finite number >= 0 (column 40)"},
         {FAN " 3\n", "t.prom:3: " FAN " needs a label gpu=\"<index>\" or uuid=\"<uuid>\""},
         {FAN "{slot=\"1\"} 3\n",
          "t.prom:3: " FAN " needs a label gpu=\"<index>\" or uuid=\"<uuid>\""},
@@ -423,7 +425,7 @@ static void test_a_file_merges_all_or_nothing(void **state)
     char bad[512];
     snprintf(bad, sizeof bad, "%s" FAN "{gpu=\"0\"} -1\n", text);
     assert_int_equal(merge(bad, s, &err), RK_EFORMAT);
-    assert_string_equal(err.msg, "t.prom:6: " FAN " must be a finite number >= 0 (column 37)");
+    assert_string_equal(err.msg, "t.prom:6: " FAN " must be a finite number >= 0 (column 40)");
     assert_memory_equal(s, before, sizeof s);
 }
 
@@ -563,8 +565,8 @@ static void test_messages_quote_nothing_from_the_file(void **state)
         "# TYPE SECRET_name SECRETTYPE\n",
         "SECRET_name 1 SECRET\n",
         "SECRET_name 1 1 SECRET\n",
-        "rk_gpu_fan_vibration_hertz{gpu=\"SECRET\"} 1\n",
-        "rk_gpu_fan_vibration_hertz{gpu=\"0\"} -1.5e-SECRET\n",
+        FAN "{gpu=\"SECRET\"} 1\n",
+        FAN "{gpu=\"0\"} -1.5e-SECRET\n",
         "# TYPE SECRET_name histogram\nSECRET_name_bucket{le=\"SECRET\"} 1\n",
     };
     for (size_t k = 0; k < sizeof secrets / sizeof secrets[0]; k++) {
@@ -649,14 +651,14 @@ static void test_dir_reads_prom_files_in_name_order_and_skips_the_rest(void **st
         print_error("%s\n", err.msg);
     assert_int_equal(rc, RK_OK);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE));
-    assert_float_equal(s[0].vrm_ripple_mv, 90, 0); /* f9.prom, the last by name */
+    assert_float_equal(s[0].vrm_ripple_mv, 90000, 0); /* f9.prom, the last by name */
     assert_float_equal(s[1].fan_vib_hz, 150, 0);
     assert_float_equal(s[2].fan_vib_hz, 77, 0); /* through link.prom */
     /* a trailing slash on the directory changes nothing */
     snprintf(path, sizeof path, "%s/", dir);
     fresh(s);
     assert_int_equal(rk_textfile_merge_dir(path, g_info, s, NGPU, &err), RK_OK);
-    assert_float_equal(s[0].vrm_ripple_mv, 90, 0);
+    assert_float_equal(s[0].vrm_ripple_mv, 90000, 0);
 }
 
 /* A symbolic link out of the directory is never followed, wherever it points (a root-only
@@ -743,14 +745,14 @@ static void test_dir_reports_a_broken_file_and_merges_the_good_ones(void **state
     rk_err err = {0};
     fresh(s);
     assert_int_equal(rk_textfile_merge_dir(dir, g_info, s, NGPU, &err), RK_EFORMAT);
-    snprintf(want, sizeof want, "%s/b.prom:2: invalid value (column 39)", dir);
+    snprintf(want, sizeof want, "%s/b.prom:2: invalid value (column 37)", dir);
     assert_string_equal(err.msg, want);
     assert_int_equal(err.code, RK_EFORMAT);
-    assert_float_equal(s[1].fan_vib_hz, 300, 0);   /* a.prom */
-    assert_float_equal(s[0].vrm_ripple_mv, 60, 0); /* c.prom */
-    assert_false(has(&s[1], RK_F_VRM_RIPPLE));     /* b.prom's good line 1 */
-    assert_false(has(&s[2], RK_F_FAN_VIB));        /* d.prom */
-    assert_false(has(&s[0], RK_F_FAN_VIB));        /* e.prom, cut off */
+    assert_float_equal(s[1].fan_vib_hz, 300, 0);      /* a.prom */
+    assert_float_equal(s[0].vrm_ripple_mv, 60000, 0); /* c.prom */
+    assert_false(has(&s[1], RK_F_VRM_RIPPLE));        /* b.prom's good line 1 */
+    assert_false(has(&s[2], RK_F_FAN_VIB));           /* d.prom */
+    assert_false(has(&s[0], RK_F_FAN_VIB));           /* e.prom, cut off */
 }
 
 /* A file over 1 MiB is refused by its size, even if valid; exactly 1 MiB is read. */
@@ -781,7 +783,7 @@ static void test_dir_refuses_a_file_over_one_mebibyte(void **state)
              "%s/big.prom: file is 1048577 bytes, more than the limit of 1048576", dir);
     assert_string_equal(err.msg, want);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE)); /* exact.prom */
-    assert_float_equal(s[0].vrm_ripple_mv, 55, 0);
+    assert_float_equal(s[0].vrm_ripple_mv, 55000, 0);
 }
 
 static void test_dir_missing_or_empty(void **state)
@@ -808,7 +810,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_file_merges_both_sensors_by_index_and_uuid),
         cmocka_unit_test(test_the_documented_example_merges_as_documented),
-        cmocka_unit_test(test_old_names_still_merge_and_cannot_double_up),
+        cmocka_unit_test(test_old_names_are_not_inputs),
         cmocka_unit_test(test_empty_and_comment_only_files_change_nothing),
         cmocka_unit_test(test_values_are_read_as_go_floats),
         cmocka_unit_test(test_malformed_lines_are_named_with_line_and_problem),

@@ -224,9 +224,9 @@ RK_API int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sam
 /* ---- textfile sensors ----------------------------------------------------------------------- */
 
 /* Parse one node_exporter textfile (*.prom) and merge what it says about the GPUs into
- * samples: metrics rk_sensor_vrm_ripple_volts and rk_sensor_fan_vibration_hertz (and the
- * deprecated rk_gpu_vrm_ripple_millivolts, rk_gpu_fan_vibration_hertz) with a label
- * gpu="<index>" or uuid="<uuid>" (other metrics are ignored). `infos`/`samples` have n
+ * samples: metrics rk_sensor_vrm_ripple_volts and rk_sensor_fan_vibration_hertz with a label
+ * gpu="<index>" or uuid="<uuid>" (other metrics are ignored; the old input
+ * rk_gpu_vrm_ripple_millivolts is RK_EFORMAT naming its replacement). `infos`/`samples` have n
  * entries. A malformed line is RK_EFORMAT naming the file, line, column and problem (never
  * the file's bytes); nothing is merged from that file then. */
 RK_API int rk_textfile_merge(const char *path, const char *text, size_t len,

@@ -2,8 +2,8 @@
  * Textfile sensors (rekindle/health.h, docs/textfile.md): node_exporter textfiles (*.prom,
  * Prometheus text format 0.0.4) from sensors NVML cannot read. The whole file is checked the
  * way node_exporter's parser checks it; only rk_sensor_vrm_ripple_volts and
- * rk_sensor_fan_vibration_hertz (and, deprecated, the old rk_gpu_vrm_ripple_millivolts and
- * rk_gpu_fan_vibration_hertz) are merged into the samples, and only when the file parsed.
+ * rk_sensor_fan_vibration_hertz are merged into the samples, and only when the file parsed
+ * (the old input rk_gpu_vrm_ripple_millivolts is refused with its new name).
  * Relies on libc (strtod for decimal values) and the one bounded opener (rekindle/fileio.h).
  * Never prints or exits.
  */
@@ -33,9 +33,9 @@
 
 /* The metrics that matter: the sample field each one sets (slot 0 VRM ripple, 1 fan
  * vibration) and the factor to the field's unit (vrm_ripple_mv is millivolts). Input names
- * never equal an output name of rk exporter (docs/textfile.md): the rk_sensor_ names are the
- * inputs; the rk_gpu_ ones are the old input names, accepted until they are removed (the old
- * fan name is also the exporter's output name). */
+ * never equal an output name of rk exporter and carry the output's unit (docs/textfile.md):
+ * rk_gpu_fan_vibration_hertz, once an input too, is the exporter's output and so is only
+ * another metric here. */
 static const struct {
     const char *name;
     int slot;
@@ -43,9 +43,10 @@ static const struct {
 } sensors[] = {
     {"rk_sensor_vrm_ripple_volts", 0, 1e3},
     {"rk_sensor_fan_vibration_hertz", 1, 1},
-    {"rk_gpu_vrm_ripple_millivolts", 0, 1},
-    {"rk_gpu_fan_vibration_hertz", 1, 1},
 };
+/* The old VRM input, in millivolts: no exporter writes it, so a file that has it was written
+ * for an older rekindle, and is refused with the new name rather than silently unread. */
+#define OLD_VRM_NAME "rk_gpu_vrm_ripple_millivolts"
 #define NSENSORS ((int)(sizeof sensors / sizeof sensors[0]))
 
 /* ---- metric names seen (for the HELP and TYPE rules) ------------------------------------- */
@@ -614,6 +615,11 @@ static int parse_sample(parser *P, const char *s, size_t n, size_t i)
     for (int q = 0; q < NSENSORS && k < 0; q++)
         if (span_is(name, sensors[q].name))
             k = q;
+    if (k < 0 && span_is(name, OLD_VRM_NAME))
+        return bad(P,
+                   "%s is no longer read: give rk_sensor_vrm_ripple_volts, in volts "
+                   "(docs/textfile.md)",
+                   OLD_VRM_NAME);
     if (k < 0)
         return RK_OK; /* another metric: checked, not used */
     if (!isfinite(v) || v < 0 || !isfinite(v * sensors[k].scale))
