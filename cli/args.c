@@ -347,3 +347,42 @@ int rk_arg_path(rk_args *a, const char *flag, const char *path, rk_path_kind kin
     free(dir);
     return rc;
 }
+
+/* "0,2,5-7" into idx: indices below max, in the order given, duplicates kept out; false for
+ * an empty part, a trailing comma, a range backwards or an index of max or more. */
+bool rk_args_gpu_list(const char *s, int max, int *idx, int *n)
+{
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char part[32];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof part)
+            return false;
+        memcpy(part, p, len);
+        part[len] = '\0';
+        char *dash = strchr(part, '-');
+        int64_t a, b;
+        if (dash) {
+            *dash = '\0';
+            if (!rk_args_int(part, 0, max - 1, &a) || !rk_args_int(dash + 1, 0, max - 1, &b) ||
+                b < a)
+                return false;
+        } else if (!rk_args_int(part, 0, max - 1, &a)) {
+            return false;
+        } else {
+            b = a;
+        }
+        for (int64_t v = a; v <= b; v++) {
+            bool seen = false;
+            for (int k = 0; k < *n; k++)
+                seen |= idx[k] == v;
+            if (!seen && *n < max)
+                idx[(*n)++] = (int)v;
+        }
+        p += len;
+        if (*p == ',' && !*++p)
+            return false; /* a trailing comma */
+    }
+    return *n > 0;
+}

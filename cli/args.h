@@ -41,6 +41,9 @@ typedef struct rk_args {
 
 /* A whole number in [lo, hi]. */
 bool rk_args_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+/* A list of GPU indices, "0,2,5-7", each below max, into idx (room for max; duplicates kept
+ * out, the order as given). False for anything else: rk burn and rk tune's --gpu(s). */
+bool rk_args_gpu_list(const char *s, int max, int *idx, int *n);
 /* A whole number in [0, UINT64_MAX] (a seed). */
 bool rk_args_u64(const char *s, uint64_t *out);
 /* A finite number in [lo, hi]. */

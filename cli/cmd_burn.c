@@ -51,44 +51,6 @@ static const char usage_text[] =
 
 static rk_args args = {.cmd = "burn", .usage = usage_text};
 
-/* "0,2,5-7" into idx (duplicates kept out). */
-static bool parse_list(const char *s, int *idx, int *n)
-{
-    *n = 0;
-    const char *p = s;
-    while (*p) {
-        char part[32];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof part)
-            return false;
-        memcpy(part, p, len);
-        part[len] = '\0';
-        char *dash = strchr(part, '-');
-        int64_t a, b;
-        if (dash) {
-            *dash = '\0';
-            if (!rk_args_int(part, 0, MAX_SELECT - 1, &a) ||
-                !rk_args_int(dash + 1, 0, MAX_SELECT - 1, &b) || b < a)
-                return false;
-        } else if (!rk_args_int(part, 0, MAX_SELECT - 1, &a)) {
-            return false;
-        } else {
-            b = a;
-        }
-        for (int64_t v = a; v <= b; v++) {
-            bool seen = false;
-            for (int k = 0; k < *n; k++)
-                seen |= idx[k] == v;
-            if (!seen && *n < MAX_SELECT)
-                idx[(*n)++] = (int)v;
-        }
-        p += len;
-        if (*p == ',' && !*++p)
-            return false;
-    }
-    return *n > 0;
-}
-
 /* The burn's progress on stderr: a line redrawn on a terminal, else a plain line per tenth. */
 typedef struct burn_view {
     rk_progress bar;
@@ -252,7 +214,7 @@ int rk_cmd_burn(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'g':
-            if (!parse_list(optarg, sel, &nsel))
+            if (!rk_args_gpu_list(optarg, MAX_SELECT, sel, &nsel))
                 return rk_arg_error(&args, "--gpus '%s' is not a list of GPU indices (0,2,5-7)",
                                     optarg);
             break;

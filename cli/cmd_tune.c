@@ -54,44 +54,6 @@ static bool whole(const char *s, int64_t lo, int64_t hi, int64_t *out)
     return rk_args_int(s, lo, hi, out);
 }
 
-/* "0,2,5-7" into idx (sorted as given, duplicates kept out). */
-static bool parse_list(const char *s, int *idx, int *n)
-{
-    *n = 0;
-    const char *p = s;
-    while (*p) {
-        char part[32];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof part)
-            return false;
-        memcpy(part, p, len);
-        part[len] = '\0';
-        char *dash = strchr(part, '-');
-        int64_t a, b;
-        if (dash) {
-            *dash = '\0';
-            if (!whole(part, 0, MAX_SELECT - 1, &a) || !whole(dash + 1, 0, MAX_SELECT - 1, &b) ||
-                b < a)
-                return false;
-        } else if (!whole(part, 0, MAX_SELECT - 1, &a)) {
-            return false;
-        } else {
-            b = a;
-        }
-        for (int64_t v = a; v <= b; v++) {
-            bool seen = false;
-            for (int k = 0; k < *n; k++)
-                seen |= idx[k] == v;
-            if (!seen && *n < MAX_SELECT)
-                idx[(*n)++] = (int)v;
-        }
-        p += len;
-        if (*p == ',' && !*++p)
-            return false; /* a trailing comma */
-    }
-    return *n > 0;
-}
-
 /* Watts from milliwatts, without a needless ".0". */
 static const char *watts(char *buf, size_t cap, unsigned mw)
 {
@@ -347,7 +309,7 @@ int rk_cmd_tune(int argc, char **argv)
         case 'g':
             if (strcmp(optarg, "all") == 0)
                 nsel = 0;
-            else if (!parse_list(optarg, sel, &nsel))
+            else if (!rk_args_gpu_list(optarg, MAX_SELECT, sel, &nsel))
                 return usage_error("--gpu '%s' is not a list of GPU indices like 0,2,5-7", optarg);
             break;
         case 'l':

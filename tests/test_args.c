@@ -72,6 +72,30 @@ static void test_int_refuses_the_rest(void **state)
 
 /* 0..2^63-1: a seed goes into JSON (a checkpoint's config), which is read back as int64; a
  * larger one once trained a whole run and then failed to save its checkpoint */
+/* --gpu(s) lists: indices and ranges, in the order given, duplicates kept out. */
+static void test_gpu_list(void **state)
+{
+    (void)state;
+    int idx[8], n = -1;
+    assert_true(rk_args_gpu_list("0,2,5-7", 8, idx, &n));
+    assert_int_equal(n, 5);
+    assert_int_equal(idx[0], 0);
+    assert_int_equal(idx[1], 2);
+    assert_int_equal(idx[4], 7);
+    assert_true(rk_args_gpu_list("3,1-3,3", 8, idx, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(idx[0], 3);
+    assert_int_equal(idx[1], 1);
+    assert_int_equal(idx[2], 2);
+    static const char *const bad[] = {"",   ",", "1,", ",1", "1,,2", "3-1", "8",    "0-8",
+                                      "-1", "a", "1-", "-",  "1 ",   "01x", "1-2-3"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        if (rk_args_gpu_list(bad[k], 8, idx, &n))
+            print_error("accepted '%s'\n", bad[k]);
+        assert_false(rk_args_gpu_list(bad[k], 8, idx, &n));
+    }
+}
+
 static void test_seed_is_0_to_int64_max(void **state)
 {
     (void)state;
@@ -311,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_int_accepts_decimal_digits),
         cmocka_unit_test(test_int_refuses_the_rest),
         cmocka_unit_test(test_seed_is_0_to_int64_max),
+        cmocka_unit_test(test_gpu_list),
         cmocka_unit_test(test_count_and_step),
         cmocka_unit_test(test_real_syntax),
         cmocka_unit_test(test_fixed_ranges),
