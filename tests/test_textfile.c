@@ -28,7 +28,8 @@
 #include "testutil.h"
 
 #define NGPU 3
-#define VRM "rk_sensor_vrm_ripple_volts" /* volts in, millivolts in the sample */
+/* The inputs; VRM is in volts, the sample's vrm_ripple_mv in millivolts */
+#define VRM "rk_sensor_vrm_ripple_volts"
 #define FAN "rk_sensor_fan_vibration_hertz"
 
 static char g_dir[512];
@@ -90,11 +91,11 @@ static void test_valid_file_merges_both_sensors_by_index_and_uuid(void **state)
     /* clang-format off */
     static const char text[] =
         "# written by the riser sensor board\n"
-        "# HELP " VRM " VRM output ripple, peak to peak \\\\ in mV\\n(scope)\n"
+        "# HELP " VRM " VRM output ripple, peak to peak \\\\ in V\\n(scope)\n"
         "# TYPE " VRM " gauge\n"
         "\n"
-        VRM "{gpu=\"0\"} 42.5\n"
-        VRM "{board=\"riser \\\"7\\\" \\\\ \\n\",uuid=\"GPU-cccc\"} 120 1700000000000\n"
+        VRM "{gpu=\"0\"} 0.0425\n"
+        VRM "{board=\"riser \\\"7\\\" \\\\ \\n\",uuid=\"GPU-cccc\"} 0.12 1700000000000\n"
         "  \t\n"
         "#TYPE " FAN " GAUGE\n"
         "\t" FAN "{uuid=\"GPU-bbbb\"} 3.1e2 -5\n"
@@ -122,13 +123,13 @@ static void test_valid_file_merges_both_sensors_by_index_and_uuid(void **state)
     fresh(s);
     assert_int_equal(merge(text, s, &err), RK_OK);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE));
-    assert_float_equal(s[0].vrm_ripple_mv, 42500, 0); /* volts in, millivolts out */
+    assert_float_equal(s[0].vrm_ripple_mv, 42.5, 1e-9); /* volts in, millivolts out */
     assert_false(has(&s[0], RK_F_FAN_VIB));
     assert_false(has(&s[1], RK_F_VRM_RIPPLE)); /* only _total and comments named GPU 1 */
     assert_true(has(&s[1], RK_F_FAN_VIB));
     assert_float_equal(s[1].fan_vib_hz, 310, 0);
     assert_true(has(&s[2], RK_F_VRM_RIPPLE) && has(&s[2], RK_F_FAN_VIB));
-    assert_float_equal(s[2].vrm_ripple_mv, 120000, 0);
+    assert_float_equal(s[2].vrm_ripple_mv, 120, 1e-9);
     assert_float_equal(s[2].fan_vib_hz, 0, 0); /* zero is a reading, valid */
     for (int i = 0; i < NGPU; i++) {           /* the backend's fields are untouched */
         assert_true(has(&s[i], RK_F_TEMP));
@@ -165,32 +166,64 @@ static void test_the_documented_example_merges_as_documented(void **state)
         assert_true(has(&s[i], RK_F_VRM_RIPPLE) && has(&s[i], RK_F_FAN_VIB));
 }
 
-/* The old input names are gone: rk_gpu_fan_vibration_hertz is rk exporter's own output, so a
- * scrape of it in the directory is just another metric (never read back as a sensor); the
- * old VRM input, in millivolts, is refused with the name to use. A volts value that would
- * overflow in millivolts is refused, not stored as inf. */
-static void test_old_names_are_not_inputs(void **state)
+/* No output name is an input: rk exporter's own output (here its fan line, as a scrape saved
+ * into the textfile directory would hold it) is just another metric, merged nowhere and no
+ * error, even next to the real input for the same GPU. The old VRM input name (millivolts) is
+ * refused with RK_EFORMAT naming the new name, wherever it is and whatever its labels, and
+ * nothing of that file is merged. A volts value that would overflow in millivolts is refused,
+ * not stored as inf. */
+static void test_output_and_old_names_are_not_inputs(void **state)
 {
     (void)state;
-    rk_gpu_sample s[NGPU];
+    rk_gpu_sample s[NGPU], before[NGPU];
     rk_err err = {0};
     fresh(s);
-    const char *scrape = "# TYPE rk_gpu_fan_vibration_hertz gauge\n"
-                         "rk_gpu_fan_vibration_hertz{gpu=\"0\"} 260\n";
+    memcpy(before, s, sizeof s);
+    /* clang-format off */
+    static const char scrape[] =
+        "# HELP rk_gpu_fan_vibration_hertz Dominant fan vibration frequency.\n"
+        "# TYPE rk_gpu_fan_vibration_hertz gauge\n"
+        "rk_gpu_fan_vibration_hertz{gpu=\"0\"} 260\n"
+        "rk_gpu_vrm_ripple_volts{gpu=\"0\"} 0.055\n";
+    /* clang-format on */
     assert_int_equal(merge(scrape, s, &err), RK_OK);
     assert_false(has(&s[0], RK_F_FAN_VIB));
-    fresh(s);
-    const char *old = FAN "{gpu=\"1\"} 200\n"
-                          "rk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n";
-    assert_int_equal(merge(old, s, &err), RK_EFORMAT);
-    assert_string_equal(err.msg, "t.prom:2: rk_gpu_vrm_ripple_millivolts is no longer read: give "
-                                 "rk_sensor_vrm_ripple_volts, in volts (docs/textfile.md)");
     assert_false(has(&s[0], RK_F_VRM_RIPPLE));
-    assert_false(has(&s[1], RK_F_FAN_VIB)); /* all or nothing */
+    assert_memory_equal(s, before, sizeof s);
+    /* beside the input for the same GPU: not "already given", and the input's value counts */
+    const char *both = FAN "{gpu=\"0\"} 180\n"
+                           "rk_gpu_fan_vibration_hertz{gpu=\"0\"} 260\n";
+    assert_int_equal(merge(both, s, &err), RK_OK);
+    assert_true(has(&s[0], RK_F_FAN_VIB));
+    assert_float_equal(s[0].fan_vib_hz, 180, 0);
+
+    static const char *const old[] = {
+        FAN "{gpu=\"1\"} 200\nrk_gpu_vrm_ripple_millivolts{gpu=\"0\"} 55\n",
+        FAN "{gpu=\"1\"} 200\nrk_gpu_vrm_ripple_millivolts 55\n",            /* no label */
+        FAN "{gpu=\"1\"} 200\nrk_gpu_vrm_ripple_millivolts{gpu=\"7\"} 55\n", /* not here */
+        FAN "{gpu=\"1\"} 200\nrk_gpu_vrm_ripple_millivolts{gpu=\"0\"} -1\n", /* bad value */
+    };
+    for (size_t k = 0; k < sizeof old / sizeof old[0]; k++) {
+        fresh(s);
+        memcpy(before, s, sizeof s);
+        int rc = merge(old[k], s, &err);
+        if (rc != RK_EFORMAT)
+            print_error("case %zu: %d %s\n", k, rc, err.msg);
+        assert_int_equal(rc, RK_EFORMAT);
+        assert_string_equal(err.msg, "t.prom:2: rk_gpu_vrm_ripple_millivolts is no longer read: "
+                                     "give rk_sensor_vrm_ripple_volts, in volts "
+                                     "(docs/textfile.md)");
+        assert_memory_equal(s, before, sizeof s); /* line 1's fan value was not merged */
+    }
+    /* only that name: another metric that starts with it is just another metric */
     fresh(s);
-    const char *huge = "rk_sensor_vrm_ripple_volts{gpu=\"0\"} 1e308\n";
+    assert_int_equal(merge("rk_gpu_vrm_ripple_millivolts_total{gpu=\"0\"} 55\n", s, &err), RK_OK);
+    assert_false(has(&s[0], RK_F_VRM_RIPPLE));
+
+    fresh(s);
+    const char *huge = VRM "{gpu=\"0\"} 1e308\n";
     assert_int_equal(merge(huge, s, &err), RK_EFORMAT);
-    assert_non_null(strstr(err.msg, "rk_sensor_vrm_ripple_volts must be a finite number"));
+    assert_non_null(strstr(err.msg, VRM " must be a finite number"));
     assert_false(has(&s[0], RK_F_VRM_RIPPLE));
 }
 
@@ -209,7 +242,8 @@ static void test_empty_and_comment_only_files_change_nothing(void **state)
     assert_int_equal(rk_textfile_merge("t.prom", "x 1\n", 4, NULL, NULL, 0, &err), RK_OK);
 }
 
-/* Values are read as Go's strconv.ParseFloat reads them (less hex and '_'). */
+/* Values are read as Go's strconv.ParseFloat reads them (less hex and '_'), here as volts of
+ * VRM ripple (stored in millivolts). */
 static void test_values_are_read_as_go_floats(void **state)
 {
     (void)state;
@@ -234,27 +268,28 @@ static void test_values_are_read_as_go_floats(void **state)
     rk_err err = {0};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         fresh(s);
-        snprintf(text, sizeof text, FAN "{gpu=\"1\"} %s\n", good[i].tok);
+        snprintf(text, sizeof text, VRM "{gpu=\"1\"} %s\n", good[i].tok);
         int rc = merge(text, s, &err);
         if (rc)
             print_error("%s: %s\n", good[i].tok, err.msg);
         assert_int_equal(rc, RK_OK);
-        assert_true(has(&s[1], RK_F_FAN_VIB));
-        assert_float_equal(s[1].fan_vib_hz, good[i].v, fabs(good[i].v) * 1e-15);
-        assert_false(signbit(s[1].fan_vib_hz)); /* -0 is stored as 0 */
+        assert_true(has(&s[1], RK_F_VRM_RIPPLE));
+        /* volts in, millivolts in the sample */
+        assert_float_equal(s[1].vrm_ripple_mv, good[i].v * 1e3, fabs(good[i].v) * 1e3 * 1e-15);
+        assert_false(signbit(s[1].vrm_ripple_mv)); /* -0 is stored as 0 */
     }
     for (size_t i = 0; i < sizeof bad_tok / sizeof bad_tok[0]; i++) {
         fresh(s);
-        snprintf(text, sizeof text, "x 1\n" FAN "{gpu=\"1\"} %s\n", bad_tok[i]);
+        snprintf(text, sizeof text, "x 1\n" VRM "{gpu=\"1\"} %s\n", bad_tok[i]);
         const char *tok = bad_tok[i];
         if (strcmp(tok, "- 1") == 0) /* the value is "-", then "1" reads as a timestamp */
             tok = "-";
         (void)tok; /* the message gives the column, never the token */
         snprintf(want, sizeof want, "t.prom:2: invalid value (column %zu)",
-                 strlen(FAN "{gpu=\"1\"} ") + 1);
+                 strlen(VRM "{gpu=\"1\"} ") + 1);
         assert_int_equal(merge(text, s, &err), RK_EFORMAT);
         assert_string_equal(err.msg, want);
-        assert_false(has(&s[1], RK_F_FAN_VIB));
+        assert_false(has(&s[1], RK_F_VRM_RIPPLE));
     }
     /* overflow is out of range, as in Go; underflow (above) is 0 */
     assert_int_equal(merge("x 1e999\n", s, &err), RK_EFORMAT);
@@ -567,6 +602,7 @@ static void test_messages_quote_nothing_from_the_file(void **state)
         "SECRET_name 1 1 SECRET\n",
         FAN "{gpu=\"SECRET\"} 1\n",
         FAN "{gpu=\"0\"} -1.5e-SECRET\n",
+        "rk_gpu_vrm_ripple_millivolts{k=\"SECRET\"} 1\n", /* the old VRM name: refused */
         "# TYPE SECRET_name histogram\nSECRET_name_bucket{le=\"SECRET\"} 1\n",
     };
     for (size_t k = 0; k < sizeof secrets / sizeof secrets[0]; k++) {
@@ -611,7 +647,7 @@ static const char *fresh_dir(char *buf, size_t cap, const char *name)
 
 /* Files are merged in name order (the last word on a GPU wins), whatever order they were
  * written in; dot-files, other names, directories and FIFOs are not read; a link to a file in
- * the same directory is read. */
+ * the same directory is read; a scrape of rk exporter among them merges nothing. */
 static void test_dir_reads_prom_files_in_name_order_and_skips_the_rest(void **state)
 {
     (void)state;
@@ -619,17 +655,24 @@ static void test_dir_reads_prom_files_in_name_order_and_skips_the_rest(void **st
     fresh_dir(dir, sizeof dir, "order");
     for (int k = 9; k >= 0; k--) { /* written last to first */
         snprintf(name, sizeof name, "f%d.prom", k);
-        snprintf(text, sizeof text, VRM "{gpu=\"0\"} %d\n", k * 10);
+        snprintf(text, sizeof text, VRM "{gpu=\"0\"} 0.0%d\n", k); /* k * 10 mV */
         puts_(dir, name, text);
     }
     puts_(dir, "e.prom", FAN "{uuid=\"GPU-bbbb\"} 150\n");
+    /* a scrape of rk exporter saved here: its output names are read, never merged */
+    puts_(dir, "scrape.prom",
+          "# TYPE rk_gpu_fan_vibration_hertz gauge\n"
+          "rk_gpu_fan_vibration_hertz{gpu=\"0\",uuid=\"GPU-aaaa\",name=\"test GPU 0\","
+          "simulated=\"false\"} 999\n"
+          "rk_gpu_vrm_ripple_volts{gpu=\"0\",uuid=\"GPU-aaaa\",name=\"test GPU 0\","
+          "simulated=\"false\"} 9\n");
     /* each of these would change GPU 0's ripple or fail if it were read */
-    puts_(dir, ".hidden.prom", VRM "{gpu=\"0\"} 1000\n");
+    puts_(dir, ".hidden.prom", VRM "{gpu=\"0\"} 1\n");
     puts_(dir, ".tmp.prom", "half a li");
     puts_(dir, "z.prom.tmp", "garbage\n");
-    puts_(dir, "z.prom~", VRM "{gpu=\"0\"} 2000\n");
-    puts_(dir, "zprom", VRM "{gpu=\"0\"} 3000\n");
-    puts_(dir, "z.PROM", VRM "{gpu=\"0\"} 4000\n");
+    puts_(dir, "z.prom~", VRM "{gpu=\"0\"} 2\n");
+    puts_(dir, "zprom", VRM "{gpu=\"0\"} 3\n");
+    puts_(dir, "z.PROM", VRM "{gpu=\"0\"} 4\n");
     snprintf(path, sizeof path, "%s/zz.prom", dir);
     assert_int_equal(mkdir(path, 0755), 0);
     snprintf(path, sizeof path, "%s/zzz.prom", dir);
@@ -651,14 +694,15 @@ static void test_dir_reads_prom_files_in_name_order_and_skips_the_rest(void **st
         print_error("%s\n", err.msg);
     assert_int_equal(rc, RK_OK);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE));
-    assert_float_equal(s[0].vrm_ripple_mv, 90000, 0); /* f9.prom, the last by name */
+    assert_float_equal(s[0].vrm_ripple_mv, 90, 1e-9); /* f9.prom, the last by name */
     assert_float_equal(s[1].fan_vib_hz, 150, 0);
     assert_float_equal(s[2].fan_vib_hz, 77, 0); /* through link.prom */
+    assert_false(has(&s[0], RK_F_FAN_VIB));     /* scrape.prom */
     /* a trailing slash on the directory changes nothing */
     snprintf(path, sizeof path, "%s/", dir);
     fresh(s);
     assert_int_equal(rk_textfile_merge_dir(path, g_info, s, NGPU, &err), RK_OK);
-    assert_float_equal(s[0].vrm_ripple_mv, 90000, 0);
+    assert_float_equal(s[0].vrm_ripple_mv, 90, 1e-9);
 }
 
 /* A symbolic link out of the directory is never followed, wherever it points (a root-only
@@ -737,8 +781,8 @@ static void test_dir_reports_a_broken_file_and_merges_the_good_ones(void **state
     char dir[600], want[800];
     fresh_dir(dir, sizeof dir, "broken");
     puts_(dir, "a.prom", FAN "{gpu=\"1\"} 300\n");
-    puts_(dir, "b.prom", VRM "{gpu=\"1\"} 70\n" VRM "{gpu=\"0\"} x\n");
-    puts_(dir, "c.prom", VRM "{gpu=\"0\"} 60\n");
+    puts_(dir, "b.prom", VRM "{gpu=\"1\"} 0.07\n" VRM "{gpu=\"0\"} x\n");
+    puts_(dir, "c.prom", VRM "{gpu=\"0\"} 0.06\n");
     puts_(dir, "d.prom", FAN "{gpu=\"5\"} 1\n" FAN "{gpu=\"5\"} NaN\n");
     puts_(dir, "e.prom", FAN "{gpu=\"0\"} 5");
     rk_gpu_sample s[NGPU];
@@ -749,7 +793,7 @@ static void test_dir_reports_a_broken_file_and_merges_the_good_ones(void **state
     assert_string_equal(err.msg, want);
     assert_int_equal(err.code, RK_EFORMAT);
     assert_float_equal(s[1].fan_vib_hz, 300, 0);      /* a.prom */
-    assert_float_equal(s[0].vrm_ripple_mv, 60000, 0); /* c.prom */
+    assert_float_equal(s[0].vrm_ripple_mv, 60, 1e-9); /* c.prom */
     assert_false(has(&s[1], RK_F_VRM_RIPPLE));        /* b.prom's good line 1 */
     assert_false(has(&s[2], RK_F_FAN_VIB));           /* d.prom */
     assert_false(has(&s[0], RK_F_FAN_VIB));           /* e.prom, cut off */
@@ -765,7 +809,7 @@ static void test_dir_refuses_a_file_over_one_mebibyte(void **state)
     char *text = malloc(mib + 2);
     assert_non_null(text);
     for (size_t extra = 0; extra <= 1; extra++) {
-        static const char line[] = VRM "{gpu=\"0\"} 55\n";
+        static const char line[] = VRM "{gpu=\"0\"} 0.055\n";
         size_t len = mib + extra, body = len - strlen(line);
         memset(text, ' ', body); /* lines of blanks */
         for (size_t k = 1000; k < body; k += 1000)
@@ -783,7 +827,7 @@ static void test_dir_refuses_a_file_over_one_mebibyte(void **state)
              "%s/big.prom: file is 1048577 bytes, more than the limit of 1048576", dir);
     assert_string_equal(err.msg, want);
     assert_true(has(&s[0], RK_F_VRM_RIPPLE)); /* exact.prom */
-    assert_float_equal(s[0].vrm_ripple_mv, 55000, 0);
+    assert_float_equal(s[0].vrm_ripple_mv, 55, 1e-9);
 }
 
 static void test_dir_missing_or_empty(void **state)
@@ -810,7 +854,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_file_merges_both_sensors_by_index_and_uuid),
         cmocka_unit_test(test_the_documented_example_merges_as_documented),
-        cmocka_unit_test(test_old_names_are_not_inputs),
+        cmocka_unit_test(test_output_and_old_names_are_not_inputs),
         cmocka_unit_test(test_empty_and_comment_only_files_change_nothing),
         cmocka_unit_test(test_values_are_read_as_go_floats),
         cmocka_unit_test(test_malformed_lines_are_named_with_line_and_problem),

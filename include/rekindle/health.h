@@ -224,11 +224,12 @@ RK_API int rk_telemetry_read_all(rk_telemetry *t, rk_gpu_info *infos, rk_gpu_sam
 /* ---- textfile sensors ----------------------------------------------------------------------- */
 
 /* Parse one node_exporter textfile (*.prom) and merge what it says about the GPUs into
- * samples: metrics rk_sensor_vrm_ripple_volts and rk_sensor_fan_vibration_hertz with a label
- * gpu="<index>" or uuid="<uuid>" (other metrics are ignored; the old input
- * rk_gpu_vrm_ripple_millivolts is RK_EFORMAT naming its replacement). `infos`/`samples` have n
- * entries. A malformed line is RK_EFORMAT naming the file, line, column and problem (never
- * the file's bytes); nothing is merged from that file then. */
+ * samples: metrics rk_sensor_vrm_ripple_volts (volts; stored as vrm_ripple_mv, millivolts) and
+ * rk_sensor_fan_vibration_hertz with a label gpu="<index>" or uuid="<uuid>"; other metrics are
+ * ignored, rk exporter's outputs (rk_gpu_fan_vibration_hertz, ...) included. `infos`/`samples`
+ * have n entries. A malformed line is RK_EFORMAT naming the file, line, column and problem
+ * (never the file's bytes), as is a sample of the old input rk_gpu_vrm_ripple_millivolts
+ * (the message names rk_sensor_vrm_ripple_volts); nothing is merged from that file then. */
 RK_API int rk_textfile_merge(const char *path, const char *text, size_t len,
                              const rk_gpu_info *infos, rk_gpu_sample *samples, int n, rk_err *err);
 /* Every regular *.prom file in `dir` (sorted by name, at most 1 MiB each, dot-files,
