@@ -179,7 +179,8 @@ int rk_cmd_exporter(int argc, char **argv)
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
     if (seeded && !sim)
-        return usage_error("--seed, --age, --time-scale, --sim-load and --sim-sensors need --sim N");
+        return usage_error(
+            "--seed, --age, --time-scale, --sim-load and --sim-sensors need --sim N");
     if ((o.telemetry.textfile_dir &&
          rk_arg_path(&args, "--textfile-dir", o.telemetry.textfile_dir, RK_PATH_DIR)) ||
         (model_path && rk_arg_path(&args, "--predictor", model_path, RK_PATH_FILE)))

@@ -217,7 +217,8 @@ static void profile_fields(bool sensors)
          ECC_BITS | REMAP_BIT | no_kit},
         {"1080ti-gaming", "NVIDIA GeForce GTX 1080 Ti", 3, 11, FAN_BIT | fan_kit,
          ECC_BITS | REMAP_BIT | no_kit},
-        {"p100-hpc", "Tesla P100-PCIE-16GB", 3, 16, ECC_BITS, FAN_BIT | VIB_BIT | REMAP_BIT | no_kit},
+        {"p100-hpc", "Tesla P100-PCIE-16GB", 3, 16, ECC_BITS,
+         FAN_BIT | VIB_BIT | REMAP_BIT | no_kit},
         {"3090-mining", "NVIDIA GeForce RTX 3090", 4, 24, FAN_BIT | fan_kit,
          ECC_BITS | REMAP_BIT | no_kit},
     };

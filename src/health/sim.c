@@ -917,8 +917,7 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
 static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
 {
     if (!g->thermal_init) {
-        thermal_settle(g, age_at(g, g->t), slot_util(seed, g, slot_of(g->t)),
-                       heat_fx_at(g, g->t));
+        thermal_settle(g, age_at(g, g->t), slot_util(seed, g, slot_of(g->t)), heat_fx_at(g, g->t));
         g->thermal_init = true;
     }
     if (t <= g->t)
