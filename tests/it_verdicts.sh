@@ -65,7 +65,10 @@ if not bad:
           f"left out {sorted(left)}")
 PY
 
-# verdicts NAME SEED AGE KINDS [SIM FLAGS...]: doctor and the gate on the same fleet, compared
+# verdicts NAME SEED AGE KINDS [SIM FLAGS...]: doctor and the gate on the same fleet, compared.
+# Both read every GPU first at the fleet's start (its clock starts at that reading; the
+# microseconds between two GPUs' readings are nothing at doctor's 120x and less at the gate's
+# 0.001x), and doctor reads once (--samples 1): the same readings.
 verdicts() {
   local name=$1 seed=$2 age=$3 kinds=$4; shift 4
   "$RK" doctor --sim "$N" --seed "$seed" --age "$age" "$@" --samples 1 --json \
@@ -73,7 +76,7 @@ verdicts() {
   local st=$?
   [[ $st == 0 || $st == 1 ]] || { bad "$name: rk doctor exit $st: $(head -3 "$work/$name.doc.err")"; return; }
   timeout 300 "$RK" run -n "$N" --min-ranks 1 --launcher local --devices "$devices" --health sim \
-    --sim-seed "$seed" --sim-age "$age" "$@" --gate-log "$work/$name.gate" \
+    --sim-seed "$seed" --sim-age "$age" --sim-time-scale 0.001 "$@" --gate-log "$work/$name.gate" \
     --events "$work/$name.ev" --steps "$work/$name.steps" --quiet -- "${worker[@]}" \
     >"$work/$name.run" 2>&1
   st=$?
