@@ -279,9 +279,10 @@ grep -q '"kind":"node_lost".*node 2 (h3).*silence' l.ev && ok "(l) the events na
 
 # ---- (g) the agents read their hosts' GPUs: one below the threshold is left out ---------------
 # a simulated fleet spans the hosts in order (h1:0 is GPU 0 ... h4:1 is GPU 7); at 12,000
-# hours of service (seed 1) its GPU 0 (h1:0, rank 0's device) scores 45 for a PCIe link
-# trained down to Gen1 (a finding that does not come and go with a reading's noise), GPU 2
-# 75 and the others 100: h1:0 alone is left out. The GPUs are busy, sensors fitted (the
+# hours of service (seed 1) its GPU 0 (h1:0, rank 0's device, an RTX 3090) scores 50 for a
+# PCIe link trained down to Gen1 (a finding that does not come and go with a reading's noise),
+# fan and VRM wear, GPU 2 80 and the others 100: h1:0 alone is left out (45 and 75 while the
+# simulated 3090s reported remapped rows). The GPUs are busy, sensors fitted (the
 # agents get --sim-load busy --sim-sensors from rk run): their wear shows under load
 sim=(--sim-load busy --sim-sensors)
 rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 1 --sim-age 12000 "${sim[@]}" --sim-time-scale 1 \
