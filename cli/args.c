@@ -258,6 +258,17 @@ int rk_arg_watts(rk_args *a, const char *flag, const char *s, double *out)
     return 0;
 }
 
+int rk_arg_sim_load(rk_args *a, const char *flag, const char *s, rk_sim_load *out)
+{
+    if (strcmp(s, "idle") == 0)
+        *out = RK_SIM_LOAD_IDLE;
+    else if (strcmp(s, "busy") == 0)
+        *out = RK_SIM_LOAD_BUSY;
+    else
+        return refuse(a, flag, s, "idle or busy");
+    return 0;
+}
+
 /* ---- paths ------------------------------------------------------------------------------- */
 
 /* "rk CMD: FLAG PATH: problem" on one line: a path is not a usage problem, so no usage. */

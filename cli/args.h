@@ -24,6 +24,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "rekindle/health.h"
+
 #define RK_ARG_MHZ_MAX 100000      /* --lock-clocks */
 #define RK_ARG_WATTS_MAX 100000.0  /* --power-limit: from 1 W */
 #define RK_ARG_HOURS_MAX 1e6       /* --age, --sim-age, --sim-skip: hours of service */
@@ -76,6 +78,8 @@ int rk_arg_seconds(rk_args *a, const char *flag, const char *s, double lo, doubl
 int rk_arg_mhz(rk_args *a, const char *flag, const char *s, unsigned *out);
 /* A power in watts: a number in [1, RK_ARG_WATTS_MAX]. */
 int rk_arg_watts(rk_args *a, const char *flag, const char *s, double *out);
+/* A simulated fleet's load (--sim-load): "idle" or "busy" (docs/sim.md, "Load"). */
+int rk_arg_sim_load(rk_args *a, const char *flag, const char *s, rk_sim_load *out);
 
 /* What a path flag needs to find before any work starts. Only the kind is checked (stat); a
  * file's content is its reader's business. */

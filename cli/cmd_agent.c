@@ -52,7 +52,7 @@ static const char agent_usage[] =
     "                [--socket-node NAME]\n"
     "                [--devices N --health nvml|sim [--health-interval S] [--predictor M]\n"
     "                 [--sim-first I --sim-gpus N --sim-seed S --sim-time-scale X --sim-age H\n"
-    "                  --sim-skip H]]\n"
+    "                  --sim-skip H --sim-load idle|busy --sim-sensors]]\n"
     "                [-- WORKER ARGS...]\n"
     "\n"
     "Run this host's node agent: connect to the job's coordinator over the authenticated node\n"
@@ -92,6 +92,8 @@ static const char agent_usage[] =
     "  --sim-gpus N             sim: the whole fleet's size (default: I + --devices)\n"
     "  --sim-seed S, --sim-time-scale X, --sim-age H, --sim-skip H\n"
     "                           sim: as rk run's (defaults 1, 60, 0, 0)\n"
+    "  --sim-load LOAD, --sim-sensors\n"
+    "                           sim: as rk run's (default idle, no sensors)\n"
     "  -h, --help               show this help\n"
     "\n"
     "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
@@ -147,6 +149,8 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"sim-time-scale", required_argument, 0, 'x'},
                                           {"sim-age", required_argument, 0, 'a'},
                                           {"sim-skip", required_argument, 0, 'k'},
+                                          {"sim-load", required_argument, 0, 'L'},
+                                          {"sim-sensors", no_argument, 0, 'E'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
@@ -248,6 +252,15 @@ int rk_cmd_agent(int argc, char **argv)
             sim_given = 1;
             if (rk_arg_hours(&agent_args, "--sim-skip", optarg, &ho.sim_skip_h))
                 return RK_EXIT_USAGE;
+            break;
+        case 'L':
+            sim_given = 1;
+            if (rk_arg_sim_load(&agent_args, "--sim-load", optarg, &ho.health_sim_load))
+                return RK_EXIT_USAGE;
+            break;
+        case 'E':
+            sim_given = 1;
+            ho.health_sim_sensors = true;
             break;
         case 'h': fputs(agent_usage, stdout); return RK_EXIT_OK;
         default:

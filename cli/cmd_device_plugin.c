@@ -15,7 +15,8 @@
 static const char usage_text[] =
     "usage: rk device-plugin [--plugin-dir DIR] [--socket NAME] [--resource NAME]\n"
     "                        [--interval DURATION] [--threshold T] [--hysteresis H]\n"
-    "                        [--sim N [--seed S] [--age HOURS]] [--textfile-dir DIR]\n"
+    "                        [--sim N [--seed S] [--age HOURS] [--sim-load idle|busy]\n"
+    "                        [--sim-sensors]] [--textfile-dir DIR]\n"
     "\n"
     "Offer this node's GPUs to the kubelet as a Kubernetes device plugin (API v1beta1), each\n"
     "Healthy or Unhealthy by its rekindle health score: Unhealthy GPUs are not scheduled, and\n"
@@ -34,6 +35,10 @@ static const char usage_text[] =
     "  --sim N             a simulated fleet of N GPUs instead of NVML (marked as simulated)\n"
     "  --seed S            the simulated fleet's seed (default 1)\n"
     "  --age HOURS         hours of service the simulated GPUs start with (default 0)\n"
+    "  --sim-load LOAD     what the simulated GPUs run: idle (the default: a node nobody\n"
+    "                      uses) or busy (a job: 85% of 10-minute slots at 90-100%)\n"
+    "  --sim-sensors       the simulated GPUs also report VRM ripple and fan vibration, as\n"
+    "                      if a sensor kit were fitted (default: only what NVML reports)\n"
     "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
     "                      node_exporter textfiles in DIR\n"
     "  -h, --help          show this help\n"
@@ -80,6 +85,8 @@ int rk_cmd_device_plugin(int argc, char **argv)
                                           {"sim", required_argument, 0, 'S'},
                                           {"seed", required_argument, 0, 's'},
                                           {"age", required_argument, 0, 'a'},
+                                          {"sim-load", required_argument, 0, 'W'},
+                                          {"sim-sensors", no_argument, 0, 'E'},
                                           {"textfile-dir", required_argument, 0, 'x'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -125,6 +132,15 @@ int rk_cmd_device_plugin(int argc, char **argv)
                 return RK_EXIT_USAGE;
             seeded = 1;
             break;
+        case 'W':
+            if (rk_arg_sim_load(&args, "--sim-load", optarg, &o.fleet.load))
+                return RK_EXIT_USAGE;
+            seeded = 1;
+            break;
+        case 'E':
+            o.fleet.sensors = true;
+            seeded = 1;
+            break;
         case 'x': o.fleet.textfile_dir = optarg; break;
         case 'h': fputs(usage_text, stdout); return RK_EXIT_OK;
         default: return usage_error("unknown option or missing value: '%s'", argv[optind - 1]);
@@ -133,7 +149,7 @@ int rk_cmd_device_plugin(int argc, char **argv)
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
     if (seeded && !o.fleet.sim_gpus)
-        return usage_error("--seed and --age need --sim N");
+        return usage_error("--seed, --age, --sim-load and --sim-sensors need --sim N");
     if (!rk_dp_resource_ok(o.resource))
         return usage_error("--resource '%s' is not DOMAIN/NAME (as %s)", o.resource,
                            RK_DP_DEFAULT_RESOURCE);

@@ -31,7 +31,8 @@
 #include "supervisor/slurm.h"
 
 static const char usage_text[] =
-    "usage: rk doctor [--sim N [--seed S] [--age HOURS]] [--json] [--threshold T]\n"
+    "usage: rk doctor [--sim N [--seed S] [--age HOURS] [--sim-load idle|busy]\n"
+    "                 [--sim-sensors]] [--json] [--threshold T]\n"
     "                 [--textfile-dir DIR] [--samples K] [--interval SECONDS]\n"
     "                 [--predictor MODEL]\n"
     "                 [--slurm [--node NAME] [--dry-run] [--scontrol PATH] | --gres]\n"
@@ -42,6 +43,10 @@ static const char usage_text[] =
     "  --seed S            the simulated fleet's seed (default 1)\n"
     "  --age HOURS         hours of service before the check, on top of each simulated\n"
     "                      profile's own wear (default 0)\n"
+    "  --sim-load LOAD     what the simulated GPUs run: idle (the default: a node nobody\n"
+    "                      uses) or busy (a job: 85% of 10-minute slots at 90-100%)\n"
+    "  --sim-sensors       the simulated GPUs also report VRM ripple and fan vibration, as\n"
+    "                      if a sensor kit were fitted (default: only what NVML reports)\n"
     "  --json              the same as JSON on stdout\n"
     "  --threshold T       a GPU below T fails (default 60)\n"
     "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
@@ -365,6 +370,8 @@ int rk_cmd_doctor(int argc, char **argv)
     static const struct option longs[] = {{"sim", required_argument, 0, 'S'},
                                           {"seed", required_argument, 0, 's'},
                                           {"age", required_argument, 0, 'a'},
+                                          {"sim-load", required_argument, 0, 'W'},
+                                          {"sim-sensors", no_argument, 0, 'E'},
                                           {"json", no_argument, 0, 'j'},
                                           {"threshold", required_argument, 0, 't'},
                                           {"textfile-dir", required_argument, 0, 'x'},
@@ -379,7 +386,7 @@ int rk_cmd_doctor(int argc, char **argv)
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
-    int sim = 0, as_json = 0;
+    int sim = 0, as_json = 0, sim_opts = 0;
     double threshold = RK_HEALTH_THRESHOLD_DEFAULT, interval = 0.5;
     int samples = 5;
     const char *model_path = NULL;
@@ -401,6 +408,15 @@ int rk_cmd_doctor(int argc, char **argv)
         case 'a':
             if (rk_arg_hours(&args, "--age", optarg, &o.start_age_h))
                 return RK_EXIT_USAGE;
+            break;
+        case 'W':
+            if (rk_arg_sim_load(&args, "--sim-load", optarg, &o.sim_load))
+                return RK_EXIT_USAGE;
+            sim_opts = 1;
+            break;
+        case 'E':
+            o.sim_sensors = true;
+            sim_opts = 1;
             break;
         case 'j': as_json = 1; break;
         case 't':
@@ -428,6 +444,8 @@ int rk_cmd_doctor(int argc, char **argv)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
+    if (sim_opts && !sim)
+        return usage_error("--sim-load and --sim-sensors go with --sim N");
     if (slurm && gres)
         return usage_error("--slurm and --gres are two different jobs: one at a time");
     if ((slurm || gres) && as_json)

@@ -23,7 +23,8 @@
 
 static const char usage_text[] =
     "usage: rk exporter [--listen ADDR:PORT] [--interval DURATION] [--sim N [--seed S]\n"
-    "                   [--age HOURS] [--time-scale X]]\n"
+    "                   [--age HOURS] [--time-scale X] [--sim-load idle|busy]\n"
+    "                   [--sim-sensors]]\n"
     "                   [--textfile-dir DIR] [--threshold T] [--predictor MODEL]\n"
     "\n"
     "Serve this node's GPU health to Prometheus: /metrics (docs/metrics.md), /healthz, /.\n"
@@ -38,6 +39,10 @@ static const char usage_text[] =
     "  --seed S            the simulated fleet's seed (default 1)\n"
     "  --age HOURS         hours of service the simulated GPUs start with (default 0)\n"
     "  --time-scale X      simulated seconds per real second (default 1)\n"
+    "  --sim-load LOAD     what the simulated GPUs run: idle (the default: a node nobody\n"
+    "                      uses) or busy (a job: 85% of 10-minute slots at 90-100%)\n"
+    "  --sim-sensors       the simulated GPUs also report VRM ripple and fan vibration, as\n"
+    "                      if a sensor kit were fitted (default: only what NVML reports)\n"
     "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
     "                      node_exporter textfiles in DIR\n"
     "  --threshold T       report on stderr when a GPU scores below T (default 60)\n"
@@ -113,6 +118,8 @@ int rk_cmd_exporter(int argc, char **argv)
                                           {"seed", required_argument, 0, 's'},
                                           {"age", required_argument, 0, 'a'},
                                           {"time-scale", required_argument, 0, 'T'},
+                                          {"sim-load", required_argument, 0, 'W'},
+                                          {"sim-sensors", no_argument, 0, 'E'},
                                           {"textfile-dir", required_argument, 0, 'x'},
                                           {"threshold", required_argument, 0, 't'},
                                           {"predictor", required_argument, 0, 'P'},
@@ -150,6 +157,15 @@ int rk_cmd_exporter(int argc, char **argv)
                 return RK_EXIT_USAGE;
             seeded = 1;
             break;
+        case 'W':
+            if (rk_arg_sim_load(&args, "--sim-load", optarg, &o.telemetry.sim_load))
+                return RK_EXIT_USAGE;
+            seeded = 1;
+            break;
+        case 'E':
+            o.telemetry.sim_sensors = true;
+            seeded = 1;
+            break;
         case 'x': o.telemetry.textfile_dir = optarg; break;
         case 't':
             if (rk_arg_score(&args, "--threshold", optarg, &o.threshold))
@@ -163,7 +179,8 @@ int rk_cmd_exporter(int argc, char **argv)
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
     if (seeded && !sim)
-        return usage_error("--seed, --age and --time-scale need --sim N");
+        return usage_error(
+            "--seed, --age, --time-scale, --sim-load and --sim-sensors need --sim N");
     if ((o.telemetry.textfile_dir &&
          rk_arg_path(&args, "--textfile-dir", o.telemetry.textfile_dir, RK_PATH_DIR)) ||
         (model_path && rk_arg_path(&args, "--predictor", model_path, RK_PATH_FILE)))

@@ -174,6 +174,10 @@ static const char usage_b[] =
     "  --sim-time-scale X      simulated seconds per real second (default 60)\n"
     "  --sim-age HOURS         hours of service the simulated GPUs start with (default 0)\n"
     "  --sim-skip HOURS        start the simulated clock HOURS in, the GPUs aged (default 0)\n"
+    "  --sim-load LOAD         what the simulated GPUs run: idle (default, as rk doctor's) or\n"
+    "                          busy (a job: 85% of 10-minute slots at 90-100%)\n"
+    "  --sim-sensors           the simulated GPUs also report VRM ripple and fan vibration\n"
+    "                          (default: only what NVML reports)\n"
     "  --predictor MODEL       a failure model (rk predict train; docs/predict.md): drain a GPU,\n"
     "                          or leave it out of a launch, at --drain-probability of failing\n"
     "                          in its horizon (--health nvml or sim; read each GPU minute)\n"
@@ -278,6 +282,8 @@ enum {
     OPT_SIM_SCALE,
     OPT_SIM_AGE,
     OPT_SIM_SKIP,
+    OPT_SIM_LOAD,
+    OPT_SIM_SENSORS,
     OPT_PREDICTOR,
     OPT_DRAIN_PROB,
     OPT_STACK_DIR,
@@ -506,6 +512,8 @@ int rk_cmd_run(int argc, char **argv)
         {"sim-time-scale", required_argument, 0, OPT_SIM_SCALE},
         {"sim-age", required_argument, 0, OPT_SIM_AGE},
         {"sim-skip", required_argument, 0, OPT_SIM_SKIP},
+        {"sim-load", required_argument, 0, OPT_SIM_LOAD},
+        {"sim-sensors", no_argument, 0, OPT_SIM_SENSORS},
         {"predictor", required_argument, 0, OPT_PREDICTOR},
         {"drain-probability", required_argument, 0, OPT_DRAIN_PROB},
         {"stack-dir", required_argument, 0, OPT_STACK_DIR},
@@ -539,7 +547,7 @@ int rk_cmd_run(int argc, char **argv)
     const char *hosts_list = NULL, *hostfile = NULL, *spare_list = NULL;
     int health_given = 0;
     static char *largs[64];
-    int nlargs = 0, drain_given = 0;
+    int nlargs = 0, drain_given = 0, sim_opts = 0;
     char *devices = NULL;
     opterr = 0;
     optind = 1;
@@ -651,6 +659,15 @@ int rk_cmd_run(int argc, char **argv)
             if (rk_arg_hours(&args, "--sim-skip", optarg, &o.sim_skip_h))
                 return RK_EXIT_USAGE;
             break;
+        case OPT_SIM_LOAD:
+            if (rk_arg_sim_load(&args, "--sim-load", optarg, &o.health_sim_load))
+                return RK_EXIT_USAGE;
+            sim_opts = 1;
+            break;
+        case OPT_SIM_SENSORS:
+            o.health_sim_sensors = true;
+            sim_opts = 1;
+            break;
         case OPT_PREDICTOR: o.predictor = optarg; break;
         case OPT_DRAIN_PROB:
             if (rk_arg_probability(&args, "--drain-probability", optarg, &o.drain_probability))
@@ -715,6 +732,8 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--predictor needs the health gate (--health nvml or sim)");
     if (o.sim_skip_h > 0 && !(o.health && strcmp(o.health, "sim") == 0))
         return usage_error("--sim-skip needs --health sim");
+    if (sim_opts && !(o.health && strcmp(o.health, "sim") == 0))
+        return usage_error("--sim-load and --sim-sensors need --health sim");
     if (o.predictor && rk_arg_path(&args, "--predictor", o.predictor, RK_PATH_FILE))
         return RK_EXIT_USAGE;
     if (o.predictor && access(o.predictor, R_OK) != 0)

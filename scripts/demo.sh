@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: the main job. A node of 5 simulated GPUs (seed 4, 8,000 hours of service, ageing
-# 480,000x faster than real time; one spare): rk doctor checks them, rk exporter serves their
+# 480,000x faster than real time; one spare; busy, as GPUs in a job are, with the VRM and fan
+# sensors fitted: --sim-load busy --sim-sensors): rk doctor checks them, rk exporter serves their
 # health to Prometheus while the run goes, and rk run supervises 4 ranks of
 # `rk train --model cnn-small` (one epoch of Fashion-MNIST) through a scripted set of injected
 # faults: a crash, a NaN, a hang, a flipped bit in one replica's parameters, a flipped
@@ -21,7 +22,8 @@ mkdir -p "$out"
 # Open MPI inside containers: shared memory without cross-memory attach (harmless elsewhere)
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
-fleet=(--sim 5 --seed 4 --age 8000)
+sim=(--sim-load busy --sim-sensors)
+fleet=(--sim 5 --seed 4 --age 8000 "${sim[@]}")
 
 echo "== rk doctor: the node's GPUs (simulated fleet)"
 set +e
@@ -43,7 +45,7 @@ echo "== rk run: 4 CPU ranks stand in for 4 of the GPUs; faults are injected (si
 echo "   $faults"
 set +e
 "$rk" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$out/ckpt" --heartbeat-timeout 5 \
-  --failure-threshold 3 --health sim --sim-seed 4 --sim-age 8000 --sim-time-scale 480000 \
+  --failure-threshold 3 --health sim --sim-seed 4 --sim-age 8000 "${sim[@]}" --sim-time-scale 480000 \
   --health-interval 2 \
   --events "$out/events.jsonl" --summary-json "$out/summary.json" --inject "$faults" \
   --steps "$out/steps.jsonl" --gate-log "$out/gate.jsonl" \

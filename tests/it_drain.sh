@@ -9,7 +9,9 @@
 #  - bad flags: --predictor without the gate, --sim-skip without the simulator, a missing
 #    model file, a broken MODEL.json beside it: exit 2.
 # Fleet: seed 6 of 8 GPUs; its first failure is read from the simulator's ground truth and
-# --sim-skip puts it 3 simulated minutes into the job. Skips (77) without mpirun or data.
+# --sim-skip puts it 3 simulated minutes into the job. The fleet runs as the dataset builder
+# runs it (busy, sensors fitted: --sim-load busy --sim-sensors), so that its ground truth is
+# this fleet's. Skips (77) without mpirun or data.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -18,6 +20,7 @@ it_init it_drain
 MK=${RK_MKMODEL:?}
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 2000 200 || { bad "make subset"; exit 1; }
+sim=(--sim-load busy --sim-sensors)
 worker=("$RK" train --model cnn-small --data "$work/sub" --epochs 50 --no-eval --threads 1 --ckpt-every 20)
 
 # 1. the failure reaches the rank. The fleet's ground truth (rk predict dataset, the same
@@ -38,7 +41,7 @@ PY
 if [[ $g -lt 0 ]]; then bad "no failure in the fleet's first 3000 h"; it_finish; exit 1; fi
 skip=$(python3 -c "print(max(0.0, $hour - 0.05))")
 others=$(python3 -c "print(','.join(str(d) for d in range(8) if d != $g)[:3])")
-"$RK" run -n 2 --devices "$g,$others,7" --health sim --sim-seed 6 --sim-skip "$skip" \
+"$RK" run -n 2 --devices "$g,$others,7" --health sim --sim-seed 6 "${sim[@]}" --sim-skip "$skip" \
   --sim-time-scale 90 --health-interval 0.5 --health-threshold 0 --ckpt-dir "$work/ck1" \
   --events "$work/ev1.jsonl" --quiet -- "${worker[@]}" --max-steps 500 >"$work/r1.out" 2>&1
 st=$?
@@ -59,7 +62,7 @@ fi
 "$MK" "$work/hot.model" 5 8 8 >/dev/null && "$MK" "$work/cold.model" 5 8 -8 >/dev/null ||
   { bad "mkmodel"; it_finish; exit 1; }
 # (no skip: the windows fill 5 simulated minutes into the run, so the job starts first)
-"$RK" run -n 1 --devices 3,4 --health sim --sim-seed 6 --sim-time-scale 90 --health-interval 0.5 \
+"$RK" run -n 1 --devices 3,4 --health sim --sim-seed 6 "${sim[@]}" --sim-time-scale 90 --health-interval 0.5 \
   --health-threshold 0 --predictor "$work/hot.model" \
   --min-ranks 1 --ckpt-dir "$work/ck2" --events "$work/ev2.jsonl" --quiet -- "${worker[@]}" \
   --max-steps 300 >"$work/r2.out" 2>&1
@@ -71,7 +74,7 @@ if grep -q '"kind":"predicted_failure","rank":0,"device":"3","action":"drain"' "
 else
   bad "predicted drain: exit $st: $(grep 'rk run' "$work/r2.out" | tail -5)"
 fi
-"$RK" run -n 1 --devices 3 --health sim --sim-seed 6 --sim-time-scale 90 --health-interval 0.5 \
+"$RK" run -n 1 --devices 3 --health sim --sim-seed 6 "${sim[@]}" --sim-time-scale 90 --health-interval 0.5 \
   --health-threshold 0 --predictor "$work/cold.model" \
   --ckpt-dir "$work/ck3" --events "$work/ev3.jsonl" --quiet -- "${worker[@]}" --max-steps 60 \
   >"$work/r3.out" 2>&1
@@ -91,6 +94,8 @@ expect2() {
 expect2 "needs the health gate" --health off --predictor "$work/hot.model"
 expect2 "needs the health gate" --predictor "$work/hot.model"
 expect2 "needs --health sim" --health nvml --sim-skip 3
+expect2 "--sim-load and --sim-sensors need --health sim" --health nvml --sim-load busy
+expect2 "--sim-load 'hot' is not idle or busy" --health sim --sim-load hot
 expect2 "no-such.model" --health sim --predictor "$work/no-such.model"
 # the drain threshold's default comes from MODEL.json beside the model: a broken one is refused
 cp "$work/hot.model" "$work/broken.model" && echo '{"format": "x"}' >"$work/broken.model.json"

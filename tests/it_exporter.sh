@@ -46,7 +46,9 @@ usage_case "--interval" --sim 2 --interval 10ms
 usage_case "--interval" --sim 2 --interval -1s
 usage_case "--sim" --sim 0
 usage_case "--sim" --sim 2.5
-usage_case "--seed, --age and --time-scale need --sim" --seed 3
+usage_case "--seed, --age, --time-scale, --sim-load and --sim-sensors need --sim" --seed 3
+usage_case "need --sim" --sim-sensors
+usage_case "--sim-load 'hot' is not idle or busy" --sim 2 --sim-load hot
 usage_case "--time-scale" --sim 2 --time-scale 0
 usage_case "--threshold" --sim 2 --threshold 101
 usage_case "listen address" --sim 2 --listen 127.0.0.1

@@ -6,7 +6,8 @@
 # 7,500 hours of service (seed 4: GPU 3 crosses the threshold within seconds; from 8,000 it
 # was sometimes past it at the first reading, 1 run in 5, and left out instead; the job is
 # short, 600 steps, because simulated time runs with wall time: on a loaded machine a long job
-# outlives the whole fleet). Also: a
+# outlives the whole fleet). The GPUs run busy (--sim-load busy: they are in a job) with the
+# VRM and fan sensors fitted (--sim-sensors): their wear shows. Also: a
 # device id that is no GPU index is refused. Skips (77) without mpirun or data.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
@@ -18,7 +19,8 @@ python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 6400 500 || { bad "ma
 worker=("$RK" train --data "$work/sub" --threads 1 --no-eval --epochs 20 --max-steps 600
         --ckpt-every 25 --ckpt-async)
 
-"$RK" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$work/ck" --health sim --sim-seed 4 \
+sim=(--sim-load busy --sim-sensors)
+"$RK" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$work/ck" --health sim --sim-seed 4 "${sim[@]}" \
   --sim-age 7500 --sim-time-scale 480000 --health-interval 1 --events "$work/ev" \
   --summary-json "$work/sum" --quiet -- "${worker[@]}" >"$work/out" 2>&1
 st=$?
@@ -40,7 +42,7 @@ print(f"relaunched on devices {relaunch[0]}")
 PY
 
 # from 12,000 hours GPU 3 is already below the threshold: left out, the spare 4 runs instead
-"$RK" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$work/ck2" --health sim --sim-seed 4 \
+"$RK" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$work/ck2" --health sim --sim-seed 4 "${sim[@]}" \
   --sim-age 12000 --sim-time-scale 1 --events "$work/ev2" --quiet \
   -- "$RK" train --data "$work/sub" --threads 1 --no-eval --max-steps 20 >"$work/out2" 2>&1
 st=$?

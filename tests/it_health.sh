@@ -24,7 +24,22 @@ fake=${RK_BUILD:?}/tests/libfake_nvml.so
   && ok "the table shows each GPU's bus id, serial and readings" || bad "readings: $(cat "$work/d0")"
 awk 'length($0) > 80 { exit 1 }' "$work/d0" && ! grep -q $'\033' "$work/d0" \
   && ok "the table fits 80 columns, no colour when piped" || bad "width or colour: $(cat "$work/d0")"
-"$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --json >"$work/d1.json" 2>"$work/d1.err"; st=$?
+"$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --json >"$work/d0.json" 2>&1; st=$?
+python3 - "$work/d0.json" "$st" <<'PY' && ok "by default the simulated GPUs are idle and report only NVML's fields" || bad "defaults: exit $st: $(head -c 300 "$work/d0.json")"
+import json, sys
+g = json.load(open(sys.argv[1]))["gpus"]
+assert len(g) == 6
+for x in g:
+    r = x["readings"]
+    assert r["util_pct"] <= 5, x
+    assert "vrm_ripple_v" not in r and "fan_vibration_hz" not in r, x
+    if "GeForce" in x["name"]:
+        assert not any(k in r for k in ("ecc_corrected", "ecc_uncorrected", "retired_pages",
+                                        "retired_pending", "remapped_rows")), x
+PY
+# the worn fleet's GPUs in a job, with the VRM and fan sensors fitted: some fail
+worn=(--sim 6 --seed 3 --age 30000 --sim-load busy --sim-sensors)
+"$RK" doctor "${worn[@]}" --samples 3 --interval 0.1 --json >"$work/d1.json" 2>"$work/d1.err"; st=$?
 python3 - "$work/d1.json" "$st" <<'PY' && ok "worn fleet: JSON scores, findings, exit 1 because GPUs fail" || bad "json: $(head -c 300 "$work/d1.json")"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -37,6 +52,7 @@ for x in g:
         assert f["severity"] in ("info", "warn", "crit") and f["code"] and f["action"], f
     assert "ecc_corrected" not in x["readings"] or not x["name"].startswith("NVIDIA GeForce GTX"), x
     assert "serial" not in x or x["name"].startswith("Tesla"), x
+    assert "vrm_ripple_v" in x["readings"], x
 failing = [x["index"] for x in g if not x["pass"]]
 assert failing and st == 1, (failing, st)
 print(f"scores {[x['score'] for x in g]}, failing {failing}")
@@ -46,7 +62,7 @@ check_json() { # FILE WHAT: the report matches docs/doctor-json.md's schema
   then ok "$2: --json matches docs/doctor-json.md"; else bad "$2: $(head -5 "$work/schema")"; fi
 }
 check_json "$work/d1.json" "worn simulated fleet"
-"$RK" doctor --sim 6 --seed 3 --age 30000 --samples 3 --interval 0.1 --threshold 0 >/dev/null 2>&1
+"$RK" doctor "${worn[@]}" --samples 3 --interval 0.1 --threshold 0 >/dev/null 2>&1
 [[ $? == 0 ]] && ok "--threshold 0: every GPU passes" || bad "threshold 0"
 
 # --- no NVML, bad flags -----------------------------------------------------------------
@@ -61,7 +77,8 @@ assert int(sys.argv[2]) == 1 and d["gpus"] == [] and d["error"].startswith("NVML
 assert d["host"] and d["version"] and d["time"].endswith("Z"), d
 PY
 check_json "$work/n.json" "no NVML"
-for args in "--sim 0" "--sim 2 --threshold 101" "--bogus" "--sim 2 extra"; do
+for args in "--sim 0" "--sim 2 --threshold 101" "--bogus" "--sim 2 extra" "--sim 2 --sim-load hot" \
+  "--sim-load busy" "--sim-sensors"; do
   "$RK" doctor $args >/dev/null 2>&1
   [[ $? == 2 ]] && ok "doctor $args: exit 2" || bad "doctor $args"
 done

@@ -55,6 +55,8 @@ int main(int argc, char **argv)
     to.sim_gpus = GPUS;
     to.seed = 1;
     to.start_age_h = 20000;
+    to.sim_load = RK_SIM_LOAD_BUSY; /* as the dataset builder runs the fleet (fleetdata.c) */
+    to.sim_sensors = true;
     rk_sim *st = NULL;
     int rc = rows && x && y ? rk_sim_open(&st, &to, &err) : RK_ENOMEM;
     for (int g = 0; !rc && g < GPUS; g++) {

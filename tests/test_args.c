@@ -199,6 +199,15 @@ static void test_fixed_ranges(void **state)
     assert_int_equal(rk_arg_watts(&g_a, "--power-limit", "0.5", &v), RK_EXIT_USAGE);
     assert_int_equal(rk_arg_watts(&g_a, "--power-limit", "inf", &v), RK_EXIT_USAGE);
     assert_int_equal(rk_arg_watts(&g_a, "--power-limit", "0x64", &v), RK_EXIT_USAGE);
+    rk_sim_load load = RK_SIM_LOAD_IDLE;
+    assert_int_equal(rk_arg_sim_load(&g_a, "--sim-load", "busy", &load), 0);
+    assert_int_equal(load, RK_SIM_LOAD_BUSY);
+    assert_int_equal(rk_arg_sim_load(&g_a, "--sim-load", "idle", &load), 0);
+    assert_int_equal(load, RK_SIM_LOAD_IDLE);
+    assert_int_equal(rk_arg_sim_load(&g_a, "--sim-load", "Busy", &load), RK_EXIT_USAGE);
+    assert_int_equal(rk_arg_sim_load(&g_a, "--sim-load", "", &load), RK_EXIT_USAGE);
+    assert_non_null(strstr(g_a.msg, "is not idle or busy"));
+    assert_int_equal(load, RK_SIM_LOAD_IDLE);
 }
 
 static void test_seconds(void **state)

@@ -68,6 +68,8 @@ static void test_history_matches_fleet(void **state)
     to.sim_gpus = N;
     to.seed = 3;
     to.start_age_h = 30000;
+    to.sim_load = RK_SIM_LOAD_BUSY; /* as the dataset builder runs it */
+    to.sim_sensors = true;
     rk_sim *st;
     assert_int_equal(rk_sim_open(&st, &to, &err), RK_OK);
     rk_st_file f[N];
@@ -262,6 +264,8 @@ static void test_span_keeps_each_failure_inside_its_history(void **state)
         to.sim_gpus = N;
         to.seed = 4;
         to.start_age_h = 20000;
+        to.sim_load = RK_SIM_LOAD_BUSY;
+        to.sim_sensors = true;
         rk_sim *st;
         assert_int_equal(rk_sim_open(&st, &to, &err), RK_OK);
         rk_st_file f;

@@ -37,19 +37,30 @@ static const char *tmp_path(char *buf, size_t cap, const char *name)
     return buf;
 }
 
-static rk_sim *fleet_open(int n, uint64_t seed, double start_age_h, const char *events)
+/* A fleet of n GPUs running `load`, with or without the VRM and fan sensor kit. */
+static rk_sim *fleet_open_as(int n, uint64_t seed, double start_age_h, const char *events,
+                             rk_sim_load load, bool sensors)
 {
     rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
     o.sim_gpus = n;
     o.seed = seed;
     o.start_age_h = start_age_h;
     o.events_path = events;
+    o.sim_load = load;
+    o.sim_sensors = sensors;
     rk_sim *st = NULL;
     rk_err err = {0};
     assert_int_equal(rk_sim_open(&st, &o, &err), RK_OK);
     assert_non_null(st);
     assert_int_equal(rk_sim_count(st), n);
     return st;
+}
+
+/* The ageing tests watch every signal the model has: GPUs in a job (busy), sensors fitted, as
+ * the predictor's dataset runs them (the defaults are idle and NVML's fields only). */
+static rk_sim *fleet_open(int n, uint64_t seed, double start_age_h, const char *events)
+{
+    return fleet_open_as(n, seed, start_age_h, events, RK_SIM_LOAD_BUSY, true);
 }
 
 static void fleet_read(rk_sim *st, double t, int i, rk_gpu_sample *s)
@@ -184,22 +195,32 @@ static void test_same_seed_same_bits_other_seed_other_bits(void **state)
 #define ECC_BITS                                                                                   \
     ((1ull << RK_F_ECC_CORRECTED) | (1ull << RK_F_ECC_UNCORRECTED) | (1ull << RK_F_RETIRED) |      \
      (1ull << RK_F_RETIRED_PENDING))
-#define FAN_BITS ((1ull << RK_F_FAN) | (1ull << RK_F_FAN_VIB))
+#define FAN_BIT (1ull << RK_F_FAN)
+#define VIB_BIT (1ull << RK_F_FAN_VIB)
+#define VRM_BIT (1ull << RK_F_VRM_RIPPLE)
 #define REMAP_BIT (1ull << RK_F_REMAPPED)
 
-static void test_each_profile_reports_only_what_its_card_can(void **state)
+/* NVML's fields by card (a GeForce card has neither ECC nor remapped rows; a passive Tesla no
+ * fan), and the sensor kit's fields only when it is fitted: the fleet's defaults report what
+ * NVML would, nothing more. */
+static void profile_fields(bool sensors)
 {
-    (void)state;
-    rk_sim *st = fleet_open(64, 3, 0, NULL);
+    rk_sim *st = fleet_open_as(64, 3, 0, NULL, RK_SIM_LOAD_BUSY, sensors);
+    const uint64_t kit = sensors ? VRM_BIT : 0, fan_kit = sensors ? VIB_BIT : 0;
+    const uint64_t no_kit = sensors ? 0 : VRM_BIT | VIB_BIT;
     struct {
         const char *profile, *name;
         int gen_max;
         uint64_t mem_gib, present, absent;
     } want[] = {
-        {"1070ti-mining", "NVIDIA GeForce GTX 1070 Ti", 3, 8, FAN_BITS, ECC_BITS | REMAP_BIT},
-        {"1080ti-gaming", "NVIDIA GeForce GTX 1080 Ti", 3, 11, FAN_BITS, ECC_BITS | REMAP_BIT},
-        {"p100-hpc", "Tesla P100-PCIE-16GB", 3, 16, ECC_BITS, FAN_BITS | REMAP_BIT},
-        {"3090-mining", "NVIDIA GeForce RTX 3090", 4, 24, FAN_BITS | REMAP_BIT, ECC_BITS},
+        {"1070ti-mining", "NVIDIA GeForce GTX 1070 Ti", 3, 8, FAN_BIT | fan_kit,
+         ECC_BITS | REMAP_BIT | no_kit},
+        {"1080ti-gaming", "NVIDIA GeForce GTX 1080 Ti", 3, 11, FAN_BIT | fan_kit,
+         ECC_BITS | REMAP_BIT | no_kit},
+        {"p100-hpc", "Tesla P100-PCIE-16GB", 3, 16, ECC_BITS,
+         FAN_BIT | VIB_BIT | REMAP_BIT | no_kit},
+        {"3090-mining", "NVIDIA GeForce RTX 3090", 4, 24, FAN_BIT | fan_kit,
+         ECC_BITS | REMAP_BIT | no_kit},
     };
     const uint64_t always =
         (1ull << RK_F_TEMP) | (1ull << RK_F_POWER) | (1ull << RK_F_POWER_LIMIT) |
@@ -207,7 +228,7 @@ static void test_each_profile_reports_only_what_its_card_can(void **state)
         (1ull << RK_F_UTIL) | (1ull << RK_F_MEM_USED) | (1ull << RK_F_MEM_TOTAL) |
         (1ull << RK_F_PCIE_GEN) | (1ull << RK_F_PCIE_WIDTH) | (1ull << RK_F_PCIE_GEN_MAX) |
         (1ull << RK_F_PCIE_WIDTH_MAX) | (1ull << RK_F_PCIE_REPLAY) | (1ull << RK_F_ENERGY) |
-        (1ull << RK_F_XID) | (1ull << RK_F_VRM_RIPPLE);
+        (1ull << RK_F_XID) | kit;
     for (size_t w = 0; w < sizeof want / sizeof want[0]; w++) {
         int found = 0;
         for (int i = 0; i < 64; i++) {
@@ -233,6 +254,9 @@ static void test_each_profile_reports_only_what_its_card_can(void **state)
             /* absent fields are left zero, never made up */
             if (want[w].absent & ECC_BITS)
                 assert_true(s.ecc_corrected == 0 && s.ecc_uncorrected == 0 && s.retired_pages == 0);
+            assert_true(s.remapped_rows == 0);
+            if (!sensors)
+                assert_true(s.vrm_ripple_mv == 0 && s.fan_vib_hz == 0);
             assert_int_equal(s.pcie_gen_max, want[w].gen_max);
             assert_int_equal(s.pcie_width_max, 16);
             assert_true(s.pcie_width == 16 || s.pcie_width == 8);
@@ -242,6 +266,13 @@ static void test_each_profile_reports_only_what_its_card_can(void **state)
         assert_true(found > 0); /* 64 GPUs of seed 3 hold every drawn profile */
     }
     rk_sim_close(st);
+}
+
+static void test_each_profile_reports_only_what_its_card_can(void **state)
+{
+    (void)state;
+    profile_fields(false);
+    profile_fields(true);
 }
 
 /* ---- wear -------------------------------------------------------------------------------- */
@@ -708,6 +739,10 @@ static void test_bad_options_and_arguments_are_refused(void **state)
     assert_int_equal(rk_sim_open(&st, &o, &err), RK_EINVAL);
     o.sim_gpus = 1025;
     assert_int_equal(rk_sim_open(&st, &o, &err), RK_EINVAL);
+    o.sim_gpus = 2;
+    o.sim_load = (rk_sim_load)7;
+    assert_int_equal(rk_sim_open(&st, &o, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "load 7"));
 
     st = fleet_open(2, 1, 0, NULL);
     rk_gpu_sample s;
@@ -727,6 +762,89 @@ static void test_bad_options_and_arguments_are_refused(void **state)
     assert_int_equal(rk_sim_profile_count(), 5);
     assert_string_equal(rk_sim_profile_name(0), "1070ti-mining");
     assert_null(rk_sim_profile_name(5));
+}
+
+/* ---- the defaults: an idle card, NVML's fields ----------------------------------------------- */
+
+/* What the fleet does unasked (RK_TELEMETRY_OPTS_DEFAULT): every GPU idle, as a card nobody
+ * uses (utilisation a few percent, the idle clock reason, idle clocks), and only the fields
+ * NVML reports: no VRM ripple or fan vibration, and on GeForce cards no ECC and no remapped
+ * rows. The same fleet asked to be busy runs its job most of the time, so the idle readings
+ * are the option's doing; and textfiles still bring their sensors to the idle fleet. */
+static void test_defaults_are_idle_cards_with_nvml_fields_only(void **state)
+{
+    (void)state;
+    enum { N = 16, READS = 288 }; /* two days, every 10 minutes */
+    rk_telemetry_opts o = RK_TELEMETRY_OPTS_DEFAULT;
+    assert_int_equal(o.sim_load, RK_SIM_LOAD_IDLE);
+    assert_false(o.sim_sensors);
+    o.sim_gpus = N;
+    o.seed = 7;
+    o.start_age_h = 20000;
+    rk_err err = {0};
+    rk_sim *idle = NULL;
+    assert_int_equal(rk_sim_open(&idle, &o, &err), RK_OK);
+    rk_sim *busy = fleet_open_as(N, 7, 20000, NULL, RK_SIM_LOAD_BUSY, false);
+    int n_idle = 0, n_busy = 0, busy_reads = 0, geforce = 0;
+    double util_sum = 0;
+    for (int k = 0; k < READS; k++)
+        for (int i = 0; i < N; i++) {
+            rk_gpu_sample s, b;
+            rk_gpu_info in;
+            assert_int_equal(rk_sim_info(idle, i, &in), RK_OK);
+            fleet_read(idle, k * 600.0, i, &s);
+            fleet_read(busy, k * 600.0, i, &b);
+            if (!b.lost) {
+                n_busy++;
+                busy_reads += b.util_pct >= 90;
+                assert_false(rk_field_valid(&b, RK_F_VRM_RIPPLE));
+            }
+            if (s.lost)
+                continue;
+            n_idle++;
+            util_sum += s.util_pct;
+            assert_true(rk_field_valid(&s, RK_F_UTIL) && s.util_pct <= 5);
+            assert_true(s.clock_reasons & RK_CLOCK_GPU_IDLE);
+            assert_true(s.mem_used_bytes < s.mem_total_bytes / 10);
+            assert_false(rk_field_valid(&s, RK_F_VRM_RIPPLE));
+            assert_false(rk_field_valid(&s, RK_F_FAN_VIB));
+            assert_false(rk_field_valid(&s, RK_F_REMAPPED));
+            if (strstr(in.name, "GeForce")) {
+                geforce++;
+                assert_false(rk_field_valid(&s, RK_F_ECC_CORRECTED));
+                assert_false(rk_field_valid(&s, RK_F_ECC_UNCORRECTED));
+                assert_false(rk_field_valid(&s, RK_F_RETIRED));
+                assert_false(rk_field_valid(&s, RK_F_RETIRED_PENDING));
+            }
+        }
+    rk_sim_close(idle);
+    rk_sim_close(busy);
+    print_message("idle: mean utilisation %.2f%% over %d readings; busy: %d of %d at 90%%+\n",
+                  util_sum / n_idle, n_idle, busy_reads, n_busy);
+    assert_true(n_idle > N * READS / 2 && geforce > 0);
+    assert_true(util_sum / n_idle < 3.0);
+    assert_true(busy_reads > n_busy * 7 / 10); /* 85% of slots busy */
+
+    /* a textfile's sensors are merged into the default fleet's samples all the same */
+    char path[600];
+    tmp_path(path, sizeof path, "kit.prom");
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("rk_sensor_vrm_ripple_volts{gpu=\"1\"} 0.042\n", f);
+    assert_int_equal(fclose(f), 0);
+    rk_telemetry_opts to = RK_TELEMETRY_OPTS_DEFAULT;
+    to.sim_gpus = 2;
+    to.textfile_dir = g_dir;
+    rk_telemetry *t = NULL;
+    assert_int_equal(rk_telemetry_open(&t, "sim", &to, &err), RK_OK);
+    rk_gpu_info infos[2];
+    rk_gpu_sample smp[2];
+    assert_int_equal(rk_telemetry_read_all(t, infos, smp, &err), RK_OK);
+    assert_false(rk_field_valid(&smp[0], RK_F_VRM_RIPPLE));
+    assert_true(rk_field_valid(&smp[1], RK_F_VRM_RIPPLE));
+    assert_true(fabs(smp[1].vrm_ripple_mv - 42) < 1e-9);
+    rk_telemetry_close(t);
+    unlink(path);
 }
 
 /* Through the public interface with the monotonic clock: an hour of simulated time per second. */
@@ -771,6 +889,7 @@ int main(void)
         cmocka_unit_test(test_precursors_start_within_their_lead_before_each_failure),
         cmocka_unit_test(test_unworn_lifetimes_fit_titan_and_worn_fail_sooner),
         cmocka_unit_test(test_bad_options_and_arguments_are_refused),
+        cmocka_unit_test(test_defaults_are_idle_cards_with_nvml_fields_only),
         cmocka_unit_test(test_public_interface_runs_on_the_monotonic_clock),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

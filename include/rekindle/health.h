@@ -161,6 +161,12 @@ typedef struct rk_gpu_info {
 
 /* ---- backends ----------------------------------------------------------------------------- */
 
+/* The load a simulated fleet runs (docs/sim.md, "Load"). */
+typedef enum rk_sim_load {
+    RK_SIM_LOAD_IDLE, /* every GPU idle (0-3%, idle clocks): a card nobody is using */
+    RK_SIM_LOAD_BUSY  /* a job: 85% of 10-minute slots busy at 90-100%, the rest idle */
+} rk_sim_load;
+
 typedef struct rk_telemetry_opts {
     int sim_gpus;             /* sim: fleet size (1..1024) */
     uint64_t seed;            /* sim: fleet seed */
@@ -169,11 +175,15 @@ typedef struct rk_telemetry_opts {
                                * arrive worn: profiles add their own prior wear on top) */
     const char *events_path;  /* sim: ground-truth failure log (JSON lines), NULL for none */
     const char *textfile_dir; /* textfile sensors merged into every sample; NULL for none */
+    rk_sim_load sim_load;     /* sim: RK_SIM_LOAD_IDLE (the default) or RK_SIM_LOAD_BUSY */
+    bool sim_sensors;         /* sim: report VRM ripple and fan vibration as if a sensor kit
+                               * were fitted; false (the default): only what NVML reports
+                               * (textfile sensors are merged either way) */
 } rk_telemetry_opts;
 
 #define RK_TELEMETRY_OPTS_DEFAULT                                                                  \
     {                                                                                              \
-        8, 1, 1.0, 0.0, NULL, NULL                                                                 \
+        8, 1, 1.0, 0.0, NULL, NULL, RK_SIM_LOAD_IDLE, false                                        \
     }
 
 typedef struct rk_telemetry rk_telemetry;

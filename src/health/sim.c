@@ -27,7 +27,9 @@
 typedef struct profile {
     const char *id, *name;
     double weight; /* share of a drawn fleet */
-    bool has_fan, has_ecc, has_remap, has_serial;
+    /* has_ecc, reports_remap: what NVML reports (a GeForce card: neither); row_wear: its
+     * memory's rows fail and the simulator counts them, reported only with reports_remap */
+    bool has_fan, has_ecc, row_wear, reports_remap, has_serial;
     /* power (W), clocks (MHz), memory, link */
     double tdp_w, idle_w, sm_mhz, sm_idle_mhz, mem_mhz, mem_idle_mhz;
     uint64_t mem_total;
@@ -71,7 +73,7 @@ static const profile profiles[] = {
      .tau_esr_h = 45000, .mem_rate0_h = 2e-4, .tau_mem_h = 9000, .accel = 1.0,
      .accel_sigma = 0.15},
     {.id = "3090-mining", .name = "NVIDIA GeForce RTX 3090", .weight = 0.2, .has_fan = true,
-     .has_remap = true, .tdp_w = 350, .idle_w = 25, .sm_mhz = 1695, .sm_idle_mhz = 210,
+     .row_wear = true, .tdp_w = 350, .idle_w = 25, .sm_mhz = 1695, .sm_idle_mhz = 210,
      .mem_mhz = 9751, .mem_idle_mhz = 405, .mem_total = 24 * GIB, .gen_max = 4, .width_max = 16,
      .ambient_c = 30, .r_paste_kw = 0.025, .paste_dmax = 2.0, .c_die_jk = 120,
      .c_sink_jk = 900, .g_passive_wk = 1.2, .g_fan_wk = 12.0, .t_target_c = 83,
@@ -94,7 +96,7 @@ static const profile profiles[] = {
 /* ---- model constants (docs/sim.md) ---------------------------------------------------------- */
 
 #define SLOT_S 600.0      /* the load pattern changes every 10 simulated minutes */
-#define BUSY_P 0.85       /* share of busy slots */
+#define BUSY_P 0.85       /* share of busy slots under RK_SIM_LOAD_BUSY (none when idle) */
 #define STEP_S 1.0        /* thermal integration step */
 #define WINDOW_S 1800.0   /* thermal history simulated before a read after a long gap */
 #define FAN_MIN_PCT 30.0  /* fan curve: FAN_MIN at 40 C, 100% at 85 C */
@@ -181,6 +183,10 @@ typedef struct sim_gpu {
     const profile *p;
     int index;
     rk_gpu_info info;
+    /* the fleet's options: the share of busy slots (opts.sim_load), and whether the external
+     * sensors are fitted (opts.sim_sensors: VRM ripple, fan vibration) */
+    double busy_p;
+    bool sensors;
     /* drawn at open */
     double age0_h, ambient_c, fan_life_h, tau_paste_h, ripple0_mv, tau_esr_h, mem_rate0_h;
     double vib0_hz, wobble_s, replay0_min, accel;
@@ -254,13 +260,14 @@ static uint64_t poisson(rk_rng *r, double mean)
     return k;
 }
 
-/* The load of GPU i in slot s (a pure function: the same at every read). */
-static double slot_util(uint64_t seed, int i, int64_t s)
+/* The load of GPU g in slot s (a pure function: the same at every read): busy with
+ * probability g->busy_p, idle otherwise. */
+static double slot_util(uint64_t seed, const sim_gpu *g, int64_t s)
 {
     rk_rng r;
-    rk_rng_derive(&r, seed ^ TAG_LOAD, (uint64_t)i, (uint64_t)s);
+    rk_rng_derive(&r, seed ^ TAG_LOAD, (uint64_t)g->index, (uint64_t)s);
     double a = u01(&r), b = u01(&r);
-    return a < BUSY_P ? 90.0 + 10.0 * b : 3.0 * b;
+    return a < g->busy_p ? 90.0 + 10.0 * b : 3.0 * b;
 }
 
 static int64_t slot_of(double t)
@@ -502,7 +509,7 @@ static void gpu_draw(sim_gpu *g, uint64_t seed, int i, const profile *p, double 
         if (g->retired > RETIRE_MAX)
             g->retired = RETIRE_MAX;
     }
-    if (p->has_remap) {
+    if (p->row_wear) {
         g->remapped = poisson(&r, exp_rate_integral(g->mem_rate0_h, p->tau_mem_h, 0, g->age0_h));
         if (g->remapped > REMAP_MAX)
             g->remapped = REMAP_MAX;
@@ -594,7 +601,7 @@ static int log_event(sim *s, const sim_gpu *g, double t, const char *event, cons
 static double sdc_hazard(uint64_t seed, const sim_gpu *g, int64_t sl)
 {
     double rip = ripple_mv(g, age_at(g, (double)sl * SLOT_S));
-    if (rip <= SDC_RIPPLE_MV || slot_util(seed, g->index, sl) < 50)
+    if (rip <= SDC_RIPPLE_MV || slot_util(seed, g, sl) < 50)
         return 0;
     double x = (rip - SDC_RIPPLE_MV) / 20.0;
     return fmin(SDC_RATE_MAX_H, SDC_RATE_H * x * x) / 3600.0;
@@ -622,7 +629,7 @@ static int handle_failure(sim *s, sim_gpu *g, double t, rk_err *err)
                  age_at(g, t));
         return log_event(s, g, t, "dbe", d, err);
     }
-    if (g->p->has_remap && g->remapped < REMAP_MAX)
+    if (g->p->row_wear && g->remapped < REMAP_MAX)
         g->remapped++;
     snprintf(d, sizeof d, "uncorrectable memory error after %.0f h; no ECC reports it",
              age_at(g, t));
@@ -647,7 +654,7 @@ static void accumulate(sim_gpu *g, double a, double b)
             g->acc_xid += PRE_XID_MIN * lm;
         } else if (p->kind == PRE_DBE_ECC) {
             g->acc_ce_pre += PRE_CE_MIN * lm;
-        } else if (p->kind == PRE_DBE_MEM && g->p->has_remap) {
+        } else if (p->kind == PRE_DBE_MEM && g->p->row_wear) {
             g->acc_remap += PRE_REMAP_MIN * lm;
         }
     }
@@ -898,7 +905,7 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
                           double settle_back_s)
 {
     if (settle || !g->thermal_init) {
-        thermal_settle(g, age_at(g, from - settle_back_s), slot_util(seed, g->index, slot_of(from)),
+        thermal_settle(g, age_at(g, from - settle_back_s), slot_util(seed, g, slot_of(from)),
                        heat_fx_at(g, from - settle_back_s));
         g->thermal_init = true;
     }
@@ -921,7 +928,7 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
         }
         if (slot_of(t) != sl) {
             sl = slot_of(t);
-            util = slot_util(seed, g->index, sl);
+            util = slot_util(seed, g, sl);
         }
         thermal_step(g, &c, util);
         if (g->td >= g->p->t_shutdown_c)
@@ -937,8 +944,7 @@ static double thermal_run(uint64_t seed, sim_gpu *g, double from, double to, boo
 static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
 {
     if (!g->thermal_init) {
-        thermal_settle(g, age_at(g, g->t), slot_util(seed, g->index, slot_of(g->t)),
-                       heat_fx_at(g, g->t));
+        thermal_settle(g, age_at(g, g->t), slot_util(seed, g, slot_of(g->t)), heat_fx_at(g, g->t));
         g->thermal_init = true;
     }
     if (t <= g->t)
@@ -969,7 +975,7 @@ static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
         skipped += ws - from;
         t_sd = thermal_run(seed, g, ws, stop, ws > from, 0);
     }
-    g->energy_j += skipped * (g->p->idle_w + BUSY_P * 0.95 * (g->p->tdp_w - g->p->idle_w));
+    g->energy_j += skipped * (g->p->idle_w + g->busy_p * 0.95 * (g->p->tdp_w - g->p->idle_w));
     if (t_sd < stop)
         stop = t_sd;
 
@@ -1005,7 +1011,7 @@ static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
             }
         }
     }
-    if (g->p->has_remap) {
+    if (g->p->row_wear) {
         g->remapped += poisson(
             &g->noise, exp_rate_integral(g->mem_rate0_h, g->p->tau_mem_h, a0, a1) + g->acc_remap);
         if (g->remapped > REMAP_MAX)
@@ -1016,7 +1022,7 @@ static int gpu_advance(sim *s, uint64_t seed, sim_gpu *g, double t, rk_err *err)
         g->xid_count += xids;
         g->last_xid = XID_BUS;
     }
-    double a_open = g->age0_h, per_h = 60.0 * BUSY_P;
+    double a_open = g->age0_h, per_h = 60.0 * g->busy_p;
     double replays =
         g->riser ? exp_rate_integral(g->replay0_min * per_h, RISER_TAU_H, a0 - a_open, a1 - a_open)
                  : g->replay0_min * per_h * (a1 - a0);
@@ -1086,7 +1092,7 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
         double wob = amp * sin(6.283185307179586 * g->t / g->wobble_s) + amp / 3 * normal(r);
         o->fan_pct = round_to(fmin(100, fmax(0, g->fan_cmd + wob)), 1);
         rk_field_set(o, RK_F_FAN);
-        if (w < 1) { /* a stopped fan has no vibration to measure */
+        if (g->sensors && w < 1) { /* a stopped fan has no vibration to measure */
             double hz = vib_hz(g, age) + PRE_VIB_HZ * s_fan + (rattle ? e->a : 0);
             o->fan_vib_hz = floor(hz * 10) / 10;
             rk_field_set(o, RK_F_FAN_VIB);
@@ -1102,7 +1108,7 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
         rk_field_set(o, RK_F_RETIRED);
         rk_field_set(o, RK_F_RETIRED_PENDING);
     }
-    if (p->has_remap) {
+    if (p->reports_remap) {
         o->remapped_rows = g->remapped;
         rk_field_set(o, RK_F_REMAPPED);
     }
@@ -1127,8 +1133,10 @@ static void sample_fill(sim_gpu *g, rk_gpu_sample *o)
     double mv = ripple_mv(g, age) + (ep_on(e, g->t, EP_POWER) ? e->b : 0);
     if (g->pre_fail.kind == PRE_DBE_MEM)
         mv += PRE_RIPPLE_MV * s_fail;
-    o->vrm_ripple_mv = floor(mv * 10) / 10;
-    rk_field_set(o, RK_F_VRM_RIPPLE);
+    if (g->sensors) {
+        o->vrm_ripple_mv = floor(mv * 10) / 10;
+        rk_field_set(o, RK_F_VRM_RIPPLE);
+    }
 }
 
 /* ---- clock -------------------------------------------------------------------------------- */
@@ -1165,6 +1173,9 @@ static int sim_open(void **state, const rk_telemetry_opts *o, rk_err *err)
         return rk_err_set(err, RK_EINVAL, "sim: time scale %g (> 0)", o->time_scale);
     if (!(o->start_age_h >= 0) || !isfinite(o->start_age_h))
         return rk_err_set(err, RK_EINVAL, "sim: start age %g h (>= 0)", o->start_age_h);
+    if (o->sim_load != RK_SIM_LOAD_IDLE && o->sim_load != RK_SIM_LOAD_BUSY)
+        return rk_err_set(err, RK_EINVAL, "sim: load %d (RK_SIM_LOAD_IDLE or RK_SIM_LOAD_BUSY)",
+                          (int)o->sim_load);
     sim *s = calloc(1, sizeof *s);
     if (!s || !(s->g = calloc((size_t)o->sim_gpus, sizeof *s->g))) {
         free(s);
@@ -1191,6 +1202,8 @@ static int sim_open(void **state, const rk_telemetry_opts *o, rk_err *err)
     }
     for (int i = 0; i < s->n; i++) {
         gpu_draw(&s->g[i], s->seed, i, profile_drawn(s->seed, i), o->start_age_h);
+        s->g[i].busy_p = o->sim_load == RK_SIM_LOAD_BUSY ? BUSY_P : 0.0;
+        s->g[i].sensors = o->sim_sensors;
         gpu_info_fill(&s->g[i], s->seed);
     }
     *state = s;

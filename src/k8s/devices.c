@@ -104,6 +104,8 @@ int rk_dp_fleet_open(rk_dp_fleet **out, const rk_dp_fleet_opts *o, rk_err *err)
         to.sim_gpus = o->sim_gpus;
         to.seed = o->seed;
         to.start_age_h = o->age_h;
+        to.sim_load = o->load;
+        to.sim_sensors = o->sensors;
     }
     int rc = rk_telemetry_open(&f->t, o->sim_gpus > 0 ? "sim" : "nvml", &to, err);
     if (rc) {

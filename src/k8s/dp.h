@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "rekindle/error.h"
+#include "rekindle/health.h"
 
 /* The v1beta1 API's constants (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/constants.go). */
 #define RK_DP_API_VERSION "v1beta1"
@@ -183,6 +184,8 @@ typedef struct rk_dp_fleet_opts {
     int sim_gpus; /* > 0: a simulated fleet of that many GPUs instead of NVML */
     uint64_t seed;
     double age_h;
+    rk_sim_load load;         /* sim: idle (the default) or busy */
+    bool sensors;             /* sim: VRM ripple and fan vibration reported too */
     const char *textfile_dir; /* NULL: none */
     double threshold, hysteresis;
     const char *sysfs;   /* "/sys" (tests: another root) */

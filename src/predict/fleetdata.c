@@ -174,6 +174,10 @@ static int open_sim(const rk_fleet_data_opts *o, const char *events, rk_telemetr
     to.seed = o->seed;
     to.start_age_h = o->start_age_h;
     to.events_path = events;
+    /* GPUs in a job, with the VRM and fan sensors fitted: the histories the models were
+     * trained on (the fleet's defaults are idle and NVML's fields only) */
+    to.sim_load = RK_SIM_LOAD_BUSY;
+    to.sim_sensors = true;
     return rk_telemetry_open(t, "sim", &to, err);
 }
 

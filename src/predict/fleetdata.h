@@ -38,7 +38,9 @@
  * ecc_corrected, ecc_uncorrected, pcie_replay and xid (increments since the previous minute),
  * vrm_ripple (mV), fan_vibration (Hz). Each GPU is simulated alone in a fleet of the same seed
  * and size, which gives it exactly the samples it has in the whole fleet (tests/
- * test_fleetdata.c checks it), one GPU in memory at a time.
+ * test_fleetdata.c checks it), one GPU in memory at a time. The fleet runs busy
+ * (RK_SIM_LOAD_BUSY: GPUs in a job) with the VRM and fan sensors fitted (sim_sensors), not
+ * the simulator's idle, NVML-only defaults.
  */
 #ifndef RK_PREDICT_FLEETDATA_H
 #define RK_PREDICT_FLEETDATA_H

@@ -433,6 +433,11 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
                 used = put_word(cmd, used, sizeof cmd, flag[i]);
                 used = put_word(cmd, used, sizeof cmd, val[i]);
             }
+            used = put_word(cmd, used, sizeof cmd, "--sim-load");
+            used = put_word(cmd, used, sizeof cmd,
+                            o->health_sim_load == RK_SIM_LOAD_BUSY ? "busy" : "idle");
+            if (o->health_sim_sensors)
+                used = put_word(cmd, used, sizeof cmd, "--sim-sensors");
         }
     }
     if (cl->watch) { /* no worker: mpirun starts the ranks, the agent watches them */

@@ -59,6 +59,8 @@ int rk_gate_open(rk_gate **out, const rk_sup_opts *o, rk_err *err)
     to.seed = o->health_seed;
     to.time_scale = o->health_time_scale;
     to.start_age_h = o->health_age_h;
+    to.sim_load = o->health_sim_load;
+    to.sim_sensors = o->health_sim_sensors;
     rk_telemetry *t = NULL;
     int rc = rk_telemetry_open(&t, o->health, &to, err);
     return rc ? rc : rk_gate_open_telemetry(out, t, o, err);

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "rekindle/error.h"
+#include "rekindle/health.h"
 #include "rekindle/heartbeat.h"
 #include "supervisor/policy.h"
 #include "supervisor/runlog.h"
@@ -67,14 +68,16 @@ typedef struct rk_sup_opts {
     const char *stack_dir;      /* RK_STACK_DIR for the workers; NULL: a private directory */
     int no_pythonpath;          /* 1: leave PYTHONPATH as it is */
     /* the health gate (gate.c): NULL backend = none */
-    const char *health;       /* "nvml" or "sim" */
-    int health_sim_gpus;      /* sim: fleet size (at least the devices' largest index + 1) */
-    uint64_t health_seed;     /* sim */
-    double health_time_scale; /* sim: simulated seconds per real second */
-    double health_age_h;      /* sim: hours of service at the start */
-    double health_threshold;  /* a GPU below this is left out or drained */
-    double health_interval_s; /* between readings during a run */
-    double sim_skip_h;        /* sim: the fleet's clock starts this many hours in */
+    const char *health;          /* "nvml" or "sim" */
+    int health_sim_gpus;         /* sim: fleet size (at least the devices' largest index + 1) */
+    uint64_t health_seed;        /* sim */
+    double health_time_scale;    /* sim: simulated seconds per real second */
+    double health_age_h;         /* sim: hours of service at the start */
+    rk_sim_load health_sim_load; /* sim: idle (the default) or busy (rk_telemetry_opts) */
+    bool health_sim_sensors;     /* sim: VRM ripple and fan vibration reported too */
+    double health_threshold;     /* a GPU below this is left out or drained */
+    double health_interval_s;    /* between readings during a run */
+    double sim_skip_h;           /* sim: the fleet's clock starts this many hours in */
     /* the failure predictor (predict/predict_online.h): NULL = none */
     const char *predictor;    /* model file */
     double drain_probability; /* drain (or leave out) a GPU whose probability reaches it */

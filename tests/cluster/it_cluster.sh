@@ -279,10 +279,13 @@ grep -q '"kind":"node_lost".*node 2 (h3).*silence' l.ev && ok "(l) the events na
 
 # ---- (g) the agents read their hosts' GPUs: one below the threshold is left out ---------------
 # a simulated fleet spans the hosts in order (h1:0 is GPU 0 ... h4:1 is GPU 7); at 12,000
-# hours of service (seed 1) its GPU 0 (h1:0, rank 0's device) scores 45 for a PCIe link
-# trained down to Gen1 (a finding that does not come and go with a reading's noise), GPU 2
-# 75 and the others 100: h1:0 alone is left out
-rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 1 --sim-age 12000 --sim-time-scale 1 \
+# hours of service (seed 1) its GPU 0 (h1:0, rank 0's device, an RTX 3090) scores 50 for a
+# PCIe link trained down to Gen1 (a finding that does not come and go with a reading's noise),
+# fan and VRM wear, GPU 2 80 and the others 100: h1:0 alone is left out (45 and 75 while the
+# simulated 3090s reported remapped rows). The GPUs are busy, sensors fitted (the
+# agents get --sim-load busy --sim-sensors from rk run): their wear shows under load
+sim=(--sim-load busy --sim-sensors)
+rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 1 --sim-age 12000 "${sim[@]}" --sim-time-scale 1 \
   --events "$work/g.ev" -- "${ex[@]}" --result "$work/g.json" >g.log 2>&1
 st=$?
 grep -q "health gate: each host's agent reads its GPUs (sim, simulated)" g.log \
@@ -297,7 +300,7 @@ check_end "(g)" "$st" g.json g.log
 # from 7,500 hours at 480,000x, GPU 3 (h2:1) falls below 50 about 12 s in, the next one (not
 # below 50 before 30 s) long after the run; rank 0 is slowed (250 ms a step for 60 steps) so
 # that launch 0 is still running at 12 s on any machine
-rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 4 --sim-age 7500 --sim-time-scale 480000 \
+rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 4 --sim-age 7500 "${sim[@]}" --sim-time-scale 480000 \
   --health-interval 1 --health-threshold 50 --ckpt-dir "$work/ckh" --events "$work/h.ev" \
   --inject 'slow@step=0:rank=0:ms=250:for=60' -- "${ex[@]}" --result "$work/h.json" >h.log 2>&1
 st=$?
@@ -354,7 +357,7 @@ grep -q "refused a node link from $(rig_addr "$name" h4):[0-9]*: replayed frame 
 # device of the running job on the probability its agent sent, then finds too few devices
 # left for a launch (every one predicted to fail): exit 1
 if "${RK_MKMODEL:?}" "$work/hot.model" 5 8 8 >/dev/null; then
-  rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 6 --sim-time-scale 90 --health-interval 0.5 \
+  rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 6 "${sim[@]}" --sim-time-scale 90 --health-interval 0.5 \
     --health-threshold 0 --predictor "$work/hot.model" --ckpt-dir "$work/ckj" --events "$work/j.ev" \
     --inject 'slow@step=0:rank=0:ms=200:for=60' -- "${ex[@]}" >j.log 2>&1
   st=$?
