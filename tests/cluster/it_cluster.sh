@@ -47,17 +47,24 @@ le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
 # second word is "train", so that mpirun, whose command line holds the worker's, is not one)
 rank_pat=train_fashion_mnist.py
 ranks0() {
+  # bash builtins only (one `ip netns pids` a host): the checks below time how soon the ranks
+  # are gone, and a scan that forked a few processes per pid took about a second on a loaded
+  # 2-core machine, twice per measurement
   local k p
+  local -a cmd env
   for k in 1 2 3 4; do
     for p in $(ip netns pids "$name-h$k" 2>/dev/null); do
+      mapfile -d '' -t cmd <"/proc/$p/cmdline" 2>/dev/null || continue
       if [[ $rank_pat == rk-train ]]; then
-        [[ "$(tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | sed -n 2p)" == train ]] || continue
+        [[ ${cmd[1]-} == train ]] || continue
       else
-        tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- "$rank_pat" || continue
+        [[ " ${cmd[*]} " == *"$rank_pat"* ]] || continue
       fi
-      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx RK_LAUNCH=0 && echo "$p"
+      mapfile -d '' -t env <"/proc/$p/environ" 2>/dev/null || continue
+      [[ " ${env[*]} " == *" RK_LAUNCH=0 "* ]] && echo "$p"
     done
   done
+  return 0
 }
 # wait_ckpt DIR: until the checkpoint of step 20 or 30 is the latest (launch 0 is slowed)
 wait_ckpt() {

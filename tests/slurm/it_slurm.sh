@@ -152,10 +152,11 @@ rc=$?
   || bad "(a) --slurm without a node name: exit $rc: $(head -2 "$work/out")"
 
 # ---- (b) gres.conf for the GPUs that pass ----------------------------------------------------
-sick node2
-"$RK" doctor --gres --sim 2 --samples 1 --interval 0 --textfile-dir "$work/tf/node2" >"$work/gres.conf" 2>&1
+# (the sick sensors in the dry run's directory: node2's periodic check must not drain node2
+# meanwhile, or (c) finds it drained)
+sick dry
+"$RK" doctor --gres --sim 2 --samples 1 --interval 0 --textfile-dir "$work/tf/dry" >"$work/gres.conf" 2>&1
 rc=$?
-rm -f "$work/tf/node2/sensor.prom"
 if [[ $rc == 0 ]] && [[ $(grep -c '^Name=gpu ' "$work/gres.conf") == 1 ]] &&
   grep -q '^Name=gpu Type=rtx_3090 File=/dev/nvidia0$' "$work/gres.conf" &&
   grep -q '^#   GPU 1 (bus 0000:01:00.0) score' "$work/gres.conf"; then
