@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1136,21 +1137,39 @@ static void test_sigkill_during_saves_never_exposes_a_torn_checkpoint(void **sta
     const int min_trials = 20, max_trials = 100;
     t0 = rk_mono_s();
     for (; trials < max_trials && (trials < min_trials || rk_mono_s() - t0 < 12.0); trials++) {
+        /* the child says on a pipe when each save has returned, so the kill is placed
+         * after 0, 1 or 2 whole saves and then somewhere in the next one: a child slower
+         * than the parent's first save (sanitizers, a loaded machine) still makes progress
+         * in two trials of three (a kill timed by the clock alone landed before the first
+         * save had finished in every trial of a CI run under ThreadSanitizer) */
+        int done[2];
+        assert_int_equal(pipe(done), 0);
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
+            close(done[0]);
             for (int64_t s = next;; s++) {
                 rk_ckpt_meta m = {s, 0, s, 2, "{\"model\":\"big\"}"};
                 crash_items(big, blob, s, items, &sb, &sbl);
                 if (rk_ckpt_save(dir, &m, items, 2, 3, NULL) != RK_OK)
                     _exit(3);
+                if (write(done[1], "s", 1) != 1)
+                    _exit(4);
             }
         }
-        /* kill somewhere in the first ~2.5 saves, sometimes almost at once */
-        double wait = (double)(lcg(&seed) % 1000) / 1000.0 * 2.5 * save_s;
+        close(done[1]);
+        int whole = (int)(lcg(&seed) % 3);
+        for (int k = 0; k < whole; k++) {
+            struct pollfd pfd = {done[0], POLLIN, 0};
+            char b;
+            assert_int_equal(poll(&pfd, 1, 60000), 1); /* a save takes far less than 60 s */
+            assert_int_equal(read(done[0], &b, 1), 1);
+        }
+        double wait = (double)(lcg(&seed) % 1000) / 1000.0 * save_s;
         struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
         nanosleep(&ts, NULL);
         assert_int_equal(kill(pid, SIGKILL), 0);
+        close(done[0]);
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
         assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
