@@ -7,6 +7,8 @@ FUZZ_BUILD ?= build-fuzz
 BENCH_BUILD ?= build-bench
 PKG_BUILD ?= build-pkg
 PREFIX ?= /usr/local
+# AUTO: the tests are built when cmocka (a test package) is installed; make test sets ON
+RK_TESTS ?= AUTO
 
 .PHONY: all deps deps-run deps-test build build-asan build-tsan fuzz-build test demo install package fuzz \
 	bench bench-pytorch clean format format-check
@@ -25,21 +27,25 @@ deps-test:
 # Quiet: progress only, the full output in $(BUILD)/build.log, shown when a step fails
 # (scripts/quiet-build.sh); make build V=1 prints all of it.
 build: deps
-	@JOBS=$(JOBS) scripts/quiet-build.sh $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	@JOBS=$(JOBS) scripts/quiet-build.sh $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) \
+	  -DRK_TESTS=$(RK_TESTS)
 
 build-asan: deps
-	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_SANITIZE=ON -DRK_TESTS=$(RK_TESTS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 # The unit tests under ThreadSanitizer (the checkpoint writer, the hash thread and the exporter's
 # collector are threads). OpenMP and OpenBLAS are not instrumented: one thread each there.
 build-tsan: deps
-	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_TSAN=ON >/dev/null
+	@cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DRK_TSAN=ON -DRK_TESTS=$(RK_TESTS) >/dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 
 # Every test: the sources' formatting first, then unit + integration in the release build,
 # unit tests again under ASan+UBSan and under ThreadSanitizer, and a short run of every fuzz
 # target.
+# RK_TESTS=ON here reaches every build this target makes (a target's variables hold for its
+# prerequisites): without cmocka they fail to configure rather than build no tests.
+test: RK_TESTS = ON
 test: format-check build build-asan build-tsan fuzz-build package
 	cd $(BUILD) && RK_PKG_DIR=$(CURDIR)/$(PKG_BUILD)/packages ctest --output-on-failure -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \

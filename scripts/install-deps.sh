@@ -11,7 +11,7 @@
 #     run    what rk, librekindle and the demo need at run time: the shared libraries,
 #            mpirun, python3 with python3-xxhash (the Python package's checkpoints) and the
 #            Fashion-MNIST data (make demo)
-#     test   libclang-rt-14-dev (the fuzzers' runtime), clang-format (make format-check), prometheus and promtool
+#     test   libcmocka-dev (the unit tests), libclang-rt-14-dev (the fuzzers' runtime), clang-format (make format-check), prometheus and promtool
 #            (the exporter's integration tests), curl (the scraper of it_exporter_slow.sh),
 #            python3-torch and python3-numpy (the PyTorch jobs' tests and torchrun, their peer),
 #            python3-pip, -setuptools, -wheel, -venv (the `pip install ./python` test),
@@ -29,13 +29,13 @@ set -euo pipefail
 
 declare -A group
 group[build]="build-essential cmake pkg-config openmpi-bin libopenmpi-dev
-  libdnnl-dev libcmocka-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
+  libdnnl-dev libjansson-dev libxxhash-dev zlib1g-dev libmicrohttpd-dev
   libopenblas-dev libssl-dev libgrpc-dev libprotobuf-c-dev protobuf-c-compiler dpkg-dev file
   clang"
 group[run]="libdnnl2 libgomp1 libjansson4 libxxhash0 zlib1g libopenmpi3 openmpi-bin
   libmicrohttpd12 libopenblas0 libssl3 libgrpc29 libprotobuf-c1 python3 python3-xxhash
   dataset-fashion-mnist"
-group[test]="libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
+group[test]="libcmocka-dev libclang-rt-14-dev clang-format git python3 prometheus curl python3-torch
   python3-numpy python3-pip python3-setuptools python3-wheel python3-venv iproute2 iputils-ping
   slurmctld slurmd slurm-client python3-grpcio python3-grpc-tools kubernetes-client chromium
   lintian systemd tmux"
