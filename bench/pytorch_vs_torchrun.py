@@ -2,7 +2,8 @@
 """torchrun --max_restarts against rk run on the same PyTorch DDP script, in one run.
 
     bench/pytorch_vs_torchrun.py BUILD_DIR [--ranks 2] [--rounds 3] [--threads 1,2]
-                                 [--only crash,hang,overhead] [--script PATH] [--hb 5] [--pin]
+                                 [--only crash,hang,overhead,paired] [--script PATH] [--hb 5]
+                                 [--pin] [--pairs 30] [--paired-steps 300]
 
 The script (default examples/pytorch/train_fashion_mnist.py) runs on both sides through
 bench/pytorch_hooks.py, which sets the process group's timeout (--pg-timeout, 60 s; torch's
@@ -21,6 +22,13 @@ measures, side by side, rounds alternating the order of the sides:
   torchrun on the script with the guards off against rk run on it with the guards and the
   replica hash every 10 steps, at each --threads value per rank; also rk run with the guards
   off (supervision alone) and torchrun on plain_ddp.py (the script before its port).
+- paired (not in the default --only): the overhead again, at the largest of --batches (each
+  side's best batch here), as --pairs pairs of short runs (--paired-steps steps), torchrun
+  and rk run back to back, the order alternating (ABBA...). On this 2-CPU virtual machine a
+  run's speed is set by the spell of the machine it falls in (two runs of one side, minutes
+  apart: 72 and 107 steps/s, each steady within itself), so the measure is the ratio within
+  each pair, which a spell longer than a pair cancels: its median, its mean, and a bootstrap
+  95% interval of the median; and best against best over all the runs.
 
 Rank processes are found by process tree (the descendants of torchrun, or of rk run and its
 keeper, read from /proc), their rank from their environment (RANK or OMPI_COMM_WORLD_RANK),
@@ -42,10 +50,12 @@ resumed, 1 otherwise, 77 when torch or torchrun is missing.
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -324,6 +334,20 @@ class Bench:
             if side != "plain":
                 env["RK_CKPT_DIR"] = ck
                 env["RK_RESUME"] = "1"
+        elif side == "bare":
+            # no launcher to speak of: the ranks started by a shell with the variables rk run
+            # gives them, no supervisor, no heartbeat (the script's guards off): what neither
+            # torchrun nor rk run adds
+            with socket.socket() as sk:
+                sk.bind(("127.0.0.1", 0))
+                port = sk.getsockname()[1]
+            env.update(PYTHONPATH=os.path.join(SRC, "python") + (
+                ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""), RK_CKPT_DIR=ck,
+                RK_RESUME="1", WORLD_SIZE=str(a.ranks), LOCAL_WORLD_SIZE=str(a.ranks),
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            line = " ".join(f"RANK={r} LOCAL_RANK={r} {self.py} " + " ".join(work) + " &"
+                            for r in range(a.ranks))
+            cmd = ["/bin/bash", "-c", line + " wait"]
         else:
             cmd = [self.rk, "run", "-n", str(a.ranks), "--quiet", "--heartbeat-timeout",
                    f"{a.hb:g}", "--max-restarts", str(a.max_restarts), "--health", "off",
@@ -417,6 +441,14 @@ class Bench:
         a = self.a
         small = min(a.batch_list)
         return a.steps if batch == small else max(min(600, a.steps), round(a.steps * small / batch))
+
+    def throughput_steps(self, side, threads, batch, steps):
+        saved = self.steps_for
+        self.steps_for = lambda _b: steps
+        try:
+            return self.throughput(side, threads, batch)
+        finally:
+            self.steps_for = saved
 
     def throughput(self, side, threads, batch=None):
         """(steps/s, run directory, steal, window steps/s): the rate of steps --warmup to the
@@ -650,6 +682,74 @@ def overhead(a, b, threads, log, P):
     return ok
 
 
+def paired(a, b, threads, log, P):
+    """Pairs of short runs, torchrun and rk run back to back in alternating order, at the
+    largest batch: the ratio within each pair. Returns False when a run failed."""
+    import random as _random
+
+    bt = max(a.batch_list)
+    t = min(threads)
+    steps = a.paired_steps
+    sides = ["torchrun", "rk"] + (["rk-noguard"] if a.paired_noguard else []) + (
+        ["bare"] if a.paired_bare else [])
+    rates = {s_: [] for s_ in sides}  # per pair: window-median samples/s (None: failed)
+    ok = True
+    for i in range(a.pairs):
+        order = sides if i % 2 == 0 else sides[::-1]
+        for s_ in order:
+            v, d, st, w = b.throughput_steps(s_, t, bt, steps)
+            log(f"pair {i + 1}: {s_}: {v} steps/s, windows' median {w}")
+            rates[s_].append(w * bt if w else None)
+            ok &= w is not None
+    pairs = [(x, y) for x, y in zip(rates["torchrun"], rates["rk"]) if x and y]
+    ratios = [y / x for x, y in pairs]
+    rng = _random.Random(1)
+    boots = sorted(median([rng.choice(ratios) for _ in ratios]) for _ in range(2000)) if ratios else []
+    lo, hi = (boots[int(0.025 * len(boots))], boots[int(0.975 * len(boots)) - 1]) if boots else (None, None)
+    med = median(ratios)
+    mean = sum(ratios) / len(ratios) if ratios else None
+    bt_best = max((x for x, _ in pairs), default=None)
+    rk_best = max((y for _, y in pairs), default=None)
+    P(f"### overhead, paired: {a.pairs} pairs of runs back to back, batch {bt}, {t} thread a rank")
+    P("")
+    P(f"Each run: {steps} steps; its samples/s is the median of its windows of {a.ckpt_every} "
+      f"steps from step {a.warmup} on (window_rates: each window holds one checkpoint and, on "
+      f"rk run's side, {a.ckpt_every // 10} replica hashes). torchrun runs the script with "
+      f"`{' '.join(b.prof['guards_off'])}`, rk run with `{' '.join(b.prof['guards_on'])}` "
+      f"(guards and the replica hash every 10 steps); the order alternates pair by pair. "
+      f"Overhead = 1 - rk run / torchrun.")
+    P("")
+    P("| measure | rk run / torchrun | overhead | goal | met? |")
+    P("|---|---|---|---|---|")
+    if med is not None:
+        P(f"| median of the pairs' ratios (bootstrap 95%: {lo:.3f} to {hi:.3f}) | {med:.3f} | "
+          f"{100 * (1 - med):.1f}% (95%: {100 * (1 - hi):.1f}% to {100 * (1 - lo):.1f}%) | <= 2% | "
+          f"{'yes' if 1 - med <= 0.02 else 'no'} |")
+        P(f"| mean of the pairs' ratios | {mean:.3f} | {100 * (1 - mean):.1f}% | <= 2% | "
+          f"{'yes' if 1 - mean <= 0.02 else 'no'} |")
+        P(f"| best run against best run ({bt_best:.0f} and {rk_best:.0f} samples/s) | "
+          f"{rk_best / bt_best:.3f} | {100 * (1 - rk_best / bt_best):.1f}% | <= 2% | "
+          f"{'yes' if 1 - rk_best / bt_best <= 0.02 else 'no'} |")
+    P("")
+    P("Runs (samples/s, pair by pair):")
+    P("")
+    for s_ in sides:
+        P(f"- {s_}: " + ", ".join(fmt(x, 0) for x in rates[s_]))
+    P("- ratios rk run / torchrun: " + ", ".join(f"{r:.3f}" for r in ratios))
+    if ratios:
+        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        P(f"- rk run / torchrun: geometric mean of the pairs' ratios {gm:.3f}")
+    for other, what in (("rk-noguard", "rk run with the guards off"),
+                        ("bare", "the ranks started by a shell, no supervisor, guards off")):
+        if other in rates:
+            ng = [y / x for x, y in zip(rates["torchrun"], rates[other]) if x and y]
+            if ng:
+                gm = math.exp(sum(math.log(x) for x in ng) / len(ng))
+                P(f"- {what} / torchrun: median of the pairs {median(ng):.3f}, geometric mean {gm:.3f}")
+    P("")
+    return ok
+
+
 def fmt(x, nd=2):
     return "-" if x is None else f"{x:.{nd}f}"
 
@@ -689,7 +789,15 @@ def main():
                     "(its default is 5 s; 0: not)")
     ap.add_argument("--rk-launcher", default=None,
                     help="rk run --launcher (default: local when rk run has it, else mpirun)")
-    ap.add_argument("--only", default="crash,hang,overhead")
+    ap.add_argument("--only", default="crash,hang,overhead",
+                    help="comma-separated: crash, hang, overhead, paired")
+    ap.add_argument("--pairs", type=int, default=30, help="paired: pairs of runs")
+    ap.add_argument("--paired-steps", type=int, default=300, help="paired: steps a run")
+    ap.add_argument("--paired-noguard", action="store_true",
+                    help="paired: rk run with the guards off in each pair too")
+    ap.add_argument("--paired-bare", action="store_true",
+                    help="paired: the ranks started by a shell (no launcher, no supervisor, "
+                    "guards off) in each pair too")
     ap.add_argument("--tmpdir", default=None)
     ap.add_argument("--out", default=os.path.join(HERE, "results",
                                                   "pytorch_vs_torchrun-latest.md"))
@@ -779,6 +887,8 @@ def main():
         P("")
     if "overhead" in only:
         ok &= overhead(a, b, threads, log, P)
+    if "paired" in only:
+        ok &= paired(a, b, threads, log, P)
     P(f"- load average at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
     text = "\n".join(out) + "\n"
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
