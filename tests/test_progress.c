@@ -303,18 +303,25 @@ static void test_columns_from_the_environment(void **state)
     fclose(f);
 }
 
+/* A pseudo-terminal pair; the test is skipped where none can be had. */
+static void open_pty(int *master, int *slave)
+{
+    *master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (*master < 0 || grantpt(*master) || unlockpt(*master)) {
+        if (*master >= 0)
+            close(*master);
+        skip();
+    }
+    *slave = open(ptsname(*master), O_RDWR | O_NOCTTY);
+    assert_true(*slave >= 0);
+}
+
 /* A pty: a terminal of the given width; live unless TERM=dumb or NO_COLOR is set. */
 static void test_on_a_pty(void **state)
 {
     (void)state;
-    int master = posix_openpt(O_RDWR | O_NOCTTY);
-    if (master < 0 || grantpt(master) || unlockpt(master)) {
-        if (master >= 0)
-            close(master);
-        skip();
-    }
-    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
-    assert_true(slave >= 0);
+    int master, slave;
+    open_pty(&master, &slave);
     struct winsize ws = {.ws_row = 20, .ws_col = 123};
     assert_int_equal(ioctl(slave, TIOCSWINSZ, &ws), 0);
     setenv("COLUMNS", "57", 1); /* the window size wins */
@@ -359,14 +366,8 @@ static size_t drain(int master, char *buf, size_t cap)
 static void test_notes_wrap_on_a_terminal(void **state)
 {
     (void)state;
-    int master = posix_openpt(O_RDWR | O_NOCTTY);
-    if (master < 0 || grantpt(master) || unlockpt(master)) {
-        if (master >= 0)
-            close(master);
-        skip();
-    }
-    int slave = open(ptsname(master), O_RDWR | O_NOCTTY);
-    assert_true(slave >= 0);
+    int master, slave;
+    open_pty(&master, &slave);
     struct termios t;
     assert_int_equal(tcgetattr(slave, &t), 0);
     cfmakeraw(&t); /* "\n" stays "\n" */
