@@ -341,10 +341,12 @@ int rk_arg_path(rk_args *a, const char *flag, const char *path, rk_path_kind kin
     char dshown[256];
     rk_msg_show(dshown, sizeof dshown, dir);
     int rc = 0;
-    if (stat(dir, &st) != 0)
-        rc = path_error(a, flag, path, "directory %s is not writable (%s)", dshown,
-                        errno == ENOENT ? "no such directory"
-                                        : rk_msg_strerror(errno, eb, sizeof eb));
+    if (stat(dir, &st) != 0 && errno == ENOENT) /* output files go into directories that exist */
+        rc = path_error(a, flag, path, "directory %s does not exist: create it first (mkdir -p %s)",
+                        dshown, dshown);
+    else if (stat(dir, &st) != 0)
+        rc = path_error(a, flag, path, "directory %s cannot be reached (%s)", dshown,
+                        rk_msg_strerror(errno, eb, sizeof eb));
     else if (!S_ISDIR(st.st_mode))
         rc = path_error(a, flag, path, "%s is not a directory", dshown);
     else if (access(dir, W_OK) != 0)

@@ -33,7 +33,7 @@
 static const char usage_text[] =
     "usage: rk doctor [--sim N [--seed S] [--age HOURS] [--sim-load idle|busy]\n"
     "                 [--sim-sensors]] [--json] [--threshold T]\n"
-    "                 [--textfile-dir DIR] [--samples K] [--interval SECONDS]\n"
+    "                 [--textfile-dir DIR] [--samples K] [--interval DURATION]\n"
     "                 [--predictor MODEL]\n"
     "                 [--slurm [--node NAME] [--dry-run] [--scontrol PATH] | --gres]\n"
     "\n"
@@ -52,7 +52,7 @@ static const char usage_text[] =
     "  --textfile-dir DIR  also read sensors NVML cannot (VRM ripple, fan vibration) from\n"
     "                      node_exporter textfiles in DIR (docs/textfile.md)\n"
     "  --samples K         readings per GPU, for rates and dT/dt (default 5)\n"
-    "  --interval SECONDS  between readings (default 0.5; a simulated fleet ages 120x faster)\n"
+    "  --interval DURATION between readings (default 0.5; a simulated fleet ages 120x faster)\n"
     "  --predictor MODEL   also ask this failure predictor (rk predict; docs/predict.md). It\n"
     "                      reads one row a minute over its window (60 minutes by default): a\n"
     "                      short check cannot fill it, and then says so rather than\n"
@@ -485,11 +485,11 @@ int rk_cmd_doctor(int argc, char **argv)
         o.time_scale = 120.0;
     }
     if (rk_telemetry_open(&t, sim ? "sim" : "nvml", &o, &err)) {
-        fprintf(stderr, "rk doctor: %s\n", err.msg);
+        /* one line: what failed, and (NVML) the way to a simulated fleet */
+        fprintf(stderr, "rk doctor: %s%s\n", err.msg,
+                sim ? "" : "; no GPU to check (--sim N checks a simulated fleet)");
         if (as_json)
             print_json_error(sim ? "sim" : "nvml", err.msg);
-        if (!sim)
-            fprintf(stderr, "rk doctor: no GPU to check; --sim N checks a simulated fleet\n");
         if (slurm)
             fprintf(stderr, "rk doctor: node %s left as it is: no GPU was read\n", so.node);
         rk_pred_free(model);

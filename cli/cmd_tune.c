@@ -41,8 +41,8 @@ static const char usage_text[] =
     "Changing settings needs root. Settings last until the driver unloads or the machine\n"
     "reboots: run rk tune at boot.\n"
     "\n"
-    "Exit status: 0 done (or nothing to do), 1 NVML is absent or a change failed, 2 bad usage\n"
-    "or a value the card does not allow (nothing is changed then).\n";
+    "Exit status: 0 done (or nothing to do), 1 NVML is absent, a GPU is lost or a change failed,\n"
+    "2 bad usage or a value the card does not allow (nothing is changed then).\n";
 
 #define usage_error(...) rk_cli_usage_error("tune", usage_text, __VA_ARGS__)
 
@@ -144,8 +144,11 @@ static bool refuse_route(int i, const rk_gpu_info *in, const rk_nvml_settings *s
     if (!(in->tune & RK_TUNE_KNOWN) || (in->tune & bit))
         return false;
     char r[160];
-    fprintf(stderr, "rk tune: GPU %d (%s): %s: not supported on %s; it allows %s\n", i,
-            gpu_name(in), what, arch_or_card(in), routes(r, sizeof r, in, s));
+    /* a lock is the architecture's limit; an offset is the driver's (the same Pascal card
+     * takes one under a driver that offers it) */
+    fprintf(stderr, "rk tune: GPU %d (%s): %s: %s %s; it allows %s\n", i, gpu_name(in), what,
+            bit == RK_TUNE_CLOCK_OFFSET ? "not offered by this driver on" : "not supported on",
+            arch_or_card(in), routes(r, sizeof r, in, s));
     return true;
 }
 

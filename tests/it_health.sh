@@ -127,7 +127,7 @@ FAKE_NVML_BOARD=pascal-offsets RK_NVML_LIB=$fake "$RK" tune --gpu 0 --clock-offs
 [[ $st == 0 ]] && grep -q "clock offset -100 MHz (now +0 MHz, allowed -500..+1000 MHz)" "$work/t5" \
   && ok "Pascal with a driver that offers offsets: --clock-offset" || bad "offset: $st $(cat "$work/t5")"
 RK_NVML_LIB=$fake "$RK" tune --gpu 0 --clock-offset -100 >"$work/t6" 2>&1; st=$?
-[[ $st == 2 ]] && grep -q "a clock offset: not supported on Pascal" "$work/t6" \
+[[ $st == 2 ]] && grep -q "a clock offset: not offered by this driver on Pascal" "$work/t6" \
   && ok "Pascal without offsets: --clock-offset refused (exit 2)" || bad "no offset: $st $(cat "$work/t6")"
 for board in pascal ampere; do
   FAKE_NVML_BOARD=$board RK_NVML_LIB=$fake "$RK" doctor --samples 2 --interval 0.1 --json >"$work/b-$board.json" 2>/dev/null

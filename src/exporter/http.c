@@ -239,9 +239,14 @@ static int open_listener(rk_exporter *x, rk_err *err)
 static void gpu_events(rk_exporter *x, int i)
 {
     const rk_prom_gpu *g = &x->gpus[i];
-    char name[sizeof g->info.name];
+    char name[sizeof g->info.name], who[sizeof g->info.name + 40];
     rk_msg_show(name, sizeof name, g->info.name);
-    const char *sim = g->info.simulated ? ", simulated" : "";
+    /* "GPU 1 (NAME, simulated)"; a GPU lost before its name was read: "GPU 1" */
+    if (*name || g->info.simulated)
+        snprintf(who, sizeof who, "GPU %d (%s%s%s)", g->info.index, name,
+                 *name && g->info.simulated ? ", " : "", g->info.simulated ? "simulated" : "");
+    else
+        snprintf(who, sizeof who, "GPU %d", g->info.index);
     enum gpu_state st = g->sample.lost                                        ? ST_LOST
                         : rk_monitor_read_failed(&g->sample) || !g->has_score ? ST_NOREAD
                         : g->score < x->o.threshold                           ? ST_BELOW
@@ -252,25 +257,22 @@ static void gpu_events(rk_exporter *x, int i)
         return;
     switch (st) {
     case ST_LOST:
-        event(x,
-              "GPU %d (%s%s) is lost: reseat the card, riser and power; retire it if it falls "
-              "off again",
-              g->info.index, name, sim);
+        event(x, "%s is lost: reseat the card, riser and power; retire it if it falls off again",
+              who);
         break;
-    case ST_NOREAD: event(x, "GPU %d (%s%s) could not be read", g->info.index, name, sim); break;
+    case ST_NOREAD: event(x, "%s could not be read", who); break;
     case ST_BELOW: {
         char codes[200] = "";
         size_t len = 0;
         for (int k = 0; k < g->nfindings && len + 40 < sizeof codes; k++)
             len += (size_t)snprintf(codes + len, sizeof codes - len, "%s%.31s", k ? ", " : "",
                                     g->findings[k].code);
-        event(x, "GPU %d (%s%s) scores %d, below the threshold %g: %s", g->info.index, name, sim,
-              g->score, x->o.threshold, len ? codes : "no findings");
+        event(x, "%s scores %d, below the threshold %g: %s", who, g->score, x->o.threshold,
+              len ? codes : "no findings");
         break;
     }
     case ST_OK:
-        event(x, "GPU %d (%s%s) scores %d again, at or above the threshold %g", g->info.index, name,
-              sim, g->score, x->o.threshold);
+        event(x, "%s scores %d again, at or above the threshold %g", who, g->score, x->o.threshold);
         break;
     case ST_NEW: break;
     }
