@@ -62,6 +62,10 @@ if start e1 --listen 127.0.0.1:0 --interval 200ms; then
   ! grep -q '^rk_gpu_burn_ok' "$work/m1" && ok "exporter: no rk_gpu_burn_ok without a record" \
     || bad "burn_ok without a record: $(grep burn "$work/m1")"
   kill -TERM "$pid"; wait "$pid" 2>/dev/null
+  # the fake's GPU 1 is lost before its name is read: the event names it without "()"
+  grep -q "GPU 1 is lost: reseat" "$work/e1.out" "$work/e1.err" && ! grep -q "GPU 1 ()" "$work/e1.out" "$work/e1.err" \
+    && ok "exporter: the GPU lost before its name was read is 'GPU 1'" \
+    || bad "lost GPU event: $(grep -h "GPU 1" "$work/e1.out" "$work/e1.err")"
 else
   bad "exporter did not start: $(cat "$work/e1.out" "$work/e1.err")"
 fi
