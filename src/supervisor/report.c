@@ -911,8 +911,9 @@ static void gate_chart(FILE *f, const data *d, const nums *n, int temp)
             chart_empty(f, id, title, "The GPUs reported no temperature.");
             return;
         }
-        c.y0 = floor(c.y0 / 10) * 10;
-        c.y1 = ceil(c.y1 / 10) * 10 + (c.y1 == c.y0 ? 10 : 0);
+        /* a degree of room at both ends: a line on a multiple of 10 does not lie on the axis */
+        c.y0 = floor((c.y0 - 1) / 10) * 10;
+        c.y1 = ceil((c.y1 + 1) / 10) * 10;
     }
     char note[240];
     snprintf(note, sizeof note, "%s of every GPU at each reading of rk run's health gate%s%s.",
