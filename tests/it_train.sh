@@ -28,7 +28,7 @@ expect_usage "unknown model" "--model 'resnet'" train --model resnet
 expect_usage "unknown optimizer" "--optimizer 'lbfgs'" train --optimizer lbfgs
 expect_usage "stray argument" "unexpected argument" train extra
 expect_usage "missing data dir" "$work/nope" train --data "$work/nope" --max-steps 1
-expect_usage "unwritable save path" "not writable" train --save "$work/no/such/dir/w.safetensors"
+expect_usage "save path in a missing directory" "does not exist: create it first" train --save "$work/no/such/dir/w.safetensors"
 if "$RK" train --help | grep -q -- "--max-steps"; then ok "--help lists flags"; else bad "--help"; fi
 
 # A subset of the real data, raw IDX (the default directory is gzip: both paths get used).
