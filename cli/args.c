@@ -340,13 +340,13 @@ int rk_arg_path(rk_args *a, const char *flag, const char *path, rk_path_kind kin
         slash[slash == dir] = '\0'; /* "/x" -> "/" */
     char dshown[256];
     rk_msg_show(dshown, sizeof dshown, dir);
-    int rc = 0;
-    if (stat(dir, &st) != 0 && errno == ENOENT) /* output files go into directories that exist */
+    int rc = 0, de = stat(dir, &st) == 0 ? 0 : errno;
+    if (de == ENOENT) /* output files go into directories that exist */
         rc = path_error(a, flag, path, "directory %s does not exist: create it first (mkdir -p %s)",
                         dshown, dshown);
-    else if (stat(dir, &st) != 0)
+    else if (de)
         rc = path_error(a, flag, path, "directory %s cannot be reached (%s)", dshown,
-                        rk_msg_strerror(errno, eb, sizeof eb));
+                        rk_msg_strerror(de, eb, sizeof eb));
     else if (!S_ISDIR(st.st_mode))
         rc = path_error(a, flag, path, "%s is not a directory", dshown);
     else if (access(dir, W_OK) != 0)
