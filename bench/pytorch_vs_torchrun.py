@@ -53,6 +53,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -345,7 +346,7 @@ class Bench:
                 ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""), RK_CKPT_DIR=ck,
                 RK_RESUME="1", WORLD_SIZE=str(a.ranks), LOCAL_WORLD_SIZE=str(a.ranks),
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            line = " ".join(f"RANK={r} LOCAL_RANK={r} {self.py} " + " ".join(work) + " &"
+            line = " ".join(f"RANK={r} LOCAL_RANK={r} " + shlex.join([self.py, *work]) + " &"
                             for r in range(a.ranks))
             cmd = ["/bin/bash", "-c", line + " wait"]
         else:
@@ -442,22 +443,15 @@ class Bench:
         small = min(a.batch_list)
         return a.steps if batch == small else max(min(600, a.steps), round(a.steps * small / batch))
 
-    def throughput_steps(self, side, threads, batch, steps):
-        saved = self.steps_for
-        self.steps_for = lambda _b: steps
-        try:
-            return self.throughput(side, threads, batch)
-        finally:
-            self.steps_for = saved
-
-    def throughput(self, side, threads, batch=None):
+    def throughput(self, side, threads, batch=None, steps=None):
         """(steps/s, run directory, steal, window steps/s): the rate of steps --warmup to the
         end, the machine's steal time over the run in clock ticks (/proc/stat: CPU time the
         hypervisor gave to others while this machine wanted it), and the median rate of the
-        run's windows (window_rates)."""
+        run's windows (window_rates). `steps`: the run's length (default steps_for)."""
         a = self.a
         steal0 = steal_ticks()
-        job, d = self.start(side, self.steps_for(batch or min(a.batch_list)), threads,
+        steps = steps or self.steps_for(batch or min(a.batch_list))
+        job, d = self.start(side, steps, threads,
                             side == "rk", a.ckpt_every, watch=None, batch=batch)
         try:
             rc = job.wait(600)
@@ -541,18 +535,16 @@ def overhead(a, b, threads, log, P):
     runs = {(s, t, bt): [] for s in sides for t, bt in settings}  # samples/s, None: failed
     cpus = {k: [] for k in runs}
     steal = {k: [] for k in runs}
-    wruns = {k: [] for k in runs}  # samples/s: the median of each run's windows
     for r in range(a.rounds):
         order = [(s, t, bt) for t, bt in settings for s in sides]
         if r % 2:
             order.reverse()
         for s, t, bt in order:
             log(f"overhead round {r + 1}: {s} @{t} threads, batch {bt}")
-            v, d, st, w = b.throughput(s, t, bt)
+            v, d, st, _ = b.throughput(s, t, bt)
             c = cpu_per_step(d)
-            log(f"  {v} steps/s (windows' median {w}), {c} ms CPU a step on rank 0, steal {st} ticks")
+            log(f"  {v} steps/s, {c} ms CPU a step on rank 0, steal {st} ticks")
             runs[(s, t, bt)].append(v * bt if v else None)
-            wruns[(s, t, bt)].append(w * bt if w else None)
             cpus[(s, t, bt)].append(c)
             steal[(s, t, bt)].append(st)
             ok &= v is not None
@@ -569,49 +561,6 @@ def overhead(a, b, threads, log, P):
         return max(v)[1] if v else None
 
     P(f"### overhead: samples/s of an uninterrupted run, {a.rounds} alternating rounds")
-    P("")
-    P(f"**By windows** (the goal's measure): each run's samples/s is the median over its windows "
-      f"of {a.ckpt_every} consecutive steps from step {a.warmup} on, timed by rank 0's own clock "
-      f"(bench/pytorch_hooks.py's line after each optimiser step). Every window holds one "
-      f"checkpoint and, on rk run's side, {a.ckpt_every // 10} replica hashes, so the periodic "
-      f"costs are paid in full in each; a window that the machine's co-tenants slowed (this "
-      f"2-CPU virtual machine's steal time, other processes) is one of many and falls out of "
-      f"the median on both sides alike, where it stays in the rate of a whole run. Then best "
-      f"of the rounds against best, and median of the rounds against median:")
-    P("")
-    P("| setting | torchrun best | rk run best | overhead (best) | torchrun median | rk run median | "
-      "overhead (median) | goal | met? | rk run, guards off: best, overhead | windows a run |")
-    P("|---|---|---|---|---|---|---|---|---|---|---|")
-    wbest = {}
-    for t, bt in settings:
-        def wv(side):
-            return [x for x in wruns[(side, t, bt)] if x]
-        tb, rb_, nb = max(wv("torchrun"), default=None), max(wv("rk"), default=None), max(wv("rk-noguard"), default=None)
-        tm, rm = median(wv("torchrun")), median(wv("rk"))
-        if not tb or not rb_:
-            P(f"| {t} threads, batch {bt} | - | - | - | - | - | - | <= 2% | - | - | - |")
-            continue
-        ob, om = 1 - rb_ / tb, 1 - rm / tm
-        wbest[(t, bt)] = (tb, rb_)
-        nwin = (b.steps_for(bt) - a.warmup) // a.ckpt_every
-        P(f"| {t} threads, batch {bt} | {tb:.0f} | {rb_:.0f} | {100 * ob:.1f}% | {tm:.0f} | {rm:.0f} | "
-          f"{100 * om:.1f}% | <= 2% | {'yes' if max(ob, om) <= 0.02 else 'no'} | "
-          f"{fmt(nb, 0)}, {fmt(100 * (1 - nb / tb) if nb else None, 1)}% | {nwin} |")
-    if wbest:
-        kt = max(wbest, key=lambda k: wbest[k][0])
-        kr = max(wbest, key=lambda k: wbest[k][1])
-        tb, rb_ = wbest[kt][0], wbest[kr][1]
-        P(f"| best vs best (torchrun at {kt[0]} threads, batch {kt[1]}; rk run at {kr[0]} threads, "
-          f"batch {kr[1]}) | {tb:.0f} | {rb_:.0f} | {100 * (1 - rb_ / tb):.1f}% | | | | <= 2% | "
-          f"{'yes' if 1 - rb_ / tb <= 0.02 else 'no'} | | |")
-    P("")
-    P("Windows' medians of each run (samples/s, rounds in order):")
-    P("")
-    for (s_, t, bt), v in wruns.items():
-        P(f"- {s_} @{t} threads, batch {bt}: " + ", ".join(fmt(x, 0) for x in v))
-    P("")
-    P("**By whole runs**: the rate from step "
-      f"{a.warmup} to the last, by the times the lines reached the bench:")
     P("")
     P(f"Each side at each setting: threads a rank {', '.join(map(str, threads))}; global batch "
       f"{', '.join(map(str, a.batch_list))} ({', '.join(str(b.steps_for(x)) for x in a.batch_list)} "
@@ -697,7 +646,7 @@ def paired(a, b, threads, log, P):
     for i in range(a.pairs):
         order = sides if i % 2 == 0 else sides[::-1]
         for s_ in order:
-            v, d, st, w = b.throughput_steps(s_, t, bt, steps)
+            v, d, st, w = b.throughput(s_, t, bt, steps)
             log(f"pair {i + 1}: {s_}: {v} steps/s, windows' median {w}")
             rates[s_].append(w * bt if w else None)
             ok &= w is not None
@@ -737,17 +686,34 @@ def paired(a, b, threads, log, P):
         P(f"- {s_}: " + ", ".join(fmt(x, 0) for x in rates[s_]))
     P("- ratios rk run / torchrun: " + ", ".join(f"{r:.3f}" for r in ratios))
     if ratios:
-        gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        P(f"- rk run / torchrun: geometric mean of the pairs' ratios {gm:.3f}")
+        P(f"- rk run / torchrun: geometric mean of the pairs' ratios {geomean(ratios):.3f}")
     for other, what in (("rk-noguard", "rk run with the guards off"),
                         ("bare", "the ranks started by a shell, no supervisor, guards off")):
         if other in rates:
             ng = [y / x for x, y in zip(rates["torchrun"], rates[other]) if x and y]
             if ng:
-                gm = math.exp(sum(math.log(x) for x in ng) / len(ng))
-                P(f"- {what} / torchrun: median of the pairs {median(ng):.3f}, geometric mean {gm:.3f}")
+                P(f"- {what} / torchrun: median of the pairs {median(ng):.3f}, geometric mean "
+                  f"{geomean(ng):.3f}")
     P("")
     return ok
+
+
+def recorded_args(argv):
+    """The command line as the results record it: without --out and --tmpdir, whose values are
+    this machine's paths, not part of the measure."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in ("--out", "--tmpdir"):
+            skip = True
+        elif not x.startswith(("--out=", "--tmpdir=")):
+            out.append(x)
+    return out
+
+
+def geomean(v):
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
 
 
 def fmt(x, nd=2):
@@ -829,7 +795,7 @@ def main():
     out = []
     P = out.append
     started = datetime.datetime.utcnow()
-    cmdline = "bench/pytorch_vs_torchrun.py " + " ".join(sys.argv[1:])
+    cmdline = "bench/pytorch_vs_torchrun.py " + " ".join(recorded_args(sys.argv[1:]))
     P(f"## PyTorch: torchrun against rk run — {started:%Y-%m-%d}")
     P("")
     P(f"- command: `{cmdline}`")
