@@ -171,7 +171,11 @@ static const char usage_b[] =
     "  --health-threshold T    default 60\n"
     "  --health-interval S     seconds between readings during a run (default 5)\n"
     "  --sim-seed S            the simulated fleet's seed (default 1)\n"
-    "  --sim-time-scale X      simulated seconds per real second (default 60)\n"
+    "  --sim-step-time D       each step the job does ages the simulated GPUs D (default 1m;\n"
+    "                          units s, m, h): the same seed tells the same story on any\n"
+    "                          machine, however fast it runs the job\n"
+    "  --sim-time-scale X      instead, the GPUs age with the wall clock: X simulated seconds\n"
+    "                          per real second (with --hosts: the only clock, default 60)\n"
     "  --sim-age HOURS         hours of service the simulated GPUs start with (default 0)\n"
     "  --sim-skip HOURS        start the simulated clock HOURS in, the GPUs aged (default 0)\n"
     "  --sim-load LOAD         what the simulated GPUs run: idle (default, as rk doctor's) or\n"
@@ -194,6 +198,10 @@ static const char usage_b[] =
 
 static char usage_text[sizeof usage_a + sizeof usage_b];
 
+/* --sim-step-time: the default (a simulated minute a step: one reading a step, the
+ * predictor's pace) and the most (1000 hours a step) */
+#define SIM_STEP_DEFAULT_S 60.0
+#define SIM_STEP_MAX_S 3.6e6
 #define usage_error(...) rk_cli_usage_error("run", usage_text, __VA_ARGS__)
 
 /* --drain-probability's default: the threshold rk predict train chose on its validation split,
@@ -280,6 +288,7 @@ enum {
     OPT_HEALTH_INTERVAL,
     OPT_SIM_SEED,
     OPT_SIM_SCALE,
+    OPT_SIM_STEP,
     OPT_SIM_AGE,
     OPT_SIM_SKIP,
     OPT_SIM_LOAD,
@@ -510,6 +519,7 @@ int rk_cmd_run(int argc, char **argv)
         {"health-interval", required_argument, 0, OPT_HEALTH_INTERVAL},
         {"sim-seed", required_argument, 0, OPT_SIM_SEED},
         {"sim-time-scale", required_argument, 0, OPT_SIM_SCALE},
+        {"sim-step-time", required_argument, 0, OPT_SIM_STEP},
         {"sim-age", required_argument, 0, OPT_SIM_AGE},
         {"sim-skip", required_argument, 0, OPT_SIM_SKIP},
         {"sim-load", required_argument, 0, OPT_SIM_LOAD},
@@ -547,7 +557,7 @@ int rk_cmd_run(int argc, char **argv)
     const char *hosts_list = NULL, *hostfile = NULL, *spare_list = NULL;
     int health_given = 0;
     static char *largs[64];
-    int nlargs = 0, drain_given = 0, sim_opts = 0;
+    int nlargs = 0, drain_given = 0, sim_opts = 0, scale_given = 0, step_given = 0;
     char *devices = NULL;
     opterr = 0;
     optind = 1;
@@ -650,6 +660,13 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_SIM_SCALE:
             if (num("--sim-time-scale", optarg, 1e-3, 1e9, &o.health_time_scale))
                 return RK_EXIT_USAGE;
+            scale_given = 1;
+            break;
+        case OPT_SIM_STEP:
+            if (rk_arg_seconds(&args, "--sim-step-time", optarg, 1e-3, SIM_STEP_MAX_S,
+                               &o.sim_step_s))
+                return RK_EXIT_USAGE;
+            step_given = 1;
             break;
         case OPT_SIM_AGE:
             if (rk_arg_hours(&args, "--sim-age", optarg, &o.health_age_h))
@@ -734,6 +751,15 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--sim-skip needs --health sim");
     if (sim_opts && !(o.health && strcmp(o.health, "sim") == 0))
         return usage_error("--sim-load and --sim-sensors need --health sim");
+    if ((scale_given || step_given) && !(o.health && strcmp(o.health, "sim") == 0))
+        return usage_error("--sim-%s needs --health sim", step_given ? "step-time" : "time-scale");
+    if (scale_given && step_given)
+        return usage_error("--sim-step-time and --sim-time-scale are two clocks: give one");
+    if (step_given && o.hosts)
+        return usage_error("--sim-step-time: with --hosts the agents' fleets age with the wall "
+                           "clock (--sim-time-scale)");
+    if (o.health && strcmp(o.health, "sim") == 0 && !scale_given && !o.hosts && !step_given)
+        o.sim_step_s = SIM_STEP_DEFAULT_S; /* the default clock: the job's steps */
     if (o.predictor && rk_arg_path(&args, "--predictor", o.predictor, RK_PATH_FILE))
         return RK_EXIT_USAGE;
     if (o.predictor && access(o.predictor, R_OK) != 0)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# make demo: the main job. A node of 5 simulated GPUs (seed 4, 8,000 hours of service, ageing
-# 480,000x faster than real time; one spare; busy, as GPUs in a job are, with the VRM and fan
-# sensors fitted: --sim-load busy --sim-sensors): rk doctor checks them, rk exporter serves their
+# make demo: the main job. A node of 5 simulated GPUs (seed 40, 8,000 hours of service; one
+# spare; busy, as GPUs in a job are, with the VRM and fan sensors fitted: --sim-load busy
+# --sim-sensors): rk doctor checks them, rk exporter serves their
 # health to Prometheus while the run goes, and rk run supervises 4 ranks of
 # `rk train --model cnn-small` (one epoch of Fashion-MNIST) through a scripted set of injected
 # faults: a crash, a NaN, a hang, a flipped bit in one replica's parameters, a flipped
-# gradient exponent and a communication failure. The health gate drains GPUs that degrade
-# (the spare takes the first one's place); the device behind rank 2 fails three times
-# (--failure-threshold 3) and is quarantined, and the job shrinks onto the rest.
+# gradient exponent and a communication failure. The GPUs age half an hour with each step
+# the job does (--sim-step-time 30m), so the story is the same on a quiet machine and a busy
+# one: GPU 3 runs hot near step 190 and the health gate drains it (the spare takes its
+# place); the device behind rank 2 fails three times (--failure-threshold 3) and is
+# quarantined, and the job shrinks onto the rest.
 # The summary at the end says what happened and what it cost, and `rk report` draws the run
 # as one HTML page (runs/demo/report.html: loss with every incident, goodput, devices, GPU
 # health). The ranks are CPU processes standing in for the GPUs; GPUs and faults are
@@ -23,7 +25,7 @@ mkdir -p "$out"
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader}
 export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
 sim=(--sim-load busy --sim-sensors)
-fleet=(--sim 5 --seed 4 --age 8000 "${sim[@]}")
+fleet=(--sim 5 --seed 40 --age 8000 "${sim[@]}")
 
 echo "== rk doctor: the node's GPUs (simulated fleet)"
 set +e
@@ -31,7 +33,8 @@ set +e
 set -e
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$rk" exporter "${fleet[@]}" --time-scale 480000 --interval 2s --listen "127.0.0.1:$port" \
+# the exporter's fleet ages with the wall clock (--time-scale), about the job's pace
+"$rk" exporter "${fleet[@]}" --time-scale 40000 --interval 2s --listen "127.0.0.1:$port" \
   >"$out/exporter.log" 2>&1 &
 exporter=$!
 trap 'kill "$exporter" 2>/dev/null; wait "$exporter" 2>/dev/null' EXIT
@@ -45,7 +48,7 @@ echo "== rk run: 4 CPU ranks stand in for 4 of the GPUs; faults are injected (si
 echo "   $faults"
 set +e
 "$rk" run -n 4 --devices 0,1,2,3,4 --ckpt-dir "$out/ckpt" --heartbeat-timeout 5 \
-  --failure-threshold 3 --health sim --sim-seed 4 --sim-age 8000 "${sim[@]}" --sim-time-scale 480000 \
+  --failure-threshold 3 --health sim --sim-seed 40 --sim-age 8000 "${sim[@]}" --sim-step-time 30m \
   --health-interval 2 \
   --events "$out/events.jsonl" --summary-json "$out/summary.json" --inject "$faults" \
   --steps "$out/steps.jsonl" --gate-log "$out/gate.jsonl" \

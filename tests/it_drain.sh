@@ -9,7 +9,7 @@
 #  - bad flags: --predictor without the gate, --sim-skip without the simulator, a missing
 #    model file, a broken MODEL.json beside it: exit 2.
 # Fleet: seed 6 of 8 GPUs; its first failure is read from the simulator's ground truth and
-# --sim-skip puts it 3 simulated minutes into the job. The fleet runs as the dataset builder
+# --sim-skip puts it 3 simulated minutes (30 steps) into the job. The fleet runs as the dataset builder
 # runs it (busy, sensors fitted: --sim-load busy --sim-sensors), so that its ground truth is
 # this fleet's. Skips (77) without mpirun or data.
 set -u
@@ -25,8 +25,9 @@ worker=("$RK" train --model cnn-small --data "$work/sub" --epochs 50 --no-eval -
 
 # 1. the failure reaches the rank. The fleet's ground truth (rk predict dataset, the same
 # simulator) says which GPU fails first and when; the job starts 3 simulated minutes before
-# (2 s of wall time), so it fails while the job runs however fast the machine is; a GPU that is
-# already gone when the ranks say hello is delivered then.
+# and the fleet ages 6 s a step (--sim-step-time), so the GPU fails at the job's 30th step
+# however fast the machine is; a GPU that is already gone when the ranks say hello is
+# delivered then.
 "$RK" predict dataset --sim 8 --hours 3000 --seed 6 --age 0 -o "$work/fleet" >/dev/null 2>&1 ||
   { bad "rk predict dataset"; it_finish; exit 1; }
 read -r g ev hour < <(python3 - "$work/fleet/fleet.json" <<'PY'
@@ -42,7 +43,7 @@ if [[ $g -lt 0 ]]; then bad "no failure in the fleet's first 3000 h"; it_finish;
 skip=$(python3 -c "print(max(0.0, $hour - 0.05))")
 others=$(python3 -c "print(','.join(str(d) for d in range(8) if d != $g)[:3])")
 "$RK" run -n 2 --devices "$g,$others,7" --health sim --sim-seed 6 "${sim[@]}" --sim-skip "$skip" \
-  --sim-time-scale 90 --health-interval 0.5 --health-threshold 0 --ckpt-dir "$work/ck1" \
+  --sim-step-time 6s --health-interval 0.5 --health-threshold 0 --ckpt-dir "$work/ck1" \
   --events "$work/ev1.jsonl" --quiet -- "${worker[@]}" --max-steps 500 >"$work/r1.out" 2>&1
 st=$?
 if [[ $ev == dbe ]]; then want="uncorrectable ECC error"; else want="off the bus"; fi
@@ -61,8 +62,8 @@ fi
 # 2. a model that predicts failure everywhere: the running job's GPU is drained
 "$MK" "$work/hot.model" 5 8 8 >/dev/null && "$MK" "$work/cold.model" 5 8 -8 >/dev/null ||
   { bad "mkmodel"; it_finish; exit 1; }
-# (no skip: the windows fill 5 simulated minutes into the run, so the job starts first)
-"$RK" run -n 1 --devices 3,4 --health sim --sim-seed 6 "${sim[@]}" --sim-time-scale 90 --health-interval 0.5 \
+# (no skip: the windows fill 5 simulated minutes, 50 steps, into the run: the job starts first)
+"$RK" run -n 1 --devices 3,4 --health sim --sim-seed 6 "${sim[@]}" --sim-step-time 6s --health-interval 0.5 \
   --health-threshold 0 --predictor "$work/hot.model" \
   --min-ranks 1 --ckpt-dir "$work/ck2" --events "$work/ev2.jsonl" --quiet -- "${worker[@]}" \
   --max-steps 300 >"$work/r2.out" 2>&1
@@ -74,7 +75,7 @@ if grep -q '"kind":"predicted_failure","rank":0,"device":"3","action":"drain"' "
 else
   bad "predicted drain: exit $st: $(grep 'rk run' "$work/r2.out" | tail -5)"
 fi
-"$RK" run -n 1 --devices 3 --health sim --sim-seed 6 "${sim[@]}" --sim-time-scale 90 --health-interval 0.5 \
+"$RK" run -n 1 --devices 3 --health sim --sim-seed 6 "${sim[@]}" --sim-step-time 6s --health-interval 0.5 \
   --health-threshold 0 --predictor "$work/cold.model" \
   --ckpt-dir "$work/ck3" --events "$work/ev3.jsonl" --quiet -- "${worker[@]}" --max-steps 60 \
   >"$work/r3.out" 2>&1

@@ -443,10 +443,75 @@ static void models_record_their_horizon(void **state)
     remove(MODEL);
 }
 
+/* rk run's gate on the step clock (sim_step_s): the readings are a function of the job's
+ * steps, not of when the samples happen. Two gates over the same simulated fleet, one
+ * sampled at every step, the other at uneven strides (as a loaded machine samples: 1, 7, 50,
+ * 3, ... steps apart), agree on every device's latest score at each common point, and the
+ * worst score each saw over the same span is the same (a dip between two samples of the slow
+ * one is not lost). */
+static void step_clock_reads_by_steps_not_by_samples(void **state)
+{
+    (void)state;
+    rk_sup_opts so;
+    memset(&so, 0, sizeof so);
+    so.health = "sim";
+    so.health_sim_gpus = 5;
+    so.health_seed = 40;
+    so.health_age_h = 8000;
+    so.health_time_scale = 60;
+    so.sim_step_s = 1800;
+    so.health_sim_load = RK_SIM_LOAD_BUSY;
+    so.health_sim_sensors = true;
+    so.health_threshold = 60;
+    rk_err err = {0};
+    rk_gate *every, *uneven;
+    assert_int_equal(rk_gate_open(&every, &so, &err), RK_OK);
+    assert_int_equal(rk_gate_open(&uneven, &so, &err), RK_OK);
+    static const int stride[] = {1, 7, 50, 3, 120, 2, 33};
+    int worst_every[5], below = 0;
+    for (int i = 0; i < 5; i++)
+        worst_every[i] = 101;
+    int next = 0, k = 0;
+    for (int64_t s = 0; s <= 600; s++) {
+        rk_gate_set_progress(every, s);
+        assert_int_equal(rk_gate_sample(every, &err), RK_OK);
+        for (int i = 0; i < 5; i++) {
+            char id[4];
+            int sc;
+            double p;
+            snprintf(id, sizeof id, "%d", i);
+            assert_int_equal(rk_gate_take_worst(every, id, &sc, &p, NULL, 0), 0);
+            if (sc < worst_every[i])
+                worst_every[i] = sc;
+        }
+        if (s != next)
+            continue;
+        rk_gate_set_progress(uneven, s);
+        assert_int_equal(rk_gate_sample(uneven, &err), RK_OK);
+        for (int i = 0; i < 5; i++) {
+            char id[4], why[200];
+            int sc;
+            double p;
+            snprintf(id, sizeof id, "%d", i);
+            assert_int_equal(rk_gate_score(uneven, id, why, sizeof why),
+                             rk_gate_score(every, id, why, sizeof why));
+            assert_int_equal(rk_gate_take_worst(uneven, id, &sc, &p, why, sizeof why), 0);
+            assert_int_equal(sc, worst_every[i]); /* the same span's worst */
+            below += sc < so.health_threshold;
+            worst_every[i] = 101;
+        }
+        next = s + stride[k++ % (int)(sizeof stride / sizeof *stride)];
+    }
+    assert_true(below > 0); /* the fleet does dip below the threshold in these steps */
+    rk_gate_close(every);
+    rk_gate_close(uneven);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_path_gives_the_same_scores),
+        cmocka_unit_test(step_clock_reads_by_steps_not_by_samples),
         cmocka_unit_test(failed_readings_and_probabilities),
         cmocka_unit_test(models_record_their_horizon),
         cmocka_unit_test(burn_verdicts_follow_the_file),

@@ -48,8 +48,9 @@ static int is_sim(const sup *s)
 }
 
 /* What the gate read for device d (over the hosts: what its agent read; no gate: a sound
- * device). */
-static rk_sup_health reading(const sup *s, int d, char *why, size_t cap)
+ * device): the latest reading, or with `worst` the worst since the last such look (every
+ * reading counts, however many a sample took: rk_gate_take_worst). */
+static rk_sup_health reading(const sup *s, int d, int worst, char *why, size_t cap)
 {
     rk_sup_health h = {.lost = 0, .fatal = 0, .score = 100, .prob = -1.0};
     why[0] = '\0';
@@ -57,8 +58,12 @@ static rk_sup_health reading(const sup *s, int d, char *why, size_t cap)
         return h;
     const char *id = s->o->devices[d];
     h.lost = rk_gate_lost(s->gate, id);
-    h.score = rk_gate_score(s->gate, id, why, cap);
-    h.prob = rk_gate_prob(s->gate, id);
+    if (worst)
+        rk_gate_take_worst(s->gate, id, &h.score, &h.prob, why, cap);
+    else {
+        h.score = rk_gate_score(s->gate, id, why, cap);
+        h.prob = rk_gate_prob(s->gate, id);
+    }
     return h;
 }
 
@@ -72,7 +77,7 @@ static void record_reading(sup *s)
     int n = 0;
     for (int d = 0; d < o->ndevices && d < RK_SUP_MAX_DEVICES; d++) {
         char why[200];
-        rk_sup_health h = reading(s, d, why, sizeof why);
+        rk_sup_health h = reading(s, d, 0, why, sizeof why);
         rk_runlog_rec *r = &rec[n];
         rk_runlog_init(r, RK_RUNLOG_GATE);
         snprintf(r->device, sizeof r->device, "%s", o->devices[d]);
@@ -90,6 +95,8 @@ static void record_reading(sup *s)
 static void sample(sup *s)
 {
     rk_err err = {0};
+    if (s->gate && s->g.first_step >= 0 && s->last_done > s->g.first_step)
+        rk_gate_set_progress(s->gate, s->last_done - s->g.first_step);
     if (s->gate && rk_gate_sample(s->gate, &err))
         sup_say(s, "health gate: %s", err.msg);
     s->last_gate = rk_ledger_now(&s->g);
@@ -106,7 +113,10 @@ int sup_pick_devices(sup *s)
     char why[RK_SUP_MAX_DEVICES][200];
     rk_sup_pick pick[RK_SUP_MAX_DEVICES];
     for (int d = 0; d < o->ndevices; d++) {
-        h[d] = reading(s, d, why[d], sizeof why[d]);
+        h[d] = reading(s, d, 0, why[d], sizeof why[d]);
+        char drop[8];
+        if (s->gate && rk_gate_knows(s->gate, o->devices[d])) /* a launch starts afresh */
+            rk_gate_take_worst(s->gate, o->devices[d], &(int){0}, &(double){0}, drop, 0);
         if (s->cl && !sup_cluster_node_up(s, d)) { /* its host is down or quarantined */
             h[d].lost = 1;
             snprintf(why[d], sizeof why[d], "node %s is not connected",
@@ -209,7 +219,7 @@ void sup_gate_tick(sup *s)
     rk_sup_health h[RK_SUP_MAX_DEVICES];
     char why[RK_SUP_MAX_DEVICES][200];
     for (int r = 0; r < s->n; r++)
-        h[r] = reading(s, s->dev[r], why[r], sizeof why[r]);
+        h[r] = reading(s, s->dev[r], 1, why[r], sizeof why[r]);
     rk_sup_why reason;
     int r = rk_sup_drain_rank(&s->rules, s->n, h, &reason);
     if (r >= 0)

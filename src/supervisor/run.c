@@ -484,10 +484,15 @@ static int open_gate(sup *s, rk_sup_report *rep)
             return rk_err_set(&rep->err, RK_EINVAL,
                               "health gate: device '%s' is not a GPU index of the %s backend",
                               o->devices[d], rk_gate_backend(s->gate));
-    sup_say(s, "health gate: %s GPUs%s, threshold %.0f, read every %.1f s",
-            rk_gate_backend(s->gate),
-            strcmp(rk_gate_backend(s->gate), "sim") == 0 ? " (simulated)" : "", o->health_threshold,
-            o->health_interval_s);
+    int sim = strcmp(rk_gate_backend(s->gate), "sim") == 0;
+    char clock[96] = "";
+    if (sim && o->sim_step_s > 0)
+        snprintf(clock, sizeof clock, "; they age %g simulated s a step of the job", o->sim_step_s);
+    else if (sim)
+        snprintf(clock, sizeof clock, "; they age %g simulated s a second", o->health_time_scale);
+    sup_say(s, "health gate: %s GPUs%s, threshold %.0f, read every %.1f s%s",
+            rk_gate_backend(s->gate), sim ? " (simulated)" : "", o->health_threshold,
+            o->health_interval_s, clock);
     return RK_OK;
 }
 

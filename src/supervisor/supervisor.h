@@ -71,13 +71,16 @@ typedef struct rk_sup_opts {
     const char *health;          /* "nvml" or "sim" */
     int health_sim_gpus;         /* sim: fleet size (at least the devices' largest index + 1) */
     uint64_t health_seed;        /* sim */
-    double health_time_scale;    /* sim: simulated seconds per real second */
+    double health_time_scale;    /* sim: simulated seconds per real second (sim_step_s 0) */
     double health_age_h;         /* sim: hours of service at the start */
     rk_sim_load health_sim_load; /* sim: idle (the default) or busy (rk_telemetry_opts) */
     bool health_sim_sensors;     /* sim: VRM ripple and fan vibration reported too */
     double health_threshold;     /* a GPU below this is left out or drained */
     double health_interval_s;    /* between readings during a run */
     double sim_skip_h;           /* sim: the fleet's clock starts this many hours in */
+    /* sim: > 0: the fleet ages this many simulated seconds a step of the job (its clock is the
+     * job's progress, not the wall clock: --sim-step-time) */
+    double sim_step_s;
     /* the failure predictor (predict/predict_online.h): NULL = none */
     const char *predictor;    /* model file */
     double drain_probability; /* drain (or leave out) a GPU whose probability reaches it */
@@ -232,8 +235,19 @@ struct rk_telemetry;
 int rk_gate_open_telemetry(rk_gate **out, struct rk_telemetry *t, const rk_sup_opts *o,
                            rk_err *err);
 void rk_gate_close(rk_gate *g);
-/* Read every GPU now (at most once per call) and rescore. */
+/* Read every GPU now and rescore. On a simulated fleet whose clock the gate drives (a
+ * predictor, a skip or a step clock), every minute due since the last sample is read: on the
+ * step clock, the minute of each step done since (rk_gate_set_progress), so the readings
+ * depend on the job's steps and not on when the samples happen. */
 int rk_gate_sample(rk_gate *g, rk_err *err);
+/* The steps the job has done in this run (never goes back: a relaunch that redoes steps does
+ * not age the fleet twice). Drives the step clock (sim_step_s); ignored otherwise. */
+void rk_gate_set_progress(rk_gate *g, int64_t steps);
+/* The worst of device `id`'s readings since the last call (the lowest score with its worst
+ * finding in `why`, the highest probability), or the latest when none was read since; then
+ * forgets them. A driven fleet reads many minutes a sample: a score that dipped below the
+ * threshold at one of them counts, whenever the sample came. -1 if `id` names no GPU. */
+int rk_gate_take_worst(rk_gate *g, const char *id, int *score, double *prob, char *why, size_t cap);
 /* The latest score of device `id` (0..100), or -1 when it names no GPU; the worst finding's
  * code and message in `why` when below the threshold. */
 int rk_gate_score(const rk_gate *g, const char *id, char *why, size_t cap);
