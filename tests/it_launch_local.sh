@@ -42,7 +42,7 @@ command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_launch_local
 w=(python3 "$RK_SRC/tests/launch_worker.py")
-unset MASTER_ADDR MASTER_PORT
+unset MASTER_ADDR MASTER_PORT OMP_NUM_THREADS
 
 # --- (1) the environment, a crash, a quarantine ----------------------------------------------
 mkdir -p "$work/l1"
@@ -54,6 +54,8 @@ st=$?
   || bad "exit $st: $(grep 'rk run' "$work/l1.out" | tail -4)"
 grep -q "launcher local (--launcher)" "$work/l1.out" && ok "the first line says the launcher" \
   || bad "no launcher line: $(head -2 "$work/l1.out")"
+grep "launcher local (--launcher)" "$work/l1.out" | grep -q "OMP_NUM_THREADS=1 for each of the 2 ranks sharing this host" \
+  && ok "... and that the ranks get OMP_NUM_THREADS=1" || bad "no OMP_NUM_THREADS in: $(head -1 "$work/l1.out")"
 it_count python3 - "$work/l1" "$work/l1.ev" <<'PY'
 import json, sys
 d, evf = sys.argv[1], sys.argv[2]
@@ -78,6 +80,9 @@ check(all(env(l, r)["CUDA_VISIBLE_DEVICES"] == env(l, r)["RK_DEVICES"] for l in 
           for r in (0, 1)), "CUDA_VISIBLE_DEVICES = RK_DEVICES")
 check([env(l, 1)["TORCHELASTIC_RESTART_COUNT"] for l in (0, 1, 2)] == ["0", "1", "2"],
       "TORCHELASTIC_RESTART_COUNT = RK_LAUNCH")
+check(all(env(l, r).get("OMP_NUM_THREADS") == "1" for l in (0, 1, 2) for r in (0, 1)),
+      "OMP_NUM_THREADS=1 for 2 ranks on one host (as torchrun), in every launch: "
+      f"{[env(l, 0).get('OMP_NUM_THREADS') for l in (0, 1, 2)]}")
 ev = [json.loads(l) for l in open(evf)]
 crash = [e for e in ev if e["kind"] == "crash"]
 check(len(crash) == 2 and all(e["rank"] == 1 and e["device"] == "2" for e in crash),
@@ -326,13 +331,14 @@ st=$?
 
 # --- (10) MASTER_ADDR and MASTER_PORT the user set are kept -----------------------------------
 mkdir -p "$work/ma"
-MASTER_ADDR=10.1.2.3 MASTER_PORT=23456 timeout 60 "$RK" run -n 2 --launcher local --health off \
+MASTER_ADDR=10.1.2.3 MASTER_PORT=23456 OMP_NUM_THREADS=3 timeout 60 "$RK" run -n 2 --launcher local --health off \
   --quiet -- "${w[@]}" --log "$work/ma" --steps 2 >"$work/ma.out" 2>&1
 st=$?
 [[ $st == 0 && $(json "$work/ma/env.0.1.json" MASTER_ADDR) == 10.1.2.3 \
-  && $(json "$work/ma/env.0.1.json" MASTER_PORT) == 23456 ]] \
+  && $(json "$work/ma/env.0.1.json" MASTER_PORT) == 23456 && $(json "$work/ma/env.0.1.json" OMP_NUM_THREADS) == 3 ]] \
   && grep "launcher local" "$work/ma.out" | grep -q "kept from the environment: MASTER_ADDR=10.1.2.3 MASTER_PORT=23456" \
-  && ok "the user's MASTER_ADDR and MASTER_PORT are kept, and said so" \
+  && ! grep -q "OMP_NUM_THREADS=1" "$work/ma.out" \
+  && ok "the user's MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS are kept, and said so" \
   || bad "MASTER_ADDR kept: exit $st: $(head -1 "$work/ma.out")"
 
 # --- (11) a plain script that never says hello ------------------------------------------------

@@ -94,6 +94,16 @@ static int sup_may_span_hosts(const rk_sup_opts *o)
     return o->launcher == RK_LAUNCH_SRUN || rk_launch_names_hosts(o->launcher_args);
 }
 
+/* OMP_NUM_THREADS=1 for the ranks when several of them share this host's CPUs and the user
+ * did not choose (as torchrun does for more than one process a node): each rank's OpenMP and
+ * OpenBLAS would otherwise take every CPU, and the same script would round differently (and
+ * run slower) under rk run than under torchrun. Decided once for the job (a shrink keeps it,
+ * so a relaunch computes as the launch before it did). */
+static int omp_one(const rk_sup_opts *o)
+{
+    return o->n > 1 && !o->hosts && !sup_may_span_hosts(o) && !getenv("OMP_NUM_THREADS");
+}
+
 /* ---- one launch ---------------------------------------------------------------------------- */
 
 static int open_socket(sup *s, rk_err *err)
@@ -194,6 +204,8 @@ static int start_launch(sup *s, rk_err *err)
         env[e++] = env_cvd;
     if (!getenv("CUDA_DEVICE_ORDER")) /* CUDA's numbering is then NVML's, the device ids' */
         env[e++] = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
+    if (omp_one(s->o))
+        env[e++] = "OMP_NUM_THREADS=1";
     snprintf(env_restart, sizeof env_restart, "TORCHELASTIC_RESTART_COUNT=%d", s->launch_no);
     env[e++] = env_restart;
     snprintf(env_stack, sizeof env_stack, "RK_STACK_DIR=%s", s->stack_dir);
@@ -638,6 +650,11 @@ void rk_sup_run(const rk_sup_opts *o, rk_sup_report *rep)
                  ma ? " MASTER_ADDR=" : "", ma ? ma : "", mp ? " MASTER_PORT=" : "", mp ? mp : "");
     else
         master[0] = '\0';
+    if (omp_one(o))
+        snprintf(master + strlen(master), sizeof master - strlen(master),
+                 "; OMP_NUM_THREADS=1 for each of the %d ranks sharing this host (as torchrun; "
+                 "set it to choose)",
+                 o->n);
     /* across hosts with mpirun: its --host is each launch's (shown as HOSTS here); with srun
      * its placement (SLURM_HOSTFILE: a rank's node a line) and the nodes it leaves out */
     int cl_mpi = o->hosts && (o->launcher == RK_LAUNCH_MPIRUN || o->launcher == RK_LAUNCH_SRUN);
