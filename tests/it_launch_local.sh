@@ -341,6 +341,16 @@ st=$?
   && ok "the user's MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS are kept, and said so" \
   || bad "MASTER_ADDR kept: exit $st: $(head -1 "$work/ma.out")"
 
+# --- (10b) a rank killed after every rank said bye done: the job is finished, no relaunch ----
+mkdir -p "$work/dab"
+timeout 60 "$RK" run -n 2 --launcher local --health off --events "$work/dab.ev" -- "${w[@]}" \
+  --log "$work/dab" --steps 5 --rank 1 --die-after-bye >"$work/dab.out" 2>&1
+st=$?
+[[ $st == 0 && -e $work/dab/bye.0.1 ]] && ! grep -q "relaunch" "$work/dab.out" \
+  && ! grep -q '"kind":"crash"' "$work/dab.ev" && [[ ! -e $work/dab/env.1.0.json ]] \
+  && ok "a rank SIGKILLed after every rank said bye done: finished, not relaunched" \
+  || bad "killed after bye: exit $st: $(grep 'rk run' "$work/dab.out" | tail -3)"
+
 # --- (11) a plain script that never says hello ------------------------------------------------
 timeout 60 "$RK" run -n 2 --launcher local --health off -- python3 -c 'print("plain")' \
   >"$work/plain.out" 2>&1

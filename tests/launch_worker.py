@@ -12,7 +12,9 @@
 # a child process (python3 sleeping, TAG in its argv) that outlives nothing. --hostile-stacks:
 # on SIGUSR1 write a dump, then swap a symlink to --hostile-target in for it. --raise-at STEP:
 # what the Python package does for an exception of the job's code (docs/protocol.md): an
-# exit event of kind "exception" with --raise-detail, then exit 1.
+# exit event of kind "exception" with --raise-detail, then exit 1. --die-after-bye: every
+# rank writes --log/bye.<launch>.<rank> after its bye "done"; rank --rank then waits for all
+# of them and SIGKILLs itself (a process that dies after the job's work was done).
 import argparse, faulthandler, json, os, signal, socket, sys, time
 
 ap = argparse.ArgumentParser()
@@ -30,6 +32,8 @@ ap.add_argument("--hostile-stacks", action="store_true")
 ap.add_argument("--hostile-target", default="/etc/hostname")
 ap.add_argument("--raise-at", type=int)
 ap.add_argument("--raise-detail", default="ValueError: bad value (train.py:12)")
+ap.add_argument("--die-after-bye", action="store_true",
+                help="after its bye done, SIGKILL itself once every rank said bye (needs --log)")
 ap.add_argument("--tag", help="ignored: marks the rank's argv")
 a = ap.parse_args()
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -122,3 +126,11 @@ for step in range(1, steps + 1):
     send(type="comm", rank=rank, step=step - 1)
     send(type="step", rank=rank, step=step, loss=1.0, dt=0.02)
 send(type="bye", rank=rank, step=steps, status="done")
+if a.log and a.die_after_bye:
+    open(os.path.join(a.log, f"bye.{launch}.{rank}"), "w").close()
+    if mine:
+        for _ in range(600):
+            if all(os.path.exists(os.path.join(a.log, f"bye.{launch}.{r}")) for r in range(world)):
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGKILL)

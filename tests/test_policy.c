@@ -138,6 +138,12 @@ static const classify_case k_classify[] = {
     /* finished */
     {"every rank done, exit 0", ALL(3), .done = 3, EXITED(0), .next = RK_SUP_FINISHED,
      .end = RK_SUP_END_FINISHED},
+    /* every rank said bye done, then one was killed (SIGKILL, 137) or the launcher failed:
+     * the work is done, a relaunch would redo nothing (it set off one of about 7 s before) */
+    {"every rank done, then one killed", ALL(2), .done = 2, EXITED(128 + 9), .lost = R(1),
+     .next = RK_SUP_FINISHED, .end = RK_SUP_END_FINISHED},
+    {"every rank done, the launcher exits 1", ALL(4), .done = 4, EXITED(1), .next = RK_SUP_FINISHED,
+     .end = RK_SUP_END_FINISHED},
     {"exit 0 but one rank never said bye done", ALL(3), .done = 2, EXITED(0), .lost = R(1),
      .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
     /* the launcher killed rank 0 after rank 1's announced (injected) crash, and rank 0's end

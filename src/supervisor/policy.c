@@ -112,9 +112,13 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
             "rk run was interrupted");
         return;
     }
-    if (st == 0 && s->ranks > 0 && s->hellos == s->ranks && s->done == s->ranks) {
+    /* every rank said bye done: the work is done (the last checkpoint written), whatever a
+     * rank's process did after it; a relaunch would only redo nothing */
+    if (s->ranks > 0 && s->hellos == s->ranks && s->done == s->ranks) {
         set(v, RK_SUP_FINISHED, RK_SUP_KIND_NONE, -1, 0, RK_SUP_END_FINISHED,
-            "every rank said bye done and exited 0");
+            st == 0 ? "every rank said bye done and exited 0"
+                    : "every rank said bye done (a process then ended with a failure: the "
+                      "job's work was done, nothing to relaunch)");
         return;
     }
     /* a full, read-only or failing disk is nobody's device: stop, count nothing */

@@ -116,7 +116,9 @@ typedef struct rk_sup_verdict {
 
 /* The verdict for a launch that ended with what *s says. Rules, first match:
  *   interrupted                                   -> interrupted
- *   exited 0 and every rank said bye "done"       -> finished
+ *   every rank said bye "done"                    -> finished (whatever the exit status:
+ *                                                    a rank killed after its bye redoes
+ *                                                    nothing when relaunched)
  *   an exit event "storage" or exit status 6      -> stop: storage (never a device's)
  *   exit status 2, or a first exit event "usage"  -> stop: usage
  *   exited 0, no rank said hello, no stop sent,
