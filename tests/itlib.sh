@@ -10,6 +10,7 @@
 #   json FILE KEY     one key of a JSON file
 #   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
 #   start NAME ARGS   rk exporter ARGS in the background until it serves: sets $pid and $addr
+#   it_collected ADDR N  wait until the exporter at ADDR has made N collections
 #   it_nobody_dir [--suid]  make $nobody_dir for steps run as another user (see below)
 #   as_nobody CMD...  run CMD as user nobody, the clone and build tree hidden from it
 RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
@@ -70,6 +71,20 @@ start() {
     addr=$(sed -n 's|.*serving http://\([^/]*\)/metrics.*|\1|p' "$work/$name.out")
     [[ -n $addr ]] && return 0
     kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  return 1
+}
+
+# it_collected ADDR N [SECONDS]: wait (30 s unless told) until the exporter at ADDR reports N
+# collections or more (rk_exporter_collections_total): what a check of re-reads waits for.
+it_collected() {
+  local i n
+  for ((i = 0; i < ${3:-30} * 10; i++)); do
+    n=$(python3 -c "import urllib.request,sys
+for l in urllib.request.urlopen('http://$1/metrics', timeout=5).read().decode().splitlines():
+    if l.startswith('rk_exporter_collections_total '): print(int(float(l.split()[1])))" 2>/dev/null)
+    [[ -n $n ]] && ((n >= $2)) && return 0
     sleep 0.1
   done
   return 1

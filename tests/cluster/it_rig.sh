@@ -312,7 +312,19 @@ rig_spawn "$name" h2 python3 -c \
   'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'
 deaf=$RIG_PID
 rig_spawn "$name" h3 sh -c 'sleep 600 & sleep 600 & wait'
-sleep 0.5
+shp=$RIG_PID
+# until the python ignores SIGTERM (bit 15 of SigIgn) and the sh has forked both sleeps
+ready=
+for ((t = 0; t < 600; t++)); do
+  ign=$(awk '/^SigIgn:/ { print $2 }' "/proc/$deaf/status" 2>/dev/null)
+  kids=$(cat /proc/"$shp"/task/*/children 2>/dev/null | wc -w)
+  if [[ -n $ign ]] && (((16#$ign >> 14) & 1)) && ((kids >= 2)); then
+    ready=1
+    break
+  fi
+  sleep 0.05
+done
+[[ -n $ready ]] || bad "the processes in h2 and h3 were not ready within 30 s (SigIgn '$ign', $kids children)"
 mapfile -t inside < <(for ns in $(_rig_list_ns "$name"); do ip netns pids "$ns"; done)
 t0=$(now)
 rig_down "$name" &&
