@@ -133,7 +133,10 @@ it_nobody_dir() {
 as_nobody() {
   local drop=(setpriv --reuid=65534 --regid=65534 --clear-groups) hide=() trees p q
   # the trees, outermost first, each once: one inside another is covered with it
-  mapfile -t trees < <(for q in "$RK_SRC" "$(dirname "$RK")" "${RK_BUILD:-}" "$RK_TMP"; do
+  # (rk's own directory unless it is a system one: RK=/usr/bin/rk must not hide setpriv)
+  q=$(dirname "$(realpath "$RK")")
+  [[ $q == /usr/* || $q == /bin || $q == /sbin ]] && q=
+  mapfile -t trees < <(for q in "$RK_SRC" "$q" "${RK_BUILD:-}" "$RK_TMP"; do
     [[ -n $q && -d $q ]] && realpath "$q"; done | awk '{ print length($0) "\t" $0 }' | sort -n | cut -f2-)
   for p in "${trees[@]}"; do
     for q in "${hide[@]}"; do [[ $p/ == "$q"/* ]] && continue 2; done
