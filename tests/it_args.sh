@@ -208,13 +208,20 @@ rc=$?
 [[ $rc -eq 2 ]] && grep -q "rsh '/nonexistent/ssh' cannot be run" "$work/logs/err" && ((SECONDS - t0 < 20)) \
   && ok "rk run --hosts with an --rsh that cannot run: exit 2 in $((SECONDS - t0)) s" \
   || bad "--rsh /nonexistent/ssh: exit $rc after $((SECONDS - t0)) s: $(tail -2 "$work/logs/err")"
-# SIGTERM while the agents start (an --rsh that never starts one): interrupted, exit 130
-printf '#!/bin/sh\nexec sleep 60\n' >"$work/hang-rsh"
+# SIGTERM while the agents start (an --rsh that never starts one): interrupted, exit 130. The
+# signal goes once rk run has run the --rsh (it installs its handlers before it starts any
+# agent): the script says so in hang-rsh.started, then hangs.
+# shellcheck disable=SC2016 # the script's own $0
+printf '#!/bin/sh\n: >"$0.started"\nexec sleep 60\n' >"$work/hang-rsh"
 chmod +x "$work/hang-rsh"
 (cd "$W" && exec "$RK" "${LH[@]}" --rsh "$work/hang-rsh" -- true </dev/null >"$work/logs/out" 2>"$work/logs/err") &
 sup=$!
 pids+=("$sup")
-sleep 1
+for ((i = 0; i < 600; i++)); do
+  [[ -e $work/hang-rsh.started ]] || ! kill -0 "$sup" 2>/dev/null && break
+  sleep 0.05
+done
+[[ -e $work/hang-rsh.started ]] || bad "rk run did not run its --rsh within 30 s: $(tail -2 "$work/logs/err")"
 kill -TERM "$sup"
 wait "$sup"
 rc=$?

@@ -15,9 +15,9 @@ set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_need_data
 it_init it_ckpt_store
-chmod 755 "$work" # the unreadable-checkpoint part runs as nobody
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 2000 200 || { bad "make subset"; exit 1; }
-train=("$RK" train --model mlp --epochs 20 --no-eval --data "$work/sub" --threads 1 --seed 3)
+targs=(--model mlp --epochs 20 --no-eval --threads 1 --seed 3)
+train=("$RK" train "${targs[@]}" --data "$work/sub")
 mk=(python3 "$RK_SRC/tests/ckpt_mk.py")
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 
@@ -91,44 +91,56 @@ else
 fi
 
 # --- a checkpoint that exists but cannot be read is an error, never "none yet" ---
-"${train[@]}" --max-steps 40 --ckpt-every 20 --ckpt-dir "$work/unr" >/dev/null 2>&1 &&
-  "${train[@]}" --max-steps 20 --ckpt-every 20 --ckpt-dir "$work/unr1" >/dev/null 2>&1 ||
-  bad "runs for the unreadable checks"
-asuser=()
-if [[ $(id -u) -eq 0 ]]; then
-  asuser=(setpriv --reuid=65534 --regid=65534 --clear-groups)
-  chown -R 65534:65534 "$work/unr" "$work/unr1"
+# As root the checks run as nobody (permissions apply to it), everything they use in
+# $nobody_dir (itlib.sh): a copy of rk, the data, the stores; else as this user, in $work.
+u=$work urk=$RK asuser=()
+if [[ $(id -u) -ne 0 ]]; then :
+elif it_nobody_dir; then
+  u=$nobody_dir urk=$nobody_dir/rk asuser=(as_nobody)
+  cp "$RK" "$urk" && cp -r "$work/sub" "$u/sub" && chmod -R a+rX "$u" || bad "copies for nobody"
+else
+  u=
 fi
-chmod 000 "$work/unr/ckpt-000000000040.safetensors" "$work/unr1/ckpt-000000000020.safetensors"
-if "${asuser[@]}" true 2>/dev/null && ! "${asuser[@]}" cat "$work/unr/ckpt-000000000040.safetensors" >/dev/null 2>&1 &&
-   "${asuser[@]}" "$RK" --help >/dev/null 2>&1; then
-  before=$(state "$work/unr")
-  "${asuser[@]}" "${train[@]}" --max-steps 60 --ckpt-every 20 --ckpt-dir "$work/unr" --resume >"$work/u.log" 2>&1
+if [[ -n $u ]]; then
+  utrain=("$urk" train "${targs[@]}" --data "$u/sub")
+  "${utrain[@]}" --max-steps 40 --ckpt-every 20 --ckpt-dir "$u/unr" >/dev/null 2>&1 &&
+    "${utrain[@]}" --max-steps 20 --ckpt-every 20 --ckpt-dir "$u/unr1" >/dev/null 2>&1 ||
+    bad "runs for the unreadable checks"
+  if [[ $(id -u) -eq 0 ]]; then chown -R 65534:65534 "$u/unr" "$u/unr1"; fi
+  chmod 000 "$u/unr/ckpt-000000000040.safetensors" "$u/unr1/ckpt-000000000020.safetensors"
+fi
+who=$( ((${#asuser[@]})) && echo nobody || id -un)
+if [[ -z $u ]]; then :
+elif "${asuser[@]}" cat "$u/unr/ckpt-000000000040.safetensors" >/dev/null 2>&1; then
+  echo "skip - permissions do not apply to $who here (it reads a mode 000 file): unreadable checkpoints not tested"
+elif ! "${asuser[@]}" "$urk" --help >"$work/uh.out" 2>&1; then
+  bad "$who cannot run $urk: $(head -c 300 "$work/uh.out")"
+else
+  before=$(state "$u/unr")
+  "${asuser[@]}" "${utrain[@]}" --max-steps 60 --ckpt-every 20 --ckpt-dir "$u/unr" --resume >"$work/u.log" 2>&1
   rc=$?
   [[ $rc -ne 0 ]] && grep -q "ckpt-000000000040.safetensors.*Permission denied" "$work/u.log" &&
     ! grep -q "resuming from" "$work/u.log" &&
     ok "--resume with an unreadable newest checkpoint refuses to start (exit $rc): $(grep -m1 -o 'ckpt-000000000040.*denied' "$work/u.log")" ||
     bad "unreadable newest: exit $rc $(tail -3 "$work/u.log")"
-  [[ "$(cat "$work/unr/latest")" == "ckpt-000000000040.safetensors" && "$(state "$work/unr")" == "$before" ]] &&
-    ok "latest and every checkpoint are as they were" || bad "the directory changed: $(ls "$work/unr" | tr '\n' ' ')"
-  "${asuser[@]}" "$RK" ckpt verify "$work/unr" >"$work/uv.out" 2>"$work/uv.err"
+  [[ "$(cat "$u/unr/latest")" == "ckpt-000000000040.safetensors" && "$(state "$u/unr")" == "$before" ]] &&
+    ok "latest and every checkpoint are as they were" || bad "the directory changed: $(ls "$u/unr" | tr '\n' ' ')"
+  "${asuser[@]}" "$urk" ckpt verify "$u/unr" >"$work/uv.out" 2>"$work/uv.err"
   rc=$?
   [[ $rc -eq 1 ]] && grep -q "a resume would stop: .*ckpt-000000000040.*Permission denied" "$work/uv.err" &&
     ok "rk ckpt verify: exit 1, a resume would stop (no fallback past it)" ||
     bad "verify of an unreadable latest: exit $rc $(cat "$work/uv.err")"
-  "${asuser[@]}" "$RK" ckpt ls "$work/unr" >"$work/ul.out" 2>&1
+  "${asuser[@]}" "$urk" ckpt ls "$u/unr" >"$work/ul.out" 2>&1
   grep -q "ckpt-000000000040.safetensors .*UNREADABLE: .*Permission denied" "$work/ul.out" &&
     ok "rk ckpt ls marks it UNREADABLE" || bad "ls of an unreadable checkpoint: $(cat "$work/ul.out")"
   for mode in --resume ""; do
-    "${asuser[@]}" "${train[@]}" --max-steps 40 --ckpt-dir "$work/unr1" $mode >"$work/u1.log" 2>&1
+    "${asuser[@]}" "${utrain[@]}" --max-steps 40 --ckpt-dir "$u/unr1" $mode >"$work/u1.log" 2>&1
     rc=$?
     [[ $rc -ne 0 ]] && grep -q "Permission denied" "$work/u1.log" && ! grep -q "starting from step 0" "$work/u1.log" &&
-      [[ ! -e "$work/unr1/ckpt-000000000040.safetensors" ]] &&
+      [[ ! -e "$u/unr1/ckpt-000000000040.safetensors" ]] &&
       ok "the only checkpoint unreadable, ${mode:-fresh start}: refused (exit $rc), not 'none yet'" ||
       bad "only checkpoint unreadable ${mode:-fresh}: exit $rc $(tail -3 "$work/u1.log")"
   done
-else
-  echo "skip - cannot run as a user that permissions apply to (setpriv as nobody): unreadable checkpoints not tested"
 fi
 
 # --- non-finite weights: --resume falls back, --init refuses ---

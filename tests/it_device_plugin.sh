@@ -150,6 +150,9 @@ gpid=$!
 pids+=("$gpid")
 for _ in $(seq 1 50); do [[ -S $gone/rekindle.sock ]] && break; sleep 0.1; done
 rm -rf "$gone"
+# once it has said so, two more of its binds (one a second) fail while the directory is gone:
+# none may say it again
+for _ in $(seq 1 300); do grep -q "the directory $gone is gone" "$work/gone.log" && break; sleep 0.1; done
 sleep 2.5
 mkdir "$gone"
 for _ in $(seq 1 50); do [[ -S $gone/rekindle.sock ]] && break; sleep 0.1; done

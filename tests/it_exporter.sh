@@ -220,8 +220,18 @@ def garbage(out):
     open(out, "wb").write(body)
     check(st == 200, "serving after the garbage")
 
+def healthz_until(want, seconds=30):
+    """/healthz until it answers `want` (at most `seconds`): the last answer."""
+    end = time.time() + seconds
+    while True:
+        st, h, body = req("GET", "/healthz")
+        if st == want or time.time() > end:
+            return st, h, body
+        time.sleep(0.1)
+
 def unhealthy(out):
-    st, h, body = req("GET", "/healthz")
+    # 503 once no collection has succeeded for 3 intervals
+    st, h, body = healthz_until(503)
     open(out, "wb").write(req("GET", "/metrics")[2])
     print("# /healthz said: %d %r" % (st, body))
     check(st == 503 and b"bad.prom" in body, "/healthz 503 naming the malformed textfile")
@@ -229,11 +239,18 @@ def unhealthy(out):
     check(metric(text, "rk_exporter_collection_errors_total")[0] >= 1, "collection errors counted")
 
 def healthy(out):
-    st, h, body = req("GET", "/healthz")
-    check(st == 200 and body == b"ok\n", "/healthz ok again once the textfile is mended: %d %r" % (st, body[:100]))
-    body = req("GET", "/metrics")[2]
+    # until a collection has read the good file (one between the removal of the bad file and
+    # the good one's arrival is healthy too, without the ripple): at most 30 s
+    end = time.time() + 30
+    while True:
+        st, h, hbody = req("GET", "/healthz")
+        body = req("GET", "/metrics")[2]
+        v = [l for l in body.decode().splitlines() if l.startswith('rk_gpu_vrm_ripple_volts{gpu="0"')]
+        if (st == 200 and v) or time.time() > end:
+            break
+        time.sleep(0.1)
+    check(st == 200 and hbody == b"ok\n", "/healthz ok again once the textfile is mended: %d %r" % (st, hbody[:100]))
     open(out, "wb").write(body)
-    v = [l for l in body.decode().splitlines() if l.startswith('rk_gpu_vrm_ripple_volts{gpu="0"')]
     check(len(v) == 1 and abs(float(v[0].rsplit(" ", 1)[1]) - 0.0555) < 1e-12,
           "a textfile's 0.0555 V ripple (rk_sensor_vrm_ripple_volts) is served as 0.0555 V: %s" % v)
 
@@ -264,13 +281,11 @@ mkdir -p "$work/tf"
 printf 'rk_sensor_vrm_ripple_volts{gpu="0"} 0.0555 garbage here\n' >"$work/tf/bad.prom"
 if start tf --sim 2 --interval 1s --listen 127.0.0.1:0 --textfile-dir "$work/tf"; then
   tf_pid=$pid tf_addr=$addr
-  sleep 3.5 # more than 3 intervals
   run_py unhealthy "$tf_addr" "$work/m3.txt"
   promcheck "$work/m3.txt" "with a malformed textfile"
   rm -f "$work/tf/bad.prom"
   printf '# TYPE rk_sensor_vrm_ripple_volts gauge\nrk_sensor_vrm_ripple_volts{gpu="0"} 0.0555\n' \
-    >"$work/tf/good.prom"
-  sleep 2.5
+    >"$work/tf/good.prom.tmp" && mv "$work/tf/good.prom.tmp" "$work/tf/good.prom"
   run_py healthy "$tf_addr" "$work/m4.txt"
   promcheck "$work/m4.txt" "with a textfile"
   stop "$tf_pid" INT

@@ -139,7 +139,8 @@ if wait_for "[[ -s $work/slow.pid && -n \"\$(job_procs $work/slow.token)\" ]]" 6
     kill -9 "$p"
   done
   wait "$sup"; st=$?
-  sleep 1
+  # the rank sleeps 600 s ignoring SIGTERM: still there 10 s after rk run ended, teardown missed it
+  wait_for "[[ -z \"\$(job_procs $work/slow.token)\" ]]" 10
   left=$(job_procs "$work/slow.token")
   [[ $st == 1 && -z $left ]] && ok "teardown killed the rank that never said hello (rk run exit $st)" \
     || bad "rank without hello: rk run exit $st, left: $left: $(grep 'rk run' "$work/slow.out" | tail -2)"
@@ -149,10 +150,11 @@ else
 fi
 
 # --- (4) a stranger's hello, (5) a flood: before the ranks say hello ----------------------------
-# each rank writes RK_HEARTBEAT to a file, then waits 4 s before it starts
+# each rank writes RK_HEARTBEAT to a file, then starts once the test says go (its stranger's
+# hello or flood sent; 100 s at most, within --startup-timeout)
 cat >"$work/late_rank.sh" <<EOF
 echo "\$RK_HEARTBEAT" >"$work/sock.\$RANK"
-sleep 4
+for i in \$(seq 1000); do [ -e "$work/go" ] && break; sleep 0.1; done
 exec python3 "$pyw" --steps 100 --sleep 0.01 --result "$work/late.\$RANK.json"
 EOF
 cat >"$work/stranger.py" <<'PY'
@@ -184,13 +186,14 @@ for i in range(300):  # many connections, one bad line each
 for i in range(3000):  # connect/close cycles
     conn().close()
 idle = [conn() for i in range(100)]  # open, silent: closed by rk run after a few seconds
+print("flood sent", flush=True)
 time.sleep(7)
 print("flood done", flush=True)
 PY
-# late_job NAME: 2 ranks that start 4 s after rk run; socket path in $sock, rk run's pid in
-# $sup, output in NAME.out
+# late_job NAME: 2 ranks that start once $work/go exists; socket path in $sock, rk run's pid
+# in $sup, output in NAME.out
 late_job() {
-  rm -f "$work"/sock.*
+  rm -f "$work"/sock.* "$work/go"
   "$RK" run -n 2 --quiet --startup-timeout 120 --max-restarts 0 -- bash "$work/late_rank.sh" \
     >"$work/$1.out" 2>&1 &
   sup=$!
@@ -207,6 +210,7 @@ if [[ -n $sock ]]; then
   [[ $perm_s == 600 && $perm_d == 700 ]] && ok "socket $perm_s in a directory $perm_d" \
     || bad "socket mode $perm_s, directory $perm_d"
   python3 "$work/stranger.py" "$sock" "$victim" hello >"$work/stranger.out" 2>&1
+  touch "$work/go"
   wait "$sup"; st=$?
   [[ $st == 0 && -s $work/late.0.json && -s $work/late.1.json ]] \
     && ok "the job finishes (exit 0) after a stranger's hello for rank 0" \
@@ -224,6 +228,8 @@ if [[ -n $sock ]]; then
   python3 "$work/stranger.py" "$sock" 0 flood >"$work/flood.log" 2>&1 &
   flood=$!
   pids+=("$flood")
+  wait_for "grep -q 'flood sent' $work/flood.log" 120 || bad "the flood was not sent within 120 s"
+  touch "$work/go"
   wait "$sup"; st=$?
   wait "$flood"
   [[ $st == 0 && -s $work/late.0.json && -s $work/late.1.json ]] \
@@ -250,12 +256,12 @@ fi
 # one node: every listener of the job's processes (mpirun's out-of-band and PMIx ones) on
 # loopback, seen by `ss`; with --host, the interface list is left to Open MPI
 if command -v ss >/dev/null; then
-  "$RK" run -n 2 --launcher mpirun --quiet -- python3 "$pyw" --steps 100000 --sleep 0.01 --result "$work/ss.token" \
+  "$RK" run -n 2 --launcher mpirun --quiet -- python3 "$pyw" --steps 100000 --sleep 0.01 --result "$work/ss.token" --pid-file "$work/ss.pid" \
     >"$work/ss.out" 2>&1 &
   sup=$!
   pids+=("$sup")
-  wait_for "[[ -n \"\$(ss -ltnp | grep -E 'pid=('\$(job_procs $work/ss.token | tr ' ' '|' | sed 's/|$//')'),')\" ]]" 60
-  sleep 1
+  # a rank has started (its pid file): mpirun's listeners are all open by then
+  wait_for "[[ -s $work/ss.pid ]]" 60
   mine=$(job_procs "$work/ss.token" | tr ' ' '|' | sed 's/|$//')
   ss -ltnp | grep -E "pid=($mine)," >"$work/ss.txt"
   kill -TERM "$sup"

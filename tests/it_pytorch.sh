@@ -86,8 +86,8 @@ ls ck | grep -q "ckpt-000000000100.safetensors.bad-" && ok "the corrupt file was
   >stop.log 2>&1 &
 sup=$!
 pids+=("$sup")
-for ((i = 0; i < 600; i++)); do grep -q "global batch" stop.log && break; sleep 0.05; done
-sleep 0.5
+# rank 0 says the global batch once its first step is done (both ranks said hello before it)
+for ((i = 0; i < 1200; i++)); do grep -q "global batch" stop.log && break; sleep 0.05; done
 kill -INT "$sup"
 wait "$sup"
 st=$?

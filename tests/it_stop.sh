@@ -56,7 +56,8 @@ deaf_case() {
   if ! wait_for "[[ -e $d/hello.0 && -e $d/hello.1 ]]" 60; then
     bad "$name: the ranks did not say hello within 60 s: $(tail -3 "$d/out")"; return
   fi
-  sleep 0.5
+  # (the grace runs from the signal, whether or not rk run has read the hellos yet: a rank
+  # that says hello after the stop went out gets it at once)
   local t0; t0=$(date +%s%N)
   kill -TERM "$sup"
   if ! wait_for "! kill -0 $sup 2>/dev/null" 10; then

@@ -59,16 +59,32 @@ wait_for() {
   done
   return 1
 }
-# wait_end NAME: until the command has exited (300 s at most), and tmux has passed on its
-# last output.
+# synced NAME: until tmux has taken in all that was written to the pane so far, and passed it
+# on to NAME.raw (30 s at most): a title set through the pane's terminal after it (OSC 2,
+# ESC ] 2 ; rk-sync-N ESC \) shows in #{pane_title} and has reached NAME.raw.
+synced() {
+  local tty mark=rk-sync-$RANDOM$RANDOM
+  tty=$(tmx display -p -t "$1" '#{pane_tty}') || return 1
+  # shellcheck disable=SC1003 # ESC \ ends the OSC
+  printf '\033]2;%s\033\\' "$mark" >"$tty" || return 1
+  for _ in $(seq 600); do
+    [[ $(tmx display -p -t "$1" '#{pane_title}') == "$mark" ]] && grep -qF "$mark" "$work/$1.raw" &&
+      return 0
+    sleep 0.05
+  done
+  return 1
+}
+# wait_end NAME: until the command has exited (300 s at most), and tmux has taken in its last
+# output.
 wait_end() {
-  for _ in $(seq 3000); do [[ -s $work/$1.rc ]] && sleep 0.5 && return 0; sleep 0.1; done
+  for _ in $(seq 3000); do [[ -s $work/$1.rc ]] && { synced "$1"; return; }; sleep 0.1; done
   return 1
 }
 # widest FILE: the longest line's length in characters.
 widest() { python3 -c 'import sys; print(max([len(l.rstrip("\n")) for l in open(sys.argv[1], encoding="utf-8")] + [0]))' "$1"; }
-# no_ctl FILE: no "\r" but in "\r\n" (the terminal's own newline) and no escape byte.
-no_ctl() { python3 -c 'import sys; d=open(sys.argv[1],"rb").read().replace(b"\r\n",b"\n"); sys.exit(b"\r" in d or b"\x1b" in d)' "$1"; }
+# no_ctl FILE: no "\r" but in "\r\n" (the terminal's own newline) and no escape byte (but the
+# titles synced wrote).
+no_ctl() { python3 -c 'import re,sys; d=open(sys.argv[1],"rb").read().replace(b"\r\n",b"\n"); d=re.sub(rb"\x1b\]2;rk-sync-[0-9]+\x1b\\",b"",d); sys.exit(b"\r" in d or b"\x1b" in d)' "$1"; }
 # redraws FILE: the raw output has "\r" ... "\033[K" redraws.
 redraws() { python3 -c 'import sys,re; d=open(sys.argv[1],"rb").read(); sys.exit(len(re.findall(rb"\r[^\r\n]*\x1b\[K", d)) < 2)' "$1"; }
 
@@ -84,7 +100,7 @@ live() {
   pid=$(cat "$work/$name.pid")
   if wait_for "$name" "$bar"; then
     kill -STOP "$pid"
-    sleep 0.3 # tmux takes in what was written before the stop
+    synced "$name" || bad "$name: tmux did not take in the pane's output within 30 s"
     capture "$name" "$work/$name.live"
     kill -CONT "$pid"
     local w n line

@@ -52,7 +52,8 @@ scrape() { python3 -c "import urllib.request,sys; sys.stdout.write(urllib.reques
 series() { grep -E "^$1\{gpu=\"0\"[^}]*$2[^}]*\} " "$3" | awk '{print $NF}'; }
 
 if start e1 --listen 127.0.0.1:0 --interval 200ms; then
-  sleep 1 # several collections: the file is re-read each time, nothing counted twice
+  # several collections: the file is re-read each time, nothing counted twice
+  it_collected "$addr" 5 || bad "exporter: fewer than 5 collections in 30 s"
   scrape "$addr" >"$work/m1" 2>&1
   [[ $(series rk_gpu_xid_errors_total 'xid="79"' "$work/m1") == 2 &&
      $(series rk_gpu_xid_errors_total 'xid="48"' "$work/m1") == 1 &&
@@ -113,7 +114,7 @@ then ok "burn: --json matches docs/doctor-json.md"; else bad "schema: $(head -5 
 grep -q "burn FAULTY, 2025-12-02 07:20 UTC" "$work/b.txt" && ok "the table shows the burn: FAULTY and when" \
   || bad "table burn: $(cat "$work/b.txt")"
 if start e2 --listen 127.0.0.1:0 --interval 200ms; then
-  sleep 0.5
+  it_collected "$addr" 2 || bad "exporter: fewer than 2 collections in 30 s"
   scrape "$addr" >"$work/m2" 2>&1
   [[ $(series rk_gpu_burn_ok '' "$work/m2") == 0 &&
      $(series rk_gpu_burn_timestamp_seconds '' "$work/m2") == 1764660000.25 ]] \

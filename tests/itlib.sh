@@ -10,6 +10,9 @@
 #   json FILE KEY     one key of a JSON file
 #   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
 #   start NAME ARGS   rk exporter ARGS in the background until it serves: sets $pid and $addr
+#   it_collected ADDR N  wait until the exporter at ADDR has made N collections
+#   it_nobody_dir [--suid]  make $nobody_dir for steps run as another user (see below)
+#   as_nobody CMD...  run CMD as user nobody, the clone and build tree hidden from it
 RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
 DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 pass=0 fail=0
@@ -71,6 +74,83 @@ start() {
     sleep 0.1
   done
   return 1
+}
+
+# it_collected ADDR N [SECONDS]: wait (30 s unless told) until the exporter at ADDR reports N
+# collections or more (rk_exporter_collections_total): what a check of re-reads waits for.
+it_collected() {
+  local i n
+  for ((i = 0; i < ${3:-30} * 10; i++)); do
+    n=$(python3 -c "import urllib.request,sys
+for l in urllib.request.urlopen('http://$1/metrics', timeout=5).read().decode().splitlines():
+    if l.startswith('rk_exporter_collections_total '): print(int(float(l.split()[1])))" 2>/dev/null)
+    [[ -n $n ]] && ((n >= $2)) && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# A step run as another user (nobody, uid and gid 65534, through setpriv) cannot reach the
+# clone when it lies under a 0700 home (/root, a private $HOME): everything such a step
+# executes or reads (a copy of rk, a set-user-ID copy, scripts, data) goes in $nobody_dir.
+#
+# it_nobody_dir [--suid]: make $nobody_dir, a fresh directory (0755, removed on exit) under
+# $TMPDIR or /tmp (else /var/tmp, /dev/shm) that nobody can reach; with --suid on a
+# filesystem mounted without nosuid. Status 1 with a "skip - ..." line saying why when it
+# cannot: not root, no setpriv, no such directory.
+it_nobody_dir() {
+  local d base
+  nobody_dir=
+  if [[ $(id -u) != 0 ]] || ! command -v setpriv >/dev/null; then
+    echo "skip - a step as another user needs root and setpriv (util-linux)"
+    return 1
+  fi
+  for base in "${TMPDIR:-/tmp}" /tmp /var/tmp /dev/shm; do
+    [[ -d $base ]] || continue
+    if [[ ${1-} == --suid ]] && findmnt -n -o OPTIONS --target "$base" 2>/dev/null | grep -qw nosuid; then
+      continue
+    fi
+    d=$(mktemp -d "$base/rk-nobody.XXXXXX") || continue
+    atexit+=("rm -rf $(printf %q "$d")")
+    chmod 0755 "$d"
+    if setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$d" 2>/dev/null; then
+      nobody_dir=$d
+      unshare -m true 2>/dev/null ||
+        echo "# unshare -m is not permitted here: as_nobody runs without hiding the clone"
+      return 0
+    fi
+  done
+  echo "skip - no directory that user nobody can reach${1:+ on a filesystem that honours set-user-ID}" \
+    "(tried \$TMPDIR, /tmp, /var/tmp, /dev/shm)"
+  return 1
+}
+
+# as_nobody CMD...: run CMD as nobody in $nobody_dir. In a mount namespace of its own (where
+# unshare -m works) an empty 0700 directory covers the source tree, the build tree and $RK_TMP,
+# as a 0700 home covers a clone: a step that still reaches into them fails in every checkout,
+# not only in a newcomer's. (setpriv keeps its capabilities until it executes CMD, so even a
+# CMD inside a 0700 directory starts; what it then opens there is refused.)
+as_nobody() {
+  local drop=(setpriv --reuid=65534 --regid=65534 --clear-groups) hide=() trees p q
+  # the trees, outermost first, each once: one inside another is covered with it
+  # (rk's own directory unless it is a system one: RK=/usr/bin/rk must not hide setpriv)
+  q=$(dirname "$(realpath "$RK")")
+  [[ $q == /usr/* || $q == /bin || $q == /sbin ]] && q=
+  mapfile -t trees < <(for q in "$RK_SRC" "$q" "${RK_BUILD:-}" "$RK_TMP"; do
+    [[ -n $q && -d $q ]] && realpath "$q"; done | awk '{ print length($0) "\t" $0 }' | sort -n | cut -f2-)
+  for p in "${trees[@]}"; do
+    for q in "${hide[@]}"; do [[ $p/ == "$q"/* ]] && continue 2; done
+    # never over $nobody_dir itself (RK_TMP=/tmp), nor over /
+    [[ $p != / && $(realpath "$nobody_dir")/ != "$p"/* ]] && hide+=("$p")
+  done
+  if ((${#hide[@]})) && unshare -m true 2>/dev/null; then # else said by it_nobody_dir
+    (cd "$nobody_dir" && exec unshare -m --propagation private -- bash -c \
+      'n=$1; shift; for p in "${@:1:n}"; do mount -t tmpfs -o mode=0700,size=4k rk-hidden "$p" || exit 125; done
+       shift "$n"; exec "$@"' \
+      as_nobody "${#hide[@]}" "${hide[@]}" "${drop[@]}" "$@")
+  else
+    (cd "$nobody_dir" && exec "${drop[@]}" "$@")
+  fi
 }
 
 it_finish() {

@@ -62,8 +62,12 @@ for args in "" "up" "up $name-x" "up bad/name 2" "up x 0" "up x 251" "up -x 2" "
     bad "rig $args: exit $rc (want 2), stderr '$(head -c 200 "$work/err")'"
   fi
 done
-if command -v setpriv >/dev/null; then
-  setpriv --reuid=65534 --regid=65534 --clear-groups "$R" up "$name-u" 2 >"$work/out" 2>&1
+# not root: nobody runs a copy of the rig in $nobody_dir (itlib.sh; a clone under a 0700 home
+# is out of its reach)
+# shellcheck disable=SC2119 # no --suid
+if it_nobody_dir; then
+  cp "$here/rig" "$here/net.sh" "$nobody_dir/" && chmod 0755 "$nobody_dir/rig"
+  as_nobody "$nobody_dir/rig" up "$name-u" 2 >"$work/out" 2>&1
   rc=$?
   if [[ $rc == 77 ]] && grep -q '^SKIP: .*root' "$work/out"; then
     ok "not root: rig up exits 77 with '$(head -1 "$work/out")'"
@@ -308,7 +312,19 @@ rig_spawn "$name" h2 python3 -c \
   'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'
 deaf=$RIG_PID
 rig_spawn "$name" h3 sh -c 'sleep 600 & sleep 600 & wait'
-sleep 0.5
+shp=$RIG_PID
+# until the python ignores SIGTERM (bit 15 of SigIgn) and the sh has forked both sleeps
+ready=
+for ((t = 0; t < 600; t++)); do
+  ign=$(awk '/^SigIgn:/ { print $2 }' "/proc/$deaf/status" 2>/dev/null)
+  kids=$(cat /proc/"$shp"/task/*/children 2>/dev/null | wc -w)
+  if [[ -n $ign ]] && (((16#$ign >> 14) & 1)) && ((kids >= 2)); then
+    ready=1
+    break
+  fi
+  sleep 0.05
+done
+[[ -n $ready ]] || bad "the processes in h2 and h3 were not ready within 30 s (SigIgn '$ign', $kids children)"
 mapfile -t inside < <(for ns in $(_rig_list_ns "$name"); do ip netns pids "$ns"; done)
 t0=$(now)
 rig_down "$name" &&
