@@ -4,7 +4,7 @@
  * and loss.log (read when steps.jsonl is empty). Every line goes through the record and event
  * parsers (a record that parses must format and parse back as the same type and step), then the
  * whole through the page renderer, whose output must hold no markup the input brought (no
- * "<script").
+ * "<script") and no control character but the newline.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -77,6 +77,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rk_report_render(&in, &html, &len, &st, &err) == RK_OK) {
         if (!html || strlen(html) != len || strstr(html, "<script") || strstr(html, "<img"))
             abort();
+        for (size_t i = 0; i < len; i++) { /* C0 but the newline, DEL, C1 (UTF-8 C2 80..9F) */
+            unsigned char c = (unsigned char)html[i], c1 = (unsigned char)html[i + 1];
+            if ((c < 0x20 && c != '\n') || c == 0x7f || (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f))
+                abort();
+        }
         free(html);
     }
     return 0;

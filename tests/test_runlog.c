@@ -4,7 +4,8 @@
  * refused naming the field; the thinning keeps every record at first and never more than its
  * bound; the ledger writes launches, steps, checkpoints, gate readings and each incident's
  * step; the page has one incident marker per incident, escapes markup from the files, names
- * a bad line by file and number, and leaves out a torn last line.
+ * a bad line by file and number, and leaves out a torn last line; device ids reach the page
+ * cleaned of control characters.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -353,6 +354,39 @@ static void test_report_reads_train_loss_log(void **state)
     }
 }
 
+/* Device ids from steps.jsonl and gate.jsonl reach the page cleaned, as every string does. */
+static void test_report_cleans_device_ids(void **state)
+{
+    (void)state;
+    const char *steps =
+        "{\"type\":\"launch\",\"t\":0,\"launch\":0,\"devices\":[\"\\u001b[31mred\",\"b\\u0007\","
+        "\"\\u009b2J\"]}\n";
+    const char *gate = "{\"type\":\"gate\",\"t\":1,\"device\":\"\\u001b]0;x\\u0007\",\"score\":50,"
+                       "\"temperature_c\":50,\"lost\":false,\"simulated\":true,"
+                       "\"threshold\":30}\n";
+    rk_report_in in = {.name = "ids",
+                       .steps = steps,
+                       .steps_len = strlen(steps),
+                       .gate = gate,
+                       .gate_len = strlen(gate)};
+    rk_report_stats st;
+    char *html = NULL;
+    size_t len = 0;
+    rk_err err = {0};
+    assert_int_equal(rk_report_render(&in, &html, &len, &st, &err), RK_OK);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)html[i];
+        assert_false((c < 0x20 && c != '\n') || c == 0x7f);
+        assert_false(c == 0xc2 && i + 1 < len && (unsigned char)html[i + 1] >= 0x80 &&
+                     (unsigned char)html[i + 1] <= 0x9f); /* C1 */
+    }
+    assert_non_null(strstr(html, "data-device=\"?[31mred\""));
+    assert_non_null(strstr(html, "data-device=\"b?\""));
+    assert_non_null(strstr(html, "data-device=\"?2J\""));
+    assert_non_null(strstr(html, "device ?]0;x?"));
+    free(html);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +396,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ledger_writes_records, setup, teardown),
         cmocka_unit_test(test_report_marks_and_escapes),
         cmocka_unit_test(test_report_reads_train_loss_log),
+        cmocka_unit_test(test_report_cleans_device_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -169,8 +169,12 @@ static int grow(void **p, size_t *cap, size_t n, size_t size)
     return RK_OK;
 }
 
-static int dev_index(data *d, const char *id)
+/* The device table's index of `raw` (an id as read), cleaned of control characters first
+ * as every string the page shows is; added when new. -1: more than 4096 ids, or no memory. */
+static int dev_index(data *d, const char *raw)
 {
+    char id[RK_RUNLOG_ID_LEN];
+    rk_text_clean(id, sizeof id, raw);
     for (int i = 0; i < d->ndev; i++)
         if (strcmp(d->dev[i], id) == 0)
             return i;
