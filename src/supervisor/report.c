@@ -452,32 +452,58 @@ static double cy(const chart *c, double y)
     return v < 0 ? 0 : v > c->H ? c->H : v;
 }
 
-/* A tick step of 1, 2 or 5 times a power of ten giving about `want` ticks over span. */
-static double tick_step(double span, int want)
-{
-    if (!(span > 0) || !isfinite(span))
-        return 1;
-    double raw = span / want, p = pow(10, floor(log10(raw))), m = raw / p;
-    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
-}
-
+/* A data range a chart can draw: finite, and at least 1e-12 of its magnitude wide (its ticks
+ * are then hundreds of doubles apart: two steps near 2^52, or one loss of -1e17, still get
+ * distinct ticks), widened about its middle. */
 static void fix_range(double *lo, double *hi)
 {
-    if (!isfinite(*lo) || !isfinite(*hi)) {
+    if (!isfinite(*lo) || !isfinite(*hi) || *hi < *lo) {
         *lo = 0;
         *hi = 1;
     }
-    if (*hi - *lo < 1e-9) {
-        *hi = *lo + 1;
+    if (!isfinite(*hi - *lo)) { /* both beyond +-8.9e307: no reader lets one through */
+        *lo = -1e300;
+        *hi = 1e300;
     }
+    double min = fmax(1e-9, fmax(fabs(*lo), fabs(*hi)) * 1e-12);
+    if (*hi - *lo < min) {
+        *lo -= (min - (*hi - *lo)) / 2;
+        *hi = *lo + min;
+    }
+}
+
+/* A tick step of 1, 2 or 5 times a power of ten giving about `want` ticks over [lo, hi] (a
+ * range fix_range made). */
+static double tick_step(double lo, double hi, int want)
+{
+    double raw = (hi - lo) / want, p = pow(10, floor(log10(raw))), m = raw / p;
+    double step = (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+    return isfinite(step) && step > 0 ? step : hi - lo;
+}
+
+/* The ticks of [lo, hi] at multiples of step, counted as integers: at most max of them,
+ * whatever the doubles do. Sets *k0 (the first multiple) and returns how many. */
+static int tick_count(double lo, double hi, double step, int max, double *k0)
+{
+    double a = ceil(lo / step), b = floor(hi / step + 1e-9);
+    *k0 = a;
+    if (!(b >= a) || !isfinite(a) || !isfinite(b))
+        return 0;
+    return b - a + 1 > max ? max : (int)(b - a) + 1;
 }
 
 static void fmt_tick(char *b, size_t cap, double v, double step)
 {
     if (fabs(v) < step * 1e-6)
         v = 0;
-    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
-    snprintf(b, cap, "%.*f", dec > 6 ? 6 : dec, v);
+    if (fabs(v) < 1e9 && step >= 1e-6) {
+        int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+        snprintf(b, cap, "%.*f", dec > 6 ? 6 : dec, v);
+        return;
+    }
+    /* large or fine: the significant digits that tell one tick from the next */
+    int digits = (int)ceil(log10(fmax(fabs(v), step))) - (int)floor(log10(step)) + 1;
+    snprintf(b, cap, "%.*g", digits < 1 ? 1 : digits > 17 ? 17 : digits, v);
 }
 
 /* Open a figure: caption, the SVG, its grid, axes and tick labels. */
@@ -502,8 +528,10 @@ static void chart_begin(chart *c, FILE *f, const char *id, const char *title, co
             c->W, c->H, title);
     fprintf(f, "<g class=\"axes\">");
     if (yticks > 0) {
-        double ys = tick_step(c->y1 - c->y0, yticks);
-        for (double v = ceil(c->y0 / ys) * ys; v <= c->y1 + ys * 1e-9; v += ys) {
+        double ys = tick_step(c->y0, c->y1, yticks), k0;
+        int nt = tick_count(c->y0, c->y1, ys, 4 * yticks + 2, &k0);
+        for (int i = 0; i < nt; i++) {
+            double v = (k0 + i) * ys;
             char b[32];
             fmt_tick(b, sizeof b, v, ys);
             fprintf(f,
@@ -512,8 +540,10 @@ static void chart_begin(chart *c, FILE *f, const char *id, const char *title, co
                     c->L, c->W - c->R, cy(c, v), cy(c, v), c->L - 6, cy(c, v) + 4, b);
         }
     }
-    double xs = tick_step(c->x1 - c->x0, 10);
-    for (double v = ceil(c->x0 / xs) * xs; v <= c->x1 + xs * 1e-9; v += xs) {
+    double xs = tick_step(c->x0, c->x1, 10), k0;
+    int nt = tick_count(c->x0, c->x1, xs, 42, &k0);
+    for (int i = 0; i < nt; i++) {
+        double v = (k0 + i) * xs;
         char b[32];
         fmt_tick(b, sizeof b, v, xs);
         fprintf(f,
