@@ -27,6 +27,8 @@ static const char usage_text[] =
     "  -o, --output FILE  the page to write, atomically (default: RUN_DIR/report.html)\n"
     "  -h, --help         show this help\n"
     "\n"
+    "Past its limits (docs/report.md) the page samples or caps what it draws, and says so;\n"
+    "a file larger than its bound is refused.\n"
     "Exit status: 0 written, 2 bad usage or a file that cannot be read (nothing written).\n"
     "See docs/report.md.\n";
 
@@ -77,6 +79,9 @@ int rk_cmd_report(int argc, char **argv)
            st.injections == 1 ? "" : "s", st.steps, st.launches, st.launches == 1 ? "" : "es",
            st.ckpts, st.ckpts == 1 ? "" : "s", st.gpus, st.gpus == 1 ? "" : "s",
            st.simulated ? " (simulated)" : "");
+    if (st.left_out)
+        fprintf(stderr, "rk report: the run holds more than the page's limits: it says what it "
+                        "left out (docs/report.md, \"Limits\")\n");
     if (st.torn)
         fprintf(stderr, "rk report: %d file%s ended in a cut line (left out)\n", st.torn,
                 st.torn == 1 ? "" : "s");

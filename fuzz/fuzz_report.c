@@ -3,8 +3,9 @@
  * split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json, metrics.json
  * and loss.log (read when steps.jsonl is empty). Every line goes through the record and event
  * parsers (a record that parses must format and parse back as the same type and step), then the
- * whole through the page renderer, whose output must hold no markup the input brought (no
- * "<script").
+ * whole through the page renderer, which must finish (every axis counts its ticks: the fuzzer's
+ * timeout catches one that does not), stay within RK_REPORT_MAX_PAGE, and hold no markup the
+ * input brought (no "<script") and no control character but the newline.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -74,9 +75,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t len = 0;
     rk_report_stats st;
     rk_err err = {0};
-    if (rk_report_render(&in, &html, &len, &st, &err) == RK_OK) {
-        if (!html || strlen(html) != len || strstr(html, "<script") || strstr(html, "<img"))
+    int rc = rk_report_render(&in, &html, &len, &st, &err);
+    if (rc == RK_EINVAL) /* the page came out larger than its bound */
+        abort();
+    if (rc == RK_OK) {
+        if (!html || strlen(html) != len || len > RK_REPORT_MAX_PAGE || strstr(html, "<script") ||
+            strstr(html, "<img"))
             abort();
+        for (size_t i = 0; i < len; i++) { /* C0 but the newline, DEL, C1 (UTF-8 C2 80..9F) */
+            unsigned char c = (unsigned char)html[i], c1 = (unsigned char)html[i + 1];
+            if ((c < 0x20 && c != '\n') || c == 0x7f || (c == 0xc2 && c1 >= 0x80 && c1 <= 0x9f))
+                abort();
+        }
         free(html);
     }
     return 0;

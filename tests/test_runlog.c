@@ -4,7 +4,10 @@
  * refused naming the field; the thinning keeps every record at first and never more than its
  * bound; the ledger writes launches, steps, checkpoints, gate readings and each incident's
  * step; the page has one incident marker per incident, escapes markup from the files, names
- * a bad line by file and number, and leaves out a torn last line.
+ * a bad line by file and number, and leaves out a torn last line; past the report's limits
+ * (docs/report.md, "Limits") it keeps the first and last incidents and launches, samples the
+ * steps (keeping the last), caps bars and device lines, and says what it left out; device ids
+ * reach the page cleaned of control characters.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -353,6 +356,176 @@ static void test_report_reads_train_loss_log(void **state)
     }
 }
 
+/* A text of many lines into a new buffer: line(i, buf) writes line i (with its newline). */
+typedef int (*line_gen)(long i, char *buf, size_t cap);
+
+static char *lines_of(long n, line_gen gen, size_t *len)
+{
+    size_t cap = 1 << 16, used = 0;
+    char *t = malloc(cap);
+    assert_non_null(t);
+    for (long i = 0; i < n; i++) {
+        char line[8192];
+        int k = gen(i, line, sizeof line);
+        assert_true(k > 0 && (size_t)k < sizeof line);
+        if (used + (size_t)k + 1 > cap) {
+            cap *= 2;
+            t = realloc(t, cap);
+            assert_non_null(t);
+        }
+        memcpy(t + used, line, (size_t)k);
+        used += (size_t)k;
+    }
+    t[used] = '\0';
+    *len = used;
+    return t;
+}
+
+static int gen_incident(long i, char *b, size_t cap)
+{
+    return snprintf(b, cap, "{\"t\":%ld,\"kind\":\"crash\",\"detail\":\"incident %ld\"}\n", i,
+                    i + 1);
+}
+
+static int gen_loss(long i, char *b, size_t cap)
+{
+    return snprintf(b, cap, "%ld %g\n", i, 1.0 / (double)(i + 1));
+}
+
+static int gen_launch(long i, char *b, size_t cap)
+{
+    int k = snprintf(b, cap, "{\"type\":\"launch\",\"t\":%ld,\"launch\":%ld,\"devices\":[", i, i);
+    for (int r = 0; r < RK_RUNLOG_MAX_DEVICES; r++)
+        k += snprintf(b + k, cap - (size_t)k, "%s\"d%d\"", r ? "," : "", r);
+    return k + snprintf(b + k, cap - (size_t)k, "]}\n");
+}
+
+static int gen_gate(long i, char *b, size_t cap)
+{
+    return snprintf(b, cap,
+                    "{\"type\":\"gate\",\"t\":%ld,\"device\":\"g%ld\",\"score\":50,"
+                    "\"temperature_c\":50,\"lost\":false,\"simulated\":true,\"threshold\":30}\n",
+                    i / 300, i % 300);
+}
+
+static char *render_ok(const rk_report_in *in, size_t *len, rk_report_stats *st)
+{
+    char *html = NULL;
+    rk_err err = {0};
+    assert_int_equal(rk_report_render(in, &html, len, st, &err), RK_OK);
+    assert_true(*len <= RK_REPORT_MAX_PAGE);
+    return html;
+}
+
+/* 600 incidents: the first 250 and the last 250 are marked and listed, with their numbers;
+ * the page and the table say which 100 were left out. */
+static void test_report_keeps_first_and_last_incidents(void **state)
+{
+    (void)state;
+    size_t n;
+    char *events = lines_of(600, gen_incident, &n);
+    rk_report_in in = {.name = "many", .events = events, .events_len = n};
+    rk_report_stats st;
+    size_t len;
+    char *html = render_ok(&in, &len, &st);
+    assert_int_equal(st.incidents, 600);
+    assert_true(st.left_out);
+    assert_int_equal(count(html, "<g class=\"incident-marker"), RK_REPORT_KEEP_EVENTS);
+    assert_non_null(strstr(html, "data-n=\"250\""));
+    assert_null(strstr(html, "data-n=\"251\""));
+    assert_null(strstr(html, "data-n=\"350\""));
+    assert_non_null(strstr(html, "data-n=\"351\""));
+    assert_non_null(strstr(html, "data-n=\"600\""));
+    assert_non_null(strstr(html, "<td>600</td>"));
+    assert_non_null(strstr(html, "incident 600</td>"));
+    assert_non_null(strstr(html, "100 of the 600 incidents in events.jsonl (#251 to #350"));
+    assert_non_null(strstr(html, "&#8230; 100 more left out"));
+    assert_non_null(strstr(html, "<dt>incidents</dt><dd>600</dd>"));
+    free(html);
+    free(events);
+}
+
+/* A million steps in loss.log: one in 4 kept (the sample halves each time it fills: 250000),
+ * and the last one too; the page says so, and its step count is the last step's. */
+static void test_report_samples_steps(void **state)
+{
+    (void)state;
+    size_t n;
+    char *loss = lines_of(1000000, gen_loss, &n);
+    rk_report_in in = {.name = "long", .loss = loss, .loss_len = n};
+    rk_report_stats st;
+    size_t len;
+    char *html = render_ok(&in, &len, &st);
+    assert_int_equal(st.steps, 1000000);
+    assert_true(st.left_out);
+    assert_non_null(strstr(html, "749999 of the 1000000 step records of loss.log (one in 4 is "
+                                 "drawn, and the last)"));
+    assert_non_null(strstr(html, "<dt>steps</dt><dd>1000000</dd>"));
+    assert_int_equal(count(html, "class=\"loss-line\""), 1);
+    free(html);
+    free(loss);
+}
+
+/* 20 launches of 256 ranks: 5120 bars would be drawn; the first 4 launches and the last 4
+ * have theirs (2048), and the page says which are left out. 300 devices read by the gate:
+ * 256 have lines. */
+static void test_report_caps_bars_and_lines(void **state)
+{
+    (void)state;
+    size_t n, ng;
+    char *steps = lines_of(20, gen_launch, &n);
+    char *gate = lines_of(600, gen_gate, &ng);
+    rk_report_in in = {
+        .name = "wide", .steps = steps, .steps_len = n, .gate = gate, .gate_len = ng};
+    rk_report_stats st;
+    size_t len;
+    char *html = render_ok(&in, &len, &st);
+    assert_int_equal(st.launches, 20);
+    assert_int_equal(st.gpus, 300);
+    assert_int_equal(count(html, "<g class=\"launch-bar\""), RK_REPORT_MAX_BARS);
+    assert_non_null(strstr(html, "data-launch=\"3\" data-rank=\"255\""));
+    assert_null(strstr(html, "data-launch=\"4\" data-rank=\"0\""));
+    assert_non_null(strstr(html, "data-launch=\"16\" data-rank=\"0\""));
+    assert_non_null(strstr(html, "the bars of 12 of the 20 launches kept"));
+    assert_int_equal(count(html, "class=\"score-line\""), RK_REPORT_MAX_SERIES);
+    assert_int_equal(count(html, "class=\"temp-line\""), RK_REPORT_MAX_SERIES);
+    assert_non_null(strstr(html, "the lines of 44 of the 300 devices in gate.jsonl"));
+    free(html);
+    free(steps);
+    free(gate);
+}
+
+/* Device ids from steps.jsonl and gate.jsonl reach the page cleaned, as every string does. */
+static void test_report_cleans_device_ids(void **state)
+{
+    (void)state;
+    const char *steps =
+        "{\"type\":\"launch\",\"t\":0,\"launch\":0,\"devices\":[\"\\u001b[31mred\",\"b\\u0007\","
+        "\"\\u009b2J\"]}\n";
+    const char *gate = "{\"type\":\"gate\",\"t\":1,\"device\":\"\\u001b]0;x\\u0007\",\"score\":50,"
+                       "\"temperature_c\":50,\"lost\":false,\"simulated\":true,"
+                       "\"threshold\":30}\n";
+    rk_report_in in = {.name = "ids",
+                       .steps = steps,
+                       .steps_len = strlen(steps),
+                       .gate = gate,
+                       .gate_len = strlen(gate)};
+    rk_report_stats st;
+    size_t len;
+    char *html = render_ok(&in, &len, &st);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)html[i];
+        assert_false((c < 0x20 && c != '\n') || c == 0x7f);
+        assert_false(c == 0xc2 && i + 1 < len && (unsigned char)html[i + 1] >= 0x80 &&
+                     (unsigned char)html[i + 1] <= 0x9f); /* C1 */
+    }
+    assert_non_null(strstr(html, "data-device=\"?[31mred\""));
+    assert_non_null(strstr(html, "data-device=\"b?\""));
+    assert_non_null(strstr(html, "data-device=\"?2J\""));
+    assert_non_null(strstr(html, "device ?]0;x?"));
+    free(html);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +535,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ledger_writes_records, setup, teardown),
         cmocka_unit_test(test_report_marks_and_escapes),
         cmocka_unit_test(test_report_reads_train_loss_log),
+        cmocka_unit_test(test_report_keeps_first_and_last_incidents),
+        cmocka_unit_test(test_report_samples_steps),
+        cmocka_unit_test(test_report_caps_bars_and_lines),
+        cmocka_unit_test(test_report_cleans_device_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,11 @@
 /*
  * rk report (report.h): reads a run directory's records with the bounded readers of
- * rekindle/fileio.h and the line formats of runlog.h, and renders one HTML page with inline
- * SVG charts (loss by step with every incident marked, goodput over time, ranks on devices
- * across launches, each GPU's score and temperature, checkpoints) and the incidents' table.
- * Relies on jansson, open_memstream, base/text.h's cleaning of untrusted text.
+ * rekindle/fileio.h and the line formats of runlog.h, keeps a bounded part of them (report.h's
+ * limits: the first and last incidents and launches, a sample of the steps), and renders one
+ * HTML page of bounded size with inline SVG charts (loss by step with every incident marked,
+ * goodput over time, ranks on devices across launches, each GPU's score and temperature,
+ * checkpoints) and the incidents' table. Relies on jansson, open_memstream, base/text.h's
+ * cleaning of untrusted text.
  */
 #include "supervisor/report.h"
 
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/text.h"
 #include "rekindle/fileio.h"
@@ -111,7 +114,122 @@ out:
     return rc;
 }
 
-/* ---- reading the files into arrays ------------------------------------------------------- */
+/* ---- what is kept of the files: bounded whatever they hold ---------------------------------- */
+
+/* The first cap/2 items offered and the last cap - cap/2 (a ring), in file order; the ones
+ * between are counted, not kept. The array grows as items come, up to cap. */
+typedef struct keeper {
+    char *a;
+    size_t size, cap, alloc;
+    uint64_t seen;
+} keeper;
+
+static size_t keeper_n(const keeper *k)
+{
+    return k->seen < k->cap ? (size_t)k->seen : k->cap;
+}
+
+/* Items offered but not kept: they were between the first cap/2 and the last ones. */
+static uint64_t keeper_left(const keeper *k)
+{
+    return k->seen - keeper_n(k);
+}
+
+/* The i-th kept item (0 <= i < keeper_n), in file order. */
+static void *keeper_get(const keeper *k, size_t i)
+{
+    size_t head = k->cap / 2, ring = k->cap - head;
+    if (k->seen <= k->cap || i < head)
+        return k->a + i * k->size;
+    uint64_t item = k->seen - ring + (i - head); /* the item's number in the file */
+    return k->a + (head + (size_t)((item - head) % ring)) * k->size;
+}
+
+/* Offer one item: copied into its place (the oldest of the last ones gives way). */
+static int keeper_add(keeper *k, const void *item)
+{
+    size_t head = k->cap / 2, ring = k->cap - head, at;
+    if (k->seen < k->cap) {
+        at = (size_t)k->seen;
+        if (at == k->alloc) {
+            size_t c = k->alloc ? 2 * k->alloc : 16;
+            c = c < k->cap ? c : k->cap;
+            void *q = realloc(k->a, c * k->size);
+            if (!q)
+                return RK_ENOMEM;
+            k->a = q;
+            k->alloc = c;
+        }
+    } else {
+        at = head + (size_t)((k->seen - head) % ring);
+    }
+    memcpy(k->a + at * k->size, item, k->size);
+    k->seen++;
+    return RK_OK;
+}
+
+/* Every item while fewer than cap came; then one in 2, one in 4, ...: when the array is full
+ * every other kept item goes and the stride doubles, so what is kept spreads over the whole
+ * file. The last item offered is kept too (after the sample, when the sample missed it). */
+typedef struct sampler {
+    char *a; /* cap + 1 items */
+    size_t size, cap, n, alloc;
+    uint64_t seen, stride;
+    char *last;    /* a copy of the last item offered */
+    int last_kept; /* ... and it is a[n - 1] */
+} sampler;
+
+static int sampler_add(sampler *s, const void *item)
+{
+    if (!s->last && !(s->last = malloc(s->size)))
+        return RK_ENOMEM;
+    memcpy(s->last, item, s->size);
+    uint64_t k = s->seen++;
+    if (!s->stride)
+        s->stride = 1;
+    s->last_kept = 0;
+    if (k % s->stride)
+        return RK_OK;
+    if (s->n == s->cap) { /* keep items 0, 2, 4, ...: those at multiples of twice the stride */
+        for (size_t i = 0; 2 * i < s->n; i++)
+            memmove(s->a + i * s->size, s->a + 2 * i * s->size, s->size);
+        s->n = (s->n + 1) / 2;
+        s->stride *= 2;
+        if (k % s->stride)
+            return RK_OK;
+    }
+    if (s->n == s->alloc) {
+        size_t c = s->alloc ? 2 * s->alloc : 64;
+        c = c < s->cap + 1 ? c : s->cap + 1;
+        void *q = realloc(s->a, c * s->size);
+        if (!q)
+            return RK_ENOMEM;
+        s->a = q;
+        s->alloc = c;
+    }
+    memcpy(s->a + s->n++ * s->size, item, s->size);
+    s->last_kept = 1;
+    return RK_OK;
+}
+
+/* The sample, with the last item at its end. */
+static int sampler_finish(sampler *s)
+{
+    if (!s->seen || s->last_kept)
+        return RK_OK;
+    if (s->n == s->alloc) {
+        void *q = realloc(s->a, (s->n + 1) * s->size);
+        if (!q)
+            return RK_ENOMEM;
+        s->a = q;
+        s->alloc = s->n + 1;
+    }
+    memcpy(s->a + s->n++ * s->size, s->last, s->size);
+    s->last_kept = 1;
+    return RK_OK;
+}
+
+/* ---- reading the files ------------------------------------------------------------------- */
 
 typedef struct step_pt {
     double t, loss, dt;
@@ -120,9 +238,9 @@ typedef struct step_pt {
 } step_pt;
 
 typedef struct launch_pt {
-    double t;
+    double t, t_next; /* its start, and the next launch's (NAN: none; the bar runs to the end) */
     int launch, n;
-    int first_dev; /* index into the device table of rank 0's device; ranks follow in devmap */
+    uint16_t dev[RK_RUNLOG_MAX_DEVICES]; /* rank i's device: an index into the device table */
 } launch_pt;
 
 typedef struct ckpt_pt {
@@ -135,26 +253,69 @@ typedef struct gate_pt {
     int dev, score, lost;
 } gate_pt;
 
+/* An incident or an injection kept, with its number among its kind in the file (from 1). */
+typedef struct ev_pt {
+    rk_report_event e;
+    uint64_t no;
+} ev_pt;
+
+#define DEV_SLOTS 8192 /* the device table's hash: twice RK_REPORT_MAX_DEVICES */
+_Static_assert(DEV_SLOTS >= 2 * RK_REPORT_MAX_DEVICES && RK_REPORT_MAX_DEVICES < 65535,
+               "the hash has room, and an index fits a uint16_t");
+_Static_assert(RK_REPORT_MAX_GATE_RECORDS == RK_RUNLOG_MAX_LINES + RK_RUNLOG_MAX_DEVICES &&
+                   RK_REPORT_KEEP_STEPS == RK_RUNLOG_MAX_LINES,
+               "report.h's record limits are what rk run writes at most (runlog.h)");
+
 typedef struct data {
-    rk_report_event *ev;
-    size_t nev, capev;
-    step_pt *st;
-    size_t nst, capst;
-    launch_pt *la;
-    size_t nla, capla;
-    int *ldev; /* device index of each rank of each launch, launch after launch */
-    size_t nldev, capldev;
-    ckpt_pt *ck;
-    size_t nck, capck;
+    keeper inc, inj; /* ev_pt: incidents, injections */
+    sampler st;      /* step_pt */
+    sampler ck;      /* ckpt_pt */
+    keeper la;       /* launch_pt */
     gate_pt *gt;
     size_t ngt, capgt;
-    char (*dev)[RK_RUNLOG_ID_LEN]; /* every device named, in order of first appearance */
+    char (*dev)[RK_RUNLOG_ID_LEN]; /* every device named (cleaned), in order of first appearance */
     int ndev, capdev;
-    double threshold; /* the gate's threshold, -1 unknown */
-    int untimed;      /* the steps came from rk train's loss.log: no times, no launches */
+    uint16_t devslot[DEV_SLOTS]; /* 0: empty; else 1 + an index into dev */
+    double threshold;            /* the gate's threshold, -1 unknown */
+    double t_end;                /* the latest time of any record read, kept or not */
+    int untimed; /* the steps came from rk train's loss.log: no times, no launches */
     int simulated;
     int torn;
+    rk_runlog_rec rec; /* the record being read (16 KiB of device ids) */
+    ev_pt ev;          /* the event being read */
+    launch_pt lrec;    /* the launch being read */
 } data;
+
+static void data_init(data *d)
+{
+    d->inc.size = d->inj.size = sizeof(ev_pt);
+    d->inc.cap = d->inj.cap = RK_REPORT_KEEP_EVENTS;
+    d->la.size = sizeof(launch_pt);
+    d->la.cap = RK_REPORT_KEEP_LAUNCHES;
+    d->st.size = sizeof(step_pt);
+    d->st.cap = RK_REPORT_KEEP_STEPS;
+    d->ck.size = sizeof(ckpt_pt);
+    d->ck.cap = RK_REPORT_KEEP_STEPS;
+    d->threshold = -1;
+}
+
+static void data_free(data *d)
+{
+    free(d->inc.a);
+    free(d->inj.a);
+    free(d->la.a);
+    free(d->st.a);
+    free(d->st.last);
+    free(d->ck.a);
+    free(d->ck.last);
+    free(d->gt);
+    free(d->dev);
+    free(d);
+}
+
+/* The kept steps and checkpoints (the samples' arrays). */
+#define ST(d) ((const step_pt *)(d)->st.a)
+#define CK(d) ((const ckpt_pt *)(d)->ck.a)
 
 static int grow(void **p, size_t *cap, size_t n, size_t size)
 {
@@ -169,22 +330,32 @@ static int grow(void **p, size_t *cap, size_t n, size_t size)
     return RK_OK;
 }
 
-static int dev_index(data *d, const char *id)
+/* The device table's index of `raw` (an id as read: cleaned of control characters first, as
+ * every string the page shows), added when new. -1: more than RK_REPORT_MAX_DEVICES ids, or
+ * out of memory (err says which). */
+static int dev_index(data *d, const char *raw, rk_err *err)
 {
-    for (int i = 0; i < d->ndev; i++)
-        if (strcmp(d->dev[i], id) == 0)
-            return i;
-    if (d->ndev >= 4096)
-        return -1;
+    char id[RK_RUNLOG_ID_LEN];
+    rk_text_clean(id, sizeof id, raw);
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    size_t at = h & (DEV_SLOTS - 1);
+    for (; d->devslot[at]; at = (at + 1) & (DEV_SLOTS - 1))
+        if (strcmp(d->dev[d->devslot[at] - 1], id) == 0)
+            return d->devslot[at] - 1;
+    if (d->ndev >= RK_REPORT_MAX_DEVICES)
+        return rk_err_set(err, RK_EFORMAT, "more than %d device ids", RK_REPORT_MAX_DEVICES), -1;
     if (d->ndev == d->capdev) {
         int c = d->capdev ? 2 * d->capdev : 16;
         void *q = realloc(d->dev, (size_t)c * sizeof *d->dev);
         if (!q)
-            return -1;
+            return rk_err_set(err, RK_ENOMEM, "out of memory"), -1;
         d->dev = q;
         d->capdev = c;
     }
-    snprintf(d->dev[d->ndev], sizeof d->dev[0], "%s", id);
+    memcpy(d->dev[d->ndev], id, sizeof id);
+    d->devslot[at] = (uint16_t)(d->ndev + 1);
     return d->ndev++;
 }
 
@@ -192,58 +363,63 @@ typedef int (*line_fn)(data *d, const char *line, size_t len, rk_err *err);
 
 static int on_event_line(data *d, const char *line, size_t len, rk_err *err)
 {
-    if (grow((void **)&d->ev, &d->capev, d->nev, sizeof *d->ev))
-        return rk_err_set(err, RK_ENOMEM, "out of memory");
-    return rk_report_event_parse(line, len, &d->ev[d->nev++], err) ? (d->nev--, RK_EFORMAT) : RK_OK;
+    if (rk_report_event_parse(line, len, &d->ev.e, err))
+        return RK_EFORMAT;
+    keeper *k = strcmp(d->ev.e.kind, "inject") == 0 ? &d->inj : &d->inc;
+    d->ev.no = k->seen + 1;
+    d->t_end = fmax(d->t_end, d->ev.e.t);
+    return keeper_add(k, &d->ev) ? rk_err_set(err, RK_ENOMEM, "out of memory") : RK_OK;
 }
 
 static int on_record_line(data *d, const char *line, size_t len, rk_err *err)
 {
-    static rk_runlog_rec r;
-    if (rk_runlog_parse(line, len, &r, err))
+    rk_runlog_rec *r = &d->rec;
+    if (rk_runlog_parse(line, len, r, err))
         return RK_EFORMAT;
-    switch (r.type) {
-    case RK_RUNLOG_LAUNCH:
-        if (grow((void **)&d->la, &d->capla, d->nla, sizeof *d->la))
-            return rk_err_set(err, RK_ENOMEM, "out of memory");
-        for (int i = 0; i < r.ndevices; i++) {
-            if (grow((void **)&d->ldev, &d->capldev, d->nldev, sizeof *d->ldev))
-                return rk_err_set(err, RK_ENOMEM, "out of memory");
-            int k = dev_index(d, r.devices[i]);
+    d->t_end = fmax(d->t_end, r->t);
+    int rc = RK_OK;
+    switch (r->type) {
+    case RK_RUNLOG_LAUNCH: {
+        launch_pt *la = &d->lrec;
+        *la = (launch_pt){.t = r->t, .t_next = NAN, .launch = r->launch, .n = r->ndevices};
+        for (int i = 0; i < r->ndevices; i++) {
+            int k = dev_index(d, r->devices[i], err);
             if (k < 0)
-                return rk_err_set(err, RK_EFORMAT, "more than 4096 devices");
-            d->ldev[d->nldev++] = k;
+                return err->code;
+            la->dev[i] = (uint16_t)k;
         }
-        d->la[d->nla++] = (launch_pt){.t = r.t,
-                                      .launch = r.launch,
-                                      .n = r.ndevices,
-                                      .first_dev = (int)(d->nldev - (size_t)r.ndevices)};
-        return RK_OK;
-    case RK_RUNLOG_STEP:
-        if (grow((void **)&d->st, &d->capst, d->nst, sizeof *d->st))
-            return rk_err_set(err, RK_ENOMEM, "out of memory");
-        d->st[d->nst++] =
-            (step_pt){.t = r.t, .loss = r.loss, .dt = r.dt, .step = r.step, .launch = r.launch};
-        return RK_OK;
-    case RK_RUNLOG_CKPT:
-        if (grow((void **)&d->ck, &d->capck, d->nck, sizeof *d->ck))
-            return rk_err_set(err, RK_ENOMEM, "out of memory");
-        d->ck[d->nck++] = (ckpt_pt){.t = r.t, .seconds = r.seconds, .step = r.step};
-        return RK_OK;
+        if (keeper_n(&d->la)) /* the launch before (always kept: it is the newest) ends here */
+            ((launch_pt *)keeper_get(&d->la, keeper_n(&d->la) - 1))->t_next = r->t;
+        rc = keeper_add(&d->la, la);
+        break;
+    }
+    case RK_RUNLOG_STEP: {
+        step_pt p = {.t = r->t, .loss = r->loss, .dt = r->dt, .step = r->step, .launch = r->launch};
+        rc = sampler_add(&d->st, &p);
+        break;
+    }
+    case RK_RUNLOG_CKPT: {
+        ckpt_pt p = {.t = r->t, .seconds = r->seconds, .step = r->step};
+        rc = sampler_add(&d->ck, &p);
+        break;
+    }
     case RK_RUNLOG_GATE: {
+        if (d->ngt >= RK_REPORT_MAX_GATE_RECORDS)
+            return rk_err_set(err, RK_EFORMAT, "more than %d gate records (rk run writes no more)",
+                              RK_REPORT_MAX_GATE_RECORDS);
+        int k = dev_index(d, r->device, err);
+        if (k < 0)
+            return err->code;
         if (grow((void **)&d->gt, &d->capgt, d->ngt, sizeof *d->gt))
             return rk_err_set(err, RK_ENOMEM, "out of memory");
-        int k = dev_index(d, r.device);
-        if (k < 0)
-            return rk_err_set(err, RK_EFORMAT, "more than 4096 devices");
         d->gt[d->ngt++] = (gate_pt){
-            .t = r.t, .temp = r.temperature_c, .dev = k, .score = r.score, .lost = r.lost};
-        d->threshold = r.threshold;
-        d->simulated |= r.simulated;
-        return RK_OK;
+            .t = r->t, .temp = r->temperature_c, .dev = k, .score = r->score, .lost = r->lost};
+        d->threshold = r->threshold;
+        d->simulated |= r->simulated;
+        break;
     }
     }
-    return RK_OK;
+    return rc ? rk_err_set(err, RK_ENOMEM, "out of memory") : RK_OK;
 }
 
 /* A line of rk train's --loss-log (src/nn/train.c writes "%lld %.9g"): "STEP LOSS", the step
@@ -268,41 +444,120 @@ static int on_loss_line(data *d, const char *line, size_t len, rk_err *err)
     double loss = strtod(l, &end);
     if (end == l || *end || *l == ' ')
         return rk_err_set(err, RK_EFORMAT, "not \"STEP LOSS\": the loss is not a number");
-    if (grow((void **)&d->st, &d->capst, d->nst, sizeof *d->st))
-        return rk_err_set(err, RK_ENOMEM, "out of memory");
-    d->st[d->nst++] = (step_pt){.t = NAN,
-                                .loss = isfinite(loss) && fabs(loss) < 1e300 ? loss : NAN,
-                                .dt = 0,
-                                .step = k + 1,
-                                .launch = 0};
-    return RK_OK;
+    step_pt p = {.t = NAN,
+                 .loss = isfinite(loss) && fabs(loss) < 1e300 ? loss : NAN,
+                 .dt = 0,
+                 .step = k + 1,
+                 .launch = 0};
+    return sampler_add(&d->st, &p) ? rk_err_set(err, RK_ENOMEM, "out of memory") : RK_OK;
 }
 
-/* Every line of text[0..len) through fn; an error names file and line. A last line without
- * its newline that does not parse is a torn write: left out, counted. Empty lines are
- * skipped. `want` is the record kind the file must hold (steps.jsonl: no gate records). */
-static int each_line(data *d, const char *file, const char *text, size_t len, line_fn fn,
-                     rk_err *err)
+/* The lines of one file, as they come: an error names the file and the line. A last line
+ * without its newline that does not parse is a torn write: left out, counted. Empty lines are
+ * skipped. */
+typedef struct lines {
+    data *d;
+    const char *file;
+    line_fn fn;
+    long no;
+} lines;
+
+static int take_line(lines *ls, const char *p, size_t n, int last, rk_err *err)
+{
+    ls->no++;
+    if (!n)
+        return RK_OK;
+    rk_err e = {0};
+    if (ls->fn(ls->d, p, n, &e) == RK_OK)
+        return RK_OK;
+    if (last && e.code == RK_EFORMAT) { /* the writer died mid-line */
+        ls->d->torn++;
+        return RK_OK;
+    }
+    return rk_err_set(err, e.code, "%s line %ld: %s", ls->file, ls->no, e.msg);
+}
+
+/* Every line of text[0..len). */
+static int each_line(lines *ls, const char *text, size_t len, rk_err *err)
 {
     size_t at = 0;
-    long no = 0;
     while (at < len) {
         const char *nl = memchr(text + at, '\n', len - at);
         size_t n = nl ? (size_t)(nl - (text + at)) : len - at;
-        no++;
-        if (n) {
-            rk_err e = {0};
-            if (fn(d, text + at, n, &e)) {
-                if (!nl && e.code == RK_EFORMAT) { /* the writer died mid-line */
-                    d->torn++;
-                    break;
-                }
-                return rk_err_set(err, e.code, "%s line %ld: %s", file, no, e.msg);
-            }
-        }
+        int rc = take_line(ls, text + at, n, !nl, err);
+        if (rc)
+            return rc;
         at += n + (nl ? 1 : 0);
     }
     return RK_OK;
+}
+
+/* Every line of the file open as fd (opened by rk_file_open_read with max), read a piece at
+ * a time: the memory used is the piece, whatever the file's size. A line longer than the
+ * piece is longer than every reader takes: the reader's error, or torn if it is the last. */
+#define READ_PIECE ((size_t)1 << 20)
+_Static_assert(READ_PIECE > RK_RUNLOG_MAX_LINE && READ_PIECE > RK_REPORT_MAX_EVENT_LINE,
+               "a piece holds the longest line a reader takes");
+
+static int stream_lines(lines *ls, int fd, const char *path, size_t max, rk_err *err)
+{
+    char *buf = malloc(READ_PIECE);
+    if (!buf)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", path);
+    size_t have = 0;
+    uint64_t total = 0;
+    int rc = RK_OK, skipping = 0; /* in a line longer than a piece: its error in e */
+    rk_err e = {0};
+    for (;;) {
+        ssize_t r = read(fd, buf + have, READ_PIECE - have);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = rk_err_set(err, RK_EIO, "%s: read: %s", path, strerror(errno));
+            break;
+        }
+        total += (uint64_t)r;
+        if (total > max) {
+            rc = rk_err_set(err, RK_EFORMAT, "%s: file is more than the limit of %zu bytes", path,
+                            max);
+            break;
+        }
+        if (r == 0) { /* the end: a last line without its newline */
+            if (skipping)
+                ls->d->torn++;
+            else if (have)
+                rc = take_line(ls, buf, have, 1, err);
+            break;
+        }
+        have += (size_t)r;
+        size_t at = 0;
+        const char *nl;
+        while (rc == RK_OK && (nl = memchr(buf + at, '\n', have - at))) {
+            size_t n = (size_t)(nl - (buf + at));
+            if (skipping) /* the over-long line ended before the file did */
+                rc = rk_err_set(err, e.code, "%s line %ld: %s", ls->file, ls->no, e.msg);
+            else
+                rc = take_line(ls, buf + at, n, 0, err);
+            skipping = 0;
+            at += n + 1;
+        }
+        if (rc)
+            break;
+        memmove(buf, buf + at, have - at);
+        have -= at;
+        if (have == READ_PIECE) { /* no newline in a whole piece */
+            if (!skipping) {
+                ls->no++;
+                e = (rk_err){0};
+                if (ls->fn(ls->d, buf, have, &e) == RK_OK) /* no reader takes a line this long */
+                    rk_err_set(&e, RK_EFORMAT, "a line longer than %zu bytes", READ_PIECE);
+            }
+            skipping = 1;
+            have = 0;
+        }
+    }
+    free(buf);
+    return rc;
 }
 
 /* summary.json and metrics.json: the few numbers the page shows. */
@@ -365,7 +620,9 @@ static json_t *load_object(const char *text, size_t len, const char *file, rk_er
     return o;
 }
 
-static int read_nums(const rk_report_in *in, nums *n, rk_err *err)
+/* summary.json (sum, NULL: absent) and metrics.json (met) into n. */
+static int read_nums(const char *sum, size_t sum_len, const char *met, size_t met_len, nums *n,
+                     rk_err *err)
 {
     memset(n, 0, sizeof *n);
     n->wall_s = n->productive_s = n->goodput = NAN;
@@ -373,9 +630,9 @@ static int read_nums(const rk_report_in *in, nums *n, rk_err *err)
     n->test_accuracy = n->final_train_loss = NAN;
     n->steps = n->restarts = n->quarantined = n->final_ranks = n->injected = -1;
     int rc = RK_OK;
-    if (in->summary) {
+    if (sum) {
         const char *f = RK_REPORT_SUMMARY;
-        json_t *o = load_object(in->summary, in->summary_len, f, err);
+        json_t *o = load_object(sum, sum_len, f, err);
         if (!o)
             return RK_EFORMAT;
         n->have_summary = 1;
@@ -398,9 +655,9 @@ static int read_nums(const rk_report_in *in, nums *n, rk_err *err)
         if (!(n->wall_s >= 0) || n->wall_s > 1e10)
             n->wall_s = NAN;
     }
-    if (in->metrics) {
+    if (met) {
         const char *f = RK_REPORT_METRICS;
-        json_t *o = load_object(in->metrics, in->metrics_len, f, err);
+        json_t *o = load_object(met, met_len, f, err);
         if (!o)
             return RK_EFORMAT;
         n->have_metrics = 1;
@@ -448,32 +705,58 @@ static double cy(const chart *c, double y)
     return v < 0 ? 0 : v > c->H ? c->H : v;
 }
 
-/* A tick step of 1, 2 or 5 times a power of ten giving about `want` ticks over span. */
-static double tick_step(double span, int want)
-{
-    if (!(span > 0) || !isfinite(span))
-        return 1;
-    double raw = span / want, p = pow(10, floor(log10(raw))), m = raw / p;
-    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
-}
-
+/* A data range a chart can draw: finite, and at least 1e-12 of its magnitude wide (its ticks
+ * are then hundreds of doubles apart: two steps near 2^52, or one loss of -1e17, still get
+ * distinct ticks), widened about its middle. */
 static void fix_range(double *lo, double *hi)
 {
-    if (!isfinite(*lo) || !isfinite(*hi)) {
+    if (!isfinite(*lo) || !isfinite(*hi) || *hi < *lo) {
         *lo = 0;
         *hi = 1;
     }
-    if (*hi - *lo < 1e-9) {
-        *hi = *lo + 1;
+    if (!isfinite(*hi - *lo)) { /* both beyond +-8.9e307: no reader lets one through */
+        *lo = -1e300;
+        *hi = 1e300;
     }
+    double min = fmax(1e-9, fmax(fabs(*lo), fabs(*hi)) * 1e-12);
+    if (*hi - *lo < min) {
+        *lo -= (min - (*hi - *lo)) / 2;
+        *hi = *lo + min;
+    }
+}
+
+/* A tick step of 1, 2 or 5 times a power of ten giving about `want` ticks over [lo, hi] (a
+ * range fix_range made). */
+static double tick_step(double lo, double hi, int want)
+{
+    double raw = (hi - lo) / want, p = pow(10, floor(log10(raw))), m = raw / p;
+    double step = (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+    return isfinite(step) && step > 0 ? step : hi - lo;
+}
+
+/* The ticks of [lo, hi] at multiples of step, counted as integers: at most max of them,
+ * whatever the doubles do. Sets *k0 (the first multiple) and returns how many. */
+static int tick_count(double lo, double hi, double step, int max, double *k0)
+{
+    double a = ceil(lo / step), b = floor(hi / step + 1e-9);
+    *k0 = a;
+    if (!(b >= a) || !isfinite(a) || !isfinite(b))
+        return 0;
+    return b - a + 1 > max ? max : (int)(b - a) + 1;
 }
 
 static void fmt_tick(char *b, size_t cap, double v, double step)
 {
     if (fabs(v) < step * 1e-6)
         v = 0;
-    int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
-    snprintf(b, cap, "%.*f", dec > 6 ? 6 : dec, v);
+    if (fabs(v) < 1e9 && step >= 1e-6) {
+        int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
+        snprintf(b, cap, "%.*f", dec > 6 ? 6 : dec, v);
+        return;
+    }
+    /* large or fine: the significant digits that tell one tick from the next */
+    int digits = (int)ceil(log10(fmax(fabs(v), step))) - (int)floor(log10(step)) + 1;
+    snprintf(b, cap, "%.*g", digits < 1 ? 1 : digits > 17 ? 17 : digits, v);
 }
 
 /* Open a figure: caption, the SVG, its grid, axes and tick labels. */
@@ -498,8 +781,10 @@ static void chart_begin(chart *c, FILE *f, const char *id, const char *title, co
             c->W, c->H, title);
     fprintf(f, "<g class=\"axes\">");
     if (yticks > 0) {
-        double ys = tick_step(c->y1 - c->y0, yticks);
-        for (double v = ceil(c->y0 / ys) * ys; v <= c->y1 + ys * 1e-9; v += ys) {
+        double ys = tick_step(c->y0, c->y1, yticks), k0;
+        int nt = tick_count(c->y0, c->y1, ys, 4 * yticks + 2, &k0);
+        for (int i = 0; i < nt; i++) {
+            double v = (k0 + i) * ys;
             char b[32];
             fmt_tick(b, sizeof b, v, ys);
             fprintf(f,
@@ -508,8 +793,10 @@ static void chart_begin(chart *c, FILE *f, const char *id, const char *title, co
                     c->L, c->W - c->R, cy(c, v), cy(c, v), c->L - 6, cy(c, v) + 4, b);
         }
     }
-    double xs = tick_step(c->x1 - c->x0, 10);
-    for (double v = ceil(c->x0 / xs) * xs; v <= c->x1 + xs * 1e-9; v += xs) {
+    double xs = tick_step(c->x0, c->x1, 10), k0;
+    int nt = tick_count(c->x0, c->x1, xs, 42, &k0);
+    for (int i = 0; i < nt; i++) {
+        double v = (k0 + i) * xs;
         char b[32];
         fmt_tick(b, sizeof b, v, xs);
         fprintf(f,
@@ -595,26 +882,21 @@ static void shape(FILE *f, family fam, double x, double y)
     }
 }
 
-static int is_inject(const rk_report_event *e)
-{
-    return strcmp(e->kind, "inject") == 0;
-}
-
-/* The step the job had reached at time t: the last step record at or before t (the file is
- * in time order); 0 before the first. */
+/* The step the job had reached at time t: the last step record kept at or before t (the file
+ * is in time order); 0 before the first. */
 static int64_t step_at(const data *d, double t)
 {
     if (d->untimed) /* loss.log has no times */
         return 0;
-    size_t lo = 0, hi = d->nst; /* first record with .t > t */
+    size_t lo = 0, hi = d->st.n; /* first record with .t > t */
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (d->st[mid].t <= t)
+        if (ST(d)[mid].t <= t)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo ? d->st[lo - 1].step : 0;
+    return lo ? ST(d)[lo - 1].step : 0;
 }
 
 /* The step an incident is marked at: its own (rk run writes it), else where the job was. */
@@ -625,27 +907,38 @@ static int64_t event_step(const data *d, const rk_report_event *e)
 
 static double end_time(const data *d, const nums *n)
 {
-    double end = isfinite(n->wall_s) ? n->wall_s : 0;
-    for (size_t i = 0; i < d->nst; i++)
-        end = fmax(end, d->st[i].t);
-    for (size_t i = 0; i < d->nev; i++)
-        end = fmax(end, d->ev[i].t);
-    for (size_t i = 0; i < d->ngt; i++)
-        end = fmax(end, d->gt[i].t);
-    for (size_t i = 0; i < d->nla; i++)
-        end = fmax(end, d->la[i].t);
-    for (size_t i = 0; i < d->nck; i++)
-        end = fmax(end, d->ck[i].t);
+    double end = fmax(isfinite(n->wall_s) ? n->wall_s : 0, d->t_end);
     return end > 0 ? end : 1;
 }
 
-/* A polyline of at most ~2000 points from pts (x, y pairs). */
-static void polyline(FILE *f, const chart *c, const double *xy, size_t n, const char *cls,
-                     const char *attrs)
+static const ev_pt *ev_at(const keeper *k, size_t i)
+{
+    return keeper_get(k, i);
+}
+
+static const launch_pt *la_at(const data *d, size_t i)
+{
+    return keeper_get(&d->la, i);
+}
+
+/* Points drawn: of the loss by step (all its lines together), of the goodput, of each GPU
+ * chart (all its lines together). */
+#define LOSS_POINTS 4000
+#define GOODPUT_POINTS 2000
+#define GATE_POINTS 8000
+
+/* ceil(n / max): the stride that draws at most max of n things (1: all of them). */
+static uint64_t stride_for(uint64_t n, uint64_t max)
+{
+    return n > max ? (n + max - 1) / max : 1;
+}
+
+/* A polyline through every stride-th of the n points (x, y pairs) and the last. */
+static void polyline(FILE *f, const chart *c, const double *xy, size_t n, size_t stride,
+                     const char *cls, const char *attrs)
 {
     if (!n)
         return;
-    size_t stride = n > 2000 ? (n + 1999) / 2000 : 1;
     fprintf(f, "<polyline class=\"%s\" %s points=\"", cls, attrs);
     for (size_t i = 0; i < n; i += stride)
         fprintf(f, "%.1f,%.1f ", cx(c, xy[2 * i]), cy(c, xy[2 * i + 1]));
@@ -654,30 +947,168 @@ static void polyline(FILE *f, const chart *c, const double *xy, size_t n, const 
     fprintf(f, "\"/>\n");
 }
 
-static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
+/* Where the piece of the loss line that starts at kept step i (a finite loss) ends: the
+ * launch changes, a loss is not finite, or the step does not advance (a rollback replays). */
+static size_t piece_end(const data *d, size_t i)
 {
-    *markers = 0;
-    long nevents = 0;
-    for (size_t i = 0; i < d->nev; i++)
-        nevents += !is_inject(&d->ev[i]);
-    if (!d->nst && !nevents) {
+    const step_pt *st = ST(d);
+    size_t j = i + 1;
+    while (j < d->st.n && st[j].launch == st[i].launch && isfinite(st[j].loss) &&
+           st[j].step > st[j - 1].step)
+        j++;
+    return j;
+}
+
+/* What the page draws of what was kept, decided before it is drawn so that its top can say
+ * what it leaves out. */
+typedef struct plan {
+    size_t loss_stride;            /* every loss_stride-th point of each piece of the loss line */
+    long pieces, pieces_left;      /* pieces of the loss line: drawn (the first ones), left out */
+    uint64_t nan_kept, nan_stride; /* kept non-finite steps; every nan_stride-th gets a cross */
+    size_t bar_head, bar_tail;     /* the launches kept [0, bar_head) and [bar_tail, n) have bars */
+    int *gate_n;                   /* readings of each device in gate.jsonl */
+    int gpus;                      /* devices read by the gate */
+    int series;                    /* ... the first `series` of them have lines (in table order) */
+    size_t ck_stride;              /* every ck_stride-th checkpoint kept has a mark */
+} plan;
+
+static int make_plan(const data *d, plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->loss_stride = (size_t)stride_for(d->st.n, LOSS_POINTS);
+    for (size_t i = 0; i < d->st.n;) {
+        if (!isfinite(ST(d)[i].loss)) {
+            p->nan_kept++;
+            i++;
+            continue;
+        }
+        if (p->pieces < RK_REPORT_MAX_MARKS)
+            p->pieces++;
+        else
+            p->pieces_left++;
+        i = piece_end(d, i);
+    }
+    p->nan_stride = stride_for(p->nan_kept, RK_REPORT_MAX_MARKS);
+    size_t nla = keeper_n(&d->la);
+    long bars = 0;
+    for (size_t i = 0; i < nla; i++)
+        bars += la_at(d, i)->n;
+    p->bar_head = p->bar_tail = nla;
+    if (bars > RK_REPORT_MAX_BARS) { /* the first launches and the last, half the bars each */
+        long head = 0, tail = 0;
+        size_t h = 0, t = nla;
+        while (h < nla && head + la_at(d, h)->n <= RK_REPORT_MAX_BARS / 2)
+            head += la_at(d, h++)->n;
+        while (t > h && tail + la_at(d, t - 1)->n <= RK_REPORT_MAX_BARS / 2)
+            tail += la_at(d, --t)->n;
+        p->bar_head = h;
+        p->bar_tail = t;
+    }
+    p->gate_n = calloc((size_t)(d->ndev ? d->ndev : 1), sizeof *p->gate_n);
+    if (!p->gate_n)
+        return RK_ENOMEM;
+    for (size_t i = 0; i < d->ngt; i++)
+        p->gate_n[d->gt[i].dev]++;
+    for (int k = 0; k < d->ndev; k++)
+        if (p->gate_n[k])
+            p->series += p->gpus++ < RK_REPORT_MAX_SERIES;
+    p->ck_stride = (size_t)stride_for(d->ck.n, RK_REPORT_MAX_MARKS);
+    return RK_OK;
+}
+
+/* A device that has a line in the GPU charts. */
+static int has_series(const plan *p, int k, int *seen)
+{
+    if (!p->gate_n[k])
+        return 0;
+    return (*seen)++ < p->series;
+}
+
+/* The page's note of what it left out (nothing when it left nothing out): 1 if it wrote one. */
+static int left_out_note(FILE *f, const data *d, const plan *p)
+{
+    char items[10][240];
+    int n = 0;
+    const keeper *ks[2] = {&d->inc, &d->inj};
+    for (int i = 0; i < 2; i++)
+        if (keeper_left(ks[i]))
+            snprintf(items[n++], sizeof items[0],
+                     "%llu of the %llu %s in events.jsonl (#%llu to #%llu; the first %d and the "
+                     "last %d are shown)",
+                     (unsigned long long)keeper_left(ks[i]), (unsigned long long)ks[i]->seen,
+                     i ? "injections" : "incidents", (unsigned long long)(ks[i]->cap / 2 + 1),
+                     (unsigned long long)(ks[i]->cap / 2 + keeper_left(ks[i])),
+                     (int)(ks[i]->cap / 2), (int)(ks[i]->cap - ks[i]->cap / 2));
+    if (d->st.seen > d->st.n)
+        snprintf(items[n++], sizeof items[0],
+                 "%llu of the %llu step records of %s (one in %llu is drawn, and the last)",
+                 (unsigned long long)(d->st.seen - d->st.n), (unsigned long long)d->st.seen,
+                 d->untimed ? RK_REPORT_LOSS : RK_REPORT_STEPS, (unsigned long long)d->st.stride);
+    if (d->ck.seen > d->ck.n)
+        snprintf(items[n++], sizeof items[0],
+                 "%llu of the %llu checkpoint records (one in %llu is kept, and the last)",
+                 (unsigned long long)(d->ck.seen - d->ck.n), (unsigned long long)d->ck.seen,
+                 (unsigned long long)d->ck.stride);
+    if (keeper_left(&d->la))
+        snprintf(items[n++], sizeof items[0],
+                 "%llu of the %llu launch records (the first %d and the last %d are kept)",
+                 (unsigned long long)keeper_left(&d->la), (unsigned long long)d->la.seen,
+                 (int)(d->la.cap / 2), (int)(d->la.cap - d->la.cap / 2));
+    if (p->bar_tail > p->bar_head)
+        snprintf(items[n++], sizeof items[0],
+                 "the bars of %zu of the %zu launches kept (at most %d bars are drawn: the "
+                 "first launches' and the last ones')",
+                 p->bar_tail - p->bar_head, keeper_n(&d->la), RK_REPORT_MAX_BARS);
+    if (p->pieces_left)
+        snprintf(items[n++], sizeof items[0],
+                 "%ld pieces of the loss line after the first %d (a launch, a rollback or a "
+                 "non-finite loss starts one)",
+                 p->pieces_left, RK_REPORT_MAX_MARKS);
+    if (p->nan_stride > 1)
+        snprintf(items[n++], sizeof items[0],
+                 "the cross of all but one in %llu of the %llu non-finite steps kept",
+                 (unsigned long long)p->nan_stride, (unsigned long long)p->nan_kept);
+    if (p->gpus > p->series)
+        snprintf(items[n++], sizeof items[0],
+                 "the lines of %d of the %d devices in gate.jsonl (the first %d are drawn)",
+                 p->gpus - p->series, p->gpus, RK_REPORT_MAX_SERIES);
+    if (p->ck_stride > 1)
+        snprintf(items[n++], sizeof items[0],
+                 "the marks of all but one in %zu of the %zu checkpoints kept", p->ck_stride,
+                 d->ck.n);
+    if (!n)
+        return 0;
+    fprintf(f, "<p class=\"warn left-out\">Left out of this page, to keep it within its bounds "
+               "(docs/report.md, &#8220;Limits&#8221;): ");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s%s", items[i], i + 1 < n ? "; " : ".</p>\n");
+    return 1;
+}
+
+static void loss_chart(FILE *f, const data *d, const nums *nm, const plan *p)
+{
+    const step_pt *st = ST(d);
+    size_t nst = d->st.n, ninc = keeper_n(&d->inc), ninj = keeper_n(&d->inj);
+    if (!nst && !ninc) {
         chart_empty(f, "loss", "Loss by step",
                     "No steps recorded (no steps.jsonl: give rk run --steps) and no incidents.");
         return;
     }
     chart c = {.x0 = INFINITY, .x1 = -INFINITY, .y0 = 0, .y1 = -INFINITY};
-    for (size_t i = 0; i < d->nst; i++) {
-        c.x0 = fmin(c.x0, (double)d->st[i].step - 1);
-        c.x1 = fmax(c.x1, (double)d->st[i].step);
-        if (isfinite(d->st[i].loss))
-            c.y1 = fmax(c.y1, d->st[i].loss), c.y0 = fmin(c.y0, d->st[i].loss);
+    for (size_t i = 0; i < nst; i++) {
+        c.x0 = fmin(c.x0, (double)st[i].step - 1);
+        c.x1 = fmax(c.x1, (double)st[i].step);
+        if (isfinite(st[i].loss))
+            c.y1 = fmax(c.y1, st[i].loss), c.y0 = fmin(c.y0, st[i].loss);
     }
-    int by_time = !d->nst;                            /* no steps: the incidents over time */
-    for (size_t i = 0; i < d->nev && !by_time; i++) { /* the incidents' steps are on it too */
-        double k = (double)event_step(d, &d->ev[i]);
-        c.x0 = fmin(c.x0, k);
-        c.x1 = fmax(c.x1, k);
-    }
+    int by_time = !nst; /* no steps: the incidents over time */
+    const keeper *ks[2] = {&d->inc, &d->inj};
+    for (int w = 0; w < 2 && !by_time; w++) /* the incidents' steps are on it too */
+        for (size_t i = 0; i < keeper_n(ks[w]); i++) {
+            double k = (double)event_step(d, &ev_at(ks[w], i)->e);
+            c.x0 = fmin(c.x0, k);
+            c.x1 = fmax(c.x1, k);
+        }
     if (by_time)
         c.x0 = 0, c.x1 = end_time(d, nm), c.y0 = 0, c.y1 = 1;
     if (!(c.x1 > c.x0))
@@ -687,7 +1118,7 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
     double H = 360;
     chart_begin(&c, f, "loss", by_time ? "Incidents over time" : "Loss by step",
                 d->untimed ? "The loss at every step, from rk train's loss.log (--loss-log)."
-                : d->nst   ? "Rank 0's loss at every step it applied, one line per launch (a "
+                : nst      ? "Rank 0's loss at every step it applied, one line per launch (a "
                              "relaunch replays from its checkpoint). Each incident is marked at "
                              "its step (a rank's event: the step it computed; else the last step "
                              "rank 0 applied before it was seen); the numbers are the table's."
@@ -696,62 +1127,62 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
                 by_time ? "seconds since rk run started" : "step", by_time ? NULL : "loss", H,
                 by_time ? 0 : 6);
     /* one line per launch, broken at non-finite losses and where a rollback replays */
-    double *xy = malloc((d->nst ? d->nst : 1) * 2 * sizeof *xy);
-    for (size_t i = 0; xy && i < d->nst;) {
-        size_t j = i, n = 0;
-        int launch = d->st[i].launch;
-        while (j < d->nst && d->st[j].launch == launch && isfinite(d->st[j].loss) &&
-               (j == i || d->st[j].step > d->st[j - 1].step)) {
-            xy[2 * n] = (double)d->st[j].step;
-            xy[2 * n + 1] = d->st[j].loss;
-            n++, j++;
-        }
-        char attrs[96];
-        snprintf(attrs, sizeof attrs, "data-launch=\"%d\" style=\"stroke:%s\"", launch,
-                 k_colour[launch % 8]);
-        polyline(f, &c, xy, n, "loss-line", attrs);
-        i = j > i ? j : i + 1;
-        while (i < d->nst && !isfinite(d->st[i].loss)) { /* a NaN step: a cross on the axis */
-            fprintf(f,
-                    "<text class=\"nan-step\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
-                    "&#215;</text>",
-                    cx(&c, (double)d->st[i].step), c.H - c.B - 3);
+    double *xy = malloc((nst ? nst : 1) * 2 * sizeof *xy);
+    long pieces = 0;
+    uint64_t nans = 0;
+    for (size_t i = 0; xy && i < nst;) {
+        if (!isfinite(st[i].loss)) { /* a NaN step: a cross on the axis */
+            if (nans++ % p->nan_stride == 0)
+                fprintf(f,
+                        "<text class=\"nan-step\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">"
+                        "&#215;</text>",
+                        cx(&c, (double)st[i].step), c.H - c.B - 3);
             i++;
+            continue;
         }
+        size_t j = piece_end(d, i), n = 0;
+        if (pieces++ < p->pieces) {
+            for (size_t k = i; k < j; k++, n++) {
+                xy[2 * n] = (double)st[k].step;
+                xy[2 * n + 1] = st[k].loss;
+            }
+            char attrs[96];
+            snprintf(attrs, sizeof attrs, "data-launch=\"%d\" style=\"stroke:%s\"", st[i].launch,
+                     k_colour[st[i].launch % 8]);
+            polyline(f, &c, xy, n, p->loss_stride, "loss-line", attrs);
+        }
+        i = j;
     }
     free(xy);
     /* incidents: a dashed line at the step and a numbered shape on top, staggered */
-    long no = 0;
-    for (size_t i = 0; i < d->nev; i++) {
-        const rk_report_event *e = &d->ev[i];
-        if (is_inject(e))
-            continue;
-        no++;
+    for (size_t i = 0; i < ninc; i++) {
+        const ev_pt *ep = ev_at(&d->inc, i);
+        const rk_report_event *e = &ep->e;
+        long no = (long)ep->no;
         int64_t s = event_step(d, e);
         double x = cx(&c, by_time ? e->t : (double)s), y = c.T + 10 + (double)((no - 1) % 4) * 16;
         family fam = family_of(e->kind);
+        char detail[200]; /* a tooltip: the table has all of it */
         fprintf(f, "<g class=\"incident-marker %s\" data-kind=\"", k_fam_class[fam]);
         esc(f, e->kind);
         fprintf(f, "\" data-step=\"%lld\" data-n=\"%ld\"><title>#%ld ", (long long)s, no, no);
         esc(f, e->kind);
         fprintf(f, " at %.1f s, step %lld: ", e->t, (long long)s);
-        esc(f, e->detail);
+        esc(f, rk_msg_show(detail, sizeof detail, e->detail));
         fprintf(f, "</title><line class=\"stem\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>",
                 x, x, y, c.H - c.B);
         shape(f, fam, x, y);
         fprintf(f, "<text class=\"mk-no\" x=\"%.1f\" y=\"%.1f\">%ld</text></g>\n", x + 8, y + 4,
                 no);
-        (*markers)++;
     }
     /* injections: a small grey tick below the axis */
-    for (size_t i = 0; i < d->nev; i++) {
-        const rk_report_event *e = &d->ev[i];
-        if (!is_inject(e))
-            continue;
+    for (size_t i = 0; i < ninj; i++) {
+        const rk_report_event *e = &ev_at(&d->inj, i)->e;
+        char detail[200];
         double x = cx(&c, by_time ? e->t : (double)event_step(d, e));
         fprintf(f, "<path class=\"inject-marker\" d=\"M%.1f %.1fl-4 7h8z\"><title>", x,
                 c.H - c.B + 1);
-        esc(f, e->detail);
+        esc(f, rk_msg_show(detail, sizeof detail, e->detail));
         fprintf(f, "</title></path>\n");
     }
     chart_end(&c);
@@ -765,11 +1196,12 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, long *markers)
 
 /* Goodput so far at each step record: the time of the steps that are in the model at that
  * moment (rank 0's dt; a replayed step counts once, its latest time), over the time since
- * the start. A replay drops the steps it redoes until they are done again. Thinned records
- * stand for the steps since the previous one. */
+ * the start. A replay drops the steps it redoes until they are done again. Thinned (or
+ * sampled) records stand for the steps since the previous one. */
 static void goodput_chart(FILE *f, const data *d, const nums *n)
 {
-    if (!d->nst || d->untimed) {
+    size_t nst = d->st.n;
+    if (!nst || d->untimed) {
         chart_empty(f, "goodput", "Goodput over time",
                     d->untimed ? "rk train's loss.log has no times: goodput needs rk run --steps."
                                : "No steps recorded (no steps.jsonl: give rk run --steps).");
@@ -779,8 +1211,8 @@ static void goodput_chart(FILE *f, const data *d, const nums *n)
         int64_t step;
         double c;
     } held;
-    held *stack = malloc(d->nst * sizeof *stack);
-    double *xy = malloc(d->nst * 2 * sizeof *xy);
+    held *stack = malloc(nst * sizeof *stack);
+    double *xy = malloc(nst * 2 * sizeof *xy);
     if (!stack || !xy) {
         free(stack);
         free(xy);
@@ -788,8 +1220,8 @@ static void goodput_chart(FILE *f, const data *d, const nums *n)
     }
     size_t top = 0, np = 0;
     double prod = 0;
-    for (size_t i = 0; i < d->nst; i++) {
-        const step_pt *p = &d->st[i];
+    for (size_t i = 0; i < nst; i++) {
+        const step_pt *p = &ST(d)[i];
         while (top && stack[top - 1].step >= p->step)
             prod -= stack[--top].c;
         int64_t prev = top ? stack[top - 1].step : p->step - 1;
@@ -814,40 +1246,51 @@ static void goodput_chart(FILE *f, const data *d, const nums *n)
         snprintf(note, sizeof note, "Productive time so far over time since the start.");
     chart_begin(&c, f, "goodput", "Goodput over time", note, "seconds since rk run started",
                 "goodput", 260, 5);
-    for (size_t i = 0; i < d->nla; i++)
+    for (size_t i = 0; i < keeper_n(&d->la); i++) {
+        const launch_pt *la = la_at(d, i);
         fprintf(f,
                 "<line class=\"launch-line\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
                 "<text class=\"launch-label\" x=\"%.1f\" y=\"%.1f\">launch %d</text>\n",
-                cx(&c, d->la[i].t), cx(&c, d->la[i].t), c.T, c.H - c.B, cx(&c, d->la[i].t) + 3,
-                c.T + 10, d->la[i].launch);
+                cx(&c, la->t), cx(&c, la->t), c.T, c.H - c.B, cx(&c, la->t) + 3, c.T + 10,
+                la->launch);
+    }
     if (isfinite(n->goodput))
         fprintf(f,
                 "<line class=\"goodput-final\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
                 "y2=\"%.1f\"/>\n",
                 c.L, c.W - c.R, cy(&c, n->goodput), cy(&c, n->goodput));
-    polyline(f, &c, xy, np, "goodput-line", "");
+    polyline(f, &c, xy, np, (size_t)stride_for(np, GOODPUT_POINTS), "goodput-line", "");
     free(xy);
     chart_end(&c);
 }
 
-/* Rows: devices; a bar for each rank of each launch, from its start to the next launch. */
-static void devices_chart(FILE *f, const data *d, const nums *n)
+/* Rows: devices; a bar for each rank of each launch drawn, from its start to the next
+ * launch. */
+static void devices_chart(FILE *f, const data *d, const nums *n, const plan *p)
 {
-    if (!d->nla) {
+    size_t nla = keeper_n(&d->la);
+    if (!nla) {
         chart_empty(f, "devices", "Ranks on devices, launch by launch",
                     "No launches recorded (no steps.jsonl: give rk run --steps).");
         return;
     }
-    /* the devices used by some launch, in order of first appearance */
+    /* the devices used by a launch drawn, in order of first appearance */
     int *row = malloc((size_t)(d->ndev ? d->ndev : 1) * sizeof *row);
     if (!row)
         return;
     int rows = 0;
     for (int k = 0; k < d->ndev; k++)
         row[k] = -1;
-    for (size_t i = 0; i < d->nldev; i++)
-        if (row[d->ldev[i]] < 0)
-            row[d->ldev[i]] = rows++;
+    for (size_t i = 0; i < nla; i++) {
+        if (i == p->bar_head)
+            i = p->bar_tail;
+        if (i >= nla)
+            break;
+        const launch_pt *la = la_at(d, i);
+        for (int r = 0; r < la->n; r++)
+            if (row[la->dev[r]] < 0)
+                row[la->dev[r]] = rows++;
+    }
     double end = end_time(d, n);
     chart c = {.x0 = 0, .x1 = end, .y0 = 0, .y1 = rows};
     double H = 14 + 42 + 30.0 * rows;
@@ -862,12 +1305,16 @@ static void devices_chart(FILE *f, const data *d, const nums *n)
             esc(f, d->dev[k]);
             fprintf(f, "</text>\n");
         }
-    for (size_t i = 0; i < d->nla; i++) {
-        const launch_pt *la = &d->la[i];
-        double t1 = i + 1 < d->nla ? d->la[i + 1].t : end;
+    for (size_t i = 0; i < nla; i++) {
+        if (i == p->bar_head)
+            i = p->bar_tail;
+        if (i >= nla)
+            break;
+        const launch_pt *la = la_at(d, i);
+        double t1 = isfinite(la->t_next) ? la->t_next : end;
         double x0 = cx(&c, la->t), x1 = cx(&c, fmax(t1, la->t));
         for (int r = 0; r < la->n; r++) {
-            int k = d->ldev[la->first_dev + r];
+            int k = la->dev[r];
             double y = cy(&c, rows - row[k]);
             fprintf(f,
                     "<g class=\"launch-bar\" data-launch=\"%d\" data-rank=\"%d\" "
@@ -891,7 +1338,7 @@ static void devices_chart(FILE *f, const data *d, const nums *n)
 }
 
 /* One line per device: score (with the threshold) or temperature, over time. */
-static void gate_chart(FILE *f, const data *d, const nums *n, int temp)
+static void gate_chart(FILE *f, const data *d, const nums *n, const plan *p, int temp)
 {
     const char *id = temp ? "temperature" : "score";
     const char *title = temp ? "GPU temperature" : "GPU health score";
@@ -928,39 +1375,57 @@ static void gate_chart(FILE *f, const data *d, const nums *n, int temp)
     if (!temp && d->threshold >= 0)
         fprintf(f, "<line class=\"threshold\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>\n",
                 c.L, c.W - c.R, cy(&c, d->threshold), cy(&c, d->threshold));
-    double *xy = malloc(d->ngt * 2 * sizeof *xy);
-    for (int k = 0; xy && k < d->ndev; k++) {
-        size_t np = 0;
+    /* the devices' points, device after device (a counting sort of the readings) */
+    size_t *at = calloc((size_t)d->ndev + 1, sizeof *at);
+    size_t *cnt = calloc((size_t)d->ndev + 1, sizeof *cnt);
+    char *drawn_dev = calloc((size_t)d->ndev + 1, 1);
+    double *xy = malloc((d->ngt ? d->ngt : 1) * 2 * sizeof *xy);
+    int seen = 0;
+    if (at && cnt && drawn_dev && xy) {
+        for (int k = 0; k < d->ndev; k++)
+            drawn_dev[k] = (char)has_series(p, k, &seen);
         for (size_t i = 0; i < d->ngt; i++) {
             const gate_pt *g = &d->gt[i];
-            if (g->dev != k || (temp && !isfinite(g->temp)))
-                continue;
-            xy[2 * np] = g->t;
-            xy[2 * np + 1] = temp ? g->temp : g->score;
-            np++;
+            cnt[g->dev] += drawn_dev[g->dev] && (!temp || isfinite(g->temp));
         }
-        if (!np)
-            continue;
-        char attrs[128];
-        snprintf(attrs, sizeof attrs, "style=\"stroke:%s;stroke-dasharray:%s\" data-device=\"",
-                 k_colour[k % 8], k_dash[(k / 8) % 8][0] ? k_dash[(k / 8) % 8] : "none");
-        fprintf(f, "<g class=\"device-series\" data-device=\"");
-        esc(f, d->dev[k]);
-        fprintf(f, "\"><title>device ");
-        esc(f, d->dev[k]);
-        fprintf(f, "</title>");
-        attrs[strlen(attrs) - strlen(" data-device=\"")] = '\0';
-        polyline(f, &c, xy, np, temp ? "temp-line" : "score-line", attrs);
-        fprintf(f, "</g>\n");
+        for (int k = 0; k < d->ndev; k++)
+            at[k + 1] = at[k] + cnt[k];
+        size_t drawn = at[d->ndev];
+        memset(cnt, 0, ((size_t)d->ndev + 1) * sizeof *cnt);
+        for (size_t i = 0; i < d->ngt; i++) {
+            const gate_pt *g = &d->gt[i];
+            if (!drawn_dev[g->dev] || (temp && !isfinite(g->temp)))
+                continue;
+            size_t j = at[g->dev] + cnt[g->dev]++;
+            xy[2 * j] = g->t;
+            xy[2 * j + 1] = temp ? g->temp : g->score;
+        }
+        size_t stride = (size_t)stride_for(drawn, GATE_POINTS);
+        for (int k = 0; k < d->ndev; k++) {
+            size_t np = at[k + 1] - at[k];
+            if (!np)
+                continue;
+            char attrs[128];
+            snprintf(attrs, sizeof attrs, "style=\"stroke:%s;stroke-dasharray:%s\"",
+                     k_colour[k % 8], k_dash[(k / 8) % 8][0] ? k_dash[(k / 8) % 8] : "none");
+            fprintf(f, "<g class=\"device-series\" data-device=\"");
+            esc(f, d->dev[k]);
+            fprintf(f, "\"><title>device ");
+            esc(f, d->dev[k]);
+            fprintf(f, "</title>");
+            polyline(f, &c, xy + 2 * at[k], np, stride, temp ? "temp-line" : "score-line", attrs);
+            fprintf(f, "</g>\n");
+        }
     }
+    free(at);
+    free(cnt);
+    free(drawn_dev);
     free(xy);
     chart_end(&c);
     fprintf(f, "<p class=\"legend\">");
+    seen = 0;
     for (int k = 0; k < d->ndev; k++) {
-        int used = 0;
-        for (size_t i = 0; i < d->ngt && !used; i++)
-            used = d->gt[i].dev == k;
-        if (!used)
+        if (!has_series(p, k, &seen))
             continue;
         fprintf(f, "<span class=\"key\" style=\"color:%s\">&#9644; device ", k_colour[k % 8]);
         esc(f, d->dev[k]);
@@ -969,28 +1434,29 @@ static void gate_chart(FILE *f, const data *d, const nums *n, int temp)
     fprintf(f, "</p>\n");
 }
 
-static void ckpt_chart(FILE *f, const data *d, const nums *n)
+static void ckpt_chart(FILE *f, const data *d, const nums *n, const plan *p)
 {
-    if (!d->nck) {
+    size_t nck = d->ck.n;
+    if (!nck) {
         chart_empty(f, "checkpoints", "Checkpoints",
                     "No checkpoints recorded (no steps.jsonl, or the job wrote none).");
         return;
     }
     chart c = {.x0 = 0, .x1 = end_time(d, n), .y0 = 0, .y1 = 0};
-    for (size_t i = 0; i < d->nck; i++)
-        c.y1 = fmax(c.y1, d->ck[i].seconds);
+    for (size_t i = 0; i < nck; i++)
+        c.y1 = fmax(c.y1, CK(d)[i].seconds);
     c.y1 = c.y1 > 0 ? c.y1 * 1.15 : 1;
     chart_begin(&c, f, "checkpoints", "Checkpoints",
                 "When each checkpoint became durable, and how long rank 0 said its save took.",
                 "seconds since rk run started", "save (s)", 200, 4);
-    for (size_t i = 0; i < d->nck; i++) {
-        double x = cx(&c, d->ck[i].t), y = cy(&c, d->ck[i].seconds);
+    for (size_t i = 0; i < nck; i += p->ck_stride) {
+        const ckpt_pt *k = &CK(d)[i];
+        double x = cx(&c, k->t), y = cy(&c, k->seconds);
         fprintf(f,
                 "<g class=\"ckpt-mark\" data-step=\"%lld\"><title>step %lld at %.1f s, saved in "
                 "%.3f s</title><line class=\"stem\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" "
                 "y2=\"%.1f\"/><circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\"/></g>\n",
-                (long long)d->ck[i].step, (long long)d->ck[i].step, d->ck[i].t, d->ck[i].seconds, x,
-                x, y, c.H - c.B, x, y);
+                (long long)k->step, (long long)k->step, k->t, k->seconds, x, x, y, c.H - c.B, x, y);
     }
     chart_end(&c);
 }
@@ -1003,14 +1469,46 @@ static void cell_num(FILE *f, double v, const char *fmt)
         fputs("&#8212;", f);
 }
 
+static void event_row(FILE *f, const data *d, const ev_pt *ep, int inject)
+{
+    const rk_report_event *e = &ep->e;
+    fprintf(f, "<tr class=\"%s\">", k_fam_class[family_of(e->kind)]);
+    if (!inject)
+        fprintf(f, "<td>%llu</td>", (unsigned long long)ep->no);
+    fprintf(f, "<td>%.1f</td><td class=\"time\">", e->t);
+    esc(f, e->time);
+    fprintf(f, "</td><td>");
+    if (e->step >= 0 || d->st.n)
+        fprintf(f, "%lld", (long long)event_step(d, e));
+    fprintf(f, "</td><td class=\"kind\">");
+    esc(f, e->kind);
+    fprintf(f, "</td><td>");
+    if (e->rank >= 0)
+        fprintf(f, "%d", e->rank);
+    fprintf(f, "</td><td>");
+    esc(f, e->device);
+    fprintf(f, "</td><td>");
+    esc(f, e->action);
+    fprintf(f, "</td>");
+    if (!inject) {
+        fprintf(f, "<td>");
+        if (e->lost_steps >= 0)
+            fprintf(f, "%lld", (long long)e->lost_steps);
+        fprintf(f, "</td><td>");
+        cell_num(f, e->recovery_s, "%.2f");
+        fprintf(f, "</td>");
+    }
+    fprintf(f, "<td class=\"detail\">");
+    esc(f, e->detail);
+    fprintf(f, "</td></tr>\n");
+}
+
 static void event_table(FILE *f, const data *d, int inject)
 {
-    long rows = 0;
-    for (size_t i = 0; i < d->nev; i++)
-        rows += is_inject(&d->ev[i]) == inject;
-    fprintf(f, "<section class=\"%s\"><h2>%s (%ld)</h2>\n", inject ? "injections" : "incidents",
-            inject ? "Injected faults (simulated)" : "Incidents", rows);
-    if (!rows) {
+    const keeper *k = inject ? &d->inj : &d->inc;
+    fprintf(f, "<section class=\"%s\"><h2>%s (%llu)</h2>\n", inject ? "injections" : "incidents",
+            inject ? "Injected faults (simulated)" : "Incidents", (unsigned long long)k->seen);
+    if (!k->seen) {
         fprintf(f, "<p class=\"none\">None.</p></section>\n");
         return;
     }
@@ -1020,40 +1518,14 @@ static void event_table(FILE *f, const data *d, int inject)
             "</tr></thead><tbody>\n",
             inject ? "inject-table" : "incident-table", inject ? "" : "<th>#</th>",
             inject ? "" : "<th>lost steps</th><th>recovery (s)</th>");
-    long no = 0;
-    for (size_t i = 0; i < d->nev; i++) {
-        const rk_report_event *e = &d->ev[i];
-        if (is_inject(e) != inject)
-            continue;
-        fprintf(f, "<tr class=\"%s\">", k_fam_class[family_of(e->kind)]);
-        if (!inject)
-            fprintf(f, "<td>%ld</td>", ++no);
-        fprintf(f, "<td>%.1f</td><td class=\"time\">", e->t);
-        esc(f, e->time);
-        fprintf(f, "</td><td>");
-        if (e->step >= 0 || d->nst)
-            fprintf(f, "%lld", (long long)event_step(d, e));
-        fprintf(f, "</td><td class=\"kind\">");
-        esc(f, e->kind);
-        fprintf(f, "</td><td>");
-        if (e->rank >= 0)
-            fprintf(f, "%d", e->rank);
-        fprintf(f, "</td><td>");
-        esc(f, e->device);
-        fprintf(f, "</td><td>");
-        esc(f, e->action);
-        fprintf(f, "</td>");
-        if (!inject) {
-            fprintf(f, "<td>");
-            if (e->lost_steps >= 0)
-                fprintf(f, "%lld", (long long)e->lost_steps);
-            fprintf(f, "</td><td>");
-            cell_num(f, e->recovery_s, "%.2f");
-            fprintf(f, "</td>");
-        }
-        fprintf(f, "<td class=\"detail\">");
-        esc(f, e->detail);
-        fprintf(f, "</td></tr>\n");
+    for (size_t i = 0; i < keeper_n(k); i++) {
+        if (i == k->cap / 2 && keeper_left(k))
+            fprintf(f,
+                    "<tr class=\"left-out\"><td colspan=\"%d\">&#8230; %llu more left out "
+                    "(the first %zu and the last %zu are shown) &#8230;</td></tr>\n",
+                    inject ? 8 : 11, (unsigned long long)keeper_left(k), k->cap / 2,
+                    k->cap - k->cap / 2);
+        event_row(f, d, ev_at(k, i), inject);
     }
     fprintf(f, "</tbody></table></section>\n");
 }
@@ -1113,7 +1585,7 @@ static void fact(FILE *f, const char *name, const char *value)
     fprintf(f, "<div><dt>%s</dt><dd>%s</dd></div>", name, value);
 }
 
-static void facts(FILE *f, const data *d, const nums *n, long incidents, long injections)
+static void facts(FILE *f, const data *d, const nums *n)
 {
     char b[64];
     fprintf(f, "<dl class=\"facts\">");
@@ -1125,8 +1597,8 @@ static void facts(FILE *f, const data *d, const nums *n, long incidents, long in
         fact(f, "outcome", "&#8212;");
     }
     int64_t steps = n->steps;
-    if (steps < 0 && d->nst)
-        steps = d->st[d->nst - 1].step;
+    if (steps < 0 && d->st.n) /* the sample ends with the last record */
+        steps = ST(d)[d->st.n - 1].step;
     if (steps >= 0)
         snprintf(b, sizeof b, "%lld", (long long)steps);
     fact(f, "steps", steps >= 0 ? b : "&#8212;");
@@ -1138,9 +1610,9 @@ static void facts(FILE *f, const data *d, const nums *n, long incidents, long in
     fact(f, "restarts", n->restarts >= 0 ? b : "&#8212;");
     snprintf(b, sizeof b, "%lld", (long long)n->quarantined);
     fact(f, "quarantined", n->quarantined >= 0 ? b : "&#8212;");
-    snprintf(b, sizeof b, "%ld", incidents);
+    snprintf(b, sizeof b, "%llu", (unsigned long long)d->inc.seen);
     fact(f, "incidents", b);
-    snprintf(b, sizeof b, "%ld", injections);
+    snprintf(b, sizeof b, "%llu", (unsigned long long)d->inj.seen);
     fact(f, "faults injected", b);
     snprintf(b, sizeof b, "%.2f s / %.2f s", n->recovery_median_s, n->recovery_max_s);
     fact(f, "recovery median / max", isfinite(n->recovery_median_s) ? b : "&#8212;");
@@ -1158,72 +1630,95 @@ static void facts(FILE *f, const data *d, const nums *n, long incidents, long in
     fprintf(f, "</dl>\n");
 }
 
-static void data_free(data *d)
+/* ---- reading the files, then the page ----------------------------------------------------- */
+
+/* One of the run directory's files: its bytes (rk_report_render) or its open descriptor
+ * (rk_report_write, which reads it line by line); absent when neither. */
+typedef struct source {
+    const char *buf;
+    size_t len;
+    int fd;
+    const char *path;
+    size_t max;
+} source;
+
+enum { S_EVENTS, S_SUMMARY, S_STEPS, S_GATE, S_METRICS, S_LOSS, S_N };
+
+static int present(const source *s)
 {
-    free(d->ev);
-    free(d->st);
-    free(d->la);
-    free(d->ldev);
-    free(d->ck);
-    free(d->gt);
-    free(d->dev);
+    return s->buf || s->fd >= 0;
 }
 
-int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report_stats *st,
-                     rk_err *err)
+static int feed(data *d, const char *file, const source *s, line_fn fn, rk_err *err)
+{
+    lines ls = {.d = d, .file = file, .fn = fn};
+    return s->buf ? each_line(&ls, s->buf, s->len, err)
+                  : stream_lines(&ls, s->fd, s->path, s->max, err);
+}
+
+/* Every file into d and n, in the order the checks need (summary.json and metrics.json are
+ * read whole: they are small). */
+static int load(data *d, nums *n, const source *src, rk_err *err)
+{
+    int rc;
+    if ((rc = read_nums(src[S_SUMMARY].buf, src[S_SUMMARY].len, src[S_METRICS].buf,
+                        src[S_METRICS].len, n, err)))
+        return rc;
+    if (present(&src[S_EVENTS]) &&
+        (rc = feed(d, RK_REPORT_EVENTS, &src[S_EVENTS], on_event_line, err)))
+        return rc;
+    if (present(&src[S_STEPS]) &&
+        (rc = feed(d, RK_REPORT_STEPS, &src[S_STEPS], on_record_line, err)))
+        return rc;
+    if (d->ngt) /* steps.jsonl holds no gate records */
+        return rk_err_set(err, RK_EFORMAT, "%s: holds gate records (those go in %s)",
+                          RK_REPORT_STEPS, RK_REPORT_GATE);
+    if (!present(&src[S_STEPS]) && present(&src[S_LOSS])) { /* a run of rk train alone */
+        if ((rc = feed(d, RK_REPORT_LOSS, &src[S_LOSS], on_loss_line, err)))
+            return rc;
+        d->untimed = 1;
+    }
+    uint64_t nst = d->st.seen, nla = d->la.seen, nck = d->ck.seen;
+    if (present(&src[S_GATE]) && (rc = feed(d, RK_REPORT_GATE, &src[S_GATE], on_record_line, err)))
+        return rc;
+    if (d->st.seen != nst || d->la.seen != nla || d->ck.seen != nck)
+        return rk_err_set(err, RK_EFORMAT,
+                          "%s: holds step, launch or checkpoint records (those go "
+                          "in %s)",
+                          RK_REPORT_GATE, RK_REPORT_STEPS);
+    if (sampler_finish(&d->st) || sampler_finish(&d->ck))
+        return rk_err_set(err, RK_ENOMEM, "out of memory");
+    return RK_OK;
+}
+
+static int render(const source *src, const char *run_name, char **html, size_t *len,
+                  rk_report_stats *st, rk_err *err)
 {
     *html = NULL;
     *len = 0;
     memset(st, 0, sizeof *st);
-    data d = {.threshold = -1};
+    data *d = calloc(1, sizeof *d);
+    if (!d)
+        return rk_err_set(err, RK_ENOMEM, "out of memory");
+    data_init(d);
     nums n;
-    int rc;
-    if ((rc = read_nums(in, &n, err)) ||
-        (in->events &&
-         (rc = each_line(&d, RK_REPORT_EVENTS, in->events, in->events_len, on_event_line, err))))
-        goto fail;
-    if (in->steps &&
-        (rc = each_line(&d, RK_REPORT_STEPS, in->steps, in->steps_len, on_record_line, err)))
-        goto fail;
-    if (d.ngt) { /* steps.jsonl holds no gate records */
-        rc = rk_err_set(err, RK_EFORMAT, "%s: holds gate records (those go in %s)", RK_REPORT_STEPS,
-                        RK_REPORT_GATE);
-        goto fail;
-    }
-    if (!in->steps && in->loss) { /* a run of rk train alone: its loss log */
-        if ((rc = each_line(&d, RK_REPORT_LOSS, in->loss, in->loss_len, on_loss_line, err)))
-            goto fail;
-        d.untimed = 1;
-    }
-    size_t nst = d.nst, nla = d.nla, nck = d.nck;
-    if (in->gate &&
-        (rc = each_line(&d, RK_REPORT_GATE, in->gate, in->gate_len, on_record_line, err)))
-        goto fail;
-    if (d.nst != nst || d.nla != nla || d.nck != nck) {
-        rc = rk_err_set(err, RK_EFORMAT,
-                        "%s: holds step, launch or checkpoint records (those go "
-                        "in %s)",
-                        RK_REPORT_GATE, RK_REPORT_STEPS);
-        goto fail;
+    plan p = {0};
+    int rc = load(d, &n, src, err);
+    if (rc)
+        goto out;
+    if (make_plan(d, &p)) {
+        rc = rk_err_set(err, RK_ENOMEM, "out of memory");
+        goto out;
     }
     char *buf = NULL;
     size_t blen = 0;
     FILE *f = open_memstream(&buf, &blen);
     if (!f) {
         rc = rk_err_set(err, RK_ENOMEM, "cannot render: %s", strerror(errno));
-        goto fail;
-    }
-    long incidents = 0, injections = 0, gpus = 0;
-    for (size_t i = 0; i < d.nev; i++)
-        is_inject(&d.ev[i]) ? injections++ : incidents++;
-    for (int k = 0; k < d.ndev; k++) {
-        int used = 0;
-        for (size_t i = 0; i < d.ngt && !used; i++)
-            used = d.gt[i].dev == k;
-        gpus += used;
+        goto out;
     }
     char name[256];
-    rk_text_clean(name, sizeof name, in->name ? in->name : "run");
+    rk_text_clean(name, sizeof name, run_name ? run_name : "run");
     fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
                "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
                "style-src 'unsafe-inline'\">\n"
@@ -1233,79 +1728,84 @@ int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report
     fprintf(f, "</title>\n<style>%s</style></head><body>\n<header><h1>rk report: ", k_style);
     esc(f, name);
     fprintf(f, "</h1><p class=\"sub\">A run of <code>rk run</code> at a glance");
-    if (injections)
+    if (d->inj.seen)
         fprintf(f, "; the faults were injected (simulated)");
-    if (d.simulated)
+    if (d->simulated)
         fprintf(f, "; the GPUs are simulated");
     fprintf(f, ".</p></header>\n");
-    facts(f, &d, &n, incidents, injections);
-    if (d.torn)
+    facts(f, d, &n);
+    if (d->torn)
         fprintf(f,
                 "<p class=\"warn\">%d file%s ended in a cut line (the writer was stopped "
                 "mid-line); it was left out.</p>\n",
-                d.torn, d.torn == 1 ? "" : "s");
-    long markers = 0;
-    loss_chart(f, &d, &n, &markers);
-    goodput_chart(f, &d, &n);
-    devices_chart(f, &d, &n);
-    gate_chart(f, &d, &n, 0);
-    gate_chart(f, &d, &n, 1);
-    ckpt_chart(f, &d, &n);
-    event_table(f, &d, 0);
-    event_table(f, &d, 1);
+                d->torn, d->torn == 1 ? "" : "s");
+    st->left_out = left_out_note(f, d, &p);
+    loss_chart(f, d, &n, &p);
+    goodput_chart(f, d, &n);
+    devices_chart(f, d, &n, &p);
+    gate_chart(f, d, &n, &p, 0);
+    gate_chart(f, d, &n, &p, 1);
+    ckpt_chart(f, d, &n, &p);
+    event_table(f, d, 0);
+    event_table(f, d, 1);
     fprintf(f,
             "<footer>Written by rk report from %s%s%s%s%s. Times are seconds since rk run "
             "started.</footer>\n</body></html>\n",
-            in->events ? RK_REPORT_EVENTS " " : "", in->summary ? RK_REPORT_SUMMARY " " : "",
-            in->steps   ? RK_REPORT_STEPS " "
-            : d.untimed ? RK_REPORT_LOSS " "
-                        : "",
-            in->gate ? RK_REPORT_GATE " " : "", in->metrics ? RK_REPORT_METRICS : "");
+            present(&src[S_EVENTS]) ? RK_REPORT_EVENTS " " : "",
+            present(&src[S_SUMMARY]) ? RK_REPORT_SUMMARY " " : "",
+            present(&src[S_STEPS]) ? RK_REPORT_STEPS " "
+            : d->untimed           ? RK_REPORT_LOSS " "
+                                   : "",
+            present(&src[S_GATE]) ? RK_REPORT_GATE " " : "",
+            present(&src[S_METRICS]) ? RK_REPORT_METRICS : "");
     if (fclose(f) != 0 || !buf) {
         free(buf);
         rc = rk_err_set(err, RK_ENOMEM, "cannot render: out of memory");
-        goto fail;
+        goto out;
+    }
+    if (blen > RK_REPORT_MAX_PAGE) { /* the limits above make this impossible: a bug */
+        free(buf);
+        rc = rk_err_set(err, RK_EINVAL, "the page came to %zu bytes, over its bound of %zu", blen,
+                        RK_REPORT_MAX_PAGE);
+        goto out;
     }
     *html = buf;
     *len = blen;
-    st->incidents = incidents;
-    st->injections = injections;
-    st->steps = (long)d.nst;
-    st->launches = (long)d.nla;
-    st->ckpts = (long)d.nck;
-    st->gate_lines = (long)d.ngt;
-    st->gpus = gpus;
-    st->torn = d.torn;
-    st->simulated = d.simulated;
-    (void)markers; /* equals incidents: every incident gets its marker */
-    data_free(&d);
-    return RK_OK;
-fail:
-    data_free(&d);
+    st->incidents = (long)d->inc.seen;
+    st->injections = (long)d->inj.seen;
+    st->steps = (long)d->st.seen;
+    st->launches = (long)d->la.seen;
+    st->ckpts = (long)d->ck.seen;
+    st->gate_lines = (long)d->ngt;
+    st->gpus = p.gpus;
+    st->torn = d->torn;
+    st->simulated = d->simulated;
+out:
+    free(p.gate_n);
+    data_free(d);
     return rc;
+}
+
+int rk_report_render(const rk_report_in *in, char **html, size_t *len, rk_report_stats *st,
+                     rk_err *err)
+{
+    source src[S_N] = {
+        [S_EVENTS] = {.buf = in->events, .len = in->events_len, .fd = -1},
+        [S_SUMMARY] = {.buf = in->summary, .len = in->summary_len, .fd = -1},
+        [S_STEPS] = {.buf = in->steps, .len = in->steps_len, .fd = -1},
+        [S_GATE] = {.buf = in->gate, .len = in->gate_len, .fd = -1},
+        [S_METRICS] = {.buf = in->metrics, .len = in->metrics_len, .fd = -1},
+        [S_LOSS] = {.buf = in->loss, .len = in->loss_len, .fd = -1},
+    };
+    return render(src, in->name, html, len, st, err);
 }
 
 /* ---- the files ---------------------------------------------------------------------------- */
 
-/* Read dir/name into *buf (NULL when absent); other errors name the file. */
-static int read_opt(const char *dir, const char *name, size_t max, char **buf, size_t *len,
-                    rk_err *err)
-{
-    char path[4200];
-    *buf = NULL;
-    *len = 0;
-    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
-        return rk_err_set(err, RK_EINVAL, "%s: the path is too long", dir);
-    rk_err e = {0};
-    uint8_t *b = NULL;
-    int rc = rk_file_read_all(path, &b, len, max, &e);
-    if (rc == RK_ENOENT)
-        return RK_OK;
-    if (rc)
-        return rk_err_set(err, rc, "%s", e.msg);
-    *buf = (char *)b;
-    return RK_OK;
-}
+static const char *const k_file[S_N] = {RK_REPORT_EVENTS, RK_REPORT_SUMMARY, RK_REPORT_STEPS,
+                                        RK_REPORT_GATE,   RK_REPORT_METRICS, RK_REPORT_LOSS};
+static const size_t k_max[S_N] = {RK_REPORT_MAX_EVENTS, RK_REPORT_MAX_JSON, RK_REPORT_MAX_LOG,
+                                  RK_REPORT_MAX_LOG,    RK_REPORT_MAX_JSON, RK_REPORT_MAX_LOG};
 
 int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *st, rk_err *err)
 {
@@ -1317,58 +1817,70 @@ int rk_report_write(const char *run_dir, const char *out_path, rk_report_stats *
     if (!S_ISDIR(sb.st_mode))
         return rk_err_set(err, RK_EINVAL, "%s: is %s, not a run directory", run_dir,
                           rk_file_kind_name(sb.st_mode));
-    char *ev = NULL, *su = NULL, *stp = NULL, *ga = NULL, *me = NULL, *lo = NULL;
-    rk_report_in in = {0};
-    int rc;
-    if ((rc =
-             read_opt(run_dir, RK_REPORT_EVENTS, RK_REPORT_MAX_EVENTS, &ev, &in.events_len, err)) ||
-        (rc =
-             read_opt(run_dir, RK_REPORT_SUMMARY, RK_REPORT_MAX_JSON, &su, &in.summary_len, err)) ||
-        (rc = read_opt(run_dir, RK_REPORT_STEPS, RK_REPORT_MAX_LOG, &stp, &in.steps_len, err)) ||
-        (rc = read_opt(run_dir, RK_REPORT_GATE, RK_REPORT_MAX_LOG, &ga, &in.gate_len, err)) ||
-        (rc =
-             read_opt(run_dir, RK_REPORT_METRICS, RK_REPORT_MAX_JSON, &me, &in.metrics_len, err)) ||
-        (!stp &&
-         (rc = read_opt(run_dir, RK_REPORT_LOSS, RK_REPORT_MAX_LOG, &lo, &in.loss_len, err))))
-        goto out;
-    if (!ev && !stp && !lo) {
+    source src[S_N];
+    char path[S_N][4200];
+    uint8_t *whole[S_N] = {0}; /* summary.json and metrics.json, read whole */
+    int rc = RK_OK;
+    for (int i = 0; i < S_N; i++)
+        src[i] = (source){.fd = -1, .path = path[i], .max = k_max[i]};
+    for (int i = 0; i < S_N && rc == RK_OK; i++) {
+        if (i == S_LOSS && present(&src[S_STEPS])) /* loss.log: only without steps.jsonl */
+            break;
+        if ((size_t)snprintf(path[i], sizeof path[i], "%s/%s", run_dir, k_file[i]) >=
+            sizeof path[i]) {
+            rc = rk_err_set(err, RK_EINVAL, "%s: the path is too long", run_dir);
+            break;
+        }
+        rk_err e = {0};
+        uint64_t size = 0;
+        rc = rk_file_open_read(path[i], k_max[i], &src[i].fd, &size, &e);
+        if (rc == RK_ENOENT) {
+            rc = RK_OK;
+            continue;
+        }
+        if (rc) {
+            rc = rk_err_set(err, rc, "%s", e.msg);
+            break;
+        }
+        if (i == S_SUMMARY || i == S_METRICS) {
+            size_t n = 0;
+            if ((rc = rk_file_read_fd(src[i].fd, path[i], k_max[i], size, &whole[i], &n, &e))) {
+                rc = rk_err_set(err, rc, "%s", e.msg);
+                break;
+            }
+            src[i].buf = (const char *)whole[i];
+            src[i].len = n;
+        }
+    }
+    if (rc == RK_OK && !present(&src[S_EVENTS]) && !present(&src[S_STEPS]) &&
+        !present(&src[S_LOSS]))
         rc = rk_err_set(err, RK_EINVAL,
                         "%s: holds none of %s, %s, %s (give rk run --events DIR/%s --steps "
                         "DIR/%s, or rk train --loss-log DIR/%s)",
                         run_dir, RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_LOSS,
                         RK_REPORT_EVENTS, RK_REPORT_STEPS, RK_REPORT_LOSS);
-        goto out;
+    if (rc == RK_OK) {
+        /* the page calls the run by its directory's last name ("." and ".." resolved) */
+        char name[256], *real = realpath(run_dir, NULL);
+        const char *dn = real ? real : run_dir;
+        size_t dl = strlen(dn);
+        while (dl > 1 && dn[dl - 1] == '/')
+            dl--;
+        size_t from = dl;
+        while (from > 0 && dn[from - 1] != '/')
+            from--;
+        snprintf(name, sizeof name, "%.*s", (int)(dl - from), dn + from);
+        free(real);
+        char *html = NULL;
+        size_t hlen = 0;
+        if ((rc = render(src, name, &html, &hlen, st, err)) == RK_OK)
+            rc = rk_file_write_atomic(out_path, html, hlen, err);
+        free(html);
     }
-    in.events = ev;
-    in.summary = su;
-    in.steps = stp;
-    in.gate = ga;
-    in.metrics = me;
-    in.loss = lo;
-    /* the page calls the run by its directory's last name ("." and ".." resolved) */
-    char name[256], *real = realpath(run_dir, NULL);
-    const char *dn = real ? real : run_dir;
-    size_t dl = strlen(dn);
-    while (dl > 1 && dn[dl - 1] == '/')
-        dl--;
-    size_t from = dl;
-    while (from > 0 && dn[from - 1] != '/')
-        from--;
-    snprintf(name, sizeof name, "%.*s", (int)(dl - from), dn + from);
-    free(real);
-    in.name = name;
-    char *html = NULL;
-    size_t hlen = 0;
-    if ((rc = rk_report_render(&in, &html, &hlen, st, err)))
-        goto out;
-    rc = rk_file_write_atomic(out_path, html, hlen, err);
-    free(html);
-out:
-    free(ev);
-    free(su);
-    free(stp);
-    free(ga);
-    free(me);
-    free(lo);
+    for (int i = 0; i < S_N; i++) {
+        if (src[i].fd >= 0)
+            close(src[i].fd);
+        free(whole[i]);
+    }
     return rc;
 }
