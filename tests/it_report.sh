@@ -30,7 +30,7 @@ run=$work/run
 mkdir -p "$run"
 spec="crash@step=20:rank=1,nan@step=40:rank=0,hang@step=60:rank=1,bitflip@step=90:rank=0"
 "$RK" run -n 2 --devices 0,1,2 --ckpt-dir "$run/ckpt" --heartbeat-timeout 3 --quiet \
-  --failure-threshold 2 --health sim --sim-seed 4 --sim-age 2000 --sim-time-scale 3600 \
+  --failure-threshold 2 --health sim --sim-seed 4 --sim-age 2000 --sim-step-time 1m \
   --health-interval 1 --health-threshold 30 --inject "$spec" \
   --events "$run/events.jsonl" --summary-json "$run/summary.json" \
   --steps "$run/steps.jsonl" --gate-log "$run/gate.jsonl" \
