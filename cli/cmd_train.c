@@ -709,7 +709,7 @@ int rk_cmd_train(int argc, char **argv)
             goto fail;
         o.cfg.scaler = &scaler;
     }
-    if (rank == 0 && o.loss_log && !(loss_log = fopen(o.loss_log, "w"))) {
+    if (rank == 0 && o.loss_log && !(loss_log = fopen(o.loss_log, "we"))) {
         rc = rk_err_set(&err, RK_EIO, "--loss-log %s: %s", o.loss_log, strerror(errno));
         goto fail;
     }

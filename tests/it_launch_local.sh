@@ -36,6 +36,11 @@
 #     that exits with the same status before any hello twice; the first line under explicit
 #     local names the worker's path and shell-quotes its arguments; a fault of a rank the job
 #     does not have is warned of.
+# (15) two processes that say hello as the same rank (a worker that reads Open MPI's
+#     OMPI_COMM_WORLD_RANK, unset under local: every rank says rank 0, of 1 or of 2): one line
+#     that names the rank, both pids and the fix (read RANK, or --launcher mpirun), event
+#     usage/stop, exit 2, no relaunch; the same worker under mpirun finishes; a second hello
+#     from the rank's own process, or from a child it started, is only ignored (exit 0).
 # Skips (77) without python3.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
@@ -407,6 +412,44 @@ grep -qF "launcher local (--launcher): rk run forks 2 ranks: $(command -v python
 [[ $(grep -c "warning: fault 0 (crash on rank 7) never fires: the job has 2 ranks" "$work/nomod.out") == 1 ]] \
   && ok "a fault of a rank the job does not have: one warning line" \
   || bad "fault of rank 7: $(grep 'fault' "$work/nomod.out")"
+
+# --- (15) two processes say hello as the same rank --------------------------------------------
+for v in "--ompi-world" ""; do # rank 0 of 1 (rank and world from Open MPI's), rank 0 of 2
+  timeout 120 "$RK" run -n 2 --launcher local --health off --events "$work/dup$v.ev" -- "${w[@]}" \
+    --steps 100000 --ompi-rank $v >"$work/dup$v.out" 2>&1
+  st=$?
+  line=$(grep "rk run: .*two processes of the launch said hello as rank 0, pid [0-9]* and pid [0-9]*" \
+    "$work/dup$v.out")
+  pids=$(sed -n 's/.*said hello as rank 0, pid \([0-9]*\) and pid \([0-9]*\).*/\1 \2/p' <<<"$line")
+  [[ $st == 2 && $(wc -l <<<"$line") == 1 && -n $pids && ${pids% *} != "${pids#* }" ]] \
+    && [[ $line == *"read RANK and WORLD_SIZE"*"or give --launcher mpirun; stopping"* ]] \
+    && ! grep -q "] relaunch\|never_connected\|never connected" "$work/dup$v.out" \
+    && python3 -c 'import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(not (len(ev) == 1 and ev[0]["kind"] == "usage" and ev[0]["action"] == "stop"
+              and ev[0]["rank"] == 0 and ev[0]["device"] is None
+              and "said hello as rank 0" in ev[0]["detail"]))' "$work/dup$v.ev" \
+    && ok "rank 0 said by two processes (${v:-rank 0 of 2}): one line naming pids $pids and the fix, event usage/stop, exit 2" \
+    || bad "duplicate rank 0 (${v:-of 2}): exit $st: $(grep 'rk run' "$work/dup$v.out" | tail -4) $(cat "$work/dup$v.ev" 2>&1)"
+done
+if command -v mpirun >/dev/null; then
+  timeout 120 "$RK" run -n 2 --launcher mpirun --health off --quiet -- "${w[@]}" --steps 5 \
+    --ompi-rank --ompi-world >"$work/dupmpi.out" 2>&1
+  st=$?
+  [[ $st == 0 ]] && ok "the same worker under --launcher mpirun finishes (exit 0)" \
+    || bad "OMPI_COMM_WORLD_RANK under mpirun: exit $st: $(grep 'rk run' "$work/dupmpi.out" | tail -3)"
+else
+  echo "skip - mpirun not found: the duplicate worker under mpirun not run"
+fi
+for v in --hello-again --child-hello; do # the rank's own process again, a child of it
+  timeout 120 "$RK" run -n 2 --launcher local --health off --quiet -- "${w[@]}" --steps 50 $v \
+    >"$work/re$v.out" 2>&1
+  st=$?
+  [[ $st == 0 && $(grep -c "ignored a hello for rank [01] of 2" "$work/re$v.out") == 2 ]] \
+    && ! grep -q "two processes" "$work/re$v.out" \
+    && ok "$v: the second hello of each rank is ignored, the job finishes (exit 0)" \
+    || bad "$v: exit $st: $(grep 'rk run' "$work/re$v.out" | tail -4)"
+done
 
 # --- (12) rk _rank-env without a launcher's variables, and a bounded SLURM_TASKS_PER_NODE --------
 env -i PATH="$PATH" RANK=7 "$RK" _rank-env -- env >"$work/re.out" 2>&1

@@ -15,6 +15,11 @@
 # exit event of kind "exception" with --raise-detail, then exit 1. --die-after-bye: every
 # rank writes --log/bye.<launch>.<rank> after its bye "done"; rank --rank then waits for all
 # of them and SIGKILLs itself (a process that dies after the job's work was done).
+# --ompi-rank, --ompi-world:
+# rank and world from OMPI_COMM_WORLD_RANK and _SIZE instead (0 and 1 when unset), as a worker
+# written to the first protocol doc did. --hello-again: a second connection of this process
+# says the same hello (and stays open); --child-hello: a child process says this rank's hello
+# with its own pid (as a multiprocessing child that ran the worker's setup again), then sleeps.
 import argparse, faulthandler, json, os, signal, socket, sys, time
 
 ap = argparse.ArgumentParser()
@@ -35,8 +40,13 @@ ap.add_argument("--raise-detail", default="ValueError: bad value (train.py:12)")
 ap.add_argument("--die-after-bye", action="store_true",
                 help="after its bye done, SIGKILL itself once every rank said bye (needs --log)")
 ap.add_argument("--tag", help="ignored: marks the rank's argv")
+ap.add_argument("--ompi-rank", action="store_true")
+ap.add_argument("--ompi-world", action="store_true")
+ap.add_argument("--hello-again", action="store_true")
+ap.add_argument("--child-hello", action="store_true")
 a = ap.parse_args()
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0") if a.ompi_rank else os.environ["RANK"])
+world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1") if a.ompi_world else os.environ["WORLD_SIZE"])
 launch = int(os.environ.get("RK_LAUNCH", "0"))
 steps = a.steps_first if launch == 0 and a.steps_first is not None else a.steps
 mine = rank == a.rank and str(launch) in a.launches.split(",")
@@ -69,6 +79,20 @@ hello = dict(type="hello", v=1, rank=rank, world=world, pid=os.getpid(), device=
 if dump:
     hello["stacks"] = True
 send(**hello)
+if a.hello_again:
+    again = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    again.connect(os.environ["RK_HEARTBEAT"])
+    again.sendall((json.dumps(hello, separators=(",", ":")) + "\n").encode())
+if a.child_hello:
+    import subprocess
+    kid = subprocess.Popen([sys.executable, "-c", "import json, os, socket, sys, time\n"
+                            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                            "s.connect(os.environ['RK_HEARTBEAT'])\n"
+                            "m = dict(json.loads(sys.argv[1]), pid=os.getpid())\n"
+                            "s.sendall((json.dumps(m) + '\\n').encode())\n"
+                            "print('sent', flush=True)\n"
+                            "time.sleep(300)\n", json.dumps(hello)], stdout=subprocess.PIPE)
+    kid.stdout.readline()  # its hello is out (or it died: then nothing was said)
 if a.log:  # for a fault that waits for every rank's hello
     open(os.path.join(a.log, f"hello.{launch}.{rank}"), "w").close()
 if a.child:

@@ -46,6 +46,7 @@ static void test_init_knows_nothing(void **state)
     assert_int_equal(s.exit_kind, RK_SUP_KIND_NONE);
     assert_int_equal(s.exit_step, -1);
     assert_null(s.exit_detail);
+    assert_int_equal(s.dup_rank, -1);
 }
 
 /* ---- kinds --------------------------------------------------------------------------------- */
@@ -122,7 +123,7 @@ typedef struct classify_case {
     const char *what;
     /* seen (rank fields R(k) or 0 for none) */
     int ranks, hellos, done, exited, status, stop_sent, interrupted, hang, hang_rank, startup, lost,
-        exit_rank, storage, crash, node;
+        exit_rank, storage, crash, node, dup;
     rk_sup_kind exit_kind;
     /* expected */
     rk_sup_next next;
@@ -235,6 +236,20 @@ static const classify_case k_classify[] = {
     {"a rank said it exits before the others connected: its failure", .ranks = 2, .hellos = 1,
      EXITED(RK_EXIT_COMM), .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(0),
      .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_COMMFAIL, .rank = R(0), .counted = 1},
+    /* two processes said hello as one rank (a worker that reads Open MPI's rank under local):
+     * stop, exit 2, nobody's device, whatever the launch did after it */
+    {"two processes said hello as rank 0; torn down", .ranks = 2, .hellos = 1, .dup = R(0),
+     .next = RK_SUP_STOP, .kind = RK_SUP_KIND_USAGE, .rank = R(0), .end = RK_SUP_END_USAGE},
+    {"as rank 0 of 1, all exited 0, none believed (was: never_connected)", .ranks = 2, EXITED(0),
+     .dup = R(0), .next = RK_SUP_STOP, .kind = RK_SUP_KIND_USAGE, .rank = R(0),
+     .end = RK_SUP_END_USAGE},
+    {"as rank 0, the second died of the closed socket", .ranks = 2, .hellos = 1,
+     EXITED(RK_EXIT_FAIL), .lost = R(0), .dup = R(0), .next = RK_SUP_STOP,
+     .kind = RK_SUP_KIND_USAGE, .rank = R(0), .end = RK_SUP_END_USAGE},
+    {"as rank 1 of 4, with a hang seen meanwhile", .ranks = 4, .hellos = 3, .hang = 1, .dup = R(1),
+     .next = RK_SUP_STOP, .kind = RK_SUP_KIND_USAGE, .rank = R(1), .end = RK_SUP_END_USAGE},
+    {"interrupted beats a duplicate rank", .ranks = 2, .hellos = 1, .dup = R(0), .interrupted = 1,
+     .next = RK_SUP_INTERRUPTED, .end = RK_SUP_END_INTERRUPTED},
     /* a node of a multi-host job lost: its own kind, counted against the node (cluster.c) */
     {"a node lost: node_lost of its first rank, no device counted", ALL(6), .node = R(1),
      .lost = R(2), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_NODE_LOST, .rank = R(2)},
@@ -290,6 +305,7 @@ static void test_classify(void **state)
         s.node_lost = UNR(c->node);
         /* the node's first rank: node k holds ranks 2k, 2k+1 in these cases */
         s.node_rank = s.node_lost >= 0 ? 2 * s.node_lost : -1;
+        s.dup_rank = UNR(c->dup);
         rk_sup_verdict v;
         memset(&v, 0x5a, sizeof v);
         rk_sup_classify(&s, &v);

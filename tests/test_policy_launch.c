@@ -353,17 +353,28 @@ static void test_teardown_due(void **state)
 {
     (void)state;
     static const struct {
-        int hang, startup;
+        int hang, startup, dup_rank;
         double now, since;
         int due;
     } cases[] = {
-        {1, 0, 1.0, 1.0, 1}, {0, 1, 1.0, 1.0, 1}, {0, 0, 5.0, 1.0, 0},
-        {0, 0, 6.0, 1.0, 0}, {0, 0, 6.1, 1.0, 1},
+        {1, 0, -1, 1.0, 1.0, 1},
+        {0, 1, -1, 1.0, 1.0, 1},
+        {0, 0, -1, 5.0, 1.0, 0},
+        {0, 0, -1, 6.0, 1.0, 0},
+        {0, 0, -1, 6.1, 1.0, 1},
+        /* two processes said hello as rank 0 (or 3): at once */
+        {0, 0, 0, 1.0, 1.0, 1},
+        {0, 0, 3, 1.0, 1.0, 1},
     };
-    for (size_t k = 0; k < N_OF(cases); k++)
-        if (rk_sup_teardown_due(cases[k].hang, cases[k].startup, cases[k].now, cases[k].since,
-                                5.0) != cases[k].due)
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        rk_sup_seen seen;
+        rk_sup_seen_init(&seen, 4);
+        seen.hang = cases[k].hang;
+        seen.startup_timeout = cases[k].startup;
+        seen.dup_rank = cases[k].dup_rank;
+        if (rk_sup_teardown_due(&seen, cases[k].now, cases[k].since, 5.0) != cases[k].due)
             fail_msg("case %zu", k);
+    }
 }
 
 static void test_interrupt(void **state)

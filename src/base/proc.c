@@ -1,6 +1,7 @@
 /*
  * Running a helper program (base/proc.h): fork, exec with an argv, its output through a pipe
- * read with poll against a deadline, its process group killed past it.
+ * read with poll against a deadline, its process group killed past it. And what every child
+ * of rk does before an exec: every descriptor but stdin, stdout and stderr close-on-exec.
  */
 #define _GNU_SOURCE /* pipe2 */
 #include "base/proc.h"
@@ -11,11 +12,37 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/clock.h"
+
+#define RK_CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h, Linux 5.11 */
+#define CLOEXEC_EACH_MAX 1048576         /* descriptors the fallback walks at most */
+
+void rk_proc_cloexec_each(int lowfd)
+{
+    struct rlimit rl;
+    long top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                   ? (long)rl.rlim_cur
+                   : CLOEXEC_EACH_MAX;
+    if (top > CLOEXEC_EACH_MAX)
+        top = CLOEXEC_EACH_MAX;
+    for (long fd = lowfd < 0 ? 0 : lowfd; fd < top; fd++)
+        (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* EBADF for a number not in use */
+}
+
+void rk_proc_cloexec_from(int lowfd)
+{
+#ifdef SYS_close_range
+    if (lowfd >= 0 && syscall(SYS_close_range, (unsigned)lowfd, ~0U, RK_CLOSE_RANGE_CLOEXEC) == 0)
+        return;
+#endif
+    rk_proc_cloexec_each(lowfd); /* ENOSYS, or EINVAL for the flag: a kernel before 5.11 */
+}
 
 int rk_proc_run(char *const argv[], char *out, size_t cap, double wait_s, int flags)
 {
@@ -33,6 +60,7 @@ int rk_proc_run(char *const argv[], char *out, size_t cap, double wait_s, int fl
     }
     if (pid == 0) {
         setpgid(0, 0); /* a wrapper's own children go with it past the time limit */
+        rk_proc_cloexec_from(STDERR_FILENO + 1); /* nothing of ours goes to the helper */
         dup2(fd[1], STDOUT_FILENO);
         if (flags & RK_PROC_STDERR_NULL) {
             int null = open("/dev/null", O_WRONLY | O_CLOEXEC);

@@ -20,4 +20,16 @@
  * it did not end within wait_s (its group killed: our own child and what it started). */
 int rk_proc_run(char *const argv[], char *out, size_t cap, double wait_s, int flags);
 
+/* In a child about to exec a program (a rank, a launcher, a helper): every descriptor from
+ * `lowfd` up becomes close-on-exec, so the program gets only those below (stdin, stdout and
+ * stderr for lowfd 3), whatever this process holds: one that was opened without O_CLOEXEC
+ * by mistake, a library's, or one this process inherited itself. A descriptor meant for the
+ * program is placed below lowfd (dup2) or marked inheritable again after this call.
+ * close_range(CLOSE_RANGE_CLOEXEC) (Linux 5.11), else rk_proc_cloexec_each. Async-signal-
+ * safe: no allocation, no lock. */
+void rk_proc_cloexec_from(int lowfd);
+/* The fallback of rk_proc_cloexec_from, for kernels before 5.11 (and for tests): FD_CLOEXEC
+ * set on each descriptor from lowfd up to the soft RLIMIT_NOFILE, one fcntl each. */
+void rk_proc_cloexec_each(int lowfd);
+
 #endif

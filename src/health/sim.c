@@ -1190,7 +1190,7 @@ static int sim_open(void **state, const rk_telemetry_opts *o, rk_err *err)
             sim_close(s);
             return rk_err_set(err, RK_ENOMEM, "sim: out of memory");
         }
-        s->events = fopen(o->events_path, "a");
+        s->events = fopen(o->events_path, "ae");
         if (!s->events) {
             int e = errno;
             char eb[128];

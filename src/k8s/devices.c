@@ -54,7 +54,7 @@ static bool sysfs_bdf(const char *bus_id, char *out, size_t cap)
 /* A small text file's first line (at most cap-1 bytes); false when it cannot be read. */
 static bool read_small(const char *path, char *buf, size_t cap)
 {
-    FILE *fp = fopen(path, "r");
+    FILE *fp = fopen(path, "re");
     if (!fp)
         return false;
     size_t n = fread(buf, 1, cap - 1, fp);

@@ -114,6 +114,7 @@ static int scan_events(const char *path, int gpu, double from, double to, FILE *
     int rc = rk_file_open_read(path, SIZE_MAX, &fd, NULL, err);
     if (rc < 0)
         return rc == RK_ENOENT ? RK_OK : rc;
+    /* rk-fd: fdopen ignores "e": fd is O_CLOEXEC from rk_file_open_read */
     FILE *f = fdopen(fd, "r");
     if (!f) {
         close(fd);
@@ -458,7 +459,7 @@ int rk_fleet_data_write(const rk_fleet_data_opts *o, rk_fleet_data_report *r, rk
     }
     snprintf(events, plen, "%s/.events-one.jsonl", o->dir);
     snprintf(all_path, plen, "%s/events.jsonl", o->dir);
-    if (!(all = fopen(all_path, "w"))) {
+    if (!(all = fopen(all_path, "we"))) {
         rc = rk_err_set(err, RK_EIO, "%s: cannot write: %s", all_path, strerror(errno));
         goto out;
     }

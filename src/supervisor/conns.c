@@ -196,6 +196,49 @@ static int hello_trusted(sup *s, const rk_sup_conn *c, const rk_hb_msg *m, char 
     return 0;
 }
 
+/* A trusted hello for rank m->rank (below the launch's rank count, whatever world it says):
+ * the first process to name the rank in this launch claims it. Another one that is not the
+ * same process (reconnecting) nor one the claimant started (a child that ran the worker's
+ * setup again: ignored, as before) makes the rank a duplicate: the launch stops, the job
+ * with it (policy.h), with a sentence that names both and the fix. 1 if a duplicate. */
+static int claim_rank(sup *s, const rk_sup_conn *c, const rk_hb_msg *m)
+{
+    int r = (int)m->rank;
+    long first = s->claim_pid[r];
+    int node = s->claim_node[r];
+    if (first == 0) {
+        s->claim_pid[r] = c->pid;
+        s->claim_node[r] = c->node;
+        return 0;
+    }
+    if (node == c->node &&
+        (first == c->pid || (c->node < 0 && rk_proc_descends((pid_t)c->pid, (pid_t)first))))
+        return 0;
+    if (s->seen.dup_rank >= 0)
+        return 1; /* the first duplicate is the one told */
+    s->seen.dup_rank = r;
+    char where[2][24] = {"", ""}, worlds[96] = "";
+    if (node >= 0)
+        snprintf(where[0], sizeof where[0], " on node %d", node);
+    if (c->node >= 0)
+        snprintf(where[1], sizeof where[1], " on node %d", c->node);
+    if (m->world != s->n)
+        snprintf(worlds, sizeof worlds, " (the second says rank %d of %d; the launch has %d ranks)",
+                 r, m->world, s->n);
+    snprintf(s->dup_detail, sizeof s->dup_detail,
+             "two processes of the launch said hello as rank %d, pid %ld%s and pid %ld%s%s: %s", r,
+             first, where[0], c->pid, where[1], worlds,
+             s->o->launcher == RK_LAUNCH_LOCAL
+                 ? "under --launcher local rk run forks the ranks itself: each finds its rank in "
+                   "RANK and the rank count in WORLD_SIZE, and Open MPI's OMPI_COMM_WORLD_RANK "
+                   "and _SIZE are not set (a worker that reads them is rank 0 in every process): "
+                   "read RANK and WORLD_SIZE (docs/run.md), or give --launcher mpirun"
+                 : "rk run gives every rank its own RANK and WORLD_SIZE (docs/run.md): the "
+                   "worker must say the rank it was given");
+    sup_fail(s, "%s", s->dup_detail);
+    return 1;
+}
+
 static int on_line(void *ctx, const char *line, size_t len)
 {
     void **pair = ctx;
@@ -210,8 +253,13 @@ static int on_line(void *ctx, const char *line, size_t len)
     }
     double now = rk_ledger_now(&s->g);
     if (m.type == RK_HB_HELLO) {
+        char why[160];
+        int trusted = c->rank < 0 && hello_trusted(s, c, &m, why, sizeof why);
+        if (trusted && m.rank < s->n && claim_rank(s, c, &m))
+            return REFUSE; /* a second process says it is this rank */
         if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || sup_by_rank(s, m.rank)) {
             int lone = s->o->launcher == RK_LAUNCH_LOCAL && m.world == 1 && s->n > 1;
+            c->ignored |= trusted;
             sup_note(s, c, "ignored a hello for rank %d of %d (this launch has %d ranks)%s", m.rank,
                      m.world, s->n,
                      lone ? "; an MPI program that rk run forks itself sees a world of 1: give "
@@ -219,8 +267,7 @@ static int on_line(void *ctx, const char *line, size_t len)
                           : "");
             return 0;
         }
-        char why[160];
-        if (!hello_trusted(s, c, &m, why, sizeof why)) {
+        if (!trusted) {
             sup_note(s, c, "refused a hello for rank %d: %s", m.rank, why);
             return REFUSE;
         }
@@ -241,6 +288,8 @@ static int on_line(void *ctx, const char *line, size_t len)
             send_cmd(c, RK_HB_CMD_STOP);
         return 0;
     }
+    if (c->rank < 0 && c->ignored)
+        return 0; /* its hello was ignored: so is the rest */
     if (c->rank < 0 || m.rank != c->rank) {
         sup_note(s, c, "%s a %s message before hello or from another rank",
                  c->rank < 0 ? "refused" : "ignored", rk_hb_type_name(m.type));
@@ -398,13 +447,13 @@ void sup_accept(sup *s)
     }
 }
 
-/* Close connections that said no hello within HELLO_WAIT_S. */
+/* Close connections that said no hello within HELLO_WAIT_S (an ignored one did). */
 void sup_expire_strangers(sup *s)
 {
     double now = rk_ledger_now(&s->g);
     for (int k = 0; k < s->nconn; k++) {
         rk_sup_conn *c = &s->c[k];
-        if (c->fd >= 0 && c->rank < 0 && now - c->since > HELLO_WAIT_S) {
+        if (c->fd >= 0 && c->rank < 0 && !c->ignored && now - c->since > HELLO_WAIT_S) {
             sup_note(s, c, "closed a heartbeat connection that said no hello within %.0f s",
                      HELLO_WAIT_S);
             drop_conn(s, c, "");

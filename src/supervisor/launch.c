@@ -8,6 +8,7 @@
  * subreaper case). `auto` reads the worker's ELF dynamic section to choose (rk_launch_pick).
  */
 #define _GNU_SOURCE
+#include "base/proc.h"
 #include "rekindle/heartbeat.h"
 #include "supervisor/supervisor.h"
 
@@ -497,10 +498,16 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
         putenv(env[i]);
     if (preload)
         putenv(preload);
+    /* the child gets stdin, stdout and stderr, nothing else of rk run's (its --events,
+     * --steps and --gate-log files, sockets, a library's descriptors), as mpirun's ranks;
+     * `report` is close-on-exec already and must stay open until the exec */
+    rk_proc_cloexec_from(STDERR_FILENO + 1);
     char rank_env[2][32];
     if (rank >= 0) {
         /* a local rank reads /dev/null, as mpirun's ranks but the first: the keeper's process
          * group is not the terminal's, so a read of the terminal would stop it (SIGTTIN) */
+        /* rk-fd: inherited: it becomes the rank's stdin (dup2 below), or is fd 0 already when
+         * stdin was closed, when O_CLOEXEC would close it at the exec */
         int null = open("/dev/null", O_RDONLY);
         if (null >= 0 && null != STDIN_FILENO) {
             dup2(null, STDIN_FILENO);

@@ -26,16 +26,16 @@ int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
     g->wall0 = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
     g->first_step = -1;
     g->at_step = -1;
-    if (events_path && !(g->events = fopen(events_path, "a")))
+    if (events_path && !(g->events = fopen(events_path, "ae")))
         return rk_err_set(err, RK_EIO, "--events %s: %s", events_path, strerror(errno));
     return RK_OK;
 }
 
 int rk_ledger_open_records(rk_ledger *g, const char *steps_path, const char *gate_path, rk_err *err)
 {
-    if (steps_path && !(g->steps = fopen(steps_path, "a")))
+    if (steps_path && !(g->steps = fopen(steps_path, "ae")))
         return rk_err_set(err, RK_EIO, "--steps %s: %s", steps_path, strerror(errno));
-    if (gate_path && !(g->gatelog = fopen(gate_path, "a")))
+    if (gate_path && !(g->gatelog = fopen(gate_path, "ae")))
         return rk_err_set(err, RK_EIO, "--gate-log %s: %s", gate_path, strerror(errno));
     return RK_OK;
 }

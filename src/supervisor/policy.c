@@ -86,6 +86,7 @@ void rk_sup_seen_init(rk_sup_seen *s, int ranks)
     s->exit_kind = RK_SUP_KIND_NONE;
     s->exit_step = -1;
     s->exit_detail = NULL;
+    s->dup_rank = -1;
 }
 
 static void set(rk_sup_verdict *v, rk_sup_next next, rk_sup_kind kind, int rank, int counted,
@@ -110,6 +111,14 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
     if (s->interrupted) {
         set(v, RK_SUP_INTERRUPTED, RK_SUP_KIND_NONE, -1, 0, RK_SUP_END_INTERRUPTED,
             "rk run was interrupted");
+        return;
+    }
+    /* two processes of the launch said hello as one rank: the worker takes its rank from
+     * somewhere the launcher does not set it (Open MPI's variables under local), and so would
+     * every relaunch; whatever ended the launch after it follows from it */
+    if (s->dup_rank >= 0) {
+        set(v, RK_SUP_STOP, RK_SUP_KIND_USAGE, s->dup_rank, 0, RK_SUP_END_USAGE,
+            "every launch of this worker would do the same");
         return;
     }
     /* every rank said bye done: the work is done (the last checkpoint written), whatever a
@@ -344,9 +353,9 @@ int rk_sup_stuck_ranks(int n, const int64_t *progress, int *stuck, int *first)
     return count;
 }
 
-int rk_sup_teardown_due(int hang, int startup_timeout, double now, double since, double wait_s)
+int rk_sup_teardown_due(const rk_sup_seen *seen, double now, double since, double wait_s)
 {
-    return hang || startup_timeout || now - since > wait_s;
+    return seen->hang || seen->startup_timeout || seen->dup_rank >= 0 || now - since > wait_s;
 }
 
 rk_sup_intr rk_sup_interrupt(int signals, int stop_sent, double now, double since, double grace_s)

@@ -77,6 +77,9 @@ typedef struct rk_sup_seen {
     int storage_rank;        /* the first rank whose exit event had kind "storage" */
     int64_t exit_step;       /* the first exit event's step, -1 none */
     const char *exit_detail; /* ... and its detail (the loop's string), NULL none */
+    int dup_rank;            /* a rank that two processes of the launch said hello as, neither
+                              * started by the other (a worker that takes its rank from a
+                              * variable the launcher does not set): -1 none */
 } rk_sup_seen;
 
 /* An rk_sup_seen with nothing seen: every rank field -1, no exit event. */
@@ -116,6 +119,8 @@ typedef struct rk_sup_verdict {
 
 /* The verdict for a launch that ended with what *s says. Rules, first match:
  *   interrupted                                   -> interrupted
+ *   two processes said hello as one rank          -> stop: usage of dup_rank, end USAGE (every
+ *                                                    launch of the worker would do the same)
  *   every rank said bye "done"                    -> finished (whatever the exit status:
  *                                                    a rank killed after its bye redoes
  *                                                    nothing when relaunched)
@@ -246,10 +251,11 @@ int rk_sup_drain_rank(const rk_sup_rules *r, int n, const rk_sup_health *h, rk_s
  * (-1 if none); returns how many. */
 int rk_sup_stuck_ranks(int n, const int64_t *progress, int *stuck, int *first);
 
-/* 1 if a failing launch is to be torn down now: a hang or a startup timeout at once; a rank
- * that vanished or said it exits once the launcher had `wait_s` since the failure was seen
- * (at `since`) to exit by itself with the rank's status. */
-int rk_sup_teardown_due(int hang, int startup_timeout, double now, double since, double wait_s);
+/* 1 if a failing launch is to be torn down now: a hang, a startup timeout or a rank said
+ * hello by two processes (*seen) at once; a rank that vanished or said it exits once the
+ * launcher had `wait_s` since the failure was seen (at `since`) to exit by itself with the
+ * rank's status. */
+int rk_sup_teardown_due(const rk_sup_seen *seen, double now, double since, double wait_s);
 
 /* What to do about an interruption (SIGINT, SIGTERM, SIGHUP): `signals` seen, the first at
  * `since`, with `grace_s` (--stop-grace) for the ranks to checkpoint and stop. */

@@ -121,8 +121,12 @@ static int start_launch(sup *s, rk_err *err)
     s->failing = s->stop_sent = 0;
     s->start_step = -1;
     rk_sup_seen_init(&s->seen, s->n);
-    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
+    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++) {
         s->hello_step[r] = -1;
+        s->claim_pid[r] = 0;
+        s->claim_node[r] = -1;
+    }
+    s->dup_detail[0] = '\0';
     memset(&s->v, 0, sizeof s->v);
     s->v.next = RK_SUP_RELAUNCH;
     s->v.rank = -1;

@@ -41,6 +41,9 @@ typedef struct rk_sup_conn {
     int bye;
     int bye_done; /* its bye said "done" */
     int stacks;   /* its hello said it dumps its stacks on SIGUSR1 */
+    int ignored;  /* a process of the launch whose hello was ignored (conns.c): what it says
+                   * after is dropped, the connection kept (closing it would end the process
+                   * before another one says the same rank) */
     /* a rank on another host (cluster.c): its stream comes through a socketpair whose other
      * end (relay) the node link feeds; pid is the rank's own, on that host */
     int node;      /* -1: a local connection */
@@ -94,6 +97,11 @@ typedef struct sup {
     int64_t pending_last_done;
     int64_t pending_done[RK_SUP_MAX_DEVICES]; /* rank -> steps it had done at the failure */
     int64_t hello_step[RK_SUP_MAX_DEVICES];   /* rank -> its hello's step in this launch */
+    /* rank -> the process whose hello named it first in this launch, believed or ignored
+     * (conns.c): its pid as rk_sup_conn.pid has it (0: none yet) and node (-1: this host) */
+    long claim_pid[RK_SUP_MAX_DEVICES];
+    int claim_node[RK_SUP_MAX_DEVICES];
+    char dup_detail[RK_HB_DETAIL_MAX + 1]; /* seen.dup_rank's sentence */
     double last_status;
     double strangers_t; /* start of the current 10 s window for messages about strangers */
     int strangers_said, strangers_hushed;

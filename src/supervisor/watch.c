@@ -170,7 +170,9 @@ static rk_sup_next judge(sup *s, int exited, int code)
     const char *kind = sup_verdict_kind(s);
     char who[256];
     ranks_without_hello(s, who, sizeof who);
-    if (s->v.kind == RK_SUP_KIND_NEVER_CONNECTED && !e->startup_timeout)
+    if (e->dup_rank >= 0) /* what the launch did after it follows from it */
+        snprintf(s->vdetail, sizeof s->vdetail, "%s", s->dup_detail);
+    else if (s->v.kind == RK_SUP_KIND_NEVER_CONNECTED && !e->startup_timeout)
         snprintf(s->vdetail, sizeof s->vdetail,
                  "rank %s never connected to %s: the launcher exited with status %d first", who,
                  RK_HB_ENV, code);
@@ -206,6 +208,8 @@ static rk_sup_next judge(sup *s, int exited, int code)
                     "fix it (fix the directory and run again: the job resumes from its latest "
                     "good checkpoint)",
                     s->o->ckpt_dir, s->vdetail);
+        else if (e->dup_rank >= 0)
+            sup_say(s, "%s; stopping: %s", s->vdetail, s->v.why);
         else if (s->v.kind == RK_SUP_KIND_USAGE)
             sup_say(s, "%s: %s; stopping", s->vdetail, s->v.why);
         else
@@ -259,7 +263,7 @@ static void pace(sup *s, double *last)
         int np = 0;
         p[np++] = (struct pollfd){s->listen_fd, POLLIN, 0};
         for (int k = 0; k < s->nconn; k++)
-            if (s->c[k].fd >= 0 && s->c[k].rank < 0) {
+            if (s->c[k].fd >= 0 && s->c[k].rank < 0 && !s->c[k].ignored) {
                 map[np - 1] = k;
                 p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
             }
@@ -339,12 +343,13 @@ rk_sup_next sup_watch(sup *s)
             teardown(s, 0.5);
             return judge(s, 1, code);
         }
-        /* A failure seen: the rest of the job is lost work waiting in a collective. A hang or
-         * a rank that never connected: tear it down now. A rank that vanished or said it
-         * exits: the launcher's exit status says what the failure was, so give it a few
-         * seconds to exit by itself (it ends the other ranks); then tear down. */
-        if (s->failing && rk_sup_teardown_due(s->seen.hang, s->seen.startup_timeout,
-                                              rk_ledger_now(&s->g), s->ftime, RK_SUP_EXIT_WAIT_S)) {
+        /* A failure seen: the rest of the job is lost work waiting in a collective. A hang, a
+         * rank that never connected, two processes that said the same rank: tear it down now.
+         * A rank that vanished or said it exits: the launcher's exit status says what the
+         * failure was, so give it a few seconds to exit by itself (it ends the other ranks);
+         * then tear down. */
+        if (s->failing &&
+            rk_sup_teardown_due(&s->seen, rk_ledger_now(&s->g), s->ftime, RK_SUP_EXIT_WAIT_S)) {
             teardown(s, 0);
             return judge(s, 0, -1);
         }
