@@ -10,6 +10,8 @@
 #   json FILE KEY     one key of a JSON file
 #   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
 #   start NAME ARGS   rk exporter ARGS in the background until it serves: sets $pid and $addr
+#   rank_pid SUP R SCRIPT  the pid of rank R's process running SCRIPT under the rk run SUP, found
+#                     in the kernel's process tree (never a pid a worker reported)
 RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
 DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 pass=0 fail=0
@@ -76,4 +78,27 @@ start() {
 it_finish() {
   echo "$pass passed, $fail failed"
   [[ $fail -eq 0 ]]
+}
+
+# descendants PID: every process below PID, by the kernel's process tree
+descendants() {
+  local frontier=("$1") p c
+  while ((${#frontier[@]})); do
+    p=${frontier[0]}
+    frontier=("${frontier[@]:1}")
+    for c in $(ps -o pid= --ppid "$p"); do
+      echo "$c"
+      frontier+=("$c")
+    done
+  done
+}
+# rank_pid SUPERVISOR RANK SCRIPT: the pid of that rank's process running SCRIPT under rk run
+# (descendants lists a rank before its DataLoader workers, which have its command line too)
+rank_pid() {
+  local p
+  for p in $(descendants "$1"); do
+    tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q "$3" || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return 0; }
+  done
+  return 1
 }
