@@ -252,6 +252,7 @@ class Job(_Checkpoints):
         self._epoch_snap = False  # the next boundary is an epoch's first: take a snapshot there
         self._skip_steps = 0  # after a resume: steps of the resumed epoch done before it
         self._skip_accum = 0  # the micro-batches a step that the resume's skip assumed
+        self._skipped = 0
         self._discard_rng = False  # after a resume: the first loader pass's RNG draws were made already
         self._resume_accum = 0
         self._nf_buffers = {k for k, v in self.module.state_dict(keep_vars=True).items()
@@ -412,7 +413,7 @@ class Job(_Checkpoints):
         if self.accum is None:
             self.accum = self._scaled
             if self._skip_accum and self._skip_accum != self.accum:
-                self._usage(f"the resume skipped {self._skip_steps} steps of the epoch as {self._skip_accum} "
+                self._usage(f"the resume skipped {self._skipped} steps of the epoch as {self._skip_accum} "
                             f"micro-batches each, but a step here has {self.accum}: give the loader a batch_size "
                             "that is global_batch / (world x micro-batches a step)")
         elif self._scaled != self.accum:
@@ -682,7 +683,7 @@ class Job(_Checkpoints):
             bs = getattr(loader, "batch_size", None)
             if isinstance(bs, int) and bs > 0 and self.global_batch % (self.world * bs) == 0:
                 k = self.global_batch // (self.world * bs)
-            skip, self._skip_accum = self._skip_steps * k, k
+            skip, self._skip_accum, self._skipped = self._skip_steps * k, k, self._skip_steps
             self._skip_steps = 0
         return skip, discard
 
