@@ -76,7 +76,7 @@ PY
   "$RK_SRC/examples/pytorch/plain_chars.py" "${args[@]}" --result plain2.json >plain2.log 2>&1 \
   && ok "2 ranks: the plain script under torchrun" || bad "torchrun: $(tail -5 plain2.log)"
 ref=$(json plain2.json hash 2>/dev/null)
-faulted 2 'crash@step=6:rank=1,nan@step=9:rank=0,bitflip@step=13:rank=1,hang@step=17:rank=1,commfail@step=23:rank=0,slow@step=25:ms=300:for=8' 0 f2
+faulted 2 'crash@step=6:rank=1,nan@step=9:rank=0,bitflip@step=13:rank=1,hang@step=17:rank=1,commfail@step=23:rank=0,slow@step=25:ms=500:for=8' 0 f2
 got=$(json f2.json hash 2>/dev/null)
 [[ -n "$ref" && "$got" == "$ref" ]] && ok "2 ranks: the port under rk run, through the faults, ends with the plain script's bits under torchrun ($got)" \
   || bad "2 ranks: final hash '$got', the plain script's under torchrun '$ref'"
@@ -86,7 +86,7 @@ events 2 f2 0 1
 "${run[@]}" -n 4 -- "${port[@]}" --result ref4.json >ref4.log 2>&1 && ok "4 ranks: the port's fault-free run" \
   || bad "4 ranks, fault-free: $(tail -5 ref4.log)"
 ref=$(json ref4.json hash 2>/dev/null)
-faulted 4 'nan@step=4:rank=3,bitflip@step=8:rank=2,crash@step=12:rank=2,hang@step=19:rank=1,commfail@step=23:rank=3,slow@step=25:rank=0:ms=300:for=8' 3 f4
+faulted 4 'nan@step=4:rank=3,bitflip@step=8:rank=2,crash@step=12:rank=2,hang@step=19:rank=1,commfail@step=23:rank=3,slow@step=25:rank=0:ms=500:for=8' 3 f4
 got=$(json f4.json hash 2>/dev/null)
 [[ -n "$ref" && "$got" == "$ref" ]] && ok "4 ranks: through the faults, the fault-free run's bits ($got)" \
   || bad "4 ranks: final hash '$got', the fault-free run's '$ref'"
