@@ -17,28 +17,6 @@ ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 2048 --batc
     --data "$DATA")
 run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 60)
 
-# descendants PID: every process below PID, by the kernel's process tree
-descendants() {
-  local frontier=("$1") p c
-  while ((${#frontier[@]})); do
-    p=${frontier[0]}
-    frontier=("${frontier[@]:1}")
-    for c in $(ps -o pid= --ppid "$p"); do
-      echo "$c"
-      frontier+=("$c")
-    done
-  done
-}
-# rank_pid SUPERVISOR RANK: the pid of that rank's Python process under rk run
-rank_pid() {
-  local p
-  for p in $(descendants "$1"); do
-    tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q train_fashion_mnist.py || continue
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return 0; }
-  done
-  return 1
-}
-
 "${run[@]}" -n 4 -- "${ex[@]}" --steps 60 --result ref.json >ref.log 2>&1 \
   && ok "uninterrupted 4-rank run" || bad "uninterrupted run: $(tail -5 ref.log)"
 ref=$(json ref.json hash 2>/dev/null)
@@ -54,7 +32,7 @@ killed=
 for ((i = 0; i < 1200; i++)); do
   at=$(cat ck/latest 2>/dev/null)
   if [[ "$at" == ckpt-0000000000[23]0.safetensors ]]; then
-    victim=$(rank_pid "$sup" 3) && kill -9 "$victim" && killed=$victim
+    victim=$(rank_pid "$sup" 3 train_fashion_mnist.py) && kill -9 "$victim" && killed=$victim
     break
   fi
   sleep 0.05

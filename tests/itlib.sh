@@ -13,6 +13,8 @@
 #   it_collected ADDR N  wait until the exporter at ADDR has made N collections
 #   it_nobody_dir [--suid]  make $nobody_dir for steps run as another user (see below)
 #   as_nobody CMD...  run CMD as user nobody, the clone and build tree hidden from it
+#   rank_pid SUP R SCRIPT  the pid of rank R's process running SCRIPT under the rk run SUP, found
+#                     in the kernel's process tree (never a pid a worker reported)
 RK=${RK:?} RK_SRC=${RK_SRC:?} RK_TMP=${RK_TMP:?}
 DATA=${RK_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 pass=0 fail=0
@@ -156,4 +158,27 @@ as_nobody() {
 it_finish() {
   echo "$pass passed, $fail failed"
   [[ $fail -eq 0 ]]
+}
+
+# descendants PID: every process below PID, by the kernel's process tree
+descendants() {
+  local frontier=("$1") p c
+  while ((${#frontier[@]})); do
+    p=${frontier[0]}
+    frontier=("${frontier[@]:1}")
+    for c in $(ps -o pid= --ppid "$p"); do
+      echo "$c"
+      frontier+=("$c")
+    done
+  done
+}
+# rank_pid SUPERVISOR RANK SCRIPT: the pid of that rank's process running SCRIPT under rk run
+# (descendants lists a rank before its DataLoader workers, which have its command line too)
+rank_pid() {
+  local p
+  for p in $(descendants "$1"); do
+    tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q "$3" || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return 0; }
+  done
+  return 1
 }

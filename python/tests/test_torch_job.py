@@ -318,7 +318,8 @@ class Resume(unittest.TestCase):
         p = run(1)  # the same run resumes (2 steps done already)
         self.assertEqual((p.returncode, p.stdout), (0, "done 2\n"), p.stderr[-2000:])
         for i, (kw, what) in enumerate([({"name": "other"}, "config 'model'"),
-                                        ({"batch": 8}, "config 'global_batch'"),
+                                        ({"batch": 8}, "global batch 4, this run's 8: a resumed run keeps its "
+                                                       "global batch"),
                                         ({"size": 128}, "data size 64, this run's is 128"),
                                         ({"groups": 2}, "1 parameter groups, this run's optimiser has 2")]):
             p = run(2 + i, **kw)

@@ -1,9 +1,22 @@
 """rekindle.torch: a PyTorch DDP training loop under rk run, protected.
 
-A DDP script keeps its init_process_group, DDP(model), optimiser and loss; it creates one
-Job after them and changes three lines of its loop (docs/pytorch.md):
+A DDP script keeps its init_process_group, DDP(model), optimiser, scheduler, loss and its
+own loop; it creates one Job after them and changes a few lines (docs/pytorch.md). Its
+epoch loop over a DataLoader, gradient accumulation included:
 
-    job = rekindle.torch.Job(model, opt, global_batch=B, data_size=len(dataset))
+    job = rekindle.torch.Job(model, opt, scheduler=sched, global_batch=B)
+    for epoch in job.epochs(n):                    # was: for epoch in range(n)
+        sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(job.batches(loader)):   # was: enumerate(loader)
+            ...
+            job.scale(loss_fn(model(x), y), len(y)).backward()   # was: (loss / accum).backward()
+            if (i + 1) % accum == 0:
+                job.step()                         # was: opt.step()
+                sched.step()
+                opt.zero_grad()
+
+or a loop over steps whose batch is a function of the step:
+
     for step in job.steps(total):                  # was: for step in range(total)
         idx = ...                                  # this rank's share of global batch `step`
         opt.zero_grad()
@@ -11,12 +24,13 @@ Job after them and changes three lines of its loop (docs/pytorch.md):
         loss.backward()
         job.step()                                 # was: opt.step()
 
-The Job resumes from the newest good checkpoint (model, optimiser, RNG states, data
+The Job resumes from the newest good checkpoint (model, optimiser, scheduler, RNG states, data
 position; world-size independent), speaks the heartbeat protocol, applies RK_INJECT faults,
-runs the step guards of docs/guards.md, checkpoints every N steps and on stop, and exits with
-the protocol's statuses. A step that a guard rejects is not applied: `steps` yields the same
-step again and the loop body runs again on the same batch (redo); after a rollback it yields
-the steps since the snapshot again (replay).
+runs the step guards of docs/guards.md on each optimiser step (not each micro-batch),
+checkpoints every N steps and on stop, and exits with the protocol's statuses. A step that a
+guard rejects is not applied and is computed again on the same micro-batches (redo); after a
+rollback the steps since the snapshot are computed again (replay): job.batches serves them
+again from what it read, job.steps yields the steps again.
 """
 
 import copy
@@ -41,10 +55,11 @@ from rekindle import inject as _inject
 from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
-from rekindle.torch.data import StepBatches, batch_indices
+from rekindle.torch.data import Batches, StepBatches, batch_indices
 from rekindle.torch.guards import grad_outliers, spike_zscore, spike_zscore_over
 
-__all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore", "batch_indices", "StepBatches"]
+__all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore", "batch_indices", "StepBatches",
+           "Batches"]
 
 EXIT_FAIL = getattr(rekindle, "EXIT_FAIL", 1)
 EXIT_USAGE = getattr(rekindle, "EXIT_USAGE", 2)
@@ -108,6 +123,45 @@ def _refuse_grad_scaler(job):
     gs._rk_refused = True
 
 
+def _end_daemons():
+    """Ends this process's daemonic multiprocessing children (DataLoader workers) before an
+    os._exit, as a normal exit would: a worker still starting when its parent is gone takes
+    init for its parent and waits for work forever (torch 1.13's watchdog), holding the
+    rank's stdout."""
+    import multiprocessing
+
+    try:
+        kids = [p for p in multiprocessing.active_children() if p.daemon]
+    except Exception:  # noqa: BLE001 - exiting anyway
+        return
+    for p in kids:
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _find_scheduler(opt):
+    """A learning-rate scheduler object that drives `opt` (an attribute `optimizer` that is it,
+    and step/state_dict methods), or None: looked for once, when the learning rate first
+    changes with no scheduler given to the Job."""
+    import gc
+
+    def driver(obj):
+        d = getattr(obj, "__dict__", None)
+        return isinstance(d, dict) and d.get("optimizer") is opt and callable(getattr(obj, "step", None)) and \
+            callable(getattr(obj, "state_dict", None))
+
+    for ref in gc.get_referrers(opt):
+        if driver(ref):  # an object whose attributes are held inline (Python 3.11)
+            return ref
+        if isinstance(ref, dict):  # an attribute dict: whose is it
+            for obj in gc.get_referrers(ref):
+                if getattr(obj, "__dict__", None) is ref and driver(obj):
+                    return obj
+    return None
+
+
 def injected_hang_sleeping_forever(step):
     """An injected `hang` fault: this rank stops making progress here, on purpose."""
     while True:
@@ -125,7 +179,7 @@ class Job(_Checkpoints):
         self.model = model
         self.module = model.module if isinstance(model, _DDP) else model
         self.opt = optimizer
-        self.scheduler = scheduler  # stepped after each applied step, saved and rolled back with it
+        self.scheduler = scheduler  # stepped by the loop; saved, rolled back and put back on a redo
         self.global_batch = int(global_batch)
         self.data_size = int(data_size)
         self.name = name
@@ -183,8 +237,28 @@ class Job(_Checkpoints):
         self._step_rng = None
         self._buffers = list(self.module.buffers())
         self._step_bufs = []
+        self._step_groups = None  # the optimiser's hyperparameters at the attempt's start
+        self._step_sched = None  # the scheduler's state at the attempt's start
+        self._restore_next = None  # what the next attempt puts back first (a redo, a rollback)
+        self._lr_manual = False  # the learning rate changed with no scheduler object behind it
         self._in_steps = False
-        self._scaled = 0
+        self._scaled = 0  # job.scale calls (micro-batches) in this attempt
+        self._serial = 0  # step attempts begun
+        self.accum = None  # micro-batches a step (job.scale calls), learned at the first step
+        self._mode = None  # "steps" (job.steps) or "epochs" (job.epochs and job.batches)
+        self._epoch_no = 0  # job.epochs: the epoch, and the step it started at
+        self._epoch_start = 0
+        self._epoch_passes = 0
+        self._epoch_snap = False  # the next boundary is an epoch's first: take a snapshot there
+        self._skip_steps = 0  # after a resume: steps of the resumed epoch done before it
+        self._skip_accum = 0  # the micro-batches a step that the resume's skip assumed
+        self._skipped = 0
+        self._discard_rng = False  # after a resume: the first loader pass's RNG draws were made already
+        self._resume_accum = 0
+        self._nf_buffers = {k for k, v in self.module.state_dict(keep_vars=True).items()
+                            if not isinstance(v, torch.nn.Parameter) and v.is_floating_point()
+                            and not bool(torch.isfinite(v).all())}  # a mask of -inf: the model's own
+        self._nf_told = set()
         self._install_excepthook()
         _refuse_grad_scaler(self)
         try:
@@ -229,9 +303,11 @@ class Job(_Checkpoints):
         """Yields the step to compute (steps applied so far) until `total` are applied; a
         redone step is yielded again, a rollback yields the replayed steps again. At the end
         it checkpoints (with a checkpoint directory) and says bye."""
+        self._set_mode("steps")
         self._in_steps = True
         while True:
-            if not self._boundary(total):
+            self._between()
+            if not self._boundary(self.step_no >= total):
                 continue  # rolled back: replay
             if self.step_no >= total:
                 break
@@ -239,6 +315,40 @@ class Job(_Checkpoints):
             yield self.step_no
             if self._attempt is not None:
                 raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
+        self._finish()
+
+    def epochs(self, total):
+        """Yields the epoch to run, from the resumed one to `total` - 1 (for `for epoch in
+        range(total)`); the epoch's loop iterates job.batches(loader). At the end it
+        checkpoints (with a checkpoint directory), verifies the replicas and says bye."""
+        self._set_mode("epochs")
+        self._in_steps = True
+        while self._epoch_no < total:
+            self._epoch_passes = 0
+            yield self._epoch_no
+            if self._attempt is not None:
+                self._usage(f"epoch {self._epoch_no} ended in the middle of step {self.step_no} (no job.step() "
+                            "after its last micro-batch): an epoch must hold whole steps")
+            self._epoch_no += 1
+            self._epoch_start = self.step_no
+        self._between()
+        if not self._boundary(True):  # the last pass was verified: nothing to replay here
+            self._fail_guard(f"replica hashes differ after the last epoch (step {self.step_no})")
+        self._finish()
+
+    def batches(self, loader):
+        """`loader` (a DataLoader, workers and all, or any iterable of micro-batches) as the
+        loop of one epoch iterates it, inside job.epochs: a redone step gets its micro-batches
+        again, a rollback the steps' since the snapshot, a resume starts at the checkpoint's
+        position in the epoch. See Batches."""
+        return Batches(self, loader)
+
+    def _set_mode(self, mode):
+        if self._mode is not None and self._mode != mode:
+            raise RuntimeError("rekindle.torch: a Job loops with job.steps() or with job.epochs(), not both")
+        self._mode = mode
+
+    def _finish(self):
         self._barrier()  # leave together: a group torn down while a peer still saves or sends aborts
         self._in_steps = False
         if sys.excepthook is self._hook:
@@ -251,19 +361,29 @@ class Job(_Checkpoints):
     def scale(self, loss, n):
         """The rank's loss (a mean over its n samples) scaled so that DDP's average of the
         ranks' gradients is the mean over the global batch: loss * world * n / global_batch."""
+        if self._attempt is None:
+            raise RuntimeError("rekindle.torch: job.scale() outside a step: loop with job.steps(total), or "
+                               "over job.batches(loader) inside job.epochs(n)")
+        n = int(n)
         self._scaled += 1
-        if self._scaled > 1:
-            self._usage("job.scale was called twice in one step: gradient accumulation (several "
-                        "micro-batches a step) is not supported yet; give each step one batch")
-        self._count = int(n)
-        self._factor = factor = self.world * self._count / self.global_batch
-        out = loss if factor == 1.0 else loss * factor  # x * 1.0 is x: no graph node for it
+        first = self._scaled == 1
+        self._count = n if first else self._count + n
+        self._factor = self.world * self._count / self.global_batch  # the rank's share, all micro-batches
+        # world * n / global_batch; as a division where it is 1 / K (K micro-batches of equal
+        # shares): the plain loop's `loss / accum`, bit for bit
+        whole = self.world * n
+        if n > 0 and self.global_batch % whole == 0:
+            d = self.global_batch // whole
+            out = loss if d == 1 else loss / d  # x / 1 is x: no graph node for it
+        else:
+            out = loss * (whole / self.global_batch)
         if self._nan:
             self._nan = False
             out = out * float("nan")
         # on the CPU the number itself (the hook reads it; a tensor would cost a detach and a
-        # read), on a GPU a tensor (no wait for the device)
-        self._loss_t = float(out) if out.device.type == "cpu" else out.detach()
+        # read), on a GPU a tensor (no wait for the device); summed over the micro-batches
+        val = float(out) if out.device.type == "cpu" else out.detach()
+        self._loss_t = val if first or self._loss_t is None else self._loss_t + val
         return out
 
     def loader(self, dataset, seed=0, **kw):
@@ -286,9 +406,19 @@ class Job(_Checkpoints):
         """Judges the step's numbers (the guards) and applies the optimiser step, or marks
         the step for a redo. Call it where the script called optimizer.step()."""
         if self._attempt is None:
-            raise RuntimeError("rekindle.torch: job.step() outside job.steps()")
+            raise RuntimeError("rekindle.torch: job.step() outside a step: loop with job.steps(total), or over "
+                               "job.batches(loader) inside job.epochs(n)")
         if self._loss_t is None:
             raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
+        if self.accum is None:
+            self.accum = self._scaled
+            if self._skip_accum and self._skip_accum != self.accum:
+                self._usage(f"the resume skipped {self._skipped} steps of the epoch as {self._skip_accum} "
+                            f"micro-batches each, but a step here has {self.accum}: give the loader a batch_size "
+                            "that is global_batch / (world x micro-batches a step)")
+        elif self._scaled != self.accum:
+            self._usage(f"step {self.step_no} had {self._scaled} micro-batches (job.scale calls), the steps "
+                        f"before {self.accum}: every step must accumulate the same number")
         v = self._gathered()
         self._loss_t = None
         self._attempt = None
@@ -311,12 +441,10 @@ class Job(_Checkpoints):
                 return False
         self._rolled_back = False
         if self.guard and not self._judge(loss, norms, self._reduced_finite()):
-            if not self._rolled_back:  # a rollback set the snapshot's RNG states already
+            if not self._rolled_back:  # a rollback set the snapshot's states already
                 self._redo()
             return False
         self.opt.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
         self.step_no += 1
         self.loss = loss
         if math.isfinite(loss):
@@ -431,11 +559,51 @@ class Job(_Checkpoints):
         return False
 
     def _redo(self):
-        self._restore_rng(self._step_rng)
-        if self._step_bufs:
+        """The step is computed again: at the next attempt's start (after what the loop does
+        after job.step(): a scheduler's step, a learning rate it sets) the RNG states, the
+        buffers, the optimiser's hyperparameters and the scheduler go back to this attempt's
+        start."""
+        self._restore_next = {"rng": self._step_rng, "bufs": self._step_bufs, "groups": self._step_groups,
+                              "sched": self._step_sched}
+
+    def _between(self):
+        """Before a step attempt's boundary: the learning-rate check, then what a redo or a
+        rollback puts back."""
+        if self.scheduler is None and not self._lr_manual and self._step_groups is not None:
+            self._check_lr()
+        r = self._restore_next
+        if r is None:
+            return
+        self._restore_next = None
+        self._restore_rng(r["rng"])
+        if r.get("bufs"):
             with torch.no_grad():
-                for b, saved in zip(self._buffers, self._step_bufs):
+                for b, saved in zip(self._buffers, r["bufs"]):
                     b.copy_(saved)
+        if r.get("groups") is not None:
+            for g, saved in zip(self.opt.param_groups, r["groups"]):
+                g.update(saved)
+        if r.get("sched") is not None and self.scheduler is not None:
+            self.scheduler.load_state_dict(copy.deepcopy(r["sched"]))
+
+    def _check_lr(self):
+        """A learning rate that changed since the last attempt began, with no scheduler given to
+        the Job: a scheduler the loop steps is then neither checkpointed nor rolled back, nor put
+        back on a redo (it would advance on every redo, and a resumed run would start it from
+        its beginning). Refused, naming it; a learning rate the script sets itself (no scheduler
+        object) is saved with the optimiser's parameter groups and put back on a redo: fine."""
+        for i, (g, old) in enumerate(zip(self.opt.param_groups, self._step_groups)):
+            if g.get("lr") == old.get("lr"):
+                continue
+            sched = _find_scheduler(self.opt)
+            if sched is None:
+                self._lr_manual = True
+                return
+            self._usage(f"the learning rate of parameter group {i} changed from {old.get('lr'):.6g} to "
+                        f"{g.get('lr'):.6g} at step {self.step_no}, stepped by a {type(sched).__name__} the Job "
+                        "was not given: it would not be saved in checkpoints nor rolled back, so a resumed or "
+                        "redone step would train with another learning rate; give it to the Job: "
+                        "Job(..., scheduler=sched)")
 
     # ----------------------------------------------------------------- step boundary
 
@@ -444,8 +612,14 @@ class Job(_Checkpoints):
             self._t0, self._t0_step = time.monotonic(), self.step_no
         self._accepted = False
         self._attempt = self.step_no
+        self._serial += 1
         self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
         self._step_rng = self._capture_rng(cheap=True)
+        # the loop may step a scheduler or set a learning rate after job.step(): a redo puts
+        # them back
+        self._step_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
+        if self.scheduler is not None:
+            self._step_sched = copy.deepcopy(self.scheduler.state_dict())
         # the forward updates buffers (BatchNorm's running statistics) before step() judges:
         # a redo puts them back (they are small)
         if self._buffers:
@@ -471,7 +645,65 @@ class Job(_Checkpoints):
                 left -= 1
                 self._slow = None if left <= 0 else [ms, left]
 
-    def _boundary(self, total):
+    def _attempt_start(self):
+        """job.batches: a step attempt begins (the loop asked for its first micro-batch)."""
+        while True:
+            self._between()
+            if self._boundary(False):
+                break
+        self._begin()
+
+    def _epoch_pass(self, loader):
+        """job.batches: the epoch's loop begins its pass over the loader. Returns (micro-batches
+        to skip, whether the RNG draws of opening it and reading its first batch are to be
+        undone): after a resume, the steps of the epoch done before it, and draws made before
+        the checkpoint was written."""
+        if self._mode != "epochs":
+            self._usage("job.batches(loader) is iterated outside job.epochs(n): loop `for epoch in "
+                        "job.epochs(n):` around it (it starts at the resumed epoch and ends the job)")
+        if self._attempt is not None:
+            self._usage(f"the loader was iterated again in the middle of step {self.step_no}")
+        self._epoch_passes += 1
+        if self._epoch_passes > 1:
+            self._usage(f"job.batches(loader) was iterated twice in epoch {self._epoch_no}: one pass an epoch")
+        self._epoch_snap = True
+        if isinstance(loader, torch.utils.data.DataLoader) and loader.batch_size and not loader.drop_last:
+            try:
+                left = len(loader.sampler) % loader.batch_size
+            except TypeError:
+                left = 0
+            if left:
+                self._usage(f"the DataLoader's last batch of an epoch holds {left} samples, not batch_size "
+                            f"{loader.batch_size}: that step's samples would not sum to global_batch "
+                            f"{self.global_batch}; pass drop_last=True")
+        skip, discard = 0, self._discard_rng
+        self._discard_rng = False
+        if self._skip_steps:
+            k = self.accum or self._resume_accum or 1
+            bs = getattr(loader, "batch_size", None)
+            if isinstance(bs, int) and bs > 0 and self.global_batch % (self.world * bs) == 0:
+                k = self.global_batch // (self.world * bs)
+            skip, self._skip_accum, self._skipped = self._skip_steps * k, k, self._skip_steps
+            self._skip_steps = 0
+        return skip, discard
+
+    def _epoch_end(self):
+        """job.batches: the loader's epoch ended at a step boundary. The replicas are verified,
+        so that no rollback reaches back into the epoch before; False after a rollback (steps of
+        this epoch to replay)."""
+        if self.guard and self.hash_every > 0:
+            verified = self._fresh and self._snap is not None and self._snap["step"] == self.step_no
+            if not verified and not self._replica_check():
+                return False
+        return True
+
+    def _replay_floor(self):
+        """The oldest step a redo or a rollback can go back to."""
+        if self.guard and self.hash_every > 0 and self._snap is not None:
+            return min(self._snap["step"], self.step_no)
+        return self.step_no
+
+    def _boundary(self, final):
         """Between steps: the agreed commands, the replica check, checkpoints, the stop.
         False after a rollback (the loop replays)."""
         flags = self._flags
@@ -479,16 +711,18 @@ class Job(_Checkpoints):
         if lost:
             self._say("the supervisor is gone; stopping without a checkpoint")
             self._exit(EXIT_FAIL)
-        final = self.step_no >= total
+        force, self._epoch_snap = self._epoch_snap, False
         save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
             stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
                                            and self.step_no > self.start_step))
         verified = self._fresh and self._snap is not None and self._snap["step"] == self.step_no
-        if self.guard and self.hash_every > 0 and not verified:
+        # an epoch's first step: a snapshot after the code between the epochs (a scheduler
+        # stepped per epoch, the loader's new iterator), so that no rollback goes back past it
+        if self.guard and self.hash_every > 0 and (not verified or force):
             if save or stop or final:  # only a verified state is saved or handed back
                 if not self._replica_check():
                     return False
-            elif self._snap is None or self.step_no % self.hash_every == 0:
+            elif force or self._snap is None or self.step_no % self.hash_every == 0:
                 # the hash rides in this step's all-reduce; step() compares them
                 if self._pending is None or self._pending["step"] != self.step_no:
                     self._pending = self._snapshot(hashed=True)
@@ -746,6 +980,8 @@ class Job(_Checkpoints):
         self._fresh = snap is self._snap
         if snap.get("sched") is not None:
             self.scheduler.load_state_dict(copy.deepcopy(snap["sched"]))
+        # and again at the next attempt's start, after what the loop does after job.step()
+        self._restore_next = {"rng": snap["rng"], "groups": snap["groups"], "sched": snap.get("sched")}
         self._rolled_back = True
         self._losses = list(snap["losses"])
         self.step_no = snap["step"]
@@ -791,6 +1027,7 @@ class Job(_Checkpoints):
     def _exit(self, status):
         sys.stdout.flush()
         sys.stderr.flush()
+        _end_daemons()
         os._exit(status)
 
     def _usage(self, msg):
@@ -802,6 +1039,14 @@ class Job(_Checkpoints):
         self._say(msg)
         self.w.exit_event(self.step_no, "storage", msg)
         self._exit(EXIT_STORAGE)
+
+    def _ckpt_refused(self, msg):
+        """The store refused the checkpoint by its own rule (the parameters or the optimiser
+        state hold a NaN or an infinity): the job's numbers, not a device's fault. Exit 5 with
+        a `ckpt_refused` exit event, which rk run counts against no device (docs/protocol.md)."""
+        self._say(msg)
+        self.w.exit_event(self.step_no, "ckpt_refused", msg)
+        self._exit(EXIT_GUARD)
 
     def _fail_guard(self, msg):
         self._say(msg)

@@ -37,13 +37,18 @@ class _Checkpoints:
 
     @property
     def epoch(self):
-        """Epochs started before the current step (the data position, with `cursor`)."""
+        """The epoch of the current step (the data position, with `cursor`): job.epochs' own,
+        else the steps over data_size // global_batch steps an epoch."""
+        if self._mode == "epochs":
+            return self._epoch_no
         per = self.data_size // self.global_batch if self.data_size else 0
         return self.step_no // per if per else 0
 
     @property
     def cursor(self):
-        """Samples of the current epoch consumed before the current step."""
+        """Global samples of the current epoch consumed before the current step."""
+        if self._mode == "epochs":
+            return (self.step_no - self._epoch_start) * self.global_batch
         per = self.data_size // self.global_batch if self.data_size else 0
         return (self.step_no % per if per else self.step_no) * self.global_batch
 
@@ -55,8 +60,25 @@ class _Checkpoints:
                 out.append((names.get(id(p), f"param{len(out)}"), p))
         return out
 
+    def _state_items(self):
+        """The state dict as items: model.<key>, but a buffer that holds a NaN or an infinity (a
+        causal mask of -inf) is buffer.<key>, outside the store's rule that the weights and the
+        optimiser state be finite (buffers are the model's business; rk ckpt export leaves
+        them out)."""
+        items = []
+        for k, v in self.module.state_dict(keep_vars=True).items():
+            if not isinstance(v, torch.nn.Parameter) and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                if k not in self._nf_buffers and k not in self._nf_told:
+                    self._nf_told.add(k)
+                    self._say(f"buffer '{k}' holds a NaN or an infinity (it was finite when the job started); "
+                              f"saved as it is, as buffer.{k}")
+                items.append(_item("buffer." + k, v.detach()))
+            else:
+                items.append(_item("model." + k, v.detach()))
+        return items
+
     def _items(self, rngs):
-        items = [_item("model." + k, v) for k, v in self.module.state_dict().items()]
+        items = self._state_items()
         extra, order = {}, {}
         for pname, p in self._param_names():
             order[pname] = list(self.opt.state.get(p, {}))
@@ -73,7 +95,7 @@ class _Checkpoints:
         for r, rng in enumerate(rngs):  # rank 0's as rng.*, the others' as rng.*.rank<R>
             items += self._rng_items(rng, "" if r == 0 else f".rank{r}")
         for k, val in (("epoch", self.epoch), ("cursor", self.cursor), ("global_batch", self.global_batch),
-                       ("size", self.data_size)):
+                       ("size", self.data_size), ("accum", self.accum or 0)):
             items.append(_ckpt.Item("data." + k, "I64", (), struct.pack("<q", val)))
         items.append(_ckpt.Item("guard.losses", "F64", (len(self._losses),),
                                 struct.pack(f"<{len(self._losses)}d", *self._losses)))
@@ -116,15 +138,31 @@ class _Checkpoints:
                        world_size=self.world, config=json.dumps(config, sort_keys=True), keep=self.keep)
         except _ckpt.StorageError as e:
             self._storage(f"{self.ckpt_dir}: cannot save the checkpoint of step {self.step_no}: {e}")
-        except _ckpt.CheckpointError as e:
-            self._fail_guard(f"checkpoint of step {self.step_no} refused: {e}")
+        except _ckpt.CheckpointError as e:  # the store's own rule (non-finite weights): the job's, no device's
+            self._ckpt_refused(f"checkpoint of step {self.step_no} refused: {e}")
         self.w.ckpt(self.step_no, time.monotonic() - t)
 
     def _mismatch(self, ck):
         """What makes checkpoint `ck` another run's (None: none): the config's model, framework
         and global batch, the state dict's tensors, the data size, the parameter groups."""
+        try:
+            have = json.loads(ck.config).get("global_batch")
+        except (ValueError, AttributeError):
+            have = None
+        if isinstance(have, int) and not isinstance(have, bool) and have != self.global_batch:
+            if ck.world_size != self.world and have * self.world == self.global_batch * ck.world_size:
+                return (f"{ck.path}: global batch {have} on {ck.world_size} ranks, this run's {self.global_batch} on "
+                        f"{self.world}: global_batch changes with the number of ranks (computed from it, as micro-"
+                        "batch x accumulation x world?); the global batch must be fixed: give the Job the same "
+                        "global_batch on any number of ranks and split it over them (a share of global_batch // "
+                        "world, rekindle.torch.batch_indices; or a micro-batch of global_batch // (world x "
+                        "accumulation))")
+            return (f"{ck.path}: global batch {have}, this run's {self.global_batch}: a resumed run keeps its "
+                    "global batch")
+        names = {k: ("buffer." + k if "buffer." + k in ck.items else "model." + k)
+                 for k in self.module.state_dict()}
         expect = {"config": {"model": self.name, "framework": "pytorch", "global_batch": self.global_batch},
-                  "items": {"model." + k: (_DTYPES.get(v.dtype, str(v.dtype)), tuple(v.shape))
+                  "items": {names[k]: (_DTYPES.get(v.dtype, str(v.dtype)), tuple(v.shape))
                             for k, v in self.module.state_dict().items()}}
         try:
             _ckpt.check(ck, expect)
@@ -180,7 +218,7 @@ class _Checkpoints:
         sd = self.module.state_dict()
         state = {}
         for k in sd:
-            state[k] = _tensor(items["model." + k])
+            state[k] = _tensor(items["buffer." + k] if "buffer." + k in items else items["model." + k])
         self.module.load_state_dict(state)
         meta = json.loads(bytes(items["optim.param_groups"].data).decode())
         osd = self.opt.state_dict()
@@ -219,4 +257,12 @@ class _Checkpoints:
             d = bytes(items["guard.losses"].data)
             self._losses = list(struct.unpack(f"<{len(d) // 8}d", d))
         self.step_no = self.start_step = self._saved_step = ck.step
+        # job.epochs: the resumed epoch, the steps of it done before; the first pass over the
+        # loader leaves them out and undoes the RNG draws of opening the loader
+        self._epoch_no = ck.epoch
+        self._skip_steps = ck.cursor // self.global_batch
+        self._epoch_start = ck.step - self._skip_steps
+        self._discard_rng = True
+        if "data.accum" in items:
+            self._resume_accum = struct.unpack("<q", bytes(items["data.accum"].data))[0]
 

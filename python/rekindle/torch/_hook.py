@@ -84,6 +84,9 @@ def _comm_hook(state, bucket):
     # (DDP copies the hook's result into the gradients; copying it into the bucket first
     # was one more pass), through the bucket where it was permuted.
     if last:
+        # the rank's gradient norm is in the vector: a later backward of the same step (gradient
+        # accumulation without no_sync all-reduces every micro-batch) starts its own sum
+        job._sumsq = None
         # the last bucket: nothing left to overlap with, and a Python callback on the
         # future (a thread hop) costs more than the wait
         job._pg.allreduce([flat], job._ar_opts).wait()
