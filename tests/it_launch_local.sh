@@ -397,6 +397,20 @@ st=$?
   && grep -q " 0 devices quarantined" "$work/ex2.out" \
   && ok "the same exception at the same step twice: stopped after one relaunch (exit 1)" \
   || bad "exception twice: exit $st: $(grep 'rk run' "$work/ex2.out" | tail -5)"
+# a checkpoint the job's own rule refused (rekindle.torch: an exit event ckpt_refused, exit 5)
+# at the same step in launches 0 and 1: counted against no device (--failure-threshold 1 would
+# quarantine one at the first count), stopped after one relaunch, exit 1
+timeout 60 "$RK" run -n 2 --launcher local --health off --failure-threshold 1 \
+  --events "$work/cr.ev" -- "${w[@]}" --steps 10 --rank 0 --launches 0,1,2 --raise-at 5 \
+  --raise-kind ckpt_refused --raise-status 5 \
+  --raise-detail "checkpoint of step 5 refused: item 'model.w': element 3 is inf" \
+  --log "$work/ex2" >"$work/cr.out" 2>&1
+st=$?
+[[ $st == 1 ]] && grep -q "refused its checkpoint at step 5 in two launches in a row" "$work/cr.out" \
+  && grep -q " 0 devices quarantined" "$work/cr.out" && ! grep -q '"kind":"guard_failed"' "$work/cr.ev" \
+  && [[ $(grep -c '"kind":"ckpt_refused","rank":0,"device":null' "$work/cr.ev") -ge 1 ]] \
+  && ok "a checkpoint refused by the job's own rule: no device blamed, stopped when it repeats (exit 1)" \
+  || bad "ckpt_refused: exit $st: $(grep 'rk run' "$work/cr.out" | tail -5)"
 # a worker that cannot start (no such module) stops after the second try; the first line
 # names the interpreter's path and quotes -c's argument; a fault of rank 7 of 2 is warned of
 timeout 60 "$RK" run -n 2 --launcher local --health off --inject crash@step=5:rank=7 -- \

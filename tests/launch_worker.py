@@ -12,7 +12,8 @@
 # a child process (python3 sleeping, TAG in its argv) that outlives nothing. --hostile-stacks:
 # on SIGUSR1 write a dump, then swap a symlink to --hostile-target in for it. --raise-at STEP:
 # what the Python package does for an exception of the job's code (docs/protocol.md): an
-# exit event of kind "exception" with --raise-detail, then exit 1. --die-after-bye: every
+# exit event of kind "exception" (--raise-kind) with --raise-detail, then exit 1
+# (--raise-status). --die-after-bye: every
 # rank writes --log/bye.<launch>.<rank> after its bye "done"; rank --rank then waits for all
 # of them and SIGKILLs itself (a process that dies after the job's work was done).
 # --ompi-rank, --ompi-world:
@@ -37,6 +38,8 @@ ap.add_argument("--hostile-stacks", action="store_true")
 ap.add_argument("--hostile-target", default="/etc/hostname")
 ap.add_argument("--raise-at", type=int)
 ap.add_argument("--raise-detail", default="ValueError: bad value (train.py:12)")
+ap.add_argument("--raise-kind", default="exception", help="the --raise-at exit event's kind")
+ap.add_argument("--raise-status", type=int, default=1, help="the --raise-at exit status")
 ap.add_argument("--die-after-bye", action="store_true",
                 help="after its bye done, SIGKILL itself once every rank said bye (needs --log)")
 ap.add_argument("--tag", help="ignored: marks the rank's argv")
@@ -137,9 +140,9 @@ for step in range(1, steps + 1):
     if mine and step == a.hang_at:
         hung_in_compute_for_test()
     if mine and step == a.raise_at:
-        send(type="event", rank=rank, step=step, kind="exception", blame=rank, action="exit",
+        send(type="event", rank=rank, step=step, kind=a.raise_kind, blame=rank, action="exit",
              lost_steps=0, detail=a.raise_detail)
-        sys.exit(1)
+        sys.exit(a.raise_status)
     if mine and step == a.crash_at:
         for _ in range(600):  # else a rank killed before its hello is "never connected"
             if not a.log or all(os.path.exists(os.path.join(a.log, f"hello.{launch}.{r}"))

@@ -69,6 +69,8 @@ static void test_worker_words_are_read_into_kinds(void **state)
         {"grad_kept", RK_SUP_KIND_GRAD_KEPT, 0},
         /* the job's own code raised an error: never a device's */
         {"exception", RK_SUP_KIND_EXCEPTION, 0},
+        /* the job's own checkpoint rule refused its state: never a device's */
+        {"ckpt_refused", RK_SUP_KIND_CKPT_REFUSED, 0},
         /* any other word is the worker's own, and counts */
         {"crash", RK_SUP_KIND_OTHER, 1},
         {"commfail", RK_SUP_KIND_OTHER, 1},
@@ -200,6 +202,15 @@ static const classify_case k_classify[] = {
     {"an exception during a stop", ALL(2), EXITED(RK_EXIT_FAIL), .stop_sent = 1,
      .exit_kind = RK_SUP_KIND_EXCEPTION, .exit_rank = R(1), .next = RK_SUP_RELAUNCH,
      .kind = RK_SUP_KIND_EXCEPTION, .rank = R(1)},
+    /* the job's own checkpoint rule refused its state (rekindle.torch: a parameter not
+     * finite), then exit 5: not a guard that failed on a device (it quarantined two healthy
+     * devices of a job with a mask of -inf) */
+    {"a checkpoint refused by the job's rule, exit 5", ALL(2), EXITED(RK_EXIT_GUARD),
+     .exit_kind = RK_SUP_KIND_CKPT_REFUSED, .exit_rank = R(0), .next = RK_SUP_RELAUNCH,
+     .kind = RK_SUP_KIND_CKPT_REFUSED, .rank = R(0)},
+    {"a refused checkpoint, the launcher killed the rest (137)", ALL(3), EXITED(128 + 9),
+     .lost = R(2), .exit_kind = RK_SUP_KIND_CKPT_REFUSED, .exit_rank = R(0),
+     .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CKPT_REFUSED, .rank = R(0)},
     /* blame */
     {"the rank that said it exits, not the first lost", ALL(4), EXITED(RK_EXIT_COMM), .lost = R(0),
      .exit_kind = RK_SUP_KIND_COMMFAIL, .exit_rank = R(2), .next = RK_SUP_RELAUNCH,
@@ -355,6 +366,11 @@ static void test_repeat(void **state)
         .hellos = 2, .exited = 1, .status = 1, .exit_kind = RK_SUP_KIND_EXCEPTION, .step = (st),   \
         .detail = (d)                                                                              \
     }
+#define REF(st, d)                                                                                 \
+    {                                                                                              \
+        .hellos = 2, .exited = 1, .status = RK_EXIT_GUARD, .exit_kind = RK_SUP_KIND_CKPT_REFUSED,  \
+        .step = (st), .detail = (d)                                                                \
+    }
 #define NOHELLO(code)                                                                              \
     {                                                                                              \
         .exited = 1, .status = (code)                                                              \
@@ -379,6 +395,17 @@ static void test_repeat(void **state)
          1,
          0,
          NULL},
+        {"the job's rule refused its checkpoint at the same step twice",
+         REF(40, "item 'model.w': element 3 is inf"), REF(40, "item 'model.w': element 3 is inf"),
+         1, 1, "refused its checkpoint at step 40 in two launches in a row"},
+        {"a refused checkpoint the first time",
+         {0},
+         REF(40, "item 'model.w': element 3 is inf"),
+         0,
+         0,
+         NULL},
+        {"a refused checkpoint after an exception at that step", EXC(40, "ValueError: bad"),
+         REF(40, "ValueError: bad"), 1, 0, NULL},
         {"no hello, exit 1, twice", NOHELLO(1), NOHELLO(1), 1, 1,
          "exits with status 1 before it connects, twice in a row"},
         {"no hello, the first time", {0}, NOHELLO(1), 0, 0, NULL},

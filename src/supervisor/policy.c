@@ -26,6 +26,7 @@ static const char *const k_names[] = {
     [RK_SUP_KIND_GRAD_SUSPECT] = "grad_suspect",
     [RK_SUP_KIND_GRAD_KEPT] = "grad_kept",
     [RK_SUP_KIND_EXCEPTION] = "exception",
+    [RK_SUP_KIND_CKPT_REFUSED] = "ckpt_refused",
     [RK_SUP_KIND_NODE_LOST] = "node_lost",
 };
 
@@ -44,7 +45,8 @@ static const struct {
     {"spike_kept", RK_SUP_KIND_SPIKE_KEPT, 0},
     {"grad_suspect", RK_SUP_KIND_GRAD_SUSPECT, 0},
     {"grad_kept", RK_SUP_KIND_GRAD_KEPT, 0},
-    {"exception", RK_SUP_KIND_EXCEPTION, 0}, /* the job's code: never a device's */
+    {"exception", RK_SUP_KIND_EXCEPTION, 0},       /* the job's code: never a device's */
+    {"ckpt_refused", RK_SUP_KIND_CKPT_REFUSED, 0}, /* the job's own checkpoint rule */
 };
 #define NWORKER (sizeof k_worker / sizeof k_worker[0])
 #define NNAMES (sizeof k_names / sizeof k_names[0])
@@ -177,6 +179,14 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
             "never connected to RK_HEARTBEAT");
         return;
     }
+    /* the job's own checkpoint rule refused its state: the job's, whichever device it ran on
+     * (it exits 5, which alone would read as a guard that failed) */
+    if (s->exit_kind == RK_SUP_KIND_CKPT_REFUSED) {
+        set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_CKPT_REFUSED, culprit, 0, go_on,
+            "the job's own rule refused its checkpoint (a value that is not finite): not a "
+            "device's fault");
+        return;
+    }
     if (st == RK_EXIT_COMM) {
         set(v, RK_SUP_RELAUNCH, RK_SUP_KIND_COMMFAIL, culprit, 1, go_on,
             "exit status 3: a communication failure");
@@ -211,8 +221,8 @@ void rk_sup_mark_of(const rk_sup_seen *s, const rk_sup_verdict *v, rk_sup_mark *
     m->status = -1;
     if (v->next != RK_SUP_RELAUNCH)
         return;
-    if (v->kind == RK_SUP_KIND_EXCEPTION) {
-        m->kind = RK_SUP_KIND_EXCEPTION;
+    if (v->kind == RK_SUP_KIND_EXCEPTION || v->kind == RK_SUP_KIND_CKPT_REFUSED) {
+        m->kind = v->kind;
         m->step = s->exit_step;
         snprintf(m->detail, sizeof m->detail, "%s", s->exit_detail ? s->exit_detail : "");
     } else if (v->kind == RK_SUP_KIND_NEVER_CONNECTED && s->hellos == 0 && s->exited &&
@@ -232,6 +242,13 @@ int rk_sup_repeat(const rk_sup_mark *prev, const rk_sup_mark *cur, rk_sup_verdic
         snprintf(why, cap,
                  "the same exception at step %lld in two launches in a row: an error in the job, "
                  "not a device; see the traceback above",
+                 (long long)cur->step);
+    else if (cur->kind == RK_SUP_KIND_CKPT_REFUSED && prev->step == cur->step &&
+             strcmp(prev->detail, cur->detail) == 0)
+        snprintf(why, cap,
+                 "the job's own rule refused its checkpoint at step %lld in two launches in a "
+                 "row: its state is not finite there however it runs (the detail names the "
+                 "item), not a device's fault",
                  (long long)cur->step);
     else if (cur->kind == RK_SUP_KIND_NEVER_CONNECTED && prev->status == cur->status)
         snprintf(why, cap,

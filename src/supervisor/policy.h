@@ -33,6 +33,10 @@ typedef enum rk_sup_kind {
     /* an exit event "exception": the job's own code raised an error that is not a device's
      * or the network's (a bug in the script); relaunched, counted against no device */
     RK_SUP_KIND_EXCEPTION,
+    /* an exit event "ckpt_refused" (then exit 5): the job's own checkpoint rule refused its
+     * state (a parameter or optimiser value not finite); the job's, not a device's: relaunched
+     * from the last good checkpoint, counted against no device, stopped when it repeats */
+    RK_SUP_KIND_CKPT_REFUSED,
     /* a host of a multi-host job lost (its agent silent, its link or its process gone):
      * counted against the node (cluster.c), not a device */
     RK_SUP_KIND_NODE_LOST,
@@ -40,7 +44,8 @@ typedef enum rk_sup_kind {
 } rk_sup_kind;
 
 /* The kind a worker's word names, for the words that change what rk run does (usage,
- * storage, loss_spike, spike_kept, grad_suspect, grad_kept, exception); RK_SUP_KIND_OTHER for any
+ * storage, loss_spike, spike_kept, grad_suspect, grad_kept, exception, ckpt_refused);
+ * RK_SUP_KIND_OTHER for any
  * other word (the worker's own: commfail, nan, ...), and for NULL or ""; never NONE. */
 rk_sup_kind rk_sup_kind_of(const char *word);
 /* The word for a kind ("crash", "hang", ...); NULL for NONE and OTHER (the worker's own word
@@ -135,6 +140,8 @@ typedef struct rk_sup_verdict {
  *   a hang seen                                   -> hang of hang_rank
  *   a rank never said hello (startup timeout, or
  *   the launcher exited first)                    -> never_connected, nobody's device
+ *   an exit event "ckpt_refused"                  -> ckpt_refused, nobody's device (before
+ *                                                    its exit status 5)
  *   exit status 3 / 5                             -> commfail / guard_failed
  *   an exit event "exception"                     -> exception, nobody's device
  *   an exit event                                 -> its kind
@@ -146,11 +153,12 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v);
 /* What a relaunch remembers of the launch that ended, to see the same failure twice in a
  * row (rk_sup_repeat). */
 typedef struct rk_sup_mark {
-    rk_sup_kind kind; /* EXCEPTION: an exception exit; NEVER_CONNECTED: no rank said hello and
+    rk_sup_kind kind; /* EXCEPTION: an exception exit; CKPT_REFUSED: a checkpoint the job's own
+                       * rule refused; NEVER_CONNECTED: no rank said hello and
                        * the launcher exited non-zero by itself; NONE: anything else */
-    int64_t step;     /* EXCEPTION: the exit event's step */
+    int64_t step;     /* EXCEPTION, CKPT_REFUSED: the exit event's step */
     int status;       /* NEVER_CONNECTED: the launcher's exit status */
-    char detail[520]; /* EXCEPTION: the exit event's detail */
+    char detail[520]; /* EXCEPTION, CKPT_REFUSED: the exit event's detail */
 } rk_sup_mark;
 
 /* The mark of a launch judged *v (a relaunch) after what *s says. */
@@ -159,6 +167,7 @@ void rk_sup_mark_of(const rk_sup_seen *s, const rk_sup_verdict *v, rk_sup_mark *
 /* The repeat stops, for a launch that ended for a relaunch with mark *cur after a launch
  * with mark *prev (NULL or kind NONE: the first launch, or one that ended otherwise):
  *   both EXCEPTION, the same step and the same detail -> stop: an error in the job
+ *   both CKPT_REFUSED, the same step and detail       -> stop: the job's state, not a device
  *   both NEVER_CONNECTED with the same exit status    -> stop: the worker cannot start
  * A startup timeout without hello has no mark: it is relaunched as before. On a stop, 1:
  * *v becomes RK_SUP_STOP with end FAILED, its why the sentence in why[cap]; else 0, *v kept. */

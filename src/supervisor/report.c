@@ -841,9 +841,9 @@ typedef enum { FAM_FAILURE, FAM_HEALTH, FAM_NUMERIC, FAM_QUARANTINE, FAM_OTHER }
 
 static family family_of(const char *kind)
 {
-    static const char *const fail[] = {"crash",           "hang",    "commfail",
-                                       "node_lost",       "storage", "exception",
-                                       "never_connected", "usage",   "guard_failed"};
+    static const char *const fail[] = {"crash",   "hang",        "commfail",     "node_lost",
+                                       "storage", "exception",   "ckpt_refused", "never_connected",
+                                       "usage",   "guard_failed"};
     static const char *const health[] = {"health_drain", "health_gate", "predicted_failure"};
     static const char *const num[] = {"nan",       "grad_suspect",     "grad_outlier",
                                       "grad_kept", "replica_mismatch", "loss_spike",
