@@ -98,9 +98,10 @@ static const char agent_usage[] =
     "\n"
     "The secret is read from stdin by default: 64 hexadecimal characters and a newline.\n"
     "Exit status: 0 the coordinator said BYE (or SIGINT/SIGTERM: the agent says BYE), 1 the\n"
-    "coordinator refused this node, closed the link before accepting it, or could not be\n"
-    "reached for --reconnect-for, or --health cannot read the GPUs (no NVML, fewer GPUs than\n"
-    "--devices), 2 bad usage (a --predictor model it cannot use too).\n";
+    "coordinator refused this node, or no link came for --reconnect-for (unreachable, or the\n"
+    "link closed before the coordinator accepted it: a wrong secret or job id), or --health\n"
+    "cannot read the GPUs (no NVML, fewer GPUs than --devices), 2 bad usage (a --predictor\n"
+    "model it cannot use too).\n";
 
 static rk_args agent_args = {.cmd = "agent", .usage = agent_usage};
 
@@ -398,7 +399,8 @@ static const char coord_usage[] =
     "\n"
     "The coordinator's side of the node link on its own (rk run's part, to try the agents):\n"
     "listen on ADDR:PORT (port 0 picks one), accept the agents of nodes 0..N-1 and print one\n"
-    "line per node event: joined, lost, rejoined, rebooted, reconnected, left, refused.\n"
+    "line per node event: joined, lost, rejoined, rebooted, reconnected, left, refused (the\n"
+    "refusals of connections that sent no HELLO: 5 lines in 10 s, then their count).\n"
     "After --for (default: until SIGINT/SIGTERM) it says BYE to every agent and exits 0.\n";
 
 static void print_event(void *ctx, const rk_node_event *e)
@@ -416,6 +418,10 @@ static void print_event(void *ctx, const rk_node_event *e)
             printf("refused %s: %s\n", e->from, e->why);
         break;
     case RK_NODE_LEFT: printf("node %d left: %s\n", e->node, e->why); break;
+    case RK_NODE_HUSHED:
+        printf("refused %d more connection%s in %g s (not logged one by one)\n", e->count,
+               e->count == 1 ? "" : "s", RK_NODES_HUSH_S);
+        break;
     default: printf("node %d %s: host %s from %s\n", e->node, name, e->host, e->from); break;
     }
     fflush(stdout);

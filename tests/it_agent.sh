@@ -6,7 +6,11 @@
 # lost by silence and rejoins after SIGCONT; a SIGKILLed agent is lost within the node timeout
 # + 1 s (the times are printed); the coordinator's BYE ends the other agents with exit 0; a
 # coordinator of a newer launch fences an agent of the earlier one off (it retries, then gives
-# up with exit 1); bad flags exit 2. Every process is stopped by its pid. Skips (77) without python3.
+# up with exit 1); bad flags exit 2. A flood of connections without the secret (connect and
+# close, connect and say nothing) while an agent joins: the agent joins, and the coordinator
+# logs a few refusals and then their count, not a line each; an agent whose first connections
+# are closed before WELCOME retries and joins; a flood on an agent's abstract socket is a few
+# lines and a count too. Every process is stopped by its pid. Skips (77) without python3.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -94,7 +98,9 @@ else
 fi
 
 # --- a wrong secret: one line, the agent exits 1, the others stay ------------------------------
-"$RK" agent --coordinator "$coordinator" --node 1 --job-id "$job" <"$work/wrong" 2>"$work/wrong.err"
+# (--reconnect-for 0: one try; with more, it tries again, as after any close before WELCOME)
+"$RK" agent --coordinator "$coordinator" --node 1 --job-id "$job" --reconnect-for 0 \
+  <"$work/wrong" 2>"$work/wrong.err"
 rc=$?
 [[ $rc == 1 ]] && ok "a wrong secret: the agent exits 1" || bad "a wrong secret: the agent exits $rc"
 grep -q 'the coordinator closed the link (wrong secret or job id?)' "$work/wrong.err" &&
@@ -185,7 +191,8 @@ fi
 wait "$a0" 2>/dev/null
 
 # --- a new agent process for node 0, same launch: its sequence numbers start again -----------
-"$RK" agent --coordinator "$coordinator" --node 0 --job-id "$job" <"$work/secret" 2>"$work/again.err"
+"$RK" agent --coordinator "$coordinator" --node 0 --job-id "$job" --reconnect-for 0 \
+  <"$work/secret" 2>"$work/again.err"
 rc=$?
 [[ $rc == 1 ]] && grep -q 'closed the link' "$work/again.err" &&
   wait_line "$work/coord.out" '^refused .*: replayed frame seq 1 <= [0-9]+ .*' 2 &&
@@ -246,6 +253,149 @@ grep -qE '^refused 127\.0\.0\.1:[0-9]+: frame of launch 1 from .*, this is launc
   { bad "no fenced line"; cat "$work/c2.out"; }
 kill -TERM "$c2"
 wait "$c2" 2>/dev/null
+
+# --- a flood of connections without the secret while an agent joins -------------------------
+cat >"$work/flood.py" <<'PY'
+# flood.py tcp ADDR PORT SECONDS | unix NAME SECONDS: from 4 threads for SECONDS, connect and
+# close at once, and connect and say nothing (8 a thread held open, the oldest then closed);
+# prints how many connections were made.
+import socket, sys, threading, time
+made, lock = [0], threading.Lock()
+def connect():
+    if sys.argv[1] == "tcp":
+        return socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=2)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect("\0" + sys.argv[2])
+    return s
+def run(secs):
+    n, held, end = 0, [], time.monotonic() + secs
+    while time.monotonic() < end:
+        try:
+            s = connect()
+        except OSError:
+            continue
+        n += 1
+        if n % 2:
+            s.close()
+        else:
+            held.append(s)
+            if len(held) > 8:
+                held.pop(0).close()
+    for s in held:
+        s.close()
+    with lock:
+        made[0] += n
+ts = [threading.Thread(target=run, args=(float(sys.argv[-1]),)) for _ in range(4)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(made[0])
+PY
+"$RK" _coordinator --listen 127.0.0.1:0 --nodes 3 --secret-file "$work/secret" --job-id "$job" \
+  --node-timeout 5 >"$work/c3.out" 2>&1 &
+c3=$!
+pids+=("$c3")
+wait_line "$work/c3.out" 'listening on .* port [0-9]+' 5
+port3=$(sed -nE 's/.*port ([0-9]+).*/\1/p' "$work/c3.out" | head -1)
+python3 "$work/flood.py" tcp 127.0.0.1 "$port3" 4 >"$work/flood.n" 2>&1 &
+fl=$!
+pids+=("$fl")
+wait_line "$work/c3.out" '^refused ' 5 # the flood is under way
+"$RK" agent --coordinator "127.0.0.1:$port3" --node 0 --job-id "$job" --reconnect-for 30 \
+  <"$work/secret" 2>"$work/fa.err" &
+fa=$!
+pids+=("$fa")
+wait_line "$work/c3.out" '^node 0 joined' 15 && kill -0 "$fa" 2>/dev/null &&
+  ok "an agent joins during a flood of connections without the secret" ||
+  { bad "an agent during a flood: $(tail -3 "$work/fa.err")"; }
+wait "$fl"
+made=$(cat "$work/flood.n")
+shown=$(lines "$work/c3.out" '^refused 127\.0\.0\.1:')
+echo "flood on --listen: $made connections in 4 s, $shown refusal lines"
+[[ $made -ge 100 && $shown -ge 1 && $shown -le 10 ]] &&
+  ok "the flood's $made refused connections are $shown lines, not one a connection" ||
+  bad "$shown refusal lines for $made connections"
+
+# --- an agent whose connections are closed before WELCOME: it retries ------------------------
+cat >"$work/gate.py" <<'PY'
+# gate.py PORT_FILE TARGET_PORT CLOSE_N: listen on 127.0.0.1 (its port into PORT_FILE); the
+# first CLOSE_N connections are closed at once, unread (a coordinator that had to close them),
+# the next ones relayed both ways to 127.0.0.1:TARGET_PORT.
+import socket, sys, threading
+port_file, target, close_n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(8)
+open(port_file, "w").write("%d\n" % ls.getsockname()[1])
+def pump(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    for x in (a, b):
+        try:
+            x.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+n = 0
+while True:
+    c, _ = ls.accept()
+    n += 1
+    if n <= close_n:
+        c.close()
+        continue
+    u = socket.create_connection(("127.0.0.1", target))
+    threading.Thread(target=pump, args=(c, u), daemon=True).start()
+    threading.Thread(target=pump, args=(u, c), daemon=True).start()
+PY
+python3 "$work/gate.py" "$work/gate.port" "$port3" 2 &
+gate=$!
+pids+=("$gate")
+wait_line "$work/gate.port" '^[0-9]+$' 5
+"$RK" agent --coordinator "127.0.0.1:$(cat "$work/gate.port")" --node 2 --job-id "$job" \
+  --reconnect-for 30 <"$work/secret" 2>"$work/fg.err" &
+fg=$!
+pids+=("$fg")
+if wait_line "$work/c3.out" '^node 2 joined' 10 && kill -0 "$fg" 2>/dev/null; then
+  ok "an agent whose first 2 connections were closed before WELCOME retried and joined ($(lines "$work/fg.err" 'link lost before WELCOME') closes said)"
+else
+  bad "an agent closed before WELCOME: $(tail -2 "$work/fg.err")"
+fi
+
+# --- a flood on an agent's abstract socket (anyone on the host can connect) ------------------
+"$RK" agent --coordinator "127.0.0.1:$port3" --node 1 --job-id "$job" --watch \
+  --reconnect-for 30 <"$work/secret" 2>"$work/fb.err" &
+fb=$!
+pids+=("$fb")
+wait_line "$work/fb.err" 'joined 127' 5
+python3 "$work/flood.py" unix "rk-$job" 3 >"$work/aflood.n" 2>&1
+made=$(cat "$work/aflood.n")
+shown=$(lines "$work/fb.err" 'closed a heartbeat connection')
+echo "flood on @rk-JOBID: $made connections in 3 s, $shown lines"
+[[ $made -ge 100 && $shown -ge 1 && $shown -le 10 ]] &&
+  ok "the abstract socket's $made closed connections are $shown lines, not one a connection" ||
+  bad "$shown lines for $made connections on the abstract socket: $(tail -2 "$work/fb.err")"
+# ... then their counts, once the rate limit's window (10 s) has ended
+wait_line "$work/c3.out" '^refused [0-9]+ more connections in 10 s' 15 &&
+  ok "then one line with the count: $(grep -m1 'more connections' "$work/c3.out")" ||
+  bad "no count of the refusals: $(tail -2 "$work/c3.out")"
+wait_line "$work/fb.err" 'closed [0-9]+ more heartbeat connections in 10 s' 15 &&
+  ok "the agent says the count: $(grep -m1 'more heartbeat' "$work/fb.err")" ||
+  bad "no count on the agent: $(tail -2 "$work/fb.err")"
+kill -TERM "$c3"
+wait "$c3" 2>/dev/null
+wait "$fa"
+rc=$?
+wait "$fb"
+rc2=$?
+wait "$fg"
+rc3=$?
+[[ $rc == 0 && $rc2 == 0 && $rc3 == 0 ]] && ok "the agents end on the coordinator's BYE (exit 0)" ||
+  bad "the agents exit $rc, $rc2 and $rc3"
+kill "$gate" 2>/dev/null
+wait "$gate" 2>/dev/null
 echo "--- coordinator"
 cat "$work/coord.out"
 it_finish

@@ -362,6 +362,7 @@ typedef struct events {
     int n;
     rk_node_event_kind kind[32];
     int node[32];
+    int count[32];
     char why[32][RK_ERR_MSG_MAX];
 } events;
 
@@ -372,6 +373,7 @@ static void on_event(void *ctx, const rk_node_event *e)
         return;
     ev->kind[ev->n] = e->kind;
     ev->node[ev->n] = e->node;
+    ev->count[ev->n] = e->count;
     snprintf(ev->why[ev->n], sizeof ev->why[ev->n], "%s", e->why ? e->why : "");
     ev->n++;
 }
@@ -552,6 +554,177 @@ static void test_table(void **state)
     rk_nodes_free(t);
 }
 
+/* Node 1 joined on a new connection: its fd (WELCOME read), with `agent` sealing and
+ * `from_coord` opening. */
+static int join(rk_nodes *t, const rk_net_secret *key, rk_net_peer *agent, rk_net_peer *from_coord,
+                rk_net_reader *r)
+{
+    static uint8_t frame[RK_NET_FRAME_MAX];
+    int fd = dial(t);
+    size_t n = hello_frame(agent, key, 1, BOOT_A, frame);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    rk_net_reader_init(r, "coordinator");
+    assert_int_equal(read_reply(t, fd, r, key, from_coord), RK_NODE_MSG_WELCOME);
+    return fd;
+}
+
+static int count_kind(const events *ev, rk_node_event_kind k)
+{
+    int n = 0;
+    for (int i = 0; i < ev->n; i++)
+        n += ev->kind[i] == k;
+    return n;
+}
+
+/* A flood of connections from someone without the secret (connect and close, connect and say
+ * nothing) while an agent joins: more than RK_NODES_PENDING_MAX wait to be accepted at once,
+ * the agent's among them with its HELLO in. What the pending ones sent is read before one is
+ * closed, and the silent ones go first: the agent joins. (Before: the oldest pending one was
+ * closed unread, the agent's included, and node 1 never joined.) */
+static void test_flood_keeps_an_agent(void **state)
+{
+    (void)state;
+    rk_net_secret key = key_of(0x5a);
+    events ev = {0};
+    rk_nodes_opts o = {.listen_host = "127.0.0.1",
+                       .nodes = 2,
+                       .generation = 1,
+                       .timeout_s = 5,
+                       .on_event = on_event,
+                       .ctx = &ev};
+    memcpy(o.job, JOB, sizeof o.job);
+    rk_nodes *t = NULL;
+    assert_int_equal(rk_nodes_open(&t, &o, &key, NULL), RK_OK);
+    static uint8_t frame[RK_NET_FRAME_MAX];
+    int silent[2 * RK_NODES_PENDING_MAX + 8], ns = 0;
+    /* nothing is accepted until the table is polled: all of this waits in the backlog */
+    for (int i = 0; i < RK_NODES_PENDING_MAX + 4; i++)
+        silent[ns++] = dial(t);
+    for (int i = 0; i < 10; i++)
+        close(dial(t));
+    rk_net_peer agent, from_coord;
+    rk_net_peer_init(&agent, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    rk_net_peer_init(&from_coord, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    int fd = dial(t);
+    size_t n = hello_frame(&agent, &key, 1, BOOT_A, frame);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    for (int i = 0; i < RK_NODES_PENDING_MAX + 4; i++)
+        silent[ns++] = dial(t);
+    for (int i = 0; i < 10; i++)
+        close(dial(t));
+    double end = rk_mono_s() + 3;
+    while (!rk_nodes_connected(t, 1) && rk_mono_s() < end)
+        assert_int_equal(rk_nodes_poll(t, 0.02, NULL), RK_OK);
+    assert_true(rk_nodes_connected(t, 1));
+    static rk_net_reader r;
+    rk_net_reader_init(&r, "coordinator");
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_WELCOME);
+    assert_int_equal(count_kind(&ev, RK_NODE_JOINED), 1);
+    /* the refusals of the flood are a few lines, not one a connection */
+    assert_true(count_kind(&ev, RK_NODE_REFUSED) <= RK_NODES_HUSH_N);
+    for (int i = 0; i < ns; i++)
+        close(silent[i]);
+    close(fd);
+    rk_nodes_free(t);
+}
+
+/* Refusals of connections that said no HELLO: RK_NODES_HUSH_N events a window, the
+ * rest one HUSHED event with their count when the window ends; then a new window. */
+static void test_refusals_are_rate_limited(void **state)
+{
+    (void)state;
+    rk_net_secret key = key_of(0x5a);
+    static events ev;
+    memset(&ev, 0, sizeof ev);
+    rk_nodes_opts o = {.listen_host = "127.0.0.1",
+                       .nodes = 1,
+                       .generation = 1,
+                       .timeout_s = 5,
+                       .refusals_window_s = 0.5,
+                       .on_event = on_event,
+                       .ctx = &ev};
+    memcpy(o.job, JOB, sizeof o.job);
+    rk_nodes *t = NULL;
+    assert_int_equal(rk_nodes_open(&t, &o, &key, NULL), RK_OK);
+    enum { FLOOD = 40 };
+    for (int i = 0; i < FLOOD; i++) { /* not a node-link frame: refused at its first byte */
+        int fd = dial(t);
+        assert_int_equal(rk_net_send_all(fd, "GET / HTTP/1.1\r\n\r\n", 18, 1, "t", NULL), RK_OK);
+        close(fd);
+        assert_int_equal(rk_nodes_poll(t, 0, NULL), RK_OK);
+    }
+    double end = rk_mono_s() + 3;
+    while (count_kind(&ev, RK_NODE_HUSHED) == 0 && rk_mono_s() < end)
+        assert_int_equal(rk_nodes_poll(t, 0.05, NULL), RK_OK);
+    /* a few events a window (one window, unless this machine took 0.5 s for the flood),
+     * each window that held some back ending with their count; every refusal in one or the
+     * other once */
+    int shown = count_kind(&ev, RK_NODE_REFUSED), windows = count_kind(&ev, RK_NODE_HUSHED);
+    int total = shown;
+    for (int i = 0; i < ev.n; i++)
+        total += ev.kind[i] == RK_NODE_HUSHED ? ev.count[i] : 0;
+    assert_int_equal(ev.kind[ev.n - 1], RK_NODE_HUSHED);
+    assert_true(windows >= 1);
+    assert_true(shown <= RK_NODES_HUSH_N * windows);
+    assert_int_equal(total, FLOOD);
+    /* a new window: the next refusal is shown again */
+    int fd = dial(t);
+    assert_int_equal(rk_net_send_all(fd, "GET /", 5, 1, "t", NULL), RK_OK);
+    close(fd);
+    int before = ev.n;
+    poll_until(t, &ev, before + 1, 2);
+    assert_int_equal(ev.kind[before], RK_NODE_REFUSED);
+    rk_nodes_free(t);
+}
+
+/* The coordinator asks a node whether it is alive (a PING); the agent's PONG answers it. */
+static void test_probe(void **state)
+{
+    (void)state;
+    rk_net_secret key = key_of(0x5a);
+    events ev = {0};
+    rk_nodes_opts o = {.listen_host = "127.0.0.1",
+                       .nodes = 2,
+                       .generation = 1,
+                       .timeout_s = 5,
+                       .on_event = on_event,
+                       .ctx = &ev};
+    memcpy(o.job, JOB, sizeof o.job);
+    rk_nodes *t = NULL;
+    assert_int_equal(rk_nodes_open(&t, &o, &key, NULL), RK_OK);
+    assert_int_equal(rk_nodes_probe(t, 0), 0); /* not connected: nothing to ask */
+    rk_net_peer agent, from_coord;
+    rk_net_peer_init(&agent, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    rk_net_peer_init(&from_coord, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    static rk_net_reader r;
+    int fd = join(t, &key, &agent, &from_coord, &r);
+    uint64_t p = rk_nodes_probe(t, 1);
+    assert_int_equal(p, 1);
+    assert_int_equal(rk_nodes_answered(t, 1), 0);
+    assert_int_equal(read_reply(t, fd, &r, &key, &from_coord), RK_NODE_MSG_PING);
+    uint8_t frame[RK_NET_HDR_LEN + RK_NET_TAG_LEN];
+    size_t n;
+    assert_int_equal(
+        rk_net_peer_seal(&agent, &key, RK_NODE_MSG_PONG, 0, NULL, 0, frame, sizeof frame, &n, NULL),
+        RK_OK);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    double end = rk_mono_s() + 2;
+    while (rk_nodes_answered(t, 1) < p && rk_mono_s() < end)
+        assert_int_equal(rk_nodes_poll(t, 0.02, NULL), RK_OK);
+    assert_int_equal(rk_nodes_answered(t, 1), 1);
+    /* a PONG nobody asked for counts for nothing */
+    assert_int_equal(
+        rk_net_peer_seal(&agent, &key, RK_NODE_MSG_PONG, 0, NULL, 0, frame, sizeof frame, &n, NULL),
+        RK_OK);
+    assert_int_equal(rk_net_send_all(fd, frame, n, 1, "t", NULL), RK_OK);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(rk_nodes_poll(t, 0.02, NULL), RK_OK);
+    assert_int_equal(rk_nodes_answered(t, 1), 1);
+    assert_true(rk_nodes_connected(t, 1));
+    close(fd);
+    rk_nodes_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -564,6 +737,9 @@ int main(void)
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),
+        cmocka_unit_test(test_flood_keeps_an_agent),
+        cmocka_unit_test(test_refusals_are_rate_limited),
+        cmocka_unit_test(test_probe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

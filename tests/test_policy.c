@@ -4,9 +4,10 @@
  * stops as bad usage, 3 is a communication failure and 5 a guard's, without any event; a
  * storage error stops the job and is never a device's; a rank that never said hello is
  * nobody's device; the rank blamed is the one that said it exits or vanished first, not a
- * victim the launcher killed after), the worker's words read into kinds, and the stop of a job
- * that fails the same way twice. The decisions about devices, during a launch and the
- * launch's environment are in tests/test_policy_launch.c.
+ * victim the launcher killed after), the worker's words read into kinds, the stop of a job
+ * that fails the same way twice, and, over many hosts, a failure held until every node says it
+ * is alive (a node lost meanwhile is the cause). The decisions about devices, during a launch and
+ * the launch's environment are in tests/test_policy_launch.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -465,6 +466,72 @@ static void test_repeat(void **state)
     assert_int_equal(m.kind, RK_SUP_KIND_NONE);
 }
 
+/* A failure in a launch over many hosts is blamed as seen only once every node of the launch
+ * said it is alive; a node lost before that is the cause, however the ends were read. */
+static void test_node_blame(void **state)
+{
+    (void)state;
+    const rk_sup_link O = RK_SUP_LINK_OUT, Q = RK_SUP_LINK_ASKED, A = RK_SUP_LINK_ALIVE,
+                      L = RK_SUP_LINK_LOST;
+    const struct {
+        const char *what;
+        rk_sup_link link[4];
+        double now; /* the failure seen at 10, waiting at most 4 s */
+        rk_sup_blame want;
+        int node;
+    } cases[] = {
+        {"every node alive: the failure as seen", {A, A, A, O}, 10.01, RK_SUP_BLAME_AS_SEEN, -1},
+        {"no node in the launch asked: as seen", {O, O, O, O}, 10, RK_SUP_BLAME_AS_SEEN, -1},
+        /* the issue's case: mpirun's kill of a sound host's rank read before host 2's link
+         * closed; host 2 has not answered yet: hold */
+        {"host 2 not answered yet: wait", {A, Q, A, O}, 10.01, RK_SUP_BLAME_WAIT, -1},
+        {"... its link closes: host 2 is the cause", {A, L, A, O}, 10.02, RK_SUP_BLAME_NODE, 1},
+        {"a loss beats the others' answers still due", {Q, Q, L, O}, 10, RK_SUP_BLAME_NODE, 2},
+        {"the first lost in node order", {O, L, L, Q}, 12, RK_SUP_BLAME_NODE, 1},
+        {"a loss after the wait still counts", {A, L, A, O}, 99, RK_SUP_BLAME_NODE, 1},
+        {"a node silent just under the wait: still waiting",
+         {A, Q, A, A},
+         13.99,
+         RK_SUP_BLAME_WAIT,
+         -1},
+        {"no answer and no loss for the whole wait: as seen",
+         {A, Q, A, A},
+         14,
+         RK_SUP_BLAME_AS_SEEN,
+         -1},
+    };
+    for (size_t k = 0; k < N_OF(cases); k++) {
+        int node = 77;
+        rk_sup_blame b = rk_sup_node_blame(4, cases[k].link, cases[k].now, 10.0, 4.0, &node);
+        if (b != cases[k].want || node != cases[k].node)
+            fail_msg("case %zu (%s): blame %d node %d, want %d node %d", k, cases[k].what, (int)b,
+                     node, (int)cases[k].want, cases[k].node);
+    }
+    /* the loop's whole decision, from the crash to the verdict: the crash on a sound host
+     * (rank 1, h1:1) is held; once host 2 (ranks 2, 3) is lost the verdict is node_lost of
+     * its first rank, and no device is counted */
+    rk_sup_seen s;
+    rk_sup_seen_init(&s, 6);
+    s.hellos = 6;
+    s.exited = 1;
+    s.status = 137;
+    s.lost_rank = 1;
+    rk_sup_verdict v;
+    rk_sup_classify(&s, &v);
+    assert_int_equal(v.kind, RK_SUP_KIND_CRASH); /* what the ranks showed */
+    rk_sup_link link[3] = {A, Q, A};
+    int node;
+    assert_int_equal(rk_sup_node_blame(3, link, 10.1, 10, 4, &node), RK_SUP_BLAME_WAIT);
+    link[1] = L;
+    assert_int_equal(rk_sup_node_blame(3, link, 10.2, 10, 4, &node), RK_SUP_BLAME_NODE);
+    s.node_lost = node;
+    s.node_rank = 2;
+    rk_sup_classify(&s, &v);
+    assert_int_equal(v.kind, RK_SUP_KIND_NODE_LOST);
+    assert_int_equal(v.rank, 2);
+    assert_int_equal(v.counted, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -472,6 +539,7 @@ int main(void)
         cmocka_unit_test(test_worker_words_are_read_into_kinds),
         cmocka_unit_test(test_classify),
         cmocka_unit_test(test_repeat),
+        cmocka_unit_test(test_node_blame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

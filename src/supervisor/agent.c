@@ -37,6 +37,8 @@ typedef struct agent {
     size_t hello_len;
     bool welcomed;                  /* a WELCOME came on some connection already */
     bool link_up;                   /* on the connection last run */
+    bool shut_out;                  /* ... the coordinator closed it before WELCOME */
+    double down_since;              /* without a link since (given up after reconnect_s) */
     int fd;                         /* the connection, for the job's sends (-1: none) */
     char why[RK_ERR_MSG_MAX];       /* why the last connection dropped */
     uint8_t gone[RK_NODES_MAX / 8]; /* with a gate: the GPUs said gone already */
@@ -140,7 +142,8 @@ __attribute__((format(printf, 2, 3))) static link_end drop(agent *a, const char 
     va_start(ap, fmt);
     vsnprintf(a->why, sizeof a->why, fmt, ap);
     va_end(ap);
-    logf_(a, "%s; reconnecting", a->why);
+    bool again = a->link_up || rk_mono_s() - a->down_since <= a->o->reconnect_s;
+    logf_(a, "%s%s", a->why, again ? "; reconnecting" : "");
     return LINK_DROPPED;
 }
 
@@ -151,6 +154,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     rk_err e = {0};
     rk_net_reader_init(a->r, a->at);
     a->link_up = false;
+    a->shut_out = false;
     a->fd = fd;
     a->why[0] = 0;
     if (send_msg(a, fd, RK_NODE_MSG_HELLO, a->hello, a->hello_len, &e)) {
@@ -230,6 +234,10 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
                 break;
             }
             case RK_NODE_MSG_PONG: break;
+            case RK_NODE_MSG_PING: /* the coordinator asks whether this node is alive */
+                if (send_msg(a, fd, RK_NODE_MSG_PONG, NULL, 0, &e))
+                    return drop(a, "link lost: %s", e.msg);
+                break;
             case RK_NODE_MSG_LAUNCH:
             case RK_NODE_MSG_KILL:
             case RK_NODE_MSG_DATA:
@@ -262,14 +270,11 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
             }
         }
         if (rc < 0) {
-            if (!up && !a->welcomed) {
-                *outcome = RK_AGENT_CLOSED;
-                rk_err_set(err, RK_ECOMM,
-                           "the coordinator closed the link (wrong secret or job id?): %s", e.msg);
-                return LINK_DONE;
-            }
-            /* a reconnect closed before WELCOME: the secret was good before, so retry (an
-             * agent fenced off by a newer launch gives up after --reconnect-for) */
+            /* closed before WELCOME: a wrong secret, job id or launch looks the same as a
+             * coordinator that had to close a connection it had not read yet (a flood of
+             * connections on its port), so it is tried again until --reconnect-for, and the
+             * giving up names the likely cause */
+            a->shut_out = !up;
             return drop(a, "link lost%s: %s", up ? "" : " before WELCOME", e.msg);
         }
     }
@@ -314,7 +319,8 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         return rk_err_set(err, RK_ENOMEM, "agent: out of memory");
     rk_net_peer_init(&a.peer, o->job, o->node, RK_NET_COORDINATOR, o->generation, true);
 
-    double backoff = BACKOFF_MIN_S, down_since = rk_mono_s();
+    double backoff = BACKOFF_MIN_S;
+    a.down_since = rk_mono_s();
     rk_err last = {0};
     bool told = false; /* said once per outage that the coordinator cannot be reached */
     for (;;) {
@@ -323,16 +329,27 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
             rk_err_set(err, RK_OK, "stopped");
             break;
         }
-        if (rk_mono_s() - down_since > o->reconnect_s && last.msg[0]) {
-            *outcome = RK_AGENT_GAVE_UP;
-            rk_err_set(err, RK_ECOMM, "no link to the coordinator for %g s: %s", o->reconnect_s,
-                       last.msg);
+        if (rk_mono_s() - a.down_since > o->reconnect_s && last.msg[0]) {
+            if (a.shut_out && !a.welcomed) {
+                char tried[64] = "";
+                if (o->reconnect_s > 0)
+                    snprintf(tried, sizeof tried, " (tried for %g s)", o->reconnect_s);
+                *outcome = RK_AGENT_CLOSED;
+                rk_err_set(err, RK_ECOMM,
+                           "the coordinator closed the link (wrong secret or job id?)%s: %s", tried,
+                           last.msg);
+            } else {
+                *outcome = RK_AGENT_GAVE_UP;
+                rk_err_set(err, RK_ECOMM, "no link to the coordinator for %g s: %s", o->reconnect_s,
+                           last.msg);
+            }
             break;
         }
         int fd;
         rk_err e = {0};
         if (rk_net_connect(o->host, o->port, o->connect_timeout_s, &fd, &e)) {
             last = e;
+            a.shut_out = false;
             if (!told)
                 logf_(&a, "cannot reach the coordinator: %s; retrying", e.msg);
             told = true;
@@ -355,7 +372,7 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
             snprintf(last.msg, sizeof last.msg, "the link to %s dropped", a.at);
         if (a.link_up) {
             backoff = BACKOFF_MIN_S;
-            down_since = rk_mono_s();
+            a.down_since = rk_mono_s();
         }
         nap(&a, backoff);
         backoff = backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : backoff * 2;

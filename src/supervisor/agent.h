@@ -4,8 +4,11 @@
  * answer for long enough), reconnect with backoff and HELLO again on the same net/peer.h
  * state, so the sequence numbers go on where they were (the coordinator keeps one peer per
  * node for the life of the job: a new process would start again at 1 and be refused as a
- * replay). Returns on the coordinator's BYE, a refusal, a link closed before WELCOME, giving
- * up reconnecting, or the caller's stop flag (then it says BYE itself).
+ * replay). A connection the coordinator closes before WELCOME is retried the same way (a
+ * coordinator flooded with connections closes some before it reads them). Returns on the
+ * coordinator's BYE, a refusal, giving up reconnecting (after reconnect_s without a link), or
+ * the caller's stop flag (then it says BYE itself). It answers the coordinator's PING (the
+ * coordinator asks whether the node is alive) with PONG.
  *
  * Poll-based, single-threaded. With a job (agent_job.h), the same loop polls the node's
  * ranks: LAUNCH, KILL, DATA and CLOSE go to it, its OPEN, DATA, CLOSE, LAUNCHED and EXITED go
@@ -51,7 +54,8 @@ typedef enum rk_agent_outcome {
     RK_AGENT_BYE,     /* the coordinator said BYE: done (exit 0) */
     RK_AGENT_STOPPED, /* the stop flag: BYE sent (exit 0) */
     RK_AGENT_REFUSED, /* REFUSED, with the coordinator's reason (exit 1) */
-    RK_AGENT_CLOSED,  /* the first link closed before WELCOME: wrong secret, job id, launch */
+    RK_AGENT_CLOSED,  /* no WELCOME ever, the last try closed before it, for reconnect_s: a
+                       * wrong secret, job id or launch (exit 1) */
     RK_AGENT_GAVE_UP  /* no link for reconnect_s (exit 1) */
 } rk_agent_outcome;
 

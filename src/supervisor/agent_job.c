@@ -3,7 +3,9 @@
  * a private Unix socket for their heartbeats, and one channel of the node link per rank
  * connection. The agent trusts a connection only when the kernel says its peer is a process
  * of the keeper's tree (SO_PEERCRED, /proc), as rk run does on one host (conns.c); the
- * coordinator then believes the channel's pid because the link is authenticated.
+ * coordinator then believes the channel's pid because the link is authenticated. The lines
+ * about connections it closes (any local user can connect to the abstract socket) are
+ * rate-limited by base/hush.h, as the heartbeat socket's.
  */
 #define _GNU_SOURCE
 #include "supervisor/agent_job.h"
@@ -25,6 +27,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/hush.h"
 #include "net/sock.h"
 #include "supervisor/nodes.h"
 #include "supervisor/supervisor.h"
@@ -34,6 +37,8 @@
 #define STACKS_WAIT_S 2.0          /* for a hung rank's dump to appear (as rk run on one host) */
 #define STACKS_STILL_S 0.2         /* unchanged this long: complete */
 #define STACKS_SEND_MAX (64 << 10) /* bytes of one dump sent to the coordinator */
+#define SAY_CLOSED 5               /* lines about connections closed a window, then a count */
+#define SAY_CLOSED_WINDOW_S 10.0
 
 typedef struct chan {
     int fd; /* -1: free */
@@ -60,6 +65,7 @@ struct rk_agent_job {
     uint32_t launch, base;
     uint32_t next_chan;
     chan ch[MAX_CHANS];
+    rk_hush closed; /* the lines about connections closed: a few a window, then a count */
 };
 
 __attribute__((format(printf, 2, 3))) static void say(rk_agent_job *j, const char *fmt, ...)
@@ -72,6 +78,17 @@ __attribute__((format(printf, 2, 3))) static void say(rk_agent_job *j, const cha
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     j->o.on_log(j->o.ctx, line);
+}
+
+/* The count of the lines about closed connections held back in a window that ended (`all`:
+ * in the current one too). */
+static void say_hushed(rk_agent_job *j, int all)
+{
+    double now = all ? j->closed.since + SAY_CLOSED_WINDOW_S : rk_mono_s();
+    int n = rk_hush_due(&j->closed, now, SAY_CLOSED_WINDOW_S);
+    if (n > 0)
+        say(j, "closed %d more heartbeat connection%s in %g s (not logged one by one)", n,
+            n == 1 ? "" : "s", SAY_CLOSED_WINDOW_S);
 }
 
 int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err)
@@ -290,6 +307,7 @@ void rk_agent_job_free(rk_agent_job *j)
 {
     if (!j)
         return;
+    say_hushed(j, 1);
     end_ranks(j, 0);
     end_watched(j);
     close_chans(j);
@@ -377,12 +395,14 @@ static void accept_ranks(rk_agent_job *j, int abstract, rk_agent_send_fn send, v
             if (j->ch[i].fd < 0)
                 c = &j->ch[i];
         if (!owned || !c) {
-            say(j, "closed a heartbeat connection from pid %ld: %s",
-                (long)(nspid > 0 ? cr.pid : -1),
-                !c                         ? "too many connections"
-                : abstract && !j->watching ? "no launch of another launcher is watched"
-                : abstract                 ? "not this user's process"
-                                           : "not a process of this node's launch");
+            say_hushed(j, 0);
+            if (rk_hush_pass(&j->closed, rk_mono_s(), SAY_CLOSED, SAY_CLOSED_WINDOW_S))
+                say(j, "closed a heartbeat connection from pid %ld: %s",
+                    (long)(nspid > 0 ? cr.pid : -1),
+                    !c                         ? "too many connections"
+                    : abstract && !j->watching ? "no launch of another launcher is watched"
+                    : abstract                 ? "not this user's process"
+                                               : "not a process of this node's launch");
             close(fd);
             if (pidfd >= 0)
                 close(pidfd);
@@ -440,6 +460,7 @@ void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent
     pump_dumps(j, send, ctx);
     if (j->exited_pending)
         send_exited(j, send, ctx);
+    say_hushed(j, 0);
 }
 
 void rk_agent_job_link_lost(rk_agent_job *j)

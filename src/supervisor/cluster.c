@@ -9,7 +9,10 @@
  * local keeper does. A node lost during a launch (silent for --node-timeout, its link or its
  * agent gone) fails the launch (kind node_lost), is counted towards its quarantine like a
  * device (--failure-threshold), and its devices stay out while it is not connected: the
- * spare hosts' devices take their place.
+ * spare hosts' devices take their place. A failure the ranks show (a rank's end, the
+ * launcher's exit) is blamed on a device only once every node of the launch answered a PING
+ * sent after it: a node lost meanwhile is the cause (policy.h, rk_sup_node_blame). The node
+ * table's callbacks record what they saw; sup_cluster_tick acts on it.
  */
 #define _GNU_SOURCE
 #include "supervisor/sup.h"
@@ -63,6 +66,15 @@ struct sup_cluster {
     int failure_seen;       /* a node ended with a failure: the others are being ended */
     uint32_t launched_port; /* LAUNCHED from rank 0's node */
     int launched;
+    /* nodes of this launch lost: 1 recorded by on_event, 2 acted on by take_losses */
+    int lost[MAX_NODES];
+    double lost_silent[MAX_NODES]; /* ... seconds since its last frame */
+    char lost_why[MAX_NODES][200]; /* ... and why, for the incident */
+    /* a failure of this launch weighed against the nodes (weigh_failure) */
+    int probing; /* every node of the launch was asked (PING) at probed_at */
+    double probed_at;
+    uint64_t probe[MAX_NODES]; /* ... each node's probe number (rk_nodes_probe) */
+    int decided;               /* the blame is known: a later loss changes no verdict */
     /* the agents' health readings (HEALTH), by device index; with --health only */
     struct {
         int have; /* a reading came */
@@ -108,12 +120,14 @@ static void drain_node(sup *s, int k, const char *why)
         sup_say(s, "node %d (%s) drained in Slurm: %s", k, node_name(s, k), reason);
 }
 
+/* The node table's events: said, and recorded (a node of the launch lost, for take_losses). */
 static void on_event(void *ctx, const rk_node_event *e)
 {
     sup *s = ctx;
     sup_cluster *cl = s->cl;
     int k = e->node;
-    if (k >= 0 && k < cl->nnodes && e->kind != RK_NODE_JOINED && e->kind != RK_NODE_REFUSED)
+    if (k >= 0 && k < cl->nnodes && e->kind != RK_NODE_JOINED && e->kind != RK_NODE_REFUSED &&
+        e->kind != RK_NODE_HUSHED)
         for (int d = 0; d < s->o->ndevices; d++) /* no reading from before counts again */
             if (cl->dev_node[d] == k)
                 cl->health[d].have = 0;
@@ -128,39 +142,130 @@ static void on_event(void *ctx, const rk_node_event *e)
     case RK_NODE_REFUSED:
         sup_say(s, "refused a node link from %s: %s", e->from, e->why ? e->why : "");
         return;
+    case RK_NODE_HUSHED:
+        sup_say(s,
+                "refused %d more node-link connection%s that sent no HELLO in %g s (not "
+                "logged one by one)",
+                e->count, e->count == 1 ? "" : "s", RK_NODES_HUSH_S);
+        return;
     case RK_NODE_LEFT:
     case RK_NODE_LOST: break;
     }
     sup_say(s, "node %d (%s) %s: %s", k, node_name(s, k), rk_node_event_name(e->kind),
             e->why ? e->why : "");
-    if (k < 0 || k >= cl->nnodes || !cl->used[k] || cl->exited[k])
+    if (k < 0 || k >= cl->nnodes || !cl->used[k] || cl->lost[k])
         return;
-    /* a node of this launch is gone, its ranks with it: the others' ranks wait in a
-     * collective for them, so they are ended now (their EXITED ends the launch) */
-    cl->exited[k] = 1;
-    sup_cluster_kill_ranks(s, 0);
-    if (!s->failing) {
-        sup_fail(s, "node %d (%s) lost after %.1f s of silence: %s", k, node_name(s, k),
-                 e->silent_s, e->why ? e->why : "");
-        s->seen.node_lost = k;
-        s->seen.node_rank = cl->first_rank[k];
-        cl->fails[k]++;
-        if (cl->fails[k] >= s->o->failure_threshold && !cl->quarantined[k]) {
-            cl->quarantined[k] = 1;
-            for (int d = 0; d < s->o->ndevices; d++)
-                if (cl->dev_node[d] == k && !s->devs[d].quarantined) {
-                    s->devs[d].quarantined = 1;
-                    s->g.quarantined++; /* the summary's count: a node's devices go with it */
-                }
-            sup_record(s, "quarantine", -1, node_name(s, k), "quarantine",
-                       "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
-                       cl->fails[k], cl->fails[k] == 1 ? "" : "s");
-            sup_say(s, "node %d (%s) quarantined after %d failure%s", k, node_name(s, k),
-                    cl->fails[k], cl->fails[k] == 1 ? "" : "s");
-            if (s->o->slurm_drain)
-                drain_node(s, k, e->why);
-        }
+    cl->lost[k] = 1;
+    cl->lost_silent[k] = e->silent_s;
+    snprintf(cl->lost_why[k], sizeof cl->lost_why[k], "%s", e->why ? e->why : "");
+}
+
+/* Node k's loss is the launch's failure (the first of the launch, its blame not yet known):
+ * node_lost, counted towards the node's quarantine. A failure the ranks showed first is its
+ * effect (the launcher ended the sound hosts' ranks, read before the link closed). */
+static void node_failure(sup *s, int k)
+{
+    sup_cluster *cl = s->cl;
+    if (cl->decided || s->seen.node_lost >= 0)
+        return;
+    char what[512];
+    snprintf(what, sizeof what, "node %d (%s) lost after %.1f s of silence: %s", k, node_name(s, k),
+             cl->lost_silent[k], cl->lost_why[k]);
+    if (s->failing) {
+        sup_say(s,
+                "node %d (%s) was lost with the failure seen just before (%s): the node's "
+                "loss is its cause",
+                k, node_name(s, k), s->fdetail);
+        snprintf(s->fdetail, sizeof s->fdetail, "%.*s", (int)sizeof s->fdetail - 1, what);
+    } else {
+        sup_fail(s, "%s", what);
     }
+    s->seen.node_lost = k;
+    s->seen.node_rank = cl->first_rank[k];
+    cl->decided = 1;
+    cl->fails[k]++;
+    if (cl->fails[k] >= s->o->failure_threshold && !cl->quarantined[k]) {
+        cl->quarantined[k] = 1;
+        for (int d = 0; d < s->o->ndevices; d++)
+            if (cl->dev_node[d] == k && !s->devs[d].quarantined) {
+                s->devs[d].quarantined = 1;
+                s->g.quarantined++; /* the summary's count: a node's devices go with it */
+            }
+        sup_record(s, "quarantine", -1, node_name(s, k), "quarantine",
+                   "node %d (%s) quarantined after %d failure%s", k, node_name(s, k), cl->fails[k],
+                   cl->fails[k] == 1 ? "" : "s");
+        sup_say(s, "node %d (%s) quarantined after %d failure%s", k, node_name(s, k), cl->fails[k],
+                cl->fails[k] == 1 ? "" : "s");
+        if (s->o->slurm_drain)
+            drain_node(s, k, cl->lost_why[k]);
+    }
+}
+
+/* The nodes of the launch that on_event saw lost: their ranks are gone, so the others' ranks,
+ * waiting in a collective for them, are ended now (their EXITED ends the launch); the first
+ * loss whose launch's blame is not known yet is the launch's failure. */
+static void take_losses(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    for (int k = 0; k < cl->nnodes; k++) {
+        if (cl->lost[k] != 1)
+            continue;
+        cl->lost[k] = 2;
+        if (!cl->exited[k]) {
+            cl->exited[k] = 1;
+            sup_cluster_kill_ranks(s, 0);
+        }
+        node_failure(s, k);
+    }
+}
+
+/* Once the nodes were asked (probe_nodes), their answers are weighed (rk_sup_node_blame)
+ * until the blame is known. */
+static void weigh_failure(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    if (cl->decided || !cl->probing)
+        return;
+    if (s->seen.node_lost >= 0) { /* a node's loss is the failure itself */
+        cl->decided = 1;
+        return;
+    }
+    rk_sup_link link[MAX_NODES];
+    for (int k = 0; k < cl->nnodes; k++) {
+        if (!cl->used[k])
+            link[k] = RK_SUP_LINK_OUT;
+        else if (cl->lost[k] || !rk_nodes_connected(cl->t, k))
+            link[k] = RK_SUP_LINK_LOST;
+        else if (cl->probe[k] > 0 && rk_nodes_answered(cl->t, k) >= cl->probe[k])
+            link[k] = RK_SUP_LINK_ALIVE;
+        else
+            link[k] = RK_SUP_LINK_ASKED;
+    }
+    int node;
+    rk_sup_blame b = rk_sup_node_blame(cl->nnodes, link, rk_mono_s(), cl->probed_at,
+                                       s->o->node_timeout_s + 1.0, &node);
+    if (b == RK_SUP_BLAME_NODE) {
+        if (!cl->lost[node]) { /* not connected, and no event said so (never in practice) */
+            cl->lost[node] = 2;
+            snprintf(cl->lost_why[node], sizeof cl->lost_why[node], "its link is gone");
+        }
+        node_failure(s, node);
+    }
+    if (b != RK_SUP_BLAME_WAIT)
+        cl->decided = 1;
+}
+
+/* Ask every node of the launch whether it is alive (once a failure was seen). */
+static void probe_nodes(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    if (cl->probing || cl->decided || s->seen.node_lost >= 0)
+        return;
+    cl->probing = 1;
+    cl->probed_at = rk_mono_s();
+    for (int k = 0; k < cl->nnodes; k++)
+        if (cl->used[k] && !cl->lost[k])
+            cl->probe[k] = rk_nodes_probe(cl->t, k); /* 0: not connected, lost (recorded) */
 }
 
 /* The connection of a channel, its stream ended or not. */
@@ -768,6 +873,22 @@ void sup_cluster_tick(sup *s, double wait_s)
         sup_say(s, "node link: %s", e.msg);
     pump(s);
     reap_agents(s);
+    take_losses(s);
+    if (s->failing)
+        probe_nodes(s);
+    take_losses(s); /* a probe that could not be sent: its node is lost */
+    weigh_failure(s);
+}
+
+void sup_cluster_blame(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    take_losses(s);
+    probe_nodes(s); /* already done if a failure was seen; else from the launcher's exit */
+    take_losses(s);
+    weigh_failure(s);
+    while (!cl->decided && s->seen.node_lost < 0 && !rk_sup_interrupted)
+        sup_cluster_tick(s, 0.05);
 }
 
 int sup_cluster_node_up(const sup *s, int d)
@@ -858,6 +979,9 @@ int sup_cluster_launch(sup *s, const char *done, rk_err *err)
     cl->failed_rank = -1;
     cl->failure_seen = 0;
     cl->launched = 0;
+    memset(cl->lost, 0, sizeof cl->lost);
+    memset(cl->probe, 0, sizeof cl->probe);
+    cl->probing = cl->decided = 0;
     s->l.exited = 0;
     s->l.status = 0;
     for (int r = s->n - 1; r >= 0; r--) { /* ranks of a node are consecutive (the pick's order) */

@@ -361,6 +361,7 @@ const char *rk_node_event_name(rk_node_event_kind k)
     case RK_NODE_RECONNECT: return "reconnected";
     case RK_NODE_LEFT: return "left";
     case RK_NODE_REFUSED: return "refused";
+    case RK_NODE_HUSHED: return "hushed";
     }
     return "?";
 }

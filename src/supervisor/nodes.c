@@ -2,8 +2,9 @@
  * The coordinator's table of nodes (supervisor/nodes.h): one listening socket, a fixed array
  * of connections (nodes + RK_NODES_PENDING_MAX, each with a stream reader allocated while it
  * is open), one net/peer.h state per node for the life of the table. Every frame is opened
- * and checked through src/net; a refusal is one event and the connection closed. poll(2)
- * only, no thread; times from base/clock.h.
+ * and checked through src/net; a refusal is one event (those of connections without a node
+ * rate-limited by base/hush.h) and the connection closed. poll(2) only, no thread; times from
+ * base/clock.h.
  */
 #include "supervisor/nodes.h"
 
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/hush.h"
 #include "base/msg.h"
 #include "net/peer.h"
 #include "net/sock.h"
@@ -36,8 +38,9 @@ typedef struct conn {
 typedef struct node {
     rk_net_peer peer;
     node_state state;
-    int conn;    /* its connection's slot, -1 none */
-    double last; /* the last authenticated frame (rk_mono_s) */
+    int conn;                  /* its connection's slot, -1 none */
+    double last;               /* the last authenticated frame (rk_mono_s) */
+    uint64_t probes, answered; /* PINGs sent to ask if it is alive; PONGs that answered */
     char host[RK_NODE_HOST_MAX];
     char boot_id[RK_NODE_BOOT_ID_LEN + 1];
 } nodeinfo;
@@ -51,7 +54,9 @@ struct rk_nodes {
     conn *conns;
     nodeinfo *nodes;
     struct pollfd *pfd;
-    int *pfd_conn; /* the slot of each pfd entry after the listener */
+    int *pfd_conn;    /* the slot of each pfd entry after the listener */
+    rk_hush refusals; /* REFUSED events of connections without a node: a few, then a count */
+    double window_s;  /* ... a window */
 };
 
 static void emit(rk_nodes *t, rk_node_event_kind kind, int node, const char *from, double silent_s,
@@ -90,13 +95,35 @@ static void node_lose(rk_nodes *t, int k, const char *why)
     emit(t, RK_NODE_LOST, k, from, rk_mono_s() - n->last, n->host, why);
 }
 
+/* The refusals held back in a window that ended (`all`: in the current one too): one HUSHED
+ * event with their count. */
+static void say_hushed(rk_nodes *t, bool all)
+{
+    double now = all ? t->refusals.since + t->window_s : rk_mono_s();
+    int n = rk_hush_due(&t->refusals, now, t->window_s);
+    if (n <= 0 || !t->o.on_event)
+        return;
+    rk_node_event e = {.kind = RK_NODE_HUSHED, .node = -1, .count = n};
+    snprintf(e.from, sizeof e.from, "?");
+    t->o.on_event(t->o.ctx, &e);
+}
+
+/* A refusal's event: one a connection of a node; those without one (anyone who reaches the
+ * port can cause them) a few a window, then counted. */
+static void emit_refused(rk_nodes *t, int k, const char *from, const char *why)
+{
+    say_hushed(t, false);
+    if (k >= 0 || rk_hush_pass(&t->refusals, rk_mono_s(), RK_NODES_HUSH_N, t->window_s))
+        emit(t, RK_NODE_REFUSED, k, from, 0, NULL, why);
+}
+
 /* A connection refused: one event naming the peer and why, the connection closed. A node it
  * was attached to is lost with it. */
 static void conn_refuse(rk_nodes *t, int ci, const char *why)
 {
     conn *c = &t->conns[ci];
     int k = c->node;
-    emit(t, RK_NODE_REFUSED, k, c->from, 0, NULL, why);
+    emit_refused(t, k, c->from, why);
     if (k >= 0 && t->nodes[k].conn == ci)
         node_lose(t, k, "its connection was closed after a refused frame");
     else
@@ -183,6 +210,7 @@ static void on_first(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     n->conn = ci;
     n->state = NODE_UP;
     n->last = rk_mono_s();
+    n->answered = n->probes; /* its agent spoke since: probes of an earlier connection too */
     memcpy(n->host, hello.host, sizeof n->host);
     memcpy(n->boot_id, hello.boot_id, sizeof n->boot_id);
     rk_node_welcome w = {
@@ -216,6 +244,10 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
         if (!send_msg(t, &n->peer, ci, RK_NODE_MSG_PONG, NULL, 0, &e))
             node_lose(t, k, e.msg);
         return;
+    case RK_NODE_MSG_PONG: /* the answer to a probe (in order: one PONG a PING) */
+        if (n->answered < n->probes)
+            n->answered++;
+        return;
     case RK_NODE_MSG_BYE: {
         rk_node_reason r;
         if (rk_node_reason_parse(payload, h->len, &r, &e))
@@ -243,6 +275,19 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
                  c->from);
         conn_refuse(t, ci, why);
     }
+}
+
+uint64_t rk_nodes_probe(rk_nodes *t, int k)
+{
+    rk_err e = {0};
+    if (rk_nodes_send(t, k, RK_NODE_MSG_PING, NULL, 0, &e))
+        return 0;
+    return ++t->nodes[k].probes;
+}
+
+uint64_t rk_nodes_answered(const rk_nodes *t, int k)
+{
+    return k >= 0 && k < t->o.nodes ? t->nodes[k].answered : 0;
 }
 
 int rk_nodes_send(rk_nodes *t, int k, uint8_t type, const void *payload, size_t len, rk_err *err)
@@ -303,6 +348,31 @@ static void on_readable(rk_nodes *t, int ci)
         conn_refuse(t, ci, e.msg);
 }
 
+/* The connections without a node yet: their count; a free slot into *free_slot (-1 none) and
+ * the one to close when there are too many into *victim: the oldest of those that sent
+ * nothing, else the oldest. */
+static int count_pending(const rk_nodes *t, int *free_slot, int *victim)
+{
+    int pending = 0, oldest = -1, oldest_silent = -1;
+    *free_slot = -1;
+    for (int i = 0; i < t->nconns; i++) {
+        const conn *c = &t->conns[i];
+        if (c->fd < 0) {
+            if (*free_slot < 0)
+                *free_slot = i;
+        } else if (c->node < 0) {
+            pending++;
+            if (oldest < 0 || c->opened < t->conns[oldest].opened)
+                oldest = i;
+            if (c->r->have == 0 &&
+                (oldest_silent < 0 || c->opened < t->conns[oldest_silent].opened))
+                oldest_silent = i;
+        }
+    }
+    *victim = oldest_silent >= 0 ? oldest_silent : oldest;
+    return pending;
+}
+
 static void accept_all(rk_nodes *t)
 {
     for (;;) {
@@ -312,26 +382,26 @@ static void accept_all(rk_nodes *t)
         int rc = rk_net_accept(t->lfd, &fd, from, &e);
         if (rc <= 0)
             return; /* none waiting, or a failed accept (EMFILE...): tried again next poll */
-        int pending = 0, free_slot = -1, oldest = -1;
-        for (int i = 0; i < t->nconns; i++) {
-            conn *c = &t->conns[i];
-            if (c->fd < 0) {
-                if (free_slot < 0)
-                    free_slot = i;
-            } else if (c->node < 0) {
-                pending++;
-                if (oldest < 0 || c->opened < t->conns[oldest].opened)
-                    oldest = i;
+        int free_slot, victim;
+        if (count_pending(t, &free_slot, &victim) >= RK_NODES_PENDING_MAX) {
+            /* one too many: first read what the pending ones sent (an agent's HELLO that has
+             * arrived makes it a node; a connection closed meanwhile frees its slot) */
+            for (int i = 0; i < t->nconns; i++)
+                if (t->conns[i].fd >= 0 && t->conns[i].node < 0)
+                    on_readable(t, i);
+            if (count_pending(t, &free_slot, &victim) >= RK_NODES_PENDING_MAX) {
+                conn_refuse(t, victim,
+                            t->conns[victim].r->have == 0
+                                ? "too many connections without a HELLO: the oldest silent one "
+                                  "closed"
+                                : "too many connections without a HELLO: the oldest closed");
+                free_slot = victim;
             }
-        }
-        if (pending >= RK_NODES_PENDING_MAX) {
-            conn_refuse(t, oldest, "too many connections without a HELLO: the oldest closed");
-            free_slot = oldest;
         }
         rk_net_reader *r = free_slot >= 0 ? malloc(sizeof *r) : NULL;
         if (!r) {
             close(fd);
-            emit(t, RK_NODE_REFUSED, -1, from, 0, NULL, "no room for another connection");
+            emit_refused(t, -1, from, "no room for another connection");
             continue;
         }
         rk_net_reader_init(r, from);
@@ -344,11 +414,13 @@ static void accept_all(rk_nodes *t)
     }
 }
 
-/* Lost nodes (silent for the timeout) and pending connections past the HELLO timeout. */
+/* Lost nodes (silent for the timeout), pending connections past the HELLO timeout, and the
+ * count of the refusals held back when their window ends. */
 static void check_times(rk_nodes *t)
 {
     double now = rk_mono_s();
     char why[96];
+    say_hushed(t, false);
     for (int k = 0; k < t->o.nodes; k++) {
         nodeinfo *n = &t->nodes[k];
         if (n->state == NODE_UP && now - n->last >= t->o.timeout_s) {
@@ -377,6 +449,9 @@ static double next_deadline(const rk_nodes *t, double cap)
         if (t->conns[i].fd >= 0 && t->conns[i].node < 0 &&
             t->conns[i].opened + RK_NODES_HELLO_TIMEOUT_S - now < wait)
             wait = t->conns[i].opened + RK_NODES_HELLO_TIMEOUT_S - now;
+    double hushed = rk_hush_wait(&t->refusals, now, t->window_s);
+    if (hushed >= 0 && hushed < wait)
+        wait = hushed;
     return wait > 0 ? wait : 0;
 }
 
@@ -418,6 +493,7 @@ int rk_nodes_open(rk_nodes **out, const rk_nodes_opts *o, const rk_net_secret *k
     t->o = *o;
     t->key = *key;
     t->lfd = -1;
+    t->window_s = o->refusals_window_s > 0 ? o->refusals_window_s : RK_NODES_HUSH_S;
     t->nconns = o->nodes + RK_NODES_PENDING_MAX;
     t->conns = calloc((size_t)t->nconns, sizeof *t->conns);
     t->nodes = calloc((size_t)o->nodes, sizeof *t->nodes);
@@ -480,6 +556,7 @@ void rk_nodes_bye(rk_nodes *t, const char *reason)
     rk_err e = {0};
     if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e))
         len = 0;
+    say_hushed(t, true); /* the job ends: the count of what was held back, now */
     for (int k = 0; k < t->o.nodes; k++) {
         nodeinfo *n = &t->nodes[k];
         if (n->state != NODE_UP || n->conn < 0)

@@ -59,6 +59,8 @@ enum {
 #define RK_NODE_REASON_MAX 256      /* a BYE's or REFUSED's reason with its NUL */
 #define RK_NODES_PENDING_MAX 16     /* connections without an authenticated HELLO yet */
 #define RK_NODES_HELLO_TIMEOUT_S 5. /* how long such a connection may stay silent */
+#define RK_NODES_HUSH_N 5           /* REFUSED events of such connections a window ... */
+#define RK_NODES_HUSH_S 10.         /* ... of this many seconds (the rest: one HUSHED) */
 
 /* A name for a message type ("HELLO"), "type N" for another value (into a static buffer for
  * those: not thread-safe then). */
@@ -223,7 +225,9 @@ typedef enum rk_node_event_kind {
     RK_NODE_REBOOTED,  /* back after a loss, another boot id */
     RK_NODE_RECONNECT, /* a new connection replaced a live one (no loss in between) */
     RK_NODE_LEFT,      /* said BYE */
-    RK_NODE_REFUSED    /* a connection refused: wrong secret, replay, fenced, bad HELLO... */
+    RK_NODE_REFUSED,   /* a connection refused: wrong secret, replay, fenced, bad HELLO... */
+    RK_NODE_HUSHED     /* `count` more connections without a node were refused in the window
+                        * that ended, their REFUSED events not sent (a flood) */
 } rk_node_event_kind;
 
 typedef struct rk_node_event {
@@ -233,6 +237,7 @@ typedef struct rk_node_event {
     double silent_s;            /* LOST: seconds since its last frame */
     const char *host;           /* JOINED, REJOINED, REBOOTED: the HELLO's host name */
     const char *why;            /* LOST, REFUSED, LEFT: one line */
+    int count;                  /* HUSHED: the refusals not reported one by one */
 } rk_node_event;
 
 /* "joined", "lost", ... */
@@ -248,6 +253,9 @@ typedef struct rk_nodes_opts {
     uint8_t job[RK_NET_JOB_ID_LEN];
     uint32_t generation; /* the launch generation (>= 1) */
     double timeout_s;    /* a node silent this long is lost */
+    /* the window of the refusals' rate limit (RK_NODES_HUSH_N events, then a count); 0:
+     * RK_NODES_HUSH_S */
+    double refusals_window_s;
     void (*on_event)(void *ctx, const rk_node_event *e);
     /* LAUNCHED, OPEN, DATA, CLOSE, EXITED from node `node` (authenticated, in order); NULL:
      * they are refused as unexpected */
@@ -272,6 +280,14 @@ int rk_nodes_poll(rk_nodes *t, double timeout_s, rk_err *err);
 bool rk_nodes_connected(const rk_nodes *t, int i);
 double rk_nodes_silent_s(const rk_nodes *t, int i);
 int rk_nodes_count_connected(const rk_nodes *t);
+
+/* Ask node `k` whether it is alive: a PING, which its agent answers with a PONG
+ * (docs/cluster-protocol.md). Returns the probe's number (>= 1): rk_nodes_answered reaches
+ * it once that PONG came; 0 if the node is not connected or the send failed (then it is
+ * lost: its event is emitted first). */
+uint64_t rk_nodes_probe(rk_nodes *t, int k);
+/* How many of node `k`'s probes were answered (PONGs come in order, one a PING). */
+uint64_t rk_nodes_answered(const rk_nodes *t, int k);
 
 /* Send one message to node `k`: RK_ECOMM if it is not connected, or the send fails (then
  * the node is lost: its event is emitted first). */

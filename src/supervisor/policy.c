@@ -387,3 +387,22 @@ rk_sup_intr rk_sup_interrupt(int signals, int stop_sent, double now, double sinc
         return RK_SUP_INTR_TEAR_DOWN;
     return RK_SUP_INTR_NONE;
 }
+
+/* ---- a launch over many hosts ------------------------------------------------------------- */
+
+rk_sup_blame rk_sup_node_blame(int n, const rk_sup_link *link, double now, double since,
+                               double wait_s, int *node)
+{
+    int asked = 0;
+    *node = -1;
+    for (int k = 0; k < n; k++) {
+        if (link[k] == RK_SUP_LINK_LOST) {
+            *node = k;
+            return RK_SUP_BLAME_NODE;
+        }
+        asked += link[k] == RK_SUP_LINK_ASKED;
+    }
+    if (asked && now - since < wait_s)
+        return RK_SUP_BLAME_WAIT;
+    return RK_SUP_BLAME_AS_SEEN;
+}

@@ -266,6 +266,38 @@ int rk_sup_stuck_ranks(int n, const int64_t *progress, int *stuck, int *first);
  * rank's status. */
 int rk_sup_teardown_due(const rk_sup_seen *seen, double now, double since, double wait_s);
 
+/* ---- a launch over many hosts ------------------------------------------------------------- */
+
+/* What the node link said of one node since a failure was seen (cluster.c gathers it). */
+typedef enum rk_sup_link {
+    RK_SUP_LINK_OUT = 0, /* the node runs no rank of the launch */
+    RK_SUP_LINK_ASKED,   /* asked whether it is alive (a PING), no answer yet */
+    RK_SUP_LINK_ALIVE,   /* answered after the failure was seen: its host is alive */
+    RK_SUP_LINK_LOST     /* lost during the launch (silent, its link or its agent gone) */
+} rk_sup_link;
+
+/* Who is to blame for a failure seen in a launch over many hosts. */
+typedef enum rk_sup_blame {
+    RK_SUP_BLAME_WAIT,   /* not known yet: ask again after the link's next news */
+    RK_SUP_BLAME_NODE,   /* a node was lost: the cause (*node); the failure seen is its effect */
+    RK_SUP_BLAME_AS_SEEN /* every node of the launch is alive: judge what the ranks did */
+} rk_sup_blame;
+
+/* A failure seen at `since` (a rank's end, the launcher's exit) in a launch over `n` nodes,
+ * link[k] what the link said of node k since. A host that dies takes its ranks with it and
+ * the launcher ends the ranks of the sound hosts: their ends may be read before the dead
+ * host's link closes, so a failure is blamed on a device only once every node of the launch
+ * said it is alive, and a node lost meanwhile is the cause:
+ *   a node lost (the first in k order into *node)   -> NODE
+ *   every node out or alive                         -> AS_SEEN
+ *   a node asked, not answered, wait_s not passed   -> WAIT
+ *   ... wait_s passed since `since`                 -> AS_SEEN (a node that neither answers nor
+ *                                                      falls silent for the node timeout: the
+ *                                                      failure stands as seen)
+ * *node is -1 but for NODE. */
+rk_sup_blame rk_sup_node_blame(int n, const rk_sup_link *link, double now, double since,
+                               double wait_s, int *node);
+
 /* What to do about an interruption (SIGINT, SIGTERM, SIGHUP): `signals` seen, the first at
  * `since`, with `grace_s` (--stop-grace) for the ranks to checkpoint and stop. */
 typedef enum rk_sup_intr {

@@ -151,8 +151,14 @@ rk_sup_conn *sup_new_conn(sup *s);
 int sup_cluster_open(sup *s, rk_err *err);
 /* BYE to the agents, wait for them to exit (then SIGKILL the rsh processes we started). */
 void sup_cluster_close(sup *s);
-/* Read the node link (waiting up to wait_s), relay the ranks' channels, reap agents. */
+/* Read the node link (waiting up to wait_s), relay the ranks' channels, reap agents; act on
+ * the nodes lost (the launch's failure: s->seen.node_lost), and once a failure is seen, ask
+ * the launch's nodes whether they are alive and weigh their answers (rk_sup_node_blame). */
 void sup_cluster_tick(sup *s, double wait_s);
+/* Before the launch's failure is blamed on a device: wait until every node of the launch
+ * answered after it, or one is lost (then s->seen.node_lost is set: the cause), at most the
+ * node timeout and a second. */
+void sup_cluster_blame(sup *s);
 /* Start launch s->launch_no + 1 on the nodes of s->dev (rank 0's first: its port). `done`:
  * RK_INJECT_DONE's list. */
 int sup_cluster_launch(sup *s, const char *done, rk_err *err);

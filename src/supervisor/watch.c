@@ -167,6 +167,15 @@ static rk_sup_next judge(sup *s, int exited, int code)
     e->stop_sent = s->stop_sent;
     e->interrupted = rk_sup_interrupted != 0;
     rk_sup_classify(e, &s->v);
+    if (s->cl && s->v.next == RK_SUP_RELAUNCH && s->v.kind != RK_SUP_KIND_NONE &&
+        s->v.kind != RK_SUP_KIND_NODE_LOST) {
+        /* many hosts: a failure that a node's loss would explain is judged only once every
+         * node of the launch says it is alive; a node lost with it is its cause (cluster.c,
+         * policy.h) */
+        sup_cluster_blame(s);
+        if (e->node_lost >= 0)
+            rk_sup_classify(e, &s->v);
+    }
     const char *kind = sup_verdict_kind(s);
     char who[256];
     ranks_without_hello(s, who, sizeof who);
