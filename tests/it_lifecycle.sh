@@ -238,6 +238,9 @@ if [[ -n $sock ]]; then
   lines=$(wc -l <"$work/flood.out")
   [[ $lines -le 40 ]] && ok "rk run's output stays short through the flood ($lines lines)" \
     || bad "rk run's output has $lines lines: $(sort "$work/flood.out" | uniq -c | sort -rn | head -3)"
+  grep -q "more messages about heartbeat connections that said no valid hello were suppressed" "$work/flood.out" \
+    && ok "... and says how many messages about the flood it did not print" \
+    || bad "no count of the suppressed messages: $(grep -c 'hello' "$work/flood.out") lines"
   grep -q "flood done" "$work/flood.log" && ok "the flood ran while the job ran" \
     || bad "flood: $(tail -2 "$work/flood.log")"
 else

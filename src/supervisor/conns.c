@@ -18,7 +18,8 @@
 #define HELLO_WAIT_S 5.0 /* a connection that says no hello this long is closed */
 #define ACCEPT_BATCH 256 /* connections accepted per turn of the loop */
 #define SAY_PER_CONN 3   /* messages about one rank's connection, then a count */
-#define SAY_STRANGERS 5  /* messages about unidentified peers per 10 s, then a count */
+#define SAY_STRANGERS 5  /* messages about unidentified peers a window, then a count */
+#define STRANGERS_WINDOW_S 10.0
 
 void sup_say(const sup *s, const char *fmt, ...)
 {
@@ -28,6 +29,17 @@ void sup_say(const sup *s, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+}
+
+/* The count of messages about strangers held back in a window that has ended (base/hush.h). */
+static void say_strangers_held(sup *s, double now)
+{
+    int n = rk_hush_due(&s->strangers, now, STRANGERS_WINDOW_S);
+    if (n)
+        sup_say(s,
+                "%d more messages about heartbeat connections that said no valid hello were "
+                "suppressed",
+                n);
 }
 
 /* A message about a connection, rate-limited: per rank, the first few and then a count at
@@ -42,20 +54,9 @@ void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...)
         }
         c->said++;
     } else {
-        if (now - s->strangers_t >= 10.0) {
-            if (s->strangers_hushed)
-                sup_say(s,
-                        "%d more messages about heartbeat connections that said no valid hello "
-                        "were suppressed",
-                        s->strangers_hushed);
-            s->strangers_t = now;
-            s->strangers_said = s->strangers_hushed = 0;
-        }
-        if (s->strangers_said >= SAY_STRANGERS) {
-            s->strangers_hushed++;
+        say_strangers_held(s, now);
+        if (!rk_hush_pass(&s->strangers, now, SAY_STRANGERS, STRANGERS_WINDOW_S))
             return;
-        }
-        s->strangers_said++;
     }
     char msg[400];
     va_list ap;
@@ -451,6 +452,7 @@ void sup_accept(sup *s)
 void sup_expire_strangers(sup *s)
 {
     double now = rk_ledger_now(&s->g);
+    say_strangers_held(s, now); /* a flood's count once its window ended, not at the next one */
     for (int k = 0; k < s->nconn; k++) {
         rk_sup_conn *c = &s->c[k];
         if (c->fd >= 0 && c->rank < 0 && !c->ignored && now - c->since > HELLO_WAIT_S) {
@@ -463,6 +465,8 @@ void sup_expire_strangers(sup *s)
 
 void sup_close_conns(sup *s)
 {
+    /* the count of a window still under way, said before the end rather than never */
+    say_strangers_held(s, rk_ledger_now(&s->g) + STRANGERS_WINDOW_S);
     for (int k = 0; k < s->nconn; k++) {
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/hush.h"
 #include "rekindle/heartbeat.h"
 #include "rekindle/inject.h"
 #include "supervisor/policy.h"
@@ -103,8 +104,7 @@ typedef struct sup {
     int claim_node[RK_SUP_MAX_DEVICES];
     char dup_detail[RK_HB_DETAIL_MAX + 1]; /* seen.dup_rank's sentence */
     double last_status;
-    double strangers_t; /* start of the current 10 s window for messages about strangers */
-    int strangers_said, strangers_hushed;
+    rk_hush strangers;    /* messages about connections that said no hello (base/hush.h) */
     int told_pidns;       /* said once why the job has no PID namespace */
     int told_pypath;      /* said once that the Python package's directory was skipped */
     int told_loopback;    /* said once that Open MPI's listeners are not on loopback only */
