@@ -6,7 +6,8 @@
 # tests/fds_worker.py lists its own /proc/self/fd, and every process on the machine that holds
 # one of the three files, as soon as it starts, under (a) --launcher local, (b) mpirun
 # (skipped without it), (c) --hosts 127.0.0.1:1,127.0.0.2:1: two agents on this host started
-# by an --rsh that runs the command here (sh -c), the agents starting the ranks, (d) srun in
+# by an --rsh that runs the command here (sh -c), the agents starting the ranks (c2: with a
+# descriptor of rk run's caller that none of them may get), (d) srun in
 # an allocation of the Slurm test rig (tests/slurm/rig; skipped without root or Slurm); and
 # (e) under local, a descriptor rk run itself inherited (fd 7) does not reach the rank either.
 # Each rank also reads its ancestors that are rk (rk run, the keepers, the agents): none holds
@@ -102,6 +103,29 @@ printf '#!/bin/sh\n# as ssh: HOST WORDS..., the words one command line for sh -c
 chmod +x "$work/rsh"
 run hosts 2 "$RK" run --hosts 127.0.0.1:1,127.0.0.2:1 --listen 127.0.0.1:0 --rsh "$work/rsh" \
   --startup-timeout 60
+
+# --- (c2) --hosts, rk run started with a descriptor of its caller's: neither the rsh, the agents
+# nor the ranks get it (only rk run holds it)
+mkdir -p "$work/inh2"
+clean bash -c 'exec 7>>"$1"; shift; exec "$@"' - "$work/inh2/caller" timeout 120 "$RK" run \
+  --hosts 127.0.0.1:1,127.0.0.2:1 --listen 127.0.0.1:0 --rsh "$work/rsh" --startup-timeout 60 \
+  --health off --quiet -- "$py" "$RK_SRC/tests/fds_worker.py" --out "$work/inh2" \
+  --watch "$work/inh2/caller" </dev/null >"$work/inh2.out" 2>&1
+st=$?
+said=$(python3 - "$work/inh2" <<'PY' 2>&1
+import glob, json, os, sys
+got = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(sys.argv[1], "fds.0.*.json")))]
+holders = {(h["pid"], " ".join(h["argv"])[:80]) for g in got for h in g["holders"]  # rk run's
+           if h["files"] and os.path.basename(h["argv"][0]) != "timeout"}  # parent is no heir
+rk_run = [h for h in holders if h[1].split(" ")[1:2] == ["run"]]
+others = sorted(h for h in holders if h not in rk_run)
+print(f"{len(got)} ranks; held by rk run: {len(rk_run)}; by others: {others}")
+sys.exit(not (len(got) == 2 and len(rk_run) == 1 and not others))
+PY
+)
+[[ $st == 0 ]] && [[ $said != *"others: [("* ]] && [[ $said == "2 ranks; held by rk run: 1;"* ]] \
+  && ok "hosts: a descriptor rk run inherited (fd 7) reaches no rsh, agent nor rank ($said)" \
+  || bad "hosts, inherited fd 7: exit $st: $said $(grep -v '^rk agent' "$work/inh2.out" | tail -3)"
 
 # --- (d) srun, in an allocation of the Slurm test rig -------------------------------------------
 R=$RK_SRC/tests/slurm/rig

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/proc.h"
 #include "net/secret.h"
 #include "supervisor/nodes.h"
 #include "supervisor/slurm.h"
@@ -610,6 +611,7 @@ argv:
         dup2(in[0], STDIN_FILENO);
         setpgid(0, 0); /* a terminal's ^C goes to rk run, which ends the job in order */
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent goes with rk run */
+        rk_proc_cloexec_from(3); /* the rsh and the agent get stdin (the secret), out, err */
         execvp(argv[0], (char *const *)argv);
         fprintf(stderr, "rk run: cannot run %s%s: %s\n", cl->srun ? "" : "--rsh ", argv[0],
                 strerror(errno));
