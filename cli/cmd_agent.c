@@ -51,8 +51,8 @@ static const char agent_usage[] =
     "                [--ckpt-dir DIR] [--inject SPEC] [--no-pythonpath] [--watch]\n"
     "                [--socket-node NAME]\n"
     "                [--devices N --health nvml|sim [--health-interval S] [--predictor M]\n"
-    "                 [--sim-first I --sim-gpus N --sim-seed S --sim-time-scale X --sim-age H\n"
-    "                  --sim-skip H --sim-load idle|busy --sim-sensors]]\n"
+    "                 [--sim-first I --sim-gpus N --sim-seed S --sim-age H --sim-skip H\n"
+    "                  --sim-step-time D|--sim-time-scale X --sim-load idle|busy --sim-sensors]]\n"
     "                [-- WORKER ARGS...]\n"
     "\n"
     "Run this host's node agent: connect to the job's coordinator over the authenticated node\n"
@@ -92,6 +92,7 @@ static const char agent_usage[] =
     "  --sim-gpus N             sim: the whole fleet's size (default: I + --devices)\n"
     "  --sim-seed S, --sim-time-scale X, --sim-age H, --sim-skip H\n"
     "                           sim: as rk run's (defaults 1, 60, 0, 0)\n"
+    "  --sim-step-time D        sim: ages D a step of the job (its PROGRESS), not by the clock\n"
     "  --sim-load LOAD, --sim-sensors\n"
     "                           sim: as rk run's (default idle, no sensors)\n"
     "  -h, --help               show this help\n"
@@ -148,6 +149,7 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"sim-seed", required_argument, 0, 'S'},
                                           {"sim-gpus", required_argument, 0, 'F'},
                                           {"sim-time-scale", required_argument, 0, 'x'},
+                                          {"sim-step-time", required_argument, 0, 'y'},
                                           {"sim-age", required_argument, 0, 'a'},
                                           {"sim-skip", required_argument, 0, 'k'},
                                           {"sim-load", required_argument, 0, 'L'},
@@ -157,7 +159,8 @@ int rk_cmd_agent(int argc, char **argv)
     rk_agent_opts o = RK_AGENT_OPTS_DEFAULT;
     rk_agent_job_opts jo = {0};
     const char *coord = NULL, *job = NULL, *secret_file = NULL, *socket_node = NULL;
-    int node = -1, gen = 1, watch = 0, ndev = 0, first = 0, fleet = 0, sim_given = 0;
+    int node = -1, gen = 1, watch = 0, ndev = 0, first = 0, fleet = 0, sim_given = 0,
+        scale_given = 0;
     rk_sup_opts ho = {.health_seed = 1,
                       .health_time_scale = 60,
                       .health_interval_s = 5,
@@ -243,6 +246,12 @@ int rk_cmd_agent(int argc, char **argv)
             if (rk_arg_real(&agent_args, "--sim-time-scale", optarg, 1e-3, 1e9,
                             &ho.health_time_scale))
                 return RK_EXIT_USAGE;
+            scale_given = 1;
+            break;
+        case 'y':
+            sim_given = 1;
+            if (rk_arg_seconds(&agent_args, "--sim-step-time", optarg, 1e-3, 3.6e6, &ho.sim_step_s))
+                return RK_EXIT_USAGE;
             break;
         case 'a':
             sim_given = 1;
@@ -286,6 +295,9 @@ int rk_cmd_agent(int argc, char **argv)
                                   "--devices, --predictor and --sim-* are for --health");
     if (sim_given && strcmp(ho.health, "sim") != 0)
         return rk_cli_usage_error("agent", agent_usage, "--sim-* options need --health sim");
+    if (scale_given && ho.sim_step_s > 0)
+        return rk_cli_usage_error("agent", agent_usage,
+                                  "--sim-step-time and --sim-time-scale are two clocks: give one");
     if (ho.health && fleet && first + ndev > fleet)
         return rk_cli_usage_error("agent", agent_usage,
                                   "--sim-gpus %d: the fleet has no GPU %d (--sim-first %d, "

@@ -175,7 +175,7 @@ static const char usage_b[] =
     "                          units s, m, h): the same seed tells the same story on any\n"
     "                          machine, however fast it runs the job\n"
     "  --sim-time-scale X      instead, the GPUs age with the wall clock: X simulated seconds\n"
-    "                          per real second (with --hosts: the only clock, default 60)\n"
+    "                          per real second\n"
     "  --sim-age HOURS         hours of service the simulated GPUs start with (default 0)\n"
     "  --sim-skip HOURS        start the simulated clock HOURS in, the GPUs aged (default 0)\n"
     "  --sim-load LOAD         what the simulated GPUs run: idle (default, as rk doctor's) or\n"
@@ -755,10 +755,7 @@ int rk_cmd_run(int argc, char **argv)
         return usage_error("--sim-%s needs --health sim", step_given ? "step-time" : "time-scale");
     if (scale_given && step_given)
         return usage_error("--sim-step-time and --sim-time-scale are two clocks: give one");
-    if (step_given && o.hosts)
-        return usage_error("--sim-step-time: with --hosts the agents' fleets age with the wall "
-                           "clock (--sim-time-scale)");
-    if (o.health && strcmp(o.health, "sim") == 0 && !scale_given && !o.hosts && !step_given)
+    if (o.health && strcmp(o.health, "sim") == 0 && !scale_given && !step_given)
         o.sim_step_s = SIM_STEP_DEFAULT_S; /* the default clock: the job's steps */
     if (o.predictor && rk_arg_path(&args, "--predictor", o.predictor, RK_PATH_FILE))
         return RK_EXIT_USAGE;

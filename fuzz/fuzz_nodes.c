@@ -150,6 +150,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(kl.launch >= 1 && kl.grace_s >= 0 && kl.grace_s <= 3600);
     else
         check(err.code == RK_EFORMAT);
+    rk_node_progress pg, pg2;
+    if (rk_node_progress_parse(data, size, &pg, &err) == RK_OK) {
+        check(pg.steps >= 0 && pg.steps <= ((int64_t)1 << 62));
+        check(rk_node_progress_format(&pg, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_progress_parse(out, len, &pg2, &err) == RK_OK && pg2.steps == pg.steps);
+    } else {
+        check(err.code == RK_EFORMAT && pg.steps == 0);
+        check_line(&err);
+    }
     rk_node_launched ld;
     if (rk_node_launched_parse(data, size, &ld, &err) == RK_OK)
         check(ld.launch >= 1 && ld.port <= 65535);

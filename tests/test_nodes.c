@@ -206,6 +206,16 @@ static void test_launch_messages(void **state)
     assert_int_equal(rk_node_kill_format(&k, buf, sizeof buf, &len, &e), RK_OK);
     assert_int_equal(rk_node_kill_parse(buf, len, &kb, &e), RK_OK);
     assert_true(kb.grace_s == 1.5 && kb.launch == 4);
+    rk_node_progress pg = {.steps = 4321}, pgb;
+    assert_int_equal(rk_node_progress_format(&pg, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_progress_parse(buf, len, &pgb, &e), RK_OK);
+    assert_true(pgb.steps == 4321);
+    assert_int_equal(rk_node_progress_parse("steps=-1\n", 9, &pgb, &e), RK_EFORMAT);
+    assert_int_equal(rk_node_progress_parse("steps=4611686018427387905\n", 26, &pgb, &e),
+                     RK_EFORMAT); /* 2^62 + 1 */
+    assert_int_equal(rk_node_progress_parse("step=1\n", 7, &pgb, &e), RK_EFORMAT);
+    pg.steps = -1;
+    assert_int_equal(rk_node_progress_format(&pg, buf, sizeof buf, &len, &e), RK_EINVAL);
     rk_node_open o = {.launch = 1, .chan = 9, .pid = 1234}, ob;
     assert_int_equal(rk_node_open_format(&o, buf, sizeof buf, &len, &e), RK_OK);
     assert_int_equal(rk_node_open_parse(buf, len, &ob, &e), RK_OK);

@@ -105,10 +105,13 @@ static int send_health(agent *a, int fd, rk_err *err)
         char id[16];
         snprintf(id, sizeof id, "%d", o->gate_first + i);
         rk_node_health m = {.device = (uint32_t)i, .sim = (uint32_t)sim};
-        int score = rk_gate_score(o->gate, id, m.why, sizeof m.why);
+        /* the worst reading since the last HEALTH: a simulated fleet driven by the job's
+         * steps reads many minutes a sample, and a dip among them counts (rk_gate_take_worst) */
+        int score = 0;
+        double p = -1;
+        rk_gate_take_worst(o->gate, id, &score, &p, m.why, sizeof m.why);
         m.score = (uint32_t)(score < 0 ? 0 : score > 100 ? 100 : score);
         m.lost = (uint32_t)(rk_gate_lost(o->gate, id) != 0);
-        double p = rk_gate_prob(o->gate, id);
         m.prob_ppm = p >= 0 && p <= 1 ? (int64_t)(p * 1e6 + 0.5) : -1;
         /* a failure since the last reading (not delivered to a rank here: cluster.md); a
          * GPU that stays gone is said once */
@@ -234,6 +237,14 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
                 break;
             }
             case RK_NODE_MSG_PONG: break;
+            case RK_NODE_MSG_PROGRESS: { /* the job's steps: a step clock's time (gate.c) */
+                rk_node_progress m;
+                if (rk_node_progress_parse(payload, h.len, &m, &e))
+                    return drop(a, "the coordinator sent a bad PROGRESS: %s", e.msg);
+                if (o->gate)
+                    rk_gate_set_progress(o->gate, m.steps);
+                break;
+            }
             case RK_NODE_MSG_PING: /* the coordinator asks whether this node is alive */
                 if (send_msg(a, fd, RK_NODE_MSG_PONG, NULL, 0, &e))
                     return drop(a, "link lost: %s", e.msg);

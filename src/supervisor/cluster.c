@@ -77,12 +77,18 @@ struct sup_cluster {
     uint64_t probe[MAX_NODES]; /* ... each node's probe number (rk_nodes_probe) */
     int decided;               /* the blame is known: a later loss changes no verdict */
     /* the agents' health readings (HEALTH), by device index; with --health only */
-    struct {
+    struct dev_health {
         int have; /* a reading came */
         int sim;
         rk_sup_health h;
         char why[RK_NODE_VALUE_MAX + 1];
+        int have_worst; /* the worst of the readings since the last look (sup_cluster_health) */
+        rk_sup_health worst;
+        char worst_why[RK_NODE_VALUE_MAX + 1];
     } health[RK_SUP_MAX_DEVICES];
+    /* the job's steps said to the agents (PROGRESS), for a fleet on the step clock */
+    int64_t progress_sent;
+    double progress_t;
 };
 
 /* ---- the node table's callbacks ---------------------------------------------------------- */
@@ -205,6 +211,26 @@ static void node_failure(sup *s, int k)
 /* The nodes of the launch that on_event saw lost: their ranks are gone, so the others' ranks,
  * waiting in a collective for them, are ended now (their EXITED ends the launch); the first
  * loss whose launch's blame is not known yet is the launch's failure. */
+/* A HEALTH came for device d: fold it into the worst since the last look (an agent may send
+ * two between two looks of the drain, and a dip in the first counts). */
+static void note_worst(sup_cluster *cl, int d)
+{
+    struct dev_health *x = &cl->health[d];
+    if (!x->have_worst) {
+        x->worst = x->h;
+        memcpy(x->worst_why, x->why, sizeof x->worst_why); /* both NUL-terminated */
+        x->have_worst = 1;
+        return;
+    }
+    x->worst.lost |= x->h.lost;
+    if (x->h.prob > x->worst.prob)
+        x->worst.prob = x->h.prob;
+    if (x->h.score < x->worst.score) {
+        x->worst.score = x->h.score;
+        memcpy(x->worst_why, x->why, sizeof x->worst_why); /* both NUL-terminated */
+    }
+}
+
 static void take_losses(sup *s)
 {
     sup_cluster *cl = s->cl;
@@ -429,6 +455,7 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
                                     .score = (int)m.score,
                                     .prob = m.prob_ppm < 0 ? -1.0 : (double)m.prob_ppm / 1e6};
                 snprintf(cl->health[d].why, sizeof cl->health[d].why, "%s", m.why);
+                note_worst(cl, d);
                 return;
             }
         sup_say(s, "node %d: a HEALTH for device %u, which the node does not have", k,
@@ -526,14 +553,19 @@ static int start_agent(sup *s, int k, const rk_net_secret *key, rk_err *err)
                 }
             /* every agent simulates the whole fleet (its GPUs' profiles are drawn in order)
              * and reads its own slots of it */
-            const char *flag[] = {"--sim-first", "--sim-gpus",       "--sim-seed",
-                                  "--sim-age",   "--sim-time-scale", "--sim-skip"};
+            const char *flag[] = {"--sim-first",
+                                  "--sim-gpus",
+                                  "--sim-seed",
+                                  "--sim-age",
+                                  o->sim_step_s > 0 ? "--sim-step-time" : "--sim-time-scale",
+                                  "--sim-skip"};
             char val[6][32];
             snprintf(val[0], sizeof val[0], "%d", first);
             snprintf(val[1], sizeof val[1], "%d", o->ndevices);
             snprintf(val[2], sizeof val[2], "%llu", (unsigned long long)o->health_seed);
             snprintf(val[3], sizeof val[3], "%.17g", o->health_age_h);
-            snprintf(val[4], sizeof val[4], "%.17g", o->health_time_scale);
+            snprintf(val[4], sizeof val[4], "%.17g",
+                     o->sim_step_s > 0 ? o->sim_step_s : o->health_time_scale);
             snprintf(val[5], sizeof val[5], "%.17g", o->sim_skip_h);
             for (int i = 0; i < 6; i++) {
                 used = put_word(cmd, used, sizeof cmd, flag[i]);
@@ -868,11 +900,41 @@ static void pump(sup *s)
     }
 }
 
+/* The job's steps to every connected agent whose simulated fleet ages with them
+ * (--sim-step-time): when they changed, at most 10 times a second, and every second anyway
+ * (an agent that came back hears it). */
+static void send_progress(sup *s)
+{
+    sup_cluster *cl = s->cl;
+    const rk_sup_opts *o = s->o;
+    if (!o->health || strcmp(o->health, "sim") != 0 || !(o->sim_step_s > 0))
+        return;
+    int64_t steps =
+        s->g.first_step >= 0 && s->last_done > s->g.first_step ? s->last_done - s->g.first_step : 0;
+    double now = rk_mono_s();
+    if (now - cl->progress_t < (steps > cl->progress_sent ? 0.1 : 1.0))
+        return;
+    rk_node_progress m = {.steps = steps};
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    if (rk_node_progress_format(&m, out, sizeof out, &len, &e))
+        return;
+    for (int k = 0; k < cl->nnodes; k++)
+        if (rk_nodes_connected(cl->t, k))
+            (void)rk_nodes_send(cl->t, k, RK_NODE_MSG_PROGRESS, out, len,
+                                &e); /* a failed
+                                      * send is the node's loss, seen there */
+    cl->progress_sent = steps;
+    cl->progress_t = now;
+}
+
 void sup_cluster_tick(sup *s, double wait_s)
 {
     rk_err e = {0};
     if (rk_nodes_poll(s->cl->t, wait_s, &e))
         sup_say(s, "node link: %s", e.msg);
+    send_progress(s);
     pump(s);
     reap_agents(s);
     take_losses(s);
@@ -918,17 +980,22 @@ int sup_cluster_ask_stacks(sup *s, rk_sup_conn *c)
     return 0;
 }
 
-int sup_cluster_health(const sup *s, int d, rk_sup_health *h, char *why, size_t cap)
+int sup_cluster_health(sup *s, int d, int worst, rk_sup_health *h, char *why, size_t cap)
 {
-    const sup_cluster *cl = s->cl;
+    sup_cluster *cl = s->cl;
     if (!cl || !s->o->health)
         return 0;
     *h = (rk_sup_health){.score = 100, .prob = -1.0};
     why[0] = 0;
-    if (cl->health[d].have) {
+    if (worst && cl->health[d].have_worst) {
+        *h = cl->health[d].worst;
+        snprintf(why, cap, "%s", cl->health[d].worst_why);
+    } else if (cl->health[d].have) {
         *h = cl->health[d].h;
         snprintf(why, cap, "%s", cl->health[d].why);
     }
+    if (worst)
+        cl->health[d].have_worst = 0;
     return 1;
 }
 

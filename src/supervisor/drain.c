@@ -50,11 +50,11 @@ static int is_sim(const sup *s)
 /* What the gate read for device d (over the hosts: what its agent read; no gate: a sound
  * device): the latest reading, or with `worst` the worst since the last such look (every
  * reading counts, however many a sample took: rk_gate_take_worst). */
-static rk_sup_health reading(const sup *s, int d, int worst, char *why, size_t cap)
+static rk_sup_health reading(sup *s, int d, int worst, char *why, size_t cap)
 {
     rk_sup_health h = {.lost = 0, .fatal = 0, .score = 100, .prob = -1.0};
     why[0] = '\0';
-    if (sup_cluster_health(s, d, &h, why, cap) || !s->gate)
+    if (sup_cluster_health(s, d, worst, &h, why, cap) || !s->gate)
         return h;
     const char *id = s->o->devices[d];
     h.lost = rk_gate_lost(s->gate, id);

@@ -329,6 +329,32 @@ int rk_node_kill_parse(const void *payload, size_t len, rk_node_kill *m, rk_err 
     return RK_OK;
 }
 
+#define PROGRESS_MAX ((int64_t)1 << 62)
+
+int rk_node_progress_format(const rk_node_progress *m, char *out, size_t cap, size_t *len,
+                            rk_err *err)
+{
+    *len = 0;
+    if (m->steps < 0 || m->steps > PROGRESS_MAX)
+        return rk_err_set(err, RK_EINVAL, "progress: steps out of range");
+    if (!rk_node_put(out, cap, len, "steps=%" PRId64 "\n", m->steps))
+        return rk_err_set(err, RK_EINVAL, "progress: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_progress_parse(const void *payload, size_t len, rk_node_progress *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    rk_node_kv kv;
+    int rc;
+    if ((rc = parse_kv(&kv, "progress", payload, len, err)) ||
+        (rc = rk_node_kv_int(&kv, "progress", "steps", 0, PROGRESS_MAX, &m->steps, err))) {
+        memset(m, 0, sizeof *m);
+        return rc;
+    }
+    return RK_OK;
+}
+
 /* ---- DATA and CLOSE ---------------------------------------------------------------------- */
 
 int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,

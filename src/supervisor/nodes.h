@@ -43,11 +43,14 @@ enum {
     RK_NODE_MSG_KILL = 13,   /* coordinator -> agent: end this node's ranks (rk_node_kill) */
     RK_NODE_MSG_HEALTH = 14, /* agent -> coordinator: one GPU's reading (rk_node_health) */
     /* a hung rank's stacks (docs/cluster-protocol.md "Stacks of a hung rank") */
-    RK_NODE_MSG_STACKS = 15,   /* coordinator -> agent: dump this rank's (rk_node_stacks) */
-    RK_NODE_MSG_STACK = 16,    /* agent -> coordinator: bytes of the dump (as DATA) */
-    RK_NODE_MSG_STACK_END = 17 /* agent -> coordinator: the dump is complete (as CLOSE) */
+    RK_NODE_MSG_STACKS = 15,    /* coordinator -> agent: dump this rank's (rk_node_stacks) */
+    RK_NODE_MSG_STACK = 16,     /* agent -> coordinator: bytes of the dump (as DATA) */
+    RK_NODE_MSG_STACK_END = 17, /* agent -> coordinator: the dump is complete (as CLOSE) */
+    /* the job's progress, for a simulated fleet that ages with it (docs/cluster-protocol.md
+     * "Health") */
+    RK_NODE_MSG_PROGRESS = 18 /* coordinator -> agent: steps the job has done (rk_node_progress) */
 };
-#define RK_NODE_MSG_LAST RK_NODE_MSG_STACK_END
+#define RK_NODE_MSG_LAST RK_NODE_MSG_PROGRESS
 
 #define RK_NODES_MAX 1024           /* nodes of one job */
 #define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
@@ -196,6 +199,16 @@ int rk_node_stacks_format(const rk_node_stacks *m, char *out, size_t cap, size_t
 int rk_node_stacks_parse(const void *payload, size_t len, rk_node_stacks *m, rk_err *err);
 int rk_node_kill_format(const rk_node_kill *m, char *out, size_t cap, size_t *len, rk_err *err);
 int rk_node_kill_parse(const void *payload, size_t len, rk_node_kill *m, rk_err *err);
+/* PROGRESS: the steps the job has done since it began (never fewer than the last one said):
+ * an agent whose simulated fleet ages with the job's steps (--sim-step-time) reads it at
+ * them. `steps=N`, 0 <= N <= 2^62. */
+typedef struct rk_node_progress {
+    int64_t steps;
+} rk_node_progress;
+
+int rk_node_progress_format(const rk_node_progress *m, char *out, size_t cap, size_t *len,
+                            rk_err *err);
+int rk_node_progress_parse(const void *payload, size_t len, rk_node_progress *m, rk_err *err);
 /* DATA and CLOSE: a 4-byte channel number (big-endian, >= 1), then DATA's bytes (1 to
  * RK_NODE_DATA_MAX; CLOSE none). */
 int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,

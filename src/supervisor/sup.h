@@ -194,8 +194,9 @@ const char *sup_cluster_node_name(const sup *s, int d);
  * 64 KiB) and c->stack_end set at its end. 0 if asked, -1 if the node cannot be reached. */
 int sup_cluster_ask_stacks(sup *s, rk_sup_conn *c);
 /* With --health over the hosts: device d's last reading from its agent into *h and why[cap]
- * (a sound one before any came), returning 1; 0 without (not a cluster, or no --health). */
-int sup_cluster_health(const sup *s, int d, rk_sup_health *h, char *why, size_t cap);
+ * (a sound one before any came), or with `worst` the worst of those that came since the last
+ * such look (then forgotten), returning 1; 0 without (not a cluster, or no --health). */
+int sup_cluster_health(sup *s, int d, int worst, rk_sup_health *h, char *why, size_t cap);
 /* 1 if device d's last reading came from a simulated GPU. */
 int sup_cluster_health_sim(const sup *s, int d);
 

@@ -383,12 +383,14 @@ grep -q '"kind":"health_gate","rank":null,"device":"h1:0","action":"left_out"' g
 check_end "(g)" "$st" g.json g.log
 
 # ---- (h) ... and a GPU that degrades during the run is drained -----------------------------
-# from 7,500 hours at 480,000x, GPU 3 (h2:1) falls below 50 about 12 s in, the next one (not
-# below 50 before 30 s) long after the run; rank 0 is slowed (250 ms a step for 60 steps) so
-# that launch 0 is still running at 12 s on any machine
-rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 4 --sim-age 7500 "${sim[@]}" --sim-time-scale 480000 \
+# the agents' fleets age with the job's steps (--sim-step-time: the coordinator says the steps
+# to every agent, PROGRESS): from 7,500 hours at 2 hours a step (seed 27), GPU 3 (h2:1) reads
+# 35 at step 24, no other GPU of the 8 below 50 before step 60, on any machine. The readings
+# come every second of wall time: rank 0 is slowed (150 ms a step) so that a fast machine
+# does not finish the 60 steps before the reading after step 24 reaches the coordinator
+rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 27 --sim-age 7500 "${sim[@]}" --sim-step-time 2h \
   --health-interval 1 --health-threshold 50 --ckpt-dir "$work/ckh" --events "$work/h.ev" \
-  --inject 'slow@step=0:rank=0:ms=250:for=60' -- "${ex[@]}" --result "$work/h.json" >h.log 2>&1
+  --inject 'slow@step=0:rank=0:ms=150' -- "${ex[@]}" --result "$work/h.json" >h.log 2>&1
 st=$?
 first=$(grep -m1 '"kind":"health_drain"' h.ev)
 relaunch=$(grep -m1 -o "relaunch 1 on 6 ranks (devices [^)]*)" h.log)
@@ -439,13 +441,15 @@ grep -q "refused a node link from $(rig_addr "$name" h4):[0-9]*: replayed frame 
 
 # ---- (j) the predictor on the agents ------------------------------------------------------
 # a model that predicts failure for every GPU (mkmodel's "hot" model, as tests/it_drain.sh):
-# once the agents' windows fill (5 simulated minutes, 3.3 s at 90x) the coordinator drains a
+# once the agents' windows fill (5 simulated minutes: 30 steps at 10 s a step, on any
+# machine; rank 0 slowed so that the readings, every 0.5 s of wall time, reach the
+# coordinator before the 60 steps are done) the coordinator drains a
 # device of the running job on the probability its agent sent, then finds too few devices
 # left for a launch (every one predicted to fail): exit 1
 if "${RK_MKMODEL:?}" "$work/hot.model" 5 8 8 >/dev/null; then
-  rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 6 "${sim[@]}" --sim-time-scale 90 --health-interval 0.5 \
+  rig_exec "$name" h1 "${run[@]}" --health sim --sim-seed 6 "${sim[@]}" --sim-step-time 10s --health-interval 0.5 \
     --health-threshold 0 --predictor "$work/hot.model" --ckpt-dir "$work/ckj" --events "$work/j.ev" \
-    --inject 'slow@step=0:rank=0:ms=200:for=60' -- "${ex[@]}" >j.log 2>&1
+    --inject 'slow@step=0:rank=0:ms=100' -- "${ex[@]}" >j.log 2>&1
   st=$?
   grep -q '"kind":"predicted_failure","rank":[0-9],"device":"h[1-4]:[01]","action":"drain"' j.ev \
     && grep -Eq "draining device h[1-4]:[01] \(rank [0-9]\): predicted to fail \(p=(0\.9|1\.0)" j.log \
