@@ -23,8 +23,9 @@ cat >"$work/docworker.py" <<'PY'
 # world from Open MPI's variables; a JSON checkpoint per rank in RK_CKPT_DIR, resumed when
 # RK_RESUME=1 and it exists. --act RANK:LAUNCH:STEP:WHAT (LAUNCH: RK_LAUNCH or *) does WHAT
 # when that rank reaches STEP: exitN exits with status N without a word, kill SIGKILLs
-# itself. --act-after-rank0: wait for rank 0's last checkpoint first. --no-connect: never
-# connects. Writes the environment it saw to env.<launch>.<rank>.json in --log.
+# itself. --act-after-rank0: wait until rank 0 has said bye done first (the test's signal:
+# it writes bye.<launch>.0 in RK_CKPT_DIR once it has). --no-connect: never connects. Writes
+# the environment it saw to env.<launch>.<rank>.json in --log.
 import argparse, errno, json, os, signal, socket, sys, time
 
 ap = argparse.ArgumentParser()
@@ -103,14 +104,10 @@ def save():
         sys.exit(6 if e.errno in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO) else 1)
     send(type="ckpt", rank=rank, step=step, seconds=time.monotonic() - t0)
 
-def rank0_done():
-    p0 = os.path.join(ckdir, "docworker.rank0.json")
-    for _ in range(400):
-        try:
-            if json.load(open(p0))["step"] >= a.steps_rank0:
-                return
-        except (OSError, ValueError):
-            pass
+def rank0_done():  # rank 0 has said bye done in this launch (60 s at most)
+    for _ in range(1200):
+        if os.path.exists(os.path.join(ckdir, f"bye.{launch}.0")):
+            return
         time.sleep(0.05)
 
 def hellos_done():  # every rank of this launch has said hello (a loaded machine is slow)
@@ -127,7 +124,6 @@ while step < steps:
                 hellos_done()
             if a.act_after_rank0:
                 rank0_done()
-                time.sleep(0.5)  # and its bye
             if what == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             sys.exit(int(what[4:]))
@@ -143,6 +139,11 @@ while step < steps:
         sys.exit(4)
 save()
 send(type="bye", rank=rank, step=step, status="done")
+if ckdir:  # for an act that must wait until rank 0 has said bye (--act-after-rank0)
+    try:
+        open(os.path.join(ckdir, f"bye.{launch}.{rank}"), "w").close()
+    except OSError:
+        pass
 PY
 worker=(python3 "$work/docworker.py")
 

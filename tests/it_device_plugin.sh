@@ -5,7 +5,7 @@
 # so does a regular file at the socket's path (left alone); (2) with --sim 3 --interval 0.5
 # --hysteresis 20 --textfile-dir, started before the kubelet (it says it waits): registration
 # (resource, endpoint, version), all devices Healthy, a crit textfile makes device 1 Unhealthy
-# on the stream within one interval (the delay printed), Allocate refuses it with a gRPC error
+# on the stream (the delay printed), Allocate refuses it with a gRPC error
 # naming it and returns the envs for healthy ones, GetPreferredAllocation leaves it out, a
 # warn-level textfile keeps it Unhealthy (hysteresis), removing the file heals it, the PCIe
 # switch preference, malformed requests refused; the kubelet restarting (its directory wiped)

@@ -42,7 +42,8 @@ ck_state() { cat "$1"/python_worker.rank*.json 2>/dev/null | md5sum; }
 
 # --- (1) signals to rk run -------------------------------------------------------------------
 # kill_case NAME SIGNAL [env...]: 2 ranks checkpointing every 5 steps; signal rk run once the
-# job has checkpointed; nothing of the job may be left 3 s later, and no checkpoint changes
+# job has checkpointed; nothing of the job may be left (10 s at most), and no checkpoint
+# changes after rk run exited
 kill_case() {
   local name=$1 sig=$2; shift 2
   local tok="$work/$name.token" ck="$work/$name.ck"
@@ -58,8 +59,7 @@ kill_case() {
   wait "$sup" 2>/dev/null
   local st=$?
   local ck0; ck0=$(ck_state "$ck")
-  wait_for "[[ -z \"\$(job_procs $tok)\" ]]" 3
-  sleep 1
+  wait_for "[[ -z \"\$(job_procs $tok)\" ]]" 10
   local left; left=$(job_procs "$tok")
   [[ -z $left ]] && ok "$name: rk run exit $st; nothing of the job is left (was: $before)" \
     || bad "$name: still running after rk run exited: $left ($(ps -o pid,ppid,args -p ${left// /,} | tail -n +2))"
@@ -78,15 +78,23 @@ grep -q "interrupted" "$work/hup.out" && ok "SIGHUP is handled like SIGTERM (int
 kill_case term TERM
 
 # --- (2) a worker whose supervisor vanished stops without saving ----------------------------
-# fake_sup SOCKET: accept one hello, wait 1 s, close everything, report the time of the close
+# fake_sup SOCKET: accept one hello, close everything once the worker has sent a step (it is
+# running: 60 s at most), report the close
 cat >"$work/fake_sup.py" <<'PY'
-import os, socket, sys, time
+import json, os, socket, sys, time
 path = sys.argv[1]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.bind(path); s.listen(4)
 c, _ = s.accept()
 c.settimeout(60)
-print(c.recv(4096).decode().strip(), flush=True)
-time.sleep(1.0)
+buf = b""
+def stepped():  # a whole line of type step has come
+    return any(json.loads(l).get("type") == "step" for l in buf.split(b"\n")[:-1] if l.strip())
+while not stepped():
+    d = c.recv(4096)
+    if not d:
+        break
+    buf += d
+print(buf.split(b"\n")[0].decode().strip(), flush=True)
 c.close(); s.close()
 print("closed", flush=True)
 time.sleep(120)
@@ -162,11 +170,12 @@ import json, os, socket, sys, time
 path, pid, what = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def conn():
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(path); return s
-if what == "hello":  # rank 0's hello with another process's pid
+if what == "hello":  # rank 0's hello with another process's pid; until rk run closes it
     s = conn()
     s.sendall((json.dumps({"type": "hello", "v": 1, "rank": 0, "world": 2, "pid": pid,
                            "device": "0", "step": 0}) + "\n").encode())
-    time.sleep(1.0)
+    s.settimeout(60)
+    print("closed by rk run" if s.recv(4096) == b"" else "answered", flush=True)
     s.close()
     sys.exit(0)
 s = conn()  # one connection, thousands of bad lines
@@ -187,7 +196,7 @@ for i in range(3000):  # connect/close cycles
     conn().close()
 idle = [conn() for i in range(100)]  # open, silent: closed by rk run after a few seconds
 print("flood sent", flush=True)
-time.sleep(7)
+time.sleep(7)  # the flood's length (the job runs meanwhile), not a wait for rk run
 print("flood done", flush=True)
 PY
 # late_job NAME: 2 ranks that start once $work/go exists; socket path in $sock, rk run's pid
@@ -210,6 +219,7 @@ if [[ -n $sock ]]; then
   [[ $perm_s == 600 && $perm_d == 700 ]] && ok "socket $perm_s in a directory $perm_d" \
     || bad "socket mode $perm_s, directory $perm_d"
   python3 "$work/stranger.py" "$sock" "$victim" hello >"$work/stranger.out" 2>&1
+  echo "# the stranger: $(cat "$work/stranger.out")"
   touch "$work/go"
   wait "$sup"; st=$?
   [[ $st == 0 && -s $work/late.0.json && -s $work/late.1.json ]] \

@@ -29,7 +29,7 @@ it_init it_prometheus
 cat >"$work/it.py" <<'EOF'
 import json, re, socket, sys, time, urllib.parse, urllib.request
 
-def get(url, timeout=3):
+def get(url, timeout=30):  # generous: a loaded machine answers late, not never
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()
 
@@ -112,30 +112,59 @@ def checks(base, exporter, dash_path):
     (ok if good else bad)("one health score in 0..100 for each gpu 0..7 (%s)" %
                           ", ".join("%s:%g" % kv for kv in sorted(scores.items())))
 
-    # The temperatures Prometheus stored equal what the exporter served: fetch /metrics, let a
-    # few scrapes happen, and look for each value among the samples of the last 15 s. The
-    # exporter and Prometheus both tick every second, so a value can be replaced before it is
-    # scraped; three attempts allow for that.
+    # The temperatures Prometheus stored equal what the exporter served. Each /metrics says
+    # which collection it shows (rk_exporter_collections_total): /metrics is read here every
+    # 0.2 s, each collection's temperatures kept, until Prometheus has stored one of those
+    # collections (its scrape of it is the signal: 60 s at most); that scrape must hold the
+    # same temperatures, at the same timestamp.
     # A GPU the sim has lost (rk_gpu_up 0) has no temperature; every other one must have one.
-    for attempt in range(3):
-        served = parse_metrics(get("http://%s/metrics" % exporter), "rk_gpu_temperature_celsius")
-        time.sleep(2.5)
-        stored = {x["metric"].get("gpu"): [float(v) for _, v in x["values"]]
-                  for x in vec("rk_gpu_temperature_celsius[15s]")}
-        answering = sorted(x["metric"].get("gpu") for x in vec("rk_gpu_up == 1"))
-        missing = [g for g in answering if g not in served or served[g] not in stored.get(g, [])]
-        if not missing:
-            break
+    def at(series, ts):  # {gpu: value at timestamp ts} of a range query's result
+        return {x["metric"].get("gpu"): float(v) for x in series
+                for t, v in x["values"] if t == ts}
+    got, ts, c = {}, None, None
+    end = time.time() + 60
+    while ts is None and time.time() < end:
+        text = get("http://%s/metrics" % exporter)
+        n = [float(l.split()[1]) for l in text.splitlines()
+             if l.startswith("rk_exporter_collections_total ")][0]
+        got.setdefault(n, parse_metrics(text, "rk_gpu_temperature_celsius"))
+        r = vec('rk_exporter_collections_total{instance="%s"}[60s]' % exporter)
+        for t, v in (r[0]["values"] if r else []):
+            if float(v) in got:
+                ts, c = t, float(v)
+        if ts is None:
+            time.sleep(0.2)
+    served = got.get(c, {})
+    stored = at(vec("rk_gpu_temperature_celsius[60s]"), ts) if ts is not None else {}
+    answering = sorted(g for g, v in at(vec("rk_gpu_up[60s]"), ts).items() if v == 1) \
+        if ts is not None else []
+    missing = [g for g in answering if g not in served or served[g] != stored.get(g)]
     detail = ", ".join("%s:%g" % (g, served[g]) for g in sorted(served))
-    (ok if answering and not missing and sorted(served) == answering else bad)(
+    (ok if ts is not None and answering and not missing and sorted(served) == answering
+     and sorted(stored) == answering else bad)(
         "rk_gpu_temperature_celsius in Prometheus equals the exporter's /metrics for each GPU "
-        "answering, %s (%s; unmatched: %s)" % (answering, detail, missing))
+        "answering, %s, in collection %s (%s; unmatched: %s; stored: %s)"
+        % (answering, c, detail, missing, stored if ts is not None else
+           "none of the %d collections read here in 60 s" % len(got)))
     plausible = all(0 <= v <= 120 for v in served.values())
     (ok if plausible else bad)("temperatures within 0..120 C (%s)" % detail)
 
-    # The rules: both groups loaded, every rule evaluated without error (wait for a round).
-    time.sleep(1.2)
-    groups = api(base, "/api/v1/rules")["groups"]
+    # The rules: both groups loaded, every rule evaluated without error. A round of
+    # evaluations after the data above was stored is the signal: each rule's lastEvaluation
+    # changed from what it was here, and none is "unknown" (not yet evaluated); 30 s at most.
+    def rule_list(gs):
+        return [r for g in gs for r in g["rules"]]
+    before = {r["name"]: r.get("lastEvaluation")
+              for r in rule_list(api(base, "/api/v1/rules")["groups"])}
+    end = time.time() + 30
+    while True:
+        groups = api(base, "/api/v1/rules")["groups"]
+        fresh = [r for r in rule_list(groups) if r.get("health") != "unknown"
+                 and r.get("lastEvaluation") != before.get(r["name"])]
+        if (len(groups) == 2 and len(fresh) == len(rule_list(groups))) or time.time() > end:
+            break
+        time.sleep(0.2)
+    print("rules evaluated since the check began: %d of %d" % (len(fresh), len(rule_list(groups))))
     names = sorted(g["name"] for g in groups)
     rules = [r for g in groups for r in g["rules"]]
     alerts = [r for r in rules if r["type"] == "alerting"]

@@ -667,6 +667,7 @@ sys.path.insert(0, sys.argv[1])
 from rekindle import _ckptfile, ckpt
 d, start = sys.argv[2], int(sys.argv[3])
 step = start
+print("ready", flush=True)
 while True:
     blob = bytes([step % 251]) * (4 << 20)
     ckpt.save(d, step, [ckpt.Item("model.w", "U8", (len(blob),), blob),
@@ -685,12 +686,17 @@ class TestKilledSaves(unittest.TestCase):
         store = os.path.join(d, "ck")
         rnd = random.Random(15)
         step, kills, deadline = 1, 0, time.monotonic() + 12
-        while time.monotonic() < deadline or kills < 10:
+        # 12 s, at least 10 kills, and at least one save kept (120 s at most: a loaded machine)
+        while ((time.monotonic() < deadline or kills < 10 or step == 1)
+               and time.monotonic() < deadline + 108):
             p = subprocess.Popen([sys.executable, script, rktest.PYDIR, store, str(step)],
-                                 stdout=subprocess.DEVNULL)
+                                 stdout=subprocess.PIPE)
+            p.stdout.readline()  # "ready": the saver has started (its imports take a while)
+            # the kill at a random moment of its saves: the sleep is what is tested
             time.sleep(rnd.uniform(0.05, 0.6))
             p.send_signal(signal.SIGKILL)
             p.wait()
+            p.stdout.close()
             kills += 1
             c, skipped = ckpt.load_latest(store)
             for n in os.listdir(store):  # no checkpoint name is ever torn

@@ -19,15 +19,18 @@ import sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import rekindle
 
+ready = threading.Event()
 def stuck_in_collective():
+    ready.set()
     while True:
         time.sleep(0.05)
 
 w = rekindle.Worker()
 w.hello(0)
 threading.Thread(target=stuck_in_collective, daemon=True, name="allreduce").start()
-print(w.stacks_path, flush=True)
+ready.wait(60)
 def main_loop_waiting():
+    print(w.stacks_path, flush=True)  # the test's signal: both functions are on the stacks now
     time.sleep(60)
 main_loop_waiting()
 '''
@@ -74,21 +77,26 @@ class TestStacks(unittest.TestCase):
         path = p.stdout.readline().decode().strip()
         self.assertEqual(path, os.path.join(d, "stacks-rank1-launch2.txt"))
         self.assertEqual(os.path.getsize(path), 0)
-        time.sleep(0.2)
-        os.kill(p.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 5
-        text = ""
-        while time.monotonic() < deadline:
-            with open(path) as f:
-                text = f.read()
-            if "main_loop_waiting" in text and "stuck_in_collective" in text:
-                break
-            time.sleep(0.05)
+
+        def dump(n):  # SIGUSR1, and the file's text once it holds n dumps (30 s at most)
+            os.kill(p.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 30
+            while True:
+                with open(path) as f:
+                    text = f.read()
+                if (text.count("main_loop_waiting") >= n and text.count("stuck_in_collective") >= n
+                        or time.monotonic() > deadline):
+                    return text
+                time.sleep(0.05)
+
+        text = dump(1)
         self.assertIn("stuck_in_collective", text)
         self.assertIn("main_loop_waiting", text)
         self.assertGreaterEqual(text.count("hread 0x"), 2)  # "Current thread", "Thread"
-        time.sleep(0.2)
-        self.assertIsNone(p.poll())  # it lives on: rk run decides what happens next
+        # it lives on (rk run decides what happens next): it answers a second SIGUSR1 too
+        text = dump(2)
+        self.assertEqual(text.count("main_loop_waiting"), 2, text)
+        self.assertIsNone(p.poll())
 
 
 if __name__ == "__main__":

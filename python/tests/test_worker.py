@@ -318,12 +318,12 @@ class TestSupervised(unittest.TestCase):
         w = self.connect(sup)
         sup.lines(1)
         self.assertEqual(w.poll(), set())
+        # (a Unix stream socket: what sendall sent is in the worker's socket when it returns,
+        # and a close is seen at once; no wait is needed here or in the tests below)
         sup.send(b'{"cmd":"checkpoint"}\n{"cmd":"st')
-        time.sleep(0.1)
         self.assertTrue(w.alive())  # reads, keeps what it read for poll
         self.assertEqual(w.poll(), {"checkpoint"})
         sup.send(b'op"}\r\n')
-        time.sleep(0.1)
         self.assertEqual(w.poll(), {"stop"})
         self.assertEqual(w.poll(), set())
 
@@ -333,7 +333,6 @@ class TestSupervised(unittest.TestCase):
         sup.lines(1)
         sup.send(b'{"cmd":"reboot"}\nnot json\n' + b"x" * 5000 + b'{"cmd":"stop"}\n'
                  + b'{"cmd":"checkpoint"}\n')
-        time.sleep(0.2)
         self.assertEqual(w.poll(), {"checkpoint"})  # the stop was inside the long line
         self.assertIn("line", w.error)
         self.assertTrue(w.alive())
@@ -345,7 +344,6 @@ class TestSupervised(unittest.TestCase):
         sup.send(b'{"cmd":"stop"}\n')
         sup.conn.close()
         sup.conn = None
-        time.sleep(0.1)
         self.assertFalse(w.alive())
         self.assertTrue(w.lost)
         self.assertFalse(w.supervised)
@@ -440,20 +438,21 @@ class TestSupervised(unittest.TestCase):
 
     def test_no_sigpipe(self):
         """With SIGPIPE's default action restored (it kills), sends to a gone supervisor still
-        only turn the worker lost."""
+        only turn the worker lost. The worker sends its steps once the test says go (a line on
+        its stdin), after the supervisor's end closed."""
         sup = Sup(self)
         code = ("import os, signal, sys, time; sys.path.insert(0, %r); import rekindle\n"
                 "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
-                "w = rekindle.Worker(); w.hello(0); time.sleep(0.5)\n"
+                "w = rekindle.Worker(); w.hello(0); sys.stdin.readline()\n"
                 "for i in range(100): w.step(i + 1, 1.0, 0.1)\n"
                 "print('lost' if w.lost else 'alive')\n") % rktest.PYDIR
-        p = subprocess.Popen([sys.executable, "-c", code], env=env_for(sup), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+        p = subprocess.Popen([sys.executable, "-c", code], env=env_for(sup), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         sup.accept()
         sup.lines(1)
         sup.conn.close()
         sup.conn = None
-        out, err = p.communicate(timeout=20)
+        out, err = p.communicate(b"go\n", timeout=60)
         self.assertEqual(p.returncode, 0, err)
         self.assertEqual(out.strip(), b"lost")
 
@@ -600,7 +599,8 @@ class TestUnderRkRun(unittest.TestCase):
         deadline = time.monotonic() + 60
         while not os.path.exists(os.path.join(ck, "latest")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.5)
+        # the signal: both ranks are past step 5 (they step together) and said hello; rk run
+        # sends the stop to a hello it has not read yet when that hello comes
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=60)
         text = out.decode(errors="replace")[-3000:]

@@ -42,8 +42,12 @@ HCI=2 # HealthCheckInterval, seconds
 mkdir -p "$work/tf/node1" "$work/tf/node2" "$work/tf/node3"
 cat >"$work/hc.sh" <<EOF
 #!/bin/sh
-# slurmd's HealthCheckProgram: this node's simulated GPUs, its sensor files
-exec "$RK" doctor --slurm --sim 2 --samples 1 --interval 0 --textfile-dir "$work/tf/\$SLURMD_NODENAME" >>"$work/hc-\$SLURMD_NODENAME.log" 2>&1
+# slurmd's HealthCheckProgram: this node's simulated GPUs, its sensor files; a line in
+# hc-NODE.runs once each check is done (what hc_wait counts)
+"$RK" doctor --slurm --sim 2 --samples 1 --interval 0 --textfile-dir "$work/tf/\$SLURMD_NODENAME" >>"$work/hc-\$SLURMD_NODENAME.log" 2>&1
+rc=\$?
+echo "\$rc" >>"$work/hc-\$SLURMD_NODENAME.runs"
+exit "\$rc"
 EOF
 chmod +x "$work/hc.sh"
 t=$(now)
@@ -73,6 +77,18 @@ sensors() { # sensors NODE VOLTS HZ: GPU 1's VRM ripple and fan vibration on nod
 }
 sick() { sensors "$1" 0.180 520; } # crit both: score 35
 healed() { sensors "$1" 0.020 90; }
+hc_runs() { { wc -l <"$work/hc-$1.runs"; } 2>/dev/null || echo 0; }
+# hc_wait NODE: until NODE's health check has run to its end twice from now, so that one of
+# them began after what the test just did (60 s at most); says so when they did not
+hc_wait() {
+  local i n=$(($(hc_runs "$1") + 2))
+  for ((i = 0; i < 600; i++)); do
+    (($(hc_runs "$1") >= n)) && return 0
+    sleep 0.1
+  done
+  bad "(a) $1's health check did not run twice in 60 s ($(hc_runs "$1") runs in all)"
+  return 1
+}
 
 # ---- (a) the health check drains and resumes, and leaves an administrator's drain be -------
 wait_state node1 '^idle' 10 && ok "(a) node1 idle with the health check running" \
@@ -113,11 +129,11 @@ else
   bad "(a) node2 not resumed: '$(state node2)'"
 fi
 scontrol update nodename=node3 state=drain reason="admin: fan replaced, burn in first"
-sleep $((2 * HCI + 1))
+hc_wait node3
 [[ "$(state node3)" =~ ^drain.*\|admin:\ fan ]] && ok "(a) an administrator's drain of node3 (GPUs healthy) left alone after 2 checks" \
   || bad "(a) node3: $(state node3)"
 sick node3
-sleep $((2 * HCI + 1))
+hc_wait node3
 [[ "$(state node3)" =~ ^drain.*\|admin:\ fan ]] && ok "(a) ... and with its GPU 1 failing: still the administrator's reason" \
   || bad "(a) node3 with a failing GPU: $(state node3)"
 grep -q "it is already drained by someone else (reason \"admin: fan" "$work/hc-node3.log" \
@@ -127,9 +143,9 @@ scontrol update nodename=node3 state=resume
 # Slurm's FAIL state, an administrator's: not taken for "not drained", never overwritten
 scontrol update nodename=node3 state=fail reason="admin: PSU flapping"
 sick node3
-sleep $((2 * HCI + 1))
+hc_wait node3
 rm -f "$work/tf/node3/sensor.prom"
-sleep $((2 * HCI + 1))
+hc_wait node3
 [[ "$(state node3)" =~ \|admin:\ PSU\ flapping ]] && ok "(a) node3 in FAIL (an administrator's): its reason kept through a GPU failing and healing ($(state node3))" \
   || bad "(a) node3 in FAIL: $(state node3)"
 scontrol update nodename=node3 state=resume
