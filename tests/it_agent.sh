@@ -105,7 +105,8 @@ rc=$?
 [[ $rc == 1 ]] && ok "a wrong secret: the agent exits 1" || bad "a wrong secret: the agent exits $rc"
 grep -q 'the coordinator closed the link (wrong secret or job id?)' "$work/wrong.err" &&
   ok "the agent says the coordinator closed the link" || { bad "the agent's line"; cat "$work/wrong.err"; }
-sleep 0.3
+# the agent made one connection (--reconnect-for 0) and has exited: the line is there or coming
+wait_line "$work/coord.out" '^refused 127\.0\.0\.1:[0-9]+: wrong secret' 10
 n=$(lines "$work/coord.out" '^refused 127\.0\.0\.1:[0-9]+: wrong secret')
 [[ $n == 1 ]] && ok "the coordinator logs the wrong secret once, naming the peer" || bad "$n wrong-secret lines"
 [[ $(lines "$work/coord.out" 'lost') == 0 ]] && kill -0 "$coord" && ok "the coordinator keeps serving the others" ||
