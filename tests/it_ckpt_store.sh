@@ -21,12 +21,6 @@ train=("$RK" train "${targs[@]}" --data "$work/sub")
 mk=(python3 "$RK_SRC/tests/ckpt_mk.py")
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 
-# wait_for COND_CMD SECONDS: poll until the command succeeds
-wait_for() {
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done
-  return 1
-}
 # every file but the lock file, whose content is the pid of its last holder
 state() { (cd "$1" && find . -type f ! -name .lock -print0 | sort -z | xargs -0 -r sha256sum); }
 

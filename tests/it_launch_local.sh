@@ -346,6 +346,38 @@ st=$?
   && ok "the user's MASTER_ADDR, MASTER_PORT and OMP_NUM_THREADS are kept, and said so" \
   || bad "MASTER_ADDR kept: exit $st: $(head -1 "$work/ma.out")"
 
+# --- (10c) the rank that died first is blamed, even when its connection closes last ----------
+# rank 2 lends its heartbeat socket to a process outside the job (as a DataLoader worker it
+# forked would hold it), then SIGKILLs itself at step 5: the keeper ends ranks 0 and 1, whose
+# connections close while rank 2's stays open; the crash is rank 2's (device 2), as the keeper
+# saw it end first, not rank 0's whose close was read first
+mkdir -p "$work/lend"
+python3 - "$work/lend/sock" >"$work/lend/holder.out" 2>&1 <<'PY' &
+import socket, sys, time
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(sys.argv[1]); srv.listen(4)
+print("listening", flush=True)
+held = []
+while True:
+    c, _ = srv.accept()
+    msg, fds, _, _ = socket.recv_fds(c, 1, 4)
+    held += fds
+    c.send(b"k")
+    print("holding", fds, flush=True)
+PY
+holder=$!
+pids+=("$holder")
+wait_for "grep -q listening $work/lend/holder.out" 30 || bad "the socket holder did not start"
+timeout 60 "$RK" run -n 3 --launcher local --health off --failure-threshold 5 --events "$work/lend.ev" \
+  -- "${w[@]}" --log "$work/lend" --steps 20 --rank 2 --launches 0 --crash-at 5 \
+  --lend-socket "$work/lend/sock" >"$work/lend.out" 2>&1
+st=$?
+kill "$holder" 2>/dev/null
+crash=$(grep -m1 '"kind":"crash"' "$work/lend.ev")
+[[ $st == 0 ]] && grep -q holding "$work/lend/holder.out" && [[ $crash == *'"rank":2,"device":"2"'* ]] \
+  && ok "a crash is blamed on the rank the keeper saw end first, though its connection stayed open" \
+  || bad "lent socket: exit $st, $(grep -c holding "$work/lend/holder.out") held: ${crash:0:300}"
+
 # --- (10b) a rank killed after every rank said bye done: the job is finished, no relaunch ----
 mkdir -p "$work/dab"
 timeout 60 "$RK" run -n 2 --launcher local --health off --events "$work/dab.ev" -- "${w[@]}" \

@@ -29,12 +29,6 @@ trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$work" "
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 pyw="$RK_SRC/examples/python_worker.py"
 
-# wait_for COND_CMD SECONDS: poll until the command succeeds
-wait_for() {
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done
-  return 1
-}
 # job_procs TOKEN: pids of processes whose command line holds TOKEN (rk run, keeper, mpirun,
 # ranks: the token is in the worker's arguments)
 job_procs() { pgrep -f -- "$1" | tr '\n' ' '; }

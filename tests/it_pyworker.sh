@@ -18,12 +18,6 @@ py=(python3 "$RK_SRC/examples/python_worker.py" --steps 150 --sleep 0.02 --ckpt-
 "${py[@]}" --result "$work/ref.json" >"$work/ref.out" 2>&1 || { bad "standalone run"; it_finish; exit; }
 ok "standalone python worker runs"
 
-# wait_for COND_CMD SECONDS: poll until the command succeeds
-wait_for() {
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done
-  return 1
-}
 ckpt_step() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" "$work/ck/python_worker.rank0.json" 2>/dev/null || echo 0; }
 
 "$RK" run -n 1 --ckpt-dir "$work/ck" --heartbeat-timeout 5 --events "$work/ev" \

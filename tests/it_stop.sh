@@ -14,12 +14,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
 it_init it_stop
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 
-# wait_for COND_CMD SECONDS: poll until the command succeeds
-wait_for() {
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done
-  return 1
-}
 # job_procs TOKEN: pids of processes whose command line holds TOKEN
 job_procs() { pgrep -f -- "$1" | tr '\n' ' '; }
 

@@ -50,8 +50,8 @@ pane() {
 }
 # capture NAME FILE: the pane and its history, wrapped lines joined, blank lines left out.
 capture() { tmx capture-pane -p -J -S - -t "$1" | sed '/^ *$/d' >"$2"; }
-# wait_for NAME REGEX: until the pane shows a line matching REGEX (60 s at most; 1 when never).
-wait_for() {
+# wait_pane NAME REGEX: until the pane shows a line matching REGEX (60 s at most; 1 when never).
+wait_pane() {
   for _ in $(seq 600); do
     tmx capture-pane -p -J -t "$1" | grep -Eq "$2" && return 0
     [[ -e $work/$1.rc ]] && return 1
@@ -98,7 +98,7 @@ live() {
   fi
   local pid
   pid=$(cat "$work/$name.pid")
-  if wait_for "$name" "$bar"; then
+  if wait_pane "$name" "$bar"; then
     kill -STOP "$pid"
     synced "$name" || bad "$name: tmux did not take in the pane's output within 30 s"
     capture "$name" "$work/$name.live"

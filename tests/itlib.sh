@@ -10,6 +10,7 @@
 #   json FILE KEY     one key of a JSON file
 #   mpi               mpirun argv for this sandbox: as root, more ranks than cores, shared memory
 #   start NAME ARGS   rk exporter ARGS in the background until it serves: sets $pid and $addr
+#   wait_for COND S   until the shell condition COND holds (eval), S seconds at most: 0, else 1
 #   it_collected ADDR N  wait until the exporter at ADDR has made N collections
 #   it_nobody_dir [--suid]  make $nobody_dir for steps run as another user (see below)
 #   as_nobody CMD...  run CMD as user nobody, the clone and build tree hidden from it
@@ -59,6 +60,14 @@ it_count() {
   [[ $rc == 0 ]] || bad "checker ${*:1:2} exited with status $rc"
 }
 json() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+
+# wait_for COND SECONDS: poll the shell condition COND (eval'd) every 50 ms until it holds (0)
+# or SECONDS have passed (1): how a test waits for a signal the program gives
+wait_for() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do eval "$1" && return 0; sleep 0.05; done
+  return 1
+}
 
 # start NAME ARGS...: run `rk exporter ARGS` in the background (stdout $work/NAME.out, stderr
 # $work/NAME.err), wait up to 10 s for its "serving http://ADDR/metrics" line; sets $pid (also

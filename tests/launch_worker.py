@@ -16,6 +16,8 @@
 # (--raise-status). --die-after-bye: every
 # rank writes --log/bye.<launch>.<rank> after its bye "done"; rank --rank then waits for all
 # of them and SIGKILLs itself (a process that dies after the job's work was done).
+# --lend-socket PATH: rank --rank sends its heartbeat socket to a process listening at PATH,
+# which keeps it open after the rank dies (a DataLoader worker forked from the rank would).
 # --ompi-rank, --ompi-world:
 # rank and world from OMPI_COMM_WORLD_RANK and _SIZE instead (0 and 1 when unset), as a worker
 # written to the first protocol doc did. --hello-again: a second connection of this process
@@ -42,6 +44,8 @@ ap.add_argument("--raise-kind", default="exception", help="the --raise-at exit e
 ap.add_argument("--raise-status", type=int, default=1, help="the --raise-at exit status")
 ap.add_argument("--die-after-bye", action="store_true",
                 help="after its bye done, SIGKILL itself once every rank said bye (needs --log)")
+ap.add_argument("--lend-socket", metavar="PATH",
+                help="rank --rank: after the hello, send its heartbeat socket to PATH (SCM_RIGHTS)")
 ap.add_argument("--tag", help="ignored: marks the rank's argv")
 ap.add_argument("--ompi-rank", action="store_true")
 ap.add_argument("--ompi-world", action="store_true")
@@ -82,6 +86,11 @@ hello = dict(type="hello", v=1, rank=rank, world=world, pid=os.getpid(), device=
 if dump:
     hello["stacks"] = True
 send(**hello)
+if a.lend_socket and mine:  # the connection now outlives this process (as in a child of it)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as lend:
+        lend.connect(a.lend_socket)
+        socket.send_fds(lend, [b"x"], [sock.fileno()])
+        lend.recv(1)  # the holder has it
 if a.hello_again:
     again = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     again.connect(os.environ["RK_HEARTBEAT"])

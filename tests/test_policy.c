@@ -41,6 +41,7 @@ static void test_init_knows_nothing(void **state)
     assert_int_equal(s.exited, 0);
     assert_int_equal(s.lost_rank, -1);
     assert_int_equal(s.crash_rank, -1);
+    assert_int_equal(s.failed_rank, -1);
     assert_int_equal(s.exit_rank, -1);
     assert_int_equal(s.storage_rank, -1);
     assert_int_equal(s.hang_rank, -1);
@@ -126,7 +127,7 @@ typedef struct classify_case {
     const char *what;
     /* seen (rank fields R(k) or 0 for none) */
     int ranks, hellos, done, exited, status, stop_sent, interrupted, hang, hang_rank, startup, lost,
-        exit_rank, storage, crash, node, dup;
+        exit_rank, storage, crash, node, dup, failed;
     rk_sup_kind exit_kind;
     /* expected */
     rk_sup_next next;
@@ -152,6 +153,12 @@ static const classify_case k_classify[] = {
      .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
     /* the launcher killed rank 0 after rank 1's announced (injected) crash, and rank 0's end
      * was read first: rank 1 is the culprit (it was rank 0, a healthy device, before) */
+    /* rank 3 was SIGKILLed; its connection stayed open in a child that held it (a torch
+     * DataLoader worker), so rank 0's close, after the keeper killed it, was read first: the
+     * keeper's word (rank 3's process ended first) names the culprit (it was rank 0 before) */
+    {"the launcher saw rank 3 end first, rank 0's close read first", ALL(4), EXITED(128 + 9),
+     .lost = R(0), .failed = R(3), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(3),
+     .counted = 1},
     {"an announced crash read after another rank's end", ALL(2), EXITED(128 + 6), .lost = R(0),
      .crash = R(1), .next = RK_SUP_RELAUNCH, .kind = RK_SUP_KIND_CRASH, .rank = R(1), .counted = 1},
     {"a stop that found every rank finishing", ALL(3), .done = 3, EXITED(0), .stop_sent = 1,
@@ -311,6 +318,7 @@ static void test_classify(void **state)
         s.startup_timeout = c->startup;
         s.lost_rank = UNR(c->lost);
         s.crash_rank = UNR(c->crash);
+        s.failed_rank = UNR(c->failed);
         s.exit_kind = c->exit_kind;
         s.exit_rank = UNR(c->exit_rank);
         s.storage_rank = UNR(c->storage);

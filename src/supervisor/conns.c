@@ -345,13 +345,19 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
     c->hushed = 0;
     if (c->rank >= 0 && !c->bye && s->seen.lost_rank < 0)
         s->seen.lost_rank = c->rank;
-    int crashed = s->seen.crash_rank;
+    int crashed = s->seen.crash_rank, failed = s->seen.failed_rank;
     if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent && crashed >= 0 &&
         crashed != c->rank) /* the launcher's kill of the others may be read first */
         sup_fail(s,
                  "rank %d (device %s) crashed as it announced (an injected crash); rank %d's "
                  "connection closed at step %lld",
                  crashed, sup_devname(s, crashed), c->rank, (long long)c->done);
+    else if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent && failed >= 0 &&
+             failed != c->rank) /* its connection may still be open in a child of it */
+        sup_fail(s,
+                 "rank %d (device %s)'s process ended first, as the launcher saw it; rank %d's "
+                 "connection closed at step %lld",
+                 failed, sup_devname(s, failed), c->rank, (long long)c->done);
     else if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
         sup_fail(s, "rank %d (device %s, pid %ld%s) %s at step %lld", c->rank,
                  sup_devname(s, c->rank), c->pid, c->node >= 0 ? " on its host" : "", why,

@@ -84,6 +84,7 @@ void rk_sup_seen_init(rk_sup_seen *s, int ranks)
     memset(s, 0, sizeof *s);
     s->ranks = ranks;
     s->hang_rank = s->lost_rank = s->crash_rank = s->exit_rank = s->storage_rank = -1;
+    s->failed_rank = -1;
     s->node_lost = s->node_rank = -1;
     s->exit_kind = RK_SUP_KIND_NONE;
     s->exit_step = -1;
@@ -107,8 +108,13 @@ void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v)
     int st = s->exited ? s->status : -1;
     int has_exit = s->exit_kind != RK_SUP_KIND_NONE;
     /* a rank whose connection closed without bye: when one announced an injected crash, it;
-     * else the first closing read (the launcher kills the others after the first death) */
-    int culprit = has_exit ? s->exit_rank : s->crash_rank >= 0 ? s->crash_rank : s->lost_rank;
+     * else the one whose process the launcher saw end first (the kernel's word: its own
+     * connection may close after the others', held open by a child of it); else the first
+     * closing read (the launcher kills the others after the first death) */
+    int culprit = has_exit              ? s->exit_rank
+                  : s->crash_rank >= 0  ? s->crash_rank
+                  : s->failed_rank >= 0 ? s->failed_rank
+                                        : s->lost_rank;
     const rk_sup_end go_on = RK_SUP_END_FAILED; /* unused for a relaunch */
     if (s->interrupted) {
         set(v, RK_SUP_INTERRUPTED, RK_SUP_KIND_NONE, -1, 0, RK_SUP_END_INTERRUPTED,

@@ -76,6 +76,10 @@ typedef struct rk_sup_seen {
     int node_rank;           /*   its first rank in the launch */
     int crash_rank;          /* a rank that announced an injected crash (inject event): the
                               * culprit of the closings that follow, whichever is read first */
+    int failed_rank;         /* the rank whose process the launcher saw end first with a
+                              * failure (the local keeper's waitpid, an agent's), -1 unknown:
+                              * the culprit of the closings that follow (a rank's connection
+                              * may outlive it in a child that holds it: a DataLoader worker) */
     rk_sup_kind exit_kind;   /* the first event with action "exit" (a rank leaving with that
                               * failure): its kind, NONE if none */
     int exit_rank;           /*   the rank that sent it */
@@ -146,8 +150,9 @@ typedef struct rk_sup_verdict {
  *   an exit event "exception"                     -> exception, nobody's device
  *   an exit event                                 -> its kind
  *   otherwise                                     -> crash
- * A relaunch's rank is the exit event's, else the first rank lost, else -1 (then nothing is
- * counted). */
+ * A relaunch's rank is the exit event's, else the rank that announced an injected crash,
+ * else the one the launcher saw fail first, else the first rank lost, else -1 (then nothing
+ * is counted). */
 void rk_sup_classify(const rk_sup_seen *s, rk_sup_verdict *v);
 
 /* What a relaunch remembers of the launch that ended, to see the same failure twice in a

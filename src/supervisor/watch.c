@@ -314,6 +314,8 @@ rk_sup_next sup_watch(sup *s)
          * it killed for it (their connections may close in the same round) */
         int failed =
             sup_cluster_runs_ranks(s) ? sup_cluster_failed_rank(s) : rk_launch_failed_rank(&s->l);
+        if (failed >= 0 && s->seen.failed_rank < 0)
+            s->seen.failed_rank = failed;
         rk_sup_conn *first = failed >= 0 ? sup_by_rank(s, failed) : NULL;
         while (first && first->fd >= 0 && sup_read_conn(s, first))
             ;
