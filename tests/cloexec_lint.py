@@ -27,6 +27,10 @@ import os
 import re
 import sys
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree (it may be read-only)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+from csource import blank  # noqa: E402  (comments and literals, shared with scripts/)
+
 # name -> (rule, what to ask for)
 NEVER = {
     "accept": "accept4(..., SOCK_CLOEXEC)",
@@ -62,35 +66,6 @@ STD = {"0", "1", "2", "STDIN_FILENO", "STDOUT_FILENO", "STDERR_FILENO"}
 NAMES = set(NEVER) | set(FLAG) | set(MODE) | FROM_FD | {"dup2", "dup3", "fcntl"}
 CALL = re.compile(r"(?<![\w.>*])(" + "|".join(sorted(NAMES, key=len, reverse=True)) + r")\s*\(")
 MARK = re.compile(r"rk-fd:\s*\S")
-
-
-def blank(text, strings):
-    """text with comments (and, with strings, string and character literals' contents)
-    replaced by spaces, newlines kept: offsets and line numbers stay the same."""
-    out = list(text)
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            out[i:j] = " " * (j - i)
-            i = j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out[i:j] = [ch if ch == "\n" else " " for ch in text[i:j]]
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            if strings:
-                out[i + 1:j] = " " * (j - i - 1)
-            i = j + 1
-        else:
-            i += 1
-    return "".join(out)
 
 
 def args_of(code, start):
