@@ -4,7 +4,8 @@
 # (scripts/check-layers.py). The checker's self-test first shows it names an upward, a
 # sideways and a private-header include in a fake tree and refuses bad tables; then a copy of
 # this tree with one deliberately wrong include (base including the supervisor's private
-# state) must fail, naming that line and no other.
+# state) must fail, naming that line and no other. scripts/call-cycles.py's self-test runs
+# too; its verdict on src/supervisor/ is printed, not yet counted (issue 32 breaks the circle).
 # Needs RK_SRC, RK_TMP (RK is not used); skips (77) without python3.
 set -u
 command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
@@ -41,4 +42,12 @@ else
   bad "the wrong include (line ${line:-none}) was not named alone with status 1 (status $rc):"$'\n'"$(cat "$work/wrong.out")"
 fi
 
+cycles=$RK_SRC/scripts/call-cycles.py
+if python3 "$cycles" --self-test >"$work/cycles.out" 2>&1; then
+  ok "$(cat "$work/cycles.out")"
+else
+  bad "call-cycles' self-test: $(cat "$work/cycles.out")"
+fi
+# Printed, not counted: src/supervisor/ still has its circle (issue 32 removes it).
+(cd "$RK_SRC" && python3 "$cycles" src/supervisor) | sed 's/^/  (not counted) /'
 it_finish
