@@ -42,6 +42,16 @@ def spike_zscore_over(window, loss, limit):
     return spike_zscore(window, loss)
 
 
+def replica_vote(hashes):
+    """Majority vote over replica hashes (one per rank, at least one), rk_guard_vote's:
+    (root, minority, strict), root the lowest rank holding the most common hash, minority the
+    ranks whose hash differs from root's, strict whether more than half the ranks hold it."""
+    counts = [hashes.count(h) for h in hashes]
+    root = max(range(len(hashes)), key=lambda r: (counts[r], -r))
+    minority = [r for r, h in enumerate(hashes) if h != hashes[root]]
+    return root, minority, counts[root] * 2 > len(hashes)
+
+
 def _median(v):
     s = sorted(v)
     n = len(s)
