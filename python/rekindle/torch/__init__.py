@@ -56,7 +56,7 @@ from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
 from rekindle.torch.data import Batches, StepBatches, batch_indices
-from rekindle.torch.guards import grad_outliers, spike_zscore, spike_zscore_over
+from rekindle.torch.guards import grad_outliers, replica_vote, spike_zscore, spike_zscore_over
 
 __all__ = ["Job", "state_hash", "params_hash", "grad_outliers", "spike_zscore", "batch_indices", "StepBatches",
            "Batches"]
@@ -881,10 +881,7 @@ class Job(_Checkpoints):
         broadcast (the majority's, when nothing was verified yet), the steps since are
         replayed. A rank's snapshot whose hash changed in memory since it was verified is
         never the copy sent."""
-        counts = [hashes.count(h) for h in hashes]
-        root = max(range(len(hashes)), key=lambda r: (counts[r], -r))
-        minority = [r for r, h in enumerate(hashes) if h != hashes[root]]
-        strict = counts[root] * 2 > len(hashes)
+        root, minority, strict = replica_vote(hashes)
         blame = minority[0] if strict and len(minority) == 1 else -1
         snap = self._snap if self._snap is not None else pending
         at = self.step_no
