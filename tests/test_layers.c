@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "nn/backend.h"
+#include "nn/train.h"
 #include "rekindle/amp.h"
 #include "rekindle/rng.h"
 
@@ -689,6 +690,34 @@ static void adamw_first_step_moves_by_lr(void **state)
     assert_float_equal(p[1], 1.01f, 1e-5);
 }
 
+/* The step guard's blame (rk_train_judge_grads): a non-finite norm is the step's fault and its
+ * rank is blamed, even with a finite outlier at a lower rank (norms 1,1,1,5000,NaN blamed
+ * rank 3, the outlier, in the nan event). */
+static void judge_grads_blames_the_nonfinite_rank(void **state)
+{
+    (void)state;
+    char who[256];
+    int trip, blame;
+    rk_err err = {0};
+    const double mixed[] = {1, 1, 1, 5000, NAN};
+    assert_int_equal(rk_train_judge_grads(mixed, 5, 1000, &trip, &blame, who, sizeof who, &err),
+                     RK_OK);
+    assert_int_equal(trip, 1);
+    assert_int_equal(blame, 4);
+    assert_non_null(strstr(who, "rank 3"));
+    assert_non_null(strstr(who, "rank 4"));
+    const double outlier[] = {1, 1, 5000, 1};
+    assert_int_equal(rk_train_judge_grads(outlier, 4, 1000, &trip, &blame, who, sizeof who, &err),
+                     RK_OK);
+    assert_int_equal(trip, 2);
+    assert_int_equal(blame, 2);
+    const double sound[] = {1, 1.1, 0.9};
+    assert_int_equal(rk_train_judge_grads(sound, 3, 1000, &trip, &blame, who, sizeof who, &err),
+                     RK_OK);
+    assert_int_equal(trip, 0);
+    assert_int_equal(blame, -1);
+}
+
 int main(void)
 {
     be = rk_backend_get(RK_DEVICE_CPU, NULL);
@@ -696,6 +725,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dense_backward_matches_finite_differences),
+        cmocka_unit_test(judge_grads_blames_the_nonfinite_rank),
         cmocka_unit_test(dense_relu_backward_matches_finite_differences),
         cmocka_unit_test(convblock_3x3_backward_matches_finite_differences),
         cmocka_unit_test(convblock_5x5_backward_matches_finite_differences),

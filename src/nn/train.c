@@ -228,10 +228,8 @@ static double grad_norm(const rk_model *m, int n, int global, double loss)
     return sqrt(s) * (double)global / n;
 }
 
-/* Decide from every rank's gradient norm (gathered by the step's loss allreduce). *trip: 0
- * none, 1 non-finite, 2 outlier; *blame the first flagged rank; `who` names them. */
-static int grads_judge(const double *norms, int nranks, double ratio, int *trip, int *blame,
-                       char *who, size_t cap, rk_err *err)
+int rk_train_judge_grads(const double *norms, int nranks, double ratio, int *trip, int *blame,
+                         char *who, size_t cap, rk_err *err)
 {
     unsigned char *flags = malloc((size_t)nranks);
     if (!flags)
@@ -242,10 +240,13 @@ static int grads_judge(const double *norms, int nranks, double ratio, int *trip,
     if (rk_guard_outliers(norms, nranks, ratio, flags)) {
         size_t k = 0;
         *trip = 2;
+        for (int r = 0; r < nranks; r++) /* a non-finite norm is the step's fault: its rank */
+            if (flags[r] && !isfinite(norms[r]) && *trip == 2) {
+                *trip = 1;
+                *blame = r;
+            }
         for (int r = 0; r < nranks; r++)
             if (flags[r]) {
-                if (!isfinite(norms[r]))
-                    *trip = 1;
                 if (*blame < 0)
                     *blame = r;
                 if (k + 40 < cap)
@@ -425,8 +426,8 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (c->guard && !skip) {
             int trip = 0, blame = -1;
             char who[160];
-            if ((rc = grads_judge(red + 1, nranks, c->grad_ratio, &trip, &blame, who, sizeof who,
-                                  err)))
+            if ((rc = rk_train_judge_grads(red + 1, nranks, c->grad_ratio, &trip, &blame, who,
+                                           sizeof who, err)))
                 break;
             /* An outlier is first only a suspect: the step is redone. If the redo reproduces
              * it bit for bit, it is the data (a batch slice of hard examples), not a fault,

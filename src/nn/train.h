@@ -132,6 +132,13 @@ int rk_optim_step(rk_optim *o, rk_model *m, const rk_train_config *c, float lr, 
 int rk_evaluate(rk_model *m, const rk_dataset *ds, rk_comm *comm, double *accuracy, double *loss,
                 rk_err *err);
 
+/* The step guard's verdict on every rank's gradient norm (gathered by the step's loss
+ * allreduce; rk_guard_outliers, docs/guards.md). *trip: 0 none, 1 a non-finite norm, 2 a
+ * finite outlier; *blame: the rank of a non-finite norm when there is one (the step's fault
+ * is its), else the first outlier, -1 none; `who` names every flagged rank. RK_ENOMEM. */
+int rk_train_judge_grads(const double *norms, int nranks, double ratio, int *trip, int *blame,
+                         char *who, size_t cap, rk_err *err);
+
 /* Train data-parallel over comm (NULL: one process), updating m with the optimiser opt (made
  * by rk_optim_init for m; its state may have been restored from a checkpoint). c->batch is the
  * global batch: every step takes the next c->batch samples of one seeded global order per epoch
