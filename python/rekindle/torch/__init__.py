@@ -261,6 +261,9 @@ class Job(_Checkpoints):
         self._nf_told = set()
         self._install_excepthook()
         _refuse_grad_scaler(self)
+        if self.global_batch < self.world:  # a rank without samples has no mean loss nor norm
+            self._usage(f"global_batch {self.global_batch} is smaller than the {self.world} ranks: every "
+                        "rank needs a sample a step (as rk train requires)")
         try:
             self.inj = _inject.from_env(self.rank, self.w.launch)
         except ValueError as e:
