@@ -1300,11 +1300,7 @@ typedef struct slow_reader {
 
 static void *read_slowly(void *arg)
 {
-    slow_reader *r = arg;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    slow_reader *r = arg; /* SIGALRM is blocked here: the thread was made with it blocked */
     for (int i = 0; i < r->n; i++) {
         char line[RK_HB_LINE_MAX];
         ssize_t len = try_next_line(r->c, line);
@@ -1342,7 +1338,14 @@ static void test_sends_interrupted_by_signals_still_deliver_whole_lines(void **s
     enum { N = 3000 };
     slow_reader r = {c, N, 0};
     pthread_t t;
+    /* The reader is made with SIGALRM blocked, so no alarm can land on it before it could
+     * block it itself (TSan saw the handler run on both threads at once). */
+    sigset_t alrm, prev;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alrm, &prev);
     assert_int_equal(pthread_create(&t, NULL, read_slowly, &r), 0);
+    pthread_sigmask(SIG_SETMASK, &prev, NULL);
     struct itimerval it = {{0, 100}, {0, 100}};
     g_alarms = 0;
     setitimer(ITIMER_REAL, &it, NULL);
