@@ -1,6 +1,6 @@
 /*
- * Fuzz rk report's parsers and renderer (src/supervisor/runlog.c, report.c): the input,
- * split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json, metrics.json
+ * Fuzz rk report's parsers and renderer (src/supervisor/runlog.c, src/report/report.c): the
+ * input, split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json, metrics.json
  * and loss.log (read when steps.jsonl is empty). Every line goes through the record and event
  * parsers (a record that parses must format and parse back as the same type and step), then the
  * whole through the page renderer, which must finish (every axis counts its ticks: the fuzzer's
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "supervisor/report.h"
+#include "report/report.h"
 #include "supervisor/runlog.h"
 
 static rk_runlog_rec g_rec, g_back;

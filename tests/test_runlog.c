@@ -1,6 +1,6 @@
 /*
  * Tests for the run's records (src/supervisor/runlog.c) and rk report's renderer
- * (src/supervisor/report.c): every record type survives format and parse; broken lines are
+ * (src/report/report.c): every record type survives format and parse; broken lines are
  * refused naming the field; the thinning keeps every record at first and never more than its
  * bound; the ledger writes launches, steps, checkpoints, gate readings and each incident's
  * step; the page has one incident marker per incident, escapes markup from the files, names
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "supervisor/report.h"
+#include "report/report.h"
 #include "supervisor/runlog.h"
 #include "supervisor/supervisor.h"
 #include "testutil.h"

@@ -7,7 +7,7 @@
  * checkpoints) and the incidents' table. Relies on jansson, open_memstream, base/text.h's
  * cleaning of untrusted text.
  */
-#include "supervisor/report.h"
+#include "report/report.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -6,8 +6,8 @@
  * page: inline SVG charts, a stylesheet for the screen and for paper, no script, nothing
  * fetched. Every string from the files is escaped. Library code: it prints nothing.
  */
-#ifndef RK_SUPERVISOR_REPORT_H
-#define RK_SUPERVISOR_REPORT_H
+#ifndef RK_REPORT_REPORT_H
+#define RK_REPORT_REPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
