@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "report/report.h"
+#include "supervisor/events.h"
 #include "supervisor/runlog.h"
 #include "supervisor/supervisor.h"
 #include "testutil.h"
@@ -236,8 +237,8 @@ static void test_ledger_writes_records(void **state)
     free(text);
     text = slurp(ev, &n);
     assert_non_null(strstr(text, "\"step\":5"));
-    rk_report_event e;
-    assert_int_equal(rk_report_event_parse(text, strcspn(text, "\n"), &e, &err), RK_OK);
+    rk_event e;
+    assert_int_equal(rk_event_parse(text, strcspn(text, "\n"), &e, &err), RK_OK);
     assert_string_equal(e.kind, "crash");
     assert_int_equal(e.step, 5);
     assert_int_equal(e.rank, 1);

@@ -1,11 +1,11 @@
 /*
  * rk report (report.h): reads a run directory's records with the bounded readers of
- * rekindle/fileio.h and the line formats of runlog.h, keeps a bounded part of them (report.h's
- * limits: the first and last incidents and launches, a sample of the steps), and renders one
- * HTML page of bounded size with inline SVG charts (loss by step with every incident marked,
- * goodput over time, ranks on devices across launches, each GPU's score and temperature,
- * checkpoints) and the incidents' table. Relies on jansson, open_memstream, base/text.h's
- * cleaning of untrusted text.
+ * rekindle/fileio.h and the supervisor's line formats (events.h, runlog.h), keeps a bounded
+ * part of them (report.h's limits: the first and last incidents and launches, a sample of the
+ * steps), and renders one HTML page of bounded size with inline SVG charts (loss by step with
+ * every incident marked, goodput over time, ranks on devices across launches, each GPU's score
+ * and temperature, checkpoints) and the incidents' table. Relies on jansson, open_memstream,
+ * base/text.h's cleaning of untrusted text.
  */
 #include "report/report.h"
 
@@ -21,98 +21,8 @@
 
 #include "base/text.h"
 #include "rekindle/fileio.h"
+#include "supervisor/events.h"
 #include "supervisor/runlog.h"
-
-/* ---- the events file's lines ------------------------------------------------------------- */
-
-static int ev_bad(rk_err *err, const char *field, const char *what)
-{
-    return rk_err_set(err, RK_EFORMAT, "field \"%s\": %s", field, what);
-}
-
-/* An optional string field into out[cap] (absent or null: ""); cut on a character boundary. */
-static int ev_str(json_t *o, const char *k, char *out, size_t cap, int required, rk_err *err)
-{
-    json_t *x = json_object_get(o, k);
-    out[0] = '\0';
-    if (!x || json_is_null(x))
-        return required ? ev_bad(err, k, "missing") : RK_OK;
-    if (!json_is_string(x))
-        return ev_bad(err, k, "not a string");
-    rk_text_clean(out, cap, json_string_value(x));
-    if (required && !out[0])
-        return ev_bad(err, k, "empty");
-    return RK_OK;
-}
-
-int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_err *err)
-{
-    memset(e, 0, sizeof *e);
-    e->rank = -1;
-    e->lost_steps = -1;
-    e->step = -1;
-    e->recovery_s = NAN;
-    if (len > RK_REPORT_MAX_EVENT_LINE)
-        return rk_err_set(err, RK_EFORMAT, "a line longer than %d bytes", RK_REPORT_MAX_EVENT_LINE);
-    json_error_t je;
-    json_t *o = json_loadb(len ? line : "", len, JSON_REJECT_DUPLICATES, &je);
-    if (!o)
-        return rk_err_set(err, RK_EFORMAT, "not JSON: %s", je.text);
-    int rc = RK_OK;
-    json_t *x;
-    if (!json_is_object(o)) {
-        rc = rk_err_set(err, RK_EFORMAT, "not a JSON object");
-        goto out;
-    }
-    x = json_object_get(o, "t");
-    if (!json_is_number(x) || !(json_number_value(x) >= 0) || json_number_value(x) > 1e10) {
-        rc = ev_bad(err, "t", "missing, or not a number of seconds from 0 to 1e10");
-        goto out;
-    }
-    e->t = json_number_value(x);
-    if ((rc = ev_str(o, "kind", e->kind, sizeof e->kind, 1, err)) ||
-        (rc = ev_str(o, "time", e->time, sizeof e->time, 0, err)) ||
-        (rc = ev_str(o, "device", e->device, sizeof e->device, 0, err)) ||
-        (rc = ev_str(o, "action", e->action, sizeof e->action, 0, err)) ||
-        (rc = ev_str(o, "detail", e->detail, sizeof e->detail, 0, err)))
-        goto out;
-    x = json_object_get(o, "rank");
-    if (x && !json_is_null(x)) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 65535) {
-            rc = ev_bad(err, "rank", "not a rank from 0 to 65535 or null");
-            goto out;
-        }
-        e->rank = (int)json_integer_value(x);
-    }
-    x = json_object_get(o, "lost_steps");
-    if (x && !json_is_null(x)) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0) {
-            rc = ev_bad(err, "lost_steps", "not a count of steps or null");
-            goto out;
-        }
-        e->lost_steps = json_integer_value(x);
-    }
-    x = json_object_get(o, "step");
-    if (x && !json_is_null(x)) {
-        if (!json_is_integer(x) || json_integer_value(x) < 0 ||
-            json_integer_value(x) > RK_RUNLOG_MAX_STEP) {
-            rc = ev_bad(err, "step", "not a step from 0 to 2^53 or null");
-            goto out;
-        }
-        e->step = json_integer_value(x);
-    }
-    x = json_object_get(o, "recovery_s");
-    if (x && !json_is_null(x)) {
-        if (!json_is_number(x) || !(json_number_value(x) >= 0) || json_number_value(x) > 1e10) {
-            rc = ev_bad(err, "recovery_s", "not a number of seconds or null");
-            goto out;
-        }
-        e->recovery_s = json_number_value(x);
-    }
-out:
-    json_decref(o);
-    return rc;
-}
 
 /* ---- what is kept of the files: bounded whatever they hold ---------------------------------- */
 
@@ -255,7 +165,7 @@ typedef struct gate_pt {
 
 /* An incident or an injection kept, with its number among its kind in the file (from 1). */
 typedef struct ev_pt {
-    rk_report_event e;
+    rk_event e;
     uint64_t no;
 } ev_pt;
 
@@ -363,7 +273,7 @@ typedef int (*line_fn)(data *d, const char *line, size_t len, rk_err *err);
 
 static int on_event_line(data *d, const char *line, size_t len, rk_err *err)
 {
-    if (rk_report_event_parse(line, len, &d->ev.e, err))
+    if (rk_event_parse(line, len, &d->ev.e, err))
         return RK_EFORMAT;
     keeper *k = strcmp(d->ev.e.kind, "inject") == 0 ? &d->inj : &d->inc;
     d->ev.no = k->seen + 1;
@@ -496,7 +406,7 @@ static int each_line(lines *ls, const char *text, size_t len, rk_err *err)
  * a time: the memory used is the piece, whatever the file's size. A line longer than the
  * piece is longer than every reader takes: the reader's error, or torn if it is the last. */
 #define READ_PIECE ((size_t)1 << 20)
-_Static_assert(READ_PIECE > RK_RUNLOG_MAX_LINE && READ_PIECE > RK_REPORT_MAX_EVENT_LINE,
+_Static_assert(READ_PIECE > RK_RUNLOG_MAX_LINE && READ_PIECE > RK_EVENT_MAX_LINE,
                "a piece holds the longest line a reader takes");
 
 static int stream_lines(lines *ls, int fd, const char *path, size_t max, rk_err *err)
@@ -900,7 +810,7 @@ static int64_t step_at(const data *d, double t)
 }
 
 /* The step an incident is marked at: its own (rk run writes it), else where the job was. */
-static int64_t event_step(const data *d, const rk_report_event *e)
+static int64_t event_step(const data *d, const rk_event *e)
 {
     return e->step >= 0 ? e->step : step_at(d, e->t);
 }
@@ -1157,7 +1067,7 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, const plan *p)
     /* incidents: a dashed line at the step and a numbered shape on top, staggered */
     for (size_t i = 0; i < ninc; i++) {
         const ev_pt *ep = ev_at(&d->inc, i);
-        const rk_report_event *e = &ep->e;
+        const rk_event *e = &ep->e;
         long no = (long)ep->no;
         int64_t s = event_step(d, e);
         double x = cx(&c, by_time ? e->t : (double)s), y = c.T + 10 + (double)((no - 1) % 4) * 16;
@@ -1177,7 +1087,7 @@ static void loss_chart(FILE *f, const data *d, const nums *nm, const plan *p)
     }
     /* injections: a small grey tick below the axis */
     for (size_t i = 0; i < ninj; i++) {
-        const rk_report_event *e = &ev_at(&d->inj, i)->e;
+        const rk_event *e = &ev_at(&d->inj, i)->e;
         char detail[200];
         double x = cx(&c, by_time ? e->t : (double)event_step(d, e));
         fprintf(f, "<path class=\"inject-marker\" d=\"M%.1f %.1fl-4 7h8z\"><title>", x,
@@ -1471,7 +1381,7 @@ static void cell_num(FILE *f, double v, const char *fmt)
 
 static void event_row(FILE *f, const data *d, const ev_pt *ep, int inject)
 {
-    const rk_report_event *e = &ep->e;
+    const rk_event *e = &ep->e;
     fprintf(f, "<tr class=\"%s\">", k_fam_class[family_of(e->kind)]);
     if (!inject)
         fprintf(f, "<td>%llu</td>", (unsigned long long)ep->no);
