@@ -8,7 +8,6 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -152,18 +151,12 @@ long rk_event_format(const rk_event *e, char *buf, size_t cap)
             continue; /* no stacks: the field is absent */
         json_object_set_new(j, f->name, field_json(f, p));
     }
-    char *s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+    size_t n = json_dumpb(j, buf, cap, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(j);
-    if (!s)
-        return -1;
-    size_t n = strlen(s);
-    long out = -1;
-    if (n < cap && n <= RK_EVENT_MAX_LINE) {
-        memcpy(buf, s, n + 1);
-        out = (long)n;
-    }
-    free(s);
-    return out;
+    if (n == 0 || n >= cap || n > RK_EVENT_MAX_LINE)
+        return -1; /* jansson's error, or it does not fit */
+    buf[n] = '\0';
+    return (long)n;
 }
 
 /* ---- the reader --------------------------------------------------------------------------- */
