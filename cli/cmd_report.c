@@ -1,6 +1,6 @@
 /*
  * rk report RUN_DIR [-o report.html]: a run at a glance (docs/report.md). Parse, then one
- * library call (src/supervisor/report.h: read the run's records, render, write atomically),
+ * library call (src/report/report.h: read the run's records, render, write atomically),
  * then one line saying what the page holds.
  */
 #include <getopt.h>
@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "args.h"
+#include "report/report.h"
 #include "rk.h"
-#include "supervisor/report.h"
 
 static const char usage_text[] =
     "usage: rk report RUN_DIR [-o FILE]\n"

@@ -1,22 +1,36 @@
 /*
- * Fuzz rk report's parsers and renderer (src/supervisor/runlog.c, report.c): the input,
- * split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json, metrics.json
- * and loss.log (read when steps.jsonl is empty). Every line goes through the record and event
- * parsers (a record that parses must format and parse back as the same type and step), then the
- * whole through the page renderer, which must finish (every axis counts its ticks: the fuzzer's
+ * Fuzz rk report's parsers and renderer (src/supervisor/runlog.c, events.c, src/report/): the
+ * input, split at NUL bytes, is events.jsonl, steps.jsonl, gate.jsonl, summary.json,
+ * metrics.json and loss.log (read when steps.jsonl is empty). Every line goes through the
+ * record and event parsers (a record that parses must format and parse back as the same type
+ * and step; an event, as the same event, written again to the same bytes), then the whole
+ * through the page renderer, which must finish (every axis counts its ticks: the fuzzer's
  * timeout catches one that does not), stay within RK_REPORT_MAX_PAGE, and hold no markup the
  * input brought (no "<script") and no control character but the newline.
  */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "supervisor/report.h"
+#include "report/report.h"
+#include "supervisor/events.h"
 #include "supervisor/runlog.h"
 
 static rk_runlog_rec g_rec, g_back;
-static char g_line[RK_RUNLOG_MAX_LINE + 1];
+static rk_event g_ev, g_ev_back;
+static char g_line[RK_RUNLOG_MAX_LINE + 1], g_again[RK_EVENT_MAX_LINE + 1];
+
+/* What the events line keeps exactly (its seconds are written to the millisecond). */
+static int same_event(const rk_event *a, const rk_event *b)
+{
+    return strcmp(a->time, b->time) == 0 && strcmp(a->kind, b->kind) == 0 && a->rank == b->rank &&
+           strcmp(a->device, b->device) == 0 && strcmp(a->action, b->action) == 0 &&
+           a->step == b->step && a->lost_steps == b->lost_steps &&
+           isnan(a->recovery_s) == isnan(b->recovery_s) && strcmp(a->detail, b->detail) == 0 &&
+           strcmp(a->stacks, b->stacks) == 0;
+}
 
 static void each_line(const char *p, size_t n)
 {
@@ -30,8 +44,14 @@ static void each_line(const char *p, size_t n)
                 g_back.type != g_rec.type || g_back.step != g_rec.step)
                 abort(); /* what was read must write and read back */
         }
-        rk_report_event e;
-        (void)rk_report_event_parse(p, len, &e, &err);
+        if (rk_event_parse(p, len, &g_ev, &err) == RK_OK) {
+            long m = rk_event_format(&g_ev, g_line, sizeof g_line);
+            if (m < 0 || rk_event_parse(g_line, (size_t)m, &g_ev_back, &err) != RK_OK ||
+                !same_event(&g_ev, &g_ev_back) ||
+                rk_event_format(&g_ev_back, g_again, sizeof g_again) != m ||
+                memcmp(g_line, g_again, (size_t)m) != 0)
+                abort(); /* an event read must write, and read back the same */
+        }
         p += len + (nl ? 1 : 0);
         n -= len + (nl ? 1 : 0);
     }

@@ -2,7 +2,8 @@
  * Tests for the supervisor's ledger (src/supervisor/ledger.c): the events file is in time
  * order even when an incident waits for its recovery to be measured (a relaunch) while later
  * ones are final at once (a quarantine, an injection); an incident dated back to when its
- * failure was seen goes before the ones after it; the summary writes whatever still waits.
+ * failure was seen goes before the ones after it; the summary writes whatever still waits;
+ * every line is one the reader takes (events.h), a detail cut mid-character included.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "supervisor/events.h"
 #include "supervisor/supervisor.h"
 #include "testutil.h"
 
@@ -160,12 +162,44 @@ static void test_report_counts_incidents_and_recoveries(void **state)
     rk_ledger_close(&g);
 }
 
+/* Every line the ledger writes is one rk report reads (events.h), with every field: a detail
+ * cut mid-character by the incident's buffer (575 bytes of 2-byte characters) is written
+ * cleaned, where it was once left out of the line (jansson refuses a string that is not
+ * UTF-8). */
+static void test_events_line_keeps_a_cut_detail(void **state)
+{
+    (void)state;
+    snprintf(g_path, sizeof g_path, "%s/events.jsonl", g_dir);
+    rk_ledger g;
+    rk_err err = {0};
+    assert_int_equal(rk_ledger_open(&g, g_path, &err), RK_OK);
+    char long_detail[700] = "";
+    for (int k = 0; k < 300; k++)
+        strcat(long_detail, "\xc3\xa9"); /* é */
+    rk_incident *i = rk_ledger_add(&g, "nan", 0, "0", "redo", "%s", long_detail);
+    assert_int_equal(strlen(i->detail), sizeof i->detail - 1); /* cut mid-character */
+    rk_ledger_write(&g, i);
+    rk_ledger_close(&g);
+    FILE *f = fopen(g_path, "r");
+    assert_non_null(f);
+    static char line[4096];
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    assert_non_null(strstr(line, "\"detail\":\"\xc3\xa9\xc3\xa9"));
+    rk_event e;
+    assert_int_equal(rk_event_parse(line, strcspn(line, "\n"), &e, &err), RK_OK);
+    assert_string_equal(e.kind, "nan");
+    assert_int_equal(strlen(e.detail), sizeof i->detail - 1);
+    assert_int_equal(e.detail[sizeof i->detail - 2], '?'); /* the cut character's first byte */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_events_in_time_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_counts_incidents_and_recoveries, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_events_line_keeps_a_cut_detail, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

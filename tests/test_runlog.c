@@ -1,6 +1,6 @@
 /*
  * Tests for the run's records (src/supervisor/runlog.c) and rk report's renderer
- * (src/supervisor/report.c): every record type survives format and parse; broken lines are
+ * (src/report/report.c): every record type survives format and parse; broken lines are
  * refused naming the field; the thinning keeps every record at first and never more than its
  * bound; the ledger writes launches, steps, checkpoints, gate readings and each incident's
  * step; the page has one incident marker per incident, escapes markup from the files, names
@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "supervisor/report.h"
+#include "report/report.h"
+#include "supervisor/events.h"
 #include "supervisor/runlog.h"
 #include "supervisor/supervisor.h"
 #include "testutil.h"
@@ -236,8 +237,8 @@ static void test_ledger_writes_records(void **state)
     free(text);
     text = slurp(ev, &n);
     assert_non_null(strstr(text, "\"step\":5"));
-    rk_report_event e;
-    assert_int_equal(rk_report_event_parse(text, strcspn(text, "\n"), &e, &err), RK_OK);
+    rk_event e;
+    assert_int_equal(rk_event_parse(text, strcspn(text, "\n"), &e, &err), RK_OK);
     assert_string_equal(e.kind, "crash");
     assert_int_equal(e.step, 5);
     assert_int_equal(e.rank, 1);

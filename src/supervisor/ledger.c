@@ -1,7 +1,7 @@
 /*
- * The supervisor's ledger (supervisor.h): every incident as one JSON line in the events file,
- * the time of each applied step for goodput, and the closing summary (JSON and text).
- * Relies on jansson for JSON and rekindle/fileio.h for the atomic summary file.
+ * The supervisor's ledger (supervisor.h): every incident as one line of the events file (its
+ * format: events.h), the time of each applied step for goodput, and the closing summary (JSON
+ * and text). Relies on jansson for JSON and rekindle/fileio.h for the atomic summary file.
  */
 #include "supervisor/supervisor.h"
 
@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "rekindle/fileio.h"
+#include "supervisor/events.h"
 
 int rk_ledger_open(rk_ledger *g, const char *events_path, rk_err *err)
 {
@@ -168,56 +169,29 @@ rk_incident *rk_ledger_add(rk_ledger *g, const char *kind, int rank, const char 
     return i;
 }
 
-static json_t *incident_json(const rk_ledger *g, const rk_incident *i)
-{
-    double at = g->wall0 + i->t;
-    time_t wall = (time_t)at;
-    char iso[40], frac[8];
-    struct tm tm;
-    gmtime_r(&wall, &tm);
-    strftime(iso, 24, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(frac, sizeof frac, ".%03dZ", (int)((at - (double)wall) * 1000) % 1000);
-    strcat(iso, frac);
-    json_t *j = json_object();
-    json_object_set_new(j, "time", json_string(iso));
-    json_object_set_new(j, "t", json_real(round(i->t * 1000) / 1000));
-    json_object_set_new(j, "kind", json_string(i->kind));
-    json_object_set_new(j, "rank", i->rank >= 0 ? json_integer(i->rank) : json_null());
-    json_object_set_new(j, "device", i->device[0] ? json_string(i->device) : json_null());
-    json_object_set_new(j, "action", json_string(i->action));
-    json_object_set_new(j, "step", i->step >= 0 ? json_integer(i->step) : json_null());
-    json_object_set_new(j, "lost_steps",
-                        i->lost_steps >= 0 ? json_integer(i->lost_steps) : json_null());
-    json_object_set_new(j, "recovery_s",
-                        i->recovery_s >= 0 ? json_real(round(i->recovery_s * 1000) / 1000)
-                                           : json_null());
-    json_object_set_new(j, "detail", json_string(i->detail));
-    if (i->stacks[0]) { /* a hang whose ranks dumped their stacks: the files */
-        json_t *a = json_array();
-        char one[sizeof i->stacks];
-        for (const char *p = i->stacks; *p;) {
-            const char *nl = strchr(p, '\n');
-            size_t len = nl ? (size_t)(nl - p) : strlen(p);
-            snprintf(one, sizeof one, "%.*s", (int)len, p);
-            json_array_append_new(a, json_string(one));
-            p += len + (nl ? 1 : 0);
-        }
-        json_object_set_new(j, "stacks", a);
-    }
-    return j;
-}
-
+/* The incident as one events line (events.h's one format); fsync'ed. A line the format
+ * refuses, or a full disk, is left out. */
 static void write_line(rk_ledger *g, const rk_incident *i)
 {
     if (!g->events)
         return;
-    json_t *j = incident_json(g, i);
-    char *line = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
-    json_decref(j);
-    if (!line)
+    static rk_event e;
+    static char line[RK_EVENT_MAX_LINE + 1];
+    rk_event_init(&e);
+    rk_event_stamp(&e, g->wall0 + i->t);
+    e.t = i->t;
+    snprintf(e.kind, sizeof e.kind, "%s", i->kind);
+    e.rank = i->rank;
+    snprintf(e.device, sizeof e.device, "%s", i->device);
+    snprintf(e.action, sizeof e.action, "%s", i->action);
+    e.step = i->step;
+    e.lost_steps = i->lost_steps;
+    e.recovery_s = i->recovery_s >= 0 ? i->recovery_s : NAN;
+    snprintf(e.detail, sizeof e.detail, "%s", i->detail);
+    snprintf(e.stacks, sizeof e.stacks, "%s", i->stacks);
+    if (rk_event_format(&e, line, sizeof line) < 0)
         return;
     fprintf(g->events, "%s\n", line);
-    free(line);
     fflush(g->events);
     fsync(fileno(g->events));
 }

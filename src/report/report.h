@@ -6,8 +6,8 @@
  * page: inline SVG charts, a stylesheet for the screen and for paper, no script, nothing
  * fetched. Every string from the files is escaped. Library code: it prints nothing.
  */
-#ifndef RK_SUPERVISOR_REPORT_H
-#define RK_SUPERVISOR_REPORT_H
+#ifndef RK_REPORT_REPORT_H
+#define RK_REPORT_REPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -16,13 +16,13 @@
 
 /* Limits (docs/report.md, "Limits"). What is read: a file larger than its bound is refused
  * before a byte is read; more records than a record bound, or a line longer than a line
- * bound, is refused when it is read (RK_EFORMAT naming the file). */
+ * bound (the supervisor's line formats: RK_EVENT_MAX_LINE, RK_RUNLOG_MAX_LINE), is refused
+ * when it is read (RK_EFORMAT naming the file). */
 #define RK_REPORT_MAX_LOG ((size_t)256 << 20)   /* steps.jsonl, gate.jsonl, loss.log */
 #define RK_REPORT_MAX_EVENTS ((size_t)64 << 20) /* events.jsonl */
 #define RK_REPORT_MAX_JSON ((size_t)1 << 20)    /* summary.json, metrics.json */
-#define RK_REPORT_MAX_EVENT_LINE 65536
-#define RK_REPORT_MAX_GATE_RECORDS 400256 /* what rk run writes at most (runlog.h's bound) */
-#define RK_REPORT_MAX_DEVICES 4096        /* device ids in steps.jsonl and gate.jsonl */
+#define RK_REPORT_MAX_GATE_RECORDS 400256       /* what rk run writes at most (runlog.h's bound) */
+#define RK_REPORT_MAX_DEVICES 4096              /* device ids in steps.jsonl and gate.jsonl */
 
 /* What is kept (memory) and drawn (the page's size), whatever the files hold: beyond these
  * the report samples or caps, and the page says what it left out. */
@@ -43,23 +43,6 @@
 #define RK_REPORT_METRICS "metrics.json"
 #define RK_REPORT_LOSS                                                                             \
     "loss.log" /* rk train --loss-log: "STEP LOSS" a line, read without steps.jsonl */
-
-/* One line of the events file (docs/run.md, "Accounting"). */
-typedef struct rk_report_event {
-    double t;           /* seconds since rk run started */
-    char time[40];      /* UTC, as written ("" when absent) */
-    char kind[64];      /* crash, hang, ..., inject */
-    int rank;           /* -1: null or absent */
-    char device[64];    /* "" : null or absent */
-    char action[32];    /* "" when absent */
-    int64_t lost_steps; /* -1: null or absent */
-    int64_t step;       /* -1: null or absent (an older rk run): rk report then places it */
-    double recovery_s;  /* NAN: null or absent */
-    char detail[1024];  /* cut to fit */
-} rk_report_event;
-
-/* Parse one events line (len bytes, no newline). RK_EFORMAT naming the field otherwise. */
-int rk_report_event_parse(const char *line, size_t len, rk_report_event *e, rk_err *err);
 
 /* The files' contents (NULL: the file is absent); `name` is what the page calls the run. */
 typedef struct rk_report_in {
