@@ -65,8 +65,16 @@ crash = [e["rank"] for e in ev if e["kind"] == "crash"]
 check(len(crash) == 2 and crashed in crash, f"{n} ranks: two crashes, the injected one of rank {crashed} and the SIGKILL ({crash})")
 for k, act in (("hang", "relaunch"), ("commfail", "relaunch"), ("nan", "redo"), ("replica_mismatch", "rollback")):
     check(any(e["kind"] == k and e["action"] == act for e in ev), f"{n} ranks: event {k}, action {act}")
-check(s["outcome"] == "finished" and s["restarts"] == 4 and s["final_ranks"] == n,
-      f"{n} ranks: summary {s['outcome']}, {s['restarts']} restarts, {s['final_ranks']} ranks")
+# 4 relaunches: the two crashes, the hang, the collective failure. On a loaded machine a rank
+# may be late at start (never_connected) or miss its heartbeats (hang) once more: a relaunch
+# rk run must make, and the bits above show it cost nothing; any other extra is a fault.
+extra = [e["kind"] for e in ev if e["action"] == "relaunch"]
+for k in ("crash", "crash", "hang", "commfail"):
+    if k in extra:
+        extra.remove(k)
+check(s["outcome"] == "finished" and s["final_ranks"] == n
+      and s["restarts"] == 4 + len(extra) and set(extra) <= {"never_connected", "hang"},
+      f"{n} ranks: summary {s['outcome']}, {s['restarts']} restarts (4 + {extra} of a busy machine), {s['final_ranks']} ranks")
 mid = [m for m in re.findall(r"resumed from \S+ \(step (\d+), epoch (\d+), cursor (\d+)", log) if int(m[2])]
 check(len(set(mid)) >= 3, f"{n} ranks: resumed in the middle of epochs ({sorted(set(mid))})")
 PY
