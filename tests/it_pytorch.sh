@@ -15,7 +15,7 @@ it_init it_pytorch
 cd "$work" || exit 1
 ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 2048 --batch 32 --ckpt-every 20
     --hash-every 10 --data "$DATA")
-run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 60)
+run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 300)
 
 # the uninterrupted run (supervised, no checkpoints)
 "${run[@]}" -n 2 -- "${ex[@]}" --steps 100 --result ref.json >ref.log 2>&1 \

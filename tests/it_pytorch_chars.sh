@@ -22,7 +22,7 @@ cd "$work" || exit 1
 unset OMP_NUM_THREADS
 args=(--text "$text" --stride 96 --epochs 3) # 11 steps an epoch, 33 steps
 port=("$py" "$RK_SRC/examples/pytorch/train_chars.py" "${args[@]}" --ckpt-every 5)
-run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 60 --failure-threshold 100)
+run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 300 --failure-threshold 100)
 
 # faulted N SPEC VICTIM NAME: the port on N ranks under rk run with SPEC injected; once the
 # checkpoint of step 25 is there (the launch is paced from step 25), rank VICTIM is killed

@@ -15,7 +15,7 @@ it_init it_pytorch_ranks
 cd "$work" || exit 1
 ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 2048 --batch 32 --hash-every 10
     --data "$DATA")
-run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 60)
+run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 300)
 
 "${run[@]}" -n 4 -- "${ex[@]}" --steps 60 --result ref.json >ref.log 2>&1 \
   && ok "uninterrupted 4-rank run" || bad "uninterrupted run: $(tail -5 ref.log)"

@@ -647,7 +647,7 @@ for name, fn in (("load", lambda: ckpt.load(big)), ("verify", lambda: ckpt.verif
         with open(os.path.join(self.d, "latest"), "w") as f:
             f.write(ckpt.file_name(400) + "\n")
         r = subprocess.run([sys.executable, "-c", script, rktest.PYDIR, self.d, big],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=600)
         lines = r.stdout.splitlines()
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(len(lines), 5, r.stdout + r.stderr)

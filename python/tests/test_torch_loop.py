@@ -227,7 +227,7 @@ class Exits(unittest.TestCase):
         for k in ENV:
             env.pop(k, None)
         return subprocess.run([sys.executable, "-c", SCRIPT, os.path.join(d, "store"), mode, ck],
-                              env=env, capture_output=True, text=True, timeout=120)
+                              env=env, capture_output=True, text=True, timeout=600)
 
     def assertUsage(self, p, text):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr[-2000:])
@@ -319,10 +319,10 @@ class WorldBatch(unittest.TestCase):
         ck = os.path.join(d, "ck")
         procs = [subprocess.Popen([sys.executable, script, str(r), "2", os.path.join(d, "s2"), ck], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-        outs = [p.communicate(timeout=120) for p in procs]
+        outs = [p.communicate(timeout=600) for p in procs]
         self.assertEqual([p.returncode for p in procs], [0, 0], outs[0][1][-2000:])
         p = subprocess.run([sys.executable, script, "0", "1", os.path.join(d, "s1"), ck], env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr[-2000:])
         self.assertIn("global batch 16 on 2 ranks, this run's 8 on 1: global_batch changes with the number of "
                       "ranks (computed from it, as micro-batch x accumulation x world?); the global batch must be "

@@ -56,11 +56,11 @@ def _start(d, n, steps, env, extra):
         out = os.path.join(d, f"result{r}.json")
         procs.append(subprocess.Popen([sys.executable, EXAMPLE, *ARGS, "--steps", str(steps), "--result", out,
                                        *extra], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [procs[0].communicate(timeout=120)]
+    outs = [procs[0].communicate(timeout=600)]
     if procs[0].returncode and "Address already in use" in outs[0][1]:
         for p in procs[1:]:  # they would wait for a store that is not there
             p.kill()
-    return procs, outs + [p.communicate(timeout=120) for p in procs[1:]]
+    return procs, outs + [p.communicate(timeout=600) for p in procs[1:]]
 
 
 # A small 2-rank job (gloo, a file store): argv rank, steps, store, result file. CKPT_AT: a
@@ -131,7 +131,7 @@ def small(test, steps, env=None, rc=0):
     store = os.path.join(d, "store")
     procs = [subprocess.Popen([sys.executable, script, str(r), str(steps), store, out], env=e,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=600) for p in procs]
     for r, p in enumerate(procs):
         test.assertEqual(p.returncode, rc, f"rank {r}: {outs[r][1][-2000:]}")
     if rc:

@@ -563,7 +563,7 @@ class TestUnderRkRun(unittest.TestCase):
 
     def test_two_ranks_finish(self):
         p = self.rk_run("-n", "2", "--ckpt-dir", os.path.join(self.d, "ck"))
-        out, _ = p.communicate(timeout=120)
+        out, _ = p.communicate(timeout=600)
         self.assertEqual(p.returncode, 0, out.decode(errors="replace")[-3000:])
         for r in (0, 1):
             f = self.facts(r, 0)
