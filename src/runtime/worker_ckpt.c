@@ -20,6 +20,15 @@ void rk_worker_ckpt_opts_default(rk_worker_ckpt_opts *o)
     o->lock = 1;
 }
 
+void rk_worker_ckpt_env(const char **dir, int *resume)
+{
+    const char *d = getenv("RK_CKPT_DIR"), *r = getenv("RK_RESUME");
+    if (dir)
+        *dir = d && *d ? d : NULL;
+    if (resume)
+        *resume = r && strcmp(r, "1") == 0;
+}
+
 int rk_worker_may_save(rk_worker *w, rk_err *err)
 {
     if (!w->hb || rk_hb_alive(w->hb))
@@ -145,8 +154,9 @@ static int take_lock(rk_worker *w, rk_err *err)
  * sets RK_HEARTBEAT) that holds the lock of this very directory (its RK_CKPT_DIR). */
 static int takes_lock(const char *dir)
 {
-    const char *sup = getenv("RK_HEARTBEAT"), *sup_dir = getenv("RK_CKPT_DIR");
-    if (!sup || !*sup || !sup_dir || !*sup_dir)
+    const char *sup = getenv("RK_HEARTBEAT"), *sup_dir;
+    rk_worker_ckpt_env(&sup_dir, NULL);
+    if (!sup || !*sup || !sup_dir)
         return 1;
     if (strcmp(dir, sup_dir) == 0)
         return 0;
@@ -196,8 +206,11 @@ static int do_resume(rk_worker *w, int64_t *step, rk_err *err)
 int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_step, rk_err *err)
 {
     *start_step = 0;
-    const char *dir = o->dir ? o->dir : getenv("RK_CKPT_DIR");
-    const char *env_resume = getenv("RK_RESUME");
+    const char *dir;
+    int env_resume;
+    rk_worker_ckpt_env(&dir, &env_resume);
+    if (o->dir)
+        dir = o->dir;
     if (!dir || !*dir)
         return RK_OK;
     if (strlen(dir) >= sizeof w->dir)
@@ -221,7 +234,7 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
         return rc;
     /* The directory is listed (every checkpoint read and verified) only when the answer
      * matters: no usable checkpoint of this run, or a fresh start. */
-    if (o->resume || (env_resume && strcmp(env_resume, "1") == 0)) {
+    if (o->resume || env_resume) {
         int64_t step = 0;
         rc = do_resume(w, &step, err);
         int lrc = RK_OK;
