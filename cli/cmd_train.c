@@ -371,10 +371,12 @@ static int parse_args(int argc, char **argv, train_opts *o)
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
     /* under a supervisor: its checkpoint directory and resume flag */
-    const char *env_dir = getenv("RK_CKPT_DIR"), *env_resume = getenv("RK_RESUME");
-    if (!o->ckpt_dir && env_dir && *env_dir)
+    const char *env_dir;
+    int env_resume;
+    rk_worker_ckpt_env(&env_dir, &env_resume);
+    if (!o->ckpt_dir && env_dir)
         o->ckpt_dir = env_dir;
-    if (env_resume && strcmp(env_resume, "1") == 0 && o->ckpt_dir)
+    if (env_resume && o->ckpt_dir)
         o->resume = 1;
     if (o->fault_rates && o->policy != RK_BATCH_FAULT_AWARE)
         return usage_error("--fault-rates needs --batch-policy fault-aware");

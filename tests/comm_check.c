@@ -4,7 +4,8 @@
  * what every rank must get with a one-process reference written from the format's definition
  * (docs/compression.md), independent of src/comm/compress.c, and the results must be the same
  * bits on every rank and equal to the reference. It also checks the error-feedback invariant
- * (sum of inputs = sum of results + residuals) and the collectives and byte counts.
+ * (sum of inputs = sum of results + residuals), the collectives and byte counts, and
+ * rk_comm_share_status (rank 0 acts, every rank learns its status).
  * Prints "ok ..." lines; exit 0 when everything held, 1 otherwise.
  */
 #include <math.h>
@@ -286,6 +287,30 @@ int main(void)
     float v[3] = {(float)rank, 1.0f, 2.0f * rank};
     ok = rk_comm_allreduce_mean_f32(c, v, 3, &err) == RK_OK;
     check(ok && v[1] == 1.0f && v[0] == (float)(p - 1) / 2.0f, "allreduce mean", rank);
+
+    /* rank 0 acts, every rank learns its status: rank 0's status and data reach every rank
+     * (the others' own status is ignored), and only the others are told rank 0 failed */
+    int64_t data[2] = {rank == 0 ? 42 : 0, rank == 0 ? -7 : 0};
+    int learned = -1;
+    rk_comm_stats_reset(c);
+    int got = rk_comm_share_status(c, rank == 0 ? RK_OK : RK_EIO, data, 2, &learned, &err);
+    rk_comm_stats_get(c, &st);
+    check(got == RK_OK && learned == 0 && data[0] == 42 && data[1] == -7 &&
+              st.calls[RK_COMM_BCAST] == (p > 1),
+          "share_status: rank 0's success and data reach every rank in one broadcast", rank);
+    rk_err own = {0};
+    int64_t holder = rank == 0 ? 1234 : 0;
+    if (rank == 0)
+        rk_err_set(&own, RK_EBUSY, "rank 0's own words");
+    got = rk_comm_share_status(c, rank == 0 ? RK_EBUSY : RK_OK, &holder, 1, &learned, &own);
+    check(got == RK_EBUSY && own.code == RK_EBUSY && holder == 1234 && learned == (rank != 0) &&
+              strcmp(own.msg, rank == 0 ? "rank 0's own words"
+                                        : "rank 0 failed: in use by another process") == 0,
+          "share_status: rank 0's failure is every rank's, said as rank 0's on the others", rank);
+    int64_t many[RK_COMM_STATUS_DATA_MAX + 1] = {0};
+    got = rk_comm_share_status(c, RK_OK, many, RK_COMM_STATUS_DATA_MAX + 1, &learned, &own);
+    check(got == (p > 1 ? RK_EINVAL : RK_OK) && learned == 0,
+          "share_status: more values than RK_COMM_STATUS_DATA_MAX are refused on every rank", rank);
 
     static const rk_compress kinds[] = {RK_COMPRESS_FP16, RK_COMPRESS_BF16, RK_COMPRESS_ONEBIT,
                                         RK_COMPRESS_ONEBIT_NOEF};

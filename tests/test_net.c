@@ -4,7 +4,8 @@
  * from the header alone, before any payload); replays, reordered frames, an earlier launch,
  * another job and another node's frames are refused with their own codes and messages; the
  * secret file's rules (mode, owner, kind, symlink, size, content) and the stdin form; and a
- * real TCP connection over 127.0.0.1 through the stream reader, also one byte at a time.
+ * real TCP connection over 127.0.0.1 through the stream reader, also one byte at a time, and
+ * the framed send (rk_net_peer_send) over one.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -668,6 +669,57 @@ static void test_tcp_link(void **state)
     assert_int_equal(c, -1);
 }
 
+/* rk_net_peer_send, the framed send of both ends: what it writes opens and is accepted in
+ * order, small payloads and one past its stack buffer alike; an oversized payload is refused
+ * before anything is sealed or written */
+static void test_peer_send(void **state)
+{
+    (void)state;
+    rk_net_secret k = key_of(0x44);
+    rk_err err;
+    int lfd, c, s;
+    char from[RK_NET_ADDR_MAX];
+    assert_int_equal(rk_net_listen("127.0.0.1", 0, &lfd, &err), 0);
+    connect_pair(lfd, &c, &s, from);
+    rk_net_peer agent, coord;
+    rk_net_peer_init(&agent, JOB, 0, RK_NET_COORDINATOR, 1, true);
+    rk_net_peer_init(&coord, JOB, RK_NET_COORDINATOR, 0, 1, false);
+    static rk_net_reader r;
+    rk_net_reader_init(&r, from);
+    static uint8_t big[10000];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (uint8_t)(i * 7);
+    rk_net_hdr h;
+    const uint8_t *p;
+    assert_int_equal(rk_net_peer_send(&agent, &k, c, 5, "ping", 4, "coordinator", &err), RK_OK);
+    assert_int_equal(rk_net_peer_send(&agent, &k, c, 6, big, sizeof big, "coordinator", &err),
+                     RK_OK);
+    assert_int_equal(rk_net_peer_send(&agent, &k, c, 7, NULL, 0, "coordinator", &err), RK_OK);
+    assert_int_equal(read_frame(&r, s, &k, &h, &p, &err), 1);
+    assert_int_equal(rk_net_peer_accept(&coord, &h, r.from, &err), 0);
+    assert_int_equal(h.type, 5);
+    assert_int_equal(h.len, 4);
+    assert_memory_equal(p, "ping", 4);
+    assert_int_equal(read_frame(&r, s, &k, &h, &p, &err), 1);
+    assert_int_equal(rk_net_peer_accept(&coord, &h, r.from, &err), 0);
+    assert_int_equal(h.type, 6);
+    assert_int_equal(h.len, sizeof big);
+    assert_memory_equal(p, big, sizeof big);
+    assert_int_equal(read_frame(&r, s, &k, &h, &p, &err), 1);
+    assert_int_equal(rk_net_peer_accept(&coord, &h, r.from, &err), 0);
+    assert_int_equal(h.type, 7);
+    assert_int_equal(h.seq, 3);
+    assert_int_equal(
+        rk_net_peer_send(&agent, &k, c, 8, big, RK_NET_PAYLOAD_MAX + 1u, "coordinator", &err),
+        RK_NET_ETOOBIG);
+    assert_non_null(strstr(err.msg, "coordinator"));
+    assert_int_equal(agent.sent, 3);                      /* nothing sealed */
+    assert_int_equal(rk_net_reader_fill(&r, s, &err), 0); /* nothing written */
+    close(c);
+    close(s);
+    close(lfd);
+}
+
 static void test_listen_addresses(void **state)
 {
     (void)state;
@@ -746,6 +798,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_secret_file_rules, setup, teardown),
         cmocka_unit_test(test_secret_from_fd),
         cmocka_unit_test(test_tcp_link),
+        cmocka_unit_test(test_peer_send),
         cmocka_unit_test(test_listen_addresses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,8 +3,9 @@
  * checked, error codes map to the exit statuses rk run reads; the replica check snapshots every K
  * steps and a rollback returns every kind of buffer but the gradient to it; RK_INJECT bitflip lands
  * in a parameter and nan in a gradient at the chosen step; the built-in checkpoint format saves,
- * refuses a fresh start into a used directory, and resumes the same bits; the final checkpoint is
- * skipped when the last step was just saved.
+ * refuses a fresh start into a used directory, and resumes the same bits (asked by the options
+ * or by rk run's RK_CKPT_DIR and RK_RESUME=1, read by rk_worker_ckpt_env); the final checkpoint
+ * is skipped when the last step was just saved.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -202,11 +203,61 @@ static void builtin_checkpoints_resume_the_same_bits(void **state)
     assert_int_equal(f.t, t);
     close_worker(&f);
 
+    co.resume = 0; /* the same, asked by a supervisor through the environment */
+    co.dir = NULL;
+    setenv("RK_CKPT_DIR", dir, 1);
+    setenv("RK_RESUME", "1", 1);
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, 6);
+    close_worker(&f);
+    unsetenv("RK_CKPT_DIR");
+    unsetenv("RK_RESUME");
+    co.dir = dir;
+    co.resume = 1;
+
     co.config_json = "{\"test\":\"another\"}"; /* another run's checkpoints: refused */
     open_worker(&f, 10);
     assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_EMISMATCH);
     close_worker(&f);
     rm_tree(dir);
+}
+
+/* RK_CKPT_DIR and RK_RESUME, as rk run sets them, read in one place for rk train and the
+ * runtime: an empty directory is none, only "1" resumes */
+static void the_supervisors_checkpoint_env(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *dir, *resume; /* NULL: unset */
+        const char *want_dir;
+        int want_resume;
+    } cases[] = {
+        {NULL, NULL, NULL, 0},    {"", "1", NULL, 1},      {"/ck", NULL, "/ck", 0},
+        {"/ck", "1", "/ck", 1},   {"/ck", "0", "/ck", 0},  {"/ck", "", "/ck", 0},
+        {"/ck", "yes", "/ck", 0}, {"/ck", "1 ", "/ck", 0}, {"/ck", "11", "/ck", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].dir)
+            setenv("RK_CKPT_DIR", cases[i].dir, 1);
+        else
+            unsetenv("RK_CKPT_DIR");
+        if (cases[i].resume)
+            setenv("RK_RESUME", cases[i].resume, 1);
+        else
+            unsetenv("RK_RESUME");
+        const char *dir = "unset";
+        int resume = -1;
+        rk_worker_ckpt_env(&dir, &resume);
+        if (cases[i].want_dir)
+            assert_string_equal(dir, cases[i].want_dir);
+        else
+            assert_null(dir);
+        assert_int_equal(resume, cases[i].want_resume);
+        rk_worker_ckpt_env(NULL, NULL); /* either may be NULL */
+    }
+    unsetenv("RK_CKPT_DIR");
+    unsetenv("RK_RESUME");
 }
 
 int main(void)
@@ -216,6 +267,7 @@ int main(void)
         cmocka_unit_test(snapshot_and_rollback),
         cmocka_unit_test(faults_land_in_registered_buffers),
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
+        cmocka_unit_test(the_supervisors_checkpoint_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,6 +50,23 @@ RK_API int rk_comm_bcast(rk_comm *c, void *buf, size_t bytes, int root, rk_err *
 RK_API int rk_comm_barrier(rk_comm *c, rk_err *err);
 
 /*
+ * Rank 0 acts, every rank learns its status: the collective after work one rank does for all
+ * (writing a checkpoint, reading one, taking a lock), so that no rank goes on alone after it
+ * failed. Rank 0 passes `status`, the RK_* code of what it did, and in `data` n (at most
+ * RK_COMM_STATUS_DATA_MAX) int64 values it found; the other ranks pass any status and
+ * receive rank 0's data. Returns rank 0's status on every rank, or this call's own error.
+ * A NULL communicator or a 1-rank world sends nothing and returns `status`.
+ *
+ * err: rank 0's keeps what its own action said (the broadcast's error goes there only when
+ * the action succeeded). On another rank, when rank 0 failed, *learned (may be NULL) is 1 and
+ * err says "rank 0 failed: <what the code means>", for the caller to reword with what rank 0
+ * could not do; *learned is 0 otherwise.
+ */
+#define RK_COMM_STATUS_DATA_MAX 8
+RK_API int rk_comm_share_status(rk_comm *c, int status, int64_t *data, size_t n, int *learned,
+                                rk_err *err);
+
+/*
  * Traffic accounting, per operation, for this rank since open (or the last reset): calls
  * and the bytes this rank sends under the bandwidth-optimal algorithm of each operation, so
  * that the numbers compare across backends and algorithms: allreduce of n bytes 2(p-1)/p n

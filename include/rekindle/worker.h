@@ -180,6 +180,12 @@ typedef struct rk_worker_ckpt_opts {
                               * directory) runs this worker; -1 never */
 } rk_worker_ckpt_opts;
 
+/* What a supervisor (rk run) asks of this process's checkpoints, read from the environment
+ * in this one place: *dir the directory (RK_CKPT_DIR; NULL when unset or empty), *resume 1
+ * when it says to continue from the newest valid checkpoint there (RK_RESUME=1), else 0.
+ * Either pointer may be NULL. *dir points into the environment. */
+RK_API void rk_worker_ckpt_env(const char **dir, int *resume);
+
 /* Defaults: dir NULL, no resume, every RK_CKPT_EVERY_DEFAULT, mtbf 3600 s, keep
  * RK_CKPT_KEEP_DEFAULT, built-in format, lock as described. */
 RK_API void rk_worker_ckpt_opts_default(rk_worker_ckpt_opts *o);

@@ -52,6 +52,7 @@ from ._ckptfile import (  # noqa: F401  (the public names, re-exported)
     parse,
     verify,
 )
+from .worker import ckpt_env
 
 __all__ = [
     "ASIDE_TAG", "DTYPE_SIZE", "FINITE_PREFIXES", "FORMAT", "HEADER_MAX", "INT64_MAX", "INT_MAX",
@@ -592,7 +593,7 @@ class Lock:
 
 
 def _under_rk_run(d, env):
-    ck = env.get("RK_CKPT_DIR")
+    ck, _ = ckpt_env(env)
     if not env.get("RK_HEARTBEAT") or not ck:
         return False
     try:

@@ -84,6 +84,14 @@ def local_rank_of(rank, env=None):
     return rank
 
 
+def ckpt_env(env=None):
+    """What rk run asks of this process's checkpoints, read from the environment in this one
+    place (rk_worker_ckpt_env in C): (the directory, RK_CKPT_DIR, None when unset or empty;
+    resume, True only when RK_RESUME is "1")."""
+    env = os.environ if env is None else env
+    return env.get("RK_CKPT_DIR") or None, env.get("RK_RESUME") == "1"
+
+
 def outside_pid():
     """This process's pid as seen from outside the job's PID namespace (rk run starts a job in
     one of its own): the first NSpid of /proc/self/status, getpid() without NSpid. For pid
@@ -248,8 +256,7 @@ class Worker:
             items = [d for d in env.get("RK_DEVICES", "").split(",") if d]
             device = items[self.rank] if self.rank < len(items) else "cpu"
         self.device = str(device)
-        self.ckpt_dir = env.get("RK_CKPT_DIR") or None
-        self.resume = env.get("RK_RESUME") == "1"
+        self.ckpt_dir, self.resume = ckpt_env(env)
         self.heartbeat = env.get("RK_HEARTBEAT") or None
         self.lost = False
         self.error = None

@@ -156,6 +156,14 @@ class TestEnvironment(unittest.TestCase):
         self.assertEqual((w.rank, w.world, w.local_rank, w.launch), (1, 2, 1, 4))
         self.assertEqual(w.device, "5")
         self.assertEqual((w.ckpt_dir, w.resume), ("/tmp/x", True))
+        # rk run's checkpoint variables, read in one place (as rk_worker_ckpt_env in C)
+        for e, want in (({}, (None, False)), ({"RK_CKPT_DIR": "", "RK_RESUME": "1"}, (None, True)),
+                        ({"RK_CKPT_DIR": "/c", "RK_RESUME": "0"}, ("/c", False)),
+                        ({"RK_CKPT_DIR": "/c", "RK_RESUME": "yes"}, ("/c", False)),
+                        ({"RK_CKPT_DIR": "/c", "RK_RESUME": "1 "}, ("/c", False)),
+                        ({"RK_CKPT_DIR": "/c", "RK_RESUME": "1"}, ("/c", True))):
+            self.assertEqual(wmod.ckpt_env(e), want)
+            self.assertEqual((lambda w: (w.ckpt_dir, w.resume))(rekindle.Worker(env=e)), want)
         self.assertEqual(rekindle.Worker("cuda:0", env=env).device, "cuda:0")
         self.assertEqual(rekindle.Worker(env={"RANK": "2", "WORLD_SIZE": "3",
                                               "RK_DEVICES": "0,1"}).device, "cpu")

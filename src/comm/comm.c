@@ -188,6 +188,36 @@ int rk_comm_barrier(rk_comm *c, rk_err *err)
     return c->ops->barrier(c, err);
 }
 
+int rk_comm_share_status(rk_comm *c, int status, int64_t *data, size_t n, int *learned, rk_err *err)
+{
+    if (learned)
+        *learned = 0;
+    if (!c || c->size <= 1)
+        return status;
+    if (n > RK_COMM_STATUS_DATA_MAX)
+        return rk_err_set(err, RK_EINVAL, "comm: %zu status values, at most %d", n,
+                          RK_COMM_STATUS_DATA_MAX);
+    int64_t buf[1 + RK_COMM_STATUS_DATA_MAX] = {0};
+    int root = c->rank == 0;
+    if (root) {
+        buf[0] = status;
+        if (n)
+            memcpy(buf + 1, data, n * sizeof *data);
+    }
+    int rc = rk_comm_bcast(c, buf, (n + 1) * sizeof *buf, 0, root && status ? NULL : err);
+    if (rc)
+        return rc;
+    if (root)
+        return status;
+    if (n)
+        memcpy(data, buf + 1, n * sizeof *data);
+    if (buf[0] == RK_OK)
+        return RK_OK;
+    if (learned)
+        *learned = 1;
+    return rk_err_set(err, (int)buf[0], "rank 0 failed: %s", rk_strerror((int)buf[0]));
+}
+
 const char *rk_comm_op_name(rk_comm_op op)
 {
     static const char *const names[RK_COMM_NOPS] = {"allreduce", "allgather", "alltoall", "bcast",

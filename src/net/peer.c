@@ -6,9 +6,15 @@
 #include "net/peer.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/msg.h"
+#include "net/sock.h"
+
+#define SEND_STACK_PAYLOAD                                                                         \
+    4096 /* payloads up to this are sealed on the stack (node messages                             \
+          * are at most 1 KiB), larger ones in a heap buffer */
 
 void rk_net_peer_init(rk_net_peer *p, const uint8_t job[RK_NET_JOB_ID_LEN], uint32_t self,
                       uint32_t other, uint32_t generation, bool follow)
@@ -82,4 +88,23 @@ int rk_net_peer_accept(rk_net_peer *p, const rk_net_hdr *h, const char *from, rk
         rk_net_peer_set_generation(p, h->generation);
     p->received = h->seq;
     return RK_OK;
+}
+
+int rk_net_peer_send(rk_net_peer *p, const rk_net_secret *key, int fd, uint8_t type,
+                     const void *payload, size_t len, const char *to, rk_err *err)
+{
+    uint8_t small[RK_NET_HDR_LEN + SEND_STACK_PAYLOAD + RK_NET_TAG_LEN];
+    if (len > RK_NET_PAYLOAD_MAX)
+        return rk_err_set(err, RK_NET_ETOOBIG, "a frame of %zu payload bytes to %s: at most %u",
+                          len, to ? to : "peer", RK_NET_PAYLOAD_MAX);
+    size_t cap = RK_NET_HDR_LEN + len + RK_NET_TAG_LEN, n;
+    uint8_t *frame = len <= SEND_STACK_PAYLOAD ? small : malloc(cap);
+    if (!frame)
+        return rk_err_set(err, RK_ENOMEM, "a frame to %s: out of memory", to ? to : "peer");
+    int rc = rk_net_peer_seal(p, key, type, 0, payload, (uint32_t)len, frame, cap, &n, err);
+    if (!rc)
+        rc = rk_net_send_all(fd, frame, n, RK_NET_SEND_TIMEOUT_S, to, err);
+    if (frame != small)
+        free(frame);
+    return rc;
 }

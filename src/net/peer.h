@@ -15,6 +15,8 @@
  * Sequence numbers start at 1 in each generation, in each direction: moving to a new
  * generation resets both the send and the receive counter.
  *
+ * rk_net_peer_send seals and writes a frame: each end's one way to send.
+ *
  * Messages name the peer and the numbers: "replayed frame seq 17 <= 20 from ...", "frame of
  * launch 2 from ..., this is launch 3". A refused frame changes nothing. Not thread-safe: one
  * thread owns a peer.
@@ -51,6 +53,15 @@ void rk_net_peer_set_generation(rk_net_peer *p, uint32_t generation);
 int rk_net_peer_seal(rk_net_peer *p, const rk_net_secret *key, uint8_t type, uint8_t flags,
                      const void *payload, uint32_t len, uint8_t *out, size_t cap, size_t *out_len,
                      rk_err *err);
+
+/* The framed send of both ends: seal as rk_net_peer_seal, then write the whole frame to the
+ * non-blocking socket `fd` within RK_NET_SEND_TIMEOUT_S (rk_net_send_all; `to` names the peer
+ * in messages). Errors as those two, RK_ENOMEM; the counter advances once sealed, so a frame
+ * that could not be written is never sent again under its number. */
+#define RK_NET_SEND_TIMEOUT_S                                                                      \
+    1.0 /* a frame that cannot be written in this long: the link is gone */
+int rk_net_peer_send(rk_net_peer *p, const rk_net_secret *key, int fd, uint8_t type,
+                     const void *payload, size_t len, const char *to, rk_err *err);
 
 /* Decide on header `h` of a frame that opened (its tag matched): RK_OK and the counter
  * advances (and the generation, where followed), or one of the refusals above. `from` names

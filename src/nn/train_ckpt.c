@@ -151,17 +151,13 @@ int rk_trainer_ckpt_save(rk_trainer_ckpt *t, int64_t step, int epoch, int64_t cu
                     t->writer ? "snapshot, writing in the background to" : "saved in", t->dir);
     }
     free(ef);
-    /* every rank learns whether rank 0 managed, so none trains on alone after a failure */
-    if (t->comm && world > 1) {
-        double status = rc;
-        int crc = rk_comm_allreduce_sum_f64(t->comm, &status, 1, rank == 0 ? NULL : err);
-        if (crc)
-            return crc;
-        if (rank != 0 && status != 0) /* only rank 0 adds its code: status is that code, and
-                                       * every rank ends with it (the same exit status) */
-            return rk_err_set(err, (int)status, "checkpoint: rank 0 could not save step %lld (%s)",
-                              (long long)step, rk_strerror((int)status));
-    }
+    /* every rank learns whether rank 0 managed, so none trains on alone after a failure, and
+     * every rank ends with its code (the same exit status) */
+    int learned;
+    rc = rk_comm_share_status(t->comm, rc, NULL, 0, &learned, err);
+    if (learned)
+        return rk_err_set(err, rc, "checkpoint: rank 0 could not save step %lld (%s)",
+                          (long long)step, rk_strerror(rc));
     return rc;
 }
 
@@ -262,20 +258,19 @@ int rk_trainer_ckpt_resume(rk_trainer_ckpt *t, int64_t *step, rk_err *err)
     }
     if (world > 1) {
         /* a rank that failed to allocate still joins the broadcasts it can, and fails after */
-        int brc = rk_comm_bcast(t->comm, hdr, sizeof hdr, 0, rank == 0 ? NULL : err);
-        if (brc) {
-            rc = brc;
-            goto out;
-        }
-        if (rank != 0 && hdr[0] != 0) {
-            rc = (int)hdr[0] == RK_ENOENT
+        int learned;
+        int shared = rk_comm_share_status(t->comm, (int)hdr[0], &hdr[1], 5, &learned, err);
+        if (learned) {
+            rc = shared == RK_ENOENT
                      ? rk_err_set(err, RK_ENOENT, "checkpoint: none in %s", t->dir)
-                     : rk_err_set(err, (int)hdr[0], "checkpoint: rank 0 could not resume");
+                     : rk_err_set(err, shared, "checkpoint: rank 0 could not resume");
             goto out;
         }
-        if (hdr[0] != 0 || rc)
-            goto out; /* rc: this rank's allocation failed; the others fail in the next
-                       * collective */
+        if (shared || rc) {
+            rc = shared ? shared : rc; /* rc: this rank's allocation failed; the others fail in
+                                        * the next collective */
+            goto out;
+        }
         size_t bytes = m->block_len * sizeof(float);
         if ((rc = rk_comm_bcast(t->comm, m->data_block, bytes, 0, err)) ||
             (rc = rk_comm_bcast(t->comm, t->opt->s1, bytes, 0, err)) ||

@@ -20,6 +20,15 @@ void rk_worker_ckpt_opts_default(rk_worker_ckpt_opts *o)
     o->lock = 1;
 }
 
+void rk_worker_ckpt_env(const char **dir, int *resume)
+{
+    const char *d = getenv("RK_CKPT_DIR"), *r = getenv("RK_RESUME");
+    if (dir)
+        *dir = d && *d ? d : NULL;
+    if (resume)
+        *resume = r && strcmp(r, "1") == 0;
+}
+
 int rk_worker_may_save(rk_worker *w, rk_err *err)
 {
     if (!w->hb || rk_hb_alive(w->hb))
@@ -62,22 +71,18 @@ static int builtin_save(rk_worker *w, int64_t step, rk_err *err)
             fprintf(w->notes, "checkpoint: step %lld saved in %s\n", (long long)step, w->dir);
     }
     /* every rank learns whether rank 0 managed, so none trains on alone after a failure */
-    if (w->world > 1) {
-        double status = rc;
-        int crc = rk_comm_allreduce_sum_f64(w->comm, &status, 1, w->rank == 0 ? NULL : err);
-        if (crc)
-            return crc;
-        if (w->rank != 0 && status != 0)
-            return rk_err_set(err, (int)status, "checkpoint: rank 0 could not save step %lld (%s)",
-                              (long long)step, rk_strerror((int)status));
-    }
+    int learned;
+    rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, rc, NULL, 0, &learned, err);
+    if (learned)
+        return rk_err_set(err, rc, "checkpoint: rank 0 could not save step %lld (%s)",
+                          (long long)step, rk_strerror(rc));
     return rc;
 }
 
 static int builtin_resume(rk_worker *w, int64_t *step, rk_err *err)
 {
     int64_t hdr[2] = {0, 0}; /* rank 0's status, the step */
-    int rc = RK_OK;
+    int rc = RK_OK, learned;
     if (w->rank == 0) {
         rk_ckpt_item *items = malloc((size_t)(w->nbufs + 1) * sizeof *items);
         rk_ckpt *c = NULL;
@@ -112,14 +117,11 @@ static int builtin_resume(rk_worker *w, int64_t *step, rk_err *err)
         free(items);
     }
     if (w->world > 1) {
-        int brc = rk_comm_bcast(w->comm, hdr, sizeof hdr, 0, w->rank == 0 ? NULL : err);
-        if (brc)
-            return brc;
-        if (w->rank != 0 && hdr[0] != 0)
-            return (int)hdr[0] == RK_ENOENT
-                       ? rk_err_set(err, RK_ENOENT, "checkpoint: none in %s", w->dir)
-                       : rk_err_set(err, (int)hdr[0], "checkpoint: rank 0 could not resume");
-        for (int i = 0; i < w->nbufs && !hdr[0] && !rc; i++)
+        rc = rk_comm_share_status(w->comm, (int)hdr[0], &hdr[1], 1, &learned, err);
+        if (learned)
+            return rc == RK_ENOENT ? rk_err_set(err, RK_ENOENT, "checkpoint: none in %s", w->dir)
+                                   : rk_err_set(err, rc, "checkpoint: rank 0 could not resume");
+        for (int i = 0; i < w->nbufs && !rc; i++)
             if (replicated(&w->bufs[i]))
                 rc = rk_comm_bcast(w->comm, w->bufs[i].data, w->bufs[i].bytes, 0, err);
     }
@@ -130,26 +132,20 @@ static int builtin_resume(rk_worker *w, int64_t *step, rk_err *err)
 /* Rank 0 takes the lock; the others learn whether it did (and the holder's pid). */
 static int take_lock(rk_worker *w, rk_err *err)
 {
-    double st[2] = {0, 0}; /* rank 0's result, the holder's pid */
-    int rc = RK_OK;
+    int64_t holder = 0; /* the holder's pid, as rank 0 found it */
+    int rc = RK_OK, learned;
     if (w->rank == 0) {
-        long holder = 0;
-        rc = rk_ckpt_lock(w->dir, &w->held, &holder, err);
-        st[0] = rc;
-        st[1] = (double)holder;
+        long pid = 0;
+        rc = rk_ckpt_lock(w->dir, &w->held, &pid, err);
+        holder = pid;
     }
-    if (w->world > 1) {
-        int brc = rk_comm_bcast(w->comm, st, sizeof st, 0, w->rank == 0 ? NULL : err);
-        if (brc) {
-            rk_ckpt_unlock(w->held);
-            w->held = NULL;
-            return brc;
-        }
-        if (w->rank != 0 && st[0] != 0)
-            return rk_err_set(err, (int)st[0],
-                              "checkpoint: rank 0 could not lock %s (holder "
-                              "pid %.0f)",
-                              w->dir, st[1]);
+    rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, rc, &holder, 1, &learned, err);
+    if (learned)
+        return rk_err_set(err, rc, "checkpoint: rank 0 could not lock %s (holder pid %lld)", w->dir,
+                          (long long)holder);
+    if (rc) { /* not taken, or the others could not learn it was: no rank goes on */
+        rk_ckpt_unlock(w->held);
+        w->held = NULL;
     }
     return rc;
 }
@@ -158,8 +154,9 @@ static int take_lock(rk_worker *w, rk_err *err)
  * sets RK_HEARTBEAT) that holds the lock of this very directory (its RK_CKPT_DIR). */
 static int takes_lock(const char *dir)
 {
-    const char *sup = getenv("RK_HEARTBEAT"), *sup_dir = getenv("RK_CKPT_DIR");
-    if (!sup || !*sup || !sup_dir || !*sup_dir)
+    const char *sup = getenv("RK_HEARTBEAT"), *sup_dir;
+    rk_worker_ckpt_env(&sup_dir, NULL);
+    if (!sup || !*sup || !sup_dir)
         return 1;
     if (strcmp(dir, sup_dir) == 0)
         return 0;
@@ -189,22 +186,15 @@ static size_t valid_checkpoints(const char *dir, int *rc, rk_err *err)
  * (and N ranks reading every checkpoint of a shared one is N times the I/O). */
 static size_t valid_checkpoints_all(rk_worker *w, int *rc, rk_err *err)
 {
-    int64_t st[2] = {0, 0}; /* rank 0's rc, count */
-    if (w->rank == 0) {
-        st[1] = (int64_t)valid_checkpoints(w->dir, rc, err);
-        st[0] = *rc;
-    }
-    if (w->world > 1) {
-        int brc = rk_comm_bcast(w->comm, st, sizeof st, 0, w->rank == 0 ? NULL : err);
-        if (brc) {
-            *rc = brc;
-            return 0;
-        }
-        if (w->rank != 0 && st[0] != 0)
-            *rc = rk_err_set(err, (int)st[0], "checkpoint directory %s: rank 0 could not list it",
-                             w->dir);
-    }
-    return (size_t)st[1];
+    int64_t count = 0; /* as rank 0 found it */
+    int learned;
+    *rc = RK_OK;
+    if (w->rank == 0)
+        count = (int64_t)valid_checkpoints(w->dir, rc, err);
+    *rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, *rc, &count, 1, &learned, err);
+    if (learned)
+        *rc = rk_err_set(err, *rc, "checkpoint directory %s: rank 0 could not list it", w->dir);
+    return (size_t)count;
 }
 
 static int do_resume(rk_worker *w, int64_t *step, rk_err *err)
@@ -216,8 +206,11 @@ static int do_resume(rk_worker *w, int64_t *step, rk_err *err)
 int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_step, rk_err *err)
 {
     *start_step = 0;
-    const char *dir = o->dir ? o->dir : getenv("RK_CKPT_DIR");
-    const char *env_resume = getenv("RK_RESUME");
+    const char *dir;
+    int env_resume;
+    rk_worker_ckpt_env(&dir, &env_resume);
+    if (o->dir)
+        dir = o->dir;
     if (!dir || !*dir)
         return RK_OK;
     if (strlen(dir) >= sizeof w->dir)
@@ -241,7 +234,7 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
         return rc;
     /* The directory is listed (every checkpoint read and verified) only when the answer
      * matters: no usable checkpoint of this run, or a fresh start. */
-    if (o->resume || (env_resume && strcmp(env_resume, "1") == 0)) {
+    if (o->resume || env_resume) {
         int64_t step = 0;
         rc = do_resume(w, &step, err);
         int lrc = RK_OK;

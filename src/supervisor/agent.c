@@ -22,10 +22,8 @@
 #include "supervisor/agent_job.h"
 #include "supervisor/supervisor.h"
 
-#define SEND_TIMEOUT_S 1.0
 #define BACKOFF_MIN_S 0.1
 #define BACKOFF_MAX_S 5.0
-#define SEAL_MAX (RK_NET_HDR_LEN + RK_NODE_PAYLOAD_MAX + RK_NET_TAG_LEN)
 
 typedef struct agent {
     const rk_agent_opts *o;
@@ -63,13 +61,7 @@ static bool stopping(const agent *a)
 
 static int send_msg(agent *a, int fd, uint8_t type, const void *payload, size_t len, rk_err *err)
 {
-    uint8_t frame[SEAL_MAX];
-    size_t n;
-    int rc = rk_net_peer_seal(&a->peer, a->key, type, 0, payload, (uint32_t)len, frame,
-                              sizeof frame, &n, err);
-    if (rc)
-        return rc;
-    return rk_net_send_all(fd, frame, n, SEND_TIMEOUT_S, a->at, err);
+    return rk_net_peer_send(&a->peer, a->key, fd, type, payload, len, a->at, err);
 }
 
 static void send_bye(agent *a, int fd, const char *reason)

@@ -30,12 +30,11 @@
 #include "base/hush.h"
 #include "net/sock.h"
 #include "supervisor/nodes.h"
+#include "supervisor/stackwait.h"
 #include "supervisor/supervisor.h"
 
 #define MAX_CHANS 64
 #define WRITE_TIMEOUT_S 1.0
-#define STACKS_WAIT_S 2.0          /* for a hung rank's dump to appear (as rk run on one host) */
-#define STACKS_STILL_S 0.2         /* unchanged this long: complete */
 #define STACKS_SEND_MAX (64 << 10) /* bytes of one dump sent to the coordinator */
 #define SAY_CLOSED 5               /* lines about connections closed a window, then a count */
 #define SAY_CLOSED_WINDOW_S 10.0
@@ -48,8 +47,7 @@ typedef struct chan {
     /* a stack dump asked for (STACKS): its file, and how it grows */
     int dumping;
     char dump[160];
-    off_t from, size;
-    double asked, changed;
+    rk_stack_wait w;
 } chan;
 
 struct rk_agent_job {
@@ -152,15 +150,6 @@ static void close_chan(chan *c)
     c->dumping = 0;
 }
 
-/* The size of a regular file at `path` (not a link), -1 if there is none. */
-static off_t file_size(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
-        return -1;
-    return st.st_size;
-}
-
 /* Send what the rank dumped since the signal (at most STACKS_SEND_MAX bytes of the regular
  * file, opened without following a link) as STACK frames, then STACK_END. */
 static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
@@ -171,7 +160,7 @@ static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx
     int fd = open(c->dump, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        off_t at = st.st_size < c->from ? 0 : c->from;
+        off_t at = st.st_size < c->w.from ? 0 : c->w.from;
         while (sent < STACKS_SEND_MAX) {
             size_t want = STACKS_SEND_MAX - sent < sizeof buf ? STACKS_SEND_MAX - sent : sizeof buf;
             ssize_t n = pread(fd, buf, want, at);
@@ -193,22 +182,14 @@ static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx
     c->dumping = 0;
 }
 
-/* The dumps asked for: sent once complete (unchanged for STACKS_STILL_S) or after
- * STACKS_WAIT_S (what is there, maybe nothing). */
+/* The dumps asked for: sent once the wait is over (supervisor/stackwait.h: complete, or
+ * what is there after RK_STACKS_WAIT_S, maybe nothing). */
 static void pump_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
 {
     double now = rk_mono_s();
     for (int i = 0; i < MAX_CHANS; i++) {
         chan *c = &j->ch[i];
-        if (!c->dumping)
-            continue;
-        off_t size = file_size(c->dump);
-        if (size >= 0 && size != c->size) {
-            c->size = size;
-            c->changed = now;
-        }
-        int grew = c->size > c->from || (c->size >= 0 && c->size < c->from);
-        if ((grew && now - c->changed >= STACKS_STILL_S) || now - c->asked >= STACKS_WAIT_S)
+        if (c->dumping && rk_stack_wait_over(&c->w, c->dump, now))
             send_dump(j, c, send, ctx);
     }
 }
@@ -246,9 +227,7 @@ static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_agent_send_fn
          * RK_LAUNCH (launch - 1) in the name */
         snprintf(c->dump, sizeof c->dump, "%s/stacks-rank%u-launch%u.txt", j->stacks,
                  (unsigned)m->rank, (unsigned)(m->launch - 1));
-        c->from = file_size(c->dump);
-        c->from = c->from < 0 ? 0 : c->from;
-        c->size = c->from;
+        rk_stack_wait_begin(&c->w, c->dump, rk_mono_s());
         sig = kill(c->pid, SIGUSR1);
     }
     if (sig != 0) { /* nothing to ask (a watched rank's dump is in its own directory) */
@@ -257,7 +236,6 @@ static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_agent_send_fn
         return;
     }
     c->dumping = 1;
-    c->asked = c->changed = rk_mono_s();
     say(j, "asked rank %u (pid %ld) for its stacks (SIGUSR1)", (unsigned)m->rank, (long)c->pid);
 }
 

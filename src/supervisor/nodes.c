@@ -22,9 +22,6 @@
 #include "net/sock.h"
 #include "net/stream.h"
 
-#define SEND_TIMEOUT_S 1.0 /* a frame that cannot be written in this long: the link is gone */
-#define SEAL_MAX (RK_NET_HDR_LEN + RK_NODE_PAYLOAD_MAX + RK_NET_TAG_LEN)
-
 typedef enum node_state { NODE_NEVER, NODE_UP, NODE_LOST, NODE_LEFT } node_state;
 
 typedef struct conn {
@@ -134,12 +131,8 @@ static void conn_refuse(rk_nodes *t, int ci, const char *why)
 static bool send_msg(rk_nodes *t, rk_net_peer *p, int ci, uint8_t type, const char *payload,
                      size_t len, rk_err *err)
 {
-    uint8_t frame[SEAL_MAX];
-    size_t n;
-    if (rk_net_peer_seal(p, &t->key, type, 0, payload, (uint32_t)len, frame, sizeof frame, &n, err))
-        return false;
-    return rk_net_send_all(t->conns[ci].fd, frame, n, SEND_TIMEOUT_S, t->conns[ci].from, err) ==
-           RK_OK;
+    return rk_net_peer_send(p, &t->key, t->conns[ci].fd, type, payload, len, t->conns[ci].from,
+                            err) == RK_OK;
 }
 
 /* REFUSED with `reason` to a connection, then the refusal's event and close. `p` seals it

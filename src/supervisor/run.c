@@ -58,14 +58,17 @@ static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
     i->lost_steps = lost > 0 ? lost : 0;
 }
 
-/* The job is back at work (all its ranks said hello and one applied a step, or the relaunch
- * finished): recovered. */
-void sup_resolve_pending(sup *s, int64_t resumed_from)
+/* The incidents waiting for their recovery, written to the ledger, the one path of both ends
+ * of the wait: recovered (the job is back at work: all its ranks said hello and one applied a
+ * step, or the relaunch finished), their recovery time is now; not (the job ends without
+ * having recovered), none. Lost steps if a relaunch said where it resumed. */
+static void write_pending(sup *s, int recovered, int64_t resumed_from)
 {
     double now = rk_ledger_now(&s->g);
     for (int k = 0; k < s->npending; k++) {
         rk_incident *i = &s->g.inc[s->pending[k]];
-        i->recovery_s = now - i->t;
+        if (recovered)
+            i->recovery_s = now - i->t;
         set_lost(s, i, resumed_from);
         rk_ledger_write(&s->g, i);
     }
@@ -74,18 +77,14 @@ void sup_resolve_pending(sup *s, int64_t resumed_from)
         s->pending_done[r] = -1;
 }
 
-/* The job ends without having recovered: no recovery time; lost steps if a relaunch said
- * where it resumed. */
+void sup_resolve_pending(sup *s, int64_t resumed_from)
+{
+    write_pending(s, 1, resumed_from);
+}
+
 static void flush_pending(sup *s)
 {
-    for (int k = 0; k < s->npending; k++) {
-        rk_incident *i = &s->g.inc[s->pending[k]];
-        set_lost(s, i, s->start_step);
-        rk_ledger_write(&s->g, i);
-    }
-    s->npending = 0;
-    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
-        s->pending_done[r] = -1;
+    write_pending(s, 0, s->start_step);
 }
 
 /* 1 if the ranks may run on other hosts: srun, or launcher arguments that name hosts. */

@@ -20,10 +20,9 @@
 #include <unistd.h>
 
 #include "base/text.h"
+#include "supervisor/stackwait.h"
 
-#define STACKS_WAIT_S 2.0
 #define STACKS_REMOTE_S 1.5        /* more for a dump that comes over the node link */
-#define STACKS_STILL_S 0.2         /* unchanged this long: the dump is complete */
 #define STACKS_COPY_MAX (64 << 10) /* bytes of a dump copied into the log */
 #define STACKS_LINE_MAX 512        /* bytes of one line shown */
 
@@ -31,20 +30,8 @@ typedef struct dump {
     int rank;
     rk_sup_conn *remote; /* a rank on another host: its agent sends the dump */
     char path[4200];
-    off_t from; /* the file's size before the signal: the dump is what came after */
-    off_t size;
-    double changed; /* when its size last changed */
-    int grew;
+    rk_stack_wait w; /* its file since the signal */
 } dump;
-
-/* The size of a regular file at `path` (not a link), -1 if there is none. */
-static off_t file_size(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
-        return -1;
-    return st.st_size;
-}
 
 /* Copy bytes [from, from + STACKS_COPY_MAX) of d->path to stderr, one prefixed, cleaned
  * line at a time. 1 if something was copied; 0 if the file was refused (a link, not a regular
@@ -59,7 +46,7 @@ static int copy_dump(const sup *s, const dump *d)
         sup_say(s, "rank %d: no stack dump in %s (not a regular file)", d->rank, d->path);
         return 0;
     }
-    off_t from = st.st_size < d->from ? 0 : d->from; /* rewritten from the start */
+    off_t from = st.st_size < d->w.from ? 0 : d->w.from; /* rewritten from the start */
     static char buf[STACKS_COPY_MAX + 1];
     ssize_t n = pread(fd, buf, STACKS_COPY_MAX, from);
     close(fd);
@@ -118,13 +105,9 @@ void sup_dump_stacks(sup *s, const int *stuck)
         if ((size_t)snprintf(x->path, sizeof x->path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir,
                              r, s->launch_no) >= sizeof x->path)
             continue;
-        x->from = file_size(x->path);
-        x->from = x->from < 0 ? 0 : x->from;
-        x->size = x->from;
-        x->grew = 0;
+        rk_stack_wait_begin(&x->w, x->path, rk_ledger_now(&s->g));
         if (x->remote ? sup_cluster_ask_stacks(s, c) != 0 : kill((pid_t)c->pid, SIGUSR1) != 0)
             continue;
-        x->changed = rk_ledger_now(&s->g);
         nd++;
     }
     if (!nd)
@@ -136,18 +119,12 @@ void sup_dump_stacks(sup *s, const int *stuck)
         double now = rk_ledger_now(&s->g);
         int waiting = 0;
         for (int k = 0; k < nd; k++) {
-            off_t size = file_size(d[k].path);
-            if (size >= 0 && size != d[k].size) {
-                d[k].size = size;
-                d[k].grew = 1;
-                d[k].changed = now;
-            }
-            if (d[k].remote ? !d[k].remote->stack_end
-                            : !d[k].grew || now - d[k].changed < STACKS_STILL_S)
+            int complete = rk_stack_wait_complete(&d[k].w, d[k].path, now);
+            if (d[k].remote ? !d[k].remote->stack_end : !complete)
                 waiting++;
         }
         /* a remote dump: the agent's own wait, then the transfer */
-        if (!waiting || now - t0 >= (s->cl ? STACKS_WAIT_S + STACKS_REMOTE_S : STACKS_WAIT_S))
+        if (!waiting || now - t0 >= (s->cl ? RK_STACKS_WAIT_S + STACKS_REMOTE_S : RK_STACKS_WAIT_S))
             break;
         if (s->cl)
             sup_cluster_tick(s, 0.05); /* the agents' answers come on the node link */
@@ -156,9 +133,9 @@ void sup_dump_stacks(sup *s, const int *stuck)
     }
     size_t used = 0;
     for (int k = 0; k < nd; k++) {
-        if (!d[k].grew) {
+        if (!d[k].w.grew) {
             sup_say(s, "rank %d wrote no stacks to %s within %.1f s", d[k].rank, d[k].path,
-                    d[k].remote ? STACKS_WAIT_S + STACKS_REMOTE_S : STACKS_WAIT_S);
+                    d[k].remote ? RK_STACKS_WAIT_S + STACKS_REMOTE_S : RK_STACKS_WAIT_S);
             continue;
         }
         if (!copy_dump(s, &d[k]))
