@@ -3,11 +3,11 @@
 # (examples/pytorch/plain_chars.py: an epoch loop over a DataLoader with a DistributedSampler
 # and 2 workers, accumulation over 2 micro-batches with no_sync, AdamW, a LambdaLR stepped in
 # the loop, clipping, bf16 autocast, dropout, a causal mask of -inf), and its port
-# (train_chars.py, 15 changed lines). On 2 ranks the port under `rk run --launcher local`
-# ends with the plain script's bits under torchrun, through an injected crash, NaN, bit flip,
-# hang and collective failure and a SIGKILL by pid; on 4 ranks, through the same faults, with
-# the bits of the port's fault-free run (the plain script's 4-rank sums are added in another
-# order: docs/pytorch.md). Resumes land in the middle of epochs.
+# (train_chars.py, 15 changed lines). On 2 and on 4 ranks the port under `rk run --launcher
+# local` ends with the plain script's bits under torchrun, fault-free and through an injected
+# crash, NaN, bit flip, hang and collective failure and a SIGKILL by pid (on 4 ranks gloo's
+# ring sums depend on each element's place in DDP's buckets: the Job keeps DDP's layouts, a
+# resumed process's first step included). Resumes land in the middle of epochs.
 # Skips (77) without a python3 that has torch, numpy and xxhash, or without the GPL-3 text.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -22,7 +22,9 @@ cd "$work" || exit 1
 unset OMP_NUM_THREADS
 args=(--text "$text" --stride 96 --epochs 3) # 11 steps an epoch, 33 steps
 port=("$py" "$RK_SRC/examples/pytorch/train_chars.py" "${args[@]}" --ckpt-every 5)
-run=("$RK" run --launcher local --heartbeat-timeout 5 --startup-timeout 300 --failure-threshold 100)
+# a relaunched rank's first step starts 2 loader workers and reads past the epoch's done steps:
+# on a loaded 2-core machine that took over 5 s (taken for hangs: 4 extra relaunches, seen)
+run=("$RK" run --launcher local --heartbeat-timeout 15 --startup-timeout 300 --failure-threshold 100)
 
 # faulted N SPEC VICTIM NAME: the port on N ranks under rk run with SPEC injected; once the
 # checkpoint of step 25 is there (the launch is paced from step 25), rank VICTIM is killed
@@ -91,10 +93,16 @@ got=$(json f2.json hash 2>/dev/null)
   || bad "2 ranks: final hash '$got', the plain script's under torchrun '$ref'"
 events 2 f2 0 1
 
-# 4 ranks: the port's fault-free run, then the faults
+# 4 ranks: the plain script under torchrun, the port's fault-free run, then the faults
+"$py" -m torch.distributed.run --nnodes 1 --nproc_per_node 4 --standalone --redirects 9:0 --tee 9:0 \
+  "$RK_SRC/examples/pytorch/plain_chars.py" "${args[@]}" --result plain4.json >plain4.log 2>&1 \
+  && ok "4 ranks: the plain script under torchrun" || bad "torchrun, 4 ranks: $(tail -5 plain4.log)"
+plain=$(json plain4.json hash 2>/dev/null)
 "${run[@]}" -n 4 -- "${port[@]}" --result ref4.json >ref4.log 2>&1 && ok "4 ranks: the port's fault-free run" \
   || bad "4 ranks, fault-free: $(tail -5 ref4.log)"
 ref=$(json ref4.json hash 2>/dev/null)
+[[ -n "$plain" && "$ref" == "$plain" ]] && ok "4 ranks: the port under rk run ends with the plain script's bits under torchrun ($ref)" \
+  || bad "4 ranks: the port's fault-free hash '$ref', the plain script's under torchrun '$plain'"
 faulted 4 'nan@step=4:rank=3,bitflip@step=8:rank=2,crash@step=12:rank=2,hang@step=19:rank=1,commfail@step=23:rank=3,slow@step=25:rank=0:ms=500:for=8' 3 f4
 got=$(json f4.json hash 2>/dev/null)
 [[ -n "$ref" && "$got" == "$ref" ]] && ok "4 ranks: through the faults, the fault-free run's bits ($got)" \

@@ -197,6 +197,100 @@ class SmallRanks(unittest.TestCase):
         self.assertNotIn("replica_mismatch", log)
 
 
+# N ranks of plain DDP or of a Job (gloo, a file store): argv rank, world, steps, store, result
+# file. Two micro-batches a step, the first in no_sync (ACC=1: every micro-batch all-reduced),
+# dropout seeded per rank, clipping, a model of 1,618 parameters in one bucket: with 3 or more
+# ranks the ring all-reduce's sums depend on where each element sits in it. PLAIN=1: DDP alone, as
+# people write it (loss / 2, optimizer.step()); CKE: the Job's ckpt_every.
+LAYOUT = r"""
+import contextlib, os, sys
+import numpy as np, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+rank, world, steps, store, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+N, B, K = 384, 48, 2
+g = torch.Generator().manual_seed(7); X = torch.randn(N, 12, generator=g); Y = (X[:, 0] > 0).long()
+torch.manual_seed(3)
+L = torch.nn.Linear
+inner = torch.nn.Sequential(L(12, 32), torch.nn.Tanh(), L(32, 32), torch.nn.Tanh(), torch.nn.Dropout(0.2), L(32, 2))
+model = DDP(inner)
+torch.manual_seed(100 + rank)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+plain = bool(os.environ.get("PLAIN"))
+if not plain:
+    import rekindle.torch as rkt
+    job = rkt.Job(model, opt, global_batch=B, data_size=N, ckpt_every=int(os.environ.get("CKE", "0")))
+sync_all = bool(os.environ.get("ACC"))
+micro = B // (world * K)
+for step in (range(steps) if plain else job.steps(steps)):
+    idx = torch.from_numpy(np.random.default_rng([1, step]).permutation(N)[:B])
+    idx = idx[rank * K * micro:(rank + 1) * K * micro]
+    for m in range(K):
+        i = idx[m * micro:(m + 1) * micro]
+        with model.no_sync() if m < K - 1 and not sync_all else contextlib.nullcontext():
+            loss = torch.nn.functional.cross_entropy(model(X[i]), Y[i])
+            (loss / K if plain else job.scale(loss, len(i))).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # reads the reduced gradients
+    opt.step() if plain else job.step()
+    opt.zero_grad(set_to_none=True)
+if rank == 0:
+    import rekindle.torch as rkt
+    open(out, "w").write(rkt.params_hash(inner))
+dist.destroy_process_group()
+"""
+
+
+def layout(test, world, steps, env=None):
+    """Runs LAYOUT on `world` ranks; returns (rank 0's params hash, rank 0's stderr)."""
+    d = rktest.tmpdir(test)
+    script = os.path.join(d, "layout.py")
+    with open(script, "w") as f:
+        f.write(LAYOUT)
+    e = rktest.env_with_pythonpath(dict(env or {}))
+    for k in ("RK_HEARTBEAT", "RK_STACK_DIR", "RK_INJECT", "RK_INJECT_DONE", "RK_RESUME", "RK_CKPT_DIR"):
+        if k not in (env or {}):
+            e.pop(k, None)
+    out, store = os.path.join(d, "hash"), os.path.join(d, "store")
+    procs = [subprocess.Popen([sys.executable, script, str(r), str(world), str(steps), store, out], env=e,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for r, p in enumerate(procs):
+        test.assertEqual(p.returncode, 0, f"rank {r}: {outs[r][1][-2000:]}")
+    with open(out) as f:
+        return f.read(), outs[0][1]
+
+
+class Layouts(unittest.TestCase):
+    """With 3 or more ranks the Job's sums are plain DDP's: the same bucket layout in every
+    backward (DDP's initial one in the run's first, the rebuilt one after), the step's vector
+    in its own all-reduce, through a resume (its first step before the resumed DDP rebuilt)
+    and a redo of step 0 (after it)."""
+
+    def test_four_ranks_plain_resume_and_step0_redo(self):
+        plain, _ = layout(self, 4, 12, env={"PLAIN": "1"})
+        ref, _ = layout(self, 4, 12)
+        self.assertEqual(ref, plain, "the Job on 4 ranks ends with other bits than plain DDP")
+        ck = rktest.tmpdir(self)
+        layout(self, 4, 7, env={"RK_CKPT_DIR": ck, "CKE": "5"})
+        got, log = layout(self, 4, 12, env={"RK_CKPT_DIR": ck, "RK_RESUME": "1"})
+        self.assertIn("resumed from", log)
+        self.assertEqual(got, ref, "a resume at step 7 on 4 ranks ends with other bits")
+        got, log = layout(self, 4, 12, env={"RK_INJECT": "nan@step=0:rank=2"})
+        self.assertIn("nan (blame 2, redo)", log)
+        self.assertEqual(got, ref, "a redo of step 0 on 4 ranks ends with other bits")
+
+    def test_three_ranks_every_micro_batch_reduced(self):
+        # no no_sync: a resumed process's first step all-reduces twice, the first before its
+        # DDP rebuilt (reduced before the second forward)
+        plain, _ = layout(self, 3, 8, env={"PLAIN": "1", "ACC": "1"})
+        ck = rktest.tmpdir(self)
+        layout(self, 3, 4, env={"RK_CKPT_DIR": ck, "ACC": "1"})
+        got, log = layout(self, 3, 8, env={"RK_CKPT_DIR": ck, "RK_RESUME": "1", "ACC": "1"})
+        self.assertIn("resumed from", log)
+        self.assertEqual(got, plain)
+
+
 @unittest.skipUnless(os.path.exists(os.path.join(DATA, "train-images-idx3-ubyte.gz")),
                      f"SKIP: Fashion-MNIST not found in {DATA}")
 class Ranks(unittest.TestCase):

@@ -53,7 +53,7 @@ import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
 from rekindle.torch._checkpoint import _Checkpoints
-from rekindle.torch._hook import _comm_hook
+from rekindle.torch._hook import _comm_hook, reduce_in
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
 from rekindle.torch.data import Batches, StepBatches, batch_indices
 from rekindle.torch.guards import grad_outliers, replica_vote, spike_zscore, spike_zscore_over
@@ -277,8 +277,13 @@ class Job(_Checkpoints):
             except _ckpt.CheckpointError as e:  # another job holds it
                 self._usage(str(e))
         self._hash_buffers = True
-        self._pindex = {id(p): i for i, p in enumerate(self.module.parameters())}
-        self._perms = {}
+        # with 3 or more ranks and a DDP that rebuilds its buckets: DDP's initial layout (each
+        # bucket's parameters, recorded in the run's first backward); None: the layout never
+        # matters. _deferred: the layout the hook deferred a backward's reduction to (_defers)
+        self._layouts = None
+        self._deferred = None
+        self._rebuilt = False  # this Job made DDP rebuild its buckets (DDP's own flag stays False)
+        self._backwards = 0  # the attempt's backward passes through the hook
         self._pending = None
         self._rolled_back = False
         if isinstance(model, _DDP):
@@ -296,6 +301,10 @@ class Job(_Checkpoints):
                 # each rank's forward leaves its own batch's statistics in the buffers; the
                 # next forward overwrites them with rank 0's: they are no replica's state
                 self._hash_buffers = False
+            if (self.world > 2 and not getattr(model, "static_graph", False)
+                    and not getattr(model, "find_unused_parameters", False)
+                    and hasattr(getattr(model, "reducer", None), "_get_zeros_like_grad_buckets")):
+                self._layouts = {}
         if self.resume and self.ckpt_dir:
             self._resume()
         self.w.hello(self.step_no)
@@ -632,6 +641,8 @@ class Job(_Checkpoints):
             self._stop_local = True
         self._local_ckpt = "checkpoint" in cmds
         self._hook_calls = 0
+        self._backwards = 0
+        self._deferred = None
         self._comm_sent = False
         self._redsums = []
         self._red_bad = False
@@ -786,6 +797,54 @@ class Job(_Checkpoints):
         i = int(cand[0])
         iv = buf.view(torch.int32)
         iv[i] = iv[i] ^ (1 << 30)
+
+    # ----------------------------------------------------------------- bucket layouts
+
+    def _defers(self, bucket):
+        """The comm hook, with 3 or more ranks: whether this bucket's backward is reduced later
+        (reduce_in), in the layout the same backward of an uninterrupted run has. DDP reduces
+        the run's first backward in its initial layout, then rebuilds its buckets (at the next
+        forward) in the order the gradients became ready, and reduces every later backward so;
+        the ring all-reduce adds an element's terms in an order set by its place in the
+        buffer. A resumed process's first step comes before its DDP rebuilt: it is deferred,
+        and DDP is made to rebuild from that backward's ready order (the same model and graph
+        as the run's first: the same order). A step 0 redone or replayed comes after: it is
+        deferred to the initial layout this process recorded in its first backward."""
+        rebuilt = self._rebuilt or getattr(self.model, "_has_rebuilt_buckets", False)
+        first = self._attempt == 0 and self._backwards == 0  # the run's first backward
+        if bucket.is_last():
+            self._backwards += 1
+        if first and not rebuilt:  # DDP's initial layout: recorded
+            seen = self._layouts.setdefault("seen", {})
+            seen[bucket.index()] = bucket.parameters()
+            if bucket.is_last() and len(seen) == bucket.index() + 1:
+                self._layouts["initial"] = [seen[i] for i in range(len(seen))]
+            return False
+        if rebuilt != first or (first and "initial" not in self._layouts):
+            return False  # the run's layout (or, never here, an initial one not recorded)
+        if self._deferred is None:
+            # at the end of this backward, after DDP's own end of it (which copies the buckets
+            # into the gradients, and which DDP queues after its last bucket's hook): what the
+            # loop does after backward() (clipping) sees the reduced gradients
+            me = weakref.ref(self)
+            queue = torch.autograd.Variable._execution_engine.queue_callback
+            queue(lambda: queue(lambda: me() and me()._reduce_deferred()))
+        self._deferred = "initial" if first else "rebuilt"
+        return True
+
+    def _reduce_deferred(self):
+        """The deferred reduction of a backward (see _defers), as its backward ends: in the
+        recorded initial layout, or in DDP's rebuilt one, which DDP is made to build now from
+        that backward's ready order (rank 0's, broadcast)."""
+        kind, self._deferred = self._deferred, None
+        if kind == "initial":
+            reduce_in(self, self._layouts["initial"])
+        elif kind == "rebuilt":
+            reducer = self.model.reducer
+            reducer._rebuild_buckets()
+            self._rebuilt = True
+            reduce_in(self, [b.parameters() for b in reducer._get_zeros_like_grad_buckets()])
+        return None
 
     # ----------------------------------------------------------------- collectives
 

@@ -1,6 +1,7 @@
 """The DDP communication hook that carries the step's vector of loss, count, flags and norms."""
 
 import math
+import weakref
 
 import torch
 import torch.distributed  # noqa: F401  (the fallback when the Job is gone)
@@ -18,15 +19,18 @@ _set_result = torch._C.Future.set_result
 def _comm_hook(state, bucket):
     """DDP communication hook: the `comm` heartbeat before the first bucket's all-reduce, the
     gradflip fault, each rank's gradient norm before the all-reduce, and (with the last
-    bucket) the step's vector of loss, sample count, command flags and norms, so the guards
-    and the command agreement cost no collective of their own.
+    bucket, or in its own all-reduce just before it) the step's vector of loss, sample count,
+    command flags and norms: the guards and the command agreement add no collective with 1 or
+    2 ranks and a small last bucket, one small all-reduce otherwise.
 
-    With 3 or more ranks the bucket is reduced in a canonical layout (parameters in model
-    order, whatever order DDP put them in): DDP rebuilds its buckets after the first
-    iteration in the order the gradients became ready, and the ring all-reduce's summation
-    order depends on where an element sits, so a resumed or replayed step would round
-    differently from the same step of an uninterrupted run. With 1 or 2 ranks every element
-    is one sum of at most two numbers, the same in any layout: no permutation.
+    With 3 or more ranks a bucket is reduced in the layout DDP gives it in the same backward of
+    an uninterrupted run (the ring all-reduce's summation order depends on where an element
+    sits): where this process's layout is another (a resumed process's first step, before
+    DDP's rebuild; a replay of step 0 after it), the hook only defers, and the Job reduces the
+    gradients in that run's layout (reduce_in) as the backward ends. With 3 or more ranks
+    the step's vector is never appended to a bucket: a longer buffer moves the ring's chunk
+    boundaries and so the sums of the elements near them (plain DDP's sums, kept). With 1 or 2
+    ranks every element is one sum of at most two numbers, the same in any layout.
 
     On the CPU the scalars are Python floats (no tensor per number): this hook runs every
     step and its fixed cost is what a small model pays."""
@@ -34,7 +38,7 @@ def _comm_hook(state, bucket):
     job = state()  # a weak reference to the Job
     if job is None:  # the Job is gone, the model trains on: DDP's own averaging
         pg = torch.distributed.distributed_c10d._get_default_group()
-        buf.div_(pg.size())
+        buf.mul_(1.0 / pg.size())
         return pg.allreduce([buf]).get_future().then(lambda f: f.value()[0])
     if job._hook_calls == 0:
         job._comm()
@@ -42,6 +46,10 @@ def _comm_hook(state, bucket):
             job._gradflip = False
             job._flip_grad(buf)
     job._hook_calls += 1
+    if job._layouts is not None and not isinstance(bucket, _Bucket) and job._defers(bucket):
+        fut = _Future([])  # the local gradients as they are: reduced later, in the other layout
+        _set_result(fut, buf)
+        return fut
     world = job.world
     cpu = buf.device.type == "cpu"
     same = buf.dtype in _SAME
@@ -52,10 +60,9 @@ def _comm_hook(state, bucket):
         job._sumsq = sq if job._sumsq is None else job._sumsq + sq
     else:
         _add_sumsq(job, buf, cpu)
-    perm = _canonical(job, bucket, buf) if world > 2 else None
     last = bucket.is_last()
     n = buf.numel()
-    fuse = last and same and n <= _FUSE_MAX
+    fuse = last and same and n <= _FUSE_MAX and world <= 2
     if last and not fuse:
         # the vector on its own, as float64 (a half-precision bucket cannot hold the hash)
         vec = job._vector(job._sumsq, torch.float64, buf.device)
@@ -63,26 +70,21 @@ def _comm_hook(state, bucket):
             vec = torch.tensor(vec, dtype=torch.float64)
         job._pg.allreduce([vec], job._ar_opts).wait()
         job._vec = vec.tolist() if cpu else vec
-    if fuse or perm is not None:
+    # scaled as DDP's own reducer does, by the reciprocal (x * (1 / 3) is not always x / 3)
+    if fuse:
         flat, head, tail, tail_np, _ = _scratch(job, bucket.index(), buf, n, fuse, cpu)
-        if perm is None:
-            torch.div(buf, world, out=head)
+        torch.mul(buf, 1.0 / world, out=head)
+        vec = job._vector(job._sumsq, buf.dtype, buf.device)
+        if cpu:
+            tail_np[:] = vec
         else:
-            torch.index_select(buf, 0, perm, out=head)
-            head.div_(world)
-        if fuse:
-            vec = job._vector(job._sumsq, buf.dtype, buf.device)
-            if cpu:
-                tail_np[:] = vec
-            else:
-                tail.copy_(vec)
+            tail.copy_(vec)
     else:
-        buf.div_(world)
+        buf.mul_(1.0 / world)
         flat = head = buf
 
-    # The reduced gradients go back to DDP as `head` itself where it is in the bucket's layout
-    # (DDP copies the hook's result into the gradients; copying it into the bucket first
-    # was one more pass), through the bucket where it was permuted.
+    # The reduced gradients go back to DDP as `head` itself (DDP copies the hook's result into
+    # the gradients; copying it into the bucket first was one more pass).
     if last:
         # the rank's gradient norm is in the vector: a later backward of the same step (gradient
         # accumulation without no_sync all-reduces every micro-batch) starts its own sum
@@ -97,8 +99,6 @@ def _comm_hook(state, bucket):
                 _add_redsum(job, head, cpu)
             elif not cpu:
                 job._redsums.append(head.sum(dtype=torch.float64))
-        if perm is not None:
-            head = buf.index_copy_(0, perm, head)
         fut = _Future([])  # torch.futures.Future without its Python layer
         _set_result(fut, head)
         return fut
@@ -106,8 +106,6 @@ def _comm_hook(state, bucket):
     def done(t):
         if job.guard:
             _add_redsum(job, head, cpu)
-        if perm is not None:
-            return buf.index_copy_(0, perm, head)
         return head
 
     return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
@@ -154,24 +152,48 @@ def _scratch(job, index, buf, n, fuse, cpu):
     return s
 
 
-def _canonical(job, bucket, buf):
-    """The index that puts the bucket's elements in model order (None: already so); cached
-    per bucket layout."""
-    params = bucket.parameters()
-    key = (bucket.index(), tuple(id(p) for p in params))
-    if key in job._perms:
-        return job._perms[key]
-    views = bucket.gradients()
-    size = buf.element_size()
-    spans = []
-    for p, v in zip(params, views):
-        off = (v.data_ptr() - buf.data_ptr()) // size
-        spans.append((job._pindex.get(id(p), len(job._pindex)), off, v.numel()))
-    order = sorted(spans)
-    idx = torch.cat([torch.arange(off, off + k, dtype=torch.int64) for _, off, k in order]) if order else None
-    if idx is not None and idx.numel() == buf.numel() and torch.equal(idx, torch.arange(buf.numel())):
-        idx = None
-    if idx is not None:
-        idx = idx.to(buf.device)
-    job._perms[key] = idx
-    return idx
+class _Bucket:
+    """A bucket of another layout than DDP's now, as _comm_hook reads a GradBucket: its index,
+    whether it is the last, its buffer (the gradients, flattened in order) and its parameters."""
+
+    __slots__ = ("_index", "_last", "_buf", "_params")
+
+    def __init__(self, index, last, buf, params):
+        self._index, self._last, self._buf, self._params = index, last, buf, params
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+    def buffer(self):
+        return self._buf
+
+    def parameters(self):
+        return self._params
+
+
+def reduce_in(job, layout):
+    """Reduces the gradients through _comm_hook in `layout` (each bucket's parameters, in
+    DDP's bucket order), as DDP would have in that layout: each bucket's buffer holds the
+    rank's (accumulated) gradients at the offsets DDP gives them, the hook scales and
+    all-reduces it (the guards' numbers included) and the reduced gradients are copied back.
+    One copy of the gradients in and one out."""
+    ref = weakref.ref(job)
+    pending = []
+    for i, params in enumerate(layout):
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        buf = torch.cat([g.reshape(-1) for g in grads])
+        pending.append((params, _comm_hook(ref, _Bucket(i, i == len(layout) - 1, buf, params))))
+    for params, fut in pending:
+        out = fut.wait()
+        off = 0
+        for p in params:
+            k = p.numel()
+            g = out[off:off + k].view_as(p)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
+            off += k
