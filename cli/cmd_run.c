@@ -26,6 +26,7 @@
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
+#include "supervisor/cluster.h"
 #include "supervisor/hosts.h"
 #include "supervisor/nodes.h"
 #include "supervisor/slurm.h"
@@ -832,7 +833,10 @@ int rk_cmd_run(int argc, char **argv)
         }
     }
     rk_sup_report rep;
-    rk_sup_run(&o, &rep);
+    if (o.hosts)
+        rk_cluster_run(&o, &rep);
+    else
+        rk_sup_run(&o, &rep);
     rk_ckpt_unlock(lock);
     print_report(&rep);
     int status = exit_status(rep.end);

@@ -338,7 +338,7 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
 {
     if (c->fd >= 0)
         close(c->fd);
-    c->fd = -1; /* a relayed rank's channel ends when cluster.c reads this end's close */
+    c->fd = -1; /* a remote rank's stream ends when its backend reads this end's close */
     if (c->hushed)
         sup_say(s, "%d more messages about rank %d's connection were suppressed", c->hushed,
                 c->rank);
@@ -396,7 +396,7 @@ static rk_sup_conn *free_slot(sup *s)
     int strangers = 0;
     for (int k = 0; k < s->nconn && !c; k++) {
         rk_sup_conn *x = &s->c[k];
-        if (x->fd < 0 && x->rank < 0 && x->relay < 0)
+        if (x->fd < 0 && x->rank < 0)
             c = x;
         else if (x->fd >= 0 && x->rank < 0) {
             strangers++;
@@ -417,14 +417,34 @@ static rk_sup_conn *free_slot(sup *s)
         c->fd = -1;
         c->rank = -1;
         c->node = -1;
-        c->relay = -1;
     }
     return c;
 }
 
-rk_sup_conn *sup_new_conn(sup *s)
+int sup_add_remote_conn(sup *s, int fd, int node, uint32_t chan, long pid)
 {
-    return free_slot(s);
+    rk_sup_conn *c = free_slot(s);
+    if (!c) {
+        close(fd);
+        return -1;
+    }
+    c->fd = fd;
+    c->node = node;
+    c->chan = chan;
+    c->pid = c->nspid = pid; /* the backend checked the process there (its keeper's tree) */
+    c->owned = 1;
+    c->since = c->last = rk_ledger_now(&s->g);
+    return 0;
+}
+
+int sup_drain_conn(sup *s, int fd)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].fd == fd && fd >= 0) {
+            sup_read_conn(s, &s->c[k]);
+            return 0;
+        }
+    return -1;
 }
 
 /* Accept what is waiting (a bounded batch) and read each at once: a rank's hello is already
@@ -477,8 +497,5 @@ void sup_close_conns(sup *s)
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);
         s->c[k].fd = -1;
-        if (s->c[k].relay >= 0)
-            close(s->c[k].relay);
-        s->c[k].relay = -1;
     }
 }

@@ -5,8 +5,9 @@
  * launch; up to 2 s for $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt to appear and stop
  * growing; what it wrote copied to rk run's stderr (bounded, a regular file opened with
  * O_NOFOLLOW, control characters removed, each line prefixed), its path kept for the event
- * only when something was copied. A rank on another host (a node's channel) is asked through
- * its agent (cluster.c: STACKS), whose answer lands in the same file here.
+ * only when something was copied. A rank on another host (a connection of the backend's) is
+ * asked through the backend (backend.h: ask_stacks; the cluster's agent), whose answer lands
+ * in the same file here (sup_stack_append).
  */
 #include "supervisor/sup.h"
 
@@ -29,7 +30,7 @@
 
 typedef struct dump {
     int rank;
-    rk_sup_conn *remote; /* a rank on another host: its agent sends the dump */
+    rk_sup_conn *remote; /* a rank on another host: its backend sends the dump */
     char path[4200];
     off_t from; /* the file's size before the signal: the dump is what came after */
     off_t size;
@@ -95,8 +96,28 @@ static void nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+long sup_stack_append(sup *s, int rank, const void *bytes, size_t n)
+{
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir, rank,
+                         s->launch_no) >= sizeof path)
+        return -1;
+    int fd = open(
+        path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { /* not a FIFO or device */
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    ssize_t w = write(fd, bytes, n);
+    close(fd);
+    return w > 0 ? (long)w : 0;
+}
+
 void sup_dump_stacks(sup *s, const int *stuck)
 {
+    int remote = s->b.ops->ask_stacks != NULL; /* ranks on other hosts may be asked */
     static dump d[RK_SUP_MAX_DEVICES];
     int nd = 0;
     s->stacks[0] = '\0';
@@ -110,7 +131,7 @@ void sup_dump_stacks(sup *s, const int *stuck)
          * its to signal) */
         if (c->node < 0 && !rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid it named */
             continue;
-        if (c->node >= 0 && !sup_cluster_runs_ranks(s))
+        if (c->node >= 0 && !s->b.ops->ask_stacks)
             continue;
         dump *x = &d[nd];
         x->rank = r;
@@ -122,7 +143,8 @@ void sup_dump_stacks(sup *s, const int *stuck)
         x->from = x->from < 0 ? 0 : x->from;
         x->size = x->from;
         x->grew = 0;
-        if (x->remote ? sup_cluster_ask_stacks(s, c) != 0 : kill((pid_t)c->pid, SIGUSR1) != 0)
+        if (x->remote ? s->b.ops->ask_stacks(s->b.ctx, c->node, c->chan, r) != 0
+                      : kill((pid_t)c->pid, SIGUSR1) != 0)
             continue;
         x->changed = rk_ledger_now(&s->g);
         nd++;
@@ -130,7 +152,7 @@ void sup_dump_stacks(sup *s, const int *stuck)
     if (!nd)
         return;
     sup_say(s, "asked %d hung rank%s for %s stacks (SIGUSR1%s)", nd, nd == 1 ? "" : "s",
-            nd == 1 ? "its" : "their", s->cl ? ", from its host's agent for a rank there" : "");
+            nd == 1 ? "its" : "their", remote ? ", from its host's agent for a rank there" : "");
     double t0 = rk_ledger_now(&s->g);
     for (;;) {
         double now = rk_ledger_now(&s->g);
@@ -142,15 +164,15 @@ void sup_dump_stacks(sup *s, const int *stuck)
                 d[k].grew = 1;
                 d[k].changed = now;
             }
-            if (d[k].remote ? !d[k].remote->stack_end
+            if (d[k].remote ? !s->b.ops->stacks_done(s->b.ctx, d[k].remote->node, d[k].remote->chan)
                             : !d[k].grew || now - d[k].changed < STACKS_STILL_S)
                 waiting++;
         }
         /* a remote dump: the agent's own wait, then the transfer */
-        if (!waiting || now - t0 >= (s->cl ? STACKS_WAIT_S + STACKS_REMOTE_S : STACKS_WAIT_S))
+        if (!waiting || now - t0 >= (remote ? STACKS_WAIT_S + STACKS_REMOTE_S : STACKS_WAIT_S))
             break;
-        if (s->cl)
-            sup_cluster_tick(s, 0.05); /* the agents' answers come on the node link */
+        if (s->b.ops->pump)
+            s->b.ops->pump(s->b.ctx, 0.05); /* the agents' answers come on the node link */
         else
             nap_ms(50);
     }
