@@ -20,16 +20,16 @@
 #include <unistd.h>
 
 #include "base/env.h"
+#include "cluster/cluster.h"
+#include "cluster/hosts.h"
+#include "cluster/nodes.h"
+#include "cluster/slurm.h"
 #include "predict/detectors.h"
 #include "predict/predict.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
-#include "supervisor/cluster.h"
-#include "supervisor/hosts.h"
-#include "supervisor/nodes.h"
-#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 /* rk run's exit status for how the job ended (the usage text's list). */

@@ -17,7 +17,7 @@
  * they saw; act() acts on it once a round (tick).
  */
 #define _GNU_SOURCE
-#include "supervisor/cluster.h"
+#include "cluster/cluster.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -34,10 +34,10 @@
 
 #include "base/clock.h"
 #include "base/proc.h"
+#include "cluster/nodes.h"
+#include "cluster/slurm.h"
 #include "net/secret.h"
 #include "supervisor/backend.h"
-#include "supervisor/nodes.h"
-#include "supervisor/slurm.h"
 
 #define MAX_NODES 256
 #define MAX_CHANS 1024       /* the ranks' streams of one launch (rk run's connections) */
@@ -221,8 +221,12 @@ static void on_open(sup_cluster *cl, int k, const rk_node_open *m)
 {
     if ((int)m->launch != cl->launch_no + 1 || !cl->used[k])
         return; /* an earlier launch's */
-    if (cl->nchans >= MAX_CHANS)
-        return; /* as the job's table when it is full */
+    chan *x = cl->nchans < MAX_CHANS ? &cl->chans[cl->nchans] : NULL;
+    for (int i = 0; !x && i < cl->nchans; i++) /* full: one that ended, no stacks asked */
+        if (cl->chans[i].relay < 0 && cl->chans[i].stack_rank < 0)
+            x = &cl->chans[i];
+    if (!x)
+        return; /* as the job's table when it is full of ranks */
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sp) != 0) {
         sup_say(cl->s, "node %d: cannot relay a rank's heartbeats: %s", k, strerror(errno));
@@ -232,8 +236,9 @@ static void on_open(sup_cluster *cl, int k, const rk_node_open *m)
         close(sp[1]); /* sp[0] closed by the job */
         return;
     }
-    cl->chans[cl->nchans++] =
-        (chan){.node = k, .id = m->chan, .relay = sp[1], .peer = sp[0], .stack_rank = -1};
+    if (x == &cl->chans[cl->nchans])
+        cl->nchans++;
+    *x = (chan){.node = k, .id = m->chan, .relay = sp[1], .peer = sp[0], .stack_rank = -1};
 }
 
 /* Feed a remote rank's bytes to its socketpair. The reader is the job's, in this thread: when
@@ -514,8 +519,6 @@ static void reap_agents(sup_cluster *cl)
         cl->restart_at[k] = now + cl->backoff[k];
     }
 }
-
-/* Relay what conns.c wrote to remote ranks (commands) to their agents. */
 
 /* Relay what the job wrote to remote ranks (commands) to their agents; a stream the job
  * closed ends its channel. */

@@ -1,5 +1,5 @@
 /*
- * The node agent's ranks (supervisor/agent_job.h): a keeper of launch.c for the node's ranks,
+ * The node agent's ranks (cluster/agent_job.h): a keeper of launch.c for the node's ranks,
  * a private Unix socket for their heartbeats, and one channel of the node link per rank
  * connection. The agent trusts a connection only when the kernel says its peer is a process
  * of the keeper's tree (SO_PEERCRED, /proc), as rk run does on one host (conns.c); the
@@ -8,7 +8,7 @@
  * rate-limited by base/hush.h, as the heartbeat socket's.
  */
 #define _GNU_SOURCE
-#include "supervisor/agent_job.h"
+#include "cluster/agent_job.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,7 +29,7 @@
 #include "base/clock.h"
 #include "base/hush.h"
 #include "net/sock.h"
-#include "supervisor/nodes.h"
+#include "cluster/nodes.h"
 #include "supervisor/supervisor.h"
 
 #define MAX_CHANS 64

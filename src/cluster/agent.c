@@ -1,10 +1,10 @@
 /*
- * The node agent's link (supervisor/agent.h): one net/peer.h state for the coordinator for
+ * The node agent's link (cluster/agent.h): one net/peer.h state for the coordinator for
  * the agent's whole life, a stream reader allocated once, and a loop of connect, HELLO,
  * WELCOME, PING/PONG, with backoff between connection attempts. poll(2) on one socket; times
  * from base/clock.h.
  */
-#include "supervisor/agent.h"
+#include "cluster/agent.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -19,7 +19,7 @@
 #include "net/peer.h"
 #include "net/sock.h"
 #include "net/stream.h"
-#include "supervisor/agent_job.h"
+#include "cluster/agent_job.h"
 #include "supervisor/supervisor.h"
 
 #define SEND_TIMEOUT_S 1.0
