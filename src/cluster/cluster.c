@@ -34,8 +34,6 @@
 
 #include "base/clock.h"
 #include "base/proc.h"
-#include "cluster/nodes.h"
-#include "cluster/slurm.h"
 #include "net/secret.h"
 #include "supervisor/backend.h"
 
@@ -1108,15 +1106,8 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
         snprintf(cl->job_hex + 2 * i, 3, "%02x", cl->job[i]);
     char host[RK_NODE_HOST_MAX];
     uint16_t port;
-    if ((rc = rk_node_hostport_parse(o->listen, host, sizeof host, &port, err)))
+    if ((rc = rk_cluster_listen_parse(o->listen, host, sizeof host, &port, err)))
         goto out;
-    if (!strcmp(host, "0.0.0.0") || !strcmp(host, "::") || !strcmp(host, "")) {
-        rc = rk_err_set(err, RK_EINVAL,
-                        "--listen %s: give the address the hosts reach this one by, not a "
-                        "wildcard (rk run listens on exactly that address)",
-                        o->listen);
-        goto out;
-    }
     rk_nodes_opts no = {.listen_host = host,
                         .listen_port = port,
                         .nodes = o->nhosts,
