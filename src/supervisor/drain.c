@@ -88,15 +88,7 @@ static rk_sup_health reading(sup *s, int d, int worst, char *why, size_t cap)
     why[0] = '\0';
     if ((remote_health(s) && s->b.ops->health(s->b.ctx, d, worst, &h, why, cap)) || !s->gate)
         return h;
-    const char *id = s->o->devices[d];
-    h.lost = rk_gate_lost(s->gate, id);
-    if (worst)
-        rk_gate_take_worst(s->gate, id, &h.score, &h.prob, why, cap);
-    else {
-        h.score = rk_gate_score(s->gate, id, why, cap);
-        h.prob = rk_gate_prob(s->gate, id);
-    }
-    return h;
+    return rk_gate_reading(s->gate, s->o->devices[d], worst, why, cap);
 }
 
 /* The gate's reading of every device into the gate file (--gate-log). */
