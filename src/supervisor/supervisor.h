@@ -7,7 +7,8 @@
  * job: launches, relaunches, the report), watch.c (one launch), conns.c (the ranks'
  * connections), drain.c (devices: pick, quarantine, drain), gate.c (the health gate),
  * policy.c (every decision: policy.h), ledger.c (events file, summary JSON). sup.h is what
- * the loop's files share.
+ * the loop's files share. The launches run through a backend table (backend.h): launcher.c's
+ * (this host's launcher, the default), or another room's (src/cluster: many hosts).
  */
 #ifndef RK_SUPERVISOR_H
 #define RK_SUPERVISOR_H
@@ -35,7 +36,7 @@ typedef enum rk_launcher {
     RK_LAUNCH_AUTO
 } rk_launcher;
 
-/* A host of a job over many hosts (cluster.c). */
+/* A host of a job over many hosts (src/cluster). */
 typedef struct rk_sup_host {
     const char *name; /* what --rsh reaches it by (under Slurm: its node name) */
     const char *addr; /* MASTER_ADDR when it holds rank 0 (under Slurm: its NodeAddr); NULL:
