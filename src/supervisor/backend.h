@@ -103,7 +103,7 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
 /* SIGINT, SIGTERM and SIGHUP seen (run.c's handler counts them). */
 extern volatile sig_atomic_t rk_sup_interrupted;
 
-/* A live status line on stderr: "rk run: [  12.3 s] ..." (conns.c). */
+/* A live status line on stderr: "rk run: [  12.3 s] ..." (job.c). */
 void sup_say(const struct sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* An incident that is final at once (no steps lost): to the events file now (drain.c). */
 void sup_record(struct sup *s, const char *kind, int rank, const char *device, const char *action,
@@ -115,12 +115,12 @@ int sup_add_remote_conn(struct sup *s, int fd, int node, uint32_t chan, long pid
 /* Read what connection `fd` has waiting now (its writer found it full). -1 if no connection
  * of the launch has that fd (conns.c). */
 int sup_drain_conn(struct sup *s, int fd);
-/* A failure seen in this launch (the first counts), with the incident's detail (watch.c). */
+/* A failure seen in this launch (the first counts), with the incident's detail (job.c). */
 void sup_fail(struct sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* 1 once a failure was seen in this launch (watch.c). */
+/* 1 once a failure was seen in this launch (job.c). */
 int sup_failing(const struct sup *s);
 /* Node `node` (named `name`), running ranks from `rank`, was lost: the launch's failure, and
- * its cause if another was seen just before; `what` the incident's detail (watch.c). */
+ * its cause if another was seen just before; `what` the incident's detail (job.c). */
 void sup_fail_node(struct sup *s, int node, int rank, const char *name, const char *what);
 /* Device d is set aside for the rest of the job, with its host (drain.c). */
 void sup_quarantine_device(struct sup *s, int d);

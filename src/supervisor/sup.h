@@ -3,7 +3,8 @@
  * shares between its files. run.c runs the job (setup, launches, relaunches, the report);
  * watch.c watches one launch (poll, timeouts, teardown, the verdict); conns.c the ranks'
  * heartbeat connections (accept, hello, messages, commands); drain.c the devices (pick,
- * quarantine, the health gate's readings and the drain). Every decision is policy.h's.
+ * quarantine, the health gate's readings and the drain); job.c the acts they share (say,
+ * stop, fail), calling none of them. Every decision is policy.h's.
  */
 #ifndef RK_SUPERVISOR_SUP_H
 #define RK_SUPERVISOR_SUP_H
@@ -112,18 +113,23 @@ typedef struct sup {
     rk_sup_backend b; /* what runs the launches (backend.h): launcher.c's, or a cluster's */
 } sup;
 
-/* ---- conns.c ------------------------------------------------------------------------------- */
+/* ---- job.c: the shared acts (and sup_say, sup_fail, sup_failing, sup_fail_node: backend.h) -- */
 
-/* sup_say, sup_add_remote_conn, sup_drain_conn: backend.h */
-/* A message about a connection (NULL: a peer that said no hello), rate-limited. */
-void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Rank `rank`'s device id, "" if none. */
 const char *sup_devname(const sup *s, int rank);
 rk_sup_conn *sup_by_rank(sup *s, int rank);
+/* One command to one rank, never blocking (a rank that does not read loses it). */
+void sup_send_cmd(const rk_sup_conn *c, rk_hb_cmd cmd);
 /* Send a command to every rank that has not said bye (rk_hb_cmd_format). */
 void sup_send_all(sup *s, rk_hb_cmd cmd);
 /* Ask every rank to checkpoint and stop (once a launch; later ranks hear it at hello). */
 void sup_stop_job(sup *s);
+
+/* ---- conns.c ------------------------------------------------------------------------------- */
+
+/* sup_add_remote_conn, sup_drain_conn: backend.h */
+/* A message about a connection (NULL: a peer that said no hello), rate-limited. */
+void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Accept waiting connections and read each at once; close those silent too long. */
 void sup_accept(sup *s);
 void sup_expire_strangers(sup *s);

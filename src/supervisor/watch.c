@@ -31,38 +31,6 @@
 #define PACE_S 0.050
 #define READ_ROUNDS 16
 
-void sup_fail(sup *s, const char *fmt, ...)
-{
-    if (s->failing)
-        return;
-    s->failing = 1;
-    s->ftime = rk_ledger_now(&s->g);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->fdetail, sizeof s->fdetail, fmt, ap);
-    va_end(ap);
-}
-
-int sup_failing(const sup *s)
-{
-    return s->failing;
-}
-
-void sup_fail_node(sup *s, int node, int rank, const char *name, const char *what)
-{
-    if (s->failing) { /* a failure the ranks showed first is its effect */
-        sup_say(s,
-                "node %d (%s) was lost with the failure seen just before (%s): the node's "
-                "loss is its cause",
-                node, name, s->fdetail);
-        snprintf(s->fdetail, sizeof s->fdetail, "%.*s", (int)sizeof s->fdetail - 1, what);
-    } else {
-        sup_fail(s, "%s", what);
-    }
-    s->seen.node_lost = node;
-    s->seen.node_rank = rank;
-}
-
 const char *sup_verdict_kind(const sup *s)
 {
     if (s->v.kind == RK_SUP_KIND_OTHER)
