@@ -1,8 +1,8 @@
 /*
  * rk agent: a node's agent, linked to the job's coordinator over the authenticated node link
- * (supervisor/agent.h, docs/cluster.md). Parses flags, reads the secret from stdin or a 0600
+ * (cluster/agent.h, docs/cluster.md). Parses flags, reads the secret from stdin or a 0600
  * file (net/secret.h), runs the link until BYE, a refusal or SIGINT/SIGTERM.
- * Also rk _coordinator, the hidden stand-in for rk run's side (supervisor/nodes.h): it listens,
+ * Also rk _coordinator, the hidden stand-in for rk run's side (cluster/nodes.h): it listens,
  * keeps the table of nodes and prints one line per node event.
  */
 #include <getopt.h>
@@ -14,13 +14,13 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "cluster/agent.h"
+#include "cluster/agent_job.h"
+#include "cluster/nodes.h"
+#include "cluster/slurm.h"
 #include "net/secret.h"
 #include "rekindle/health.h"
 #include "rk.h"
-#include "supervisor/agent.h"
-#include "supervisor/agent_job.h"
-#include "supervisor/nodes.h"
-#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 static volatile sig_atomic_t stop_flag;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "cluster/slurm.h"
 #include "doctor.h"
 #include "health/sim.h"
 #include "predict/predict.h"
@@ -28,7 +29,6 @@
 #include "rekindle/health.h"
 #include "rekindle/monitor.h"
 #include "rk.h"
-#include "supervisor/slurm.h"
 
 static const char usage_text[] =
     "usage: rk doctor [--sim N [--seed S] [--age HOURS] [--sim-load idle|busy]\n"

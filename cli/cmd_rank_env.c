@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "base/text.h"
+#include "cluster/slurm.h"
 #include "rk.h"
-#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 static const char *get(const char *name)

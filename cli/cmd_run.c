@@ -1,34 +1,30 @@
 /*
  * rk run: the supervisor command. Parses flags, checks them (a bad fault spec is refused with
- * its position), hands the job to src/supervisor (supervisor.h), prints its report and maps
- * how the job ended to rk run's exit status.
+ * its position), hands the job to src/supervisor (supervisor.h: rk_sup_run) or, over many
+ * hosts, to src/cluster (cluster.h: rk_cluster_plan_hosts plans the hosts, --listen and the
+ * launcher, rk_cluster_run runs it), prints its report and maps how the job ended to rk run's
+ * exit status.
  */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/env.h"
+#include "cluster/cluster.h"
 #include "predict/detectors.h"
 #include "predict/predict.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/health.h"
 #include "rekindle/inject.h"
 #include "rk.h"
-#include "supervisor/hosts.h"
-#include "supervisor/nodes.h"
-#include "supervisor/slurm.h"
 #include "supervisor/supervisor.h"
 
 /* rk run's exit status for how the job ended (the usage text's list). */
@@ -307,193 +303,6 @@ enum {
     OPT_SLURM_DRAIN
 };
 
-/* 1 if name is, or resolves to, a loopback address (Debian's /etc/hosts maps the host's own
- * name to 127.0.1.1). */
-static int loopback_name(const char *name)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(name, NULL, &hints, &res) != 0)
-        return 0;
-    int lo = 0;
-    for (struct addrinfo *a = res; a && !lo; a = a->ai_next) {
-        if (a->ai_family == AF_INET)
-            lo = (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
-        else if (a->ai_family == AF_INET6)
-            lo = IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
-    }
-    freeaddrinfo(res);
-    return lo;
-}
-
-/* --hosts slurm[:N]: the allocation's nodes as a host list "node1:N,node2:N" into buf, those
- * named in the spare list left out (they are its spares). 0, or -1 after the message. */
-static int slurm_hosts(const char *list, const char *spares, char *buf, size_t cap)
-{
-    int slots = 1;
-    if (list[5] == ':' &&
-        rk_arg_count(&args, "--hosts slurm:N", list + 6, 1, RK_HOST_SLOTS_MAX, &slots))
-        return RK_EXIT_USAGE;
-    static char names[RK_HOSTS_MAX][RK_SLURM_NODE_MAX];
-    rk_err err = {0};
-    int n = rk_slurm_job_nodes("scontrol", names, RK_HOSTS_MAX, &err);
-    if (n < 0) { /* outside an allocation: bad usage; scontrol failing: not */
-        fprintf(stderr, "rk run: --hosts %s: %s\n", list, err.msg);
-        return err.code == RK_EINVAL ? RK_EXIT_USAGE : RK_EXIT_FAIL;
-    }
-    /* the spares as the host list parser reads them (the same rules as below) */
-    static rk_hosts sp;
-    memset(&sp, 0, sizeof sp);
-    if (spares && rk_hosts_parse_list(&sp, spares, 1, &err)) {
-        fprintf(stderr, "rk run: %s\n", err.msg);
-        return RK_EXIT_USAGE;
-    }
-    size_t used = 0;
-    int kept = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        int spare = 0;
-        for (int k = 0; k < sp.n && !spare; k++) /* one host, as hosts.h says, ignoring case */
-            spare = strcasecmp(sp.h[k].name, names[i]) == 0;
-        if (spare)
-            continue;
-        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s:%d",
-                                 kept++ ? "," : "", names[i], slots);
-    }
-    if (used >= cap || kept == 0) {
-        fprintf(stderr, "rk run: --hosts %s: %s\n", list,
-                kept ? "too many nodes" : "every node of the allocation is a spare");
-        return RK_EXIT_USAGE;
-    }
-    return 0;
-}
-
-/* --hosts, --hostfile, --spare-hosts: the hosts into sup_hosts, their slots as the devices
- * ("HOST:0,HOST:1,...", into dev[cap]), -n by default the non-spare slots. 0, or an exit
- * status after the message. */
-static int hosts_opts(rk_sup_opts *o, rk_hosts *hs, const char *list, const char *file,
-                      const char *spares, int devices_given, int health_given, int nlargs,
-                      rk_sup_host *out, char *dev, size_t cap)
-{
-    rk_err err = {0};
-    if (!list && !file)
-        return usage_error("--spare-hosts needs --hosts or --hostfile");
-    if (devices_given)
-        return usage_error("--devices with --hosts: a host's devices are its slots, 0..N-1 "
-                           "(HOST:N)");
-    static char slurm_listen[RK_NODE_HOST_MAX + 8];
-    int listen_defaulted = 0;
-    const char *here = getenv("SLURMD_NODENAME");
-    if (!o->listen && list && !strncmp(list, "slurm", 5) && here && rk_slurm_node_name_ok(here)) {
-        /* in a batch script: this node's NodeAddr, as Slurm reaches it */
-        char a[RK_NODE_HOST_MAX];
-        if (rk_slurm_node_addr("scontrol", here, a, sizeof a, &err)) {
-            fprintf(stderr, "rk run: --listen not given, and this node's address: %s\n", err.msg);
-            return RK_EXIT_FAIL;
-        }
-        snprintf(slurm_listen, sizeof slurm_listen, strchr(a, ':') ? "[%s]:0" : "%s:0", a);
-        o->listen = slurm_listen;
-        listen_defaulted = 1;
-    }
-    if (!o->listen)
-        return usage_error("--hosts needs --listen ADDR:PORT, the address the hosts reach "
-                           "this one by (port 0: any free port)");
-    char lhost[RK_NODE_HOST_MAX];
-    uint16_t lport;
-    if (rk_node_hostport_parse(o->listen, lhost, sizeof lhost, &lport, &err))
-        return usage_error("--listen: %s", err.msg);
-    if (!strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::") || !lhost[0])
-        return usage_error("--listen %s: give the address the hosts reach this one by, not a "
-                           "wildcard (rk run listens on exactly that address)",
-                           o->listen);
-    static char slurm_list[RK_HOSTS_MAX * (RK_SLURM_NODE_MAX + 8)];
-    if (list && !strncmp(list, "slurm", 5) && (list[5] == '\0' || list[5] == ':')) {
-        int st = slurm_hosts(list, spares, slurm_list, sizeof slurm_list);
-        if (st)
-            return st;
-        list = slurm_list;
-    }
-    if ((list && rk_hosts_parse_list(hs, list, 0, &err)) ||
-        (file && rk_hosts_load_file(hs, file, &err)) ||
-        (spares && rk_hosts_parse_list(hs, spares, 1, &err))) {
-        fprintf(stderr, "rk run: %s\n", err.msg);
-        return RK_EXIT_USAGE;
-    }
-    /* auto: mpirun across the hosts for an MPI program (rk train), else the agents fork */
-    static char why[4400];
-    if (o->launcher == RK_LAUNCH_AUTO) {
-        o->launcher = rk_launch_pick(o->worker, nlargs > 0, why, sizeof why);
-        o->launcher_why = why;
-    }
-    if (o->launcher == RK_LAUNCH_SRUN && o->rsh)
-        return usage_error("--rsh with --launcher srun: srun starts the agents");
-    if (o->launcher == RK_LAUNCH_LOCAL && nlargs)
-        return usage_error("--launcher-arg with --hosts and --launcher local: the agents start "
-                           "the ranks");
-    if (!o->launcher_why)
-        o->launcher_why = o->launcher == RK_LAUNCH_LOCAL
-                              ? "--hosts: each host's agent starts its ranks"
-                          : o->launcher == RK_LAUNCH_SRUN
-                              ? "--hosts: srun starts an agent a node and the ranks, the "
-                                "agents watch"
-                              : "--hosts: one mpirun across the hosts, the agents watch";
-    if (!health_given)
-        o->health = NULL; /* off unless asked for: each host's agent needs its NVML */
-    else if (o->health && !strcmp(o->health, "auto"))
-        return usage_error("--health auto with --hosts: give nvml or sim (each host's agent "
-                           "reads its GPUs) or off");
-    int ndev = 0, primary = 0;
-    size_t used = 0;
-    dev[0] = '\0';
-    static char addrs[RK_HOSTS_MAX][RK_NODE_HOST_MAX];
-    for (int k = 0; k < hs->n; k++) {
-        out[k] =
-            (rk_sup_host){.name = hs->h[k].name, .slots = hs->h[k].slots, .spare = hs->h[k].spare};
-        if (o->launcher == RK_LAUNCH_SRUN) { /* MASTER_ADDR: where Slurm reaches the node */
-            if (!rk_slurm_node_name_ok(hs->h[k].name))
-                return usage_error("--launcher srun: host %s is not a Slurm node name",
-                                   hs->h[k].name);
-            if (rk_slurm_node_addr("scontrol", hs->h[k].name, addrs[k], sizeof addrs[k], &err)) {
-                fprintf(stderr, "rk run: %s node %s: %s\n",
-                        hs->h[k].spare ? "--spare-hosts" : "--hosts", hs->h[k].name, err.msg);
-                return RK_EXIT_FAIL; /* Slurm's answer, not the command line */
-            }
-            out[k].addr = addrs[k];
-        }
-        if (!hs->h[k].spare)
-            primary += hs->h[k].slots;
-        for (int i = 0; i < hs->h[k].slots; i++, ndev++) {
-            if (ndev >= RK_SUP_MAX_DEVICES)
-                return usage_error("the hosts have more than %d slots", RK_SUP_MAX_DEVICES);
-            used += (size_t)snprintf(dev + used, used < cap ? cap - used : 0, "%s%s:%d",
-                                     ndev ? "," : "", hs->h[k].name, i);
-        }
-    }
-    if (used >= cap)
-        return usage_error("the hosts' names are too long");
-    /* a loopback --listen reaches no other host: only hosts named by loopback addresses */
-    /* (a name that resolves to one too: Debian's /etc/hosts maps the host's own name to
-     * 127.0.1.1, and a Slurm NodeAddr may be that name) */
-    int lo_listen = loopback_name(lhost);
-    for (int k = 0; lo_listen && k < hs->n; k++) {
-        const char *a = out[k].addr ? out[k].addr : hs->h[k].name;
-        if (!loopback_name(a))
-            return usage_error("--listen %s is a loopback address%s: host %s cannot reach it; "
-                               "give this host's address on the hosts' network",
-                               o->listen, listen_defaulted ? " (this node's NodeAddr)" : "",
-                               hs->h[k].name);
-    }
-    o->hosts = out;
-    o->nhosts = hs->n;
-    if (o->n == 0)
-        o->n = primary;
-    if (o->n < 1)
-        return usage_error("--hosts: no slots");
-    if (o->n > ndev)
-        return usage_error("-n %d: the hosts have %d slot%s, spares included", o->n, ndev,
-                           ndev == 1 ? "" : "s");
-    return 0;
-}
-
 int rk_cmd_run(int argc, char **argv)
 {
     snprintf(usage_text, sizeof usage_text, "%s%s", usage_a, usage_b);
@@ -553,7 +362,6 @@ int rk_cmd_run(int argc, char **argv)
                      .health_interval_s = 5,
                      .drain_probability = 0.5,
                      .node_timeout_s = 10};
-    static rk_hosts hosts;
     const char *hosts_list = NULL, *hostfile = NULL, *spare_list = NULL;
     int health_given = 0;
     static char *largs[64];
@@ -700,14 +508,28 @@ int rk_cmd_run(int argc, char **argv)
     if (optind >= argc)
         return usage_error("no worker command after --");
     o.worker = argv + optind;
-    static char host_devices[RK_SUP_MAX_DEVICES * (RK_HOST_NAME_MAX + 8)];
-    static rk_sup_host sup_hosts[RK_HOSTS_MAX];
-    if (hosts_list || hostfile || spare_list) {
-        int st = hosts_opts(&o, &hosts, hosts_list, hostfile, spare_list, devices != NULL,
-                            health_given, nlargs, sup_hosts, host_devices, sizeof host_devices);
-        if (st)
-            return st;
-        devices = host_devices;
+    if (hosts_list || hostfile || spare_list) { /* the hosts, their slots, --listen, launcher */
+        static rk_cluster_plan plan;
+        rk_cluster_ask ask = {.list = hosts_list,
+                              .slurm_slots = 1,
+                              .file = hostfile,
+                              .spares = spare_list,
+                              .devices_given = devices != NULL,
+                              .health_given = health_given,
+                              .nlargs = nlargs};
+        if (hosts_list && !strncmp(hosts_list, "slurm:", 6) &&
+            rk_arg_count(&args, "--hosts slurm:N", hosts_list + 6, 1, RK_HOST_SLOTS_MAX,
+                         &ask.slurm_slots))
+            return RK_EXIT_USAGE;
+        int show = 0;
+        rk_err err = {0};
+        if (rk_cluster_plan_hosts(&o, &ask, &plan, &show, &err)) {
+            if (show)
+                return usage_error("%s", err.msg);
+            fprintf(stderr, "rk run: %s\n", err.msg);
+            return rk_cli_status(err.code);
+        }
+        devices = plan.devices;
     }
     if (o.slurm_drain && !(o.hosts && o.launcher == RK_LAUNCH_SRUN))
         return usage_error("--slurm-drain goes with --launcher srun and --hosts (a job over "
@@ -832,7 +654,10 @@ int rk_cmd_run(int argc, char **argv)
         }
     }
     rk_sup_report rep;
-    rk_sup_run(&o, &rep);
+    if (o.hosts)
+        rk_cluster_run(&o, &rep);
+    else
+        rk_sup_run(&o, &rep);
     rk_ckpt_unlock(lock);
     print_report(&rep);
     int status = exit_status(rep.end);

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster/slurm.h"
 #include "doctor.h"
 #include "rk.h"
-#include "supervisor/slurm.h"
 
 #define REASON_MAX 256 /* what a drain reason may take of Slurm's log lines */
 

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for a multi-host job's hosts (supervisor/hosts.h): the input goes, as a
+ * libFuzzer target for a multi-host job's hosts (cluster/hosts.h): the input goes, as a
  * NUL-terminated copy, to the host list parser (spare or not by its first byte), then whole
  * to the hostfile text parser appending to the same table, then the table goes to placement
  * with a few rank counts and an exclusion mask made of the input. A refusal must carry a
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "supervisor/hosts.h"
+#include "cluster/hosts.h"
 
 static rk_hosts g_hs;
 static rk_host g_snap[RK_HOSTS_MAX];

@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for the node link's payload parsers (supervisor/nodes.h): the input goes
+ * libFuzzer target for the node link's payload parsers (cluster/nodes.h): the input goes
  * whole to the key=value splitter and to the HELLO, WELCOME, reason, LAUNCH, LAUNCHED, OPEN,
  * EXITED, KILL, DATA and CLOSE parsers. A rejection
  * must be RK_EFORMAT with a one-line message and a zeroed result; an accepted message must
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/text.h"
-#include "supervisor/nodes.h"
+#include "cluster/nodes.h"
 
 static void check(int cond)
 {

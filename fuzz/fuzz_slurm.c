@@ -1,5 +1,5 @@
 /*
- * libFuzzer target for what rekindle reads from Slurm (supervisor/slurm.h): the input, as a
+ * libFuzzer target for what rekindle reads from Slurm (cluster/slurm.h): the input, as a
  * NUL-terminated copy, goes to the `scontrol show node` reader (into small and large
  * buffers) and to the `scontrol show hostnames` reader. A node's reason and address must be
  * NUL-terminated within their buffers; a host list accepted must hold only names that
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "supervisor/slurm.h"
+#include "cluster/slurm.h"
 
 static void check(int cond)
 {

@@ -1,5 +1,5 @@
 /*
- * Tests for a multi-host job's hosts (src/supervisor/hosts.c): host lists and hostfile texts
+ * Tests for a multi-host job's hosts (src/cluster/hosts.c): host lists and hostfile texts
  * that parse (names, IPv4 and IPv6 addresses, slots, comments, CRLF, max_slots) and every
  * refusal with its message (empty entries, spaces, bytes that are not printable ASCII and are
  * described, never quoted, slot counts, names, a host twice across lists and files, the
@@ -22,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "supervisor/hosts.h"
+#include "cluster/hosts.h"
 #include "testutil.h"
 
 RK_TEST_DIR_FIXTURE("test_hosts")

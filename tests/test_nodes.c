@@ -1,5 +1,5 @@
 /*
- * Tests for the node link's messages and the coordinator's table (src/supervisor/nodemsg.c,
+ * Tests for the node link's messages and the coordinator's table (src/cluster/nodemsg.c,
  * nodes.c): key=value payloads and their bounds, HELLO / WELCOME / reason round trips and
  * broken inputs, boot ids, job ids and HOST:PORT; then the table over 127.0.0.1 driven by a
  * hand-made agent: a HELLO is welcomed (node joined), a PING answered, silence is a loss after
@@ -22,10 +22,10 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "cluster/nodes.h"
 #include "net/peer.h"
 #include "net/sock.h"
 #include "net/stream.h"
-#include "supervisor/nodes.h"
 #include "testutil.h"
 
 RK_TEST_DIR_FIXTURE("test_nodes")

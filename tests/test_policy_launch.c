@@ -7,7 +7,8 @@
  * And the launch's choices (env.c, launch.c): a launcher's variables mapped to RANK,
  * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE for Open MPI, MPICH and Slurm; `auto` picking
  * mpirun for an ELF that needs libmpi.so or librekindle.so and local for anything else
- * (scripts, other ELFs, broken or cut files). A launch's end is in tests/test_policy.c.
+ * (scripts, other ELFs, broken or cut files); the ranks' environment (rk_rank_env_build). A
+ * launch's end is in tests/test_policy.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -531,6 +532,81 @@ static void write_elf(const char *path, const char *const *libs, size_t cut)
     fclose(f);
 }
 
+/* The ranks' environment, one builder for rk run's launcher and the node agent
+ * (rk_rank_env_build): every value asked for, nothing else; a field left out (NULL, -1, 0)
+ * sets nothing; RK_RESUME goes with RK_CKPT_DIR and RK_INJECT_DONE only with something in it;
+ * CUDA_DEVICE_ORDER is kept when the environment has one. */
+static void test_rank_env(void **state)
+{
+    (void)state;
+    static rk_rank_env e;
+    rk_err err = {0};
+    unsetenv("CUDA_DEVICE_ORDER");
+    rk_rank_env_opts full = {.heartbeat = "@rk-ab",
+                             .devices = "-,-,0,1",
+                             .by_host = 1,
+                             .launch = 3,
+                             .world = 4,
+                             .local_world = 2,
+                             .rank_base = 2,
+                             .master_addr = "h1",
+                             .master_port = 29500,
+                             .cuda_visible = "0,1",
+                             .omp_one = 1,
+                             .stack_dir = "/tmp/st",
+                             .ckpt_dir = "/ck",
+                             .inject = "crash@step=3",
+                             .inject_done = "0"};
+    assert_int_equal(rk_rank_env_build(&e, &full, &err), RK_OK);
+    static const char *const want[] = {"RK_HEARTBEAT=@rk-ab",
+                                       "RK_DEVICES=-,-,0,1",
+                                       "RK_DEVICES_BY_HOST=1",
+                                       "RK_LAUNCH=3",
+                                       "WORLD_SIZE=4",
+                                       "LOCAL_WORLD_SIZE=2",
+                                       "RK_RANK_BASE=2",
+                                       "MASTER_ADDR=h1",
+                                       "MASTER_PORT=29500",
+                                       "CUDA_VISIBLE_DEVICES=0,1",
+                                       "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+                                       "OMP_NUM_THREADS=1",
+                                       "TORCHELASTIC_RESTART_COUNT=3",
+                                       "RK_STACK_DIR=/tmp/st",
+                                       "RK_CKPT_DIR=/ck",
+                                       "RK_RESUME=1",
+                                       "RK_INJECT=crash@step=3",
+                                       "RK_INJECT_DONE=0"};
+    assert_int_equal(e.n, (int)(sizeof want / sizeof want[0]));
+    for (int i = 0; i < e.n; i++)
+        assert_string_equal(e.env[i], want[i]);
+    assert_null(e.env[e.n]);
+    assert_int_equal(rk_rank_env_add(&e, &err, "SLURM_HOSTFILE=%s", "/j/hostfile"), RK_OK);
+    assert_string_equal(e.env[e.n - 1], "SLURM_HOSTFILE=/j/hostfile");
+    assert_null(e.env[e.n]);
+
+    setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST", 1);
+    rk_rank_env_opts bare = {.heartbeat = "/tmp/s/hb.sock",
+                             .devices = "0",
+                             .launch = 0,
+                             .world = 1,
+                             .local_world = 1,
+                             .rank_base = -1,
+                             .inject = "nan@step=2",
+                             .inject_done = ""};
+    assert_int_equal(rk_rank_env_build(&e, &bare, &err), RK_OK);
+    static const char *const want_bare[] = {"RK_HEARTBEAT=/tmp/s/hb.sock",
+                                            "RK_DEVICES=0",
+                                            "RK_LAUNCH=0",
+                                            "WORLD_SIZE=1",
+                                            "LOCAL_WORLD_SIZE=1",
+                                            "TORCHELASTIC_RESTART_COUNT=0",
+                                            "RK_INJECT=nan@step=2"};
+    assert_int_equal(e.n, (int)(sizeof want_bare / sizeof want_bare[0]));
+    for (int i = 0; i < e.n; i++)
+        assert_string_equal(e.env[i], want_bare[i]);
+    unsetenv("CUDA_DEVICE_ORDER");
+}
+
 /* auto: mpirun for an ELF that needs libmpi.so*, MPICH's libmpich*.so* or librekindle.so*
  * and whenever launcher arguments are given; local for a script, an ELF needing neither, a
  * cut or missing file. */
@@ -603,7 +679,7 @@ int main(void)
         cmocka_unit_test(test_drain_rank),     cmocka_unit_test(test_stuck_ranks),
         cmocka_unit_test(test_teardown_due),   cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_storage_errnos), cmocka_unit_test(test_rank_env_map),
-        cmocka_unit_test(test_launch_pick),
+        cmocka_unit_test(test_launch_pick),    cmocka_unit_test(test_rank_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 /*
  * Tests for what rekindle reads from and writes to Slurm: the readers of `scontrol show node`
  * (both layouts, the reason's "[user@time]" cut, "(null)", DOWN and DRAIN) and `scontrol show
- * hostnames` (src/supervisor/slurm.c), node names, and rk doctor's drain reason and gres
+ * hostnames` (src/cluster/slurm.c), node names, and rk doctor's drain reason and gres
  * type (cli/doctor_slurm.c): one GPU, several, an unreadable one, the 255-byte bound with
  * "and N more", the bus id's short domain.
  */
@@ -15,8 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cluster/slurm.h"
 #include "doctor.h"
-#include "supervisor/slurm.h"
 
 static const char multi[] =
     "NodeName=node3 Arch=x86_64 CoresPerSocket=1 \n"

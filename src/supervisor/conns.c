@@ -21,16 +21,6 @@
 #define SAY_STRANGERS 5  /* messages about unidentified peers a window, then a count */
 #define STRANGERS_WINDOW_S 10.0
 
-void sup_say(const sup *s, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "rk run: [%6.1f s] ", rk_ledger_now(&s->g));
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-}
-
 /* The count of messages about strangers held back in a window that has ended (base/hush.h). */
 static void say_strangers_held(sup *s, double now)
 {
@@ -64,45 +54,6 @@ void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     sup_say(s, "%s", msg);
-}
-
-const char *sup_devname(const sup *s, int rank)
-{
-    if (rank < 0 || rank >= s->n)
-        return "";
-    return s->o->devices[s->dev[rank]];
-}
-
-rk_sup_conn *sup_by_rank(sup *s, int rank)
-{
-    for (int k = 0; k < s->nconn; k++)
-        if (s->c[k].rank == rank)
-            return &s->c[k];
-    return NULL;
-}
-
-/* One command to one rank, never blocking (a rank that does not read loses it). */
-static void send_cmd(const rk_sup_conn *c, rk_hb_cmd cmd)
-{
-    char line[RK_HB_CMD_LINE_MAX];
-    size_t len;
-    if (c->fd >= 0 && rk_hb_cmd_format(cmd, line, sizeof line, &len, NULL) == RK_OK)
-        (void)send(c->fd, line, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
-void sup_send_all(sup *s, rk_hb_cmd cmd)
-{
-    for (int k = 0; k < s->nconn; k++)
-        if (s->c[k].fd >= 0 && !s->c[k].bye)
-            send_cmd(&s->c[k], cmd);
-}
-
-void sup_stop_job(sup *s)
-{
-    if (s->stop_sent)
-        return;
-    sup_send_all(s, RK_HB_CMD_STOP);
-    s->stop_sent = 1;
 }
 
 /* ---- messages ------------------------------------------------------------------------------ */
@@ -286,7 +237,7 @@ static int on_line(void *ctx, const char *line, size_t len)
             s->first_launch = s->launch_no;
         }
         if (s->stop_sent) /* a stop went out before this rank connected: it must hear it */
-            send_cmd(c, RK_HB_CMD_STOP);
+            sup_send_cmd(c, RK_HB_CMD_STOP);
         return 0;
     }
     if (c->rank < 0 && c->ignored)
@@ -338,7 +289,7 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
 {
     if (c->fd >= 0)
         close(c->fd);
-    c->fd = -1; /* a relayed rank's channel ends when cluster.c reads this end's close */
+    c->fd = -1; /* a remote rank's stream ends when its backend reads this end's close */
     if (c->hushed)
         sup_say(s, "%d more messages about rank %d's connection were suppressed", c->hushed,
                 c->rank);
@@ -396,7 +347,7 @@ static rk_sup_conn *free_slot(sup *s)
     int strangers = 0;
     for (int k = 0; k < s->nconn && !c; k++) {
         rk_sup_conn *x = &s->c[k];
-        if (x->fd < 0 && x->rank < 0 && x->relay < 0)
+        if (x->fd < 0 && x->rank < 0)
             c = x;
         else if (x->fd >= 0 && x->rank < 0) {
             strangers++;
@@ -417,14 +368,34 @@ static rk_sup_conn *free_slot(sup *s)
         c->fd = -1;
         c->rank = -1;
         c->node = -1;
-        c->relay = -1;
     }
     return c;
 }
 
-rk_sup_conn *sup_new_conn(sup *s)
+int sup_add_remote_conn(sup *s, int fd, int node, uint32_t chan, long pid)
 {
-    return free_slot(s);
+    rk_sup_conn *c = free_slot(s);
+    if (!c) {
+        close(fd);
+        return -1;
+    }
+    c->fd = fd;
+    c->node = node;
+    c->chan = chan;
+    c->pid = c->nspid = pid; /* the backend checked the process there (its keeper's tree) */
+    c->owned = 1;
+    c->since = c->last = rk_ledger_now(&s->g);
+    return 0;
+}
+
+int sup_drain_conn(sup *s, int fd)
+{
+    for (int k = 0; k < s->nconn; k++)
+        if (s->c[k].fd == fd && fd >= 0) {
+            sup_read_conn(s, &s->c[k]);
+            return 0;
+        }
+    return -1;
 }
 
 /* Accept what is waiting (a bounded batch) and read each at once: a rank's hello is already
@@ -477,8 +448,5 @@ void sup_close_conns(sup *s)
         if (s->c[k].fd >= 0)
             close(s->c[k].fd);
         s->c[k].fd = -1;
-        if (s->c[k].relay >= 0)
-            close(s->c[k].relay);
-        s->c[k].relay = -1;
     }
 }

@@ -25,6 +25,38 @@ void sup_record(sup *s, const char *kind, int rank, const char *device, const ch
     }
 }
 
+void sup_quarantine_device(sup *s, int d)
+{
+    if (s->devs[d].quarantined)
+        return;
+    s->devs[d].quarantined = 1;
+    s->g.quarantined++; /* the summary's count: a node's devices go with it */
+}
+
+int64_t sup_steps_done(const sup *s)
+{
+    return s->g.first_step >= 0 && s->last_done > s->g.first_step ? s->last_done - s->g.first_step
+                                                                  : 0;
+}
+
+/* 1 if the backend reads the devices' health (the agents over the hosts, with --health). */
+static int remote_health(const sup *s)
+{
+    return s->b.ops->health && s->o->health;
+}
+
+/* 1 if device d's host is down or quarantined (over the hosts). */
+static int node_down(const sup *s, int d)
+{
+    return s->b.ops->node_up && !s->b.ops->node_up(s->b.ctx, d);
+}
+
+/* 1 if device d's last reading came from a simulated GPU, as the backend's host read it. */
+static int remote_sim(const sup *s, int d)
+{
+    return s->b.ops->health_sim && s->b.ops->health_sim(s->b.ctx, d);
+}
+
 void sup_count_failure(sup *s, int rank, const char *why)
 {
     if (rank < 0 || rank >= s->n)
@@ -54,24 +86,16 @@ static rk_sup_health reading(sup *s, int d, int worst, char *why, size_t cap)
 {
     rk_sup_health h = {.lost = 0, .fatal = 0, .score = 100, .prob = -1.0};
     why[0] = '\0';
-    if (sup_cluster_health(s, d, worst, &h, why, cap) || !s->gate)
+    if ((remote_health(s) && s->b.ops->health(s->b.ctx, d, worst, &h, why, cap)) || !s->gate)
         return h;
-    const char *id = s->o->devices[d];
-    h.lost = rk_gate_lost(s->gate, id);
-    if (worst)
-        rk_gate_take_worst(s->gate, id, &h.score, &h.prob, why, cap);
-    else {
-        h.score = rk_gate_score(s->gate, id, why, cap);
-        h.prob = rk_gate_prob(s->gate, id);
-    }
-    return h;
+    return rk_gate_reading(s->gate, s->o->devices[d], worst, why, cap);
 }
 
 /* The gate's reading of every device into the gate file (--gate-log). */
 static void record_reading(sup *s)
 {
     const rk_sup_opts *o = s->o;
-    if (!s->g.gatelog || (!s->gate && !(s->cl && o->health)))
+    if (!s->g.gatelog || (!s->gate && !remote_health(s)))
         return;
     static rk_runlog_rec rec[RK_SUP_MAX_DEVICES];
     int n = 0;
@@ -84,7 +108,7 @@ static void record_reading(sup *s)
         r->score = h.score < 0 ? 0 : h.score > 100 ? 100 : h.score;
         r->lost = h.lost != 0;
         r->temperature_c = s->gate ? rk_gate_temperature(s->gate, o->devices[d]) : NAN;
-        r->simulated = is_sim(s) || sup_cluster_health_sim(s, d);
+        r->simulated = is_sim(s) || remote_sim(s, d);
         r->threshold = s->rules.threshold;
         if (r->device[0] && strlen(o->devices[d]) < sizeof r->device)
             n++;
@@ -117,10 +141,10 @@ int sup_pick_devices(sup *s)
         char drop[8];
         if (s->gate && rk_gate_knows(s->gate, o->devices[d])) /* a launch starts afresh */
             rk_gate_take_worst(s->gate, o->devices[d], &(int){0}, &(double){0}, drop, 0);
-        if (s->cl && !sup_cluster_node_up(s, d)) { /* its host is down or quarantined */
+        if (node_down(s, d)) { /* its host is down or quarantined */
             h[d].lost = 1;
             snprintf(why[d], sizeof why[d], "node %s is not connected",
-                     sup_cluster_node_name(s, d));
+                     s->b.ops->node_name(s->b.ctx, d));
         }
     }
     s->n = rk_sup_pick_devices(&s->rules, o->ndevices, h, s->devs, o->n, s->dev, pick);
@@ -129,10 +153,10 @@ int sup_pick_devices(sup *s)
         const char *w = why[d][0] ? why[d] : "below the margin to come back";
         switch (pick[d].why) {
         case RK_SUP_OUT_LOST:
-            if (s->cl && !sup_cluster_node_up(s, d))
+            if (node_down(s, d))
                 break; /* said once per node, not per device */
             sup_say(s, "health gate: device %s left out of this launch: the GPU is gone%s", id,
-                    is_sim(s) || sup_cluster_health_sim(s, d) ? " (simulated)" : "");
+                    is_sim(s) || remote_sim(s, d) ? " (simulated)" : "");
             break;
         case RK_SUP_OUT_SCORE:
             sup_record(s, "health_gate", -1, id, "left_out", "score %d below %.0f: %s", h[d].score,
@@ -210,8 +234,8 @@ static int deliver_sim_failures(sup *s)
 void sup_gate_tick(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (!rk_sup_gate_due(s->gate != NULL || (s->cl && s->o->health), s->failing, s->stop_sent,
-                         s->hellos, s->n, now, s->last_gate, s->o->health_interval_s))
+    if (!rk_sup_gate_due(s->gate != NULL || remote_health(s), s->failing, s->stop_sent, s->hellos,
+                         s->n, now, s->last_gate, s->o->health_interval_s))
         return;
     sample(s);
     if (is_sim(s) && deliver_sim_failures(s))

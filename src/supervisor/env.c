@@ -1,7 +1,8 @@
 /*
  * The environment rk run gives every rank besides the heartbeat's (docs/run.md, "The ranks'
  * environment"): the torch variables common to all ranks (a free MASTER_PORT, the devices in
- * CUDA_VISIBLE_DEVICES), the rekindle Python package on PYTHONPATH, and the per-rank mapping
+ * CUDA_VISIBLE_DEVICES), the rekindle Python package on PYTHONPATH, built once for rk run's
+ * launcher and the node agent (rk_rank_env_build), and the per-rank mapping
  * of a launcher's variables to RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE that
  * `rk _rank-env` applies under mpirun and srun.
  */
@@ -10,6 +11,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,81 @@ const char *rk_env_python_dir(char *buf, size_t cap, char *why, size_t wcap)
 /* ---- rk _rank-env ------------------------------------------------------------------------ */
 
 /* A decimal integer 0..max from the whole of `s`; -1 otherwise. */
+int rk_rank_env_add(rk_rank_env *e, rk_err *err, const char *fmt, ...)
+{
+    if (e->n >= RK_RANK_ENV_MAX)
+        return rk_err_set(err, RK_EINVAL, "more than %d variables for the ranks", RK_RANK_ENV_MAX);
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(e->buf + e->used, sizeof e->buf - e->used, fmt, ap);
+    va_end(ap);
+    if (w < 0 || (size_t)w >= sizeof e->buf - e->used) {
+        e->buf[e->used] = '\0';
+        return rk_err_set(err, RK_EINVAL, "the ranks' environment is longer than %zu bytes",
+                          sizeof e->buf);
+    }
+    e->env[e->n++] = e->buf + e->used;
+    e->env[e->n] = NULL;
+    e->used += (size_t)w + 1;
+    return RK_OK;
+}
+
+int rk_rank_env_build(rk_rank_env *e, const rk_rank_env_opts *o, rk_err *err)
+{
+    e->n = 0;
+    e->used = 0;
+    e->env[0] = NULL;
+    e->why[0] = '\0';
+    int rc = rk_rank_env_add(e, err, "RK_HEARTBEAT=%s", o->heartbeat);
+    if (!rc)
+        rc = rk_rank_env_add(e, err, "RK_DEVICES=%s", o->devices);
+    if (!rc && o->by_host)
+        rc = rk_rank_env_add(e, err, "RK_DEVICES_BY_HOST=1");
+    if (!rc)
+        rc = rk_rank_env_add(e, err, "RK_LAUNCH=%d", o->launch);
+    /* what torch.distributed and torchrun's users read (RANK and LOCAL_RANK: per rank, set by
+     * the keeper or by rk _rank-env; docs/run.md) */
+    if (!rc)
+        rc = rk_rank_env_add(e, err, "WORLD_SIZE=%d", o->world);
+    if (!rc)
+        rc = rk_rank_env_add(e, err, "LOCAL_WORLD_SIZE=%d", o->local_world);
+    if (!rc && o->rank_base >= 0)
+        rc = rk_rank_env_add(e, err, "RK_RANK_BASE=%d", o->rank_base);
+    if (!rc && o->master_addr)
+        rc = rk_rank_env_add(e, err, "MASTER_ADDR=%s", o->master_addr);
+    if (!rc && o->master_port > 0)
+        rc = rk_rank_env_add(e, err, "MASTER_PORT=%d", o->master_port);
+    if (!rc && o->cuda_visible)
+        rc = rk_rank_env_add(e, err, "CUDA_VISIBLE_DEVICES=%s", o->cuda_visible);
+    if (!rc && !getenv("CUDA_DEVICE_ORDER")) /* CUDA's numbering is then NVML's, the ids' */
+        rc = rk_rank_env_add(e, err, "CUDA_DEVICE_ORDER=PCI_BUS_ID");
+    if (!rc && o->omp_one)
+        rc = rk_rank_env_add(e, err, "OMP_NUM_THREADS=1");
+    if (!rc)
+        rc = rk_rank_env_add(e, err, "TORCHELASTIC_RESTART_COUNT=%d", o->launch);
+    if (!rc && o->stack_dir)
+        rc = rk_rank_env_add(e, err, "RK_STACK_DIR=%s", o->stack_dir);
+    if (!rc && o->pythonpath) {
+        char dir[4096];
+        const char *old = getenv("PYTHONPATH");
+        if (rk_env_python_dir(dir, sizeof dir, e->why, sizeof e->why)) {
+            e->why[0] = '\0';  /* one found: no need to say why another was skipped */
+            rk_err skip = {0}; /* too long: left as it is */
+            (void)rk_rank_env_add(e, &skip, "PYTHONPATH=%s%s%s", dir, old && *old ? ":" : "",
+                                  old ? old : "");
+        }
+    }
+    if (!rc && o->ckpt_dir)
+        rc = rk_rank_env_add(e, err, "RK_CKPT_DIR=%s", o->ckpt_dir);
+    if (!rc && o->ckpt_dir)
+        rc = rk_rank_env_add(e, err, "RK_RESUME=1");
+    if (!rc && o->inject)
+        rc = rk_rank_env_add(e, err, "RK_INJECT=%s", o->inject);
+    if (!rc && o->inject && o->inject_done && o->inject_done[0])
+        rc = rk_rank_env_add(e, err, "RK_INJECT_DONE=%s", o->inject_done);
+    return rc;
+}
+
 static long whole_int(const char *s, long max)
 {
     if (!s || !*s)

@@ -324,3 +324,16 @@ const char *rk_gate_backend(const rk_gate *g)
 {
     return rk_telemetry_backend(g->t);
 }
+
+rk_sup_health rk_gate_reading(rk_gate *g, const char *id, int worst, char *why, size_t cap)
+{
+    rk_sup_health h = {.lost = 0, .fatal = 0, .score = 100, .prob = -1.0};
+    h.lost = rk_gate_lost(g, id);
+    if (worst) {
+        rk_gate_take_worst(g, id, &h.score, &h.prob, why, cap);
+    } else {
+        h.score = rk_gate_score(g, id, why, cap);
+        h.prob = rk_gate_prob(g, id);
+    }
+    return h;
+}

@@ -5,8 +5,9 @@
  * launch; up to 2 s for $RK_STACK_DIR/stacks-rank<R>-launch<L>.txt to appear and stop
  * growing; what it wrote copied to rk run's stderr (bounded, a regular file opened with
  * O_NOFOLLOW, control characters removed, each line prefixed), its path kept for the event
- * only when something was copied. A rank on another host (a node's channel) is asked through
- * its agent (cluster.c: STACKS), whose answer lands in the same file here.
+ * only when something was copied. A rank on another host (a connection of the backend's) is
+ * asked through the backend (backend.h: ask_stacks; the cluster's agent), whose answer lands
+ * in the same file here (sup_stack_append).
  */
 #include "supervisor/sup.h"
 
@@ -28,7 +29,7 @@
 
 typedef struct dump {
     int rank;
-    rk_sup_conn *remote; /* a rank on another host: its agent sends the dump */
+    rk_sup_conn *remote; /* a rank on another host: its backend sends the dump */
     char path[4200];
     rk_stack_wait w; /* its file since the signal */
 } dump;
@@ -82,8 +83,28 @@ static void nap_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+long sup_stack_append(sup *s, int rank, const void *bytes, size_t n)
+{
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/stacks-rank%d-launch%d.txt", s->stack_dir, rank,
+                         s->launch_no) >= sizeof path)
+        return -1;
+    int fd = open(
+        path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { /* not a FIFO or device */
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    ssize_t w = write(fd, bytes, n);
+    close(fd);
+    return w > 0 ? (long)w : 0;
+}
+
 void sup_dump_stacks(sup *s, const int *stuck)
 {
+    int remote = s->b.ops->ask_stacks != NULL; /* ranks on other hosts may be asked */
     static dump d[RK_SUP_MAX_DEVICES];
     int nd = 0;
     s->stacks[0] = '\0';
@@ -97,7 +118,7 @@ void sup_dump_stacks(sup *s, const int *stuck)
          * its to signal) */
         if (c->node < 0 && !rk_launch_owns(&s->l, (pid_t)c->pid)) /* never a pid it named */
             continue;
-        if (c->node >= 0 && !sup_cluster_runs_ranks(s))
+        if (c->node >= 0 && !s->b.ops->ask_stacks)
             continue;
         dump *x = &d[nd];
         x->rank = r;
@@ -106,28 +127,31 @@ void sup_dump_stacks(sup *s, const int *stuck)
                              r, s->launch_no) >= sizeof x->path)
             continue;
         rk_stack_wait_begin(&x->w, x->path, rk_ledger_now(&s->g));
-        if (x->remote ? sup_cluster_ask_stacks(s, c) != 0 : kill((pid_t)c->pid, SIGUSR1) != 0)
+        if (x->remote ? s->b.ops->ask_stacks(s->b.ctx, c->node, c->chan, r) != 0
+                      : kill((pid_t)c->pid, SIGUSR1) != 0)
             continue;
         nd++;
     }
     if (!nd)
         return;
     sup_say(s, "asked %d hung rank%s for %s stacks (SIGUSR1%s)", nd, nd == 1 ? "" : "s",
-            nd == 1 ? "its" : "their", s->cl ? ", from its host's agent for a rank there" : "");
+            nd == 1 ? "its" : "their", remote ? ", from its host's agent for a rank there" : "");
     double t0 = rk_ledger_now(&s->g);
     for (;;) {
         double now = rk_ledger_now(&s->g);
         int waiting = 0;
         for (int k = 0; k < nd; k++) {
             int complete = rk_stack_wait_complete(&d[k].w, d[k].path, now);
-            if (d[k].remote ? !d[k].remote->stack_end : !complete)
+            if (d[k].remote ? !s->b.ops->stacks_done(s->b.ctx, d[k].remote->node, d[k].remote->chan)
+                            : !complete)
                 waiting++;
         }
         /* a remote dump: the agent's own wait, then the transfer */
-        if (!waiting || now - t0 >= (s->cl ? RK_STACKS_WAIT_S + STACKS_REMOTE_S : RK_STACKS_WAIT_S))
+        if (!waiting ||
+            now - t0 >= (remote ? RK_STACKS_WAIT_S + STACKS_REMOTE_S : RK_STACKS_WAIT_S))
             break;
-        if (s->cl)
-            sup_cluster_tick(s, 0.05); /* the agents' answers come on the node link */
+        if (s->b.ops->pump)
+            s->b.ops->pump(s->b.ctx, 0.05); /* the agents' answers come on the node link */
         else
             nap_ms(50);
     }

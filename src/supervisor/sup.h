@@ -3,7 +3,8 @@
  * shares between its files. run.c runs the job (setup, launches, relaunches, the report);
  * watch.c watches one launch (poll, timeouts, teardown, the verdict); conns.c the ranks'
  * heartbeat connections (accept, hello, messages, commands); drain.c the devices (pick,
- * quarantine, the health gate's readings and the drain). Every decision is policy.h's.
+ * quarantine, the health gate's readings and the drain); job.c the acts they share (say,
+ * stop, fail), calling none of them. Every decision is policy.h's.
  */
 #ifndef RK_SUPERVISOR_SUP_H
 #define RK_SUPERVISOR_SUP_H
@@ -15,6 +16,7 @@
 #include "base/hush.h"
 #include "rekindle/heartbeat.h"
 #include "rekindle/inject.h"
+#include "supervisor/backend.h"
 #include "supervisor/policy.h"
 #include "supervisor/supervisor.h"
 
@@ -45,18 +47,11 @@ typedef struct rk_sup_conn {
     int ignored;  /* a process of the launch whose hello was ignored (conns.c): what it says
                    * after is dropped, the connection kept (closing it would end the process
                    * before another one says the same rank) */
-    /* a rank on another host (cluster.c): its stream comes through a socketpair whose other
-     * end (relay) the node link feeds; pid is the rank's own, on that host */
+    /* a rank on another host (sup_add_remote_conn): its stream comes from the backend, which
+     * names it (node, chan); pid is the rank's own, on that host */
     int node;      /* -1: a local connection */
-    uint32_t chan; /* the channel on the node's link */
-    int relay;     /* the socketpair's other end, -1 none */
-    /* its stacks asked of its agent (stacks.c): bytes written here so far, and STACK_END */
-    int stack_asked;
-    size_t stack_bytes;
-    int stack_end;
+    uint32_t chan; /* the backend's name of the stream on that node */
 } rk_sup_conn;
-
-typedef struct sup_cluster sup_cluster;
 
 typedef struct sup {
     const rk_sup_opts *o;
@@ -115,25 +110,26 @@ typedef struct sup {
     rk_gate *gate;        /* the health gate, NULL without --health */
     double last_gate;     /* when the gate last read the GPUs */
     rk_sup_rules rules;
-    sup_cluster *cl; /* a job over many hosts (cluster.c), NULL on one */
+    rk_sup_backend b; /* what runs the launches (backend.h): launcher.c's, or a cluster's */
 } sup;
 
-/* SIGINT, SIGTERM and SIGHUP seen (run.c's handler counts them). */
-extern volatile sig_atomic_t rk_sup_interrupted;
+/* ---- job.c: the shared acts (and sup_say, sup_fail, sup_failing, sup_fail_node: backend.h) -- */
 
-/* ---- conns.c ------------------------------------------------------------------------------- */
-
-/* A live status line on stderr: "rk run: [  12.3 s] ...". */
-void sup_say(const sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* A message about a connection (NULL: a peer that said no hello), rate-limited. */
-void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Rank `rank`'s device id, "" if none. */
 const char *sup_devname(const sup *s, int rank);
 rk_sup_conn *sup_by_rank(sup *s, int rank);
+/* One command to one rank, never blocking (a rank that does not read loses it). */
+void sup_send_cmd(const rk_sup_conn *c, rk_hb_cmd cmd);
 /* Send a command to every rank that has not said bye (rk_hb_cmd_format). */
 void sup_send_all(sup *s, rk_hb_cmd cmd);
 /* Ask every rank to checkpoint and stop (once a launch; later ranks hear it at hello). */
 void sup_stop_job(sup *s);
+
+/* ---- conns.c ------------------------------------------------------------------------------- */
+
+/* sup_add_remote_conn, sup_drain_conn: backend.h */
+/* A message about a connection (NULL: a peer that said no hello), rate-limited. */
+void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Accept waiting connections and read each at once; close those silent too long. */
 void sup_accept(sup *s);
 void sup_expire_strangers(sup *s);
@@ -142,69 +138,11 @@ void sup_expire_strangers(sup *s);
 int sup_read_conn(sup *s, rk_sup_conn *c);
 /* Close every connection of the launch. */
 void sup_close_conns(sup *s);
-/* A cleared slot for a new connection (fd -1, rank -1, node -1, relay -1), NULL if none. */
-rk_sup_conn *sup_new_conn(sup *s);
-
-/* ---- cluster.c: a job over many hosts (o->hosts) --------------------------------------------- */
-
-/* Listen on --listen, start every host's agent through --rsh, wait for them to join. */
-int sup_cluster_open(sup *s, rk_err *err);
-/* BYE to the agents, wait for them to exit (then SIGKILL the rsh processes we started). */
-void sup_cluster_close(sup *s);
-/* Read the node link (waiting up to wait_s), relay the ranks' channels, reap agents; act on
- * the nodes lost (the launch's failure: s->seen.node_lost), and once a failure is seen, ask
- * the launch's nodes whether they are alive and weigh their answers (rk_sup_node_blame). */
-void sup_cluster_tick(sup *s, double wait_s);
-/* Before the launch's failure is blamed on a device: wait until every node of the launch
- * answered after it, or one is lost (then s->seen.node_lost is set: the cause), at most the
- * node timeout and a second. */
-void sup_cluster_blame(sup *s);
-/* Start launch s->launch_no + 1 on the nodes of s->dev (rank 0's first: its port). `done`:
- * RK_INJECT_DONE's list. */
-int sup_cluster_launch(sup *s, const char *done, rk_err *err);
-/* 1 if the agents start the ranks (mode local); 0 when one mpirun across the hosts does
- * (the agents watch the ranks that connect to their abstract socket). */
-int sup_cluster_runs_ranks(const sup *s);
-/* The ranks' RK_HEARTBEAT under mpirun: "@rk-JOBID" (an abstract socket on every host);
- * under srun "@rk-JOBID-{node}", which rk _rank-env ends with the rank's SLURMD_NODENAME
- * (the nodes may share one network namespace, and with it the abstract names). */
-const char *sup_cluster_socket(const sup *s, char *buf, size_t cap);
-/* mpirun's --host for this launch: "h1:2,h2:2". */
-const char *sup_cluster_host_list(const sup *s, char *buf, size_t cap);
-/* srun's placement of this launch: hostfile gets rank r's node on line r (SLURM_HOSTFILE, for
- * --distribution=arbitrary), excl the nodes out of it that are lost or quarantined ("node2",
- * "" none; at most cap bytes). The count of nodes used, or an error. */
-int sup_cluster_srun_hosts(const sup *s, const char *hostfile, char *excl, size_t cap, rk_err *err);
-/* Rank 0's host: its address (under Slurm its NodeAddr), else its name. */
-const char *sup_cluster_master(const sup *s);
-/* As rk_launch_poll: 1 once every node in use ended (s->l.exited, s->l.status set). */
-int sup_cluster_poll(sup *s);
-/* As rk_launch_failed_rank: the global rank whose failure ended its node first, once. */
-int sup_cluster_failed_rank(sup *s);
-/* KILL to every node in use, then wait up to grace_s + a few seconds for their EXITED. */
-void sup_cluster_kill(sup *s, double grace_s);
-/* KILL to every node in use that has not ended, without waiting. */
-void sup_cluster_kill_ranks(sup *s, double grace_s);
-/* 1 if device d's node is connected and not quarantined. */
-int sup_cluster_node_up(const sup *s, int d);
-/* Device d's host name. */
-const char *sup_cluster_node_name(const sup *s, int d);
-/* Ask the agent of remote connection c for its rank's stacks (STACKS): its answer is appended
- * to s->stack_dir/stacks-rank<R>-launch<L>.txt (created 0600, not through a link; at most
- * 64 KiB) and c->stack_end set at its end. 0 if asked, -1 if the node cannot be reached. */
-int sup_cluster_ask_stacks(sup *s, rk_sup_conn *c);
-/* With --health over the hosts: device d's last reading from its agent into *h and why[cap]
- * (a sound one before any came), or with `worst` the worst of those that came since the last
- * such look (then forgotten), returning 1; 0 without (not a cluster, or no --health). */
-int sup_cluster_health(sup *s, int d, int worst, rk_sup_health *h, char *why, size_t cap);
-/* 1 if device d's last reading came from a simulated GPU. */
-int sup_cluster_health_sim(const sup *s, int d);
 
 /* ---- watch.c ------------------------------------------------------------------------------- */
 
-/* A failure seen in this launch (the first one counts), with the incident's detail; who is
- * to blame is the verdict's (policy.h), from what the loop saw. */
-void sup_fail(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* sup_fail, sup_failing, sup_fail_node: backend.h (who is to blame is the verdict's,
+ * policy.h, from what the loop saw) */
 /* Watch one launch until it ends: the verdict's next step (also in s->v, its detail in
  * s->vdetail). */
 rk_sup_next sup_watch(sup *s);
@@ -227,9 +165,15 @@ int sup_pick_devices(sup *s);
 /* During a run: read the GPUs when due; kill a rank whose simulated GPU failed; drain one
  * the gate or predictor says to. */
 void sup_gate_tick(sup *s);
-/* An incident that is final at once (no steps lost): to the events file now. */
-void sup_record(sup *s, const char *kind, int rank, const char *device, const char *action,
-                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* sup_record, sup_quarantine_device, sup_steps_done: backend.h */
+
+/* ---- launcher.c (and sup_launcher_*: backend.h) ------------------------------------------- */
+
+/* 1 if the ranks may run on other hosts: srun, or launcher arguments that name hosts. */
+int sup_may_span_hosts(const rk_sup_opts *o);
+/* 1 if each rank gets OMP_NUM_THREADS=1 (several share this host's CPUs, the user did not
+ * choose). */
+int sup_omp_one(const rk_sup_opts *o);
 
 /* ---- run.c --------------------------------------------------------------------------------- */
 

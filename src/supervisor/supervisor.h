@@ -7,7 +7,8 @@
  * job: launches, relaunches, the report), watch.c (one launch), conns.c (the ranks'
  * connections), drain.c (devices: pick, quarantine, drain), gate.c (the health gate),
  * policy.c (every decision: policy.h), ledger.c (events file, summary JSON). sup.h is what
- * the loop's files share.
+ * the loop's files share. The launches run through a backend table (backend.h): launcher.c's
+ * (this host's launcher, the default), or another room's (src/cluster: many hosts).
  */
 #ifndef RK_SUPERVISOR_H
 #define RK_SUPERVISOR_H
@@ -35,7 +36,7 @@ typedef enum rk_launcher {
     RK_LAUNCH_AUTO
 } rk_launcher;
 
-/* A host of a job over many hosts (cluster.c). */
+/* A host of a job over many hosts (src/cluster). */
 typedef struct rk_sup_host {
     const char *name; /* what --rsh reaches it by (under Slurm: its node name) */
     const char *addr; /* MASTER_ADDR when it holds rank 0 (under Slurm: its NodeAddr); NULL:
@@ -216,6 +217,45 @@ int rk_env_free_port(void);
  * neither holds it. A directory (or its rekindle/) writable by group or others, or owned by
  * another user than the effective one or root, is skipped: why in why[wcap] ("" if none). */
 const char *rk_env_python_dir(char *buf, size_t cap, char *why, size_t wcap);
+/* What one launch's ranks are told besides their launcher's variables (docs/run.md, "The
+ * ranks' environment"): the one builder for rk run's launcher (launcher.c) and the node agent
+ * (cluster/agent_job.c). A field that is 0, -1 or NULL as said: the variable is not set. */
+typedef struct rk_rank_env_opts {
+    const char *heartbeat;    /* RK_HEARTBEAT */
+    const char *devices;      /* RK_DEVICES: the launch's device ids by global rank, "0,1" */
+    int by_host;              /* RK_DEVICES_BY_HOST=1 (HOST:INDEX ids: rk _rank-env sets each
+                               * rank's CUDA_VISIBLE_DEVICES) */
+    int launch;               /* RK_LAUNCH and TORCHELASTIC_RESTART_COUNT */
+    int world, local_world;   /* WORLD_SIZE, LOCAL_WORLD_SIZE */
+    int rank_base;            /* RK_RANK_BASE: this host's first global rank (-1: not set) */
+    const char *master_addr;  /* MASTER_ADDR (NULL: not set) */
+    int master_port;          /* MASTER_PORT (0: not set) */
+    const char *cuda_visible; /* CUDA_VISIBLE_DEVICES (NULL: not set); CUDA_DEVICE_ORDER is
+                               * PCI_BUS_ID unless the environment has one */
+    int omp_one;              /* OMP_NUM_THREADS=1 */
+    const char *stack_dir;    /* RK_STACK_DIR (NULL: not set) */
+    int pythonpath;           /* PYTHONPATH: the rekindle package's directory first */
+    const char *ckpt_dir;     /* RK_CKPT_DIR, and RK_RESUME=1 (NULL: neither) */
+    const char *inject;       /* RK_INJECT (NULL: not set) */
+    const char *inject_done;  /* RK_INJECT_DONE with RK_INJECT (NULL or "": not set) */
+} rk_rank_env_opts;
+
+#define RK_RANK_ENV_MAX 40 /* variables of one rank_env, the launcher's own added after */
+
+typedef struct rk_rank_env {
+    const char *env[RK_RANK_ENV_MAX + 1]; /* NAME=VALUE, n of them, then NULL */
+    int n;
+    char why[4200]; /* the Python package's directory was skipped: why ("" if not) */
+    char buf[RK_SUP_MAX_DEVICES * 600 + 32768]; /* what env points into */
+    size_t used;
+} rk_rank_env;
+
+/* Build *e from o (e is large: make it static). RK_EINVAL if a value does not fit. */
+int rk_rank_env_build(rk_rank_env *e, const rk_rank_env_opts *o, rk_err *err);
+/* Add one more NAME=VALUE (a copy) to e, RK_EINVAL if it does not fit. */
+int rk_rank_env_add(rk_rank_env *e, rk_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* A rank's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (out[0..3]) from its launcher's
  * variables, read through `get` (getenv): Open MPI's OMPI_COMM_WORLD_*, else MPICH's PMI_RANK,
  * PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS, else Slurm's SLURM_PROCID, SLURM_NTASKS,
@@ -248,6 +288,10 @@ void rk_gate_set_progress(rk_gate *g, int64_t steps);
  * forgets them. A driven fleet reads many minutes a sample: a score that dipped below the
  * threshold at one of them counts, whenever the sample came. -1 if `id` names no GPU. */
 int rk_gate_take_worst(rk_gate *g, const char *id, int *score, double *prob, char *why, size_t cap);
+/* Device `id`'s reading, the one of rk run's drain and of the node agent's HEALTH: gone or
+ * not, and either the latest score and probability or, with `worst`, the worst since the last
+ * such look (rk_gate_take_worst, which forgets them), its worst finding in why[cap]. */
+rk_sup_health rk_gate_reading(rk_gate *g, const char *id, int worst, char *why, size_t cap);
 /* The latest score of device `id` (0..100), or -1 when it names no GPU; the worst finding's
  * code and message in `why` when below the threshold. */
 int rk_gate_score(const rk_gate *g, const char *id, char *why, size_t cap);

@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 
 #include "base/clock.h"
@@ -32,18 +31,6 @@
 #define PACE_S 0.050
 #define READ_ROUNDS 16
 
-void sup_fail(sup *s, const char *fmt, ...)
-{
-    if (s->failing)
-        return;
-    s->failing = 1;
-    s->ftime = rk_ledger_now(&s->g);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(s->fdetail, sizeof s->fdetail, fmt, ap);
-    va_end(ap);
-}
-
 const char *sup_verdict_kind(const sup *s)
 {
     if (s->v.kind == RK_SUP_KIND_OTHER)
@@ -56,13 +43,7 @@ const char *sup_verdict_kind(const sup *s)
  * by the kernel, never by the pids workers reported; ranks that never said hello too. */
 static void teardown(sup *s, double grace)
 {
-    if (sup_cluster_runs_ranks(s))
-        sup_cluster_kill(s, grace);
-    else {
-        if (s->cl) /* mpirun across the hosts: the agents end what they watch at once */
-            sup_cluster_kill_ranks(s, 0);
-        rk_launch_kill(&s->l, grace);
-    }
+    s->b.ops->kill(s->b.ctx, grace);
     sup_close_conns(s);
 }
 
@@ -167,12 +148,12 @@ static rk_sup_next judge(sup *s, int exited, int code)
     e->stop_sent = s->stop_sent;
     e->interrupted = rk_sup_interrupted != 0;
     rk_sup_classify(e, &s->v);
-    if (s->cl && s->v.next == RK_SUP_RELAUNCH && s->v.kind != RK_SUP_KIND_NONE &&
+    if (s->b.ops->blame && s->v.next == RK_SUP_RELAUNCH && s->v.kind != RK_SUP_KIND_NONE &&
         s->v.kind != RK_SUP_KIND_NODE_LOST) {
         /* many hosts: a failure that a node's loss would explain is judged only once every
-         * node of the launch says it is alive; a node lost with it is its cause (cluster.c,
+         * node of the launch says it is alive; a node lost with it is its cause (the backend,
          * policy.h) */
-        sup_cluster_blame(s);
+        s->b.ops->blame(s->b.ctx);
         if (e->node_lost >= 0)
             rk_sup_classify(e, &s->v);
     }
@@ -296,8 +277,8 @@ rk_sup_next sup_watch(sup *s)
     double last = 0;
     for (;;) {
         pace(s, &last);
-        if (s->cl) /* the node link: the remote ranks' streams into their socketpairs */
-            sup_cluster_tick(s, 0);
+        if (s->b.ops->pump) /* the backend's link: the remote ranks' streams, its nodes */
+            s->b.ops->pump(s->b.ctx, 0);
         if (on_interrupt(s))
             return RK_SUP_INTERRUPTED;
         struct pollfd p[RK_SUP_MAX_CONNS + 1];
@@ -309,11 +290,10 @@ rk_sup_next sup_watch(sup *s)
                 map[np - 1] = k;
                 p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
             }
-        int r = poll(p, (nfds_t)np, s->cl ? 0 : TICK_MS);
+        int r = poll(p, (nfds_t)np, s->b.ops->pump ? 0 : TICK_MS);
         /* local: the rank that failed first, as the keeper saw it, is read before the ranks
          * it killed for it (their connections may close in the same round) */
-        int failed =
-            sup_cluster_runs_ranks(s) ? sup_cluster_failed_rank(s) : rk_launch_failed_rank(&s->l);
+        int failed = s->b.ops->failed_rank(s->b.ctx);
         if (failed >= 0 && s->seen.failed_rank < 0)
             s->seen.failed_rank = failed;
         rk_sup_conn *first = failed >= 0 ? sup_by_rank(s, failed) : NULL;
@@ -342,15 +322,14 @@ rk_sup_next sup_watch(sup *s)
         check_timeouts(s);
         sup_gate_tick(s);
         status_line(s);
-        if (sup_cluster_runs_ranks(s) ? sup_cluster_poll(s) : rk_launch_poll(&s->l)) {
+        int code;
+        if (s->b.ops->poll(s->b.ctx, &code)) {
             /* read what the ranks said last before judging: a rank that connected, spoke and
              * exited within one pace still waits in the listen backlog, not yet accepted */
             sup_accept(s);
             for (int k = 0; k < s->nconn; k++)
                 while (s->c[k].fd >= 0 && sup_read_conn(s, &s->c[k]))
                     ;
-            int st = s->l.status;
-            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             teardown(s, 0.5);
             return judge(s, 1, code);
         }

@@ -15,13 +15,13 @@
  * out on the link, and a link that drops ends the node's ranks at once. With a health gate,
  * the node's GPUs are read and reported (HEALTH) on every welcomed link.
  */
-#ifndef RK_SUPERVISOR_AGENT_H
-#define RK_SUPERVISOR_AGENT_H
+#ifndef RK_CLUSTER_AGENT_H
+#define RK_CLUSTER_AGENT_H
 
 #include <signal.h>
 #include <stdint.h>
 
-#include "supervisor/nodes.h"
+#include "cluster/nodes.h"
 
 typedef struct rk_agent_opts {
     const char *host; /* the coordinator's address */

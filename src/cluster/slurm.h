@@ -5,8 +5,8 @@
  * scontrol printed and are fuzzed (fuzz/fuzz_slurm.c). Used by rk doctor --slurm and --gres
  * (cli/doctor_slurm.c) and by rk run inside an allocation (--hosts slurm:N, --slurm-drain).
  */
-#ifndef RK_SUPERVISOR_SLURM_H
-#define RK_SUPERVISOR_SLURM_H
+#ifndef RK_CLUSTER_SLURM_H
+#define RK_CLUSTER_SLURM_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /*
- * The node agent's ranks (supervisor/agent_job.h): a keeper of launch.c for the node's ranks,
+ * The node agent's ranks (cluster/agent_job.h): a keeper of launch.c for the node's ranks,
  * a private Unix socket for their heartbeats, and one channel of the node link per rank
  * connection. The agent trusts a connection only when the kernel says its peer is a process
  * of the keeper's tree (SO_PEERCRED, /proc), as rk run does on one host (conns.c); the
@@ -8,7 +8,7 @@
  * rate-limited by base/hush.h, as the heartbeat socket's.
  */
 #define _GNU_SOURCE
-#include "supervisor/agent_job.h"
+#include "cluster/agent_job.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -28,8 +28,8 @@
 
 #include "base/clock.h"
 #include "base/hush.h"
+#include "cluster/nodes.h"
 #include "net/sock.h"
-#include "supervisor/nodes.h"
 #include "supervisor/stackwait.h"
 #include "supervisor/supervisor.h"
 
@@ -455,63 +455,33 @@ void rk_agent_job_link_lost(rk_agent_job *j)
 
 static int start(rk_agent_job *j, const rk_node_launch *m, uint32_t port, rk_err *err)
 {
-    static char e_hb[160], e_dev[1200], e_launch[32], e_world[2][40], e_base[40], e_master[300],
-        e_port[32], e_cvd[300], e_restart[48], e_stack[160], e_pypath[8400], e_dir[4200],
-        e_inj[4200], e_done[300];
-    const char *env[32];
-    int e = 0;
-    snprintf(e_hb, sizeof e_hb, "RK_HEARTBEAT=%s", j->sock);
-    env[e++] = e_hb;
     /* RK_DEVICES is indexed by the global rank: other nodes' ranks hold a "-" */
-    size_t used = (size_t)snprintf(e_dev, sizeof e_dev, "RK_DEVICES=");
-    for (uint32_t r = 0; r < m->base && used < sizeof e_dev; r++)
-        used += (size_t)snprintf(e_dev + used, sizeof e_dev - used, r ? ",-" : "-");
-    if (used < sizeof e_dev)
-        snprintf(e_dev + used, sizeof e_dev - used, "%s%s", m->base ? "," : "", m->devices);
-    env[e++] = e_dev;
-    snprintf(e_launch, sizeof e_launch, "RK_LAUNCH=%u", (unsigned)(m->launch - 1));
-    env[e++] = e_launch;
-    snprintf(e_world[0], sizeof e_world[0], "WORLD_SIZE=%u", (unsigned)m->world);
-    snprintf(e_world[1], sizeof e_world[1], "LOCAL_WORLD_SIZE=%u", (unsigned)m->ranks);
-    env[e++] = e_world[0];
-    env[e++] = e_world[1];
-    snprintf(e_base, sizeof e_base, "RK_RANK_BASE=%u", (unsigned)m->base);
-    env[e++] = e_base;
-    snprintf(e_master, sizeof e_master, "MASTER_ADDR=%s", m->master);
-    env[e++] = e_master;
-    snprintf(e_port, sizeof e_port, "MASTER_PORT=%u", (unsigned)port);
-    env[e++] = e_port;
-    snprintf(e_cvd, sizeof e_cvd, "CUDA_VISIBLE_DEVICES=%s", m->devices);
-    env[e++] = e_cvd;
-    if (!getenv("CUDA_DEVICE_ORDER"))
-        env[e++] = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
-    snprintf(e_restart, sizeof e_restart, "TORCHELASTIC_RESTART_COUNT=%u",
-             (unsigned)(m->launch - 1));
-    env[e++] = e_restart;
-    snprintf(e_stack, sizeof e_stack, "RK_STACK_DIR=%s", j->stacks);
-    env[e++] = e_stack;
-    if (!j->o.no_pythonpath) {
-        char dir[4096], why[4200];
-        const char *old = getenv("PYTHONPATH");
-        if (rk_env_python_dir(dir, sizeof dir, why, sizeof why) &&
-            (size_t)snprintf(e_pypath, sizeof e_pypath, "PYTHONPATH=%s%s%s", dir,
-                             old && *old ? ":" : "", old ? old : "") < sizeof e_pypath)
-            env[e++] = e_pypath;
-    }
-    if (j->o.ckpt_dir) {
-        snprintf(e_dir, sizeof e_dir, "RK_CKPT_DIR=%s", j->o.ckpt_dir);
-        env[e++] = e_dir;
-        env[e++] = "RK_RESUME=1";
-    }
-    if (j->o.inject) {
-        snprintf(e_inj, sizeof e_inj, "RK_INJECT=%s", j->o.inject);
-        env[e++] = e_inj;
-        if (m->done[0]) {
-            snprintf(e_done, sizeof e_done, "RK_INJECT_DONE=%s", m->done);
-            env[e++] = e_done;
-        }
-    }
-    env[e] = NULL;
+    static char devs[1200];
+    size_t used = 0;
+    devs[0] = '\0';
+    for (uint32_t r = 0; r < m->base && used < sizeof devs; r++)
+        used += (size_t)snprintf(devs + used, sizeof devs - used, r ? ",-" : "-");
+    if (used < sizeof devs)
+        snprintf(devs + used, sizeof devs - used, "%s%s", m->base ? "," : "", m->devices);
+    rk_rank_env_opts eo = {.heartbeat = j->sock,
+                           .devices = devs,
+                           .launch = (int)m->launch - 1,
+                           .world = (int)m->world,
+                           .local_world = (int)m->ranks,
+                           .rank_base = (int)m->base,
+                           .master_addr = m->master,
+                           .master_port = (int)port,
+                           .cuda_visible = m->devices,
+                           .stack_dir = j->stacks,
+                           .pythonpath = !j->o.no_pythonpath,
+                           .ckpt_dir = j->o.ckpt_dir,
+                           .inject = j->o.inject,
+                           .inject_done = m->done};
+    static rk_rank_env re;
+    int rc = rk_rank_env_build(&re, &eo, err);
+    if (rc)
+        return rc;
+    const char *const *env = re.env;
     const char *ns = getenv("RK_RUN_PIDNS");
     return rk_launch_start(&j->l, RK_LAUNCH_LOCAL, NULL, (int)m->ranks, j->o.worker,
                            (char *const *)env, !(ns && strcmp(ns, "0") == 0), err);

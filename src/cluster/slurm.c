@@ -3,7 +3,7 @@
  * readers of what it prints.
  */
 #define _GNU_SOURCE /* pipe2 */
-#include "supervisor/slurm.h"
+#include "cluster/slurm.h"
 
 #include <ctype.h>
 #include <errno.h>

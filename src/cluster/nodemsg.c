@@ -1,10 +1,10 @@
 /*
- * The node link's message payloads (supervisor/nodes.h, docs/cluster-protocol.md): key=value
+ * The node link's message payloads (cluster/nodes.h, docs/cluster-protocol.md): key=value
  * lines with fixed bounds, one rule per field shared by the formatter and the parser, and the
  * small text forms the agent and the coordinator take on their command lines (job id,
  * HOST:PORT, boot id). Nothing allocates; base/text.h checks the UTF-8.
  */
-#include "supervisor/nodes.h"
+#include "cluster/nodes.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -12,8 +12,8 @@
  * most RK_NODES_PENDING_MAX connections that have not yet said who they are (each closed
  * after RK_NODES_HELLO_TIMEOUT_S without an authenticated HELLO).
  */
-#ifndef RK_SUPERVISOR_NODES_H
-#define RK_SUPERVISOR_NODES_H
+#ifndef RK_CLUSTER_NODES_H
+#define RK_CLUSTER_NODES_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -43,8 +43,8 @@
  *
  * Not thread-safe on one table; tables of their own may be used from any thread.
  */
-#ifndef RK_SUPERVISOR_HOSTS_H
-#define RK_SUPERVISOR_HOSTS_H
+#ifndef RK_CLUSTER_HOSTS_H
+#define RK_CLUSTER_HOSTS_H
 
 #include <stddef.h>
 

@@ -1,10 +1,10 @@
 /*
- * The hosts of a multi-host job (supervisor/hosts.h): the host list and hostfile parsers,
+ * The hosts of a multi-host job (cluster/hosts.h): the host list and hostfile parsers,
  * one rule per field shared by both (host name, slot count, the table's bounds), and the
  * placement of ranks. Nothing allocates but rk_hosts_load_file, which reads through base's
  * bounded opener (rekindle/fileio.h); inet_pton checks IPv6 addresses.
  */
-#include "supervisor/hosts.h"
+#include "cluster/hosts.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -1,12 +1,12 @@
 /*
- * The coordinator's table of nodes (supervisor/nodes.h): one listening socket, a fixed array
+ * The coordinator's table of nodes (cluster/nodes.h): one listening socket, a fixed array
  * of connections (nodes + RK_NODES_PENDING_MAX, each with a stream reader allocated while it
  * is open), one net/peer.h state per node for the life of the table. Every frame is opened
  * and checked through src/net; a refusal is one event (those of connections without a node
  * rate-limited by base/hush.h) and the connection closed. poll(2) only, no thread; times from
  * base/clock.h.
  */
-#include "supervisor/nodes.h"
+#include "cluster/nodes.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -258,7 +258,7 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     case RK_NODE_MSG_HEALTH:
     case RK_NODE_MSG_STACK:
     case RK_NODE_MSG_STACK_END:
-        if (t->o.on_msg) { /* the job's messages: the caller's (supervisor/cluster.c) */
+        if (t->o.on_msg) { /* the job's messages: the caller's (cluster/cluster.c) */
             t->o.on_msg(t->o.ctx, k, h->type, payload, h->len);
             return;
         }

@@ -1,10 +1,10 @@
 /*
- * The node agent's link (supervisor/agent.h): one net/peer.h state for the coordinator for
+ * The node agent's link (cluster/agent.h): one net/peer.h state for the coordinator for
  * the agent's whole life, a stream reader allocated once, and a loop of connect, HELLO,
  * WELCOME, PING/PONG, with backoff between connection attempts. poll(2) on one socket; times
  * from base/clock.h.
  */
-#include "supervisor/agent.h"
+#include "cluster/agent.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -16,10 +16,10 @@
 
 #include "base/clock.h"
 #include "base/msg.h"
+#include "cluster/agent_job.h"
 #include "net/peer.h"
 #include "net/sock.h"
 #include "net/stream.h"
-#include "supervisor/agent_job.h"
 #include "supervisor/supervisor.h"
 
 #define BACKOFF_MIN_S 0.1
@@ -99,12 +99,10 @@ static int send_health(agent *a, int fd, rk_err *err)
         rk_node_health m = {.device = (uint32_t)i, .sim = (uint32_t)sim};
         /* the worst reading since the last HEALTH: a simulated fleet driven by the job's
          * steps reads many minutes a sample, and a dip among them counts (rk_gate_take_worst) */
-        int score = 0;
-        double p = -1;
-        rk_gate_take_worst(o->gate, id, &score, &p, m.why, sizeof m.why);
-        m.score = (uint32_t)(score < 0 ? 0 : score > 100 ? 100 : score);
-        m.lost = (uint32_t)(rk_gate_lost(o->gate, id) != 0);
-        m.prob_ppm = p >= 0 && p <= 1 ? (int64_t)(p * 1e6 + 0.5) : -1;
+        rk_sup_health h = rk_gate_reading(o->gate, id, 1, m.why, sizeof m.why);
+        m.score = (uint32_t)(h.score < 0 ? 0 : h.score > 100 ? 100 : h.score);
+        m.lost = (uint32_t)(h.lost != 0);
+        m.prob_ppm = h.prob >= 0 && h.prob <= 1 ? (int64_t)(h.prob * 1e6 + 0.5) : -1;
         /* a failure since the last reading (not delivered to a rank here: cluster.md); a
          * GPU that stays gone is said once */
         int fatal = rk_gate_take_fatal(o->gate, id);

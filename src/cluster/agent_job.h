@@ -12,8 +12,8 @@
  * link, ended through the pidfd taken when they connected. Poll-based: the agent's loop
  * (agent.c) polls its descriptors and calls in.
  */
-#ifndef RK_SUPERVISOR_AGENT_JOB_H
-#define RK_SUPERVISOR_AGENT_JOB_H
+#ifndef RK_CLUSTER_AGENT_JOB_H
+#define RK_CLUSTER_AGENT_JOB_H
 
 #include <poll.h>
 #include <stddef.h>

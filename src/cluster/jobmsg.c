@@ -1,10 +1,10 @@
 /*
- * The node link's launch messages (supervisor/nodes.h, docs/cluster-protocol.md "Launching
+ * The node link's launch messages (cluster/nodes.h, docs/cluster-protocol.md "Launching
  * the ranks"): LAUNCH, LAUNCHED, OPEN, EXITED and KILL as key=value lines (the rules of
  * nodemsg.c), DATA and CLOSE as a channel number and raw bytes. Fixed bounds, nothing
  * allocated; every parser is fuzzed (fuzz/fuzz_nodes.c).
  */
-#include "supervisor/nodes.h"
+#include "cluster/nodes.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
