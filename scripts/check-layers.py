@@ -330,6 +330,18 @@ FAKE_BAD_TABLES = [
 ]
 
 
+def write_fake(root, files, extra):
+    """The fake tree `files` under root and its table (FAKE_TABLE + extra); the table's path."""
+    for p, body in files.items():
+        os.makedirs(os.path.join(root, os.path.dirname(p)), exist_ok=True)
+        with open(os.path.join(root, p), "w") as f:
+            f.write(body)
+    table = os.path.join(root, "layers.txt")
+    with open(table, "w") as f:
+        f.write(FAKE_TABLE + extra)
+    return table
+
+
 def self_test():
     fails = []
     for name, path, text, extra, want in FAKE_CASES:
@@ -337,13 +349,7 @@ def self_test():
             files = dict(FAKE_FILES)
             if path:
                 files[path] = text
-            for p, body in files.items():
-                os.makedirs(os.path.join(root, os.path.dirname(p)), exist_ok=True)
-                with open(os.path.join(root, p), "w") as f:
-                    f.write(body)
-            table = os.path.join(root, "layers.txt")
-            with open(table, "w") as f:
-                f.write(FAKE_TABLE + extra)
+            table = write_fake(root, files, extra)
             try:
                 got, _ = check(root, table)
             except TableError as e:
@@ -353,13 +359,7 @@ def self_test():
                 fails.append(f"{name}: named {got}, want {want}")
     for extra, want in FAKE_BAD_TABLES:
         with tempfile.TemporaryDirectory() as root:
-            for p, body in FAKE_FILES.items():
-                os.makedirs(os.path.join(root, os.path.dirname(p)), exist_ok=True)
-                with open(os.path.join(root, p), "w") as f:
-                    f.write(body)
-            table = os.path.join(root, "layers.txt")
-            with open(table, "w") as f:
-                f.write(FAKE_TABLE + extra)
+            table = write_fake(root, FAKE_FILES, extra)
             try:
                 check(root, table)
                 fails.append(f"bad table {extra.strip()!r}: accepted")
