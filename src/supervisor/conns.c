@@ -80,15 +80,13 @@ static void on_exit_event(sup *s, const rk_hb_msg *m)
         return; /* the first exit event tells the failure; later ones only follow it */
     /* what a rank says beats what was inferred from a connection that closed before it was
      * read; the failure keeps the time it was first seen */
-    double seen_at = s->failing ? s->ftime : rk_ledger_now(&s->g);
-    s->failing = 0;
-    sup_fail(s, "rank %d (device %s) exits at step %lld: %s", m->rank, sup_devname(s, m->rank),
-             (long long)m->step, m->detail);
-    s->ftime = seen_at;
+    sup_fail_said(s, "rank %d (device %s) exits at step %lld: %s", m->rank, sup_devname(s, m->rank),
+                  (long long)m->step, m->detail);
 }
 
 /* An event the worker handled in-process: logged, pending until the job is back at work,
- * counted against the blamed rank's device unless its kind is the data's (policy.h). */
+ * recorded to be counted against the blamed rank's device unless its kind is the data's
+ * (policy.h; the loop counts it: sup_count_recorded). */
 static void on_event(sup *s, const rk_hb_msg *m)
 {
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
@@ -105,8 +103,10 @@ static void on_event(sup *s, const rk_hb_msg *m)
         sup_say(s, "step %lld: %s -> %s (in-process, no restart)", (long long)m->step, m->kind,
                 m->action);
     sup_pend(s, i);
-    if (rk_sup_kind_counted(rk_sup_kind_of(m->kind)) && blame >= 0)
-        sup_count_failure(s, blame, m->kind);
+    if (rk_sup_kind_counted(rk_sup_kind_of(m->kind)) && blame >= 0) { /* the loop counts it */
+        s->to_count[blame]++;
+        snprintf(s->count_kind[blame], sizeof s->count_kind[blame], "%s", m->kind);
+    }
 }
 
 static void on_inject(sup *s, const rk_hb_msg *m)
@@ -191,6 +191,33 @@ static int claim_rank(sup *s, const rk_sup_conn *c, const rk_hb_msg *m)
     return 1;
 }
 
+/* STRANGER -> RANK: connection c is rank m->rank from now on (its hello believed). */
+static void rank_hello(sup *s, rk_sup_conn *c, const rk_hb_msg *m, double now)
+{
+    c->st = SUP_CONN_RANK;
+    c->rank = m->rank;
+    c->stacks = m->stacks;
+    c->last = now;
+    c->done = m->step;
+    c->progress = 2 * m->step;
+    if (s->start_step < 0 || m->step < s->start_step)
+        s->start_step = m->step;
+    s->hello_step[m->rank] = m->step;
+    if (s->g.first_step < 0 || (s->first_launch == s->launch_no && m->step < s->g.first_step)) {
+        s->g.first_step = m->step; /* the step the job began from: its first launch's */
+        s->first_launch = s->launch_no;
+    }
+    if (sup_stop_sent(s)) /* a stop went out before this rank connected: it must hear it */
+        sup_send_cmd(c, RK_HB_CMD_STOP);
+}
+
+/* RANK -> LEFT or DONE: the rank said bye (a second bye changes nothing). */
+static void rank_bye(rk_sup_conn *c, const rk_hb_msg *m)
+{
+    if (c->st == SUP_CONN_RANK)
+        c->st = strcmp(m->status, "done") == 0 ? SUP_CONN_DONE : SUP_CONN_LEFT;
+}
+
 static int on_line(void *ctx, const char *line, size_t len)
 {
     void **pair = ctx;
@@ -211,7 +238,8 @@ static int on_line(void *ctx, const char *line, size_t len)
             return REFUSE; /* a second process says it is this rank */
         if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || sup_by_rank(s, m.rank)) {
             int lone = s->o->launcher == RK_LAUNCH_LOCAL && m.world == 1 && s->n > 1;
-            c->ignored |= trusted;
+            if (trusted)
+                c->st = SUP_CONN_IGNORED;
             sup_note(s, c, "ignored a hello for rank %d of %d (this launch has %d ranks)%s", m.rank,
                      m.world, s->n,
                      lone ? "; an MPI program that rk run forks itself sees a world of 1: give "
@@ -223,24 +251,10 @@ static int on_line(void *ctx, const char *line, size_t len)
             sup_note(s, c, "refused a hello for rank %d: %s", m.rank, why);
             return REFUSE;
         }
-        c->rank = m.rank;
-        c->stacks = m.stacks;
-        c->last = now;
-        c->done = m.step;
-        c->progress = 2 * m.step;
-        s->hellos++;
-        if (s->start_step < 0 || m.step < s->start_step)
-            s->start_step = m.step;
-        s->hello_step[m.rank] = m.step;
-        if (s->g.first_step < 0 || (s->first_launch == s->launch_no && m.step < s->g.first_step)) {
-            s->g.first_step = m.step; /* the step the job began from: its first launch's */
-            s->first_launch = s->launch_no;
-        }
-        if (s->stop_sent) /* a stop went out before this rank connected: it must hear it */
-            sup_send_cmd(c, RK_HB_CMD_STOP);
+        rank_hello(s, c, &m, now);
         return 0;
     }
-    if (c->rank < 0 && c->ignored)
+    if (c->st == SUP_CONN_IGNORED)
         return 0; /* its hello was ignored: so is the rest */
     if (c->rank < 0 || m.rank != c->rank) {
         sup_note(s, c, "%s a %s message before hello or from another rank",
@@ -261,14 +275,14 @@ static int on_line(void *ctx, const char *line, size_t len)
         }
         /* the job is back at work when all its ranks are back and any of them applies a
          * step (ranks of a data-parallel job step together; independent ones need not) */
-        if (s->npending && s->hellos == s->n)
+        if (s->npending && sup_hellos(s) == s->n)
             sup_resolve_pending(s, s->start_step);
         break;
     case RK_HB_COMM: c->progress = 2 * m.step + 1; break;
     case RK_HB_EVENT:
         if (rk_sup_action_exits(m.action))
             on_exit_event(s, &m);
-        else if (!s->failing)
+        else if (!sup_failing(s))
             on_event(s, &m);
         break;
     case RK_HB_INJECT: on_inject(s, &m); break;
@@ -276,10 +290,7 @@ static int on_line(void *ctx, const char *line, size_t len)
         if (c->rank == 0) /* every rank writes its part of one checkpoint: rank 0 speaks */
             rk_ledger_ckpt_rec(&s->g, s->launch_no, 0, m.step, m.seconds);
         break;
-    case RK_HB_BYE:
-        c->bye = 1;
-        c->bye_done = strcmp(m.status, "done") == 0;
-        break;
+    case RK_HB_BYE: rank_bye(c, &m); break;
     case RK_HB_HELLO: break;
     }
     return 0;
@@ -294,22 +305,26 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
         sup_say(s, "%d more messages about rank %d's connection were suppressed", c->hushed,
                 c->rank);
     c->hushed = 0;
-    if (c->rank >= 0 && !c->bye && s->seen.lost_rank < 0)
+    if (c->st != SUP_CONN_RANK)
+        return;            /* a stranger, or a rank that said bye: nothing lost */
+    c->st = SUP_CONN_LOST; /* RANK -> LOST */
+    if (s->seen.lost_rank < 0)
         s->seen.lost_rank = c->rank;
+    if (sup_failing(s) || sup_stop_sent(s))
+        return; /* explained already, or asked to stop */
     int crashed = s->seen.crash_rank, failed = s->seen.failed_rank;
-    if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent && crashed >= 0 &&
+    if (crashed >= 0 &&
         crashed != c->rank) /* the launcher's kill of the others may be read first */
         sup_fail(s,
                  "rank %d (device %s) crashed as it announced (an injected crash); rank %d's "
                  "connection closed at step %lld",
                  crashed, sup_devname(s, crashed), c->rank, (long long)c->done);
-    else if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent && failed >= 0 &&
-             failed != c->rank) /* its connection may still be open in a child of it */
+    else if (failed >= 0 && failed != c->rank) /* its connection may still be open in a child */
         sup_fail(s,
                  "rank %d (device %s)'s process ended first, as the launcher saw it; rank %d's "
                  "connection closed at step %lld",
                  failed, sup_devname(s, failed), c->rank, (long long)c->done);
-    else if (c->rank >= 0 && !c->bye && !s->failing && !s->stop_sent)
+    else
         sup_fail(s, "rank %d (device %s, pid %ld%s) %s at step %lld", c->rank,
                  sup_devname(s, c->rank), c->pid, c->node >= 0 ? " on its host" : "", why,
                  (long long)c->done);
@@ -364,7 +379,7 @@ static rk_sup_conn *free_slot(sup *s)
         c = oldest;
     }
     if (c) {
-        memset(c, 0, sizeof *c);
+        memset(c, 0, sizeof *c); /* st STRANGER */
         c->fd = -1;
         c->rank = -1;
         c->node = -1;
@@ -432,7 +447,7 @@ void sup_expire_strangers(sup *s)
     say_strangers_held(s, now); /* a flood's count once its window ended, not at the next one */
     for (int k = 0; k < s->nconn; k++) {
         rk_sup_conn *c = &s->c[k];
-        if (c->fd >= 0 && c->rank < 0 && !c->ignored && now - c->since > HELLO_WAIT_S) {
+        if (c->fd >= 0 && c->st == SUP_CONN_STRANGER && now - c->since > HELLO_WAIT_S) {
             sup_note(s, c, "closed a heartbeat connection that said no hello within %.0f s",
                      HELLO_WAIT_S);
             drop_conn(s, c, "");

@@ -70,8 +70,16 @@ void sup_count_failure(sup *s, int rank, const char *why)
                s->devs[d].fails, why);
     sup_say(s, "device %s quarantined after %d failures (last: %s)", s->o->devices[d],
             s->devs[d].fails, why);
-    if (rk_sup_shrink_now(s->failing, s->stop_sent)) /* the job is healthy: stop it cleanly */
+    if (rk_sup_shrink_now(sup_failing(s),
+                          sup_stop_sent(s))) /* the job is healthy: stop it cleanly */
         sup_stop_job(s);
+}
+
+void sup_count_recorded(sup *s)
+{
+    for (int r = 0; r < s->n && r < RK_SUP_MAX_DEVICES; r++)
+        for (; s->to_count[r] > 0; s->to_count[r]--)
+            sup_count_failure(s, r, s->count_kind[r]);
 }
 
 static int is_sim(const sup *s)
@@ -213,7 +221,8 @@ static int deliver_sim_failures(sup *s)
         if (!rk_gate_take_fatal(s->gate, sup_devname(s, r)))
             continue;
         for (int k = 0; k < s->nconn; k++)
-            if (s->c[k].rank == r && s->c[k].pid > 1 && !s->c[k].bye && s->c[k].node < 0 &&
+            if (s->c[k].rank == r && s->c[k].pid > 1 && !sup_conn_left(&s->c[k]) &&
+                s->c[k].node < 0 &&
                 rk_launch_owns(&s->l, (pid_t)s->c[k].pid)) { /* only a rank of ours */
                 sup_say(s,
                         "simulated GPU %s failed (%s): killing rank %d (pid %ld), as the "
@@ -234,8 +243,8 @@ static int deliver_sim_failures(sup *s)
 void sup_gate_tick(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (!rk_sup_gate_due(s->gate != NULL || remote_health(s), s->failing, s->stop_sent, s->hellos,
-                         s->n, now, s->last_gate, s->o->health_interval_s))
+    if (!rk_sup_gate_due(s->gate != NULL || remote_health(s), sup_failing(s), sup_stop_sent(s),
+                         sup_hellos(s), s->n, now, s->last_gate, s->o->health_interval_s))
         return;
     sample(s);
     if (is_sim(s) && deliver_sim_failures(s))

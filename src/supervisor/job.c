@@ -49,38 +49,73 @@ void sup_send_cmd(const rk_sup_conn *c, rk_hb_cmd cmd)
 void sup_send_all(sup *s, rk_hb_cmd cmd)
 {
     for (int k = 0; k < s->nconn; k++)
-        if (s->c[k].fd >= 0 && !s->c[k].bye)
+        if (s->c[k].fd >= 0 && !sup_conn_left(&s->c[k]))
             sup_send_cmd(&s->c[k], cmd);
+}
+
+int sup_conn_left(const rk_sup_conn *c)
+{
+    return c->st == SUP_CONN_LEFT || c->st == SUP_CONN_DONE;
+}
+
+int sup_hellos(const sup *s)
+{
+    int n = 0;
+    for (int k = 0; k < s->nconn; k++)
+        n += s->c[k].st >= SUP_CONN_RANK;
+    return n;
+}
+
+/* The launch's transitions (sup.h lists them). */
+int sup_stop_sent(const sup *s)
+{
+    return s->ls == SUP_LAUNCH_STOPPING || s->ls == SUP_LAUNCH_STOPPED_FAILING;
+}
+
+int sup_failing(const sup *s)
+{
+    return s->ls == SUP_LAUNCH_FAILING || s->ls == SUP_LAUNCH_STOPPED_FAILING;
 }
 
 void sup_stop_job(sup *s)
 {
-    if (s->stop_sent)
+    if (sup_stop_sent(s))
         return;
     sup_send_all(s, RK_HB_CMD_STOP);
-    s->stop_sent = 1;
+    s->ls = s->ls == SUP_LAUNCH_FAILING ? SUP_LAUNCH_STOPPED_FAILING : SUP_LAUNCH_STOPPING;
+}
+
+/* RUNNING -> FAILING, STOPPING -> STOPPED_FAILING, from now. */
+static void to_failing(sup *s)
+{
+    s->ls = s->ls == SUP_LAUNCH_STOPPING ? SUP_LAUNCH_STOPPED_FAILING : SUP_LAUNCH_FAILING;
+    s->ftime = rk_ledger_now(&s->g);
 }
 
 void sup_fail(sup *s, const char *fmt, ...)
 {
-    if (s->failing)
+    if (sup_failing(s))
         return;
-    s->failing = 1;
-    s->ftime = rk_ledger_now(&s->g);
+    to_failing(s);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(s->fdetail, sizeof s->fdetail, fmt, ap);
     va_end(ap);
 }
 
-int sup_failing(const sup *s)
+void sup_fail_said(sup *s, const char *fmt, ...)
 {
-    return s->failing;
+    if (!sup_failing(s))
+        to_failing(s);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->fdetail, sizeof s->fdetail, fmt, ap);
+    va_end(ap);
 }
 
 void sup_fail_node(sup *s, int node, int rank, const char *name, const char *what)
 {
-    if (s->failing) { /* a failure the ranks showed first is its effect */
+    if (sup_failing(s)) { /* a failure the ranks showed first is its effect */
         sup_say(s,
                 "node %d (%s) was lost with the failure seen just before (%s): the node's "
                 "loss is its cause",

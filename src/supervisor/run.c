@@ -1,7 +1,7 @@
 /*
  * The job behind `rk run` (supervisor.h): the heartbeat socket, each launch's environment,
- * the relaunches (policy.h decides; watch.c watches one launch), the incidents waiting for
- * the job to be back at work, and the report the caller prints (cli/cmd_run.c).
+ * the relaunches (policy.h decides; watch.c watches one launch; pending.c keeps the incidents
+ * waiting for the job to be back at work), and the report the caller prints (cli/cmd_run.c).
  */
 #define _GNU_SOURCE /* nftw */
 #include "supervisor/sup.h"
@@ -26,66 +26,6 @@ static void on_signal(int sig)
     rk_sup_interrupted++;
 }
 
-/* ---- incidents ----------------------------------------------------------------------------- */
-
-void sup_pend(sup *s, rk_incident *i)
-{
-    if (!i)
-        return;
-    size_t idx = (size_t)(i - s->g.inc);
-    if (s->npending < 64)
-        s->pending[s->npending++] = idx;
-    else
-        rk_ledger_write(&s->g, i);
-}
-
-/* A relaunch's lost steps, from every rank: the most any rank has to do again (the steps it
- * had done at the failure less the step its hello in the relaunch resumed from). Ranks
- * without both numbers: the most done by any rank less the step the relaunch resumed from. */
-static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
-{
-    if (i->lost_steps >= 0 || resumed_from < 0)
-        return;
-    int64_t lost = -1;
-    for (int r = 0; r < s->n; r++)
-        if (s->pending_done[r] >= 0 && s->hello_step[r] >= 0) {
-            int64_t d = s->pending_done[r] - s->hello_step[r];
-            lost = d > lost ? d : lost;
-        }
-    if (lost < 0)
-        lost = s->pending_last_done - resumed_from;
-    i->lost_steps = lost > 0 ? lost : 0;
-}
-
-/* The incidents waiting for their recovery, written to the ledger, the one path of both ends
- * of the wait: recovered (the job is back at work: all its ranks said hello and one applied a
- * step, or the relaunch finished), their recovery time is now; not (the job ends without
- * having recovered), none. Lost steps if a relaunch said where it resumed. */
-static void write_pending(sup *s, int recovered, int64_t resumed_from)
-{
-    double now = rk_ledger_now(&s->g);
-    for (int k = 0; k < s->npending; k++) {
-        rk_incident *i = &s->g.inc[s->pending[k]];
-        if (recovered)
-            i->recovery_s = now - i->t;
-        set_lost(s, i, resumed_from);
-        rk_ledger_write(&s->g, i);
-    }
-    s->npending = 0;
-    for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
-        s->pending_done[r] = -1;
-}
-
-void sup_resolve_pending(sup *s, int64_t resumed_from)
-{
-    write_pending(s, 1, resumed_from);
-}
-
-static void flush_pending(sup *s)
-{
-    write_pending(s, 0, s->start_step);
-}
-
 /* ---- one launch ---------------------------------------------------------------------------- */
 
 static int open_socket(sup *s, rk_err *err)
@@ -99,8 +39,8 @@ static int start_launch(sup *s, rk_err *err)
     memset(&s->l, 0, sizeof s->l);
     s->l.life = s->l.failed = -1;
     sup_close_conns(s);
-    s->nconn = s->hellos = 0;
-    s->failing = s->stop_sent = 0;
+    s->nconn = 0;
+    s->ls = SUP_LAUNCH_RUNNING; /* (start) -> RUNNING */
     s->start_step = -1;
     rk_sup_seen_init(&s->seen, s->n);
     for (int r = 0; r < RK_SUP_MAX_DEVICES; r++) {
@@ -153,7 +93,7 @@ static size_t record_verdict(sup *s, int stop)
         rk_ledger_add(&s->g, kind, r, dev, stop ? "stop" : "relaunch", "%s", s->vdetail);
     if (!i)
         return SIZE_MAX;
-    if (s->failing)
+    if (sup_failing(s))
         i->t = s->ftime; /* when it was seen, not when the teardown ended */
     if (s->v.kind == RK_SUP_KIND_HANG)
         snprintf(i->stacks, sizeof i->stacks, "%s", s->stacks);
@@ -163,13 +103,7 @@ static size_t record_verdict(sup *s, int stop)
         return at;
     }
     sup_say(s, "%s: %s", kind, s->vdetail);
-    s->pending_last_done = s->last_done;
-    for (int k = 0; k < s->nconn; k++) { /* the most each rank had done, over pending ones */
-        int cr = s->c[k].rank;
-        if (cr >= 0 && cr < RK_SUP_MAX_DEVICES && s->c[k].done > s->pending_done[cr])
-            s->pending_done[cr] = s->c[k].done;
-    }
-    sup_pend(s, i);
+    sup_pend_relaunch(s, i);
     if (s->v.counted)
         sup_count_failure(s, r, kind);
     return at;
@@ -180,7 +114,7 @@ static void no_relaunch(sup *s, size_t at)
 {
     if (at < s->g.ninc && !s->g.inc[at].written)
         snprintf(s->g.inc[at].action, sizeof s->g.inc[at].action, "stop");
-    flush_pending(s);
+    sup_flush_pending(s);
 }
 
 /* ---- the job ------------------------------------------------------------------------------- */
@@ -338,12 +272,12 @@ static void run_launches(sup *s, rk_sup_report *rep)
         }
         if (oc == RK_SUP_STOP) { /* relaunching cannot help */
             record_verdict(s, 1);
-            flush_pending(s);
+            sup_flush_pending(s);
             rep->end = s->v.end;
             return;
         }
         if (oc == RK_SUP_INTERRUPTED) {
-            flush_pending(s);
+            sup_flush_pending(s);
             rep->end = RK_SUP_END_INTERRUPTED;
             return;
         }
@@ -353,7 +287,7 @@ static void run_launches(sup *s, rk_sup_report *rep)
         if (rk_sup_repeat(&s->prev_mark, &mark, &s->v, s->repeat_why, sizeof s->repeat_why)) {
             sup_say(s, "%s: %s; stopping: %s", sup_verdict_kind(s), s->vdetail, s->v.why);
             record_verdict(s, 1);
-            flush_pending(s);
+            sup_flush_pending(s);
             rep->end = s->v.end;
             return;
         }
@@ -411,6 +345,7 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
     s->listen_fd = -1;
     s->l.life = s->l.failed = -1;
     s->first_launch = -1;
+    s->intr_t = -1;
     s->prev_mark.kind = RK_SUP_KIND_NONE;
     s->rules = (rk_sup_rules){.threshold = o->health_threshold,
                               .margin = RK_SUP_HELD_MARGIN,

@@ -3,8 +3,44 @@
  * shares between its files. run.c runs the job (setup, launches, relaunches, the report);
  * watch.c watches one launch (poll, timeouts, teardown, the verdict); conns.c the ranks'
  * heartbeat connections (accept, hello, messages, commands); drain.c the devices (pick,
- * quarantine, the health gate's readings and the drain); job.c the acts they share (say,
- * stop, fail), calling none of them. Every decision is policy.h's.
+ * quarantine, the health gate's readings and the drain); pending.c the incidents waiting for
+ * the job to be back at work; job.c the acts they share (say, stop, fail), calling none of
+ * them. Every decision is policy.h's.
+ *
+ * Who calls whom, one way only (scripts/call-cycles.py src/supervisor finds no circle):
+ * run.c -> watch.c -> conns.c, drain.c, stacks.c -> pending.c, job.c -> the ledger. A
+ * connection's handler (conns.c) records what it saw (rk_sup_seen, the launch's and the
+ * connection's state below, a pending incident) and the watch loop acts on it once a round.
+ *
+ * The job's states, each a named value with its transitions and the one function that makes
+ * each (as SQLite's pager lists its eState's):
+ *
+ * One launch (sup.ls). A stop asked and a failure seen happen at most once each a launch, in
+ * either order; the state holds until the next launch resets it:
+ *
+ *     (start)   -> RUNNING           start_launch (run.c): the launch is started
+ *     RUNNING   -> STOPPING          sup_stop_job (job.c): the ranks are asked to checkpoint
+ *                                    and stop (a drain, a shrink, an interruption)
+ *     RUNNING   -> FAILING           sup_fail (job.c): a failure was seen (the first counts)
+ *     STOPPING  -> STOPPED_FAILING   sup_fail
+ *     FAILING   -> STOPPED_FAILING   sup_stop_job (an interruption while failing)
+ *
+ * sup_fail_said (job.c) replaces a failure's detail with a rank's own word without changing
+ * the state; how many ranks said hello is sup_hellos(), from the connections' states.
+ *
+ * One connection (rk_sup_conn.st): a rank's, or a peer's that has not said who it is:
+ *
+ *     (accept)  -> STRANGER          free_slot (conns.c): accepted, or a remote rank's stream
+ *     STRANGER  -> RANK              rank_hello (conns.c): its hello was believed (c->rank)
+ *     STRANGER  -> IGNORED           rank_hello: a process of the launch whose hello was
+ *                                    ignored; what it says after is dropped, the connection
+ *                                    kept (closing it would end the process before another
+ *                                    one says the same rank)
+ *     RANK      -> LEFT | DONE       rank_bye (conns.c): it said bye ("done": DONE)
+ *     RANK      -> LOST              drop_conn (conns.c): it closed without a bye
+ *
+ * Its fd is closed (-1) in any state by drop_conn or sup_close_conns; a rank's record stays
+ * until the next launch, for the verdict.
  */
 #ifndef RK_SUPERVISOR_SUP_H
 #define RK_SUPERVISOR_SUP_H
@@ -29,88 +65,115 @@
  * threshold, so a score hovering at the threshold does not flap in and out of the job. */
 #define RK_SUP_HELD_MARGIN 10.0
 
+typedef enum sup_conn_state {
+    SUP_CONN_STRANGER = 0,
+    SUP_CONN_IGNORED,
+    SUP_CONN_RANK,
+    SUP_CONN_LEFT,
+    SUP_CONN_DONE,
+    SUP_CONN_LOST,
+} sup_conn_state;
+
+/* One connection: conns.c owns it (job.c sends on it, watch.c reads its progress). */
 typedef struct rk_sup_conn {
     int fd;
-    int rank;         /* -1 until hello */
-    long pid;         /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
-    long nspid;       /* ... that process's own pid (its getpid()), read at accept; -1: gone */
-    int owned;        /* ... it was a process of this launch at accept (rk_launch_owns) */
-    double since;     /* accepted */
-    int said, hushed; /* messages about this connection: shown, suppressed */
+    sup_conn_state st; /* above */
+    int rank;          /* -1 until its hello is believed (st RANK and after) */
+    long pid;          /* the peer's pid as the kernel gave it (SO_PEERCRED), in rk run's view */
+    long nspid;        /* ... that process's own pid (its getpid()), read at accept; -1: gone */
+    int owned;         /* ... it was a process of this launch at accept (rk_launch_owns) */
+    double since;      /* accepted */
+    int said, hushed;  /* messages about this connection: shown, suppressed */
     rk_hb_lines lines;
     double last;      /* time of the last message */
     int64_t done;     /* steps done */
     int64_t progress; /* 2 x steps done, +1 while in the step's collective */
-    int bye;
-    int bye_done; /* its bye said "done" */
-    int stacks;   /* its hello said it dumps its stacks on SIGUSR1 */
-    int ignored;  /* a process of the launch whose hello was ignored (conns.c): what it says
-                   * after is dropped, the connection kept (closing it would end the process
-                   * before another one says the same rank) */
+    int stacks;       /* its hello said it dumps its stacks on SIGUSR1 */
     /* a rank on another host (sup_add_remote_conn): its stream comes from the backend, which
      * names it (node, chan); pid is the rank's own, on that host */
     int node;      /* -1: a local connection */
     uint32_t chan; /* the backend's name of the stream on that node */
 } rk_sup_conn;
 
+typedef enum sup_launch_state {
+    SUP_LAUNCH_RUNNING = 0,
+    SUP_LAUNCH_STOPPING,
+    SUP_LAUNCH_FAILING,
+    SUP_LAUNCH_STOPPED_FAILING,
+} sup_launch_state;
+
+/* Each group of fields names the file that writes it; the others only read it. "Reset by
+ * run.c" means start_launch clears it for each launch. */
 typedef struct sup {
+    /* ---- run.c: the job, set up once */
     const rk_sup_opts *o;
-    rk_ledger g;
+    rk_ledger g; /* the ledger (ledger.c): every file records into it through its functions */
     rk_inject *spec;
     int listen_fd;
     char dir[64], sock[96];
+    unsigned char *fired; /* fixed faults that already fired (conns.c marks them) */
+    char stack_dir[4096]; /* RK_STACK_DIR: where hung ranks write their stacks (stacks.c) */
+    int stack_parent;     /* stack_dir is a private one inside --stack-dir or --events' dir */
+    rk_gate *gate;        /* the health gate, NULL without --health */
+    rk_sup_rules rules;
+    rk_sup_backend b;      /* what runs the launches (backend.h): launcher.c's, or a cluster's */
+    rk_sup_mark prev_mark; /* the previous launch's, for the repeat stops (kind NONE: none) */
+    char repeat_why[256];  /* a repeat stop's sentence (s->v.why) */
+    /* ---- drain.c: the devices */
     rk_sup_dev devs[RK_SUP_MAX_DEVICES]; /* each device's standing over the job */
-    unsigned char *fired;                /* fixed faults that already fired */
-    /* this launch */
-    int n, launch_no;
-    int dev[RK_SUP_MAX_DEVICES]; /* rank -> index into o->devices */
-    rk_launch l;
+    int n;                               /* this launch's ranks (sup_pick_devices) */
+    int dev[RK_SUP_MAX_DEVICES];         /* rank -> index into o->devices */
+    double last_gate;                    /* when the gate last read the GPUs */
+    /* ---- run.c: this launch (launch_no, its start) */
+    int launch_no;
     double t_launch;
+    sup_launch_state ls; /* job.c makes its transitions (above) */
+    /* ---- launcher.c: the launcher of this host */
+    rk_launch l;
+    char jobdir[128];  /* the launcher's private temporary directory */
+    int told_pidns;    /* said once why the job has no PID namespace */
+    int told_pypath;   /* said once that the Python package's directory was skipped */
+    int told_loopback; /* said once that Open MPI's listeners are not on loopback only */
+    /* ---- conns.c: the ranks' connections and what they said (reset by run.c) */
     rk_sup_conn c[RK_SUP_MAX_CONNS];
-    int nconn, hellos;
+    int nconn;
     int64_t start_step; /* resume step of this launch (the least of its ranks' hellos) */
     int first_launch;   /* the launch whose hellos set g.first_step, -1 before */
     int64_t last_done;  /* most steps done by any rank, across launches */
     double loss;
-    /* a failure seen in this launch, to classify once the launcher has exited */
-    int failing;
+    int64_t hello_step[RK_SUP_MAX_DEVICES]; /* rank -> its hello's step in this launch */
+    /* rank -> the process whose hello named it first in this launch, believed or ignored:
+     * its pid as rk_sup_conn.pid has it (0: none yet) and node (-1: this host) */
+    long claim_pid[RK_SUP_MAX_DEVICES];
+    int claim_node[RK_SUP_MAX_DEVICES];
+    char dup_detail[RK_HB_DETAIL_MAX + 1];  /* seen.dup_rank's sentence */
+    char exit_word[32];                     /* the first exit event's kind, as the rank said it */
+    char exit_detail[RK_HB_DETAIL_MAX + 1]; /* ... and its detail */
+    char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
+    rk_hush strangers; /* messages about connections that said no hello (base/hush.h) */
+    /* rank -> failures its events blamed on its device this round, and the last one's kind:
+     * the loop counts them (sup_count_recorded, drain.c), the handler only records */
+    int to_count[RK_SUP_MAX_DEVICES];
+    char count_kind[RK_SUP_MAX_DEVICES][32];
+    /* ---- what this launch's ranks and launcher did, for policy.c: recorded where it is seen
+     * (conns.c, job.c, watch.c), reset by run.c */
+    rk_sup_seen seen;
+    /* ---- job.c: this launch's failure, to classify once the launcher has exited */
     double ftime;
     char fdetail[200];
-    rk_sup_seen seen;   /* what this launch's ranks and launcher did, for policy.c */
-    char exit_word[32]; /* the first exit event's kind, as the rank said it */
-    char exit_detail[RK_HB_DETAIL_MAX + 1]; /* ... and its detail */
-    rk_sup_mark prev_mark; /* the previous launch's, for the repeat stops (kind NONE: none) */
-    char repeat_why[256];  /* a repeat stop's sentence (s->v.why) */
-    rk_sup_verdict v;      /* the verdict on the launch that ended */
-    char vdetail[RK_HB_DETAIL_MAX + 64];       /* its incident's detail */
-    char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
-    int stop_sent;
-    int stopping; /* a signal was seen: the job has o->stop_grace_s from stop_t */
-    double stop_t;
-    /* incidents waiting for the job to be back at work (index into g.inc) */
+    /* ---- watch.c: the verdict on the launch that ended, the interruption, the status line */
+    rk_sup_verdict v;
+    char vdetail[RK_HB_DETAIL_MAX + 64]; /* its incident's detail */
+    double intr_t;                       /* when the first signal was seen (-1: none): the
+                                          * ranks have o->stop_grace_s from then */
+    double last_status;
+    /* ---- stacks.c: this launch's hang: the dumps copied, one path a line ("": none) */
+    char stacks[2048];
+    /* ---- pending.c: incidents waiting for the job to be back at work (index into g.inc) */
     size_t pending[64];
     int npending;
     int64_t pending_last_done;
     int64_t pending_done[RK_SUP_MAX_DEVICES]; /* rank -> steps it had done at the failure */
-    int64_t hello_step[RK_SUP_MAX_DEVICES];   /* rank -> its hello's step in this launch */
-    /* rank -> the process whose hello named it first in this launch, believed or ignored
-     * (conns.c): its pid as rk_sup_conn.pid has it (0: none yet) and node (-1: this host) */
-    long claim_pid[RK_SUP_MAX_DEVICES];
-    int claim_node[RK_SUP_MAX_DEVICES];
-    char dup_detail[RK_HB_DETAIL_MAX + 1]; /* seen.dup_rank's sentence */
-    double last_status;
-    rk_hush strangers;    /* messages about connections that said no hello (base/hush.h) */
-    int told_pidns;       /* said once why the job has no PID namespace */
-    int told_pypath;      /* said once that the Python package's directory was skipped */
-    int told_loopback;    /* said once that Open MPI's listeners are not on loopback only */
-    char jobdir[128];     /* the launcher's private temporary directory */
-    char stack_dir[4096]; /* RK_STACK_DIR: where hung ranks write their stacks (stacks.c) */
-    int stack_parent;     /* stack_dir is a private one inside --stack-dir or --events' dir */
-    char stacks[2048];    /* this launch's hang: the dumps copied, one path a line ("": none) */
-    rk_gate *gate;        /* the health gate, NULL without --health */
-    double last_gate;     /* when the gate last read the GPUs */
-    rk_sup_rules rules;
-    rk_sup_backend b; /* what runs the launches (backend.h): launcher.c's, or a cluster's */
 } sup;
 
 /* ---- job.c: the shared acts (and sup_say, sup_fail, sup_failing, sup_fail_node: backend.h) -- */
@@ -122,8 +185,18 @@ rk_sup_conn *sup_by_rank(sup *s, int rank);
 void sup_send_cmd(const rk_sup_conn *c, rk_hb_cmd cmd);
 /* Send a command to every rank that has not said bye (rk_hb_cmd_format). */
 void sup_send_all(sup *s, rk_hb_cmd cmd);
-/* Ask every rank to checkpoint and stop (once a launch; later ranks hear it at hello). */
+/* Ask every rank to checkpoint and stop (once a launch; later ranks hear it at hello):
+ * RUNNING -> STOPPING, FAILING -> STOPPED_FAILING. */
 void sup_stop_job(sup *s);
+/* 1 once the ranks of this launch were asked to stop. */
+int sup_stop_sent(const sup *s);
+/* The failure's detail, replaced by what a rank said of it (its exit event), keeping when the
+ * failure was first seen; a failure now if none was seen (RUNNING -> FAILING). */
+void sup_fail_said(sup *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ranks of this launch whose hello was believed (connections RANK and after). */
+int sup_hellos(const sup *s);
+/* 1 if connection c said bye (LEFT or DONE). */
+int sup_conn_left(const rk_sup_conn *c);
 
 /* ---- conns.c ------------------------------------------------------------------------------- */
 
@@ -160,6 +233,8 @@ void sup_dump_stacks(sup *s, const int *stuck);
 /* A failure counted against rank `rank`'s device: quarantines it at the threshold (and stops
  * a healthy job cleanly to shrink it). */
 void sup_count_failure(sup *s, int rank, const char *why);
+/* The failures the connections' handlers recorded (to_count) counted now, once a round. */
+void sup_count_recorded(sup *s);
 /* Pick the devices of the next launch into s->dev, s->n; returns how many. */
 int sup_pick_devices(sup *s);
 /* During a run: read the GPUs when due; kill a rank whose simulated GPU failed; drain one
@@ -175,11 +250,15 @@ int sup_may_span_hosts(const rk_sup_opts *o);
  * choose). */
 int sup_omp_one(const rk_sup_opts *o);
 
-/* ---- run.c --------------------------------------------------------------------------------- */
+/* ---- pending.c ----------------------------------------------------------------------------- */
 
 /* An incident whose recovery is measured when the job next applies a step. */
 void sup_pend(sup *s, rk_incident *i);
+/* A relaunch's incident: pending, with the steps each rank had done (its lost steps). */
+void sup_pend_relaunch(sup *s, rk_incident *i);
 /* The job is back at work: every pending incident recovered now. */
 void sup_resolve_pending(sup *s, int64_t resumed_from);
+/* The job ends without having recovered: the pending incidents written without a recovery. */
+void sup_flush_pending(sup *s);
 
 #endif

@@ -70,9 +70,9 @@ static int stuck_ranks(sup *s, int *rank, char *who, size_t cap, int *stuck_out)
 static void check_timeouts(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (s->failing)
+    if (sup_failing(s))
         return;
-    if (s->hellos < s->n) {
+    if (sup_hellos(s) < s->n) {
         if (now - s->t_launch > s->o->startup_timeout_s) {
             int r;
             char who[256];
@@ -87,7 +87,7 @@ static void check_timeouts(sup *s)
     }
     for (int k = 0; k < s->nconn; k++) {
         rk_sup_conn *c = &s->c[k];
-        if (c->rank < 0 || c->bye || now - c->last <= s->o->hb_timeout_s)
+        if (c->rank < 0 || sup_conn_left(c) || now - c->last <= s->o->hb_timeout_s)
             continue;
         int r;
         char who[256];
@@ -138,14 +138,13 @@ static rk_sup_next judge(sup *s, int exited, int code)
 {
     rk_sup_seen *e = &s->seen;
     e->ranks = s->n;
-    e->hellos = s->hellos;
+    e->hellos = sup_hellos(s);
     e->done = 0;
     for (int k = 0; k < s->nconn; k++)
-        if (s->c[k].rank >= 0 && s->c[k].bye && s->c[k].bye_done)
-            e->done++;
+        e->done += s->c[k].st == SUP_CONN_DONE;
     e->exited = exited;
     e->status = exited ? code : -1;
-    e->stop_sent = s->stop_sent;
+    e->stop_sent = sup_stop_sent(s);
     e->interrupted = rk_sup_interrupted != 0;
     rk_sup_classify(e, &s->v);
     if (s->b.ops->blame && s->v.next == RK_SUP_RELAUNCH && s->v.kind != RK_SUP_KIND_NONE &&
@@ -170,9 +169,9 @@ static rk_sup_next judge(sup *s, int exited, int code)
         snprintf(s->vdetail, sizeof s->vdetail, "%s",
                  s->storage_detail[0] ? s->storage_detail
                                       : "a rank exited with status 6 (RK_EXIT_STORAGE)");
-    else if (s->failing && exited)
+    else if (sup_failing(s) && exited)
         snprintf(s->vdetail, sizeof s->vdetail, "%s; launcher exit status %d", s->fdetail, code);
-    else if (s->failing)
+    else if (sup_failing(s))
         snprintf(s->vdetail, sizeof s->vdetail, "%s", s->fdetail);
     else
         snprintf(s->vdetail, sizeof s->vdetail, "the launcher exited with status %d at step %lld",
@@ -213,18 +212,16 @@ static rk_sup_next judge(sup *s, int exited, int code)
 static int on_interrupt(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (rk_sup_interrupted && !s->stopping) { /* the grace runs from the first signal seen */
-        s->stopping = 1;
-        s->stop_t = now;
-    }
+    if (rk_sup_interrupted && s->intr_t < 0) /* the grace runs from the first signal seen */
+        s->intr_t = now;
     rk_sup_intr what =
-        rk_sup_interrupt(rk_sup_interrupted, s->stop_sent, now, s->stop_t, s->o->stop_grace_s);
+        rk_sup_interrupt(rk_sup_interrupted, sup_stop_sent(s), now, s->intr_t, s->o->stop_grace_s);
     if (what == RK_SUP_INTR_SEND_STOP) {
         sup_say(s, "interrupted: asking the ranks to checkpoint and stop (within %g s)",
                 s->o->stop_grace_s);
         sup_stop_job(s);
-        what =
-            rk_sup_interrupt(rk_sup_interrupted, s->stop_sent, now, s->stop_t, s->o->stop_grace_s);
+        what = rk_sup_interrupt(rk_sup_interrupted, sup_stop_sent(s), now, s->intr_t,
+                                s->o->stop_grace_s);
     }
     if (what == RK_SUP_INTR_NONE)
         return 0;
@@ -253,7 +250,7 @@ static void pace(sup *s, double *last)
         int np = 0;
         p[np++] = (struct pollfd){s->listen_fd, POLLIN, 0};
         for (int k = 0; k < s->nconn; k++)
-            if (s->c[k].fd >= 0 && s->c[k].rank < 0 && !s->c[k].ignored) {
+            if (s->c[k].fd >= 0 && s->c[k].st == SUP_CONN_STRANGER) {
                 map[np - 1] = k;
                 p[np++] = (struct pollfd){s->c[k].fd, POLLIN, 0};
             }
@@ -279,6 +276,7 @@ rk_sup_next sup_watch(sup *s)
         pace(s, &last);
         if (s->b.ops->pump) /* the backend's link: the remote ranks' streams, its nodes */
             s->b.ops->pump(s->b.ctx, 0);
+        sup_count_recorded(s); /* what the handlers recorded, acted on once a round */
         if (on_interrupt(s))
             return RK_SUP_INTERRUPTED;
         struct pollfd p[RK_SUP_MAX_CONNS + 1];
@@ -318,6 +316,7 @@ rk_sup_next sup_watch(sup *s)
             if (p[0].revents & POLLIN)
                 sup_accept(s);
         }
+        sup_count_recorded(s);
         sup_expire_strangers(s);
         check_timeouts(s);
         sup_gate_tick(s);
@@ -330,6 +329,7 @@ rk_sup_next sup_watch(sup *s)
             for (int k = 0; k < s->nconn; k++)
                 while (s->c[k].fd >= 0 && sup_read_conn(s, &s->c[k]))
                     ;
+            sup_count_recorded(s);
             teardown(s, 0.5);
             return judge(s, 1, code);
         }
@@ -338,7 +338,7 @@ rk_sup_next sup_watch(sup *s)
          * A rank that vanished or said it exits: the launcher's exit status says what the
          * failure was, so give it a few seconds to exit by itself (it ends the other ranks);
          * then tear down. */
-        if (s->failing &&
+        if (sup_failing(s) &&
             rk_sup_teardown_due(&s->seen, rk_ledger_now(&s->g), s->ftime, RK_SUP_EXIT_WAIT_S)) {
             teardown(s, 0);
             return judge(s, 0, -1);
