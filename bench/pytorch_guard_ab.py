@@ -17,6 +17,12 @@ does. Rank 0 times each block by its own clock and prints, at the end, one line
 where each on-block's ratio is its rate against the mean of the off-blocks on either side of
 it (a slow spell of the machine falls on both). The first two blocks are warm-up and left out.
 Run the script with its guards on (--guard on): the wrapper turns them off in the off-blocks.
+
+With RK_GUARD_AB_WHAT=vector the guards stay on and what switches is where the step's vector
+goes with 3 or more ranks: its own small all-reduce in the off-blocks (what the Job does),
+folded into the last bucket in the on-blocks (what it does with 2 ranks; the sums differ in
+the last bits, the cost is what is timed): a ratio above 1 is the share of a step the vector's
+own all-reduce costs.
 """
 
 import os
@@ -36,18 +42,27 @@ def main():
     marks = []  # (step_no at the block's start, time, guard of the block)
     state = {}
 
+    from rekindle.torch import _hook
+    vector = os.environ.get("RK_GUARD_AB_WHAT", "guard") == "vector"
+
+    def switch(self, on):
+        if vector:
+            _hook._FUSE_WORLD_MAX = 1 << 30 if on else 2
+        else:
+            self.guard = on
+
     def job_init(self, *a, **kw):
         init(self, *a, **kw)
         state["block"] = int(os.environ.get("RK_GUARD_AB_BLOCK", "0")) or self.ckpt_every or 50
-        state["want"] = self.guard  # the script's setting: the on-blocks'
-        self.guard = False  # block 0: off
+        state["want"] = True if vector else self.guard  # the script's setting: the on-blocks'
+        switch(self, False)  # block 0: off
         marks.append((self.step_no, time.monotonic(), False))
 
     def job_step(self):
         applied = step(self)
         if applied and self.step_no % state["block"] == 0:
             on = (self.step_no // state["block"]) % 2 == 1 and state["want"]
-            self.guard = on
+            switch(self, on)
             marks.append((self.step_no, time.monotonic(), on))
         return applied
 

@@ -10,6 +10,10 @@ import torch.distributed  # noqa: F401  (the fallback when the Job is gone)
 # copies of the bucket, each cheaper than a collective's latency); a larger one leaves the
 # bucket in place and reduces the vector in a second, small all-reduce.
 _FUSE_MAX = 1 << 18
+# the most ranks whose step vector rides in the last bucket (with more, every element's ring
+# sum would move: the vector has its own all-reduce); bench/pytorch_guard_ab.py's "vector" A/B
+# raises it in its on-blocks to time that all-reduce
+_FUSE_WORLD_MAX = 2
 _SAME = (torch.float32, torch.float64)
 _vector_norm = torch.linalg.vector_norm
 _Future = torch._C.Future
@@ -62,14 +66,14 @@ def _comm_hook(state, bucket):
         _add_sumsq(job, buf, cpu)
     last = bucket.is_last()
     n = buf.numel()
-    fuse = last and same and n <= _FUSE_MAX and world <= 2
+    fuse = last and same and n <= _FUSE_MAX and world <= _FUSE_WORLD_MAX
     if last and not fuse:
         # the vector on its own, as float64 (a half-precision bucket cannot hold the hash)
         vec = job._vector(job._sumsq, torch.float64, buf.device)
         if cpu:
             vec = torch.tensor(vec, dtype=torch.float64)
-        job._pg.allreduce([vec], job._ar_opts).wait()
-        job._vec = vec.tolist() if cpu else vec
+        # started now, waited for after the last bucket's: gloo runs the two rings at once
+        vec_work = job._pg.allreduce([vec], job._ar_opts)
     # scaled as DDP's own reducer does, by the reciprocal (x * (1 / 3) is not always x / 3)
     if fuse:
         flat, head, tail, tail_np, _ = _scratch(job, bucket.index(), buf, n, fuse, cpu)
@@ -94,6 +98,9 @@ def _comm_hook(state, bucket):
         job._pg.allreduce([flat], job._ar_opts).wait()
         if fuse:
             job._vec = tail_np.tolist() if cpu else tail.clone()
+        else:
+            vec_work.wait()
+            job._vec = vec.tolist() if cpu else vec
         if job.guard:  # one pass over the reduced bucket: is its sum finite (step() asks)
             if cpu and not math.isfinite(float(head.sum())):
                 _add_redsum(job, head, cpu)
