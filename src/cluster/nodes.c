@@ -139,13 +139,9 @@ static bool send_msg(rk_nodes *t, rk_net_peer *p, int ci, uint8_t type, const ch
  * (a node's own peer, or a scratch one for a node index this job does not have). */
 static void refuse_with(rk_nodes *t, rk_net_peer *p, int ci, const char *reason)
 {
-    rk_node_reason r;
-    snprintf(r.reason, sizeof r.reason, "%s", reason);
-    char payload[RK_NODE_PAYLOAD_MAX];
-    size_t len;
     rk_err e = {0};
-    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e) == RK_OK)
-        send_msg(t, p, ci, RK_NODE_MSG_REFUSED, payload, len, &e);
+    rk_node_send_reason(p, &t->key, t->conns[ci].fd, RK_NODE_MSG_REFUSED, reason, t->conns[ci].from,
+                        &e);
     conn_refuse(t, ci, reason);
 }
 
@@ -542,19 +538,14 @@ int rk_nodes_count_connected(const rk_nodes *t)
 
 void rk_nodes_bye(rk_nodes *t, const char *reason)
 {
-    rk_node_reason r;
-    snprintf(r.reason, sizeof r.reason, "%s", reason ? reason : "done");
-    char payload[RK_NODE_PAYLOAD_MAX];
-    size_t len;
     rk_err e = {0};
-    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e))
-        len = 0;
     say_hushed(t, true); /* the job ends: the count of what was held back, now */
     for (int k = 0; k < t->o.nodes; k++) {
         nodeinfo *n = &t->nodes[k];
         if (n->state != NODE_UP || n->conn < 0)
             continue;
-        send_msg(t, &n->peer, n->conn, RK_NODE_MSG_BYE, payload, len, &e);
+        rk_node_send_reason(&n->peer, &t->key, t->conns[n->conn].fd, RK_NODE_MSG_BYE,
+                            reason ? reason : "done", t->conns[n->conn].from, &e);
         conn_close(t, n->conn);
         n->state = NODE_LEFT;
     }

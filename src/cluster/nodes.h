@@ -115,6 +115,13 @@ int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_er
 int rk_node_welcome_parse(const void *payload, size_t len, rk_node_welcome *w, rk_err *err);
 int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_err *err);
 
+struct rk_net_peer; /* net/peer.h */
+/* Send a BYE or REFUSED (`type`) with `reason` (formatted as rk_node_reason_format) on fd,
+ * sealed with p's counters: the one way either end says why it ends a link. RK_OK, or the
+ * send's error (net/peer.h: rk_net_peer_send, `to` naming the peer). */
+int rk_node_send_reason(struct rk_net_peer *p, const rk_net_secret *key, int fd, uint8_t type,
+                        const char *reason, const char *to, rk_err *err);
+
 /* snprintf into out[cap] at *len, advancing *len; false when it does not fit. */
 __attribute__((format(printf, 4, 5))) bool rk_node_put(char *out, size_t cap, size_t *len,
                                                        const char *fmt, ...);
