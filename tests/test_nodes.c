@@ -19,9 +19,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "cluster/chan.h"
 #include "cluster/nodes.h"
 #include "net/peer.h"
 #include "net/sock.h"
@@ -244,6 +246,71 @@ static void test_launch_messages(void **state)
     assert_int_equal(rk_node_data_parse(zero4, 4, 1, &chan, &bytes, &n, &e), RK_EFORMAT);
     assert_int_equal(rk_node_data_format(1, fr, RK_NODE_DATA_MAX + 1, fr, sizeof fr, &len, &e),
                      RK_EINVAL);
+}
+
+/* What a channel sent (chan.h's send function). */
+typedef struct sent {
+    int n;
+    uint8_t type[8];
+    uint8_t payload[8][RK_NODE_DATA_MAX + 8];
+    size_t len[8];
+} sent;
+
+static int capture(void *ctx, uint8_t type, const void *payload, size_t len)
+{
+    sent *s = ctx;
+    if (s->n == 8)
+        return -1;
+    s->type[s->n] = type;
+    memcpy(s->payload[s->n], payload, len);
+    s->len[s->n++] = len;
+    return 0;
+}
+
+/* A stream as a channel (chan.c): what one end forwards, the other takes, in the same frames;
+ * the stream's end is said to the caller, who sends the CLOSE. */
+static void test_channel(void **state)
+{
+    (void)state;
+    int sp[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    static sent s;
+    memset(&s, 0, sizeof s);
+    assert_int_equal(rk_node_chan_forward(sp[0], 9, capture, &s), 0); /* nothing waits */
+    assert_int_equal(write(sp[1], "step 1\n", 7), 7);
+    assert_int_equal(rk_node_chan_forward(sp[0], 9, capture, &s), 1);
+    close(sp[1]);
+    assert_int_equal(rk_node_chan_forward(sp[0], 9, capture, &s), -1); /* ended: nothing sent */
+    assert_int_equal(s.n, 1);
+    assert_int_equal(rk_node_chan_send(9, RK_NODE_MSG_CLOSE, NULL, 0, capture, &s), 0);
+    close(sp[0]);
+    uint32_t chan;
+    const uint8_t *bytes;
+    size_t n;
+    rk_err e = {0};
+    assert_int_equal(s.type[0], RK_NODE_MSG_DATA);
+    assert_int_equal(rk_node_chan_take(s.type[0], s.payload[0], s.len[0], &chan, &bytes, &n, &e),
+                     0);
+    assert_true(chan == 9 && n == 7 && memcmp(bytes, "step 1\n", 7) == 0);
+    assert_int_equal(s.type[1], RK_NODE_MSG_CLOSE);
+    assert_int_equal(rk_node_chan_take(s.type[1], s.payload[1], s.len[1], &chan, &bytes, &n, &e),
+                     1);
+    assert_true(chan == 9 && n == 0);
+    /* a stack dump's frames are taken the same way; an end with bytes, or another type, not */
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_STACK, s.payload[0], s.len[0], &chan, &bytes, &n, &e), 0);
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_STACK_END, s.payload[1], s.len[1], &chan, &bytes, &n, &e), 1);
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_CLOSE, s.payload[0], s.len[0], &chan, &bytes, &n, &e),
+        RK_EFORMAT);
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_KILL, s.payload[0], s.len[0], &chan, &bytes, &n, &e),
+        RK_EINVAL);
+    /* a send that fails is said */
+    s.n = 8;
+    assert_int_equal(rk_node_chan_send(9, RK_NODE_MSG_DATA, "x", 1, capture, &s), -1);
+    assert_int_equal(rk_node_chan_send(0, RK_NODE_MSG_DATA, "x", 1, capture, &s), -1);
 }
 
 /* HEALTH: a round trip with and without the optional fields, a reason with a control
@@ -744,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_launch_messages),
         cmocka_unit_test(test_health_message),
         cmocka_unit_test(test_stacks_message),
+        cmocka_unit_test(test_channel),
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),

@@ -34,6 +34,7 @@
 
 #include "base/clock.h"
 #include "base/proc.h"
+#include "cluster/chan.h"
 #include "net/secret.h"
 #include "supervisor/backend.h"
 
@@ -286,14 +287,15 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         uint32_t id;
         const uint8_t *bytes;
         size_t n;
-        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_CLOSE, &id, &bytes, &n, &e)) {
+        int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
+        if (end < 0) {
             sup_say(cl->s, "node %d: %s", k, e.msg);
             return;
         }
         chan *x = chan_of(cl, k, id, 1);
         if (!x)
             return;
-        if (type == RK_NODE_MSG_CLOSE || relay_write(cl, x, bytes, n) != 0) {
+        if (end || relay_write(cl, x, bytes, n) != 0) {
             close(x->relay); /* the job reads the end of the stream */
             x->relay = -1;
         }
@@ -304,14 +306,15 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         uint32_t id;
         const uint8_t *bytes;
         size_t n;
-        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_STACK_END, &id, &bytes, &n, &e)) {
+        int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
+        if (end < 0) {
             sup_say(cl->s, "node %d: %s", k, e.msg);
             return;
         }
         chan *x = chan_of(cl, k, id, 0);
         if (!x || x->stack_rank < 0 || x->stack_end)
             return; /* not asked for, or done */
-        if (type == RK_NODE_MSG_STACK_END) {
+        if (end) {
             x->stack_end = 1;
             return;
         }
@@ -518,30 +521,35 @@ static void reap_agents(sup_cluster *cl)
     }
 }
 
+/* A channel's sends to its node (chan.h's rk_node_send_fn). */
+typedef struct to_node {
+    sup_cluster *cl;
+    int k;
+} to_node;
+
+static int send_to_node(void *ctx, uint8_t type, const void *payload, size_t len)
+{
+    const to_node *to = ctx;
+    rk_err e = {0};
+    return rk_nodes_send(to->cl->t, to->k, type, payload, len, &e) == RK_OK ? 0 : -1;
+}
+
 /* Relay what the job wrote to remote ranks (commands) to their agents; a stream the job
  * closed ends its channel. */
 static void relay_back(sup_cluster *cl)
 {
     for (int i = 0; i < cl->nchans; i++) {
         chan *x = &cl->chans[i];
-        if (x->relay < 0)
-            continue;
-        uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
-        for (int k = 0; k < 8; k++) {
-            ssize_t r = recv(x->relay, buf, sizeof buf, MSG_DONTWAIT);
-            if (r < 0 && (errno == EAGAIN || errno == EINTR))
+        to_node to = {cl, x->node};
+        for (int k = 0; k < 8 && x->relay >= 0; k++) {
+            int r = rk_node_chan_forward(x->relay, x->id, send_to_node, &to);
+            if (r == 0)
                 break;
-            rk_err e = {0};
-            size_t len;
-            if (r <= 0) { /* the job closed it: the channel ends */
-                if (rk_node_data_format(x->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
-                    rk_nodes_send(cl->t, x->node, RK_NODE_MSG_CLOSE, out, len, &e);
+            if (r < 0) { /* the job closed it: the channel ends */
+                rk_node_chan_send(x->id, RK_NODE_MSG_CLOSE, NULL, 0, send_to_node, &to);
                 close(x->relay);
                 x->relay = -1;
-                break;
             }
-            if (rk_node_data_format(x->id, buf, (size_t)r, out, sizeof out, &len, &e) == RK_OK)
-                rk_nodes_send(cl->t, x->node, RK_NODE_MSG_DATA, out, len, &e);
         }
     }
 }
