@@ -802,6 +802,87 @@ static void test_probe(void **state)
     rk_nodes_free(t);
 }
 
+/* A caller full for the round (on_msg returns nonzero) is handed no more messages until the
+ * next poll: an agent's burst of DATA, sent before its link closed, comes one message a poll,
+ * in order, none lost, and the node's loss only after its last frame. */
+typedef struct taker {
+    events ev; /* first: on_event's context */
+    int n, polls;
+    uint32_t chan[16];
+    int poll_of[16];
+    int lost_before[16];
+} taker;
+
+static int take_one(void *ctx, int node, uint8_t type, const uint8_t *payload, size_t len)
+{
+    taker *tk = ctx;
+    uint32_t chan;
+    const uint8_t *bytes;
+    size_t n;
+    assert_int_equal(node, 1);
+    assert_int_equal(type, RK_NODE_MSG_DATA);
+    assert_int_equal(rk_node_chan_take(type, payload, len, &chan, &bytes, &n, NULL), 0);
+    if (tk->n < 16) {
+        tk->chan[tk->n] = chan;
+        tk->poll_of[tk->n] = tk->polls;
+        tk->lost_before[tk->n] = count_kind(&tk->ev, RK_NODE_LOST);
+        tk->n++;
+    }
+    return 1; /* full: no more this round */
+}
+
+static void test_full_caller_holds_back(void **state)
+{
+    (void)state;
+    rk_net_secret key = key_of(0x5a);
+    static taker tk;
+    memset(&tk, 0, sizeof tk);
+    rk_nodes_opts o = {.listen_host = "127.0.0.1",
+                       .nodes = 2,
+                       .generation = 1,
+                       .timeout_s = 5,
+                       .on_event = on_event,
+                       .on_msg = take_one,
+                       .ctx = &tk};
+    memcpy(o.job, JOB, sizeof o.job);
+    rk_nodes *t = NULL;
+    assert_int_equal(rk_nodes_open(&t, &o, &key, NULL), RK_OK);
+    rk_net_peer agent, from_coord;
+    rk_net_peer_init(&agent, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    rk_net_peer_init(&from_coord, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    static rk_net_reader r;
+    int fd = join(t, &key, &agent, &from_coord, &r);
+    enum { BURST = 6 };
+    static uint8_t frames[BURST * (RK_NET_HDR_LEN + RK_NET_TAG_LEN + 16)];
+    size_t at = 0;
+    for (uint32_t c = 1; c <= BURST; c++) {
+        uint8_t payload[16];
+        size_t len, n;
+        assert_int_equal(rk_node_data_format(c, "x\n", 2, payload, sizeof payload, &len, NULL),
+                         RK_OK);
+        assert_int_equal(rk_net_peer_seal(&agent, &key, RK_NODE_MSG_DATA, 0, payload, (uint32_t)len,
+                                          frames + at, sizeof frames - at, &n, NULL),
+                         RK_OK);
+        at += n;
+    }
+    assert_int_equal(rk_net_send_all(fd, frames, at, 1, "t", NULL), RK_OK);
+    close(fd); /* the burst, then the link's end: all of it in the table's socket at once */
+    double end = rk_mono_s() + 3;
+    while (count_kind(&tk.ev, RK_NODE_LOST) == 0 && rk_mono_s() < end) {
+        tk.polls++;
+        assert_int_equal(rk_nodes_poll(t, 0.02, NULL), RK_OK);
+    }
+    assert_int_equal(tk.n, BURST);
+    for (int i = 0; i < BURST; i++) {
+        assert_int_equal(tk.chan[i], (uint32_t)i + 1); /* in order */
+        assert_int_equal(tk.lost_before[i], 0);        /* before the loss */
+        if (i > 0)
+            assert_true(tk.poll_of[i] > tk.poll_of[i - 1]); /* one a poll */
+    }
+    assert_int_equal(count_kind(&tk.ev, RK_NODE_LOST), 1);
+    rk_nodes_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -818,6 +899,7 @@ int main(void)
         cmocka_unit_test(test_flood_keeps_an_agent),
         cmocka_unit_test(test_refusals_are_rate_limited),
         cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_full_caller_holds_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,8 @@
  * sent after it: a node lost meanwhile is the cause (policy.h, rk_sup_node_blame). It is a
  * backend of the supervisor (supervisor/backend.h): the job's loop calls its ops, and it
  * changes the job only through the services there. The node table's callbacks record what
- * they saw; act() acts on it once a round (tick).
+ * they saw (state of the launch, and a bounded queue of facts: a channel opened, a rank's
+ * bytes, a stack dump's, a line to say); act() acts on it once a round (tick), in order.
  */
 #define _GNU_SOURCE
 #include "cluster/cluster.h"
@@ -23,6 +24,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,14 @@
 #define AGENT_EXIT_WAIT_S 3.0
 #define HEALTH_WAIT_S 10.0         /* the agents' first readings, before the first launch */
 #define STACKS_RECV_MAX (64 << 10) /* bytes of one remote rank's stack dump */
+/* The facts the callbacks record between two acts: past the FULL marks the node table hands
+ * out no more messages that round (on_msg says it is full: the rest wait in their links); the
+ * room above them is for the table's events (lines), which cannot wait. */
+#define FACTS_MAX 1024
+#define FACTS_FULL 512
+#define FACT_BYTES_MAX (256 << 10)
+#define FACT_BYTES_FULL (128 << 10)
+#define FACT_LINE_MAX 1024 /* a line to say, with its NUL (>= RK_NODE_DATA_MAX) */
 
 /* A rank's heartbeat stream relayed from its node: a socketpair whose other end the job reads
  * as a connection (sup_add_remote_conn). */
@@ -58,9 +68,28 @@ typedef struct chan {
     int stack_end;
 } chan;
 
+/* What a callback saw, for act(): take_facts acts on each, in the order they came. */
+typedef enum fact_kind {
+    FACT_SAY,      /* a line for the job's status (sup_say) */
+    FACT_OPEN,     /* a rank's channel opened (open_chan) */
+    FACT_DATA,     /* its bytes (relay_write) */
+    FACT_CLOSE,    /* its stream ended */
+    FACT_STACK,    /* bytes of its stack dump (sup_stack_append) */
+    FACT_STACK_END /* the dump is complete */
+} fact_kind;
+
+typedef struct fact {
+    fact_kind kind;
+    int node;
+    uint32_t chan;
+    long pid;      /* OPEN: the rank's process */
+    size_t off, n; /* DATA, STACK: the bytes in fact_bytes; SAY: the line, NUL included */
+} fact;
+
 /* The coordinator's state, all of it (the job's is the supervisor's: it reaches it only
  * through backend.h's services). The node table's callbacks (on_event, on_msg) record what
- * they saw here; act() acts on it once a round of the link, from pump and the waits. */
+ * they saw here and call nothing outside it; act() acts on it once a round of the link, from
+ * pump and the waits (and the ops that send, through take_facts). */
 struct sup_cluster {
     const rk_sup_opts *o;
     struct sup *s; /* the job, from open on (NULL before) */
@@ -116,10 +145,67 @@ struct sup_cluster {
     /* the job's steps said to the agents (PROGRESS), for a fleet on the step clock */
     int64_t progress_sent;
     double progress_t;
+    /* the facts the callbacks recorded, in order, acted on by take_facts (act's first and
+     * last step); facts[fact_head..nfacts) not yet taken */
+    fact facts[FACTS_MAX];
+    int nfacts, fact_head;
+    uint8_t fact_bytes[FACT_BYTES_MAX];
+    size_t fact_used;
+    int lines_dropped; /* lines that found no room: their count is said */
 };
 
 static void kill_ranks(sup_cluster *cl, double grace_s);
 static int start_agent(sup_cluster *cl, int k, const rk_net_secret *key, rk_err *err);
+
+/* ---- the facts recorded -----------------------------------------------------------------------
+ */
+
+/* Room for one more fact of n bytes: its entry, or NULL. */
+static fact *fact_add(sup_cluster *cl, fact_kind kind, int k, size_t n)
+{
+    if (cl->nfacts >= FACTS_MAX || n > FACT_BYTES_MAX - cl->fact_used)
+        return NULL;
+    fact *f = &cl->facts[cl->nfacts++];
+    *f = (fact){.kind = kind, .node = k, .off = cl->fact_used, .n = n};
+    cl->fact_used += n;
+    return f;
+}
+
+/* 1 when the messages of this round fill the queue: the node table holds back the rest. */
+static int facts_full(const sup_cluster *cl)
+{
+    return cl->nfacts >= FACTS_FULL || cl->fact_used >= FACT_BYTES_FULL;
+}
+
+/* A line to say when the loop acts (counted, not kept, when there is no room for it). */
+__attribute__((format(printf, 2, 3))) static void note(sup_cluster *cl, const char *fmt, ...)
+{
+    char line[FACT_LINE_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    fact *f = fact_add(cl, FACT_SAY, -1, len + 1);
+    if (!f) {
+        cl->lines_dropped++;
+        return;
+    }
+    memcpy(cl->fact_bytes + f->off, line, len);
+    cl->fact_bytes[f->off + len] = 0;
+}
+
+/* A channel's bytes (or its end, n = 0) from node k, to be relayed (FACT_DATA, FACT_STACK). */
+static void note_bytes(sup_cluster *cl, fact_kind kind, int k, uint32_t id, const uint8_t *bytes,
+                       size_t n)
+{
+    fact *f = fact_add(cl, kind, k, n);
+    if (!f) /* never: on_msg said full before the queue was */
+        return;
+    f->chan = id;
+    if (n)
+        memcpy(cl->fact_bytes + f->off, bytes, n);
+}
 
 /* ---- the node table's callbacks: they record ----------------------------------------------- */
 
@@ -147,24 +233,24 @@ static void on_event(void *ctx, const rk_node_event *e)
     case RK_NODE_JOINED:
     case RK_NODE_REJOINED:
     case RK_NODE_REBOOTED:
-        sup_say(cl->s, "node %d (%s) %s from %s", k, node_name(cl, k), rk_node_event_name(e->kind),
-                e->from);
+        note(cl, "node %d (%s) %s from %s", k, node_name(cl, k), rk_node_event_name(e->kind),
+             e->from);
         return;
     case RK_NODE_RECONNECT: return;
     case RK_NODE_REFUSED:
-        sup_say(cl->s, "refused a node link from %s: %s", e->from, e->why ? e->why : "");
+        note(cl, "refused a node link from %s: %s", e->from, e->why ? e->why : "");
         return;
     case RK_NODE_HUSHED:
-        sup_say(cl->s,
-                "refused %d more node-link connection%s that sent no HELLO in %g s (not "
-                "logged one by one)",
-                e->count, e->count == 1 ? "" : "s", RK_NODES_HUSH_S);
+        note(cl,
+             "refused %d more node-link connection%s that sent no HELLO in %g s (not logged one "
+             "by one)",
+             e->count, e->count == 1 ? "" : "s", RK_NODES_HUSH_S);
         return;
     case RK_NODE_LEFT:
     case RK_NODE_LOST: break;
     }
-    sup_say(cl->s, "node %d (%s) %s: %s", k, node_name(cl, k), rk_node_event_name(e->kind),
-            e->why ? e->why : "");
+    note(cl, "node %d (%s) %s: %s", k, node_name(cl, k), rk_node_event_name(e->kind),
+         e->why ? e->why : "");
     if (k < 0 || k >= cl->nnodes || !cl->used[k] || cl->lost[k])
         return;
     cl->lost[k] = 1;
@@ -213,13 +299,11 @@ static void close_chans(sup_cluster *cl)
         }
 }
 
-/* A rank's channel opened: a socketpair whose one end the job reads as a connection. The
- * agent checked the rank's process (SO_PEERCRED, its keeper's tree); the link is
- * authenticated, so its pid is believed. */
-static void on_open(sup_cluster *cl, int k, const rk_node_open *m)
+/* A rank's channel opened (an OPEN of this launch): a socketpair whose one end the job reads
+ * as a connection. The agent checked the rank's process (SO_PEERCRED, its keeper's tree); the
+ * link is authenticated, so its pid is believed. */
+static void open_chan(sup_cluster *cl, int k, uint32_t id, long pid)
 {
-    if ((int)m->launch != cl->launch_no + 1 || !cl->used[k])
-        return; /* an earlier launch's */
     chan *x = cl->nchans < MAX_CHANS ? &cl->chans[cl->nchans] : NULL;
     for (int i = 0; !x && i < cl->nchans; i++) /* full: one that ended, no stacks asked */
         if (cl->chans[i].relay < 0 && cl->chans[i].stack_rank < 0)
@@ -231,18 +315,19 @@ static void on_open(sup_cluster *cl, int k, const rk_node_open *m)
         sup_say(cl->s, "node %d: cannot relay a rank's heartbeats: %s", k, strerror(errno));
         return;
     }
-    if (sup_add_remote_conn(cl->s, sp[0], k, m->chan, (long)m->pid) != 0) {
+    if (sup_add_remote_conn(cl->s, sp[0], k, id, pid) != 0) {
         close(sp[1]); /* sp[0] closed by the job */
         return;
     }
     if (x == &cl->chans[cl->nchans])
         cl->nchans++;
-    *x = (chan){.node = k, .id = m->chan, .relay = sp[1], .peer = sp[0], .stack_rank = -1};
+    *x = (chan){.node = k, .id = id, .relay = sp[1], .peer = sp[0], .stack_rank = -1};
 }
 
-/* Feed a remote rank's bytes to its socketpair. The reader is the job's, in this thread: when
- * the pair is full, it reads that connection now (as a round would) and this goes on, so a
- * burst of lines is never cut into a closed stream. -1 only if the connection is gone. */
+/* Feed a remote rank's bytes to its socketpair (act: take_fact). The reader is the job's, in
+ * this thread: when the pair is full, it reads that connection now (as a round would) and this
+ * goes on, so a burst of lines is never cut into a closed stream. -1 only if the connection is
+ * gone. */
 static int relay_write(sup_cluster *cl, chan *x, const uint8_t *bytes, size_t n)
 {
     for (int tries = 0; n > 0 && tries < 64; tries++) {
@@ -260,10 +345,12 @@ static int relay_write(sup_cluster *cl, chan *x, const uint8_t *bytes, size_t n)
     return n == 0 ? 0 : -1;
 }
 
-static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_t len)
+/* A message of the job from node k: the launch's state recorded (LAUNCHED, EXITED, HEALTH),
+ * the rest a fact for act(). */
+static void record(sup_cluster *cl, int k, uint8_t type, const uint8_t *payload, size_t len)
 {
-    sup_cluster *cl = ctx;
     rk_err e = {0};
+    int ours = k >= 0 && k < cl->nnodes && cl->used[k]; /* a node of this launch */
     switch (type) {
     case RK_NODE_MSG_LAUNCHED: {
         rk_node_launched m;
@@ -276,10 +363,14 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
     }
     case RK_NODE_MSG_OPEN: {
         rk_node_open m;
-        if (rk_node_open_parse(payload, len, &m, &e) == RK_OK)
-            on_open(cl, k, &m);
-        else
-            sup_say(cl->s, "node %d: a bad OPEN: %s", k, e.msg);
+        fact *f;
+        if (rk_node_open_parse(payload, len, &m, &e) != RK_OK)
+            note(cl, "node %d: a bad OPEN: %s", k, e.msg);
+        else if ((int)m.launch == cl->launch_no + 1 && ours && /* not an earlier launch's */
+                 (f = fact_add(cl, FACT_OPEN, k, 0))) {
+            f->chan = m.chan;
+            f->pid = (long)m.pid;
+        }
         return;
     }
     case RK_NODE_MSG_DATA:
@@ -288,17 +379,10 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         const uint8_t *bytes;
         size_t n;
         int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
-        if (end < 0) {
-            sup_say(cl->s, "node %d: %s", k, e.msg);
-            return;
-        }
-        chan *x = chan_of(cl, k, id, 1);
-        if (!x)
-            return;
-        if (end || relay_write(cl, x, bytes, n) != 0) {
-            close(x->relay); /* the job reads the end of the stream */
-            x->relay = -1;
-        }
+        if (end < 0)
+            note(cl, "node %d: %s", k, e.msg);
+        else if (ours)
+            note_bytes(cl, end ? FACT_CLOSE : FACT_DATA, k, id, bytes, n);
         return;
     }
     case RK_NODE_MSG_STACK:
@@ -307,22 +391,10 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         const uint8_t *bytes;
         size_t n;
         int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
-        if (end < 0) {
-            sup_say(cl->s, "node %d: %s", k, e.msg);
-            return;
-        }
-        chan *x = chan_of(cl, k, id, 0);
-        if (!x || x->stack_rank < 0 || x->stack_end)
-            return; /* not asked for, or done */
-        if (end) {
-            x->stack_end = 1;
-            return;
-        }
-        if (x->stack_bytes + n > STACKS_RECV_MAX)
-            return;
-        long w = sup_stack_append(cl->s, x->stack_rank, bytes, n);
-        if (w > 0)
-            x->stack_bytes += (size_t)w;
+        if (end < 0)
+            note(cl, "node %d: %s", k, e.msg);
+        else if (ours)
+            note_bytes(cl, end ? FACT_STACK_END : FACT_STACK, k, id, bytes, n);
         return;
     }
     case RK_NODE_MSG_HEALTH: {
@@ -330,7 +402,7 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
         if (!cl->o->health)
             return; /* not asked for */
         if (rk_node_health_parse(payload, len, &m, &e)) {
-            sup_say(cl->s, "node %d: a bad HEALTH: %s", k, e.msg);
+            note(cl, "node %d: a bad HEALTH: %s", k, e.msg);
             return;
         }
         for (int d = 0; d < cl->o->ndevices; d++)
@@ -345,8 +417,8 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
                 note_worst(cl, d);
                 return;
             }
-        sup_say(cl->s, "node %d: a HEALTH for device %u, which the node does not have", k,
-                (unsigned)m.device);
+        note(cl, "node %d: a HEALTH for device %u, which the node does not have", k,
+             (unsigned)m.device);
         return;
     }
     case RK_NODE_MSG_EXITED: {
@@ -370,7 +442,72 @@ static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_
     }
 }
 
+/* The node table's messages: recorded; full once this round's are as many as the queue takes
+ * (the table then holds the rest back until the next round: nodes.h). */
+static int on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_t len)
+{
+    sup_cluster *cl = ctx;
+    record(cl, k, type, payload, len);
+    return facts_full(cl);
+}
+
 /* ---- what the loop does with it: act ------------------------------------------------------ */
+
+/* Act on one fact (its bytes copied out of the queue: the job's read inside relay_write may
+ * take the queue on). */
+static void take_fact(sup_cluster *cl, const fact *f, const uint8_t *bytes)
+{
+    chan *x;
+    switch (f->kind) {
+    case FACT_SAY: sup_say(cl->s, "%s", (const char *)bytes); return;
+    case FACT_OPEN:
+        if (cl->used[f->node]) /* still this launch's (a new one closed the channels) */
+            open_chan(cl, f->node, f->chan, f->pid);
+        return;
+    case FACT_DATA:
+    case FACT_CLOSE:
+        if (!(x = chan_of(cl, f->node, f->chan, 1)))
+            return;
+        if (f->kind == FACT_CLOSE || relay_write(cl, x, bytes, f->n) != 0) {
+            close(x->relay); /* the job reads the end of the stream */
+            x->relay = -1;
+        }
+        return;
+    case FACT_STACK:
+    case FACT_STACK_END:
+        x = chan_of(cl, f->node, f->chan, 0);
+        if (!x || x->stack_rank < 0 || x->stack_end)
+            return; /* not asked for, or done */
+        if (f->kind == FACT_STACK_END) {
+            x->stack_end = 1;
+            return;
+        }
+        if (x->stack_bytes + f->n > STACKS_RECV_MAX)
+            return;
+        long w = sup_stack_append(cl->s, x->stack_rank, bytes, f->n);
+        if (w > 0)
+            x->stack_bytes += (size_t)w;
+        return;
+    }
+}
+
+/* Act on the facts recorded, in the order they came, and empty the queue. */
+static void take_facts(sup_cluster *cl)
+{
+    uint8_t bytes[FACT_LINE_MAX];
+    while (cl->fact_head < cl->nfacts) {
+        fact f = cl->facts[cl->fact_head++];
+        memcpy(bytes, cl->fact_bytes + f.off, f.n); /* f.n <= FACT_LINE_MAX */
+        take_fact(cl, &f, bytes);
+    }
+    cl->nfacts = cl->fact_head = 0;
+    cl->fact_used = 0;
+    if (cl->lines_dropped) {
+        sup_say(cl->s, "%d more node-link line%s not shown (more than fit in one round)",
+                cl->lines_dropped, cl->lines_dropped == 1 ? "" : "s");
+        cl->lines_dropped = 0;
+    }
+}
 
 /* --slurm-drain: the quarantined node drained in Slurm, with the reason (its mark "rk run: "
  * is not rk doctor --slurm's, which therefore never resumes it: docs/slurm.md). */
@@ -581,10 +718,11 @@ static void send_progress(sup_cluster *cl)
     cl->progress_t = now;
 }
 
-/* What the callbacks recorded, acted on once a round: the first failure's end of the other
- * nodes' ranks, the nodes lost, the blame. */
+/* What the callbacks recorded, acted on once a round: the facts (lines, channels, bytes), the
+ * first failure's end of the other nodes' ranks, the nodes lost, the blame. */
 static void act(sup_cluster *cl)
 {
+    take_facts(cl);
     if (cl->kill_due) { /* as the local keeper: the first failure ends every other rank */
         cl->kill_due = 0;
         kill_ranks(cl, 0);
@@ -597,6 +735,7 @@ static void act(sup_cluster *cl)
         probe_nodes(cl);
     take_losses(cl); /* a probe that could not be sent: its node is lost */
     weigh_failure(cl);
+    take_facts(cl); /* what the sends above saw (a node lost): said now */
 }
 
 /* One round of the link: read it (waiting up to wait_s; the callbacks record), then act. */
@@ -669,6 +808,7 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
         for (int k = 0; !rc && k < cl->nnodes; k++)
             if (cl->used[k])
                 rc = send_launch(cl, k, 0, l->done, err);
+        take_facts(cl); /* a node lost on a send says so */
         return rc ? rc : sup_launcher_start(cl->s, err);
     }
     int rc = send_launch(cl, k0, 0, l->done, err);
@@ -681,6 +821,7 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
     for (int k = 0; !rc && k < cl->nnodes; k++)
         if (cl->used[k] && k != k0)
             rc = send_launch(cl, k, cl->launched_port, l->done, err);
+    take_facts(cl);
     return rc;
 }
 
@@ -743,6 +884,7 @@ static void kill_launch(void *ctx, double grace_s)
         return; /* not open */
     if (cl->watch) {
         kill_ranks(cl, 0);
+        take_facts(cl);
         sup_launcher_kill(cl->s, grace_s);
         close_chans(cl);
         return;
@@ -758,6 +900,7 @@ static void kill_launch(void *ctx, double grace_s)
             cl->exited[k] = 1;
         }
     nodes_ended(cl);
+    take_facts(cl);
     close_chans(cl);
 }
 
@@ -776,6 +919,7 @@ static void blame(void *ctx)
     probe_nodes(cl); /* already done if a failure was seen; else from the launcher's exit */
     take_losses(cl);
     weigh_failure(cl);
+    take_facts(cl);
     while (!cl->decided && !cl->node_failed && !rk_sup_interrupted)
         tick(cl, 0.05);
 }
@@ -791,8 +935,10 @@ static int ask_stacks(void *ctx, int node, uint32_t id, int rank)
     size_t len;
     rk_err e = {0};
     if (rk_node_stacks_format(&m, out, sizeof out, &len, &e) ||
-        rk_nodes_send(cl->t, node, RK_NODE_MSG_STACKS, out, len, &e))
+        rk_nodes_send(cl->t, node, RK_NODE_MSG_STACKS, out, len, &e)) {
+        take_facts(cl); /* the node lost on the send says so */
         return -1;
+    }
     x->stack_rank = rank;
     x->stack_bytes = 0;
     x->stack_end = 0;
@@ -1159,7 +1305,9 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
         }
         if (!waiting || rk_mono_s() >= until || rk_sup_interrupted)
             break;
-        if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
+        rc = rk_nodes_poll(cl->t, 0.1, err);
+        take_facts(cl); /* no launch yet: what the nodes said */
+        if (rc)
             goto out;
     }
     if (rk_sup_interrupted)
@@ -1199,7 +1347,9 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
                 waiting += rk_nodes_connected(cl->t, cl->dev_node[e]) && !cl->health[e].have;
             if (!waiting)
                 break;
-            if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
+            rc = rk_nodes_poll(cl->t, 0.1, err);
+            take_facts(cl);
+            if (rc)
                 goto out;
         }
         for (int e = 0; e < o->ndevices; e++)
@@ -1219,6 +1369,7 @@ static void close_cluster(void *ctx)
     close_chans(cl);
     if (cl->t)
         rk_nodes_bye(cl->t, "the job is over");
+    take_facts(cl); /* the refusals' count said at the end */
     double until = rk_mono_s() + AGENT_EXIT_WAIT_S;
     for (int k = 0; k < cl->nnodes; k++) {
         while (cl->rsh[k] > 0) {
