@@ -37,7 +37,8 @@ static int facts_full(const sup_cluster *cl)
     return cl->nfacts >= FACTS_FULL || cl->fact_used >= FACT_BYTES_FULL;
 }
 
-/* A line to say when the loop acts (counted, not kept, when there is no room for it). */
+/* A line to say when the loop acts (counted, not kept, when there is no room for it and one
+ * message more: the table hands one out before it hears the queue is full). */
 __attribute__((format(printf, 2, 3))) static void note(sup_cluster *cl, const char *fmt, ...)
 {
     char line[FACT_LINE_MAX];
@@ -46,7 +47,10 @@ __attribute__((format(printf, 2, 3))) static void note(sup_cluster *cl, const ch
     int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     size_t len = n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-    fact *f = fact_add(cl, FACT_SAY, -1, len + 1);
+    fact *f =
+        cl->nfacts + 1 < FACTS_MAX && len + 1 + FACT_LINE_MAX <= FACT_BYTES_MAX - cl->fact_used
+            ? fact_add(cl, FACT_SAY, -1, len + 1)
+            : NULL;
     if (!f) {
         cl->lines_dropped++;
         return;
@@ -60,7 +64,7 @@ static void note_bytes(sup_cluster *cl, fact_kind kind, int k, uint32_t id, cons
                        size_t n)
 {
     fact *f = fact_add(cl, kind, k, n);
-    if (!f) /* never: on_msg said full before the queue was */
+    if (!f) /* never: on_msg said full before the queue was, and lines leave room for one */
         return;
     f->chan = id;
     if (n)
