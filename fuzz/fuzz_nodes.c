@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/text.h"
+#include "cluster/chan.h"
 #include "cluster/nodes.h"
 
 static void check(int cond)
@@ -170,6 +171,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t n;
         if (rk_node_data_parse(data, size, close, &chan, &bytes, &n, &err) == RK_OK)
             check(chan >= 1 && n == size - 4 && (close ? n == 0 : n >= 1 && n <= RK_NODE_DATA_MAX));
+        else
+            check(err.code == RK_EFORMAT);
+    }
+    /* the channels' messages as both ends take them (chan.h): an end has no bytes */
+    const uint8_t chan_types[] = {RK_NODE_MSG_DATA, RK_NODE_MSG_CLOSE, RK_NODE_MSG_STACK,
+                                  RK_NODE_MSG_STACK_END};
+    for (size_t i = 0; i < sizeof chan_types; i++) {
+        uint32_t chan;
+        const uint8_t *bytes;
+        size_t n;
+        int end = rk_node_chan_take(chan_types[i], data, size, &chan, &bytes, &n, &err);
+        if (end >= 0)
+            check(chan >= 1 && (end == (i % 2 == 1)) && (end ? n == 0 : n >= 1));
         else
             check(err.code == RK_EFORMAT);
     }

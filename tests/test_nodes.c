@@ -19,9 +19,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "cluster/chan.h"
 #include "cluster/nodes.h"
 #include "net/peer.h"
 #include "net/sock.h"
@@ -244,6 +246,71 @@ static void test_launch_messages(void **state)
     assert_int_equal(rk_node_data_parse(zero4, 4, 1, &chan, &bytes, &n, &e), RK_EFORMAT);
     assert_int_equal(rk_node_data_format(1, fr, RK_NODE_DATA_MAX + 1, fr, sizeof fr, &len, &e),
                      RK_EINVAL);
+}
+
+/* What a channel sent (chan.h's send function). */
+typedef struct sent {
+    int n;
+    uint8_t type[8];
+    uint8_t payload[8][RK_NODE_DATA_MAX + 8];
+    size_t len[8];
+} sent;
+
+static int capture(void *ctx, uint8_t type, const void *payload, size_t len)
+{
+    sent *s = ctx;
+    if (s->n == 8)
+        return -1;
+    s->type[s->n] = type;
+    memcpy(s->payload[s->n], payload, len);
+    s->len[s->n++] = len;
+    return 0;
+}
+
+/* A stream as a channel (chan.c): what one end forwards, the other takes, in the same frames;
+ * the stream's end is said to the caller, who sends the CLOSE. */
+static void test_channel(void **state)
+{
+    (void)state;
+    int sp[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    static sent s;
+    memset(&s, 0, sizeof s);
+    assert_int_equal(rk_node_chan_forward(sp[0], 9, capture, &s), 0); /* nothing waits */
+    assert_int_equal(write(sp[1], "step 1\n", 7), 7);
+    assert_int_equal(rk_node_chan_forward(sp[0], 9, capture, &s), 1);
+    close(sp[1]);
+    assert_int_equal(rk_node_chan_forward(sp[0], 9, capture, &s), -1); /* ended: nothing sent */
+    assert_int_equal(s.n, 1);
+    assert_int_equal(rk_node_chan_send(9, RK_NODE_MSG_CLOSE, NULL, 0, capture, &s), 0);
+    close(sp[0]);
+    uint32_t chan;
+    const uint8_t *bytes;
+    size_t n;
+    rk_err e = {0};
+    assert_int_equal(s.type[0], RK_NODE_MSG_DATA);
+    assert_int_equal(rk_node_chan_take(s.type[0], s.payload[0], s.len[0], &chan, &bytes, &n, &e),
+                     0);
+    assert_true(chan == 9 && n == 7 && memcmp(bytes, "step 1\n", 7) == 0);
+    assert_int_equal(s.type[1], RK_NODE_MSG_CLOSE);
+    assert_int_equal(rk_node_chan_take(s.type[1], s.payload[1], s.len[1], &chan, &bytes, &n, &e),
+                     1);
+    assert_true(chan == 9 && n == 0);
+    /* a stack dump's frames are taken the same way; an end with bytes, or another type, not */
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_STACK, s.payload[0], s.len[0], &chan, &bytes, &n, &e), 0);
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_STACK_END, s.payload[1], s.len[1], &chan, &bytes, &n, &e), 1);
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_CLOSE, s.payload[0], s.len[0], &chan, &bytes, &n, &e),
+        RK_EFORMAT);
+    assert_int_equal(
+        rk_node_chan_take(RK_NODE_MSG_KILL, s.payload[0], s.len[0], &chan, &bytes, &n, &e),
+        RK_EINVAL);
+    /* a send that fails is said */
+    s.n = 8;
+    assert_int_equal(rk_node_chan_send(9, RK_NODE_MSG_DATA, "x", 1, capture, &s), -1);
+    assert_int_equal(rk_node_chan_send(0, RK_NODE_MSG_DATA, "x", 1, capture, &s), -1);
 }
 
 /* HEALTH: a round trip with and without the optional fields, a reason with a control
@@ -735,6 +802,87 @@ static void test_probe(void **state)
     rk_nodes_free(t);
 }
 
+/* A caller full for the round (on_msg returns nonzero) is handed no more messages until the
+ * next poll: an agent's burst of DATA, sent before its link closed, comes one message a poll,
+ * in order, none lost, and the node's loss only after its last frame. */
+typedef struct taker {
+    events ev; /* first: on_event's context */
+    int n, polls;
+    uint32_t chan[16];
+    int poll_of[16];
+    int lost_before[16];
+} taker;
+
+static int take_one(void *ctx, int node, uint8_t type, const uint8_t *payload, size_t len)
+{
+    taker *tk = ctx;
+    uint32_t chan;
+    const uint8_t *bytes;
+    size_t n;
+    assert_int_equal(node, 1);
+    assert_int_equal(type, RK_NODE_MSG_DATA);
+    assert_int_equal(rk_node_chan_take(type, payload, len, &chan, &bytes, &n, NULL), 0);
+    if (tk->n < 16) {
+        tk->chan[tk->n] = chan;
+        tk->poll_of[tk->n] = tk->polls;
+        tk->lost_before[tk->n] = count_kind(&tk->ev, RK_NODE_LOST);
+        tk->n++;
+    }
+    return 1; /* full: no more this round */
+}
+
+static void test_full_caller_holds_back(void **state)
+{
+    (void)state;
+    rk_net_secret key = key_of(0x5a);
+    static taker tk;
+    memset(&tk, 0, sizeof tk);
+    rk_nodes_opts o = {.listen_host = "127.0.0.1",
+                       .nodes = 2,
+                       .generation = 1,
+                       .timeout_s = 5,
+                       .on_event = on_event,
+                       .on_msg = take_one,
+                       .ctx = &tk};
+    memcpy(o.job, JOB, sizeof o.job);
+    rk_nodes *t = NULL;
+    assert_int_equal(rk_nodes_open(&t, &o, &key, NULL), RK_OK);
+    rk_net_peer agent, from_coord;
+    rk_net_peer_init(&agent, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    rk_net_peer_init(&from_coord, JOB, 1, RK_NET_COORDINATOR, 1, true);
+    static rk_net_reader r;
+    int fd = join(t, &key, &agent, &from_coord, &r);
+    enum { BURST = 6 };
+    static uint8_t frames[BURST * (RK_NET_HDR_LEN + RK_NET_TAG_LEN + 16)];
+    size_t at = 0;
+    for (uint32_t c = 1; c <= BURST; c++) {
+        uint8_t payload[16];
+        size_t len, n;
+        assert_int_equal(rk_node_data_format(c, "x\n", 2, payload, sizeof payload, &len, NULL),
+                         RK_OK);
+        assert_int_equal(rk_net_peer_seal(&agent, &key, RK_NODE_MSG_DATA, 0, payload, (uint32_t)len,
+                                          frames + at, sizeof frames - at, &n, NULL),
+                         RK_OK);
+        at += n;
+    }
+    assert_int_equal(rk_net_send_all(fd, frames, at, 1, "t", NULL), RK_OK);
+    close(fd); /* the burst, then the link's end: all of it in the table's socket at once */
+    double end = rk_mono_s() + 3;
+    while (count_kind(&tk.ev, RK_NODE_LOST) == 0 && rk_mono_s() < end) {
+        tk.polls++;
+        assert_int_equal(rk_nodes_poll(t, 0.02, NULL), RK_OK);
+    }
+    assert_int_equal(tk.n, BURST);
+    for (int i = 0; i < BURST; i++) {
+        assert_int_equal(tk.chan[i], (uint32_t)i + 1); /* in order */
+        assert_int_equal(tk.lost_before[i], 0);        /* before the loss */
+        if (i > 0)
+            assert_true(tk.poll_of[i] > tk.poll_of[i - 1]); /* one a poll */
+    }
+    assert_int_equal(count_kind(&tk.ev, RK_NODE_LOST), 1);
+    rk_nodes_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -744,12 +892,14 @@ int main(void)
         cmocka_unit_test(test_launch_messages),
         cmocka_unit_test(test_health_message),
         cmocka_unit_test(test_stacks_message),
+        cmocka_unit_test(test_channel),
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_flood_keeps_an_agent),
         cmocka_unit_test(test_refusals_are_rate_limited),
         cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_full_caller_holds_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,17 +64,6 @@ static int send_msg(agent *a, int fd, uint8_t type, const void *payload, size_t 
     return rk_net_peer_send(&a->peer, a->key, fd, type, payload, len, a->at, err);
 }
 
-static void send_bye(agent *a, int fd, const char *reason)
-{
-    rk_node_reason r;
-    snprintf(r.reason, sizeof r.reason, "%s", reason);
-    char payload[RK_NODE_PAYLOAD_MAX];
-    size_t len;
-    rk_err e = {0};
-    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e) == RK_OK)
-        send_msg(a, fd, RK_NODE_MSG_BYE, payload, len, &e);
-}
-
 /* The job's sends (agent_job.h): only on a welcomed link. */
 static int job_send(void *ctx, uint8_t type, const void *payload, size_t len)
 {
@@ -160,7 +149,8 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     for (;;) {
         if (stopping(a)) {
             if (up)
-                send_bye(a, fd, "the agent was stopped");
+                rk_node_send_reason(&a->peer, a->key, fd, RK_NODE_MSG_BYE, "the agent was stopped",
+                                    a->at, &e);
             *outcome = RK_AGENT_STOPPED;
             rk_err_set(err, RK_OK, "stopped");
             return LINK_DONE;

@@ -152,11 +152,10 @@ static void close_chan(chan *c)
 
 /* Send what the rank dumped since the signal (at most STACKS_SEND_MAX bytes of the regular
  * file, opened without following a link) as STACK frames, then STACK_END. */
-static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
+static void send_dump(rk_agent_job *j, chan *c, rk_node_send_fn send, void *ctx)
 {
-    uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
-    size_t len, sent = 0;
-    rk_err e = {0};
+    uint8_t buf[RK_NODE_DATA_MAX];
+    size_t sent = 0;
     int fd = open(c->dump, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     struct stat st;
     if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
@@ -166,8 +165,7 @@ static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx
             ssize_t n = pread(fd, buf, want, at);
             if (n <= 0)
                 break;
-            if (rk_node_data_format(c->id, buf, (size_t)n, out, sizeof out, &len, &e) != RK_OK ||
-                send(ctx, RK_NODE_MSG_STACK, out, len) != 0)
+            if (rk_node_chan_send(c->id, RK_NODE_MSG_STACK, buf, (size_t)n, send, ctx) != 0)
                 break;
             at += n;
             sent += (size_t)n;
@@ -175,8 +173,7 @@ static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx
     }
     if (fd >= 0)
         close(fd);
-    if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
-        send(ctx, RK_NODE_MSG_STACK_END, out, len);
+    rk_node_chan_send(c->id, RK_NODE_MSG_STACK_END, NULL, 0, send, ctx);
     say(j, "sent the stacks of the rank on channel %u: %zu bytes of %s", (unsigned)c->id, sent,
         c->dump);
     c->dumping = 0;
@@ -184,7 +181,7 @@ static void send_dump(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx
 
 /* The dumps asked for: sent once the wait is over (supervisor/stackwait.h: complete, or
  * what is there after RK_STACKS_WAIT_S, maybe nothing). */
-static void pump_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+static void pump_dumps(rk_agent_job *j, rk_node_send_fn send, void *ctx)
 {
     double now = rk_mono_s();
     for (int i = 0; i < MAX_CHANS; i++) {
@@ -195,7 +192,7 @@ static void pump_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
 }
 
 /* Send every dump under way now, as far as it got. */
-static void flush_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+static void flush_dumps(rk_agent_job *j, rk_node_send_fn send, void *ctx)
 {
     for (int i = 0; i < MAX_CHANS; i++)
         if (j->ch[i].dumping)
@@ -205,20 +202,16 @@ static void flush_dumps(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
 /* STACKS: SIGUSR1 to the rank of that channel (a process the kernel named at accept: of the
  * keeper's tree, checked again now, or through the pidfd of a watched one), its dump file
  * watched from now. */
-static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_agent_send_fn send, void *ctx)
+static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_node_send_fn send, void *ctx)
 {
     chan *c = NULL;
     for (int i = 0; i < MAX_CHANS && !c; i++)
         if (j->ch[i].fd >= 0 && j->ch[i].id == m->chan)
             c = &j->ch[i];
-    uint8_t out[8];
-    size_t len;
-    rk_err e = {0};
     if (c && c->dumping)
         return;                         /* the dump under way sends its own end */
     if (!c || m->launch != j->launch) { /* nothing to dump: say so at once */
-        if (rk_node_data_format(m->chan, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
-            send(ctx, RK_NODE_MSG_STACK_END, out, len);
+        rk_node_chan_send(m->chan, RK_NODE_MSG_STACK_END, NULL, 0, send, ctx);
         return;
     }
     int sig = -1;
@@ -231,8 +224,7 @@ static void on_stacks(rk_agent_job *j, const rk_node_stacks *m, rk_agent_send_fn
         sig = kill(c->pid, SIGUSR1);
     }
     if (sig != 0) { /* nothing to ask (a watched rank's dump is in its own directory) */
-        if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
-            send(ctx, RK_NODE_MSG_STACK_END, out, len);
+        rk_node_chan_send(c->id, RK_NODE_MSG_STACK_END, NULL, 0, send, ctx);
         return;
     }
     c->dumping = 1;
@@ -316,40 +308,23 @@ int rk_agent_job_pollfds(const rk_agent_job *j, struct pollfd *p, int cap)
     return n;
 }
 
-static void send_close(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
+/* Relay what a rank said: 1 if bytes went, 0 if none waited, -1 once it closed (what it
+ * dumped goes before the CLOSE). */
+static int relay(rk_agent_job *j, chan *c, rk_node_send_fn send, void *ctx)
 {
-    uint8_t out[8];
-    size_t len;
-    rk_err e = {0};
-    if (c->dumping) /* the rank is gone: what it dumped goes first */
-        send_dump(j, c, send, ctx);
-    if (rk_node_data_format(c->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
-        send(ctx, RK_NODE_MSG_CLOSE, out, len);
-    close_chan(c);
-    (void)j;
-}
-
-/* Relay what a rank said: 1 if bytes went, 0 if none waited, -1 once it closed. */
-static int relay(rk_agent_job *j, chan *c, rk_agent_send_fn send, void *ctx)
-{
-    uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
-    ssize_t r = recv(c->fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r < 0 && (errno == EAGAIN || errno == EINTR))
-        return 0;
-    if (r <= 0) {
-        send_close(j, c, send, ctx);
-        return -1;
+    int r = rk_node_chan_forward(c->fd, c->id, send, ctx);
+    if (r < 0) {
+        if (c->dumping)
+            send_dump(j, c, send, ctx);
+        rk_node_chan_send(c->id, RK_NODE_MSG_CLOSE, NULL, 0, send, ctx);
+        close_chan(c);
     }
-    size_t len;
-    rk_err e = {0};
-    if (rk_node_data_format(c->id, buf, (size_t)r, out, sizeof out, &len, &e) == RK_OK)
-        send(ctx, RK_NODE_MSG_DATA, out, len);
-    return 1;
+    return r;
 }
 
 /* Accept on the private socket (ranks of this agent's keeper) or, `abstract`, on the
  * abstract one (ranks another launcher started: this user's processes). */
-static void accept_ranks(rk_agent_job *j, int abstract, rk_agent_send_fn send, void *ctx)
+static void accept_ranks(rk_agent_job *j, int abstract, rk_node_send_fn send, void *ctx)
 {
     for (int k = 0; k < 16; k++) {
         int fd = accept4(abstract ? j->afd : j->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -401,7 +376,7 @@ static void accept_ranks(rk_agent_job *j, int abstract, rk_agent_send_fn send, v
     }
 }
 
-static void send_exited(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
+static void send_exited(rk_agent_job *j, rk_node_send_fn send, void *ctx)
 {
     char out[RK_NODE_PAYLOAD_MAX];
     size_t n;
@@ -411,7 +386,7 @@ static void send_exited(rk_agent_job *j, rk_agent_send_fn send, void *ctx)
         j->exited_pending = 0;
 }
 
-void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent_send_fn send,
+void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_node_send_fn send,
                         void *ctx)
 {
     for (int q = 2; q < n; q++) {
@@ -487,7 +462,7 @@ static int start(rk_agent_job *j, const rk_node_launch *m, uint32_t port, rk_err
                            (char *const *)env, !(ns && strcmp(ns, "0") == 0), err);
 }
 
-static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_agent_send_fn send, void *ctx)
+static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_node_send_fn send, void *ctx)
 {
     flush_dumps(j, send, ctx);
     end_ranks(j, 0); /* a launch replaces the one before (its EXITED goes first) */
@@ -537,7 +512,7 @@ static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_agent_send_fn 
 }
 
 int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size_t len,
-                     rk_agent_send_fn send, void *ctx)
+                     rk_node_send_fn send, void *ctx)
 {
     rk_err e = {0};
     switch (type) {
@@ -581,7 +556,8 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
         uint32_t id;
         const uint8_t *bytes;
         size_t n;
-        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_CLOSE, &id, &bytes, &n, &e)) {
+        int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
+        if (end < 0) {
             say(j, "a bad %s: %s", rk_node_msg_name(type), e.msg);
             return -1;
         }
@@ -589,8 +565,7 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
             chan *c = &j->ch[i];
             if (c->fd < 0 || c->id != id)
                 continue;
-            if (type == RK_NODE_MSG_CLOSE ||
-                rk_net_send_all(c->fd, bytes, n, WRITE_TIMEOUT_S, "a rank", &e) != RK_OK)
+            if (end || rk_net_send_all(c->fd, bytes, n, WRITE_TIMEOUT_S, "a rank", &e) != RK_OK)
                 close_chan(c);
             break;
         }

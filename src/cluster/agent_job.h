@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cluster/chan.h"
 #include "rekindle/error.h"
 
 typedef struct rk_agent_job_opts {
@@ -36,9 +37,6 @@ typedef struct rk_agent_job_opts {
 
 typedef struct rk_agent_job rk_agent_job;
 
-/* Sends one message on the link: 0, or -1 when the link is gone. */
-typedef int (*rk_agent_send_fn)(void *ctx, uint8_t type, const void *payload, size_t len);
-
 /* The job side of an agent: a private directory and the heartbeat socket in it. */
 int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err);
 /* Ends the ranks (if any), removes the socket and directory. NULL-safe. */
@@ -47,12 +45,12 @@ void rk_agent_job_free(rk_agent_job *j);
 int rk_agent_job_pollfds(const rk_agent_job *j, struct pollfd *p, int cap);
 /* After poll: the entries rk_agent_job_pollfds gave, with their revents. Accepts and checks
  * rank connections, relays what they say. Also reaps the keeper: EXITED once it is gone. */
-void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_agent_send_fn send,
+void rk_agent_job_ready(rk_agent_job *j, const struct pollfd *p, int n, rk_node_send_fn send,
                         void *ctx);
 /* A LAUNCH, DATA, CLOSE or KILL from the coordinator; 0, or -1 for a message that does not
  * parse (the caller drops the link: the coordinator broke the protocol). */
 int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size_t len,
-                     rk_agent_send_fn send, void *ctx);
+                     rk_node_send_fn send, void *ctx);
 /* The link is gone: end the ranks now (no rank is left waiting in a collective for a node
  * the coordinator will call lost), close their channels; EXITED is sent on the next link. */
 void rk_agent_job_link_lost(rk_agent_job *j);

@@ -13,23 +13,20 @@
  * launcher's exit) is blamed on a device only once every node of the launch answered a PING
  * sent after it: a node lost meanwhile is the cause (policy.h, rk_sup_node_blame). It is a
  * backend of the supervisor (supervisor/backend.h): the job's loop calls its ops, and it
- * changes the job only through the services there. The node table's callbacks record what
- * they saw; act() acts on it once a round (tick).
+ * changes the job only through the services there. The node table's callbacks (facts.c)
+ * record what they saw (state of the launch, and a bounded queue of facts: a channel opened,
+ * a rank's bytes, a stack dump's, a line to say); act() acts on it once a round (tick), in
+ * order. The agents' processes are agents.c's; the state all share is coord.h's.
  */
 #define _GNU_SOURCE
-#include "cluster/cluster.h"
+#include "cluster/coord.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -37,337 +34,10 @@
 #include "net/secret.h"
 #include "supervisor/backend.h"
 
-#define MAX_NODES 256
-#define MAX_CHANS 1024       /* the ranks' streams of one launch (rk run's connections) */
 #define LAUNCHED_WAIT_S 10.0 /* rank 0's agent answers LAUNCH within this */
-#define AGENT_EXIT_WAIT_S 3.0
-#define HEALTH_WAIT_S 10.0         /* the agents' first readings, before the first launch */
-#define STACKS_RECV_MAX (64 << 10) /* bytes of one remote rank's stack dump */
-
-/* A rank's heartbeat stream relayed from its node: a socketpair whose other end the job reads
- * as a connection (sup_add_remote_conn). */
-typedef struct chan {
-    int node;    /* -1: a free entry */
-    uint32_t id; /* the channel on the node's link */
-    int relay;   /* our end, -1 once closed */
-    int peer;    /* the job's end (its connection's fd) */
-    /* its stacks asked of its agent (ask_stacks): the rank, bytes written so far, STACK_END */
-    int stack_rank; /* -1: not asked */
-    size_t stack_bytes;
-    int stack_end;
-} chan;
-
-/* The coordinator's state, all of it (the job's is the supervisor's: it reaches it only
- * through backend.h's services). The node table's callbacks (on_event, on_msg) record what
- * they saw here; act() acts on it once a round of the link, from pump and the waits. */
-struct sup_cluster {
-    const rk_sup_opts *o;
-    struct sup *s; /* the job, from open on (NULL before) */
-    rk_nodes *t;
-    int watch; /* one mpirun (or srun) across the hosts starts the ranks; the agents watch */
-    int srun;  /* in a Slurm allocation: srun starts the agents and the ranks */
-    int nnodes;
-    uint8_t job[RK_NET_JOB_ID_LEN];
-    char job_hex[2 * RK_NET_JOB_ID_LEN + 1];
-    char addr[RK_NODE_HOST_MAX + 16];  /* what the agents connect to */
-    pid_t rsh[MAX_NODES];              /* the agent's rsh process, 0 none */
-    double restart_at[MAX_NODES];      /* a node without an agent gets a new one then */
-    double backoff[MAX_NODES];         /* ... and the wait after that one (doubling to 30 s) */
-    rk_net_secret key;                 /* for the agents started later */
-    rk_sup_dev node[MAX_NODES];        /* each node's failures and quarantine (policy.h) */
-    int dev_node[RK_SUP_MAX_DEVICES];  /* device index -> node */
-    int dev_local[RK_SUP_MAX_DEVICES]; /* ... its index on the node */
-    /* this launch (start) */
-    int launch_no, n;
-    int dev[RK_SUP_MAX_DEVICES]; /* rank -> device index */
-    int used[MAX_NODES];         /* the node runs ranks of this launch */
-    int exited[MAX_NODES];       /* ... and said EXITED (or was lost) */
-    int first_rank[MAX_NODES];
-    int status;             /* the launch's status so far: the first failure's, else 0/4 */
-    int ended;              /* every node in use ended: status is the launch's */
-    int failed_rank;        /* the first EXITED's failed rank, -1 none; read once */
-    int failure_seen;       /* a node ended with a failure: the others are being ended */
-    int kill_due;           /* ... recorded by on_msg: act() ends the others' ranks */
-    uint32_t launched_port; /* LAUNCHED from rank 0's node */
-    int launched;
-    chan chans[MAX_CHANS];
-    int nchans;
-    /* nodes of this launch lost: 1 recorded by on_event, 2 acted on by take_losses */
-    int lost[MAX_NODES];
-    double lost_silent[MAX_NODES]; /* ... seconds since its last frame */
-    char lost_why[MAX_NODES][200]; /* ... and why, for the incident */
-    int node_failed;               /* a node's loss is this launch's failure (sup_fail_node) */
-    /* a failure of this launch weighed against the nodes (weigh_failure) */
-    int probing; /* every node of the launch was asked (PING) at probed_at */
-    double probed_at;
-    uint64_t probe[MAX_NODES]; /* ... each node's probe number (rk_nodes_probe) */
-    int decided;               /* the blame is known: a later loss changes no verdict */
-    /* the agents' health readings (HEALTH), by device index; with --health only */
-    struct dev_health {
-        int have; /* a reading came */
-        int sim;
-        rk_sup_health h;
-        char why[RK_NODE_VALUE_MAX + 1];
-        int have_worst; /* the worst of the readings since the last look (health) */
-        rk_sup_health worst;
-        char worst_why[RK_NODE_VALUE_MAX + 1];
-    } health[RK_SUP_MAX_DEVICES];
-    /* the job's steps said to the agents (PROGRESS), for a fleet on the step clock */
-    int64_t progress_sent;
-    double progress_t;
-};
+#define HEALTH_WAIT_S 10.0   /* the agents' first readings, before the first launch */
 
 static void kill_ranks(sup_cluster *cl, double grace_s);
-static int start_agent(sup_cluster *cl, int k, const rk_net_secret *key, rk_err *err);
-
-/* ---- the node table's callbacks: they record ----------------------------------------------- */
-
-static int node_of_rank(const sup_cluster *cl, int r)
-{
-    return r >= 0 && r < cl->n ? cl->dev_node[cl->dev[r]] : -1;
-}
-
-static const char *node_name(const sup_cluster *cl, int k)
-{
-    return k >= 0 && k < cl->o->nhosts ? cl->o->hosts[k].name : "?";
-}
-
-/* The node table's events: said, and recorded (a node of the launch lost, for take_losses). */
-static void on_event(void *ctx, const rk_node_event *e)
-{
-    sup_cluster *cl = ctx;
-    int k = e->node;
-    if (k >= 0 && k < cl->nnodes && e->kind != RK_NODE_JOINED && e->kind != RK_NODE_REFUSED &&
-        e->kind != RK_NODE_HUSHED)
-        for (int d = 0; d < cl->o->ndevices; d++) /* no reading from before counts again */
-            if (cl->dev_node[d] == k)
-                cl->health[d].have = 0;
-    switch (e->kind) {
-    case RK_NODE_JOINED:
-    case RK_NODE_REJOINED:
-    case RK_NODE_REBOOTED:
-        sup_say(cl->s, "node %d (%s) %s from %s", k, node_name(cl, k), rk_node_event_name(e->kind),
-                e->from);
-        return;
-    case RK_NODE_RECONNECT: return;
-    case RK_NODE_REFUSED:
-        sup_say(cl->s, "refused a node link from %s: %s", e->from, e->why ? e->why : "");
-        return;
-    case RK_NODE_HUSHED:
-        sup_say(cl->s,
-                "refused %d more node-link connection%s that sent no HELLO in %g s (not "
-                "logged one by one)",
-                e->count, e->count == 1 ? "" : "s", RK_NODES_HUSH_S);
-        return;
-    case RK_NODE_LEFT:
-    case RK_NODE_LOST: break;
-    }
-    sup_say(cl->s, "node %d (%s) %s: %s", k, node_name(cl, k), rk_node_event_name(e->kind),
-            e->why ? e->why : "");
-    if (k < 0 || k >= cl->nnodes || !cl->used[k] || cl->lost[k])
-        return;
-    cl->lost[k] = 1;
-    cl->lost_silent[k] = e->silent_s;
-    snprintf(cl->lost_why[k], sizeof cl->lost_why[k], "%s", e->why ? e->why : "");
-}
-
-/* A HEALTH came for device d: fold it into the worst since the last look (an agent may send
- * two between two looks of the drain, and a dip in the first counts). */
-static void note_worst(sup_cluster *cl, int d)
-{
-    struct dev_health *x = &cl->health[d];
-    if (!x->have_worst) {
-        x->worst = x->h;
-        memcpy(x->worst_why, x->why, sizeof x->worst_why); /* both NUL-terminated */
-        x->have_worst = 1;
-        return;
-    }
-    x->worst.lost |= x->h.lost;
-    if (x->h.prob > x->worst.prob)
-        x->worst.prob = x->h.prob;
-    if (x->h.score < x->worst.score) {
-        x->worst.score = x->h.score;
-        memcpy(x->worst_why, x->why, sizeof x->worst_why); /* both NUL-terminated */
-    }
-}
-
-/* The channel (node, id) of this launch, its stream ended or not; `live`: only while open. */
-static chan *chan_of(sup_cluster *cl, int node, uint32_t id, int live)
-{
-    for (int i = 0; i < cl->nchans; i++) {
-        chan *x = &cl->chans[i];
-        if (x->node == node && x->id == id && (!live || x->relay >= 0))
-            return x;
-    }
-    return NULL;
-}
-
-/* Every channel closed (a new launch, or the launch's teardown): the job closes its ends. */
-static void close_chans(sup_cluster *cl)
-{
-    for (int i = 0; i < cl->nchans; i++)
-        if (cl->chans[i].relay >= 0) {
-            close(cl->chans[i].relay);
-            cl->chans[i].relay = -1;
-        }
-}
-
-/* A rank's channel opened: a socketpair whose one end the job reads as a connection. The
- * agent checked the rank's process (SO_PEERCRED, its keeper's tree); the link is
- * authenticated, so its pid is believed. */
-static void on_open(sup_cluster *cl, int k, const rk_node_open *m)
-{
-    if ((int)m->launch != cl->launch_no + 1 || !cl->used[k])
-        return; /* an earlier launch's */
-    chan *x = cl->nchans < MAX_CHANS ? &cl->chans[cl->nchans] : NULL;
-    for (int i = 0; !x && i < cl->nchans; i++) /* full: one that ended, no stacks asked */
-        if (cl->chans[i].relay < 0 && cl->chans[i].stack_rank < 0)
-            x = &cl->chans[i];
-    if (!x)
-        return; /* as the job's table when it is full of ranks */
-    int sp[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sp) != 0) {
-        sup_say(cl->s, "node %d: cannot relay a rank's heartbeats: %s", k, strerror(errno));
-        return;
-    }
-    if (sup_add_remote_conn(cl->s, sp[0], k, m->chan, (long)m->pid) != 0) {
-        close(sp[1]); /* sp[0] closed by the job */
-        return;
-    }
-    if (x == &cl->chans[cl->nchans])
-        cl->nchans++;
-    *x = (chan){.node = k, .id = m->chan, .relay = sp[1], .peer = sp[0], .stack_rank = -1};
-}
-
-/* Feed a remote rank's bytes to its socketpair. The reader is the job's, in this thread: when
- * the pair is full, it reads that connection now (as a round would) and this goes on, so a
- * burst of lines is never cut into a closed stream. -1 only if the connection is gone. */
-static int relay_write(sup_cluster *cl, chan *x, const uint8_t *bytes, size_t n)
-{
-    for (int tries = 0; n > 0 && tries < 64; tries++) {
-        ssize_t w = send(x->relay, bytes, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w > 0) {
-            bytes += w;
-            n -= (size_t)w;
-        } else if (w < 0 && (errno == EAGAIN || errno == EINTR) &&
-                   sup_drain_conn(cl->s, x->peer) == 0) {
-            continue; /* the pair's other end is open: its fd is still the connection's */
-        } else {
-            return -1;
-        }
-    }
-    return n == 0 ? 0 : -1;
-}
-
-static void on_msg(void *ctx, int k, uint8_t type, const uint8_t *payload, size_t len)
-{
-    sup_cluster *cl = ctx;
-    rk_err e = {0};
-    switch (type) {
-    case RK_NODE_MSG_LAUNCHED: {
-        rk_node_launched m;
-        if (rk_node_launched_parse(payload, len, &m, &e) == RK_OK &&
-            (int)m.launch == cl->launch_no + 1 && k == node_of_rank(cl, 0)) {
-            cl->launched = 1;
-            cl->launched_port = m.port;
-        }
-        return;
-    }
-    case RK_NODE_MSG_OPEN: {
-        rk_node_open m;
-        if (rk_node_open_parse(payload, len, &m, &e) == RK_OK)
-            on_open(cl, k, &m);
-        else
-            sup_say(cl->s, "node %d: a bad OPEN: %s", k, e.msg);
-        return;
-    }
-    case RK_NODE_MSG_DATA:
-    case RK_NODE_MSG_CLOSE: {
-        uint32_t id;
-        const uint8_t *bytes;
-        size_t n;
-        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_CLOSE, &id, &bytes, &n, &e)) {
-            sup_say(cl->s, "node %d: %s", k, e.msg);
-            return;
-        }
-        chan *x = chan_of(cl, k, id, 1);
-        if (!x)
-            return;
-        if (type == RK_NODE_MSG_CLOSE || relay_write(cl, x, bytes, n) != 0) {
-            close(x->relay); /* the job reads the end of the stream */
-            x->relay = -1;
-        }
-        return;
-    }
-    case RK_NODE_MSG_STACK:
-    case RK_NODE_MSG_STACK_END: {
-        uint32_t id;
-        const uint8_t *bytes;
-        size_t n;
-        if (rk_node_data_parse(payload, len, type == RK_NODE_MSG_STACK_END, &id, &bytes, &n, &e)) {
-            sup_say(cl->s, "node %d: %s", k, e.msg);
-            return;
-        }
-        chan *x = chan_of(cl, k, id, 0);
-        if (!x || x->stack_rank < 0 || x->stack_end)
-            return; /* not asked for, or done */
-        if (type == RK_NODE_MSG_STACK_END) {
-            x->stack_end = 1;
-            return;
-        }
-        if (x->stack_bytes + n > STACKS_RECV_MAX)
-            return;
-        long w = sup_stack_append(cl->s, x->stack_rank, bytes, n);
-        if (w > 0)
-            x->stack_bytes += (size_t)w;
-        return;
-    }
-    case RK_NODE_MSG_HEALTH: {
-        rk_node_health m;
-        if (!cl->o->health)
-            return; /* not asked for */
-        if (rk_node_health_parse(payload, len, &m, &e)) {
-            sup_say(cl->s, "node %d: a bad HEALTH: %s", k, e.msg);
-            return;
-        }
-        for (int d = 0; d < cl->o->ndevices; d++)
-            if (cl->dev_node[d] == k && cl->dev_local[d] == (int)m.device) {
-                cl->health[d].have = 1;
-                cl->health[d].sim = (int)m.sim;
-                cl->health[d].h =
-                    (rk_sup_health){.lost = (int)m.lost,
-                                    .score = (int)m.score,
-                                    .prob = m.prob_ppm < 0 ? -1.0 : (double)m.prob_ppm / 1e6};
-                snprintf(cl->health[d].why, sizeof cl->health[d].why, "%s", m.why);
-                note_worst(cl, d);
-                return;
-            }
-        sup_say(cl->s, "node %d: a HEALTH for device %u, which the node does not have", k,
-                (unsigned)m.device);
-        return;
-    }
-    case RK_NODE_MSG_EXITED: {
-        rk_node_exited m;
-        if (rk_node_exited_parse(payload, len, &m, &e) || (int)m.launch != cl->launch_no + 1 ||
-            k >= cl->nnodes || !cl->used[k] || cl->exited[k])
-            return;
-        cl->exited[k] = 1;
-        int bad = m.status != RK_EXIT_OK && m.status != RK_EXIT_STOPPED;
-        if (bad && !cl->failure_seen) {
-            cl->failure_seen = 1;
-            cl->status = (int)m.status;
-            cl->failed_rank = (int)m.failed;
-            cl->kill_due = 1; /* as the local keeper: the first failure ends every other rank */
-        } else if (!cl->failure_seen && m.status == RK_EXIT_STOPPED) {
-            cl->status = RK_EXIT_STOPPED;
-        }
-        return;
-    }
-    default: return;
-    }
-}
-
-/* ---- what the loop does with it: act ------------------------------------------------------ */
 
 /* --slurm-drain: the quarantined node drained in Slurm, with the reason (its mark "rk run: "
  * is not rk doctor --slurm's, which therefore never resumes it: docs/slurm.md). */
@@ -483,69 +153,6 @@ static void probe_nodes(sup_cluster *cl)
             cl->probe[k] = rk_nodes_probe(cl->t, k); /* 0: not connected, lost (recorded) */
 }
 
-/* Reap agents' rsh processes that ended (an agent that exits is a node gone), and start a
- * new agent for a node that has none and is not connected (its host rebooted, its agent
- * died), with backoff: a new generation for the node, so the new process's frames count
- * from 1 and the old one's are refused. It may run ranks again from the next launch. */
-static void reap_agents(sup_cluster *cl)
-{
-    double now = rk_mono_s();
-    for (int k = 0; k < cl->nnodes; k++) {
-        int st;
-        if (cl->rsh[k] > 0) {
-            pid_t r = waitpid(cl->rsh[k], &st, WNOHANG);
-            if (r == cl->rsh[k] || (r < 0 && errno == ECHILD)) {
-                cl->rsh[k] = 0;
-                if (cl->backoff[k] < 1)
-                    cl->backoff[k] = 1;
-                cl->restart_at[k] = now + cl->backoff[k];
-            }
-            continue;
-        }
-        if (cl->node[k].quarantined || rk_nodes_connected(cl->t, k) || now < cl->restart_at[k] ||
-            rk_sup_interrupted || !rk_nodes_host(cl->t, k)) /* never joined: never up */
-            continue;
-        rk_nodes_renew(cl->t, k, rk_nodes_generation(cl->t, k) + 1);
-        rk_err e = {0};
-        if (start_agent(cl, k, &cl->key, &e))
-            sup_say(cl->s, "node %d (%s): cannot start a new agent: %s", k, node_name(cl, k),
-                    e.msg);
-        else
-            sup_say(cl->s, "node %d (%s): its agent is gone; started a new one (generation %u)", k,
-                    node_name(cl, k), (unsigned)rk_nodes_generation(cl->t, k));
-        cl->backoff[k] = cl->backoff[k] * 2 > 30 ? 30 : cl->backoff[k] * 2;
-        cl->restart_at[k] = now + cl->backoff[k];
-    }
-}
-
-/* Relay what the job wrote to remote ranks (commands) to their agents; a stream the job
- * closed ends its channel. */
-static void relay_back(sup_cluster *cl)
-{
-    for (int i = 0; i < cl->nchans; i++) {
-        chan *x = &cl->chans[i];
-        if (x->relay < 0)
-            continue;
-        uint8_t buf[RK_NODE_DATA_MAX], out[RK_NODE_DATA_MAX + 8];
-        for (int k = 0; k < 8; k++) {
-            ssize_t r = recv(x->relay, buf, sizeof buf, MSG_DONTWAIT);
-            if (r < 0 && (errno == EAGAIN || errno == EINTR))
-                break;
-            rk_err e = {0};
-            size_t len;
-            if (r <= 0) { /* the job closed it: the channel ends */
-                if (rk_node_data_format(x->id, NULL, 0, out, sizeof out, &len, &e) == RK_OK)
-                    rk_nodes_send(cl->t, x->node, RK_NODE_MSG_CLOSE, out, len, &e);
-                close(x->relay);
-                x->relay = -1;
-                break;
-            }
-            if (rk_node_data_format(x->id, buf, (size_t)r, out, sizeof out, &len, &e) == RK_OK)
-                rk_nodes_send(cl->t, x->node, RK_NODE_MSG_DATA, out, len, &e);
-        }
-    }
-}
-
 /* The job's steps to every connected agent whose simulated fleet ages with them
  * (--sim-step-time): when they changed, at most 10 times a second, and every second anyway
  * (an agent that came back hears it). */
@@ -573,22 +180,24 @@ static void send_progress(sup_cluster *cl)
     cl->progress_t = now;
 }
 
-/* What the callbacks recorded, acted on once a round: the first failure's end of the other
- * nodes' ranks, the nodes lost, the blame. */
+/* What the callbacks recorded, acted on once a round: the facts (lines, channels, bytes), the
+ * first failure's end of the other nodes' ranks, the nodes lost, the blame. */
 static void act(sup_cluster *cl)
 {
+    coord_take_facts(cl);
     if (cl->kill_due) { /* as the local keeper: the first failure ends every other rank */
         cl->kill_due = 0;
         kill_ranks(cl, 0);
     }
     send_progress(cl);
-    relay_back(cl);
-    reap_agents(cl);
+    coord_relay_back(cl);
+    coord_tend_agents(cl);
     take_losses(cl);
     if (sup_failing(cl->s))
         probe_nodes(cl);
     take_losses(cl); /* a probe that could not be sent: its node is lost */
     weigh_failure(cl);
+    coord_take_facts(cl); /* what the sends above saw (a node lost): said now */
 }
 
 /* One round of the link: read it (waiting up to wait_s; the callbacks record), then act. */
@@ -638,7 +247,7 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
     cl->launch_no = l->no;
     cl->n = l->n < RK_SUP_MAX_DEVICES ? l->n : RK_SUP_MAX_DEVICES;
     memcpy(cl->dev, l->dev, (size_t)cl->n * sizeof cl->dev[0]);
-    close_chans(cl);
+    coord_close_chans(cl);
     cl->nchans = 0;
     memset(cl->used, 0, sizeof cl->used);
     memset(cl->exited, 0, sizeof cl->exited);
@@ -661,6 +270,7 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
         for (int k = 0; !rc && k < cl->nnodes; k++)
             if (cl->used[k])
                 rc = send_launch(cl, k, 0, l->done, err);
+        coord_take_facts(cl); /* a node lost on a send says so */
         return rc ? rc : sup_launcher_start(cl->s, err);
     }
     int rc = send_launch(cl, k0, 0, l->done, err);
@@ -673,6 +283,7 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
     for (int k = 0; !rc && k < cl->nnodes; k++)
         if (cl->used[k] && k != k0)
             rc = send_launch(cl, k, cl->launched_port, l->done, err);
+    coord_take_facts(cl);
     return rc;
 }
 
@@ -735,8 +346,9 @@ static void kill_launch(void *ctx, double grace_s)
         return; /* not open */
     if (cl->watch) {
         kill_ranks(cl, 0);
+        coord_take_facts(cl);
         sup_launcher_kill(cl->s, grace_s);
-        close_chans(cl);
+        coord_close_chans(cl);
         return;
     }
     kill_ranks(cl, grace_s);
@@ -750,7 +362,8 @@ static void kill_launch(void *ctx, double grace_s)
             cl->exited[k] = 1;
         }
     nodes_ended(cl);
-    close_chans(cl);
+    coord_take_facts(cl);
+    coord_close_chans(cl);
 }
 
 static void pump(void *ctx, double wait_s)
@@ -768,6 +381,7 @@ static void blame(void *ctx)
     probe_nodes(cl); /* already done if a failure was seen; else from the launcher's exit */
     take_losses(cl);
     weigh_failure(cl);
+    coord_take_facts(cl);
     while (!cl->decided && !cl->node_failed && !rk_sup_interrupted)
         tick(cl, 0.05);
 }
@@ -775,7 +389,7 @@ static void blame(void *ctx)
 static int ask_stacks(void *ctx, int node, uint32_t id, int rank)
 {
     sup_cluster *cl = ctx;
-    chan *x = chan_of(cl, node, id, 0);
+    chan *x = coord_chan_of(cl, node, id, 0);
     if (cl->watch || !x || rank < 0) /* one mpirun's ranks are not the agents' to signal */
         return -1;
     rk_node_stacks m = {.launch = (uint32_t)cl->launch_no + 1, .chan = id, .rank = (uint32_t)rank};
@@ -783,8 +397,10 @@ static int ask_stacks(void *ctx, int node, uint32_t id, int rank)
     size_t len;
     rk_err e = {0};
     if (rk_node_stacks_format(&m, out, sizeof out, &len, &e) ||
-        rk_nodes_send(cl->t, node, RK_NODE_MSG_STACKS, out, len, &e))
+        rk_nodes_send(cl->t, node, RK_NODE_MSG_STACKS, out, len, &e)) {
+        coord_take_facts(cl); /* the node lost on the send says so */
         return -1;
+    }
     x->stack_rank = rank;
     x->stack_bytes = 0;
     x->stack_end = 0;
@@ -793,7 +409,7 @@ static int ask_stacks(void *ctx, int node, uint32_t id, int rank)
 
 static int stacks_done(void *ctx, int node, uint32_t id)
 {
-    chan *x = chan_of(ctx, node, id, 0);
+    chan *x = coord_chan_of(ctx, node, id, 0);
     return !x || x->stack_end;
 }
 
@@ -896,184 +512,6 @@ static int health_sim(void *ctx, int d)
     return cl->health[d].have && cl->health[d].sim;
 }
 
-/* ---- starting the agents, the cluster's life --------------------------------------------- */
-
-/* `arg` as the next word of the remote shell's command line (ssh joins the words into one). */
-#define MAX_WORDS 4096
-#define RK_HOST_ARG_MAX 300 /* "--nodelist=" and a host name */
-/* the agent's words as they are, for srun's argv (copies: some are a block's locals) */
-static const char *words_raw[MAX_WORDS];
-static char words_pool[65536];
-static size_t pool_used;
-static int nwords;
-
-/* Append arg to the command line in buf, quoted for the remote shell, and keep it as a word
- * (a word that does not fit makes the line too long: the caller's check refuses it). */
-static size_t put_word(char *buf, size_t used, size_t cap, const char *arg)
-{
-    size_t l = strlen(arg) + 1;
-    if (nwords < MAX_WORDS && pool_used + l <= sizeof words_pool) {
-        memcpy(words_pool + pool_used, arg, l);
-        words_raw[nwords++] = words_pool + pool_used;
-        pool_used += l;
-    } else {
-        used = cap; /* too long either way */
-    }
-    used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s", used ? " " : "");
-    return rk_launch_quote(buf, used, cap, arg);
-}
-
-/* Start node k's agent: RSH HOST 'AGENT agent --coordinator ... -- WORKER...', the secret
- * on its stdin (under Slurm: srun ... AGENT agent ...). */
-static int start_agent(sup_cluster *cl, int k, const rk_net_secret *key, rk_err *err)
-{
-    const rk_sup_opts *o = cl->o;
-    static char cmd[65536];
-    char node[16], gen[16];
-    snprintf(node, sizeof node, "%d", k);
-    snprintf(gen, sizeof gen, "%u", (unsigned)rk_nodes_generation(cl->t, k));
-    size_t used = 0;
-    cmd[0] = 0;
-    nwords = 0;
-    pool_used = 0;
-    used = put_word(cmd, used, sizeof cmd, o->agent_cmd ? o->agent_cmd : rk_launch_self_exe());
-    const char *words[] = {"agent",    "--coordinator", cl->addr,       "--node", node,
-                           "--job-id", cl->job_hex,     "--generation", gen};
-    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
-        used = put_word(cmd, used, sizeof cmd, words[i]);
-    if (o->health) { /* the agent reads its GPUs; a simulated fleet spans the hosts */
-        char num[32];
-        snprintf(num, sizeof num, "%d", o->hosts[k].slots);
-        used = put_word(cmd, used, sizeof cmd, "--devices");
-        used = put_word(cmd, used, sizeof cmd, num);
-        used = put_word(cmd, used, sizeof cmd, "--health");
-        used = put_word(cmd, used, sizeof cmd, o->health);
-        snprintf(num, sizeof num, "%.17g", o->health_interval_s);
-        used = put_word(cmd, used, sizeof cmd, "--health-interval");
-        used = put_word(cmd, used, sizeof cmd, num);
-        if (o->predictor) {
-            used = put_word(cmd, used, sizeof cmd, "--predictor");
-            used = put_word(cmd, used, sizeof cmd, o->predictor);
-        }
-        if (!strcmp(o->health, "sim")) {
-            int first = 0;
-            for (int d = 0; d < o->ndevices; d++)
-                if (cl->dev_node[d] == k) {
-                    first = d;
-                    break;
-                }
-            /* every agent simulates the whole fleet (its GPUs' profiles are drawn in order)
-             * and reads its own slots of it */
-            const char *flag[] = {"--sim-first",
-                                  "--sim-gpus",
-                                  "--sim-seed",
-                                  "--sim-age",
-                                  o->sim_step_s > 0 ? "--sim-step-time" : "--sim-time-scale",
-                                  "--sim-skip"};
-            char val[6][32];
-            snprintf(val[0], sizeof val[0], "%d", first);
-            snprintf(val[1], sizeof val[1], "%d", o->ndevices);
-            snprintf(val[2], sizeof val[2], "%llu", (unsigned long long)o->health_seed);
-            snprintf(val[3], sizeof val[3], "%.17g", o->health_age_h);
-            snprintf(val[4], sizeof val[4], "%.17g",
-                     o->sim_step_s > 0 ? o->sim_step_s : o->health_time_scale);
-            snprintf(val[5], sizeof val[5], "%.17g", o->sim_skip_h);
-            for (int i = 0; i < 6; i++) {
-                used = put_word(cmd, used, sizeof cmd, flag[i]);
-                used = put_word(cmd, used, sizeof cmd, val[i]);
-            }
-            used = put_word(cmd, used, sizeof cmd, "--sim-load");
-            used = put_word(cmd, used, sizeof cmd,
-                            o->health_sim_load == RK_SIM_LOAD_BUSY ? "busy" : "idle");
-            if (o->health_sim_sensors)
-                used = put_word(cmd, used, sizeof cmd, "--sim-sensors");
-        }
-    }
-    if (cl->watch) { /* no worker: mpirun starts the ranks, the agent watches them */
-        used = put_word(cmd, used, sizeof cmd, "--watch");
-        if (cl->srun) { /* the hosts may share one network namespace: a socket a node */
-            used = put_word(cmd, used, sizeof cmd, "--socket-node");
-            used = put_word(cmd, used, sizeof cmd, o->hosts[k].name);
-        }
-        goto argv;
-    }
-    if (o->ckpt_dir) {
-        used = put_word(cmd, used, sizeof cmd, "--ckpt-dir");
-        used = put_word(cmd, used, sizeof cmd, o->ckpt_dir);
-    }
-    if (o->inject) {
-        used = put_word(cmd, used, sizeof cmd, "--inject");
-        used = put_word(cmd, used, sizeof cmd, o->inject);
-    }
-    if (o->no_pythonpath)
-        used = put_word(cmd, used, sizeof cmd, "--no-pythonpath");
-    used = put_word(cmd, used, sizeof cmd, "--");
-    for (int i = 0; o->worker[i]; i++)
-        used = put_word(cmd, used, sizeof cmd, o->worker[i]);
-argv:
-    if (used >= sizeof cmd)
-        return rk_err_set(err, RK_EINVAL, "the agent's command line is too long");
-    /* argv: the words of --rsh, the host, the command line; or srun's, then the words */
-    char rsh[4096], nodearg[RK_HOST_ARG_MAX], namearg[RK_HOST_ARG_MAX];
-    snprintf(rsh, sizeof rsh, "%s", o->rsh ? o->rsh : "ssh -o BatchMode=yes");
-    static const char *argv[MAX_WORDS + 16];
-    int a = 0;
-    if (cl->srun) {
-        /* one task on the node, sharing its CPUs with the ranks' step (--overlap), not ended
-         * when another node of the allocation fails */
-        snprintf(nodearg, sizeof nodearg, "--nodelist=%s", o->hosts[k].name);
-        snprintf(namearg, sizeof namearg, "--job-name=rk-agent-%s", o->hosts[k].name);
-        const char *sw[] = {"srun",   "--nodes=1", "--ntasks=1", "--ntasks-per-node=1",
-                            nodearg,  namearg,     "--overlap",  "--kill-on-bad-exit=0",
-                            "--quiet"};
-        for (size_t i = 0; i < sizeof sw / sizeof sw[0]; i++)
-            argv[a++] = sw[i];
-        for (int i = 0; i < nwords; i++)
-            argv[a++] = words_raw[i];
-    } else {
-        for (char *save = NULL, *w = strtok_r(rsh, " \t", &save); w && a < 64;
-             w = strtok_r(NULL, " \t", &save))
-            argv[a++] = w;
-        if (a == 0)
-            return rk_err_set(err, RK_EINVAL, "--rsh is empty");
-        argv[a++] = o->hosts[k].name;
-        argv[a++] = cmd;
-    }
-    argv[a] = NULL;
-    int in[2];
-    if (pipe2(in, O_CLOEXEC) != 0)
-        return rk_err_set(err, RK_EIO, "pipe: %s", strerror(errno));
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(in[0]);
-        close(in[1]);
-        return rk_err_set(err, RK_EIO, "fork: %s", strerror(errno));
-    }
-    if (pid == 0) {
-        dup2(in[0], STDIN_FILENO);
-        setpgid(0, 0); /* a terminal's ^C goes to rk run, which ends the job in order */
-        prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent goes with rk run */
-        rk_proc_cloexec_from(3); /* the rsh and the agent get stdin (the secret), out, err */
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "rk run: cannot run %s%s: %s\n", cl->srun ? "" : "--rsh ", argv[0],
-                strerror(errno));
-        _exit(127);
-    }
-    close(in[0]);
-    char hex[RK_NET_SECRET_HEX_LEN + 2];
-    rk_net_secret_hex(key, hex);
-    size_t hl = strlen(hex);
-    ssize_t w = write(in[1], hex, hl);
-    memset(hex, 0, sizeof hex);
-    close(in[1]);
-    if (w != (ssize_t)hl)
-        sup_say(cl->s, "node %d (%s): could not hand the secret to the agent", k, o->hosts[k].name);
-    cl->rsh[k] = pid;
-    rk_launch_spare(pid); /* a launch's teardown leaves the agents be */
-    return RK_OK;
-}
-
 static int open_cluster(void *ctx, struct sup *s, rk_err *err)
 {
     sup_cluster *cl = ctx;
@@ -1113,8 +551,8 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
                         .nodes = o->nhosts,
                         .generation = 1,
                         .timeout_s = o->node_timeout_s,
-                        .on_event = on_event,
-                        .on_msg = on_msg,
+                        .on_event = coord_on_event,
+                        .on_msg = coord_on_msg,
                         .ctx = cl};
     memcpy(no.job, cl->job, sizeof no.job);
     if ((rc = rk_nodes_open(&cl->t, &no, &key, err))) {
@@ -1129,55 +567,8 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
         snprintf(cl->addr, sizeof cl->addr, "%s:%u", host, (unsigned)rk_nodes_port(cl->t));
     sup_say(cl->s, "coordinator listening on %s for %d host%s (node timeout %g s)", cl->addr,
             o->nhosts, o->nhosts == 1 ? "" : "s", o->node_timeout_s);
-    for (int k = 0; k < o->nhosts; k++)
-        if ((rc = start_agent(cl, k, &key, err)))
-            goto out;
-    /* every agent joins, or its --rsh ends first, or the startup timeout passes (the missing
-     * ones are down) */
-    double until = rk_mono_s() + o->startup_timeout_s;
-    int rsh_status[MAX_NODES], missing = 0, unrunnable = 0;
-    for (int k = 0; k < o->nhosts; k++)
-        rsh_status[k] = -1;
-    for (;;) {
-        int waiting = 0;
-        for (int k = 0; k < o->nhosts; k++) {
-            int st;
-            if (cl->rsh[k] > 0 && !rk_nodes_connected(cl->t, k) &&
-                waitpid(cl->rsh[k], &st, WNOHANG) == cl->rsh[k]) {
-                cl->rsh[k] = 0;
-                rsh_status[k] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            }
-            waiting += !rk_nodes_connected(cl->t, k) && cl->rsh[k] > 0;
-        }
-        if (!waiting || rk_mono_s() >= until || rk_sup_interrupted)
-            break;
-        if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
-            goto out;
-    }
-    if (rk_sup_interrupted)
+    if ((rc = coord_start_agents(cl, &key, err)) || rk_sup_interrupted)
         goto out;
-    for (int k = 0; k < o->nhosts; k++) {
-        if (rk_nodes_connected(cl->t, k))
-            continue;
-        missing++;
-        if (rsh_status[k] >= 0) {
-            unrunnable += rsh_status[k] == 127;
-            sup_say(cl->s,
-                    "node %d (%s): its agent did not start: the --rsh command exited with "
-                    "status %d (its words are above); its devices are left out",
-                    k, o->hosts[k].name, rsh_status[k]);
-        } else {
-            sup_say(cl->s,
-                    "node %d (%s): no agent joined within %g s (--startup-timeout); its devices "
-                    "are left out",
-                    k, o->hosts[k].name, o->startup_timeout_s);
-        }
-    }
-    if (missing == o->nhosts && unrunnable == o->nhosts) {
-        rc = rk_err_set(err, RK_ENOENT, "--rsh '%s' cannot be run (exit status 127 on every host)",
-                        o->rsh ? o->rsh : "ssh -o BatchMode=yes");
-        goto out;
-    }
     if (o->health) { /* the first launch is picked on readings: wait for the nodes' first */
         sup_say(cl->s,
                 "health gate: each host's agent reads its GPUs (%s%s), threshold %.0f, every "
@@ -1191,7 +582,9 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
                 waiting += rk_nodes_connected(cl->t, cl->dev_node[e]) && !cl->health[e].have;
             if (!waiting)
                 break;
-            if ((rc = rk_nodes_poll(cl->t, 0.1, err)))
+            rc = rk_nodes_poll(cl->t, 0.1, err);
+            coord_take_facts(cl);
+            if (rc)
                 goto out;
         }
         for (int e = 0; e < o->ndevices; e++)
@@ -1208,27 +601,11 @@ out:
 static void close_cluster(void *ctx)
 {
     sup_cluster *cl = ctx;
-    close_chans(cl);
+    coord_close_chans(cl);
     if (cl->t)
         rk_nodes_bye(cl->t, "the job is over");
-    double until = rk_mono_s() + AGENT_EXIT_WAIT_S;
-    for (int k = 0; k < cl->nnodes; k++) {
-        while (cl->rsh[k] > 0) {
-            int st;
-            pid_t r = waitpid(cl->rsh[k], &st, WNOHANG);
-            if (r == cl->rsh[k] || (r < 0 && errno == ECHILD)) {
-                cl->rsh[k] = 0;
-                break;
-            }
-            if (rk_mono_s() > until) { /* our own child, by the pid fork gave us */
-                kill(cl->rsh[k], SIGKILL);
-                waitpid(cl->rsh[k], &st, 0);
-                cl->rsh[k] = 0;
-                break;
-            }
-            poll(NULL, 0, 20);
-        }
-    }
+    coord_take_facts(cl); /* the refusals' count said at the end */
+    coord_end_agents(cl);
     rk_nodes_free(cl->t);
     cl->t = NULL;
     rk_net_secret_wipe(&cl->key);

@@ -1,9 +1,9 @@
 /*
  * A job over many hosts (docs/cluster.md): rk run as the coordinator of one `rk agent` per
- * host, a backend of the supervisor's (supervisor/backend.h; its state private to
- * cluster.c), and the plan that comes before it (plan.c: the hosts, their slots as the
- * devices, the coordinator's address, the launcher; under Slurm through scontrol). The
- * supervisor knows nothing of this room (scripts/layers.txt).
+ * host, a backend of the supervisor's (supervisor/backend.h; its state private to the room:
+ * coord.h, for cluster.c, facts.c and agents.c), and the plan that comes before it (plan.c:
+ * the hosts, their slots as the devices, the coordinator's address, the launcher; under Slurm
+ * through scontrol). The supervisor knows nothing of this room (scripts/layers.txt).
  */
 #ifndef RK_CLUSTER_H
 #define RK_CLUSTER_H

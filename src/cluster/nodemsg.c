@@ -17,6 +17,7 @@
 
 #include "base/msg.h"
 #include "base/text.h"
+#include "net/peer.h"
 
 const char *rk_node_msg_name(uint8_t type)
 {
@@ -279,6 +280,17 @@ int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_
         return rk_err_set(err, RK_EFORMAT, "reason: %s", s ? "reason is empty" : "no reason");
     memcpy(r->reason, s, n); /* n <= RK_NODE_VALUE_MAX < sizeof r->reason */
     return RK_OK;
+}
+
+int rk_node_send_reason(struct rk_net_peer *p, const rk_net_secret *key, int fd, uint8_t type,
+                        const char *reason, const char *to, rk_err *err)
+{
+    rk_node_reason r;
+    snprintf(r.reason, sizeof r.reason, "%s", reason);
+    char payload[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    int rc = rk_node_reason_format(&r, payload, sizeof payload, &len, err);
+    return rc ? rc : rk_net_peer_send(p, key, fd, type, payload, len, to, err);
 }
 
 /* ---- command-line forms ------------------------------------------------------------------ */

@@ -3,8 +3,10 @@
  * of connections (nodes + RK_NODES_PENDING_MAX, each with a stream reader allocated while it
  * is open), one net/peer.h state per node for the life of the table. Every frame is opened
  * and checked through src/net; a refusal is one event (those of connections without a node
- * rate-limited by base/hush.h) and the connection closed. poll(2) only, no thread; times from
- * base/clock.h.
+ * rate-limited by base/hush.h) and the connection closed. A caller that is full for the round
+ * (on_msg) holds back the frames still to hand out: they wait in their reader (`held`), or in
+ * the socket, and go first at the next poll, from a connection that turns each time. poll(2)
+ * only, no thread; times from base/clock.h.
  */
 #include "cluster/nodes.h"
 
@@ -29,6 +31,7 @@ typedef struct conn {
     int node;      /* -1 until an authenticated HELLO */
     double opened; /* when accepted */
     rk_net_reader *r;
+    bool held; /* to read in this poll; past it, its frames wait for the next (caller full) */
     char from[RK_NET_ADDR_MAX];
 } conn;
 
@@ -54,6 +57,8 @@ struct rk_nodes {
     int *pfd_conn;    /* the slot of each pfd entry after the listener */
     rk_hush refusals; /* REFUSED events of connections without a node: a few, then a count */
     double window_s;  /* ... a window */
+    bool full;        /* on_msg said the caller takes no more this poll */
+    int turn;         /* the held connection that goes first at the next poll */
 };
 
 static void emit(rk_nodes *t, rk_node_event_kind kind, int node, const char *from, double silent_s,
@@ -77,6 +82,7 @@ static void conn_close(rk_nodes *t, int ci)
     c->fd = -1;
     c->node = -1;
     c->r = NULL;
+    c->held = false;
 }
 
 /* Node `k` is lost: one event, its connection closed. */
@@ -139,13 +145,9 @@ static bool send_msg(rk_nodes *t, rk_net_peer *p, int ci, uint8_t type, const ch
  * (a node's own peer, or a scratch one for a node index this job does not have). */
 static void refuse_with(rk_nodes *t, rk_net_peer *p, int ci, const char *reason)
 {
-    rk_node_reason r;
-    snprintf(r.reason, sizeof r.reason, "%s", reason);
-    char payload[RK_NODE_PAYLOAD_MAX];
-    size_t len;
     rk_err e = {0};
-    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e) == RK_OK)
-        send_msg(t, p, ci, RK_NODE_MSG_REFUSED, payload, len, &e);
+    rk_node_send_reason(p, &t->key, t->conns[ci].fd, RK_NODE_MSG_REFUSED, reason, t->conns[ci].from,
+                        &e);
     conn_refuse(t, ci, reason);
 }
 
@@ -259,7 +261,8 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     case RK_NODE_MSG_STACK:
     case RK_NODE_MSG_STACK_END:
         if (t->o.on_msg) { /* the job's messages: the caller's (cluster/cluster.c) */
-            t->o.on_msg(t->o.ctx, k, h->type, payload, h->len);
+            if (t->o.on_msg(t->o.ctx, k, h->type, payload, h->len))
+                t->full = true; /* the caller takes no more this poll */
             return;
         }
         /* fall through */
@@ -317,22 +320,47 @@ const char *rk_nodes_host(const rk_nodes *t, int k)
     return k >= 0 && k < t->o.nodes && t->nodes[k].state != NODE_NEVER ? t->nodes[k].host : NULL;
 }
 
+/* Hand out the whole frames connection ci's reader holds while the caller takes them: 0 once
+ * it needs more bytes, 1 when the caller is full, or the reader's failure. */
+static int hand_out(rk_nodes *t, int ci, rk_err *err)
+{
+    conn *c = &t->conns[ci];
+    rk_net_hdr h;
+    const uint8_t *payload;
+    int rc = 0;
+    while (c->fd >= 0 && !t->full &&
+           (rc = rk_net_reader_next(c->r, &t->key, &h, &payload, err)) == 1) {
+        if (c->node < 0)
+            on_first(t, ci, &h, payload);
+        else
+            on_frame(t, ci, &h, payload);
+    }
+    return rc;
+}
+
+/* Hand out what a connection's reader holds from the last poll, then read its socket and hand
+ * out what came; once the caller is full, what is left waits (held, in the reader or the
+ * socket) for the next poll. */
 static void on_readable(rk_nodes *t, int ci)
 {
     conn *c = &t->conns[ci];
     rk_err e = {0};
-    int rc = rk_net_reader_fill(c->r, c->fd, &e);
+    if (t->full) {
+        c->held = true;
+        return;
+    }
+    c->held = false;
+    int rc = hand_out(t, ci, &e); /* a peer that closed after them: its last frames go first */
+    if (rc == 0 && c->fd >= 0 && !t->full) {
+        rc = rk_net_reader_fill(c->r, c->fd, &e);
+        if (rc >= 0)
+            rc = hand_out(t, ci, &e);
+    }
+    if (c->fd < 0)
+        return;
     if (rc >= 0) {
-        rk_net_hdr h;
-        const uint8_t *payload;
-        while (c->fd >= 0 && (rc = rk_net_reader_next(c->r, &t->key, &h, &payload, &e)) == 1) {
-            if (c->node < 0)
-                on_first(t, ci, &h, payload);
-            else
-                on_frame(t, ci, &h, payload);
-        }
-        if (c->fd < 0 || rc == 0)
-            return;
+        c->held = t->full;
+        return;
     }
     /* the reader failed: closed, garbage, too big, or a wrong tag */
     if (c->node >= 0 && rc == RK_NET_ECLOSED)
@@ -408,7 +436,8 @@ static void accept_all(rk_nodes *t)
 }
 
 /* Lost nodes (silent for the timeout), pending connections past the HELLO timeout, and the
- * count of the refusals held back when their window ends. */
+ * count of the refusals held back when their window ends. A connection whose frames are held
+ * back is not silent: they are here, and go first at the next poll. */
 static void check_times(rk_nodes *t)
 {
     double now = rk_mono_s();
@@ -416,14 +445,15 @@ static void check_times(rk_nodes *t)
     say_hushed(t, false);
     for (int k = 0; k < t->o.nodes; k++) {
         nodeinfo *n = &t->nodes[k];
-        if (n->state == NODE_UP && now - n->last >= t->o.timeout_s) {
+        if (n->state == NODE_UP && !(n->conn >= 0 && t->conns[n->conn].held) &&
+            now - n->last >= t->o.timeout_s) {
             snprintf(why, sizeof why, "silent for %.1f s (the node timeout is %g s)", now - n->last,
                      t->o.timeout_s);
             node_lose(t, k, why);
         }
     }
     for (int i = 0; i < t->nconns; i++)
-        if (t->conns[i].fd >= 0 && t->conns[i].node < 0 &&
+        if (t->conns[i].fd >= 0 && t->conns[i].node < 0 && !t->conns[i].held &&
             now - t->conns[i].opened >= RK_NODES_HELLO_TIMEOUT_S) {
             snprintf(why, sizeof why, "no HELLO from %s within %g s", t->conns[i].from,
                      RK_NODES_HELLO_TIMEOUT_S);
@@ -450,26 +480,41 @@ static double next_deadline(const rk_nodes *t, double cap)
 
 int rk_nodes_poll(rk_nodes *t, double timeout_s, rk_err *err)
 {
+    t->full = false; /* the caller acted on what it took */
+    bool held = false;
     int np = 0;
     t->pfd[np++] = (struct pollfd){.fd = t->lfd, .events = POLLIN};
     for (int i = 0; i < t->nconns; i++)
         if (t->conns[i].fd >= 0) {
             t->pfd_conn[np] = i;
             t->pfd[np++] = (struct pollfd){.fd = t->conns[i].fd, .events = POLLIN};
+            held |= t->conns[i].held;
         }
-    double wait = next_deadline(t, timeout_s > 0 ? timeout_s : 0);
+    double wait = held ? 0 : next_deadline(t, timeout_s > 0 ? timeout_s : 0);
     int rc = poll(t->pfd, (nfds_t)np, (int)(wait * 1000 + 0.999));
     if (rc < 0 && errno != EINTR) {
         char e[96];
         return rk_err_set(err, RK_EIO, "poll: %s", rk_msg_strerror(errno, e, sizeof e));
     }
-    if (rc > 0) {
-        for (int j = 1; j < np; j++)
-            if (t->pfd[j].revents && t->conns[t->pfd_conn[j]].fd == t->pfd[j].fd)
-                on_readable(t, t->pfd_conn[j]);
-        if (t->pfd[0].revents & POLLIN)
-            accept_all(t);
+    for (int j = 1; rc > 0 && j < np; j++)
+        if (t->pfd[j].revents && t->conns[t->pfd_conn[j]].fd == t->pfd[j].fd)
+            t->conns[t->pfd_conn[j]].held = true; /* to read */
+    /* every connection with something to read or hand out, from one that turns: after one
+     * that filled the caller, the next goes first, so no node's flood keeps another waiting */
+    int cut = -1;
+    for (int j = 0; j < t->nconns; j++) {
+        int i = (t->turn + j) % t->nconns;
+        if (t->conns[i].fd < 0 || !t->conns[i].held)
+            continue;
+        bool was_full = t->full;
+        on_readable(t, i);
+        if (!was_full && t->full)
+            cut = i;
     }
+    if (cut >= 0)
+        t->turn = (cut + 1) % t->nconns;
+    if (rc > 0 && (t->pfd[0].revents & POLLIN))
+        accept_all(t);
     check_times(t);
     return RK_OK;
 }
@@ -542,19 +587,14 @@ int rk_nodes_count_connected(const rk_nodes *t)
 
 void rk_nodes_bye(rk_nodes *t, const char *reason)
 {
-    rk_node_reason r;
-    snprintf(r.reason, sizeof r.reason, "%s", reason ? reason : "done");
-    char payload[RK_NODE_PAYLOAD_MAX];
-    size_t len;
     rk_err e = {0};
-    if (rk_node_reason_format(&r, payload, sizeof payload, &len, &e))
-        len = 0;
     say_hushed(t, true); /* the job ends: the count of what was held back, now */
     for (int k = 0; k < t->o.nodes; k++) {
         nodeinfo *n = &t->nodes[k];
         if (n->state != NODE_UP || n->conn < 0)
             continue;
-        send_msg(t, &n->peer, n->conn, RK_NODE_MSG_BYE, payload, len, &e);
+        rk_node_send_reason(&n->peer, &t->key, t->conns[n->conn].fd, RK_NODE_MSG_BYE,
+                            reason ? reason : "done", t->conns[n->conn].from, &e);
         conn_close(t, n->conn);
         n->state = NODE_LEFT;
     }

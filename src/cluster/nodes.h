@@ -115,6 +115,13 @@ int rk_node_hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_er
 int rk_node_welcome_parse(const void *payload, size_t len, rk_node_welcome *w, rk_err *err);
 int rk_node_reason_parse(const void *payload, size_t len, rk_node_reason *r, rk_err *err);
 
+struct rk_net_peer; /* net/peer.h */
+/* Send a BYE or REFUSED (`type`) with `reason` (formatted as rk_node_reason_format) on fd,
+ * sealed with p's counters: the one way either end says why it ends a link. RK_OK, or the
+ * send's error (net/peer.h: rk_net_peer_send, `to` naming the peer). */
+int rk_node_send_reason(struct rk_net_peer *p, const rk_net_secret *key, int fd, uint8_t type,
+                        const char *reason, const char *to, rk_err *err);
+
 /* snprintf into out[cap] at *len, advancing *len; false when it does not fit. */
 __attribute__((format(printf, 4, 5))) bool rk_node_put(char *out, size_t cap, size_t *len,
                                                        const char *fmt, ...);
@@ -270,9 +277,13 @@ typedef struct rk_nodes_opts {
      * RK_NODES_HUSH_S */
     double refusals_window_s;
     void (*on_event)(void *ctx, const rk_node_event *e);
-    /* LAUNCHED, OPEN, DATA, CLOSE, EXITED from node `node` (authenticated, in order); NULL:
-     * they are refused as unexpected */
-    void (*on_msg)(void *ctx, int node, uint8_t type, const uint8_t *payload, size_t len);
+    /* LAUNCHED, OPEN, DATA, CLOSE, EXITED, HEALTH, STACK, STACK_END from node `node`
+     * (authenticated, in order); NULL: they are refused as unexpected. It returns 0, or
+     * nonzero when the caller takes no more this round: then no further message is handed
+     * out until the next rk_nodes_poll, and the frames wait, in order, in their connection's
+     * reader or its socket (the agent is held back by TCP, nothing is dropped, nothing grows);
+     * a node whose frames wait is not timed out meanwhile. */
+    int (*on_msg)(void *ctx, int node, uint8_t type, const uint8_t *payload, size_t len);
     void *ctx;
 } rk_nodes_opts;
 
@@ -285,8 +296,9 @@ int rk_nodes_open(rk_nodes **out, const rk_nodes_opts *o, const rk_net_secret *k
 /* The port listened on. */
 uint16_t rk_nodes_port(const rk_nodes *t);
 
-/* Wait up to `timeout_s` for sockets, then accept, read, answer and time nodes out; events
- * go to on_event. RK_OK, or RK_EIO if poll itself fails. */
+/* Hand out the frames held back at the last poll (on_msg was full), then wait up to
+ * `timeout_s` for sockets (not at all while frames are still held back), accept, read, answer
+ * and time nodes out; events go to on_event. RK_OK, or RK_EIO if poll itself fails. */
 int rk_nodes_poll(rk_nodes *t, double timeout_s, rk_err *err);
 
 /* Node `i`'s state: connected now, seconds since its last authenticated frame (-1: never). */
