@@ -107,6 +107,34 @@ static void fmt_tick(char *b, size_t cap, double v, double step)
     snprintf(b, cap, "%.*g", digits < 1 ? 1 : digits > 17 ? 17 : digits, v);
 }
 
+/* One axis's ticks: about `want` of them at round values (at most 4 want + 2), each labelled.
+ * y: a grid line across the plot, the label left of the axis; x: a short mark below the
+ * axis, the label under it. */
+enum axis { AXIS_X, AXIS_Y };
+
+static void chart_ticks(const chart *c, enum axis axis, int want)
+{
+    double lo = axis == AXIS_Y ? c->y0 : c->x0, hi = axis == AXIS_Y ? c->y1 : c->x1;
+    double step = tick_step(lo, hi, want), k0;
+    int nt = tick_count(lo, hi, step, 4 * want + 2, &k0);
+    for (int i = 0; i < nt; i++) {
+        double v = (k0 + i) * step;
+        char b[32];
+        fmt_tick(b, sizeof b, v, step);
+        if (axis == AXIS_Y)
+            fprintf(c->f,
+                    "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+                    "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
+                    c->L, c->W - c->R, cy(c, v), cy(c, v), c->L - 6, cy(c, v) + 4, b);
+        else
+            fprintf(c->f,
+                    "<line class=\"xtick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
+                    "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
+                    cx(c, v), cx(c, v), c->H - c->B, c->H - c->B + 5, cx(c, v), c->H - c->B + 18,
+                    b);
+    }
+}
+
 /* Open a figure: caption, the SVG, its grid, axes and tick labels. */
 static void chart_begin(chart *c, FILE *f, const char *id, const char *title, const char *note,
                         const char *xlabel, const char *ylabel, double H, int yticks)
@@ -128,30 +156,9 @@ static void chart_begin(chart *c, FILE *f, const char *id, const char *title, co
             "aria-label=\"%s\" xmlns=\"http://www.w3.org/2000/svg\">\n",
             c->W, c->H, title);
     fprintf(f, "<g class=\"axes\">");
-    if (yticks > 0) {
-        double ys = tick_step(c->y0, c->y1, yticks), k0;
-        int nt = tick_count(c->y0, c->y1, ys, 4 * yticks + 2, &k0);
-        for (int i = 0; i < nt; i++) {
-            double v = (k0 + i) * ys;
-            char b[32];
-            fmt_tick(b, sizeof b, v, ys);
-            fprintf(f,
-                    "<line class=\"grid\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
-                    "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
-                    c->L, c->W - c->R, cy(c, v), cy(c, v), c->L - 6, cy(c, v) + 4, b);
-        }
-    }
-    double xs = tick_step(c->x0, c->x1, 10), k0;
-    int nt = tick_count(c->x0, c->x1, xs, 42, &k0);
-    for (int i = 0; i < nt; i++) {
-        double v = (k0 + i) * xs;
-        char b[32];
-        fmt_tick(b, sizeof b, v, xs);
-        fprintf(f,
-                "<line class=\"xtick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
-                "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
-                cx(c, v), cx(c, v), c->H - c->B, c->H - c->B + 5, cx(c, v), c->H - c->B + 18, b);
-    }
+    if (yticks > 0)
+        chart_ticks(c, AXIS_Y, yticks);
+    chart_ticks(c, AXIS_X, 10);
     fprintf(f,
             "<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
             "<line class=\"axis\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>",
