@@ -414,6 +414,14 @@ def encode(step, items, *, epoch=0, cursor=0, world_size=1, config="{}", label="
     return hdr, [mv for _, _, _, mv in plan]
 
 
+def kind_name(mode):
+    """What a file of `mode` is, for messages, as rk_file_kind_name says it."""
+    return ("a regular file" if stat.S_ISREG(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode) else "not a plain file")
+
+
 def _open_regular(path, limit=None):
     """An fd and the size of `path`, a regular file (O_NONBLOCK: a FIFO does not block)."""
     try:
@@ -429,11 +437,8 @@ def _open_regular(path, limit=None):
         raise _os_error(e, f"{path}: cannot stat") from None
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
-                else "a character device" if stat.S_ISCHR(st.st_mode) else "a block device"
-                if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
-                else "not a plain file")
-        raise CheckpointError(f"{path}: is {kind}, not a regular file", unreadable=True)
+        raise CheckpointError(f"{path}: is {kind_name(st.st_mode)}, not a regular file",
+                              unreadable=True)
     if limit is not None and st.st_size > limit:
         os.close(fd)
         raise CheckpointError(f"{path}: file is {st.st_size} bytes, more than the limit of {limit}")

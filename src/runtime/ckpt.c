@@ -49,12 +49,17 @@ const char *ckpt_base_name(const char *path)
 
 /* ---- names and numbers ------------------------------------------------------------------ */
 
-int rk_ckpt_file_name(int64_t step, char *buf, size_t cap)
+int ckpt_step_name(const char *prefix, int64_t step, char *buf, size_t cap)
 {
     if (step < 0 || !buf)
         return RK_EINVAL;
-    int n = snprintf(buf, cap, "ckpt-%012" PRId64 ".safetensors", step);
+    int n = snprintf(buf, cap, "%s%012" PRId64 ".safetensors", prefix, step);
     return n < 0 || (size_t)n >= cap ? RK_EINVAL : RK_OK;
+}
+
+int rk_ckpt_file_name(int64_t step, char *buf, size_t cap)
+{
+    return ckpt_step_name("ckpt-", step, buf, cap);
 }
 
 /* A canonical non-negative decimal ("0", "17"; no sign, no leading zero) into *v. */
@@ -74,13 +79,13 @@ bool ckpt_parse_u63(const char *s, size_t len, int64_t *v)
     return true;
 }
 
-int rk_ckpt_name_step(const char *name, int64_t *step)
+int ckpt_step_of_name(const char *prefix, const char *name, int64_t *step)
 {
-    static const char pre[] = "ckpt-", suf[] = ".safetensors";
+    static const char suf[] = ".safetensors";
     if (!name)
         return 0;
-    size_t len = strlen(name), lp = sizeof pre - 1, ls = sizeof suf - 1;
-    if (len < lp + ls + 12 || strncmp(name, pre, lp) != 0 || strcmp(name + len - ls, suf) != 0)
+    size_t len = strlen(name), lp = strlen(prefix), ls = sizeof suf - 1;
+    if (len < lp + ls + 12 || strncmp(name, prefix, lp) != 0 || strcmp(name + len - ls, suf) != 0)
         return 0;
     const char *d = name + lp;
     size_t nd = len - lp - ls;
@@ -95,11 +100,16 @@ int rk_ckpt_name_step(const char *name, int64_t *step)
         v = v * 10 + (d[i] - '0');
     }
     char canon[RK_CKPT_NAME_MAX];
-    if (rk_ckpt_file_name(v, canon, sizeof canon) != RK_OK || strcmp(canon, name) != 0)
+    if (ckpt_step_name(prefix, v, canon, sizeof canon) != RK_OK || strcmp(canon, name) != 0)
         return 0; /* "ckpt-0000000000005.safetensors": not a name we write */
     if (step)
         *step = v;
     return 1;
+}
+
+int rk_ckpt_name_step(const char *name, int64_t *step)
+{
+    return ckpt_step_of_name("ckpt-", name, step);
 }
 
 /* A file name made of a store name and a suffix, "<base><tag><rest>": the base into
@@ -115,13 +125,10 @@ static const char *split_at_tag(const char *name, const char *tag, char *base)
     return t + strlen(tag);
 }
 
-/* 1 and the writer's pid if `name` is a temporary file of an atomic write of a checkpoint or
- * of `latest` ("<target>.tmp.<pid>.<n>", see rekindle/fileio.h). */
-int ckpt_temp_pid(const char *name, long *pid)
+int ckpt_temp_split(const char *name, char *base, long *pid)
 {
-    char base[RK_CKPT_NAME_MAX];
     const char *p = split_at_tag(name, ".tmp.", base);
-    if (!p || (strcmp(base, LATEST) != 0 && !rk_ckpt_name_step(base, NULL)))
+    if (!p)
         return 0;
     const char *dot = strchr(p, '.');
     int64_t v, n;
@@ -132,6 +139,15 @@ int ckpt_temp_pid(const char *name, long *pid)
         return 0;
     *pid = (long)v;
     return 1;
+}
+
+/* 1 and the writer's pid if `name` is a temporary file of an atomic write of a checkpoint or
+ * of `latest` ("<target>.tmp.<pid>.<n>", see rekindle/fileio.h). */
+int ckpt_temp_pid(const char *name, long *pid)
+{
+    char base[RK_CKPT_NAME_MAX];
+    return ckpt_temp_split(name, base, pid) &&
+           (strcmp(base, LATEST) == 0 || rk_ckpt_name_step(base, NULL));
 }
 
 int rk_ckpt_aside_step(const char *name, int64_t *step, int64_t *when)

@@ -75,6 +75,16 @@ typedef struct entry {
 } entry;
 
 const char *ckpt_base_name(const char *path);
+/* "<prefix><step, 12 digits>.safetensors" (more digits past 10^12) into buf[cap]: the file
+ * names of the store ("ckpt-") and of the node's snapshots ("snap-", rekindle/snap.h).
+ * RK_EINVAL if step < 0 or it does not fit. */
+int ckpt_step_name(const char *prefix, int64_t step, char *buf, size_t cap);
+/* 1 and the step if `name` is exactly such a name as ckpt_step_name writes it, else 0. */
+int ckpt_step_of_name(const char *prefix, const char *name, int64_t *step);
+/* 1, the target's name (base[RK_CKPT_NAME_MAX]) and the writer's pid if `name` is a temporary
+ * file's name "<target>.tmp.<pid>.<n>" (rekindle/fileio.h) with a target shorter than
+ * RK_CKPT_NAME_MAX, else 0. The caller decides whether the target is one of its names. */
+int ckpt_temp_split(const char *name, char *base, long *pid);
 char *ckpt_join(const char *dir, const char *name);
 bool ckpt_parse_u63(const char *s, size_t len, int64_t *v);
 int ckpt_plan_build(const char *label, const rk_ckpt_meta *m, const rk_ckpt_item *items, size_t n,

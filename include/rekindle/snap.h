@@ -1,0 +1,148 @@
+/*
+ * The node's snapshot store: a rank's state in memory that outlives the rank's process. A
+ * snapshot is a checkpoint of one rank (rekindle/ckpt.h: the same safetensors file, the same
+ * per-tensor XXH64 checksums and manifest checksum, the same finite-values rule) kept in a
+ * tmpfs (/dev/shm) instead of on disk, so a relaunched or surviving rank restores from memory.
+ * See docs/recovery.md ("Snapshots in memory").
+ *
+ * Layout. A job's snapshot directory (rk_snap_dir_make: PARENT/rk-snap-XXXXXX, made with
+ * mkdtemp, mode 0700, owned by the job's user) holds one subdirectory per rank, rank-<R>
+ * (decimal, 0700), and in it at most two generations:
+ *
+ *   DIR/rank-3/snap-000000000120.safetensors     the newest complete generation
+ *   DIR/rank-3/snap-000000000119.safetensors     the one before it
+ *   DIR/rank-3/snap-000000000121.safetensors.tmp.<pid>.<n>   a copy in flight (or torn)
+ *
+ * The caller that makes the directory (later: rk run or the node agent) owns it, passes it to
+ * the ranks as RK_SNAP_DIR, and removes it (rk_snap_dir_remove) when the job ends. Every call
+ * checks that the directory and the rank's directory are directories (not symbolic links),
+ * mode 0700 and owned by this process's effective user: RK_EINVAL naming the path otherwise.
+ *
+ * Putting (rk_snap_put): the generation is written to a temporary file in the rank's
+ * directory (O_EXCL, 0600, O_CLOEXEC; no fsync: it is memory) and renamed into place, so a
+ * rank killed mid-copy leaves only a temporary file, never a generation. Double-buffered: the
+ * previous generation stays complete until the new one is renamed. Retention keeps the new
+ * generation and the newest one below it; every other generation of the rank is deleted
+ * (before the copy, so that at most two generations of a rank ever take memory, a copy in
+ * flight counted), those above the new step too: they belong to a timeline that was rolled
+ * back. Temporary files of writers that died (their pid no longer exists on this host) are
+ * removed. One writer per rank directory: the rank itself.
+ *
+ * Two generations suffice when ranks step together: a rank does not start the copy of step
+ * s+1 before every rank has finished its copy of step s (true when the copy happens between a
+ * step's collectives and the next step's), so at any moment the ranks share a complete step.
+ *
+ * Reading verifies everything (rk_ckpt_parse: structure, every checksum, finite values) and
+ * that the step inside is the name's. A generation is opened without following a symbolic
+ * link and must be a regular file; its size from fstat bounds the read. A generation that does
+ * not verify is never returned: RK_EFORMAT naming the file and the tensor or field. Nothing
+ * that reads deletes or changes anything.
+ *
+ * Errors: RK_EINVAL (bad argument; a directory that is not one, not 0700 or not ours; a
+ * generation that is not a regular file), RK_ENOENT (no such directory or generation, no
+ * agreed step), RK_EFORMAT (a generation does not verify), RK_ENONFINITE (a put refused a NaN
+ * or an infinity in a model.* or optim.* item: nothing written), RK_ESTORAGE (the tmpfs is
+ * full or refused), RK_EIO, RK_ENOMEM. Messages name the file. Thread-safety: calls on
+ * different ranks' directories may run concurrently; one rank's puts are its own.
+ */
+#ifndef REKINDLE_SNAP_H
+#define REKINDLE_SNAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle/ckpt.h"
+#include "rekindle/error.h"
+#include "rekindle/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RK_SNAP_PARENT_DEFAULT "/dev/shm"       /* where rk_snap_dir_make makes the directory */
+#define RK_SNAP_DIR_ENV "RK_SNAP_DIR"           /* how a rank is told its job's directory */
+#define RK_SNAP_DIR_PREFIX "rk-snap-"           /* PARENT/rk-snap-XXXXXX */
+#define RK_SNAP_KEEP 2                          /* generations per rank */
+#define RK_SNAP_PATH_MAX 4096                   /* room for any directory rk_snap_dir_make makes */
+#define RK_SNAP_MARGIN_MIN ((uint64_t)64 << 20) /* rk_snap_room: at least 64 MiB left free */
+#define RK_SNAP_MARGIN_DIV 10                   /* ... and at least a tenth of the tmpfs */
+
+/* ---- names ------------------------------------------------------------------------------ */
+
+/* The file name of generation `step` ("snap-000000000120.safetensors", the store's layout of
+ * ckpt-<step>.safetensors) into buf; RK_EINVAL if step < 0 or cap is too small
+ * (RK_CKPT_NAME_MAX always suffices). */
+RK_API int rk_snap_file_name(int64_t step, char *buf, size_t cap);
+
+/* 1 and *step (may be NULL) if `name` is exactly a generation's name as rk_snap_file_name
+ * writes it, else 0 (temporary files, "snap-5.safetensors", checkpoint names, anything else). */
+RK_API int rk_snap_name_step(const char *name, int64_t *step);
+
+/* ---- the job's directory ---------------------------------------------------------------- */
+
+/* Make a job's snapshot directory PARENT/rk-snap-XXXXXX with mkdtemp (mode 0700) and put its
+ * path in out[cap]. `parent` NULL means RK_SNAP_PARENT_DEFAULT; it must exist and be a
+ * directory (RK_ENOENT, RK_EINVAL). The new directory is checked as every call checks it
+ * (lstat: a directory, 0700, ours; a umask that took the owner's bits away fails here and the
+ * directory is removed again). The caller owns it. */
+RK_API int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err);
+
+/* 0 if `dir` is a usable snapshot directory: a directory, not a symbolic link, mode 0700,
+ * owned by this process's effective user. RK_ENOENT if missing, RK_EINVAL naming the problem. */
+RK_API int rk_snap_dir_check(const char *dir, rk_err *err);
+
+/* Remove a job's snapshot directory: every rank's generations and temporary files, the rank
+ * directories and the directory itself. A file it did not make (another name) is left, and
+ * then the directory too: RK_EIO naming it. RK_ENOENT if `dir` does not exist. */
+RK_API int rk_snap_dir_remove(const char *dir, rk_err *err);
+
+/* ---- one rank's generations ------------------------------------------------------------- */
+
+/* Put rank `rank`'s state (the items and meta of rk_ckpt_save; rank >= 0) as generation
+ * meta->step of DIR/rank-<rank>, making that directory (0700) if missing, then apply retention
+ * (above). Bad arguments are RK_EINVAL and a non-finite value RK_ENONFINITE: nothing is
+ * written. A failed copy (RK_ESTORAGE when the tmpfs is full) removes its temporary file and
+ * leaves the rank's previous generation as it was. The bytes are rk_ckpt_encode's. */
+RK_API int rk_snap_put(const char *dir, int rank, const rk_ckpt_meta *meta,
+                       const rk_ckpt_item *items, size_t n, rk_err *err);
+
+/* Read and verify generation `step` of rank `rank`. On success *out (if not NULL) holds it;
+ * free it with rk_ckpt_free. RK_ENOENT if there is no such generation, RK_EFORMAT if it does
+ * not verify, RK_EINVAL if it is not a regular file (a symbolic link, a FIFO, ...). */
+RK_API int rk_snap_get(const char *dir, int rank, int64_t step, rk_ckpt **out, rk_err *err);
+
+/* The steps of rank `rank`'s complete generations (regular files with a generation's name;
+ * not verified), newest first: at most `cap` into steps, how many there are in *n (which may
+ * exceed cap; normally at most RK_SNAP_KEEP). A rank without a directory has none (*n = 0). */
+RK_API int rk_snap_steps(const char *dir, int rank, int64_t *steps, size_t cap, size_t *n,
+                         rk_err *err);
+
+/* ---- the job ---------------------------------------------------------------------------- */
+
+/* The newest step for which every rank 0..world-1 has a generation that verifies: *step.
+ * Never a mix of steps. Each generation skipped because it does not verify (or cannot be read)
+ * is one line "<path>: <why>" in `report` (NUL-terminated, cut to report_len; may be NULL).
+ * RK_ENOENT when there is no such step (a rank has none, or none in common verifies).
+ * Reads every generation it considers in full; deletes nothing. */
+RK_API int rk_snap_agree(const char *dir, int world, int64_t *step, char *report, size_t report_len,
+                         rk_err *err);
+
+/* Bytes held by DIR: the sum of the sizes of every rank's complete generations (temporary
+ * files not counted). */
+RK_API int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err);
+
+/* Whether snapshots of `ranks_here` local ranks of `bytes_per_gen` bytes each fit in the tmpfs
+ * that holds DIR. The rule (docs/recovery.md): with A the bytes free to this user there
+ * (statvfs: f_bavail x f_frsize) plus what DIR holds now (rk_snap_bytes: its generations are
+ * replaced, not added to), T the tmpfs's size and M = max(RK_SNAP_MARGIN_MIN,
+ * T / RK_SNAP_MARGIN_DIV), the need N = RK_SNAP_KEEP x ranks_here x bytes_per_gen must satisfy
+ * N + M <= A. *ok is 1 when it does, else 0 and `why` (why_len; may be NULL) says by how much
+ * it does not fit; the caller then falls back to disk-only checkpoints. The margin leaves room
+ * for the other users of /dev/shm (NCCL, data loader workers). */
+RK_API int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *ok, char *why,
+                        size_t why_len, rk_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

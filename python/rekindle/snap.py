@@ -1,0 +1,446 @@
+"""The node's snapshot store in Python: the layout and rules of src/runtime/snap.c
+(include/rekindle/snap.h, docs/recovery.md), so a Python rank and a C rank (or the node agent)
+read each other's snapshots.
+
+A snapshot is a checkpoint of one rank (rekindle._ckptfile's format: the same bytes, the same
+checksums) kept in a tmpfs so that it outlives the rank's process. A job's directory
+(make_dir: /dev/shm/rk-snap-XXXXXX, 0700, the job's user's) holds rank-<R>/ (0700) and in it
+at most two generations snap-<step, 12 digits>.safetensors. put() writes a temporary file
+"<name>.tmp.<pid>.<n>" (O_EXCL, 0600, no fsync: it is memory) and renames it into place, after
+deleting every generation but the step itself and the newest below it (those above it too: a
+timeline that was rolled back) and the temporary files of dead writers. get() verifies
+everything and the step inside against the name; agree() gives the newest step every rank has
+and that verifies, never a mix. Every directory is opened without following a link and must be
+0700 and ours; a generation must be a regular file, opened without following a link.
+"""
+
+import itertools
+import os
+import stat
+import tempfile
+
+from ._ckptfile import (
+    CheckpointError,
+    StorageError,
+    _os_error,
+    _read_exact_into,
+    _show,
+    _u63,
+    encode,
+    kind_name,
+    parse,
+)
+
+__all__ = [
+    "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "PARENT_DEFAULT", "SnapshotError",
+    "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "get", "make_dir",
+    "name_step", "put", "remove_dir", "room", "steps",
+]  # fmt: skip
+
+PARENT_DEFAULT = "/dev/shm"
+DIR_ENV = "RK_SNAP_DIR"
+DIR_PREFIX = "rk-snap-"
+KEEP = 2  # generations per rank
+MARGIN_MIN = 64 << 20  # room(): at least 64 MiB left free ...
+MARGIN_DIV = 10  # ... and at least a tenth of the tmpfs
+WRITE_CHUNK = 8 << 20
+INT_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_tmp_counter = itertools.count()  # next() on it is atomic
+
+
+class SnapshotError(CheckpointError):
+    """A snapshot directory or generation that cannot be used (not 0700, not ours, a link, not a
+    regular file, a bad argument)."""
+
+
+class SnapshotMissing(SnapshotError):
+    """No such directory or generation."""
+
+
+# ---- names --------------------------------------------------------------------------------
+
+
+def file_name(step):
+    """"snap-<step as 12 digits>.safetensors" (more digits past 10^12)."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= INT64_MAX:
+        raise SnapshotError(f"step {step!r} is not an integer >= 0")
+    return f"snap-{step:012d}.safetensors"
+
+
+def name_step(name):
+    """The step of a generation's name exactly as file_name writes it, else None."""
+    if not name.startswith("snap-") or not name.endswith(".safetensors"):
+        return None
+    d = name[5 : -len(".safetensors")]
+    if not 12 <= len(d) <= 19 or not d.isascii() or not d.isdigit():
+        return None
+    v = int(d)
+    return v if v <= INT64_MAX and file_name(v) == name else None
+
+
+def _temp_target(name):
+    """The generation's step of a temporary file "<generation>.tmp.<pid>.<n>" and its pid,
+    else None."""
+    i = name.find(".tmp.")
+    if i < 0 or name_step(name[:i]) is None:
+        return None
+    pid, dot, n = name[i + 5 :].partition(".")
+    p = _u63(pid)
+    if not dot or p is None or _u63(n) is None or not 0 < p <= INT_MAX:
+        return None
+    return p
+
+
+def _rank_name(rank):
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= INT_MAX:
+        raise SnapshotError(f"rank {rank!r} is not an integer >= 0")
+    return f"rank-{rank}"
+
+
+def _rank_of(name):
+    if not name.startswith("rank-"):
+        return None
+    v = _u63(name[5:])
+    return v if v is not None and v <= INT_MAX else None
+
+
+# ---- checked directories ------------------------------------------------------------------
+
+
+def _open_checked(name, what, dir_fd=None):
+    """An fd of the directory `name` (never through a link), ours and 0700."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise SnapshotMissing(f"{what}: does not exist") from None
+    except OSError as e:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            raise _os_error(e, f"{what}: cannot open") from None
+        raise SnapshotError(f"{what}: is {kind_name(st.st_mode)}, not a directory (a snapshot "
+                            "directory is a real directory, mode 0700)") from None
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = (f"{what}: is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()}): "
+                   "snapshots are readable only by the job's user")
+    elif stat.S_IMODE(st.st_mode) != 0o700:
+        problem = (f"{what}: has mode {stat.S_IMODE(st.st_mode):04o}, not 0700: snapshots are "
+                   "readable only by the job's user")
+    if problem:
+        os.close(fd)
+        raise SnapshotError(problem)
+    return fd
+
+
+def _job_fd(dir):
+    dir = os.fspath(dir)
+    if not dir:
+        raise SnapshotError("empty snapshot directory")
+    return dir, _open_checked(dir, _show(dir, 400))
+
+
+def _rank_fd(dir, rank, make=False):
+    """(fd of DIR/rank-<R>, its label); SnapshotMissing if it (or DIR) does not exist."""
+    dir, jfd = _job_fd(dir)
+    rname = _rank_name(rank)
+    what = f"{_show(dir, 400)}/{rname}"
+    try:
+        if make:
+            try:
+                os.mkdir(rname, 0o700, dir_fd=jfd)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise _os_error(e, f"{what}: cannot create") from None
+        return _open_checked(rname, what, dir_fd=jfd), what
+    finally:
+        os.close(jfd)
+
+
+def check_dir(dir):
+    """None if `dir` is a usable snapshot directory (a directory, not a link, 0700, ours);
+    SnapshotMissing or SnapshotError naming the problem otherwise."""
+    os.close(_job_fd(dir)[1])
+
+
+def make_dir(parent=None):
+    """A new job directory PARENT/rk-snap-XXXXXX (mkdtemp: 0700), checked; its path."""
+    parent = os.fspath(parent) if parent is not None else PARENT_DEFAULT
+    try:
+        st = os.stat(parent)
+    except FileNotFoundError:
+        raise SnapshotMissing(f"{_show(parent)}: cannot use as the parent of snapshots: does not "
+                              "exist") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SnapshotError(f"{_show(parent)}: is {kind_name(st.st_mode)}, not a directory")
+    try:
+        d = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=parent)
+    except OSError as e:
+        raise _os_error(e, f"{_show(parent)}: cannot make a snapshot directory") from None
+    try:
+        check_dir(d)
+    except CheckpointError:
+        os.rmdir(d)
+        raise
+    return d
+
+
+def remove_dir(dir):
+    """Remove a job directory: every rank's generations and temporary files, the rank
+    directories, the directory. A file the store did not make stays, and so does its directory:
+    SnapshotError naming it."""
+    dir, jfd = _job_fd(dir)
+    first = None
+    try:
+        for rname in os.listdir(jfd):
+            if _rank_of(rname) is None:
+                continue
+            what = f"{_show(dir, 400)}/{rname}"
+            try:
+                rfd = _open_checked(rname, what, dir_fd=jfd)
+            except CheckpointError as e:
+                first = first or e
+                continue
+            try:
+                for n in os.listdir(rfd):
+                    if name_step(n) is not None or _temp_target(n) is not None:
+                        os.unlink(n, dir_fd=rfd)
+            finally:
+                os.close(rfd)
+            try:
+                os.rmdir(rname, dir_fd=jfd)
+            except OSError as e:
+                first = first or SnapshotError(f"{what}: cannot remove: {e.strerror} (a file not "
+                                               "made by the snapshot store is left)")
+    finally:
+        os.close(jfd)
+    if first:
+        raise first
+    try:
+        os.rmdir(dir)
+    except OSError as e:
+        raise SnapshotError(f"{_show(dir, 400)}: cannot remove: {e.strerror} (a file not made by "
+                            "the snapshot store is left)") from None
+
+
+# ---- one rank -----------------------------------------------------------------------------
+
+
+def _scan(rfd):
+    """Steps of the complete generations (regular files with a generation's name), newest first."""
+    out = []
+    for n in os.listdir(rfd):
+        s = name_step(n)
+        if s is None:
+            continue
+        try:
+            st = os.stat(n, dir_fd=rfd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append(s)
+    out.sort(reverse=True)
+    return out
+
+
+def _retain(rfd, step):
+    """Before the copy of `step`: keep `step` and the newest generation below it, delete every
+    other one (those above: a rolled-back timeline), anything else under a generation's name,
+    and the temporary files of writers that died."""
+    below = [s for s in _scan(rfd) if s < step]
+    keep = {step} | ({below[0]} if below else set())
+    for n in os.listdir(rfd):
+        s = name_step(n)
+        pid = _temp_target(n) if s is None else None
+        try:
+            if s is not None:
+                st = os.stat(n, dir_fd=rfd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and s in keep or stat.S_ISDIR(st.st_mode):
+                    continue
+                os.unlink(n, dir_fd=rfd)
+            elif pid is not None and pid != os.getpid():
+                try:
+                    os.kill(pid, 0)
+                    continue  # alive: perhaps still writing
+                except ProcessLookupError:
+                    os.unlink(n, dir_fd=rfd)
+                except PermissionError:
+                    continue  # not ours to signal: alive
+        except OSError:
+            pass  # left for the next put
+
+
+def put(dir, rank, step, items, *, epoch=0, cursor=0, world_size=1, config="{}"):
+    """Write rank `rank`'s state as generation `step` (the items and fields of ckpt.save; the
+    bytes are encode()'s). Bad items: CheckpointError (NonFiniteError for a NaN or an infinity
+    in model.*/optim.*) and nothing written. A failed copy removes its temporary file and leaves
+    the previous generation; StorageError when the tmpfs is full. Returns the generation's path."""
+    name = file_name(step)
+    rname = _rank_name(rank)
+    label = f"{_show(os.fspath(dir), 400)}/{rname}/{name}"
+    hdr, views = encode(step, items, epoch=epoch, cursor=cursor, world_size=world_size,
+                        config=config, label=label)
+    rfd, what = _rank_fd(dir, rank, make=True)
+    try:
+        _retain(rfd, step)
+        tmp = f"{name}.tmp.{os.getpid()}.{next(_tmp_counter)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         0o600, dir_fd=rfd)
+        except OSError as e:
+            raise _os_error(e, f"{what}: cannot create {tmp}") from None
+        try:
+            try:
+                for chunk in [hdr, *views]:
+                    mv = memoryview(chunk).cast("B")
+                    off = 0
+                    while off < mv.nbytes:
+                        off += os.write(fd, mv[off : off + WRITE_CHUNK])
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=rfd, dst_dir_fd=rfd)
+        except BaseException as e:
+            try:
+                os.unlink(tmp, dir_fd=rfd)
+            except OSError:
+                pass
+            if isinstance(e, OSError):
+                raise _os_error(e, f"{what}: cannot write the snapshot") from None
+            raise
+    finally:
+        os.close(rfd)
+    return os.path.join(os.fspath(dir), rname, name)
+
+
+def _get_at(rfd, what, step):
+    name = file_name(step)
+    L = f"{what}/{name}"
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     dir_fd=rfd)
+    except FileNotFoundError:
+        raise SnapshotMissing(f"{L}: no snapshot of step {step}") from None
+    except OSError as e:
+        try:
+            st = os.stat(name, dir_fd=rfd, follow_symlinks=False)
+        except OSError:
+            raise _os_error(e, f"{L}: cannot open") from None
+        raise SnapshotError(f"{L}: is {kind_name(st.st_mode)}, not a regular file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SnapshotError(f"{L}: is {kind_name(st.st_mode)}, not a regular file")
+        buf = bytearray(st.st_size)  # the size from fstat bounds the read
+        _read_exact_into(fd, memoryview(buf), 0, L)
+        if os.pread(fd, 1, st.st_size):
+            raise CheckpointError(f"{L}: file grew while it was read")
+    except OSError as e:
+        raise _os_error(e, f"{L}: cannot read") from None
+    finally:
+        os.close(fd)
+    c = parse(buf, name=L)
+    if c.step != step:
+        raise CheckpointError(f"{L}: field 'step' is {c.step} but the file name says {step}")
+    return c
+
+
+def get(dir, rank, step):
+    """Read and verify generation `step` of rank `rank`: a Checkpoint. SnapshotMissing if there
+    is none, SnapshotError if it is not a regular file, CheckpointError if it does not verify."""
+    rfd, what = _rank_fd(dir, rank)
+    try:
+        return _get_at(rfd, what, step)
+    finally:
+        os.close(rfd)
+
+
+def steps(dir, rank):
+    """The steps of rank `rank`'s complete generations (not verified), newest first; [] when
+    the rank has no directory yet."""
+    try:
+        rfd, _ = _rank_fd(dir, rank)
+    except SnapshotMissing:
+        check_dir(dir)  # the job's directory itself must exist
+        return []
+    try:
+        return _scan(rfd)
+    finally:
+        os.close(rfd)
+
+
+def agree(dir, world):
+    """(step, skipped): the newest step for which every rank 0..world-1 has a generation that
+    verifies, or None; skipped lists "<path>: <why>" for each generation that did not verify."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise SnapshotError(f"world size {world!r} is not at least 1")
+    fds, lists, skipped = [], [], []
+    try:
+        for r in range(world):
+            try:
+                fd, what = _rank_fd(dir, r)
+            except SnapshotMissing:
+                check_dir(dir)
+                return None, skipped
+            fds.append((fd, what))
+            lists.append(set(_scan(fd)))
+        for s in sorted(lists[0], reverse=True):
+            if not all(s in v for v in lists):
+                continue
+            good = True
+            for fd, what in fds:
+                try:
+                    _get_at(fd, what, s)
+                except (CheckpointError, StorageError) as e:
+                    skipped.append(str(e))
+                    good = False
+                    break
+            if good:
+                return s, skipped
+        return None, skipped
+    finally:
+        for fd, _ in fds:
+            os.close(fd)
+
+
+def bytes_held(dir):
+    """The sum of the sizes of every rank's complete generations."""
+    dir, jfd = _job_fd(dir)
+    total = 0
+    try:
+        for rname in os.listdir(jfd):
+            if _rank_of(rname) is None:
+                continue
+            rfd = _open_checked(rname, f"{_show(dir, 400)}/{rname}", dir_fd=jfd)
+            try:
+                for s in _scan(rfd):
+                    total += os.stat(file_name(s), dir_fd=rfd, follow_symlinks=False).st_size
+            finally:
+                os.close(rfd)
+    finally:
+        os.close(jfd)
+    return total
+
+
+def room(dir, bytes_per_gen, ranks_here):
+    """(ok, why): whether KEEP generations of `ranks_here` ranks of `bytes_per_gen` bytes fit in
+    the tmpfs of `dir` with the margin (rk_snap_room's rule, docs/recovery.md)."""
+    if ranks_here < 1:
+        raise SnapshotError(f"{ranks_here} local ranks")
+    held = bytes_held(dir)
+    sv = os.statvfs(dir)
+    fr = sv.f_frsize or sv.f_bsize
+    total, avail = sv.f_blocks * fr, sv.f_bavail * fr
+    need = KEEP * ranks_here * bytes_per_gen
+    margin = max(MARGIN_MIN, total // MARGIN_DIV)
+    if need + margin <= avail + held:
+        return True, ""
+    mib = 1 << 20
+    return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB ({KEEP} "
+                   f"generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB) and a margin "
+                   f"of {margin / mib:.1f} MiB; the tmpfs there has {avail / mib:.1f} MiB free and "
+                   f"this job holds {held / mib:.1f} MiB: "
+                   f"{(need + margin - avail - held) / mib:.1f} MiB short")

@@ -1,0 +1,799 @@
+/*
+ * The node's snapshot store (rekindle/snap.h, docs/recovery.md): one rank's state as a
+ * checkpoint file of the store's format, kept in a tmpfs in a 0700 directory of the job,
+ * written to a temporary file and renamed, two generations per rank. Relies on the checkpoint
+ * store's format (ckpt.c: the plan, the names, rk_ckpt_parse) and on fileio's bounded opener.
+ * Every path is opened relative to a checked directory descriptor, never through a link.
+ */
+#include "rekindle/snap.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "base/msg.h"
+#include "rekindle/fileio.h"
+#include "runtime/ckpt_internal.h"
+
+#define SNAP_PREFIX "snap-"
+#define RANK_PREFIX "rank-"
+#define LABEL_MAX (RK_SNAP_PATH_MAX + 128) /* a path in a message: DIR/rank-R/<name> */
+
+static atomic_ulong tmp_counter;
+
+/* ---- names ------------------------------------------------------------------------------ */
+
+int rk_snap_file_name(int64_t step, char *buf, size_t cap)
+{
+    return ckpt_step_name(SNAP_PREFIX, step, buf, cap);
+}
+
+int rk_snap_name_step(const char *name, int64_t *step)
+{
+    return ckpt_step_of_name(SNAP_PREFIX, name, step);
+}
+
+/* 1 and the rank if `name` is exactly "rank-<R>" as rank_name writes it. */
+static bool rank_of_name(const char *name, int *rank)
+{
+    size_t lp = sizeof RANK_PREFIX - 1;
+    int64_t v;
+    if (strncmp(name, RANK_PREFIX, lp) != 0 || !ckpt_parse_u63(name + lp, strlen(name + lp), &v) ||
+        v > INT_MAX)
+        return false;
+    *rank = (int)v;
+    return true;
+}
+
+/* "<dir>/<a>" or "<dir>/<a>/<b>" for messages (b may be NULL); cut if ever too long. */
+static const char *label(char *buf, const char *dir, const char *a, const char *b)
+{
+    if (b)
+        snprintf(buf, LABEL_MAX, "%s/%s/%s", dir, a, b);
+    else
+        snprintf(buf, LABEL_MAX, "%s/%s", dir, a);
+    return buf;
+}
+
+/* ---- checked directories ---------------------------------------------------------------- */
+
+/* Open the directory `name` (relative to `at`, or a path with AT_FDCWD) without following a
+ * symbolic link, and check it is ours and 0700. `what` labels messages. */
+static int open_checked(int at, const char *name, const char *what, int *fd, rk_err *err)
+{
+    char eb[128];
+    *fd = -1;
+    int f;
+    do {
+        f = openat(at, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0) {
+        int e = errno;
+        struct stat st;
+        if (e == ENOENT)
+            return rk_err_set_line(err, RK_ENOENT, "%s: does not exist", what);
+        if ((e == ELOOP || e == ENOTDIR) && fstatat(at, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+            return rk_err_set_line(
+                err, RK_EINVAL,
+                "%s: is %s, not a directory (a snapshot directory is a real "
+                "directory, mode 0700)",
+                what, S_ISLNK(st.st_mode) ? "a symbolic link" : rk_file_kind_name(st.st_mode));
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot open: %s", what,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    struct stat st;
+    int rc = RK_OK;
+    if (fstat(f, &st) != 0)
+        rc = rk_err_set_line(err, RK_EIO, "%s: cannot stat: %s", what,
+                             rk_msg_strerror(errno, eb, sizeof eb));
+    else if (st.st_uid != geteuid())
+        rc = rk_err_set_line(err, RK_EINVAL,
+                             "%s: is owned by uid %ld, not by this user (uid %ld): snapshots are "
+                             "readable only by the job's user",
+                             what, (long)st.st_uid, (long)geteuid());
+    else if ((st.st_mode & 07777) != 0700)
+        rc = rk_err_set_line(err, RK_EINVAL,
+                             "%s: has mode %04o, not 0700: snapshots are readable only by the "
+                             "job's user",
+                             what, (unsigned)(st.st_mode & 07777));
+    if (rc) {
+        close(f);
+        return rc;
+    }
+    *fd = f;
+    return RK_OK;
+}
+
+static int check_dir_arg(const char *dir, const char *fn, rk_err *err)
+{
+    if (!dir || !*dir)
+        return rk_err_set_line(err, RK_EINVAL, "%s: empty snapshot directory", fn);
+    if (strlen(dir) >= RK_SNAP_PATH_MAX)
+        return rk_err_set_line(err, RK_EINVAL, "%s: snapshot directory path is %zu bytes, over %d",
+                               fn, strlen(dir), RK_SNAP_PATH_MAX - 1);
+    return RK_OK;
+}
+
+/* The rank's directory, checked, as *rfd; made (0700) first when `make`. RK_ENOENT if it (or
+ * DIR) does not exist. */
+static int open_rank(const char *dir, int rank, bool make, int *rfd, rk_err *err)
+{
+    char eb[128], rname[32], lb[LABEL_MAX];
+    *rfd = -1;
+    int jfd;
+    int rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+    if (rc)
+        return rc;
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    label(lb, dir, rname, NULL);
+    if (make && mkdirat(jfd, rname, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        close(jfd);
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create: %s", lb,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    rc = open_checked(jfd, rname, lb, rfd, err);
+    close(jfd);
+    return rc;
+}
+
+/* ---- one rank's directory --------------------------------------------------------------- */
+
+static int step_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The steps of the complete generations (regular files with a generation's name) in the rank
+ * directory `rfd`, newest first: *out (free() it) of *n. */
+static int scan_rank(int rfd, const char *what, int64_t **out, size_t *n, rk_err *err)
+{
+    char eb[128];
+    *out = NULL;
+    *n = 0;
+    int d2 = dup(rfd);
+    DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
+    if (!d) {
+        int e = errno;
+        if (d2 >= 0)
+            close(d2);
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot list: %s", what,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    rewinddir(d); /* the duplicate shares the offset of earlier listings */
+    int64_t *v = NULL;
+    size_t cap = 0;
+    int rc = RK_OK;
+    struct dirent *de;
+    errno = 0;
+    while ((de = readdir(d))) {
+        int64_t s;
+        struct stat st;
+        if (!rk_snap_name_step(de->d_name, &s) ||
+            fstatat(rfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+            errno = 0;
+            continue;
+        }
+        if (*n == cap) {
+            size_t nc = cap ? 2 * cap : 4;
+            int64_t *nv = realloc(v, nc * sizeof *nv);
+            if (!nv) {
+                rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", what);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        v[(*n)++] = s;
+        errno = 0;
+    }
+    if (!rc && errno)
+        rc = rk_err_set_line(err, RK_EIO, "%s: cannot read directory: %s", what,
+                             rk_msg_strerror(errno, eb, sizeof eb));
+    closedir(d);
+    if (rc) {
+        free(v);
+        *n = 0;
+        return rc;
+    }
+    if (*n > 1)
+        qsort(v, *n, sizeof *v, step_desc);
+    *out = v;
+    return RK_OK;
+}
+
+/* Retention before the copy of generation `step` (rekindle/snap.h): every generation but
+ * `step` itself and the newest below it is deleted, and so is anything else under a
+ * generation's name (a link, a FIFO: never a generation; unlinking a link leaves what it
+ * points to), and the temporary files of writers that died. Failures are left for the next
+ * put. */
+static void retain(int rfd, const char *what, int64_t step)
+{
+    int64_t *v;
+    size_t n;
+    if (scan_rank(rfd, what, &v, &n, NULL) != RK_OK)
+        return;
+    bool below_kept = false;
+    for (size_t i = 0; i < n; i++) { /* newest first */
+        if (v[i] == step)
+            continue;
+        if (v[i] < step && !below_kept) {
+            below_kept = true;
+            continue;
+        }
+        char name[RK_CKPT_NAME_MAX];
+        if (rk_snap_file_name(v[i], name, sizeof name) == RK_OK)
+            unlinkat(rfd, name, 0);
+    }
+    free(v);
+
+    int d2 = dup(rfd);
+    DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
+    if (!d) {
+        if (d2 >= 0)
+            close(d2);
+        return;
+    }
+    rewinddir(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char base[RK_CKPT_NAME_MAX];
+        long pid;
+        struct stat st;
+        if (rk_snap_name_step(de->d_name, NULL)) {
+            if (fstatat(rfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode) &&
+                !S_ISDIR(st.st_mode))
+                unlinkat(rfd, de->d_name, 0);
+            continue;
+        }
+        if (!ckpt_temp_split(de->d_name, base, &pid) || !rk_snap_name_step(base, NULL) ||
+            pid == (long)getpid())
+            continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue; /* alive (or not ours to signal): perhaps still writing */
+        unlinkat(rfd, de->d_name, 0);
+    }
+    closedir(d);
+}
+
+/* write(2) all of buf (short writes and EINTR retried); 0 or errno. */
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        size_t chunk = len < ((size_t)1 << 30) ? len : ((size_t)1 << 30);
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno;
+        if (w == 0)
+            return EIO;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The copy: header and tensors into a new temporary file in `rfd`, renamed to `name`. */
+static int copy_in(int rfd, const char *lb, const char *name, const uint8_t *hdr, size_t hlen,
+                   const plan *p, rk_err *err)
+{
+    char eb[128], tmp[RK_CKPT_NAME_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", name, (long)getpid(),
+             atomic_fetch_add(&tmp_counter, 1));
+    int fd;
+    do {
+        fd = openat(rfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create %s: %s", lb, tmp,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    int e = write_all(fd, hdr, hlen);
+    for (size_t i = 0; i < p->n && !e; i++)
+        e = write_all(fd, p->e[i].data, p->nbytes[i]);
+    if (close(fd) != 0 && !e && errno != EINTR)
+        e = errno;
+    const char *what = "cannot write the snapshot";
+    if (!e && renameat(rfd, tmp, rfd, name) != 0) {
+        e = errno;
+        what = "cannot rename the snapshot into place";
+    }
+    if (e) {
+        unlinkat(rfd, tmp, 0);
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: %s: %s", lb, what,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    return RK_OK;
+}
+
+int rk_snap_put(const char *dir, int rank, const rk_ckpt_meta *meta, const rk_ckpt_item *items,
+                size_t n, rk_err *err)
+{
+    int rc = check_dir_arg(dir, "rk_snap_put", err);
+    if (rc)
+        return rc;
+    char name[RK_CKPT_NAME_MAX], rname[32], lb[LABEL_MAX];
+    if (rank < 0)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d is negative", dir, rank);
+    if (!meta || rk_snap_file_name(meta->step, name, sizeof name) != RK_OK)
+        return rk_err_set_line(err, RK_EINVAL, "%s: meta is NULL or its step is negative", dir);
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    label(lb, dir, rname, name);
+
+    /* Check and hash first: bad items or a non-finite value change nothing. */
+    plan p;
+    rc = ckpt_plan_build(lb, meta, items, n, true, &p, err);
+    if (rc)
+        return rc;
+    uint8_t *hdr = NULL;
+    size_t hlen, dlen;
+    rc = rk_st_header(p.e, p.n, (const char *const *)p.meta, &hdr, &hlen, &dlen, err);
+    int rfd = -1;
+    if (!rc)
+        rc = open_rank(dir, rank, true, &rfd, err);
+    if (!rc) {
+        char rl[LABEL_MAX];
+        label(rl, dir, rname, NULL);
+        retain(rfd, rl, meta->step);
+        rc = copy_in(rfd, rl, name, hdr, hlen, &p, err);
+        close(rfd);
+    }
+    free(hdr);
+    ckpt_plan_free(&p);
+    return rc;
+}
+
+/* Read and verify generation `step` from the open rank directory. */
+static int get_at(int rfd, const char *rl, int64_t step, rk_ckpt **out, rk_err *err)
+{
+    char name[RK_CKPT_NAME_MAX], lb[LABEL_MAX + RK_CKPT_NAME_MAX];
+    if (rk_snap_file_name(step, name, sizeof name) != RK_OK)
+        return rk_err_set_line(err, RK_EINVAL, "%s: step %" PRId64 " is negative", rl, step);
+    snprintf(lb, sizeof lb, "%s/%s", rl, name);
+    int fd;
+    uint64_t size;
+    int rc = rk_file_openat_read(rfd, name, lb, SIZE_MAX, &fd, &size, err);
+    if (rc == RK_ENOENT)
+        return rk_err_set_line(err, RK_ENOENT, "%s: no snapshot of step %" PRId64, lb, step);
+    if (rc)
+        return rc;
+    uint8_t *buf;
+    size_t len;
+    rc = size > SIZE_MAX - 1 ? rk_err_set_line(err, RK_ENOMEM, "%s: too large", lb)
+                             : rk_file_read_fd(fd, lb, (size_t)size, size, &buf, &len, err);
+    close(fd);
+    if (rc)
+        return rc;
+    rk_ckpt *c = NULL;
+    rc = rk_ckpt_parse(buf, len, lb, &c, err);
+    free(buf);
+    if (!rc && rk_ckpt_meta_of(c)->step != step)
+        rc = rk_err_set_line(err, RK_EFORMAT,
+                             "%s: field 'step' is %" PRId64 " but the file name says %" PRId64, lb,
+                             rk_ckpt_meta_of(c)->step, step);
+    if (rc || !out)
+        rk_ckpt_free(c);
+    else
+        *out = c;
+    return rc;
+}
+
+int rk_snap_get(const char *dir, int rank, int64_t step, rk_ckpt **out, rk_err *err)
+{
+    if (out)
+        *out = NULL;
+    int rc = check_dir_arg(dir, "rk_snap_get", err);
+    if (rc)
+        return rc;
+    if (rank < 0)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d is negative", dir, rank);
+    int rfd;
+    rc = open_rank(dir, rank, false, &rfd, err);
+    if (rc)
+        return rc;
+    char rname[32], rl[LABEL_MAX];
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    rc = get_at(rfd, label(rl, dir, rname, NULL), step, out, err);
+    close(rfd);
+    return rc;
+}
+
+/* Every complete generation of a rank, newest first (*v: free() it); none if the rank has no
+ * directory yet. */
+static int rank_steps(const char *dir, int rank, int *rfd, int64_t **v, size_t *n, rk_err *err)
+{
+    *v = NULL;
+    *n = 0;
+    int rc = open_rank(dir, rank, false, rfd, err);
+    if (rc == RK_ENOENT) {
+        /* DIR itself missing is an error; only the rank's directory may be absent */
+        int jfd;
+        rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+        if (rc)
+            return rc;
+        close(jfd);
+        *rfd = -1;
+        return RK_OK;
+    }
+    if (rc)
+        return rc;
+    char rname[32], rl[LABEL_MAX];
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    rc = scan_rank(*rfd, label(rl, dir, rname, NULL), v, n, err);
+    if (rc) {
+        close(*rfd);
+        *rfd = -1;
+    }
+    return rc;
+}
+
+int rk_snap_steps(const char *dir, int rank, int64_t *steps, size_t cap, size_t *n, rk_err *err)
+{
+    if (!n || (cap > 0 && !steps))
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_steps: steps or n is NULL");
+    *n = 0;
+    int rc = check_dir_arg(dir, "rk_snap_steps", err);
+    if (rc)
+        return rc;
+    if (rank < 0)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d is negative", dir, rank);
+    int rfd;
+    int64_t *v;
+    rc = rank_steps(dir, rank, &rfd, &v, n, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < *n && i < cap; i++)
+        steps[i] = v[i];
+    free(v);
+    if (rfd >= 0)
+        close(rfd);
+    return RK_OK;
+}
+
+/* Append one line to the report, cut to fit (the buffer stays NUL-terminated). */
+static void report_add(char *r, size_t cap, const char *line)
+{
+    if (!r || cap == 0)
+        return;
+    size_t used = strnlen(r, cap - 1);
+    snprintf(r + used, cap - used, "%s\n", line);
+}
+
+static bool has_step(const int64_t *v, size_t n, int64_t s)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == s)
+            return true;
+    return false;
+}
+
+int rk_snap_agree(const char *dir, int world, int64_t *step, char *report, size_t report_len,
+                  rk_err *err)
+{
+    if (report && report_len)
+        report[0] = '\0';
+    if (!step)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_agree: step is NULL");
+    *step = -1;
+    int rc = check_dir_arg(dir, "rk_snap_agree", err);
+    if (rc)
+        return rc;
+    if (world < 1)
+        return rk_err_set_line(err, RK_EINVAL, "%s: world size %d is not at least 1", dir, world);
+    int *fds = malloc((size_t)world * sizeof *fds);
+    int64_t **steps = calloc((size_t)world, sizeof *steps);
+    size_t *ns = calloc((size_t)world, sizeof *ns);
+    if (!fds || !steps || !ns) {
+        free(fds);
+        free(steps);
+        free(ns);
+        return rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", dir);
+    }
+    int opened = 0;
+    for (; opened < world && !rc; opened++)
+        rc = rank_steps(dir, opened, &fds[opened], &steps[opened], &ns[opened], err);
+    if (rc)
+        opened--; /* the failed one holds nothing */
+    int missing = -1;
+    for (int r = 0; r < opened && !rc && missing < 0; r++)
+        if (ns[r] == 0)
+            missing = r;
+    bool found = false;
+    size_t skipped = 0;
+    char last[RK_ERR_MSG_MAX] = "";
+    /* candidates: rank 0's steps, newest first; a step is taken when every rank has it and
+     * every one of those generations verifies */
+    for (size_t i = 0; !rc && missing < 0 && !found && i < ns[0]; i++) {
+        int64_t s = steps[0][i];
+        bool all = true;
+        for (int r = 1; r < world && all; r++)
+            all = has_step(steps[r], ns[r], s);
+        for (int r = 0; r < world && all; r++) {
+            char rname[32], rl[LABEL_MAX];
+            snprintf(rname, sizeof rname, RANK_PREFIX "%d", r);
+            rk_err e2;
+            int grc = get_at(fds[r], label(rl, dir, rname, NULL), s, NULL, &e2);
+            if (grc == RK_ENOMEM) {
+                rc = rk_err_set_line(err, RK_ENOMEM, "%s", e2.msg);
+                all = false;
+            } else if (grc) {
+                report_add(report, report_len, e2.msg);
+                snprintf(last, sizeof last, "%s", e2.msg);
+                skipped++;
+                all = false;
+            }
+        }
+        if (all && !rc) {
+            *step = s;
+            found = true;
+        }
+    }
+    for (int r = 0; r < opened; r++) {
+        if (fds[r] >= 0)
+            close(fds[r]);
+        free(steps[r]);
+    }
+    free(fds);
+    free(steps);
+    free(ns);
+    if (rc || found)
+        return rc;
+    if (missing >= 0)
+        return rk_err_set_line(err, RK_ENOENT, "%s: rank %d has no snapshot", dir, missing);
+    if (skipped == 0)
+        return rk_err_set_line(err, RK_ENOENT, "%s: the %d ranks have no snapshot step in common",
+                               dir, world);
+    return rk_err_set_line(err, RK_ENOENT,
+                           "%s: no snapshot step that every rank has and that verifies (%zu "
+                           "generation%s skipped, last: %s)",
+                           dir, skipped, skipped == 1 ? "" : "s", last);
+}
+
+/* ---- the job's directory ---------------------------------------------------------------- */
+
+int rk_snap_dir_check(const char *dir, rk_err *err)
+{
+    int rc = check_dir_arg(dir, "rk_snap_dir_check", err);
+    if (rc)
+        return rc;
+    int fd;
+    rc = open_checked(AT_FDCWD, dir, dir, &fd, err);
+    if (!rc)
+        close(fd);
+    return rc;
+}
+
+int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err)
+{
+    char eb[128];
+    if (!out || cap == 0)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_dir_make: out is NULL");
+    out[0] = '\0';
+    if (!parent)
+        parent = RK_SNAP_PARENT_DEFAULT;
+    if (!*parent)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_dir_make: empty parent directory");
+    struct stat st;
+    if (stat(parent, &st) != 0) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e),
+                               "%s: cannot use as the parent of "
+                               "snapshots: %s",
+                               parent, rk_msg_strerror(e, eb, sizeof eb));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return rk_err_set_line(err, RK_EINVAL, "%s: is %s, not a directory", parent,
+                               rk_file_kind_name(st.st_mode));
+    size_t pl = strlen(parent);
+    const char *sep = pl > 0 && parent[pl - 1] == '/' ? "" : "/";
+    char tmpl[RK_SNAP_PATH_MAX];
+    int w = snprintf(tmpl, sizeof tmpl, "%s%s" RK_SNAP_DIR_PREFIX "XXXXXX", parent, sep);
+    if (w < 0 || (size_t)w >= sizeof tmpl || (size_t)w >= cap)
+        return rk_err_set_line(err, RK_EINVAL, "%s: path too long for a snapshot directory",
+                               parent);
+    if (!mkdtemp(tmpl)) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e),
+                               "%s: cannot make a snapshot directory: %s", parent,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    int rc = rk_snap_dir_check(tmpl, err);
+    if (rc) {
+        rmdir(tmpl);
+        return rc;
+    }
+    memcpy(out, tmpl, (size_t)w + 1);
+    return RK_OK;
+}
+
+/* Remove what a rank directory holds of ours (generations, temporary files), then it. */
+static int remove_rank(int jfd, const char *rname, const char *rl, rk_err *err)
+{
+    char eb[128];
+    int rfd;
+    int rc = open_checked(jfd, rname, rl, &rfd, err);
+    if (rc)
+        return rc;
+    DIR *d = fdopendir(rfd);
+    if (!d) {
+        close(rfd);
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", rl);
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char base[RK_CKPT_NAME_MAX];
+        long pid;
+        if (rk_snap_name_step(de->d_name, NULL) ||
+            (ckpt_temp_split(de->d_name, base, &pid) && rk_snap_name_step(base, NULL)))
+            unlinkat(dirfd(d), de->d_name, 0);
+    }
+    closedir(d);
+    if (unlinkat(jfd, rname, AT_REMOVEDIR) != 0) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e),
+                               "%s: cannot remove: %s (a file not made by the snapshot store "
+                               "is left)",
+                               rl, rk_msg_strerror(e, eb, sizeof eb));
+    }
+    return RK_OK;
+}
+
+int rk_snap_dir_remove(const char *dir, rk_err *err)
+{
+    char eb[128];
+    int rc = check_dir_arg(dir, "rk_snap_dir_remove", err);
+    if (rc)
+        return rc;
+    int jfd;
+    rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+    if (rc)
+        return rc;
+    int j2 = dup(jfd);
+    DIR *d = j2 >= 0 ? fdopendir(j2) : NULL;
+    if (!d) {
+        if (j2 >= 0)
+            close(j2);
+        close(jfd);
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dir);
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int r;
+        if (!rank_of_name(de->d_name, &r))
+            continue;
+        char rl[LABEL_MAX];
+        rk_err e2;
+        int rrc = remove_rank(jfd, de->d_name, label(rl, dir, de->d_name, NULL), &e2);
+        if (rrc && !rc)
+            rc = rk_err_set_line(err, rrc, "%s", e2.msg);
+    }
+    closedir(d);
+    close(jfd);
+    if (!rc && rmdir(dir) != 0) {
+        int e = errno;
+        rc = rk_err_set_line(err, rk_err_code_errno(e),
+                             "%s: cannot remove: %s (a file not made by the snapshot store is "
+                             "left)",
+                             dir, rk_msg_strerror(e, eb, sizeof eb));
+    }
+    return rc;
+}
+
+int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err)
+{
+    if (!bytes)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_bytes: bytes is NULL");
+    *bytes = 0;
+    int rc = check_dir_arg(dir, "rk_snap_bytes", err);
+    if (rc)
+        return rc;
+    int jfd;
+    rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+    if (rc)
+        return rc;
+    int j2 = dup(jfd);
+    DIR *d = j2 >= 0 ? fdopendir(j2) : NULL;
+    if (!d) {
+        if (j2 >= 0)
+            close(j2);
+        close(jfd);
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dir);
+    }
+    uint64_t sum = 0;
+    struct dirent *de;
+    while (!rc && (de = readdir(d))) {
+        int r, rfd;
+        if (!rank_of_name(de->d_name, &r))
+            continue;
+        char rl[LABEL_MAX];
+        label(rl, dir, de->d_name, NULL);
+        rc = open_checked(jfd, de->d_name, rl, &rfd, err);
+        int64_t *v = NULL;
+        size_t n = 0;
+        if (!rc)
+            rc = scan_rank(rfd, rl, &v, &n, err);
+        for (size_t i = 0; !rc && i < n; i++) {
+            char name[RK_CKPT_NAME_MAX];
+            struct stat st;
+            if (rk_snap_file_name(v[i], name, sizeof name) == RK_OK &&
+                fstatat(rfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+                sum += (uint64_t)st.st_size;
+        }
+        free(v);
+        if (rfd >= 0)
+            close(rfd);
+    }
+    closedir(d);
+    close(jfd);
+    if (!rc)
+        *bytes = sum;
+    return rc;
+}
+
+static double mib(uint64_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *ok, char *why,
+                 size_t why_len, rk_err *err)
+{
+    char eb[128];
+    if (why && why_len)
+        why[0] = '\0';
+    if (!ok)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_room: ok is NULL");
+    *ok = 0;
+    if (ranks_here < 1)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_room: %d local ranks", ranks_here);
+    uint64_t held;
+    int rc = rk_snap_bytes(dir, &held, err);
+    if (rc)
+        return rc;
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: statvfs failed: %s", dir,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    uint64_t frsize = sv.f_frsize ? (uint64_t)sv.f_frsize : (uint64_t)sv.f_bsize;
+    uint64_t total = 0, avail = 0, need = 0, margin;
+    bool over = __builtin_mul_overflow((uint64_t)sv.f_blocks, frsize, &total) ||
+                __builtin_mul_overflow((uint64_t)sv.f_bavail, frsize, &avail) ||
+                __builtin_mul_overflow(bytes_per_gen, (uint64_t)ranks_here, &need) ||
+                __builtin_mul_overflow(need, (uint64_t)RK_SNAP_KEEP, &need);
+    margin = total / RK_SNAP_MARGIN_DIV;
+    if (margin < RK_SNAP_MARGIN_MIN)
+        margin = RK_SNAP_MARGIN_MIN;
+    uint64_t have = avail + held < avail ? UINT64_MAX : avail + held;
+    uint64_t want = over || need + margin < need ? UINT64_MAX : need + margin;
+    if (want <= have) {
+        *ok = 1;
+        return RK_OK;
+    }
+    if (why && why_len)
+        snprintf(why, why_len,
+                 "%s: snapshots need %.1f MiB (%d generations x %d ranks x %.1f MiB) and a "
+                 "margin of %.1f MiB; the tmpfs there has %.1f MiB free and this job holds %.1f "
+                 "MiB: %.1f MiB short",
+                 dir, mib(over ? UINT64_MAX : need), RK_SNAP_KEEP, ranks_here, mib(bytes_per_gen),
+                 mib(margin), mib(avail), mib(held), mib(want - have));
+    return RK_OK;
+}

@@ -1,0 +1,796 @@
+/*
+ * Tests for rekindle/snap.h, the node's snapshot store: generation names; the job's directory
+ * (0700, ours, never through a link); put/get round trips with the bytes of rk_ckpt_encode;
+ * two generations per rank; the agreed step over staggered ranks, past a flipped byte and past
+ * a link or a FIFO in place of a generation; failed puts that leave the previous generation;
+ * a rank SIGKILLed in the middle of its copy (the torn copy is never returned, the next put
+ * removes it); the room rule; removing the directory.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "rekindle/ckpt.h"
+#include "rekindle/fileio.h"
+#include "rekindle/snap.h"
+#include "testutil.h"
+
+static char g_dir[512];
+static char g_shm[RK_SNAP_PATH_MAX]; /* a snapshot directory in /dev/shm, removed at the end */
+
+static int setup(void **state)
+{
+    (void)state;
+    umask(022);
+    return test_dir_make(g_dir, sizeof g_dir, "test_snap");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_tree(g_dir);
+    if (g_shm[0])
+        rm_tree(g_shm);
+    return 0;
+}
+
+/* A fresh snapshot directory under g_dir. */
+static void job_dir(char *out, size_t cap)
+{
+    rk_err err = {0};
+    int rc = rk_snap_dir_make(g_dir, out, cap, &err);
+    if (rc)
+        print_error("%s\n", err.msg);
+    assert_int_equal(rc, RK_OK);
+}
+
+static const char *gen_path(char *buf, size_t cap, const char *dir, int rank, int64_t step)
+{
+    char name[RK_CKPT_NAME_MAX];
+    assert_int_equal(rk_snap_file_name(step, name, sizeof name), RK_OK);
+    int n = snprintf(buf, cap, "%s/rank-%d/%s", dir, rank, name);
+    assert_true(n > 0 && (size_t)n < cap);
+    return buf;
+}
+
+/* ---- a small state whose content depends on rank and step ------------------------------- */
+
+typedef struct rstate {
+    float w[6], m[6];
+    uint8_t rng[9];
+    int64_t shape_w[2], shape_rng[1];
+    rk_ckpt_item items[3];
+    rk_ckpt_meta meta;
+} rstate;
+
+static void state_init(rstate *s, int rank, int64_t step)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < 6; i++) {
+        s->w[i] = (float)step + 0.25f * (float)i + 100.0f * (float)rank;
+        s->m[i] = -(float)step * 0.5f - (float)i;
+    }
+    for (int i = 0; i < 9; i++)
+        s->rng[i] = (uint8_t)(step * 31 + i * 7 + rank);
+    s->shape_w[0] = 2, s->shape_w[1] = 3;
+    s->shape_rng[0] = 9;
+    s->items[0] = (rk_ckpt_item){"model.w", "F32", 2, s->shape_w, s->w};
+    s->items[1] = (rk_ckpt_item){"optim.m", "F32", 2, s->shape_w, s->m};
+    s->items[2] = (rk_ckpt_item){"rng.state", "U8", 1, s->shape_rng, s->rng};
+    s->meta = (rk_ckpt_meta){step, 0, step * 8, 3, "{\"model\":\"mlp\"}"};
+}
+
+static void put(const char *dir, int rank, int64_t step)
+{
+    rstate s;
+    state_init(&s, rank, step);
+    rk_err err = {0};
+    int rc = rk_snap_put(dir, rank, &s.meta, s.items, 3, &err);
+    if (rc)
+        print_error("put rank %d step %" PRId64 ": %s\n", rank, step, err.msg);
+    assert_int_equal(rc, RK_OK);
+}
+
+/* Generation `step` of `rank` holds exactly what state_init(rank, step) put. */
+static void assert_state(const rk_ckpt *c, int rank, int64_t step)
+{
+    rstate s;
+    state_init(&s, rank, step);
+    const rk_ckpt_meta *m = rk_ckpt_meta_of(c);
+    assert_int_equal(m->step, step);
+    assert_int_equal(m->cursor, step * 8);
+    assert_int_equal(m->world_size, 3);
+    assert_string_equal(m->config_json, s.meta.config_json);
+    const rk_st_tensor *t = rk_ckpt_find(c, "model.w");
+    assert_non_null(t);
+    assert_int_equal(t->nbytes, sizeof s.w);
+    assert_memory_equal(t->data, s.w, sizeof s.w);
+    t = rk_ckpt_find(c, "rng.state");
+    assert_non_null(t);
+    assert_memory_equal(t->data, s.rng, sizeof s.rng);
+}
+
+static void assert_steps(const char *dir, int rank, size_t n, const int64_t *want)
+{
+    int64_t got[8];
+    size_t m = 99;
+    rk_err err = {0};
+    assert_int_equal(rk_snap_steps(dir, rank, got, 8, &m, &err), RK_OK);
+    if (m != n)
+        print_error("rank %d: %zu generations, want %zu\n", rank, m, n);
+    assert_int_equal(m, n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(got[i], want[i]);
+}
+
+/* Files in dir whose name contains `part`. */
+static int count_named(const char *dir, const char *part)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int k = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        k += strstr(e->d_name, part) != NULL;
+    closedir(d);
+    return k;
+}
+
+static void flip_byte(const char *path, long off)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    off_t at = off < 0 ? st.st_size + off : off;
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, at), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, at), 1);
+    close(fd);
+}
+
+/* ---- names ------------------------------------------------------------------------------ */
+
+static void test_generation_names_are_exact(void **state)
+{
+    (void)state;
+    char name[RK_CKPT_NAME_MAX];
+    int64_t s = -1;
+    assert_int_equal(rk_snap_file_name(120, name, sizeof name), RK_OK);
+    assert_string_equal(name, "snap-000000000120.safetensors");
+    assert_int_equal(rk_snap_name_step(name, &s), 1);
+    assert_int_equal(s, 120);
+    assert_int_equal(rk_snap_file_name(INT64_MAX, name, sizeof name), RK_OK);
+    assert_int_equal(rk_snap_name_step(name, &s), 1);
+    assert_int_equal(s, INT64_MAX);
+    assert_int_equal(rk_snap_file_name(-1, name, sizeof name), RK_EINVAL);
+    assert_int_equal(rk_snap_file_name(1, name, 10), RK_EINVAL);
+    const char *bad[] = {"snap-5.safetensors",
+                         "snap-0000000000005.safetensors",
+                         "ckpt-000000000005.safetensors",
+                         "snap-000000000005.safetensors.tmp.12.0",
+                         "snap-00000000000x.safetensors",
+                         "snap-000000000005.safetensor",
+                         "snap-99999999999999999999.safetensors",
+                         ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(rk_snap_name_step(bad[i], NULL), 0);
+    /* the store's names are unchanged by sharing the helper */
+    assert_int_equal(rk_ckpt_file_name(7, name, sizeof name), RK_OK);
+    assert_string_equal(name, "ckpt-000000000007.safetensors");
+    assert_int_equal(rk_ckpt_name_step("snap-000000000007.safetensors", NULL), 0);
+}
+
+/* ---- the job's directory ---------------------------------------------------------------- */
+
+static void test_directory_is_0700_ours_and_never_a_link(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    struct stat st;
+    assert_int_equal(lstat(dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 07777, 0700);
+    assert_int_equal(st.st_uid, geteuid());
+    assert_non_null(strstr(dir, "/" RK_SNAP_DIR_PREFIX));
+    assert_int_equal(rk_snap_dir_check(dir, &err), RK_OK);
+
+    /* parents: missing, a regular file */
+    snprintf(p, sizeof p, "%s/missing", g_dir);
+    char out[RK_SNAP_PATH_MAX];
+    assert_int_equal(rk_snap_dir_make(p, out, sizeof out, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "missing"));
+    snprintf(p, sizeof p, "%s/plain", g_dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(rk_snap_dir_make(p, out, sizeof out, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "is a regular file, not a directory"));
+
+    /* a directory that is not 0700: every call refuses it and writes nothing */
+    snprintf(p, sizeof p, "%s/open", g_dir);
+    assert_int_equal(mkdir(p, 0755), 0);
+    assert_int_equal(rk_snap_dir_check(p, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "has mode 0755, not 0700"));
+    rstate s;
+    state_init(&s, 0, 1);
+    assert_int_equal(rk_snap_put(p, 0, &s.meta, s.items, 3, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "not 0700"));
+    assert_int_equal(count_named(p, "rank-"), 0);
+    int64_t step;
+    assert_int_equal(rk_snap_agree(p, 1, &step, NULL, 0, &err), RK_EINVAL);
+
+    /* a rank directory that is not 0700 */
+    put(dir, 0, 1);
+    snprintf(p, sizeof p, "%s/rank-0", dir);
+    assert_int_equal(chmod(p, 0750), 0);
+    assert_int_equal(rk_snap_get(dir, 0, 1, NULL, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "rank-0: has mode 0750, not 0700"));
+    assert_int_equal(rk_snap_put(dir, 0, &s.meta, s.items, 3, &err), RK_EINVAL);
+    assert_int_equal(chmod(p, 0700), 0);
+    assert_int_equal(rk_snap_get(dir, 0, 1, NULL, &err), RK_OK);
+
+    /* a symbolic link to a good directory, as the job's directory or a rank's */
+    snprintf(p, sizeof p, "%s/link", g_dir);
+    assert_int_equal(symlink(dir, p), 0);
+    assert_int_equal(rk_snap_dir_check(p, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "is a symbolic link, not a directory"));
+    assert_int_equal(rk_snap_get(p, 0, 1, NULL, &err), RK_EINVAL);
+    char rl[RK_SNAP_PATH_MAX + 64], rd[RK_SNAP_PATH_MAX + 64];
+    snprintf(rd, sizeof rd, "%s/rank-0", dir);
+    snprintf(rl, sizeof rl, "%s/rank-1", dir);
+    assert_int_equal(symlink(rd, rl), 0);
+    assert_int_equal(rk_snap_get(dir, 1, 1, NULL, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "rank-1: is a symbolic link"));
+    assert_int_equal(rk_snap_put(dir, 1, &s.meta, s.items, 3, &err), RK_EINVAL);
+    assert_int_equal(unlink(rl), 0);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* ---- put and get ------------------------------------------------------------------------ */
+
+static void test_put_get_round_trip_with_the_bytes_of_encode(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    put(dir, 2, 5);
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_snap_get(dir, 2, 5, &c, &err), RK_OK);
+    assert_state(c, 2, 5);
+    assert_non_null(strstr(rk_ckpt_path(c), "/rank-2/snap-000000000005.safetensors"));
+    rk_ckpt_free(c);
+
+    /* the file is rk_ckpt_encode's bytes, 0600, in a 0700 rank directory */
+    rstate s;
+    state_init(&s, 2, 5);
+    uint8_t *enc;
+    size_t elen;
+    assert_int_equal(rk_ckpt_encode(&s.meta, s.items, 3, &enc, &elen, &err), RK_OK);
+    uint8_t *file;
+    size_t flen;
+    assert_int_equal(
+        rk_file_read_all(gen_path(p, sizeof p, dir, 2, 5), &file, &flen, SIZE_MAX, &err), RK_OK);
+    assert_int_equal(flen, elen);
+    assert_memory_equal(file, enc, elen);
+    free(file);
+    free(enc);
+    struct stat st;
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    snprintf(p, sizeof p, "%s/rank-2", dir);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0700);
+    uint64_t held = 0;
+    assert_int_equal(rk_snap_bytes(dir, &held, &err), RK_OK);
+    assert_int_equal(held, elen);
+
+    /* absent: another step, another rank (no directory), verify-only */
+    assert_int_equal(rk_snap_get(dir, 2, 6, &c, &err), RK_ENOENT);
+    assert_null(c);
+    assert_non_null(strstr(err.msg, "no snapshot of step 6"));
+    assert_int_equal(rk_snap_get(dir, 0, 5, &c, &err), RK_ENOENT);
+    assert_int_equal(rk_snap_get(dir, 2, 5, NULL, &err), RK_OK);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+    assert_int_equal(lstat(dir, &st), -1);
+}
+
+static void test_two_generations_are_kept_and_a_rollback_drops_the_newer(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    for (int64_t s = 1; s <= 5; s++)
+        put(dir, 0, s);
+    assert_steps(dir, 0, 2, (const int64_t[]){5, 4});
+    snprintf(p, sizeof p, "%s/rank-0", dir);
+    assert_int_equal(count_named(p, "snap-"), 2); /* nothing else: older ones deleted */
+    rk_ckpt *c;
+    assert_int_equal(rk_snap_get(dir, 0, 3, &c, &err), RK_ENOENT);
+    assert_int_equal(rk_snap_get(dir, 0, 4, &c, &err), RK_OK);
+    assert_state(c, 0, 4);
+    rk_ckpt_free(c);
+    uint64_t held = 0;
+    assert_int_equal(rk_snap_bytes(dir, &held, &err), RK_OK);
+    struct stat st;
+    assert_int_equal(lstat(gen_path(p, sizeof p, dir, 0, 5), &st), 0);
+    assert_int_equal(held, 2 * (uint64_t)st.st_size);
+
+    /* putting a step again replaces it; the one below stays */
+    put(dir, 0, 5);
+    assert_steps(dir, 0, 2, (const int64_t[]){5, 4});
+    /* a put below the newest (the job rolled back to an older step): the generations above
+     * it are a timeline that was abandoned and go; the newest below it stays */
+    put(dir, 0, 2);
+    assert_steps(dir, 0, 1, (const int64_t[]){2});
+    put(dir, 0, 3);
+    assert_steps(dir, 0, 2, (const int64_t[]){3, 2});
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+static void test_failed_puts_write_nothing_and_keep_the_previous_generation(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    rstate s;
+    state_init(&s, 0, 1);
+    assert_int_equal(rk_snap_put(dir, -1, &s.meta, s.items, 3, &err), RK_EINVAL);
+    assert_int_equal(rk_snap_put(dir, 0, NULL, s.items, 3, &err), RK_EINVAL);
+    assert_int_equal(rk_snap_put(NULL, 0, &s.meta, s.items, 3, &err), RK_EINVAL);
+    s.meta.step = -3;
+    assert_int_equal(rk_snap_put(dir, 0, &s.meta, s.items, 3, &err), RK_EINVAL);
+    /* a NaN in the weights: refused before anything is made */
+    state_init(&s, 0, 1);
+    s.w[4] = NAN;
+    assert_int_equal(rk_snap_put(dir, 0, &s.meta, s.items, 3, &err), RK_ENONFINITE);
+    assert_non_null(strstr(err.msg, "item 'model.w': element 4 is NaN"));
+    assert_int_equal(count_named(dir, "rank-"), 0);
+
+    /* a write that fails (RLIMIT_FSIZE: the file cannot grow past 100 bytes) leaves no
+     * temporary file, and the previous generation is still there and verifies */
+    put(dir, 0, 1);
+    put(dir, 0, 2);
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    lim = (struct rlimit){100, old.rlim_max}; /* the soft limit: it can be raised again */
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    state_init(&s, 0, 3);
+    int rc = rk_snap_put(dir, 0, &s.meta, s.items, 3, &err);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(rc, RK_EIO);
+    assert_non_null(strstr(err.msg, "cannot write the snapshot"));
+    snprintf(p, sizeof p, "%s/rank-0", dir);
+    assert_int_equal(count_named(p, ".tmp."), 0);
+    assert_steps(dir, 0, 1, (const int64_t[]){2}); /* step 1 went before the copy began */
+    assert_int_equal(rk_snap_get(dir, 0, 2, NULL, &err), RK_OK);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* ---- the agreed step -------------------------------------------------------------------- */
+
+static void test_agree_picks_the_newest_step_every_rank_has(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    int64_t step = 0;
+    assert_int_equal(rk_snap_agree(dir, 3, &step, NULL, 0, &err), RK_ENOENT);
+    assert_int_equal(step, -1);
+    assert_non_null(strstr(err.msg, "rank 0 has no snapshot"));
+    /* rank 1 is a step behind: 0 and 2 hold {4, 3}, 1 holds {3, 2} */
+    for (int64_t s = 1; s <= 4; s++) {
+        put(dir, 0, s);
+        put(dir, 2, s);
+        if (s <= 3)
+            put(dir, 1, s);
+    }
+    char report[1024];
+    assert_int_equal(rk_snap_agree(dir, 3, &step, report, sizeof report, &err), RK_OK);
+    assert_int_equal(step, 3);
+    assert_string_equal(report, ""); /* nothing skipped: 4 is simply not on rank 1 */
+    /* world 1: rank 0 alone agrees on its newest; world 4: rank 3 has nothing */
+    assert_int_equal(rk_snap_agree(dir, 1, &step, NULL, 0, &err), RK_OK);
+    assert_int_equal(step, 4);
+    assert_int_equal(rk_snap_agree(dir, 4, &step, NULL, 0, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "rank 3 has no snapshot"));
+    assert_int_equal(rk_snap_agree(dir, 0, &step, NULL, 0, &err), RK_EINVAL);
+    /* rank 1 two steps behind (it never happens when ranks step together): no common step */
+    put(dir, 0, 5);
+    put(dir, 2, 5);
+    assert_int_equal(rk_snap_agree(dir, 3, &step, NULL, 0, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "no snapshot step in common"));
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+static void test_a_flipped_byte_is_never_returned_and_agree_falls_back(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    for (int64_t s = 3; s <= 4; s++)
+        for (int r = 0; r < 3; r++)
+            put(dir, r, s);
+    int64_t step;
+    assert_int_equal(rk_snap_agree(dir, 3, &step, NULL, 0, &err), RK_OK);
+    assert_int_equal(step, 4);
+
+    /* one byte of rank 1's newest generation flipped in place (its last tensor's data) */
+    flip_byte(gen_path(p, sizeof p, dir, 1, 4), -2);
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_snap_get(dir, 1, 4, &c, &err), RK_EFORMAT);
+    assert_null(c);
+    assert_non_null(strstr(err.msg, "rank-1/snap-000000000004.safetensors: tensor 'rng.state': "
+                                    "data checksum mismatch"));
+    char report[2048];
+    assert_int_equal(rk_snap_agree(dir, 3, &step, report, sizeof report, &err), RK_OK);
+    assert_int_equal(step, 3);
+    assert_non_null(strstr(report, "rank-1/snap-000000000004.safetensors: tensor 'rng.state': "
+                                   "data checksum mismatch"));
+    assert_int_equal(rk_snap_get(dir, 1, 3, &c, &err), RK_OK);
+    assert_state(c, 1, 3);
+    rk_ckpt_free(c);
+    /* the steps are listed by name (complete files), whether they verify or not */
+    assert_steps(dir, 1, 2, (const int64_t[]){4, 3});
+
+    /* a flipped byte in rank 2's older generation's header too: nothing verifies in common */
+    flip_byte(gen_path(p, sizeof p, dir, 2, 3), 40);
+    assert_int_equal(rk_snap_agree(dir, 3, &step, report, sizeof report, &err), RK_ENOENT);
+    assert_int_equal(step, -1);
+    assert_non_null(strstr(err.msg, "no snapshot step that every rank has and that verifies"));
+    assert_non_null(strstr(report, "rank-2/snap-000000000003.safetensors"));
+    /* a generation whose content says another step than its name is refused too */
+    char q[RK_SNAP_PATH_MAX + 64];
+    assert_int_equal(rename(gen_path(p, sizeof p, dir, 0, 3), gen_path(q, sizeof q, dir, 0, 9)), 0);
+    assert_int_equal(rk_snap_get(dir, 0, 9, NULL, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "field 'step' is 3 but the file name says 9"));
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+static void test_a_link_or_fifo_in_place_of_a_generation_is_refused(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64], q[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    for (int64_t s = 3; s <= 4; s++)
+        for (int r = 0; r < 2; r++)
+            put(dir, r, s);
+    /* rank 0's step 4 becomes a link to a valid copy of itself outside the directory */
+    snprintf(q, sizeof q, "%s/outside.safetensors", g_dir);
+    assert_int_equal(rename(gen_path(p, sizeof p, dir, 0, 4), q), 0);
+    assert_int_equal(symlink(q, p), 0);
+    assert_int_equal(rk_snap_get(dir, 0, 4, NULL, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "is a symbolic link, not a regular file"));
+    assert_steps(dir, 0, 1, (const int64_t[]){3});
+    int64_t step;
+    assert_int_equal(rk_snap_agree(dir, 2, &step, NULL, 0, &err), RK_OK);
+    assert_int_equal(step, 3);
+    /* rank 1's step 4 a FIFO: refused without blocking */
+    assert_int_equal(unlink(gen_path(p, sizeof p, dir, 1, 4)), 0);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_equal(rk_snap_get(dir, 1, 4, NULL, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "is a FIFO, not a regular file"));
+    assert_steps(dir, 1, 1, (const int64_t[]){3});
+    /* the next put deletes the link (not what it points to) and the FIFO */
+    put(dir, 0, 5);
+    put(dir, 1, 5);
+    assert_steps(dir, 0, 2, (const int64_t[]){5, 3});
+    struct stat st;
+    assert_int_equal(lstat(q, &st), 0);
+    assert_int_equal(rk_snap_agree(dir, 2, &step, NULL, 0, &err), RK_OK);
+    assert_int_equal(step, 5);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* ---- a rank killed in the middle of its copy -------------------------------------------- */
+
+#define TORN_FLOATS ((size_t)16 << 20) /* 64 MiB */
+
+static void torn_state(float *big, uint8_t *blob, int64_t step, rk_ckpt_item *items,
+                       int64_t *shape_big, int64_t *shape_blob)
+{
+    for (size_t i = 0; i < TORN_FLOATS; i += 4096)
+        big[i] = (float)(step + (int64_t)i);
+    big[TORN_FLOATS - 1] = (float)(step * 7);
+    for (int i = 0; i < 64; i++)
+        blob[i] = (uint8_t)(step + i);
+    *shape_big = (int64_t)TORN_FLOATS;
+    *shape_blob = 64;
+    items[0] = (rk_ckpt_item){"model.big", "F32", 1, shape_big, big};
+    items[1] = (rk_ckpt_item){"rng.state", "U8", 1, shape_blob, blob};
+}
+
+static void assert_torn_state(const rk_ckpt *c, int64_t step)
+{
+    assert_int_equal(rk_ckpt_meta_of(c)->step, step);
+    const rk_st_tensor *t = rk_ckpt_find(c, "model.big");
+    assert_non_null(t);
+    assert_int_equal(t->nbytes, TORN_FLOATS * sizeof(float));
+    float first, last;
+    memcpy(&first, t->data, sizeof first);
+    memcpy(&last, t->data + t->nbytes - sizeof last, sizeof last);
+    assert_true(first == (float)step && last == (float)(step * 7));
+    assert_int_equal(rk_ckpt_find(c, "rng.state")->data[5], (uint8_t)(step + 5));
+}
+
+/* The name of the child's temporary file in `rdir` (its pid in it), or "" if none yet. */
+static void find_temp(const char *rdir, pid_t pid, char *out, size_t cap)
+{
+    char tag[64];
+    snprintf(tag, sizeof tag, ".tmp.%ld.", (long)pid);
+    out[0] = '\0';
+    DIR *d = opendir(rdir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strstr(e->d_name, tag)) {
+            snprintf(out, cap, "%s", e->d_name);
+            break;
+        }
+    closedir(d);
+}
+
+/* A child puts a 64 MiB generation and is SIGKILLed when its temporary file has reached a
+ * quarter, a half, three quarters of the generation's size (and any first byte), before the
+ * rename. After each kill: the torn copy is never returned (get, steps, agree give the previous
+ * complete generation, whose content is its step's), and the next put removes the dead
+ * writer's temporary file. A child that finished before the kill landed is not a torn copy:
+ * that kill point is tried again. In /dev/shm when it has room, else in the test directory. */
+static void test_a_rank_killed_mid_copy_never_exposes_a_torn_snapshot(void **state)
+{
+    (void)state;
+    rk_err err = {0};
+    char dir[RK_SNAP_PATH_MAX];
+    const char *where = RK_SNAP_PARENT_DEFAULT;
+    if (rk_snap_dir_make(where, dir, sizeof dir, &err) == RK_OK) {
+        int ok = 0;
+        char why[512];
+        assert_int_equal(rk_snap_room(dir, TORN_FLOATS * 4 + 4096, 2, &ok, why, sizeof why, &err),
+                         RK_OK);
+        if (!ok) {
+            print_message("torn: %s; using %s\n", why, g_dir);
+            assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+            where = g_dir;
+        }
+    } else {
+        print_message("torn: %s; using %s\n", err.msg, g_dir);
+        where = g_dir;
+    }
+    if (where == g_dir)
+        job_dir(dir, sizeof dir);
+    else
+        snprintf(g_shm, sizeof g_shm, "%s", dir);
+
+    float *big = malloc(TORN_FLOATS * sizeof *big);
+    assert_non_null(big);
+    for (size_t i = 0; i < TORN_FLOATS; i++) /* real pages: the timed put reads them all */
+        big[i] = (float)(i & 0xffff) * 0.5f;
+    uint8_t blob[64];
+    int64_t sb, sbl;
+    rk_ckpt_item items[2];
+    rk_ckpt_meta meta = {1, 0, 0, 1, "{\"model\":\"big\"}"};
+    torn_state(big, blob, 1, items, &sb, &sbl);
+    assert_int_equal(rk_snap_put(dir, 0, &meta, items, 2, &err), RK_OK);
+    meta.step = 2;
+    torn_state(big, blob, 2, items, &sb, &sbl);
+    double t0 = rk_mono_s();
+    assert_int_equal(rk_snap_put(dir, 0, &meta, items, 2, &err), RK_OK);
+    double put_s = rk_mono_s() - t0;
+    char rdir[RK_SNAP_PATH_MAX + 16], gp[RK_SNAP_PATH_MAX + 64];
+    snprintf(rdir, sizeof rdir, "%s/rank-0", dir);
+    struct stat st;
+    assert_int_equal(stat(gen_path(gp, sizeof gp, dir, 0, 2), &st), 0);
+    const off_t full = st.st_size;
+
+    const off_t points[] = {1, full / 4, full / 2, full * 3 / 4};
+    const int npoints = (int)(sizeof points / sizeof points[0]);
+    int64_t prev = 2;
+    int torn = 0, finished_first = 0;
+    for (int k = 0; k < npoints; k++) {
+        bool landed = false;
+        for (int attempt = 0; attempt < 50 && !landed; attempt++) {
+            int64_t s = prev + 1;
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                rk_ckpt_meta m = {s, 0, 0, 1, "{\"model\":\"big\"}"};
+                torn_state(big, blob, s, items, &sb, &sbl);
+                _exit(rk_snap_put(dir, 0, &m, items, 2, NULL) == RK_OK ? 0 : 3);
+            }
+            /* wait for the temporary file to reach the kill point (or the child to end); a
+             * generation of step s that appears first is killed at once: then it must be
+             * whole (a writer that wrote under the final name would be caught there) */
+            char tmp[256] = "", sp[RK_SNAP_PATH_MAX + 64];
+            gen_path(sp, sizeof sp, dir, 0, s);
+            bool ended = false;
+            int status = 0;
+            double deadline = rk_mono_s() + 120.0;
+            while (!ended && rk_mono_s() < deadline) {
+                if (lstat(sp, &st) == 0) {
+                    assert_int_equal(kill(pid, SIGKILL), 0);
+                    break;
+                }
+                if (!tmp[0])
+                    find_temp(rdir, pid, tmp, sizeof tmp);
+                char tp[RK_SNAP_PATH_MAX + 300];
+                snprintf(tp, sizeof tp, "%s/%s", rdir, tmp);
+                if (tmp[0] && stat(tp, &st) == 0 && st.st_size >= points[k]) {
+                    assert_int_equal(kill(pid, SIGKILL), 0);
+                    break;
+                }
+                ended = waitpid(pid, &status, WNOHANG) == pid;
+            }
+            if (!ended) {
+                assert_int_equal(waitpid(pid, &status, 0), pid);
+            }
+            char left[256];
+            find_temp(rdir, pid, left, sizeof left);
+            if (WIFEXITED(status)) {
+                assert_int_equal(WEXITSTATUS(status), 0); /* finished first: try again */
+                assert_string_equal(left, "");
+                finished_first++;
+                prev = s;
+                continue;
+            }
+            assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+            if (!left[0]) { /* killed after the rename: the generation is whole */
+                rk_ckpt *c = NULL;
+                assert_int_equal(rk_snap_get(dir, 0, s, &c, &err), RK_OK);
+                assert_torn_state(c, s);
+                rk_ckpt_free(c);
+                finished_first++;
+                prev = s;
+                continue;
+            }
+            /* killed mid-copy: only the previous generation is there and returned */
+            landed = true;
+            torn++;
+            assert_steps(dir, 0, 1, (const int64_t[]){prev});
+            rk_ckpt *c = NULL;
+            assert_int_equal(rk_snap_get(dir, 0, s, &c, &err), RK_ENOENT);
+            assert_int_equal(rk_snap_get(dir, 0, prev, &c, &err), RK_OK);
+            assert_torn_state(c, prev);
+            rk_ckpt_free(c);
+            int64_t agreed = -1;
+            assert_int_equal(rk_snap_agree(dir, 1, &agreed, NULL, 0, &err), RK_OK);
+            assert_int_equal(agreed, prev);
+            uint64_t held = 0;
+            assert_int_equal(rk_snap_bytes(dir, &held, &err), RK_OK);
+            assert_int_equal(held, (uint64_t)full); /* the temporary file is not counted */
+            /* the next put (the relaunched rank) removes the dead writer's temporary file */
+            meta.step = s;
+            torn_state(big, blob, s, items, &sb, &sbl);
+            assert_int_equal(rk_snap_put(dir, 0, &meta, items, 2, &err), RK_OK);
+            assert_int_equal(count_named(rdir, ".tmp."), 0);
+            assert_steps(dir, 0, 2, (const int64_t[]){s, prev});
+            prev = s;
+        }
+        if (!landed)
+            print_error("kill point %d (%lld bytes): every child finished first\n", k,
+                        (long long)points[k]);
+        assert_true(landed);
+    }
+    print_message("torn: %d kills mid-copy at 4 points of a %lld-byte generation in %s (%d "
+                  "children finished first); one put took %.1f ms (%.2f GB/s)\n",
+                  torn, (long long)full, where, finished_first, put_s * 1e3,
+                  (double)full / put_s / 1e9);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+    g_shm[0] = '\0';
+    free(big);
+}
+
+/* ---- room and removal ------------------------------------------------------------------- */
+
+static void test_room_follows_the_documented_rule(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], why[512];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    int ok = -1;
+    assert_int_equal(rk_snap_room(dir, 4096, 4, &ok, why, sizeof why, &err), RK_OK);
+    assert_int_equal(ok, 1);
+    assert_string_equal(why, "");
+    /* 1 PiB a generation fits nowhere; the message says by how much */
+    assert_int_equal(rk_snap_room(dir, (uint64_t)1 << 50, 2, &ok, why, sizeof why, &err), RK_OK);
+    assert_int_equal(ok, 0);
+    assert_non_null(strstr(why, "2 generations x 2 ranks x 1073741824.0 MiB"));
+    assert_non_null(strstr(why, "MiB short"));
+    /* overflow of the need is "does not fit", not a wrap */
+    assert_int_equal(rk_snap_room(dir, UINT64_MAX / 2, 3, &ok, NULL, 0, &err), RK_OK);
+    assert_int_equal(ok, 0);
+    assert_int_equal(rk_snap_room(dir, 1, 0, &ok, NULL, 0, &err), RK_EINVAL);
+    /* either side of the rule's edge (the free space moves as other processes write: a
+     * generation well inside it, and one well outside) */
+    struct statvfs sv;
+    assert_int_equal(statvfs(dir, &sv), 0);
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize;
+    uint64_t margin = total / RK_SNAP_MARGIN_DIV;
+    if (margin < RK_SNAP_MARGIN_MIN)
+        margin = RK_SNAP_MARGIN_MIN;
+    if (avail > margin + 2 * 4096) {
+        uint64_t fit = (avail - margin) / 2; /* the largest generation of one rank that fits */
+        assert_int_equal(rk_snap_room(dir, fit / 2, 1, &ok, NULL, 0, &err), RK_OK);
+        assert_int_equal(ok, 1);
+        assert_int_equal(rk_snap_room(dir, fit + fit / 2 + 1, 1, &ok, NULL, 0, &err), RK_OK);
+        assert_int_equal(ok, 0);
+    }
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+static void test_remove_takes_only_what_the_store_made(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    put(dir, 0, 1);
+    put(dir, 1, 1);
+    snprintf(p, sizeof p, "%s/rank-1/notes.txt", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_EIO);
+    assert_non_null(strstr(err.msg, "rank-1: cannot remove"));
+    struct stat st;
+    assert_int_equal(lstat(p, &st), 0); /* the foreign file stays */
+    snprintf(p, sizeof p, "%s/rank-0", dir);
+    assert_int_equal(lstat(p, &st), -1); /* rank 0's went */
+    snprintf(p, sizeof p, "%s/rank-1/notes.txt", dir);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+    assert_int_equal(lstat(dir, &st), -1);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_ENOENT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generation_names_are_exact),
+        cmocka_unit_test(test_directory_is_0700_ours_and_never_a_link),
+        cmocka_unit_test(test_put_get_round_trip_with_the_bytes_of_encode),
+        cmocka_unit_test(test_two_generations_are_kept_and_a_rollback_drops_the_newer),
+        cmocka_unit_test(test_failed_puts_write_nothing_and_keep_the_previous_generation),
+        cmocka_unit_test(test_agree_picks_the_newest_step_every_rank_has),
+        cmocka_unit_test(test_a_flipped_byte_is_never_returned_and_agree_falls_back),
+        cmocka_unit_test(test_a_link_or_fifo_in_place_of_a_generation_is_refused),
+        cmocka_unit_test(test_a_rank_killed_mid_copy_never_exposes_a_torn_snapshot),
+        cmocka_unit_test(test_room_follows_the_documented_rule),
+        cmocka_unit_test(test_remove_takes_only_what_the_store_made),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
