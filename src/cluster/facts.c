@@ -225,28 +225,21 @@ static void record(sup_cluster *cl, int k, uint8_t type, const uint8_t *payload,
         }
         return;
     }
-    case RK_NODE_MSG_DATA:
-    case RK_NODE_MSG_CLOSE: {
-        uint32_t id;
-        const uint8_t *bytes;
-        size_t n;
-        int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
-        if (end < 0)
-            note(cl, "node %d: %s", k, e.msg);
-        else if (ours)
-            note_bytes(cl, end ? FACT_CLOSE : FACT_DATA, k, id, bytes, n);
-        return;
-    }
+    case RK_NODE_MSG_DATA: /* a rank's stream, or a stack dump: a channel's bytes or end */
+    case RK_NODE_MSG_CLOSE:
     case RK_NODE_MSG_STACK:
     case RK_NODE_MSG_STACK_END: {
         uint32_t id;
         const uint8_t *bytes;
         size_t n;
         int end = rk_node_chan_take(type, payload, len, &id, &bytes, &n, &e);
+        int stack = type == RK_NODE_MSG_STACK || type == RK_NODE_MSG_STACK_END;
         if (end < 0)
             note(cl, "node %d: %s", k, e.msg);
         else if (ours)
-            note_bytes(cl, end ? FACT_STACK_END : FACT_STACK, k, id, bytes, n);
+            note_bytes(cl,
+                       stack ? (end ? FACT_STACK_END : FACT_STACK) : (end ? FACT_CLOSE : FACT_DATA),
+                       k, id, bytes, n);
         return;
     }
     case RK_NODE_MSG_HEALTH: {
