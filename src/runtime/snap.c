@@ -655,6 +655,25 @@ static int remove_rank(int jfd, const char *rname, const char *rl, rk_err *err)
     return RK_OK;
 }
 
+/* The job directory `dir`, checked and opened (*jfd), and a listing of it (*d, on its own
+ * descriptor): the caller closes both. */
+static int open_listing(const char *dir, int *jfd, DIR **d, rk_err *err)
+{
+    int rc = open_checked(AT_FDCWD, dir, dir, jfd, err);
+    if (rc)
+        return rc;
+    int j2 = dup(*jfd);
+    *d = j2 >= 0 ? fdopendir(j2) : NULL;
+    if (!*d) {
+        if (j2 >= 0)
+            close(j2);
+        close(*jfd);
+        *jfd = -1;
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dir);
+    }
+    return RK_OK;
+}
+
 int rk_snap_dir_remove(const char *dir, rk_err *err)
 {
     char eb[128];
@@ -662,17 +681,10 @@ int rk_snap_dir_remove(const char *dir, rk_err *err)
     if (rc)
         return rc;
     int jfd;
-    rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+    DIR *d;
+    rc = open_listing(dir, &jfd, &d, err);
     if (rc)
         return rc;
-    int j2 = dup(jfd);
-    DIR *d = j2 >= 0 ? fdopendir(j2) : NULL;
-    if (!d) {
-        if (j2 >= 0)
-            close(j2);
-        close(jfd);
-        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dir);
-    }
     struct dirent *de;
     while ((de = readdir(d))) {
         int r;
@@ -705,17 +717,10 @@ int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err)
     if (rc)
         return rc;
     int jfd;
-    rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+    DIR *d;
+    rc = open_listing(dir, &jfd, &d, err);
     if (rc)
         return rc;
-    int j2 = dup(jfd);
-    DIR *d = j2 >= 0 ? fdopendir(j2) : NULL;
-    if (!d) {
-        if (j2 >= 0)
-            close(j2);
-        close(jfd);
-        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dir);
-    }
     uint64_t sum = 0;
     struct dirent *de;
     while (!rc && (de = readdir(d))) {
