@@ -163,7 +163,7 @@ timeout 60 "$RK" run -n 2 --launcher local --health off --quiet -- "$work/no-suc
   >"$work/noexec.out" 2>&1
 st=$?
 [[ $st == 2 && $(grep -c "cannot run the worker $work/no-such-worker: No such file or directory" "$work/noexec.out") == 1 ]] \
-  && ! grep -q relaunch "$work/noexec.out" && ok "an unexecutable worker: one message, exit 2" \
+  && ! grep -q "] relaunch " "$work/noexec.out" && ok "an unexecutable worker: one message, exit 2" \
   || bad "unexecutable worker: exit $st: $(cat "$work/noexec.out")"
 "$RK" --help | grep -q "_rank-env" && bad "rk --help lists the hidden _rank-env" \
   || ok "rk --help does not list _rank-env"
@@ -385,7 +385,7 @@ mkdir -p "$work/dab"
 timeout 60 "$RK" run -n 2 --launcher local --health off --events "$work/dab.ev" -- "${w[@]}" \
   --log "$work/dab" --steps 5 --rank 1 --die-after-bye >"$work/dab.out" 2>&1
 st=$?
-[[ $st == 0 && -e $work/dab/bye.0.1 ]] && ! grep -q "relaunch" "$work/dab.out" \
+[[ $st == 0 && -e $work/dab/bye.0.1 ]] && ! grep -q "] relaunch " "$work/dab.out" \
   && ! grep -q '"kind":"crash"' "$work/dab.ev" && [[ ! -e $work/dab/env.1.0.json ]] \
   && ok "a rank SIGKILLed after every rank said bye done: finished, not relaunched" \
   || bad "killed after bye: exit $st: $(grep 'rk run' "$work/dab.out" | tail -3)"
