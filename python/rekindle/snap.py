@@ -109,19 +109,25 @@ def _rank_of(name):
 # ---- checked directories ------------------------------------------------------------------
 
 
-def _open_checked(name, what, dir_fd=None):
-    """An fd of the directory `name` (never through a link), ours and 0700."""
+def _open_nofollow(name, flags, dir_fd, what, missing, not_kind):
+    """os.open of `name` with `flags` (O_NOFOLLOW among them): SnapshotMissing "what: missing"
+    if absent; a link or another kind of file is SnapshotError "what: is a ..., not_kind"."""
     try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        return os.open(name, flags, dir_fd=dir_fd)
     except FileNotFoundError:
-        raise SnapshotMissing(f"{what}: does not exist") from None
+        raise SnapshotMissing(f"{what}: {missing}") from None
     except OSError as e:
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             raise _os_error(e, f"{what}: cannot open") from None
-        raise SnapshotError(f"{what}: is {kind_name(st.st_mode)}, not a directory (a snapshot "
-                            "directory is a real directory, mode 0700)") from None
+        raise SnapshotError(f"{what}: is {kind_name(st.st_mode)}, {not_kind}") from None
+
+
+def _open_checked(name, what, dir_fd=None):
+    """An fd of the directory `name` (never through a link), ours and 0700."""
+    fd = _open_nofollow(name, _DIR_FLAGS, dir_fd, what, "does not exist",
+                        "not a directory (a snapshot directory is a real directory, mode 0700)")
     st = os.fstat(fd)
     problem = None
     if st.st_uid != os.geteuid():
@@ -319,17 +325,8 @@ def put(dir, rank, step, items, *, epoch=0, cursor=0, world_size=1, config="{}")
 def _get_at(rfd, what, step):
     name = file_name(step)
     L = f"{what}/{name}"
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,
-                     dir_fd=rfd)
-    except FileNotFoundError:
-        raise SnapshotMissing(f"{L}: no snapshot of step {step}") from None
-    except OSError as e:
-        try:
-            st = os.stat(name, dir_fd=rfd, follow_symlinks=False)
-        except OSError:
-            raise _os_error(e, f"{L}: cannot open") from None
-        raise SnapshotError(f"{L}: is {kind_name(st.st_mode)}, not a regular file") from None
+    fd = _open_nofollow(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                        rfd, L, f"no snapshot of step {step}", "not a regular file")
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
