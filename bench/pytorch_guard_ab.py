@@ -43,7 +43,11 @@ def main():
     state = {}
 
     from rekindle.torch import _hook
-    vector = os.environ.get("RK_GUARD_AB_WHAT", "guard") == "vector"
+    what = os.environ.get("RK_GUARD_AB_WHAT", "guard")
+    if what not in ("guard", "vector"):
+        print(f"pytorch_guard_ab.py: RK_GUARD_AB_WHAT={what!r}: not guard or vector", file=sys.stderr)
+        return 2
+    vector = what == "vector"
 
     def switch(self, on):
         if vector:
