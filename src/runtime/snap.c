@@ -165,7 +165,8 @@ static int scan_rank(int rfd, const char *what, int64_t **out, size_t *n, rk_err
     char eb[128];
     *out = NULL;
     *n = 0;
-    int d2 = dup(rfd);
+    int d2 = fcntl(rfd, F_DUPFD_CLOEXEC, 0);
+    /* rk-fd: d2 is close-on-exec (F_DUPFD_CLOEXEC above) */
     DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
     if (!d) {
         int e = errno;
@@ -241,7 +242,8 @@ static void retain(int rfd, const char *what, int64_t step)
     }
     free(v);
 
-    int d2 = dup(rfd);
+    int d2 = fcntl(rfd, F_DUPFD_CLOEXEC, 0);
+    /* rk-fd: d2 is close-on-exec (F_DUPFD_CLOEXEC above) */
     DIR *d = d2 >= 0 ? fdopendir(d2) : NULL;
     if (!d) {
         if (d2 >= 0)
@@ -631,6 +633,7 @@ static int remove_rank(int jfd, const char *rname, const char *rl, rk_err *err)
     int rc = open_checked(jfd, rname, rl, &rfd, err);
     if (rc)
         return rc;
+    /* rk-fd: rfd is O_CLOEXEC (open_checked) */
     DIR *d = fdopendir(rfd);
     if (!d) {
         close(rfd);
@@ -662,7 +665,8 @@ static int open_listing(const char *dir, int *jfd, DIR **d, rk_err *err)
     int rc = open_checked(AT_FDCWD, dir, dir, jfd, err);
     if (rc)
         return rc;
-    int j2 = dup(*jfd);
+    int j2 = fcntl(*jfd, F_DUPFD_CLOEXEC, 0);
+    /* rk-fd: j2 is close-on-exec (F_DUPFD_CLOEXEC above) */
     *d = j2 >= 0 ? fdopendir(j2) : NULL;
     if (!*d) {
         if (j2 >= 0)
