@@ -13,8 +13,8 @@
 #include "rekindle/snap.h"
 #include "runtime/worker_internal.h"
 
-#define MEM_TIMED 3          /* puts timed (after the first) before K is chosen */
-#define MEM_COST_MAX 0.01    /* a put may cost at most this share of K steps */
+#define MEM_TIMED 3            /* puts timed (after the first) before K is chosen */
+#define MEM_COST_MAX 0.01      /* a put may cost at most this share of K steps */
 #define MEM_HEADER_BYTES 65536 /* the room rule's allowance for a generation's header */
 
 /* The buffers a snapshot holds: what a rollback restores (PARAM, STATE, LOCAL), under their
@@ -48,6 +48,16 @@ void rk_worker_mem_init(rk_worker *w)
     w->mem_put_s = w->mem_step_s = 0;
     if (w->mem_on)
         snprintf(w->mem_dir, sizeof w->mem_dir, "%s", d);
+    /* RK_SNAP_EVERY=K (tests and benches): K fixed, the puts not timed */
+    const char *k = getenv("RK_SNAP_EVERY");
+    char *end = NULL;
+    long long every = k && *k ? strtoll(k, &end, 10) : 0;
+    if (every >= 1 && end && !*end) {
+        w->mem_every = every;
+        w->mem_timed = MEM_TIMED + 1;
+    } else if (k && *k && w->diag)
+        fprintf(w->diag, "%s (rank %d): RK_SNAP_EVERY=%s is not a whole number >= 1: ignored\n",
+                w->name, w->rank, k);
 }
 
 /* Snapshots off for the rest of this process (and, through the event, of the job: rk run
@@ -146,9 +156,8 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
         w->gather[0] = mine;
     for (int r = 0; r < w->world; r++)
         if (w->gather[r]) {
-            snprintf(why, sizeof why, "rank %d could not put its snapshot of step %lld: %.400s",
-                     r, (long long)steps_done,
-                     r == w->rank ? e.msg : rk_strerror((int)w->gather[r]));
+            snprintf(why, sizeof why, "rank %d could not put its snapshot of step %lld: %.400s", r,
+                     (long long)steps_done, r == w->rank ? e.msg : rk_strerror((int)w->gather[r]));
             mem_off(w, steps_done, why);
             return RK_OK;
         }
