@@ -66,7 +66,7 @@ struct rk_worker {
     int64_t mem_next;             /* the step of the next put */
     int mem_timed;                /* puts made, counted to MEM_TIMED + 1: the first (which makes
                                    * the rank's directory) is not timed, the next MEM_TIMED are */
-    double mem_put_s, mem_step_s; /* their seconds, and the steps' before them, summed */
+    double mem_put_s, mem_step_s; /* their seconds summed; the fastest step before them */
     rk_hb_restore restore;        /* where the state at start_step came from (hello) */
 };
 

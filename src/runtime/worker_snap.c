@@ -72,13 +72,14 @@ static void mem_off(rk_worker *w, int64_t step, const char *why)
         fprintf(w->notes, "snapshot: off, checkpoints on disk only: %s\n", why);
 }
 
-/* K from the timed puts: the smallest K with put / (K x step) <= MEM_COST_MAX, at most the
- * disk checkpoints' interval. Rank 0's numbers, broadcast: every rank puts the same steps. */
+/* K from the timed puts: the smallest K with put / (K x step) <= MEM_COST_MAX (put: their
+ * mean; step: the fastest step before them), at most the disk checkpoints' interval. Rank 0's
+ * numbers, broadcast: every rank puts the same steps. */
 static int mem_choose_every(rk_worker *w, rk_err *err)
 {
     double k = 1;
     if (w->rank == 0) {
-        double put = w->mem_put_s / MEM_TIMED, step = w->mem_step_s / MEM_TIMED;
+        double put = w->mem_put_s / MEM_TIMED, step = w->mem_step_s;
         int64_t cap = w->every > 0 ? w->every : RK_CKPT_EVERY_DEFAULT;
         k = step > 0 ? ceil(put / (MEM_COST_MAX * step)) : (double)cap;
         k = k < 1 ? 1 : k > (double)cap ? (double)cap : k;
@@ -166,7 +167,8 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
     if (!prc && w->mem_timed <= MEM_TIMED) {
         if (w->mem_timed++ > 0) {
             w->mem_put_s += took;
-            w->mem_step_s += step_s;
+            if (w->mem_step_s <= 0 || step_s < w->mem_step_s)
+                w->mem_step_s = step_s; /* the fastest: the cost is not underestimated */
         }
         if (w->mem_timed == MEM_TIMED + 1) {
             if ((rc = mem_choose_every(w, err)))
