@@ -120,6 +120,14 @@ for n in 2 4; do
     || bad "$n ranks, disk: a snapshot directory was made"
 done
 
+# --- ranks that may run on other hosts: said once, disk only ---------------------------------
+"$RK" run -n 2 --ckpt-dir "$work/hosts.ck" --launcher mpirun --launcher-arg -H \
+  --launcher-arg localhost:2 -- true >"$work/hosts.out" 2>&1
+n=$(grep -c "recovery from memory is not built yet for ranks on several hosts (the launcher arguments name hosts)" "$work/hosts.out")
+[[ $n == 1 && -z $(snapdir hosts) ]] \
+  && ok "launcher arguments that name hosts: one status line says memory recovery is not built there, no directory" \
+  || bad "hosts: $n status lines, directory '$(snapdir hosts)': $(head -5 "$work/hosts.out")"
+
 # --- a tmpfs too small for two generations: one snapshot_off, disk only, the job finishes ----
 small="$work/small"
 mkdir -p "$small"
