@@ -110,6 +110,10 @@ static const char usage_a[] =
     "                          (default 0..N-1); rank i of a launch uses the i-th healthy one\n"
     "  --ckpt-dir DIR          the job's checkpoint directory (RK_CKPT_DIR for the workers;\n"
     "                          every launch resumes from its latest good checkpoint)\n"
+    "  --recovery WHERE        memory (default): with --ckpt-dir and every rank on this host,\n"
+    "                          the ranks also keep snapshots in /dev/shm and a relaunch\n"
+    "                          restores from them when they are at least as new as the disk's\n"
+    "                          (docs/recovery.md); disk: checkpoints on disk only\n"
     "  --heartbeat-timeout S   a rank silent this many seconds is hung (default 30)\n"
     "  --startup-timeout S     seconds for every rank to say hello (default 120)\n"
     "  --stop-grace S          after SIGINT, SIGTERM or SIGHUP, seconds for the ranks to\n"
@@ -293,6 +297,7 @@ enum {
     OPT_DRAIN_PROB,
     OPT_STACK_DIR,
     OPT_NO_PYTHONPATH,
+    OPT_RECOVERY,
     OPT_HOSTS,
     OPT_HOSTFILE,
     OPT_SPARE_HOSTS,
@@ -337,6 +342,7 @@ int rk_cmd_run(int argc, char **argv)
         {"drain-probability", required_argument, 0, OPT_DRAIN_PROB},
         {"stack-dir", required_argument, 0, OPT_STACK_DIR},
         {"no-pythonpath", no_argument, 0, OPT_NO_PYTHONPATH},
+        {"recovery", required_argument, 0, OPT_RECOVERY},
         {"hosts", required_argument, 0, OPT_HOSTS},
         {"hostfile", required_argument, 0, OPT_HOSTFILE},
         {"spare-hosts", required_argument, 0, OPT_SPARE_HOSTS},
@@ -425,6 +431,14 @@ int rk_cmd_run(int argc, char **argv)
             break;
         case OPT_STACK_DIR: o.stack_dir = optarg; break;
         case OPT_NO_PYTHONPATH: o.no_pythonpath = 1; break;
+        case OPT_RECOVERY:
+            if (strcmp(optarg, "memory") == 0)
+                o.recovery = RK_SUP_RECOVERY_MEMORY;
+            else if (strcmp(optarg, "disk") == 0)
+                o.recovery = RK_SUP_RECOVERY_DISK;
+            else
+                return usage_error("--recovery '%s' is not memory or disk", optarg);
+            break;
         case OPT_LAUNCHER_ARG:
             if (nlargs == 62)
                 return usage_error("more than 62 --launcher-arg");

@@ -41,7 +41,9 @@ ck_state() { cat "$1"/python_worker.rank*.json 2>/dev/null | md5sum; }
 kill_case() {
   local name=$1 sig=$2; shift 2
   local tok="$work/$name.token" ck="$work/$name.ck"
-  env "$@" "$RK" run -n 2 --launcher "${launcher:-auto}" --ckpt-dir "$ck" --quiet -- python3 "$pyw" --steps 1000000 \
+  # RK_SNAP_PARENT: the snapshot directory of an rk run killed by SIGKILL (which cannot remove
+  # it) goes with $work, not left in /dev/shm
+  env RK_SNAP_PARENT="$work" "$@" "$RK" run -n 2 --launcher "${launcher:-auto}" --ckpt-dir "$ck" --quiet -- python3 "$pyw" --steps 1000000 \
     --sleep 0.01 --ckpt-every 5 --result "$tok" >"$work/$name.out" 2>&1 &
   local sup=$!
   pids+=("$sup")

@@ -445,6 +445,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
             a.world = a.rank + 1 + rand() % (65536 - a.rank);
             a.pid = 1 + rand();
             snprintf(a.device, sizeof a.device, "dev-%d/é", rand());
+            a.restore = (rk_hb_restore)(rand() % 4); /* unsaid, none, disk, memory */
             break;
         case RK_HB_STEP:
             a.loss_finite = i % 5 != 0;
@@ -496,6 +497,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
         assert_string_equal(a.action, b.action);
         assert_string_equal(a.status, b.status);
         assert_string_equal(a.detail, b.detail);
+        assert_int_equal(a.restore, b.restore);
     }
 }
 
@@ -1162,6 +1164,70 @@ static void test_hello_stacks_field_is_optional_and_boolean(void **state)
     assert_true(m.stacks && m.pid == 77 && m.rank == 1 && m.world == 2);
 }
 
+/* The hello's optional "restore": "memory", "disk" and "none" read back, absent is unsaid,
+ * anything else (another word, "" or another JSON type) is refused naming the field; the
+ * formatter writes it only when said, rk_hb_open_restored sends it, and a value outside the
+ * enum is refused by the formatter. */
+static void test_hello_restore_field_is_optional_and_one_of_three_words(void **state)
+{
+    (void)state;
+    rk_hb_msg m;
+    rk_err err = {0};
+    const char *base = "{\"type\":\"hello\",\"v\":1,\"rank\":0,\"world\":1,\"pid\":9,"
+                       "\"device\":\"0\",\"step\":40";
+    char line[256];
+    snprintf(line, sizeof line, "%s}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_int_equal(m.restore, RK_HB_RESTORE_UNSAID);
+    const char *words[] = {"none", "disk", "memory"};
+    const rk_hb_restore want[] = {RK_HB_RESTORE_NONE, RK_HB_RESTORE_DISK, RK_HB_RESTORE_MEMORY};
+    for (size_t k = 0; k < 3; k++) {
+        snprintf(line, sizeof line, "%s,\"restore\":\"%s\"}", base, words[k]);
+        assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+        assert_int_equal(m.restore, want[k]);
+        assert_string_equal(rk_hb_restore_name(want[k]), words[k]);
+    }
+    const char *bad[] = {"\"\"", "\"Memory\"", "\"partner\"", "1", "null", "true", "[\"disk\"]"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(line, sizeof line, "%s,\"restore\":%s}", base, bad[k]);
+        assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_EFORMAT);
+        assert_non_null(strstr(err.msg, "field \"restore\": expected \"memory\", \"disk\" or"));
+    }
+    rk_hb_msg h;
+    memset(&h, 0, sizeof h);
+    h.type = RK_HB_HELLO;
+    h.version = 1;
+    h.world = 2;
+    h.rank = 1;
+    h.pid = 77;
+    char out[RK_HB_LINE_MAX];
+    size_t len = 0;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
+    assert_null(strstr(out, "restore"));
+    h.restore = RK_HB_RESTORE_MEMORY;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
+    assert_non_null(strstr(out, ",\"restore\":\"memory\"}"));
+    h.restore = (rk_hb_restore)4;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, "field \"restore\""));
+    /* the client sends it in its hello */
+    int lfd = listen_here();
+    rk_hb *c = NULL;
+    assert_int_equal(rk_hb_open_restored(&c, 0, 1, "0", 40, RK_HB_RESTORE_DISK, &err), RK_OK);
+    conn *cc = accept_conn(lfd);
+    char raw[RK_HB_LINE_MAX];
+    next_msg(cc, &m, raw);
+    assert_int_equal(m.type, RK_HB_HELLO);
+    assert_int_equal(m.step, 40);
+    assert_int_equal(m.restore, RK_HB_RESTORE_DISK);
+    rk_hb *c2 = NULL;
+    assert_int_equal(rk_hb_open_restored(&c2, 0, 1, "0", 40, (rk_hb_restore)9, &err), RK_EINVAL);
+    assert_null(c2);
+    rk_hb_close(c);
+    conn_free(cc);
+    close(lfd);
+}
+
 /* The same lines come out whatever the chunking: all at once, byte by byte, and seeded
  * random chunks; an empty line is a line; the tail waits for its newline; a 4095-byte line
  * passes and a 4096-byte one (newline excluded) is RK_EFORMAT even when split across feeds;
@@ -1389,6 +1455,7 @@ int main(void)
         cmocka_unit_test(test_broken_lines_are_rejected_naming_the_field),
         cmocka_unit_test(test_valid_lines_at_the_limits_parse),
         cmocka_unit_test(test_hello_stacks_field_is_optional_and_boolean),
+        cmocka_unit_test(test_hello_restore_field_is_optional_and_one_of_three_words),
         cmocka_unit_test(test_line_splitter_copes_with_any_chunking),
         cmocka_unit_test(test_two_threads_sending_never_interleave_lines),
         cmocka_unit_test(test_sends_interrupted_by_signals_still_deliver_whole_lines),

@@ -19,6 +19,7 @@
 
 #include "rekindle/ckpt.h"
 #include "rekindle/heartbeat.h"
+#include "rekindle/snap.h"
 #include "rekindle/worker.h"
 #include "testutil.h"
 
@@ -223,6 +224,94 @@ static void builtin_checkpoints_resume_the_same_bits(void **state)
     rm_tree(dir);
 }
 
+/* Flip one byte in the middle of a file (a bit gone bad in memory). */
+static void spoil(const char *path)
+{
+    FILE *fp = fopen(path, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 0, SEEK_END), 0);
+    long n = ftell(fp);
+    assert_true(n > 16);
+    assert_int_equal(fseek(fp, n - 8, SEEK_SET), 0); /* the last tensor's bytes */
+    int c = fgetc(fp);
+    assert_int_equal(fseek(fp, n - 8, SEEK_SET), 0);
+    fputc(c ^ 0x10, fp);
+    fclose(fp);
+}
+
+/* With RK_SNAP_DIR (rk run --recovery memory) every step is put in the node's snapshot store
+ * (RK_SNAP_EVERY=1) and a resume restores the newest step held there when it is at least as
+ * new as the disk's newest checkpoint: the replicated buffers and the rank's local ones (which
+ * the disk's built-in format does not hold). A generation that no longer verifies is never
+ * restored: the one before it is, and with none left that is as new as the disk, the disk. */
+static void memory_snapshots_resume_before_the_disk(void **state)
+{
+    (void)state;
+    char dir[512], parent[512], snap[RK_SNAP_PATH_MAX];
+    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker_mem_ck"), 0);
+    assert_int_equal(test_dir_make(parent, sizeof parent, "test_worker_mem_shm"), 0);
+    rk_err err = {0};
+    assert_int_equal(rk_snap_dir_make(parent, snap, sizeof snap, &err), RK_OK);
+    setenv(RK_SNAP_DIR_ENV, snap, 1);
+    setenv("RK_SNAP_EVERY", "1", 1);
+    rk_worker_ckpt_opts co;
+    rk_worker_ckpt_opts_default(&co);
+    co.dir = dir;
+    co.every = 4;
+    co.config_json = "{\"test\":\"memory\"}";
+    int64_t start = -1, back;
+    fixture f;
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, 0);
+    float p[7][8], v[7][8], ef[7][4];
+    int64_t t[7];
+    for (int64_t s = 0; s < 6; s++) {
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+        memcpy(p[s + 1], f.p, sizeof f.p);
+        memcpy(v[s + 1], f.v, sizeof f.v);
+        memcpy(ef[s + 1], f.ef, sizeof f.ef);
+        t[s + 1] = f.t;
+    }
+    close_worker(&f); /* disk: step 4; memory: steps 5 and 6 */
+    int64_t steps[4];
+    size_t n = 0;
+    assert_int_equal(rk_snap_steps(snap, 0, steps, 4, &n, &err), RK_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(steps[0], 6);
+    assert_int_equal(steps[1], 5);
+
+    co.resume = 1;
+    const int64_t want[] = {6, 5, 4}; /* each time the newest generation is spoilt */
+    for (int k = 0; k < 3; k++) {
+        open_worker(&f, 10);
+        assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+        int64_t s = want[k];
+        assert_int_equal(start, s);
+        assert_memory_equal(f.p, p[s], sizeof f.p);
+        assert_memory_equal(f.v, v[s], sizeof f.v);
+        assert_int_equal(f.t, t[s]);
+        if (s > 4) /* memory: the local buffer too */
+            assert_memory_equal(f.ef, ef[s], sizeof f.ef);
+        else /* disk (built-in format): no local buffers, they stay as the trainer made them */
+            assert_true(f.ef[0] == 0.0f);
+        close_worker(&f);
+        if (k < 2) {
+            char gen[RK_SNAP_PATH_MAX + 160], name[RK_CKPT_NAME_MAX];
+            assert_int_equal(rk_snap_file_name(s, name, sizeof name), RK_OK);
+            snprintf(gen, sizeof gen, "%s/rank-0/%s", snap, name);
+            spoil(gen);
+        }
+    }
+    unsetenv(RK_SNAP_DIR_ENV);
+    unsetenv("RK_SNAP_EVERY");
+    assert_int_equal(rk_snap_dir_remove(snap, &err), RK_OK);
+    rm_tree(parent);
+    rm_tree(dir);
+}
+
 /* RK_CKPT_DIR and RK_RESUME, as rk run sets them, read in one place for rk train and the
  * runtime: an empty directory is none, only "1" resumes */
 static void the_supervisors_checkpoint_env(void **state)
@@ -267,6 +356,7 @@ int main(void)
         cmocka_unit_test(snapshot_and_rollback),
         cmocka_unit_test(faults_land_in_registered_buffers),
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
+        cmocka_unit_test(memory_snapshots_resume_before_the_disk),
         cmocka_unit_test(the_supervisors_checkpoint_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

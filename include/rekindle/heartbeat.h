@@ -87,8 +87,10 @@ typedef enum {
  *   type    fields (besides type, rank)           ranges
  *   hello   version world pid device step         version >= 1, world 1..65536, rank < world,
  *           stacks (optional)                     pid >= 1, device <= 63 bytes (may be "");
- *                                                 stacks: true if the worker dumps its threads'
- *                                                 stacks on SIGUSR1 (absent, false: it does not)
+ *           restore (optional)                    stacks: true if the worker dumps its threads'
+ *                                                 stacks on SIGUSR1 (absent, false: it does not);
+ *                                                 restore: where the state at `step` came from,
+ *                                                 "memory", "disk" or "none" (absent: unsaid)
  *   step    step loss(+loss_finite) dt            loss any finite number or null, dt >= 0
  *   comm    step
  *   event   step kind blame action lost_steps     kind, action: [a-z_]{1,31}; blame -1..65535
@@ -101,6 +103,14 @@ typedef enum {
  * Always: rank 0..65535, step >= 0; numbers finite; strings valid UTF-8 without control
  * characters (U+0000-U+001F, U+007F-U+009F). A null loss (sent for NaN or infinity) reads as
  * loss = NAN, loss_finite = false. */
+/* hello's optional "restore": where the state the rank starts from came from. */
+typedef enum rk_hb_restore {
+    RK_HB_RESTORE_UNSAID = 0, /* absent */
+    RK_HB_RESTORE_NONE,       /* "none": a fresh start (no snapshot, no checkpoint) */
+    RK_HB_RESTORE_DISK,       /* "disk": a checkpoint on disk */
+    RK_HB_RESTORE_MEMORY      /* "memory": the node's snapshot (rekindle/snap.h) */
+} rk_hb_restore;
+
 typedef struct rk_hb_msg {
     rk_hb_type type;
     int rank, world, blame, index, version;
@@ -110,6 +120,7 @@ typedef struct rk_hb_msg {
     bool loss_finite;
     bool stacks; /* hello: SIGUSR1 dumps the stacks to $RK_STACK_DIR (docs/protocol.md) */
     char device[64], kind[32], action[32], status[16], detail[RK_HB_DETAIL_MAX + 1];
+    rk_hb_restore restore; /* hello (last: the layout before it is unchanged) */
 } rk_hb_msg;
 
 /* Parse one line (without its newline; need not be NUL-terminated) into *m. RK_EFORMAT with a
@@ -127,6 +138,8 @@ RK_API int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *
 
 /* "hello", "step", ...; "?" for a value outside the enum. */
 RK_API const char *rk_hb_type_name(rk_hb_type t);
+/* "memory", "disk", "none"; "" for RK_HB_RESTORE_UNSAID; "?" outside the enum. */
+RK_API const char *rk_hb_restore_name(rk_hb_restore r);
 
 /* ---- commands --------------------------------------------------------------------------- */
 
@@ -173,6 +186,11 @@ typedef struct rk_hb rk_hb;
  * the path if it cannot connect or send; RK_ENOMEM. On failure *out = NULL. */
 RK_API int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
                       rk_err *err);
+/* rk_hb_open whose hello also says where the state at start_step came from (`restore`;
+ * RK_HB_RESTORE_UNSAID: the field is left out, as rk_hb_open does). RK_EINVAL outside the
+ * enum. */
+RK_API int rk_hb_open_restored(rk_hb **out, int rank, int world, const char *device,
+                               int64_t start_step, rk_hb_restore restore, rk_err *err);
 
 /* After step `step` was applied: its loss (NaN or infinite is sent as null) and the seconds
  * it took (>= 0, finite). */

@@ -15,6 +15,10 @@
  *   - checkpoints in the checkpoint store (rekindle/ckpt.h): every K steps or at Daly's
  *     interval, on the supervisor's command, a final one at the end, never after the
  *     supervisor has gone; resume from the newest valid one (RK_CKPT_DIR, RK_RESUME=1);
+ *   - snapshots in node memory (RK_SNAP_DIR, rekindle/snap.h; docs/recovery.md): every K
+ *     steps each rank puts its PARAM, STATE and LOCAL buffers; a resume restores the agreed
+ *     step from there when it is at least as new as the newest checkpoint on disk, and the
+ *     hello says where the state came from;
  *   - throughput observations for the batch policy (rekindle/batch.h).
  *
  * Without a supervisor (RK_HEARTBEAT unset) the link is a no-op; without MPI (one rank, the

@@ -39,6 +39,7 @@ STORAGE_ERRNOS = frozenset(
 LINE_MAX = 4096  # bytes per line, newline included
 DETAIL_MAX = 512  # bytes of an event's detail
 DEVICE_MAX = 63  # bytes of hello's device
+RESTORES = ("memory", "disk", "none")  # hello's optional restore
 STEP_MAX = 1 << 53  # highest step and lost_steps
 RANK_MAX = 65535
 WORLD_MAX = 65536
@@ -318,10 +319,13 @@ class Worker:
                 self._gone("a send was interrupted by an exception")
                 raise
 
-    def hello(self, step=0):
+    def hello(self, step=0, restore=None):
         """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the
-        checkpoint resumed from). A supervisor that cannot be reached makes the worker lost
-        (alive() is False): the job went with it. Once only."""
+        checkpoint resumed from). `restore`, optional: where that state came from, "memory",
+        "disk" or "none" (docs/protocol.md; None: not said). A supervisor that cannot be
+        reached makes the worker lost (alive() is False): the job went with it. Once only."""
+        if restore is not None and restore not in RESTORES:
+            raise ValueError(f"hello: restore {restore!r} is not one of {', '.join(RESTORES)}")
         if self._said_hello or not self.heartbeat or self.lost:
             return
         step = _int("step", step, 0, STEP_MAX)
@@ -357,6 +361,8 @@ class Worker:
 
         if self.stacks_path is not None or stacks.installed() is not None:
             msg["stacks"] = True
+        if restore is not None:
+            msg["restore"] = restore
         self._send(msg)
 
     def comm(self, step):

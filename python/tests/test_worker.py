@@ -234,6 +234,25 @@ class TestSupervised(unittest.TestCase):
         w.hello(9)  # once only
         self.assertTrue(sup.nothing_more())
 
+    def test_hello_says_where_the_state_came_from(self):
+        sup = Sup(self)
+        with self.assertRaises(ValueError):
+            rekindle.Worker(env=env_for(sup)).hello(3, restore="ram")
+        w = rekindle.Worker(env=env_for(sup))
+        w.hello(3, restore="memory")
+        sup.accept()
+        self.addCleanup(w.close)
+        raw = sup.raw_lines(1)[0]
+        self.assertEqual(json.loads(raw)["restore"], "memory", raw)
+        if rktest.librekindle() is not None:  # rk run's parser reads it back
+            lib = ctypes.CDLL(rktest.librekindle())
+            lib.rk_hb_msg_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                            ctypes.POINTER(RkHbMsg), ctypes.POINTER(RkErr)]
+            m, e = RkHbMsg(), RkErr()
+            line = raw.rstrip(b"\n")
+            self.assertEqual(lib.rk_hb_msg_parse(line, len(line), ctypes.byref(m), ctypes.byref(e)), 0)
+            self.assertEqual((m.step, m.restore), (3, 3))  # RK_HB_RESTORE_MEMORY
+
     def test_hello_refuses_a_bad_device(self):
         sup = Sup(self)
         for dev in ("x" * 64, "cuda\n0"):
@@ -639,7 +658,7 @@ class RkHbMsg(ctypes.Structure):
                 ("loss_finite", ctypes.c_bool), ("stacks", ctypes.c_bool),
                 ("device", ctypes.c_char * 64), ("kind", ctypes.c_char * 32),
                 ("action", ctypes.c_char * 32), ("status", ctypes.c_char * 16),
-                ("detail", ctypes.c_char * 513)]
+                ("detail", ctypes.c_char * 513), ("restore", ctypes.c_int)]
 
 
 class RkErr(ctypes.Structure):

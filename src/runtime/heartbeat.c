@@ -86,6 +86,16 @@ const char *rk_hb_type_name(rk_hb_type t)
     return (unsigned)t < NTYPES ? k_types[t] : "?";
 }
 
+/* hello's "restore", by rk_hb_restore (UNSAID: the field is absent). */
+static const char *const k_restores[] = {"", "none", "disk", "memory"};
+#define NRESTORES (sizeof k_restores / sizeof k_restores[0])
+#define RESTORE_WANT "\"memory\", \"disk\" or \"none\""
+
+const char *rk_hb_restore_name(rk_hb_restore r)
+{
+    return (unsigned)r < NRESTORES ? k_restores[r] : "?";
+}
+
 static int expected(rk_err *err, int code, const char *key, const char *want)
 {
     return rk_err_set_line(err, code, MSG "field \"%s\": expected %s", key, want);
@@ -132,6 +142,8 @@ static int check_msg(const rk_hb_msg *m, int code, rk_err *err)
             !(rc = check_int(&I_WORLD, m->world, code, err)) &&
             !(rc = check_int(&I_PID, m->pid, code, err)))
             rc = check_str(&S_DEVICE, m->device, code, err);
+        if (!rc && (unsigned)m->restore >= NRESTORES)
+            rc = expected(err, code, "restore", RESTORE_WANT);
         if (!rc && m->rank >= m->world)
             rc = rk_err_set_line(err, code,
                                  MSG "field \"rank\": expected an integer 0..world-1 (world is %d)",
@@ -250,6 +262,16 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
         if (st && !json_is_boolean(st))
             return expected(err, RK_EFORMAT, "stacks", "true or false");
         m->stacks = st && json_is_true(st);
+        json_t *re = json_object_get(o, "restore"); /* optional */
+        if (re) {
+            size_t j = 1; /* "" (UNSAID) is never written */
+            while (json_is_string(re) && j < NRESTORES &&
+                   strcmp(json_string_value(re), k_restores[j]) != 0)
+                j++;
+            if (!json_is_string(re) || j == NRESTORES)
+                return expected(err, RK_EFORMAT, "restore", RESTORE_WANT);
+            m->restore = (rk_hb_restore)j;
+        }
     }
     if ((rc = get_int(o, &I_STEP, &m->step, err)))
         return rc;
@@ -450,6 +472,8 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
     put(&o, ",\"step\":%" PRId64, m->step);
     if (m->type == RK_HB_HELLO && m->stacks)
         put(&o, ",\"stacks\":true");
+    if (m->type == RK_HB_HELLO && m->restore != RK_HB_RESTORE_UNSAID)
+        put_str(&o, "restore", k_restores[m->restore]);
     switch (m->type) {
     case RK_HB_HELLO:
     case RK_HB_COMM: break;
@@ -665,6 +689,12 @@ static int connect_to(int fd, const char *path)
 int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
                rk_err *err)
 {
+    return rk_hb_open_restored(out, rank, world, device, start_step, RK_HB_RESTORE_UNSAID, err);
+}
+
+int rk_hb_open_restored(rk_hb **out, int rank, int world, const char *device, int64_t start_step,
+                        rk_hb_restore restore, rk_err *err)
+{
     if (!out)
         return rk_err_set_line(err, RK_EINVAL, "heartbeat: rk_hb_open: out is NULL");
     *out = NULL;
@@ -682,6 +712,7 @@ int rk_hb_open(rk_hb **out, int rank, int world, const char *device, int64_t sta
     m.world = world;
     m.pid = (long)getpid();
     m.step = start_step;
+    m.restore = restore;
     if (device && strlen(device) >= sizeof m.device)
         return rk_err_set_line(err, RK_EINVAL, "heartbeat: device \"%s\" is longer than %zu bytes",
                                rk_msg_show(db, sizeof db, device), sizeof m.device - 1);

@@ -160,7 +160,7 @@ int rk_worker_hello(rk_worker *w, int64_t start_step, rk_err *err)
         return RK_OK;
     w->hello_said = 1;
     w->last_step = start_step;
-    return rk_hb_open(&w->hb, w->rank, w->world, w->device, start_step, err);
+    return rk_hb_open_restored(&w->hb, w->rank, w->world, w->device, start_step, w->restore, err);
 }
 
 int rk_worker_exit_status(int code)

@@ -229,6 +229,8 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
     w->mtbf_s = o->mtbf_s;
     w->next_at = w->every > 0 ? w->every : AUTO_FIRST_SAVE;
     w->ckpt = 1;
+    w->restore = RK_HB_RESTORE_NONE;
+    rk_worker_mem_init(w);
     int rc = RK_OK;
     if (o->lock > 0 && takes_lock(w->dir) && (rc = take_lock(w, err)))
         return rc;
@@ -236,7 +238,10 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
      * matters: no usable checkpoint of this run, or a fresh start. */
     if (o->resume || env_resume) {
         int64_t step = 0;
-        rc = do_resume(w, &step, err);
+        int from_memory = 0; /* the node's snapshot first, when it is as new as the disk's */
+        rc = rk_worker_mem_resume(w, &step, &from_memory, err);
+        if (!rc && !from_memory)
+            rc = do_resume(w, &step, err);
         int lrc = RK_OK;
         size_t existing = rc == RK_ENOENT ? valid_checkpoints_all(w, &lrc, err) : 0;
         if (lrc)
@@ -251,6 +256,7 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
                 fprintf(w->notes, "checkpoint: none in %s yet, starting from step 0\n", w->dir);
             rc = RK_OK;
         } else if (!rc) {
+            w->restore = from_memory ? RK_HB_RESTORE_MEMORY : RK_HB_RESTORE_DISK;
             *start_step = w->start_step = step;
             w->ckpt_last = step;
             w->next_at = step + (w->every > 0 ? w->every : AUTO_FIRST_SAVE);
@@ -293,9 +299,14 @@ int rk_worker_ckpt_step_end(rk_worker *w, int64_t steps_done, rk_err *err)
     double dt = now - w->last_step_t;
     w->last_step_t = now;
     w->step_s = w->step_s > 0 ? 0.9 * w->step_s + 0.1 * dt : dt;
+    int put = 0, rc = rk_worker_mem_step_end(w, steps_done, dt, &put, err);
+    if (rc)
+        return rc;
+    if (put)
+        w->last_step_t = rk_mono_s(); /* the snapshot is not a training step */
     if (steps_done < w->next_at)
         return RK_OK;
-    int rc = rk_worker_ckpt_save(w, steps_done, err);
+    rc = rk_worker_ckpt_save(w, steps_done, err);
     if (rc)
         return rc;
     int64_t every = w->every;

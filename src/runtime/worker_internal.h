@@ -58,6 +58,16 @@ struct rk_worker {
     int64_t start_step;                /* where this run started */
     double mtbf_s, last_save_s, last_step_t, step_s;
     rk_ckpt_lockfile *held;
+    /* snapshots in memory (worker_snap.c, docs/recovery.md) */
+    int mem_on;                   /* RK_SNAP_DIR given, with checkpoints, and not turned off */
+    int mem_room_checked;         /* the room rule was applied at the first put */
+    char mem_dir[PATH_MAX];       /* RK_SNAP_DIR */
+    int64_t mem_every;            /* K, steps between puts (1 while the first puts are timed) */
+    int64_t mem_next;             /* the step of the next put */
+    int mem_timed;                /* puts made, counted to MEM_TIMED + 1: the first (which makes
+                                   * the rank's directory) is not timed, the next MEM_TIMED are */
+    double mem_put_s, mem_step_s; /* their seconds summed; the fastest step before them */
+    rk_hb_restore restore;        /* where the state at start_step came from (hello) */
 };
 
 static inline int replicated(const wbuf *b)
@@ -68,5 +78,17 @@ static inline int replicated(const wbuf *b)
 /* After each applied step: a checkpoint when the schedule says so (every K steps, or at
  * Daly's interval). Collective. */
 int rk_worker_ckpt_step_end(rk_worker *w, int64_t steps_done, rk_err *err);
+
+/* Snapshots in memory (worker_snap.c). Set up from RK_SNAP_DIR (after the checkpoint
+ * directory and config are known). */
+void rk_worker_mem_init(rk_worker *w);
+/* Resume from the node's snapshot when it is at least as new as the newest checkpoint on
+ * disk (collective): *used 1 and *step its step, else *used 0 and nothing changed (the
+ * caller resumes from disk). Only a communication failure is an error. */
+int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err);
+/* After step `steps_done` - 1 was applied, `step_s` its seconds (collective): a put when due.
+ * *put 1 if one was made (its time is not a training step's). A put that cannot be made
+ * turns snapshots off (one event snapshot_off); only a communication failure is an error. */
+int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int *put, rk_err *err);
 
 #endif

@@ -89,6 +89,19 @@ static void on_exit_event(sup *s, const rk_hb_msg *m)
  * (policy.h; the loop counts it: sup_count_recorded). */
 static void on_event(sup *s, const rk_hb_msg *m)
 {
+    if (strcmp(m->kind, "snapshot_off") == 0) { /* not a failure: memory short, disk goes on */
+        rk_incident *i = rk_ledger_add(&s->g, m->kind, -1, "", m->action, "step %lld: %s",
+                                       (long long)m->step, m->detail);
+        if (i) {
+            i->lost_steps = 0;
+            i->step = m->step;
+            rk_ledger_write(&s->g, i);
+        }
+        sup_say(s, "step %lld: snapshots in memory off, checkpoints on disk only: %s",
+                (long long)m->step, m->detail);
+        s->snap_off = 1; /* run.c removes the directory before the next launch */
+        return;
+    }
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
     rk_incident *i = rk_ledger_add(&s->g, m->kind, blame, sup_devname(s, blame), m->action,
                                    "step %lld: %s", (long long)m->step, m->detail);
@@ -203,6 +216,15 @@ static void rank_hello(sup *s, rk_sup_conn *c, const rk_hb_msg *m, double now)
     if (s->start_step < 0 || m->step < s->start_step)
         s->start_step = m->step;
     s->hello_step[m->rank] = m->step;
+    if (!s->restore_said++)
+        s->restore = (int)m->restore;
+    else if (s->restore != (int)m->restore)
+        s->restore = -1; /* the ranks disagree: said as nothing */
+    if (sup_hellos(s) == s->n && s->start_step > 0 &&
+        (s->restore == RK_HB_RESTORE_MEMORY || s->restore == RK_HB_RESTORE_DISK))
+        sup_say(s, "launch %d: resumed from %s at step %lld", s->launch_no,
+                s->restore == RK_HB_RESTORE_MEMORY ? "node memory" : "disk checkpoint",
+                (long long)s->start_step);
     if (s->g.first_step < 0 || (s->first_launch == s->launch_no && m->step < s->g.first_step)) {
         s->g.first_step = m->step; /* the step the job began from: its first launch's */
         s->first_launch = s->launch_no;

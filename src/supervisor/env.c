@@ -210,6 +210,8 @@ int rk_rank_env_build(rk_rank_env *e, const rk_rank_env_opts *o, rk_err *err)
         rc = rk_rank_env_add(e, err, "RK_CKPT_DIR=%s", o->ckpt_dir);
     if (!rc && o->ckpt_dir)
         rc = rk_rank_env_add(e, err, "RK_RESUME=1");
+    if (!rc && o->snap_dir)
+        rc = rk_rank_env_add(e, err, "RK_SNAP_DIR=%s", o->snap_dir);
     if (!rc && o->inject)
         rc = rk_rank_env_add(e, err, "RK_INJECT=%s", o->inject);
     if (!rc && o->inject && o->inject_done && o->inject_done[0])

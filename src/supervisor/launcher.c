@@ -76,6 +76,7 @@ int sup_launcher_start(sup *s, rk_err *err)
         .stack_dir = remote ? NULL : s->stack_dir, /* a directory of this host */
         .pythonpath = !s->o->no_pythonpath,
         .ckpt_dir = s->o->ckpt_dir,
+        .snap_dir = s->snap_dir[0] ? s->snap_dir : NULL, /* this host's launches only (run.c) */
         .inject = s->o->inject,
         .inject_done = done};
     static rk_rank_env re;

@@ -8,6 +8,9 @@
  */
 #include "supervisor/sup.h"
 
+#include <stdio.h>
+#include <string.h>
+
 void sup_pend(sup *s, rk_incident *i)
 {
     if (!i)
@@ -48,6 +51,19 @@ static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
     i->lost_steps = lost > 0 ? lost : 0;
 }
 
+/* A relaunch's detail ends with where its ranks' state came from, as their hellos said. */
+static void say_restore(const sup *s, rk_incident *i, int64_t resumed_from)
+{
+    const char *from = s->restore == RK_HB_RESTORE_MEMORY ? "node memory"
+                       : s->restore == RK_HB_RESTORE_DISK ? "disk checkpoint"
+                       : s->restore == RK_HB_RESTORE_NONE ? "nothing (a fresh start)"
+                                                          : NULL;
+    size_t n = strlen(i->detail);
+    if (from && n < sizeof i->detail)
+        snprintf(i->detail + n, sizeof i->detail - n, "; resumed from %s at step %lld", from,
+                 (long long)resumed_from);
+}
+
 /* The incidents waiting for their recovery, written to the ledger, the one path of both ends
  * of the wait: recovered (the job is back at work: all its ranks said hello and one applied a
  * step, or the relaunch finished), their recovery time is now; not (the job ends without
@@ -60,6 +76,8 @@ static void write_pending(sup *s, int recovered, int64_t resumed_from)
         if (recovered)
             i->recovery_s = now - i->t;
         set_lost(s, i, resumed_from);
+        if (recovered && resumed_from >= 0 && strcmp(i->action, "relaunch") == 0)
+            say_restore(s, i, resumed_from);
         rk_ledger_write(&s->g, i);
     }
     s->npending = 0;

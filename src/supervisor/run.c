@@ -49,6 +49,14 @@ static int start_launch(sup *s, rk_err *err)
         s->claim_node[r] = -1;
     }
     s->dup_detail[0] = '\0';
+    s->restore = RK_HB_RESTORE_UNSAID;
+    s->restore_said = 0;
+    if (s->snap_off && s->snap_dir[0]) { /* a rank said snapshot_off: disk only from here on */
+        rk_err e = {0};
+        if (rk_snap_dir_remove(s->snap_dir, &e))
+            sup_say(s, "snapshots: %s", e.msg);
+        s->snap_dir[0] = '\0';
+    }
     memset(&s->v, 0, sizeof s->v);
     s->v.next = RK_SUP_RELAUNCH;
     s->v.rank = -1;
@@ -252,6 +260,40 @@ static int open_gate(sup *s, rk_sup_report *rep)
     return RK_OK;
 }
 
+/* The job's snapshot directory (docs/recovery.md) when --recovery memory, a checkpoint
+ * directory and this host's launcher running every rank here; else recovery from disk, said
+ * once when memory was asked for but cannot be had. RK_SNAP_PARENT: where to make it
+ * (default /dev/shm). */
+static void open_snap_dir(sup *s)
+{
+    const rk_sup_opts *o = s->o;
+    s->snap_dir[0] = '\0';
+    if (o->recovery != RK_SUP_RECOVERY_MEMORY || !o->ckpt_dir)
+        return;
+    if (o->hosts || s->b.ops != &rk_sup_launcher_ops || sup_may_span_hosts(o)) {
+        sup_say(s,
+                "recovery from memory is not built yet for ranks on several hosts (%s): "
+                "relaunches restore from disk checkpoints",
+                o->hosts                           ? "--hosts"
+                : o->launcher == RK_LAUNCH_SRUN    ? "srun"
+                : s->b.ops != &rk_sup_launcher_ops ? "another backend"
+                                                   : "the launcher arguments name hosts");
+        return;
+    }
+    const char *parent = getenv("RK_SNAP_PARENT");
+    rk_err e = {0};
+    if (rk_snap_dir_make(parent && *parent ? parent : NULL, s->snap_dir, sizeof s->snap_dir, &e)) {
+        s->snap_dir[0] = '\0';
+        sup_say(s, "recovery from memory off (%s): relaunches restore from disk checkpoints",
+                e.msg);
+        return;
+    }
+    sup_say(s,
+            "recovery from memory: the ranks' snapshots in %s (a relaunch restores them when "
+            "they are at least as new as the checkpoints on disk)",
+            s->snap_dir);
+}
+
 /* Launch after launch until the job finishes or cannot go on; how it ended in rep->end. */
 static void run_launches(sup *s, rk_sup_report *rep)
 {
@@ -312,8 +354,11 @@ static void run_launches(sup *s, rk_sup_report *rep)
         s->g.restarts++; /* relaunches done */
         s->launch_no++;
         char list[512];
-        sup_say(s, "relaunch %d on %d rank%s (devices %s) from the latest good checkpoint",
-                s->launch_no, n, n == 1 ? "" : "s", device_list(s, list, sizeof list));
+        sup_say(s, "relaunch %d on %d rank%s (devices %s) from the %s", s->launch_no, n,
+                n == 1 ? "" : "s", device_list(s, list, sizeof list),
+                s->snap_dir[0] && !s->snap_off
+                    ? "node's snapshot in memory, or the latest good checkpoint if newer"
+                    : "latest good checkpoint");
     }
 }
 
@@ -446,11 +491,17 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
             sup_say(s, "warning: fault %zu (%s on rank %d) never fires: the job has %d rank%s", i,
                     rk_fault_kind_name(f->kind), f->rank, s->n, s->n == 1 ? "" : "s");
     }
+    open_snap_dir(s);
     run_launches(s, rep);
 out:
     s->b.ops->kill(s->b.ctx, 0); /* nothing of the job outlives rk run */
     if (s->b.ops->close)
         s->b.ops->close(s->b.ctx);
+    if (s->snap_dir[0]) { /* the ranks are gone: their snapshots go with the job */
+        rk_err e = {0};
+        if (rk_snap_dir_remove(s->snap_dir, &e))
+            sup_say(s, "snapshots: %s", e.msg);
+    }
     rep->outcome = outcome_word(rep->end);
     if (s->g.t0 > 0)
         (void)rk_ledger_summary(&s->g, o->summary_path, s->last_done, s->n, rep->outcome, rep,

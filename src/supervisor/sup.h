@@ -52,6 +52,7 @@
 #include "base/hush.h"
 #include "rekindle/heartbeat.h"
 #include "rekindle/inject.h"
+#include "rekindle/snap.h"
 #include "supervisor/backend.h"
 #include "supervisor/policy.h"
 #include "supervisor/supervisor.h"
@@ -119,6 +120,10 @@ typedef struct sup {
     rk_sup_backend b;      /* what runs the launches (backend.h): launcher.c's, or a cluster's */
     rk_sup_mark prev_mark; /* the previous launch's, for the repeat stops (kind NONE: none) */
     char repeat_why[256];  /* a repeat stop's sentence (s->v.why) */
+    /* the job's snapshots in memory (RK_SNAP_DIR, docs/recovery.md): made before the first
+     * launch, removed at the end or once a rank said snapshot_off (before the next launch);
+     * "": none, recovery from disk only */
+    char snap_dir[RK_SNAP_PATH_MAX];
     /* ---- drain.c: the devices */
     rk_sup_dev devs[RK_SUP_MAX_DEVICES]; /* each device's standing over the job */
     int n;                               /* this launch's ranks (sup_pick_devices) */
@@ -150,6 +155,10 @@ typedef struct sup {
     char exit_word[32];                     /* the first exit event's kind, as the rank said it */
     char exit_detail[RK_HB_DETAIL_MAX + 1]; /* ... and its detail */
     char storage_detail[RK_HB_DETAIL_MAX + 1]; /* the first storage event's detail */
+    /* where this launch's ranks restored their state from, as their hellos said: the one
+     * rk_hb_restore they all said, -1 when they differ (restore_said: a hello was heard) */
+    int restore, restore_said;
+    int snap_off;      /* a rank said snapshot_off: run.c removes snap_dir before the next launch */
     rk_hush strangers; /* messages about connections that said no hello (base/hush.h) */
     /* rank -> failures its events blamed on its device this round, and the last one's kind:
      * the loop counts them (sup_count_recorded, drain.c), the handler only records */

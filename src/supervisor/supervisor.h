@@ -36,6 +36,11 @@ typedef enum rk_launcher {
     RK_LAUNCH_AUTO
 } rk_launcher;
 
+/* Where a relaunch restores the ranks' state from (--recovery, docs/recovery.md): the node's
+ * snapshots in memory when they are at least as new as the disk's checkpoints (the default),
+ * or the disk's checkpoints only. */
+typedef enum rk_sup_recovery { RK_SUP_RECOVERY_MEMORY = 0, RK_SUP_RECOVERY_DISK } rk_sup_recovery;
+
 /* A host of a job over many hosts (src/cluster). */
 typedef struct rk_sup_host {
     const char *name; /* what --rsh reaches it by (under Slurm: its node name) */
@@ -50,6 +55,7 @@ typedef struct rk_sup_opts {
     const char *devices[RK_SUP_MAX_DEVICES]; /* device ids, at least n */
     int ndevices;
     const char *ckpt_dir;     /* RK_CKPT_DIR for the workers; NULL: none */
+    rk_sup_recovery recovery; /* with ckpt_dir on this host: snapshots in memory (RK_SNAP_DIR) */
     double hb_timeout_s;      /* a rank silent this long is hung */
     double startup_timeout_s; /* from launch to every rank's hello */
     double stop_grace_s;      /* after SIGINT/TERM/HUP: then tear the job down (0: at once) */
@@ -236,6 +242,7 @@ typedef struct rk_rank_env_opts {
     const char *stack_dir;    /* RK_STACK_DIR (NULL: not set) */
     int pythonpath;           /* PYTHONPATH: the rekindle package's directory first */
     const char *ckpt_dir;     /* RK_CKPT_DIR, and RK_RESUME=1 (NULL: neither) */
+    const char *snap_dir;     /* RK_SNAP_DIR: the job's snapshots in memory (NULL: not set) */
     const char *inject;       /* RK_INJECT (NULL: not set) */
     const char *inject_done;  /* RK_INJECT_DONE with RK_INJECT (NULL or "": not set) */
 } rk_rank_env_opts;

@@ -1,0 +1,289 @@
+/*
+ * The worker runtime's snapshots in memory (rekindle/worker.h, docs/recovery.md "Relaunch
+ * from memory"): every K steps each rank puts its registered buffers into the node's snapshot
+ * store (rekindle/snap.h, RK_SNAP_DIR); a relaunched job restores the agreed step from there
+ * when it is at least as new as the newest checkpoint on disk. Relies on the store's checks.
+ */
+#include <dirent.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "rekindle/snap.h"
+#include "runtime/worker_internal.h"
+
+#define MEM_TIMED 3            /* puts timed (after the first) before K is chosen */
+#define MEM_COST_MAX 0.01      /* a put may cost at most this share of K steps */
+#define MEM_HEADER_BYTES 65536 /* the room rule's allowance for a generation's header */
+
+/* The buffers a snapshot holds: what a rollback restores (PARAM, STATE, LOCAL), under their
+ * names, F32 or U8, one dimension: the built-in checkpoint's items and this rank's own. */
+static size_t mem_items(const rk_worker *w, rk_ckpt_item *items, uint64_t *bytes)
+{
+    size_t n = 0;
+    *bytes = MEM_HEADER_BYTES;
+    for (int i = 0; i < w->nbufs; i++) {
+        const wbuf *b = &w->bufs[i];
+        if (b->kind == RK_WORKER_GRAD)
+            continue;
+        items[n++] = (rk_ckpt_item){.name = b->name,
+                                    .dtype = b->f32 ? "F32" : "U8",
+                                    .ndim = 1,
+                                    .shape = b->shape,
+                                    .data = b->data};
+        *bytes += b->bytes + 128;
+    }
+    return n;
+}
+
+void rk_worker_mem_init(rk_worker *w)
+{
+    const char *d = getenv(RK_SNAP_DIR_ENV);
+    w->mem_on = d && *d && strlen(d) < sizeof w->mem_dir;
+    w->mem_room_checked = 0;
+    w->mem_every = 1;
+    w->mem_next = 0;
+    w->mem_timed = 0;
+    w->mem_put_s = w->mem_step_s = 0;
+    if (w->mem_on)
+        snprintf(w->mem_dir, sizeof w->mem_dir, "%s", d);
+    /* RK_SNAP_EVERY=K (tests and benches): K fixed, the puts not timed */
+    const char *k = getenv("RK_SNAP_EVERY");
+    char *end = NULL;
+    long long every = k && *k ? strtoll(k, &end, 10) : 0;
+    if (every >= 1 && end && !*end) {
+        w->mem_every = every;
+        w->mem_timed = MEM_TIMED + 1;
+    } else if (k && *k && w->diag)
+        fprintf(w->diag, "%s (rank %d): RK_SNAP_EVERY=%s is not a whole number >= 1: ignored\n",
+                w->name, w->rank, k);
+}
+
+/* Snapshots off for the rest of this process (and, through the event, of the job: rk run
+ * stops passing RK_SNAP_DIR): rank 0 says why, once. */
+static void mem_off(rk_worker *w, int64_t step, const char *why)
+{
+    w->mem_on = 0;
+    if (w->rank != 0)
+        return;
+    rk_hb_event(w->hb, step, "snapshot_off", -1, "disk_only", 0, why);
+    if (w->notes)
+        fprintf(w->notes, "snapshot: off, checkpoints on disk only: %s\n", why);
+}
+
+/* K from the timed puts: the smallest K with put / (K x step) <= MEM_COST_MAX (put: their
+ * mean; step: the fastest step before them), at most the disk checkpoints' interval. Rank 0's
+ * numbers, broadcast: every rank puts the same steps. */
+static int mem_choose_every(rk_worker *w, rk_err *err)
+{
+    double k = 1;
+    if (w->rank == 0) {
+        double put = w->mem_put_s / MEM_TIMED, step = w->mem_step_s;
+        int64_t cap = w->every > 0 ? w->every : RK_CKPT_EVERY_DEFAULT;
+        k = step > 0 ? ceil(put / (MEM_COST_MAX * step)) : (double)cap;
+        k = k < 1 ? 1 : k > (double)cap ? (double)cap : k;
+        if (w->notes)
+            fprintf(w->notes,
+                    "snapshot: a put takes %.2f ms, a step %.2f ms: one every %.0f step%s "
+                    "(at most %.0f%% of the steps' time, at most every %lld)\n",
+                    put * 1e3, step * 1e3, k, k == 1 ? "" : "s", MEM_COST_MAX * 100,
+                    (long long)cap);
+    }
+    int rc = w->world > 1 ? rk_comm_bcast(w->comm, &k, sizeof k, 0, err) : RK_OK;
+    if (!rc)
+        w->mem_every = (int64_t)k;
+    return rc;
+}
+
+/* Rank 0 decides whether two generations of every rank here fit (rk_snap_room); every rank
+ * learns it. 0 off (then the caller turns snapshots off with `why`). */
+static int mem_room(rk_worker *w, uint64_t bytes, int *ok, char *why, size_t cap, rk_err *err)
+{
+    int64_t fit = 1;
+    if (w->rank == 0) {
+        rk_err e = {0};
+        int r = 0;
+        if (rk_snap_room(w->mem_dir, bytes, rk_comm_local_size(w->comm), &r, why, cap, &e)) {
+            snprintf(why, cap, "%s", e.msg);
+            r = 0;
+        }
+        fit = r;
+    }
+    int rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, RK_OK, &fit, 1, NULL, err);
+    *ok = fit != 0;
+    if (!*ok && w->rank != 0)
+        snprintf(why, cap, "rank 0 found no room");
+    return rc;
+}
+
+int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int *put, rk_err *err)
+{
+    *put = 0;
+    if (!w->mem_on || steps_done < w->mem_next)
+        return RK_OK;
+    rk_ckpt_item *items = malloc((size_t)(w->nbufs + 1) * sizeof *items);
+    uint64_t bytes = 0;
+    size_t n = items ? mem_items(w, items, &bytes) : 0;
+    char why[RK_HB_DETAIL_MAX + 1] = "";
+    int rc = RK_OK;
+    if (!w->mem_room_checked) { /* the size is known only now */
+        int ok = 0;
+        w->mem_room_checked = 1;
+        if ((rc = mem_room(w, bytes, &ok, why, sizeof why, err)) || !ok) {
+            free(items);
+            if (!rc)
+                mem_off(w, steps_done, why);
+            return rc;
+        }
+    }
+    rk_ckpt_meta meta = {.step = steps_done, .world_size = w->world, .config_json = w->config};
+    rk_err e = {0};
+    double t0 = rk_mono_s();
+    int prc = items ? rk_snap_put(w->mem_dir, w->rank, &meta, items, n, &e)
+                    : rk_err_set(&e, RK_ENOMEM, "snapshot: out of memory");
+    double took = rk_mono_s() - t0;
+    free(items);
+    *put = 1;
+    if (prc && prc != RK_ENONFINITE && w->diag)
+        fprintf(w->diag, "%s (rank %d): snapshot of step %lld: %s\n", w->name, w->rank,
+                (long long)steps_done, e.msg);
+    /* every rank learns whether every rank's put was made: all go on putting, or none */
+    uint64_t mine = prc == RK_ENONFINITE ? 0 : (uint64_t)(unsigned)prc;
+    if (w->world > 1) {
+        if ((rc = rk_comm_allgather_u64(w->comm, mine, w->gather, err)))
+            return rc;
+    } else
+        w->gather[0] = mine;
+    for (int r = 0; r < w->world; r++)
+        if (w->gather[r]) {
+            snprintf(why, sizeof why, "rank %d could not put its snapshot of step %lld: %.400s", r,
+                     (long long)steps_done, r == w->rank ? e.msg : rk_strerror((int)w->gather[r]));
+            mem_off(w, steps_done, why);
+            return RK_OK;
+        }
+    w->mem_next = steps_done + w->mem_every;
+    /* K: the first put makes the rank's directory and is not timed; the next MEM_TIMED are */
+    if (!prc && w->mem_timed <= MEM_TIMED) {
+        if (w->mem_timed++ > 0) {
+            w->mem_put_s += took;
+            if (w->mem_step_s <= 0 || step_s < w->mem_step_s)
+                w->mem_step_s = step_s; /* the fastest: the cost is not underestimated */
+        }
+        if (w->mem_timed == MEM_TIMED + 1) {
+            if ((rc = mem_choose_every(w, err)))
+                return rc;
+            w->mem_next = steps_done + w->mem_every;
+        }
+    }
+    return RK_OK;
+}
+
+/* The newest checkpoint step in the disk directory by its file names (-1: none). The file is
+ * not read: the disk resume verifies what it loads. */
+static int64_t newest_disk_step(const char *dir)
+{
+    int64_t newest = -1, s;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    for (struct dirent *e; (e = readdir(d));)
+        if (rk_ckpt_name_step(e->d_name, &s) && s > newest)
+            newest = s;
+    closedir(d);
+    return newest;
+}
+
+/* Generation `c` holds every snapshotted buffer of this worker, same dtype and size, and is of
+ * this run (config) and world. */
+static int mem_fits(const rk_worker *w, const rk_ckpt *c, rk_err *err)
+{
+    const rk_ckpt_meta *m = rk_ckpt_meta_of(c);
+    if (m->world_size != w->world || !m->config_json || strcmp(m->config_json, w->config) != 0)
+        return rk_err_set(err, RK_EMISMATCH, "%s: of another run (world %d, config %s)",
+                          rk_ckpt_path(c), m->world_size, m->config_json ? m->config_json : "");
+    for (int i = 0; i < w->nbufs; i++) {
+        const wbuf *b = &w->bufs[i];
+        if (b->kind == RK_WORKER_GRAD)
+            continue;
+        const rk_st_tensor *t = rk_ckpt_find(c, b->name);
+        if (!t || t->nbytes != b->bytes || strcmp(t->dtype, b->f32 ? "F32" : "U8") != 0)
+            return rk_err_set(err, RK_EMISMATCH, "%s: %s is missing or of another size",
+                              rk_ckpt_path(c), b->name);
+    }
+    return RK_OK;
+}
+
+int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
+{
+    *used = 0;
+    if (!w->mem_on) /* the same on every rank: RK_SNAP_DIR is the job's */
+        return RK_OK;
+    int64_t hdr[2] = {0, -1}; /* from memory, the agreed step: rank 0's decision */
+    if (w->rank == 0) {
+        char report[2048] = "";
+        rk_err e = {0};
+        int64_t agreed = -1, disk = newest_disk_step(w->dir);
+        int arc = rk_snap_agree(w->mem_dir, w->world, &agreed, report, sizeof report, &e);
+        if (report[0] && w->notes)
+            fprintf(w->notes, "snapshot: skipped in %s:\n%s", w->mem_dir, report);
+        if (!arc && agreed >= disk)
+            hdr[0] = 1, hdr[1] = agreed;
+        else if (!arc && w->notes)
+            fprintf(w->notes,
+                    "snapshot: step %lld in memory is older than the checkpoint of step %lld on "
+                    "disk: resuming from disk\n",
+                    (long long)agreed, (long long)disk);
+        else if (arc != RK_ENOENT && w->notes)
+            fprintf(w->notes, "snapshot: no agreed step (%s): resuming from disk\n", e.msg);
+    }
+    int rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, RK_OK, hdr, 2, NULL, err);
+    if (rc || !hdr[0])
+        return rc;
+    /* every rank reads and verifies its own generation of that step; all or none restore */
+    rk_ckpt *c = NULL;
+    rk_err e = {0};
+    int grc = rk_snap_get(w->mem_dir, w->rank, hdr[1], &c, &e);
+    if (!grc)
+        grc = mem_fits(w, c, &e);
+    if (grc && w->diag)
+        fprintf(w->diag, "%s (rank %d): snapshot of step %lld not restored: %s\n", w->name, w->rank,
+                (long long)hdr[1], e.msg);
+    if (w->world > 1) {
+        if ((rc = rk_comm_allgather_u64(w->comm, grc != RK_OK, w->gather, err))) {
+            rk_ckpt_free(c);
+            return rc;
+        }
+    } else
+        w->gather[0] = grc != RK_OK;
+    for (int r = 0; r < w->world; r++)
+        if (w->gather[r]) {
+            if (w->notes)
+                fprintf(w->notes,
+                        "snapshot: rank %d could not restore step %lld from memory: resuming "
+                        "from disk\n",
+                        r, (long long)hdr[1]);
+            rk_ckpt_free(c);
+            return RK_OK;
+        }
+    /* rank 0's replicated buffers (broadcast, as a disk resume does) and each rank's own
+     * local ones: one step, never mixed */
+    for (int i = 0; i < w->nbufs; i++) {
+        wbuf *b = &w->bufs[i];
+        if (b->kind == RK_WORKER_GRAD || (replicated(b) && w->rank != 0))
+            continue;
+        memcpy(b->data, rk_ckpt_find(c, b->name)->data, b->bytes);
+    }
+    rk_ckpt_free(c);
+    for (int i = 0; i < w->nbufs && w->world > 1 && !rc; i++)
+        if (replicated(&w->bufs[i]))
+            rc = rk_comm_bcast(w->comm, w->bufs[i].data, w->bufs[i].bytes, 0, err);
+    if (rc)
+        return rc;
+    if (w->notes)
+        fprintf(w->notes, "snapshot: resuming from node memory at step %lld (%s)\n",
+                (long long)hdr[1], w->mem_dir);
+    *step = hdr[1];
+    *used = 1;
+    return RK_OK;
+}
