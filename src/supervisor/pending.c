@@ -8,6 +8,8 @@
  */
 #include "supervisor/sup.h"
 
+#include "base/phase.h"
+
 void sup_pend(sup *s, rk_incident *i)
 {
     if (!i)
@@ -55,6 +57,8 @@ static void set_lost(sup *s, rk_incident *i, int64_t resumed_from)
 static void write_pending(sup *s, int recovered, int64_t resumed_from)
 {
     double now = rk_ledger_now(&s->g);
+    if (recovered && s->npending > 0)
+        rk_phase_mark("sup.resumed", s->launch_no, -1); /* RK_TRACE_LAUNCH (base/phase.h) */
     for (int k = 0; k < s->npending; k++) {
         rk_incident *i = &s->g.inc[s->pending[k]];
         if (recovered)
