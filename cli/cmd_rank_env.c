@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/phase.h"
 #include "base/text.h"
 #include "cluster/slurm.h"
 #include "rk.h"
@@ -74,6 +75,7 @@ static int host_devices(const char *list, long rank, char *out, size_t cap, char
 
 int rk_cmd_rank_env(int argc, char **argv)
 {
+    rk_phase_mark_env("rankenv.main"); /* RK_TRACE_LAUNCH (base/phase.h): the rank's RANK unset */
     int i = 1;
     if (i < argc && strcmp(argv[i], "--") == 0)
         i++;
@@ -128,6 +130,7 @@ int rk_cmd_rank_env(int argc, char **argv)
         }
         setenv("RK_HEARTBEAT", sock, 1);
     }
+    rk_phase_mark_env("rankenv.exec");
     execvp(argv[i], argv + i);
     /* bad input, as under the local launcher: rk run stops (exit 2) instead of relaunching */
     fprintf(stderr, "rk _rank-env: cannot run the worker %s: %s\n", argv[i], strerror(errno));

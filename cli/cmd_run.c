@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "base/env.h"
+#include "base/phase.h"
 #include "cluster/cluster.h"
 #include "predict/detectors.h"
 #include "predict/predict.h"
@@ -550,6 +551,20 @@ int rk_cmd_run(int argc, char **argv)
                            "the nodes of a Slurm allocation)");
     if (o.n < 1)
         return usage_error("-n N is required");
+    /* the launch trace (docs/run.md): every process of the job appends to the file, from
+     * whatever directory it runs in */
+    const char *trace = getenv(RK_PHASE_ENV);
+    if (trace && *trace) {
+        char dir[PATH_MAX];
+        struct stat st;
+        snprintf(dir, sizeof dir, "%s", trace);
+        if (trace[0] != '/')
+            return usage_error("%s=%s: not an absolute path (the ranks may run elsewhere)",
+                               RK_PHASE_ENV, trace);
+        if (stat(dirname(dir), &st) != 0 || !S_ISDIR(st.st_mode))
+            return usage_error("%s=%s: its directory %s is not a directory", RK_PHASE_ENV, trace,
+                               dir);
+    }
     o.worker = argv + optind;
     o.launcher_args = nlargs ? largs : NULL;
     static char launcher_why[4400];

@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "base/phase.h"
 #include "nn/idx.h"
 #include "nn/model.h"
 #include "nn/train.h"
@@ -638,6 +639,8 @@ static int train_supervised(const train_opts *o, rk_model *m, rk_optim *opt,
 
 int rk_cmd_train(int argc, char **argv)
 {
+    /* RK_TRACE_LAUNCH (base/phase.h, docs/run.md): the phases of a rank's start-up */
+    rk_phase_mark_env("train.main");
     train_opts o;
     int st = parse_args(argc, argv, &o);
     if (st != RK_EXIT_OK)
@@ -662,6 +665,7 @@ int rk_cmd_train(int argc, char **argv)
     int rc = rk_comm_open(&comm, "auto", &err);
     if (rc)
         goto fail;
+    rk_phase_mark_env("train.comm");
     /* a bar only on a terminal of our own: under mpirun (even one rank) or a supervisor,
      * plain lines; the worker's notes and diagnostics clear it before they print */
     rk_progress_init(&v.bar, stdout,
@@ -686,6 +690,7 @@ int rk_cmd_train(int argc, char **argv)
     if ((rc = rk_dataset_load_fmnist(o.data, 1, &train, &err)) ||
         (o.cfg.eval && (rc = rk_dataset_load_fmnist(o.data, 0, &test, &err))))
         goto fail;
+    rk_phase_mark_env("train.data");
     if (o.cfg.batch < nranks) {
         rc = rk_err_set(&err, RK_EINVAL, "--batch %d is smaller than the %d ranks", o.cfg.batch,
                         nranks);
@@ -706,6 +711,7 @@ int rk_cmd_train(int argc, char **argv)
         (rc = rk_compressor_create(&compressor, comm, o.compress, m.block_len, &err)))
         goto fail;
     o.cfg.compressor = compressor;
+    rk_phase_mark_env("train.model");
     if (o.cfg.precision == RK_F16) {
         if ((rc = rk_loss_scaler_init(&scaler, &o.scaler, &err)))
             goto fail;

@@ -22,6 +22,7 @@ import re
 import socket
 import sys
 import threading
+import time
 
 EXIT_OK = 0  # finished; said bye "done"
 EXIT_FAIL = 1  # an error of the job or an unexpected one: relaunch
@@ -46,6 +47,38 @@ WORLD_MAX = 65536
 COMMANDS = ("stop", "checkpoint")
 _WORD = re.compile(r"[a-z_]{1,31}\Z")
 _BAD_MSGS = 3  # bad command lines reported per connection, then a count
+
+
+_trace = [None, None]  # RK_TRACE_LAUNCH: [descriptor or -1 (off), the pid that opened it]
+
+
+def trace_phase(phase):
+    """RK_TRACE_LAUNCH=FILE (an absolute path): append "PHASE T PID LAUNCH RANK" to FILE, T the
+    CLOCK_MONOTONIC time (the C side's format and clock: src/base/phase.h, docs/run.md); LAUNCH
+    and RANK from RK_LAUNCH and RANK, -1 where unset. One os.write to an O_APPEND descriptor; off
+    (one lookup) without the variable; best effort: a file that cannot be written is left out."""
+    if _trace[0] is None or (_trace[0] >= 0 and _trace[1] != os.getpid()):
+        path = os.environ.get("RK_TRACE_LAUNCH", "")
+        fd = -1
+        if path.startswith("/"):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError:
+                fd = -1
+        _trace[0], _trace[1] = fd, os.getpid()
+    if _trace[0] < 0:
+        return
+    def num(name):
+        v = os.environ.get(name, "")
+        return int(v) if v.isdigit() and len(v) < 10 else -1
+    line = "%s %.9f %d %d %d\n" % (phase, time.monotonic(), os.getpid(), num("RK_LAUNCH"), num("RANK"))
+    try:
+        os.write(_trace[0], line.encode())
+    except OSError:
+        pass
+
+
+trace_phase("py.import")  # the interpreter and what the script imported before rekindle
 
 
 def _env_int(env, name, lo, hi):
@@ -270,6 +303,7 @@ class Worker:
         self._skip_line = False  # inside a command line that was too long
         self._bad_lines = 0
         self._said_hello = False
+        self._said_step = False  # a step was said (the trace's first step)
         if install_stacks and env.get("RK_STACK_DIR"):
             from . import stacks
 
@@ -338,6 +372,7 @@ class Worker:
                 self.error = f"heartbeat: RK_HEARTBEAT path is over 107 bytes: {path[:120]}"
             print(f"rekindle: {self.error}", file=sys.stderr)
             return
+        trace_phase("worker.hello")  # before the hello: rk run cannot act on it first
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             # "@name": an abstract socket (a multi-host job's agent, docs/cluster.md)
@@ -382,6 +417,9 @@ class Worker:
             loss = float(loss)
             if not math.isfinite(loss):
                 loss = None
+        if not self._said_step:  # the first step, about to be said (before rk run can act on it)
+            self._said_step = True
+            trace_phase("worker.step")
         # once a step: formatted directly, as format_line would (a float's repr is its JSON)
         self._send_line(b'{"type":"step","rank":%d,"step":%d,"loss":%s,"dt":%s}\n' % (
             self.rank, step, b"null" if loss is None else repr(loss).encode(), repr(_nonneg("dt", dt)).encode()))

@@ -215,6 +215,60 @@ class TestEnvironment(unittest.TestCase):
                 self.assertTrue(str(e).startswith("heartbeat command: "), e)
 
 
+class TestTracePhase(unittest.TestCase):
+    """RK_TRACE_LAUNCH (docs/run.md): "PHASE T PID LAUNCH RANK" lines, the C side's format."""
+
+    def setUp(self):
+        self.addCleanup(self._reset)
+        self._reset()
+        d = tempfile.mkdtemp(prefix="rktrace.")
+        self.addCleanup(shutil.rmtree, d, True)
+        self.path = os.path.join(d, "trace")
+
+    def _reset(self):
+        if wmod._trace[0] is not None and wmod._trace[0] >= 0:
+            os.close(wmod._trace[0])
+        wmod._trace[0] = wmod._trace[1] = None
+
+    def _env(self, **kv):
+        old = {k: os.environ.get(k) for k in kv}
+        for k, v in kv.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self.addCleanup(lambda: [os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                                 for k, v in old.items()])
+
+    def test_lines(self):
+        self._env(RK_TRACE_LAUNCH=self.path, RK_LAUNCH="3", RANK="1")
+        t0 = time.monotonic()
+        wmod.trace_phase("worker.hello")
+        self._env(RANK=None)
+        wmod.trace_phase("worker.step")
+        with open(self.path) as f:
+            lines = [l.split() for l in f]
+        self.assertEqual([(l[0], l[2], l[3], l[4]) for l in lines],
+                         [("worker.hello", str(os.getpid()), "3", "1"),
+                          ("worker.step", str(os.getpid()), "3", "-1")])
+        ts = [float(l[1]) for l in lines]
+        self.assertTrue(t0 <= ts[0] <= ts[1] <= time.monotonic(), ts)  # CLOCK_MONOTONIC
+
+    def test_off(self):
+        self._env(RK_TRACE_LAUNCH=None)
+        wmod.trace_phase("worker.hello")
+        self.assertEqual(wmod._trace[0], -1)
+        self._reset()
+        self._env(RK_TRACE_LAUNCH="relative/trace")  # refused: the ranks may run elsewhere
+        wmod.trace_phase("worker.hello")
+        self.assertEqual(wmod._trace[0], -1)
+        self.assertFalse(os.path.exists("relative/trace"))
+        self._reset()
+        self._env(RK_TRACE_LAUNCH=os.path.join(self.path, "no", "such"))  # best effort
+        wmod.trace_phase("worker.hello")
+        self.assertEqual(wmod._trace[0], -1)
+
+
 class TestSupervised(unittest.TestCase):
     def connect(self, sup, step=0, **kw):
         w = rekindle.Worker(env=env_for(sup, **kw))

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "base/clock.h"
+#include "base/phase.h"
 #include "base/text.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/guard.h"
@@ -160,6 +161,8 @@ int rk_worker_hello(rk_worker *w, int64_t start_step, rk_err *err)
         return RK_OK;
     w->hello_said = 1;
     w->last_step = start_step;
+    /* RK_TRACE_LAUNCH (base/phase.h): before the hello, so that rk run cannot act on it first */
+    rk_phase_mark_env("worker.hello");
     return rk_hb_open_restored(&w->hb, w->rank, w->world, w->device, start_step, w->restore, err);
 }
 
@@ -556,6 +559,10 @@ static int commands(rk_worker *w, int64_t steps_done, rk_err *err)
 int rk_worker_step_end(rk_worker *w, int64_t steps_done, double loss, double seconds, rk_err *err)
 {
     w->last_step = steps_done;
+    if (!w->step_said) { /* the launch's first step, about to be said: before rk run can act */
+        w->step_said = 1;
+        rk_phase_mark_env("worker.step");
+    }
     rk_hb_step(w->hb, steps_done, loss, seconds);
     int rc = w->ckpt ? rk_worker_ckpt_step_end(w, steps_done, err) : RK_OK;
     return rc ? rc : commands(w, steps_done, err);

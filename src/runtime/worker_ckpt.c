@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "base/phase.h"
 #include "runtime/worker_internal.h"
 
 #define AUTO_FIRST_SAVE 50 /* steps before the first save when the interval is automatic */
@@ -239,9 +240,11 @@ int rk_worker_ckpt(rk_worker *w, const rk_worker_ckpt_opts *o, int64_t *start_st
     if (o->resume || env_resume) {
         int64_t step = 0;
         int from_memory = 0; /* the node's snapshot first, when it is as new as the disk's */
+        rk_phase_mark_env("worker.resume"); /* RK_TRACE_LAUNCH (base/phase.h) */
         rc = rk_worker_mem_resume(w, &step, &from_memory, err);
         if (!rc && !from_memory)
             rc = do_resume(w, &step, err);
+        rk_phase_mark_env("worker.resumed");
         int lrc = RK_OK;
         size_t existing = rc == RK_ENOENT ? valid_checkpoints_all(w, &lrc, err) : 0;
         if (lrc)

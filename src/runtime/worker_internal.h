@@ -41,6 +41,7 @@ struct rk_worker {
     int64_t slow_until; /* its last step (INT64_MAX: to the end) */
     int64_t last_step;  /* steps done, as last reported */
     int hello_said;
+    int step_said;        /* a step was said since the hello (the trace's first step) */
     int began;            /* rk_worker_step_begin was called: no more buffers */
     uint64_t *gather;     /* world entries: every per-step allgather's result */
     unsigned char *flags; /* world entries: the replica vote's minority */

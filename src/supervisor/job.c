@@ -7,6 +7,8 @@
  */
 #include "supervisor/sup.h"
 
+#include "base/phase.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -90,6 +92,7 @@ static void to_failing(sup *s)
 {
     s->ls = s->ls == SUP_LAUNCH_STOPPING ? SUP_LAUNCH_STOPPED_FAILING : SUP_LAUNCH_FAILING;
     s->ftime = rk_ledger_now(&s->g);
+    rk_phase_mark("sup.fail", s->launch_no, -1); /* RK_TRACE_LAUNCH (base/phase.h) */
 }
 
 void sup_fail(sup *s, const char *fmt, ...)

@@ -8,6 +8,7 @@
  * subreaper case). `auto` reads the worker's ELF dynamic section to choose (rk_launch_pick).
  */
 #define _GNU_SOURCE
+#include "base/phase.h"
 #include "base/proc.h"
 #include "rekindle/heartbeat.h"
 #include "supervisor/supervisor.h"
@@ -522,6 +523,7 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
         putenv(rank_env[0]);
         putenv(rank_env[1]);
     }
+    rk_phase_mark_env(rank >= 0 ? "rank.exec" : "launcher.exec"); /* RK_TRACE_LAUNCH */
     execvp(argv[0], (char *const *)argv);
     write_errno(report, errno); /* rk run reads it: no launch, one message */
     _exit(127);
@@ -535,6 +537,11 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
 static void keeper(int pidns, int life, int report, const char **argv, char *const *env,
                    char *preload, int nranks, int failed)
 {
+    int launch = -1; /* the launch's number, for the trace (base/phase.h) */
+    for (int i = 0; env && env[i] && launch < 0; i++)
+        if (strncmp(env[i], "RK_LAUNCH=", 10) == 0)
+            launch = atoi(env[i] + 10);
+    rk_phase_mark("keeper.start", launch, -1);
     setpgid(0, 0); /* the terminal's ^C goes to rk run, which decides */
     if (pidns)
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* the namespace dies with rk run */

@@ -8,6 +8,8 @@
  */
 #include "supervisor/sup.h"
 
+#include "base/phase.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -71,6 +73,8 @@ static void say_restore(const sup *s, rk_incident *i, int64_t resumed_from)
 static void write_pending(sup *s, int recovered, int64_t resumed_from)
 {
     double now = rk_ledger_now(&s->g);
+    if (recovered && s->npending > 0)
+        rk_phase_mark("sup.resumed", s->launch_no, -1); /* RK_TRACE_LAUNCH (base/phase.h) */
     for (int k = 0; k < s->npending; k++) {
         rk_incident *i = &s->g.inc[s->pending[k]];
         if (recovered)

@@ -6,6 +6,8 @@
 #define _GNU_SOURCE /* nftw */
 #include "supervisor/sup.h"
 
+#include "base/phase.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -36,6 +38,7 @@ static int open_socket(sup *s, rk_err *err)
 
 static int start_launch(sup *s, rk_err *err)
 {
+    rk_phase_mark("sup.start", s->launch_no, -1); /* RK_TRACE_LAUNCH (base/phase.h) */
     memset(&s->l, 0, sizeof s->l);
     s->l.life = s->l.failed = -1;
     sup_close_conns(s);
@@ -74,7 +77,9 @@ static int start_launch(sup *s, rk_err *err)
             u += (size_t)snprintf(done + u, sizeof done - u, u ? ",%zu" : "%zu", i);
     rk_sup_launch l = {.no = s->launch_no, .n = s->n, .dev = s->dev, .done = done};
     s->t_launch = rk_ledger_now(&s->g);
-    return s->b.ops->start(s->b.ctx, &l, err);
+    int rc = s->b.ops->start(s->b.ctx, &l, err);
+    rk_phase_mark("sup.started", s->launch_no, -1);
+    return rc;
 }
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
@@ -307,6 +312,7 @@ static void run_launches(sup *s, rk_sup_report *rep)
             return;
         }
         rk_sup_next oc = sup_watch(s);
+        rk_phase_mark("sup.verdict", s->launch_no, -1);
         if (oc == RK_SUP_FINISHED) {
             sup_resolve_pending(s, s->start_step);
             rep->end = RK_SUP_END_FINISHED;

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "base/phase.h"
 
 #define TICK_MS 100
 /* At most one round of reading every PACE_S: a busy job's ranks send a few lines a step each,
@@ -43,8 +44,10 @@ const char *sup_verdict_kind(const sup *s)
  * by the kernel, never by the pids workers reported; ranks that never said hello too. */
 static void teardown(sup *s, double grace)
 {
+    rk_phase_mark("sup.teardown", s->launch_no, -1);
     s->b.ops->kill(s->b.ctx, grace);
     sup_close_conns(s);
+    rk_phase_mark("sup.torn", s->launch_no, -1);
 }
 
 /* Ranks that made the least progress (a hang's suspects, policy.h), as "1,3" into who[cap],
@@ -323,6 +326,7 @@ rk_sup_next sup_watch(sup *s)
         status_line(s);
         int code;
         if (s->b.ops->poll(s->b.ctx, &code)) {
+            rk_phase_mark("sup.exited", s->launch_no, -1); /* the launcher ended by itself */
             /* read what the ranks said last before judging: a rank that connected, spoke and
              * exited within one pace still waits in the listen backlog, not yet accepted */
             sup_accept(s);

@@ -52,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel as _DDP
 import rekindle
 from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
+from rekindle import worker as _worker
 from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook, reduce_in
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
@@ -176,6 +177,7 @@ class Job(_Checkpoints):
                  resume=None, config=None, verbose=True, scheduler=None):
         if global_batch < 1:
             raise ValueError("global_batch must be >= 1")
+        _worker.trace_phase("py.job")  # RK_TRACE_LAUNCH: the script's set-up done
         self.model = model
         self.module = model.module if isinstance(model, _DDP) else model
         self.opt = optimizer
@@ -306,7 +308,9 @@ class Job(_Checkpoints):
                     and hasattr(getattr(model, "reducer", None), "_get_zeros_like_grad_buckets")):
                 self._layouts = {}
         if self.resume and self.ckpt_dir:
+            _worker.trace_phase("worker.resume")
             self._resume()
+            _worker.trace_phase("worker.resumed")
         self.w.hello(self.step_no)
 
     # ----------------------------------------------------------------- the loop
