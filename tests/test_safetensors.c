@@ -289,6 +289,47 @@ static void test_round_trip_through_disk(void **state)
     rk_st_free(NULL);
 }
 
+/* rk_st_read_fd: a large file (the huge-page buffer) read from an open descriptor gives the
+ * same bytes as rk_st_read; a size that is not the file's is refused, nothing kept. */
+static void test_read_fd_large_and_wrong_size(void **state)
+{
+    (void)state;
+    enum { N = (9 << 20) / 4 }; /* 9 MiB of float32: past the huge-page threshold */
+    float *w = malloc((size_t)N * sizeof *w);
+    assert_non_null(w);
+    for (size_t i = 0; i < N; i++)
+        w[i] = (float)(i % 977) * 0.25f - 100.0f;
+    int64_t shp[1] = {N};
+    rk_st_entry t[] = {{"w", w, 1, shp, NULL}, {"b", w + 7, 1, shp_3, NULL}};
+    char p[1024];
+    rk_err err;
+    in_dir(p, sizeof p, "big.safetensors");
+    assert_int_equal(rk_st_write(p, t, 2, NULL, &err), RK_OK);
+    rk_st_file a, b;
+    assert_int_equal(rk_st_read(p, &a, &err), RK_OK);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_int_equal(rk_st_read_fd(fd, "label", (uint64_t)st.st_size, &b, &err), RK_OK);
+    assert_string_equal(b.name, "label");
+    assert_int_equal(b.len, a.len);
+    assert_memory_equal(b.buf, a.buf, a.len);
+    assert_memory_equal(rk_st_find(&b, "w")->data, w, (size_t)N * sizeof *w);
+    rk_st_free(&b);
+    /* one byte short of the file: the data section no longer matches the header's */
+    assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
+    assert_int_equal(rk_st_read_fd(fd, "label", (uint64_t)st.st_size - 1, &b, &err), RK_EFORMAT);
+    assert_null(b.buf);
+    /* one byte more than the file: a short read */
+    assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
+    assert_true(rk_st_read_fd(fd, "label", (uint64_t)st.st_size + 1, &b, &err) < 0);
+    assert_null(b.buf);
+    close(fd);
+    rk_st_free(&a);
+    free(w);
+}
+
 /* The exact bytes: what Python's safetensors expects, pinned. */
 static void test_exact_layout(void **state)
 {
@@ -724,6 +765,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_baseline_of_broken_cases_is_valid),
+        cmocka_unit_test(test_read_fd_large_and_wrong_size),
         cmocka_unit_test(test_rejects_bad_lengths),
         cmocka_unit_test(test_rejects_bad_json),
         cmocka_unit_test(test_rejects_bad_entries),

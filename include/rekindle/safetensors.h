@@ -90,6 +90,12 @@ RK_API int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_f
 /* Read and validate `path`. RK_ENOENT if it does not exist, RK_EFORMAT if malformed. */
 RK_API int rk_st_read(const char *path, rk_st_file *out, rk_err *err);
 
+/* rk_st_read of an open descriptor `fd` of a regular file of `size` bytes (fstat's, checked by
+ * the caller's bounded open: rk_file_open_read, rk_file_openat_read), read from its current
+ * offset, header first, the data straight into the one buffer kept. `name` labels messages.
+ * The descriptor stays open. */
+RK_API int rk_st_read_fd(int fd, const char *name, uint64_t size, rk_st_file *out, rk_err *err);
+
 /* The tensor called `name`, or NULL. */
 RK_API const rk_st_tensor *rk_st_find(const rk_st_file *f, const char *name);
 

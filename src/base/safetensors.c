@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "base/bytes.h"
@@ -740,6 +741,25 @@ int rk_st_parse(const uint8_t *buf, size_t len, const char *name, rk_st_file *ou
     return RK_OK;
 }
 
+/* A buffer for a whole file of `size` bytes. A large one is aligned to 2 MiB and offered
+ * transparent huge pages (MADV_HUGEPAGE: the kernels' "madvise" mode), so that reading into
+ * it faults once per 2 MiB, not once per 4 KiB page: in a VM a fault costs microseconds, and a
+ * 64 MiB snapshot's 16,384 faults were a third of its restore. Freed with free(). */
+static uint8_t *file_buffer(size_t size)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (size < 4 * huge)
+        return malloc(size ? size : 1);
+    void *p = NULL;
+    size_t round = (size + (huge - 1)) & ~(huge - 1);
+    if (posix_memalign(&p, huge, round) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, round, MADV_HUGEPAGE); /* advice: refused or ignored, the read still works */
+#endif
+    return p;
+}
+
 /* Read `path` header first: the 8-byte length, checked against the file's size; the header,
  * parsed and checked against the data section's size; only then the data. A file whose header
  * is bogus or does not describe its data is refused after reading at most 8 bytes plus the
@@ -768,10 +788,12 @@ static int read_file(int fd, const char *path, uint64_t size, parse_ctx *c, rk_s
     size_t data_len = (size_t)(size - 8 - hlen);
     if ((rc = parse_header(c, hdr + 8, (size_t)hlen, data_len, out)) < 0)
         return rc;
-    uint8_t *all = realloc(hdr, (size_t)size ? (size_t)size : 1);
+    uint8_t *all = file_buffer((size_t)size);
     if (!all)
         return rk_err_set(err, RK_ENOMEM, "%s: out of memory for %llu bytes", c->label,
                           (unsigned long long)size);
+    memcpy(all, hdr, out->data_start);
+    free(hdr);
     out->buf = all;
     out->len = (size_t)size;
     if ((rc = rk_file_read_exact(fd, all + out->data_start, data_len, c->label, err)) < 0)
@@ -789,6 +811,20 @@ static int read_file(int fd, const char *path, uint64_t size, parse_ctx *c, rk_s
     return RK_OK;
 }
 
+int rk_st_read_fd(int fd, const char *name, uint64_t size, rk_st_file *out, rk_err *err)
+{
+    if (!out)
+        return rk_err_set(err, RK_EINVAL, "rk_st_read_fd: out is NULL");
+    memset(out, 0, sizeof *out);
+    parse_ctx c;
+    int rc = start_file(&c, name, out, err);
+    if (rc == RK_OK)
+        rc = read_file(fd, name, size, &c, out);
+    if (rc < 0)
+        rk_st_free(out);
+    return rc;
+}
+
 int rk_st_read(const char *path, rk_st_file *out, rk_err *err)
 {
     if (!out)
@@ -799,13 +835,8 @@ int rk_st_read(const char *path, rk_st_file *out, rk_err *err)
     int rc = rk_file_open_read(path, SIZE_MAX, &fd, &size, err);
     if (rc < 0)
         return rc;
-    parse_ctx c;
-    rc = start_file(&c, path, out, err);
-    if (rc == RK_OK)
-        rc = read_file(fd, path, size, &c, out);
+    rc = rk_st_read_fd(fd, path, size, out, err);
     close(fd);
-    if (rc < 0)
-        rk_st_free(out);
     return rc;
 }
 

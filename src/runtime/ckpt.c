@@ -706,6 +706,17 @@ int rk_ckpt_load_file(const char *path, rk_ckpt **out, rk_err *err)
     return adopt(&f, out, err);
 }
 
+int rk_ckpt_read_fd(int fd, const char *name, uint64_t size, rk_ckpt **out, rk_err *err)
+{
+    if (out)
+        *out = NULL;
+    rk_st_file f;
+    int rc = rk_st_read_fd(fd, name, size, &f, err);
+    if (rc)
+        return rc;
+    return adopt(&f, out, err);
+}
+
 int rk_ckpt_verify_file(const char *path, rk_err *err)
 {
     return rk_ckpt_load_file(path, NULL, err);

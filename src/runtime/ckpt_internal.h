@@ -16,6 +16,11 @@
 int rk_ckpt_save_in(const char *dir, const rk_ckpt_meta *meta, const rk_ckpt_item *items, size_t n,
                     int keep, bool hash_beside, rk_err *err);
 
+/* rk_ckpt_load_file of an open regular file of `size` bytes (the caller's bounded open), read
+ * straight into the one buffer the checkpoint keeps: the snapshot store's restore (snap.c),
+ * which opens its generations relative to a checked directory. `name` labels messages. */
+int rk_ckpt_read_fd(int fd, const char *name, uint64_t size, rk_ckpt **out, rk_err *err);
+
 /* ---- shared by the store's files: ckpt.c (names, the format: building and verifying),
  * ckpt_store.c (the directory: listing, loading, the lock), ckpt_save.c (saving, retention,
  * the interval) ---------------------------------------------------------------------- */

@@ -376,16 +376,9 @@ static int get_at(int rfd, const char *rl, int64_t step, rk_ckpt **out, rk_err *
         return rk_err_set_line(err, RK_ENOENT, "%s: no snapshot of step %" PRId64, lb, step);
     if (rc)
         return rc;
-    uint8_t *buf;
-    size_t len;
-    rc = size > SIZE_MAX - 1 ? rk_err_set_line(err, RK_ENOMEM, "%s: too large", lb)
-                             : rk_file_read_fd(fd, lb, (size_t)size, size, &buf, &len, err);
-    close(fd);
-    if (rc)
-        return rc;
     rk_ckpt *c = NULL;
-    rc = rk_ckpt_parse(buf, len, lb, &c, err);
-    free(buf);
+    rc = rk_ckpt_read_fd(fd, lb, size, &c, err); /* one copy: the file into the kept buffer */
+    close(fd);
     if (!rc && rk_ckpt_meta_of(c)->step != step)
         rc = rk_err_set_line(err, RK_EFORMAT,
                              "%s: field 'step' is %" PRId64 " but the file name says %" PRId64, lb,
