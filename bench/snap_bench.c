@@ -21,8 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rekindle/ckpt.h"
@@ -204,10 +204,11 @@ int main(int argc, char **argv)
            mg2 = median(get2, reps), mr = median(rd, reps), mrm = median(rdm, reps),
            gb = (double)file_len / 1e9;
     printf("{\"mib\":%ld,\"repeats\":%d,\"file_bytes\":%zu,\"put_s\":%.4f,\"write_s\":%.4f,"
-           "\"get_s\":%.4f,\"get2_s\":%.4f,\"read_s\":%.4f,\"read_malloc_s\":%.4f,\"put_gbs\":%.2f,\"write_gbs\":%.2f,"
+           "\"get_s\":%.4f,\"get2_s\":%.4f,\"read_s\":%.4f,\"read_malloc_s\":%.4f,\"put_gbs\":%.2f,"
+           "\"write_gbs\":%.2f,"
            "\"get_gbs\":%.2f,\"get2_gbs\":%.2f,\"read_gbs\":%.2f,\"put_vs_write\":%.2f,"
            "\"get_vs_read\":%.2f}\n",
-           mib, reps, file_len, mp, mw, mg, mg2, mr, mrm, gb / mp, gb / mw, gb / mg, gb / mg2, gb / mr,
-           mp / mw, mg / mr);
+           mib, reps, file_len, mp, mw, mg, mg2, mr, mrm, gb / mp, gb / mw, gb / mg, gb / mg2,
+           gb / mr, mp / mw, mg / mr);
     return 0;
 }

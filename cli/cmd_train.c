@@ -27,6 +27,7 @@
 #include "rekindle/comm.h"
 #include "rekindle/fileio.h"
 #include "rekindle/heartbeat.h"
+#include "rekindle/snap.h"
 #include "rekindle/worker.h"
 #include "rk.h"
 
@@ -687,8 +688,14 @@ int rk_cmd_train(int argc, char **argv)
         rc = err.code;
     if (!be || (rc = be->init(o.threads, &err)))
         goto fail;
-    if ((rc = rk_dataset_load_fmnist(o.data, 1, &train, &err)) ||
-        (o.cfg.eval && (rc = rk_dataset_load_fmnist(o.data, 0, &test, &err))))
+    /* under rk run --recovery memory: the decoded dataset kept in the job's snapshot
+     * directory, so that a relaunch does not inflate it again (docs/recovery.md) */
+    char cache[RK_SNAP_PATH_MAX + 16] = "";
+    const char *snap = getenv(RK_SNAP_DIR_ENV);
+    if (snap && *snap && rk_snap_cache_dir(snap, cache, sizeof cache, NULL) != RK_OK)
+        cache[0] = '\0'; /* no cache: the dataset is read from its files, as without rk run */
+    if ((rc = rk_dataset_load_fmnist_cached(o.data, 1, cache, &train, &err)) ||
+        (o.cfg.eval && (rc = rk_dataset_load_fmnist_cached(o.data, 0, cache, &test, &err))))
         goto fail;
     rk_phase_mark_env("train.data");
     if (o.cfg.batch < nranks) {

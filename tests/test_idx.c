@@ -6,6 +6,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -768,6 +769,108 @@ static void real_fmnist_test_has_10000_examples_1000_per_class(void **state)
     check_real_split(0, 10000);
 }
 
+/* The decoded cache (rk_idx_load_cached): a miss writes the entry, the next load reads it
+ * with the same bytes; an entry whose data was changed, that is a link, or whose source was
+ * rewritten is never used (a miss, the source's data). */
+static void cached_load_hits_and_never_serves_stale_or_spoilt(void **state)
+{
+    (void)state;
+    char dir[1024], cache[1100], src[1100];
+    tmp_dir(dir, sizeof dir, "idx_cache");
+    join_path(cache, sizeof cache, dir, "cache");
+    mkdir(cache, 0700);
+    DIR *d = opendir(cache); /* what an earlier run left */
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char p[1300];
+        if (de->d_name[0] != '.') {
+            join_path(p, sizeof p, cache, de->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+    join_path(src, sizeof src, dir, "train-images-idx3-ubyte.gz");
+    enum { N = 4096 };
+    uint8_t data[N];
+    for (size_t i = 0; i < N; i++)
+        data[i] = (uint8_t)(i * 7 + 3);
+    uint32_t dims[3] = {4, 32, 32};
+    size_t len;
+    uint8_t *file = make_idx(RK_IDX_UBYTE, 3, dims, data, N, &len);
+    write_gz(src, file, len);
+    rk_idx x;
+    rk_err err;
+    int hit = 7;
+    /* no cache directory: the plain load */
+    assert_int_equal(rk_idx_load_cached(src, NULL, &x, &hit, &err), RK_OK);
+    assert_int_equal(hit, 0);
+    rk_idx_free(&x);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_OK);
+    assert_int_equal(hit, -1); /* read from the source, entry written */
+    assert_memory_equal(x.data, data, N);
+    rk_idx_free(&x);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_OK);
+    assert_int_equal(hit, 1);
+    assert_int_equal(x.ndim, 3);
+    assert_int_equal(x.dims[0], 4);
+    assert_int_equal(x.dims[2], 32);
+    assert_int_equal(x.nbytes, N);
+    assert_memory_equal(x.data, data, N);
+    rk_idx_free(&x);
+
+    /* the one entry, its last data byte changed: the hash fails, a miss, the true data */
+    d = opendir(cache);
+    assert_non_null(d);
+    char entry[1200] = "";
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, RK_IDX_CACHE_PREFIX, strlen(RK_IDX_CACHE_PREFIX)))
+            join_path(entry, sizeof entry, cache, de->d_name);
+    closedir(d);
+    assert_true(entry[0]);
+    size_t elen;
+    uint8_t *e = read_file(entry, &elen);
+    e[elen - 1] ^= 0x40;
+    write_file(entry, e, elen);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_OK);
+    assert_int_equal(hit, -1); /* rewritten */
+    assert_memory_equal(x.data, data, N);
+    rk_idx_free(&x);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_OK);
+    assert_int_equal(hit, 1);
+    rk_idx_free(&x);
+
+    /* the entry replaced by a link to a good copy of itself: never followed */
+    char copy[1300];
+    snprintf(copy, sizeof copy, "%s.copy", entry);
+    free(e);
+    e = read_file(entry, &elen);
+    write_file(copy, e, elen);
+    assert_int_equal(unlink(entry), 0);
+    assert_int_equal(symlink(copy, entry), 0);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_OK);
+    assert_int_not_equal(hit, 1);
+    assert_memory_equal(x.data, data, N);
+    rk_idx_free(&x);
+
+    /* the source rewritten with other data: another key, the new data */
+    data[0] ^= 0xff;
+    free(file);
+    file = make_idx(RK_IDX_UBYTE, 3, dims, data, N, &len);
+    unlink(src);
+    write_gz(src, file, len);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_OK);
+    assert_int_equal(hit, -1);
+    assert_memory_equal(x.data, data, N);
+    rk_idx_free(&x);
+    /* a missing source is RK_ENOENT, cache or not */
+    unlink(src);
+    assert_int_equal(rk_idx_load_cached(src, cache, &x, &hit, &err), RK_ENOENT);
+    assert_null(x.data);
+    free(e);
+    free(file);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -796,6 +899,7 @@ int main(void)
         cmocka_unit_test(dataset_rejects_wrong_ndim_for_images_and_labels),
         cmocka_unit_test(dataset_reports_missing_labels_naming_both_paths_tried),
         cmocka_unit_test(dataset_passes_on_errors_from_a_broken_file),
+        cmocka_unit_test(cached_load_hits_and_never_serves_stale_or_spoilt),
         cmocka_unit_test(real_fmnist_train_has_60000_examples_6000_per_class),
         cmocka_unit_test(real_fmnist_test_has_10000_examples_1000_per_class),
     };

@@ -777,6 +777,52 @@ static void test_remove_takes_only_what_the_store_made(void **state)
     assert_int_equal(rk_snap_dir_remove(dir, &err), RK_ENOENT);
 }
 
+/* The job's cache: DIR/cache made 0700 (again: the same), refused when a link; its files go
+ * with the directory, and a link in it is removed, not followed. */
+static void test_cache_dir_is_0700_and_goes_with_the_job(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], c[RK_SNAP_PATH_MAX + 16], c2[RK_SNAP_PATH_MAX + 16],
+        p[RK_SNAP_PATH_MAX + 64], outside[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    put(dir, 0, 1);
+    assert_int_equal(rk_snap_cache_dir(dir, c, sizeof c, &err), RK_OK);
+    assert_int_equal(rk_snap_cache_dir(dir, c2, sizeof c2, &err), RK_OK);
+    assert_string_equal(c, c2);
+    struct stat st;
+    assert_int_equal(lstat(c, &st), 0);
+    assert_true(S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0700);
+    assert_int_equal(rk_snap_cache_dir(dir, c2, 8, &err), RK_EINVAL); /* no room: nothing */
+    assert_string_equal(c2, "");
+    snprintf(p, sizeof p, "%s/idx-0123.safetensors", c);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    /* a file outside, linked from the cache: the link goes, the file stays */
+    snprintf(outside, sizeof outside, "%s.outside", dir);
+    f = fopen(outside, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/idx-link.safetensors", c);
+    assert_int_equal(symlink(outside, p), 0);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+    assert_int_equal(lstat(dir, &st), -1);
+    assert_int_equal(lstat(outside, &st), 0);
+    assert_int_equal(unlink(outside), 0);
+    /* a cache that is a link: refused */
+    job_dir(dir, sizeof dir);
+    char target[RK_SNAP_PATH_MAX + 64];
+    snprintf(target, sizeof target, "%s/rank-9", dir);
+    assert_int_equal(mkdir(target, 0700), 0);
+    snprintf(p, sizeof p, "%s/cache", dir);
+    assert_int_equal(symlink(target, p), 0);
+    assert_int_equal(rk_snap_cache_dir(dir, c, sizeof c, &err), RK_EINVAL);
+    assert_string_equal(c, "");
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -791,6 +837,7 @@ int main(void)
         cmocka_unit_test(test_a_rank_killed_mid_copy_never_exposes_a_torn_snapshot),
         cmocka_unit_test(test_room_follows_the_documented_rule),
         cmocka_unit_test(test_remove_takes_only_what_the_store_made),
+        cmocka_unit_test(test_cache_dir_is_0700_and_goes_with_the_job),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -91,9 +91,17 @@ RK_API int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *e
  * owned by this process's effective user. RK_ENOENT if missing, RK_EINVAL naming the problem. */
 RK_API int rk_snap_dir_check(const char *dir, rk_err *err);
 
+/* The job's cache, DIR/cache (0700, made if missing; its path into out[cap]): files a rank
+ * keeps for the job's next launches under names of its own, not snapshots (rk train: its
+ * decoded dataset, nn/idx.h's rk_idx_load_cached). rk_snap_dir_remove removes its files
+ * (a link: the link, never its target) and it. The store's other calls ignore it. RK_EINVAL
+ * when it is a link, not a directory, not 0700 or not ours. */
+RK_API int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err);
+
 /* Remove a job's snapshot directory: every rank's generations and temporary files, the rank
- * directories and the directory itself. A file it did not make (another name) is left, and
- * then the directory too: RK_EIO naming it. RK_ENOENT if `dir` does not exist. */
+ * directories, the cache (rk_snap_cache_dir) and the directory itself. A file it did not make
+ * (another name) is left, and then the directory too: RK_EIO naming it. RK_ENOENT if `dir` does not
+ * exist. */
 RK_API int rk_snap_dir_remove(const char *dir, rk_err *err);
 
 /* ---- one rank's generations ------------------------------------------------------------- */

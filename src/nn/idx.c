@@ -8,13 +8,17 @@
 
 #include "nn/idx.h"
 #include "rekindle/fileio.h"
+#include "rekindle/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 #include <zlib.h>
 
 /* Where the parser reads from: a memory buffer when gz is NULL, else a gzFile. */
@@ -283,18 +287,146 @@ void rk_idx_free(rk_idx *idx)
     memset(idx, 0, sizeof *idx);
 }
 
-/* Load <dir>/<base>.gz if it exists, else <dir>/<base>; `path` gets the one used. */
-static int load_either(const char *dir, const char *base, rk_idx *out, char *path, size_t size,
-                       rk_err *err)
+/* ---- the decoded cache (idx.h) --------------------------------------------------------- */
+
+enum { CACHE_KEY_MAX = 4096 + 128 };
+
+/* What names a source: its path, device, inode, size and modification time. A file replaced
+ * or rewritten in place gets another key, so a cache entry is never taken for new data. */
+static int cache_key(const char *path, char *key, size_t cap, rk_err *err)
+{
+    int fd;
+    int rc = rk_file_open_read(path, SIZE_MAX, &fd, NULL, err);
+    if (rc)
+        return rc;
+    struct stat st;
+    int ok = fstat(fd, &st) == 0;
+    close(fd);
+    if (!ok)
+        return rk_err_set(err, RK_EIO, "%s: cannot stat", path);
+    int k = snprintf(key, cap, "%s|%ju|%ju|%jd|%jd.%09ld", path, (uintmax_t)st.st_dev,
+                     (uintmax_t)st.st_ino, (intmax_t)st.st_size, (intmax_t)st.st_mtim.tv_sec,
+                     st.st_mtim.tv_nsec);
+    if (k < 0 || (size_t)k >= cap)
+        return rk_err_set(err, RK_EINVAL, "%s: path too long for the cache", path);
+    return RK_OK;
+}
+
+/* The entry's "dtype ndim d0 d1 d2 d3" line. */
+static void cache_shape(const rk_idx *x, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%d %d %u %u %u %u", x->dtype, x->ndim, (unsigned)x->dims[0],
+             (unsigned)x->dims[1], (unsigned)x->dims[2], (unsigned)x->dims[3]);
+}
+
+/* Read entry `cpath` for `key` into *out; anything but an exact, verified match is a miss
+ * (RK_ENOENT), never an error: the source is read instead. */
+static int cache_read(const char *cpath, const char *key, rk_idx *out)
+{
+    int fd;
+    uint64_t size;
+    rk_err e;
+    if (rk_file_open_read_nofollow(cpath, cpath, RK_IDX_MAX_BYTES + 65536, &fd, &size, &e))
+        return RK_ENOENT;
+    rk_st_file f;
+    int rc = rk_st_read_fd(fd, cpath, size, &f, &e);
+    close(fd);
+    if (rc)
+        return RK_ENOENT;
+    const rk_st_tensor *t = rk_st_find(&f, "data");
+    const char *k = rk_st_meta(&f, "key"), *h = rk_st_meta(&f, "xxh64"),
+               *shape = rk_st_meta(&f, "idx");
+    rk_idx x = {0};
+    unsigned d[RK_IDX_MAX_DIMS];
+    char want[32];
+    int ok =
+        t && k && h && shape && !strcmp(k, key) && !strcmp(t->dtype, "U8") && t->ndim == 1 &&
+        sscanf(shape, "%d %d %u %u %u %u", &x.dtype, &x.ndim, &d[0], &d[1], &d[2], &d[3]) == 6 &&
+        x.dtype == RK_IDX_UBYTE && x.ndim >= 1 && x.ndim <= RK_IDX_MAX_DIMS;
+    if (ok) {
+        size_t n = 1;
+        for (int i = 0; i < RK_IDX_MAX_DIMS; i++) {
+            x.dims[i] = d[i];
+            if (i < x.ndim)
+                n *= d[i];
+            else
+                ok &= d[i] == 0;
+        }
+        snprintf(want, sizeof want, "%016" PRIx64, (uint64_t)XXH64(t->data, t->nbytes, 0));
+        ok &= n == t->nbytes && n > 0 && n <= RK_IDX_MAX_BYTES && !strcmp(h, want);
+        x.nbytes = n;
+    }
+    if (!ok) {
+        rk_st_free(&f);
+        return RK_ENOENT;
+    }
+    /* the data moved to the front of the file's buffer, which the idx then owns */
+    memmove(f.buf, t->data, x.nbytes);
+    x.data = f.buf;
+    f.buf = NULL;
+    rk_st_free(&f);
+    *out = x;
+    return RK_OK;
+}
+
+static int cache_name(const char *key, char *name, size_t cap)
+{
+    int k = snprintf(name, cap, RK_IDX_CACHE_PREFIX "%016" PRIx64 ".safetensors",
+                     (uint64_t)XXH64(key, strlen(key), 0));
+    return k < 0 || (size_t)k >= cap ? RK_EINVAL : RK_OK;
+}
+
+int rk_idx_load_cached(const char *path, const char *cache_dir, rk_idx *out, int *hit, rk_err *err)
+{
+    if (hit)
+        *hit = 0;
+    if (!cache_dir || !*cache_dir)
+        return rk_idx_load(path, out, err);
+    if (!out || !path)
+        return rk_err_set(err, RK_EINVAL, "rk_idx_load_cached: %s",
+                          !path ? "no path" : "no output");
+    memset(out, 0, sizeof *out);
+    char key[CACHE_KEY_MAX], name[64], cpath[4096 + 64];
+    int rc = cache_key(path, key, sizeof key, err);
+    if (rc)
+        return rc == RK_ENOENT ? rk_err_set(err, RK_ENOENT, "%s: not found", path) : rc;
+    cache_name(key, name, sizeof name);
+    int k = snprintf(cpath, sizeof cpath, "%s/%s", cache_dir, name);
+    if (k > 0 && (size_t)k < sizeof cpath && cache_read(cpath, key, out) == RK_OK) {
+        if (hit)
+            *hit = 1;
+        return RK_OK;
+    }
+    if ((rc = rk_idx_load(path, out, err)))
+        return rc;
+    if (k < 0 || (size_t)k >= sizeof cpath)
+        return RK_OK;
+    /* the entry for the next launch: best effort (a full tmpfs leaves the source's path) */
+    char hash[32], shape[96];
+    snprintf(hash, sizeof hash, "%016" PRIx64, (uint64_t)XXH64(out->data, out->nbytes, 0));
+    cache_shape(out, shape, sizeof shape);
+    const char *meta[] = {"key", key, "xxh64", hash, "idx", shape, NULL};
+    int64_t n = (int64_t)out->nbytes;
+    rk_st_entry t = {"data", out->data, 1, &n, "U8"};
+    rk_err e;
+    if (rk_st_write(cpath, &t, 1, meta, &e) == RK_OK && hit)
+        *hit = -1;
+    return RK_OK;
+}
+
+/* Load <dir>/<base>.gz if it exists, else <dir>/<base>; `path` gets the one used. Through the
+ * decoded cache in `cache_dir` when it is not NULL. */
+static int load_either(const char *dir, const char *base, const char *cache_dir, rk_idx *out,
+                       char *path, size_t size, rk_err *err)
 {
     int k = snprintf(path, size, "%s/%s.gz", dir, base);
     if (k < 0 || (size_t)k >= size)
         return rk_err_set(err, RK_EINVAL, "%s: directory path too long", dir);
-    int rc = rk_idx_load(path, out, err);
+    int rc = rk_idx_load_cached(path, cache_dir, out, NULL, err);
     if (rc != RK_ENOENT)
         return rc;
     snprintf(path, size, "%s/%s", dir, base);
-    rc = rk_idx_load(path, out, err);
+    rc = rk_idx_load_cached(path, cache_dir, out, NULL, err);
     if (rc == RK_ENOENT)
         rc = rk_err_set(err, RK_ENOENT, "%s: not found (tried %s.gz, then %s)", path, path, path);
     return rc;
@@ -303,6 +435,12 @@ static int load_either(const char *dir, const char *base, rk_idx *out, char *pat
 enum { RK_PATH_MAX = 4096 };
 
 int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *err)
+{
+    return rk_dataset_load_fmnist_cached(dir, train, NULL, out, err);
+}
+
+int rk_dataset_load_fmnist_cached(const char *dir, int train, const char *cache_dir,
+                                  rk_dataset *out, rk_err *err)
 {
     if (!out)
         return rk_err_set(err, RK_EINVAL, "rk_dataset_load_fmnist: no output struct");
@@ -316,7 +454,7 @@ int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *
     char shape[64];
 
     snprintf(base, sizeof base, "%s-images-idx3-ubyte", prefix);
-    int rc = load_either(dir, base, &img, img_path, sizeof img_path, err);
+    int rc = load_either(dir, base, cache_dir, &img, img_path, sizeof img_path, err);
     if (rc)
         return rc;
     format_dims(shape, sizeof shape, img.ndim, img.dims);
@@ -333,7 +471,7 @@ int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *
     }
 
     snprintf(base, sizeof base, "%s-labels-idx1-ubyte", prefix);
-    rc = load_either(dir, base, &lab, lab_path, sizeof lab_path, err);
+    rc = load_either(dir, base, cache_dir, &lab, lab_path, sizeof lab_path, err);
     if (rc)
         goto fail;
     if (lab.ndim != 1) {

@@ -41,6 +41,20 @@ int rk_idx_load(const char *path, rk_idx *out, rk_err *err);
 /* Free the data and zero the struct. Safe on a zeroed struct and on NULL. */
 void rk_idx_free(rk_idx *idx);
 
+/* rk_idx_load through a cache of decoded files in `cache_dir` (NULL or "": no cache), so that
+ * a relaunched job does not inflate and check its dataset again (docs/recovery.md, "The
+ * dataset of a relaunch"): the job's snapshot directory's cache (rk_snap_cache_dir), memory
+ * the node holds for the job. An entry is a safetensors file `idx-<16 hex>.safetensors` (the
+ * XXH64 of its key) holding the decoded data as one U8 tensor "data" and, in its metadata,
+ * the key (the source's path, device, inode, size and modification time), the data's XXH64
+ * and the IDX dtype and dimensions. An entry is used only when all of these match and the
+ * hash verifies; anything else (absent, another key, torn, a link, not a regular file) is a
+ * miss: the source is read and checked as rk_idx_load does, and the entry written (atomic,
+ * best effort: a failure to write leaves the next launch to read the source). *hit: 1 read
+ * from the cache, -1 a miss that wrote the entry, 0 a miss without one (may be NULL). */
+#define RK_IDX_CACHE_PREFIX "idx-"
+int rk_idx_load_cached(const char *path, const char *cache_dir, rk_idx *out, int *hit, rk_err *err);
+
 /* Fashion-MNIST normalisation: image bytes become (x/255 - MEAN) / STD. */
 #define RK_FMNIST_MEAN 0.2860f
 #define RK_FMNIST_STD 0.3530f
@@ -64,6 +78,11 @@ typedef struct rk_dataset {
  * (t10k-...) split from `dir`. Each file may be gzipped (name + ".gz", preferred) or raw.
  * Images must be n x 28 x 28, labels n values below 10. RK_ENOENT names the paths tried. */
 int rk_dataset_load_fmnist(const char *dir, int train, rk_dataset *out, rk_err *err);
+
+/* rk_dataset_load_fmnist with each file read through rk_idx_load_cached's cache in
+ * `cache_dir` (NULL: none). */
+int rk_dataset_load_fmnist_cached(const char *dir, int train, const char *cache_dir,
+                                  rk_dataset *out, rk_err *err);
 
 /* Write the normalised pixels of images first .. first+count-1 to out (count*rows*cols
  * floats, row-major), through ds->lut. The caller keeps 0 <= first, 0 <= count and

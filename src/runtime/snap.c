@@ -150,6 +150,75 @@ static int open_rank(const char *dir, int rank, bool make, int *rfd, rk_err *err
     return rc;
 }
 
+#define CACHE_NAME "cache"
+
+int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err)
+{
+    char eb[128], lb[LABEL_MAX];
+    if (out && cap)
+        out[0] = '\0';
+    int rc = check_dir_arg(dir, "rk_snap_cache_dir", err);
+    if (rc)
+        return rc;
+    if (!out || snprintf(out, cap, "%s/" CACHE_NAME, dir) >= (int)cap) {
+        if (out && cap)
+            out[0] = '\0';
+        return rk_err_set_line(err, RK_EINVAL, "%s: rk_snap_cache_dir: no room for the path", dir);
+    }
+    int jfd, cfd;
+    rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
+    if (rc) {
+        out[0] = '\0';
+        return rc;
+    }
+    label(lb, dir, CACHE_NAME, NULL);
+    if (mkdirat(jfd, CACHE_NAME, 0700) != 0 && errno != EEXIST) {
+        int e = errno;
+        close(jfd);
+        out[0] = '\0';
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create: %s", lb,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    rc = open_checked(jfd, CACHE_NAME, lb, &cfd, err); /* 0700, ours, not a link */
+    close(jfd);
+    if (rc)
+        out[0] = '\0';
+    else
+        close(cfd);
+    return rc;
+}
+
+/* Remove what the cache directory holds but directories (a link: the link), then it. */
+static int remove_cache(int jfd, const char *cl, rk_err *err)
+{
+    char eb[128];
+    int cfd;
+    int rc = open_checked(jfd, CACHE_NAME, cl, &cfd, err);
+    if (rc)
+        return rc;
+    /* rk-fd: cfd is O_CLOEXEC (open_checked) */
+    DIR *d = fdopendir(cfd);
+    if (!d) {
+        close(cfd);
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", cl);
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        struct stat st;
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+            fstatat(cfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode))
+            continue;
+        (void)unlinkat(cfd, de->d_name, 0); /* a link itself, never what it points to */
+    }
+    closedir(d);
+    if (unlinkat(jfd, CACHE_NAME, AT_REMOVEDIR) != 0) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot remove: %s", cl,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    return RK_OK;
+}
+
 /* ---- one rank's directory --------------------------------------------------------------- */
 
 static int step_desc(const void *a, const void *b)
@@ -685,11 +754,13 @@ int rk_snap_dir_remove(const char *dir, rk_err *err)
     struct dirent *de;
     while ((de = readdir(d))) {
         int r;
-        if (!rank_of_name(de->d_name, &r))
+        bool cache = !strcmp(de->d_name, CACHE_NAME);
+        if (!cache && !rank_of_name(de->d_name, &r))
             continue;
         char rl[LABEL_MAX];
         rk_err e2;
-        int rrc = remove_rank(jfd, de->d_name, label(rl, dir, de->d_name, NULL), &e2);
+        label(rl, dir, de->d_name, NULL);
+        int rrc = cache ? remove_cache(jfd, rl, &e2) : remove_rank(jfd, de->d_name, rl, &e2);
         if (rrc && !rc)
             rc = rk_err_set_line(err, rrc, "%s", e2.msg);
     }
