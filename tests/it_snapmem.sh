@@ -138,7 +138,9 @@ check(s.get("restores") == {"memory": 0, "disk": 1}, f"summary: restores {s.get(
 PY
 grep -q '^rk_run_info{recovery="memory",snapshots="off"} 1$' "$work/ram/rk_run.prom" \
   && grep -q '^rk_run_relaunches_total{source="disk"} 1$' "$work/ram/rk_run.prom" \
-  && ok "metrics: snapshots off, 1 relaunch from disk" || bad "metrics: $(cat "$work/ram/rk_run.prom")"
+  && grep -q '^rk_run_snapshot_bytes 0$' "$work/ram/rk_run.prom" \
+  && ok "metrics: snapshots off (0 bytes held once removed), 1 relaunch from disk" \
+  || bad "metrics: $(cat "$work/ram/rk_run.prom")"
 
 # --- (3) a metrics file whose directory is missing: exit 2, nothing made --------------------
 "$RK" run -n 1 --metrics-file "$work/nodir/m.prom" --events "$work/nodir.events" -- true \

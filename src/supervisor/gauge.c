@@ -75,13 +75,16 @@ static void per_rank(const sup *s, char *buf, size_t cap)
     }
 }
 
-/* Measure the snapshot directory now: the bytes held and the peak; the first time any are
- * held, the snapshot_on note. A directory that cannot be read keeps the last measure. */
+/* Measure the snapshot directory now: the bytes held (0 once it is gone) and the peak; the
+ * first time any are held, the snapshot_on note. A directory that cannot be read keeps the
+ * last measure. */
 static void measure(sup *s)
 {
     s->gauge_t = rk_ledger_now(&s->g);
-    if (!s->snap_dir[0])
+    if (!s->snap_dir[0]) { /* none, or removed after a snapshot_off: nothing held */
+        s->g.snap_bytes = 0;
         return;
+    }
     uint64_t b;
     rk_err e = {0};
     if (rk_snap_bytes(s->snap_dir, &b, &e) != RK_OK)
@@ -127,7 +130,7 @@ static void write_metrics(sup *s)
 void sup_gauge_tick(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (s->snap_dir[0] && (s->gauge_t < 0 || now - s->gauge_t >= GAUGE_EVERY_S))
+    if (s->gauge_t < 0 || now - s->gauge_t >= GAUGE_EVERY_S)
         measure(s);
     if (s->o->metrics_path && (s->metrics_t < 0 || now - s->metrics_t >= GAUGE_EVERY_S))
         write_metrics(s);
