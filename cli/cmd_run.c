@@ -94,6 +94,12 @@ static void print_report(const rk_sup_report *r)
     for (size_t q = 0; q < r->nkinds; q++)
         fprintf(stderr, "%s%s %d%s", q ? ", " : "rk run: incidents: ", r->incidents[q].kind,
                 r->incidents[q].count, q + 1 == r->nkinds ? "\n" : "");
+    if (r->snap_peak > 0)
+        fprintf(stderr,
+                "rk run: snapshots in memory %s, peak %.1f MiB; relaunches restored from memory "
+                "%d, from disk %d\n",
+                r->snapshots, (double)r->snap_peak / (1024.0 * 1024.0), r->from_memory,
+                r->from_disk);
     if (r->summary_err.msg[0])
         fprintf(stderr, "rk run: %s\n", r->summary_err.msg);
 }
@@ -132,6 +138,9 @@ static const char usage_a[] =
     "                          its checkpoints, one JSON line each (for rk report)\n"
     "  --gate-log FILE         append every GPU's score and temperature at each reading of\n"
     "                          the health gate, one JSON line each (for rk report)\n"
+    "  --metrics-file FILE     keep FILE (Prometheus text, replaced atomically at most once\n"
+    "                          a second) with the job's metrics for node_exporter's textfile\n"
+    "                          collector: snapshot memory, relaunches by source, step\n"
     "  --launcher NAME         auto (default), local (rk run forks the ranks: no MPI),\n"
     "                          mpirun, srun. auto: mpirun for a worker that needs\n"
     "                          libmpi.so, libmpich or librekindle.so (rk train), or with\n"
@@ -147,13 +156,13 @@ static const char usage_a[] =
     "  --hostfile FILE         the hosts from an Open MPI hostfile (HOST slots=N a line)\n"
     "  --spare-hosts LIST      hosts used only when others are lost or quarantined\n"
     "  --listen ADDR:PORT      the address the agents connect to (this host's, as the\n"
-    "                          others reach it; port 0: any free one); nothing else listens\n"
+    "                          others reach it; port 0: any free one); nothing else listens\n";
+/* in two parts: C99 promises string literals of 4095 bytes only */
+static const char usage_b[] =
     "  --rsh CMD               how an agent is started: CMD HOST COMMAND (default\n"
     "                          'ssh -o BatchMode=yes'); the job's secret goes on its stdin\n"
     "  --node-timeout S        a host silent this long is lost (default 10)\n"
-    "  --agent-cmd PATH        rk on the hosts (default: this executable's path)\n";
-/* in two parts: C99 promises string literals of 4095 bytes only */
-static const char usage_b[] =
+    "  --agent-cmd PATH        rk on the hosts (default: this executable's path)\n"
     "  Under Slurm (docs/slurm.md), --launcher srun with hosts: srun starts the agents, one\n"
     "  task a node, and each launch's ranks in the allocation, leaving out (--exclude) the\n"
     "  nodes lost or quarantined\n"
@@ -281,6 +290,7 @@ enum {
     OPT_SUMMARY,
     OPT_STEPS,
     OPT_GATE_LOG,
+    OPT_METRICS_FILE,
     OPT_LAUNCHER,
     OPT_LAUNCHER_ARG,
     OPT_QUIET,
@@ -326,6 +336,7 @@ int rk_cmd_run(int argc, char **argv)
         {"summary-json", required_argument, 0, OPT_SUMMARY},
         {"steps", required_argument, 0, OPT_STEPS},
         {"gate-log", required_argument, 0, OPT_GATE_LOG},
+        {"metrics-file", required_argument, 0, OPT_METRICS_FILE},
         {"launcher", required_argument, 0, OPT_LAUNCHER},
         {"launcher-arg", required_argument, 0, OPT_LAUNCHER_ARG},
         {"quiet", no_argument, 0, OPT_QUIET},
@@ -418,6 +429,7 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_SUMMARY: o.summary_path = optarg; break;
         case OPT_STEPS: o.steps_path = optarg; break;
         case OPT_GATE_LOG: o.gate_path = optarg; break;
+        case OPT_METRICS_FILE: o.metrics_path = optarg; break;
         case OPT_LAUNCHER:
             if (strcmp(optarg, "mpirun") == 0)
                 o.launcher = RK_LAUNCH_MPIRUN;
@@ -564,6 +576,20 @@ int rk_cmd_run(int argc, char **argv)
         if (stat(dirname(dir), &st) != 0 || !S_ISDIR(st.st_mode))
             return usage_error("%s=%s: its directory %s is not a directory", RK_PHASE_ENV, trace,
                                dir);
+    }
+    /* the metrics file is replaced by a rename beside it: its directory must exist */
+    if (o.metrics_path) {
+        char dir[PATH_MAX];
+        struct stat st;
+        if (!*o.metrics_path || strlen(o.metrics_path) >= sizeof dir)
+            return usage_error("--metrics-file '%s': not a file name", o.metrics_path);
+        snprintf(dir, sizeof dir, "%s", o.metrics_path);
+        int found = stat(dirname(dir), &st) == 0;
+        if (!found || !S_ISDIR(st.st_mode))
+            return usage_error("--metrics-file %s: its directory %s %s", o.metrics_path, dir,
+                               found ? "is not a directory" : "does not exist");
+        if (stat(o.metrics_path, &st) == 0 && !S_ISREG(st.st_mode))
+            return usage_error("--metrics-file %s: is not a regular file", o.metrics_path);
     }
     o.worker = argv + optind;
     o.launcher_args = nlargs ? largs : NULL;

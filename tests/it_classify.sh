@@ -284,7 +284,9 @@ crash = [e for e in ev if e["kind"] == "crash"]
 assert len(crash) == 1 and crash[0]["rank"] == 1, ev
 assert crash[0]["lost_steps"] == 2, f"lost_steps {crash[0]['lost_steps']} (37 reached, resumed at 35)"
 assert crash[0]["recovery_s"] is not None and crash[0]["recovery_s"] > 0, crash
-assert [e["kind"] for e in ev] == ["crash", "quarantine"], [e["kind"] for e in ev]
+# the snapshot notes (docs/run.md, "Accounting") are not incidents
+inc = [e["kind"] for e in ev if e["kind"] not in ("snapshot_on", "snapshot_held", "snapshot_peak")]
+assert inc == ["crash", "quarantine"], [e["kind"] for e in ev]
 s = json.load(open(sys.argv[2]))
 assert s["steps"] == 45 and s["restarts"] == 1 and s["recovery_max_s"] is not None, s
 print(f"crash lost {crash[0]['lost_steps']} steps, recovered in {crash[0]['recovery_s']} s")

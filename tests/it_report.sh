@@ -100,7 +100,8 @@ p = P(); p.feed(open(dom).read())
 def cls(c):
     return [a for t, a in p.els if c in (a.get("class") or "").split()]
 ev = [json.loads(l) for l in open(f"{d}/events.jsonl") if l.strip()]
-inc = [e for e in ev if e["kind"] != "inject"]
+# incidents: not the injections, not the snapshot notes (docs/run.md, "Accounting")
+inc = [e for e in ev if e["kind"] != "inject" and e["kind"] not in ("snapshot_on", "snapshot_held", "snapshot_peak")]
 marks = cls("incident-marker")
 check(len(marks) == len(inc) > 0, f"{len(marks)} incident markers for the {len(inc)} incidents of events.jsonl")
 check([m["data-kind"] for m in marks] == [e["kind"] for e in inc], "each marker has its incident's kind, in order")
@@ -109,7 +110,7 @@ for k in ("crash", "hang", "nan", "replica_mismatch", "quarantine"):
     check(k in kinds, f"the run has a {k} incident, marked")
 check(len(cls("inject-marker")) == sum(e["kind"] == "inject" for e in ev) == 4, "4 injection marks")
 rows = [a for t, a in p.els if t == "tr" and (a.get("class") or "").startswith("fam-")]
-check(len(rows) == len(ev), f"{len(rows)} table rows: incidents and injections")
+check(len(rows) == len(inc) + sum(e["kind"] == "inject" for e in ev), f"{len(rows)} table rows: incidents and injections")
 st = [json.loads(l) for l in open(f"{d}/steps.jsonl")]
 launches = [r for r in st if r["type"] == "launch"]
 bars = cls("launch-bar")

@@ -3,7 +3,9 @@
  * order even when an incident waits for its recovery to be measured (a relaunch) while later
  * ones are final at once (a quarantine, an injection); an incident dated back to when its
  * failure was seen goes before the ones after it; the summary writes whatever still waits;
- * every line is one the reader takes (events.h), a detail cut mid-character included.
+ * every line is one the reader takes (events.h), a detail cut mid-character included; the
+ * snapshot notes are in the events file but not among the incidents, and the summary says the
+ * recovery mode, the snapshot peak and the restores by source; the metrics file's text.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -162,6 +164,104 @@ static void test_report_counts_incidents_and_recoveries(void **state)
     rk_ledger_close(&g);
 }
 
+/* The snapshot notes (rk_event_is_note) go to the events file but are not incidents; the
+ * summary JSON says the recovery mode, whether snapshots were on, their peak and the relaunches'
+ * restores by source. */
+static void test_summary_says_the_snapshots_and_notes_are_not_incidents(void **state)
+{
+    (void)state;
+    snprintf(g_path, sizeof g_path, "%s/events.jsonl", g_dir);
+    rk_ledger g;
+    rk_err err = {0};
+    assert_int_equal(rk_ledger_open(&g, g_path, &err), RK_OK);
+    const char *seq[] = {"snapshot_on", "crash", "snapshot_held", "snapshot_off", "snapshot_peak"};
+    for (size_t q = 0; q < sizeof seq / sizeof seq[0]; q++)
+        rk_ledger_write(&g, rk_ledger_add(&g, seq[q], -1, "", "none", "x"));
+    assert_true(rk_event_is_note("snapshot_on") && rk_event_is_note("snapshot_held") &&
+                rk_event_is_note("snapshot_peak"));
+    assert_false(rk_event_is_note("snapshot_off") || rk_event_is_note("crash") ||
+                 rk_event_is_note("snapshot"));
+    g.recovery = "memory";
+    g.snapshots = "off";
+    g.snap_peak = (uint64_t)5 << 40; /* past 2^32: written whole */
+    g.from_memory = 3;
+    g.from_disk = 1;
+    char sum[700];
+    snprintf(sum, sizeof sum, "%s/summary-snap.json", g_dir);
+    rk_sup_report rep = {0};
+    assert_int_equal(rk_ledger_summary(&g, sum, 5, 2, "finished", &rep, &err), RK_OK);
+    char got[256];
+    kinds(got, sizeof got);
+    assert_string_equal(got, "snapshot_on,crash,snapshot_held,snapshot_off,snapshot_peak");
+    assert_int_equal(rep.nkinds, 2); /* crash and snapshot_off: the notes are not incidents */
+    assert_string_equal(rep.incidents[0].kind, "crash");
+    assert_string_equal(rep.incidents[1].kind, "snapshot_off");
+    assert_string_equal(rep.recovery, "memory");
+    assert_string_equal(rep.snapshots, "off");
+    assert_true(rep.snap_peak == (uint64_t)5 << 40);
+    assert_int_equal(rep.from_memory, 3);
+    assert_int_equal(rep.from_disk, 1);
+    FILE *f = fopen(sum, "r");
+    assert_non_null(f);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    assert_non_null(strstr(text, "\"recovery\": \"memory\""));
+    assert_non_null(strstr(text, "\"snapshots\": \"off\""));
+    assert_non_null(strstr(text, "\"snapshot_bytes_peak\": 5497558138880"));
+    assert_non_null(strstr(text, "\"restores\": {\n    \"memory\": 3,\n    \"disk\": 1\n  }"));
+    rk_sup_report_free(&rep);
+    rk_ledger_close(&g);
+}
+
+/* The metrics file's text: every metric with its HELP and TYPE, the labels, the values. */
+static void test_metrics_text(void **state)
+{
+    (void)state;
+    rk_sup_metrics m = {.snap_bytes = 4096,
+                        .snap_peak = (uint64_t)1 << 40,
+                        .from_memory = 2,
+                        .from_disk = 1,
+                        .restarts = 4,
+                        .step = 130,
+                        .recovery = "memory",
+                        .snapshots = "on"};
+    char buf[RK_SUP_METRICS_MAX];
+    long n = rk_sup_metrics_format(&m, buf, sizeof buf);
+    assert_true(n > 0 && (size_t)n == strlen(buf) && buf[n - 1] == '\n');
+    const char *want[] = {"\nrk_run_info{recovery=\"memory\",snapshots=\"on\"} 1\n",
+                          "\nrk_run_snapshot_bytes 4096\n",
+                          "\nrk_run_snapshot_bytes_peak 1099511627776\n",
+                          "\nrk_run_relaunches_total{source=\"memory\"} 2\n",
+                          "\nrk_run_relaunches_total{source=\"disk\"} 1\n",
+                          "\nrk_run_restarts_total 4\n",
+                          "\nrk_run_step 130\n",
+                          "# TYPE rk_run_snapshot_bytes gauge\n",
+                          "# TYPE rk_run_relaunches_total counter\n"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!strstr(buf, want[i]))
+            print_error("missing: %s\nin:\n%s", want[i], buf);
+        assert_non_null(strstr(buf, want[i]));
+    }
+    /* every metric has its HELP and TYPE */
+    const char *names[] = {"rk_run_info",
+                           "rk_run_snapshot_bytes",
+                           "rk_run_snapshot_bytes_peak",
+                           "rk_run_relaunches_total",
+                           "rk_run_restarts_total",
+                           "rk_run_step"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char h[96], t[96];
+        snprintf(h, sizeof h, "# HELP %s ", names[i]);
+        snprintf(t, sizeof t, "# TYPE %s ", names[i]);
+        assert_non_null(strstr(buf, h));
+        assert_non_null(strstr(buf, t));
+    }
+    /* too small a buffer: -1, not a cut file */
+    assert_int_equal(rk_sup_metrics_format(&m, buf, 100), -1);
+}
+
 /* Every line the ledger writes is one rk report reads (events.h), with every field: a detail
  * cut mid-character by the incident's buffer (575 bytes of 2-byte characters) is written
  * cleaned, where it was once left out of the line (jansson refuses a string that is not
@@ -200,6 +300,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_report_counts_incidents_and_recoveries, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_events_line_keeps_a_cut_detail, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_summary_says_the_snapshots_and_notes_are_not_incidents,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_metrics_text, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

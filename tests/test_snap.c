@@ -734,7 +734,9 @@ static void test_room_follows_the_documented_rule(void **state)
     assert_int_equal(ok, 0);
     assert_int_equal(rk_snap_room(dir, 1, 0, &ok, NULL, 0, &err), RK_EINVAL);
     /* either side of the rule's edge (the free space moves as other processes write: a
-     * generation well inside it, and one well outside) */
+     * generation well inside it, and one well outside); the RAM half is tested below, so here
+     * RAM is plenty */
+    assert_int_equal(setenv(RK_SNAP_MEMAVAIL_ENV, "4611686018427387904", 1), 0);
     struct statvfs sv;
     assert_int_equal(statvfs(dir, &sv), 0);
     uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
@@ -749,7 +751,119 @@ static void test_room_follows_the_documented_rule(void **state)
         assert_int_equal(rk_snap_room(dir, fit + fit / 2 + 1, 1, &ok, NULL, 0, &err), RK_OK);
         assert_int_equal(ok, 0);
     }
+    unsetenv(RK_SNAP_MEMAVAIL_ENV);
     assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* MemAvailable from /proc/meminfo, in bytes; 0 if the kernel does not say. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kib * 1024;
+}
+
+/* tmpfs pages are RAM: snapshots that fit the tmpfs but not MemAvailable (less the margin,
+ * plus what the job holds) do not fit, and the message says it is the RAM. The override
+ * (RK_SNAP_MEMAVAIL_BYTES, for tests) stands in for MemAvailable. */
+static void test_room_also_needs_the_ram(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], why[512];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    int ok = -1;
+    /* 4 KiB generations fit the tmpfs; with 1 byte of RAM available they do not fit */
+    assert_int_equal(setenv(RK_SNAP_MEMAVAIL_ENV, "1", 1), 0);
+    assert_int_equal(rk_snap_room(dir, 4096, 4, &ok, why, sizeof why, &err), RK_OK);
+    assert_int_equal(ok, 0);
+    assert_non_null(strstr(why, "of RAM"));
+    assert_non_null(strstr(why, "MemAvailable, from " RK_SNAP_MEMAVAIL_ENV));
+    assert_non_null(strstr(why, "MiB short"));
+    /* the margin: 64 MiB of RAM available is not enough for 8 KiB more than nothing... */
+    assert_int_equal(setenv(RK_SNAP_MEMAVAIL_ENV, "67108864", 1), 0);
+    assert_int_equal(rk_snap_room(dir, 4096, 1, &ok, NULL, 0, &err), RK_OK);
+    assert_int_equal(ok, 0);
+    /* ... and what the job holds counts as available (its generations are replaced) */
+    put(dir, 0, 1);
+    put(dir, 1, 1);
+    uint64_t held = 0;
+    assert_int_equal(rk_snap_bytes(dir, &held, &err), RK_OK);
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long total_kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemTotal: %llu kB", &total_kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    uint64_t margin = (uint64_t)total_kib * 1024 / RK_SNAP_MARGIN_DIV;
+    if (margin < RK_SNAP_MARGIN_MIN)
+        margin = RK_SNAP_MARGIN_MIN;
+    uint64_t gen = held / 2; /* two ranks, one generation each */
+    char v[32];
+    /* exactly at the edge: need (2 x 2 x gen) + margin == available + held */
+    snprintf(v, sizeof v, "%llu", (unsigned long long)(4 * gen + margin - held));
+    assert_int_equal(setenv(RK_SNAP_MEMAVAIL_ENV, v, 1), 0);
+    assert_int_equal(rk_snap_room(dir, gen, 2, &ok, why, sizeof why, &err), RK_OK);
+    assert_int_equal(ok, 1);
+    snprintf(v, sizeof v, "%llu", (unsigned long long)(4 * gen + margin - held - 1));
+    assert_int_equal(setenv(RK_SNAP_MEMAVAIL_ENV, v, 1), 0);
+    assert_int_equal(rk_snap_room(dir, gen, 2, &ok, why, sizeof why, &err), RK_OK);
+    assert_int_equal(ok, 0);
+    assert_non_null(strstr(why, "of RAM"));
+    /* an override that is not a count is refused, naming it */
+    assert_int_equal(setenv(RK_SNAP_MEMAVAIL_ENV, "12G", 1), 0);
+    assert_int_equal(rk_snap_room(dir, 4096, 1, &ok, why, sizeof why, &err), RK_EINVAL);
+    assert_non_null(strstr(err.msg, RK_SNAP_MEMAVAIL_ENV "='12G'"));
+    unsetenv(RK_SNAP_MEMAVAIL_ENV);
+    /* without the override the node's own MemAvailable decides: a need well inside it fits
+     * (when the tmpfs has room too), and a 1 PiB generation says RAM or tmpfs short */
+    uint64_t ma = mem_available();
+    if (ma > 4 * ((uint64_t)64 << 20)) {
+        assert_int_equal(rk_snap_room(dir, 4096, 1, &ok, why, sizeof why, &err), RK_OK);
+        assert_int_equal(ok, 1);
+    }
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* Each rank's bytes and generations: what rk run's events say of the snapshots. */
+static void test_rank_bytes_counts_each_ranks_generations(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    uint64_t b = 1;
+    int gens = -1;
+    assert_int_equal(rk_snap_rank_bytes(dir, 0, &b, &gens, &err), RK_OK); /* no rank dir yet */
+    assert_int_equal(b, 0);
+    assert_int_equal(gens, 0);
+    put(dir, 0, 1);
+    put(dir, 0, 2);
+    put(dir, 0, 3); /* two kept */
+    put(dir, 2, 7);
+    struct stat st;
+    assert_int_equal(lstat(gen_path(p, sizeof p, dir, 0, 3), &st), 0);
+    assert_int_equal(rk_snap_rank_bytes(dir, 0, &b, &gens, &err), RK_OK);
+    assert_int_equal(gens, 2);
+    assert_int_equal(b, 2 * (uint64_t)st.st_size);
+    assert_int_equal(rk_snap_rank_bytes(dir, 1, &b, &gens, &err), RK_OK);
+    assert_int_equal(gens, 0);
+    assert_int_equal(rk_snap_rank_bytes(dir, 2, &b, &gens, &err), RK_OK);
+    assert_int_equal(gens, 1);
+    uint64_t held;
+    assert_int_equal(rk_snap_bytes(dir, &held, &err), RK_OK);
+    assert_int_equal(held, 3 * (uint64_t)st.st_size);
+    assert_int_equal(rk_snap_rank_bytes(dir, -1, &b, &gens, &err), RK_EINVAL);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+    assert_int_equal(rk_snap_rank_bytes(dir, 0, &b, &gens, &err), RK_ENOENT);
 }
 
 static void test_remove_takes_only_what_the_store_made(void **state)
@@ -836,6 +950,8 @@ int main(void)
         cmocka_unit_test(test_a_link_or_fifo_in_place_of_a_generation_is_refused),
         cmocka_unit_test(test_a_rank_killed_mid_copy_never_exposes_a_torn_snapshot),
         cmocka_unit_test(test_room_follows_the_documented_rule),
+        cmocka_unit_test(test_room_also_needs_the_ram),
+        cmocka_unit_test(test_rank_bytes_counts_each_ranks_generations),
         cmocka_unit_test(test_remove_takes_only_what_the_store_made),
         cmocka_unit_test(test_cache_dir_is_0700_and_goes_with_the_job),
     };

@@ -66,6 +66,9 @@ extern "C" {
 #define RK_SNAP_PATH_MAX 4096                   /* room for any directory rk_snap_dir_make makes */
 #define RK_SNAP_MARGIN_MIN ((uint64_t)64 << 20) /* rk_snap_room: at least 64 MiB left free */
 #define RK_SNAP_MARGIN_DIV 10                   /* ... and at least a tenth of the tmpfs */
+/* For tests only: rk_snap_room takes this many bytes (decimal) as /proc/meminfo's MemAvailable,
+ * so a test can make RAM short without filling it. */
+#define RK_SNAP_MEMAVAIL_ENV "RK_SNAP_MEMAVAIL_BYTES"
 
 /* ---- names ------------------------------------------------------------------------------ */
 
@@ -139,14 +142,24 @@ RK_API int rk_snap_agree(const char *dir, int world, int64_t *step, char *report
  * files not counted). */
 RK_API int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err);
 
+/* Bytes held by rank `rank` of DIR (the sizes of its complete generations, temporary files not
+ * counted) and how many generations that is: 0 and 0 for a rank without a directory. */
+RK_API int rk_snap_rank_bytes(const char *dir, int rank, uint64_t *bytes, int *gens, rk_err *err);
+
 /* Whether snapshots of `ranks_here` local ranks of `bytes_per_gen` bytes each fit in the tmpfs
- * that holds DIR. The rule (docs/recovery.md): with A the bytes free to this user there
- * (statvfs: f_bavail x f_frsize) plus what DIR holds now (rk_snap_bytes: its generations are
- * replaced, not added to), T the tmpfs's size and M = max(RK_SNAP_MARGIN_MIN,
- * T / RK_SNAP_MARGIN_DIV), the need N = RK_SNAP_KEEP x ranks_here x bytes_per_gen must satisfy
- * N + M <= A. *ok is 1 when it does, else 0 and `why` (why_len; may be NULL) says by how much
- * it does not fit; the caller then falls back to disk-only checkpoints. The margin leaves room
- * for the other users of /dev/shm (NCCL, data loader workers). */
+ * that holds DIR and in the node's RAM (tmpfs pages are RAM: a /dev/shm of half the RAM can
+ * still take the RAM the ranks need). The rule (docs/recovery.md), with the need N =
+ * RK_SNAP_KEEP x ranks_here x bytes_per_gen and H what DIR holds now (rk_snap_bytes: its
+ * generations are replaced, not added to):
+ *   the tmpfs: N + M <= A + H, with A the bytes free to this user there (statvfs: f_bavail x
+ *     f_frsize), T the tmpfs's size and M = max(RK_SNAP_MARGIN_MIN, T / RK_SNAP_MARGIN_DIV);
+ *   the RAM: N + Mr <= R + H, with R /proc/meminfo's MemAvailable (RK_SNAP_MEMAVAIL_ENV
+ *     replaces it, for tests) and Mr = max(RK_SNAP_MARGIN_MIN, MemTotal / RK_SNAP_MARGIN_DIV);
+ *     a kernel whose /proc/meminfo has no MemAvailable (and no override) skips this half.
+ * *ok is 1 when both hold, else 0 and `why` (why_len; may be NULL) says which does not and by
+ * how much ("... of RAM ..." for the second); the caller then falls back to disk-only
+ * checkpoints. The margins leave room for the other users of /dev/shm (NCCL, data loader
+ * workers) and of the RAM. An override that is not a decimal count is RK_EINVAL naming it. */
 RK_API int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *ok, char *why,
                         size_t why_len, rk_err *err);
 

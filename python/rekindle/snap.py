@@ -32,7 +32,8 @@ from ._ckptfile import (
 )
 
 __all__ = [
-    "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "PARENT_DEFAULT", "SnapshotError",
+    "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "MEMAVAIL_ENV", "PARENT_DEFAULT",
+    "SnapshotError",
     "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "get", "make_dir",
     "name_step", "put", "remove_dir", "room", "steps",
 ]  # fmt: skip
@@ -42,7 +43,8 @@ DIR_ENV = "RK_SNAP_DIR"
 DIR_PREFIX = "rk-snap-"
 KEEP = 2  # generations per rank
 MARGIN_MIN = 64 << 20  # room(): at least 64 MiB left free ...
-MARGIN_DIV = 10  # ... and at least a tenth of the tmpfs
+MARGIN_DIV = 10  # ... and at least a tenth of the tmpfs (of the RAM: MemTotal)
+MEMAVAIL_ENV = "RK_SNAP_MEMAVAIL_BYTES"  # for tests: room() takes it as MemAvailable (bytes)
 WRITE_CHUNK = 8 << 20
 INT_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
@@ -422,22 +424,59 @@ def bytes_held(dir):
     return total
 
 
+def _mem_info():
+    """(MemAvailable, MemTotal, overridden) in bytes from /proc/meminfo (at most 16 KiB read);
+    MemAvailable None when the kernel does not say (and MEMAVAIL_ENV is not set)."""
+    found = {}
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            text = f.read(16384).decode("ascii", "replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if key in ("MemAvailable", "MemTotal") and key not in found and len(parts) == 2 \
+                and parts[1] == "kB" and parts[0].isdigit():
+            found[key] = int(parts[0]) * 1024
+    avail, total = found.get("MemAvailable"), found.get("MemTotal", 0)
+    o = os.environ.get(MEMAVAIL_ENV, "")
+    if o:
+        if not (o.isascii() and o.isdigit()) or int(o) > INT64_MAX:
+            raise SnapshotError(f"{MEMAVAIL_ENV}='{_show(o, 64)}': not a count of bytes (decimal)")
+        return int(o), total, True
+    return avail, total, False
+
+
 def room(dir, bytes_per_gen, ranks_here):
     """(ok, why): whether KEEP generations of `ranks_here` ranks of `bytes_per_gen` bytes fit in
-    the tmpfs of `dir` with the margin (rk_snap_room's rule, docs/recovery.md)."""
+    the tmpfs of `dir` and in the node's RAM (MemAvailable: tmpfs pages are RAM), each with its
+    margin (rk_snap_room's rule, docs/recovery.md)."""
     if ranks_here < 1:
         raise SnapshotError(f"{ranks_here} local ranks")
     held = bytes_held(dir)
     sv = os.statvfs(dir)
     fr = sv.f_frsize or sv.f_bsize
     total, avail = sv.f_blocks * fr, sv.f_bavail * fr
+    ram_avail, ram_total, overridden = _mem_info()
     need = KEEP * ranks_here * bytes_per_gen
     margin = max(MARGIN_MIN, total // MARGIN_DIV)
-    if need + margin <= avail + held:
+    ram_margin = max(MARGIN_MIN, ram_total // MARGIN_DIV)
+    tmpfs_fits = need + margin <= avail + held
+    ram_fits = ram_avail is None or need + ram_margin <= ram_avail + held
+    if tmpfs_fits and ram_fits:
         return True, ""
     mib = 1 << 20
-    return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB ({KEEP} "
-                   f"generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB) and a margin "
-                   f"of {margin / mib:.1f} MiB; the tmpfs there has {avail / mib:.1f} MiB free and "
-                   f"this job holds {held / mib:.1f} MiB: "
-                   f"{(need + margin - avail - held) / mib:.1f} MiB short")
+    if not tmpfs_fits:
+        return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB ({KEEP} "
+                       f"generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB) and a "
+                       f"margin of {margin / mib:.1f} MiB; the tmpfs there has {avail / mib:.1f} "
+                       f"MiB free and this job holds {held / mib:.1f} MiB: "
+                       f"{(need + margin - avail - held) / mib:.1f} MiB short")
+    return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB of RAM "
+                   f"({KEEP} generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB; "
+                   f"tmpfs pages are RAM) and a margin of {ram_margin / mib:.1f} MiB; the node has "
+                   f"{ram_avail / mib:.1f} MiB of RAM available (MemAvailable"
+                   f"{', from ' + MEMAVAIL_ENV if overridden else ''}) and this job holds "
+                   f"{held / mib:.1f} MiB: {(need + ram_margin - ram_avail - held) / mib:.1f} MiB "
+                   f"short")

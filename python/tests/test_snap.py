@@ -39,6 +39,26 @@ def flip(path, off):
         f.write(bytes([b[0] ^ 0x10]))
 
 
+def rktest_env(case, name, value):
+    """Set os.environ[name] = value for the rest of the test (restored after it); returns a
+    setter for later values."""
+    old = os.environ.get(name)
+
+    def restore():
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+    case.addCleanup(restore)
+
+    def setter(v):
+        os.environ[name] = v
+
+    setter(value)
+    return setter
+
+
 def dead_pid():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
@@ -195,6 +215,29 @@ class TestStore(unittest.TestCase):
         self.assertIn("2 generations x 2 ranks x 1073741824.0 MiB", why)
         self.assertIn("MiB short", why)
 
+    def test_room_needs_the_ram_too(self):
+        # tmpfs pages are RAM: 4 KiB generations fit the tmpfs, not 1 byte of MemAvailable
+        env = rktest_env(self, snap.MEMAVAIL_ENV, "1")
+        ok, why = snap.room(self.d, 4096, 4)
+        self.assertFalse(ok)
+        self.assertIn("of RAM", why)
+        self.assertIn(f"MemAvailable, from {snap.MEMAVAIL_ENV}", why)
+        # the edge: need + margin (a tenth of MemTotal, at least 64 MiB) == available + held
+        put(self.d, 0, 1)
+        put(self.d, 1, 1)
+        held = snap.bytes_held(self.d)
+        gen = held // 2
+        margin = max(snap.MARGIN_MIN, snap._mem_info()[1] // snap.MARGIN_DIV)
+        env(str(4 * gen + margin - held))
+        self.assertEqual(snap.room(self.d, gen, 2), (True, ""))
+        env(str(4 * gen + margin - held - 1))
+        ok, why = snap.room(self.d, gen, 2)
+        self.assertFalse(ok)
+        self.assertIn("of RAM", why)
+        env("12G")
+        with self.assertRaisesRegex(snap.SnapshotError, snap.MEMAVAIL_ENV + "='12G'"):
+            snap.room(self.d, 4096, 1)
+
     def test_remove_keeps_foreign_files(self):
         put(self.d, 0, 1)
         put(self.d, 1, 1)
@@ -237,6 +280,8 @@ class CSnap:
         c.rk_snap_steps.argtypes = [ctypes.c_char_p, ctypes.c_int, P(ctypes.c_int64),
                                     ctypes.c_size_t, P(ctypes.c_size_t), E]
         c.rk_snap_dir_make.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, E]
+        c.rk_snap_room.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int,
+                                   P(ctypes.c_int), ctypes.c_char_p, ctypes.c_size_t, E]
         c.rk_ckpt_meta_of.argtypes = [ctypes.c_void_p]
         c.rk_ckpt_meta_of.restype = P(Meta)
         c.rk_ckpt_free.argtypes = [ctypes.c_void_p]
@@ -275,6 +320,12 @@ class CSnap:
         v, n, e = (ctypes.c_int64 * 8)(), ctypes.c_size_t(), Err()
         rc = self.lib.rk_snap_steps(d.encode(), rank, v, 8, ctypes.byref(n), ctypes.byref(e))
         return list(v[: n.value]) if rc == 0 else (rc, e.msg.decode())
+
+    def room(self, d, bytes_per_gen, ranks):
+        ok, e, why = ctypes.c_int(), Err(), ctypes.create_string_buffer(1024)
+        rc = self.lib.rk_snap_room(d.encode(), bytes_per_gen, ranks, ctypes.byref(ok), why, 1024,
+                                   ctypes.byref(e))
+        return (rc, e.msg.decode()) if rc else (bool(ok.value), why.value.decode())
 
     def make_dir(self, parent):
         out, e = ctypes.create_string_buffer(4096), Err()
@@ -323,6 +374,15 @@ class TestAgainstC(unittest.TestCase):
         self.assertEqual(self.c.put(d2, 0, 2, items(0, 2)), (0, ""))
         self.assertEqual(sorted(os.listdir(rd)), [snap.file_name(1), snap.file_name(2)])
         self.assertEqual(snap.get(d2, 0, 2).step, 2)
+
+    def test_room_gives_the_same_answer_in_both(self):
+        d = snap.make_dir(self.tmp)
+        snap.put(d, 0, 1, items(0, 1))
+        env = rktest_env(self, snap.MEMAVAIL_ENV, "1")
+        for value in ("1", "67108864", str(1 << 40)):
+            env(value)  # os.environ writes through to the C library's environment
+            for b in (4096, 1 << 50):
+                self.assertEqual(self.c.room(d, b, 2), snap.room(d, b, 2), (value, b))
 
 
 if __name__ == "__main__":

@@ -169,9 +169,11 @@ static int on_event_line(data *d, const char *line, size_t len, rk_err *err)
 {
     if (rk_event_parse(line, len, &d->ev.e, err))
         return RK_EFORMAT;
+    d->t_end = fmax(d->t_end, d->ev.e.t);
+    if (rk_event_is_note(d->ev.e.kind)) /* not an incident: the facts say it (summary.json) */
+        return RK_OK;
     keeper *k = strcmp(d->ev.e.kind, "inject") == 0 ? &d->inj : &d->inc;
     d->ev.no = k->seen + 1;
-    d->t_end = fmax(d->t_end, d->ev.e.t);
     return keeper_add(k, &d->ev) ? rk_err_set(err, RK_ENOMEM, "out of memory") : RK_OK;
 }
 
@@ -422,6 +424,7 @@ static int read_nums(const char *sum, size_t sum_len, const char *met, size_t me
     n->recovery_median_s = n->recovery_max_s = NAN;
     n->test_accuracy = n->final_train_loss = NAN;
     n->steps = n->restarts = n->quarantined = n->final_ranks = n->injected = -1;
+    n->snap_peak = n->from_memory = n->from_disk = -1;
     int rc = RK_OK;
     if (sum) {
         const char *f = RK_REPORT_SUMMARY;
@@ -439,9 +442,19 @@ static int read_nums(const char *sum, size_t sum_len, const char *met, size_t me
                      json_int(o, "final_ranks", &n->final_ranks, f, err) ||
                      json_int(o, "injected_faults", &n->injected, f, err) ||
                      json_num(o, "recovery_median_s", &n->recovery_median_s, f, err) ||
-                     json_num(o, "recovery_max_s", &n->recovery_max_s, f, err)
+                     json_num(o, "recovery_max_s", &n->recovery_max_s, f, err) ||
+                     json_text(o, "recovery", n->recovery, sizeof n->recovery, f, err) ||
+                     json_text(o, "snapshots", n->snapshots, sizeof n->snapshots, f, err) ||
+                     json_int(o, "snapshot_bytes_peak", &n->snap_peak, f, err)
                  ? RK_EFORMAT
                  : RK_OK;
+        json_t *r = json_object_get(o, "restores"); /* {"memory": N, "disk": N} */
+        if (!rc && r && !json_is_null(r) && !json_is_object(r))
+            rc = rk_err_set(err, RK_EFORMAT, "%s: field \"restores\": not an object", f);
+        else if (!rc && r && json_is_object(r) &&
+                 (json_int(r, "memory", &n->from_memory, "summary.json: restores", err) ||
+                  json_int(r, "disk", &n->from_disk, "summary.json: restores", err)))
+            rc = RK_EFORMAT;
         json_decref(o);
         if (rc)
             return rc;

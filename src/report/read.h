@@ -122,6 +122,8 @@ typedef struct nums {
     double wall_s, productive_s, goodput;
     int64_t steps, restarts, quarantined, final_ranks, injected;
     double recovery_median_s, recovery_max_s;
+    char recovery[16], snapshots[16];          /* "" unknown (an older rk run) */
+    int64_t snap_peak, from_memory, from_disk; /* -1 unknown */
     char model[64];
     double test_accuracy, final_train_loss;
 } nums;

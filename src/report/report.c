@@ -971,6 +971,22 @@ static void facts(FILE *f, const data *d, const nums *n)
     fact(f, "faults injected", b);
     snprintf(b, sizeof b, "%.2f s / %.2f s", n->recovery_median_s, n->recovery_max_s);
     fact(f, "recovery median / max", isfinite(n->recovery_median_s) ? b : "&#8212;");
+    if (n->recovery[0]) { /* "memory (snapshots on)", "disk" */
+        fprintf(f, "<div><dt>recovery</dt><dd>");
+        esc(f, n->recovery);
+        if (n->snapshots[0] && strcmp(n->recovery, "disk") != 0) {
+            fprintf(f, " (snapshots ");
+            esc(f, n->snapshots);
+            fprintf(f, ")");
+        }
+        fprintf(f, "</dd></div>");
+    } else {
+        fact(f, "recovery", "&#8212;");
+    }
+    snprintf(b, sizeof b, "%.1f MiB", (double)n->snap_peak / (1024.0 * 1024.0));
+    fact(f, "snapshot memory peak", n->snap_peak >= 0 ? b : "&#8212;");
+    snprintf(b, sizeof b, "%lld / %lld", (long long)n->from_memory, (long long)n->from_disk);
+    fact(f, "restores memory / disk", n->from_memory >= 0 && n->from_disk >= 0 ? b : "&#8212;");
     snprintf(b, sizeof b, "%lld", (long long)n->final_ranks);
     fact(f, "final ranks", n->final_ranks >= 0 ? b : "&#8212;");
     snprintf(b, sizeof b, "%.4f", n->test_accuracy);

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "base/env.h"
 #include "base/msg.h"
 #include "rekindle/fileio.h"
 #include "runtime/ckpt_internal.h"
@@ -776,6 +777,27 @@ int rk_snap_dir_remove(const char *dir, rk_err *err)
     return rc;
 }
 
+/* The bytes and the number of the complete generations in the open rank directory `rfd`. */
+static int rank_dir_bytes(int rfd, const char *rl, uint64_t *bytes, int *gens, rk_err *err)
+{
+    *bytes = 0;
+    *gens = 0;
+    int64_t *v = NULL;
+    size_t n = 0;
+    int rc = scan_rank(rfd, rl, &v, &n, err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        char name[RK_CKPT_NAME_MAX];
+        struct stat st;
+        if (rk_snap_file_name(v[i], name, sizeof name) == RK_OK &&
+            fstatat(rfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+            *bytes += (uint64_t)st.st_size;
+            ++*gens;
+        }
+    }
+    free(v);
+    return rc;
+}
+
 int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err)
 {
     if (!bytes)
@@ -792,24 +814,16 @@ int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err)
     uint64_t sum = 0;
     struct dirent *de;
     while (!rc && (de = readdir(d))) {
-        int r, rfd;
+        int r, rfd, gens;
         if (!rank_of_name(de->d_name, &r))
             continue;
         char rl[LABEL_MAX];
+        uint64_t b = 0;
         label(rl, dir, de->d_name, NULL);
         rc = open_checked(jfd, de->d_name, rl, &rfd, err);
-        int64_t *v = NULL;
-        size_t n = 0;
         if (!rc)
-            rc = scan_rank(rfd, rl, &v, &n, err);
-        for (size_t i = 0; !rc && i < n; i++) {
-            char name[RK_CKPT_NAME_MAX];
-            struct stat st;
-            if (rk_snap_file_name(v[i], name, sizeof name) == RK_OK &&
-                fstatat(rfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
-                sum += (uint64_t)st.st_size;
-        }
-        free(v);
+            rc = rank_dir_bytes(rfd, rl, &b, &gens, err);
+        sum += b;
         if (rfd >= 0)
             close(rfd);
     }
@@ -820,9 +834,85 @@ int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err)
     return rc;
 }
 
+int rk_snap_rank_bytes(const char *dir, int rank, uint64_t *bytes, int *gens, rk_err *err)
+{
+    if (!bytes || !gens)
+        return rk_err_set_line(err, RK_EINVAL, "rk_snap_rank_bytes: bytes or gens is NULL");
+    *bytes = 0;
+    *gens = 0;
+    int rc = check_dir_arg(dir, "rk_snap_rank_bytes", err);
+    if (rc)
+        return rc;
+    if (rank < 0)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d is negative", dir, rank);
+    int rfd;
+    int64_t *v;
+    size_t n;
+    rc = rank_steps(dir, rank, &rfd, &v, &n, err); /* checks DIR; no rank directory: none */
+    free(v);
+    if (rc || rfd < 0)
+        return rc;
+    char rname[32], rl[LABEL_MAX];
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    rc = rank_dir_bytes(rfd, label(rl, dir, rname, NULL), bytes, gens, err);
+    close(rfd);
+    return rc;
+}
+
 static double mib(uint64_t b)
 {
     return (double)b / (1024.0 * 1024.0);
+}
+
+/* /proc/meminfo's MemAvailable and MemTotal in bytes (*have 0: the kernel says no
+ * MemAvailable, or the file cannot be read: the RAM half of the rule is skipped), MemAvailable
+ * replaced by RK_SNAP_MEMAVAIL_ENV when set. The file is read once, at most 16 KiB. */
+static int mem_info(uint64_t *avail, uint64_t *total, int *have, rk_err *err)
+{
+    *avail = *total = 0;
+    *have = 0;
+    char buf[16384];
+    size_t len = 0;
+    int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+    while (fd >= 0 && len < sizeof buf - 1) {
+        ssize_t r = read(fd, buf + len, sizeof buf - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    if (fd >= 0)
+        close(fd);
+    buf[len] = '\0';
+    static const char *const keys[2] = {"MemAvailable:", "MemTotal:"};
+    uint64_t *out[2] = {avail, total};
+    for (int k = 0; k < 2; k++) {
+        size_t kl = strlen(keys[k]);
+        for (const char *p = buf; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+            if (strncmp(p, keys[k], kl) != 0)
+                continue;
+            const char *q = p + kl;
+            while (*q == ' ')
+                q++;
+            size_t nd = strspn(q, "0123456789");
+            int64_t kib;
+            if (nd > 0 && strncmp(q + nd, " kB", 3) == 0 && ckpt_parse_u63(q, nd, &kib) &&
+                !__builtin_mul_overflow((uint64_t)kib, (uint64_t)1024, out[k]) && k == 0)
+                *have = 1;
+            break;
+        }
+    }
+    const char *o = rk_env_override(RK_SNAP_MEMAVAIL_ENV);
+    if (o && *o) {
+        int64_t v;
+        if (!ckpt_parse_u63(o, strlen(o), &v))
+            return rk_err_set_line(
+                err, RK_EINVAL, RK_SNAP_MEMAVAIL_ENV "='%.64s': not a count of bytes (decimal)", o);
+        *avail = (uint64_t)v;
+        *have = 1;
+    }
+    return RK_OK;
 }
 
 int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *ok, char *why,
@@ -846,8 +936,13 @@ int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *o
         return rk_err_set_line(err, rk_err_code_errno(e), "%s: statvfs failed: %s", dir,
                                rk_msg_strerror(e, eb, sizeof eb));
     }
+    uint64_t ram_avail, ram_total;
+    int have_ram;
+    rc = mem_info(&ram_avail, &ram_total, &have_ram, err);
+    if (rc)
+        return rc;
     uint64_t frsize = sv.f_frsize ? (uint64_t)sv.f_frsize : (uint64_t)sv.f_bsize;
-    uint64_t total = 0, avail = 0, need = 0, margin;
+    uint64_t total = 0, avail = 0, need = 0, margin, ram_margin;
     bool over = __builtin_mul_overflow((uint64_t)sv.f_blocks, frsize, &total) ||
                 __builtin_mul_overflow((uint64_t)sv.f_bavail, frsize, &avail) ||
                 __builtin_mul_overflow(bytes_per_gen, (uint64_t)ranks_here, &need) ||
@@ -855,18 +950,34 @@ int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *o
     margin = total / RK_SNAP_MARGIN_DIV;
     if (margin < RK_SNAP_MARGIN_MIN)
         margin = RK_SNAP_MARGIN_MIN;
+    ram_margin = ram_total / RK_SNAP_MARGIN_DIV;
+    if (ram_margin < RK_SNAP_MARGIN_MIN)
+        ram_margin = RK_SNAP_MARGIN_MIN;
     uint64_t have = avail + held < avail ? UINT64_MAX : avail + held;
     uint64_t want = over || need + margin < need ? UINT64_MAX : need + margin;
-    if (want <= have) {
+    uint64_t ram_have = ram_avail + held < ram_avail ? UINT64_MAX : ram_avail + held;
+    uint64_t ram_want = over || need + ram_margin < need ? UINT64_MAX : need + ram_margin;
+    bool tmpfs_fits = want <= have, ram_fits = !have_ram || ram_want <= ram_have;
+    if (tmpfs_fits && ram_fits) {
         *ok = 1;
         return RK_OK;
     }
-    if (why && why_len)
+    if (why && why_len && !tmpfs_fits)
         snprintf(why, why_len,
                  "%s: snapshots need %.1f MiB (%d generations x %d ranks x %.1f MiB) and a "
                  "margin of %.1f MiB; the tmpfs there has %.1f MiB free and this job holds %.1f "
                  "MiB: %.1f MiB short",
                  dir, mib(over ? UINT64_MAX : need), RK_SNAP_KEEP, ranks_here, mib(bytes_per_gen),
                  mib(margin), mib(avail), mib(held), mib(want - have));
+    else if (why && why_len) {
+        const char *ov = rk_env_override(RK_SNAP_MEMAVAIL_ENV);
+        snprintf(why, why_len,
+                 "%s: snapshots need %.1f MiB of RAM (%d generations x %d ranks x %.1f MiB; tmpfs "
+                 "pages are RAM) and a margin of %.1f MiB; the node has %.1f MiB of RAM available "
+                 "(MemAvailable%s) and this job holds %.1f MiB: %.1f MiB short",
+                 dir, mib(over ? UINT64_MAX : need), RK_SNAP_KEEP, ranks_here, mib(bytes_per_gen),
+                 mib(ram_margin), mib(ram_avail), ov && *ov ? ", from " RK_SNAP_MEMAVAIL_ENV : "",
+                 mib(held), mib(ram_want - ram_have));
+    }
     return RK_OK;
 }

@@ -100,6 +100,7 @@ static void on_event(sup *s, const rk_hb_msg *m)
         sup_say(s, "step %lld: snapshots in memory off, checkpoints on disk only: %s",
                 (long long)m->step, m->detail);
         s->snap_off = 1; /* run.c removes the directory before the next launch */
+        s->g.snapshots = "off";
         return;
     }
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;
@@ -221,10 +222,13 @@ static void rank_hello(sup *s, rk_sup_conn *c, const rk_hb_msg *m, double now)
     else if (s->restore != (int)m->restore)
         s->restore = -1; /* the ranks disagree: said as nothing */
     if (sup_hellos(s) == s->n && s->start_step > 0 &&
-        (s->restore == RK_HB_RESTORE_MEMORY || s->restore == RK_HB_RESTORE_DISK))
+        (s->restore == RK_HB_RESTORE_MEMORY || s->restore == RK_HB_RESTORE_DISK)) {
         sup_say(s, "launch %d: resumed from %s at step %lld", s->launch_no,
                 s->restore == RK_HB_RESTORE_MEMORY ? "node memory" : "disk checkpoint",
                 (long long)s->start_step);
+        if (s->launch_no > 0) /* a relaunch's restore, by where from (summary, metrics) */
+            ++*(s->restore == RK_HB_RESTORE_MEMORY ? &s->g.from_memory : &s->g.from_disk);
+    }
     if (s->g.first_step < 0 || (s->first_launch == s->launch_no && m->step < s->g.first_step)) {
         s->g.first_step = m->step; /* the step the job began from: its first launch's */
         s->first_launch = s->launch_no;

@@ -56,6 +56,15 @@ static const field k_fields[] = {
 
 #define MAX_SECONDS 1e10
 
+int rk_event_is_note(const char *kind)
+{
+    static const char *const notes[] = {"snapshot_on", "snapshot_held", "snapshot_peak"};
+    for (size_t i = 0; i < sizeof notes / sizeof notes[0]; i++)
+        if (strcmp(kind, notes[i]) == 0)
+            return 1;
+    return 0;
+}
+
 void rk_event_init(rk_event *e)
 {
     memset(e, 0, sizeof *e);

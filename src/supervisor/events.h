@@ -33,6 +33,11 @@ typedef struct rk_event {
                          * that fit whole */
 } rk_event;
 
+/* 1 if an event of this kind is a note, not an incident: what rk run measured of the job's
+ * snapshots in memory ("snapshot_on", "snapshot_held", "snapshot_peak": docs/run.md). The
+ * summary does not count notes among the incidents, and rk report draws no marker for them. */
+int rk_event_is_note(const char *kind);
+
 /* Clear e: every field unknown or empty. */
 void rk_event_init(rk_event *e);
 

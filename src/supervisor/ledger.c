@@ -266,10 +266,10 @@ static int dbl_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Incidents that are failures (not injections or kept spikes). */
+/* Incidents that are failures (not injections, not notes: rk_event_is_note). */
 static int is_incident(const rk_incident *i)
 {
-    return strcmp(i->kind, "inject") != 0;
+    return strcmp(i->kind, "inject") != 0 && !rk_event_is_note(i->kind);
 }
 
 /* One more incident of `kind` in rep's counts (in order of first appearance). */
@@ -335,6 +335,11 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     rep->injected = g->injected;
     rep->recovery_median_s = med;
     rep->recovery_max_s = max;
+    rep->recovery = g->recovery ? g->recovery : "disk";
+    rep->snapshots = g->snapshots ? g->snapshots : "none";
+    rep->snap_peak = g->snap_peak;
+    rep->from_memory = g->from_memory;
+    rep->from_disk = g->from_disk;
     if (!path)
         return RK_OK;
     json_t *by_kind = json_object();
@@ -354,6 +359,13 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     json_object_set_new(j, "incidents", by_kind);
     json_object_set_new(j, "recovery_median_s", med >= 0 ? json_real(med) : json_null());
     json_object_set_new(j, "recovery_max_s", max >= 0 ? json_real(max) : json_null());
+    json_object_set_new(j, "recovery", json_string(rep->recovery));
+    json_object_set_new(j, "snapshots", json_string(rep->snapshots));
+    json_object_set_new(j, "snapshot_bytes_peak", json_integer((json_int_t)g->snap_peak));
+    json_t *restores = json_object();
+    json_object_set_new(restores, "memory", json_integer(g->from_memory));
+    json_object_set_new(restores, "disk", json_integer(g->from_disk));
+    json_object_set_new(j, "restores", restores);
     int rc = RK_OK;
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
     if (!text) {

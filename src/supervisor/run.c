@@ -293,6 +293,7 @@ static void open_snap_dir(sup *s)
                 e.msg);
         return;
     }
+    s->g.snapshots = "on";
     sup_say(s,
             "recovery from memory: the ranks' snapshots in %s (a relaunch restores them when "
             "they are at least as new as the checkpoints on disk)",
@@ -357,7 +358,8 @@ static void run_launches(sup *s, rk_sup_report *rep)
                     o->min_ranks);
             return;
         }
-        s->g.restarts++; /* relaunches done */
+        sup_gauge_relaunch(s); /* what the launch that ended held, before the next one */
+        s->g.restarts++;       /* relaunches done */
         s->launch_no++;
         char list[512];
         sup_say(s, "relaunch %d on %d rank%s (devices %s) from the %s", s->launch_no, n,
@@ -397,6 +399,7 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
     s->l.life = s->l.failed = -1;
     s->first_launch = -1;
     s->intr_t = -1;
+    s->gauge_t = s->metrics_t = -1;
     s->prev_mark.kind = RK_SUP_KIND_NONE;
     s->rules = (rk_sup_rules){.threshold = o->health_threshold,
                               .margin = RK_SUP_HELD_MARGIN,
@@ -415,6 +418,8 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
             rk_err_set(&rep->err, RK_ENOMEM, "out of memory");
         goto out;
     }
+    s->g.recovery = o->recovery == RK_SUP_RECOVERY_DISK ? "disk" : "memory";
+    s->g.snapshots = "none"; /* open_snap_dir: "on"; a snapshot_off (conns.c): "off" */
     if (open_stack_dir(s, &err)) {
         rep->err = err;
         goto out;
@@ -498,11 +503,14 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
                     rk_fault_kind_name(f->kind), f->rank, s->n, s->n == 1 ? "" : "s");
     }
     open_snap_dir(s);
+    sup_gauge_tick(s); /* the metrics file exists from the start */
     run_launches(s, rep);
 out:
     s->b.ops->kill(s->b.ctx, 0); /* nothing of the job outlives rk run */
     if (s->b.ops->close)
         s->b.ops->close(s->b.ctx);
+    if (s->g.t0 > 0)
+        sup_gauge_end(s); /* the peak and the last metrics, before the snapshots go */
     if (s->snap_dir[0]) { /* the ranks are gone: their snapshots go with the job */
         rk_err e = {0};
         if (rk_snap_dir_remove(s->snap_dir, &e))

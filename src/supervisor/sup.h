@@ -8,7 +8,9 @@
  * them. Every decision is policy.h's.
  *
  * Who calls whom, one way only (scripts/call-cycles.py src/supervisor finds no circle):
- * run.c -> watch.c -> conns.c, drain.c, stacks.c -> pending.c, job.c -> the ledger. A
+ * run.c -> watch.c -> conns.c, drain.c, stacks.c -> pending.c, job.c -> the ledger; gauge.c
+ * (the snapshot memory and the metrics file), called by run.c and watch.c, calls drain.c's
+ * sup_record and job.c's sup_say. A
  * connection's handler (conns.c) records what it saw (rk_sup_seen, the launch's and the
  * connection's state below, a pending incident) and the watch loop acts on it once a round.
  *
@@ -178,6 +180,11 @@ typedef struct sup {
     double last_status;
     /* ---- stacks.c: this launch's hang: the dumps copied, one path a line ("": none) */
     char stacks[2048];
+    /* ---- gauge.c: the snapshot memory (g.snap_bytes, g.snap_peak) and the metrics file */
+    double gauge_t;   /* when snap_dir was last measured (-1: never) */
+    double metrics_t; /* when the metrics file was last written (-1: never) */
+    int snap_told;    /* the snapshot_on note was written: snapshots exist(ed) */
+    int metrics_told; /* failures to write the metrics file said (once until one succeeds) */
     /* ---- pending.c: incidents waiting for the job to be back at work (index into g.inc) */
     size_t pending[64];
     int npending;
@@ -258,6 +265,18 @@ int sup_may_span_hosts(const rk_sup_opts *o);
 /* 1 if each rank gets OMP_NUM_THREADS=1 (several share this host's CPUs, the user did not
  * choose). */
 int sup_omp_one(const rk_sup_opts *o);
+
+/* ---- gauge.c ------------------------------------------------------------------------------- */
+
+/* Once a watch round: measure the snapshot directory and write the metrics file when a second
+ * has passed since the last time (the first call does both). */
+void sup_gauge_tick(sup *s);
+/* A relaunch: measure now, and the snapshot_held note (what the launch that ended held) once
+ * snapshots exist. */
+void sup_gauge_relaunch(sup *s);
+/* The job's end (before the directory is removed): measure, the snapshot_peak note once
+ * snapshots existed, the last metrics file. */
+void sup_gauge_end(sup *s);
 
 /* ---- pending.c ----------------------------------------------------------------------------- */
 

@@ -67,6 +67,7 @@ typedef struct rk_sup_opts {
     const char *summary_path;   /* NULL: no summary file */
     const char *steps_path;     /* NULL: no steps file (launches, steps, checkpoints) */
     const char *gate_path;      /* NULL: no gate file (the health gate's readings) */
+    const char *metrics_path;   /* NULL: no metrics file (Prometheus text, --metrics-file) */
     rk_launcher launcher;       /* never AUTO here (rk_launch_pick) */
     const char *launcher_why;   /* why that launcher, for the first status line; NULL: asked */
     char *const *launcher_args; /* extra arguments for the launcher, NULL-terminated or NULL */
@@ -123,7 +124,12 @@ typedef struct rk_sup_report {
     double wall_s, productive_s, goodput;
     int restarts, quarantined, injected;
     double recovery_median_s, recovery_max_s; /* -1: no recovery measured */
-    rk_sup_count *incidents; /* per kind, in order of first appearance (injections not) */
+    const char *recovery;                     /* "memory" or "disk": what --recovery asked */
+    const char *snapshots; /* "on", "off" (a snapshot_off turned them off), "none" (no directory) */
+    uint64_t snap_peak;    /* the most bytes of snapshots the node held (rk_snap_bytes) */
+    int from_memory, from_disk; /* relaunches whose ranks all restored from there */
+    rk_sup_count *incidents;    /* per kind, in order of first appearance (injections and notes
+                                 * not: rk_event_is_note) */
     size_t nkinds;
 } rk_sup_report;
 
@@ -355,6 +361,13 @@ typedef struct rk_ledger {
     int64_t at_step;    /* the last step rank 0 applied (-1: none yet) */
     int restarts, quarantined;
     int injected;
+    /* the job's snapshots in memory (docs/recovery.md), for the summary and the metrics:
+     * recovery and snapshots as rk_sup_report has them (run.c sets them, conns.c says "off");
+     * the bytes held when last measured and the most (gauge.c); the relaunches whose ranks all
+     * said they restored from memory, from disk (conns.c, from the hellos' "restore") */
+    const char *recovery, *snapshots;
+    uint64_t snap_bytes, snap_peak;
+    int from_memory, from_disk;
     /* the run's records (runlog.h): NULL without --steps / --gate-log */
     FILE *steps, *gatelog;
     rk_runlog_thin thin_steps, thin_ckpt, thin_gate; /* the bound on each file (runlog.h) */
@@ -400,5 +413,22 @@ void rk_ledger_gate_rec(rk_ledger *g, rk_runlog_rec *recs, int n);
  * none). Flushes every incident to the events file first. */
 int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int final_ranks,
                       const char *outcome, rk_sup_report *rep, rk_err *err);
+
+/* ---- gauge.c: the metrics file ---------------------------------------------------------- */
+
+/* What `rk run --metrics-file` says (docs/metrics.md, "rk run"). */
+typedef struct rk_sup_metrics {
+    uint64_t snap_bytes, snap_peak; /* rk_run_snapshot_bytes, rk_run_snapshot_bytes_peak */
+    int from_memory, from_disk;     /* rk_run_relaunches_total{source="memory"|"disk"} */
+    int restarts;                   /* rk_run_restarts_total */
+    int64_t step;                   /* rk_run_step: the most steps done by any rank */
+    const char *recovery;           /* rk_run_info{recovery=...,snapshots=...}: fixed words */
+    const char *snapshots;
+} rk_sup_metrics;
+
+/* The metrics as Prometheus text format 0.0.4 (HELP and TYPE lines, a newline at the end)
+ * into buf[cap]: its length, or -1 if it does not fit (RK_SUP_METRICS_MAX always does). */
+#define RK_SUP_METRICS_MAX 4096
+long rk_sup_metrics_format(const rk_sup_metrics *m, char *buf, size_t cap);
 
 #endif
