@@ -41,6 +41,7 @@ __all__ = [
 PARENT_DEFAULT = "/dev/shm"
 DIR_ENV = "RK_SNAP_DIR"
 DIR_PREFIX = "rk-snap-"
+CACHE_NAME = "cache"  # the job's cache of a rank's own files (rk_snap_cache_dir)
 KEEP = 2  # generations per rank
 MARGIN_MIN = 64 << 20  # room(): at least 64 MiB left free ...
 MARGIN_DIV = 10  # ... and at least a tenth of the tmpfs (of the RAM: MemTotal)
@@ -197,14 +198,41 @@ def make_dir(parent=None):
     return d
 
 
+def _remove_cache(dir, jfd):
+    """DIR/cache (rk_snap_cache_dir): what it holds but directories (a link: the link), then
+    it. The error, or None."""
+    what = f"{_show(dir, 400)}/{CACHE_NAME}"
+    try:
+        cfd = _open_checked(CACHE_NAME, what, dir_fd=jfd)
+    except CheckpointError as e:
+        return e
+    try:
+        for n in os.listdir(cfd):
+            try:
+                if not stat.S_ISDIR(os.stat(n, dir_fd=cfd, follow_symlinks=False).st_mode):
+                    os.unlink(n, dir_fd=cfd)
+            except OSError:
+                pass
+    finally:
+        os.close(cfd)
+    try:
+        os.rmdir(CACHE_NAME, dir_fd=jfd)
+    except OSError as e:
+        return SnapshotError(f"{what}: cannot remove: {e.strerror}")
+    return None
+
+
 def remove_dir(dir):
     """Remove a job directory: every rank's generations and temporary files, the rank
-    directories, the directory. A file the store did not make stays, and so does its directory:
+    directories, the cache (rk_snap_cache_dir's DIR/cache), the directory. A file the store did not make stays, and so does its directory:
     SnapshotError naming it."""
     dir, jfd = _job_fd(dir)
     first = None
     try:
         for rname in os.listdir(jfd):
+            if rname == CACHE_NAME:
+                first = _remove_cache(dir, jfd) or first
+                continue
             if _rank_of(rname) is None:
                 continue
             what = f"{_show(dir, 400)}/{rname}"

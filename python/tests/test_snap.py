@@ -251,6 +251,19 @@ class TestStore(unittest.TestCase):
         snap.remove_dir(self.d)
         self.assertFalse(os.path.exists(self.d))
 
+    def test_remove_takes_the_cache_and_never_follows_its_links(self):
+        put(self.d, 0, 1)
+        cache = os.path.join(self.d, snap.CACHE_NAME)
+        os.mkdir(cache, 0o700)
+        open(os.path.join(cache, "idx-0123.safetensors"), "w").close()
+        outside = self.d + ".outside"
+        open(outside, "w").close()
+        self.addCleanup(os.unlink, outside)
+        os.symlink(outside, os.path.join(cache, "idx-link.safetensors"))
+        snap.remove_dir(self.d)
+        self.assertFalse(os.path.exists(self.d))
+        self.assertTrue(os.path.exists(outside))
+
 
 class Err(ctypes.Structure):
     _fields_ = [("code", ctypes.c_int), ("msg", ctypes.c_char * 512)]
