@@ -2,13 +2,15 @@
  * rk _rank-env -- WORKER [ARGS...]: the hidden wrapper rk run puts in front of the worker
  * under mpirun and srun. Sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
  * launcher's variables (src/supervisor/env.c) and execs the worker in place: the same pid,
- * so the heartbeat's hello check against the kernel holds (docs/run.md). No launcher's
+ * so the heartbeat's hello check against the kernel holds (docs/run.md). A worker that is this
+ * same rk binary (rk train) is not exec'd again: its command runs in this process. No launcher's
  * variables to read, or a worker that cannot be executed: one line and exit status 2.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/phase.h"
@@ -73,6 +75,15 @@ static int host_devices(const char *list, long rank, char *out, size_t cap, char
     return 1;
 }
 
+/* Whether `path` (a path with a slash: execvp would not search PATH for it) is the file this
+ * process runs, by the kernel's device and inode of /proc/self/exe. */
+static int same_executable(const char *path)
+{
+    struct stat a, b;
+    return strchr(path, '/') && stat(path, &a) == 0 && stat("/proc/self/exe", &b) == 0 &&
+           a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 int rk_cmd_rank_env(int argc, char **argv)
 {
     rk_phase_mark_env("rankenv.main"); /* RK_TRACE_LAUNCH (base/phase.h): the rank's RANK unset */
@@ -131,6 +142,11 @@ int rk_cmd_rank_env(int argc, char **argv)
         setenv("RK_HEARTBEAT", sock, 1);
     }
     rk_phase_mark_env("rankenv.exec");
+    /* the worker is this same rk (rk train, a C trainer's rk command): its command runs here,
+     * without a second exec and dynamic loading of rk's libraries (0.12 s of a relaunch,
+     * bench/RESULTS.md); the process is the one exec would have kept, pid and all */
+    if (i + 1 < argc && strcmp(argv[i + 1], "_rank-env") != 0 && same_executable(argv[i]))
+        return rk_dispatch(argc - i, argv + i);
     execvp(argv[i], argv + i);
     /* bad input, as under the local launcher: rk run stops (exit 2) instead of relaunching */
     fprintf(stderr, "rk _rank-env: cannot run the worker %s: %s\n", argv[i], strerror(errno));

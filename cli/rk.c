@@ -53,6 +53,11 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    return rk_dispatch(argc, argv);
+}
+
+int rk_dispatch(int argc, char **argv)
+{
     if (argc < 2) {
         usage(stderr);
         return RK_EXIT_USAGE;

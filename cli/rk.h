@@ -14,6 +14,9 @@ int rk_cmd_train(int argc, char **argv);
 int rk_cmd_ckpt(int argc, char **argv);
 int rk_cmd_run(int argc, char **argv);
 int rk_cmd_report(int argc, char **argv);
+/* rk's main: argv[1] names the command. rk _rank-env calls it in place of an exec of this
+ * same binary (cmd_rank_env.c). */
+int rk_dispatch(int argc, char **argv);
 int rk_cmd_rank_env(int argc, char **argv); /* hidden: rk run's wrapper under mpirun, srun */
 int rk_cmd_doctor(int argc, char **argv);
 int rk_cmd_tune(int argc, char **argv);
