@@ -12,7 +12,6 @@ import re
 import struct
 import time
 
-import torch
 import torch.distributed as dist
 
 from rekindle import ckpt as _ckpt
