@@ -34,9 +34,11 @@ N, BATCH, STEPS = 256, 32, 60
 PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def train(steps, env, stop_at=None, **kw):
+def train(steps, env, stop_at=None, nan=(None, 0), **kw):
     """A small MLP under a Job with `env`; `stop_at`: the process 'dies' there (the loop is left
-    without the Job's end: no final checkpoint). Returns (job, events, params hash)."""
+    without the Job's end: no final checkpoint); `nan`: (step, times) a NaN loss there, that many
+    attempts. Returns (job, events, params hash)."""
+    nan_at, nan_left = nan
     old = dict(os.environ)
     os.environ.update(env)
     try:
@@ -59,7 +61,11 @@ def train(steps, env, stop_at=None, **kw):
             idx = torch.from_numpy(np.random.default_rng([1, step // per]).permutation(N)[
                 (step % per) * BATCH:(step % per + 1) * BATCH])
             opt.zero_grad()
-            job.scale(torch.nn.functional.cross_entropy(model(x[idx]), y[idx]), len(idx)).backward()
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            if step == nan_at and nan_left > 0:
+                nan_left -= 1
+                loss = loss * float("nan")
+            job.scale(loss, len(idx)).backward()
             job.step()
             sched.step()
         if stop_at is not None:  # what the process's death would release
@@ -145,6 +151,23 @@ class Memory(unittest.TestCase):
         job, _, _ = train(40, env, stop_at=30, ckpt_every=15)
         self.assertTrue(1 <= job._mem_every <= 15, job._mem_every)
         self.assertEqual(job._mem_timed, 4, "the first put and three timed ones")
+
+    def test_rollback_puts_the_step_again(self):
+        """Three NaN trips at step 12 roll back to the verified step 10: step 10 is put again
+        (which deletes the abandoned 11 and 12), and a resume is exact."""
+        real, calls = snap.put, []
+
+        def put(*a, **kw):
+            calls.append(a[2])
+            return real(*a, **kw)
+
+        with mock.patch.object(snap, "put", put):
+            _, ev, _ = train(STEPS, self.env, stop_at=37, ckpt_every=15, nan=(12, 3))
+        self.assertEqual([e[2]["action"] for e in ev if e[1] == "guard_rollback"], ["rollback"], ev)
+        self.assertEqual(calls[:16], list(range(13)) + [10, 11, 12], "12, then 10 again after the rollback")
+        self.assertEqual(snap.steps(self.sd, 0), [37, 36])
+        job, h = self.resume()
+        self.assertEqual((job.restored_from, job.start_step, h), ("memory", 37, self.ref))
 
     def test_disk_wins_when_newer(self):
         # K = 11 from step 0: puts of 0, 11, 22, 33, 44; the disk has 15, 30, 45
