@@ -55,6 +55,7 @@ from rekindle import inject as _inject
 from rekindle import worker as _worker
 from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook, reduce_in
+from rekindle.torch._memory import _Memory
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
 from rekindle.torch.data import Batches, StepBatches, batch_indices
 from rekindle.torch.guards import grad_outliers, replica_vote, spike_zscore, spike_zscore_over
@@ -169,7 +170,7 @@ def injected_hang_sleeping_forever(step):
         time.sleep(3600)
 
 
-class Job(_Checkpoints):
+class Job(_Checkpoints, _Memory):
     """One rank's side of a protected training job. See the module's docstring."""
 
     def __init__(self, model, optimizer, *, global_batch, data_size=0, name="pytorch", ckpt_every=500,
@@ -307,11 +308,14 @@ class Job(_Checkpoints):
                     and not getattr(model, "find_unused_parameters", False)
                     and hasattr(getattr(model, "reducer", None), "_get_zeros_like_grad_buckets")):
                 self._layouts = {}
+        self._mem_init()
         if self.resume and self.ckpt_dir:
             _worker.trace_phase("worker.resume")
-            self._resume()
+            if not (self._mem_dir and self._mem_resume()):  # the node's snapshot first, if as new
+                self._resume()
             _worker.trace_phase("worker.resumed")
-        self.w.hello(self.step_no)
+        # where the state came from (rk run's relaunch incident names it): with checkpoints
+        self.w.hello(self.step_no, restore=self.restored_from if self.ckpt_dir else None)
 
     # ----------------------------------------------------------------- the loop
 
@@ -478,7 +482,8 @@ class Job(_Checkpoints):
                 ranks = f"{self.world} rank{'' if self.world == 1 else 's'}"
                 self._say(f"global batch {self.global_samples} samples over {ranks} "
                           f"(this rank {self._count}; global_batch {self.global_batch})")
-        self.w.step(self.step_no, loss, time.monotonic() - self._t0)
+        self._last_step_s = time.monotonic() - self._t0
+        self.w.step(self.step_no, loss, self._last_step_s)
         return True
 
     # ----------------------------------------------------------------- guards
@@ -753,6 +758,8 @@ class Job(_Checkpoints):
             self.w.bye(self.step_no, "stopped")
             self._barrier()
             self._exit(EXIT_STOPPED)
+        if not final:
+            self._mem_step()  # a snapshot in the node's memory when one is due
         return True
 
     # ----------------------------------------------------------------- faults

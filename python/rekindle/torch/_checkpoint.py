@@ -123,6 +123,11 @@ class _Checkpoints:
         self._collective(dist.all_gather_object, out, mine)
         return out
 
+    def _ckpt_config(self):
+        """The run's config as a checkpoint (and a snapshot) records it: JSON text."""
+        config = dict(self.extra_config, model=self.name, framework="pytorch", global_batch=self.global_batch)
+        return json.dumps(config, sort_keys=True)
+
     def _save(self):
         self._saved_step = self.step_no
         rngs = self._rank_rngs()
@@ -131,11 +136,10 @@ class _Checkpoints:
         if not self.w.alive():
             self._say("the supervisor is gone: no checkpoint written")
             return
-        config = dict(self.extra_config, model=self.name, framework="pytorch", global_batch=self.global_batch)
         t = time.monotonic()
         try:
             _ckpt.save(self.ckpt_dir, self.step_no, self._items(rngs), epoch=self.epoch, cursor=self.cursor,
-                       world_size=self.world, config=json.dumps(config, sort_keys=True), keep=self.keep)
+                       world_size=self.world, config=self._ckpt_config(), keep=self.keep)
         except _ckpt.StorageError as e:
             self._storage(f"{self.ckpt_dir}: cannot save the checkpoint of step {self.step_no}: {e}")
         except _ckpt.CheckpointError as e:  # the store's own rule (non-finite weights): the job's, no device's
@@ -210,6 +214,7 @@ class _Checkpoints:
             self._apply(ck)
         except (KeyError, ValueError, RuntimeError) as e:
             self._usage(f"{path}: cannot resume this model from it: {e}")
+        self.restored_from = "disk"
         self._say(f"resumed from {path} (step {ck.step}, epoch {ck.epoch}, cursor {ck.cursor}, "
                   f"written by {ck.world_size} ranks; now {self.world})")
 

@@ -1,0 +1,216 @@
+"""rekindle.torch's snapshots in memory (docs/recovery.md "Relaunch from memory", PyTorch):
+under rk run with RK_SNAP_DIR, every K steps each rank puts its generation into the node's
+snapshot store (rekindle.snap), with no collective: rank 0 the disk checkpoint's items (model,
+optimiser, its RNG states, data position, scheduler, guard losses), every other rank its own
+RNG states; each with its replica hash. A resume restores the newest step every rank holds and
+that verifies, when it is at least as new as the newest disk checkpoint and the replicas'
+hashes agree. A mixin of Job (its attributes); relies on the store's checks and _Checkpoints."""
+
+import math
+import os
+import re
+import struct
+import time
+
+import torch.distributed as dist
+
+from rekindle import ckpt as _ckpt
+from rekindle import snap as _snap
+from rekindle.torch._state import state_hash
+
+_TIMED = 3  # puts timed (after the first, which makes the directory) before K is chosen
+_COST_MAX = 0.01  # a put may cost at most this share of the K steps between puts
+_EVERY_CAP = 20  # K at most this with no disk checkpoint interval (RK_CKPT_EVERY_DEFAULT)
+_HEADER_BYTES = 65536  # the room rule's allowance for a generation's header
+_HASH_ITEM = "guard.state_hash"  # a generation's replica hash (state_hash), I64
+
+
+def snap_every(put_s, step_s, cap):
+    """K, the steps between puts: the smallest K >= 1 with put_s / (K x step_s) <= 1 %, at most
+    `cap` (the disk checkpoints' interval); `cap` when the step time is unknown (<= 0)."""
+    cap = max(1, int(cap))
+    if not step_s > 0:
+        return cap
+    return max(1, min(cap, math.ceil(put_s / (_COST_MAX * step_s) - 1e-9)))
+
+
+def snap_every_env(text):
+    """RK_SNAP_EVERY's K (a whole number >= 1), None when unset or empty; ValueError otherwise."""
+    if not text:
+        return None
+    if not re.fullmatch(r"[0-9]{1,9}", text) or int(text) < 1:
+        raise ValueError(f"RK_SNAP_EVERY={text[:40]!r} is not a whole number >= 1")
+    return int(text)
+
+
+class _Memory:
+    """Job's snapshot methods (Job defines the state they read and write)."""
+
+    def _mem_init(self):
+        """Snapshots on with RK_SNAP_DIR and a checkpoint directory (the resume weighs the
+        two); K from RK_SNAP_EVERY (not timed), else timed at run time."""
+        d = os.environ.get(_snap.DIR_ENV) or None
+        self.restored_from = "none"  # where the state came from: memory, disk or none
+        self._mem_dir = d if d and self.ckpt_dir else None
+        self._mem_put_ok = True  # this rank's puts go on (False: off, said once)
+        self._mem_every = 1
+        self._mem_next = 0
+        self._mem_last = -1  # the step of the last put
+        self._mem_timed = 0
+        self._mem_put_s = 0.0
+        self._mem_step_s = 0.0  # the fastest step before a timed put
+        self._mem_room = False
+        self._last_step_s = 0.0
+        try:
+            k = snap_every_env(os.environ.get("RK_SNAP_EVERY", ""))
+        except ValueError as e:
+            self._say(f"{e}: ignored")
+            k = None
+        if k is not None:
+            self._mem_every = k
+            self._mem_timed = _TIMED + 1
+
+    def _mem_cap(self):
+        return self.ckpt_every if self.ckpt_every > 0 else _EVERY_CAP
+
+    def _mem_off(self, why):
+        """No more puts from this rank; one snapshot_off event (no rank blamed: memory is short,
+        no device is at fault); rk run gives later launches no RK_SNAP_DIR."""
+        self._mem_put_ok = False
+        self._say(f"snapshots in memory off, checkpoints on disk only: {why}")
+        self.w.event(self.step_no, "snapshot_off", blame=-1, action="disk_only", lost_steps=0, detail=why)
+
+    def _mem_hash(self):
+        """This rank's replica hash of the state now: the one the boundary computed, if any."""
+        for s in (self._pending, self._snap):
+            if s is not None and s.get("step") == self.step_no and "hash" in s and (s is self._pending or self._fresh):
+                return s["hash"]
+        return state_hash(self.module, self.opt, self._hash_buffers)
+
+    def _mem_items(self):
+        """This rank's generation: rank 0 the disk checkpoint's items with its own RNG states
+        (rng.*), every other rank its own RNG states (rng.*.rank<R>); each with its replica
+        hash (guard.state_hash), which a resume compares."""
+        rng = self._capture_rng()
+        items = self._items([rng]) if self.rank == 0 else self._rng_items(rng, f".rank{self.rank}")
+        h = self._mem_hash()
+        items.append(_ckpt.Item(_HASH_ITEM, "I64", (), struct.pack("<q", h - (1 << 64) if h >= 1 << 63 else h)))
+        return items
+
+    def _mem_step(self):
+        """At a step boundary, on every rank, with no collective: when a put is due (K steps
+        after the last, or the boundary is before the last one: a rollback), this rank puts its
+        generation of this step. Rank 0 times its first puts and broadcasts K once."""
+        if self._mem_dir is None or not (self.step_no >= self._mem_next or self.step_no < self._mem_last):
+            return
+        self._mem_last, self._mem_next = self.step_no, self.step_no + self._mem_every
+        took = None
+        if self._mem_put_ok:
+            t0 = time.monotonic()
+            items = self._mem_items()
+            if self.rank == 0 and not self._mem_room:  # the size is known only now
+                self._mem_room = True
+                mine = sum(it.nbytes + 128 for it in items) + _HEADER_BYTES
+                rng = sum(it.nbytes + 128 for it in items if it.name.startswith("rng.")) + _HEADER_BYTES
+                try:  # every rank's two generations: rank 0's, and the others' RNG states
+                    ok, why = _snap.room(self._mem_dir, -(-(mine + (self.world - 1) * rng) // self.world), self.world)
+                except (_ckpt.CheckpointError, OSError) as e:
+                    ok, why = False, str(e)
+                if not ok:
+                    self._mem_off(why)
+            if self._mem_put_ok:
+                try:
+                    _snap.put(self._mem_dir, self.rank, self.step_no, items, epoch=self.epoch, cursor=self.cursor,
+                              world_size=self.world, config=self._ckpt_config())
+                    took = time.monotonic() - t0
+                except _ckpt.NonFiniteError as e:  # the store's rule: this step is not put, the next may be
+                    self._say(f"snapshot of step {self.step_no} refused: {e}")
+                except (_ckpt.CheckpointError, OSError) as e:  # StorageError (the tmpfs is full) among them
+                    self._mem_off(f"rank {self.rank} could not put its snapshot of step {self.step_no}: {e}")
+        if self._mem_timed > _TIMED:
+            return
+        # K: the first put makes the directory and is not timed; the next _TIMED are (rank 0's);
+        # counted on every rank whether its put was made, so that every rank meets the broadcast
+        self._mem_timed += 1
+        if self._mem_timed > 1 and took is not None:
+            self._mem_put_s += took
+            if self._mem_step_s <= 0 or 0 < self._last_step_s < self._mem_step_s:
+                self._mem_step_s = self._last_step_s  # the fastest: the cost is not underestimated
+        if self._mem_timed <= _TIMED:
+            return
+        k = 1
+        if self.rank == 0:
+            put = self._mem_put_s / _TIMED
+            k = snap_every(put, self._mem_step_s, self._mem_cap())
+            self._say(f"snapshot: a put takes {put * 1e3:.2f} ms, a step {self._mem_step_s * 1e3:.2f} ms: one every "
+                      f"{k} step{'' if k == 1 else 's'} (at most {_COST_MAX * 100:.0f}% of the steps' time, at most "
+                      f"every {self._mem_cap()})")
+        if self.distributed and self.world > 1:
+            box = [k]
+            self._collective(dist.broadcast_object_list, box, 0)
+            k = box[0]
+        self._mem_every = k
+        self._mem_next = self.step_no + k
+
+    def _mem_resume(self):
+        """The relaunch's resume from memory, collective: rank 0 weighs the newest snapshot that
+        verifies (snap.agree) against the newest disk checkpoint's step (by its file name);
+        memory wins when at least as new. Every rank reads and verifies that generation; if
+        any cannot, every rank resumes from disk. True when the state came from memory."""
+        step = None
+        if self.rank == 0:
+            try:
+                step, skipped = _snap.agree(self._mem_dir, self.world)
+                for s in skipped:
+                    self._say(f"snapshot skipped: {s}")
+            except (_ckpt.CheckpointError, OSError) as e:
+                self._say(f"snapshot: no agreed step ({e}): resuming from disk")
+                step = None
+            try:
+                disk = max((s for s, _ in _ckpt.list_checkpoints(self.ckpt_dir)), default=-1)
+            except (_ckpt.CheckpointError, OSError):
+                disk = -1
+            if step is not None and step < disk:
+                self._say(f"snapshot: step {step} in memory is older than the checkpoint of step {disk} on disk: "
+                          "resuming from disk")
+                step = None
+        if self.distributed and self.world > 1:
+            box = [step]
+            self._collective(dist.broadcast_object_list, box, 0)
+            step = box[0]
+        if step is None:
+            return False
+        ck, why = None, None
+        try:  # rank 0's generation (the replicated state) and this rank's own (its RNG states)
+            ck = _snap.get(self._mem_dir, 0, step)
+            why = self._mismatch(ck)
+            if why is None and ck.world_size != self.world:  # the disk path resumes on another world
+                why = f"{ck.path}: written by {ck.world_size} ranks, now {self.world}"
+            if why is None and self.rank != 0:
+                own = _snap.get(self._mem_dir, self.rank, step)
+                if bytes(own.items[_HASH_ITEM].data) != bytes(ck.items[_HASH_ITEM].data):
+                    why = (f"{own.path}: this rank's replica hash differs from rank 0's: the replicas were not "
+                           "verified at that step")
+                ck.items.update((n, it) for n, it in own.items.items() if n.startswith("rng."))
+        except (_ckpt.CheckpointError, OSError, KeyError) as e:
+            why = str(e)
+        if why:
+            self._say(f"snapshot of step {step} not restored: {why}")
+        oks = [why is None]
+        if self.distributed and self.world > 1:
+            oks = [None] * self.world
+            self._collective(dist.all_gather_object, oks, why is None)
+        if not all(oks):
+            if self.rank == 0:
+                self._say(f"snapshot: rank {oks.index(False)} could not restore step {step} from memory: resuming "
+                          "from disk")
+            return False
+        try:
+            self._apply(ck)
+        except (KeyError, ValueError, RuntimeError) as e:
+            self._usage(f"{ck.path}: cannot resume this model from it: {e}")
+        self.restored_from = "memory"
+        self._mem_last = self._mem_next = step  # the resumed step is put again (it makes the directory)
+        self._say(f"resumed from {ck.path} (step {ck.step}, epoch {ck.epoch}, cursor {ck.cursor}, written by "
+                  f"{ck.world_size} ranks; now {self.world}): node memory")
+        return True
