@@ -189,37 +189,6 @@ int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err)
     return rc;
 }
 
-/* Remove what the cache directory holds but directories (a link: the link), then it. */
-static int remove_cache(int jfd, const char *cl, rk_err *err)
-{
-    char eb[128];
-    int cfd;
-    int rc = open_checked(jfd, CACHE_NAME, cl, &cfd, err);
-    if (rc)
-        return rc;
-    /* rk-fd: cfd is O_CLOEXEC (open_checked) */
-    DIR *d = fdopendir(cfd);
-    if (!d) {
-        close(cfd);
-        return rk_err_set_line(err, RK_EIO, "%s: cannot list", cl);
-    }
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        struct stat st;
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
-            fstatat(cfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(st.st_mode))
-            continue;
-        (void)unlinkat(cfd, de->d_name, 0); /* a link itself, never what it points to */
-    }
-    closedir(d);
-    if (unlinkat(jfd, CACHE_NAME, AT_REMOVEDIR) != 0) {
-        int e = errno;
-        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot remove: %s", cl,
-                               rk_msg_strerror(e, eb, sizeof eb));
-    }
-    return RK_OK;
-}
-
 /* ---- one rank's directory --------------------------------------------------------------- */
 
 static int step_desc(const void *a, const void *b)
@@ -688,35 +657,52 @@ int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err)
     return RK_OK;
 }
 
-/* Remove what a rank directory holds of ours (generations, temporary files), then it. */
-static int remove_rank(int jfd, const char *rname, const char *rl, rk_err *err)
+/* Whether entry `name` of a rank directory is the store's: a generation or a temporary one. */
+static bool rank_entry_ours(int dfd, const char *name)
+{
+    (void)dfd;
+    char base[RK_CKPT_NAME_MAX];
+    long pid;
+    return rk_snap_name_step(name, NULL) ||
+           (ckpt_temp_split(name, base, &pid) && rk_snap_name_step(base, NULL));
+}
+
+/* Whether entry `name` of the cache goes with it: anything but a directory (a link: the link
+ * itself, never what it points to). */
+static bool cache_entry_ours(int dfd, const char *name)
+{
+    struct stat st;
+    return strcmp(name, ".") && strcmp(name, "..") &&
+           fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISDIR(st.st_mode);
+}
+
+/* Remove what subdirectory `name` of the job directory holds that `ours` says is the store's,
+ * then it (a rank directory, or the cache); `sl` names it in messages. */
+static int remove_subdir(int jfd, const char *name, const char *sl,
+                         bool (*ours)(int dfd, const char *name), rk_err *err)
 {
     char eb[128];
-    int rfd;
-    int rc = open_checked(jfd, rname, rl, &rfd, err);
+    int sfd;
+    int rc = open_checked(jfd, name, sl, &sfd, err);
     if (rc)
         return rc;
-    /* rk-fd: rfd is O_CLOEXEC (open_checked) */
-    DIR *d = fdopendir(rfd);
+    /* rk-fd: sfd is O_CLOEXEC (open_checked) */
+    DIR *d = fdopendir(sfd);
     if (!d) {
-        close(rfd);
-        return rk_err_set_line(err, RK_EIO, "%s: cannot list", rl);
+        close(sfd);
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", sl);
     }
     struct dirent *de;
-    while ((de = readdir(d))) {
-        char base[RK_CKPT_NAME_MAX];
-        long pid;
-        if (rk_snap_name_step(de->d_name, NULL) ||
-            (ckpt_temp_split(de->d_name, base, &pid) && rk_snap_name_step(base, NULL)))
+    while ((de = readdir(d)))
+        if (ours(dirfd(d), de->d_name))
             unlinkat(dirfd(d), de->d_name, 0);
-    }
     closedir(d);
-    if (unlinkat(jfd, rname, AT_REMOVEDIR) != 0) {
+    if (unlinkat(jfd, name, AT_REMOVEDIR) != 0) {
         int e = errno;
         return rk_err_set_line(err, rk_err_code_errno(e),
                                "%s: cannot remove: %s (a file not made by the snapshot store "
                                "is left)",
-                               rl, rk_msg_strerror(e, eb, sizeof eb));
+                               sl, rk_msg_strerror(e, eb, sizeof eb));
     }
     return RK_OK;
 }
@@ -761,7 +747,8 @@ int rk_snap_dir_remove(const char *dir, rk_err *err)
         char rl[LABEL_MAX];
         rk_err e2;
         label(rl, dir, de->d_name, NULL);
-        int rrc = cache ? remove_cache(jfd, rl, &e2) : remove_rank(jfd, de->d_name, rl, &e2);
+        int rrc =
+            remove_subdir(jfd, de->d_name, rl, cache ? cache_entry_ours : rank_entry_ours, &e2);
         if (rrc && !rc)
             rc = rk_err_set_line(err, rrc, "%s", e2.msg);
     }
