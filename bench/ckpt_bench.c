@@ -23,30 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "rekindle/ckpt.h"
 #include "rekindle/fileio.h"
 #include "rekindle/rng.h"
 
 enum { MAX_REPS = 100, NT = 16 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int dbl_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, dbl_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* Drop a file's clean pages from the page cache, so the next read comes from the disk. */
 static void drop_cache(const char *path)

@@ -135,17 +135,7 @@ if unshare -m true 2>/dev/null; then
   h=$(json small.json hash 2>/dev/null)
   [[ -n $h && $h == "$(json ref2.json hash)" ]] && ok "tiny tmpfs: parameters hash $h equals the fault-free run's" \
     || bad "tiny tmpfs: parameters hash '$h'"
-  it_count "$py" - "$work/small.events" <<'PY'
-import json, sys
-ev = [json.loads(l) for l in open(sys.argv[1])]
-off = [e for e in ev if e["kind"] == "snapshot_off"]
-print(("ok - " if len(off) == 1 else "FAIL - ") + f"{len(off)} snapshot_off event(s), one wanted: {[e['detail'] for e in off]}")
-print(("ok - " if off and off[0]["rank"] is None and not off[0]["device"] and off[0]["action"] == "disk_only" and "MiB short" in off[0]["detail"] else "FAIL - ")
-      + "it blames no device, says disk_only and why (room)")
-rel = [e for e in ev if e["action"] == "relaunch"]
-print(("ok - " if rel and all("resumed from disk checkpoint" in e["detail"] for e in rel) else "FAIL - ")
-      + f"the relaunch resumed from disk: {[e['detail'][-50:] for e in rel]}")
-PY
+  it_count "$py" "$RK_SRC/tests/snapoff_check.py" "$work/small.events"
 else
   echo "(no mount namespace here: the tiny tmpfs case is not run)"
 fi
