@@ -321,6 +321,64 @@ static void test_put_get_round_trip_with_the_bytes_of_encode(void **state)
     assert_int_equal(lstat(dir, &st), -1);
 }
 
+/* Put one F32 tensor of `n` values (a value per step) as generation `step` of rank 0. */
+static void put_sized(const char *dir, int64_t step, size_t n)
+{
+    float *w = malloc(n * sizeof *w);
+    assert_non_null(w);
+    for (size_t i = 0; i < n; i++)
+        w[i] = (float)step + (float)(i % 97);
+    int64_t shape[1] = {(int64_t)n};
+    rk_ckpt_item it = {"model.w", "F32", 1, shape, w};
+    rk_ckpt_meta m = {step, 0, 0, 1, "{}"};
+    rk_err err = {0};
+    assert_int_equal(rk_snap_put(dir, 0, &m, &it, 1, &err), RK_OK);
+    uint8_t *enc;
+    size_t elen;
+    assert_int_equal(rk_ckpt_encode(&m, &it, 1, &enc, &elen, &err), RK_OK);
+    char p[RK_SNAP_PATH_MAX + 64];
+    uint8_t *file;
+    size_t flen;
+    assert_int_equal(
+        rk_file_read_all(gen_path(p, sizeof p, dir, 0, step), &file, &flen, SIZE_MAX, &err), RK_OK);
+    assert_int_equal(flen, elen); /* a recycled file cut to the new length */
+    assert_memory_equal(file, enc, elen);
+    free(file);
+    free(enc);
+    free(w);
+}
+
+/* The third put writes over the first generation's file (the one retention drops: same
+ * inode, its pages reused) and gives exactly rk_ckpt_encode's bytes, shorter or longer. */
+static void test_a_put_writes_over_the_generation_it_drops(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    struct stat st, was;
+    put_sized(dir, 1, 100000);
+    int old = open(gen_path(p, sizeof p, dir, 0, 1), O_RDONLY | O_CLOEXEC); /* step 1's file */
+    assert_true(old >= 0);
+    put_sized(dir, 2, 100000);
+    put_sized(dir, 3, 1000); /* over step 1's longer file */
+    assert_int_equal(lstat(gen_path(p, sizeof p, dir, 0, 3), &st), 0);
+    assert_int_equal(fstat(old, &was), 0);
+    assert_int_equal(was.st_nlink, 1); /* step 1's file is step 3's now: written over */
+    assert_int_equal(was.st_size, st.st_size);
+    assert_int_equal(was.st_ino, st.st_ino);
+    close(old);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(lstat(gen_path(p, sizeof p, dir, 0, 1), &st), -1);
+    put_sized(dir, 4, 300000); /* over step 2's shorter one */
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_snap_get(dir, 0, 3, &c, &err), RK_OK);
+    rk_ckpt_free(c);
+    assert_int_equal(rk_snap_get(dir, 0, 4, &c, &err), RK_OK);
+    rk_ckpt_free(c);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
 static void test_two_generations_are_kept_and_a_rollback_drops_the_newer(void **state)
 {
     (void)state;
@@ -944,6 +1002,7 @@ int main(void)
         cmocka_unit_test(test_directory_is_0700_ours_and_never_a_link),
         cmocka_unit_test(test_put_get_round_trip_with_the_bytes_of_encode),
         cmocka_unit_test(test_two_generations_are_kept_and_a_rollback_drops_the_newer),
+        cmocka_unit_test(test_a_put_writes_over_the_generation_it_drops),
         cmocka_unit_test(test_failed_puts_write_nothing_and_keep_the_previous_generation),
         cmocka_unit_test(test_agree_picks_the_newest_step_every_rank_has),
         cmocka_unit_test(test_a_flipped_byte_is_never_returned_and_agree_falls_back),

@@ -261,10 +261,11 @@ static int scan_rank(int rfd, const char *what, int64_t **out, size_t *n, rk_err
  * generation's name (a link, a FIFO: never a generation; unlinking a link leaves what it
  * points to), and the temporary files of writers that died. Failures are left for the next
  * put. */
-static void retain(int rfd, const char *what, int64_t step)
+static void retain(int rfd, const char *what, int64_t step, const char *recycle, bool *recycled)
 {
     int64_t *v;
     size_t n;
+    *recycled = false;
     if (scan_rank(rfd, what, &v, &n, NULL) != RK_OK)
         return;
     bool below_kept = false;
@@ -276,7 +277,13 @@ static void retain(int rfd, const char *what, int64_t step)
             continue;
         }
         char name[RK_CKPT_NAME_MAX];
-        if (rk_snap_file_name(v[i], name, sizeof name) == RK_OK)
+        if (rk_snap_file_name(v[i], name, sizeof name) != RK_OK)
+            continue;
+        /* the first generation to go becomes the copy's temporary file: renamed away in one
+         * step (never a generation with other contents), its pages written over in place */
+        if (!*recycled && recycle && renameat(rfd, name, rfd, recycle) == 0)
+            *recycled = true;
+        else
             unlinkat(rfd, name, 0);
     }
     free(v);
@@ -330,25 +337,51 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-/* The copy: header and tensors into a new temporary file in `rfd`, renamed to `name`. */
-static int copy_in(int rfd, const char *lb, const char *name, const uint8_t *hdr, size_t hlen,
-                   const plan *p, rk_err *err)
+/* An old generation renamed to `tmp` (retain), opened to be written over: a regular file of
+ * ours with one link, else -1 (the caller removes it and makes a new one). */
+static int open_recycled(int rfd, const char *tmp)
 {
-    char eb[128], tmp[RK_CKPT_NAME_MAX + 64];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", name, (long)getpid(),
-             atomic_fetch_add(&tmp_counter, 1));
     int fd;
     do {
-        fd = openat(rfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        fd = openat(rfd, tmp, O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     } while (fd < 0 && errno == EINTR);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+                    st.st_nlink != 1)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* The copy: header and tensors into the temporary file `tmp` in `rfd` (a new one, or an old
+ * generation `recycled` by retain: written over from its start and cut to the new length, so
+ * the tmpfs neither frees its pages nor allocates new ones), renamed to `name`. */
+static int copy_in(int rfd, const char *lb, const char *name, const char *tmp, bool recycled,
+                   const uint8_t *hdr, size_t hlen, const plan *p, rk_err *err)
+{
+    char eb[128];
+    int fd = recycled ? open_recycled(rfd, tmp) : -1;
+    if (recycled && fd < 0)
+        unlinkat(rfd, tmp, 0);
+    recycled = fd >= 0;
+    if (fd < 0)
+        do {
+            fd = openat(rfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        } while (fd < 0 && errno == EINTR);
     if (fd < 0) {
         int e = errno;
         return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create %s: %s", lb, tmp,
                                rk_msg_strerror(e, eb, sizeof eb));
     }
     int e = write_all(fd, hdr, hlen);
-    for (size_t i = 0; i < p->n && !e; i++)
+    off_t total = (off_t)hlen;
+    for (size_t i = 0; i < p->n && !e; i++) {
         e = write_all(fd, p->e[i].data, p->nbytes[i]);
+        total += (off_t)p->nbytes[i];
+    }
+    if (!e && recycled && ftruncate(fd, total) != 0)
+        e = errno;
     if (close(fd) != 0 && !e && errno != EINTR)
         e = errno;
     const char *what = "cannot write the snapshot";
@@ -390,10 +423,13 @@ int rk_snap_put(const char *dir, int rank, const rk_ckpt_meta *meta, const rk_ck
     if (!rc)
         rc = open_rank(dir, rank, true, &rfd, err);
     if (!rc) {
-        char rl[LABEL_MAX];
+        char rl[LABEL_MAX], tmp[RK_CKPT_NAME_MAX + 64];
         label(rl, dir, rname, NULL);
-        retain(rfd, rl, meta->step);
-        rc = copy_in(rfd, rl, name, hdr, hlen, &p, err);
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", name, (long)getpid(),
+                 atomic_fetch_add(&tmp_counter, 1));
+        bool recycled;
+        retain(rfd, rl, meta->step, tmp, &recycled);
+        rc = copy_in(rfd, rl, name, tmp, recycled, hdr, hlen, &p, err);
         close(rfd);
     }
     free(hdr);
