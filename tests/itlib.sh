@@ -187,7 +187,11 @@ rank_pid() {
   local p
   for p in $(descendants "$1"); do
     tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null | grep -q "$3" || continue
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$p"; return 0; }
+    # RANK as the local launcher or an exec'd worker has it; OMPI_COMM_WORLD_RANK under mpirun,
+    # where rk _rank-env runs rk train in its own process: /proc/PID/environ is the one the
+    # process was exec'd with, before _rank-env set RANK
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxE "(OMPI_COMM_WORLD_)?RANK=$2" \
+      && { echo "$p"; return 0; }
   done
   return 1
 }
