@@ -185,7 +185,21 @@ ok = all(x["RANK"] == x["OMPI_COMM_WORLD_RANK"] == str(r) and x["LOCAL_RANK"] ==
          and x["MASTER_PORT"] == e[0]["MASTER_PORT"] for r, x in enumerate(e))
 print(("ok - " if ok else "FAIL - ") + "under mpirun each rank sees its RANK, LOCAL_RANK, WORLD_SIZE, "
       f"CUDA_VISIBLE_DEVICES: {[(x.get('RANK'), x.get('LOCAL_RANK'), x.get('WORLD_SIZE')) for x in e]}")
+# one node, no pml chosen: --mca pml ob1 unless this host has an RDMA device (UCX's probing)
+import os
+rdma = os.path.isdir("/sys/class/infiniband") and any(not n.startswith(".") for n in os.listdir("/sys/class/infiniband"))
+want = None if rdma else "ob1"
+got = [x.get("OMPI_MCA_pml") for x in e]
+print(("ok - " if got == [want, want] else "FAIL - ") + f"one node, no pml chosen, RDMA {rdma}: the ranks' OMPI_MCA_pml {got}, {want} wanted")
 PY
+  # a pml the user chose is left alone
+  mkdir -p "$work/pml"
+  OMPI_MCA_pml=^ucx timeout 120 "$RK" run -n 2 --launcher mpirun --health off --quiet -- "${w[@]}" \
+    --log "$work/pml" --steps 2 >"$work/pml.out" 2>&1
+  st=$?
+  got=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("OMPI_MCA_pml"))' "$work/pml/env.0.1.json" 2>&1)
+  [[ $st == 0 && $got == "^ucx" ]] && ok "OMPI_MCA_pml=^ucx of the user reaches the ranks as it is" \
+    || bad "OMPI_MCA_pml=^ucx: exit $st, the rank's '$got'"
   # launcher arguments that name hosts: no MASTER_ADDR=127.0.0.1, said once
   mkdir -p "$work/mh"
   timeout 120 "$RK" run -n 2 --launcher mpirun --launcher-arg --host --launcher-arg localhost:2 \

@@ -69,6 +69,32 @@ const char *rk_launch_self_exe(void)
     return exe;
 }
 
+/* Whether a one-node mpirun may be told `--mca pml ob1` (docs/run.md, "mpirun's listeners,
+ * and the rest"): the user chose no pml (OMPI_MCA_pml, or --mca pml among the launcher's
+ * arguments) and this host has no RDMA device (/sys/class/infiniband empty or absent), the
+ * only hardware UCX's pml would bring. Open MPI 4.1 otherwise opens and probes UCX (and the
+ * OFI and PSM2 mtls) in every rank's MPI_Init before it settles on ob1 with vader: 0.2 of its
+ * 0.35 s, in every launch and every relaunch. */
+static int pml_ob1_is_enough(char *const *extra)
+{
+    const char *env = getenv("OMPI_MCA_pml");
+    if (env && *env)
+        return 0;
+    for (int i = 0; extra && extra[i]; i++)
+        if ((!strcmp(extra[i], "--mca") || !strcmp(extra[i], "-mca")) && extra[i + 1] &&
+            !strcmp(extra[i + 1], "pml"))
+            return 0;
+    DIR *d = opendir("/sys/class/infiniband");
+    if (!d)
+        return 1;
+    struct dirent *de;
+    int rdma = 0;
+    while (!rdma && (de = readdir(d)))
+        rdma = de->d_name[0] != '.';
+    closedir(d);
+    return !rdma;
+}
+
 /* argv for the launcher; strings point into `nbuf` (the rank count) or the inputs. Local:
  * the worker's own argv (the keeper forks the ranks). */
 static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *worker,
@@ -103,6 +129,11 @@ static int build_argv(rk_launcher kind, char *const *extra, int n, char *const *
                                              "--mca", "btl_tcp_if_include", "lo"};
             for (size_t i = 0; i < sizeof lo / sizeof lo[0]; i++)
                 argv[k++] = lo[i];
+            if (pml_ob1_is_enough(extra)) {
+                argv[k++] = "--mca";
+                argv[k++] = "pml";
+                argv[k++] = "ob1";
+            }
         }
         argv[k++] = "-np";
         argv[k++] = nbuf;
