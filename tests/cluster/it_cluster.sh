@@ -53,8 +53,16 @@ le() {
 }
 # ranks0: the pids of the ranks' processes of launch 0 on every host (by the namespaces' pid
 # lists and each process's environment); a rank's command line has $rank_pat (rk-train: its
-# second word is "train", so that mpirun, whose command line holds the worker's, is not one)
+# second word is "train", or "_rank-env" with a "train" after it, as rk _rank-env runs rk train
+# in its own process; so that mpirun, whose command line holds the worker's, is not one)
 rank_pat=train_fashion_mnist.py
+is_rk_train() { # the words of a command line: rk train, or rk _rank-env -- rk train
+  [[ ${1-} == train ]] && return 0
+  [[ ${1-} == _rank-env ]] || return 1
+  local w
+  for w in "$@"; do [[ $w == train ]] && return 0; done
+  return 1
+}
 ranks0() {
   # bash builtins only (one `ip netns pids` a host): the checks below time how soon the ranks
   # are gone, and a scan that forked a few processes per pid took about a second on a loaded
@@ -65,7 +73,7 @@ ranks0() {
     for p in $(ip netns pids "$name-h$k" 2>/dev/null); do
       mapfile -d '' -t cmd <"/proc/$p/cmdline" 2>/dev/null || continue
       if [[ $rank_pat == rk-train ]]; then
-        [[ ${cmd[1]-} == train ]] || continue
+        is_rk_train "${cmd[@]:1}" || continue
       else
         [[ " ${cmd[*]} " == *"$rank_pat"* ]] || continue
       fi
@@ -308,7 +316,7 @@ rank_pid() { # the process of rank $1 of launch 0 (rk train, under mpirun)
   for k in 1 2 3 4; do
     for p in $(ip netns pids "$name-h$k" 2>/dev/null); do
       mapfile -d '' -t cmd <"/proc/$p/cmdline" 2>/dev/null || continue
-      [[ ${cmd[1]-} == train ]] || continue
+      is_rk_train "${cmd[@]:1}" || continue
       mapfile -d '' -t env <"/proc/$p/environ" 2>/dev/null || continue
       [[ " ${env[*]} " == *" RK_LAUNCH=0 "* && " ${env[*]} " == *" OMPI_COMM_WORLD_RANK=$1 "* ]] &&
         { echo "$p"; return 0; }
