@@ -83,16 +83,18 @@ for n in 2 4; do
   sp=$!
   pids+=("$sp")
   victim="" at=""
-  for ((i = 0; i < 3000; i++)); do  # up to 300 s: the signal is the snapshot, not a delay
+  # the victim, SIGKILLed once its rank holds step 95 in memory (the signal: the snapshot file)
+  kill_held() {
+    local d
     d=$(snapdir mem$n)
-    if [[ -n $d ]] && ls "$d/rank-$last" 2>/dev/null | grep -Eq '^snap-0*(9[5-9]|1[0-9][0-9])\.safetensors$'; then
-      at=$(ls "$d/rank-$last" | sed -n 's/^snap-0*\([0-9]*\)\.safetensors$/\1/p' | sort -n | tail -1)
-      victim=$(rank_pid "$sp" "$last" train 2>/dev/null) && kill -9 "$victim" && break
-      victim=""
-    fi
-    kill -0 "$sp" 2>/dev/null || break
-    sleep 0.1
-  done
+    [[ -n $d ]] && ls "$d/rank-$last" 2>/dev/null | grep -Eq '^snap-0*(9[5-9]|1[0-9][0-9])\.safetensors$' \
+      || return 1
+    at=$(ls "$d/rank-$last" | sed -n 's/^snap-0*\([0-9]*\)\.safetensors$/\1/p' | sort -n | tail -1)
+    victim=$(rank_pid "$sp" "$last" train 2>/dev/null) && kill -9 "$victim" && return 0
+    victim=""
+    return 1
+  }
+  wait_for 'kill_held || ! kill -0 "$sp" 2>/dev/null' 300
   [[ -n $victim ]] && ok "$n ranks: SIGKILL to rank $last (pid $victim) with step $at in memory" \
     || bad "$n ranks: no rank $last to kill after step 95 was snapshotted"
   wait "$sp"

@@ -48,20 +48,20 @@ newest() {
 # faulty NAME N SPEC [rk run flags...]: the run with SPEC's faults, and a SIGKILL to the last
 # rank by its pid once rank 0 holds step 40 (in memory, or on disk for --recovery disk)
 faulty() {
-  local name=$1 n=$2 spec=$3 victim="" at=-1 i sp st
+  local name=$1 n=$2 spec=$3 victim="" at=-1 sp st
   shift 3
   sup "$name" "$n" --inject "$spec" "$@" &
   sp=$!
   pids+=("$sp")
-  for ((i = 0; i < 6000; i++)); do # up to 300 s: the signal is the step held, not a delay
+  # the victim, SIGKILLed once step 40 is held in memory (the signal: the snapshot file)
+  kill_held() {
     at=$(newest "$name")
-    if ((at >= 40)); then
-      victim=$(rank_pid "$sp" "$((n - 1))" train_fashion_mnist.py) && kill -9 "$victim" && break
-      victim=""
-    fi
-    kill -0 "$sp" 2>/dev/null || break
-    sleep 0.05
-  done
+    ((at >= 40)) || return 1
+    victim=$(rank_pid "$sp" "$((n - 1))" train_fashion_mnist.py) && kill -9 "$victim" && return 0
+    victim=""
+    return 1
+  }
+  wait_for 'kill_held || ! kill -0 "$sp" 2>/dev/null' 300
   [[ -n $victim ]] && ok "$name: SIGKILL to rank $((n - 1)) (pid $victim) with step $at held" \
     || bad "$name: no rank $((n - 1)) to kill once step 40 was held"
   wait "$sp"
