@@ -283,12 +283,15 @@ def _scan(rfd):
     return out
 
 
-def _retain(rfd, step):
+def _retain(rfd, step, recycle=None):
     """Before the copy of `step`: keep `step` and the newest generation below it, delete every
     other one (those above: a rolled-back timeline), anything else under a generation's name,
-    and the temporary files of writers that died."""
+    and the temporary files of writers that died. The first generation to go is renamed to
+    `recycle` (the copy's temporary name, written over in place: the tmpfs neither frees its
+    pages nor allocates new ones), as the C store does; True when one was."""
     below = [s for s in _scan(rfd) if s < step]
     keep = {step} | ({below[0]} if below else set())
+    recycled = False
     for n in os.listdir(rfd):
         s = name_step(n)
         pid = _temp_target(n) if s is None else None
@@ -296,6 +299,10 @@ def _retain(rfd, step):
             if s is not None:
                 st = os.stat(n, dir_fd=rfd, follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode) and s in keep or stat.S_ISDIR(st.st_mode):
+                    continue
+                if recycle and not recycled and stat.S_ISREG(st.st_mode):
+                    os.rename(n, recycle, src_dir_fd=rfd, dst_dir_fd=rfd)
+                    recycled = True
                     continue
                 os.unlink(n, dir_fd=rfd)
             elif pid is not None and pid != os.getpid():
@@ -308,6 +315,21 @@ def _retain(rfd, step):
                     continue  # not ours to signal: alive
         except OSError:
             pass  # left for the next put
+    return recycled
+
+
+def _open_recycled(rfd, tmp):
+    """An old generation renamed to `tmp` by _retain, opened to be written over: a regular file
+    of ours with one link, else None (the caller removes it and makes a new one)."""
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=rfd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        return None
+    return fd
 
 
 def put(dir, rank, step, items, *, epoch=0, cursor=0, world_size=1, config="{}"):
@@ -322,20 +344,28 @@ def put(dir, rank, step, items, *, epoch=0, cursor=0, world_size=1, config="{}")
                         config=config, label=label)
     rfd, what = _rank_fd(dir, rank, make=True)
     try:
-        _retain(rfd, step)
         tmp = f"{name}.tmp.{os.getpid()}.{next(_tmp_counter)}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                         0o600, dir_fd=rfd)
-        except OSError as e:
-            raise _os_error(e, f"{what}: cannot create {tmp}") from None
+        fd = _open_recycled(rfd, tmp) if _retain(rfd, step, tmp) else None
+        if fd is None:
+            try:
+                os.unlink(tmp, dir_fd=rfd)  # a recycled name that could not be opened
+            except OSError:
+                pass
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                             0o600, dir_fd=rfd)
+            except OSError as e:
+                raise _os_error(e, f"{what}: cannot create {tmp}") from None
         try:
             try:
+                total = 0
                 for chunk in [hdr, *views]:
                     mv = memoryview(chunk).cast("B")
                     off = 0
                     while off < mv.nbytes:
                         off += os.write(fd, mv[off : off + WRITE_CHUNK])
+                    total += mv.nbytes
+                os.ftruncate(fd, total)  # a recycled generation may have been longer
             finally:
                 os.close(fd)
             os.rename(tmp, name, src_dir_fd=rfd, dst_dir_fd=rfd)

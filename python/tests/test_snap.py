@@ -154,6 +154,36 @@ class TestStore(unittest.TestCase):
         put(self.d, 0, 3)
         self.assertEqual(snap.steps(self.d, 0), [3, 2])
 
+    def test_a_put_writes_over_the_generation_it_drops(self):
+        """As the C store (test_snap's test of the same name): the generation retention drops
+        becomes the new copy's file, written over and cut to its length; what is read back is
+        the new generation only, a longer one first and a shorter one after."""
+        rd = os.path.join(self.d, "rank-0")
+        big = items(0, 1) + [Item("model.big", "F32", (4096,), struct.pack("<4096f", *range(4096)))]
+        snap.put(self.d, 0, 1, big, world_size=3)
+        put(self.d, 0, 2)
+        held = os.open(os.path.join(rd, snap.file_name(1)), os.O_RDONLY)  # its inode stays ours
+        self.addCleanup(os.close, held)
+        p3 = put(self.d, 0, 3)
+        st = os.fstat(held)
+        self.assertEqual((st.st_ino, st.st_nlink), (os.lstat(p3).st_ino, 1),
+                         "step 3 was not written over step 1's file")
+        self.assertEqual(snap.steps(self.d, 0), [3, 2])
+        self.assertEqual(list(snap.get(self.d, 0, 3).items.values()), items(0, 3))
+        hdr, views = _ckptfile.encode(3, items(0, 3), cursor=24, world_size=3, config='{"model":"mlp"}')
+        self.assertEqual(os.path.getsize(p3), len(hdr) + sum(v.nbytes for v in views))
+        self.assertEqual(sorted(os.listdir(rd)), [snap.file_name(2), snap.file_name(3)])
+        # a link under a generation's name is removed, never written through
+        target = os.path.join(self.tmp, "target")
+        with open(target, "wb") as f:
+            f.write(b"keep")
+        os.unlink(os.path.join(rd, snap.file_name(2)))
+        os.symlink(target, os.path.join(rd, snap.file_name(2)))
+        put(self.d, 0, 4)
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), b"keep")
+        self.assertEqual(snap.steps(self.d, 0), [4, 3])
+
     def test_dead_writers_temporary_files_go_live_ones_stay(self):
         put(self.d, 0, 1)
         rd = os.path.join(self.d, "rank-0")
