@@ -533,6 +533,41 @@ static double finish_time(const run *s)
     return s->t + (s->c->work_s - s->work) / rate(s);
 }
 
+/* At the start of a save cycle, with nothing due before `t_ext` (a failure, a repair, the
+ * horizon): skip whole cycles (compute, snapshots, checkpoint) at once, as the event loop
+ * would run them, so that runs cost events per failure, not per save. */
+static void skip_cycles(run *s, double t_ext)
+{
+    const rk_plan_config *c = s->c;
+    if (s->phase != P_COMPUTE || s->since_ckpt != 0 || s->since_snap != 0 || s->n_slow ||
+        s->joining || !isfinite(c->ckpt_every_s))
+        return;
+    double tau = c->ckpt_every_s, snaps = 0;
+    if (c->mode != RK_PLAN_DISK)
+        snaps = ceil(tau / c->snap_every_s) - 1;
+    if (snaps < 0)
+        snaps = 0;
+    double period = tau + snaps * c->snap_cost_s + c->ckpt_cost_s;
+    double r = rate(s), room = t_ext - s->t;
+    if (!(period > 0) || room < 3 * period)
+        return;
+    double k = floor(room / period) - 1;
+    if (c->work_s > 0) {
+        double kw = floor((c->work_s - s->work) / (tau * r)) - 1;
+        if (kw < k)
+            k = kw;
+    }
+    if (k < 1)
+        return;
+    s->work += k * tau * r;
+    s->w_ckpt = s->w_snap = s->work;
+    s->compute_total += k * tau;
+    s->res->ckpts += (uint64_t)k;
+    s->res->snaps += (uint64_t)(k * snaps);
+    s->res->save_s += k * (snaps * c->snap_cost_s + c->ckpt_cost_s);
+    s->t += k * period;
+}
+
 static int simulate(run *s)
 {
     const rk_plan_config *c = s->c;
@@ -545,6 +580,7 @@ static int simulate(run *s)
         for (size_t i = 0; i < s->n_slow; i++)
             if (s->slow[i].detect_t < t_slow)
                 t_slow = s->slow[i].detect_t, si = i;
+        skip_cycles(s, fmin(fmin(fmin(t_fail, t_rep), fmin(t_trace, t_slow)), c->horizon_s));
         double t_phase = next_phase_end(s), t_fin = finish_time(s);
         double t = fmin(fmin(fmin(t_fail, t_rep), fmin(t_trace, t_slow)), fmin(t_phase, t_fin));
         if (t >= c->horizon_s) {
