@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "plan/fleet.h"
 #include "plan/plan.h"
 
 #ifndef RK_SRC_DIR
@@ -343,6 +344,114 @@ static void test_llama3_rate(void **state)
     assert_true(fabs(st.failures_mean - 419) <= 3 * sqrt(419.0 / 4));
 }
 
+/* The fleet file: a good one and its totals, then each refusal naming the line and field. */
+static void test_fleet_file(void **state)
+{
+    (void)state;
+    rk_plan_fleet f;
+    rk_err err = {0};
+    const char *good = "# a rack\nhosts 5\r\ncard model=gtx-1070-ti count=12 hours=100 watts=180 "
+                       "price=110 tflops=8.1\ncard model=p106 count=8 score=50 # old\n";
+    assert_int_equal(rk_plan_fleet_parse(good, strlen(good), "f", &f, &err), RK_OK);
+    assert_int_equal(f.hosts, 5);
+    assert_int_equal(f.n, 2);
+    assert_int_equal(f.gpus, 20);
+    assert_near(f.tflops, 12 * 8.1 + 8, 1e-9);
+    assert_near(f.watts, 12 * 180, 1e-9);
+    assert_near(f.hours_mean, 60, 1e-9);
+    assert_near(f.score_mean, (12 * 100 + 8 * 50) / 20.0, 1e-9);
+    const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"", "needs a hosts line"},
+        {"hosts 2\n", "needs a hosts line and at least one card"},
+        {"hosts 0\ncard model=a count=2\n", "f:1: hosts needs one whole number"},
+        {"hosts 2 3\ncard model=a count=2\n", "f:1: hosts needs one whole number"},
+        {"hosts 1\nhosts 1\n", "f:2: a second hosts line"},
+        {"hosts 1\ngpu model=a count=1\n", "f:2: a line starts with hosts or card"},
+        {"hosts 1\ncard model=a\n", "f:2: a card needs model= and count="},
+        {"hosts 1\ncard model=a count=1.5\n", "f:2: count must be a whole number"},
+        {"hosts 1\ncard model=a count=1 watts=inf\n", "f:2: watts must be a number"},
+        {"hosts 1\ncard model=a count=1 score=101\n", "f:2: score must be a number in [0, 100]"},
+        {"hosts 1\ncard model=a count=1 tflops=0x10\n", "f:2: tflops must be a number"},
+        {"hosts 1\ncard model=a/b count=1\n", "f:2: model must be"},
+        {"hosts 1\ncard model=a count=1 colour\n", "f:2: a card's fields are key=value"},
+        {"hosts 3\ncard model=a count=4\n", "4 cards do not divide evenly among 3 hosts"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(rk_plan_fleet_parse(cases[i].text, strlen(cases[i].text), "f", &f, &err),
+                         RK_EFORMAT);
+        if (!strstr(err.msg, cases[i].want))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err.msg, cases[i].want);
+    }
+    char longline[700];
+    memset(longline, 'x', sizeof longline - 1);
+    longline[sizeof longline - 1] = 0;
+    assert_int_equal(rk_plan_fleet_parse(longline, strlen(longline), "f", &f, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "f:1: line longer than 512 bytes"));
+    assert_int_equal(rk_plan_fleet_parse("hosts 1\0", 9, "f", &f, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "NUL"));
+}
+
+/* An rk run summary as the job, and its refusals. */
+static void test_summary(void **state)
+{
+    (void)state;
+    rk_plan_measured m;
+    rk_err err = {0};
+    const char *s = "{\"productive_s\": 629, \"steps\": 22611, \"recovery_median_s\": 1.15, "
+                    "\"recovery\": \"memory\", \"snapshot_bytes_peak\": 4194304, "
+                    "\"final_ranks\": 4}";
+    assert_int_equal(rk_plan_summary_parse(s, strlen(s), "s", 0.072, &m, &err), RK_OK);
+    assert_near(m.step_s, 629.0 / 22611, 1e-12);
+    assert_near(m.restart_s, 1.15 - 0.072, 1e-12);
+    assert_int_equal(m.mode, RK_PLAN_MEMORY);
+    assert_near(m.state_bytes, 4194304 / 8.0, 1e-9);
+    const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"[]", "s: not a JSON object"},
+        {"{\"steps\": 1}", "s: no productive_s"},
+        {"{\"productive_s\": 1, \"steps\": \"2\"}", "s: steps must be a number"},
+        {"{\"productive_s\": 0, \"steps\": 2}", "no productive steps"},
+        {"{\"productive_s\": 1, \"steps\": 2, \"recovery\": \"tape\"}", "recovery must be"},
+        {"{\"productive_s\": 1, \"steps\": 2, \"steps\": 3}", "s: line 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(
+            rk_plan_summary_parse(cases[i].text, strlen(cases[i].text), "s", 0, &m, &err),
+            RK_EFORMAT);
+        if (!strstr(err.msg, cases[i].want))
+            fail_msg("case %zu: '%s' lacks '%s'", i, err.msg, cases[i].want);
+    }
+}
+
+/* The failure models by name: Llama 3's rate a GPU, whatever the split between crashes and
+ * host losses; the refusals name the spec. */
+static void test_failure_models(void **state)
+{
+    (void)state;
+    rk_plan_config c;
+    rk_err err = {0};
+    rk_plan_config_default(&c);
+    c.hosts = 2048;
+    c.gpus_per_host = 8;
+    assert_int_equal(rk_plan_failures_set(&c, "llama3", 0, &err), RK_OK);
+    double rate = 1 / c.gpu.mtbf_s + 1 / (c.host.mtbf_s * c.gpus_per_host);
+    assert_near(rate * 16384 * 54 * 86400, 419, 1e-6);
+    assert_near(rk_plan_job_mtbf(&c), 54 * 86400.0 / 419, 1e-6);
+    assert_int_equal(rk_plan_failures_set(&c, "weibull:1.6,3.2e8", 3600, &err), RK_OK);
+    assert_int_equal(c.gpu.dist, RK_PLAN_WEIBULL);
+    assert_near(c.gpu.age_s, 3600, 0);
+    assert_int_equal(rk_plan_failures_set(&c, "exp:3600", 0, &err), RK_OK);
+    assert_near(rk_plan_job_mtbf(&c), 3600.0 / 16384, 1e-9);
+    const char *bad[] = {"llama4", "exp:", "exp:-1", "weibull:1.6", "weibull:x,1", "exp:1e400"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(rk_plan_failures_set(&c, bad[i], 0, &err), RK_EINVAL);
+        assert_non_null(strstr(err.msg, "is none of"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -350,7 +459,8 @@ int main(void)
         cmocka_unit_test(test_deterministic),  cmocka_unit_test(test_daly_goodput),
         cmocka_unit_test(test_daly_interval),  cmocka_unit_test(test_trace_replay),
         cmocka_unit_test(test_trace_refused),  cmocka_unit_test(test_spares_and_shrink),
-        cmocka_unit_test(test_llama3_rate),
+        cmocka_unit_test(test_llama3_rate),    cmocka_unit_test(test_fleet_file),
+        cmocka_unit_test(test_summary),        cmocka_unit_test(test_failure_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
