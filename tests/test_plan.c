@@ -344,6 +344,41 @@ static void test_llama3_rate(void **state)
     assert_true(fabs(st.failures_mean - 419) <= 3 * sqrt(419.0 / 4));
 }
 
+/* The recovery modes on the same failures (crashes and hangs): disk loses the work since the
+ * checkpoint, memory since the snapshot, in place the current step; goodput in that order. */
+static void test_recovery_modes(void **state)
+{
+    (void)state;
+    rk_plan_config c;
+    rk_plan_result r[RK_PLAN_MODES];
+    rk_err err = {0};
+    rk_plan_config_default(&c);
+    c.hosts = 16;
+    c.gpus_per_host = 8;
+    c.gpu.dist = RK_PLAN_EXPONENTIAL;
+    c.gpu.mtbf_s = 128 * 3600.0; /* a failure an hour */
+    c.mix[0] = 0.7, c.mix[1] = 0.3, c.mix[2] = 0;
+    c.ckpt_every_s = 900;
+    c.snap_every_s = 30;
+    c.horizon_s = 20 * 86400.0;
+    for (int m = 0; m < RK_PLAN_MODES; m++) {
+        c.mode = (rk_plan_mode)m;
+        assert_int_equal(rk_plan_run(&c, 11, &r[m], &err), RK_OK);
+        printf("mode %d: goodput %.5f, lost %.0f s over %llu crashes and %llu hangs\n", m,
+               r[m].goodput, r[m].lost_work_s, (unsigned long long)r[m].failures[RK_PLAN_CRASH],
+               (unsigned long long)r[m].failures[RK_PLAN_HANG]);
+    }
+    assert_int_equal(r[RK_PLAN_DISK].failures[RK_PLAN_HANG],
+                     r[RK_PLAN_MEMORY].failures[RK_PLAN_HANG]);
+    assert_true(r[RK_PLAN_DISK].lost_work_s > r[RK_PLAN_MEMORY].lost_work_s);
+    assert_true(r[RK_PLAN_MEMORY].lost_work_s > r[RK_PLAN_INPLACE].lost_work_s);
+    assert_true(r[RK_PLAN_INPLACE].lost_work_s <=
+                c.step_s *
+                    (double)(r[RK_PLAN_INPLACE].failures[0] + r[RK_PLAN_INPLACE].failures[1]));
+    assert_true(r[RK_PLAN_DISK].goodput < r[RK_PLAN_MEMORY].goodput);
+    assert_true(r[RK_PLAN_MEMORY].goodput < r[RK_PLAN_INPLACE].goodput);
+}
+
 /* The fleet file: a good one and its totals, then each refusal naming the line and field. */
 static void test_fleet_file(void **state)
 {
@@ -461,6 +496,7 @@ int main(void)
         cmocka_unit_test(test_trace_refused),  cmocka_unit_test(test_spares_and_shrink),
         cmocka_unit_test(test_llama3_rate),    cmocka_unit_test(test_fleet_file),
         cmocka_unit_test(test_summary),        cmocka_unit_test(test_failure_models),
+        cmocka_unit_test(test_recovery_modes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
