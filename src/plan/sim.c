@@ -583,7 +583,7 @@ static int simulate(run *s)
         skip_cycles(s, fmin(fmin(fmin(t_fail, t_rep), fmin(t_trace, t_slow)), c->horizon_s));
         double t_phase = next_phase_end(s), t_fin = finish_time(s);
         double t = fmin(fmin(fmin(t_fail, t_rep), fmin(t_trace, t_slow)), fmin(t_phase, t_fin));
-        if (t >= c->horizon_s) {
+        if (t > c->horizon_s) { /* events at the horizon itself are run (a fault there counts) */
             account(s, c->horizon_s);
             return 0;
         }
