@@ -27,6 +27,7 @@ static const command commands[] = {
     {"tune", rk_cmd_tune,
      "apply stability settings to GPUs through NVML (clocks, power, persistence)"},
     {"exporter", rk_cmd_exporter, "serve GPU health metrics to Prometheus"},
+    {"plan", rk_cmd_plan, "simulate a job on a fleet: goodput, intervals, spares, cost"},
     {"predict", rk_cmd_predict, "failure predictor: C-MAPSS check, simulated fleet datasets"},
     {"device-plugin", rk_cmd_device_plugin,
      "offer this node's GPUs to Kubernetes with their health (a device plugin)"},

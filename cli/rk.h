@@ -23,6 +23,7 @@ int rk_cmd_tune(int argc, char **argv);
 int rk_cmd_burn(int argc, char **argv);
 int rk_cmd_exporter(int argc, char **argv);
 int rk_cmd_predict(int argc, char **argv);
+int rk_cmd_plan(int argc, char **argv);
 int rk_cmd_agent(int argc, char **argv);
 int rk_cmd_device_plugin(int argc, char **argv);
 int rk_cmd_coordinator(int argc, char **argv); /* hidden: the node table alone, for tests */
