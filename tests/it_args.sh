@@ -250,7 +250,7 @@ refused "-o $O:" predict train "$D" -o "$O"
 refused "--model $D:" predict eval "$D" --model "$D"
 
 # --- what stays accepted --------------------------------------------------------------------
-for cmd in train ckpt "ckpt ls" "ckpt verify" "ckpt export" run agent doctor tune exporter device-plugin predict \
+for cmd in train ckpt "ckpt ls" "ckpt verify" "ckpt export" run agent doctor tune exporter device-plugin predict plan \
   "predict cmapss" "predict dataset" "predict train" "predict eval"; do
   # shellcheck disable=SC2086 # the words of $cmd are the subcommand
   "$RK" $cmd --help >"$work/logs/out" 2>"$work/logs/err"
