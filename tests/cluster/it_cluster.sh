@@ -336,8 +336,11 @@ rig_spawn "$name" h1 "${run[@]}" "${mpiargs[@]}" --ckpt-dir "$work/ckm" --events
 sup=$RIG_PID
 pids+=("$sup")
 if wait_ckpt ckm && ag=$(agent_pid 2) && r1=$(rank_pid 1); then
-  kill -STOP "$ag"
+  # the victims are listed before the agent stops: listing took 2.6 s at a load of ~27, most
+  # of the node timeout, and the node was lost 0.5 s after the kills, before rk run had read
+  # rank 1's end (the order this case exists to force)
   victims=$(ip netns pids "$name-h2" | grep -vxF -f <(lineage "$ag"))
+  kill -STOP "$ag"
   t0=$(now)
   # shellcheck disable=SC2086
   kill -9 $victims "$r1"
