@@ -396,6 +396,34 @@ for sig in TERM INT KILL; do
   [[ -z $(leftovers "$sub") ]] && ok "SIG$sig: nothing of its rig is left" ||
     bad "SIG$sig: left: $(leftovers "$sub" | tr '\n' ' ')"
 done
+# ---- gc leaves alone a rig being made: its state dir is there, its owner line not yet ------
+# rig up writes the owner under $RIG_RUN/.lock; gc must read owners under that lock too. A
+# make test once ran it_rig's gc beside it_cluster's rig up, and the new rig was removed.
+mk=$(rig_name mk)
+mkdir -p "$RIG_RUN"
+exec {lk}>"$RIG_RUN/.lock"
+flock "$lk"
+mkdir "$RIG_RUN/$mk" && echo 198.19.255 >"$RIG_RUN/$mk/net" && echo 1 >"$RIG_RUN/$mk/n"
+"$R" gc {lk}>&- 2>"$work/gc-mk.err" &  # not holding the test's lock itself
+gpid=$!
+gc_waits() { # a flock of gc's blocked on the lock (the waiter's parent is gc)
+  local p
+  # shellcheck disable=SC2013 # one pid a line
+  for p in $(awk '$2 == "->" {print $6}' /proc/locks); do
+    [[ $(awk '{print $4}' "/proc/$p/stat" 2>/dev/null) == "$gpid" ]] && return 0
+  done
+  return 1
+}
+# Either gc is done (it did not wait for the lock) or it waits for it.
+# shellcheck disable=SC2016 # wait_for evals it
+wait_for '! alive $gpid || gc_waits' 30 || bad "rig gc neither ended nor waited for the lock"
+echo "$$ $(_rig_start_time $$)" >"$RIG_RUN/$mk/owner"
+exec {lk}>&-
+wait "$gpid"
+[[ -d $RIG_RUN/$mk ]] && ok "rig gc leaves a rig being made alone (it waits for rig up's lock)" ||
+  bad "rig gc removed a rig being made: $(cat "$work/gc-mk.err")"
+rm -rf "${RIG_RUN:?}/$mk"
+
 # ---- the functions hold under set -euo pipefail (a test may use them so) -------------------
 cat >"$work/sete.sh" <<'EOF'
 set -euo pipefail

@@ -280,7 +280,13 @@ rig_down() {
 }
 
 rig_gc() {
-  local d name pid start now
+  local d name pid start now fd dead=() msg=()
+  [[ -d $RIG_RUN ]] || return 0
+  # Owners are read under the lock rig_up holds from a rig's mkdir to its owner line: read
+  # without it, a rig being made has no owner yet and looks orphaned (a make test ran it_rig
+  # beside it_cluster, and it_rig's gc removed it_cluster's new rig).
+  exec {fd}>"$RIG_RUN/.lock"
+  flock "$fd"
   for d in "$RIG_RUN"/*/; do
     [[ -d $d ]] || continue
     name=${d%/}
@@ -290,9 +296,14 @@ rig_gc() {
     now=
     [[ -z $pid ]] || now=$(_rig_start_time "$pid")
     if [[ -z $now || $now != "${start-}" ]]; then
-      _rig_err "removing rig '$name': its owner (pid ${pid:-?}) is gone"
-      rig_down "$name" || true
+      dead+=("$name")
+      msg+=("removing rig '$name': its owner (pid ${pid:-?}) is gone")
     fi
+  done
+  exec {fd}>&-
+  for ((d = 0; d < ${#dead[@]}; d++)); do
+    _rig_err "${msg[d]}"
+    rig_down "${dead[d]}" || true
   done
 }
 
