@@ -17,9 +17,8 @@
 
 void sup_inplace_reset(sup *s)
 {
-    s->ip_state = s->o->recovery == RK_SUP_RECOVERY_INPLACE &&
-                          s->o->launcher == RK_LAUNCH_LOCAL && s->snap_dir[0] && !s->snap_off &&
-                          s->b.ops == &rk_sup_launcher_ops
+    s->ip_state = s->o->recovery == RK_SUP_RECOVERY_INPLACE && s->o->launcher == RK_LAUNCH_LOCAL &&
+                          s->snap_dir[0] && !s->snap_off && s->b.ops == &rk_sup_launcher_ops
                       ? IP_READY
                       : IP_OFF;
     s->ip_rank = -1;
@@ -148,8 +147,7 @@ static void replace(sup *s, int r, int code)
         size_t base = w;
         for (size_t k = 0; k < rk_inject_count(s->spec) && w + 24 < sizeof env[2]; k++)
             if (s->fired[k])
-                w += (size_t)snprintf(env[2] + w, sizeof env[2] - w, w > base ? ",%zu" : "%zu",
-                                      k);
+                w += (size_t)snprintf(env[2] + w, sizeof env[2] - w, w > base ? ",%zu" : "%zu", k);
         if (w > base)
             extra[ne++] = env[2];
     }
@@ -187,12 +185,11 @@ void sup_inplace_tick(sup *s)
             s->lost_t[q] = 0;
             s->ip_state = IP_OFF;
             if (!sup_failing(s))
-                sup_fail(s, "rank %d (device %s) closed its heartbeat connection at step %lld",
-                         q, sup_devname(s, q), (long long)s->last_done);
+                sup_fail(s, "rank %d (device %s) closed its heartbeat connection at step %lld", q,
+                         sup_devname(s, q), (long long)s->last_done);
             give_up(s, q);
         }
-    if (s->ip_state == IP_REPLACING && now - s->ip_t > s->o->startup_timeout_s &&
-        !sup_failing(s)) {
+    if (s->ip_state == IP_REPLACING && now - s->ip_t > s->o->startup_timeout_s && !sup_failing(s)) {
         s->seen.startup_timeout = 1;
         sup_fail(s, "rank %d's replacement did not rejoin within %.0f s", s->ip_rank,
                  s->o->startup_timeout_s);
