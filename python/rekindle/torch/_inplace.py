@@ -7,6 +7,7 @@ the new group, whose internals then replace the old one's), restores the agreed 
 node's snapshot with every rank (the relaunch's _mem_resume, collective) and goes on from
 there. A mixin of Job (its attributes); relies on _Memory and the comm hook."""
 
+import gc
 import os
 import sys
 import time
@@ -64,6 +65,7 @@ class _InPlace:
         what = " ".join(str(exc).split())[:200]
         self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {what}; waiting for rk run's "
                   "rejoin command")
+        backend, kw = self._leave_group(exc)
         deadline = time.monotonic() + _REJOIN_WAIT_S
         while True:
             cmds = self.w.poll()
@@ -80,7 +82,7 @@ class _InPlace:
         was = self.step_no
         self._rejoining = True
         try:
-            self._rejoin_group(r["port"])
+            self._rejoin_group(r["port"], backend, kw)
             restored = self._mem_resume()
         except Exception as e:  # noqa: BLE001 - any failure here ends the rank as a comm failure
             self._rejoin_failed(f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: "
@@ -96,21 +98,38 @@ class _InPlace:
         self._say(f"rejoined in place (epoch {r['epoch']}, port {r['port']}) in {time.monotonic() - t0:.3f} s: "
                   f"step {was} -> {self.step_no}, restored from the node's snapshot")
 
-    def _rejoin_group(self, port):
-        """Leaves the old process group, joins the new one (MASTER_PORT `port`, the same rank
-        and world), and makes the script's DDP object a new one on it: the constructor's
-        collectives (parameter shapes, the module states' broadcast) are the replacement's, and
-        its reducer rebuilds its buckets when the replacement's does."""
+    def _leave_group(self, exc):
+        """Drops every reference this process holds to the old group (the registry's, the
+        Job's, the DDP object's reducer, logger and group, the failed collective's through its
+        traceback), so that gloo closes its connections at once: a peer blocked on this rank
+        (with 3 or more ranks a ring neighbour, not the dead rank's) gets an error and rejoins
+        too, instead of waiting in the old group while this rank waits for it in the new one.
+        Returns (backend, DDP arguments) for the new group and DDP."""
         ddp = self.model
         kw = dict(device_ids=ddp.device_ids, output_device=ddp.output_device, dim=ddp.dim,
                   broadcast_buffers=ddp.broadcast_buffers, bucket_cap_mb=ddp.bucket_bytes_cap / (1024 * 1024),
                   find_unused_parameters=ddp.find_unused_parameters,
                   gradient_as_bucket_view=ddp.gradient_as_bucket_view, static_graph=bool(ddp.static_graph))
         backend = dist.get_backend()
+        exc.__traceback__ = None
+        self._broken = None
+        self._pg = None
+        self._vec = None
         try:
             dist.destroy_process_group()
-        except (RuntimeError, AssertionError):
+        except (RuntimeError, AssertionError, ValueError):
             pass
+        for k in ("reducer", "logger", "process_group"):
+            ddp.__dict__.pop(k, None)
+        gc.collect()
+        return backend, kw
+
+    def _rejoin_group(self, port, backend, kw):
+        """Joins the new group (MASTER_PORT `port`, the same rank and world) and makes the
+        script's DDP object a new one on it: the constructor's collectives (parameter shapes,
+        the module states' broadcast) are the replacement's, and its reducer rebuilds its
+        buckets when the replacement's does."""
+        ddp = self.model
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group(backend, rank=self.rank, world_size=self.world)
         new = _DDP(self.module, **kw)
