@@ -40,9 +40,9 @@ if sup ref "$n" --recovery disk; then ok "fault-free run finishes"
 else bad "fault-free run: exit $?: $(tail -5 "$work/ref.log")"; it_finish; exit; fi
 ref=$(json ref.json hash)
 
-# rank 0 takes 200 ms more a step from step 36 (the weights do not change): time to find rank
+# rank 0 takes 1 s more a step from step 38 (the weights do not change): time to find rank
 # 1's pid once step 40 is held, before the job ends
-spec="crash@step=10:rank=1,commfail@step=20:rank=1,hang@step=30:rank=1,slow@step=36:rank=0:ms=200"
+spec="crash@step=10:rank=1,commfail@step=20:rank=1,hang@step=30:rank=1,slow@step=38:rank=0:ms=1000"
 sup inplace "$n" --recovery inplace --inject "$spec" &
 sp=$!
 pids+=("$sp")

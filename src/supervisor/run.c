@@ -40,7 +40,7 @@ static int start_launch(sup *s, rk_err *err)
 {
     rk_phase_mark("sup.start", s->launch_no, -1); /* RK_TRACE_LAUNCH (base/phase.h) */
     memset(&s->l, 0, sizeof s->l);
-    s->l.life = s->l.failed = -1;
+    s->l.life = s->l.failed = s->l.orders = -1;
     sup_close_conns(s);
     s->nconn = 0;
     s->ls = SUP_LAUNCH_RUNNING; /* (start) -> RUNNING */
@@ -397,7 +397,7 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
     s->o = o;
     s->b = b ? *b : (rk_sup_backend){&rk_sup_launcher_ops, s};
     s->listen_fd = -1;
-    s->l.life = s->l.failed = -1;
+    s->l.life = s->l.failed = s->l.orders = -1;
     s->first_launch = -1;
     s->intr_t = -1;
     s->gauge_t = s->metrics_t = -1;
