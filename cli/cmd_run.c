@@ -97,9 +97,9 @@ static void print_report(const rk_sup_report *r)
     if (r->snap_peak > 0)
         fprintf(stderr,
                 "rk run: snapshots in memory %s, peak %.1f MiB; relaunches restored from memory "
-                "%d, from disk %d\n",
+                "%d, from disk %d; ranks replaced in place %d\n",
                 r->snapshots, (double)r->snap_peak / (1024.0 * 1024.0), r->from_memory,
-                r->from_disk);
+                r->from_disk, r->in_place);
     if (r->summary_err.msg[0])
         fprintf(stderr, "rk run: %s\n", r->summary_err.msg);
 }
@@ -120,7 +120,9 @@ static const char usage_a[] =
     "  --recovery WHERE        memory (default): with --ckpt-dir and every rank on this host,\n"
     "                          the ranks also keep snapshots in /dev/shm and a relaunch\n"
     "                          restores from them when they are at least as new as the disk's\n"
-    "                          (docs/recovery.md); disk: checkpoints on disk only\n"
+    "                          (docs/recovery.md); disk: checkpoints on disk only;\n"
+    "                          inplace: memory, and a PyTorch job's failed rank is replaced\n"
+    "                          while the others keep running (--launcher local)\n"
     "  --heartbeat-timeout S   a rank silent this many seconds is hung (default 30)\n"
     "  --startup-timeout S     seconds for every rank to say hello (default 120)\n"
     "  --stop-grace S          after SIGINT, SIGTERM or SIGHUP, seconds for the ranks to\n"
@@ -449,8 +451,10 @@ int rk_cmd_run(int argc, char **argv)
                 o.recovery = RK_SUP_RECOVERY_MEMORY;
             else if (strcmp(optarg, "disk") == 0)
                 o.recovery = RK_SUP_RECOVERY_DISK;
+            else if (strcmp(optarg, "inplace") == 0)
+                o.recovery = RK_SUP_RECOVERY_INPLACE;
             else
-                return usage_error("--recovery '%s' is not memory or disk", optarg);
+                return usage_error("--recovery '%s' is not memory, disk or inplace", optarg);
             break;
         case OPT_LAUNCHER_ARG:
             if (nlargs == 62)

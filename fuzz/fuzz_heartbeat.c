@@ -48,7 +48,7 @@ static void same(const rk_hb_msg *a, const rk_hb_msg *b)
     check(strcmp(a->device, b->device) == 0 && strcmp(a->kind, b->kind) == 0);
     check(strcmp(a->action, b->action) == 0 && strcmp(a->status, b->status) == 0);
     check(strcmp(a->detail, b->detail) == 0 && a->stacks == b->stacks);
-    check(a->restore == b->restore);
+    check(a->restore == b->restore && a->rejoin == b->rejoin);
 }
 
 static void parse_one(const char *line, size_t len)

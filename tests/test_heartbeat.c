@@ -446,6 +446,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
             a.pid = 1 + rand();
             snprintf(a.device, sizeof a.device, "dev-%d/é", rand());
             a.restore = (rk_hb_restore)(rand() % 4); /* unsaid, none, disk, memory */
+            a.rejoin = rand() % 2;
             break;
         case RK_HB_STEP:
             a.loss_finite = i % 5 != 0;
@@ -498,6 +499,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
         assert_string_equal(a.status, b.status);
         assert_string_equal(a.detail, b.detail);
         assert_int_equal(a.restore, b.restore);
+        assert_int_equal(a.rejoin, b.rejoin);
     }
 }
 
@@ -1164,6 +1166,64 @@ static void test_hello_stacks_field_is_optional_and_boolean(void **state)
     assert_true(m.stacks && m.pid == 77 && m.rank == 1 && m.world == 2);
 }
 
+/* The hello's optional "rejoin" (recovery in place, docs/protocol.md): a boolean, absent is
+ * false, anything else refused naming the field; written only when true. The rejoin command:
+ * written with its epoch and port in range, refused out of range, with nothing written. */
+static void test_hello_rejoin_field_and_the_rejoin_command(void **state)
+{
+    (void)state;
+    rk_hb_msg m;
+    rk_err err = {0};
+    const char *base = "{\"type\":\"hello\",\"v\":1,\"rank\":1,\"world\":2,\"pid\":9,"
+                       "\"device\":\"0\",\"step\":0";
+    char line[256];
+    snprintf(line, sizeof line, "%s}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_false(m.rejoin);
+    snprintf(line, sizeof line, "%s,\"rejoin\":true}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_true(m.rejoin);
+    snprintf(line, sizeof line, "%s,\"rejoin\":false}", base);
+    assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
+    assert_false(m.rejoin);
+    const char *bad[] = {"1", "\"true\"", "null", "{}"};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        snprintf(line, sizeof line, "%s,\"rejoin\":%s}", base, bad[k]);
+        assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_EFORMAT);
+        assert_non_null(strstr(err.msg, "field \"rejoin\": expected true or false"));
+    }
+    rk_hb_msg h;
+    memset(&h, 0, sizeof h);
+    h.type = RK_HB_HELLO;
+    h.version = 1;
+    h.world = 2;
+    h.rank = 1;
+    h.pid = 77;
+    char out[RK_HB_LINE_MAX];
+    size_t len = 0;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
+    assert_null(strstr(out, "rejoin"));
+    h.rejoin = true;
+    assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
+    assert_non_null(strstr(out, ",\"rejoin\":true}"));
+    assert_int_equal(rk_hb_msg_parse(out, len - 1, &m, &err), RK_OK);
+    assert_true(m.rejoin);
+
+    char cmd[RK_HB_REJOIN_LINE_MAX];
+    assert_int_equal(rk_hb_rejoin_format(2147483647, 65535, cmd, sizeof cmd, &len, &err), RK_OK);
+    assert_string_equal(cmd, "{\"cmd\":\"rejoin\",\"epoch\":2147483647,\"port\":65535}\n");
+    assert_int_equal(len, strlen(cmd));
+    const int epochs[] = {0, -1, 1, 1}, ports[] = {5, 5, 0, 65536};
+    for (size_t k = 0; k < 4; k++) {
+        cmd[0] = 'x';
+        assert_int_equal(rk_hb_rejoin_format(epochs[k], ports[k], cmd, sizeof cmd, NULL, &err),
+                         RK_EINVAL);
+        assert_int_equal(cmd[0], '\0');
+    }
+    assert_int_equal(rk_hb_rejoin_format(1, 2, cmd, 10, NULL, &err), RK_EINVAL); /* too small */
+    assert_int_equal(cmd[0], '\0');
+}
+
 /* The hello's optional "restore": "memory", "disk" and "none" read back, absent is unsaid,
  * anything else (another word, "" or another JSON type) is refused naming the field; the
  * formatter writes it only when said, rk_hb_open_restored sends it, and a value outside the
@@ -1456,6 +1516,7 @@ int main(void)
         cmocka_unit_test(test_valid_lines_at_the_limits_parse),
         cmocka_unit_test(test_hello_stacks_field_is_optional_and_boolean),
         cmocka_unit_test(test_hello_restore_field_is_optional_and_one_of_three_words),
+        cmocka_unit_test(test_hello_rejoin_field_and_the_rejoin_command),
         cmocka_unit_test(test_line_splitter_copes_with_any_chunking),
         cmocka_unit_test(test_two_threads_sending_never_interleave_lines),
         cmocka_unit_test(test_sends_interrupted_by_signals_still_deliver_whole_lines),

@@ -121,6 +121,7 @@ typedef struct rk_hb_msg {
     bool stacks; /* hello: SIGUSR1 dumps the stacks to $RK_STACK_DIR (docs/protocol.md) */
     char device[64], kind[32], action[32], status[16], detail[RK_HB_DETAIL_MAX + 1];
     rk_hb_restore restore; /* hello (last: the layout before it is unchanged) */
+    bool rejoin; /* hello: the rank can rejoin a new process group in place (docs/protocol.md) */
 } rk_hb_msg;
 
 /* Parse one line (without its newline; need not be NUL-terminated) into *m. RK_EFORMAT with a
@@ -155,6 +156,13 @@ RK_API int rk_hb_cmd_parse(const char *line, size_t len, rk_hb_cmd *cmd, rk_err 
  * for RK_HB_CMD_NONE or a value outside the enum (line[0] = '\0'), or if cap is too small. */
 #define RK_HB_CMD_LINE_MAX 32
 RK_API int rk_hb_cmd_format(rk_hb_cmd cmd, char *line, size_t cap, size_t *len, rk_err *err);
+
+/* The rejoin command ({"cmd":"rejoin","epoch":E,"port":P}, docs/protocol.md), sent only to a
+ * rank whose hello said "rejoin": leave the process group, join epoch E's at MASTER_PORT P.
+ * E 1 .. 2^31-1, P 1 .. 65535, else RK_EINVAL (line[0] = '\0'); as rk_hb_cmd_format writes. */
+#define RK_HB_REJOIN_LINE_MAX 64
+RK_API int rk_hb_rejoin_format(int epoch, int port, char *line, size_t cap, size_t *len,
+                               rk_err *err);
 
 /* ---- line splitter ---------------------------------------------------------------------- */
 

@@ -44,7 +44,9 @@ RESTORES = ("memory", "disk", "none")  # hello's optional restore
 STEP_MAX = 1 << 53  # highest step and lost_steps
 RANK_MAX = 65535
 WORLD_MAX = 65536
-COMMANDS = ("stop", "checkpoint")
+COMMANDS = ("stop", "checkpoint", "rejoin")
+REJOIN_EPOCH_MAX = (1 << 31) - 1  # rejoin's "epoch": 1 .. this
+PORT_MAX = 65535  # rejoin's "port": 1 .. this
 _WORD = re.compile(r"[a-z_]{1,31}\Z")
 _BAD_MSGS = 3  # bad command lines reported per connection, then a count
 
@@ -233,9 +235,17 @@ def format_line(msg):
 
 
 def parse_command(line):
-    """The command of one line from the supervisor (bytes without its newline): "stop" or
-    "checkpoint". ValueError naming what is wrong otherwise (not JSON, not an object, a key
-    twice, no "cmd", an unknown command). Other fields are ignored."""
+    """The command of one line from the supervisor (bytes without its newline): "stop",
+    "checkpoint" or "rejoin". ValueError naming what is wrong otherwise (not JSON, not an
+    object, a key twice, no "cmd", an unknown command, a rejoin without its epoch and port).
+    Other fields are ignored."""
+    return parse_command_args(line)[0]
+
+
+def parse_command_args(line):
+    """parse_command's command and its arguments: (cmd, {}) for "stop" and "checkpoint",
+    ("rejoin", {"epoch": E, "port": P}) for a rejoin (docs/protocol.md: E a whole number 1 ..
+    2^31-1, P a TCP port 1 .. 65535; anything else is a ValueError naming the field)."""
     if len(line) + 1 > LINE_MAX:
         raise ValueError(f"heartbeat command: the line is {len(line) + 1} bytes, more than {LINE_MAX}")
     if line.endswith(b"\r"):
@@ -269,7 +279,17 @@ def parse_command(line):
         raise ValueError('heartbeat command: field "cmd": expected a string')
     if cmd not in COMMANDS:
         raise ValueError(f'heartbeat command: field "cmd": unknown command "{clean_text(cmd, 64)}"')
-    return cmd
+    if cmd != "rejoin":
+        return cmd, {}
+    args = {}
+    for name, top in (("epoch", REJOIN_EPOCH_MAX), ("port", PORT_MAX)):
+        v = obj.get(name)
+        if v is None:
+            raise ValueError(f'heartbeat command: rejoin: field "{name}": missing')
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top:
+            raise ValueError(f'heartbeat command: rejoin: field "{name}": expected a whole number 1 .. {top}')
+        args[name] = v
+    return cmd, args
 
 
 class Worker:
@@ -299,6 +319,7 @@ class Worker:
         self._pid = None  # the process that connected (a forked child sends nothing)
         self._lock = threading.Lock()
         self._pending = set()
+        self.rejoin = None  # the newest rejoin command's arguments ({"epoch", "port"}), or None
         self._buf = b""
         self._skip_line = False  # inside a command line that was too long
         self._bad_lines = 0
@@ -353,10 +374,11 @@ class Worker:
                 self._gone("a send was interrupted by an exception")
                 raise
 
-    def hello(self, step=0, restore=None):
+    def hello(self, step=0, restore=None, rejoin=False):
         """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the
         checkpoint resumed from). `restore`, optional: where that state came from, "memory",
-        "disk" or "none" (docs/protocol.md; None: not said). A supervisor that cannot be
+        "disk" or "none" (docs/protocol.md; None: not said). `rejoin`: the rank can leave its
+        process group and join a new one on a rejoin command (recovery in place). A supervisor that cannot be
         reached makes the worker lost (alive() is False): the job went with it. Once only."""
         if restore is not None and restore not in RESTORES:
             raise ValueError(f"hello: restore {restore!r} is not one of {', '.join(RESTORES)}")
@@ -398,6 +420,8 @@ class Worker:
             msg["stacks"] = True
         if restore is not None:
             msg["restore"] = restore
+        if rejoin:  # this rank can rejoin a new process group in place (docs/protocol.md)
+            msg["rejoin"] = True
         self._send(msg)
 
     def comm(self, step):
@@ -490,7 +514,10 @@ class Worker:
                 self._skip_line = False
                 continue
             try:
-                self._pending.add(parse_command(line))
+                cmd, args = parse_command_args(line)
+                self._pending.add(cmd)
+                if cmd == "rejoin" and (self.rejoin is None or args["epoch"] > self.rejoin["epoch"]):
+                    self.rejoin = args
             except ValueError as e:
                 self._bad(str(e))
 

@@ -192,12 +192,37 @@ class TestEnvironment(unittest.TestCase):
             with self.assertRaises(ValueError, msg=bad[:40]):
                 p(bad)
 
+    def test_parse_rejoin(self):
+        """The rejoin command (recovery in place, docs/protocol.md): its epoch and port are
+        whole numbers in range, checked; the Worker keeps the newest epoch's."""
+        p = wmod.parse_command_args
+        self.assertEqual(p(b'{"cmd":"rejoin","epoch":3,"port":29500}'), ("rejoin", {"epoch": 3, "port": 29500}))
+        self.assertEqual(wmod.parse_command(b'{"cmd":"rejoin","epoch":1,"port":1,"x":0}'), "rejoin")
+        self.assertEqual(p(b'{"cmd":"stop","epoch":"x"}'), ("stop", {}))
+        for bad, field in ((b'{"cmd":"rejoin","port":29500}', "epoch"), (b'{"cmd":"rejoin","epoch":1}', "port"),
+                           (b'{"cmd":"rejoin","epoch":0,"port":2}', "epoch"),
+                           (b'{"cmd":"rejoin","epoch":2147483648,"port":2}', "epoch"),
+                           (b'{"cmd":"rejoin","epoch":1,"port":65536}', "port"),
+                           (b'{"cmd":"rejoin","epoch":1,"port":0}', "port"),
+                           (b'{"cmd":"rejoin","epoch":true,"port":2}', "epoch"),
+                           (b'{"cmd":"rejoin","epoch":1.0,"port":2}', "epoch"),
+                           (b'{"cmd":"rejoin","epoch":1,"port":"2"}', "port"),
+                           (b'{"cmd":"rejoin","epoch":1,"port":null}', "port")):
+            with self.assertRaises(ValueError, msg=bad) as cm:
+                p(bad)
+            self.assertIn(f'field "{field}"', str(cm.exception))
+        w = wmod.Worker(env={"RANK": "0", "WORLD_SIZE": "2"}, install_stacks=False)
+        w._take_lines(b'{"cmd":"rejoin","epoch":2,"port":5}\n{"cmd":"rejoin","epoch":1,"port":6}\n'
+                      b'{"cmd":"rejoin","epoch":0,"port":7}\n')
+        self.assertEqual(w.rejoin, {"epoch": 2, "port": 5})  # an older epoch, a bad line: kept
+        self.assertEqual(w._pending, {"rejoin"})
 
     def test_parse_command_fuzz(self):
         import random
 
         r = random.Random(9)
-        seeds = [b'{"cmd":"stop"}', b'{"cmd":"checkpoint","x":[1,{"y":"z"}]}']
+        seeds = [b'{"cmd":"stop"}', b'{"cmd":"checkpoint","x":[1,{"y":"z"}]}',
+                 b'{"cmd":"rejoin","epoch":12,"port":29500}']
         for _ in range(3000):
             b = bytearray(r.choice(seeds))
             for _ in range(r.randint(1, 4)):

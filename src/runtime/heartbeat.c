@@ -272,6 +272,10 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
                 return expected(err, RK_EFORMAT, "restore", RESTORE_WANT);
             m->restore = (rk_hb_restore)j;
         }
+        json_t *rj = json_object_get(o, "rejoin"); /* optional */
+        if (rj && !json_is_boolean(rj))
+            return expected(err, RK_EFORMAT, "rejoin", "true or false");
+        m->rejoin = rj && json_is_true(rj);
     }
     if ((rc = get_int(o, &I_STEP, &m->step, err)))
         return rc;
@@ -474,6 +478,8 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
         put(&o, ",\"stacks\":true");
     if (m->type == RK_HB_HELLO && m->restore != RK_HB_RESTORE_UNSAID)
         put_str(&o, "restore", k_restores[m->restore]);
+    if (m->type == RK_HB_HELLO && m->rejoin)
+        put(&o, ",\"rejoin\":true");
     switch (m->type) {
     case RK_HB_HELLO:
     case RK_HB_COMM: break;
@@ -503,6 +509,26 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
         line[0] = '\0';
         return rk_err_set_line(err, RK_EINVAL, MSG "a %s line does not fit in %zu bytes",
                                k_types[m->type], cap);
+    }
+    if (len)
+        *len = o.n;
+    rk_err_clear(err);
+    return RK_OK;
+}
+
+int rk_hb_rejoin_format(int epoch, int port, char *line, size_t cap, size_t *len, rk_err *err)
+{
+    if (!line || cap == 0)
+        return rk_err_set_line(err, RK_EINVAL, CMD "no room to write it");
+    line[0] = '\0';
+    if (epoch < 1 || port < 1 || port > 65535)
+        return rk_err_set_line(err, RK_EINVAL, CMD "rejoin: epoch %d or port %d out of range",
+                               epoch, port);
+    outbuf o = {line, cap, 0, false};
+    put(&o, "{\"cmd\":\"rejoin\",\"epoch\":%d,\"port\":%d}\n", epoch, port);
+    if (o.over) {
+        line[0] = '\0';
+        return rk_err_set_line(err, RK_EINVAL, CMD "a rejoin line does not fit in %zu bytes", cap);
     }
     if (len)
         *len = o.n;

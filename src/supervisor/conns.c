@@ -63,6 +63,11 @@ void sup_note(sup *s, rk_sup_conn *c, const char *fmt, ...)
 static void on_exit_event(sup *s, const rk_hb_msg *m)
 {
     rk_sup_kind kind = rk_sup_kind_of(m->kind);
+    if (strcmp(m->kind, "commfail") == 0 && sup_inplace_may(s, m->rank)) {
+        /* the keeper's word on its end decides (inplace.c); its words name the incident */
+        snprintf(s->exit_detail, sizeof s->exit_detail, "%s", m->detail);
+        return;
+    }
     if (s->seen.exit_kind == RK_SUP_KIND_NONE) {
         s->seen.exit_kind = kind;
         s->seen.exit_rank = m->rank;
@@ -208,6 +213,7 @@ static int claim_rank(sup *s, const rk_sup_conn *c, const rk_hb_msg *m)
 /* STRANGER -> RANK: connection c is rank m->rank from now on (its hello believed). */
 static void rank_hello(sup *s, rk_sup_conn *c, const rk_hb_msg *m, double now)
 {
+    sup_inplace_hello(s, m);
     c->st = SUP_CONN_RANK;
     c->rank = m->rank;
     c->stacks = m->stacks;
@@ -221,7 +227,7 @@ static void rank_hello(sup *s, rk_sup_conn *c, const rk_hb_msg *m, double now)
         s->restore = (int)m->restore;
     else if (s->restore != (int)m->restore)
         s->restore = -1; /* the ranks disagree: said as nothing */
-    if (sup_hellos(s) == s->n && s->start_step > 0 &&
+    if (sup_hellos(s) == s->n && s->start_step > 0 && s->ip_state != IP_REPLACING &&
         (s->restore == RK_HB_RESTORE_MEMORY || s->restore == RK_HB_RESTORE_DISK)) {
         sup_say(s, "launch %d: resumed from %s at step %lld", s->launch_no,
                 s->restore == RK_HB_RESTORE_MEMORY ? "node memory" : "disk checkpoint",
@@ -301,6 +307,8 @@ static int on_line(void *ctx, const char *line, size_t len)
         }
         /* the job is back at work when all its ranks are back and any of them applies a
          * step (ranks of a data-parallel job step together; independent ones need not) */
+        if (sup_hellos(s) == s->n)
+            sup_inplace_step(s); /* a rank replaced in place: every rank is back */
         if (s->npending && sup_hellos(s) == s->n)
             sup_resolve_pending(s, s->start_step);
         break;
@@ -334,6 +342,10 @@ static void drop_conn(sup *s, rk_sup_conn *c, const char *why)
     if (c->st != SUP_CONN_RANK)
         return;            /* a stranger, or a rank that said bye: nothing lost */
     c->st = SUP_CONN_LOST; /* RANK -> LOST */
+    if (sup_inplace_may(s, c->rank) && !sup_failing(s) && !sup_stop_sent(s)) {
+        s->lost_t[c->rank] = rk_ledger_now(&s->g); /* the keeper's word decides (inplace.c) */
+        return;
+    }
     if (s->seen.lost_rank < 0)
         s->seen.lost_rank = c->rank;
     if (sup_failing(s) || sup_stop_sent(s))

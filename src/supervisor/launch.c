@@ -517,8 +517,8 @@ static void signal_job(int pidns, int sig)
 
 /* The first child process: the launcher (nranks 0), or each rank of a local launch with its
  * RANK and LOCAL_RANK. Never returns: the exec's errno goes to rk run through `report`. */
-static void exec_child(const char **argv, char *const *env, char *preload, const sigset_t *set,
-                       int report, int rank)
+static void exec_child(const char **argv, char *const *env, char *const *extra, char *preload,
+                       const sigset_t *set, int report, int rank)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     sigprocmask(SIG_UNBLOCK, set, NULL);
@@ -528,6 +528,8 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
     signal(SIGPIPE, SIG_DFL);
     for (int i = 0; env && env[i]; i++)
         putenv(env[i]);
+    for (int i = 0; extra && extra[i]; i++) /* a replacement's: after the launch's, over them */
+        putenv(extra[i]);
     if (preload)
         putenv(preload);
     /* the child gets stdin, stdout and stderr, nothing else of rk run's (its --events,
@@ -556,8 +558,50 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
     }
     rk_phase_mark_env(rank >= 0 ? "rank.exec" : "launcher.exec"); /* RK_TRACE_LAUNCH */
     execvp(argv[0], (char *const *)argv);
-    write_errno(report, errno); /* rk run reads it: no launch, one message */
+    if (report >= 0)
+        write_errno(report, errno); /* rk run reads it: no launch, one message */
     _exit(127);
+}
+
+/* In place (rk_launch_start_inplace): a rank's end as the keeper tells it, (rank, status). */
+static void write_failed(int fd, int rank, int code)
+{
+    int msg[2] = {rank, code};
+    ssize_t w;
+    do
+        w = write(fd, msg, sizeof msg);
+    while (w < 0 && errno == EINTR);
+}
+
+/* The keeper, in place: one order from rk run on the respawn pipe: a rank to start again with
+ * extra NAME=VALUE strings ({rank, len} then len bytes of NUL-ended strings), or rank -1: give
+ * up (end the job). 1 with the order read into *rank and extra[] (pointing into buf), 0 at end
+ * of file or on a malformed order. */
+static int read_order(int fd, int *rank, char *buf, size_t cap, char **extra, int max)
+{
+    int head[2];
+    ssize_t r;
+    do
+        r = read(fd, head, sizeof head);
+    while (r < 0 && errno == EINTR);
+    if (r != (ssize_t)sizeof head || head[1] < 0 || (size_t)head[1] >= cap)
+        return 0;
+    size_t got = 0, len = (size_t)head[1];
+    while (got < len) {
+        r = read(fd, buf + got, len - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return 0;
+        got += (size_t)r;
+    }
+    buf[len] = '\0';
+    int n = 0;
+    for (size_t at = 0; at < len && n < max - 1; at += strlen(buf + at) + 1)
+        extra[n++] = buf + at;
+    extra[n] = NULL;
+    *rank = head[0];
+    return 1;
 }
 
 /* The keeper's life: start the launcher (or, `nranks` > 0, the ranks themselves), reap
@@ -566,7 +610,7 @@ static void exec_child(const char **argv, char *const *env, char *preload, const
  * with the launcher's status (128 + signal for a signal; local: the first failed rank's, as
  * mpirun). Never returns. */
 static void keeper(int pidns, int life, int report, const char **argv, char *const *env,
-                   char *preload, int nranks, int failed)
+                   char *preload, int nranks, int failed, int orders)
 {
     int launch = -1; /* the launch's number, for the trace (base/phase.h) */
     for (int i = 0; env && env[i] && launch < 0; i++)
@@ -594,7 +638,7 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
     for (int r = 0; r < nchild; r++) {
         child[r] = sfd < 0 ? -1 : fork();
         if (child[r] == 0)
-            exec_child(argv, env, preload, &set, report, nranks > 0 ? r : -1);
+            exec_child(argv, env, NULL, preload, &set, report, nranks > 0 ? r : -1);
         if (child[r] < 0) {
             write_errno(report, errno);
             if (r > 0)
@@ -603,14 +647,33 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
         }
     }
     close(report);
-    int left = nchild, stopped = 0;
+    int left = nchild, stopped = 0, first_code = -1;
     for (;;) {
-        struct pollfd p[2] = {{sfd, POLLIN, 0}, {life, POLLIN, 0}};
-        if (poll(p, 2, -1) < 0)
+        struct pollfd p[3] = {{sfd, POLLIN, 0}, {life, POLLIN, 0}, {orders, POLLIN, 0}};
+        if (poll(p, orders >= 0 ? 3 : 2, -1) < 0)
             continue;
         if (p[1].revents) { /* rk run has gone: so does the job */
             signal_job(pidns, SIGKILL);
             _exit(137);
+        }
+        if (orders >= 0 && p[2].revents) { /* in place: rk run's order */
+            static char buf[8192];
+            char *extra[64];
+            int r;
+            if (!read_order(orders, &r, buf, sizeof buf, extra, 64) || r < 0 || r >= nchild ||
+                child[r] > 0) { /* give up (or rk run has gone): the job ends as without */
+                signal_job(pidns, SIGKILL);
+                _exit(first_code >= 0 ? first_code : 137);
+            }
+            first_code = -1; /* a give-up from here on is a later failure's */
+            child[r] = fork();
+            if (child[r] == 0)
+                exec_child(argv, env, extra, preload, &set, -1, r);
+            if (child[r] > 0)
+                left++;
+            else
+                write_failed(failed, r, 127);
+            continue;
         }
         struct signalfd_siginfo si;
         if (!(p[0].revents & POLLIN) || read(sfd, &si, sizeof si) != (ssize_t)sizeof si)
@@ -629,8 +692,19 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
             child[r] = -1;
             left--;
             int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            int bad = nranks > 0 && code != 0 && code != RK_EXIT_STOPPED;
+            if (orders >= 0 && bad) {
+                /* in place: which rank and how, then rk run decides (a rank to start again,
+                 * or give up); the job ends here only if no rank is left */
+                if (first_code < 0)
+                    first_code = code;
+                write_failed(failed, r, code);
+                if (left > 0)
+                    continue;
+                _exit(code);
+            }
             /* the launcher, a failed rank (mpirun's rule), or the last rank: the job ends */
-            if (nranks > 0 && code != 0 && code != RK_EXIT_STOPPED)
+            if (bad)
                 write_errno(failed, r); /* which rank, before the others' ends are seen */
             if (nranks == 0 || (code != 0 && code != RK_EXIT_STOPPED) || left == 0) {
                 signal_job(pidns, SIGKILL); /* the other ranks, and what outlived them */
@@ -643,11 +717,28 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
     }
 }
 
+static int launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
+                        char *const *worker, char *const *env, int want_pidns, int inplace,
+                        rk_err *err);
+
 int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
                     char *const *worker, char *const *env, int want_pidns, rk_err *err)
 {
+    return launch_start(l, kind, launcher_args, n, worker, env, want_pidns, 0, err);
+}
+
+int rk_launch_start_inplace(rk_launch *l, int n, char *const *worker, char *const *env,
+                            int want_pidns, rk_err *err)
+{
+    return launch_start(l, RK_LAUNCH_LOCAL, NULL, n, worker, env, want_pidns, 1, err);
+}
+
+static int launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, int n,
+                        char *const *worker, char *const *env, int want_pidns, int inplace,
+                        rk_err *err)
+{
     memset(l, 0, sizeof *l);
-    l->life = l->failed = -1;
+    l->life = l->failed = l->orders = -1;
     const char *argv[MAX_ARGS];
     char nbuf[16];
     if (build_argv(kind, launcher_args, n, worker, argv, nbuf, sizeof nbuf) < 0)
@@ -668,13 +759,20 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
         close(life[1]);
         return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
     }
-    if (pipe2(failed, O_CLOEXEC | O_NONBLOCK) != 0) {
+    int orders[2] = {-1, -1};
+    if (pipe2(failed, O_CLOEXEC | O_NONBLOCK) != 0 || (inplace && pipe2(orders, O_CLOEXEC) != 0)) {
+        int e = errno;
         close(life[0]);
         close(life[1]);
         close(report[0]);
         close(report[1]);
-        return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(errno));
+        if (orders[0] < 0 && failed[0] >= 0 && inplace) {
+            close(failed[0]);
+            close(failed[1]);
+        }
+        return rk_err_set(err, RK_EIO, "launch: pipe: %s", strerror(e));
     }
+    l->inplace = inplace;
     /* the next child is pid 1 of a new PID namespace; this process stays where it is */
     int self_ns = want_pidns ? open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC) : -1;
     if (self_ns >= 0 && unshare(CLONE_NEWPID) == 0)
@@ -687,8 +785,10 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
         close(life[1]);
         close(report[0]);
         close(failed[0]);
+        if (orders[1] >= 0)
+            close(orders[1]);
         keeper(l->pidns, life[0], report[1], argv, env, l->loopback ? preload : NULL,
-               kind == RK_LAUNCH_LOCAL ? n : 0, failed[1]);
+               kind == RK_LAUNCH_LOCAL ? n : 0, failed[1], orders[0]);
     }
     int fork_errno = errno;
     if (l->pidns && setns(self_ns, CLONE_NEWPID) != 0) { /* later children: our namespace */
@@ -705,7 +805,13 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
     close(report[1]);
     close(failed[1]);
     l->failed = failed[0];
+    if (orders[0] >= 0)
+        close(orders[0]);
+    l->orders = orders[1];
     if (pid < 0) {
+        if (l->orders >= 0)
+            close(l->orders);
+        l->orders = -1;
         close(life[1]);
         close(report[0]);
         close(l->failed);
@@ -745,6 +851,38 @@ int rk_launch_poll(rk_launch *l)
         return 1;
     }
     return 0;
+}
+
+int rk_launch_failed(rk_launch *l, int *code)
+{
+    int msg[2] = {-1, -1};
+    if (l->failed < 0 || read(l->failed, msg, sizeof msg) != (ssize_t)sizeof msg)
+        return -1;
+    *code = msg[1];
+    return msg[0];
+}
+
+int rk_launch_respawn(rk_launch *l, int rank, char *const *extra)
+{
+    char buf[4096];
+    int head[2] = {rank, 0};
+    size_t used = sizeof head;
+    for (int i = 0; extra && extra[i]; i++) {
+        size_t k = strlen(extra[i]) + 1;
+        if (used + k > sizeof buf)
+            return RK_EINVAL;
+        memcpy(buf + used, extra[i], k);
+        used += k;
+    }
+    head[1] = (int)(used - sizeof head);
+    memcpy(buf, head, sizeof head);
+    if (l->orders < 0 || l->exited)
+        return RK_EIO;
+    ssize_t w;
+    do /* one write of at most PIPE_BUF bytes: whole or not at all */
+        w = write(l->orders, buf, used);
+    while (w < 0 && errno == EINTR);
+    return w == (ssize_t)used ? RK_OK : RK_EIO;
 }
 
 int rk_launch_failed_rank(rk_launch *l)
@@ -796,6 +934,9 @@ void rk_launch_kill(rk_launch *l, double grace_s)
     if (l->failed >= 0)
         close(l->failed);
     l->failed = -1;
+    if (l->orders >= 0)
+        close(l->orders);
+    l->orders = -1;
     /* rk run is a subreaper: whatever escaped the keeper was reparented here */
     kill_tree(getpid());
 }

@@ -97,6 +97,9 @@ int sup_launcher_start(sup *s, rk_err *err)
      * SIGKILL, and the relaunch waits for it (unless the user chose otherwise) */
     if (!rc && s->o->launcher == RK_LAUNCH_MPIRUN && !getenv("OMPI_MCA_odls_base_sigkill_timeout"))
         rc = rk_rank_env_add(&re, err, "OMPI_MCA_odls_base_sigkill_timeout=0");
+    /* recovery in place (inplace.c): a PyTorch rank may rejoin a new rendezvous */
+    if (!rc && s->ip_state == IP_READY && !remote)
+        rc = rk_rank_env_add(&re, err, "RK_REJOIN=1");
     /* srun in the allocation: rank r on the node of line r, the nodes used named, the ones
      * lost or quarantined left out (docs/slurm.md) */
     static char srun_excl[8192], srun_args[2][8300];
@@ -152,8 +155,12 @@ int sup_launcher_start(sup *s, rk_err *err)
         cargs[a] = NULL;
         largs = cargs;
     }
-    rc = rk_launch_start(&s->l, s->o->launcher, largs, s->n, s->o->worker, (char *const *)env,
-                         !(ns && strcmp(ns, "0") == 0), err);
+    if (s->ip_state == IP_READY && !remote) /* the keeper replaces a failed rank on order */
+        rc = rk_launch_start_inplace(&s->l, s->n, s->o->worker, (char *const *)env,
+                                     !(ns && strcmp(ns, "0") == 0), err);
+    else
+        rc = rk_launch_start(&s->l, s->o->launcher, largs, s->n, s->o->worker, (char *const *)env,
+                             !(ns && strcmp(ns, "0") == 0), err);
     if (!rc && !s->l.pidns && !s->told_pidns) {
         s->told_pidns = 1;
         sup_say(s,
@@ -181,6 +188,8 @@ int sup_launcher_poll(sup *s, int *code)
 
 int sup_launcher_failed_rank(sup *s)
 {
+    if (s->l.inplace) /* inplace.c reads the keeper's word and decides */
+        return -1;
     return rk_launch_failed_rank(&s->l);
 }
 

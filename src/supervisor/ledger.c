@@ -340,6 +340,7 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     rep->snap_peak = g->snap_peak;
     rep->from_memory = g->from_memory;
     rep->from_disk = g->from_disk;
+    rep->in_place = g->in_place;
     if (!path)
         return RK_OK;
     json_t *by_kind = json_object();
@@ -365,6 +366,7 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     json_t *restores = json_object();
     json_object_set_new(restores, "memory", json_integer(g->from_memory));
     json_object_set_new(restores, "disk", json_integer(g->from_disk));
+    json_object_set_new(restores, "in_place", json_integer(g->in_place));
     json_object_set_new(j, "restores", restores);
     int rc = RK_OK;
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));

@@ -61,7 +61,11 @@ static void say_restore(const sup *s, rk_incident *i, int64_t resumed_from)
                        : s->restore == RK_HB_RESTORE_NONE ? "nothing (a fresh start)"
                                                           : NULL;
     size_t n = strlen(i->detail);
-    if (from && n < sizeof i->detail)
+    if (from && n < sizeof i->detail && strcmp(i->action, "in_place") == 0)
+        snprintf(i->detail + n, sizeof i->detail - n,
+                 "; every rank (the replacement and the ranks kept) resumed from %s at step %lld",
+                 from, (long long)resumed_from);
+    else if (from && n < sizeof i->detail)
         snprintf(i->detail + n, sizeof i->detail - n, "; resumed from %s at step %lld", from,
                  (long long)resumed_from);
 }
@@ -80,7 +84,8 @@ static void write_pending(sup *s, int recovered, int64_t resumed_from)
         if (recovered)
             i->recovery_s = now - i->t;
         set_lost(s, i, resumed_from);
-        if (recovered && resumed_from >= 0 && strcmp(i->action, "relaunch") == 0)
+        if (recovered && resumed_from >= 0 &&
+            (strcmp(i->action, "relaunch") == 0 || strcmp(i->action, "in_place") == 0))
             say_restore(s, i, resumed_from);
         rk_ledger_write(&s->g, i);
     }

@@ -40,7 +40,7 @@ static int start_launch(sup *s, rk_err *err)
 {
     rk_phase_mark("sup.start", s->launch_no, -1); /* RK_TRACE_LAUNCH (base/phase.h) */
     memset(&s->l, 0, sizeof s->l);
-    s->l.life = s->l.failed = -1;
+    s->l.life = s->l.failed = s->l.orders = -1;
     sup_close_conns(s);
     s->nconn = 0;
     s->ls = SUP_LAUNCH_RUNNING; /* (start) -> RUNNING */
@@ -75,6 +75,7 @@ static int start_launch(sup *s, rk_err *err)
     for (size_t i = 0; s->o->inject && i < rk_inject_count(s->spec) && u + 12 < sizeof done; i++)
         if (s->fired[i])
             u += (size_t)snprintf(done + u, sizeof done - u, u ? ",%zu" : "%zu", i);
+    sup_inplace_reset(s); /* after the snapshot directory's fate is known */
     rk_sup_launch l = {.no = s->launch_no, .n = s->n, .dev = s->dev, .done = done};
     s->t_launch = rk_ledger_now(&s->g);
     int rc = s->b.ops->start(s->b.ctx, &l, err);
@@ -273,7 +274,7 @@ static void open_snap_dir(sup *s)
 {
     const rk_sup_opts *o = s->o;
     s->snap_dir[0] = '\0';
-    if (o->recovery != RK_SUP_RECOVERY_MEMORY || !o->ckpt_dir)
+    if (o->recovery == RK_SUP_RECOVERY_DISK || !o->ckpt_dir)
         return;
     if (o->hosts || s->b.ops != &rk_sup_launcher_ops || sup_may_span_hosts(o)) {
         sup_say(s,
@@ -396,7 +397,7 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
     s->o = o;
     s->b = b ? *b : (rk_sup_backend){&rk_sup_launcher_ops, s};
     s->listen_fd = -1;
-    s->l.life = s->l.failed = -1;
+    s->l.life = s->l.failed = s->l.orders = -1;
     s->first_launch = -1;
     s->intr_t = -1;
     s->gauge_t = s->metrics_t = -1;
@@ -418,7 +419,9 @@ void rk_sup_run_with(const rk_sup_opts *o, const rk_sup_backend *b, rk_sup_repor
             rk_err_set(&rep->err, RK_ENOMEM, "out of memory");
         goto out;
     }
-    s->g.recovery = o->recovery == RK_SUP_RECOVERY_DISK ? "disk" : "memory";
+    s->g.recovery = o->recovery == RK_SUP_RECOVERY_DISK      ? "disk"
+                    : o->recovery == RK_SUP_RECOVERY_INPLACE ? "inplace"
+                                                             : "memory";
     s->g.snapshots = "none"; /* open_snap_dir: "on"; a snapshot_off (conns.c): "off" */
     if (open_stack_dir(s, &err)) {
         rep->err = err;

@@ -8,7 +8,8 @@
  * them. Every decision is policy.h's.
  *
  * Who calls whom, one way only (scripts/call-cycles.py src/supervisor finds no circle):
- * run.c -> watch.c -> conns.c, drain.c, stacks.c -> pending.c, job.c -> the ledger; gauge.c
+ * run.c -> watch.c -> conns.c, drain.c, stacks.c, inplace.c -> pending.c, job.c -> the ledger
+ * (inplace.c, recovery in place, is called by watch.c and conns.c and calls pending.c); gauge.c
  * (the snapshot memory and the metrics file), called by run.c and watch.c, calls drain.c's
  * sup_record and job.c's sup_say. A
  * connection's handler (conns.c) records what it saw (rk_sup_seen, the launch's and the
@@ -40,6 +41,8 @@
  *                                    one says the same rank)
  *     RANK      -> LEFT | DONE       rank_bye (conns.c): it said bye ("done": DONE)
  *     RANK      -> LOST              drop_conn (conns.c): it closed without a bye
+ *     RANK|LOST -> STRANGER (closed) replace (inplace.c): the rank is replaced in place; the
+ *                                    record is freed so that the replacement's hello claims it
  *
  * Its fd is closed (-1) in any state by drop_conn or sup_close_conns; a rank's record stays
  * until the next launch, for the verdict.
@@ -185,6 +188,25 @@ typedef struct sup {
     double metrics_t; /* when the metrics file was last written (-1: never) */
     int snap_told;    /* the snapshot_on note was written: snapshots exist(ed) */
     int metrics_told; /* failures to write the metrics file said (once until one succeeds) */
+    /* ---- inplace.c: recovery in place (--recovery inplace, docs/recovery.md), reset by
+     * run.c each launch but ip_epoch. ip_state's transitions, each by one function:
+     *     IP_OFF     this launch cannot (not asked, not local, not every hello said rejoin)
+     *     IP_READY   -> IP_REPLACING  sup_inplace_tick: the keeper said rank ip_rank died;
+     *                                 the survivors told to rejoin, the keeper to start it again
+     *     IP_REPLACING -> IP_READY    sup_inplace_step (conns.c: a step once every rank said
+     *                                 hello): every rank is stepping again
+     *     any        -> IP_OFF        sup_inplace_tick: a failure it does not replace (the
+     *                                 keeper told to give up: the launch ends as without) */
+    int ip_state;
+    int ip_rank; /* IP_REPLACING: the rank being replaced */
+    int ip_hung; /* a hung rank killed to be replaced (-1: none): watch.c's hang check waits
+                  * for the keeper's word on it */
+    char ip_hang[RK_HB_DETAIL_MAX + 64]; /* ... the hang's sentence, for its incident */
+    int ip_epoch;  /* the rendezvous' epoch (RK_REJOIN_EPOCH, rejoin's "epoch"): the job's */
+    double ip_t;   /* IP_REPLACING: since when */
+    size_t ip_inc; /* IP_REPLACING: its incident (index into g.inc) */
+    unsigned char rejoin[RK_SUP_MAX_DEVICES]; /* rank -> its hello said rejoin */
+    double lost_t[RK_SUP_MAX_DEVICES];        /* rank -> its connection closed (0: not) */
     /* ---- pending.c: incidents waiting for the job to be back at work (index into g.inc) */
     size_t pending[64];
     int npending;
@@ -277,6 +299,26 @@ void sup_gauge_relaunch(sup *s);
 /* The job's end (before the directory is removed): measure, the snapshot_peak note once
  * snapshots existed, the last metrics file. */
 void sup_gauge_end(sup *s);
+
+/* ---- inplace.c ----------------------------------------------------------------------------- */
+
+enum { IP_OFF = 0, IP_READY, IP_REPLACING };
+/* A new launch: IP_READY under --recovery inplace with the local launcher, else IP_OFF. */
+void sup_inplace_reset(sup *s);
+/* Once a watch round: the ranks the keeper saw end, replaced in place or given up on; a
+ * connection closed with no word from the keeper for RK_SUP_EXIT_WAIT_S, a failure. */
+void sup_inplace_tick(sup *s);
+/* 1 if a rank's connection that closed, or its exit event, waits for the keeper's word
+ * (the rank may be replaced in place) instead of failing the launch now. */
+int sup_inplace_may(const sup *s, int rank);
+/* watch.c: rank `rank` alone made no progress (`detail` says so; its stacks dumped): SIGKILL
+ * to its process (the pid its trusted hello named, by the kernel's word), to be replaced when
+ * the keeper sees it end. 0 if it cannot be (then the launch fails as without). */
+int sup_inplace_hang(sup *s, int rank, const char *detail);
+/* conns.c: a rank's hello (the replacement's: its restore names the incident's source). */
+void sup_inplace_hello(sup *s, const rk_hb_msg *m);
+/* conns.c: a step once every rank said hello: IP_REPLACING -> IP_READY. */
+void sup_inplace_step(sup *s);
 
 /* ---- pending.c ----------------------------------------------------------------------------- */
 

@@ -39,7 +39,11 @@ typedef enum rk_launcher {
 /* Where a relaunch restores the ranks' state from (--recovery, docs/recovery.md): the node's
  * snapshots in memory when they are at least as new as the disk's checkpoints (the default),
  * or the disk's checkpoints only. */
-typedef enum rk_sup_recovery { RK_SUP_RECOVERY_MEMORY = 0, RK_SUP_RECOVERY_DISK } rk_sup_recovery;
+typedef enum rk_sup_recovery {
+    RK_SUP_RECOVERY_MEMORY = 0,
+    RK_SUP_RECOVERY_DISK,
+    RK_SUP_RECOVERY_INPLACE /* memory, and a PyTorch rank that fails is replaced in place */
+} rk_sup_recovery;
 
 /* A host of a job over many hosts (src/cluster). */
 typedef struct rk_sup_host {
@@ -128,6 +132,7 @@ typedef struct rk_sup_report {
     const char *snapshots; /* "on", "off" (a snapshot_off turned them off), "none" (no directory) */
     uint64_t snap_peak;    /* the most bytes of snapshots the node held (rk_snap_bytes) */
     int from_memory, from_disk; /* relaunches whose ranks all restored from there */
+    int in_place;               /* ranks replaced in place (the others kept running) */
     rk_sup_count *incidents;    /* per kind, in order of first appearance (injections and notes
                                  * not: rk_event_is_note) */
     size_t nkinds;
@@ -147,6 +152,8 @@ typedef struct rk_launch {
     int ns_errno; /* why not, when one was asked for */
     int life;     /* the lifeline: the keeper kills the job when this end closes */
     int failed;   /* local: the keeper writes the first failed rank here (-1: none) */
+    int inplace;  /* started by rk_launch_start_inplace */
+    int orders;   /* ... rk run's orders to the keeper (rk_launch_respawn), -1: none */
     int loopback; /* 1: a single-node mpirun with librkloopback.so (listeners on loopback) */
     int exited;   /* the keeper reaped */
     int status;   /* its wait status once exited: the launcher's (128 + signal if killed) */
@@ -171,6 +178,20 @@ int rk_launch_start(rk_launch *l, rk_launcher kind, char *const *launcher_args, 
 /* Local: the rank whose failure made the keeper end the others (written before it killed
  * them), once; -1 if none (yet) or another launcher. Never blocks. */
 int rk_launch_failed_rank(rk_launch *l);
+/* Local, for recovery in place (docs/recovery.md, "In place"): as rk_launch_start with
+ * RK_LAUNCH_LOCAL, but a rank that dies by a signal or exits with a failure does not end the
+ * others: the keeper says which rank and its status (rk_launch_failed), and waits for rk run's
+ * order: rk_launch_respawn starts that rank again, or gives up (rank -1: the keeper ends the
+ * job and exits with the first failed rank's status, as rk_launch_start's keeper would). */
+int rk_launch_start_inplace(rk_launch *l, int n, char *const *worker, char *const *env,
+                            int want_pidns, rk_err *err);
+/* In place: the next rank that ended with a failure, its exit status (128 + signal) into
+ * *code; -1 if none (yet). Never blocks. */
+int rk_launch_failed(rk_launch *l, int *code);
+/* In place: start rank `rank` again, with `extra` NAME=VALUE strings (NULL-ended, at most
+ * 4 KiB in all) over the launch's environment; rank -1: give up, end the job. RK_EINVAL if
+ * `extra` is too long, RK_EIO if the keeper has gone. */
+int rk_launch_respawn(rk_launch *l, int rank, char *const *extra);
 /* Reap without blocking: 1 once exited (l->status set), else 0. */
 int rk_launch_poll(rk_launch *l);
 /* Tear down every process of the job: SIGTERM to the keeper (it passes it on to the whole
@@ -368,6 +389,7 @@ typedef struct rk_ledger {
     const char *recovery, *snapshots;
     uint64_t snap_bytes, snap_peak;
     int from_memory, from_disk;
+    int in_place; /* ranks replaced in place (inplace.c) */
     /* the run's records (runlog.h): NULL without --steps / --gate-log */
     FILE *steps, *gatelog;
     rk_runlog_thin thin_steps, thin_ckpt, thin_gate; /* the bound on each file (runlog.h) */

@@ -73,7 +73,8 @@ static int stuck_ranks(sup *s, int *rank, char *who, size_t cap, int *stuck_out)
 static void check_timeouts(sup *s)
 {
     double now = rk_ledger_now(&s->g);
-    if (sup_failing(s))
+    /* inplace.c bounds a replacement, and a hung rank it killed is its to replace */
+    if (sup_failing(s) || s->ip_state == IP_REPLACING || s->ip_hung >= 0)
         return;
     if (sup_hellos(s) < s->n) {
         if (now - s->t_launch > s->o->startup_timeout_s) {
@@ -90,7 +91,8 @@ static void check_timeouts(sup *s)
     }
     for (int k = 0; k < s->nconn; k++) {
         rk_sup_conn *c = &s->c[k];
-        if (c->rank < 0 || sup_conn_left(c) || now - c->last <= s->o->hb_timeout_s)
+        if (c->rank < 0 || sup_conn_left(c) || now - c->last <= s->o->hb_timeout_s ||
+            (c->st == SUP_CONN_LOST && s->lost_t[c->rank] > 0)) /* the keeper's word decides */
             continue;
         int r;
         char who[256];
@@ -103,12 +105,24 @@ static void check_timeouts(sup *s)
             memset(stuck, 0, sizeof stuck);
             stuck[r] = 1;
         }
-        s->seen.hang = 1;
-        s->seen.hang_rank = nstuck == s->n ? -1 : r;
-        sup_fail(s, "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
+        char detail[RK_HB_DETAIL_MAX + 64];
+        snprintf(detail, sizeof detail,
+                 "rank %s (device %s) made no progress for %.1f s at step %lld%s", who,
                  sup_devname(s, r), now - (sc ? sc->last : c->last),
                  (long long)(sc ? sc->done : c->done),
                  nstuck < s->n ? "; the other ranks wait for it" : "");
+        if (nstuck == 1 && sup_inplace_may(s, r)) { /* one rank hung: in place, if it can */
+            sup_dump_stacks(s, stuck);              /* where it is stuck, then it is killed */
+            if (sup_inplace_hang(s, r, detail))
+                return;
+            s->seen.hang = 1;
+            s->seen.hang_rank = r;
+            sup_fail(s, "%s", detail);
+            return;
+        }
+        s->seen.hang = 1;
+        s->seen.hang_rank = nstuck == s->n ? -1 : r;
+        sup_fail(s, "%s", detail);
         sup_dump_stacks(s, stuck); /* before the teardown: where each hung rank is stuck */
         return;
     }
@@ -319,6 +333,7 @@ rk_sup_next sup_watch(sup *s)
             if (p[0].revents & POLLIN)
                 sup_accept(s);
         }
+        sup_inplace_tick(s); /* a rank the keeper saw end: replaced in place, or not */
         sup_count_recorded(s);
         sup_expire_strangers(s);
         check_timeouts(s);

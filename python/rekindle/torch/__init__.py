@@ -55,6 +55,7 @@ from rekindle import inject as _inject
 from rekindle import worker as _worker
 from rekindle.torch._checkpoint import _Checkpoints
 from rekindle.torch._hook import _comm_hook, reduce_in
+from rekindle.torch._inplace import _InPlace, _Rejoined
 from rekindle.torch._memory import _Memory
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
 from rekindle.torch.data import Batches, StepBatches, batch_indices
@@ -170,7 +171,7 @@ def injected_hang_sleeping_forever(step):
         time.sleep(3600)
 
 
-class Job(_Checkpoints, _Memory):
+class Job(_Checkpoints, _Memory, _InPlace):
     """One rank's side of a protected training job. See the module's docstring."""
 
     def __init__(self, model, optimizer, *, global_batch, data_size=0, name="pytorch", ckpt_every=500,
@@ -309,13 +310,16 @@ class Job(_Checkpoints, _Memory):
                     and hasattr(getattr(model, "reducer", None), "_get_zeros_like_grad_buckets")):
                 self._layouts = {}
         self._mem_init()
+        self._inplace_init()
         if self.resume and self.ckpt_dir:
             _worker.trace_phase("worker.resume")
             if not (self._mem_dir and self._mem_resume()):  # the node's snapshot first, if as new
                 self._resume()
             _worker.trace_phase("worker.resumed")
+        if self._rejoin_ok and self._replacement:  # a replacement: the survivors' last collective
+            self._collective(self._rejoin_sync)
         # where the state came from (rk run's relaunch incident names it): with checkpoints
-        self.w.hello(self.step_no, restore=self.restored_from if self.ckpt_dir else None)
+        self.w.hello(self.step_no, restore=self.restored_from if self.ckpt_dir else None, rejoin=self._rejoin_ok)
 
     # ----------------------------------------------------------------- the loop
 
@@ -326,16 +330,19 @@ class Job(_Checkpoints, _Memory):
         self._set_mode("steps")
         self._in_steps = True
         while True:
-            self._between()
-            if not self._boundary(self.step_no >= total):
-                continue  # rolled back: replay
-            if self.step_no >= total:
-                break
+            try:
+                self._between()
+                if not self._boundary(self.step_no >= total):
+                    continue  # rolled back: replay
+                if self.step_no >= total:
+                    self._finish()
+                    return
+            except _Rejoined:  # a peer died at the boundary: rejoined, at the restored step
+                continue
             self._begin()
             yield self.step_no
             if self._attempt is not None:
                 raise RuntimeError("rekindle.torch: the loop body must call job.step() once per step")
-        self._finish()
 
     def epochs(self, total):
         """Yields the epoch to run, from the resumed one to `total` - 1 (for `for epoch in
@@ -428,6 +435,9 @@ class Job(_Checkpoints, _Memory):
         if self._attempt is None:
             raise RuntimeError("rekindle.torch: job.step() outside a step: loop with job.steps(total), or over "
                                "job.batches(loader) inside job.epochs(n)")
+        if self._broken is not None:  # a peer died in this step's all-reduce (the comm hook)
+            self._rejoin(self._broken)
+            return False
         if self._loss_t is None:
             raise RuntimeError("rekindle.torch: call job.scale(loss, n) on the loss before backward()")
         if self.accum is None:
@@ -919,6 +929,9 @@ class Job(_Checkpoints, _Memory):
         try:
             return fn(*a, **kw)
         except Exception as e:
+            if getattr(self, "_rejoin_ok", False) and self._in_steps and not self._rejoining:
+                self._rejoin(e)
+                raise _Rejoined() from None
             self._comm_failed(e)
 
     def _barrier(self):

@@ -44,6 +44,10 @@ def _comm_hook(state, bucket):
         pg = torch.distributed.distributed_c10d._get_default_group()
         buf.mul_(1.0 / pg.size())
         return pg.allreduce([buf]).get_future().then(lambda f: f.value()[0])
+    if job._broken is not None:  # a peer died in this backward: the step is not applied (step())
+        fut = _Future([])
+        _set_result(fut, buf)
+        return fut
     if job._hook_calls == 0:
         job._comm()
         if job._gradflip:
@@ -95,11 +99,20 @@ def _comm_hook(state, bucket):
         job._sumsq = None
         # the last bucket: nothing left to overlap with, and a Python callback on the
         # future (a thread hop) costs more than the wait
-        job._pg.allreduce([flat], job._ar_opts).wait()
+        try:
+            job._pg.allreduce([flat], job._ar_opts).wait()
+            if not fuse:
+                vec_work.wait()
+        except RuntimeError as e:
+            if not job._rejoin_ok:
+                raise
+            job._broken = e  # recovery in place: step() rejoins (_inplace.py), outside the backward
+            fut = _Future([])
+            _set_result(fut, head)
+            return fut
         if fuse:
             job._vec = tail_np.tolist() if cpu else tail.clone()
         else:
-            vec_work.wait()
             job._vec = vec.tolist() if cpu else vec
         if job.guard:  # one pass over the reduced bucket: is its sum finite (step() asks)
             if cpu and not math.isfinite(float(head.sum())):
@@ -110,12 +123,19 @@ def _comm_hook(state, bucket):
         _set_result(fut, head)
         return fut
 
-    def done(t):
+    def done(f):
+        try:
+            f.value()
+        except RuntimeError as e:
+            if not job._rejoin_ok:
+                raise
+            job._broken = e  # recovery in place: step() rejoins (_inplace.py)
+            return head
         if job.guard:
             _add_redsum(job, head, cpu)
         return head
 
-    return job._pg.allreduce([flat], job._ar_opts).get_future().then(lambda f: done(f.value()[0]))
+    return job._pg.allreduce([flat], job._ar_opts).get_future().then(done)
 
 
 def _add_sumsq(job, buf, cpu):

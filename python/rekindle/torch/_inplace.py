@@ -1,0 +1,175 @@
+"""rekindle.torch's recovery in place (docs/recovery.md, "In place"): under `rk run --recovery
+inplace` (RK_REJOIN=1) a rank whose collective fails because a peer died does not exit. It
+waits for rk run's rejoin command (docs/protocol.md: a new epoch and MASTER_PORT), leaves the
+old process group, joins the new one with the replacement rank that rk run started, replays
+the collectives the replacement's DDP constructor makes (by constructing a DDP of its own on
+the new group, whose internals then replace the old one's), restores the agreed step from the
+node's snapshot with every rank (the relaunch's _mem_resume, collective) and goes on from
+there. A mixin of Job (its attributes); relies on _Memory and the comm hook."""
+
+import gc
+import os
+import sys
+import time
+import weakref
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as _DDP
+
+from rekindle.torch._hook import _comm_hook
+
+_REJOIN_WAIT_S = 30.0  # how long a survivor waits for rk run's rejoin command
+_EPOCH_ENV = "RK_REJOIN_EPOCH"  # set for a replacement: the epoch of the group it joins
+
+
+class _Rejoined(Exception):
+    """Raised out of a collective at a step boundary once the rank has rejoined: the loop
+    goes on from the restored step."""
+
+
+class _InPlace:
+    """Job's rejoin methods (Job defines the state they read and write)."""
+
+    def _inplace_init(self):
+        """Rejoin on when rk run asks for it (RK_REJOIN=1), with DDP over gloo, 2 ranks or
+        more, and snapshots in node memory to restore from."""
+        self._broken = None  # the collective error the comm hook swallowed in this attempt
+        self._rejoining = False  # inside _rejoin: a collective that fails there ends the rank
+        try:
+            self._rejoin_epoch = int(os.environ.get(_EPOCH_ENV, "0") or 0)
+        except ValueError:
+            self._rejoin_epoch = 0
+        self._replacement = self._rejoin_epoch > 0
+        self._rejoin_ok = bool(
+            os.environ.get("RK_REJOIN") == "1" and self.distributed and self.world > 1
+            and isinstance(self.model, _DDP) and dist.get_backend() == "gloo" and self._mem_dir
+            and self.w.heartbeat)
+
+    def _rejoin_sync(self):
+        """The last collective of a rejoin, on every rank (survivors and the replacement): the
+        snapshot interval K and whether it is still being timed are the survivors' (the
+        replacement never times nor broadcasts its own)."""
+        mine = {"survivor": not self._replacement, "every": self._mem_every, "timed": self._mem_timed}
+        every = [None] * self.world
+        dist.all_gather_object(every, mine)
+        first = next((x for x in every if x["survivor"]), mine)
+        self._mem_every, self._mem_timed = first["every"], first["timed"]
+        self._mem_next = self.step_no  # the restored step is put again, on every rank
+
+    def _rejoin(self, exc):
+        """A survivor: the collective failed with `exc`. Waits for the rejoin command, joins
+        the new group, restores the agreed step from the node's snapshot. Returns when the
+        rank is at that step; exits as before (commfail) when it cannot."""
+        if self._mode != "steps":  # job.epochs: the loader's position is not replayed in place (yet)
+            self._comm_failed(exc)
+        what = " ".join(str(exc).split())[:200]
+        self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {what}; waiting for rk run's "
+                  "rejoin command")
+        backend, kw = self._leave_group(exc)
+        deadline = time.monotonic() + _REJOIN_WAIT_S
+        while True:
+            cmds = self.w.poll()
+            if "stop" in cmds:
+                self._stop_local = True
+            r = self.w.rejoin
+            if r is not None and r["epoch"] > self._rejoin_epoch:
+                break
+            if not self.w.alive() or time.monotonic() > deadline:
+                self._rejoin_failed(f"no rejoin command within {_REJOIN_WAIT_S:.0f} s after: {what}")
+            time.sleep(0.002)
+        self._rejoin_epoch = r["epoch"]
+        t0 = time.monotonic()
+        was = self.step_no
+        self._rejoining = True
+        try:
+            self._rejoin_group(r["port"], backend, kw)
+            restored = self._mem_resume()
+        except Exception as e:  # noqa: BLE001 - any failure here ends the rank as a comm failure
+            self._rejoin_failed(f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:200]}")
+        if not restored:
+            self._rejoin_failed(f"rejoin {r['epoch']}: the node's snapshot could not be restored on every rank")
+        try:
+            self._rejoin_sync()
+        except Exception as e:  # noqa: BLE001
+            self._rejoin_failed(f"rejoin {r['epoch']}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        self._rejoining = False
+        self._rejoin_reset()
+        self._say(f"rejoined in place (epoch {r['epoch']}, port {r['port']}) in {time.monotonic() - t0:.3f} s: "
+                  f"step {was} -> {self.step_no}, restored from the node's snapshot")
+
+    def _leave_group(self, exc):
+        """Drops every reference this process holds to the old group (the registry's, the
+        Job's, the DDP object's reducer, logger and group, the failed collective's through its
+        traceback), so that gloo closes its connections at once: a peer blocked on this rank
+        (with 3 or more ranks a ring neighbour, not the dead rank's) gets an error and rejoins
+        too, instead of waiting in the old group while this rank waits for it in the new one.
+        Returns (backend, DDP arguments) for the new group and DDP."""
+        ddp = self.model
+        kw = dict(device_ids=ddp.device_ids, output_device=ddp.output_device, dim=ddp.dim,
+                  broadcast_buffers=ddp.broadcast_buffers, bucket_cap_mb=ddp.bucket_bytes_cap / (1024 * 1024),
+                  find_unused_parameters=ddp.find_unused_parameters,
+                  gradient_as_bucket_view=ddp.gradient_as_bucket_view, static_graph=bool(ddp.static_graph))
+        backend = dist.get_backend()
+        exc.__traceback__ = None
+        self._broken = None
+        self._pg = None
+        self._vec = None
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, AssertionError, ValueError):
+            pass
+        for k in ("reducer", "logger", "process_group"):
+            ddp.__dict__.pop(k, None)
+        gc.collect()
+        return backend, kw
+
+    def _rejoin_group(self, port, backend, kw):
+        """Joins the new group (MASTER_PORT `port`, the same rank and world) and makes the
+        script's DDP object a new one on it: the constructor's collectives (parameter shapes,
+        the module states' broadcast) are the replacement's, and its reducer rebuilds its
+        buckets when the replacement's does."""
+        ddp = self.model
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+        new = _DDP(self.module, **kw)
+        hooks = {k: v for k, v in ddp.__dict__.items() if k.endswith("hooks")}
+        ddp.__dict__.update({k: v for k, v in new.__dict__.items() if not k.endswith("hooks")})
+        ddp.__dict__.update(hooks)
+        del new
+        ddp.register_comm_hook(weakref.ref(self), _comm_hook)
+        self._pg = ddp.process_group
+
+    def _rejoin_reset(self):
+        """A survivor's Job state as a replacement's is after its resume: no verified snapshot,
+        no hash pending, no guard trip, nothing to put back, no attempt."""
+        self._snap = None
+        self._fresh = False
+        self._pending = None
+        self._trips = 0
+        self._suspect = None
+        self._spiked = None
+        self._rolled_at = -1
+        self._restore_next = None
+        self._flags = [0.0, 0.0, 0.0]
+        self._local_ckpt = False
+        self._attempt = None
+        self._loss_t = None
+        self._broken = None
+        self._vec = None
+        self._sumsq = None
+        self._redsums = []
+        self._red_bad = False
+        self._deferred = None
+        self._t0_step = -1
+        self._rolled_back = True
+        # the new DDP has not rebuilt its buckets: as in a resumed process, the next backward
+        # is reduced in the run's layout and DDP rebuilds from it (Job._defers, 3 ranks or more)
+        self._rebuilt = False
+        self._backwards = 0
+
+    def _rejoin_failed(self, why):
+        self._say(f"cannot rejoin: {why}")
+        self.w.exit_event(self.step_no, "commfail", f"cannot rejoin in place: {why}"[:400])
+        sys.stdout.flush()
+        self._exit(3)

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Recovery in place for PyTorch jobs (docs/recovery.md, "In place"): 2 ranks of the PyTorch
+# example (gloo on CPU) under `rk run --launcher local --recovery inplace` through a crash, a
+# communication failure, a hang and a SIGKILL sent to rank 1 by its pid (found in rk run's
+# process tree) end with the fault-free run's parameters, bit for bit; rank 0 keeps its
+# process through all four (its pid, read from /proc at the start, is the one each incident
+# names as kept, which rk run has from the kernel), each fault is one incident whose action is
+# in_place and which says every rank resumed from node memory with at most the step in flight
+# lost (the hang's with its stack dump), and rk run relaunched nothing.
+# Skips (77) without a python3 that has torch, numpy and xxhash, or without Fashion-MNIST.
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
+py=$("$RK_SRC/tests/pyfind.sh" torch xxhash numpy) || { echo "$py"; exit 77; }
+it_need_data
+it_init it_pytorch_inplace
+cd "$work" || exit 1
+steps=48
+ex=("$py" "$RK_SRC/examples/pytorch/train_fashion_mnist.py" --subset 1024 --batch 32 --hash-every 5
+    --ckpt-every 20 --steps "$steps" --data "$DATA")
+export RK_SNAP_EVERY=1 # snapshots every step, not timed: the test does not depend on the speed
+
+# sup NAME N [rk run flags...]: N ranks under rk run; NAME.log, NAME.events, NAME.json
+sup() {
+  local name=$1 n=$2; shift 2
+  "$RK" run -n "$n" --launcher local --heartbeat-timeout 5 --startup-timeout 300 --failure-threshold 100 \
+    --ckpt-dir "$work/$name.ck" --events "$work/$name.events" "$@" \
+    -- "${ex[@]}" --result "$work/$name.json" >"$work/$name.log" 2>&1
+}
+snapdir() { sed -n 's/.*recovery from memory: the ranks.* snapshots in \([^ ]*\) .*/\1/p' "$work/$1.log" | head -1; }
+# newest NAME: the newest step rank 0 holds in memory, -1 if none yet
+newest() {
+  local d
+  d=$(snapdir "$1")
+  [[ -n $d ]] && ls "$d/rank-0" 2>/dev/null | sed -n 's/^snap-0*\([0-9][0-9]*\)\.safetensors$/\1/p' | sort -n | tail -1 | grep . \
+    || echo -1
+}
+
+n=2
+if sup ref "$n" --recovery disk; then ok "fault-free run finishes"
+else bad "fault-free run: exit $?: $(tail -5 "$work/ref.log")"; it_finish; exit; fi
+ref=$(json ref.json hash)
+
+# rank 0 takes 1 s more a step from step 38 (the weights do not change): time to find rank
+# 1's pid once step 40 is held, before the job ends
+spec="crash@step=10:rank=1,commfail@step=20:rank=1,hang@step=30:rank=1,slow@step=38:rank=0:ms=1000"
+sup inplace "$n" --recovery inplace --inject "$spec" &
+sp=$!
+pids+=("$sp")
+first="" victim="" at=-1
+wait_for 'first=$(rank_pid "$sp" 0 train_fashion_mnist.py) || ! kill -0 "$sp" 2>/dev/null' 300
+[[ -n $first ]] && ok "rank 0 started as pid $first" || bad "no rank 0 found under rk run"
+kill_held() {
+  at=$(newest inplace)
+  ((at >= 40)) || return 1
+  victim=$(rank_pid "$sp" 1 train_fashion_mnist.py) && kill -9 "$victim" && return 0
+  victim=""
+  return 1
+}
+wait_for 'kill_held || ! kill -0 "$sp" 2>/dev/null' 300
+[[ -n $victim ]] && ok "SIGKILL to rank 1 (pid $victim) with step $at held" \
+  || bad "no rank 1 to kill once step 40 was held"
+wait "$sp"
+st=$?
+[[ $st == 0 ]] && ok "the job with its faults finishes" || bad "exit $st: $(tail -8 "$work/inplace.log")"
+h=$(json inplace.json hash 2>/dev/null)
+[[ -n $h && $h == "$ref" ]] && ok "parameters hash $h equals the fault-free run's" \
+  || bad "parameters hash '$h' differs from the fault-free $ref"
+grep -q "0 restarts" "$work/inplace.log" && ok "no relaunch" || bad "a relaunch: $(grep restart "$work/inplace.log")"
+
+it_count "$py" - "$work/inplace.events" "$first" <<'PY'
+import json, re, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+first = sys.argv[2]
+def check(c, msg):
+    print(("ok - " if c else "FAIL - ") + msg + ("" if c else f" (events: {[(e['kind'], e['action'], e['detail']) for e in ev]})"))
+inp = [e for e in ev if e["action"] == "in_place"]
+check(sorted(e["kind"] for e in inp) == ["commfail", "crash", "crash", "hang"],
+      f"in-place incidents: {sorted(e['kind'] for e in inp)} (the crash, the commfail, the hang, the SIGKILL)")
+for e in inp:
+    check(e["rank"] == 1, f"{e['kind']}: rank {e['rank']} blamed")
+    kept = re.search(r"ranks kept: 0 \(pid ([0-9]+)\)", e["detail"])
+    check(kept and kept.group(1) == first, f"{e['kind']}: rank 0 kept as pid {kept and kept.group(1)}, the pid "
+          f"it started with ({first})")
+    if e["kind"] == "hang":
+        check(e.get("stacks") and "stacks-rank1" in e["stacks"][0], f"hang: its stack dump {e.get('stacks')}")
+    check(re.search(r"; every rank \(the replacement and the ranks kept\) resumed from node memory at step [0-9]+$",
+                    e["detail"]), f"{e['kind']}: '...{e['detail'][-90:]}'")
+    check(0 <= e["lost_steps"] <= 1, f"{e['kind']}: {e['lost_steps']} steps lost, at most 1")
+    check(e.get("recovery_s") is not None, f"{e['kind']}: recovered in {e.get('recovery_s')} s")
+check(not [e for e in ev if e["action"] == "relaunch"], "no relaunch incident")
+PY
+
+it_finish
