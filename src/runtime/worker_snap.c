@@ -275,7 +275,7 @@ int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
     int64_t mine[RK_SNAP_KEEP];
     rk_ckpt *c = NULL;
     mem_verified(w, mine, &c);
-    uint64_t *all = calloc((size_t)w->world * RK_SNAP_KEEP, sizeof *all);
+    int64_t *all = calloc((size_t)w->world * RK_SNAP_KEEP, sizeof *all);
     if (!all) {
         rk_ckpt_free(c);
         return rk_err_set(err, RK_ENOMEM, "snapshot: out of memory");
@@ -288,26 +288,14 @@ int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
         else
             w->gather[0] = v;
         for (int r = 0; !rc && r < w->world; r++)
-            all[(size_t)r * RK_SNAP_KEEP + (size_t)k] = w->gather[r];
+            all[(size_t)r * RK_SNAP_KEEP + (size_t)k] = (int64_t)w->gather[r] - 1;
     }
     int64_t agreed = -1;
     int any = 0; /* some rank holds a generation */
     for (size_t i = 0; !rc && i < (size_t)w->world * RK_SNAP_KEEP; i++)
-        any |= all[i] != 0;
-    for (int k = 0; !rc && k < RK_SNAP_KEEP && agreed < 0; k++) { /* rank 0's, newest first */
-        uint64_t cand = all[k];
-        if (!cand)
-            break;
-        int everyone = 1;
-        for (int r = 1; r < w->world && everyone; r++) {
-            int has = 0;
-            for (int q = 0; q < RK_SNAP_KEEP; q++)
-                has |= all[(size_t)r * RK_SNAP_KEEP + (size_t)q] == cand;
-            everyone = has;
-        }
-        if (everyone)
-            agreed = (int64_t)cand - 1;
-    }
+        any |= all[i] >= 0;
+    if (!rc)
+        (void)rk_snap_agree_held(all, w->world, RK_SNAP_KEEP, &agreed, NULL);
     free(all);
     if (rc) {
         rk_ckpt_free(c);
