@@ -141,6 +141,9 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"no-pythonpath", no_argument, 0, 'P'},
                                           {"watch", no_argument, 0, 'W'},
                                           {"socket-node", required_argument, 0, 'O'},
+                                          /* rk run's own (docs/recovery.md), not in the usage:
+                                           * with --watch, the ranks' snapshot directory here */
+                                          {"snapshots", required_argument, 0, 'Z'},
                                           {"devices", required_argument, 0, 'D'},
                                           {"health", required_argument, 0, 'H'},
                                           {"health-interval", required_argument, 0, 'i'},
@@ -175,6 +178,7 @@ int rk_cmd_agent(int argc, char **argv)
         case 'I': jo.inject = optarg; break;
         case 'P': jo.no_pythonpath = 1; break;
         case 'W': watch = 1; break;
+        case 'Z': jo.snap_parent = optarg; break;
         case 'O':
             if (!rk_slurm_node_name_ok(optarg)) {
                 fprintf(stderr,
@@ -285,6 +289,8 @@ int rk_cmd_agent(int argc, char **argv)
                                   "--watch is for ranks another launcher starts: no WORKER");
     if (socket_node && !watch)
         return rk_cli_usage_error("agent", agent_usage, "--socket-node goes with --watch");
+    if (jo.snap_parent && !watch)
+        return rk_cli_usage_error("agent", agent_usage, "--snapshots goes with --watch");
     if (!jo.worker && (jo.ckpt_dir || jo.inject))
         return rk_cli_usage_error("agent", agent_usage,
                                   "--ckpt-dir and --inject are for the ranks: give -- WORKER ARGS");

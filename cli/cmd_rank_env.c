@@ -1,7 +1,8 @@
 /*
  * rk _rank-env -- WORKER [ARGS...]: the hidden wrapper rk run puts in front of the worker
  * under mpirun and srun. Sets RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE from the
- * launcher's variables (src/supervisor/env.c) and execs the worker in place: the same pid,
+ * launcher's variables (src/supervisor/env.c), this host's RK_SNAP_DIR from RK_SNAP_DIRS
+ * across hosts, and execs the worker in place: the same pid,
  * so the heartbeat's hello check against the kernel holds (docs/run.md). A worker that is this
  * same rk binary (rk train) is not exec'd again: its command runs in this process. No launcher's
  * variables to read, or a worker that cannot be executed: one line and exit status 2.
@@ -75,6 +76,30 @@ static int host_devices(const char *list, long rank, char *out, size_t cap, char
     return 1;
 }
 
+/* From RK_SNAP_DIRS "h1=/dev/shm/rk-snap-a,h2=/dev/shm/rk-snap-b" (one mpirun across the
+ * hosts: each node's agent keeps its ranks' snapshots, docs/recovery.md) and the rank's host
+ * (RK_DEVICES item RANK, HOST:INDEX): that host's directory into out. 1 when set; 0 with a
+ * message in why (every rank snapshots or none: a rank without its host's is refused). */
+static int host_snap_dir(const char *dirs, const char *devices, long rank, char *out, size_t cap,
+                         char *why, size_t wcap)
+{
+    char id[300], item[4200];
+    const char *c;
+    if (!devices || !rk_text_list_item(devices, rank, id, sizeof id) || !(c = strrchr(id, ':'))) {
+        snprintf(why, wcap, "RK_SNAP_DIRS without a HOST:INDEX item %ld in RK_DEVICES", rank);
+        return 0;
+    }
+    size_t hl = (size_t)(c - id);
+    for (long k = 0; rk_text_list_item(dirs, k, item, sizeof item); k++)
+        if (strncmp(item, id, hl) == 0 && item[hl] == '=' && item[hl + 1] == '/' &&
+            strlen(item + hl + 1) < cap) {
+            snprintf(out, cap, "%s", item + hl + 1);
+            return 1;
+        }
+    snprintf(why, wcap, "RK_SNAP_DIRS names no snapshot directory for host %.*s", (int)hl, id);
+    return 0;
+}
+
 /* Whether `path` (a path with a slash: execvp would not search PATH for it) is the file this
  * process runs, by the kernel's device and inode of /proc/self/exe. */
 static int same_executable(const char *path)
@@ -119,6 +144,16 @@ int rk_cmd_rank_env(int argc, char **argv)
             return RK_EXIT_USAGE;
         }
         setenv("CUDA_VISIBLE_DEVICES", cvd, 1);
+    }
+    const char *sdirs = getenv("RK_SNAP_DIRS");
+    if (sdirs && *sdirs) {
+        char dir[4096], why[256];
+        if (!host_snap_dir(sdirs, getenv("RK_DEVICES"), v[0], dir, sizeof dir, why, sizeof why)) {
+            fprintf(stderr, "rk _rank-env: %s\n", why);
+            return RK_EXIT_USAGE;
+        }
+        setenv("RK_SNAP_DIR", dir, 1);
+        unsetenv("RK_SNAP_DIRS");
     }
     /* under srun across nodes that may share one network namespace, each node's agent has a
      * socket of its own: "@rk-JOBID-{node}" ends with this node's name (docs/slurm.md) */

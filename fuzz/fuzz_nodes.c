@@ -81,6 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rk_node_hello_parse(data, size, &h, &err) == RK_OK) {
         check(h.node < RK_NODES_MAX && h.pid >= 1 && h.host[0]);
         check(rk_node_boot_id_ok(h.boot_id, strlen(h.boot_id)));
+        check(!h.snap[0] || rk_node_snap_ok(h.snap, strlen(h.snap)));
         check(rk_node_hello_format(&h, out, sizeof out, &len, &err) == RK_OK);
         check(rk_node_hello_parse(out, len, &h2, &err) == RK_OK);
         check(memcmp(&h, &h2, sizeof h) == 0);
@@ -101,7 +102,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rk_node_launch m, m2;
     if (rk_node_launch_parse(data, size, &m, &err) == RK_OK) {
         check(m.launch >= 1 && m.ranks >= 1 && m.base < m.world && m.ranks <= m.world - m.base);
-        check(m.port <= 65535 && m.master[0] && m.devices[0]);
+        check(m.port <= 65535 && m.master[0] && m.devices[0] && m.watch <= 1 && m.snap_off <= 1);
         check(rk_node_launch_format(&m, out, sizeof out, &len, &err) == RK_OK);
         check(rk_node_launch_parse(out, len, &m2, &err) == RK_OK);
         check(memcmp(&m, &m2, sizeof m) == 0);

@@ -115,6 +115,14 @@ static void test_hello_round_trip_and_refusals(void **state)
         {"node=1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789a\n", "UUID"},
         {"node=1\nhost=h\npid=1\n", "no boot_id"},
         {"node=1\nhost=h\npid=1\nboot_id=x\nnode=2\n", "twice"},
+        /* the snapshot directory: absolute, no ',' or '=' (RK_SNAP_DIRS lists them) */
+        {"node=1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\nsnap=dev/shm/x\n",
+         "snap"},
+        {"node=1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\nsnap=/a,b\n",
+         "snap"},
+        {"node=1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\nsnap=/a=b\n",
+         "snap"},
+        {"node=1\nhost=h\npid=1\nboot_id=0f5c1d2e-3a4b-4c5d-8e9f-0123456789ab\nsnap=/\n", "snap"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rk_err be = {0};
@@ -133,6 +141,15 @@ static void test_hello_round_trip_and_refusals(void **state)
     nb.boot_id[0] = 'X';
     assert_int_equal(rk_node_hello_format(&nb, buf, sizeof buf, &len, &e), RK_EINVAL);
     assert_int_equal(rk_node_hello_format(&h, buf, 20, &len, &e), RK_EINVAL);
+    /* a node's snapshot directory goes and comes back; a HELLO without one has none */
+    assert_null(strstr(buf, "snap="));
+    rk_node_hello hs = h;
+    snprintf(hs.snap, sizeof hs.snap, "/dev/shm/rk-snap-AbC123");
+    assert_int_equal(rk_node_hello_format(&hs, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_hello_parse(buf, len, &back, &e), RK_OK);
+    assert_string_equal(back.snap, "/dev/shm/rk-snap-AbC123");
+    snprintf(hs.snap, sizeof hs.snap, "/dev/shm/a,b");
+    assert_int_equal(rk_node_hello_format(&hs, buf, sizeof buf, &len, &e), RK_EINVAL);
 }
 
 static void test_welcome_and_reason(void **state)
@@ -176,6 +193,13 @@ static void test_launch_messages(void **state)
     assert_int_equal(rk_node_launch_format(&m, buf, sizeof buf, &len, &e), RK_OK);
     assert_int_equal(rk_node_launch_parse(buf, len, &mb, &e), RK_OK);
     assert_memory_equal(&m, &mb, sizeof m);
+    assert_int_equal(mb.snap_off, 0); /* absent: snapshots stay */
+    m.snap_off = 1;                   /* snapshots off for the job: the agent removes its own */
+    assert_int_equal(rk_node_launch_format(&m, buf, sizeof buf, &len, &e), RK_OK);
+    assert_non_null(strstr(buf, "snap_off=1\n"));
+    assert_int_equal(rk_node_launch_parse(buf, len, &mb, &e), RK_OK);
+    assert_memory_equal(&m, &mb, sizeof m);
+    m.snap_off = 0;
     static const struct {
         const char *text, *word;
     } bad[] = {
@@ -185,6 +209,8 @@ static void test_launch_messages(void **state)
         {"launch=1\nworld=4\nbase=0\nranks=2\nport=1\ndevices=0\n", "no master"},
         {"launch=0\nworld=4\nbase=0\nranks=2\nmaster=h\nport=1\ndevices=0\n", "launch"},
         {"launch=1\nworld=4\nbase=0\nranks=2\nmaster=h\nport=1\ndevices=0\ndone=a b\n", "done"},
+        {"launch=1\nworld=4\nbase=0\nranks=2\nmaster=h\nport=1\ndevices=0\nsnap_off=2\n",
+         "snap_off"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(rk_node_launch_parse(bad[i].text, strlen(bad[i].text), &mb, &e),

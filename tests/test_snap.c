@@ -995,6 +995,39 @@ static void test_cache_dir_is_0700_and_goes_with_the_job(void **state)
     assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
 }
 
+/* The agreed step from each rank's own verified steps (ranks of several hosts): the newest of
+ * rank 0's that every rank holds, never a mix; none when one rank has none in common. */
+static void test_agree_held_is_the_newest_step_every_rank_verified(void **state)
+{
+    (void)state;
+    int64_t step = 99;
+    rk_err err = {0};
+    /* 3 ranks x 2: rank 1 lost its newest (it did not verify), rank 2 holds both */
+    const int64_t a[] = {25, 24, 24, -1, 25, 24};
+    assert_int_equal(rk_snap_agree_held(a, 3, 2, &step, &err), RK_OK);
+    assert_int_equal(step, 24);
+    /* all hold 25: 25, whatever the order of the older */
+    const int64_t b[] = {25, 24, 24, 25, 25, -1};
+    assert_int_equal(rk_snap_agree_held(b, 3, 2, &step, &err), RK_OK);
+    assert_int_equal(step, 25);
+    /* a rank on a spare host holds nothing: no step */
+    const int64_t c[] = {25, 24, -1, -1, 25, 24};
+    assert_int_equal(rk_snap_agree_held(c, 3, 2, &step, &err), RK_ENOENT);
+    assert_int_equal(step, -1);
+    /* a step rank 0 lacks is never chosen, even if all others share it */
+    const int64_t d[] = {30, -1, 29, 30, 29, 30};
+    assert_int_equal(rk_snap_agree_held(d, 3, 2, &step, &err), RK_OK);
+    assert_int_equal(step, 30);
+    const int64_t e[] = {31, -1, 29, 30, 29, 30};
+    assert_int_equal(rk_snap_agree_held(e, 3, 2, &step, &err), RK_ENOENT);
+    /* one rank */
+    const int64_t f[] = {7, 6};
+    assert_int_equal(rk_snap_agree_held(f, 1, 2, &step, &err), RK_OK);
+    assert_int_equal(step, 7);
+    assert_int_equal(rk_snap_agree_held(NULL, 1, 2, &step, &err), RK_EINVAL);
+    assert_int_equal(rk_snap_agree_held(f, 0, 2, &step, &err), RK_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1013,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_rank_bytes_counts_each_ranks_generations),
         cmocka_unit_test(test_remove_takes_only_what_the_store_made),
         cmocka_unit_test(test_cache_dir_is_0700_and_goes_with_the_job),
+        cmocka_unit_test(test_agree_held_is_the_newest_step_every_rank_verified),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

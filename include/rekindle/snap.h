@@ -138,6 +138,13 @@ RK_API int rk_snap_steps(const char *dir, int rank, int64_t *steps, size_t cap, 
 RK_API int rk_snap_agree(const char *dir, int world, int64_t *step, char *report, size_t report_len,
                          rk_err *err);
 
+/* The agreed step from what each rank verified on its own (the ranks of several hosts, each
+ * host's in its own directory: rk_snap_agree's rule without one directory to read): held[r *
+ * keep + k] is rank r's k-th verified step, newest first, -1 for none (world x keep entries).
+ * *step is the newest of rank 0's steps that every rank holds; RK_ENOENT when there is none
+ * (RK_EINVAL for a bad argument). Pure: no I/O. */
+RK_API int rk_snap_agree_held(const int64_t *held, int world, int keep, int64_t *step, rk_err *err);
+
 /* Bytes held by DIR: the sum of the sizes of every rank's complete generations (temporary
  * files not counted). */
 RK_API int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err);

@@ -299,6 +299,9 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         return rc;
     if (gethostname(hello.host, sizeof hello.host - 1) != 0 || !hello.host[0])
         snprintf(hello.host, sizeof hello.host, "unknown");
+    const char *snap = o->ranks ? rk_agent_job_snap_dir(o->ranks) : NULL;
+    if (snap) /* where this node keeps the ranks' snapshots (docs/recovery.md) */
+        snprintf(hello.snap, sizeof hello.snap, "%s", snap);
     if ((rc = rk_node_hello_format(&hello, a.hello, sizeof a.hello, &a.hello_len, err)))
         return rc;
     if (strchr(o->host, ':'))

@@ -30,6 +30,7 @@
 #include "base/hush.h"
 #include "cluster/nodes.h"
 #include "net/sock.h"
+#include "rekindle/snap.h"
 #include "supervisor/stackwait.h"
 #include "supervisor/supervisor.h"
 
@@ -64,6 +65,7 @@ struct rk_agent_job {
     uint32_t next_chan;
     chan ch[MAX_CHANS];
     rk_hush closed; /* the lines about connections closed: a few a window, then a count */
+    char snap[RK_SNAP_PATH_MAX]; /* the job's snapshot directory on this node, "" none */
 };
 
 __attribute__((format(printf, 2, 3))) static void say(rk_agent_job *j, const char *fmt, ...)
@@ -110,6 +112,19 @@ int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err
         rk_agent_job_free(j);
         return rc;
     }
+    if (o->snap_parent) { /* no directory is no error: the job restores from disk */
+        rk_err e = {0};
+        if (rk_snap_dir_make(o->snap_parent[0] ? o->snap_parent : getenv("RK_SNAP_PARENT"), j->snap,
+                             sizeof j->snap, &e) ||
+            !rk_node_snap_ok(j->snap, strlen(j->snap))) {
+            say(j, "no snapshots in memory on this node: %s",
+                e.msg[0] ? e.msg : "its path is not one a HELLO can carry");
+            if (!e.msg[0])
+                rk_snap_dir_remove(j->snap, &e);
+            j->snap[0] = '\0';
+        } else
+            say(j, "the ranks' snapshots in memory on this node: %s", j->snap);
+    }
     if (o->abstract) {
         struct sockaddr_un b = {.sun_family = AF_UNIX};
         size_t n = strlen(o->abstract);
@@ -131,6 +146,24 @@ int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err
     }
     *out = j;
     return RK_OK;
+}
+
+/* The snapshot directory goes (the job's end, or snapshots turned off). */
+static void remove_snap(rk_agent_job *j, const char *why)
+{
+    if (!j->snap[0])
+        return;
+    rk_err e = {0};
+    if (rk_snap_dir_remove(j->snap, &e) && e.code != RK_ENOENT)
+        say(j, "snapshots: %s", e.msg);
+    else
+        say(j, "removed the snapshot directory %s (%s)", j->snap, why);
+    j->snap[0] = '\0';
+}
+
+const char *rk_agent_job_snap_dir(const rk_agent_job *j)
+{
+    return j && j->snap[0] ? j->snap : NULL;
 }
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
@@ -287,6 +320,7 @@ void rk_agent_job_free(rk_agent_job *j)
         close(j->afd);
     if (j->dir[0])
         nftw(j->dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS);
+    remove_snap(j, "the job is over");
     free(j);
 }
 
@@ -470,6 +504,8 @@ static int on_launch(rk_agent_job *j, const rk_node_launch *m, rk_node_send_fn s
     close_chans(j);
     if (j->exited_pending)
         send_exited(j, send, ctx);
+    if (m->snap_off)
+        remove_snap(j, "snapshots in memory are off for this job");
     if (m->watch) { /* another launcher starts them: watch who connects */
         if (!j->o.abstract) {
             say(j, "launch %u: asked to watch ranks, but this agent has no abstract socket",

@@ -31,6 +31,11 @@ typedef struct rk_agent_job_opts {
      * (one mpirun across the hosts) starts connect; NULL: none. A peer is taken when the
      * kernel says it runs as this agent's user; it is held by a pidfd from then on. */
     const char *abstract;
+    /* where to make the job's snapshot directory on this node (rekindle/snap.h:
+     * rk_snap_dir_make, "" for /dev/shm or RK_SNAP_PARENT; docs/recovery.md "Across hosts");
+     * NULL: no snapshots in memory. The directory is removed with the job, or on a LAUNCH
+     * with snap_off. */
+    const char *snap_parent;
     void (*on_log)(void *ctx, const char *line);
     void *ctx;
 } rk_agent_job_opts;
@@ -54,6 +59,8 @@ int rk_agent_job_msg(rk_agent_job *j, uint8_t type, const uint8_t *payload, size
 /* The link is gone: end the ranks now (no rank is left waiting in a collective for a node
  * the coordinator will call lost), close their channels; EXITED is sent on the next link. */
 void rk_agent_job_link_lost(rk_agent_job *j);
+/* The job's snapshot directory on this node (said in the agent's HELLO), NULL if none. */
+const char *rk_agent_job_snap_dir(const rk_agent_job *j);
 /* 1 while this node's ranks run. */
 int rk_agent_job_running(const rk_agent_job *j);
 

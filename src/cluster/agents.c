@@ -116,6 +116,11 @@ static int start_agent(sup_cluster *cl, int k, const rk_net_secret *key, rk_err 
         if (cl->srun) { /* the hosts may share one network namespace: a socket a node */
             used = put_word(cmd, used, sizeof cmd, "--socket-node");
             used = put_word(cmd, used, sizeof cmd, o->hosts[k].name);
+        } else if (o->recovery == RK_SUP_RECOVERY_MEMORY && o->ckpt_dir) {
+            /* each node keeps its ranks' snapshots (docs/recovery.md "Across hosts") */
+            const char *parent = getenv("RK_SNAP_PARENT");
+            used = put_word(cmd, used, sizeof cmd, "--snapshots");
+            used = put_word(cmd, used, sizeof cmd, parent && *parent ? parent : "");
         }
         goto argv;
     }

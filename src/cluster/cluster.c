@@ -217,7 +217,8 @@ static int send_launch(sup_cluster *cl, int k, uint32_t port, const char *done, 
                         .world = (uint32_t)cl->n,
                         .base = (uint32_t)cl->first_rank[k],
                         .port = port,
-                        .watch = (uint32_t)cl->watch};
+                        .watch = (uint32_t)cl->watch,
+                        .snap_off = (uint32_t)(sup_snapshots_off(cl->s) != 0)};
     int nr = 0;
     size_t used = 0;
     for (int r = 0; r < cl->n; r++)
@@ -437,6 +438,28 @@ static const char *host_list(void *ctx, char *buf, size_t cap)
     return buf;
 }
 
+/* Every host of the launch with its node's snapshot directory (its agent's HELLO), "h1=DIR,
+ * h2=DIR"; NULL when one has none or the list does not fit: then no rank snapshots. */
+static const char *snap_dirs(void *ctx, char *buf, size_t cap)
+{
+    sup_cluster *cl = ctx;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < cl->n;) {
+        int k = node_of_rank(cl, r);
+        while (r < cl->n && node_of_rank(cl, r) == k)
+            r++;
+        const char *d = rk_nodes_snap(cl->t, k);
+        if (!d)
+            return NULL;
+        used += (size_t)snprintf(buf + used, used < cap ? cap - used : 0, "%s%s=%s",
+                                 used ? "," : "", node_name(cl, k), d);
+        if (used >= cap)
+            return NULL;
+    }
+    return buf;
+}
+
 static const char *master(void *ctx)
 {
     sup_cluster *cl = ctx;
@@ -625,6 +648,7 @@ static const rk_sup_backend_ops cluster_ops = {.name = "cluster",
                                                .socket = socket_name,
                                                .host_list = host_list,
                                                .master = master,
+                                               .snap_dirs = snap_dirs,
                                                .srun_hosts = srun_hosts,
                                                .node_up = node_up,
                                                .node_name = dev_node_name,

@@ -68,7 +68,8 @@ int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t
     *len = 0;
     size_t ml = strnlen(m->master, sizeof m->master);
     if (m->launch < 1 || m->ranks < 1 || m->world < 1 || m->base >= m->world || m->watch > 1 ||
-        m->ranks > m->world - m->base || m->port > 65535 || !host_ok(m->master, ml) ||
+        m->snap_off > 1 || m->ranks > m->world - m->base || m->port > 65535 ||
+        !host_ok(m->master, ml) ||
         !list_ok(m->devices, strnlen(m->devices, sizeof m->devices), 0) ||
         !list_ok(m->done, strnlen(m->done, sizeof m->done), 1))
         return rk_err_set(err, RK_EINVAL, "launch: a field out of range");
@@ -77,7 +78,8 @@ int rk_node_launch_format(const rk_node_launch *m, char *out, size_t cap, size_t
                      (unsigned)m->launch, (unsigned)m->world, (unsigned)m->base, (unsigned)m->ranks,
                      m->master, (unsigned)m->port, m->devices) ||
         (m->done[0] && !rk_node_put(out, cap, len, "done=%s\n", m->done)) ||
-        (m->watch && !rk_node_put(out, cap, len, "watch=1\n")))
+        (m->watch && !rk_node_put(out, cap, len, "watch=1\n")) ||
+        (m->snap_off && !rk_node_put(out, cap, len, "snap_off=1\n")))
         return rk_err_set(err, RK_EINVAL, "launch: the buffer is too small");
     return RK_OK;
 }
@@ -99,6 +101,11 @@ static int launch_parse(const void *payload, size_t len, rk_node_launch *m, rk_e
         return rc;
     if (m->watch > 1)
         return rk_err_set(err, RK_EFORMAT, "launch: watch is 0 or 1");
+    if (rk_node_kv_get(&kv, "snap_off", &wn) &&
+        (rc = get_u32(&kv, "launch", "snap_off", 0, &m->snap_off, err)))
+        return rc;
+    if (m->snap_off > 1)
+        return rk_err_set(err, RK_EFORMAT, "launch: snap_off is 0 or 1");
     if (m->base >= m->world || m->ranks > m->world - m->base)
         return rk_err_set(err, RK_EFORMAT, "launch: ranks %u..%u are not in a world of %u",
                           (unsigned)m->base, (unsigned)(m->base + m->ranks - 1),

@@ -162,6 +162,13 @@ bool rk_node_put(char *out, size_t cap, size_t *len, const char *fmt, ...)
     return true;
 }
 
+bool rk_node_snap_ok(const char *s, size_t len)
+{
+    if (len < 2 || len > RK_NODE_VALUE_MAX || s[0] != '/' || !rk_text_ok(s, len))
+        return false;
+    return !memchr(s, ',', len) && !memchr(s, '=', len);
+}
+
 static int too_small(rk_err *err, const char *what)
 {
     return rk_err_set(err, RK_EINVAL, "%s: the buffer is too small", what);
@@ -177,8 +184,14 @@ int rk_node_hello_format(const rk_node_hello *h, char *out, size_t cap, size_t *
         return rk_err_set(err, RK_EINVAL, "hello: the boot id is not a UUID");
     if (h->node >= RK_NODES_MAX || h->pid < 1 || h->pid > INT32_MAX)
         return rk_err_set(err, RK_EINVAL, "hello: node or pid out of range");
+    size_t sl = strnlen(h->snap, sizeof h->snap);
+    if (sl && !rk_node_snap_ok(h->snap, sl))
+        return rk_err_set(err, RK_EINVAL,
+                          "hello: the snapshot directory is not an absolute path "
+                          "of text without ',' or '='");
     if (!rk_node_put(out, cap, len, "node=%u\nhost=%s\npid=%" PRId64 "\nboot_id=%s\n",
-                     (unsigned)h->node, h->host, h->pid, h->boot_id))
+                     (unsigned)h->node, h->host, h->pid, h->boot_id) ||
+        (sl && !rk_node_put(out, cap, len, "snap=%s\n", h->snap)))
         return too_small(err, "hello");
     return RK_OK;
 }
@@ -218,6 +231,12 @@ static int hello_parse(const void *payload, size_t len, rk_node_hello *h, rk_err
                           s ? "boot_id is not a UUID (8-4-4-4-12 lower-case hex digits)"
                             : "no boot_id");
     memcpy(h->boot_id, s, n);
+    s = rk_node_kv_get(&kv, "snap", &n);
+    if (s && !rk_node_snap_ok(s, n))
+        return rk_err_set(err, RK_EFORMAT,
+                          "hello: snap is not an absolute path without ',' or '='");
+    if (s)
+        memcpy(h->snap, s, n);
     return RK_OK;
 }
 

@@ -43,6 +43,7 @@ typedef struct node {
     uint64_t probes, answered; /* PINGs sent to ask if it is alive; PONGs that answered */
     char host[RK_NODE_HOST_MAX];
     char boot_id[RK_NODE_BOOT_ID_LEN + 1];
+    char snap[RK_NODE_VALUE_MAX + 1]; /* its HELLO's snapshot directory, "" none */
 } nodeinfo;
 
 struct rk_nodes {
@@ -208,6 +209,7 @@ static void on_first(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     n->answered = n->probes; /* its agent spoke since: probes of an earlier connection too */
     memcpy(n->host, hello.host, sizeof n->host);
     memcpy(n->boot_id, hello.boot_id, sizeof n->boot_id);
+    memcpy(n->snap, hello.snap, sizeof n->snap);
     rk_node_welcome w = {
         .node = (uint32_t)k, .generation = n->peer.generation, .timeout_s = t->o.timeout_s};
     char out[RK_NODE_PAYLOAD_MAX];
@@ -313,6 +315,13 @@ void rk_nodes_renew(rk_nodes *t, int k, uint32_t generation)
 uint32_t rk_nodes_generation(const rk_nodes *t, int k)
 {
     return k >= 0 && k < t->o.nodes ? t->nodes[k].peer.generation : 0;
+}
+
+const char *rk_nodes_snap(const rk_nodes *t, int k)
+{
+    return k >= 0 && k < t->o.nodes && t->nodes[k].state != NODE_NEVER && t->nodes[k].snap[0]
+               ? t->nodes[k].snap
+               : NULL;
 }
 
 const char *rk_nodes_host(const rk_nodes *t, int k)

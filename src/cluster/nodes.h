@@ -89,6 +89,9 @@ typedef struct rk_node_hello {
     char host[RK_NODE_HOST_MAX];           /* the agent's host name (gethostname) */
     int64_t pid;                           /* the agent's pid */
     char boot_id[RK_NODE_BOOT_ID_LEN + 1]; /* the host's boot id: a new one after a reboot */
+    /* the job's snapshot directory on this node (rk_snap_dir_make: an absolute path without
+     * ',' or '=', at most RK_NODE_VALUE_MAX bytes), "" none: optional key snap */
+    char snap[RK_NODE_VALUE_MAX + 1];
 } rk_node_hello;
 
 typedef struct rk_node_welcome {
@@ -147,6 +150,9 @@ typedef struct rk_node_launch {
     char done[RK_NODE_LIST_MAX];    /* RK_INJECT_DONE: injections that fired ("" none) */
     uint32_t watch;                 /* 1: another launcher (mpirun) starts the ranks; the agent
                                      * watches those that connect to its abstract socket */
+    uint32_t snap_off;              /* 1: snapshots in memory are off for the rest of the job:
+                                     * the agent removes its snapshot directory (key snap_off,
+                                     * optional, 0 when absent) */
 } rk_node_launch;
 
 typedef struct rk_node_launched {
@@ -225,6 +231,9 @@ int rk_node_data_parse(const void *payload, size_t len, int close, uint32_t *cha
 
 /* A UUID as the kernel writes a boot id: 8-4-4-4-12 lower-case hex digits. */
 bool rk_node_boot_id_ok(const char *s, size_t len);
+/* 1 if s[0..len) may be a HELLO's snap: an absolute path of text, no ',' or '=' (the ranks'
+ * RK_SNAP_DIRS lists them as HOST=DIR,...), at most RK_NODE_VALUE_MAX bytes. */
+bool rk_node_snap_ok(const char *s, size_t len);
 
 /* This host's boot id from `path` (NULL: /proc/sys/kernel/random/boot_id): at most 64 bytes
  * read, the trailing newline dropped, checked with rk_node_boot_id_ok. */
@@ -325,6 +334,8 @@ void rk_nodes_renew(rk_nodes *t, int k, uint32_t generation);
 uint32_t rk_nodes_generation(const rk_nodes *t, int k);
 /* The host name node `k` said in its HELLO, NULL before any. */
 const char *rk_nodes_host(const rk_nodes *t, int k);
+/* Node k's snapshot directory as its agent's latest HELLO said it; NULL if none was said. */
+const char *rk_nodes_snap(const rk_nodes *t, int k);
 
 /* Send BYE (`reason`) to every connected node, then close their connections. */
 void rk_nodes_bye(rk_nodes *t, const char *reason);

@@ -638,6 +638,31 @@ int rk_snap_agree(const char *dir, int world, int64_t *step, char *report, size_
 
 /* ---- the job's directory ---------------------------------------------------------------- */
 
+int rk_snap_agree_held(const int64_t *held, int world, int keep, int64_t *step, rk_err *err)
+{
+    *step = -1;
+    if (!held || world < 1 || keep < 1)
+        return rk_err_set(err, RK_EINVAL, "rk_snap_agree_held: no steps, world %d, keep %d", world,
+                          keep);
+    for (int k = 0; k < keep; k++) { /* rank 0's, newest first */
+        int64_t cand = held[k];
+        if (cand < 0)
+            continue;
+        int everyone = 1;
+        for (int r = 1; r < world && everyone; r++) {
+            int has = 0;
+            for (int q = 0; q < keep; q++)
+                has |= held[(size_t)r * (size_t)keep + (size_t)q] == cand;
+            everyone = has;
+        }
+        if (everyone && cand > *step)
+            *step = cand;
+    }
+    return *step >= 0
+               ? RK_OK
+               : rk_err_set(err, RK_ENOENT, "no step that every one of %d ranks holds", world);
+}
+
 int rk_snap_dir_check(const char *dir, rk_err *err)
 {
     int rc = check_dir_arg(dir, "rk_snap_dir_check", err);

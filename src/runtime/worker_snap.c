@@ -2,7 +2,10 @@
  * The worker runtime's snapshots in memory (rekindle/worker.h, docs/recovery.md "Relaunch
  * from memory"): every K steps each rank puts its registered buffers into the node's snapshot
  * store (rekindle/snap.h, RK_SNAP_DIR); a relaunched job restores the agreed step from there
- * when it is at least as new as the newest checkpoint on disk. Relies on the store's checks.
+ * when it is at least as new as the newest checkpoint on disk. The agreed step is computed by
+ * the ranks over the world (each verifies its own, an all-gather), so the ranks of several
+ * hosts, each host's in its own directory, agree as one host's do. Relies on the store's
+ * checks.
  */
 #include <dirent.h>
 #include <math.h>
@@ -96,24 +99,33 @@ static int mem_choose_every(rk_worker *w, rk_err *err)
     return rc;
 }
 
-/* Rank 0 decides whether two generations of every rank here fit (rk_snap_room); every rank
- * learns it. 0 off (then the caller turns snapshots off with `why`). */
+/* Every rank checks its own node's room for two generations of its node's ranks
+ * (rk_snap_room: the node of RK_SNAP_DIR, which across hosts is each host's own); every rank
+ * learns whether all fit (one all-gather). 0 off (then the caller turns snapshots off with
+ * `why`: the rule's numbers on a rank that found no room, its rank elsewhere). */
 static int mem_room(rk_worker *w, uint64_t bytes, int *ok, char *why, size_t cap, rk_err *err)
 {
-    int64_t fit = 1;
-    if (w->rank == 0) {
-        rk_err e = {0};
-        int r = 0;
-        if (rk_snap_room(w->mem_dir, bytes, rk_comm_local_size(w->comm), &r, why, cap, &e)) {
-            snprintf(why, cap, "%s", e.msg);
-            r = 0;
-        }
-        fit = r;
+    rk_err e = {0};
+    int r = 0;
+    if (rk_snap_room(w->mem_dir, bytes, rk_comm_local_size(w->comm), &r, why, cap, &e)) {
+        snprintf(why, cap, "%s", e.msg);
+        r = 0;
     }
-    int rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, RK_OK, &fit, 1, NULL, err);
-    *ok = fit != 0;
-    if (!*ok && w->rank != 0)
-        snprintf(why, cap, "rank 0 found no room");
+    int rc = RK_OK;
+    if (w->world > 1)
+        rc = rk_comm_allgather_u64(w->comm, (uint64_t)(r != 0), w->gather, err);
+    else
+        w->gather[0] = (uint64_t)(r != 0);
+    *ok = 1;
+    for (int k = 0; !rc && k < w->world && *ok; k++)
+        if (!w->gather[k]) {
+            *ok = 0;
+            if (k != w->rank || r) /* this rank's own reason stays as the rule said it */
+                snprintf(why, cap, "rank %d found no room for snapshots on its node", k);
+        }
+    if (!*ok && !r && w->rank != 0 && w->diag)
+        fprintf(w->diag, "%s (rank %d): no room for snapshots on this node: %s\n", w->name, w->rank,
+                why);
     return rc;
 }
 
@@ -214,38 +226,112 @@ static int mem_fits(const rk_worker *w, const rk_ckpt *c, rk_err *err)
     return RK_OK;
 }
 
+/* This rank's own generations that verify in full and are of this run (rk_snap_get,
+ * mem_fits), newest first: up to RK_SNAP_KEEP steps into mine[] (the rest -1), the newest one
+ * read kept in *newest (NULL if none). What did not verify is said in the rank's diag. */
+static void mem_verified(rk_worker *w, int64_t mine[RK_SNAP_KEEP], rk_ckpt **newest)
+{
+    int64_t steps[8];
+    size_t n = 0, got = 0;
+    rk_err e = {0};
+    *newest = NULL;
+    for (int k = 0; k < RK_SNAP_KEEP; k++)
+        mine[k] = -1;
+    if (rk_snap_steps(w->mem_dir, w->rank, steps, 8, &n, &e)) {
+        if (w->diag)
+            fprintf(w->diag, "%s (rank %d): snapshots: %s\n", w->name, w->rank, e.msg);
+        return;
+    }
+    for (size_t i = 0; i < n && i < 8 && got < RK_SNAP_KEEP; i++) {
+        rk_ckpt *c = NULL;
+        rk_err ge = {0};
+        int grc = rk_snap_get(w->mem_dir, w->rank, steps[i], &c, &ge);
+        if (!grc)
+            grc = mem_fits(w, c, &ge);
+        if (grc) {
+            if (w->diag)
+                fprintf(w->diag, "%s (rank %d): snapshot of step %lld skipped: %s\n", w->name,
+                        w->rank, (long long)steps[i], ge.msg);
+            rk_ckpt_free(c);
+            continue;
+        }
+        mine[got++] = steps[i];
+        if (!*newest)
+            *newest = c;
+        else
+            rk_ckpt_free(c);
+    }
+}
+
 int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
 {
     *used = 0;
-    if (!w->mem_on) /* the same on every rank: RK_SNAP_DIR is the job's */
+    if (!w->mem_on) /* the same on every rank: RK_SNAP_DIR is the job's (each host's) */
         return RK_OK;
-    int64_t hdr[2] = {0, -1}; /* from memory, the agreed step: rank 0's decision */
+    /* The agreed step over the world, with no directory shared between the ranks (each
+     * host keeps its own ranks'): every rank verifies its own generations in full, every
+     * rank learns every rank's verified steps (an all-gather a generation kept), and the
+     * newest step all have is the agreed one. Never a mix of steps. */
+    int64_t mine[RK_SNAP_KEEP];
+    rk_ckpt *c = NULL;
+    mem_verified(w, mine, &c);
+    int64_t *all = calloc((size_t)w->world * RK_SNAP_KEEP, sizeof *all);
+    if (!all) {
+        rk_ckpt_free(c);
+        return rk_err_set(err, RK_ENOMEM, "snapshot: out of memory");
+    }
+    int rc = RK_OK;
+    for (int k = 0; k < RK_SNAP_KEEP && !rc; k++) {
+        uint64_t v = (uint64_t)(mine[k] + 1); /* 0: none */
+        if (w->world > 1)
+            rc = rk_comm_allgather_u64(w->comm, v, w->gather, err);
+        else
+            w->gather[0] = v;
+        for (int r = 0; !rc && r < w->world; r++)
+            all[(size_t)r * RK_SNAP_KEEP + (size_t)k] = (int64_t)w->gather[r] - 1;
+    }
+    int64_t agreed = -1;
+    int any = 0; /* some rank holds a generation */
+    for (size_t i = 0; !rc && i < (size_t)w->world * RK_SNAP_KEEP; i++)
+        any |= all[i] >= 0;
+    if (!rc)
+        (void)rk_snap_agree_held(all, w->world, RK_SNAP_KEEP, &agreed, NULL);
+    free(all);
+    if (rc) {
+        rk_ckpt_free(c);
+        return rc;
+    }
+    /* rank 0 weighs it against the newest checkpoint on disk; every rank learns the decision */
+    int64_t hdr[2] = {0, agreed};
     if (w->rank == 0) {
-        char report[2048] = "";
-        rk_err e = {0};
-        int64_t agreed = -1, disk = newest_disk_step(w->dir);
-        int arc = rk_snap_agree(w->mem_dir, w->world, &agreed, report, sizeof report, &e);
-        if (report[0] && w->notes)
-            fprintf(w->notes, "snapshot: skipped in %s:\n%s", w->mem_dir, report);
-        if (!arc && agreed >= disk)
-            hdr[0] = 1, hdr[1] = agreed;
-        else if (!arc && w->notes)
+        int64_t disk = newest_disk_step(w->dir);
+        if (agreed >= 0 && agreed >= disk)
+            hdr[0] = 1;
+        else if (agreed >= 0 && w->notes)
             fprintf(w->notes,
                     "snapshot: step %lld in memory is older than the checkpoint of step %lld on "
                     "disk: resuming from disk\n",
                     (long long)agreed, (long long)disk);
-        else if (arc != RK_ENOENT && w->notes)
-            fprintf(w->notes, "snapshot: no agreed step (%s): resuming from disk\n", e.msg);
+        else if (w->notes && any)
+            fprintf(w->notes, "snapshot: no step that every rank holds in memory: resuming "
+                              "from disk\n");
     }
-    int rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, RK_OK, hdr, 2, NULL, err);
-    if (rc || !hdr[0])
+    rc = rk_comm_share_status(w->world > 1 ? w->comm : NULL, RK_OK, hdr, 2, NULL, err);
+    if (rc || !hdr[0]) {
+        rk_ckpt_free(c);
         return rc;
-    /* every rank reads and verifies its own generation of that step; all or none restore */
-    rk_ckpt *c = NULL;
+    }
+    /* every rank's generation of that step (verified above; read again if it is not the
+     * newest); all or none restore */
     rk_err e = {0};
-    int grc = rk_snap_get(w->mem_dir, w->rank, hdr[1], &c, &e);
-    if (!grc)
-        grc = mem_fits(w, c, &e);
+    int grc = RK_OK;
+    if (!c || rk_ckpt_meta_of(c)->step != hdr[1]) {
+        rk_ckpt_free(c);
+        c = NULL;
+        grc = rk_snap_get(w->mem_dir, w->rank, hdr[1], &c, &e);
+        if (!grc)
+            grc = mem_fits(w, c, &e);
+    }
     if (grc && w->diag)
         fprintf(w->diag, "%s (rank %d): snapshot of step %lld not restored: %s\n", w->name, w->rank,
                 (long long)hdr[1], e.msg);

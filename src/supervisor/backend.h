@@ -77,6 +77,10 @@ typedef struct rk_sup_backend_ops {
     /* srun's placement: rank r's node on line r of hostfile, the nodes left out into
      * excl[cap] ("" none); the count of nodes used, or an error (err->code). */
     int (*srun_hosts)(void *ctx, const char *hostfile, char *excl, size_t cap, rk_err *err);
+    /* The ranks' RK_SNAP_DIRS: "HOST=DIR,..." for every host of the launch, each its node's
+     * snapshot directory (docs/recovery.md "Across hosts"); NULL when a host of the launch
+     * has none (then no rank gets one: every rank snapshots, or none). */
+    const char *(*snap_dirs)(void *ctx, char *buf, size_t cap);
     /* ---- the devices' hosts (NULL: this host's, always up) */
     /* 1 if device d's host is up and not quarantined; its name. */
     int (*node_up)(void *ctx, int d);
@@ -124,6 +128,9 @@ int sup_failing(const struct sup *s);
 void sup_fail_node(struct sup *s, int node, int rank, const char *name, const char *what);
 /* Device d is set aside for the rest of the job, with its host (drain.c). */
 void sup_quarantine_device(struct sup *s, int d);
+/* 1 once a rank said snapshot_off: memory recovery is off for the rest of the job
+ * (launcher.c). */
+int sup_snapshots_off(const struct sup *s);
 /* Steps the job has done in this run (drain.c). */
 int64_t sup_steps_done(const struct sup *s);
 /* Append n bytes of rank `rank`'s stack dump to its file of this launch (stacks.c): the

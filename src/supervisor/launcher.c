@@ -20,6 +20,11 @@ int sup_may_span_hosts(const rk_sup_opts *o)
     return o->launcher == RK_LAUNCH_SRUN || rk_launch_names_hosts(o->launcher_args);
 }
 
+int sup_snapshots_off(const sup *s)
+{
+    return s->snap_off;
+}
+
 /* OMP_NUM_THREADS=1 for the ranks when several of them share this host's CPUs and the user
  * did not choose (as torchrun does for more than one process a node): each rank's OpenMP and
  * OpenBLAS would otherwise take every CPU, and the same script would round differently (and
@@ -61,6 +66,11 @@ int sup_launcher_start(sup *s, rk_err *err)
                          : !sup_may_span_hosts(s->o) ? "127.0.0.1"
                                                      : NULL;
     int port = getenv("MASTER_PORT") ? -1 : rk_env_free_port();
+    static char snap_dirs[8192]; /* across hosts: each host's snapshot directory */
+    const char *sdirs = remote && b->snap_dirs && !s->snap_off && s->o->ckpt_dir &&
+                                s->o->recovery == RK_SUP_RECOVERY_MEMORY
+                            ? b->snap_dirs(s->b.ctx, snap_dirs, sizeof snap_dirs)
+                            : NULL;
     rk_rank_env_opts eo = {
         .heartbeat = remote ? b->socket(s->b.ctx, abs_sock, sizeof abs_sock) : s->sock,
         .devices = devs,
@@ -77,6 +87,7 @@ int sup_launcher_start(sup *s, rk_err *err)
         .pythonpath = !s->o->no_pythonpath,
         .ckpt_dir = s->o->ckpt_dir,
         .snap_dir = s->snap_dir[0] ? s->snap_dir : NULL, /* this host's launches only (run.c) */
+        .snap_dirs = sdirs,
         .inject = s->o->inject,
         .inject_done = done};
     static rk_rank_env re;

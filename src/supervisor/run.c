@@ -276,6 +276,13 @@ static void open_snap_dir(sup *s)
     s->snap_dir[0] = '\0';
     if (o->recovery == RK_SUP_RECOVERY_DISK || !o->ckpt_dir)
         return;
+    if (o->hosts && s->b.ops->snap_dirs && o->launcher == RK_LAUNCH_MPIRUN) {
+        s->g.snapshots = "on"; /* one mpirun across the hosts: each node's agent keeps its own */
+        sup_say(s, "recovery from memory: each host's agent keeps its ranks' snapshots in a "
+                   "directory of its node (a relaunch restores them when every rank has the "
+                   "agreed step and it is at least as new as the checkpoints on disk)");
+        return;
+    }
     if (o->hosts || s->b.ops != &rk_sup_launcher_ops || sup_may_span_hosts(o)) {
         sup_say(s,
                 "recovery from memory is not built yet for ranks on several hosts (%s): "

@@ -270,6 +270,8 @@ typedef struct rk_rank_env_opts {
     int pythonpath;           /* PYTHONPATH: the rekindle package's directory first */
     const char *ckpt_dir;     /* RK_CKPT_DIR, and RK_RESUME=1 (NULL: neither) */
     const char *snap_dir;     /* RK_SNAP_DIR: the job's snapshots in memory (NULL: not set) */
+    const char *snap_dirs;    /* RK_SNAP_DIRS: across hosts, "HOST=DIR,...": each host's (rk
+                               * _rank-env makes it the rank's RK_SNAP_DIR); NULL: not set */
     const char *inject;       /* RK_INJECT (NULL: not set) */
     const char *inject_done;  /* RK_INJECT_DONE with RK_INJECT (NULL or "": not set) */
 } rk_rank_env_opts;
