@@ -210,7 +210,8 @@ static void test_summary_says_the_snapshots_and_notes_are_not_incidents(void **s
     assert_non_null(strstr(text, "\"recovery\": \"memory\""));
     assert_non_null(strstr(text, "\"snapshots\": \"off\""));
     assert_non_null(strstr(text, "\"snapshot_bytes_peak\": 5497558138880"));
-    assert_non_null(strstr(text, "\"restores\": {\n    \"memory\": 3,\n    \"disk\": 1,\n    \"in_place\": 0\n  }"));
+    assert_non_null(strstr(
+        text, "\"restores\": {\n    \"memory\": 3,\n    \"disk\": 1,\n    \"in_place\": 0\n  }"));
     rk_sup_report_free(&rep);
     rk_ledger_close(&g);
 }
