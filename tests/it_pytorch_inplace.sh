@@ -49,10 +49,20 @@ pids+=("$sp")
 first="" victim="" at=-1
 wait_for 'first=$(rank_pid "$sp" 0 train_fashion_mnist.py) || ! kill -0 "$sp" 2>/dev/null' 300
 [[ -n $first ]] && ok "rank 0 started as pid $first" || bad "no rank 0 found under rk run"
+# Rank 1 by now is a warm spare that took the rank (its /proc environ, from before it had a
+# rank, has no RANK): its pid is the one rk run had from the kernel when it said hello, written
+# in rk run's line after the replacement; a process of rk run's tree running the script.
+rank1_pid() {
+  local p
+  p=$(sed -n 's/.*after rank 1 was replaced (now pid \([0-9][0-9]*\)).*/\1/p' "$work/inplace.log" | tail -1)
+  [[ -n $p ]] || return 1
+  descendants "$sp" | grep -qx "$p" && tr '\0' '\n' <"/proc/$p/cmdline" 2>/dev/null |
+    grep -q train_fashion_mnist.py && echo "$p"
+}
 kill_held() {
   at=$(newest inplace)
   ((at >= 40)) || return 1
-  victim=$(rank_pid "$sp" 1 train_fashion_mnist.py) && kill -9 "$victim" && return 0
+  victim=$(rank1_pid) && kill -9 "$victim" && return 0
   victim=""
   return 1
 }
@@ -66,6 +76,11 @@ h=$(json inplace.json hash 2>/dev/null)
 [[ -n $h && $h == "$ref" ]] && ok "parameters hash $h equals the fault-free run's" \
   || bad "parameters hash '$h' differs from the fault-free $ref"
 grep -q "0 restarts" "$work/inplace.log" && ok "no relaunch" || bad "a relaunch: $(grep restart "$work/inplace.log")"
+# Each replacement was the warm spare: started once every rank could rejoin, and again after
+# each replacement, it had imported torch before the fault (docs/recovery.md, "The warm spare")
+sparen=$(grep -c "^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s) is rank 1$" "$work/inplace.log")
+[[ $sparen == 4 ]] && ok "each of the 4 replacements was the warm spare" ||
+  bad "$sparen of the 4 replacements were the warm spare: $(grep -i spare "$work/inplace.log" | head -5)"
 
 it_count "$py" - "$work/inplace.events" "$first" <<'PY'
 import json, re, sys

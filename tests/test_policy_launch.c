@@ -671,6 +671,51 @@ static void test_launch_pick(void **state)
     rmdir(dir);
 }
 
+/* The warm spare's command (launch.c): a rank's `python [OPTS] SCRIPT ARGS` with `-m
+ * rekindle.torch._spare` before the script; anything it cannot be sure of: no spare. */
+static void test_spare_argv(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in[8];
+        const char *want; /* the words joined by spaces; NULL: no spare */
+    } cases[] = {
+        {{"python3", "train.py", "--lr", "0.1"},
+         "python3 -m rekindle.torch._spare train.py --lr 0.1"},
+        {{"/usr/bin/python3.11", "-u", "-B", "t.py"},
+         "/usr/bin/python3.11 -u -B -m rekindle.torch._spare t.py"},
+        {{"python", "t.py"}, "python -m rekindle.torch._spare t.py"},
+        {{"python3", "-c", "print(1)"}, NULL},      /* no script */
+        {{"python3", "-m", "mod"}, NULL},           /* a module: not a script */
+        {{"python3", "-um", "mod"}, NULL},          /* -m inside a cluster */
+        {{"python3", "-W", "error", "t.py"}, NULL}, /* -W's argument apart or joined: refused */
+        {{"python3", "-Xdev", "t.py"}, NULL},
+        {{"python3", "--check-hash-based-pycs", "always", "t.py"}, NULL},
+        {{"python3", "-", "x"}, NULL},    /* stdin */
+        {{"python3", "-u"}, NULL},        /* no script at all */
+        {{"/usr/bin/rk", "train"}, NULL}, /* not python */
+        {{"sh", "-c", "python3 t.py"}, NULL},
+        {{"./mypython", "t.py"}, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *out[16];
+        int rc = rk_launch_spare_argv(cases[i].in, out, 16);
+        if (!cases[i].want) {
+            assert_int_equal(rc, -1);
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        char got[256] = "";
+        for (int k = 0; out[k]; k++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%s", k ? " " : "", out[k]);
+        assert_string_equal(got, cases[i].want);
+    }
+    /* no room: refused, nothing written past cap */
+    const char *in[] = {"python3", "t.py", "a", "b", "c", NULL};
+    const char *out[5];
+    assert_int_equal(rk_launch_spare_argv(in, out, 5), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -680,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_teardown_due),   cmocka_unit_test(test_interrupt),
         cmocka_unit_test(test_storage_errnos), cmocka_unit_test(test_rank_env_map),
         cmocka_unit_test(test_launch_pick),    cmocka_unit_test(test_rank_env),
+        cmocka_unit_test(test_spare_argv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

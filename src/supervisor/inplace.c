@@ -11,6 +11,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,6 +27,8 @@ void sup_inplace_reset(sup *s)
     s->ip_hang[0] = '\0';
     s->ip_t = 0;
     s->ip_inc = SIZE_MAX;
+    const char *sp = getenv("RK_SPARE"); /* "0": no warm spare (A/B benches) */
+    s->ip_spare = sp && strcmp(sp, "0") == 0 ? -1 : 0;
     memset(s->rejoin, 0, sizeof s->rejoin);
     for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
         s->lost_t[r] = 0;
@@ -42,6 +45,16 @@ static int all_can_rejoin(sup *s)
             return 0;
     }
     return 1;
+}
+
+/* Once every rank can rejoin, and again after each replacement: the keeper starts a warm
+ * spare (a process that has imported torch and the script's imports, waiting for a rank), so a
+ * replacement does not start Python and import torch on the recovery path. */
+static void ask_spare(sup *s)
+{
+    if (s->ip_state == IP_READY && s->ip_spare == 0 && all_can_rejoin(s) &&
+        rk_launch_respawn(&s->l, RK_LAUNCH_ORDER_SPARE, NULL) == RK_OK)
+        s->ip_spare = 1;
 }
 
 int sup_inplace_may(const sup *s, int rank)
@@ -153,6 +166,8 @@ static void replace(sup *s, int r, int code)
     }
     extra[ne] = NULL;
     s->ip_state = IP_REPLACING;
+    if (s->ip_spare > 0)
+        s->ip_spare = 0; /* the keeper's spare (if it has one) becomes rank r */
     s->ip_rank = r;
     s->ip_t = rk_ledger_now(&s->g);
     s->g.in_place++;
@@ -216,6 +231,7 @@ void sup_inplace_hello(sup *s, const rk_hb_msg *m)
     if (m->rank < 0 || m->rank >= RK_SUP_MAX_DEVICES)
         return;
     s->rejoin[m->rank] = m->rejoin;
+    ask_spare(s);
     if (s->ip_state != IP_REPLACING || m->rank != s->ip_rank)
         return;
     for (int r = 0; r < s->n; r++) /* every rank restored the step the replacement says */
@@ -224,11 +240,17 @@ void sup_inplace_hello(sup *s, const rk_hb_msg *m)
 
 void sup_inplace_step(sup *s)
 {
+    if (s->ip_state == IP_READY)
+        ask_spare(s); /* once every rank said hello (a hello may come before its rank is set) */
     if (s->ip_state != IP_REPLACING)
         return;
     double now = rk_ledger_now(&s->g);
-    sup_say(s, "in place: every rank is stepping again, %.2f s after rank %d was replaced",
-            now - s->ip_t, s->ip_rank);
+    const rk_sup_conn *c = sup_by_rank(s, s->ip_rank);
+    sup_say(
+        s,
+        "in place: every rank is stepping again, %.2f s after rank %d was replaced (now pid %ld)",
+        now - s->ip_t, s->ip_rank, c ? c->pid : -1L);
     s->ip_state = IP_READY;
     s->ip_rank = -1;
+    ask_spare(s); /* the next replacement's, started now the job is back at work */
 }

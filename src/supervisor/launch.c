@@ -515,10 +515,15 @@ static void signal_job(int pidns, int sig)
         signal_tree(getpid(), sig, 0);
 }
 
+/* A local rank-to-be: the warm spare (rank argument of exec_child). */
+#define SPARE_RANK (-2)
+
 /* The first child process: the launcher (nranks 0), or each rank of a local launch with its
- * RANK and LOCAL_RANK. Never returns: the exec's errno goes to rk run through `report`. */
+ * RANK and LOCAL_RANK, or (rank SPARE_RANK) the warm spare, which reads its rank later from
+ * `keep` (left open across the exec, named by RK_SPARE_FD). Never returns: the exec's errno
+ * goes to rk run through `report`. */
 static void exec_child(const char **argv, char *const *env, char *const *extra, char *preload,
-                       const sigset_t *set, int report, int rank)
+                       const sigset_t *set, int report, int rank, int keep)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     sigprocmask(SIG_UNBLOCK, set, NULL);
@@ -537,7 +542,14 @@ static void exec_child(const char **argv, char *const *env, char *const *extra, 
      * `report` is close-on-exec already and must stay open until the exec */
     rk_proc_cloexec_from(STDERR_FILENO + 1);
     char rank_env[2][32];
-    if (rank >= 0) {
+    if (keep >= 0) {
+        /* rk-fd: inherited on purpose: the spare's orders (one assignment, then end of file) */
+        if (fcntl(keep, F_SETFD, 0) != 0)
+            _exit(127);
+        snprintf(rank_env[0], sizeof rank_env[0], "RK_SPARE_FD=%d", keep);
+        putenv(rank_env[0]);
+    }
+    if (rank >= 0 || rank == SPARE_RANK) {
         /* a local rank reads /dev/null, as mpirun's ranks but the first: the keeper's process
          * group is not the terminal's, so a read of the terminal would stop it (SIGTTIN) */
         /* rk-fd: inherited: it becomes the rank's stdin (dup2 below), or is fd 0 already when
@@ -551,10 +563,12 @@ static void exec_child(const char **argv, char *const *env, char *const *extra, 
         const char *base = getenv("RK_RANK_BASE");
         long b = base ? strtol(base, NULL, 10) : 0;
         unsetenv("RK_RANK_BASE");
-        snprintf(rank_env[0], sizeof rank_env[0], "RANK=%ld", b + rank);
-        snprintf(rank_env[1], sizeof rank_env[1], "LOCAL_RANK=%d", rank);
-        putenv(rank_env[0]);
-        putenv(rank_env[1]);
+        if (rank >= 0) {
+            snprintf(rank_env[0], sizeof rank_env[0], "RANK=%ld", b + rank);
+            snprintf(rank_env[1], sizeof rank_env[1], "LOCAL_RANK=%d", rank);
+            putenv(rank_env[0]);
+            putenv(rank_env[1]);
+        }
     }
     rk_phase_mark_env(rank >= 0 ? "rank.exec" : "launcher.exec"); /* RK_TRACE_LAUNCH */
     execvp(argv[0], (char *const *)argv);
@@ -604,6 +618,92 @@ static int read_order(int fd, int *rank, char *buf, size_t cap, char **extra, in
     return 1;
 }
 
+/* supervisor.h */
+int rk_launch_spare_argv(const char *const *argv, const char **out, int cap)
+{
+    const char *b = strrchr(argv[0], '/');
+    b = b ? b + 1 : argv[0];
+    if (strncmp(b, "python", 6) != 0)
+        return -1;
+    int i = 1, k = 0;
+    out[k++] = argv[0];
+    for (; argv[i] && argv[i][0] == '-'; i++) {
+        const char *o = argv[i];
+        if (o[1] == '\0' || o[1] == '-' || strpbrk(o + 1, "cmXW") != NULL) {
+            /* -, --x, -c, -m: no script; -W/-X: their argument may be joined or not; refused
+             * rather than guessed (a spare is an optimisation) */
+            return -1;
+        }
+        if (k >= cap - 4)
+            return -1;
+        out[k++] = o;
+    }
+    if (!argv[i])
+        return -1;
+    out[k++] = "-m";
+    out[k++] = "rekindle.torch._spare";
+    for (; argv[i]; i++) {
+        if (k >= cap - 1)
+            return -1;
+        out[k++] = argv[i];
+    }
+    out[k] = NULL;
+    return 0;
+}
+
+/* Start the warm spare: *pid and *w (the write end of its orders), or both -1. */
+static void start_spare(const char **argv, char *const *env, char *preload, const sigset_t *set,
+                        pid_t *pid, int *w)
+{
+    static const char *sargv[MAX_ARGS + 3];
+    int p[2];
+    *pid = -1;
+    *w = -1;
+    if (rk_launch_spare_argv(argv, sargv, MAX_ARGS + 3) != 0 || pipe2(p, O_CLOEXEC) != 0)
+        return;
+    pid_t c = fork();
+    if (c == 0) {
+        close(p[1]);
+        exec_child(sargv, env, NULL, preload, set, -1, SPARE_RANK, p[0]);
+    }
+    close(p[0]);
+    if (c < 0) {
+        close(p[1]);
+        return;
+    }
+    *pid = c;
+    *w = p[1];
+}
+
+/* Give the spare rank `rank`: RANK, LOCAL_RANK and the order's NAME=VALUE strings, each NUL-ended,
+ * then end of file. 0 if all was written (the spare is the rank from here on), else -1. */
+static int assign_spare(int w, char *const *env, char *const *extra, int rank)
+{
+    static char buf[12288];
+    long b = 0;
+    for (int i = 0; env && env[i]; i++)
+        if (strncmp(env[i], "RK_RANK_BASE=", 13) == 0)
+            b = strtol(env[i] + 13, NULL, 10);
+    int n = snprintf(buf, sizeof buf, "RANK=%ld%cLOCAL_RANK=%d%c", b + rank, '\0', rank, '\0');
+    size_t used = (size_t)n;
+    for (int i = 0; extra && extra[i]; i++) {
+        size_t k = strlen(extra[i]) + 1;
+        if (used + k > sizeof buf)
+            return -1;
+        memcpy(buf + used, extra[i], k);
+        used += k;
+    }
+    for (size_t at = 0; at < used;) {
+        ssize_t r = write(w, buf + at, used - at); /* SIGPIPE is ignored: EPIPE if it is gone */
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        at += (size_t)r;
+    }
+    return 0;
+}
+
 /* The keeper's life: start the launcher (or, `nranks` > 0, the ranks themselves), reap
  * everything, pass TERM, INT and HUP on to the job, kill the job when rk run goes (lifeline at
  * end of file) or the launcher exits (a local rank fails, or the last one is done), and exit
@@ -638,7 +738,7 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
     for (int r = 0; r < nchild; r++) {
         child[r] = sfd < 0 ? -1 : fork();
         if (child[r] == 0)
-            exec_child(argv, env, NULL, preload, &set, report, nranks > 0 ? r : -1);
+            exec_child(argv, env, NULL, preload, &set, report, nranks > 0 ? r : -1, -1);
         if (child[r] < 0) {
             write_errno(report, errno);
             if (r > 0)
@@ -648,6 +748,9 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
     }
     close(report);
     int left = nchild, stopped = 0, first_code = -1;
+    pid_t spare = -1; /* in place: the warm spare (rk run's order RK_LAUNCH_ORDER_SPARE) */
+    int spare_w = -1;
+    signal(SIGPIPE, SIG_IGN); /* a spare that died: EPIPE, not the keeper's death */
     for (;;) {
         struct pollfd p[3] = {{sfd, POLLIN, 0}, {life, POLLIN, 0}, {orders, POLLIN, 0}};
         if (poll(p, orders >= 0 ? 3 : 2, -1) < 0)
@@ -660,15 +763,34 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
             static char buf[8192];
             char *extra[64];
             int r;
-            if (!read_order(orders, &r, buf, sizeof buf, extra, 64) || r < 0 || r >= nchild ||
+            int ok = read_order(orders, &r, buf, sizeof buf, extra, 64);
+            if (ok && r == RK_LAUNCH_ORDER_SPARE) {
+                if (spare < 0)
+                    start_spare(argv, env, preload, &set, &spare, &spare_w);
+                continue;
+            }
+            if (!ok || r < 0 || r >= nchild ||
                 child[r] > 0) { /* give up (or rk run has gone): the job ends as without */
                 signal_job(pidns, SIGKILL);
                 _exit(first_code >= 0 ? first_code : 137);
             }
             first_code = -1; /* a give-up from here on is a later failure's */
+            if (spare > 0) {
+                pid_t sp = spare;
+                int given = assign_spare(spare_w, env, extra, r) == 0;
+                close(spare_w);
+                spare = -1;
+                spare_w = -1;
+                if (given) { /* the spare is rank r from here on */
+                    child[r] = sp;
+                    left++;
+                    continue;
+                }
+                kill(sp, SIGKILL); /* broken: reaped below as an orphan; a cold start instead */
+            }
             child[r] = fork();
             if (child[r] == 0)
-                exec_child(argv, env, extra, preload, &set, -1, r);
+                exec_child(argv, env, extra, preload, &set, -1, r, -1);
             if (child[r] > 0)
                 left++;
             else
@@ -684,6 +806,12 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
         }
         int st;
         for (pid_t w; (w = waitpid(-1, &st, WNOHANG)) > 0;) {
+            if (w == spare) { /* the spare died unasked: the next replacement starts cold */
+                close(spare_w);
+                spare = -1;
+                spare_w = -1;
+                continue;
+            }
             int r = 0;
             while (r < nchild && child[r] != w)
                 r++;

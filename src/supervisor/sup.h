@@ -205,6 +205,8 @@ typedef struct sup {
     int ip_epoch;  /* the rendezvous' epoch (RK_REJOIN_EPOCH, rejoin's "epoch"): the job's */
     double ip_t;   /* IP_REPLACING: since when */
     size_t ip_inc; /* IP_REPLACING: its incident (index into g.inc) */
+    int ip_spare;  /* the keeper was told to start a warm spare since the last replacement
+                    * (-1: never, RK_SPARE=0) */
     unsigned char rejoin[RK_SUP_MAX_DEVICES]; /* rank -> its hello said rejoin */
     double lost_t[RK_SUP_MAX_DEVICES];        /* rank -> its connection closed (0: not) */
     /* ---- pending.c: incidents waiting for the job to be back at work (index into g.inc) */

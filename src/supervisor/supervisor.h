@@ -189,8 +189,17 @@ int rk_launch_start_inplace(rk_launch *l, int n, char *const *worker, char *cons
  * *code; -1 if none (yet). Never blocks. */
 int rk_launch_failed(rk_launch *l, int *code);
 /* In place: start rank `rank` again, with `extra` NAME=VALUE strings (NULL-ended, at most
- * 4 KiB in all) over the launch's environment; rank -1: give up, end the job. RK_EINVAL if
- * `extra` is too long, RK_EIO if the keeper has gone. */
+ * 4 KiB in all) over the launch's environment; rank -1: give up, end the job; rank
+ * RK_LAUNCH_ORDER_SPARE: start a warm spare if none is waiting (a PyTorch rank's `python
+ * SCRIPT` only: python/rekindle/torch/_spare.py), which the next replacement becomes instead of
+ * a new process. RK_EINVAL if `extra` is too long, RK_EIO if the keeper has gone. */
+#define RK_LAUNCH_ORDER_SPARE (-2)
+/* The warm spare's argv from a rank's: `PYTHON [OPTS] SCRIPT ARGS` becomes `PYTHON [OPTS] -m
+ * rekindle.torch._spare SCRIPT ARGS` (python/rekindle/torch/_spare.py: it imports torch and the
+ * script's imports, waits for a rank, then runs the script as __main__), NULL-ended in out[cap].
+ * 0, or -1 for any other shape (not python; -c, -m, stdin; -W, -X, a long option, whose
+ * argument may be apart; no room): no spare. */
+int rk_launch_spare_argv(const char *const *argv, const char **out, int cap);
 int rk_launch_respawn(rk_launch *l, int rank, char *const *extra);
 /* Reap without blocking: 1 once exited (l->status set), else 0. */
 int rk_launch_poll(rk_launch *l);

@@ -1,0 +1,116 @@
+"""The warm spare of recovery in place (python/rekindle/torch/_spare.py) as rk run's keeper runs
+it: `python -m rekindle.torch._spare SCRIPT ARGS` with RK_SPARE_FD, a real pipe and a real
+process. Skips without torch."""
+
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+import rktest
+
+try:
+    import torch  # noqa: F401
+except ImportError as e:  # pragma: no cover
+    raise unittest.SkipTest(f"SKIP: torch missing ({e})")
+
+from rekindle.torch import _spare
+
+SCRIPT = """\
+import json, os, sys
+import numpy  # a top-level import the spare imports before its rank comes
+import helper_of_the_script  # the script's own module: imported by the script, not the spare
+print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0],
+                  "rank": os.environ.get("RANK"), "local": os.environ.get("LOCAL_RANK"),
+                  "port": os.environ.get("MASTER_PORT"), "fd": os.environ.get("RK_SPARE_FD"),
+                  "helper": helper_of_the_script.ENV_RANK_AT_IMPORT,
+                  "torch": "torch" in sys.modules}))
+sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+"""
+HELPER = 'import os\nENV_RANK_AT_IMPORT = os.environ.get("RANK")\n'
+
+
+class Spare(unittest.TestCase):
+    def setUp(self):
+        self.dir = rktest.tmpdir(self)
+        self.script = os.path.join(self.dir, "train.py")
+        with open(self.script, "w") as f:
+            f.write(SCRIPT)
+        with open(os.path.join(self.dir, "helper_of_the_script.py"), "w") as f:
+            f.write(HELPER)
+
+    def start(self):
+        r, w = os.pipe()
+        env = dict(os.environ, RK_SPARE_FD=str(r), PYTHONPATH=rktest.PYDIR)
+        env.pop("RANK", None)
+        env.pop("LOCAL_RANK", None)
+        p = subprocess.Popen([sys.executable, "-m", "rekindle.torch._spare", self.script, "--lr", "0.1"],
+                             env=env, pass_fds=(r,), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             cwd="/")
+        os.close(r)
+        self.addCleanup(lambda: p.poll() is None and p.kill())
+        return p, w
+
+    def test_a_rank_given_runs_the_script_as_python_would(self):
+        p, w = self.start()
+        os.write(w, b"RANK=3\0LOCAL_RANK=1\0MASTER_PORT=41234\0EXIT_WITH=5\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 5, err.decode())  # the script's sys.exit status
+        got = json.loads(out.decode().strip().splitlines()[-1])
+        self.assertEqual(got["name"], "__main__")
+        self.assertEqual(got["argv"], [self.script, "--lr", "0.1"])
+        self.assertEqual(got["path0"], self.dir)  # the script's own modules import
+        self.assertEqual((got["rank"], got["local"], got["port"]), ("3", "1", "41234"))
+        self.assertIsNone(got["fd"])  # not left for the script
+        self.assertEqual(got["helper"], "3")  # imported after the rank came, not before
+        self.assertTrue(got["torch"])
+        self.assertRegex(err.decode(), r"rekindle: warm spare \(pid [0-9]+, warmed in [0-9.]+ s\) is rank 3\n")
+
+    def test_end_of_file_with_no_rank_runs_nothing(self):
+        p, w = self.start()
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 0, err.decode())
+        self.assertEqual(out, b"")
+
+    def test_a_malformed_assignment_is_refused_and_runs_nothing(self):
+        p, w = self.start()
+        os.write(w, b"RANK=1\0no equals sign\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"not NAME=VALUE", err)
+        self.assertEqual(out, b"")
+
+    def test_an_oversized_assignment_is_refused(self):
+        p, w = self.start()
+        try:
+            os.write(w, b"X=" + b"y" * (_spare._MAX + 10) + b"\0")
+        except BrokenPipeError:
+            pass
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"over", err)
+        self.assertEqual(out, b"")
+
+    def test_without_its_descriptor_it_says_so(self):
+        env = dict(os.environ, PYTHONPATH=rktest.PYDIR)
+        env.pop("RK_SPARE_FD", None)
+        p = subprocess.run([sys.executable, "-m", "rekindle.torch._spare", self.script], env=env,
+                           capture_output=True, timeout=300)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(b"RK_SPARE_FD", p.stderr)
+
+    def test_script_imports_are_those_outside_its_directory(self):
+        got = _spare._script_imports(self.script)
+        self.assertIn("numpy", got)
+        self.assertIn("json", got)
+        self.assertNotIn("helper_of_the_script", got)
+        self.assertEqual(_spare._script_imports(os.path.join(self.dir, "missing.py")), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
