@@ -89,7 +89,7 @@ check(all(e["rank"] is None and e["action"] == "none" for e in on + held + peak)
 check(s.get("recovery") == "memory" and s.get("snapshots") == "on", f"summary: recovery {s.get('recovery')}, snapshots {s.get('snapshots')}")
 check(m and s.get("snapshot_bytes_peak") == int(m.group(1)) > 0,
       f"summary: snapshot_bytes_peak {s.get('snapshot_bytes_peak')} is the note's peak")
-check(s.get("restores") == {"memory": 2, "disk": 0}, f"summary: restores {s.get('restores')}")
+check(s.get("restores") == {"memory": 2, "disk": 0, "in_place": 0}, f"summary: restores {s.get('restores')}")
 check(not any(k.startswith("snapshot_") for k in s["incidents"]), f"the notes are not incidents: {s['incidents']}")
 text = open(prom).read()
 val = lambda pat: (re.search(r"^" + re.escape(pat) + r" ([0-9.e+]+)$", text, re.M) or [None, None])[1]
@@ -134,7 +134,7 @@ check(off and "of RAM" in off[0]["detail"] and "MemAvailable, from RK_SNAP_MEMAV
 rel = [e for e in ev if e["action"] == "relaunch"]
 check(len(rel) == 1 and "resumed from disk checkpoint" in rel[0]["detail"], f"the relaunch resumed from disk: {[e['detail'][-50:] for e in rel]}")
 check(s.get("recovery") == "memory" and s.get("snapshots") == "off", f"summary: recovery {s.get('recovery')}, snapshots {s.get('snapshots')}")
-check(s.get("restores") == {"memory": 0, "disk": 1}, f"summary: restores {s.get('restores')}")
+check(s.get("restores") == {"memory": 0, "disk": 1, "in_place": 0}, f"summary: restores {s.get('restores')}")
 PY
 grep -q '^rk_run_info{recovery="memory",snapshots="off"} 1$' "$work/ram/rk_run.prom" \
   && grep -q '^rk_run_relaunches_total{source="disk"} 1$' "$work/ram/rk_run.prom" \
