@@ -6,7 +6,9 @@
 # process through all four (its pid, read from /proc at the start, is the one each incident
 # names as kept, which rk run has from the kernel), each fault is one incident whose action is
 # in_place and which says every rank resumed from node memory with at most the step in flight
-# lost (the hang's with its stack dump), and rk run relaunched nothing.
+# lost (the hang's with its stack dump), and rk run relaunched nothing; each replacement was the
+# warm spare. Then 4 ranks through a crash, a communication failure and a hang of three
+# different ranks: the 4-rank fault-free parameters, three in_place incidents, the spare each time.
 # Skips (77) without a python3 that has torch, numpy and xxhash, or without Fashion-MNIST.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -103,6 +105,34 @@ for e in inp:
     check(0 <= e["lost_steps"] <= 1, f"{e['kind']}: {e['lost_steps']} steps lost, at most 1")
     check(e.get("recovery_s") is not None, f"{e['kind']}: recovered in {e.get('recovery_s')} s")
 check(not [e for e in ev if e["action"] == "relaunch"], "no relaunch incident")
+PY
+
+# ---- 4 ranks: a crash of rank 2, a communication failure of rank 3, a hang of rank 1 --------
+n=4
+if sup ref4 "$n" --recovery disk; then ok "4 ranks: fault-free run finishes"
+else bad "4 ranks: fault-free run: exit $?: $(tail -5 "$work/ref4.log")"; it_finish; exit; fi
+ref4=$(json ref4.json hash)
+sup in4 "$n" --recovery inplace --inject "crash@step=10:rank=2,commfail@step=22:rank=3,hang@step=34:rank=1"
+st=$?
+[[ $st == 0 ]] && ok "4 ranks: the job with its faults finishes" || bad "4 ranks: exit $st: $(tail -8 "$work/in4.log")"
+h=$(json in4.json hash 2>/dev/null)
+[[ -n $h && $h == "$ref4" ]] && ok "4 ranks: parameters hash $h equals the fault-free run's" \
+  || bad "4 ranks: parameters hash '$h' differs from the fault-free $ref4"
+grep -q "0 restarts" "$work/in4.log" && ok "4 ranks: no relaunch" || bad "4 ranks: a relaunch: $(grep restart "$work/in4.log")"
+spares=$(sed -n 's/^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s) is rank \([0-9]\)$/\1/p' "$work/in4.log" | tr '\n' ' ')
+[[ $spares == "2 3 1 " ]] && ok "4 ranks: the warm spare became ranks 2, 3, 1 in turn" ||
+  bad "4 ranks: the warm spare became ranks '$spares' (want 2 3 1)"
+it_count "$py" - "$work/in4.events" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+def check(c, msg):
+    print(("ok - " if c else "FAIL - ") + msg + ("" if c else f" (events: {[(e['kind'], e['action'], e['detail']) for e in ev]})"))
+inp = [(e["kind"], e["rank"]) for e in ev if e["action"] == "in_place"]
+check(inp == [("crash", 2), ("commfail", 3), ("hang", 1)], f"4 ranks: in-place incidents {inp}")
+check(all(0 <= e["lost_steps"] <= 1 and e.get("recovery_s") is not None for e in ev if e["action"] == "in_place"),
+      "4 ranks: each recovered, at most 1 step lost: "
+      f"{[(e['lost_steps'], e.get('recovery_s')) for e in ev if e['action'] == 'in_place']}")
+check(not [e for e in ev if e["action"] == "relaunch"], "4 ranks: no relaunch incident")
 PY
 
 it_finish

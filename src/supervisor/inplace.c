@@ -9,6 +9,8 @@
  */
 #include "supervisor/sup.h"
 
+#include "base/phase.h"
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +177,7 @@ static void replace(sup *s, int r, int code)
             "%s: rank %d %s at step %lld; replacing it in place (the other ranks rejoin: epoch "
             "%d, port %d)",
             kind, r, how, (long long)at, epoch, port);
+    rk_phase_mark("sup.inplace", s->launch_no, r); /* RK_TRACE_LAUNCH (base/phase.h) */
     if (rk_launch_respawn(&s->l, r, extra) != RK_OK) {
         sup_fail(s, "rank %d could not be started again in place", r);
         give_up(s, r);

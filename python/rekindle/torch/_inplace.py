@@ -16,6 +16,7 @@ import weakref
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as _DDP
 
+from rekindle import worker as _worker
 from rekindle.torch._hook import _comm_hook
 
 _REJOIN_WAIT_S = 30.0  # how long a survivor waits for rk run's rejoin command
@@ -79,10 +80,12 @@ class _InPlace:
             time.sleep(0.002)
         self._rejoin_epoch = r["epoch"]
         t0 = time.monotonic()
+        _worker.trace_phase("py.rejoin")  # RK_TRACE_LAUNCH: the rejoin command is here
         was = self.step_no
         self._rejoining = True
         try:
             self._rejoin_group(r["port"], backend, kw)
+            _worker.trace_phase("py.grouped")  # the new group formed: the replacement is in it
             restored = self._mem_resume()
         except Exception as e:  # noqa: BLE001 - any failure here ends the rank as a comm failure
             self._rejoin_failed(f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: "
@@ -95,6 +98,7 @@ class _InPlace:
             self._rejoin_failed(f"rejoin {r['epoch']}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
         self._rejoining = False
         self._rejoin_reset()
+        _worker.trace_phase("py.rejoined")
         self._say(f"rejoined in place (epoch {r['epoch']}, port {r['port']}) in {time.monotonic() - t0:.3f} s: "
                   f"step {was} -> {self.step_no}, restored from the node's snapshot")
 

@@ -119,6 +119,9 @@ def main():
     if not env:
         return 0  # the job ended: no rank for this spare
     os.environ.update(env)
+    from rekindle import worker
+
+    worker.trace_phase("spare.rank")  # RK_TRACE_LAUNCH: the rank is this spare's from here
     sys.stderr.write("rekindle: warm spare (pid %d, warmed in %.2f s) is rank %s\n"
                      % (os.getpid(), warm_s, env.get("RANK", "?")))
     sys.stderr.flush()
