@@ -570,7 +570,9 @@ static void exec_child(const char **argv, char *const *env, char *const *extra, 
             putenv(rank_env[1]);
         }
     }
-    rk_phase_mark_env(rank >= 0 ? "rank.exec" : "launcher.exec"); /* RK_TRACE_LAUNCH */
+    rk_phase_mark_env(rank >= 0            ? "rank.exec"
+                      : rank == SPARE_RANK ? "spare.exec"
+                                           : "launcher.exec"); /* RK_TRACE_LAUNCH */
     execvp(argv[0], (char *const *)argv);
     if (report >= 0)
         write_errno(report, errno); /* rk run reads it: no launch, one message */

@@ -108,6 +108,9 @@ def main():
     script, args = sys.argv[1], sys.argv[2:]
     _warm(script)
     warm_s = _age()
+    from rekindle import worker
+
+    worker.trace_phase("spare.warm")  # RK_TRACE_LAUNCH: imports done, waiting for a rank
     try:
         env = _read_assignment(int(fd_s))
     except ValueError as e:
@@ -119,8 +122,6 @@ def main():
     if not env:
         return 0  # the job ended: no rank for this spare
     os.environ.update(env)
-    from rekindle import worker
-
     worker.trace_phase("spare.rank")  # RK_TRACE_LAUNCH: the rank is this spare's from here
     sys.stderr.write("rekindle: warm spare (pid %d, warmed in %.2f s) is rank %s\n"
                      % (os.getpid(), warm_s, env.get("RANK", "?")))
