@@ -122,7 +122,7 @@ static const char usage_a[] =
     "                          restores from them when they are at least as new as the disk's\n"
     "                          (docs/recovery.md); disk: checkpoints on disk only;\n"
     "                          inplace: memory, and a PyTorch job's failed rank is replaced\n"
-    "                          while the others keep running (--launcher local)\n"
+    "                          while the others keep running (--launcher local, --ckpt-dir)\n"
     "  --heartbeat-timeout S   a rank silent this many seconds is hung (default 30)\n"
     "  --startup-timeout S     seconds for every rank to say hello (default 120)\n"
     "  --stop-grace S          after SIGINT, SIGTERM or SIGHUP, seconds for the ranks to\n"

@@ -9,6 +9,8 @@
 # lost (the hang's with its stack dump), and rk run relaunched nothing; each replacement was the
 # warm spare. Then 4 ranks through a crash, a communication failure and a hang of three
 # different ranks: the 4-rank fault-free parameters, three in_place incidents, the spare each time.
+# And a failure that reaches its device's --failure-threshold is not replaced in place: the
+# job is relaunched without the device.
 # Skips (77) without a python3 that has torch, numpy and xxhash, or without Fashion-MNIST.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -105,6 +107,24 @@ for e in inp:
     check(0 <= e["lost_steps"] <= 1, f"{e['kind']}: {e['lost_steps']} steps lost, at most 1")
     check(e.get("recovery_s") is not None, f"{e['kind']}: recovered in {e.get('recovery_s')} s")
 check(not [e for e in ev if e["action"] == "relaunch"], "no relaunch incident")
+PY
+
+# ---- a failure that reaches the device's threshold is not replaced in place ----------------
+# --failure-threshold 2: rank 1's second crash sets device 1 aside; the job is relaunched on
+# device 0 at once (before: replaced in place, then stopped to shrink)
+n=2
+sup thr "$n" --recovery inplace --failure-threshold 2 --inject "crash@step=20:rank=1,crash@step=40:rank=1"
+st=$?
+[[ $st == 0 ]] && ok "threshold: the job finishes" || bad "threshold: exit $st: $(tail -8 "$work/thr.log")"
+grep -q "rank 1's device 1 reaches its failure threshold (2) with this failure: not replaced in place" \
+  "$work/thr.log" && ok "threshold: the second crash is not replaced in place, and rk run says why" \
+  || bad "threshold: no such line: $(grep -E 'in place|quarantine' "$work/thr.log" | head -5)"
+it_count "$py" - "$work/thr.events" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+acts = [(e["kind"], e["action"], e["rank"]) for e in ev if e["kind"] in ("crash", "quarantine")]
+ok = acts == [("crash", "in_place", 1), ("crash", "relaunch", 1), ("quarantine", "quarantine", 1)]
+print(("ok - " if ok else "FAIL - ") + f"threshold: in place, then a relaunch and the quarantine: {acts}")
 PY
 
 # ---- 4 ranks: a crash of rank 2, a communication failure of rank 3, a hang of rank 1 --------

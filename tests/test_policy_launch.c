@@ -47,7 +47,11 @@ static void test_quarantine(void **state)
     for (size_t k = 0; k < N_OF(cases); k++) {
         rk_sup_dev d = {0};
         for (int f = 1; f <= cases[k].failures; f++) {
+            int would = rk_sup_would_quarantine(&d, cases[k].threshold);
             int q = rk_sup_count_failure(&d, cases[k].threshold);
+            if (would != q) /* told before the failure is counted, as the count then says */
+                fail_msg("case %zu: failure %d: would quarantine %d, quarantines %d", k, f, would,
+                         q);
             if (q != (f == cases[k].quarantines_at))
                 fail_msg("case %zu: failure %d quarantines %d", k, f, q);
         }

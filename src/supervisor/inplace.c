@@ -190,8 +190,18 @@ void sup_inplace_tick(sup *s)
         return;
     int code, r;
     while ((r = rk_launch_failed(&s->l, &code)) >= 0) {
-        if (s->ip_state == IP_READY && !sup_failing(s) && !sup_stop_sent(s) && r < s->n &&
-            (code >= 128 || code == RK_EXIT_COMM) && all_can_rejoin(s))
+        int ok = s->ip_state == IP_READY && !sup_failing(s) && !sup_stop_sent(s) && r < s->n &&
+                 (code >= 128 || code == RK_EXIT_COMM) && all_can_rejoin(s);
+        if (ok && rk_sup_would_quarantine(&s->devs[s->dev[r]], s->o->failure_threshold)) {
+            /* this failure sets its device aside: the job is relaunched on the devices left,
+             * as without recovery in place, rather than replaced and then stopped to shrink */
+            sup_say(s,
+                    "rank %d's device %s reaches its failure threshold (%d) with this "
+                    "failure: not replaced in place; the job goes on without it",
+                    r, sup_devname(s, r), s->o->failure_threshold);
+            ok = 0;
+        }
+        if (ok)
             replace(s, r, code);
         else
             give_up(s, r);

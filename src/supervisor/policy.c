@@ -280,6 +280,11 @@ int rk_sup_count_failure(rk_sup_dev *d, int threshold)
     return 1;
 }
 
+int rk_sup_would_quarantine(const rk_sup_dev *d, int threshold)
+{
+    return !d->quarantined && d->fails + 1 >= threshold;
+}
+
 int rk_sup_shrink_now(int failing, int stop_sent)
 {
     return !failing && !stop_sent;

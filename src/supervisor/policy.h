@@ -192,6 +192,9 @@ typedef struct rk_sup_dev {
 /* A failure counted against device *d: 1 if it quarantines it now (it reached `threshold`
  * failures and was not already quarantined; d->quarantined is then set), else 0. */
 int rk_sup_count_failure(rk_sup_dev *d, int threshold);
+/* 1 if one more failure would quarantine device *d (rk_sup_count_failure would return 1):
+ * recovery in place does not replace a rank whose device this failure sets aside. */
+int rk_sup_would_quarantine(const rk_sup_dev *d, int threshold);
 /* After a quarantine: 1 if the job is to be stopped cleanly to shrink it now (it is healthy:
  * no failure being handled, no stop sent yet), 0 if the launch is ending anyway. */
 int rk_sup_shrink_now(int failing, int stop_sent);

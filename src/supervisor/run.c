@@ -274,6 +274,12 @@ static void open_snap_dir(sup *s)
 {
     const rk_sup_opts *o = s->o;
     s->snap_dir[0] = '\0';
+    if (o->recovery == RK_SUP_RECOVERY_INPLACE && (!o->ckpt_dir || o->launcher != RK_LAUNCH_LOCAL))
+        sup_say(s,
+                "recovery in place is off: it needs %s (docs/recovery.md, \"In place\"); a "
+                "failure relaunches the job",
+                !o->ckpt_dir ? "--ckpt-dir (the ranks' snapshots are kept for it)"
+                             : "--launcher local");
     if (o->recovery == RK_SUP_RECOVERY_DISK || !o->ckpt_dir)
         return;
     if (o->hosts && s->b.ops->snap_dirs && o->launcher == RK_LAUNCH_MPIRUN) {
@@ -306,6 +312,10 @@ static void open_snap_dir(sup *s)
             "recovery from memory: the ranks' snapshots in %s (a relaunch restores them when "
             "they are at least as new as the checkpoints on disk)",
             s->snap_dir);
+    if (o->recovery == RK_SUP_RECOVERY_INPLACE && o->launcher == RK_LAUNCH_LOCAL)
+        sup_say(s, "recovery in place: a rank of a PyTorch job that fails is replaced (by a warm "
+                   "spare when one is ready) while the others keep running, when every rank's "
+                   "hello says it can rejoin; else a relaunch from memory");
 }
 
 /* Launch after launch until the job finishes or cannot go on; how it ended in rep->end. */

@@ -99,6 +99,19 @@ def _age():
         return -1.0
 
 
+def _host_pid():
+    """This process's pid as the host sees it (the first NSpid of /proc/self/status: the
+    ranks run in a PID namespace of their own, where os.getpid() is small), else os.getpid()."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f.read(65536).splitlines():
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
 def main():
     fd_s = os.environ.pop("RK_SPARE_FD", "")
     if not fd_s.isdigit() or len(sys.argv) < 2:
@@ -124,11 +137,11 @@ def main():
     os.environ.update(env)
     worker.trace_phase("spare.rank")  # RK_TRACE_LAUNCH: the rank is this spare's from here
     sys.stderr.write("rekindle: warm spare (pid %d, warmed in %.2f s) is rank %s\n"
-                     % (os.getpid(), warm_s, env.get("RANK", "?")))
+                     % (_host_pid(), warm_s, env.get("RANK", "?")))
     sys.stderr.flush()
     sys.argv = [script] + args
     sys.path[0] = os.path.dirname(os.path.abspath(script))
-    runpy.run_path(script, run_name="__main__")
+    runpy.run_path(os.path.abspath(script), run_name="__main__")  # __file__ absolute, as python's
     return 0
 
 
