@@ -39,6 +39,11 @@ newest() {
     || echo -1
 }
 
+# Asked for where it cannot be: rk run says so (and runs the job)
+out=$("$RK" run -n 1 --launcher local --recovery inplace -- true 2>&1)
+[[ $out == *"recovery in place is off: it needs --ckpt-dir"* ]] && ok "no --ckpt-dir: rk run says recovery in place is off" ||
+  bad "no --ckpt-dir: no word of it: $(grep -i 'place' <<<"$out")"
+
 n=2
 if sup ref "$n" --recovery disk; then ok "fault-free run finishes"
 else bad "fault-free run: exit $?: $(tail -5 "$work/ref.log")"; it_finish; exit; fi

@@ -278,8 +278,7 @@ static void open_snap_dir(sup *s)
         sup_say(s,
                 "recovery in place is off: it needs %s (docs/recovery.md, \"In place\"); a "
                 "failure relaunches the job",
-                !o->ckpt_dir ? "--ckpt-dir (the ranks' snapshots are kept for it)"
-                             : "--launcher local");
+                !o->ckpt_dir ? "--ckpt-dir" : "--launcher local");
     if (o->recovery == RK_SUP_RECOVERY_DISK || !o->ckpt_dir)
         return;
     if (o->hosts && s->b.ops->snap_dirs && o->launcher == RK_LAUNCH_MPIRUN) {
