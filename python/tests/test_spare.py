@@ -110,6 +110,9 @@ class Spare(unittest.TestCase):
         self.assertIn("json", got)
         self.assertNotIn("helper_of_the_script", got)
         self.assertEqual(_spare._script_imports(os.path.join(self.dir, "missing.py")), [])
+        fifo = os.path.join(self.dir, "fifo.py")
+        os.mkfifo(fifo)
+        self.assertEqual(_spare._script_imports(fifo), [])  # refused, not read (nor blocked on)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import os
 import runpy
+import stat
 import sys
 import time
 
@@ -26,7 +27,12 @@ def _script_imports(script):
     """The top-level modules SCRIPT imports at its top level that live outside its own
     directory (its own modules could act on the environment, which is not the rank's yet)."""
     try:
-        with open(script, "rb") as f:
+        # a regular file only (a FIFO would block the spare before it ever waits for a rank),
+        # its first MiB: what is cut off is not pre-imported, the script still runs whole
+        fd = os.open(script, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return []
             tree = ast.parse(f.read(1 << 20), script)
     except (OSError, SyntaxError, ValueError):
         return []
