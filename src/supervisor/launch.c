@@ -679,6 +679,21 @@ static void start_spare(const char **argv, char *const *env, char *preload, cons
 
 /* Give the spare rank `rank`: RANK, LOCAL_RANK and the order's NAME=VALUE strings, each NUL-ended,
  * then end of file. 0 if all was written (the spare is the rank from here on), else -1. */
+/* Append the NULL-ended NAME=VALUE strings, each with its NUL, at buf + *used (cap bytes in
+ * all): 0, or -1 (nothing more written) when they do not fit. The keeper's orders and the
+ * spare's assignment carry them so. */
+static int pack_strings(char *buf, size_t cap, size_t *used, char *const *strs)
+{
+    for (int i = 0; strs && strs[i]; i++) {
+        size_t k = strlen(strs[i]) + 1;
+        if (*used + k > cap)
+            return -1;
+        memcpy(buf + *used, strs[i], k);
+        *used += k;
+    }
+    return 0;
+}
+
 static int assign_spare(int w, char *const *env, char *const *extra, int rank)
 {
     static char buf[12288];
@@ -688,13 +703,8 @@ static int assign_spare(int w, char *const *env, char *const *extra, int rank)
             b = strtol(env[i] + 13, NULL, 10);
     int n = snprintf(buf, sizeof buf, "RANK=%ld%cLOCAL_RANK=%d%c", b + rank, '\0', rank, '\0');
     size_t used = (size_t)n;
-    for (int i = 0; extra && extra[i]; i++) {
-        size_t k = strlen(extra[i]) + 1;
-        if (used + k > sizeof buf)
-            return -1;
-        memcpy(buf + used, extra[i], k);
-        used += k;
-    }
+    if (pack_strings(buf, sizeof buf, &used, extra) != 0)
+        return -1;
     for (size_t at = 0; at < used;) {
         ssize_t r = write(w, buf + at, used - at); /* SIGPIPE is ignored: EPIPE if it is gone */
         if (r < 0 && errno == EINTR)
@@ -997,13 +1007,8 @@ int rk_launch_respawn(rk_launch *l, int rank, char *const *extra)
     char buf[4096];
     int head[2] = {rank, 0};
     size_t used = sizeof head;
-    for (int i = 0; extra && extra[i]; i++) {
-        size_t k = strlen(extra[i]) + 1;
-        if (used + k > sizeof buf)
-            return RK_EINVAL;
-        memcpy(buf + used, extra[i], k);
-        used += k;
-    }
+    if (pack_strings(buf, sizeof buf, &used, extra) != 0)
+        return RK_EINVAL;
     head[1] = (int)(used - sizeof head);
     memcpy(buf, head, sizeof head);
     if (l->orders < 0 || l->exited)
