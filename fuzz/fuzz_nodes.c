@@ -89,6 +89,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(err.code == RK_EFORMAT && zero(&h, sizeof h));
         check_line(&err);
     }
+    rk_node_snap sm, sm2;
+    if (rk_node_snap_parse(data, size, &sm, &err) == RK_OK) {
+        check(sm.xfer >= 1 && sm.node < RK_NODES_MAX && sm.step >= 0 && sm.bytes >= 1);
+        check(rk_node_snap_format(&sm, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_snap_parse(out, len, &sm2, &err) == RK_OK);
+        check(memcmp(&sm, &sm2, sizeof sm) == 0);
+    } else {
+        check(err.code == RK_EFORMAT && zero(&sm, sizeof sm));
+        check_line(&err);
+    }
+    {
+        uint32_t x;
+        uint64_t off;
+        const uint8_t *b;
+        size_t bn;
+        if (rk_node_snap_data_parse(data, size, &x, &off, &b, &bn, &err) == RK_OK)
+            check(x >= 1 && bn >= 1 && bn <= RK_NODE_SNAP_CHUNK && b == data + 12 &&
+                  off + bn <= RK_NODE_SNAP_BYTES_MAX);
+        else
+            check(err.code == RK_EFORMAT && x == 0 && !b && bn == 0);
+    }
     rk_node_welcome w, w2;
     if (rk_node_welcome_parse(data, size, &w, &err) == RK_OK) {
         check(w.generation >= 1 && w.timeout_s > 0);

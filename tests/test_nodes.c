@@ -295,6 +295,52 @@ static int capture(void *ctx, uint8_t type, const void *payload, size_t len)
 
 /* A stream as a channel (chan.c): what one end forwards, the other takes, in the same frames;
  * the stream's end is said to the caller, who sends the CLOSE. */
+/* The partner copies' messages: SNAP_BEGIN/END round trips and refusals, SNAP_DATA's header */
+static void test_snap_messages(void **state)
+{
+    (void)state;
+    char buf[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    rk_err e = {0};
+    rk_node_snap m = {.xfer = 7, .node = 2, .rank = 5, .step = 120, .bytes = 3 << 20}, mb;
+    assert_int_equal(rk_node_snap_format(&m, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_snap_parse(buf, len, &mb, &e), RK_OK);
+    assert_memory_equal(&m, &mb, sizeof m);
+    static const char *const bad[] = {"xfer=0\nnode=1\nrank=0\nstep=1\nbytes=1\n",
+                                      "xfer=1\nnode=1024\nrank=0\nstep=1\nbytes=1\n",
+                                      "xfer=1\nnode=1\nrank=0\nstep=-1\nbytes=1\n",
+                                      "xfer=1\nnode=1\nrank=0\nstep=1\nbytes=0\n",
+                                      "xfer=1\nnode=1\nrank=0\nstep=1\n",
+                                      "xfer=1\nnode=1\nstep=1\nbytes=1\n",
+                                      "xfer=1\nnode=1\nrank=0\nstep=1\nbytes=1099511627777\n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(rk_node_snap_parse(bad[i], strlen(bad[i]), &mb, &e), RK_EFORMAT);
+        assert_non_null(strstr(e.msg, "snap"));
+        assert_int_equal(mb.xfer, 0);
+    }
+    m.bytes = 0;
+    assert_int_equal(rk_node_snap_format(&m, buf, sizeof buf, &len, &e), RK_EINVAL);
+    uint8_t d[RK_NODE_SNAP_DATA_HDR + 3];
+    rk_node_snap_data_header(9, ((uint64_t)1 << 33) + 5, d);
+    memcpy(d + RK_NODE_SNAP_DATA_HDR, "abc", 3);
+    uint32_t x;
+    uint64_t off;
+    const uint8_t *bytes;
+    size_t n;
+    assert_int_equal(rk_node_snap_data_parse(d, sizeof d, &x, &off, &bytes, &n, &e), RK_OK);
+    assert_int_equal(x, 9);
+    assert_true(off == ((uint64_t)1 << 33) + 5);
+    assert_int_equal(n, 3);
+    assert_memory_equal(bytes, "abc", 3);
+    assert_int_equal(rk_node_snap_data_parse(d, RK_NODE_SNAP_DATA_HDR, &x, &off, &bytes, &n, &e),
+                     RK_EFORMAT); /* no bytes */
+    rk_node_snap_data_header(0, 0, d);
+    assert_int_equal(rk_node_snap_data_parse(d, sizeof d, &x, &off, &bytes, &n, &e), RK_EFORMAT);
+    rk_node_snap_data_header(1, RK_NODE_SNAP_BYTES_MAX - 1, d);
+    assert_int_equal(rk_node_snap_data_parse(d, sizeof d, &x, &off, &bytes, &n, &e), RK_EFORMAT);
+    assert_string_equal(rk_node_msg_name(RK_NODE_MSG_SNAP_END), "SNAP_END");
+}
+
 static void test_channel(void **state)
 {
     (void)state;
@@ -919,6 +965,7 @@ int main(void)
         cmocka_unit_test(test_health_message),
         cmocka_unit_test(test_stacks_message),
         cmocka_unit_test(test_channel),
+        cmocka_unit_test(test_snap_messages),
         cmocka_unit_test(test_text_forms),
         cmocka_unit_test_setup_teardown(test_boot_id_file, setup, teardown),
         cmocka_unit_test(test_table),

@@ -1028,6 +1028,71 @@ static void test_agree_held_is_the_newest_step_every_rank_verified(void **state)
     assert_int_equal(rk_snap_agree_held(f, 0, 2, &step, &err), RK_EINVAL);
 }
 
+/* A partner copy: a generation's bytes, received in pieces into another node's directory,
+ * becomes that generation only complete and verified; a flipped byte, a missing piece or a
+ * piece out of place leaves nothing but the generations that were there. */
+static void test_a_received_copy_appears_only_complete_and_verified(void **state)
+{
+    (void)state;
+    char a[RK_SNAP_PATH_MAX], b[RK_SNAP_PATH_MAX], path[RK_SNAP_PATH_MAX + 64];
+    job_dir(a, sizeof a);
+    job_dir(b, sizeof b);
+    put(a, 4, 7);
+    put(b, 4, 6); /* the holder's previous copy */
+    gen_path(path, sizeof path, a, 4, 7);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static uint8_t bytes[1 << 16];
+    size_t n = fread(bytes, 1, sizeof bytes, f);
+    fclose(f);
+    assert_true(n > 100 && n < sizeof bytes);
+    rk_err err = {0};
+    /* whole, in pieces of 37 bytes */
+    rk_snap_recv *r = NULL;
+    assert_int_equal(rk_snap_recv_begin(b, 4, 7, n, &r, &err), RK_OK);
+    for (size_t off = 0; off < n; off += 37) {
+        size_t k = n - off < 37 ? n - off : 37;
+        if (off == 37 * 3) /* nothing is a generation until the end */
+            assert_steps(b, 4, 1, (int64_t[]){6});
+        assert_int_equal(rk_snap_recv_write(r, off, bytes + off, k, &err), RK_OK);
+    }
+    assert_int_equal(rk_snap_recv_commit(r, &err), RK_OK);
+    assert_steps(b, 4, 2, (int64_t[]){7, 6});
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_snap_get(b, 4, 7, &c, &err), RK_OK);
+    assert_state(c, 4, 7);
+    rk_ckpt_free(c);
+    char rdir[RK_SNAP_PATH_MAX + 16];
+    snprintf(rdir, sizeof rdir, "%s/rank-4", b);
+    /* a flipped byte: refused at the commit, the temporary file gone */
+    bytes[n - 9] ^= 0x10;
+    assert_int_equal(rk_snap_recv_begin(b, 4, 8, n, &r, &err), RK_OK);
+    assert_int_equal(rk_snap_recv_write(r, 0, bytes, n, &err), RK_OK);
+    assert_int_equal(rk_snap_recv_commit(r, &err), RK_EFORMAT);
+    assert_steps(b, 4, 2, (int64_t[]){7, 6});
+    assert_int_equal(count_named(rdir, ".tmp."), 0);
+    bytes[n - 9] ^= 0x10;
+    /* the right bytes under another step's name: refused */
+    assert_int_equal(rk_snap_recv_begin(b, 4, 9, n, &r, &err), RK_OK);
+    assert_int_equal(rk_snap_recv_write(r, 0, bytes, n, &err), RK_OK);
+    assert_int_equal(rk_snap_recv_commit(r, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "step"));
+    /* a piece out of place, past the end, or missing */
+    assert_int_equal(rk_snap_recv_begin(b, 4, 8, n, &r, &err), RK_OK);
+    assert_int_equal(rk_snap_recv_write(r, 5, bytes, 10, &err), RK_EFORMAT);
+    assert_int_equal(rk_snap_recv_write(r, 0, bytes, n + 1, &err), RK_EFORMAT);
+    assert_int_equal(rk_snap_recv_write(r, 0, bytes, n - 1, &err), RK_OK);
+    assert_int_equal(rk_snap_recv_commit(r, &err), RK_EFORMAT);
+    assert_steps(b, 4, 2, (int64_t[]){7, 6});
+    assert_int_equal(count_named(rdir, ".tmp."), 0);
+    /* aborted: nothing left */
+    assert_int_equal(rk_snap_recv_begin(b, 4, 8, n, &r, &err), RK_OK);
+    rk_snap_recv_abort(r);
+    assert_int_equal(count_named(rdir, ".tmp."), 0);
+    assert_int_equal(rk_snap_recv_begin(b, 4, 8, 0, &r, &err), RK_EINVAL);
+    assert_null(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1047,6 +1112,7 @@ int main(void)
         cmocka_unit_test(test_remove_takes_only_what_the_store_made),
         cmocka_unit_test(test_cache_dir_is_0700_and_goes_with_the_job),
         cmocka_unit_test(test_agree_held_is_the_newest_step_every_rank_verified),
+        cmocka_unit_test(test_a_received_copy_appears_only_complete_and_verified),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -170,6 +170,25 @@ RK_API int rk_snap_rank_bytes(const char *dir, int rank, uint64_t *bytes, int *g
 RK_API int rk_snap_room(const char *dir, uint64_t bytes_per_gen, int ranks_here, int *ok, char *why,
                         size_t why_len, rk_err *err);
 
+/* ---- partner copies: a generation received from another node -------------------------- */
+
+/* A generation of rank `rank` arriving in pieces (docs/recovery.md "Partner copies": the node
+ * link's SNAP_DATA), written into DIR/rank-<rank> as a put writes: a temporary file
+ * (O_EXCL, 0600) that becomes generation `step` only once every byte came and the whole file
+ * verifies (rk_ckpt_parse: every checksum, and the step inside is `step`), then retention as
+ * for a put (RK_SNAP_KEEP generations). `bytes` (1..RK_SNAP_RECV_MAX) bounds what is taken:
+ * a piece past it is RK_EFORMAT. Abort (or a failed commit) removes the temporary file and
+ * leaves the rank's generations as they were. One receiver per rank directory at a time. */
+#define RK_SNAP_RECV_MAX ((uint64_t)1 << 40)
+typedef struct rk_snap_recv rk_snap_recv;
+RK_API int rk_snap_recv_begin(const char *dir, int rank, int64_t step, uint64_t bytes,
+                              rk_snap_recv **out, rk_err *err);
+RK_API int rk_snap_recv_write(rk_snap_recv *r, uint64_t off, const void *p, size_t n, rk_err *err);
+/* Every byte 0..bytes-1 written (RK_EFORMAT naming the first missing one otherwise), the file
+ * verified, renamed into place: RK_OK. Frees r either way. */
+RK_API int rk_snap_recv_commit(rk_snap_recv *r, rk_err *err);
+RK_API void rk_snap_recv_abort(rk_snap_recv *r);
+
 #ifdef __cplusplus
 }
 #endif

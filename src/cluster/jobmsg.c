@@ -400,3 +400,82 @@ int rk_node_data_parse(const void *payload, size_t len, int close, uint32_t *cha
     *n = len - 4;
     return RK_OK;
 }
+
+/* ---- SNAP_BEGIN, SNAP_DATA, SNAP_END (partner copies) -------------------------------------- */
+
+int rk_node_snap_format(const rk_node_snap *m, char *out, size_t cap, size_t *len, rk_err *err)
+{
+    *len = 0;
+    if (m->xfer < 1 || m->node >= RK_NODES_MAX || m->step < 0 || m->bytes < 1 ||
+        m->bytes > RK_NODE_SNAP_BYTES_MAX)
+        return rk_err_set(err, RK_EINVAL, "snap: a field out of range");
+    if (!rk_node_put(out, cap, len,
+                     "xfer=%u\nnode=%u\nrank=%u\nstep=%" PRId64 "\nbytes=%" PRIu64 "\n",
+                     (unsigned)m->xfer, (unsigned)m->node, (unsigned)m->rank, m->step, m->bytes))
+        return rk_err_set(err, RK_EINVAL, "snap: the buffer is too small");
+    return RK_OK;
+}
+
+static int snap_parse(const void *payload, size_t len, rk_node_snap *m, rk_err *err)
+{
+    rk_node_kv kv;
+    int64_t v;
+    int rc;
+    if ((rc = parse_kv(&kv, "snap", payload, len, err)) ||
+        (rc = get_u32(&kv, "snap", "xfer", 1, &m->xfer, err)) ||
+        (rc = get_u32(&kv, "snap", "rank", 0, &m->rank, err)))
+        return rc;
+    if ((rc = rk_node_kv_int(&kv, "snap", "node", 0, RK_NODES_MAX - 1, &v, err)))
+        return rc;
+    m->node = (uint32_t)v;
+    if ((rc = rk_node_kv_int(&kv, "snap", "step", 0, INT64_MAX, &m->step, err)) ||
+        (rc = rk_node_kv_int(&kv, "snap", "bytes", 1, (int64_t)RK_NODE_SNAP_BYTES_MAX, &v, err)))
+        return rc;
+    m->bytes = (uint64_t)v;
+    return RK_OK;
+}
+
+int rk_node_snap_parse(const void *payload, size_t len, rk_node_snap *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    int rc = snap_parse(payload, len, m, err);
+    if (rc)
+        memset(m, 0, sizeof *m);
+    return rc;
+}
+
+void rk_node_snap_data_header(uint32_t xfer, uint64_t off, uint8_t out[RK_NODE_SNAP_DATA_HDR])
+{
+    for (int i = 0; i < 4; i++)
+        out[i] = (uint8_t)(xfer >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        out[4 + i] = (uint8_t)(off >> (56 - 8 * i));
+}
+
+int rk_node_snap_data_parse(const void *payload, size_t len, uint32_t *xfer, uint64_t *off,
+                            const uint8_t **bytes, size_t *n, rk_err *err)
+{
+    const uint8_t *p = payload;
+    *xfer = 0;
+    *off = 0;
+    *bytes = NULL;
+    *n = 0;
+    if (len <= RK_NODE_SNAP_DATA_HDR || len > RK_NODE_SNAP_DATA_HDR + RK_NODE_SNAP_CHUNK)
+        return rk_err_set(err, RK_EFORMAT, "snap data: %zu bytes, not a header and 1..%d bytes",
+                          len, RK_NODE_SNAP_CHUNK);
+    uint32_t x = 0;
+    uint64_t o = 0;
+    for (int i = 0; i < 4; i++)
+        x = x << 8 | p[i];
+    for (int i = 0; i < 8; i++)
+        o = o << 8 | p[4 + i];
+    if (x < 1)
+        return rk_err_set(err, RK_EFORMAT, "snap data: transfer 0");
+    if (o > RK_NODE_SNAP_BYTES_MAX || len - RK_NODE_SNAP_DATA_HDR > RK_NODE_SNAP_BYTES_MAX - o)
+        return rk_err_set(err, RK_EFORMAT, "snap data: past the largest generation");
+    *xfer = x;
+    *off = o;
+    *bytes = p + RK_NODE_SNAP_DATA_HDR;
+    *n = len - RK_NODE_SNAP_DATA_HDR;
+    return RK_OK;
+}

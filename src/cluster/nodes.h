@@ -48,9 +48,14 @@ enum {
     RK_NODE_MSG_STACK_END = 17, /* agent -> coordinator: the dump is complete (as CLOSE) */
     /* the job's progress, for a simulated fleet that ages with it (docs/cluster-protocol.md
      * "Health") */
-    RK_NODE_MSG_PROGRESS = 18 /* coordinator -> agent: steps the job has done (rk_node_progress) */
+    RK_NODE_MSG_PROGRESS = 18, /* coordinator -> agent: steps the job has done (rk_node_progress) */
+    /* partner copies of the ranks' snapshots (docs/recovery.md "Partner copies"): an agent
+     * sends a generation to the coordinator, which relays it to the holder's agent */
+    RK_NODE_MSG_SNAP_BEGIN = 19, /* agent <-> coordinator: a generation follows (rk_node_snap) */
+    RK_NODE_MSG_SNAP_DATA = 20,  /* agent <-> coordinator: its bytes (rk_node_snap_data_parse) */
+    RK_NODE_MSG_SNAP_END = 21    /* agent <-> coordinator: it is complete (rk_node_snap) */
 };
-#define RK_NODE_MSG_LAST RK_NODE_MSG_PROGRESS
+#define RK_NODE_MSG_LAST RK_NODE_MSG_SNAP_END
 
 #define RK_NODES_MAX 1024           /* nodes of one job */
 #define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
@@ -226,6 +231,28 @@ int rk_node_progress_parse(const void *payload, size_t len, rk_node_progress *m,
  * RK_NODE_DATA_MAX; CLOSE none). */
 int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,
                         size_t *len, rk_err *err);
+/* SNAP_BEGIN and SNAP_END: one generation of one rank's snapshot, sent in SNAP_DATA pieces
+ * between them. `xfer` names the transfer (the sender's number, >= 1); `node` the node whose
+ * rank it is (the origin; the coordinator sets it when it relays); `rank`, `step` the
+ * generation; `bytes` its size, 1..RK_NODE_SNAP_BYTES_MAX. SNAP_END repeats all of them. */
+#define RK_NODE_SNAP_CHUNK 60000                   /* bytes of a generation in one SNAP_DATA */
+#define RK_NODE_SNAP_BYTES_MAX ((uint64_t)1 << 40) /* a generation's size */
+typedef struct rk_node_snap {
+    uint32_t xfer;
+    uint32_t node;
+    uint32_t rank;
+    int64_t step;
+    uint64_t bytes;
+} rk_node_snap;
+int rk_node_snap_format(const rk_node_snap *m, char *out, size_t cap, size_t *len, rk_err *err);
+int rk_node_snap_parse(const void *payload, size_t len, rk_node_snap *m, rk_err *err);
+/* SNAP_DATA: a 4-byte transfer number (big-endian, >= 1), an 8-byte offset (big-endian) and
+ * 1..RK_NODE_SNAP_CHUNK bytes of the generation from that offset. Format writes the header
+ * into out[12]; parse points *bytes into the payload. RK_EFORMAT naming the problem. */
+#define RK_NODE_SNAP_DATA_HDR 12
+void rk_node_snap_data_header(uint32_t xfer, uint64_t off, uint8_t out[RK_NODE_SNAP_DATA_HDR]);
+int rk_node_snap_data_parse(const void *payload, size_t len, uint32_t *xfer, uint64_t *off,
+                            const uint8_t **bytes, size_t *n, rk_err *err);
 int rk_node_data_parse(const void *payload, size_t len, int close, uint32_t *chan,
                        const uint8_t **bytes, size_t *n, rk_err *err);
 

@@ -437,6 +437,133 @@ int rk_snap_put(const char *dir, int rank, const rk_ckpt_meta *meta, const rk_ck
     return rc;
 }
 
+/* ---- partner copies ----------------------------------------------------------------------- */
+
+struct rk_snap_recv {
+    int rfd, fd;
+    int64_t step;
+    uint64_t bytes, filled; /* filled: the contiguous prefix written (pieces come in order) */
+    char name[RK_CKPT_NAME_MAX], tmp[RK_CKPT_NAME_MAX + 64], rl[LABEL_MAX];
+};
+
+int rk_snap_recv_begin(const char *dir, int rank, int64_t step, uint64_t bytes, rk_snap_recv **out,
+                       rk_err *err)
+{
+    *out = NULL;
+    int rc = check_dir_arg(dir, "rk_snap_recv_begin", err);
+    if (rc)
+        return rc;
+    if (rank < 0 || step < 0 || bytes < 1 || bytes > RK_SNAP_RECV_MAX)
+        return rk_err_set_line(err, RK_EINVAL,
+                               "%s: rank %d, step %" PRId64 ", %" PRIu64 " bytes: out of range",
+                               dir, rank, step, bytes);
+    rk_snap_recv *r = calloc(1, sizeof *r);
+    if (!r)
+        return rk_err_set(err, RK_ENOMEM, "%s: out of memory", dir);
+    r->fd = -1;
+    r->step = step;
+    r->bytes = bytes;
+    char rname[32];
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    label(r->rl, dir, rname, NULL);
+    rk_snap_file_name(step, r->name, sizeof r->name);
+    snprintf(r->tmp, sizeof r->tmp, "%s.tmp.%ld.%lu", r->name, (long)getpid(),
+             atomic_fetch_add(&tmp_counter, 1));
+    if ((rc = open_rank(dir, rank, true, &r->rfd, err))) {
+        free(r);
+        return rc;
+    }
+    do {
+        r->fd = openat(r->rfd, r->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    } while (r->fd < 0 && errno == EINTR);
+    if (r->fd < 0) {
+        char eb[128];
+        int e = errno;
+        close(r->rfd);
+        free(r);
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create a temporary file: %s",
+                               dir, rk_msg_strerror(e, eb, sizeof eb));
+    }
+    *out = r;
+    return RK_OK;
+}
+
+int rk_snap_recv_write(rk_snap_recv *r, uint64_t off, const void *p, size_t n, rk_err *err)
+{
+    if (off != r->filled || n == 0 || n > r->bytes - r->filled)
+        return rk_err_set_line(err, RK_EFORMAT,
+                               "%s/%s: a piece of %zu bytes at %" PRIu64 " (have %" PRIu64
+                               " of %" PRIu64 ")",
+                               r->rl, r->name, n, off, r->filled, r->bytes);
+    int e = write_all(r->fd, p, n);
+    if (e) {
+        char eb[128];
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s/%s: %s", r->rl, r->tmp,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    r->filled += n;
+    return RK_OK;
+}
+
+void rk_snap_recv_abort(rk_snap_recv *r)
+{
+    if (!r)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    unlinkat(r->rfd, r->tmp, 0);
+    close(r->rfd);
+    free(r);
+}
+
+int rk_snap_recv_commit(rk_snap_recv *r, rk_err *err)
+{
+    int rc = RK_OK;
+    if (r->filled != r->bytes)
+        rc = rk_err_set_line(err, RK_EFORMAT, "%s/%s: %" PRIu64 " of %" PRIu64 " bytes came", r->rl,
+                             r->name, r->filled, r->bytes);
+    if (!rc && close(r->fd) != 0 && errno != EINTR) {
+        char eb[128];
+        rc = rk_err_set_line(err, rk_err_code_errno(errno), "%s/%s: %s", r->rl, r->tmp,
+                             rk_msg_strerror(errno, eb, sizeof eb));
+    }
+    if (!rc)
+        r->fd = -1;
+    char lb[LABEL_MAX + RK_CKPT_NAME_MAX + 64];
+    snprintf(lb, sizeof lb, "%s/%s", r->rl, r->tmp);
+    int fd = -1;
+    uint64_t size = 0;
+    if (!rc) /* verified in full before it gets a generation's name */
+        rc = rk_file_openat_read(r->rfd, r->tmp, lb, SIZE_MAX, &fd, &size, err);
+    rk_ckpt *c = NULL;
+    if (!rc) {
+        rc = size == r->bytes
+                 ? rk_ckpt_read_fd(fd, lb, size, &c, err)
+                 : rk_err_set_line(err, RK_EFORMAT, "%s: %" PRIu64 " bytes, not %" PRIu64, lb, size,
+                                   r->bytes);
+        close(fd);
+    }
+    if (!rc && rk_ckpt_meta_of(c)->step != r->step)
+        rc = rk_err_set_line(err, RK_EFORMAT, "%s: field 'step' is %" PRId64 ", not %" PRId64, lb,
+                             rk_ckpt_meta_of(c)->step, r->step);
+    rk_ckpt_free(c);
+    if (!rc) {
+        bool recycled;
+        retain(r->rfd, r->rl, r->step, NULL, &recycled);
+        if (renameat(r->rfd, r->tmp, r->rfd, r->name) != 0) {
+            char eb[128];
+            rc = rk_err_set_line(err, rk_err_code_errno(errno), "%s: cannot rename into place: %s",
+                                 lb, rk_msg_strerror(errno, eb, sizeof eb));
+        } else {
+            close(r->rfd);
+            free(r);
+            return RK_OK;
+        }
+    }
+    rk_snap_recv_abort(r);
+    return rc;
+}
+
 /* Read and verify generation `step` from the open rank directory. */
 static int get_at(int rfd, const char *rl, int64_t step, rk_ckpt **out, rk_err *err)
 {
