@@ -4,7 +4,8 @@
  * two generations per rank; the agreed step over staggered ranks, past a flipped byte and past
  * a link or a FIFO in place of a generation; failed puts that leave the previous generation;
  * a rank SIGKILLed in the middle of its copy (the torn copy is never returned, the next put
- * removes it); the room rule; removing the directory.
+ * removes it); the room rule; removing the directory; pins (a hard link to a generation that
+ * outlives it, kept two, counted once, agreed on) and DIR/held.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -995,6 +996,227 @@ static void test_cache_dir_is_0700_and_goes_with_the_job(void **state)
     assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
 }
 
+/* ---- pins ----------------------------------------------------------------------------------- */
+
+static const char *pin_path(char *buf, size_t cap, const char *dir, int rank, int64_t step)
+{
+    char name[RK_CKPT_NAME_MAX];
+    assert_int_equal(rk_snap_pin_name(step, name, sizeof name), RK_OK);
+    int n = snprintf(buf, cap, "%s/rank-%d/%s", dir, rank, name);
+    assert_true(n > 0 && (size_t)n < cap);
+    return buf;
+}
+
+/* The whole file at `path` into a buffer (free() it), its size in *n. */
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    assert_true(len > 0);
+    rewind(f);
+    uint8_t *b = malloc((size_t)len);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+/* A pin is a hard link to its generation (no copy), made without leaving a temporary name; the
+ * puts that drop the generation do not write over the pin's file (a generation is recycled only
+ * with one link): its bytes stay as they were, and it reads as that step. */
+static void test_a_pin_is_a_link_whose_bytes_survive_the_puts(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], g[RK_SNAP_PATH_MAX + 64], q[RK_SNAP_PATH_MAX + 64],
+        r0[RK_SNAP_PATH_MAX + 16];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    snprintf(r0, sizeof r0, "%s/rank-0", dir);
+    assert_int_equal(rk_snap_pin(dir, 0, 10, &err), RK_ENOENT); /* no rank directory yet */
+    put_sized(dir, 10, 100000);
+    assert_int_equal(rk_snap_pin(dir, 0, 10, &err), RK_OK);
+    struct stat gs, ps;
+    assert_int_equal(lstat(gen_path(g, sizeof g, dir, 0, 10), &gs), 0);
+    assert_int_equal(lstat(pin_path(q, sizeof q, dir, 0, 10), &ps), 0);
+    assert_int_equal(ps.st_ino, gs.st_ino);
+    assert_int_equal(ps.st_nlink, 2);
+    assert_true(S_ISREG(ps.st_mode) && (ps.st_mode & 0777) == 0600);
+    assert_int_equal(rk_snap_pin(dir, 0, 10, &err), RK_OK); /* again: the same link */
+    assert_int_equal(lstat(q, &ps), 0);
+    assert_int_equal(ps.st_ino, gs.st_ino);
+    assert_int_equal(count_named(r0, ".tmp."), 0);
+    size_t n0, n1;
+    uint8_t *was = slurp(q, &n0);
+
+    put_sized(dir, 11, 100000);
+    put_sized(dir, 12, 100000); /* drops step 10's generation: written over if it were recycled */
+    put_sized(dir, 13, 300000);
+    assert_int_equal(lstat(g, &gs), -1);
+    assert_int_equal(lstat(q, &ps), 0);
+    assert_int_equal(ps.st_nlink, 1);
+    uint8_t *now = slurp(q, &n1);
+    assert_int_equal(n1, n0);
+    assert_memory_equal(now, was, n0);
+    free(was);
+    free(now);
+    assert_steps(dir, 0, 3, (const int64_t[]){13, 12, 10});
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_snap_get(dir, 0, 10, &c, &err), RK_OK);
+    assert_int_equal(rk_ckpt_meta_of(c)->step, 10);
+    assert_non_null(strstr(rk_ckpt_path(c), "/rank-0/pin-000000000010.safetensors"));
+    rk_ckpt_free(c);
+
+    assert_int_equal(rk_snap_pin(dir, 0, 11, &err), RK_ENOENT); /* dropped: nothing to pin */
+    assert_non_null(strstr(err.msg, "snap-000000000011.safetensors"));
+    assert_int_equal(rk_snap_pin(dir, 0, -1, &err), RK_EINVAL);
+    assert_int_equal(rk_snap_pin(dir, -1, 12, &err), RK_EINVAL);
+    /* a link in place of a generation is never pinned */
+    assert_int_equal(unlink(gen_path(g, sizeof g, dir, 0, 12)), 0);
+    assert_int_equal(symlink(q, g), 0);
+    assert_int_equal(rk_snap_pin(dir, 0, 12, &err), RK_EINVAL);
+    assert_int_equal(lstat(pin_path(q, sizeof q, dir, 0, 12), &ps), -1);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* A rank keeps the new pin and the newest other one; a put removes the pins above its step (a
+ * rolled-back timeline), never the others; a pin linked to a generation is counted once. */
+static void test_pins_are_kept_two_and_a_rollback_drops_those_above(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    put(dir, 0, 10);
+    assert_int_equal(rk_snap_pin(dir, 0, 10, &err), RK_OK);
+    put(dir, 0, 11);
+    /* the pin of step 10 is its generation's file: two files, not three */
+    uint64_t b = 0, held = 0, want = 0;
+    int gens = 0;
+    struct stat st;
+    for (int64_t s = 10; s <= 11; s++) {
+        assert_int_equal(lstat(gen_path(p, sizeof p, dir, 0, s), &st), 0);
+        want += (uint64_t)st.st_size;
+    }
+    assert_int_equal(rk_snap_rank_bytes(dir, 0, &b, &gens, &err), RK_OK);
+    assert_int_equal(gens, 2);
+    assert_int_equal(b, want);
+    assert_int_equal(rk_snap_bytes(dir, &held, &err), RK_OK);
+    assert_int_equal(held, want);
+    assert_steps(dir, 0, 2, (const int64_t[]){11, 10});
+
+    for (int64_t s = 20; s <= 30; s += 10) {
+        put(dir, 0, s);
+        assert_int_equal(rk_snap_pin(dir, 0, s, &err), RK_OK);
+        put(dir, 0, s + 1);
+    }
+    assert_int_equal(lstat(pin_path(p, sizeof p, dir, 0, 10), &st), -1); /* the third pin */
+    assert_steps(dir, 0, 3, (const int64_t[]){31, 30, 20});
+    want = 0;
+    for (int64_t s = 30; s <= 31; s++) {
+        assert_int_equal(lstat(gen_path(p, sizeof p, dir, 0, s), &st), 0);
+        want += (uint64_t)st.st_size;
+    }
+    assert_int_equal(lstat(pin_path(p, sizeof p, dir, 0, 20), &st), 0);
+    want += (uint64_t)st.st_size;
+    assert_int_equal(rk_snap_rank_bytes(dir, 0, &b, &gens, &err), RK_OK);
+    assert_int_equal(gens, 3); /* snap-31, snap-30 = pin-30, pin-20 */
+    assert_int_equal(b, want);
+    rk_ckpt *c = NULL;
+    assert_int_equal(rk_snap_get(dir, 0, 20, &c, &err), RK_OK);
+    assert_state(c, 0, 20);
+    rk_ckpt_free(c);
+
+    put(dir, 0, 25);
+    /* the put of 25 rolled back: pin 30 and generations 30, 31 went; pin 20 stays */
+    assert_int_equal(lstat(pin_path(p, sizeof p, dir, 0, 30), &st), -1);
+    assert_steps(dir, 0, 2, (const int64_t[]){25, 20});
+    put(dir, 0, 26);
+    assert_int_equal(rk_snap_pin(dir, 0, 25, &err), RK_OK);
+    assert_int_equal(rk_snap_pin(dir, 0, 26, &err), RK_OK); /* pins 26, 25; 20 goes */
+    assert_steps(dir, 0, 2, (const int64_t[]){26, 25});
+    assert_int_equal(rk_snap_pin(dir, 0, 25, &err), RK_OK); /* the older one again: both kept */
+    assert_steps(dir, 0, 2, (const int64_t[]){26, 25});
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* rk_snap_agree counts pins: rank 0 holds generations 50 and 51 and a pin of 40, rank 1 (a
+ * spare host that fetched a partner's copy) only generation 40: they agree on 40. A pin that
+ * no longer verifies is skipped as a generation is, naming the pin. */
+static void test_agree_counts_pins(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64], report[2048];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    put(dir, 0, 40);
+    assert_int_equal(rk_snap_pin(dir, 0, 40, &err), RK_OK);
+    put(dir, 0, 50);
+    put(dir, 0, 51);
+    put(dir, 1, 40);
+    assert_steps(dir, 0, 3, (const int64_t[]){51, 50, 40});
+    int64_t step = -1;
+    assert_int_equal(rk_snap_agree(dir, 2, &step, report, sizeof report, &err), RK_OK);
+    assert_int_equal(step, 40);
+    assert_string_equal(report, "");
+    int64_t held[2 * RK_SNAP_HELD_MAX] = {51, 50, 40, -1, 40, -1, -1, -1};
+    assert_int_equal(rk_snap_agree_held(held, 2, RK_SNAP_HELD_MAX, &step, &err), RK_OK);
+    assert_int_equal(step, 40);
+    flip_byte(pin_path(p, sizeof p, dir, 0, 40), -8);
+    assert_int_equal(rk_snap_agree(dir, 2, &step, report, sizeof report, &err), RK_ENOENT);
+    assert_non_null(strstr(report, "rank-0/pin-000000000040.safetensors"));
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+}
+
+/* The directory goes whole: pins, a pin's temporary file, and DIR/held (the copies held for
+ * another host's ranks: 0700, ours, the same layout); a foreign file in held/ stays, named. */
+static void test_remove_takes_pins_and_held(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], held[RK_SNAP_PATH_MAX + 16], h2[RK_SNAP_PATH_MAX + 16],
+        p[RK_SNAP_PATH_MAX + 96];
+    rk_err err = {0};
+    job_dir(dir, sizeof dir);
+    put(dir, 0, 1);
+    assert_int_equal(rk_snap_pin(dir, 0, 1, &err), RK_OK);
+    put(dir, 0, 2);
+    put(dir, 0, 3); /* the pin is the only link to step 1 now */
+    snprintf(p, sizeof p, "%s/rank-0/pin-000000000003.safetensors.tmp.%ld.7", dir, (long)getpid());
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(rk_snap_held_dir(dir, held, sizeof held, &err), RK_OK);
+    assert_int_equal(rk_snap_held_dir(dir, h2, sizeof h2, &err), RK_OK);
+    assert_string_equal(held, h2);
+    struct stat st;
+    assert_int_equal(lstat(held, &st), 0);
+    assert_true(S_ISDIR(st.st_mode) && (st.st_mode & 07777) == 0700);
+    put(held, 5, 2);
+    assert_int_equal(rk_snap_pin(held, 5, 2, &err), RK_OK);
+    put(held, 6, 2);
+    uint64_t b = 0, want = 0;
+    assert_int_equal(rk_snap_bytes(dir, &b, &err), RK_OK); /* held/ is not this host's ranks' */
+    for (int64_t s = 1; s <= 3; s++) {
+        char q[RK_SNAP_PATH_MAX + 64];
+        if (lstat(gen_path(q, sizeof q, dir, 0, s), &st) != 0)
+            assert_int_equal(lstat(pin_path(q, sizeof q, dir, 0, s), &st), 0);
+        want += (uint64_t)st.st_size;
+    }
+    assert_int_equal(b, want);
+    snprintf(p, sizeof p, "%s/rank-6/notes.txt", held);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_EIO);
+    assert_non_null(strstr(err.msg, "held/rank-6: cannot remove"));
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(rk_snap_dir_remove(dir, &err), RK_OK);
+    assert_int_equal(lstat(dir, &st), -1);
+}
+
 /* The agreed step from each rank's own verified steps (ranks of several hosts): the newest of
  * rank 0's that every rank holds, never a mix; none when one rank has none in common. */
 static void test_agree_held_is_the_newest_step_every_rank_verified(void **state)
@@ -1113,6 +1335,10 @@ int main(void)
         cmocka_unit_test(test_cache_dir_is_0700_and_goes_with_the_job),
         cmocka_unit_test(test_agree_held_is_the_newest_step_every_rank_verified),
         cmocka_unit_test(test_a_received_copy_appears_only_complete_and_verified),
+        cmocka_unit_test(test_a_pin_is_a_link_whose_bytes_survive_the_puts),
+        cmocka_unit_test(test_pins_are_kept_two_and_a_rollback_drops_those_above),
+        cmocka_unit_test(test_agree_counts_pins),
+        cmocka_unit_test(test_remove_takes_pins_and_held),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

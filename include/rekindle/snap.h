@@ -12,6 +12,19 @@
  *   DIR/rank-3/snap-000000000120.safetensors     the newest complete generation
  *   DIR/rank-3/snap-000000000119.safetensors     the one before it
  *   DIR/rank-3/snap-000000000121.safetensors.tmp.<pid>.<n>   a copy in flight (or torn)
+ *   DIR/rank-3/pin-000000000100.safetensors      a pinned generation (rk_snap_pin)
+ *   DIR/held/rank-5/snap-000000000100.safetensors   another host's rank, held for it
+ *
+ * Pins. Besides its two rolling generations a rank keeps at most RK_SNAP_PINS pinned ones,
+ * pin-<step>: a hard link to what was generation `step` (rk_snap_pin; no copy), so a step the
+ * node's agent copies to a partner host (docs/recovery.md "Partner copies on another host")
+ * stays held here after the generations rolled past it. A pin is a generation for every reader
+ * (rk_snap_steps, rk_snap_get, rk_snap_agree: the same checks) and takes no memory of its own
+ * while its generation is still there (rk_snap_bytes counts each file once). A generation is
+ * written over in place only when it has no other link (retention below), so a pin's bytes
+ * never change. DIR/held holds the copies this host keeps for another host's ranks, in the
+ * same layout (rank-<R>/snap-<step>) and under the same rules (rk_snap_held_dir; the receive
+ * calls below with dir = DIR/held).
  *
  * The caller that makes the directory (later: rk run or the node agent) owns it, passes it to
  * the ranks as RK_SNAP_DIR, and removes it (rk_snap_dir_remove) when the job ends. Every call
@@ -25,7 +38,10 @@
  * generation and the newest one below it; every other generation of the rank is deleted
  * (before the copy, so that at most two generations of a rank ever take memory, a copy in
  * flight counted), those above the new step too: they belong to a timeline that was rolled
- * back. Temporary files of writers that died (their pid no longer exists on this host) are
+ * back. Pins above the new step go for the same reason; other pins stay. The dropped generation
+ * is recycled (renamed to the copy's temporary file and written over) only when it has one
+ * link; a pinned one is unlinked instead (its pin keeps the bytes) and the copy is a new file.
+ * Temporary files of writers that died (their pid no longer exists on this host) are
  * removed. One writer per rank directory: the rank itself.
  *
  * Two generations suffice when ranks step together: a rank does not start the copy of step
@@ -63,9 +79,16 @@ extern "C" {
 #define RK_SNAP_DIR_ENV "RK_SNAP_DIR"           /* how a rank is told its job's directory */
 #define RK_SNAP_DIR_PREFIX "rk-snap-"           /* PARENT/rk-snap-XXXXXX */
 #define RK_SNAP_KEEP 2                          /* generations per rank */
+#define RK_SNAP_PINS 2                          /* pinned generations per rank (rk_snap_pin) */
+#define RK_SNAP_HELD_NAME "held"                /* DIR/held: copies kept for another host */
 #define RK_SNAP_PATH_MAX 4096                   /* room for any directory rk_snap_dir_make makes */
 #define RK_SNAP_MARGIN_MIN ((uint64_t)64 << 20) /* rk_snap_room: at least 64 MiB left free */
 #define RK_SNAP_MARGIN_DIV 10                   /* ... and at least a tenth of the tmpfs */
+/* The steps a rank may hold in all: its generations and its pins. */
+#define RK_SNAP_HELD_MAX (RK_SNAP_KEEP + RK_SNAP_PINS)
+/* RK_SNAP_PIN_EVERY=M: the worker runtime pins the first put at or past each multiple of M
+ * (0 or unset: no pins). */
+#define RK_SNAP_PIN_EVERY_ENV "RK_SNAP_PIN_EVERY"
 /* For tests only: rk_snap_room takes this many bytes (decimal) as /proc/meminfo's MemAvailable,
  * so a test can make RAM short without filling it. */
 #define RK_SNAP_MEMAVAIL_ENV "RK_SNAP_MEMAVAIL_BYTES"
@@ -80,6 +103,10 @@ RK_API int rk_snap_file_name(int64_t step, char *buf, size_t cap);
 /* 1 and *step (may be NULL) if `name` is exactly a generation's name as rk_snap_file_name
  * writes it, else 0 (temporary files, "snap-5.safetensors", checkpoint names, anything else). */
 RK_API int rk_snap_name_step(const char *name, int64_t *step);
+
+/* The same for a pinned generation: "pin-000000000120.safetensors" (rk_snap_pin). */
+RK_API int rk_snap_pin_name(int64_t step, char *buf, size_t cap);
+RK_API int rk_snap_pin_name_step(const char *name, int64_t *step);
 
 /* ---- the job's directory ---------------------------------------------------------------- */
 
@@ -101,10 +128,15 @@ RK_API int rk_snap_dir_check(const char *dir, rk_err *err);
  * when it is a link, not a directory, not 0700 or not ours. */
 RK_API int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err);
 
-/* Remove a job's snapshot directory: every rank's generations and temporary files, the rank
- * directories, the cache (rk_snap_cache_dir) and the directory itself. A file it did not make
- * (another name) is left, and then the directory too: RK_EIO naming it. RK_ENOENT if `dir` does not
- * exist. */
+/* DIR/held (0700, made if missing; its path into out[cap]): the directory of the copies this
+ * host holds for another host's ranks, laid out as a job directory's ranks are (pass it as
+ * `dir` to the store's calls). The same checks as rk_snap_cache_dir. */
+RK_API int rk_snap_held_dir(const char *dir, char *out, size_t cap, rk_err *err);
+
+/* Remove a job's snapshot directory: every rank's generations, pins and temporary files, the
+ * rank directories, the cache (rk_snap_cache_dir), DIR/held (its ranks' the same way) and the
+ * directory itself. A file it did not make (another name) is left, and then the directory too:
+ * RK_EIO naming it. RK_ENOENT if `dir` does not exist. */
 RK_API int rk_snap_dir_remove(const char *dir, rk_err *err);
 
 /* ---- one rank's generations ------------------------------------------------------------- */
@@ -117,23 +149,33 @@ RK_API int rk_snap_dir_remove(const char *dir, rk_err *err);
 RK_API int rk_snap_put(const char *dir, int rank, const rk_ckpt_meta *meta,
                        const rk_ckpt_item *items, size_t n, rk_err *err);
 
-/* Read and verify generation `step` of rank `rank`. On success *out (if not NULL) holds it;
- * free it with rk_ckpt_free. RK_ENOENT if there is no such generation, RK_EFORMAT if it does
- * not verify, RK_EINVAL if it is not a regular file (a symbolic link, a FIFO, ...). */
+/* Read and verify generation `step` of rank `rank`: snap-<step>, or when there is none
+ * pin-<step>. On success *out (if not NULL) holds it; free it with rk_ckpt_free. RK_ENOENT if
+ * there is no such generation or pin, RK_EFORMAT if it does not verify, RK_EINVAL if it is not
+ * a regular file (a symbolic link, a FIFO, ...). */
 RK_API int rk_snap_get(const char *dir, int rank, int64_t step, rk_ckpt **out, rk_err *err);
 
-/* The steps of rank `rank`'s complete generations (regular files with a generation's name;
- * not verified), newest first: at most `cap` into steps, how many there are in *n (which may
- * exceed cap; normally at most RK_SNAP_KEEP). A rank without a directory has none (*n = 0). */
+/* The steps of rank `rank`'s complete generations and pins (regular files with a generation's
+ * or a pin's name; not verified; a step that is both counted once), newest first: at most
+ * `cap` into steps, how many there are in *n (which may exceed cap; normally at most
+ * RK_SNAP_HELD_MAX). A rank without a directory has none (*n = 0). */
 RK_API int rk_snap_steps(const char *dir, int rank, int64_t *steps, size_t cap, size_t *n,
                          rk_err *err);
 
+/* Pin generation `step` of rank `rank`: pin-<step> becomes a hard link to snap-<step> (made
+ * under a temporary name and renamed into place: atomic; no copy; an older pin of that step is
+ * replaced), then the rank keeps the new pin and its newest other pins, RK_SNAP_PINS in all,
+ * and the others are removed. RK_ENOENT if there is no such generation (a pin is not
+ * re-pinned), RK_EINVAL if it is not a regular file or for a bad argument, RK_ESTORAGE or RK_EIO
+ * if the link cannot be made (nothing changed). The rank's writer calls it (between puts). */
+RK_API int rk_snap_pin(const char *dir, int rank, int64_t step, rk_err *err);
+
 /* ---- the job ---------------------------------------------------------------------------- */
 
-/* The newest step for which every rank 0..world-1 has a generation that verifies: *step.
- * Never a mix of steps. Each generation skipped because it does not verify (or cannot be read)
- * is one line "<path>: <why>" in `report` (NUL-terminated, cut to report_len; may be NULL).
- * RK_ENOENT when there is no such step (a rank has none, or none in common verifies).
+/* The newest step for which every rank 0..world-1 has a generation or a pin that verifies
+ * (rk_snap_get's): *step. Never a mix of steps. Each generation skipped because it does not verify
+ * (or cannot be read) is one line "<path>: <why>" in `report` (NUL-terminated, cut to report_len;
+ * may be NULL). RK_ENOENT when there is no such step (a rank has none, or none in common verifies).
  * Reads every generation it considers in full; deletes nothing. */
 RK_API int rk_snap_agree(const char *dir, int world, int64_t *step, char *report, size_t report_len,
                          rk_err *err);
@@ -145,12 +187,14 @@ RK_API int rk_snap_agree(const char *dir, int world, int64_t *step, char *report
  * (RK_EINVAL for a bad argument). Pure: no I/O. */
 RK_API int rk_snap_agree_held(const int64_t *held, int world, int keep, int64_t *step, rk_err *err);
 
-/* Bytes held by DIR: the sum of the sizes of every rank's complete generations (temporary
- * files not counted). */
+/* Bytes held by DIR: the sum of the sizes of every rank's complete generations and pins, each
+ * file once (a pin linked to a generation adds nothing; temporary files and DIR/held not
+ * counted). */
 RK_API int rk_snap_bytes(const char *dir, uint64_t *bytes, rk_err *err);
 
-/* Bytes held by rank `rank` of DIR (the sizes of its complete generations, temporary files not
- * counted) and how many generations that is: 0 and 0 for a rank without a directory. */
+/* Bytes held by rank `rank` of DIR (the sizes of its complete generations and pins, each file
+ * once, temporary files not counted) and how many files that is: 0 and 0 for a rank without a
+ * directory. */
 RK_API int rk_snap_rank_bytes(const char *dir, int rank, uint64_t *bytes, int *gens, rk_err *err);
 
 /* Whether snapshots of `ranks_here` local ranks of `bytes_per_gen` bytes each fit in the tmpfs

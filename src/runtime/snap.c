@@ -1,7 +1,8 @@
 /*
  * The node's snapshot store (rekindle/snap.h, docs/recovery.md): one rank's state as a
  * checkpoint file of the store's format, kept in a tmpfs in a 0700 directory of the job,
- * written to a temporary file and renamed, two generations per rank. Relies on the checkpoint
+ * written to a temporary file and renamed, two generations per rank and up to two pins (hard
+ * links to generations), DIR/held for another host's ranks. Relies on the checkpoint
  * store's format (ckpt.c: the plan, the names, rk_ckpt_parse) and on fileio's bounded opener.
  * Every path is opened relative to a checked directory descriptor, never through a link.
  */
@@ -30,6 +31,7 @@
 #include "runtime/ckpt_internal.h"
 
 #define SNAP_PREFIX "snap-"
+#define PIN_PREFIX "pin-"
 #define RANK_PREFIX "rank-"
 #define LABEL_MAX (RK_SNAP_PATH_MAX + 128) /* a path in a message: DIR/rank-R/<name> */
 
@@ -45,6 +47,40 @@ int rk_snap_file_name(int64_t step, char *buf, size_t cap)
 int rk_snap_name_step(const char *name, int64_t *step)
 {
     return ckpt_step_of_name(SNAP_PREFIX, name, step);
+}
+
+int rk_snap_pin_name(int64_t step, char *buf, size_t cap)
+{
+    return ckpt_step_name(PIN_PREFIX, step, buf, cap);
+}
+
+int rk_snap_pin_name_step(const char *name, int64_t *step)
+{
+    return ckpt_step_of_name(PIN_PREFIX, name, step);
+}
+
+/* What a listing of a rank directory takes: generations, pins, or both. */
+enum { SCAN_GENS = 1, SCAN_PINS = 2 };
+
+/* 1 and *step (may be NULL) if `name` is a generation's (SCAN_GENS in kinds) or a pin's
+ * (SCAN_PINS) name. */
+static bool held_name_step(const char *name, int kinds, int64_t *step)
+{
+    return ((kinds & SCAN_GENS) && rk_snap_name_step(name, step)) ||
+           ((kinds & SCAN_PINS) && rk_snap_pin_name_step(name, step));
+}
+
+/* Whether `name` is a temporary file of the store's writers: "<generation or pin>.tmp.<pid>.<n>";
+ * the writer's pid into *pid (may be NULL). */
+static bool temp_of_held(const char *name, long *pid)
+{
+    char base[RK_CKPT_NAME_MAX];
+    long p;
+    if (!ckpt_temp_split(name, base, &p) || !held_name_step(base, SCAN_GENS | SCAN_PINS, NULL))
+        return false;
+    if (pid)
+        *pid = p;
+    return true;
 }
 
 /* 1 and the rank if `name` is exactly "rank-<R>" as rank_name writes it. */
@@ -153,18 +189,21 @@ static int open_rank(const char *dir, int rank, bool make, int *rfd, rk_err *err
 
 #define CACHE_NAME "cache"
 
-int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err)
+/* The job directory's subdirectory `name` (0700, made if missing; its path into out[cap]):
+ * the cache, or DIR/held. `fn` names the caller in messages. */
+static int sub_dir(const char *dir, const char *name, const char *fn, char *out, size_t cap,
+                   rk_err *err)
 {
     char eb[128], lb[LABEL_MAX];
     if (out && cap)
         out[0] = '\0';
-    int rc = check_dir_arg(dir, "rk_snap_cache_dir", err);
+    int rc = check_dir_arg(dir, fn, err);
     if (rc)
         return rc;
-    if (!out || snprintf(out, cap, "%s/" CACHE_NAME, dir) >= (int)cap) {
+    if (!out || snprintf(out, cap, "%s/%s", dir, name) >= (int)cap) {
         if (out && cap)
             out[0] = '\0';
-        return rk_err_set_line(err, RK_EINVAL, "%s: rk_snap_cache_dir: no room for the path", dir);
+        return rk_err_set_line(err, RK_EINVAL, "%s: %s: no room for the path", dir, fn);
     }
     int jfd, cfd;
     rc = open_checked(AT_FDCWD, dir, dir, &jfd, err);
@@ -172,21 +211,31 @@ int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err)
         out[0] = '\0';
         return rc;
     }
-    label(lb, dir, CACHE_NAME, NULL);
-    if (mkdirat(jfd, CACHE_NAME, 0700) != 0 && errno != EEXIST) {
+    label(lb, dir, name, NULL);
+    if (mkdirat(jfd, name, 0700) != 0 && errno != EEXIST) {
         int e = errno;
         close(jfd);
         out[0] = '\0';
         return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot create: %s", lb,
                                rk_msg_strerror(e, eb, sizeof eb));
     }
-    rc = open_checked(jfd, CACHE_NAME, lb, &cfd, err); /* 0700, ours, not a link */
+    rc = open_checked(jfd, name, lb, &cfd, err); /* 0700, ours, not a link */
     close(jfd);
     if (rc)
         out[0] = '\0';
     else
         close(cfd);
     return rc;
+}
+
+int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err)
+{
+    return sub_dir(dir, CACHE_NAME, "rk_snap_cache_dir", out, cap, err);
+}
+
+int rk_snap_held_dir(const char *dir, char *out, size_t cap, rk_err *err)
+{
+    return sub_dir(dir, RK_SNAP_HELD_NAME, "rk_snap_held_dir", out, cap, err);
 }
 
 /* ---- one rank's directory --------------------------------------------------------------- */
@@ -197,9 +246,9 @@ static int step_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* The steps of the complete generations (regular files with a generation's name) in the rank
- * directory `rfd`, newest first: *out (free() it) of *n. */
-static int scan_rank(int rfd, const char *what, int64_t **out, size_t *n, rk_err *err)
+/* The steps of the complete generations and/or pins (`kinds`: regular files with such a name)
+ * in the rank directory `rfd`, newest first, each step once: *out (free() it) of *n. */
+static int scan_rank(int rfd, const char *what, int kinds, int64_t **out, size_t *n, rk_err *err)
 {
     char eb[128];
     *out = NULL;
@@ -223,7 +272,7 @@ static int scan_rank(int rfd, const char *what, int64_t **out, size_t *n, rk_err
     while ((de = readdir(d))) {
         int64_t s;
         struct stat st;
-        if (!rk_snap_name_step(de->d_name, &s) ||
+        if (!held_name_step(de->d_name, kinds, &s) ||
             fstatat(rfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
             errno = 0;
             continue;
@@ -252,21 +301,34 @@ static int scan_rank(int rfd, const char *what, int64_t **out, size_t *n, rk_err
     }
     if (*n > 1)
         qsort(v, *n, sizeof *v, step_desc);
+    size_t u = 0; /* a generation and a pin of one step: the step once */
+    for (size_t i = 0; i < *n; i++)
+        if (u == 0 || v[u - 1] != v[i])
+            v[u++] = v[i];
+    *n = u;
     *out = v;
     return RK_OK;
 }
 
 /* Retention before the copy of generation `step` (rekindle/snap.h): every generation but
- * `step` itself and the newest below it is deleted, and so is anything else under a
- * generation's name (a link, a FIFO: never a generation; unlinking a link leaves what it
- * points to), and the temporary files of writers that died. Failures are left for the next
- * put. */
+ * `step` itself and the newest below it is deleted, every pin above `step`, and anything else
+ * under a generation's or a pin's name (a link, a FIFO: never a generation; unlinking a link
+ * leaves what it points to), and the temporary files of writers that died. Failures are left
+ * for the next put. */
 static void retain(int rfd, const char *what, int64_t step, const char *recycle, bool *recycled)
 {
     int64_t *v;
     size_t n;
     *recycled = false;
-    if (scan_rank(rfd, what, &v, &n, NULL) != RK_OK)
+    if (scan_rank(rfd, what, SCAN_PINS, &v, &n, NULL) != RK_OK)
+        return;
+    for (size_t i = 0; i < n && v[i] > step; i++) { /* newest first: a rolled-back timeline's */
+        char name[RK_CKPT_NAME_MAX];
+        if (rk_snap_pin_name(v[i], name, sizeof name) == RK_OK)
+            unlinkat(rfd, name, 0);
+    }
+    free(v);
+    if (scan_rank(rfd, what, SCAN_GENS, &v, &n, NULL) != RK_OK)
         return;
     bool below_kept = false;
     for (size_t i = 0; i < n; i++) { /* newest first */
@@ -280,7 +342,8 @@ static void retain(int rfd, const char *what, int64_t step, const char *recycle,
         if (rk_snap_file_name(v[i], name, sizeof name) != RK_OK)
             continue;
         /* the first generation to go becomes the copy's temporary file: renamed away in one
-         * step (never a generation with other contents), its pages written over in place */
+         * step (never a generation with other contents), its pages written over in place
+         * unless a pin links to it (open_recycled: one link only) */
         if (!*recycled && recycle && renameat(rfd, name, rfd, recycle) == 0)
             *recycled = true;
         else
@@ -299,17 +362,15 @@ static void retain(int rfd, const char *what, int64_t step, const char *recycle,
     rewinddir(d);
     struct dirent *de;
     while ((de = readdir(d))) {
-        char base[RK_CKPT_NAME_MAX];
         long pid;
         struct stat st;
-        if (rk_snap_name_step(de->d_name, NULL)) {
+        if (held_name_step(de->d_name, SCAN_GENS | SCAN_PINS, NULL)) {
             if (fstatat(rfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode) &&
                 !S_ISDIR(st.st_mode))
                 unlinkat(rfd, de->d_name, 0);
             continue;
         }
-        if (!ckpt_temp_split(de->d_name, base, &pid) || !rk_snap_name_step(base, NULL) ||
-            pid == (long)getpid())
+        if (!temp_of_held(de->d_name, &pid) || pid == (long)getpid())
             continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue; /* alive (or not ours to signal): perhaps still writing */
@@ -564,7 +625,8 @@ int rk_snap_recv_commit(rk_snap_recv *r, rk_err *err)
     return rc;
 }
 
-/* Read and verify generation `step` from the open rank directory. */
+/* Read and verify generation `step` from the open rank directory: snap-<step>, or when there is
+ * none pin-<step>. */
 static int get_at(int rfd, const char *rl, int64_t step, rk_ckpt **out, rk_err *err)
 {
     char name[RK_CKPT_NAME_MAX], lb[LABEL_MAX + RK_CKPT_NAME_MAX];
@@ -574,6 +636,14 @@ static int get_at(int rfd, const char *rl, int64_t step, rk_ckpt **out, rk_err *
     int fd;
     uint64_t size;
     int rc = rk_file_openat_read(rfd, name, lb, SIZE_MAX, &fd, &size, err);
+    if (rc == RK_ENOENT) {
+        char pin[RK_CKPT_NAME_MAX], pl[LABEL_MAX + RK_CKPT_NAME_MAX];
+        rk_snap_pin_name(step, pin, sizeof pin);
+        snprintf(pl, sizeof pl, "%s/%s", rl, pin);
+        rc = rk_file_openat_read(rfd, pin, pl, SIZE_MAX, &fd, &size, err);
+        if (rc != RK_ENOENT)
+            memcpy(lb, pl, sizeof lb);
+    }
     if (rc == RK_ENOENT)
         return rk_err_set_line(err, RK_ENOENT, "%s: no snapshot of step %" PRId64, lb, step);
     if (rc)
@@ -612,8 +682,8 @@ int rk_snap_get(const char *dir, int rank, int64_t step, rk_ckpt **out, rk_err *
     return rc;
 }
 
-/* Every complete generation of a rank, newest first (*v: free() it); none if the rank has no
- * directory yet. */
+/* Every complete generation and pin of a rank, each step once, newest first (*v: free() it);
+ * none if the rank has no directory yet. */
 static int rank_steps(const char *dir, int rank, int *rfd, int64_t **v, size_t *n, rk_err *err)
 {
     *v = NULL;
@@ -633,7 +703,7 @@ static int rank_steps(const char *dir, int rank, int *rfd, int64_t **v, size_t *
         return rc;
     char rname[32], rl[LABEL_MAX];
     snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
-    rc = scan_rank(*rfd, label(rl, dir, rname, NULL), v, n, err);
+    rc = scan_rank(*rfd, label(rl, dir, rname, NULL), SCAN_GENS | SCAN_PINS, v, n, err);
     if (rc) {
         close(*rfd);
         *rfd = -1;
@@ -661,6 +731,87 @@ int rk_snap_steps(const char *dir, int rank, int64_t *steps, size_t cap, size_t 
     free(v);
     if (rfd >= 0)
         close(rfd);
+    return RK_OK;
+}
+
+/* Keep pin `step` and the newest other pins, RK_SNAP_PINS in all; remove the rest. */
+static void retain_pins(int rfd, const char *rl, int64_t step)
+{
+    int64_t *v;
+    size_t n, kept = 1; /* `step` itself */
+    if (scan_rank(rfd, rl, SCAN_PINS, &v, &n, NULL) != RK_OK)
+        return;
+    for (size_t i = 0; i < n; i++) { /* newest first */
+        char name[RK_CKPT_NAME_MAX];
+        if (v[i] == step)
+            continue;
+        if (kept < RK_SNAP_PINS) {
+            kept++;
+            continue;
+        }
+        if (rk_snap_pin_name(v[i], name, sizeof name) == RK_OK)
+            unlinkat(rfd, name, 0);
+    }
+    free(v);
+}
+
+int rk_snap_pin(const char *dir, int rank, int64_t step, rk_err *err)
+{
+    char eb[128], rname[32], rl[LABEL_MAX], gen[RK_CKPT_NAME_MAX], pin[RK_CKPT_NAME_MAX];
+    int rc = check_dir_arg(dir, "rk_snap_pin", err);
+    if (rc)
+        return rc;
+    if (rank < 0 || rk_snap_file_name(step, gen, sizeof gen) != RK_OK)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d, step %" PRId64 ": negative", dir, rank,
+                               step);
+    rk_snap_pin_name(step, pin, sizeof pin);
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    label(rl, dir, rname, NULL);
+    int rfd;
+    rc = open_rank(dir, rank, false, &rfd, err);
+    if (rc == RK_ENOENT)
+        return rk_err_set_line(err, RK_ENOENT, "%s/%s: no snapshot of step %" PRId64 " to pin", rl,
+                               gen, step);
+    if (rc)
+        return rc;
+    struct stat gs, ps;
+    if (fstatat(rfd, gen, &gs, AT_SYMLINK_NOFOLLOW) != 0) {
+        int e = errno;
+        close(rfd);
+        return e == ENOENT
+                   ? rk_err_set_line(err, RK_ENOENT,
+                                     "%s/%s: no snapshot of step %" PRId64 " to pin", rl, gen, step)
+                   : rk_err_set_line(err, rk_err_code_errno(e), "%s/%s: cannot stat: %s", rl, gen,
+                                     rk_msg_strerror(e, eb, sizeof eb));
+    }
+    if (!S_ISREG(gs.st_mode)) {
+        close(rfd);
+        return rk_err_set_line(err, RK_EINVAL, "%s/%s: is %s, not a regular file: not pinned", rl,
+                               gen, rk_file_kind_name(gs.st_mode));
+    }
+    /* already this generation's pin: nothing to link (renaming a link onto another link of
+     * the same file would leave the temporary name) */
+    bool linked = fstatat(rfd, pin, &ps, AT_SYMLINK_NOFOLLOW) == 0 && ps.st_ino == gs.st_ino &&
+                  ps.st_dev == gs.st_dev;
+    if (!linked) {
+        char tmp[RK_CKPT_NAME_MAX + 64];
+        const char *what = "cannot link";
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", pin, (long)getpid(),
+                 atomic_fetch_add(&tmp_counter, 1));
+        int e = linkat(rfd, gen, rfd, tmp, 0) != 0 ? errno : 0;
+        if (!e && renameat(rfd, tmp, rfd, pin) != 0) {
+            e = errno;
+            what = "cannot rename the pin into place";
+        }
+        if (e) {
+            unlinkat(rfd, tmp, 0);
+            close(rfd);
+            return rk_err_set_line(err, rk_err_code_errno(e), "%s/%s: %s: %s", rl, pin, what,
+                                   rk_msg_strerror(e, eb, sizeof eb));
+        }
+    }
+    retain_pins(rfd, rl, step);
+    close(rfd);
     return RK_OK;
 }
 
@@ -845,14 +996,12 @@ int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err)
     return RK_OK;
 }
 
-/* Whether entry `name` of a rank directory is the store's: a generation or a temporary one. */
+/* Whether entry `name` of a rank directory is the store's: a generation, a pin or a temporary
+ * one. */
 static bool rank_entry_ours(int dfd, const char *name)
 {
     (void)dfd;
-    char base[RK_CKPT_NAME_MAX];
-    long pid;
-    return rk_snap_name_step(name, NULL) ||
-           (ckpt_temp_split(name, base, &pid) && rk_snap_name_step(base, NULL));
+    return held_name_step(name, SCAN_GENS | SCAN_PINS, NULL) || temp_of_held(name, NULL);
 }
 
 /* Whether entry `name` of the cache goes with it: anything but a directory (a link: the link
@@ -895,11 +1044,11 @@ static int remove_subdir(int jfd, const char *name, const char *sl,
     return RK_OK;
 }
 
-/* The job directory `dir`, checked and opened (*jfd), and a listing of it (*d, on its own
- * descriptor): the caller closes both. */
-static int open_listing(const char *dir, int *jfd, DIR **d, rk_err *err)
+/* The job directory `dir` (relative to `at`; `dl` names it), checked and opened (*jfd), and a
+ * listing of it (*d, on its own descriptor): the caller closes both. */
+static int open_listing_at(int at, const char *dir, const char *dl, int *jfd, DIR **d, rk_err *err)
 {
-    int rc = open_checked(AT_FDCWD, dir, dir, jfd, err);
+    int rc = open_checked(at, dir, dl, jfd, err);
     if (rc)
         return rc;
     int j2 = fcntl(*jfd, F_DUPFD_CLOEXEC, 0);
@@ -910,65 +1059,92 @@ static int open_listing(const char *dir, int *jfd, DIR **d, rk_err *err)
             close(j2);
         close(*jfd);
         *jfd = -1;
-        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dir);
+        return rk_err_set_line(err, RK_EIO, "%s: cannot list", dl);
     }
     return RK_OK;
 }
 
-int rk_snap_dir_remove(const char *dir, rk_err *err)
+static int open_listing(const char *dir, int *jfd, DIR **d, rk_err *err)
+{
+    return open_listing_at(AT_FDCWD, dir, dir, jfd, d, err);
+}
+
+/* Remove the job directory `dir` (relative to `at`; `dl` names it): its rank directories, and
+ * when `top` its cache and DIR/held (the same way, without a cache or a held of its own), then
+ * it. */
+static int remove_job_at(int at, const char *dir, const char *dl, bool top, rk_err *err)
 {
     char eb[128];
-    int rc = check_dir_arg(dir, "rk_snap_dir_remove", err);
-    if (rc)
-        return rc;
     int jfd;
     DIR *d;
-    rc = open_listing(dir, &jfd, &d, err);
+    int rc = open_listing_at(at, dir, dl, &jfd, &d, err);
     if (rc)
         return rc;
     struct dirent *de;
     while ((de = readdir(d))) {
         int r;
-        bool cache = !strcmp(de->d_name, CACHE_NAME);
-        if (!cache && !rank_of_name(de->d_name, &r))
+        bool cache = top && !strcmp(de->d_name, CACHE_NAME);
+        bool held = top && !strcmp(de->d_name, RK_SNAP_HELD_NAME);
+        if (!cache && !held && !rank_of_name(de->d_name, &r))
             continue;
         char rl[LABEL_MAX];
         rk_err e2;
-        label(rl, dir, de->d_name, NULL);
-        int rrc =
-            remove_subdir(jfd, de->d_name, rl, cache ? cache_entry_ours : rank_entry_ours, &e2);
+        label(rl, dl, de->d_name, NULL);
+        int rrc = held ? remove_job_at(jfd, de->d_name, rl, false, &e2)
+                       : remove_subdir(jfd, de->d_name, rl,
+                                       cache ? cache_entry_ours : rank_entry_ours, &e2);
         if (rrc && !rc)
             rc = rk_err_set_line(err, rrc, "%s", e2.msg);
     }
     closedir(d);
     close(jfd);
-    if (!rc && rmdir(dir) != 0) {
+    if (!rc && unlinkat(at, dir, AT_REMOVEDIR) != 0) {
         int e = errno;
         rc = rk_err_set_line(err, rk_err_code_errno(e),
                              "%s: cannot remove: %s (a file not made by the snapshot store is "
                              "left)",
-                             dir, rk_msg_strerror(e, eb, sizeof eb));
+                             dl, rk_msg_strerror(e, eb, sizeof eb));
     }
     return rc;
 }
 
-/* The bytes and the number of the complete generations in the open rank directory `rfd`. */
+int rk_snap_dir_remove(const char *dir, rk_err *err)
+{
+    int rc = check_dir_arg(dir, "rk_snap_dir_remove", err);
+    return rc ? rc : remove_job_at(AT_FDCWD, dir, dir, true, err);
+}
+
+/* The bytes and the number of the complete generations and pins in the open rank directory
+ * `rfd`, each file once (a pin linked to a generation is the generation's memory). */
 static int rank_dir_bytes(int rfd, const char *rl, uint64_t *bytes, int *gens, rk_err *err)
 {
     *bytes = 0;
     *gens = 0;
     int64_t *v = NULL;
     size_t n = 0;
-    int rc = scan_rank(rfd, rl, &v, &n, err);
-    for (size_t i = 0; !rc && i < n; i++) {
+    int rc = scan_rank(rfd, rl, SCAN_GENS | SCAN_PINS, &v, &n, err);
+    ino_t *seen = rc || n == 0 ? NULL : malloc(2 * n * sizeof *seen);
+    if (!rc && n > 0 && !seen)
+        rc = rk_err_set_line(err, RK_ENOMEM, "%s: out of memory", rl);
+    size_t ns = 0;
+    for (size_t i = 0; !rc && i < 2 * n; i++) {
         char name[RK_CKPT_NAME_MAX];
         struct stat st;
-        if (rk_snap_file_name(v[i], name, sizeof name) == RK_OK &&
-            fstatat(rfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
-            *bytes += (uint64_t)st.st_size;
-            ++*gens;
-        }
+        int nrc = i % 2 ? rk_snap_pin_name(v[i / 2], name, sizeof name)
+                        : rk_snap_file_name(v[i / 2], name, sizeof name);
+        if (nrc != RK_OK || fstatat(rfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode))
+            continue;
+        bool dup = false; /* one directory: one device */
+        for (size_t k = 0; k < ns && !dup; k++)
+            dup = seen[k] == st.st_ino;
+        if (dup)
+            continue;
+        seen[ns++] = st.st_ino;
+        *bytes += (uint64_t)st.st_size;
+        ++*gens;
     }
+    free(seen);
     free(v);
     return rc;
 }
