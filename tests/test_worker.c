@@ -5,7 +5,8 @@
  * in a parameter and nan in a gradient at the chosen step; the built-in checkpoint format saves,
  * refuses a fresh start into a used directory, and resumes the same bits (asked by the options
  * or by rk run's RK_CKPT_DIR and RK_RESUME=1, read by rk_worker_ckpt_env); the final checkpoint
- * is skipped when the last step was just saved.
+ * is skipped when the last step was just saved; snapshots in node memory are put, pinned
+ * (RK_SNAP_PIN_EVERY) and resumed from.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -22,6 +24,8 @@
 #include "rekindle/snap.h"
 #include "rekindle/worker.h"
 #include "testutil.h"
+
+static FILE *g_notes; /* rank 0's notes in open_worker (NULL: quiet) */
 
 typedef struct fixture {
     rk_comm *comm;
@@ -40,6 +44,7 @@ static void open_worker(fixture *f, int64_t hash_every)
     rk_worker_opts o;
     rk_worker_opts_default(&o);
     o.hash_every = hash_every;
+    o.notes = g_notes;
     assert_int_equal(rk_worker_open(&f->w, f->comm, &o, &err), RK_OK);
     assert_int_equal(rk_worker_add_f32(f->w, RK_WORKER_PARAM, "model.p", f->p, 8, &err), RK_OK);
     assert_int_equal(rk_worker_add_f32(f->w, RK_WORKER_GRAD, "grad.p", f->g, 8, &err), RK_OK);
@@ -312,6 +317,108 @@ static void memory_snapshots_resume_before_the_disk(void **state)
     rm_tree(dir);
 }
 
+/* With RK_SNAP_PIN_EVERY=M the first put at or past each multiple of M is pinned (a fresh start
+ * pins its first put; a resumed one counts from the step it resumed at), two pins kept; a
+ * resume with the generations gone restores a pin, and says so. */
+static void memory_snapshots_pin_the_first_put_past_each_multiple(void **state)
+{
+    (void)state;
+    char dir[512], parent[512], snap[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 160];
+    char name[RK_CKPT_NAME_MAX];
+    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker_pin_ck"), 0);
+    assert_int_equal(test_dir_make(parent, sizeof parent, "test_worker_pin_shm"), 0);
+    rk_err err = {0};
+    assert_int_equal(rk_snap_dir_make(parent, snap, sizeof snap, &err), RK_OK);
+    setenv(RK_SNAP_DIR_ENV, snap, 1);
+    setenv("RK_SNAP_EVERY", "1", 1);
+    setenv(RK_SNAP_PIN_EVERY_ENV, "3", 1);
+    rk_worker_ckpt_opts co;
+    rk_worker_ckpt_opts_default(&co);
+    co.dir = dir;
+    co.every = 4;
+    co.config_json = "{\"test\":\"pins\"}";
+    int64_t start = -1, back;
+    fixture f;
+    float pp[10][8], ef[10][4];
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, 0);
+    for (int64_t s = 0; s < 6; s++) { /* puts 1..6: pins 1, 3, 6; the newest two kept */
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+        memcpy(pp[s + 1], f.p, sizeof f.p);
+        memcpy(ef[s + 1], f.ef, sizeof f.ef);
+    }
+    close_worker(&f);
+    int64_t steps[8];
+    size_t n = 0;
+    assert_int_equal(rk_snap_steps(snap, 0, steps, 8, &n, &err), RK_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(steps[0], 6);
+    assert_int_equal(steps[1], 5);
+    assert_int_equal(steps[2], 3); /* a pin only */
+    struct stat st;
+    const int64_t pinned[] = {3, 6}, gone[] = {1, 2, 4, 5};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(rk_snap_pin_name(pinned[i], name, sizeof name), RK_OK);
+        snprintf(p, sizeof p, "%s/rank-0/%s", snap, name);
+        assert_int_equal(lstat(p, &st), 0);
+    }
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(rk_snap_pin_name(gone[i], name, sizeof name), RK_OK);
+        snprintf(p, sizeof p, "%s/rank-0/%s", snap, name);
+        assert_int_equal(lstat(p, &st), -1);
+    }
+
+    /* the generations gone (as on a host that kept only its pins): step 6's pin restores */
+    for (int64_t s = 5; s <= 6; s++) {
+        assert_int_equal(rk_snap_file_name(s, name, sizeof name), RK_OK);
+        snprintf(p, sizeof p, "%s/rank-0/%s", snap, name);
+        assert_int_equal(unlink(p), 0);
+    }
+    co.resume = 1;
+    g_notes = tmpfile();
+    assert_non_null(g_notes);
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, 6);
+    assert_memory_equal(f.p, pp[6], sizeof f.p);
+    assert_memory_equal(f.ef, ef[6], sizeof f.ef); /* memory: the local buffer too */
+    for (int64_t s = 6; s < 9; s++) { /* puts 7, 8, 9: counted from 6, only 9 is pinned */
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+    }
+    close_worker(&f);
+    char notes[4096] = "";
+    rewind(g_notes);
+    size_t got = fread(notes, 1, sizeof notes - 1, g_notes);
+    notes[got] = '\0';
+    fclose(g_notes);
+    g_notes = NULL;
+    if (!strstr(notes, "resuming from node memory at step 6 (a pinned generation)"))
+        print_error("notes:\n%s\n", notes);
+    assert_non_null(strstr(notes, "resuming from node memory at step 6 (a pinned generation)"));
+    assert_int_equal(rk_snap_steps(snap, 0, steps, 8, &n, &err), RK_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(steps[0], 9);
+    assert_int_equal(steps[1], 8);
+    assert_int_equal(steps[2], 6);
+    assert_int_equal(rk_snap_pin_name(9, name, sizeof name), RK_OK);
+    snprintf(p, sizeof p, "%s/rank-0/%s", snap, name);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(rk_snap_pin_name(3, name, sizeof name), RK_OK);
+    snprintf(p, sizeof p, "%s/rank-0/%s", snap, name);
+    assert_int_equal(lstat(p, &st), -1);
+    unsetenv(RK_SNAP_DIR_ENV);
+    unsetenv("RK_SNAP_EVERY");
+    unsetenv(RK_SNAP_PIN_EVERY_ENV);
+    assert_int_equal(rk_snap_dir_remove(snap, &err), RK_OK);
+    rm_tree(parent);
+    rm_tree(dir);
+}
+
 /* RK_CKPT_DIR and RK_RESUME, as rk run sets them, read in one place for rk train and the
  * runtime: an empty directory is none, only "1" resumes */
 static void the_supervisors_checkpoint_env(void **state)
@@ -357,6 +464,7 @@ int main(void)
         cmocka_unit_test(faults_land_in_registered_buffers),
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
         cmocka_unit_test(memory_snapshots_resume_before_the_disk),
+        cmocka_unit_test(memory_snapshots_pin_the_first_put_past_each_multiple),
         cmocka_unit_test(the_supervisors_checkpoint_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -68,6 +68,10 @@ struct rk_worker {
     int mem_timed;                /* puts made, counted to MEM_TIMED + 1: the first (which makes
                                    * the rank's directory) is not timed, the next MEM_TIMED are */
     double mem_put_s, mem_step_s; /* their seconds summed; the fastest step before them */
+    int64_t mem_pin_every;        /* M (RK_SNAP_PIN_EVERY): pin the first put at or past each
+                                   * multiple of M; 0: no pins */
+    int64_t mem_pin_last;         /* the previous put's step (at the first put: the step resumed
+                                   * at, -1 at a fresh start); INT64_MIN before the first put */
     rk_hb_restore restore;        /* where the state at start_step came from (hello) */
 };
 

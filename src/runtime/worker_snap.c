@@ -4,11 +4,13 @@
  * store (rekindle/snap.h, RK_SNAP_DIR); a relaunched job restores the agreed step from there
  * when it is at least as new as the newest checkpoint on disk. The agreed step is computed by
  * the ranks over the world (each verifies its own, an all-gather), so the ranks of several
- * hosts, each host's in its own directory, agree as one host's do. Relies on the store's
+ * hosts, each host's in its own directory, agree as one host's do; with RK_SNAP_PIN_EVERY=M the
+ * first put past each multiple of M is also pinned (partner copies). Relies on the store's
  * checks.
  */
 #include <dirent.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +63,37 @@ void rk_worker_mem_init(rk_worker *w)
     } else if (k && *k && w->diag)
         fprintf(w->diag, "%s (rank %d): RK_SNAP_EVERY=%s is not a whole number >= 1: ignored\n",
                 w->name, w->rank, k);
+    /* RK_SNAP_PIN_EVERY=M (partner copies: the step the node's agent streams to another host
+     * stays held here, docs/recovery.md): 0 or unset, no pins */
+    const char *m = getenv(RK_SNAP_PIN_EVERY_ENV);
+    end = NULL;
+    long long pin = m && *m ? strtoll(m, &end, 10) : 0;
+    w->mem_pin_every = 0;
+    w->mem_pin_last = INT64_MIN;
+    if (pin >= 0 && end && !*end)
+        w->mem_pin_every = pin;
+    else if (m && *m && w->diag)
+        fprintf(w->diag,
+                "%s (rank %d): " RK_SNAP_PIN_EVERY_ENV "=%s is not a whole number >= 0: ignored\n",
+                w->name, w->rank, m);
+}
+
+/* After every rank's put of step s: pin it when it is the first put at or past a multiple of
+ * M (every rank decides the same: the puts are collective, at the same steps; a rank whose
+ * put was refused for a non-finite value, `made` 0, decides too but has nothing to pin). A pin
+ * that fails is said in the rank's diag; the job goes on. */
+static void mem_pin(rk_worker *w, int64_t s, int made)
+{
+    if (w->mem_pin_last == INT64_MIN) /* the first put of this process */
+        w->mem_pin_last = w->restore == RK_HB_RESTORE_NONE ? -1 : w->start_step;
+    int64_t m = w->mem_pin_every, last = w->mem_pin_last;
+    w->mem_pin_last = s;
+    if (m < 1 || !made || (last >= 0 && s / m == last / m))
+        return;
+    rk_err e = {0};
+    if (rk_snap_pin(w->mem_dir, w->rank, s, &e) && w->diag)
+        fprintf(w->diag, "%s (rank %d): pin of the snapshot of step %lld: %s\n", w->name, w->rank,
+                (long long)s, e.msg);
 }
 
 /* Snapshots off for the rest of this process (and, through the event, of the job: rk run
@@ -174,6 +207,7 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
             mem_off(w, steps_done, why);
             return RK_OK;
         }
+    mem_pin(w, steps_done, prc == RK_OK);
     w->mem_next = steps_done + w->mem_every;
     /* K: the first put makes the rank's directory and is not timed; the next MEM_TIMED are */
     if (!prc && w->mem_timed <= MEM_TIMED) {
@@ -226,23 +260,23 @@ static int mem_fits(const rk_worker *w, const rk_ckpt *c, rk_err *err)
     return RK_OK;
 }
 
-/* This rank's own generations that verify in full and are of this run (rk_snap_get,
- * mem_fits), newest first: up to RK_SNAP_KEEP steps into mine[] (the rest -1), the newest one
- * read kept in *newest (NULL if none). What did not verify is said in the rank's diag. */
-static void mem_verified(rk_worker *w, int64_t mine[RK_SNAP_KEEP], rk_ckpt **newest)
+/* This rank's own generations and pins that verify in full and are of this run (rk_snap_get,
+ * mem_fits), newest first: up to RK_SNAP_HELD_MAX steps into mine[] (the rest -1), the newest
+ * one read kept in *newest (NULL if none). What did not verify is said in the rank's diag. */
+static void mem_verified(rk_worker *w, int64_t mine[RK_SNAP_HELD_MAX], rk_ckpt **newest)
 {
     int64_t steps[8];
     size_t n = 0, got = 0;
     rk_err e = {0};
     *newest = NULL;
-    for (int k = 0; k < RK_SNAP_KEEP; k++)
+    for (int k = 0; k < RK_SNAP_HELD_MAX; k++)
         mine[k] = -1;
     if (rk_snap_steps(w->mem_dir, w->rank, steps, 8, &n, &e)) {
         if (w->diag)
             fprintf(w->diag, "%s (rank %d): snapshots: %s\n", w->name, w->rank, e.msg);
         return;
     }
-    for (size_t i = 0; i < n && i < 8 && got < RK_SNAP_KEEP; i++) {
+    for (size_t i = 0; i < n && i < 8 && got < RK_SNAP_HELD_MAX; i++) {
         rk_ckpt *c = NULL;
         rk_err ge = {0};
         int grc = rk_snap_get(w->mem_dir, w->rank, steps[i], &c, &ge);
@@ -269,33 +303,34 @@ int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
     if (!w->mem_on) /* the same on every rank: RK_SNAP_DIR is the job's (each host's) */
         return RK_OK;
     /* The agreed step over the world, with no directory shared between the ranks (each
-     * host keeps its own ranks'): every rank verifies its own generations in full, every
-     * rank learns every rank's verified steps (an all-gather a generation kept), and the
-     * newest step all have is the agreed one. Never a mix of steps. */
-    int64_t mine[RK_SNAP_KEEP];
+     * host keeps its own ranks'): every rank verifies its own generations and pins in full,
+     * every rank learns every rank's verified steps (an all-gather a step held, up to
+     * RK_SNAP_HELD_MAX), and the newest step all have is the agreed one. Never a mix of
+     * steps. */
+    int64_t mine[RK_SNAP_HELD_MAX];
     rk_ckpt *c = NULL;
     mem_verified(w, mine, &c);
-    int64_t *all = calloc((size_t)w->world * RK_SNAP_KEEP, sizeof *all);
+    int64_t *all = calloc((size_t)w->world * RK_SNAP_HELD_MAX, sizeof *all);
     if (!all) {
         rk_ckpt_free(c);
         return rk_err_set(err, RK_ENOMEM, "snapshot: out of memory");
     }
     int rc = RK_OK;
-    for (int k = 0; k < RK_SNAP_KEEP && !rc; k++) {
+    for (int k = 0; k < RK_SNAP_HELD_MAX && !rc; k++) {
         uint64_t v = (uint64_t)(mine[k] + 1); /* 0: none */
         if (w->world > 1)
             rc = rk_comm_allgather_u64(w->comm, v, w->gather, err);
         else
             w->gather[0] = v;
         for (int r = 0; !rc && r < w->world; r++)
-            all[(size_t)r * RK_SNAP_KEEP + (size_t)k] = (int64_t)w->gather[r] - 1;
+            all[(size_t)r * RK_SNAP_HELD_MAX + (size_t)k] = (int64_t)w->gather[r] - 1;
     }
     int64_t agreed = -1;
     int any = 0; /* some rank holds a generation */
-    for (size_t i = 0; !rc && i < (size_t)w->world * RK_SNAP_KEEP; i++)
+    for (size_t i = 0; !rc && i < (size_t)w->world * RK_SNAP_HELD_MAX; i++)
         any |= all[i] >= 0;
     if (!rc)
-        (void)rk_snap_agree_held(all, w->world, RK_SNAP_KEEP, &agreed, NULL);
+        (void)rk_snap_agree_held(all, w->world, RK_SNAP_HELD_MAX, &agreed, NULL);
     free(all);
     if (rc) {
         rk_ckpt_free(c);
@@ -352,6 +387,9 @@ int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
             rk_ckpt_free(c);
             return RK_OK;
         }
+    /* rank 0's note says when its generation of that step is a pin only */
+    const char *path = rk_ckpt_path(c), *base = path ? strrchr(path, '/') : NULL;
+    int pinned = base && rk_snap_pin_name_step(base + 1, NULL);
     /* rank 0's replicated buffers (broadcast, as a disk resume does) and each rank's own
      * local ones: one step, never mixed */
     for (int i = 0; i < w->nbufs; i++) {
@@ -367,8 +405,8 @@ int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err)
     if (rc)
         return rc;
     if (w->notes)
-        fprintf(w->notes, "snapshot: resuming from node memory at step %lld (%s)\n",
-                (long long)hdr[1], w->mem_dir);
+        fprintf(w->notes, "snapshot: resuming from node memory at step %lld%s (%s)\n",
+                (long long)hdr[1], pinned ? " (a pinned generation)" : "", w->mem_dir);
     *step = hdr[1];
     *used = 1;
     return RK_OK;
