@@ -164,6 +164,8 @@ static const char usage_b[] =
     "  --rsh CMD               how an agent is started: CMD HOST COMMAND (default\n"
     "                          'ssh -o BatchMode=yes'); the job's secret goes on its stdin\n"
     "  --node-timeout S        a host silent this long is lost (default 10)\n"
+    "  --partner-every N       with snapshots in memory, pin every Nth step's and copy it\n"
+    "                          to the next host (default 10; 0: no partner copies)\n"
     "  --agent-cmd PATH        rk on the hosts (default: this executable's path)\n"
     "  Under Slurm (docs/slurm.md), --launcher srun with hosts: srun starts the agents, one\n"
     "  task a node, and each launch's ranks in the allocation, leaving out (--exclude) the\n"
@@ -317,6 +319,7 @@ enum {
     OPT_RSH,
     OPT_LISTEN,
     OPT_NODE_TIMEOUT,
+    OPT_PARTNER_EVERY,
     OPT_AGENT_CMD,
     OPT_SLURM_DRAIN
 };
@@ -363,6 +366,7 @@ int rk_cmd_run(int argc, char **argv)
         {"rsh", required_argument, 0, OPT_RSH},
         {"listen", required_argument, 0, OPT_LISTEN},
         {"node-timeout", required_argument, 0, OPT_NODE_TIMEOUT},
+        {"partner-every", required_argument, 0, OPT_PARTNER_EVERY},
         {"agent-cmd", required_argument, 0, OPT_AGENT_CMD},
         {"slurm-drain", no_argument, 0, OPT_SLURM_DRAIN},
         {"help", no_argument, 0, 'h'},
@@ -381,7 +385,8 @@ int rk_cmd_run(int argc, char **argv)
                      .health_threshold = RK_HEALTH_THRESHOLD_DEFAULT,
                      .health_interval_s = 5,
                      .drain_probability = 0.5,
-                     .node_timeout_s = 10};
+                     .node_timeout_s = 10,
+                     .partner_every = 10};
     const char *hosts_list = NULL, *hostfile = NULL, *spare_list = NULL;
     int health_given = 0;
     static char *largs[64];
@@ -469,6 +474,10 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_LISTEN: o.listen = optarg; break;
         case OPT_AGENT_CMD: o.agent_cmd = optarg; break;
         case OPT_SLURM_DRAIN: o.slurm_drain = 1; break;
+        case OPT_PARTNER_EVERY:
+            if (integer("--partner-every", optarg, 0, 1000000, &o.partner_every))
+                return RK_EXIT_USAGE;
+            break;
         case OPT_NODE_TIMEOUT:
             if (rk_arg_seconds(&args, "--node-timeout", optarg, 0.1, RK_ARG_SECONDS_MAX,
                                &o.node_timeout_s))

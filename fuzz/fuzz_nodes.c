@@ -91,7 +91,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     rk_node_snap sm, sm2;
     if (rk_node_snap_parse(data, size, &sm, &err) == RK_OK) {
-        check(sm.xfer >= 1 && sm.node < RK_NODES_MAX && sm.step >= 0 && sm.bytes >= 1);
+        check(sm.xfer >= 1 && sm.kind <= RK_NODE_SNAP_FETCH && sm.node < RK_NODES_MAX &&
+              sm.step >= 0 && sm.bytes >= 1);
         check(rk_node_snap_format(&sm, out, sizeof out, &len, &err) == RK_OK);
         check(rk_node_snap_parse(out, len, &sm2, &err) == RK_OK);
         check(memcmp(&sm, &sm2, sizeof sm) == 0);

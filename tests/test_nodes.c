@@ -293,8 +293,6 @@ static int capture(void *ctx, uint8_t type, const void *payload, size_t len)
     return 0;
 }
 
-/* A stream as a channel (chan.c): what one end forwards, the other takes, in the same frames;
- * the stream's end is said to the caller, who sends the CLOSE. */
 /* The partner copies' messages: SNAP_BEGIN/END round trips and refusals, SNAP_DATA's header */
 static void test_snap_messages(void **state)
 {
@@ -303,16 +301,23 @@ static void test_snap_messages(void **state)
     size_t len;
     rk_err e = {0};
     rk_node_snap m = {.xfer = 7, .node = 2, .rank = 5, .step = 120, .bytes = 3 << 20}, mb;
-    assert_int_equal(rk_node_snap_format(&m, buf, sizeof buf, &len, &e), RK_OK);
-    assert_int_equal(rk_node_snap_parse(buf, len, &mb, &e), RK_OK);
-    assert_memory_equal(&m, &mb, sizeof m);
-    static const char *const bad[] = {"xfer=0\nnode=1\nrank=0\nstep=1\nbytes=1\n",
-                                      "xfer=1\nnode=1024\nrank=0\nstep=1\nbytes=1\n",
-                                      "xfer=1\nnode=1\nrank=0\nstep=-1\nbytes=1\n",
-                                      "xfer=1\nnode=1\nrank=0\nstep=1\nbytes=0\n",
-                                      "xfer=1\nnode=1\nrank=0\nstep=1\n",
-                                      "xfer=1\nnode=1\nstep=1\nbytes=1\n",
-                                      "xfer=1\nnode=1\nrank=0\nstep=1\nbytes=1099511627777\n"};
+    for (uint32_t kind = RK_NODE_SNAP_PUSH; kind <= RK_NODE_SNAP_FETCH; kind++) {
+        m.kind = kind;
+        assert_int_equal(rk_node_snap_format(&m, buf, sizeof buf, &len, &e), RK_OK);
+        assert_int_equal(rk_node_snap_parse(buf, len, &mb, &e), RK_OK);
+        assert_memory_equal(&m, &mb, sizeof m);
+    }
+    assert_non_null(strstr(buf, "kind=fetch\n"));
+    static const char *const bad[] = {
+        "xfer=0\nkind=push\nnode=1\nrank=0\nstep=1\nbytes=1\n",
+        "xfer=1\nkind=push\nnode=1024\nrank=0\nstep=1\nbytes=1\n",
+        "xfer=1\nkind=push\nnode=1\nrank=0\nstep=-1\nbytes=1\n",
+        "xfer=1\nkind=push\nnode=1\nrank=0\nstep=1\nbytes=0\n",
+        "xfer=1\nkind=push\nnode=1\nrank=0\nstep=1\n",
+        "xfer=1\nkind=push\nnode=1\nstep=1\nbytes=1\n",
+        "xfer=1\nnode=1\nrank=0\nstep=1\nbytes=1\n",
+        "xfer=1\nkind=pull\nnode=1\nrank=0\nstep=1\nbytes=1\n",
+        "xfer=1\nkind=push\nnode=1\nrank=0\nstep=1\nbytes=1099511627777\n"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(rk_node_snap_parse(bad[i], strlen(bad[i]), &mb, &e), RK_EFORMAT);
         assert_non_null(strstr(e.msg, "snap"));
@@ -339,7 +344,11 @@ static void test_snap_messages(void **state)
     rk_node_snap_data_header(1, RK_NODE_SNAP_BYTES_MAX - 1, d);
     assert_int_equal(rk_node_snap_data_parse(d, sizeof d, &x, &off, &bytes, &n, &e), RK_EFORMAT);
     assert_string_equal(rk_node_msg_name(RK_NODE_MSG_SNAP_END), "SNAP_END");
+    assert_string_equal(rk_node_msg_name(RK_NODE_MSG_SNAP_FETCH), "SNAP_FETCH");
 }
+
+/* A stream as a channel (chan.c): what one end forwards, the other takes, in the same frames;
+ * the stream's end is said to the caller, who sends the CLOSE. */
 
 static void test_channel(void **state)
 {

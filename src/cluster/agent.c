@@ -12,11 +12,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
+
+#include <linux/sockios.h>
 
 #include "base/clock.h"
 #include "base/msg.h"
 #include "cluster/agent_job.h"
+#include "cluster/partner.h"
 #include "net/peer.h"
 #include "net/sock.h"
 #include "net/stream.h"
@@ -40,6 +44,8 @@ typedef struct agent {
     int fd;                         /* the connection, for the job's sends (-1: none) */
     char why[RK_ERR_MSG_MAX];       /* why the last connection dropped */
     uint8_t gone[RK_NODES_MAX / 8]; /* with a gate: the GPUs said gone already */
+    rk_partner *partner;            /* the partner copies, with a snapshot directory; NULL none */
+    char send_why[RK_ERR_MSG_MAX];  /* why the job's last send failed */
 } agent;
 
 __attribute__((format(printf, 2, 3))) static void logf_(agent *a, const char *fmt, ...)
@@ -69,9 +75,24 @@ static int job_send(void *ctx, uint8_t type, const void *payload, size_t len)
 {
     agent *a = ctx;
     rk_err e = {0};
-    if (a->fd < 0 || !a->link_up || send_msg(a, a->fd, type, payload, len, &e))
+    if (a->fd < 0 || !a->link_up || send_msg(a, a->fd, type, payload, len, &e)) {
+        snprintf(a->send_why, sizeof a->send_why, "%s", e.msg[0] ? e.msg : "no link");
         return -1;
+    }
     return 0;
+}
+
+/* How many pieces of a partner copy the link takes now: what keeps the bytes queued in its
+ * socket under RK_PARTNER_WINDOW (SIOCOUTQ), so that a send never waits for the coordinator,
+ * which may itself be sending to this agent. */
+static int link_room(int fd)
+{
+    int queued = 0;
+    if (ioctl(fd, SIOCOUTQ, &queued) != 0)
+        return 1;
+    if (queued >= RK_PARTNER_WINDOW)
+        return 0;
+    return (RK_PARTNER_WINDOW - queued) / (RK_NODE_SNAP_CHUNK + 64) + 1;
 }
 
 /* Read the node's GPUs and send one HEALTH a device; 0, or -1 when a send failed. */
@@ -142,7 +163,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     if (send_msg(a, fd, RK_NODE_MSG_HELLO, a->hello, a->hello_len, &e)) {
         return drop(a, "cannot send HELLO: %s", e.msg);
     }
-    bool up = false;
+    bool up = false, copy_failed = false;
     double now = rk_mono_s(), opened = now, last_rx = now, next_ping = now + o->ping_s;
     double next_health = 0;            /* with a gate: at once after WELCOME, then every health_s */
     double rx_timeout = 3 * o->ping_s; /* raised to the coordinator's node timeout on WELCOME */
@@ -184,12 +205,24 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
             np += rk_agent_job_pollfds(o->ranks, p + 1, (int)(sizeof p / sizeof p[0]) - 1);
         if (o->ranks && up && rk_agent_job_running(o->ranks) && wait > 0.1)
             wait = 0.1; /* the keeper is reaped in the job's turn */
+        if (a->partner && up && wait > RK_PARTNER_SCAN_S)
+            wait = RK_PARTNER_SCAN_S; /* the ranks' new pins are looked for */
+        if (up && !copy_failed && rk_partner_sending(a->partner) && wait > 0.005)
+            wait = 0.005; /* a generation is on its way, as the link's queue empties */
         int n = poll(p, (nfds_t)np, wait > 0 ? (int)(wait * 1000) + 1 : 0);
         if (n < 0 && errno != EINTR) {
             return drop(a, "poll failed");
         }
         if (o->ranks && up)
             rk_agent_job_ready(o->ranks, p + 1, np - 1, job_send, a);
+        if (up && a->partner && !copy_failed &&
+            rk_partner_pump(a->partner, link_room(fd), job_send, a)) {
+            /* the link broke under a copy: what the coordinator sent before (a BYE at the
+             * job's end) is still read, and the reading says how the link ended */
+            logf_(a, "a partner copy stopped: %s", a->send_why);
+            rk_partner_link_lost(a->partner);
+            copy_failed = true;
+        }
         if (n <= 0 || !(p[0].revents))
             continue;
         int rc = rk_net_reader_fill(a->r, fd, &e);
@@ -240,6 +273,18 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
                     break;
                 }
                 if (rk_agent_job_msg(o->ranks, h.type, payload, h.len, job_send, a))
+                    return drop(a, "the coordinator sent a bad %s", rk_node_msg_name(h.type));
+                break;
+            case RK_NODE_MSG_SNAP_BEGIN:
+            case RK_NODE_MSG_SNAP_DATA:
+            case RK_NODE_MSG_SNAP_END:
+            case RK_NODE_MSG_SNAP_FETCH:
+                if (!a->partner || !up) {
+                    logf_(a, "ignored a %s from %s: %s", rk_node_msg_name(h.type), a->at,
+                          a->partner ? "before WELCOME" : "no snapshots in memory on this node");
+                    break;
+                }
+                if (rk_partner_msg(a->partner, h.type, payload, h.len, job_send, a))
                     return drop(a, "the coordinator sent a bad %s", rk_node_msg_name(h.type));
                 break;
             case RK_NODE_MSG_BYE:
@@ -308,9 +353,13 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         snprintf(a.at, sizeof a.at, "[%.*s]:%u", RK_NET_ADDR_MAX - 10, o->host, (unsigned)o->port);
     else
         snprintf(a.at, sizeof a.at, "%.*s:%u", RK_NET_ADDR_MAX - 8, o->host, (unsigned)o->port);
+    if (snap && (rc = rk_partner_new(&a.partner, snap, o->node, o->on_log, o->ctx, err)))
+        return rc;
     a.r = malloc(sizeof *a.r);
-    if (!a.r)
+    if (!a.r) {
+        rk_partner_free(a.partner);
         return rk_err_set(err, RK_ENOMEM, "agent: out of memory");
+    }
     rk_net_peer_init(&a.peer, o->job, o->node, RK_NET_COORDINATOR, o->generation, true);
 
     double backoff = BACKOFF_MIN_S;
@@ -357,6 +406,7 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         a.fd = -1;
         if (o->ranks) /* no rank waits in a collective for a node the coordinator calls lost */
             rk_agent_job_link_lost(o->ranks);
+        rk_partner_link_lost(a.partner);
         if (end == LINK_DONE)
             break;
         /* dropped: a link that had been up starts the outage and the backoff again */
@@ -372,5 +422,6 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
         backoff = backoff * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : backoff * 2;
     }
     free(a.r);
+    rk_partner_free(a.partner);
     return RK_OK;
 }

@@ -36,6 +36,8 @@
 
 #define LAUNCHED_WAIT_S 10.0 /* rank 0's agent answers LAUNCH within this */
 #define HEALTH_WAIT_S 10.0   /* the agents' first readings, before the first launch */
+#define FETCH_WAIT_S 30.0    /* the partner copies of the ranks that move, before a launch */
+#define RELAY_BUDGET_S 0.02  /* of a 50 ms round of the job's loop, for relaying copies */
 
 static void kill_ranks(sup_cluster *cl, double grace_s);
 
@@ -98,6 +100,7 @@ static void take_losses(sup_cluster *cl)
         if (cl->lost[k] != 1)
             continue;
         cl->lost[k] = 2;
+        coord_snap_node_lost(cl, k); /* the partner copies it held are gone with it */
         if (!cl->exited[k]) {
             cl->exited[k] = 1;
             kill_ranks(cl, 0);
@@ -265,6 +268,14 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
         cl->used[k] = 1;
         cl->first_rank[k] = r;
     }
+    /* ranks that move to another node (a spare in place of a node lost) get their partner
+     * copies there first (partners.c); each that did not is said, and restores from disk */
+    if (coord_snap_fetch(cl) > 0) {
+        double until = rk_mono_s() + FETCH_WAIT_S;
+        while (coord_snap_fetching(cl) && rk_mono_s() < until)
+            tick(cl, 0.05);
+    }
+    coord_snap_fetched(cl);
     int k0 = node_of_rank(cl, 0);
     if (cl->watch) { /* the agents watch; the launcher here starts the ranks across the hosts */
         int rc = RK_OK;
@@ -367,9 +378,19 @@ static void kill_launch(void *ctx, double grace_s)
     coord_close_chans(cl);
 }
 
+/* A round of the link; while partner copies are being relayed, more rounds, up to
+ * RELAY_BUDGET_S: the job's loop comes every 50 ms, and one round takes about two pieces. */
 static void pump(void *ctx, double wait_s)
 {
-    tick(ctx, wait_s);
+    sup_cluster *cl = ctx;
+    double until = rk_mono_s() + RELAY_BUDGET_S;
+    for (;;) {
+        uint64_t before = cl->snap_relayed;
+        tick(cl, wait_s);
+        wait_s = 0;
+        if (cl->snap_relayed == before || rk_mono_s() >= until)
+            break;
+    }
 }
 
 /* Before the launch's failure is blamed on a device: wait until every node of the launch
@@ -545,6 +566,12 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
     cl->nnodes = o->nhosts;
     cl->srun = o->launcher == RK_LAUNCH_SRUN;
     cl->watch = o->launcher == RK_LAUNCH_MPIRUN || cl->srun;
+    /* partner copies where the nodes keep snapshots (agents.c: --snapshots) */
+    cl->partner_every = cl->watch && !cl->srun && o->recovery == RK_SUP_RECOVERY_MEMORY &&
+                                o->ckpt_dir && o->nhosts > 1
+                            ? o->partner_every
+                            : 0;
+    coord_snap_init(cl);
     /* the devices are the hosts' slots in order ("h1:0", "h1:1", "h2:0", ...) */
     int d = 0;
     for (int k = 0; k < o->nhosts; k++)
@@ -625,6 +652,7 @@ static void close_cluster(void *ctx)
 {
     sup_cluster *cl = ctx;
     coord_close_chans(cl);
+    coord_snap_said(cl);
     if (cl->t)
         rk_nodes_bye(cl->t, "the job is over");
     coord_take_facts(cl); /* the refusals' count said at the end */

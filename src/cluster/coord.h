@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "cluster/cluster.h"
+#include "cluster/nodes.h"
 #include "net/secret.h"
 #include "supervisor/backend.h"
 
@@ -43,12 +44,13 @@ typedef struct chan {
 
 /* What a callback saw, for act(): take_facts acts on each, in the order they came. */
 typedef enum fact_kind {
-    FACT_SAY,      /* a line for the job's status (sup_say) */
-    FACT_OPEN,     /* a rank's channel opened (open_chan) */
-    FACT_DATA,     /* its bytes (relay_write) */
-    FACT_CLOSE,    /* its stream ended */
-    FACT_STACK,    /* bytes of its stack dump (sup_stack_append) */
-    FACT_STACK_END /* the dump is complete */
+    FACT_SAY,       /* a line for the job's status (sup_say) */
+    FACT_OPEN,      /* a rank's channel opened (open_chan) */
+    FACT_DATA,      /* its bytes (relay_write) */
+    FACT_CLOSE,     /* its stream ended */
+    FACT_STACK,     /* bytes of its stack dump (sup_stack_append) */
+    FACT_STACK_END, /* the dump is complete */
+    FACT_SNAP       /* a partner copy's message (chan: its type), for partners.c */
 } fact_kind;
 
 typedef struct fact {
@@ -58,6 +60,18 @@ typedef struct fact {
     long pid;      /* OPEN: the rank's process */
     size_t off, n; /* DATA, STACK: the bytes in fact_bytes; SAY: the line, NUL included */
 } fact;
+
+/* A partner copy's transfer relayed (partners.c): from node `from` as its transfer `in`, to
+ * node `to` as ours `out`. */
+#define RELAYS_MAX 64
+typedef struct relay {
+    int used;
+    int begun; /* its SNAP_BEGIN came */
+    double t0; /* ... then */
+    int from, to;
+    uint32_t in, out;
+    rk_node_snap m; /* as its SNAP_BEGIN said it (node: the rank's origin) */
+} relay;
 
 /* The coordinator's state, all of it (the job's is the supervisor's: it reaches it only
  * through backend.h's services). The node table's callbacks (facts.c: coord_on_event,
@@ -129,6 +143,28 @@ struct sup_cluster {
      * cluster.c (send_progress) */
     int64_t progress_sent;
     double progress_t;
+    /* ---- the partner copies (docs/recovery.md "Partner copies on another host"): partners.c
+     * writes all of it; cluster.c asks it to fetch before a launch */
+    struct held {
+        int by;          /* the node that holds rank r's partner copies, -1 none */
+        int origin;      /* ... of the rank's pins on this node */
+        int64_t step[2]; /* their steps, newest first (-1 none): the holder keeps two */
+        uint64_t bytes[2];
+        int lag; /* said lagging (1) */
+    } held[RK_SUP_MAX_DEVICES];
+    relay relays[RELAYS_MAX];
+    uint32_t next_xfer;
+    int last_node[RK_SUP_MAX_DEVICES]; /* rank -> the node it ran on in the last launch, -1 */
+    int last_world;
+    int fetch[RK_SUP_MAX_DEVICES]; /* a launch's fetch: -1 none left, -2 the holder could
+                                    * not send it, 1 asked, 2 kept by its new node */
+    int64_t fetch_step[RK_SUP_MAX_DEVICES];
+    int partner_every;     /* RK_SNAP_PIN_EVERY the ranks get (0: no partner copies) */
+    uint64_t snap_relayed; /* bytes of copies relayed so far */
+    int partner_n;         /* copies relayed whole (push), their bytes, and their seconds from
+                            * SNAP_BEGIN to SNAP_END summed */
+    uint64_t partner_bytes;
+    double partner_s;
     /* ---- the facts the callbacks recorded, in order: facts.c (recorded by the callbacks,
      * taken by coord_take_facts, act's first and last step); facts[fact_head..nfacts) not yet
      * taken */
@@ -165,6 +201,23 @@ void coord_close_chans(sup_cluster *cl);
 /* Relay what the job wrote to remote ranks (commands) to their agents; a stream the job
  * closed ends its channel. */
 void coord_relay_back(sup_cluster *cl);
+
+/* ---- partners.c: the partner copies --------------------------------------------------- */
+
+void coord_snap_init(sup_cluster *cl);
+/* A SNAP_BEGIN, SNAP_DATA, SNAP_END or SNAP_HELD from node k (a fact taken in order). */
+void coord_snap_take(sup_cluster *cl, int k, uint8_t type, const uint8_t *payload, size_t len);
+/* Node k was lost: what it held is gone, the transfers through it are dropped. */
+void coord_snap_node_lost(sup_cluster *cl, int k);
+/* Before a launch of cl->n ranks placed by cl->dev: each rank whose node is not the one it
+ * ran on gets its partner copy fetched onto its new node (SNAP_FETCH to the holder). How many
+ * were asked for; the caller ticks until coord_snap_fetching is 0 or its time is up, then
+ * calls coord_snap_fetched, which says and records what came and what did not. */
+int coord_snap_fetch(sup_cluster *cl);
+int coord_snap_fetching(const sup_cluster *cl);
+void coord_snap_fetched(sup_cluster *cl);
+/* The job's end: what the partner copies moved, said in one line (none: nothing). */
+void coord_snap_said(sup_cluster *cl);
 
 /* ---- agents.c: the agents' processes ------------------------------------------------------ */
 

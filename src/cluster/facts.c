@@ -242,6 +242,17 @@ static void record(sup_cluster *cl, int k, uint8_t type, const uint8_t *payload,
                        k, id, bytes, n);
         return;
     }
+    case RK_NODE_MSG_SNAP_BEGIN: /* partner copies: relayed in order (partners.c) */
+    case RK_NODE_MSG_SNAP_DATA:
+    case RK_NODE_MSG_SNAP_END:
+    case RK_NODE_MSG_SNAP_HELD: {
+        fact *f = cl->partner_every > 0 ? fact_add(cl, FACT_SNAP, k, len) : NULL;
+        if (f) {
+            f->chan = type;
+            memcpy(cl->fact_bytes + f->off, payload, len);
+        }
+        return;
+    }
     case RK_NODE_MSG_HEALTH: {
         rk_node_health m;
         if (!cl->o->health)
@@ -318,6 +329,7 @@ static void take_fact(sup_cluster *cl, const fact *f, const uint8_t *bytes)
             x->relay = -1;
         }
         return;
+    case FACT_SNAP: return; /* coord_take_facts */
     case FACT_STACK:
     case FACT_STACK_END:
         x = coord_chan_of(cl, f->node, f->chan, 0);
@@ -341,6 +353,11 @@ void coord_take_facts(sup_cluster *cl)
     uint8_t bytes[FACT_LINE_MAX];
     while (cl->fact_head < cl->nfacts) {
         fact f = cl->facts[cl->fact_head++];
+        if (f.kind == FACT_SNAP) { /* up to a frame's bytes, read in place: what it adds to the
+                                    * queue (a line) goes after them */
+            coord_snap_take(cl, f.node, (uint8_t)f.chan, cl->fact_bytes + f.off, f.n);
+            continue;
+        }
         memcpy(bytes, cl->fact_bytes + f.off, f.n); /* f.n <= FACT_LINE_MAX */
         take_fact(cl, &f, bytes);
     }

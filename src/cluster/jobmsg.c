@@ -406,12 +406,13 @@ int rk_node_data_parse(const void *payload, size_t len, int close, uint32_t *cha
 int rk_node_snap_format(const rk_node_snap *m, char *out, size_t cap, size_t *len, rk_err *err)
 {
     *len = 0;
-    if (m->xfer < 1 || m->node >= RK_NODES_MAX || m->step < 0 || m->bytes < 1 ||
-        m->bytes > RK_NODE_SNAP_BYTES_MAX)
+    if (m->xfer < 1 || m->kind > RK_NODE_SNAP_FETCH || m->node >= RK_NODES_MAX || m->step < 0 ||
+        m->bytes < 1 || m->bytes > RK_NODE_SNAP_BYTES_MAX)
         return rk_err_set(err, RK_EINVAL, "snap: a field out of range");
     if (!rk_node_put(out, cap, len,
-                     "xfer=%u\nnode=%u\nrank=%u\nstep=%" PRId64 "\nbytes=%" PRIu64 "\n",
-                     (unsigned)m->xfer, (unsigned)m->node, (unsigned)m->rank, m->step, m->bytes))
+                     "xfer=%u\nkind=%s\nnode=%u\nrank=%u\nstep=%" PRId64 "\nbytes=%" PRIu64 "\n",
+                     (unsigned)m->xfer, m->kind == RK_NODE_SNAP_FETCH ? "fetch" : "push",
+                     (unsigned)m->node, (unsigned)m->rank, m->step, m->bytes))
         return rk_err_set(err, RK_EINVAL, "snap: the buffer is too small");
     return RK_OK;
 }
@@ -425,6 +426,14 @@ static int snap_parse(const void *payload, size_t len, rk_node_snap *m, rk_err *
         (rc = get_u32(&kv, "snap", "xfer", 1, &m->xfer, err)) ||
         (rc = get_u32(&kv, "snap", "rank", 0, &m->rank, err)))
         return rc;
+    size_t kn;
+    const char *k = rk_node_kv_get(&kv, "kind", &kn);
+    if (k && kn == 4 && memcmp(k, "push", 4) == 0)
+        m->kind = RK_NODE_SNAP_PUSH;
+    else if (k && kn == 5 && memcmp(k, "fetch", 5) == 0)
+        m->kind = RK_NODE_SNAP_FETCH;
+    else
+        return rk_err_set(err, RK_EFORMAT, "snap: kind is not push or fetch");
     if ((rc = rk_node_kv_int(&kv, "snap", "node", 0, RK_NODES_MAX - 1, &v, err)))
         return rc;
     m->node = (uint32_t)v;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -262,6 +263,10 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     case RK_NODE_MSG_HEALTH:
     case RK_NODE_MSG_STACK:
     case RK_NODE_MSG_STACK_END:
+    case RK_NODE_MSG_SNAP_BEGIN:
+    case RK_NODE_MSG_SNAP_DATA:
+    case RK_NODE_MSG_SNAP_END:
+    case RK_NODE_MSG_SNAP_HELD:
         if (t->o.on_msg) { /* the job's messages: the caller's (cluster/cluster.c) */
             if (t->o.on_msg(t->o.ctx, k, h->type, payload, h->len))
                 t->full = true; /* the caller takes no more this poll */
@@ -435,6 +440,10 @@ static void accept_all(rk_nodes *t)
             continue;
         }
         rk_net_reader_init(r, from);
+        /* a bounded receive queue: what an agent sends (partner copies among its ranks'
+         * heartbeats) waits in its own socket, where it stops sending copies, not here */
+        int rb = RK_NODES_RCVBUF;
+        (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rb, sizeof rb);
         conn *c = &t->conns[free_slot];
         c->fd = fd;
         c->node = -1;
@@ -598,15 +607,45 @@ void rk_nodes_bye(rk_nodes *t, const char *reason)
 {
     rk_err e = {0};
     say_hushed(t, true); /* the job ends: the count of what was held back, now */
+    /* BYE, then our end shut for writing, then what the agents still send (partner copies in
+     * flight) read and dropped until each closes, at most RK_NODES_BYE_WAIT_S: a socket
+     * closed with unread bytes resets the connection, and the reset would throw away the BYE
+     * still on its way (the agent would not hear that the job is over) */
+    int ci[RK_NODES_MAX], n = 0;
     for (int k = 0; k < t->o.nodes; k++) {
-        nodeinfo *n = &t->nodes[k];
-        if (n->state != NODE_UP || n->conn < 0)
+        nodeinfo *x = &t->nodes[k];
+        if (x->state != NODE_UP || x->conn < 0)
             continue;
-        rk_node_send_reason(&n->peer, &t->key, t->conns[n->conn].fd, RK_NODE_MSG_BYE,
-                            reason ? reason : "done", t->conns[n->conn].from, &e);
-        conn_close(t, n->conn);
-        n->state = NODE_LEFT;
+        int fd = t->conns[x->conn].fd;
+        if (rk_node_send_reason(&x->peer, &t->key, fd, RK_NODE_MSG_BYE, reason ? reason : "done",
+                                t->conns[x->conn].from, &e) == RK_OK &&
+            shutdown(fd, SHUT_WR) == 0)
+            ci[n++] = x->conn;
+        else
+            conn_close(t, x->conn);
+        x->state = NODE_LEFT;
     }
+    double until = rk_mono_s() + RK_NODES_BYE_WAIT_S;
+    while (n > 0 && rk_mono_s() < until) {
+        struct pollfd p[RK_NODES_MAX];
+        for (int i = 0; i < n; i++)
+            p[i] = (struct pollfd){.fd = t->conns[ci[i]].fd, .events = POLLIN};
+        if (poll(p, (nfds_t)n, 50) < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n; i++) {
+            if (!p[i].revents)
+                continue;
+            char drop[16384];
+            ssize_t r = recv(p[i].fd, drop, sizeof drop, MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                conn_close(t, ci[i]);
+                ci[i--] = ci[--n];
+                p[i + 1] = p[n]; /* keep p in step with ci for the rest of this pass */
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        conn_close(t, ci[i]);
 }
 
 void rk_nodes_free(rk_nodes *t)

@@ -53,19 +53,24 @@ enum {
      * sends a generation to the coordinator, which relays it to the holder's agent */
     RK_NODE_MSG_SNAP_BEGIN = 19, /* agent <-> coordinator: a generation follows (rk_node_snap) */
     RK_NODE_MSG_SNAP_DATA = 20,  /* agent <-> coordinator: its bytes (rk_node_snap_data_parse) */
-    RK_NODE_MSG_SNAP_END = 21    /* agent <-> coordinator: it is complete (rk_node_snap) */
+    RK_NODE_MSG_SNAP_END = 21,   /* agent <-> coordinator: it is complete (rk_node_snap) */
+    RK_NODE_MSG_SNAP_HELD = 22,  /* agent -> coordinator: a generation received and kept */
+    RK_NODE_MSG_SNAP_FETCH = 23  /* coordinator -> agent: send a generation it holds */
 };
-#define RK_NODE_MSG_LAST RK_NODE_MSG_SNAP_END
+#define RK_NODE_MSG_LAST RK_NODE_MSG_SNAP_FETCH
 
-#define RK_NODES_MAX 1024           /* nodes of one job */
-#define RK_NODE_PAYLOAD_MAX 1024    /* bytes of one message's payload */
-#define RK_NODE_LINES_MAX 16        /* key=value lines in one payload */
-#define RK_NODE_KEY_MAX 16          /* bytes of a key: [a-z_]{1,16} */
-#define RK_NODE_VALUE_MAX 255       /* bytes of a value: UTF-8, no control characters */
-#define RK_NODE_HOST_MAX 256        /* a host name (253 bytes) with its NUL */
-#define RK_NODE_BOOT_ID_LEN 36      /* /proc/sys/kernel/random/boot_id: a UUID, lower case */
-#define RK_NODE_REASON_MAX 256      /* a BYE's or REFUSED's reason with its NUL */
-#define RK_NODES_PENDING_MAX 16     /* connections without an authenticated HELLO yet */
+#define RK_NODES_MAX 1024        /* nodes of one job */
+#define RK_NODE_PAYLOAD_MAX 1024 /* bytes of one message's payload */
+#define RK_NODE_LINES_MAX 16     /* key=value lines in one payload */
+#define RK_NODE_KEY_MAX 16       /* bytes of a key: [a-z_]{1,16} */
+#define RK_NODE_VALUE_MAX 255    /* bytes of a value: UTF-8, no control characters */
+#define RK_NODE_HOST_MAX 256     /* a host name (253 bytes) with its NUL */
+#define RK_NODE_BOOT_ID_LEN 36   /* /proc/sys/kernel/random/boot_id: a UUID, lower case */
+#define RK_NODE_REASON_MAX 256   /* a BYE's or REFUSED's reason with its NUL */
+#define RK_NODES_PENDING_MAX 16  /* connections without an authenticated HELLO yet */
+#define RK_NODES_BYE_WAIT_S 2.0  /* after BYE, how long the agents have to close their ends */
+#define RK_NODES_RCVBUF                                                                            \
+    (256 << 10) /* SO_RCVBUF of a node's connection (partner copies wait in the agent) */
 #define RK_NODES_HELLO_TIMEOUT_S 5. /* how long such a connection may stay silent */
 #define RK_NODES_HUSH_N 5           /* REFUSED events of such connections a window ... */
 #define RK_NODES_HUSH_S 10.         /* ... of this many seconds (the rest: one HUSHED) */
@@ -232,13 +237,20 @@ int rk_node_progress_parse(const void *payload, size_t len, rk_node_progress *m,
 int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,
                         size_t *len, rk_err *err);
 /* SNAP_BEGIN and SNAP_END: one generation of one rank's snapshot, sent in SNAP_DATA pieces
- * between them. `xfer` names the transfer (the sender's number, >= 1); `node` the node whose
- * rank it is (the origin; the coordinator sets it when it relays); `rank`, `step` the
- * generation; `bytes` its size, 1..RK_NODE_SNAP_BYTES_MAX. SNAP_END repeats all of them. */
+ * between them. `xfer` names the transfer (the sender's number, >= 1); `kind` what it is for:
+ * RK_NODE_SNAP_PUSH (a node's own rank's pinned generation, to be held by its partner) or
+ * RK_NODE_SNAP_FETCH (a held copy, sent back to become the rank's generation on the node it
+ * will run on); `node` the node whose rank it is (the origin); `rank`, `step` the generation;
+ * `bytes` its size, 1..RK_NODE_SNAP_BYTES_MAX. SNAP_END repeats all of them. SNAP_HELD (the
+ * receiver kept it: the same fields, its xfer the coordinator's) and SNAP_FETCH (send the held
+ * copy of `rank`, `step`, `bytes` of node `node` back as transfer `xfer`, kind fetch) use
+ * them too (docs/cluster-protocol.md "Partner copies"). */
+enum { RK_NODE_SNAP_PUSH = 0, RK_NODE_SNAP_FETCH = 1 };
 #define RK_NODE_SNAP_CHUNK 60000                   /* bytes of a generation in one SNAP_DATA */
 #define RK_NODE_SNAP_BYTES_MAX ((uint64_t)1 << 40) /* a generation's size */
 typedef struct rk_node_snap {
     uint32_t xfer;
+    uint32_t kind;
     uint32_t node;
     uint32_t rank;
     int64_t step;

@@ -133,6 +133,8 @@ void sup_quarantine_device(struct sup *s, int d);
 int sup_snapshots_off(const struct sup *s);
 /* Steps the job has done in this run (drain.c). */
 int64_t sup_steps_done(const struct sup *s);
+/* The newest step a rank of the job has done (drain.c); -1 before any. */
+int64_t sup_step_now(const struct sup *s);
 /* Append n bytes of rank `rank`'s stack dump to its file of this launch (stacks.c): the
  * bytes written, -1 if the file cannot be opened (not a regular file, a link). */
 long sup_stack_append(struct sup *s, int rank, const void *bytes, size_t n);

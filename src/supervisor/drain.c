@@ -39,6 +39,11 @@ int64_t sup_steps_done(const sup *s)
                                                                   : 0;
 }
 
+int64_t sup_step_now(const sup *s)
+{
+    return s->g.first_step >= 0 ? s->last_done : -1;
+}
+
 /* 1 if the backend reads the devices' health (the agents over the hosts, with --health). */
 static int remote_health(const sup *s)
 {

@@ -88,6 +88,7 @@ int sup_launcher_start(sup *s, rk_err *err)
         .ckpt_dir = s->o->ckpt_dir,
         .snap_dir = s->snap_dir[0] ? s->snap_dir : NULL, /* this host's launches only (run.c) */
         .snap_dirs = sdirs,
+        .snap_pin_every = sdirs ? s->o->partner_every : 0, /* partner copies (docs/recovery.md) */
         .inject = s->o->inject,
         .inject_done = done};
     static rk_rank_env re;

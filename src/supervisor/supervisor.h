@@ -103,6 +103,9 @@ typedef struct rk_sup_opts {
     const char *rsh;       /* how an agent is started: "ssh -o BatchMode=yes" when NULL */
     const char *agent_cmd; /* rk on the hosts; NULL: this executable's path */
     double node_timeout_s; /* a node silent this long is lost */
+    int partner_every;     /* across hosts with snapshots in memory: each rank pins a
+                            * generation every this many steps, copied to a partner host
+                            * (RK_SNAP_PIN_EVERY; 0: no partner copies) */
     /* --launcher srun with hosts: the agents and each launch's ranks are started by srun in
      * the allocation (docs/slurm.md) */
     int slurm_drain;      /* a node quarantined is drained in Slurm, with the reason */
@@ -281,6 +284,7 @@ typedef struct rk_rank_env_opts {
     const char *snap_dir;     /* RK_SNAP_DIR: the job's snapshots in memory (NULL: not set) */
     const char *snap_dirs;    /* RK_SNAP_DIRS: across hosts, "HOST=DIR,...": each host's (rk
                                * _rank-env makes it the rank's RK_SNAP_DIR); NULL: not set */
+    int snap_pin_every;       /* RK_SNAP_PIN_EVERY (0: not set) */
     const char *inject;       /* RK_INJECT (NULL: not set) */
     const char *inject_done;  /* RK_INJECT_DONE with RK_INJECT (NULL or "": not set) */
 } rk_rank_env_opts;

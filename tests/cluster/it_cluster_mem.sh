@@ -8,10 +8,18 @@
 # its own ranks, all removed at the end. (b) rank 3 (on h2) crashes at step 25: every rank is
 # relaunched on the same hosts and restores from its own node's snapshot: the status line and
 # the incident say node memory at step 24 or 25 (newer than the disk's step 20), and the
-# weights are the fault-free run's. (c) every process of host 2 SIGKILLed: its ranks go to
-# the spare h4, which holds no snapshot of theirs, so no step is held by every rank and the
-# relaunch restores from disk, with the fault-free weights. Skips (77) without root/namespaces,
-# mpirun or Fashion-MNIST.
+# weights are the fault-free run's. Partner copies
+# (docs/recovery.md "Partner copies on another host"): every rank pins a generation every 5
+# steps (--partner-every 5) and each agent sends its ranks' pins to the next host's agent
+# through rk run. (c) (--partner-every 20) every process of host 2 SIGKILLed once the partners
+# hold the pins of step 20 of ranks 2-5 (h3 those of 2 and 3, h1 those of 4 and 5): the
+# relaunch puts ranks 2-5 on h3 and the spare h4; rk run fetches
+# each moving rank's partner copy onto its new host first, so every rank restores from node
+# memory (the disk holds nothing newer: a checkpoint every 50 steps), the events say partner
+# for ranks 2-5, and the weights are the fault-free run's. (d) hosts 2 and 3 SIGKILLed
+# together (spares h4, h5): ranks 2 and 3 lost both their own copy (h2) and their partner's
+# (h3): the events say disk for them, the relaunch restores from disk, with the fault-free
+# weights. Skips (77) without root/namespaces, mpirun or Fashion-MNIST.
 # shellcheck disable=SC2015
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,15 +34,15 @@ it_init it_cluster_mem
 R=$here/rig
 name=$(rig_name cm)
 rig_autoclean "$name"
-rig_up "$name" 4 >/dev/null || { bad "rig up"; it_finish; exit; }
+rig_up "$name" 5 >/dev/null || { bad "rig up"; it_finish; exit; }
 a1=$(rig_addr "$name" h1)
 cd "$work" || exit 1
 export RK_SNAP_EVERY=1 # every step: not timed, so the steps restored do not hang on the speed
 python3 "$RK_SRC/tests/make_subset.py" "$DATA" "$work/sub" 6400 1000 >/dev/null || bad "make subset"
 mpiargs=()
 for a in --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0; do mpiargs+=(--launcher-arg "$a"); done
-run=("$RK" run --hosts h1:2,h2:2,h3:2 --spare-hosts h4:2 --listen "$a1:0" --rsh "$R rsh $name"
-     --node-timeout 3 --heartbeat-timeout 20 --startup-timeout 90 "${mpiargs[@]}")
+run=("$RK" run --hosts h1:2,h2:2,h3:2 --listen "$a1:0" --rsh "$R rsh $name" --node-timeout 3
+     --heartbeat-timeout 20 --startup-timeout 90 --partner-every 5 "${mpiargs[@]}")
 train=("$RK" train --data "$work/sub" --threads 1 --seed 3 --model cnn-small --max-steps 60 --no-eval
        --ckpt-every 10)
 weights() { sed -n 's/.*weights xxh64 \([0-9a-f]*\).*/\1/p' "$1" | tail -1; }
@@ -59,7 +67,7 @@ all_gone() {
 }
 
 # ---- (a) fault-free ---------------------------------------------------------------------
-rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/cka" --events "$work/a.ev" \
+rig_spawn "$name" h1 "${run[@]}" --spare-hosts h4:2 --ckpt-dir "$work/cka" --events "$work/a.ev" \
   --inject 'slow@step=0:rank=0:ms=100:for=60' -- "${train[@]}" >a.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
@@ -90,7 +98,7 @@ grep -q "recovery from memory: each host's agent keeps its ranks' snapshots" a.l
 all_gone a.log "(a)"
 
 # ---- (b) rank 3 crashes: every rank restores from its own node's memory ------------------
-rig_exec "$name" h1 "${run[@]}" --ckpt-dir "$work/ckb" --events "$work/b.ev" \
+rig_exec "$name" h1 "${run[@]}" --spare-hosts h4:2 --ckpt-dir "$work/ckb" --events "$work/b.ev" \
   --inject 'crash@step=25:rank=3' -- "${train[@]}" >b.log 2>&1
 st=$?
 [[ $st == 0 ]] && ok "(b) rk run exit 0" || bad "(b) rk run exit $st: $(grep -v '^rk agent' b.log | tail -5)"
@@ -104,22 +112,40 @@ grep -q '"kind":"crash","rank":3,.*"action":"relaunch".*; resumed from node memo
 grep -q '"kind":"snapshot_off"' b.ev && bad "(b) snapshot_off: $(grep snapshot_off b.ev)" || ok "(b) no snapshot_off"
 all_gone b.log "(b)"
 
-# ---- (c) host 2 lost: its ranks on the spare, which has none of their snapshots: disk -----
-rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckc" --events "$work/c.ev" \
-  --inject 'slow@step=0:rank=0:ms=150:for=40' -- "${train[@]}" >c.log 2>&1
+# ---- (c) host 2 lost: its ranks' partner copies go to their new hosts: node memory --------
+rig_spawn "$name" h1 "${run[@]}" --spare-hosts h4:2 --ckpt-dir "$work/ckc" --events "$work/c.ev" \
+  --partner-every 20 --inject 'slow@step=0:rank=0:ms=150:for=50' -- "${train[@]}" --ckpt-every 50 \
+  >c.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
-for ((i = 0; i < 1800; i++)); do
-  [[ "$(cat ckc/latest 2>/dev/null)" == ckpt-0000000000[23]0.safetensors ]] && break
+# held_at DIR RANK: the newest step of RANK's partner copies held in DIR (-1: none)
+held_at() {
+  local f n=-1
+  for f in "$1"/held/rank-"$2"/snap-*.safetensors; do
+    [[ $f =~ snap-0*([0-9]+)\.safetensors$ ]] && n=${BASH_REMATCH[1]}
+  done
+  echo "$n"
+}
+# h2's ranks' partner is h3, h3's is h1 (the next host): once both hold the pins of step 20 of
+# the ranks that will move (2, 3 from h3; 4, 5 from h1), h2 goes
+held=
+for ((i = 0; i < 2400; i++)); do
+  d1=$(snapdirs c.log | sed -n 's/^0 //p' | head -1)
+  d3=$(snapdirs c.log | sed -n 's/^2 //p' | head -1)
+  if [[ -n $d1 && -n $d3 ]]; then
+    held="$(held_at "$d3" 2) $(held_at "$d3" 3) $(held_at "$d1" 4) $(held_at "$d1" 5)"
+    [[ $held =~ ^(20|40)\ (20|40)\ (20|40)\ (20|40)$ ]] && break
+  fi
+  held=
   sleep 0.05
 done
-if [[ "$(cat ckc/latest 2>/dev/null)" == ckpt-* ]]; then
+if [[ -n $held ]]; then
   victims=$(ip netns pids "$name-h2")
   # shellcheck disable=SC2086
   kill -9 $victims
-  ok "(c) SIGKILLed host 2's $(echo "$victims" | wc -w) processes after $(cat ckc/latest)"
+  ok "(c) SIGKILLed host 2's $(echo "$victims" | wc -w) processes once ranks 2-5's partner copies held steps $held"
 else
-  bad "(c) no checkpoint of step 20 or 30: $(grep -v '^rk agent' c.log | tail -3)"
+  bad "(c) the partner copies of ranks 2-5 never all held step 20: $(grep -v '^rk agent' c.log | tail -3)"
 fi
 wait "$sup"
 st=$?
@@ -128,10 +154,46 @@ st=$?
   || bad "(c) weights $(weights c.log), fault-free $ref"
 grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h3:0,h3:1,h4:0,h4:1)" c.log \
   && ok "(c) relaunched on h1, h3 and the spare h4" || bad "(c) $(grep relaunch c.log)"
-grep -q "snapshot: no step that every rank holds in memory: resuming from disk" c.log \
-  && grep -q '"kind":"node_lost".*; resumed from disk' c.ev \
-  && ok "(c) no step held by every rank: the node loss's incident says disk" \
-  || bad "(c) $(grep -v '^rk agent' c.log | grep -i 'snapshot\|resumed' | head -4) / $(grep node_lost c.ev | cut -c1-300)"
+n=$(grep -c '"kind":"snapshot_fetch".*"action":"partner"' c.ev)
+[[ $n == 4 ]] && ok "(c) 4 events: ranks 2-5 got their snapshots from partner copies" \
+  || bad "(c) $n partner events: $(grep snapshot_fetch c.ev | cut -c1-300)"
+at=$(sed -n 's/.*launch 1: resumed from node memory at step \([0-9]*\).*/\1/p' c.log | head -1)
+[[ -n $at ]] && ((at >= 20)) && grep -q '"kind":"node_lost".*; resumed from node memory at step' c.ev \
+  && ok "(c) every rank resumed from node memory at step $at; the node loss's incident says so" \
+  || bad "(c) resumed: $(grep -v '^rk agent' c.log | grep -i 'resumed\|snapshot' | head -4) / $(grep node_lost c.ev | cut -c1-300)"
 all_gone c.log "(c)" killed
+
+# ---- (d) hosts 2 and 3 lost: ranks 2 and 3 lost both copies: disk, with an event ---------
+rig_spawn "$name" h1 "${run[@]}" --spare-hosts h4:2,h5:2 --ckpt-dir "$work/ckd" --events "$work/d.ev" \
+  --inject 'slow@step=0:rank=0:ms=150:for=40' -- "${train[@]}" >d.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+for ((i = 0; i < 1800; i++)); do
+  [[ "$(cat ckd/latest 2>/dev/null)" == ckpt-0000000000[23]0.safetensors ]] && break
+  sleep 0.05
+done
+if [[ "$(cat ckd/latest 2>/dev/null)" == ckpt-* ]]; then
+  victims="$(ip netns pids "$name-h2") $(ip netns pids "$name-h3")"
+  # shellcheck disable=SC2086
+  kill -9 $victims
+  ok "(d) SIGKILLed hosts 2 and 3's $(echo $victims | wc -w) processes after $(cat ckd/latest)"
+else
+  bad "(d) no checkpoint of step 20 or 30: $(grep -v '^rk agent' d.log | tail -3)"
+fi
+wait "$sup"
+st=$?
+[[ $st == 0 ]] && ok "(d) rk run exit 0" || bad "(d) rk run exit $st: $(grep -v '^rk agent' d.log | tail -5)"
+[[ -n $ref && "$(weights d.log)" == "$ref" ]] && ok "(d) final weights $ref equal the fault-free run's" \
+  || bad "(d) weights $(weights d.log), fault-free $ref"
+grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h4:0,h4:1,h5:0,h5:1)" d.log \
+  && ok "(d) relaunched on h1 and the spares h4, h5" || bad "(d) $(grep relaunch d.log)"
+grep -q '"kind":"snapshot_fetch","rank":2,.*"action":"disk".*no partner copy of its snapshot is left' d.ev \
+  && grep -q '"kind":"snapshot_fetch","rank":3,.*"action":"disk"' d.ev \
+  && ok "(d) events: ranks 2 and 3 have no partner copy left: disk" \
+  || bad "(d) events: $(grep snapshot_fetch d.ev | cut -c1-300)"
+grep -q '"kind":"node_lost".*; resumed from disk' d.ev \
+  && ok "(d) the node loss's incident says disk" \
+  || bad "(d) $(grep -v '^rk agent' d.log | grep -i 'snapshot\|resumed' | head -4) / $(grep node_lost d.ev | cut -c1-300)"
+all_gone d.log "(d)" killed
 
 it_finish
