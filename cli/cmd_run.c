@@ -164,8 +164,9 @@ static const char usage_b[] =
     "  --rsh CMD               how an agent is started: CMD HOST COMMAND (default\n"
     "                          'ssh -o BatchMode=yes'); the job's secret goes on its stdin\n"
     "  --node-timeout S        a host silent this long is lost (default 10)\n"
-    "  --partner-every N       with snapshots in memory, pin every Nth step's and copy it\n"
-    "                          to the next host (default 10; 0: no partner copies)\n"
+    "  --partner-every N|auto  across hosts with snapshots in memory: pin every Nth step's\n"
+    "                          and copy it to the next host (auto, the default: about\n"
+    "                          every 30 s of steps; 0: no partner copies)\n"
     "  --agent-cmd PATH        rk on the hosts (default: this executable's path)\n"
     "  Under Slurm (docs/slurm.md), --launcher srun with hosts: srun starts the agents, one\n"
     "  task a node, and each launch's ranks in the allocation, leaving out (--exclude) the\n"
@@ -386,7 +387,7 @@ int rk_cmd_run(int argc, char **argv)
                      .health_interval_s = 5,
                      .drain_probability = 0.5,
                      .node_timeout_s = 10,
-                     .partner_every = 10};
+                     .partner_every = RK_SUP_PARTNER_AUTO};
     const char *hosts_list = NULL, *hostfile = NULL, *spare_list = NULL;
     int health_given = 0;
     static char *largs[64];
@@ -475,7 +476,9 @@ int rk_cmd_run(int argc, char **argv)
         case OPT_AGENT_CMD: o.agent_cmd = optarg; break;
         case OPT_SLURM_DRAIN: o.slurm_drain = 1; break;
         case OPT_PARTNER_EVERY:
-            if (integer("--partner-every", optarg, 0, 1000000, &o.partner_every))
+            if (strcmp(optarg, "auto") == 0)
+                o.partner_every = RK_SUP_PARTNER_AUTO;
+            else if (integer("--partner-every", optarg, 0, 1000000, &o.partner_every))
                 return RK_EXIT_USAGE;
             break;
         case OPT_NODE_TIMEOUT:

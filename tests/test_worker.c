@@ -320,6 +320,82 @@ static void memory_snapshots_resume_before_the_disk(void **state)
 /* With RK_SNAP_PIN_EVERY=M the first put at or past each multiple of M is pinned (a fresh start
  * pins its first put; a resumed one counts from the step it resumed at), two pins kept; a
  * resume with the generations gone restores a pin, and says so. */
+/* No room for partner copies (three times a rank's two generations) but room for the
+ * snapshots: no pins, the generations kept, rank 0's note says why. MemAvailable is the test
+ * override: the RAM margin (max(64 MiB, MemTotal / 10)) plus 250,000 bytes, between the two
+ * needs of this worker's small state (2 x ~66 kB and 6 x ~66 kB). */
+static void memory_snapshots_without_room_for_pins_keep_the_snapshots(void **state)
+{
+    (void)state;
+    char dir[512], parent[512], snap[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 160];
+    char name[RK_CKPT_NAME_MAX];
+    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker_nopin_ck"), 0);
+    assert_int_equal(test_dir_make(parent, sizeof parent, "test_worker_nopin_shm"), 0);
+    rk_err err = {0};
+    assert_int_equal(rk_snap_dir_make(parent, snap, sizeof snap, &err), RK_OK);
+    unsigned long long total_kb = 0;
+    FILE *mi = fopen("/proc/meminfo", "r");
+    assert_non_null(mi);
+    char line[256];
+    while (fgets(line, sizeof line, mi))
+        if (sscanf(line, "MemTotal: %llu kB", &total_kb) == 1)
+            break;
+    fclose(mi);
+    assert_true(total_kb > 0);
+    unsigned long long margin = total_kb * 1024 / 10, min = 64ull << 20;
+    char avail[64];
+    snprintf(avail, sizeof avail, "%llu", (margin > min ? margin : min) + 250000);
+    setenv(RK_SNAP_MEMAVAIL_ENV, avail, 1);
+    setenv(RK_SNAP_DIR_ENV, snap, 1);
+    setenv("RK_SNAP_EVERY", "1", 1);
+    setenv(RK_SNAP_PIN_EVERY_ENV, "2", 1);
+    rk_worker_ckpt_opts co;
+    rk_worker_ckpt_opts_default(&co);
+    co.dir = dir;
+    co.every = 100;
+    co.config_json = "{\"test\":\"nopins\"}";
+    int64_t start = -1, back;
+    fixture f;
+    g_notes = tmpfile();
+    assert_non_null(g_notes);
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    for (int64_t s = 0; s < 5; s++) {
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+    }
+    close_worker(&f);
+    char notes[4096] = "";
+    rewind(g_notes);
+    size_t got = fread(notes, 1, sizeof notes - 1, g_notes);
+    notes[got] = '\0';
+    fclose(g_notes);
+    g_notes = NULL;
+    if (!strstr(notes, "snapshot: no partner copies (no pins): "))
+        print_error("notes:\n%s\n", notes);
+    assert_non_null(strstr(notes, "snapshot: no partner copies (no pins): "));
+    int64_t steps[8];
+    size_t n = 0;
+    assert_int_equal(rk_snap_steps(snap, 0, steps, 8, &n, &err), RK_OK);
+    assert_int_equal(n, 2); /* the snapshots go on: 5 and 4, no pin */
+    assert_int_equal(steps[0], 5);
+    assert_int_equal(steps[1], 4);
+    struct stat st;
+    for (int64_t s = 1; s <= 5; s++) {
+        assert_int_equal(rk_snap_pin_name(s, name, sizeof name), RK_OK);
+        snprintf(p, sizeof p, "%s/rank-0/%s", snap, name);
+        assert_int_equal(lstat(p, &st), -1);
+    }
+    unsetenv(RK_SNAP_MEMAVAIL_ENV);
+    unsetenv(RK_SNAP_DIR_ENV);
+    unsetenv("RK_SNAP_EVERY");
+    unsetenv(RK_SNAP_PIN_EVERY_ENV);
+    assert_int_equal(rk_snap_dir_remove(snap, &err), RK_OK);
+    rm_tree(parent);
+    rm_tree(dir);
+}
+
 static void memory_snapshots_pin_the_first_put_past_each_multiple(void **state)
 {
     (void)state;
@@ -465,6 +541,7 @@ int main(void)
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
         cmocka_unit_test(memory_snapshots_resume_before_the_disk),
         cmocka_unit_test(memory_snapshots_pin_the_first_put_past_each_multiple),
+        cmocka_unit_test(memory_snapshots_without_room_for_pins_keep_the_snapshots),
         cmocka_unit_test(the_supervisors_checkpoint_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -159,7 +159,8 @@ struct sup_cluster {
     int fetch[RK_SUP_MAX_DEVICES]; /* a launch's fetch: -1 none left, -2 the holder could
                                     * not send it, 1 asked, 2 kept by its new node */
     int64_t fetch_step[RK_SUP_MAX_DEVICES];
-    int partner_every;     /* RK_SNAP_PIN_EVERY the ranks get (0: no partner copies) */
+    int partner_every;     /* RK_SNAP_PIN_EVERY the ranks get (0: no partner copies;
+                            * RK_SUP_PARTNER_AUTO: the runtime's) */
     uint64_t snap_relayed; /* bytes of copies relayed so far */
     int partner_n;         /* copies relayed whole (push), their bytes, and their seconds from
                             * SNAP_BEGIN to SNAP_END summed */

@@ -246,7 +246,7 @@ static void record(sup_cluster *cl, int k, uint8_t type, const uint8_t *payload,
     case RK_NODE_MSG_SNAP_DATA:
     case RK_NODE_MSG_SNAP_END:
     case RK_NODE_MSG_SNAP_HELD: {
-        fact *f = cl->partner_every > 0 ? fact_add(cl, FACT_SNAP, k, len) : NULL;
+        fact *f = cl->partner_every != 0 ? fact_add(cl, FACT_SNAP, k, len) : NULL;
         if (f) {
             f->chan = type;
             memcpy(cl->fact_bytes + f->off, payload, len);

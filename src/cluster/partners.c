@@ -102,17 +102,21 @@ static void on_held(sup_cluster *cl, int k, const rk_node_snap *m)
     h->bytes[1] = h->bytes[0];
     h->step[0] = m->step;
     h->bytes[0] = m->bytes;
-    /* how far behind the job: said once when it passes LAG_PINS intervals, and when it is back */
+    /* how far behind the job: said once when it passes LAG_PINS pin intervals (--partner-every,
+     * or under auto the steps between the two copies held), and when it is back within one */
+    int64_t every = cl->partner_every > 0                        ? cl->partner_every
+                    : h->step[1] >= 0 && h->step[0] > h->step[1] ? h->step[0] - h->step[1]
+                                                                 : 0;
     int64_t now = sup_step_now(cl->s);
     int64_t behind = now > m->step ? now - m->step : 0;
-    if (cl->partner_every > 0 && !h->lag && behind > (int64_t)LAG_PINS * cl->partner_every) {
+    if (every > 0 && !h->lag && behind > LAG_PINS * every) {
         h->lag = 1;
         sup_record(cl->s, "partner_lag", r, node_name(cl, k), "partner",
                    "the partner copy of rank %d lags by %" PRId64 " steps (step %" PRId64
                    " held by node %d (%s), the job at step %" PRId64
-                   "): the link cannot keep up with a pin every %d steps",
-                   r, behind, m->step, k, node_name(cl, k), now, cl->partner_every);
-    } else if (h->lag && behind <= cl->partner_every) {
+                   "): the link cannot keep up with a pin every %" PRId64 " steps",
+                   r, behind, m->step, k, node_name(cl, k), now, every);
+    } else if (h->lag && behind <= every) {
         h->lag = 0;
         sup_say(cl->s,
                 "the partner copy of rank %d caught up (step %" PRId64 ", %" PRId64
@@ -211,7 +215,7 @@ int coord_snap_fetch(sup_cluster *cl)
 {
     int asked = 0;
     memset(cl->fetch, 0, sizeof cl->fetch);
-    if (cl->partner_every <= 0 || cl->n != cl->last_world || sup_snapshots_off(cl->s))
+    if (cl->partner_every == 0 || cl->n != cl->last_world || sup_snapshots_off(cl->s))
         return 0; /* none made, or another world: no snapshot fits it */
     /* the ranks that move, and whose copies are left (their holder connected) */
     int moving[RK_SUP_MAX_DEVICES], nm = 0;

@@ -70,9 +70,12 @@ struct rk_worker {
     double mem_put_s, mem_step_s; /* their seconds summed; the fastest step before them */
     int64_t mem_pin_every;        /* M (RK_SNAP_PIN_EVERY): pin the first put at or past each
                                    * multiple of M; 0: no pins */
-    int64_t mem_pin_last;         /* the previous put's step (at the first put: the step resumed
-                                   * at, -1 at a fresh start); INT64_MIN before the first put */
-    rk_hb_restore restore;        /* where the state at start_step came from (hello) */
+    int mem_pin_auto;      /* RK_SNAP_PIN_EVERY=auto: M chosen at the (MEM_TIMED + 1)th put */
+    int64_t mem_puts;      /* puts made by this process */
+    double mem_fastest_s;  /* the fastest step at a put so far */
+    int64_t mem_pin_last;  /* the previous put's step (at the first put: the step resumed
+                            * at, -1 at a fresh start); INT64_MIN before the first put */
+    rk_hb_restore restore; /* where the state at start_step came from (hello) */
 };
 
 static inline int replicated(const wbuf *b)

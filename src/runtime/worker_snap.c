@@ -21,6 +21,8 @@
 #define MEM_TIMED 3            /* puts timed (after the first) before K is chosen */
 #define MEM_COST_MAX 0.01      /* a put may cost at most this share of K steps */
 #define MEM_HEADER_BYTES 65536 /* the room rule's allowance for a generation's header */
+#define MEM_PIN_AUTO_S 30.0    /* RK_SNAP_PIN_EVERY=auto: a pin about this often */
+#define MEM_PIN_AUTO_MAX 1e9   /* ... at most every this many steps */
 
 /* The buffers a snapshot holds: what a rollback restores (PARAM, STATE, LOCAL), under their
  * names, F32 or U8, one dimension: the built-in checkpoint's items and this rank's own. */
@@ -64,18 +66,50 @@ void rk_worker_mem_init(rk_worker *w)
         fprintf(w->diag, "%s (rank %d): RK_SNAP_EVERY=%s is not a whole number >= 1: ignored\n",
                 w->name, w->rank, k);
     /* RK_SNAP_PIN_EVERY=M (partner copies: the step the node's agent streams to another host
-     * stays held here, docs/recovery.md): 0 or unset, no pins */
+     * stays held here, docs/recovery.md): 0 or unset, no pins; "auto": M chosen at the
+     * (MEM_TIMED + 1)th put for a pin every MEM_PIN_AUTO_S (mem_choose_pin), until then only
+     * the first put is pinned */
     const char *m = getenv(RK_SNAP_PIN_EVERY_ENV);
     end = NULL;
-    long long pin = m && *m ? strtoll(m, &end, 10) : 0;
+    long long pin = m && *m && strcmp(m, "auto") != 0 ? strtoll(m, &end, 10) : 0;
     w->mem_pin_every = 0;
+    w->mem_pin_auto = 0;
     w->mem_pin_last = INT64_MIN;
-    if (pin >= 0 && end && !*end)
+    w->mem_puts = 0;
+    w->mem_fastest_s = 0;
+    if (m && strcmp(m, "auto") == 0) {
+        w->mem_pin_auto = 1;
+        w->mem_pin_every = INT64_MAX;
+    } else if (pin >= 0 && end && !*end)
         w->mem_pin_every = pin;
     else if (m && *m && w->diag)
         fprintf(w->diag,
-                "%s (rank %d): " RK_SNAP_PIN_EVERY_ENV "=%s is not a whole number >= 0: ignored\n",
+                "%s (rank %d): " RK_SNAP_PIN_EVERY_ENV
+                "=%s is not a whole number >= 0 or auto: ignored\n",
                 w->name, w->rank, m);
+}
+
+/* RK_SNAP_PIN_EVERY=auto: M for a pin every MEM_PIN_AUTO_S at the fastest step of the puts so
+ * far, at least K; rank 0's, broadcast (every rank pins the same steps). */
+static int mem_choose_pin(rk_worker *w, rk_err *err)
+{
+    double m = (double)w->mem_every;
+    if (w->rank == 0) {
+        double step = w->mem_fastest_s;
+        m = step > 0 ? ceil(MEM_PIN_AUTO_S / step) : (double)MEM_PIN_AUTO_MAX;
+        m = m < (double)w->mem_every ? (double)w->mem_every
+            : m > MEM_PIN_AUTO_MAX   ? MEM_PIN_AUTO_MAX
+                                     : m;
+        if (w->notes)
+            fprintf(w->notes,
+                    "snapshot: a pin for the partner copies every %.0f steps (a step %.2f ms: "
+                    "about every %.0f s)\n",
+                    m, step * 1e3, MEM_PIN_AUTO_S);
+    }
+    int rc = w->world > 1 ? rk_comm_bcast(w->comm, &m, sizeof m, 0, err) : RK_OK;
+    if (!rc)
+        w->mem_pin_every = (int64_t)m;
+    return rc;
 }
 
 /* After every rank's put of step s: pin it when it is the first put at or past a multiple of
@@ -136,7 +170,8 @@ static int mem_choose_every(rk_worker *w, rk_err *err)
  * (rk_snap_room: the node of RK_SNAP_DIR, which across hosts is each host's own); every rank
  * learns whether all fit (one all-gather). 0 off (then the caller turns snapshots off with
  * `why`: the rule's numbers on a rank that found no room, its rank elsewhere). */
-static int mem_room(rk_worker *w, uint64_t bytes, int *ok, char *why, size_t cap, rk_err *err)
+static int mem_room(rk_worker *w, const char *what, uint64_t bytes, int *ok, char *why, size_t cap,
+                    rk_err *err)
 {
     rk_err e = {0};
     int r = 0;
@@ -154,10 +189,10 @@ static int mem_room(rk_worker *w, uint64_t bytes, int *ok, char *why, size_t cap
         if (!w->gather[k]) {
             *ok = 0;
             if (k != w->rank || r) /* this rank's own reason stays as the rule said it */
-                snprintf(why, cap, "rank %d found no room for snapshots on its node", k);
+                snprintf(why, cap, "rank %d found no room for %s on its node", k, what);
         }
     if (!*ok && !r && w->rank != 0 && w->diag)
-        fprintf(w->diag, "%s (rank %d): no room for snapshots on this node: %s\n", w->name, w->rank,
+        fprintf(w->diag, "%s (rank %d): no room for %s on this node: %s\n", w->name, w->rank, what,
                 why);
     return rc;
 }
@@ -175,7 +210,19 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
     if (!w->mem_room_checked) { /* the size is known only now */
         int ok = 0;
         w->mem_room_checked = 1;
-        if ((rc = mem_room(w, bytes, &ok, why, sizeof why, err)) || !ok) {
+        /* with partner copies a node holds up to three times a rank's two generations: its
+         * own, its two pins (files of their own once their generations rolled on) and two of
+         * a partner's rank (as many ranks a node assumed: docs/recovery.md "Partner copies").
+         * No room for that: the pins go (no partner copies), the snapshots stay if they fit */
+        if (w->mem_pin_every > 0 &&
+            !(rc = mem_room(w, "partner copies", 3 * bytes, &ok, why, sizeof why, err)) && !ok) {
+            w->mem_pin_every = 0;
+            if (w->rank == 0 && w->notes)
+                fprintf(w->notes, "snapshot: no partner copies (no pins): %s\n", why);
+        }
+        if (!rc && !ok)
+            rc = mem_room(w, "snapshots", bytes, &ok, why, sizeof why, err);
+        if (rc || !ok) {
             free(items);
             if (!rc)
                 mem_off(w, steps_done, why);
@@ -208,6 +255,9 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
             return RK_OK;
         }
     mem_pin(w, steps_done, prc == RK_OK);
+    w->mem_puts++;
+    if (step_s > 0 && (w->mem_fastest_s <= 0 || step_s < w->mem_fastest_s))
+        w->mem_fastest_s = step_s;
     w->mem_next = steps_done + w->mem_every;
     /* K: the first put makes the rank's directory and is not timed; the next MEM_TIMED are */
     if (!prc && w->mem_timed <= MEM_TIMED) {
@@ -222,6 +272,8 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
             w->mem_next = steps_done + w->mem_every;
         }
     }
+    if (w->mem_pin_auto && w->mem_puts == MEM_TIMED + 1 && (rc = mem_choose_pin(w, err)))
+        return rc; /* after K: every rank's puts counted alike */
     return RK_OK;
 }
 

@@ -25,6 +25,7 @@
 #include "supervisor/runlog.h"
 
 #define RK_SUP_MAX_DEVICES 256
+#define RK_SUP_PARTNER_AUTO (-1) /* --partner-every auto */
 
 /* How the ranks are started: through Open MPI's mpirun, through srun, or forked by rk run's
  * keeper itself (local: no MPI). AUTO is a request, resolved by rk_launch_pick before the
@@ -105,7 +106,8 @@ typedef struct rk_sup_opts {
     double node_timeout_s; /* a node silent this long is lost */
     int partner_every;     /* across hosts with snapshots in memory: each rank pins a
                             * generation every this many steps, copied to a partner host
-                            * (RK_SNAP_PIN_EVERY; 0: no partner copies) */
+                            * (RK_SNAP_PIN_EVERY; 0: no partner copies; RK_SUP_PARTNER_AUTO:
+                            * the runtime's choice, about every 30 s) */
     /* --launcher srun with hosts: the agents and each launch's ranks are started by srun in
      * the allocation (docs/slurm.md) */
     int slurm_drain;      /* a node quarantined is drained in Slurm, with the reason */
@@ -284,7 +286,7 @@ typedef struct rk_rank_env_opts {
     const char *snap_dir;     /* RK_SNAP_DIR: the job's snapshots in memory (NULL: not set) */
     const char *snap_dirs;    /* RK_SNAP_DIRS: across hosts, "HOST=DIR,...": each host's (rk
                                * _rank-env makes it the rank's RK_SNAP_DIR); NULL: not set */
-    int snap_pin_every;       /* RK_SNAP_PIN_EVERY (0: not set) */
+    int snap_pin_every;       /* RK_SNAP_PIN_EVERY (0: not set; RK_SUP_PARTNER_AUTO: auto) */
     const char *inject;       /* RK_INJECT (NULL: not set) */
     const char *inject_done;  /* RK_INJECT_DONE with RK_INJECT (NULL or "": not set) */
 } rk_rank_env_opts;
