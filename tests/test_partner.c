@@ -5,8 +5,10 @@
  * own generation on a third node, byte for byte; a copy cut short, one with a byte changed on
  * the way and one whose link was lost are never kept and leave no temporary file; a fetch of
  * a copy the holder does not have is answered with SNAP_END alone; a message that does not
- * parse is refused. The messages go through a capture in place of the node link (the
- * coordinator's relay is a copy of each frame: partners.c).
+ * parse is refused; a fetch goes before a push in flight, which is given up (its receiver
+ * keeps nothing) and sent again whole; after a rollback below the pin sent, the new pin goes. The
+ * messages go through a capture in place of the node link (the coordinator's relay is a copy of
+ * each frame: partners.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,10 +18,12 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cluster/nodes.h"
 #include "cluster/partner.h"
@@ -323,12 +327,82 @@ static void test_fetch_of_nothing_and_bad_messages(void **state)
     rk_partner_free(pb);
 }
 
+/* Pump until something was sent (the scans come every RK_PARTNER_SCAN_S), at most 10 s. */
+static void pump_some(rk_partner *p, cap *out)
+{
+    for (int i = 0; i < 1000 && out->n == 0; i++) {
+        assert_int_equal(rk_partner_pump(p, 1000, capture, out), 0);
+        if (out->n == 0)
+            poll(NULL, 0, 10);
+    }
+    assert_true(out->n > 0);
+}
+
+static void test_fetch_first_and_rollback(void **state)
+{
+    (void)state;
+    char a[RK_SNAP_PATH_MAX], b[RK_SNAP_PATH_MAX], held[RK_SNAP_PATH_MAX + 32],
+        pin[RK_SNAP_PATH_MAX + 96];
+    node_dir(a, sizeof a);
+    node_dir(b, sizeof b);
+    snprintf(held, sizeof held, "%s/held/rank-0", b);
+    put(a, 0, 20, 1);
+    rk_partner *pa, *pb;
+    rk_err e = {0};
+    assert_int_equal(rk_partner_new(&pa, a, 0, NULL, NULL, &e), RK_OK);
+    assert_int_equal(rk_partner_new(&pb, b, 1, NULL, NULL, &e), RK_OK);
+    cap out = {0}, ack = {0};
+    /* a push half sent when a fetch comes: the push is given up (an END that does not match
+     * its start), the fetch answered (here: SNAP_END alone, pa holds nothing) */
+    assert_int_equal(rk_partner_pump(pa, 1, capture, &out), 0);
+    assert_true(rk_partner_sending(pa));
+    rk_node_snap f = {.xfer = 0x80000001u,
+                      .kind = RK_NODE_SNAP_FETCH,
+                      .node = 2,
+                      .rank = 4,
+                      .step = 7,
+                      .bytes = 100};
+    char p[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    assert_int_equal(rk_node_snap_format(&f, p, sizeof p, &len, &e), RK_OK);
+    assert_int_equal(
+        rk_partner_msg(pa, RK_NODE_MSG_SNAP_FETCH, (const uint8_t *)p, len, capture, &out), 0);
+    assert_int_equal(rk_partner_pump(pa, 1000, capture, &out), 0);
+    assert_int_equal(out.m[0].type, RK_NODE_MSG_SNAP_BEGIN);
+    assert_int_equal(out.m[1].type, RK_NODE_MSG_SNAP_DATA);
+    assert_int_equal(out.m[2].type, RK_NODE_MSG_SNAP_END);
+    assert_int_equal(out.m[3].type, RK_NODE_MSG_SNAP_END);
+    assert_int_equal(snap_of(&out.m[3]).kind, RK_NODE_SNAP_FETCH);
+    feed(pb, &out, 0, &ack); /* the given-up push is dropped, nothing kept or acknowledged */
+    assert_int_equal(ack.n, 0);
+    assert_int_equal(entries(held), 0);
+    /* and the pin is sent again, whole, at the next scan (every 0.2 s) */
+    cap_free(&out);
+    pump_some(pa, &out);
+    assert_int_equal(out.m[0].type, RK_NODE_MSG_SNAP_BEGIN);
+    assert_int_equal(snap_of(&out.m[0]).step, 20);
+    feed(pb, &out, 0, &ack);
+    assert_int_equal(ack.n, 1);
+    /* rolled back below what was sent (pin 20 gone with its timeline, pin 10 new): 10 goes */
+    snprintf(pin, sizeof pin, "%s/rank-0/pin-000000000020.safetensors", a);
+    assert_int_equal(unlink(pin), 0);
+    put(a, 0, 10, 1);
+    cap_free(&out);
+    pump_some(pa, &out);
+    assert_int_equal(snap_of(&out.m[0]).step, 10);
+    cap_free(&out);
+    cap_free(&ack);
+    rk_partner_free(pa);
+    rk_partner_free(pb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stream_hold_fetch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_torn_and_corrupt_never_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fetch_of_nothing_and_bad_messages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fetch_first_and_rollback, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,12 +87,14 @@ static int job_send(void *ctx, uint8_t type, const void *payload, size_t len)
  * which may itself be sending to this agent. */
 static int link_room(int fd)
 {
-    int queued = 0;
-    if (ioctl(fd, SIOCOUTQ, &queued) != 0)
-        return 1;
-    if (queued >= RK_PARTNER_WINDOW)
+    int queued = 0, buf = 0;
+    socklen_t len = sizeof buf;
+    if (ioctl(fd, SIOCOUTQ, &queued) != 0 || getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, &len) != 0)
         return 0;
-    return (RK_PARTNER_WINDOW - queued) / (RK_NODE_SNAP_CHUNK + 64) + 1;
+    int room = buf / 2 - queued; /* the kernel doubles SO_SNDBUF: half is for data */
+    if (room > RK_PARTNER_WINDOW - queued)
+        room = RK_PARTNER_WINDOW - queued;
+    return room > 0 ? room / (RK_NODE_SNAP_CHUNK + 64) : 0;
 }
 
 /* Read the node's GPUs and send one HEALTH a device; 0, or -1 when a send failed. */
@@ -163,7 +165,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
     if (send_msg(a, fd, RK_NODE_MSG_HELLO, a->hello, a->hello_len, &e)) {
         return drop(a, "cannot send HELLO: %s", e.msg);
     }
-    bool up = false, copy_failed = false;
+    bool up = false;
     double now = rk_mono_s(), opened = now, last_rx = now, next_ping = now + o->ping_s;
     double next_health = 0;            /* with a gate: at once after WELCOME, then every health_s */
     double rx_timeout = 3 * o->ping_s; /* raised to the coordinator's node timeout on WELCOME */
@@ -207,7 +209,7 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
             wait = 0.1; /* the keeper is reaped in the job's turn */
         if (a->partner && up && wait > RK_PARTNER_SCAN_S)
             wait = RK_PARTNER_SCAN_S; /* the ranks' new pins are looked for */
-        if (up && !copy_failed && rk_partner_sending(a->partner) && wait > 0.005)
+        if (up && rk_partner_sending(a->partner) && wait > 0.005)
             wait = 0.005; /* a generation is on its way, as the link's queue empties */
         int n = poll(p, (nfds_t)np, wait > 0 ? (int)(wait * 1000) + 1 : 0);
         if (n < 0 && errno != EINTR) {
@@ -215,14 +217,8 @@ static link_end run_link(agent *a, int fd, rk_agent_outcome *outcome, rk_err *er
         }
         if (o->ranks && up)
             rk_agent_job_ready(o->ranks, p + 1, np - 1, job_send, a);
-        if (up && a->partner && !copy_failed &&
-            rk_partner_pump(a->partner, link_room(fd), job_send, a)) {
-            /* the link broke under a copy: what the coordinator sent before (a BYE at the
-             * job's end) is still read, and the reading says how the link ended */
-            logf_(a, "a partner copy stopped: %s", a->send_why);
-            rk_partner_link_lost(a->partner);
-            copy_failed = true;
-        }
+        if (up && a->partner && rk_partner_pump(a->partner, link_room(fd), job_send, a))
+            return drop(a, "link lost while sending a partner copy: %s", a->send_why);
         if (n <= 0 || !(p[0].revents))
             continue;
         int rc = rk_net_reader_fill(a->r, fd, &e);
@@ -401,6 +397,8 @@ int rk_agent_run(const rk_agent_opts *o, const rk_net_secret *key, rk_agent_outc
             continue;
         }
         told = false;
+        int sb = RK_NODES_SNDBUF; /* fixed, as the coordinator's: link_room's measure */
+        (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
         link_end end = run_link(&a, fd, outcome, err);
         close(fd);
         a.fd = -1;

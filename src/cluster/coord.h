@@ -157,7 +157,8 @@ struct sup_cluster {
     int last_node[RK_SUP_MAX_DEVICES]; /* rank -> the node it ran on in the last launch, -1 */
     int last_world;
     int fetch[RK_SUP_MAX_DEVICES]; /* a launch's fetch: -1 none left, -2 the holder could
-                                    * not send it, 1 asked, 2 kept by its new node */
+                                    * not send it (or a node of it lost), -3 no step common to
+                                    * the moving ranks' copies, 1 asked, 2 kept by its new node */
     int64_t fetch_step[RK_SUP_MAX_DEVICES];
     int partner_every;     /* RK_SNAP_PIN_EVERY the ranks get (0: no partner copies;
                             * RK_SUP_PARTNER_AUTO: the runtime's) */
@@ -166,6 +167,7 @@ struct sup_cluster {
                             * SNAP_BEGIN to SNAP_END summed */
     uint64_t partner_bytes;
     double partner_s;
+    int partner_dropped; /* copies dropped: no room on the partner's link */
     /* ---- the facts the callbacks recorded, in order: facts.c (recorded by the callbacks,
      * taken by coord_take_facts, act's first and last step); facts[fact_head..nfacts) not yet
      * taken */

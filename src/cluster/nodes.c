@@ -15,8 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <linux/sockios.h>
 
 #include "base/clock.h"
 #include "base/hush.h"
@@ -280,6 +283,18 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     }
 }
 
+int64_t rk_nodes_room(const rk_nodes *t, int k)
+{
+    if (k < 0 || k >= t->o.nodes || t->nodes[k].state != NODE_UP || t->nodes[k].conn < 0)
+        return 0;
+    int fd = t->conns[t->nodes[k].conn].fd, queued = 0, buf = 0;
+    socklen_t len = sizeof buf;
+    if (ioctl(fd, SIOCOUTQ, &queued) != 0 || getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, &len) != 0)
+        return 0;
+    return buf / 2 > queued ? (int64_t)buf / 2 - queued : 0; /* the kernel doubles SO_SNDBUF for its
+                                                              * bookkeeping: half is for data */
+}
+
 uint64_t rk_nodes_probe(rk_nodes *t, int k)
 {
     rk_err e = {0};
@@ -442,8 +457,11 @@ static void accept_all(rk_nodes *t)
         rk_net_reader_init(r, from);
         /* a bounded receive queue: what an agent sends (partner copies among its ranks'
          * heartbeats) waits in its own socket, where it stops sending copies, not here */
-        int rb = RK_NODES_RCVBUF;
+        int rb = RK_NODES_RCVBUF, sb = RK_NODES_SNDBUF;
         (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rb, sizeof rb);
+        /* a fixed send buffer (not grown by the kernel as it goes): what rk_nodes_room says
+         * is what a send takes without waiting */
+        (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
         conn *c = &t->conns[free_slot];
         c->fd = fd;
         c->node = -1;

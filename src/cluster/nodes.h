@@ -59,16 +59,17 @@ enum {
 };
 #define RK_NODE_MSG_LAST RK_NODE_MSG_SNAP_FETCH
 
-#define RK_NODES_MAX 1024        /* nodes of one job */
-#define RK_NODE_PAYLOAD_MAX 1024 /* bytes of one message's payload */
-#define RK_NODE_LINES_MAX 16     /* key=value lines in one payload */
-#define RK_NODE_KEY_MAX 16       /* bytes of a key: [a-z_]{1,16} */
-#define RK_NODE_VALUE_MAX 255    /* bytes of a value: UTF-8, no control characters */
-#define RK_NODE_HOST_MAX 256     /* a host name (253 bytes) with its NUL */
-#define RK_NODE_BOOT_ID_LEN 36   /* /proc/sys/kernel/random/boot_id: a UUID, lower case */
-#define RK_NODE_REASON_MAX 256   /* a BYE's or REFUSED's reason with its NUL */
-#define RK_NODES_PENDING_MAX 16  /* connections without an authenticated HELLO yet */
-#define RK_NODES_BYE_WAIT_S 2.0  /* after BYE, how long the agents have to close their ends */
+#define RK_NODES_MAX 1024         /* nodes of one job */
+#define RK_NODE_PAYLOAD_MAX 1024  /* bytes of one message's payload */
+#define RK_NODE_LINES_MAX 16      /* key=value lines in one payload */
+#define RK_NODE_KEY_MAX 16        /* bytes of a key: [a-z_]{1,16} */
+#define RK_NODE_VALUE_MAX 255     /* bytes of a value: UTF-8, no control characters */
+#define RK_NODE_HOST_MAX 256      /* a host name (253 bytes) with its NUL */
+#define RK_NODE_BOOT_ID_LEN 36    /* /proc/sys/kernel/random/boot_id: a UUID, lower case */
+#define RK_NODE_REASON_MAX 256    /* a BYE's or REFUSED's reason with its NUL */
+#define RK_NODES_PENDING_MAX 16   /* connections without an authenticated HELLO yet */
+#define RK_NODES_SNDBUF (1 << 20) /* SO_SNDBUF of a node's connection, both ends (fixed) */
+#define RK_NODES_BYE_WAIT_S 2.0   /* after BYE, how long the agents have to close their ends */
 #define RK_NODES_RCVBUF                                                                            \
     (256 << 10) /* SO_RCVBUF of a node's connection (partner copies wait in the agent) */
 #define RK_NODES_HELLO_TIMEOUT_S 5. /* how long such a connection may stay silent */
@@ -246,7 +247,9 @@ int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out
  * copy of `rank`, `step`, `bytes` of node `node` back as transfer `xfer`, kind fetch) use
  * them too (docs/cluster-protocol.md "Partner copies"). */
 enum { RK_NODE_SNAP_PUSH = 0, RK_NODE_SNAP_FETCH = 1 };
-#define RK_NODE_SNAP_CHUNK 60000                   /* bytes of a generation in one SNAP_DATA */
+#define RK_NODE_SNAP_XFER_FETCH                                                                    \
+    0x80000000u                  /* the coordinator's fetch numbers have it; pushes not */
+#define RK_NODE_SNAP_CHUNK 60000 /* bytes of a generation in one SNAP_DATA */
 #define RK_NODE_SNAP_BYTES_MAX ((uint64_t)1 << 40) /* a generation's size */
 typedef struct rk_node_snap {
     uint32_t xfer;
@@ -365,6 +368,9 @@ uint64_t rk_nodes_answered(const rk_nodes *t, int k);
 /* Send one message to node `k`: RK_ECOMM if it is not connected, or the send fails (then
  * the node is lost: its event is emitted first). */
 int rk_nodes_send(rk_nodes *t, int k, uint8_t type, const void *payload, size_t len, rk_err *err);
+/* Bytes node k's connection takes now without waiting (its socket's send buffer less what
+ * waits in it); 0 when it is not connected. */
+int64_t rk_nodes_room(const rk_nodes *t, int k);
 /* Node `k`'s next agent is a new process (its host rebooted, or its agent died), started
  * with `--generation G`, G above the node's current one: its frames count from 1 again, and
  * every frame of the earlier process (an older generation) is refused from now on. */

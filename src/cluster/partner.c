@@ -1,10 +1,14 @@
 /*
  * A node agent's side of the partner copies (cluster/partner.h). Out: the ranks' newest pins
  * found by a scan of the job's directory, one generation at a time read whole into memory
- * (a pin is a link the ranks' puts never write over, and the receiver verifies every
- * checksum anyway) and sent in SNAP_DATA pieces of RK_NODE_SNAP_CHUNK bytes, a few a turn so
- * that the agent's loop goes on answering pings. In: the store's receive side
- * (rk_snap_recv_*), one per transfer. Relies on the store's checks (rekindle/snap.h).
+ * (a put never writes over a pinned file; one whose pin went while it was read may be torn,
+ * and the receiver, which verifies every checksum, drops it) and sent in SNAP_DATA pieces of
+ * RK_NODE_SNAP_CHUNK bytes, as many a turn as the link takes without waiting, so that the
+ * agent's loop goes on reading and answering pings; a fetch asked for goes first (a push in
+ * flight is given up: its receiver hears an END that does not match). In: the store's receive
+ * side (rk_snap_recv_*), one per transfer, given up when nothing of it came for
+ * RK_PARTNER_STALE_S or when the same rank's next one of the same kind begins. Relies on the
+ * store's checks (rekindle/snap.h).
  */
 #define _GNU_SOURCE
 #include "cluster/partner.h"
@@ -30,6 +34,7 @@
 
 typedef struct inflight {
     int used;
+    double last;     /* its last message */
     rk_node_snap m;  /* as SNAP_BEGIN said it (its xfer the coordinator's) */
     rk_snap_recv *r; /* NULL: refused at the start; its pieces are dropped */
 } inflight;
@@ -184,13 +189,15 @@ static int read_whole(int dfd, const char *name, uint8_t **buf, uint64_t *len, c
 
 /* The newest pin of each rank of this node that was not sent: the one of the oldest step
  * among them (every rank gets its turn) into *rank, *step, its name into name[]. 1 if found.
- * A rank whose pins went past one not sent yet is said: the partner copy lags. */
+ * A rank whose newest pin is below the last one sent was rolled back: what was sent is
+ * forgotten and its newest pin goes. When the one chosen went past another one never sent,
+ * that is said: the partner copy lags. */
 static int find_pin(rk_partner *p, int *rank, int64_t *step, char *name, size_t cap)
 {
     DIR *d = opendir(p->dir);
     if (!d)
         return 0;
-    int found = 0;
+    int found = 0, skipped = 0;
     for (struct dirent *de; (de = readdir(d));) {
         int r;
         char tail;
@@ -207,29 +214,32 @@ static int find_pin(rk_partner *p, int *rank, int64_t *step, char *name, size_t 
         int unsent = 0; /* pins above the last one sent */
         char nm[256] = "";
         for (struct dirent *pe; (pe = readdir(rd));)
-            if (rk_snap_pin_name_step(pe->d_name, &s) && (!sent || s > *sent)) {
-                unsent++;
-                if (s > newest) {
-                    newest = s;
-                    snprintf(nm, sizeof nm, "%s", pe->d_name);
-                }
+            if (rk_snap_pin_name_step(pe->d_name, &s) && s > newest) {
+                newest = s;
+                snprintf(nm, sizeof nm, "%s", pe->d_name);
             }
+        if (sent && newest >= 0 && newest < *sent)
+            *sent = -1; /* rolled back below what was sent */
+        rewinddir(rd);
+        for (struct dirent *pe; sent && (pe = readdir(rd));)
+            unsent += rk_snap_pin_name_step(pe->d_name, &s) && s > *sent;
         closedir(rd);
-        if (!sent || newest < 0)
+        if (!sent || newest < 0 || newest <= *sent)
             continue;
-        if (unsent > 1 && *sent >= 0)
-            say(p,
-                "the partner copy of rank %d skips a pin: step %" PRId64
-                " goes, an older one was never sent (the link is slower than the pins)",
-                r, newest);
         if (!found || newest < *step) {
             found = 1;
             *rank = r;
             *step = newest;
+            skipped = unsent > 1 && *sent >= 0;
             snprintf(name, cap, "%s/%s", de->d_name, nm);
         }
     }
     closedir(d);
+    if (found && skipped)
+        say(p,
+            "the partner copy of rank %d skips a pin: step %" PRId64
+            " goes, an older one was never sent (the link is slower than the pins)",
+            *rank, *step);
     return found;
 }
 
@@ -299,7 +309,8 @@ static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
     }
     if (sent)
         *sent = step; /* counted when begun; a link lost before its end takes it back */
-    if (++p->next_xfer == 0)
+    p->next_xfer = (p->next_xfer + 1) & ~RK_NODE_SNAP_XFER_FETCH; /* below the fetches' bit */
+    if (p->next_xfer == 0)
         p->next_xfer = 1;
     p->buf = buf;
     p->out = (rk_node_snap){.xfer = p->next_xfer,
@@ -312,10 +323,41 @@ static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
     return send_snap(RK_NODE_MSG_SNAP_BEGIN, &p->out, send, ctx);
 }
 
+/* A push in flight given up (a fetch goes first): its receiver hears an END that does not
+ * match its start and drops what it has; the pin is sent again later. */
+static int give_up_push(rk_partner *p, rk_node_send_fn send, void *ctx)
+{
+    rk_node_snap m = p->out;
+    m.bytes = m.bytes == 1 ? 2 : m.bytes - 1;
+    int64_t *sent = sent_of(p, (int)p->out.rank);
+    if (sent && *sent == p->out.step)
+        *sent = p->out.step - 1;
+    drop_out(p);
+    return send_snap(RK_NODE_MSG_SNAP_END, &m, send, ctx);
+}
+
+/* Generations being received that nothing came of for RK_PARTNER_STALE_S: their sender or
+ * the coordinator's relay gave them up without a word (a node lost): removed. */
+static void drop_stale(rk_partner *p)
+{
+    double now = rk_mono_s();
+    for (int i = 0; i < RK_PARTNER_RECV_MAX; i++)
+        if (p->in[i].used && now - p->in[i].last > RK_PARTNER_STALE_S) {
+            say(p, "rank %u's snapshot of step %" PRId64 " dropped: nothing of it for %g s",
+                (unsigned)p->in[i].m.rank, p->in[i].m.step, RK_PARTNER_STALE_S);
+            drop_in(&p->in[i]);
+        }
+}
+
 int rk_partner_pump(rk_partner *p, int pieces, rk_node_send_fn send, void *ctx)
 {
-    if (!p || pieces < 1)
+    if (!p)
         return 0;
+    drop_stale(p);
+    if (pieces < 1)
+        return 0;
+    if (p->buf && p->nfetch > 0 && p->out.kind == RK_NODE_SNAP_PUSH && give_up_push(p, send, ctx))
+        return -1;
     if (!p->buf && start_next(p, send, ctx))
         return -1;
     for (int i = 0; p->buf && i < pieces; i++) {
@@ -350,6 +392,10 @@ static void on_begin(rk_partner *p, const rk_node_snap *m)
     inflight *x = in_of(p, m->xfer);
     if (x) /* the same transfer again: the first is abandoned */
         drop_in(x);
+    for (int i = 0; i < RK_PARTNER_RECV_MAX; i++) /* the rank's next one: the last is given up */
+        if (p->in[i].used && p->in[i].m.kind == m->kind && p->in[i].m.rank == m->rank)
+            drop_in(&p->in[i]);
+    x = NULL;
     for (int i = 0; !x && i < RK_PARTNER_RECV_MAX; i++)
         if (!p->in[i].used)
             x = &p->in[i];
@@ -358,7 +404,7 @@ static void on_begin(rk_partner *p, const rk_node_snap *m)
             (unsigned)m->rank, m->step, RK_PARTNER_RECV_MAX);
         return;
     }
-    *x = (inflight){.used = 1, .m = *m};
+    *x = (inflight){.used = 1, .m = *m, .last = rk_mono_s()};
     char dir[RK_SNAP_PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s", p->dir);
     if (m->kind == RK_NODE_SNAP_PUSH) { /* held for another node: never this node's own ranks' */
@@ -418,6 +464,8 @@ int rk_partner_msg(rk_partner *p, uint8_t type, const uint8_t *payload, size_t l
         if (rk_node_snap_data_parse(payload, len, &xfer, &off, &bytes, &n, &e))
             return -1;
         inflight *x = in_of(p, xfer);
+        if (x)
+            x->last = rk_mono_s();
         if (x && x->r && rk_snap_recv_write(x->r, off, bytes, n, &e)) {
             say(p, "rank %u's snapshot of step %" PRId64 " dropped: %s", (unsigned)x->m.rank,
                 x->m.step, e.msg);

@@ -20,8 +20,9 @@
 #include "cluster/chan.h"
 #include "rekindle/error.h"
 
-#define RK_PARTNER_RECV_MAX 8         /* generations being received at once */
-#define RK_PARTNER_SCAN_S 0.2         /* how often the ranks' pins are looked for */
+#define RK_PARTNER_RECV_MAX 8   /* generations being received at once */
+#define RK_PARTNER_SCAN_S 0.2   /* how often the ranks' pins are looked for */
+#define RK_PARTNER_STALE_S 30.0 /* a generation being received, silent this long, is dropped */
 #define RK_PARTNER_WINDOW (256 << 10) /* bytes of the link's send queue a copy may fill */
 
 typedef struct rk_partner rk_partner;
@@ -33,7 +34,8 @@ int rk_partner_new(rk_partner **out, const char *dir, uint32_t node,
 void rk_partner_free(rk_partner *p);
 /* 1 while a generation is being sent (the agent's loop should not sleep). */
 int rk_partner_sending(const rk_partner *p);
-/* One turn: look for new pins (every RK_PARTNER_SCAN_S), send up to `pieces` pieces of the
+/* One turn: drop what is being received and went silent; look for new pins (every
+ * RK_PARTNER_SCAN_S); a fetch asked for goes before a push in flight; send up to `pieces` of the
  * generation in flight (the caller's room on the link: the agent never blocks on a copy, so
  * that it goes on reading what the coordinator relays to it). 0, or -1 when a send failed
  * (the link is gone). */

@@ -59,11 +59,29 @@ static relay *relay_new(sup_cluster *cl, int from, uint32_t in, int to, uint32_t
     return x;
 }
 
-static uint32_t new_xfer(sup_cluster *cl)
+static int send_snap(sup_cluster *cl, relay *x, uint8_t type, rk_node_snap m);
+
+/* A transfer number of ours: a fetch's with the high bit (an agent numbers its pushes below
+ * it), so neither a relay's key (the sender, its number) nor a receiver's can be two
+ * transfers at once. */
+static uint32_t new_xfer(sup_cluster *cl, int fetch)
 {
-    if (++cl->next_xfer == 0)
+    cl->next_xfer = (cl->next_xfer + 1) & ~RK_NODE_SNAP_XFER_FETCH;
+    if (cl->next_xfer == 0)
         cl->next_xfer = 1;
-    return cl->next_xfer;
+    return fetch ? cl->next_xfer | RK_NODE_SNAP_XFER_FETCH : cl->next_xfer;
+}
+
+/* Tell x's receiver that x will not end (an END that does not match its start: the agent
+ * drops what it received), when it heard the start and its link has room for it now. */
+static void abort_relay(sup_cluster *cl, relay *x)
+{
+    if (x->used && x->begun && rk_nodes_room(cl->t, x->to) >= RK_NODE_PAYLOAD_MAX) {
+        rk_node_snap m = x->m;
+        m.bytes = m.bytes == 1 ? 2 : m.bytes - 1;
+        (void)send_snap(cl, x, RK_NODE_MSG_SNAP_END, m);
+    }
+    x->used = 0;
 }
 
 /* Send m (its xfer set to x->out) as `type` to x->to: 0, or -1 (the node is lost: said by the
@@ -85,9 +103,9 @@ static int send_snap(sup_cluster *cl, relay *x, uint8_t type, rk_node_snap m)
 /* A copy kept by node k (SNAP_HELD): the table, or a fetch done. */
 static void on_held(sup_cluster *cl, int k, const rk_node_snap *m)
 {
+    if (m->rank >= RK_SUP_MAX_DEVICES)
+        return; /* no rank of a job (rank is any 32-bit number on the link) */
     int r = (int)m->rank;
-    if (r >= RK_SUP_MAX_DEVICES)
-        return;
     if (m->kind == RK_NODE_SNAP_FETCH) {
         if (cl->fetch[r] == 1 && cl->fetch_step[r] == m->step && node_of_rank(cl, r) == k)
             cl->fetch[r] = 2;
@@ -96,8 +114,10 @@ static void on_held(sup_cluster *cl, int k, const rk_node_snap *m)
     struct held *h = &cl->held[r];
     if (h->by != k || h->origin != (int)m->node) /* a new holder, or the rank's new node */
         *h = (struct held){.by = k, .origin = (int)m->node, .step = {-1, -1}, .lag = h->lag};
-    if (m->step <= h->step[0])
-        return; /* an older one that came late, or the same again */
+    if (m->step == h->step[0])
+        return;               /* the same again */
+    if (m->step < h->step[0]) /* an older step: the job was rolled back; the holder's newer */
+        h->step[0] = h->step[1] = -1; /* copies went with that timeline (its retention) */
     h->step[1] = h->step[0];
     h->bytes[1] = h->bytes[0];
     h->step[0] = m->step;
@@ -140,13 +160,22 @@ void coord_snap_take(sup_cluster *cl, int k, uint8_t type, const uint8_t *payloa
         relay *x = relay_in(cl, k, xfer);
         if (!x)
             return; /* a transfer dropped (its node lost, no partner) */
+        /* never wait on the receiver (a send that cannot be written in a second is its
+         * node's loss): a copy its link has no room for now is dropped, and the next pin
+         * goes whole later */
+        if (rk_nodes_room(cl->t, x->to) < (int64_t)(RK_NODE_SNAP_DATA_HDR + n + 64)) {
+            abort_relay(cl, x);
+            cl->partner_dropped++;
+            return;
+        }
         static uint8_t piece[RK_NODE_SNAP_DATA_HDR + RK_NODE_SNAP_CHUNK];
         rk_node_snap_data_header(x->out, off, piece);
         memcpy(piece + RK_NODE_SNAP_DATA_HDR, bytes, n);
         if (rk_nodes_send(cl->t, x->to, RK_NODE_MSG_SNAP_DATA, piece, RK_NODE_SNAP_DATA_HDR + n,
                           &e))
             x->used = 0;
-        cl->snap_relayed += n;
+        else
+            cl->snap_relayed += n;
         return;
     }
     rk_node_snap m;
@@ -165,7 +194,9 @@ void coord_snap_take(sup_cluster *cl, int k, uint8_t type, const uint8_t *payloa
             int to = partner_of(cl, k);
             if (m.node != (uint32_t)k || to < 0)
                 return;
-            x = relay_new(cl, k, m.xfer, to, new_xfer(cl));
+            if (m.xfer & RK_NODE_SNAP_XFER_FETCH)
+                return; /* a push is numbered below the fetches' bit */
+            x = relay_new(cl, k, m.xfer, to, new_xfer(cl, 0));
         } else if (!x || x->m.rank != m.rank || x->m.step != m.step || x->m.bytes != m.bytes)
             return; /* a fetch not asked for (or asked of another) */
         if (!x)
@@ -177,11 +208,14 @@ void coord_snap_take(sup_cluster *cl, int k, uint8_t type, const uint8_t *payloa
         return;
     }
     if (type == RK_NODE_MSG_SNAP_END && x) {
+        rk_node_snap want = x->m;
+        want.xfer = m.xfer;
+        int whole = memcmp(&want, &m, sizeof m) == 0; /* else the sender gave it up */
         if (x->m.kind == RK_NODE_SNAP_FETCH && !x->begun) {
             /* an end without a start: the holder cannot send it (gone, or it does not verify) */
-            if ((int)m.rank < cl->n && cl->fetch[m.rank] == 1)
-                cl->fetch[m.rank] = -2;
-        } else if (send_snap(cl, x, type, m) == 0 && x->m.kind == RK_NODE_SNAP_PUSH) {
+            if ((int)x->m.rank < cl->n && cl->fetch[x->m.rank] == 1)
+                cl->fetch[x->m.rank] = -2;
+        } else if (send_snap(cl, x, type, m) == 0 && whole && x->m.kind == RK_NODE_SNAP_PUSH) {
             cl->partner_n++;
             cl->partner_bytes += x->m.bytes;
             cl->partner_s += rk_mono_s() - x->t0;
@@ -195,9 +229,16 @@ void coord_snap_node_lost(sup_cluster *cl, int k)
     for (int r = 0; r < RK_SUP_MAX_DEVICES; r++)
         if (cl->held[r].by == k)
             cl->held[r].by = -1;
-    for (int i = 0; i < RELAYS_MAX; i++)
-        if (cl->relays[i].used && (cl->relays[i].from == k || cl->relays[i].to == k))
-            cl->relays[i].used = 0;
+    for (int i = 0; i < RELAYS_MAX; i++) {
+        relay *x = &cl->relays[i];
+        if (!x->used || (x->from != k && x->to != k))
+            continue;
+        if (x->m.kind == RK_NODE_SNAP_FETCH && (int)x->m.rank < cl->n && cl->fetch[x->m.rank] == 1)
+            cl->fetch[x->m.rank] = -2; /* its holder or its new node is gone */
+        if (x->to != k)
+            abort_relay(cl, x); /* the receiver drops what it has of it */
+        x->used = 0;
+    }
 }
 
 /* 1 if rank r's holder has a copy of `step` (its size into *bytes). */
@@ -240,14 +281,16 @@ int coord_snap_fetch(sup_cluster *cl)
         if (all)
             common = s;
     }
-    for (int j = 0; j < nm; j++) {
+    for (int j = 0; j < nm && common < 0; j++)
+        cl->fetch[moving[j]] = -3; /* copies of no one step: the ranks could not agree on it */
+    for (int j = 0; j < nm && common >= 0; j++) {
         int r = moving[j], k = node_of_rank(cl, r);
         const struct held *h = &cl->held[r];
-        int64_t step = common >= 0 ? common : h->step[0];
+        int64_t step = common;
         uint64_t bytes = 0;
         if (!holds(h, step, &bytes))
             continue;
-        relay *x = relay_new(cl, h->by, new_xfer(cl), k, 0);
+        relay *x = relay_new(cl, h->by, new_xfer(cl, 1), k, 0);
         if (!x)
             continue;
         x->out = x->in; /* the holder answers under our number; relayed under it too */
@@ -287,7 +330,7 @@ void coord_snap_fetched(sup_cluster *cl)
         if (cl->fetch[r] == 2)
             sup_record(cl->s, "snapshot_fetch", r, node_name(cl, k), "partner",
                        "rank %d moves from node %d (%s) to node %d (%s): its snapshot of step "
-                       "%" PRId64 " came from the partner copy on node %d (%s)",
+                       "%" PRId64 " was fetched from the partner copy on node %d (%s)",
                        r, was, node_name(cl, was), k, node_name(cl, k), cl->fetch_step[r],
                        cl->held[r].by, node_name(cl, cl->held[r].by));
         else if (cl->fetch[r])
@@ -298,11 +341,13 @@ void coord_snap_fetched(sup_cluster *cl)
                        cl->fetch[r] == 1    ? "its partner copy did not arrive in time"
                        : cl->fetch[r] == -2 ? "its partner copy could not be sent (gone, or it "
                                               "does not verify)"
+                       : cl->fetch[r] == -3 ? "the partner copies of the ranks that move share no "
+                                              "step"
                                             : "no partner copy of its snapshot is left");
     }
     for (int i = 0; i < RELAYS_MAX; i++) /* fetches that did not end are dropped */
         if (cl->relays[i].used && cl->relays[i].m.kind == RK_NODE_SNAP_FETCH)
-            cl->relays[i].used = 0;
+            abort_relay(cl, &cl->relays[i]);
     for (int r = 0; r < cl->n; r++)
         cl->last_node[r] = node_of_rank(cl, r);
     cl->last_world = cl->n;
@@ -315,7 +360,8 @@ void coord_snap_said(sup_cluster *cl)
     double mb = (double)cl->partner_bytes / 1e6;
     sup_say(cl->s,
             "partner copies: %d relayed to the partners, %.1f MB, at %.1f MB/s a copy from its "
-            "first byte to its last (%.2f s a copy on average)",
+            "first byte to its last (%.2f s a copy on average); %d dropped for want of room on "
+            "a partner's link",
             cl->partner_n, mb, cl->partner_s > 0 ? mb / cl->partner_s : 0.0,
-            cl->partner_s / cl->partner_n);
+            cl->partner_s / cl->partner_n, cl->partner_dropped);
 }

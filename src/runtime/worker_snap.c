@@ -217,6 +217,7 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
         if (w->mem_pin_every > 0 &&
             !(rc = mem_room(w, "partner copies", 3 * bytes, &ok, why, sizeof why, err)) && !ok) {
             w->mem_pin_every = 0;
+            w->mem_pin_auto = 0; /* and not chosen again at the 4th put */
             if (w->rank == 0 && w->notes)
                 fprintf(w->notes, "snapshot: no partner copies (no pins): %s\n", why);
         }
