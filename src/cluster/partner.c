@@ -204,6 +204,7 @@ static int find_pin(rk_partner *p, int *rank, int64_t *step, char *name, size_t 
         if (sscanf(de->d_name, "rank-%d%c", &r, &tail) != 1 || r < 0)
             continue;
         int rfd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        /* rk-fd: rfd is close-on-exec (O_CLOEXEC above) */
         DIR *rd = rfd >= 0 ? fdopendir(rfd) : NULL;
         if (!rd) {
             if (rfd >= 0)
