@@ -73,11 +73,11 @@ sup=$RIG_PID
 pids+=("$sup")
 # once rank 5 (on h3) holds a generation, every host's directory holds its own ranks only
 declare -A dir=()
-for ((i = 0; i < 1200; i++)); do
+rank5_put() {
   while read -r k d; do dir[$k]=$d; done < <(snapdirs a.log)
-  [[ -n ${dir[2]-} ]] && compgen -G "${dir[2]}/rank-5/snap-*.safetensors" >/dev/null && break
-  sleep 0.05
-done
+  [[ -n ${dir[2]-} ]] && compgen -G "${dir[2]}/rank-5/snap-*.safetensors" >/dev/null
+}
+wait_for rank5_put 60
 if [[ -n ${dir[0]-} && -n ${dir[1]-} && -n ${dir[2]-} ]]; then
   layout=$(for k in 0 1 2; do printf '%s:' "h$((k + 1))"; (cd "${dir[$k]}" && ls -d rank-* 2>/dev/null | tr '\n' ' '); done)
   [[ ${dir[0]} != "${dir[1]}" && ${dir[1]} != "${dir[2]}" && $layout == "h1:rank-0 rank-1 h2:rank-2 rank-3 h3:rank-4 rank-5 " ]] \
@@ -128,18 +128,16 @@ held_at() {
 }
 # h2's ranks' partner is h3, h3's is h1 (the next host): once both hold the pins of step 20 of
 # the ranks that will move (2, 3 from h3; 4, 5 from h1), h2 goes
-held=
-for ((i = 0; i < 2400; i++)); do
+# partners_hold: the partners hold step 20 (or 40) of ranks 2-5; their steps in $held
+partners_hold() {
+  local d1 d3
   d1=$(snapdirs c.log | sed -n 's/^0 //p' | head -1)
   d3=$(snapdirs c.log | sed -n 's/^2 //p' | head -1)
-  if [[ -n $d1 && -n $d3 ]]; then
-    held="$(held_at "$d3" 2) $(held_at "$d3" 3) $(held_at "$d1" 4) $(held_at "$d1" 5)"
-    [[ $held =~ ^(20|40)\ (20|40)\ (20|40)\ (20|40)$ ]] && break
-  fi
-  held=
-  sleep 0.05
-done
-if [[ -n $held ]]; then
+  [[ -n $d1 && -n $d3 ]] || return 1
+  held="$(held_at "$d3" 2) $(held_at "$d3" 3) $(held_at "$d1" 4) $(held_at "$d1" 5)"
+  [[ $held =~ ^(20|40)\ (20|40)\ (20|40)\ (20|40)$ ]]
+}
+if wait_for partners_hold 120; then
   victims=$(ip netns pids "$name-h2")
   # shellcheck disable=SC2086
   kill -9 $victims
@@ -168,11 +166,7 @@ rig_spawn "$name" h1 "${run[@]}" --spare-hosts h4:2,h5:2 --ckpt-dir "$work/ckd" 
   --inject 'slow@step=0:rank=0:ms=150:for=40' -- "${train[@]}" >d.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
-for ((i = 0; i < 1800; i++)); do
-  [[ "$(cat ckd/latest 2>/dev/null)" == ckpt-0000000000[23]0.safetensors ]] && break
-  sleep 0.05
-done
-if [[ "$(cat ckd/latest 2>/dev/null)" == ckpt-* ]]; then
+if wait_for '[[ "$(cat ckd/latest 2>/dev/null)" == ckpt-0000000000[23]0.safetensors ]]' 90; then
   victims="$(ip netns pids "$name-h2") $(ip netns pids "$name-h3")"
   # shellcheck disable=SC2086
   kill -9 $victims
