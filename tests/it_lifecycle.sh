@@ -14,7 +14,9 @@
 #     3000 connect/close cycles, 100 silent connections) before the ranks' hello locks nobody
 #     out and rk run's output stays short;
 # (6) an unexecutable launcher is one message and exit 2; a single-node job's listeners (mpirun's
-#     out-of-band and PMIx ones) are all on loopback (ss).
+#     out-of-band and PMIx ones) are all on loopback (ss);
+# (7) jobs started one after another in their PID namespaces get different Open MPI job ids
+#     (their shared memory and session directories never meet).
 # Skips (77) without mpirun or python3.
 set -u
 command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (install openmpi-bin)"; exit 77; }
@@ -280,6 +282,27 @@ if command -v ss >/dev/null; then
     && ok "a single-node job listens on loopback only: $(awk '{print $4}' "$work/ss.txt" | tr '\n' ' ')" \
     || bad "listeners not on loopback: ${open:-none found}: $(cat "$work/ss.txt")"
 fi
+# --- (7) two jobs, two Open MPI job ids ---------------------------------------------------------
+# Open MPI names a job (its shared memory in /dev/shm and its session directories on every
+# host) by the host's name and mpirun's pid; in a fresh PID namespace that pid was always 2,
+# so two multi-host jobs started from one host shared one job id and crashed each other in
+# MPI_Init. Three jobs in their namespaces: not one id for all three.
+cat >"$work/jobid.sh" <<'SH'
+#!/bin/sh
+[ "$OMPI_COMM_WORLD_RANK" = 0 ] && echo "jobid=$OMPI_MCA_ess_base_jobid"
+exit 0
+SH
+chmod +x "$work/jobid.sh"
+ids=()
+for i in 1 2 3; do
+  "$RK" run -n 2 --launcher mpirun --quiet -- "$work/jobid.sh" >"$work/jobid$i.out" 2>&1
+  ids+=("$(sed -n 's/^jobid=\([0-9]*\)$/\1/p' "$work/jobid$i.out")")
+done
+distinct=$(printf '%s\n' "${ids[@]}" | sort -u | grep -c .)
+grep -q "no PID namespace" "$work/jobid1.out" && echo "# no PID namespace here: the ids are the kernel's pids"
+[[ -n ${ids[0]} && -n ${ids[1]} && -n ${ids[2]} && $distinct -gt 1 ]] \
+  && ok "three mpirun jobs, $distinct Open MPI job ids: ${ids[*]}" \
+  || bad "Open MPI job ids of three jobs: '${ids[*]}': $(tail -2 "$work/jobid1.out")"
 "$RK" run -n 1 --quiet --launcher-arg --host --launcher-arg localhost -- python3 "$pyw" \
   --steps 5 --sleep 0 >"$work/host.out" 2>&1
 grep "mpirun" "$work/host.out" | grep -qv "if_include" && ok "with --host the interfaces are Open MPI's choice" \

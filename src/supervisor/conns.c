@@ -316,7 +316,8 @@ static int on_line(void *ctx, const char *line, size_t len)
     case RK_HB_EVENT:
         if (rk_sup_action_exits(m.action))
             on_exit_event(s, &m);
-        else if (!sup_failing(s))
+        else /* handled in the process: it happened, even when read after another rank's
+              * failure (said before it, on another connection: it_late_words) */
             on_event(s, &m);
         break;
     case RK_HB_INJECT: on_inject(s, &m); break;

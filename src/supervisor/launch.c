@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -716,6 +717,39 @@ static int assign_spare(int w, char *const *env, char *const *extra, int rank)
     return 0;
 }
 
+/* In a new PID namespace the keeper is pid 1 and the launcher would always be pid 2; Open
+ * MPI names a job by a hash of its host's name and mpirun's pid, and its shared-memory
+ * segments (/dev/shm/vader_segment.HOST.UID.JOBID.RANK) and session directories on every
+ * host by that job id: two jobs started from one host would share them and crash each other
+ * (SIGSEGV in MPI_Init). A random start for the namespace's pids (ns_last_pid: the pid
+ * namespace of the writer, CAP_SYS_ADMIN there, which made the namespace) gives each job its
+ * own pids, as without a namespace. Best effort: left as it is when the kernel refuses. */
+static void scatter_pids(void)
+{
+    unsigned r = 0;
+    long max = 32768;
+    FILE *f = fopen("/proc/sys/kernel/pid_max", "re");
+    if (f) {
+        if (fscanf(f, "%ld", &max) != 1)
+            max = 32768;
+        fclose(f);
+    }
+    if (max > 1 << 22)
+        max = 1 << 22;
+    if (max < 4096 || getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+        return;
+    /* from 1000 (room below) up to half of pid_max (room above for the job's processes) */
+    long last = 1000 + (long)(r % (unsigned)(max / 2 - 1000));
+    int fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    char buf[24];
+    int n = snprintf(buf, sizeof buf, "%ld", last);
+    if (write(fd, buf, (size_t)n) != n) { /* refused: the pids start at 2, as before */
+    }
+    close(fd);
+}
+
 /* The keeper's life: start the launcher (or, `nranks` > 0, the ranks themselves), reap
  * everything, pass TERM, INT and HUP on to the job, kill the job when rk run goes (lifeline at
  * end of file) or the launcher exits (a local rank fails, or the last one is done), and exit
@@ -745,6 +779,8 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
     sigaddset(&set, SIGHUP);
     sigprocmask(SIG_BLOCK, &set, NULL);
     int sfd = signalfd(-1, &set, SFD_CLOEXEC);
+    if (pidns)
+        scatter_pids();
     int nchild = nranks > 0 ? nranks : 1;
     static pid_t child[RK_SUP_MAX_DEVICES];
     for (int r = 0; r < nchild; r++) {
