@@ -94,12 +94,17 @@ static void print_report(const rk_sup_report *r)
     for (size_t q = 0; q < r->nkinds; q++)
         fprintf(stderr, "%s%s %d%s", q ? ", " : "rk run: incidents: ", r->incidents[q].kind,
                 r->incidents[q].count, q + 1 == r->nkinds ? "\n" : "");
-    if (r->snap_peak > 0)
+    if (r->snap_peak > 0) {
+        char held[64] = "";
+        if (r->held_peak > 0) /* across hosts */
+            snprintf(held, sizeof held, " (partner copies %.1f MiB)",
+                     (double)r->held_peak / (1024.0 * 1024.0));
         fprintf(stderr,
-                "rk run: snapshots in memory %s, peak %.1f MiB; relaunches restored from memory "
-                "%d, from disk %d; ranks replaced in place %d\n",
-                r->snapshots, (double)r->snap_peak / (1024.0 * 1024.0), r->from_memory,
+                "rk run: snapshots in memory %s, peak %.1f MiB%s; relaunches restored from "
+                "memory %d, from disk %d; ranks replaced in place %d\n",
+                r->snapshots, (double)r->snap_peak / (1024.0 * 1024.0), held, r->from_memory,
                 r->from_disk, r->in_place);
+    }
     if (r->summary_err.msg[0])
         fprintf(stderr, "rk run: %s\n", r->summary_err.msg);
 }

@@ -174,6 +174,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(kl.launch >= 1 && kl.grace_s >= 0 && kl.grace_s <= 3600);
     else
         check(err.code == RK_EFORMAT);
+    rk_node_snap_mem mm, mm2;
+    if (rk_node_snap_mem_parse(data, size, &mm, &err) == RK_OK) {
+        check(mm.own >= 0 && mm.held >= 0 && mm.own <= RK_NODE_SNAP_MEM_MAX &&
+              mm.held <= RK_NODE_SNAP_MEM_MAX);
+        check(rk_node_snap_mem_format(&mm, out, sizeof out, &len, &err) == RK_OK);
+        check(rk_node_snap_mem_parse(out, len, &mm2, &err) == RK_OK && mm2.own == mm.own &&
+              mm2.held == mm.held);
+    }
     rk_node_progress pg, pg2;
     if (rk_node_progress_parse(data, size, &pg, &err) == RK_OK) {
         check(pg.steps >= 0 && pg.steps <= ((int64_t)1 << 62));

@@ -345,6 +345,26 @@ static void test_snap_messages(void **state)
     assert_int_equal(rk_node_snap_data_parse(d, sizeof d, &x, &off, &bytes, &n, &e), RK_EFORMAT);
     assert_string_equal(rk_node_msg_name(RK_NODE_MSG_SNAP_END), "SNAP_END");
     assert_string_equal(rk_node_msg_name(RK_NODE_MSG_SNAP_FETCH), "SNAP_FETCH");
+    /* SNAP_MEM: a node's snapshot memory, its own and the partner copies it holds */
+    rk_node_snap_mem mm = {.own = (int64_t)7 << 30, .held = 3 << 20}, mmb;
+    assert_int_equal(rk_node_snap_mem_format(&mm, buf, sizeof buf, &len, &e), RK_OK);
+    assert_int_equal(rk_node_snap_mem_parse(buf, len, &mmb, &e), RK_OK);
+    assert_true(mmb.own == mm.own && mmb.held == mm.held);
+    static const char *const bad_mem[] = {"own=1\n",
+                                          "held=1\n",
+                                          "own=-1\nheld=0\n",
+                                          "own=1\nheld=4611686018427387905\n",
+                                          "own=1\nheld=2\nheld=3\n",
+                                          "own=x\nheld=0\n"};
+    for (size_t i = 0; i < sizeof bad_mem / sizeof bad_mem[0]; i++) {
+        assert_int_equal(rk_node_snap_mem_parse(bad_mem[i], strlen(bad_mem[i]), &mmb, &e),
+                         RK_EFORMAT);
+        assert_non_null(strstr(e.msg, "snap_mem"));
+        assert_true(mmb.own == 0 && mmb.held == 0);
+    }
+    mm.held = -1;
+    assert_int_equal(rk_node_snap_mem_format(&mm, buf, sizeof buf, &len, &e), RK_EINVAL);
+    assert_string_equal(rk_node_msg_name(RK_NODE_MSG_SNAP_MEM), "SNAP_MEM");
 }
 
 /* A stream as a channel (chan.c): what one end forwards, the other takes, in the same frames;

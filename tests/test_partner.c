@@ -6,7 +6,8 @@
  * the way and one whose link was lost are never kept and leave no temporary file; a fetch of
  * a copy the holder does not have is answered with SNAP_END alone; a message that does not
  * parse is refused; a fetch goes before a push in flight, which is given up (its receiver
- * keeps nothing) and sent again whole; after a rollback below the pin sent, the new pin goes. The
+ * keeps nothing) and sent again whole; after a rollback below the pin sent, the new pin goes;
+ * each node says its snapshot memory (its own, the partner copies it holds: SNAP_MEM). The
  * messages go through a capture in place of the node link (the coordinator's relay is a copy of
  * each frame: partners.c).
  */
@@ -43,11 +44,19 @@ typedef struct msg {
 typedef struct cap {
     msg m[MSGS_MAX];
     int n;
+    int nmem; /* SNAP_MEMs said, the last one in mem (not in m: the copies' frames are) */
+    rk_node_snap_mem mem;
 } cap;
 
 static int capture(void *ctx, uint8_t type, const void *payload, size_t len)
 {
     cap *c = ctx;
+    if (type == RK_NODE_MSG_SNAP_MEM) {
+        rk_err e = {0};
+        assert_int_equal(rk_node_snap_mem_parse(payload, len, &c->mem, &e), RK_OK);
+        c->nmem++;
+        return 0;
+    }
     assert_true(c->n < MSGS_MAX);
     msg *m = &c->m[c->n++];
     m->type = type;
@@ -194,10 +203,28 @@ static void test_stream_hold_fetch(void **state)
     assert_int_equal(n1, n2);
     assert_int_equal(n1, s.bytes);
     assert_memory_equal(x1, x2, n1);
-    /* nothing new: nothing sent */
+    /* each node says its snapshot memory: a's two generations of rank 2 (the pin is a hard
+     * link of one, counted once), b's partner copy under held/ */
+    uint64_t own_a, held_b;
+    assert_int_equal(rk_snap_bytes(a, &own_a, &e), RK_OK);
+    assert_int_equal(out.nmem, 1);
+    assert_true(out.mem.own == (int64_t)own_a && own_a >= 2 * s.bytes && out.mem.held == 0);
+    snprintf(path, sizeof path, "%s/held", b);
+    assert_int_equal(rk_snap_bytes(path, &held_b, &e), RK_OK);
+    assert_int_equal(held_b, s.bytes);
+    assert_int_equal(rk_partner_pump(pb, 1000, capture, &held), 0);
+    assert_int_equal(held.nmem, 1);
+    assert_true(held.mem.own == 0 && held.mem.held == (int64_t)s.bytes);
+    /* nothing new: nothing sent, the memory not said again within the second */
     cap_free(&out);
+    out.nmem = 0;
     assert_int_equal(rk_partner_pump(pa, 1000, capture, &out), 0);
     assert_int_equal(out.n, 0);
+    assert_int_equal(out.nmem, 0);
+    /* a new link: said again at once */
+    rk_partner_link_lost(pa);
+    assert_int_equal(rk_partner_pump(pa, 1000, capture, &out), 0);
+    assert_int_equal(out.nmem, 1);
     /* fetched back (under the coordinator's number) onto a third node: the rank's own there */
     rk_node_snap f = s;
     f.xfer = 77;
@@ -338,6 +365,17 @@ static void pump_some(rk_partner *p, cap *out)
     assert_true(out->n > 0);
 }
 
+/* Pump one piece a turn until something went (the next scan): BEGIN and a first piece. */
+static void pump_one(rk_partner *p, cap *out)
+{
+    for (int i = 0; i < 1000 && out->n == 0; i++) {
+        assert_int_equal(rk_partner_pump(p, 1, capture, out), 0);
+        if (out->n == 0)
+            poll(NULL, 0, 10);
+    }
+    assert_true(out->n > 0);
+}
+
 static void test_fetch_first_and_rollback(void **state)
 {
     (void)state;
@@ -396,6 +434,70 @@ static void test_fetch_first_and_rollback(void **state)
     rk_partner_free(pb);
 }
 
+/* A generation is sent from its open file, a piece at a time: its pin and generation removed
+ * after the first piece (the job went on), it still arrives whole and is kept; a file cut
+ * short under the sender is given up (an END that does not match: nothing kept) and sent again
+ * whole when the next scan finds a pin. */
+static void test_sent_from_the_open_file(void **state)
+{
+    (void)state;
+    char a[RK_SNAP_PATH_MAX], b[RK_SNAP_PATH_MAX], held[RK_SNAP_PATH_MAX + 32],
+        pin[RK_SNAP_PATH_MAX + 96], gen[RK_SNAP_PATH_MAX + 96];
+    node_dir(a, sizeof a);
+    node_dir(b, sizeof b);
+    snprintf(held, sizeof held, "%s/held", b);
+    snprintf(pin, sizeof pin, "%s/rank-1/pin-000000000030.safetensors", a);
+    snprintf(gen, sizeof gen, "%s/rank-1/snap-000000000030.safetensors", a);
+    put(a, 1, 30, 1);
+    rk_partner *pa, *pb;
+    rk_err e = {0};
+    assert_int_equal(rk_partner_new(&pa, a, 0, NULL, NULL, &e), RK_OK);
+    assert_int_equal(rk_partner_new(&pb, b, 1, NULL, NULL, &e), RK_OK);
+    cap out = {0}, ack = {0};
+    assert_int_equal(rk_partner_pump(pa, 1, capture, &out), 0); /* BEGIN and a piece */
+    assert_true(rk_partner_sending(pa));
+    assert_int_equal(unlink(pin), 0);
+    assert_int_equal(unlink(gen), 0);
+    pump_all(pa, &out);
+    assert_int_equal(out.m[out.n - 1].type, RK_NODE_MSG_SNAP_END);
+    feed(pb, &out, 0, &ack);
+    assert_int_equal(ack.n, 1);
+    assert_int_equal(ack.m[0].type, RK_NODE_MSG_SNAP_HELD);
+    assert_int_equal(rk_snap_get(held, 1, 30, NULL, &e), RK_OK);
+    /* a pin cut short under the sender: given up, nothing kept, sent again whole later */
+    put(a, 1, 40, 1);
+    snprintf(pin, sizeof pin, "%s/rank-1/pin-000000000040.safetensors", a);
+    struct stat st;
+    assert_int_equal(stat(pin, &st), 0);
+    cap_free(&out);
+    cap_free(&ack);
+    pump_one(pa, &out); /* BEGIN and a piece of step 40 */
+    assert_int_equal(snap_of(&out.m[0]).step, 40);
+    assert_true(rk_partner_sending(pa));
+    assert_int_equal(truncate(pin, st.st_size / 2), 0);
+    pump_all(pa, &out);
+    rk_node_snap begin = snap_of(&out.m[0]), end = snap_of(&out.m[out.n - 1]);
+    assert_int_equal(out.m[out.n - 1].type, RK_NODE_MSG_SNAP_END);
+    assert_true(end.bytes != begin.bytes); /* an END that does not match */
+    feed(pb, &out, 0, &ack);
+    assert_int_equal(ack.n, 0);
+    assert_int_not_equal(rk_snap_get(held, 1, 40, NULL, &e), RK_OK);
+    assert_int_equal(truncate(pin, 0), 0); /* the store's put would not; the test's own */
+    assert_int_equal(unlink(pin), 0);
+    put(a, 1, 50, 1); /* the next pin goes whole */
+    cap_free(&out);
+    pump_some(pa, &out);
+    pump_all(pa, &out);
+    assert_int_equal(snap_of(&out.m[0]).step, 50);
+    feed(pb, &out, 0, &ack);
+    assert_int_equal(ack.n, 1);
+    assert_int_equal(rk_snap_get(held, 1, 50, NULL, &e), RK_OK);
+    cap_free(&out);
+    cap_free(&ack);
+    rk_partner_free(pa);
+    rk_partner_free(pb);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -403,6 +505,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_torn_and_corrupt_never_kept, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fetch_of_nothing_and_bad_messages, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fetch_first_and_rollback, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sent_from_the_open_file, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -481,6 +481,21 @@ static const char *snap_dirs(void *ctx, char *buf, size_t cap)
     return buf;
 }
 
+static int snap_mem(void *ctx, int k, rk_sup_snap_mem *m)
+{
+    sup_cluster *cl = ctx;
+    if (k < 0 || k >= cl->o->nhosts || k >= MAX_NODES)
+        return 0;
+    const struct node_mem *g = &cl->mem[k];
+    *m = (rk_sup_snap_mem){.name = node_name(cl, k),
+                           .have = g->have,
+                           .own = (uint64_t)g->own,
+                           .held = (uint64_t)g->held,
+                           .own_peak = (uint64_t)g->own_peak,
+                           .held_peak = (uint64_t)g->held_peak};
+    return 1;
+}
+
 static const char *master(void *ctx)
 {
     sup_cluster *cl = ctx;
@@ -677,6 +692,7 @@ static const rk_sup_backend_ops cluster_ops = {.name = "cluster",
                                                .host_list = host_list,
                                                .master = master,
                                                .snap_dirs = snap_dirs,
+                                               .snap_mem = snap_mem,
                                                .srun_hosts = srun_hosts,
                                                .node_up = node_up,
                                                .node_name = dev_node_name,

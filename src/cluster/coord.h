@@ -153,6 +153,12 @@ struct sup_cluster {
         int lag; /* said lagging (1) */
     } held[RK_SUP_MAX_DEVICES];
     relay relays[RELAYS_MAX];
+    struct delivered { /* pushes relayed whole, until their receiver's SNAP_HELD (a ring) */
+        int used, to;
+        rk_node_snap m; /* as its SNAP_BEGIN said it */
+    } delivered[RELAYS_MAX];
+    int next_delivered;
+    int held_unasked; /* SNAP_HELDs of pushes never relayed to their sender: ignored */
     uint32_t next_xfer;
     int last_node[RK_SUP_MAX_DEVICES]; /* rank -> the node it ran on in the last launch, -1 */
     int last_world;
@@ -168,6 +174,12 @@ struct sup_cluster {
     uint64_t partner_bytes;
     double partner_s;
     int partner_dropped; /* copies dropped: no room on the partner's link */
+    /* ---- each node's snapshot memory (SNAP_MEM): facts.c records, cluster.c (snap_mem) reads */
+    struct node_mem {
+        int have;          /* a SNAP_MEM came */
+        int64_t own, held; /* the last one's bytes */
+        int64_t own_peak, held_peak;
+    } mem[MAX_NODES];
     /* ---- the facts the callbacks recorded, in order: facts.c (recorded by the callbacks,
      * taken by coord_take_facts, act's first and last step); facts[fact_head..nfacts) not yet
      * taken */

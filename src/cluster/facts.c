@@ -253,6 +253,22 @@ static void record(sup_cluster *cl, int k, uint8_t type, const uint8_t *payload,
         }
         return;
     }
+    case RK_NODE_MSG_SNAP_MEM: { /* the node's snapshot memory (gauge.c reads it) */
+        rk_node_snap_mem m;
+        if (k < 0 || k >= MAX_NODES)
+            return;
+        if (rk_node_snap_mem_parse(payload, len, &m, &e)) {
+            note(cl, "node %d: a bad SNAP_MEM: %s", k, e.msg);
+            return;
+        }
+        struct node_mem *g = &cl->mem[k];
+        g->have = 1;
+        g->own = m.own;
+        g->held = m.held;
+        g->own_peak = m.own > g->own_peak ? m.own : g->own_peak;
+        g->held_peak = m.held > g->held_peak ? m.held : g->held_peak;
+        return;
+    }
     case RK_NODE_MSG_HEALTH: {
         rk_node_health m;
         if (!cl->o->health)

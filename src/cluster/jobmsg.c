@@ -362,6 +362,32 @@ int rk_node_progress_parse(const void *payload, size_t len, rk_node_progress *m,
     return RK_OK;
 }
 
+int rk_node_snap_mem_format(const rk_node_snap_mem *m, char *out, size_t cap, size_t *len,
+                            rk_err *err)
+{
+    *len = 0;
+    if (m->own < 0 || m->own > RK_NODE_SNAP_MEM_MAX || m->held < 0 ||
+        m->held > RK_NODE_SNAP_MEM_MAX)
+        return rk_err_set(err, RK_EINVAL, "snap_mem: bytes out of range");
+    if (!rk_node_put(out, cap, len, "own=%" PRId64 "\nheld=%" PRId64 "\n", m->own, m->held))
+        return rk_err_set(err, RK_EINVAL, "snap_mem: the buffer is too small");
+    return RK_OK;
+}
+
+int rk_node_snap_mem_parse(const void *payload, size_t len, rk_node_snap_mem *m, rk_err *err)
+{
+    memset(m, 0, sizeof *m);
+    rk_node_kv kv;
+    int rc;
+    if ((rc = parse_kv(&kv, "snap_mem", payload, len, err)) ||
+        (rc = rk_node_kv_int(&kv, "snap_mem", "own", 0, RK_NODE_SNAP_MEM_MAX, &m->own, err)) ||
+        (rc = rk_node_kv_int(&kv, "snap_mem", "held", 0, RK_NODE_SNAP_MEM_MAX, &m->held, err))) {
+        memset(m, 0, sizeof *m);
+        return rc;
+    }
+    return RK_OK;
+}
+
 /* ---- DATA and CLOSE ---------------------------------------------------------------------- */
 
 int rk_node_data_format(uint32_t chan, const void *bytes, size_t n, uint8_t *out, size_t cap,

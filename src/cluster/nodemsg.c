@@ -22,10 +22,10 @@
 const char *rk_node_msg_name(uint8_t type)
 {
     static const char *const names[] = {
-        NULL,       "HELLO",      "WELCOME",   "PING",     "PONG",      "BYE",
-        "REFUSED",  "LAUNCH",     "LAUNCHED",  "OPEN",     "DATA",      "CLOSE",
-        "EXITED",   "KILL",       "HEALTH",    "STACKS",   "STACK",     "STACK_END",
-        "PROGRESS", "SNAP_BEGIN", "SNAP_DATA", "SNAP_END", "SNAP_HELD", "SNAP_FETCH"};
+        NULL,       "HELLO",     "WELCOME",    "PING",      "PONG",     "BYE",        "REFUSED",
+        "LAUNCH",   "LAUNCHED",  "OPEN",       "DATA",      "CLOSE",    "EXITED",     "KILL",
+        "HEALTH",   "STACKS",    "STACK",      "STACK_END", "PROGRESS", "SNAP_BEGIN", "SNAP_DATA",
+        "SNAP_END", "SNAP_HELD", "SNAP_FETCH", "SNAP_MEM"};
     static char other[16];
     if (type >= 1 && type <= RK_NODE_MSG_LAST)
         return names[type];

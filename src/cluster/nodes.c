@@ -270,6 +270,7 @@ static void on_frame(rk_nodes *t, int ci, const rk_net_hdr *h, const uint8_t *pa
     case RK_NODE_MSG_SNAP_DATA:
     case RK_NODE_MSG_SNAP_END:
     case RK_NODE_MSG_SNAP_HELD:
+    case RK_NODE_MSG_SNAP_MEM:
         if (t->o.on_msg) { /* the job's messages: the caller's (cluster/cluster.c) */
             if (t->o.on_msg(t->o.ctx, k, h->type, payload, h->len))
                 t->full = true; /* the caller takes no more this poll */

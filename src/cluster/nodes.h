@@ -55,9 +55,10 @@ enum {
     RK_NODE_MSG_SNAP_DATA = 20,  /* agent <-> coordinator: its bytes (rk_node_snap_data_parse) */
     RK_NODE_MSG_SNAP_END = 21,   /* agent <-> coordinator: it is complete (rk_node_snap) */
     RK_NODE_MSG_SNAP_HELD = 22,  /* agent -> coordinator: a generation received and kept */
-    RK_NODE_MSG_SNAP_FETCH = 23  /* coordinator -> agent: send a generation it holds */
+    RK_NODE_MSG_SNAP_FETCH = 23, /* coordinator -> agent: send a generation it holds */
+    RK_NODE_MSG_SNAP_MEM = 24    /* agent -> coordinator: the node's snapshot memory */
 };
-#define RK_NODE_MSG_LAST RK_NODE_MSG_SNAP_FETCH
+#define RK_NODE_MSG_LAST RK_NODE_MSG_SNAP_MEM
 
 #define RK_NODES_MAX 1024         /* nodes of one job */
 #define RK_NODE_PAYLOAD_MAX 1024  /* bytes of one message's payload */
@@ -261,6 +262,17 @@ typedef struct rk_node_snap {
 } rk_node_snap;
 int rk_node_snap_format(const rk_node_snap *m, char *out, size_t cap, size_t *len, rk_err *err);
 int rk_node_snap_parse(const void *payload, size_t len, rk_node_snap *m, rk_err *err);
+/* SNAP_MEM: the bytes of the job's snapshots this node holds, `own` its ranks' generations
+ * and pins (a pin counted once, as the hard link it is), `held` the partner copies it keeps
+ * for other nodes' ranks; `own=N\nheld=N\n`, each 0..2^62. An agent says it when either
+ * changed, at most once a second (docs/cluster-protocol.md "Partner copies"). */
+#define RK_NODE_SNAP_MEM_MAX ((int64_t)1 << 62)
+typedef struct rk_node_snap_mem {
+    int64_t own, held;
+} rk_node_snap_mem;
+int rk_node_snap_mem_format(const rk_node_snap_mem *m, char *out, size_t cap, size_t *len,
+                            rk_err *err);
+int rk_node_snap_mem_parse(const void *payload, size_t len, rk_node_snap_mem *m, rk_err *err);
 /* SNAP_DATA: a 4-byte transfer number (big-endian, >= 1), an 8-byte offset (big-endian) and
  * 1..RK_NODE_SNAP_CHUNK bytes of the generation from that offset. Format writes the header
  * into out[12]; parse points *bytes into the payload. RK_EFORMAT naming the problem. */

@@ -1,9 +1,9 @@
 /*
  * A node agent's side of the partner copies (cluster/partner.h). Out: the ranks' newest pins
- * found by a scan of the job's directory, one generation at a time read whole into memory
- * (a put never writes over a pinned file; one whose pin went while it was read may be torn,
- * and the receiver, which verifies every checksum, drops it) and sent in SNAP_DATA pieces of
- * RK_NODE_SNAP_CHUNK bytes, as many a turn as the link takes without waiting, so that the
+ * found by a scan of the job's directory, one generation at a time, read from the open file
+ * (a put never writes over a pinned file, and a pin removed meanwhile is still its inode: what
+ * goes is the file as it was; the receiver verifies every checksum anyway) in SNAP_DATA
+ * pieces of RK_NODE_SNAP_CHUNK bytes, as many a turn as the link takes without waiting, so that the
  * agent's loop goes on reading and answering pings; a fetch asked for goes first (a push in
  * flight is given up: its receiver hears an END that does not match). In: the store's receive
  * side (rk_snap_recv_*), one per transfer, given up when nothing of it came for
@@ -51,12 +51,16 @@ struct rk_partner {
     } sent[SENT_MAX];
     int nsent;
     double next_scan;
-    uint8_t *buf; /* the generation in flight (NULL: none); its BEGIN went */
+    int fd; /* the generation in flight, open (-1: none); its BEGIN went */
     rk_node_snap out;
     uint64_t off;
     uint32_t next_xfer;
     rk_node_snap fetch[FETCH_MAX];
     int nfetch;
+    /* the node's snapshot memory, said in SNAP_MEM (mem_said: since the link came up) */
+    double next_mem;
+    int mem_said;
+    rk_node_snap_mem mem;
     /* in */
     inflight in[RK_PARTNER_RECV_MAX];
     uint8_t piece[RK_NODE_SNAP_DATA_HDR + RK_NODE_SNAP_CHUNK];
@@ -85,6 +89,7 @@ int rk_partner_new(rk_partner **out, const char *dir, uint32_t node,
         return rk_err_set(err, RK_ENOMEM, "partner: out of memory");
     snprintf(p->dir, sizeof p->dir, "%s", dir);
     p->node = node;
+    p->fd = -1;
     p->on_log = on_log;
     p->ctx = ctx;
     *out = p;
@@ -111,8 +116,9 @@ static void drop_in(inflight *x)
 
 static void drop_out(rk_partner *p)
 {
-    free(p->buf);
-    p->buf = NULL;
+    if (p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
     p->off = 0;
 }
 
@@ -123,13 +129,15 @@ void rk_partner_link_lost(rk_partner *p)
     for (int i = 0; i < RK_PARTNER_RECV_MAX; i++)
         if (p->in[i].used)
             drop_in(&p->in[i]);
-    if (p->buf && p->out.kind == RK_NODE_SNAP_PUSH) { /* not sent whole: the next scan again */
+    if (p->fd >= 0 && p->out.kind == RK_NODE_SNAP_PUSH) { /* not sent whole: the next scan again */
         int64_t *sent = sent_of(p, (int)p->out.rank);
         if (sent && *sent == p->out.step)
             *sent = p->out.step - 1;
     }
     drop_out(p);
     p->nfetch = 0;
+    p->mem_said = 0; /* said again on the next link */
+    p->next_mem = 0;
 }
 
 void rk_partner_free(rk_partner *p)
@@ -142,17 +150,18 @@ void rk_partner_free(rk_partner *p)
 
 int rk_partner_sending(const rk_partner *p)
 {
-    return p && (p->buf || p->nfetch > 0);
+    return p && (p->fd >= 0 || p->nfetch > 0);
 }
 
 /* ---- out ----------------------------------------------------------------------------------- */
 
-/* The whole of regular file `name` of directory `dfd`, into a new buffer of *len bytes
- * (1..RK_NODE_SNAP_BYTES_MAX): 0, or -1 with why[]. */
-static int read_whole(int dfd, const char *name, uint8_t **buf, uint64_t *len, char *why,
-                      size_t cap)
+/* Regular file `name` of directory `dfd`, open into *out, its size (1..RK_NODE_SNAP_BYTES_MAX)
+ * into *len: 0, or -1 with why[]. Sent from the open file piece by piece: the agent holds one
+ * piece in memory, and a pin or generation removed meanwhile is still read whole (its inode;
+ * the store never writes over one). */
+static int open_whole(int dfd, const char *name, int *out, uint64_t *len, char *why, size_t cap)
 {
-    *buf = NULL;
+    *out = -1;
     int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -166,24 +175,8 @@ static int read_whole(int dfd, const char *name, uint8_t **buf, uint64_t *len, c
         close(fd);
         return -1;
     }
-    uint8_t *b = malloc((size_t)st.st_size);
-    size_t got = 0;
-    while (b && got < (size_t)st.st_size) {
-        ssize_t n = read(fd, b + got, (size_t)st.st_size - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    close(fd);
-    if (!b || got != (size_t)st.st_size) {
-        snprintf(why, cap, "%s", b ? "it changed size while read" : "out of memory");
-        free(b);
-        return -1;
-    }
-    *buf = b;
-    *len = got;
+    *out = fd;
+    *len = (uint64_t)st.st_size;
     return 0;
 }
 
@@ -259,7 +252,7 @@ static int send_snap(uint8_t type, const rk_node_snap *m, rk_node_send_fn send, 
 static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
 {
     char name[RK_SNAP_PATH_MAX + 160], why[256];
-    uint8_t *buf;
+    int fd;
     uint64_t len;
     while (p->nfetch > 0) {
         rk_node_snap m = p->fetch[0];
@@ -273,10 +266,11 @@ static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
         int bad = rk_snap_get(held, (int)m.rank, m.step, NULL, &e) != RK_OK; /* verified */
         if (bad)
             snprintf(why, sizeof why, "%.200s", e.msg);
-        else if (read_whole(AT_FDCWD, name, &buf, &len, why, sizeof why) || len != m.bytes) {
-            if (buf)
+        else if (open_whole(AT_FDCWD, name, &fd, &len, why, sizeof why) || len != m.bytes) {
+            if (fd >= 0) {
                 snprintf(why, sizeof why, "not of the size the coordinator asked for");
-            free(buf);
+                close(fd);
+            }
             bad = 1;
         }
         if (bad) { /* an end without a start: the coordinator hears it cannot come */
@@ -286,7 +280,7 @@ static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
                 return -1;
             continue;
         }
-        p->buf = buf;
+        p->fd = fd;
         p->out = m; /* its xfer is the coordinator's: the answer to its SNAP_FETCH */
         p->off = 0;
         return send_snap(RK_NODE_MSG_SNAP_BEGIN, &p->out, send, ctx);
@@ -301,7 +295,7 @@ static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
     if (!find_pin(p, &rank, &step, rel, sizeof rel))
         return 0;
     int dfd = open(p->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    int bad = dfd < 0 || read_whole(dfd, rel, &buf, &len, why, sizeof why);
+    int bad = dfd < 0 || open_whole(dfd, rel, &fd, &len, why, sizeof why);
     if (dfd >= 0)
         close(dfd);
     int64_t *sent = sent_of(p, rank);
@@ -313,7 +307,7 @@ static int start_next(rk_partner *p, rk_node_send_fn send, void *ctx)
     p->next_xfer = (p->next_xfer + 1) & ~RK_NODE_SNAP_XFER_FETCH; /* below the fetches' bit */
     if (p->next_xfer == 0)
         p->next_xfer = 1;
-    p->buf = buf;
+    p->fd = fd;
     p->out = (rk_node_snap){.xfer = p->next_xfer,
                             .kind = RK_NODE_SNAP_PUSH,
                             .node = p->node,
@@ -337,6 +331,16 @@ static int give_up_push(rk_partner *p, rk_node_send_fn send, void *ctx)
     return send_snap(RK_NODE_MSG_SNAP_END, &m, send, ctx);
 }
 
+/* A fetch's answer that cannot go on: an END that does not match its start (the coordinator
+ * hears the holder could not send it, its receiver drops what it has). */
+static int give_up_out(rk_partner *p, rk_node_send_fn send, void *ctx)
+{
+    rk_node_snap m = p->out;
+    m.bytes = m.bytes == 1 ? 2 : m.bytes - 1;
+    drop_out(p);
+    return send_snap(RK_NODE_MSG_SNAP_END, &m, send, ctx);
+}
+
 /* Generations being received that nothing came of for RK_PARTNER_STALE_S: their sender or
  * the coordinator's relay gave them up without a word (a node lost): removed. */
 static void drop_stale(rk_partner *p)
@@ -350,6 +354,35 @@ static void drop_stale(rk_partner *p)
         }
 }
 
+/* The node's snapshot memory now (the ranks' directories, the partner copies held), said
+ * when it changed, every RK_PARTNER_MEM_S at most. A directory that cannot be read (gone at
+ * the job's end) counts 0. */
+static int say_mem(rk_partner *p, rk_node_send_fn send, void *ctx)
+{
+    double now = rk_mono_s();
+    if (now < p->next_mem)
+        return 0;
+    p->next_mem = now + RK_PARTNER_MEM_S;
+    uint64_t own = 0, held = 0;
+    char hd[RK_SNAP_PATH_MAX];
+    rk_err e = {0};
+    if (rk_snap_bytes(p->dir, &own, &e) != RK_OK)
+        own = 0;
+    if (rk_snap_held_dir(p->dir, hd, sizeof hd, &e) != RK_OK || rk_snap_bytes(hd, &held, &e))
+        held = 0;
+    rk_node_snap_mem m = {.own = (int64_t)(own > (uint64_t)RK_NODE_SNAP_MEM_MAX ? 0 : own),
+                          .held = (int64_t)(held > (uint64_t)RK_NODE_SNAP_MEM_MAX ? 0 : held)};
+    if (p->mem_said && m.own == p->mem.own && m.held == p->mem.held)
+        return 0;
+    char out[RK_NODE_PAYLOAD_MAX];
+    size_t len;
+    if (rk_node_snap_mem_format(&m, out, sizeof out, &len, &e))
+        return 0;
+    p->mem = m;
+    p->mem_said = 1;
+    return send(ctx, RK_NODE_MSG_SNAP_MEM, out, len);
+}
+
 int rk_partner_pump(rk_partner *p, int pieces, rk_node_send_fn send, void *ctx)
 {
     if (!p)
@@ -357,11 +390,14 @@ int rk_partner_pump(rk_partner *p, int pieces, rk_node_send_fn send, void *ctx)
     drop_stale(p);
     if (pieces < 1)
         return 0;
-    if (p->buf && p->nfetch > 0 && p->out.kind == RK_NODE_SNAP_PUSH && give_up_push(p, send, ctx))
+    if (say_mem(p, send, ctx))
         return -1;
-    if (!p->buf && start_next(p, send, ctx))
+    if (p->fd >= 0 && p->nfetch > 0 && p->out.kind == RK_NODE_SNAP_PUSH &&
+        give_up_push(p, send, ctx))
         return -1;
-    for (int i = 0; p->buf && i < pieces; i++) {
+    if (p->fd < 0 && start_next(p, send, ctx))
+        return -1;
+    for (int i = 0; p->fd >= 0 && i < pieces; i++) {
         if (p->off == p->out.bytes) {
             int rc = send_snap(RK_NODE_MSG_SNAP_END, &p->out, send, ctx);
             drop_out(p);
@@ -370,7 +406,22 @@ int rk_partner_pump(rk_partner *p, int pieces, rk_node_send_fn send, void *ctx)
         size_t n = p->out.bytes - p->off < RK_NODE_SNAP_CHUNK ? (size_t)(p->out.bytes - p->off)
                                                               : RK_NODE_SNAP_CHUNK;
         rk_node_snap_data_header(p->out.xfer, p->off, p->piece);
-        memcpy(p->piece + RK_NODE_SNAP_DATA_HDR, p->buf + p->off, n);
+        size_t got = 0;
+        while (got < n) { /* the file's inode: a pin or generation removed meanwhile reads on */
+            ssize_t r = pread(p->fd, p->piece + RK_NODE_SNAP_DATA_HDR + got, n - got,
+                              (off_t)(p->off + got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        if (got < n) { /* shorter than when begun: given up, its receiver keeps nothing */
+            say(p, "rank %u's snapshot of step %" PRId64 " could not be read whole: given up",
+                (unsigned)p->out.rank, p->out.step);
+            return p->out.kind == RK_NODE_SNAP_PUSH ? give_up_push(p, send, ctx)
+                                                    : give_up_out(p, send, ctx);
+        }
         if (send(ctx, RK_NODE_MSG_SNAP_DATA, p->piece, RK_NODE_SNAP_DATA_HDR + n))
             return -1;
         p->off += n;

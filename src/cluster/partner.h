@@ -8,8 +8,9 @@
  * file verified in full before it becomes a generation, two generations a rank) and says
  * SNAP_HELD; on SNAP_FETCH it sends a held generation back (kind fetch), and a generation of
  * kind fetch that reaches it becomes the rank's own generation in DIR/rank-R, for a rank that
- * is about to run on this node. Bounded: one generation in flight out (its bytes read once,
- * into memory), at most RK_PARTNER_RECV_MAX in. Poll-based: agent.c calls in from its loop.
+ * is about to run on this node. Bounded: one generation in flight out (read from its open
+ * file a piece at a time), at most RK_PARTNER_RECV_MAX in. Poll-based: agent.c calls in from
+ * its loop.
  */
 #ifndef RK_CLUSTER_PARTNER_H
 #define RK_CLUSTER_PARTNER_H
@@ -24,6 +25,7 @@
 #define RK_PARTNER_SCAN_S 0.2   /* how often the ranks' pins are looked for */
 #define RK_PARTNER_STALE_S 30.0 /* a generation being received, silent this long, is dropped */
 #define RK_PARTNER_WINDOW (256 << 10) /* bytes of the link's send queue a copy may fill */
+#define RK_PARTNER_MEM_S 1.0          /* how often the node's snapshot memory is measured */
 
 typedef struct rk_partner rk_partner;
 
@@ -34,7 +36,8 @@ int rk_partner_new(rk_partner **out, const char *dir, uint32_t node,
 void rk_partner_free(rk_partner *p);
 /* 1 while a generation is being sent (the agent's loop should not sleep). */
 int rk_partner_sending(const rk_partner *p);
-/* One turn: drop what is being received and went silent; look for new pins (every
+/* One turn: drop what is being received and went silent; say the node's snapshot memory
+ * (SNAP_MEM, when it changed, measured every RK_PARTNER_MEM_S); look for new pins (every
  * RK_PARTNER_SCAN_S); a fetch asked for goes before a push in flight; send up to `pieces` of the
  * generation in flight (the caller's room on the link: the agent never blocks on a copy, so
  * that it goes on reading what the coordinator relays to it). 0, or -1 when a send failed

@@ -100,7 +100,32 @@ static int send_snap(sup_cluster *cl, relay *x, uint8_t type, rk_node_snap m)
     return 0;
 }
 
-/* A copy kept by node k (SNAP_HELD): the table, or a fetch done. */
+/* A push relayed whole to node `to`: remembered until its SNAP_HELD (the oldest forgotten
+ * first when the ring is full). */
+static void delivered_add(sup_cluster *cl, int to, const rk_node_snap *m)
+{
+    struct delivered *d = &cl->delivered[cl->next_delivered];
+    cl->next_delivered = (cl->next_delivered + 1) % RELAYS_MAX;
+    *d = (struct delivered){.used = 1, .to = to, .m = *m};
+}
+
+/* 1 (and forgotten) if a push of m's origin, rank, step and size was relayed whole to k. */
+static int delivered_take(sup_cluster *cl, int k, const rk_node_snap *m)
+{
+    for (int i = 0; i < RELAYS_MAX; i++) {
+        struct delivered *d = &cl->delivered[i];
+        if (d->used && d->to == k && d->m.node == m->node && d->m.rank == m->rank &&
+            d->m.step == m->step && d->m.bytes == m->bytes) {
+            d->used = 0;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A copy kept by node k (SNAP_HELD): the table, or a fetch done. Only what was sent to k
+ * counts: a fetch asked of k's rank, a push relayed whole to k (the link is authenticated,
+ * but an agent's word on what it holds is checked against what it was given). */
 static void on_held(sup_cluster *cl, int k, const rk_node_snap *m)
 {
     if (m->rank >= RK_SUP_MAX_DEVICES)
@@ -109,6 +134,14 @@ static void on_held(sup_cluster *cl, int k, const rk_node_snap *m)
     if (m->kind == RK_NODE_SNAP_FETCH) {
         if (cl->fetch[r] == 1 && cl->fetch_step[r] == m->step && node_of_rank(cl, r) == k)
             cl->fetch[r] = 2;
+        return;
+    }
+    if (!delivered_take(cl, k, m)) {
+        if (!cl->held_unasked++)
+            sup_say(cl->s,
+                    "node %d (%s) said it holds step %" PRId64 " of rank %d, which was never "
+                    "relayed to it: ignored (said once; counted at the end)",
+                    k, node_name(cl, k), m->step, r);
         return;
     }
     struct held *h = &cl->held[r];
@@ -215,7 +248,13 @@ void coord_snap_take(sup_cluster *cl, int k, uint8_t type, const uint8_t *payloa
             /* an end without a start: the holder cannot send it (gone, or it does not verify) */
             if ((int)x->m.rank < cl->n && cl->fetch[x->m.rank] == 1)
                 cl->fetch[x->m.rank] = -2;
+        } else if (!whole && x->m.kind == RK_NODE_SNAP_FETCH) {
+            /* the holder gave it up midway (its copy could not be read whole) */
+            (void)send_snap(cl, x, type, m); /* its receiver drops what it has */
+            if ((int)x->m.rank < cl->n && cl->fetch[x->m.rank] == 1)
+                cl->fetch[x->m.rank] = -2;
         } else if (send_snap(cl, x, type, m) == 0 && whole && x->m.kind == RK_NODE_SNAP_PUSH) {
+            delivered_add(cl, x->to, &x->m);
             cl->partner_n++;
             cl->partner_bytes += x->m.bytes;
             cl->partner_s += rk_mono_s() - x->t0;
@@ -364,4 +403,9 @@ void coord_snap_said(sup_cluster *cl)
             "a partner's link",
             cl->partner_n, mb, cl->partner_s > 0 ? mb / cl->partner_s : 0.0,
             cl->partner_s / cl->partner_n, cl->partner_dropped);
+    if (cl->held_unasked > 0)
+        sup_say(cl->s,
+                "partner copies: %d SNAP_HELD of copies never relayed to their sender "
+                "ignored",
+                cl->held_unasked);
 }

@@ -424,7 +424,7 @@ static int read_nums(const char *sum, size_t sum_len, const char *met, size_t me
     n->recovery_median_s = n->recovery_max_s = NAN;
     n->test_accuracy = n->final_train_loss = NAN;
     n->steps = n->restarts = n->quarantined = n->final_ranks = n->injected = -1;
-    n->snap_peak = n->from_memory = n->from_disk = -1;
+    n->snap_peak = n->held_peak = n->from_memory = n->from_disk = -1;
     int rc = RK_OK;
     if (sum) {
         const char *f = RK_REPORT_SUMMARY;
@@ -445,7 +445,8 @@ static int read_nums(const char *sum, size_t sum_len, const char *met, size_t me
                      json_num(o, "recovery_max_s", &n->recovery_max_s, f, err) ||
                      json_text(o, "recovery", n->recovery, sizeof n->recovery, f, err) ||
                      json_text(o, "snapshots", n->snapshots, sizeof n->snapshots, f, err) ||
-                     json_int(o, "snapshot_bytes_peak", &n->snap_peak, f, err)
+                     json_int(o, "snapshot_bytes_peak", &n->snap_peak, f, err) ||
+                     json_int(o, "snapshot_held_bytes_peak", &n->held_peak, f, err)
                  ? RK_EFORMAT
                  : RK_OK;
         json_t *r = json_object_get(o, "restores"); /* {"memory": N, "disk": N} */

@@ -124,6 +124,7 @@ typedef struct nums {
     double recovery_median_s, recovery_max_s;
     char recovery[16], snapshots[16];          /* "" unknown (an older rk run) */
     int64_t snap_peak, from_memory, from_disk; /* -1 unknown */
+    int64_t held_peak; /* partner copies' bytes at their peak (across hosts); -1 unknown */
     char model[64];
     double test_accuracy, final_train_loss;
 } nums;

@@ -985,6 +985,10 @@ static void facts(FILE *f, const data *d, const nums *n)
     }
     snprintf(b, sizeof b, "%.1f MiB", (double)n->snap_peak / (1024.0 * 1024.0));
     fact(f, "snapshot memory peak", n->snap_peak >= 0 ? b : "&#8212;");
+    if (n->held_peak > 0) { /* across hosts: the partner copies the nodes kept */
+        snprintf(b, sizeof b, "%.1f MiB", (double)n->held_peak / (1024.0 * 1024.0));
+        fact(f, "partner copies peak", b);
+    }
     snprintf(b, sizeof b, "%lld / %lld", (long long)n->from_memory, (long long)n->from_disk);
     fact(f, "restores memory / disk", n->from_memory >= 0 && n->from_disk >= 0 ? b : "&#8212;");
     snprintf(b, sizeof b, "%lld", (long long)n->final_ranks);

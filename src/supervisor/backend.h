@@ -35,6 +35,13 @@ typedef struct rk_sup_launch {
     const char *done; /* RK_INJECT_DONE's list ("" none) */
 } rk_sup_launch;
 
+/* A node's snapshot memory as its agent said it (backend op snap_mem). */
+typedef struct rk_sup_snap_mem {
+    const char *name; /* the node's host */
+    int have;         /* its agent said it (else the numbers are 0) */
+    uint64_t own, held, own_peak, held_peak;
+} rk_sup_snap_mem;
+
 typedef struct rk_sup_backend_ops {
     const char *name;
     /* ---- the job (NULL: nothing to do) */
@@ -81,6 +88,10 @@ typedef struct rk_sup_backend_ops {
      * snapshot directory (docs/recovery.md "Across hosts"); NULL when a host of the launch
      * has none (then no rank gets one: every rank snapshots, or none). */
     const char *(*snap_dirs)(void *ctx, char *buf, size_t cap);
+    /* Node k's snapshot memory (its ranks' generations and pins: own; the partner copies it
+     * keeps for other nodes: held; both now and at their peak) into *m: 1 for k < the job's
+     * nodes, 0 past them (NULL: the ranks' snapshots are this host's, gauge.c measures them) */
+    int (*snap_mem)(void *ctx, int k, rk_sup_snap_mem *m);
     /* ---- the devices' hosts (NULL: this host's, always up) */
     /* 1 if device d's host is up and not quarantined; its name. */
     int (*node_up)(void *ctx, int d);

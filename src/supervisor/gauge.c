@@ -1,6 +1,7 @@
 /*
- * What rk run measures as the job goes (sup.h): the node's snapshot memory (rk_snap_bytes of
- * the job's snapshot directory, at most once a second, at each relaunch and at the end), its
+ * What rk run measures as the job goes (sup.h): the snapshot memory (rk_snap_bytes of the
+ * job's snapshot directory, or across hosts what each node's agent says of its own and of the
+ * partner copies it keeps, at most once a second, at each relaunch and at the end), its
  * notes in the events file (snapshot_on, snapshot_held, snapshot_peak: docs/run.md), and the
  * metrics file for node_exporter's textfile collector (--metrics-file, docs/metrics.md).
  * Relies on the snapshot store (rekindle/snap.h) and the atomic writer (rekindle/fileio.h).
@@ -25,14 +26,22 @@ long rk_sup_metrics_format(const rk_sup_metrics *m, char *buf, size_t cap)
         "its snapshots in memory are on, off (turned off for want of room) or none.\n"
         "# TYPE rk_run_info gauge\n"
         "rk_run_info{recovery=\"%s\",snapshots=\"%s\"} 1\n"
-        "# HELP rk_run_snapshot_bytes Bytes of the job's snapshots in this node's memory "
-        "(tmpfs), as last measured.\n"
+        "# HELP rk_run_snapshot_bytes Bytes of the job's snapshots in memory (tmpfs) on its "
+        "nodes (this host's, or every host's across hosts), as last measured.\n"
         "# TYPE rk_run_snapshot_bytes gauge\n"
         "rk_run_snapshot_bytes %" PRIu64 "\n"
-        "# HELP rk_run_snapshot_bytes_peak The most bytes of the job's snapshots this node's "
+        "# HELP rk_run_snapshot_bytes_peak The most bytes of the job's snapshots its nodes' "
         "memory held.\n"
         "# TYPE rk_run_snapshot_bytes_peak gauge\n"
         "rk_run_snapshot_bytes_peak %" PRIu64 "\n"
+        "# HELP rk_run_snapshot_held_bytes Bytes of partner copies (other nodes' ranks' "
+        "snapshots) the job's nodes hold in memory, as last measured.\n"
+        "# TYPE rk_run_snapshot_held_bytes gauge\n"
+        "rk_run_snapshot_held_bytes %" PRIu64 "\n"
+        "# HELP rk_run_snapshot_held_bytes_peak The most bytes of partner copies the job's "
+        "nodes held.\n"
+        "# TYPE rk_run_snapshot_held_bytes_peak gauge\n"
+        "rk_run_snapshot_held_bytes_peak %" PRIu64 "\n"
         "# HELP rk_run_relaunches_total Relaunches whose ranks all restored their state from "
         "the node's memory or from disk.\n"
         "# TYPE rk_run_relaunches_total counter\n"
@@ -44,8 +53,8 @@ long rk_sup_metrics_format(const rk_sup_metrics *m, char *buf, size_t cap)
         "# HELP rk_run_step The most steps done by any rank.\n"
         "# TYPE rk_run_step gauge\n"
         "rk_run_step %" PRId64 "\n",
-        rec, snaps, m->snap_bytes, m->snap_peak, m->from_memory, m->from_disk, m->restarts,
-        m->step < 0 ? 0 : m->step);
+        rec, snaps, m->snap_bytes, m->snap_peak, m->held_bytes, m->held_peak, m->from_memory,
+        m->from_disk, m->restarts, m->step < 0 ? 0 : m->step);
     return n < 0 || (size_t)n >= cap ? -1 : n;
 }
 
@@ -75,29 +84,70 @@ static void per_rank(const sup *s, char *buf, size_t cap)
     }
 }
 
-/* Measure the snapshot directory now: the bytes held (0 once it is gone) and the peak; the
- * first time any are held, the snapshot_on note. A directory that cannot be read keeps the
- * last measure. */
+/* Across hosts: "h1 3.40 MiB (partner copies 1.70 MiB), h2 ..." for every node whose agent
+ * said its memory (the backend's snap_mem) into buf[cap] (cut when full). */
+static void per_node(const sup *s, char *buf, size_t cap)
+{
+    size_t u = 0;
+    rk_sup_snap_mem m;
+    buf[0] = '\0';
+    for (int k = 0; u + 1 < cap && s->b.ops->snap_mem(s->b.ctx, k, &m); k++) {
+        if (!m.have)
+            continue;
+        int w = snprintf(buf + u, cap - u, "%s%s %.2f MiB (partner copies %.2f MiB)", u ? ", " : "",
+                         m.name, mib(m.own), mib(m.held));
+        if (w < 0)
+            break;
+        u += (size_t)w < cap - u ? (size_t)w : cap - u - 1;
+    }
+}
+
+/* Where the bytes are, for the notes: each rank's generations on this host, or each node's
+ * memory across hosts. */
+static void where(const sup *s, char *buf, size_t cap)
+{
+    if (s->b.ops->snap_mem)
+        per_node(s, buf, cap);
+    else
+        per_rank(s, buf, cap);
+}
+
+/* Measure the snapshot memory now: the bytes held (0 once it is gone) and the peak, the
+ * partner copies held across hosts too; the first time any are held, the snapshot_on note.
+ * This host's directory is read (one that cannot be read keeps the last measure); across
+ * hosts the agents' word is summed (SNAP_MEM, once a second at most). */
 static void measure(sup *s)
 {
     s->gauge_t = rk_ledger_now(&s->g);
-    if (!s->snap_dir[0]) { /* none, or removed after a snapshot_off: nothing held */
-        s->g.snap_bytes = 0;
-        return;
-    }
-    uint64_t b;
-    rk_err e = {0};
-    if (rk_snap_bytes(s->snap_dir, &b, &e) != RK_OK)
-        return;
+    uint64_t b = 0, held = 0;
+    if (s->b.ops->snap_mem) {
+        rk_sup_snap_mem m;
+        for (int k = 0; s->b.ops->snap_mem(s->b.ctx, k, &m); k++) {
+            b += m.own;
+            held += m.held;
+        }
+    } else if (s->snap_dir[0]) {
+        rk_err e = {0};
+        if (rk_snap_bytes(s->snap_dir, &b, &e) != RK_OK)
+            return;
+    } /* else none, or removed after a snapshot_off: nothing held */
     s->g.snap_bytes = b;
+    s->g.held_bytes = held;
     if (b > s->g.snap_peak)
         s->g.snap_peak = b;
+    if (held > s->g.held_peak)
+        s->g.held_peak = held;
     if (b > 0 && !s->snap_told) {
-        char ranks[400];
-        per_rank(s, ranks, sizeof ranks);
-        sup_record(s, "snapshot_on", -1, "", "none",
-                   "snapshots in memory: %" PRIu64 " bytes (%.2f MiB) in %s; %s", b, mib(b),
-                   s->snap_dir, ranks);
+        char at[600];
+        where(s, at, sizeof at);
+        if (s->b.ops->snap_mem)
+            sup_record(s, "snapshot_on", -1, "", "none",
+                       "snapshots in memory: %" PRIu64 " bytes (%.2f MiB) on the job's nodes; %s",
+                       b, mib(b), at);
+        else
+            sup_record(s, "snapshot_on", -1, "", "none",
+                       "snapshots in memory: %" PRIu64 " bytes (%.2f MiB) in %s; %s", b, mib(b),
+                       s->snap_dir, at);
         s->snap_told = 1;
     }
 }
@@ -110,6 +160,8 @@ static void write_metrics(sup *s)
     s->metrics_t = rk_ledger_now(&s->g);
     rk_sup_metrics m = {.snap_bytes = s->g.snap_bytes,
                         .snap_peak = s->g.snap_peak,
+                        .held_bytes = s->g.held_bytes,
+                        .held_peak = s->g.held_peak,
                         .from_memory = s->g.from_memory,
                         .from_disk = s->g.from_disk,
                         .restarts = s->g.restarts,
@@ -139,25 +191,34 @@ void sup_gauge_tick(sup *s)
 void sup_gauge_relaunch(sup *s)
 {
     measure(s);
-    if (s->snap_dir[0] && s->snap_told) {
-        char ranks[400];
-        per_rank(s, ranks, sizeof ranks);
+    if ((s->snap_dir[0] || s->b.ops->snap_mem) && s->snap_told) {
+        char at[600], held[96] = "";
+        where(s, at, sizeof at);
+        if (s->g.held_bytes > 0)
+            snprintf(held, sizeof held, " and %" PRIu64 " bytes (%.2f MiB) of partner copies",
+                     s->g.held_bytes, mib(s->g.held_bytes));
         sup_record(s, "snapshot_held", -1, "", "none",
                    "launch %d ended holding %" PRIu64
-                   " bytes (%.2f MiB) of snapshots in memory%s; %s",
-                   s->launch_no, s->g.snap_bytes, mib(s->g.snap_bytes),
-                   s->snap_off ? " (turned off: removed before the relaunch)" : "", ranks);
+                   " bytes (%.2f MiB) of snapshots in memory%s%s; %s",
+                   s->launch_no, s->g.snap_bytes, mib(s->g.snap_bytes), held,
+                   s->snap_off ? " (turned off: removed before the relaunch)" : "", at);
     }
 }
 
 void sup_gauge_end(sup *s)
 {
     measure(s);
-    if (s->snap_told)
+    if (s->snap_told) {
+        char held[160] = "";
+        if (s->g.held_peak > 0)
+            snprintf(held, sizeof held,
+                     "; partner copies on other nodes peaked at %" PRIu64 " bytes (%.2f MiB)",
+                     s->g.held_peak, mib(s->g.held_peak));
         sup_record(s, "snapshot_peak", -1, "", "none",
                    "the job's snapshots in memory peaked at %" PRIu64 " bytes (%.2f MiB); %" PRIu64
-                   " bytes held at the end; relaunches restored from memory %d, from disk %d",
-                   s->g.snap_peak, mib(s->g.snap_peak), s->g.snap_bytes, s->g.from_memory,
+                   " bytes held at the end%s; relaunches restored from memory %d, from disk %d",
+                   s->g.snap_peak, mib(s->g.snap_peak), s->g.snap_bytes, held, s->g.from_memory,
                    s->g.from_disk);
+    }
     write_metrics(s);
 }

@@ -338,6 +338,7 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     rep->recovery = g->recovery ? g->recovery : "disk";
     rep->snapshots = g->snapshots ? g->snapshots : "none";
     rep->snap_peak = g->snap_peak;
+    rep->held_peak = g->held_peak;
     rep->from_memory = g->from_memory;
     rep->from_disk = g->from_disk;
     rep->in_place = g->in_place;
@@ -363,6 +364,7 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
     json_object_set_new(j, "recovery", json_string(rep->recovery));
     json_object_set_new(j, "snapshots", json_string(rep->snapshots));
     json_object_set_new(j, "snapshot_bytes_peak", json_integer((json_int_t)g->snap_peak));
+    json_object_set_new(j, "snapshot_held_bytes_peak", json_integer((json_int_t)g->held_peak));
     json_t *restores = json_object();
     json_object_set_new(restores, "memory", json_integer(g->from_memory));
     json_object_set_new(restores, "disk", json_integer(g->from_disk));

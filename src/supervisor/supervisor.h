@@ -135,7 +135,8 @@ typedef struct rk_sup_report {
     double recovery_median_s, recovery_max_s; /* -1: no recovery measured */
     const char *recovery;                     /* "memory" or "disk": what --recovery asked */
     const char *snapshots; /* "on", "off" (a snapshot_off turned them off), "none" (no directory) */
-    uint64_t snap_peak;    /* the most bytes of snapshots the node held (rk_snap_bytes) */
+    uint64_t snap_peak;    /* the most bytes of snapshots the nodes held (rk_snap_bytes) */
+    uint64_t held_peak;    /* ... of partner copies (across hosts) */
     int from_memory, from_disk; /* relaunches whose ranks all restored from there */
     int in_place;               /* ranks replaced in place (the others kept running) */
     rk_sup_count *incidents;    /* per kind, in order of first appearance (injections and notes
@@ -405,6 +406,7 @@ typedef struct rk_ledger {
      * said they restored from memory, from disk (conns.c, from the hellos' "restore") */
     const char *recovery, *snapshots;
     uint64_t snap_bytes, snap_peak;
+    uint64_t held_bytes, held_peak; /* partner copies the job's nodes hold (across hosts) */
     int from_memory, from_disk;
     int in_place; /* ranks replaced in place (inplace.c) */
     /* the run's records (runlog.h): NULL without --steps / --gate-log */
@@ -458,6 +460,7 @@ int rk_ledger_summary(rk_ledger *g, const char *path, int64_t final_step, int fi
 /* What `rk run --metrics-file` says (docs/metrics.md, "rk run"). */
 typedef struct rk_sup_metrics {
     uint64_t snap_bytes, snap_peak; /* rk_run_snapshot_bytes, rk_run_snapshot_bytes_peak */
+    uint64_t held_bytes, held_peak; /* rk_run_snapshot_held_bytes, ..._peak */
     int from_memory, from_disk;     /* rk_run_relaunches_total{source="memory"|"disk"} */
     int restarts;                   /* rk_run_restarts_total */
     int64_t step;                   /* rk_run_step: the most steps done by any rank */

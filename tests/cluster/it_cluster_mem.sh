@@ -114,7 +114,7 @@ all_gone b.log "(b)"
 
 # ---- (c) host 2 lost: its ranks' partner copies go to their new hosts: node memory --------
 rig_spawn "$name" h1 "${run[@]}" --spare-hosts h4:2 --ckpt-dir "$work/ckc" --events "$work/c.ev" \
-  --partner-every 20 --inject 'slow@step=0:rank=0:ms=150:for=50' -- "${train[@]}" --ckpt-every 50 \
+  --summary-json "$work/c.sum" --partner-every 20 --inject 'slow@step=0:rank=0:ms=150:for=50' -- "${train[@]}" --ckpt-every 50 \
   >c.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
@@ -159,6 +159,21 @@ at=$(sed -n 's/.*launch 1: resumed from node memory at step \([0-9]*\).*/\1/p' c
 [[ -n $at ]] && ((at >= 20)) && grep -q '"kind":"node_lost".*; resumed from node memory at step' c.ev \
   && ok "(c) every rank resumed from node memory at step $at; the node loss's incident says so" \
   || bad "(c) resumed: $(grep -v '^rk agent' c.log | grep -i 'resumed\|snapshot' | head -4) / $(grep node_lost c.ev | cut -c1-300)"
+# the nodes' snapshot memory (SNAP_MEM), their own and the partner copies, in the summary,
+# the events and rk run's last lines
+python3 - c.sum c.ev <<'PY' && ok "(c) the summary, the events and rk run's end name the nodes' snapshot memory and the partner copies'" || bad "(c) memory: $(grep -o '"snapshot[a-z_]*": [0-9]*' c.sum | tr '\n' ' ') $(grep -o 'snapshots in memory.*' c.log | head -2)"
+import json, re, sys
+s = json.load(open(sys.argv[1]))
+ev = [json.loads(l) for l in open(sys.argv[2])]
+assert s["snapshot_bytes_peak"] > 0 and s["snapshot_held_bytes_peak"] > 0, s
+on = [e["detail"] for e in ev if e["kind"] == "snapshot_on"]
+peak = [e["detail"] for e in ev if e["kind"] == "snapshot_peak"]
+assert on and re.search(r"on the job's nodes; h1 [0-9.]+ MiB \(partner copies", on[0]), on
+assert peak and "partner copies on other nodes peaked at %d bytes" % s["snapshot_held_bytes_peak"] in peak[0], peak
+PY
+grep -q "rk run: snapshots in memory on, peak [0-9.]* MiB (partner copies [0-9.]* MiB)" c.log \
+  && ok "(c) rk run's last lines: the snapshots' peak and the partner copies'" \
+  || bad "(c) last lines: $(grep 'rk run: snapshots in memory' c.log)"
 all_gone c.log "(c)" killed
 
 # ---- (d) hosts 2 and 3 lost: ranks 2 and 3 lost both copies: disk, with an event ---------
