@@ -4,7 +4,8 @@
 # and sockets:
 # (1) SIGKILL of rk run, in its PID namespace (ranks forked by rk run, and under mpirun) and in
 #     the subreaper fallback (RK_RUN_PIDNS=0), and SIGHUP and SIGTERM leave no process of the
-#     job and no checkpoint written after;
+#     job and no checkpoint written after; the snapshot directories the SIGKILLed jobs left
+#     are removed by the next job (said);
 # (2) a worker whose supervisor vanished (its socket closes) stops without saving: the Python
 #     worker and rk train (with Fashion-MNIST);
 # (3) teardown reaches a rank that never said hello and ignores SIGTERM;
@@ -70,11 +71,20 @@ launcher=mpirun kill_case kill9_mpirun KILL
 kill_case kill9_nopidns KILL RK_RUN_PIDNS=0
 grep -q "no PID namespace for the job (RK_RUN_PIDNS=0)" "$work/kill9_nopidns.out" \
   && ok "the fallback says once that the job has no PID namespace" || bad "no fallback notice"
+# what the SIGKILLed jobs left in their snapshot parent (a SIGKILL removes nothing): the next
+# job on the node removes it, says so, and leaves its own directory in use alone
+left=$(find "$work" -maxdepth 1 -name 'rk-snap-*' -type d | wc -l)
+RK_SNAP_PARENT="$work" "$RK" run -n 1 --ckpt-dir "$work/sweep.ck" -- python3 "$pyw" --steps 3 \
+  --sleep 0 --result "$work/sweep.token" >"$work/sweep.out" 2>&1
+after=$(find "$work" -maxdepth 1 -name 'rk-snap-*' -type d | wc -l)
+# (each kill case's rk run already removed what the one before it left: the last one's is here)
+((left >= 1)) && grep -Eq "removed $left snapshot director(y|ies) left by jobs that were killed" "$work/sweep.out" &&
+  ((after == 0)) && ok "the next job removed the $left snapshot directories the SIGKILLed jobs left, and said so" ||
+  bad "sweep: $left left before, $after after: $(grep -i 'snapshot' "$work/sweep.out" | head -3)"
 kill_case hup HUP
 grep -q "interrupted" "$work/hup.out" && ok "SIGHUP is handled like SIGTERM (interrupted)" \
   || bad "SIGHUP: $(tail -3 "$work/hup.out")"
 kill_case term TERM
-
 # --- (2) a worker whose supervisor vanished stops without saving ----------------------------
 # fake_sup SOCKET: accept one hello, close everything once the worker has sent a step (it is
 # running: 60 s at most), report the close

@@ -1315,6 +1315,93 @@ static void test_a_received_copy_appears_only_complete_and_verified(void **state
     assert_null(r);
 }
 
+/* A killed job's directory (its maker gone) is swept; one in use, one without an .owner, one
+ * whose .owner names another PID namespace or a pid started at another time, and a link
+ * named like a job's directory are not, or are as the rule says; the sweep says what it
+ * removed and its bytes. */
+static void test_sweep_removes_only_the_dead_makers_directories(void **state)
+{
+    (void)state;
+    char parent[600], dead[RK_SNAP_PATH_MAX], live[RK_SNAP_PATH_MAX], bare[RK_SNAP_PATH_MAX],
+        other[RK_SNAP_PATH_MAX], reused[RK_SNAP_PATH_MAX], p[RK_SNAP_PATH_MAX + 64], names[2048];
+    rk_err err = {0};
+    snprintf(parent, sizeof parent, "%s/sweep", g_dir);
+    assert_int_equal(mkdir(parent, 0700), 0);
+    /* made by a child that then exits: its maker is gone */
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t kid = fork();
+    assert_true(kid >= 0);
+    if (kid == 0) {
+        char d[RK_SNAP_PATH_MAX];
+        rk_err e = {0};
+        int ok = rk_snap_dir_make(parent, d, sizeof d, &e) == RK_OK;
+        float w[4] = {1, 2, 3, 4};
+        int64_t shape[1] = {4};
+        rk_ckpt_item it = {"model.w", "F32", 1, shape, w};
+        rk_ckpt_meta m = {.step = 3, .world_size = 1, .config_json = "{}"};
+        ok = ok && rk_snap_put(d, 0, &m, &it, 1, &e) == RK_OK;
+        if (write(fds[1], d, sizeof d) != (ssize_t)sizeof d)
+            ok = 0;
+        _exit(ok ? 0 : 1);
+    }
+    close(fds[1]);
+    assert_int_equal(read(fds[0], dead, sizeof dead), (ssize_t)sizeof dead);
+    close(fds[0]);
+    int st;
+    assert_int_equal(waitpid(kid, &st, 0), kid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    /* made by this process: in use */
+    assert_int_equal(rk_snap_dir_make(parent, live, sizeof live, &err), RK_OK);
+    /* no .owner (a store before it wrote one): left */
+    assert_int_equal(rk_snap_dir_make(parent, bare, sizeof bare, &err), RK_OK);
+    snprintf(p, sizeof p, "%s/" RK_SNAP_OWNER_NAME, bare);
+    assert_int_equal(unlink(p), 0);
+    /* another PID namespace's pid (it means nothing here): left */
+    assert_int_equal(rk_snap_dir_make(parent, other, sizeof other, &err), RK_OK);
+    snprintf(p, sizeof p, "%s/" RK_SNAP_OWNER_NAME, other);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "rk-snap-owner pid=%ld start=1 pidns=1\n", (long)kid);
+    fclose(f);
+    /* this process's pid, but started at another time (the pid taken again): swept */
+    assert_int_equal(rk_snap_dir_make(parent, reused, sizeof reused, &err), RK_OK);
+    snprintf(p, sizeof p, "%s/" RK_SNAP_OWNER_NAME, reused);
+    struct stat ns;
+    assert_int_equal(stat("/proc/self/ns/pid", &ns), 0);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "rk-snap-owner pid=%ld start=1 pidns=%llu\n", (long)getpid(),
+            (unsigned long long)ns.st_ino);
+    fclose(f);
+    /* a link named like a job's directory, to the dead one's: never followed */
+    snprintf(p, sizeof p, "%s/" RK_SNAP_DIR_PREFIX "link", parent);
+    assert_int_equal(symlink(dead, p), 0);
+    uint64_t bytes = 0;
+    int n = -1;
+    assert_int_equal(rk_snap_dir_sweep(parent, &n, &bytes, names, sizeof names, &err), RK_OK);
+    assert_int_equal(n, 2);
+    assert_true(bytes > 0); /* the dead job's generation */
+    assert_non_null(strstr(names, dead));
+    assert_non_null(strstr(names, reused));
+    struct stat x;
+    assert_int_not_equal(lstat(dead, &x), 0);
+    assert_int_not_equal(lstat(reused, &x), 0);
+    assert_int_equal(lstat(live, &x), 0);
+    assert_int_equal(lstat(bare, &x), 0);
+    assert_int_equal(lstat(other, &x), 0);
+    assert_int_equal(lstat(p, &x), 0); /* the link itself stays */
+    /* nothing more to sweep; a directory of ours is removed whole, .owner with it */
+    assert_int_equal(rk_snap_dir_sweep(parent, &n, &bytes, names, sizeof names, &err), RK_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(rk_snap_dir_remove(live, &err), RK_OK);
+    assert_int_not_equal(lstat(live, &x), 0);
+    /* a parent that is missing: the error names it */
+    snprintf(p, sizeof p, "%s/nowhere", g_dir);
+    assert_int_equal(rk_snap_dir_sweep(p, &n, NULL, NULL, 0, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "nowhere"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1339,6 +1426,7 @@ int main(void)
         cmocka_unit_test(test_pins_are_kept_two_and_a_rollback_drops_those_above),
         cmocka_unit_test(test_agree_counts_pins),
         cmocka_unit_test(test_remove_takes_pins_and_held),
+        cmocka_unit_test(test_sweep_removes_only_the_dead_makers_directories),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -117,6 +117,23 @@ RK_API int rk_snap_pin_name_step(const char *name, int64_t *step);
  * directory is removed again). The caller owns it. */
 RK_API int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err);
 
+/* The directory's maker is written into DIR/.owner (0600): "rk-snap-owner pid=P start=T
+ * pidns=N\n", its pid, its start time (clock ticks after boot, /proc/P/stat) and its PID
+ * namespace's inode, so that a directory whose maker died without removing it (SIGKILL, the
+ * OOM killer) can be told from one in use (rk_snap_dir_sweep). */
+#define RK_SNAP_OWNER_NAME ".owner"
+
+/* Remove the snapshot directories under `parent` (NULL: RK_SNAP_PARENT_DEFAULT) that are
+ * stale: PARENT/rk-snap-XXXXXX, a directory of this effective user, mode 0700, whose .owner
+ * names a process of this PID namespace that no longer runs (no such pid, or one started at
+ * another time). A directory without a readable .owner, of another user or of another PID
+ * namespace is left alone; nothing but a stale job's store files is removed (as
+ * rk_snap_dir_remove). *removed gets the count, *bytes their snapshots' bytes (either may
+ * be NULL), names[cap] their paths ", "-separated (cut when full; may be NULL). RK_OK even
+ * when one could not be removed (it is not counted); RK_ENOENT/RK_EINVAL for the parent. */
+RK_API int rk_snap_dir_sweep(const char *parent, int *removed, uint64_t *bytes, char *names,
+                             size_t cap, rk_err *err);
+
 /* 0 if `dir` is a usable snapshot directory: a directory, not a symbolic link, mode 0700,
  * owned by this process's effective user. RK_ENOENT if missing, RK_EINVAL naming the problem. */
 RK_API int rk_snap_dir_check(const char *dir, rk_err *err);
@@ -134,9 +151,9 @@ RK_API int rk_snap_cache_dir(const char *dir, char *out, size_t cap, rk_err *err
 RK_API int rk_snap_held_dir(const char *dir, char *out, size_t cap, rk_err *err);
 
 /* Remove a job's snapshot directory: every rank's generations, pins and temporary files, the
- * rank directories, the cache (rk_snap_cache_dir), DIR/held (its ranks' the same way) and the
- * directory itself. A file it did not make (another name) is left, and then the directory too:
- * RK_EIO naming it. RK_ENOENT if `dir` does not exist. */
+ * rank directories, the cache (rk_snap_cache_dir), DIR/held (its ranks' the same way), its
+ * .owner and the directory itself. A file it did not make (another name) is left, and then the
+ * directory too: RK_EIO naming it. RK_ENOENT if `dir` does not exist. */
 RK_API int rk_snap_dir_remove(const char *dir, rk_err *err);
 
 /* ---- one rank's generations ------------------------------------------------------------- */

@@ -41,6 +41,7 @@ __all__ = [
 PARENT_DEFAULT = "/dev/shm"
 DIR_ENV = "RK_SNAP_DIR"
 DIR_PREFIX = "rk-snap-"
+OWNER_NAME = ".owner"  # who made the directory (rekindle/snap.h RK_SNAP_OWNER_NAME)
 CACHE_NAME = "cache"  # the job's cache of a rank's own files (rk_snap_cache_dir)
 KEEP = 2  # generations per rank
 MARGIN_MIN = 64 << 20  # room(): at least 64 MiB left free ...
@@ -224,7 +225,7 @@ def _remove_cache(dir, jfd):
 
 def remove_dir(dir):
     """Remove a job directory: every rank's generations and temporary files, the rank
-    directories, the cache (rk_snap_cache_dir's DIR/cache), the directory. A file the store did not make stays, and so does its directory:
+    directories, the cache (rk_snap_cache_dir's DIR/cache), the maker's .owner, the directory. A file the store did not make stays, and so does its directory:
     SnapshotError naming it."""
     dir, jfd = _job_fd(dir)
     first = None
@@ -252,6 +253,12 @@ def remove_dir(dir):
             except OSError as e:
                 first = first or SnapshotError(f"{what}: cannot remove: {e.strerror} (a file not "
                                                "made by the snapshot store is left)")
+        try:  # the maker's .owner (rk_snap_dir_make writes one): a link is the link
+            if stat.S_ISREG(os.stat(OWNER_NAME, dir_fd=jfd, follow_symlinks=False).st_mode) or \
+                    stat.S_ISLNK(os.stat(OWNER_NAME, dir_fd=jfd, follow_symlinks=False).st_mode):
+                os.unlink(OWNER_NAME, dir_fd=jfd)
+        except FileNotFoundError:
+            pass
     finally:
         os.close(jfd)
     if first:

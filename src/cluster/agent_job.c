@@ -114,8 +114,18 @@ int rk_agent_job_new(rk_agent_job **out, const rk_agent_job_opts *o, rk_err *err
     }
     if (o->snap_parent) { /* no directory is no error: the job restores from disk */
         rk_err e = {0};
-        if (rk_snap_dir_make(o->snap_parent[0] ? o->snap_parent : getenv("RK_SNAP_PARENT"), j->snap,
-                             sizeof j->snap, &e) ||
+        const char *parent = o->snap_parent[0] ? o->snap_parent : getenv("RK_SNAP_PARENT");
+        int swept = 0;
+        uint64_t sb = 0;
+        char names[600];
+        /* what killed jobs left on this node (their maker gone): removed, said */
+        if (rk_snap_dir_sweep(parent && *parent ? parent : NULL, &swept, &sb, names, sizeof names,
+                              &e) == RK_OK &&
+            swept > 0)
+            say(j, "removed %d snapshot director%s left by jobs that were killed (%.1f MiB): %s",
+                swept, swept == 1 ? "y" : "ies", (double)sb / (1024.0 * 1024.0), names);
+        e = (rk_err){0};
+        if (rk_snap_dir_make(parent, j->snap, sizeof j->snap, &e) ||
             !rk_node_snap_ok(j->snap, strlen(j->snap))) {
             say(j, "no snapshots in memory on this node: %s",
                 e.msg[0] ? e.msg : "its path is not one a HELLO can carry");

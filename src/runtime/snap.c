@@ -953,6 +953,62 @@ int rk_snap_dir_check(const char *dir, rk_err *err)
     return rc;
 }
 
+/* Process `pid`'s start time (clock ticks after boot: field 22 of /proc/PID/stat, after the
+ * command's closing parenthesis); 0 if it cannot be read (no such process). */
+static unsigned long long start_time_of(long pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long long t = 0;
+    /* after ") ": state (3), then fields 4..21, then starttime (22) */
+    if (!p || sscanf(p + 2,
+                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     "%*d %*d %llu",
+                     &t) != 1)
+        return 0;
+    return t;
+}
+
+/* This process's PID namespace's inode (0 if unknown). */
+static unsigned long long pidns_of_self(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long long)st.st_ino : 0;
+}
+
+#define OWNER_MAX 256 /* bytes of a .owner file */
+
+/* DIR/.owner for the directory just made (O_EXCL, 0600, no link followed). */
+static int write_owner(const char *dir, rk_err *err)
+{
+    char path[RK_SNAP_PATH_MAX + 16], line[OWNER_MAX], eb[128];
+    long pid = (long)getpid();
+    int n = snprintf(line, sizeof line, "rk-snap-owner pid=%ld start=%llu pidns=%llu\n", pid,
+                     start_time_of(pid), pidns_of_self());
+    snprintf(path, sizeof path, "%s/" RK_SNAP_OWNER_NAME, dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, line, (size_t)n) != n) {
+        int e = errno;
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot write: %s", path,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    close(fd);
+    return RK_OK;
+}
+
 int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err)
 {
     char eb[128];
@@ -988,6 +1044,10 @@ int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err)
                                rk_msg_strerror(e, eb, sizeof eb));
     }
     int rc = rk_snap_dir_check(tmpl, err);
+    if (!rc && (rc = write_owner(tmpl, err))) {
+        rmdir(tmpl);
+        return rc;
+    }
     if (rc) {
         rmdir(tmpl);
         return rc;
@@ -1097,6 +1157,10 @@ static int remove_job_at(int at, const char *dir, const char *dl, bool top, rk_e
             rc = rk_err_set_line(err, rrc, "%s", e2.msg);
     }
     closedir(d);
+    struct stat ost;
+    if (top && fstatat(jfd, RK_SNAP_OWNER_NAME, &ost, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (S_ISREG(ost.st_mode) || S_ISLNK(ost.st_mode))) /* a link: the link, not its target */
+        unlinkat(jfd, RK_SNAP_OWNER_NAME, 0);
     close(jfd);
     if (!rc && unlinkat(at, dir, AT_REMOVEDIR) != 0) {
         int e = errno;
@@ -1112,6 +1176,84 @@ int rk_snap_dir_remove(const char *dir, rk_err *err)
 {
     int rc = check_dir_arg(dir, "rk_snap_dir_remove", err);
     return rc ? rc : remove_job_at(AT_FDCWD, dir, dir, true, err);
+}
+
+/* 1 if job directory `dir`'s .owner names a process of this PID namespace that is gone. */
+static int owner_gone(const char *dir)
+{
+    char path[RK_SNAP_PATH_MAX + 16], buf[OWNER_MAX + 1];
+    snprintf(path, sizeof path, "%s/" RK_SNAP_OWNER_NAME, dir);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > OWNER_MAX ||
+        st.st_uid != geteuid()) {
+        close(fd);
+        return 0;
+    }
+    ssize_t n = read(fd, buf, OWNER_MAX);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    long pid;
+    unsigned long long start, ns;
+    if (sscanf(buf, "rk-snap-owner pid=%ld start=%llu pidns=%llu", &pid, &start, &ns) != 3 ||
+        pid <= 0 || ns == 0 || ns != pidns_of_self())
+        return 0; /* another namespace's pids mean nothing here */
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+        return 1;
+    unsigned long long now = start_time_of(pid);
+    return now != 0 && start != 0 && now != start; /* the pid was taken again */
+}
+
+int rk_snap_dir_sweep(const char *parent, int *removed, uint64_t *bytes, char *names, size_t cap,
+                      rk_err *err)
+{
+    char eb[128];
+    if (removed)
+        *removed = 0;
+    if (bytes)
+        *bytes = 0;
+    if (names && cap)
+        names[0] = '\0';
+    if (!parent)
+        parent = RK_SNAP_PARENT_DEFAULT;
+    DIR *d = opendir(parent);
+    /* rk-fd: opendir opens its descriptor close-on-exec (glibc: O_CLOEXEC) */
+    if (!d) {
+        int e = errno;
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s: cannot list: %s", parent,
+                               rk_msg_strerror(e, eb, sizeof eb));
+    }
+    size_t used = 0, pl = strlen(parent);
+    const char *sep = pl > 0 && parent[pl - 1] == '/' ? "" : "/";
+    for (struct dirent *de; (de = readdir(d));) {
+        if (strncmp(de->d_name, RK_SNAP_DIR_PREFIX, strlen(RK_SNAP_DIR_PREFIX)) != 0)
+            continue;
+        char dir[RK_SNAP_PATH_MAX];
+        int w = snprintf(dir, sizeof dir, "%s%s%s", parent, sep, de->d_name);
+        rk_err e = {0};
+        if (w < 0 || (size_t)w >= sizeof dir || rk_snap_dir_check(dir, &e) != RK_OK ||
+            !owner_gone(dir))
+            continue; /* not ours, not a directory we made, or in use */
+        uint64_t b = 0;
+        if (rk_snap_bytes(dir, &b, &e) != RK_OK)
+            b = 0;
+        if (rk_snap_dir_remove(dir, &e) != RK_OK)
+            continue;
+        if (removed)
+            ++*removed;
+        if (bytes)
+            *bytes += b;
+        if (names && used + 1 < cap) {
+            int k = snprintf(names + used, cap - used, "%s%s", used ? ", " : "", dir);
+            used += k < 0 ? 0 : (size_t)k < cap - used ? (size_t)k : cap - used - 1;
+        }
+    }
+    closedir(d);
+    return RK_OK;
 }
 
 /* The bytes and the number of the complete generations and pins in the open rank directory

@@ -270,6 +270,20 @@ static int open_gate(sup *s, rk_sup_report *rep)
  * directory and this host's launcher running every rank here; else recovery from disk, said
  * once when memory was asked for but cannot be had. RK_SNAP_PARENT: where to make it
  * (default /dev/shm). */
+/* Snapshot directories of this user that jobs killed before they could remove them left under
+ * `parent` (their maker gone: rk_snap_dir_sweep): removed, and said, so that a node's memory
+ * does not fill with them. */
+static void sup_snap_sweep(sup *s, const char *parent)
+{
+    int n = 0;
+    uint64_t b = 0;
+    char names[600];
+    rk_err e = {0};
+    if (rk_snap_dir_sweep(parent, &n, &b, names, sizeof names, &e) == RK_OK && n > 0)
+        sup_say(s, "removed %d snapshot director%s left by jobs that were killed (%.1f MiB): %s", n,
+                n == 1 ? "y" : "ies", (double)b / (1024.0 * 1024.0), names);
+}
+
 static void open_snap_dir(sup *s)
 {
     const rk_sup_opts *o = s->o;
@@ -300,6 +314,7 @@ static void open_snap_dir(sup *s)
     }
     const char *parent = getenv("RK_SNAP_PARENT");
     rk_err e = {0};
+    sup_snap_sweep(s, parent && *parent ? parent : NULL);
     if (rk_snap_dir_make(parent && *parent ? parent : NULL, s->snap_dir, sizeof s->snap_dir, &e)) {
         s->snap_dir[0] = '\0';
         sup_say(s, "recovery from memory off (%s): relaunches restore from disk checkpoints",
