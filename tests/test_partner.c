@@ -354,26 +354,26 @@ static void test_fetch_of_nothing_and_bad_messages(void **state)
     rk_partner_free(pb);
 }
 
-/* Pump until something was sent (the scans come every RK_PARTNER_SCAN_S), at most 10 s. */
-static void pump_some(rk_partner *p, cap *out)
+/* Pump `pieces` a turn until something was sent (the scans come every RK_PARTNER_SCAN_S), at
+ * most 10 s: pump_some takes a generation whole, pump_one its BEGIN and a first piece. */
+static void pump_until(rk_partner *p, int pieces, cap *out)
 {
     for (int i = 0; i < 1000 && out->n == 0; i++) {
-        assert_int_equal(rk_partner_pump(p, 1000, capture, out), 0);
+        assert_int_equal(rk_partner_pump(p, pieces, capture, out), 0);
         if (out->n == 0)
             poll(NULL, 0, 10);
     }
     assert_true(out->n > 0);
 }
 
-/* Pump one piece a turn until something went (the next scan): BEGIN and a first piece. */
+static void pump_some(rk_partner *p, cap *out)
+{
+    pump_until(p, 1000, out);
+}
+
 static void pump_one(rk_partner *p, cap *out)
 {
-    for (int i = 0; i < 1000 && out->n == 0; i++) {
-        assert_int_equal(rk_partner_pump(p, 1, capture, out), 0);
-        if (out->n == 0)
-            poll(NULL, 0, 10);
-    }
-    assert_true(out->n > 0);
+    pump_until(p, 1, out);
 }
 
 static void test_fetch_first_and_rollback(void **state)
