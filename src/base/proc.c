@@ -118,3 +118,34 @@ int rk_proc_run(char *const argv[], char *out, size_t cap, double wait_s, int fl
         return RK_PROC_TOO_LONG;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
+
+int rk_proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t r = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (r <= 0)
+        return -1;
+    buf[r] = '\0';
+    const char *p = strrchr(buf, ')');
+    char st;
+    int pp;
+    unsigned long long t;
+    /* after ")": state (3), ppid (4), fields 5..21, starttime (22) */
+    if (!p || sscanf(p + 1,
+                     " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d "
+                     "%*d %llu",
+                     &st, &pp, &t) != 3)
+        return -1;
+    if (state)
+        *state = st;
+    if (ppid)
+        *ppid = (pid_t)pp;
+    if (start)
+        *start = t;
+    return 0;
+}

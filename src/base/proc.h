@@ -7,6 +7,7 @@
 #define RK_BASE_PROC_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #define RK_PROC_TOO_LONG 1000 /* rk_proc_run: it printed more than cap-1 bytes */
 
@@ -31,5 +32,11 @@ void rk_proc_cloexec_from(int lowfd);
 /* The fallback of rk_proc_cloexec_from, for kernels before 5.11 (and for tests): FD_CLOEXEC
  * set on each descriptor from lowfd up to the soft RLIMIT_NOFILE, one fcntl each. */
 void rk_proc_cloexec_each(int lowfd);
+
+/* The kernel's word on process `pid` (in this process's PID namespace) from /proc/PID/stat:
+ * its state letter ('Z' a zombie), its parent and its start time (clock ticks after boot,
+ * field 22), each into what is not NULL. 0, or -1 when it is gone or the line does not parse
+ * (the command's name may hold spaces and parentheses: read after the last ')'). */
+int rk_proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *start);
 
 #endif

@@ -27,6 +27,7 @@
 
 #include "base/env.h"
 #include "base/msg.h"
+#include "base/proc.h"
 #include "rekindle/fileio.h"
 #include "runtime/ckpt_internal.h"
 
@@ -953,29 +954,11 @@ int rk_snap_dir_check(const char *dir, rk_err *err)
     return rc;
 }
 
-/* Process `pid`'s start time (clock ticks after boot: field 22 of /proc/PID/stat, after the
- * command's closing parenthesis); 0 if it cannot be read (no such process). */
+/* Process `pid`'s start time (clock ticks after boot); 0 if it cannot be read (gone). */
 static unsigned long long start_time_of(long pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
     unsigned long long t = 0;
-    /* after ") ": state (3), then fields 4..21, then starttime (22) */
-    if (!p || sscanf(p + 2,
-                     "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                     "%*d %*d %llu",
-                     &t) != 1)
-        return 0;
-    return t;
+    return rk_proc_stat((pid_t)pid, NULL, NULL, &t) == 0 ? t : 0;
 }
 
 /* This process's PID namespace's inode (0 if unknown). */
@@ -1044,10 +1027,8 @@ int rk_snap_dir_make(const char *parent, char *out, size_t cap, rk_err *err)
                                rk_msg_strerror(e, eb, sizeof eb));
     }
     int rc = rk_snap_dir_check(tmpl, err);
-    if (!rc && (rc = write_owner(tmpl, err))) {
-        rmdir(tmpl);
-        return rc;
-    }
+    if (!rc)
+        rc = write_owner(tmpl, err);
     if (rc) {
         rmdir(tmpl);
         return rc;

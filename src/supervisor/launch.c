@@ -364,28 +364,12 @@ static int loopback_preload(char *buf, size_t cap)
 
 /* ---- the kernel's view of processes ---------------------------------------------------- */
 
-/* The parent of `pid` from /proc/PID/stat (in this process's PID namespace), -1 if gone;
- * its state letter to *state (may be NULL; 'Z' for a zombie). */
+/* The parent of `pid` (in this process's PID namespace), -1 if gone; its state letter to
+ * *state (may be NULL; 'Z' for a zombie). */
 static pid_t parent_of(pid_t pid, char *state)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t r = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (r <= 0)
-        return -1;
-    buf[r] = '\0';
-    const char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    int ppid;
-    char st;
-    if (!p || sscanf(p + 1, " %c %d", &st, &ppid) != 2)
-        return -1;
-    if (state)
-        *state = st;
-    return (pid_t)ppid;
+    pid_t pp;
+    return rk_proc_stat(pid, state, &pp, NULL) == 0 ? pp : -1;
 }
 
 int rk_proc_descends(pid_t pid, pid_t root)
@@ -745,8 +729,8 @@ static void scatter_pids(void)
         return;
     char buf[24];
     int n = snprintf(buf, sizeof buf, "%ld", last);
-    if (write(fd, buf, (size_t)n) != n) { /* refused: the pids start at 2, as before */
-    }
+    ssize_t w = write(fd, buf, (size_t)n); /* refused: the pids start at 2, as before */
+    (void)w;
     close(fd);
 }
 
