@@ -218,7 +218,7 @@ static void test_pick_devices(void **state)
         memcpy(st, c->st, sizeof st);
         int dev[MAXD] = {0};
         rk_sup_pick pick[MAXD];
-        int n = rk_sup_pick_devices(&r, c->ndev, c->h, st, c->want, dev, pick);
+        int n = rk_sup_pick_devices(&r, c->ndev, c->h, st, c->want, NULL, 0, NULL, dev, pick);
         if (n != c->picked)
             fail_msg("case %zu (%s): picked %d, expected %d", k, c->what, n, c->picked);
         for (int i = 0; i < n; i++)
@@ -236,8 +236,101 @@ static void test_pick_devices(void **state)
     rk_sup_dev st[1] = {{.held = 1}};
     int dev[1];
     rk_sup_pick pick[1];
-    assert_int_equal(rk_sup_pick_devices(&r, 1, h, st, 1, dev, pick), 0);
+    assert_int_equal(rk_sup_pick_devices(&r, 1, h, st, 1, NULL, 0, NULL, dev, pick), 0);
     assert_true(pick[0].need > 59.9 && pick[0].need < 60.1);
+}
+
+/* Placement is stable: a relaunch moves only the ranks whose devices went out. The 3-host
+ * rig with a spare: h1 h2 h3 and the spare h4, two devices each. */
+static void test_pick_stable(void **state)
+{
+    (void)state;
+    rk_sup_rules r = {.threshold = 50, .margin = 10, .drain_probability = 0.5};
+    enum { ND = 8 };
+    const int group[ND] = {0, 0, 2, 2, 4, 4, 6, 6};
+    rk_sup_health h[ND];
+    for (int d = 0; d < ND; d++)
+        h[d] = (rk_sup_health){.score = 100, .prob = -1};
+    rk_sup_dev st[ND] = {{0}};
+    rk_sup_pick pick[ND];
+    int dev[ND], prev[ND];
+
+    /* the first launch: the first six devices */
+    int n = rk_sup_pick_devices(&r, ND, h, st, 6, NULL, 0, group, dev, pick);
+    assert_int_equal(n, 6);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(dev[i], i);
+    assert_int_equal(pick[6].why, RK_SUP_NOT_NEEDED);
+
+    /* h2 lost: its ranks 2 and 3 go to the spare h4; ranks 4 and 5 stay on h3 (in device
+     * order they would have moved to h3 and h4: four ranks away from their snapshots) */
+    memcpy(prev, dev, sizeof prev);
+    h[2].lost = h[3].lost = 1;
+    n = rk_sup_pick_devices(&r, ND, h, st, 6, prev, 6, group, dev, pick);
+    assert_int_equal(n, 6);
+    const int moved[6] = {0, 1, 6, 7, 4, 5};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(dev[i], moved[i]);
+    assert_int_equal(pick[2].why, RK_SUP_OUT_LOST);
+    assert_int_equal(st[2].held, 1);
+
+    /* h2 back: nobody moves back onto it (its node holds none of their snapshots) */
+    memcpy(prev, dev, sizeof prev);
+    h[2].lost = h[3].lost = 0;
+    n = rk_sup_pick_devices(&r, ND, h, st, 6, prev, 6, group, dev, pick);
+    assert_int_equal(n, 6);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(dev[i], moved[i]);
+    assert_int_equal(pick[2].why, RK_SUP_NOT_NEEDED);
+
+    /* h1's second device quarantined: rank 1 alone moves, to the first free device (h2's);
+     * every node's ranks stay consecutive (h1 h2 h4 h4 h3 h3) */
+    memcpy(prev, dev, sizeof prev);
+    st[1].quarantined = 1;
+    n = rk_sup_pick_devices(&r, ND, h, st, 6, prev, 6, group, dev, pick);
+    assert_int_equal(n, 6);
+    const int one_out[6] = {0, 2, 6, 7, 4, 5};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(dev[i], one_out[i]);
+
+    /* a node's ranks that would not be consecutive: device order. Three ranks on h1 h2 h1
+     * (h1 has two devices), h2's device lost: rank 1 would take h3's, between h1's ranks */
+    const int grp2[5] = {0, 0, 2, 3, 4}; /* h1 h1 h2 h3 h4 */
+    rk_sup_health h2[5];
+    rk_sup_dev st2[5] = {{0}};
+    for (int d = 0; d < 5; d++)
+        h2[d] = (rk_sup_health){.score = 100, .prob = -1};
+    int prev2[3] = {0, 2, 1}; /* h1 h2 h1: not consecutive before either */
+    h2[2].lost = 1;           /* rank 1's device (h2) out: it takes h3's (device 3) */
+    n = rk_sup_pick_devices(&r, 5, h2, st2, 3, prev2, 3, grp2, dev, pick);
+    assert_int_equal(n, 3);
+    /* ranks 0 and 2 on h1 with rank 1 on h3 between them: device order instead */
+    assert_int_equal(dev[0], 0);
+    assert_int_equal(dev[1], 1);
+    assert_int_equal(dev[2], 3);
+    /* without groups (one host) the ranks keep their places */
+    n = rk_sup_pick_devices(&r, 5, h2, st2, 3, prev2, 3, NULL, dev, pick);
+    assert_int_equal(dev[0], 0);
+    assert_int_equal(dev[1], 3);
+    assert_int_equal(dev[2], 1);
+
+    /* the shrink: fewer devices than ranks, numbered afresh in device order */
+    int prev3[3] = {2, 0, 1};
+    rk_sup_dev st3[3] = {{0}, {.quarantined = 1}, {0}};
+    n = rk_sup_pick_devices(&r, 3, h, st3, 3, prev3, 3, NULL, dev, pick);
+    assert_int_equal(n, 2);
+    assert_int_equal(dev[0], 0);
+    assert_int_equal(dev[1], 2);
+
+    /* back to full size after a shrink: the survivors keep their places, the new rank takes
+     * the first free device */
+    int prev4[2] = {2, 0};
+    rk_sup_dev st4[3] = {{0}};
+    n = rk_sup_pick_devices(&r, 3, h, st4, 3, prev4, 2, NULL, dev, pick);
+    assert_int_equal(n, 3);
+    assert_int_equal(dev[0], 2);
+    assert_int_equal(dev[1], 0);
+    assert_int_equal(dev[2], 1);
 }
 
 static void test_relaunch(void **state)
@@ -723,13 +816,13 @@ static void test_spare_argv(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_quarantine),     cmocka_unit_test(test_pick_devices),
-        cmocka_unit_test(test_relaunch),       cmocka_unit_test(test_gate_due),
-        cmocka_unit_test(test_drain_rank),     cmocka_unit_test(test_stuck_ranks),
-        cmocka_unit_test(test_teardown_due),   cmocka_unit_test(test_interrupt),
-        cmocka_unit_test(test_storage_errnos), cmocka_unit_test(test_rank_env_map),
-        cmocka_unit_test(test_launch_pick),    cmocka_unit_test(test_rank_env),
-        cmocka_unit_test(test_spare_argv),
+        cmocka_unit_test(test_quarantine),   cmocka_unit_test(test_pick_devices),
+        cmocka_unit_test(test_pick_stable),  cmocka_unit_test(test_relaunch),
+        cmocka_unit_test(test_gate_due),     cmocka_unit_test(test_drain_rank),
+        cmocka_unit_test(test_stuck_ranks),  cmocka_unit_test(test_teardown_due),
+        cmocka_unit_test(test_interrupt),    cmocka_unit_test(test_storage_errnos),
+        cmocka_unit_test(test_rank_env_map), cmocka_unit_test(test_launch_pick),
+        cmocka_unit_test(test_rank_env),     cmocka_unit_test(test_spare_argv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -160,7 +160,25 @@ int sup_pick_devices(sup *s)
                      s->b.ops->node_name(s->b.ctx, d));
         }
     }
-    s->n = rk_sup_pick_devices(&s->rules, o->ndevices, h, s->devs, o->n, s->dev, pick);
+    /* across hosts: each device's node, so that a node's ranks stay consecutive */
+    int group[RK_SUP_MAX_DEVICES], *grp = NULL;
+    if (s->b.ops->node_name) {
+        grp = group;
+        for (int d = 0; d < o->ndevices; d++) {
+            const char *nd = s->b.ops->node_name(s->b.ctx, d);
+            group[d] = d;
+            for (int e = 0; e < d && nd; e++)
+                if (group[e] == e && s->b.ops->node_name(s->b.ctx, e) &&
+                    !strcmp(s->b.ops->node_name(s->b.ctx, e), nd)) {
+                    group[d] = e;
+                    break;
+                }
+        }
+    }
+    int prev[RK_SUP_MAX_DEVICES], nprev = s->n; /* the last launch's placement */
+    memcpy(prev, s->dev, (size_t)nprev * sizeof prev[0]);
+    s->n = rk_sup_pick_devices(&s->rules, o->ndevices, h, s->devs, o->n, prev, nprev, grp, s->dev,
+                               pick);
     for (int d = 0; d < o->ndevices; d++) {
         const char *id = o->devices[d];
         const char *w = why[d][0] ? why[d] : "below the margin to come back";

@@ -290,34 +290,89 @@ int rk_sup_shrink_now(int failing, int stop_sent)
     return !failing && !stop_sent;
 }
 
-int rk_sup_pick_devices(const rk_sup_rules *r, int ndev, const rk_sup_health *h, rk_sup_dev *st,
-                        int want, int *dev, rk_sup_pick *pick)
+/* Device d's reason to be in or out of the next launch (its pick, its held flag set). */
+static rk_sup_why judge(const rk_sup_rules *r, const rk_sup_health *h, rk_sup_dev *st, int d,
+                        rk_sup_pick *p)
 {
+    p->need = r->threshold + (st[d].held ? r->margin : 0);
+    if (st[d].quarantined)
+        p->why = RK_SUP_OUT_QUARANTINED;
+    else if (st[d].drained)
+        p->why = RK_SUP_OUT_DRAINED;
+    else if (h[d].lost) /* gone, whatever the threshold */
+        p->why = RK_SUP_OUT_LOST;
+    else if (h[d].score < p->need)
+        p->why = RK_SUP_OUT_SCORE;
+    else if (r->predictor && h[d].prob >= r->drain_probability)
+        p->why = RK_SUP_OUT_PREDICTED;
+    else
+        p->why = RK_SUP_IN;
+    if (p->why == RK_SUP_OUT_LOST || p->why == RK_SUP_OUT_SCORE || p->why == RK_SUP_OUT_PREDICTED)
+        st[d].held = 1;
+    else if (p->why == RK_SUP_IN)
+        st[d].held = 0;
+    return p->why;
+}
+
+/* 1 if every group's ranks are consecutive in dev[n] (a node's ranks, as the launchers
+ * across hosts place them). */
+static int groups_consecutive(const int *group, const int *dev, int n)
+{
+    for (int i = 1; i < n; i++)
+        if (group[dev[i]] != group[dev[i - 1]])
+            for (int j = 0; j < i - 1; j++)
+                if (group[dev[j]] == group[dev[i]])
+                    return 0;
+    return 1;
+}
+
+int rk_sup_pick_devices(const rk_sup_rules *r, int ndev, const rk_sup_health *h, rk_sup_dev *st,
+                        int want, const int *prev, int nprev, const int *group, int *dev,
+                        rk_sup_pick *pick)
+{
+    unsigned char seen[RK_SUP_MAX_DEVICES] = {0}, used[RK_SUP_MAX_DEVICES] = {0};
+    if (ndev > RK_SUP_MAX_DEVICES)
+        ndev = RK_SUP_MAX_DEVICES;
+    for (int d = 0; d < ndev; d++)
+        pick[d] = (rk_sup_pick){.why = RK_SUP_NOT_NEEDED};
+    for (int i = 0; i < want; i++)
+        dev[i] = -1;
+    /* a rank stays on its device while that device may stay in */
     int k = 0;
-    for (int d = 0; d < ndev; d++) {
-        rk_sup_pick *p = &pick[d];
-        p->need = r->threshold + (st[d].held ? r->margin : 0);
-        if (k >= want)
-            p->why = RK_SUP_NOT_NEEDED;
-        else if (st[d].quarantined)
-            p->why = RK_SUP_OUT_QUARANTINED;
-        else if (st[d].drained)
-            p->why = RK_SUP_OUT_DRAINED;
-        else if (h[d].lost) /* gone, whatever the threshold */
-            p->why = RK_SUP_OUT_LOST;
-        else if (h[d].score < p->need)
-            p->why = RK_SUP_OUT_SCORE;
-        else if (r->predictor && h[d].prob >= r->drain_probability)
-            p->why = RK_SUP_OUT_PREDICTED;
-        else
-            p->why = RK_SUP_IN;
-        if (p->why == RK_SUP_OUT_LOST || p->why == RK_SUP_OUT_SCORE ||
-            p->why == RK_SUP_OUT_PREDICTED)
-            st[d].held = 1;
-        else if (p->why == RK_SUP_IN) {
-            st[d].held = 0;
-            dev[k++] = d;
+    for (int i = 0; i < want && i < nprev; i++) {
+        int d = prev[i];
+        if (d < 0 || d >= ndev || seen[d])
+            continue;
+        seen[d] = 1;
+        if (judge(r, h, st, d, &pick[d]) == RK_SUP_IN) {
+            dev[i] = d;
+            used[d] = 1;
+            k++;
         }
+    }
+    /* the other ranks take the first devices in order that may go in */
+    int next = 0;
+    for (int d = 0; d < ndev && k < want; d++) {
+        if (used[d] || (seen[d] && pick[d].why != RK_SUP_IN))
+            continue;
+        if (!seen[d]) {
+            seen[d] = 1;
+            if (judge(r, h, st, d, &pick[d]) != RK_SUP_IN)
+                continue;
+        }
+        while (next < want && dev[next] >= 0)
+            next++;
+        dev[next] = d;
+        used[d] = 1;
+        k++;
+    }
+    /* fewer than wanted (the job shrinks: ranks are numbered afresh), or a node's ranks
+     * would not be consecutive: the devices picked, in device order */
+    if (k < want || (group && !groups_consecutive(group, dev, k))) {
+        int n = 0;
+        for (int d = 0; d < ndev; d++)
+            if (used[d])
+                dev[n++] = d;
     }
     return k;
 }

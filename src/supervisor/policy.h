@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define RK_SUP_MAX_DEVICES 256 /* devices a job may name (rk run --devices, the hosts' slots) */
+
 /* ---- kinds --------------------------------------------------------------------------------- */
 
 /* What happened. A worker's word (an event's "kind", docs/protocol.md) is read once, at the
@@ -233,13 +235,21 @@ typedef struct rk_sup_pick {
     double need; /* the score it needed (the threshold, plus the margin if it was held) */
 } rk_sup_pick;
 
-/* Pick the devices of the next launch (the shrink): in order, the first `want` of the
- * `ndev` devices that are neither quarantined nor drained, not lost, score at least the
- * threshold (plus the margin if held out before), and, with a predictor, are below the drain
- * probability. Sets or clears each looked-at device's held; the picked devices' indices in
- * dev[] (at least want slots), each device's reason in pick[ndev]. Returns how many. */
+/* Pick the devices of the next launch (the shrink) among the `ndev` devices: those that are
+ * neither quarantined nor drained, not lost, score at least the threshold (plus the margin if
+ * held out before), and, with a predictor, are below the drain probability. Placement is
+ * stable: rank i keeps its device of the last launch (prev[i], i < nprev) while that device
+ * may stay in, so a relaunch moves only the ranks whose devices went out (their snapshots in
+ * memory stay on their nodes); the other ranks take the first such devices in order. When
+ * fewer than `want` are found (the job shrinks and its ranks are numbered afresh), or when
+ * `group` (each device's node, NULL on one host) is given and some node's ranks would not be
+ * consecutive (the launchers across hosts place a node's ranks together), the devices picked
+ * go in device order. Sets or clears each looked-at device's held; the picked devices'
+ * indices in dev[] (at least want slots), each device's reason in pick[ndev]
+ * (RK_SUP_NOT_NEEDED: not looked at). Returns how many. */
 int rk_sup_pick_devices(const rk_sup_rules *r, int ndev, const rk_sup_health *h, rk_sup_dev *st,
-                        int want, int *dev, rk_sup_pick *pick);
+                        int want, const int *prev, int nprev, const int *group, int *dev,
+                        rk_sup_pick *pick);
 
 /* The relaunch decision after a launch that ended for a relaunch: RK_SUP_RELAUNCH, or
  * RK_SUP_STOP with *end = OUT_OF_RESTARTS when `restarts` relaunches reached `max_restarts`.

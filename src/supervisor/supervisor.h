@@ -24,7 +24,6 @@
 #include "supervisor/policy.h"
 #include "supervisor/runlog.h"
 
-#define RK_SUP_MAX_DEVICES 256
 #define RK_SUP_PARTNER_AUTO (-1) /* --partner-every auto */
 
 /* How the ranks are started: through Open MPI's mpirun, through srun, or forked by rk run's
