@@ -142,7 +142,7 @@ int rk_cmd_agent(int argc, char **argv)
                                           {"watch", no_argument, 0, 'W'},
                                           {"socket-node", required_argument, 0, 'O'},
                                           /* rk run's own (docs/recovery.md), not in the usage:
-                                           * with --watch, the ranks' snapshot directory here */
+                                           * the ranks' snapshot directory on this node */
                                           {"snapshots", required_argument, 0, 'Z'},
                                           {"devices", required_argument, 0, 'D'},
                                           {"health", required_argument, 0, 'H'},
@@ -289,8 +289,6 @@ int rk_cmd_agent(int argc, char **argv)
                                   "--watch is for ranks another launcher starts: no WORKER");
     if (socket_node && !watch)
         return rk_cli_usage_error("agent", agent_usage, "--socket-node goes with --watch");
-    if (jo.snap_parent && !watch)
-        return rk_cli_usage_error("agent", agent_usage, "--snapshots goes with --watch");
     if (!jo.worker && (jo.ckpt_dir || jo.inject))
         return rk_cli_usage_error("agent", agent_usage,
                                   "--ckpt-dir and --inject are for the ranks: give -- WORKER ARGS");

@@ -34,8 +34,8 @@ from ._ckptfile import (
 __all__ = [
     "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "MEMAVAIL_ENV", "PARENT_DEFAULT",
     "SnapshotError",
-    "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "get", "make_dir",
-    "name_step", "put", "remove_dir", "room", "steps",
+    "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "held",
+    "make_dir", "name_step", "put", "raw", "remove_dir", "room", "steps",
 ]  # fmt: skip
 
 PARENT_DEFAULT = "/dev/shm"
@@ -389,7 +389,8 @@ def put(dir, rank, step, items, *, epoch=0, cursor=0, world_size=1, config="{}")
     return os.path.join(os.fspath(dir), rname, name)
 
 
-def _get_at(rfd, what, step):
+def _read_at(rfd, what, step):
+    """(the bytes of generation `step`, its label), unverified."""
     name = file_name(step)
     L = f"{what}/{name}"
     fd = _open_nofollow(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,
@@ -406,10 +407,21 @@ def _get_at(rfd, what, step):
         raise _os_error(e, f"{L}: cannot read") from None
     finally:
         os.close(fd)
-    c = parse(buf, name=L)
+    return buf, L
+
+
+def from_bytes(buf, step, what):
+    """Verify the bytes of a generation of step `step` (every checksum, the step inside): a
+    Checkpoint whose items are views of `buf`. CheckpointError if they do not verify."""
+    c = parse(buf, name=what)
     if c.step != step:
-        raise CheckpointError(f"{L}: field 'step' is {c.step} but the file name says {step}")
+        raise CheckpointError(f"{what}: field 'step' is {c.step} but the file name says {step}")
     return c
+
+
+def _get_at(rfd, what, step):
+    buf, L = _read_at(rfd, what, step)
+    return from_bytes(buf, step, L)
 
 
 def get(dir, rank, step):
@@ -418,6 +430,43 @@ def get(dir, rank, step):
     rfd, what = _rank_fd(dir, rank)
     try:
         return _get_at(rfd, what, step)
+    finally:
+        os.close(rfd)
+
+
+def raw(dir, rank, step):
+    """The bytes of rank `rank`'s generation `step` (a bytearray), read as get() reads them but
+    not verified: to send to a rank on another node, which verifies them (from_bytes)."""
+    rfd, what = _rank_fd(dir, rank)
+    try:
+        return _read_at(rfd, what, step)[0]
+    finally:
+        os.close(rfd)
+
+
+def held(dir, rank):
+    """(steps, skipped, newest): the steps of rank `rank`'s generations in `dir` that verify,
+    newest first; "<path>: <why>" for each that does not; the newest one's Checkpoint (None if
+    none verifies). ([], [], None) when the rank has no directory yet; SnapshotMissing or
+    SnapshotError if `dir` itself is missing or not usable. What each rank says of its own
+    generations in a resume across nodes, where no directory holds every rank's."""
+    try:
+        rfd, what = _rank_fd(dir, rank)
+    except SnapshotMissing:
+        check_dir(dir)
+        return [], [], None
+    out, skipped, newest = [], [], None
+    try:
+        for s in _scan(rfd):
+            try:
+                c = _get_at(rfd, what, s)
+            except (CheckpointError, StorageError) as e:
+                skipped.append(str(e))
+                continue
+            out.append(s)
+            if newest is None:
+                newest = c
+        return out, skipped, newest
     finally:
         os.close(rfd)
 

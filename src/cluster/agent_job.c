@@ -494,6 +494,7 @@ static int start(rk_agent_job *j, const rk_node_launch *m, uint32_t port, rk_err
                            .stack_dir = j->stacks,
                            .pythonpath = !j->o.no_pythonpath,
                            .ckpt_dir = j->o.ckpt_dir,
+                           .snap_dir = j->snap[0] ? j->snap : NULL,
                            .inject = j->o.inject,
                            .inject_done = m->done};
     static rk_rank_env re;

@@ -127,6 +127,11 @@ static int start_agent(sup_cluster *cl, int k, const rk_net_secret *key, rk_err 
     if (o->ckpt_dir) {
         used = put_word(cmd, used, sizeof cmd, "--ckpt-dir");
         used = put_word(cmd, used, sizeof cmd, o->ckpt_dir);
+        if (cl->snaps) { /* the agent starts its ranks with its node's snapshot directory */
+            const char *parent = getenv("RK_SNAP_PARENT");
+            used = put_word(cmd, used, sizeof cmd, "--snapshots");
+            used = put_word(cmd, used, sizeof cmd, parent && *parent ? parent : "");
+        }
     }
     if (o->inject) {
         used = put_word(cmd, used, sizeof cmd, "--inject");

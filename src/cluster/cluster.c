@@ -268,6 +268,16 @@ static int start(void *ctx, const rk_sup_launch *l, rk_err *err)
         cl->used[k] = 1;
         cl->first_rank[k] = r;
     }
+    /* every rank snapshots or none (the puts and the resume are collective): a node of the
+     * launch without a directory (its agent could not make one) turns them off for the job */
+    for (int k = 0; cl->snaps && k < cl->nnodes && !sup_snapshots_off(cl->s); k++)
+        if (cl->used[k] && !rk_nodes_snap(cl->t, k)) {
+            char why[200];
+            snprintf(why, sizeof why,
+                     "node %d (%s) has no snapshot directory (its agent's log says why)", k,
+                     node_name(cl, k));
+            sup_snapshots_stop(cl->s, sup_step_now(cl->s), "disk_only", why);
+        }
     /* ranks that move to another node (a spare in place of a node lost) get their partner
      * copies there first (partners.c); each that did not is said, and restores from disk */
     if (coord_snap_fetch(cl) > 0) {
@@ -586,6 +596,7 @@ static int open_cluster(void *ctx, struct sup *s, rk_err *err)
                                 o->ckpt_dir && o->nhosts > 1
                             ? o->partner_every
                             : 0;
+    cl->snaps = !cl->watch && o->recovery != RK_SUP_RECOVERY_DISK && o->ckpt_dir;
     coord_snap_init(cl);
     /* the devices are the hosts' slots in order ("h1:0", "h1:1", "h2:0", ...) */
     int d = 0;

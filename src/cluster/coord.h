@@ -85,6 +85,9 @@ struct sup_cluster {
     rk_nodes *t;
     int watch; /* one mpirun (or srun) across the hosts starts the ranks; the agents watch */
     int srun;  /* in a Slurm allocation: srun starts the agents and the ranks */
+    int snaps; /* the agents start their ranks with a snapshot directory of their node
+                * (--snapshots; recovery from memory, docs/recovery.md "PyTorch jobs across
+                * hosts"), every rank of a launch or none */
     int nnodes;
     uint8_t job[RK_NET_JOB_ID_LEN];
     char job_hex[2 * RK_NET_JOB_ID_LEN + 1];

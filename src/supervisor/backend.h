@@ -142,6 +142,10 @@ void sup_quarantine_device(struct sup *s, int d);
 /* 1 once a rank said snapshot_off: memory recovery is off for the rest of the job
  * (launcher.c). */
 int sup_snapshots_off(const struct sup *s);
+/* Snapshots in memory off for the rest of the job (a rank's snapshot_off event, or a node of
+ * a launch across hosts without a directory): the incident snapshot_off (no rank blamed,
+ * `action`, the reason `why`), one status line; later launches get no directory. */
+void sup_snapshots_stop(struct sup *s, int64_t step, const char *action, const char *why);
 /* Steps the job has done in this run (drain.c). */
 int64_t sup_steps_done(const struct sup *s);
 /* The newest step a rank of the job has done (drain.c); -1 before any. */

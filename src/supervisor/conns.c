@@ -89,23 +89,28 @@ static void on_exit_event(sup *s, const rk_hb_msg *m)
                   (long long)m->step, m->detail);
 }
 
+void sup_snapshots_stop(sup *s, int64_t step, const char *action, const char *why)
+{
+    rk_incident *i =
+        rk_ledger_add(&s->g, "snapshot_off", -1, "", action, "step %lld: %s", (long long)step, why);
+    if (i) {
+        i->lost_steps = 0;
+        i->step = step;
+        rk_ledger_write(&s->g, i);
+    }
+    sup_say(s, "step %lld: snapshots in memory off, checkpoints on disk only: %s", (long long)step,
+            why);
+    s->snap_off = 1; /* run.c removes the directory before the next launch */
+    s->g.snapshots = "off";
+}
+
 /* An event the worker handled in-process: logged, pending until the job is back at work,
  * recorded to be counted against the blamed rank's device unless its kind is the data's
  * (policy.h; the loop counts it: sup_count_recorded). */
 static void on_event(sup *s, const rk_hb_msg *m)
 {
     if (strcmp(m->kind, "snapshot_off") == 0) { /* not a failure: memory short, disk goes on */
-        rk_incident *i = rk_ledger_add(&s->g, m->kind, -1, "", m->action, "step %lld: %s",
-                                       (long long)m->step, m->detail);
-        if (i) {
-            i->lost_steps = 0;
-            i->step = m->step;
-            rk_ledger_write(&s->g, i);
-        }
-        sup_say(s, "step %lld: snapshots in memory off, checkpoints on disk only: %s",
-                (long long)m->step, m->detail);
-        s->snap_off = 1; /* run.c removes the directory before the next launch */
-        s->g.snapshots = "off";
+        sup_snapshots_stop(s, m->step, m->action, m->detail);
         return;
     }
     int blame = m->blame >= 0 && m->blame < s->n ? m->blame : -1;

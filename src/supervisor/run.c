@@ -295,11 +295,16 @@ static void open_snap_dir(sup *s)
                 !o->ckpt_dir ? "--ckpt-dir" : "--launcher local");
     if (o->recovery == RK_SUP_RECOVERY_DISK || !o->ckpt_dir)
         return;
-    if (o->hosts && s->b.ops->snap_dirs && o->launcher == RK_LAUNCH_MPIRUN) {
-        s->g.snapshots = "on"; /* one mpirun across the hosts: each node's agent keeps its own */
+    if (o->hosts && s->b.ops->snap_dirs &&
+        (o->launcher == RK_LAUNCH_MPIRUN || o->launcher == RK_LAUNCH_LOCAL)) {
+        s->g.snapshots = "on"; /* each node's agent keeps its own (one mpirun across the hosts,
+                                * or the agents start the ranks) */
         sup_say(s, "recovery from memory: each host's agent keeps its ranks' snapshots in a "
                    "directory of its node (a relaunch restores them when every rank has the "
                    "agreed step and it is at least as new as the checkpoints on disk)");
+        if (o->recovery == RK_SUP_RECOVERY_INPLACE)
+            sup_say(s, "recovery in place is not built across hosts: a failure relaunches every "
+                       "rank, from the nodes' memory");
         return;
     }
     if (o->hosts || s->b.ops != &rk_sup_launcher_ops || sup_may_span_hosts(o)) {

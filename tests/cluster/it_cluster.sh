@@ -203,6 +203,29 @@ check_end "(c)" $? c.json c.log
 grep -q '"kind":"node_lost".*node 2 (h3).*silence' c.ev && ok "(c) the events name node 2 (h3), silent" \
   || bad "(c) events: $(cat c.ev)"
 
+# ---- (n) a rank crashes: every rank relaunched on its host, from the nodes' memory ---------
+rig_spawn "$name" h1 "${run[@]}" --ckpt-dir "$work/ckn" --events "$work/n.ev" \
+  --inject 'crash@step=25:rank=3' -- "${ex[@]}" --result "$work/n.json" >n.log 2>&1
+sup=$RIG_PID
+pids+=("$sup")
+wait "$sup"
+check_end "(n)" $? n.json n.log
+# each host's agent made its own directory (the rig's hosts share one /dev/shm: one each)
+dirs=$(sed -n 's/.*the ranks.* snapshots in memory on this node: \(.*\)$/\1/p' n.log | sort -u | wc -l)
+((dirs >= 3)) && ok "(n) each host's agent made its node's snapshot directory ($dirs)" \
+  || bad "(n) $dirs snapshot directories: $(grep -i 'snapshot' n.log | head -5)"
+grep -q "relaunch 1 on 6 ranks (devices h1:0,h1:1,h2:0,h2:1,h3:0,h3:1)" n.log \
+  && ok "(n) relaunched on the same hosts" || bad "(n) $(grep 'relaunch 1' n.log)"
+at=$(sed -n 's/.*launch 1: resumed from node memory at step \([0-9]*\).*/\1/p' n.log | head -1)
+[[ -n $at ]] && ((at >= 20)) && grep -q '"kind":"crash","rank":3,.*; resumed from node memory at step' n.ev \
+  && ok "(n) every rank resumed from node memory at step $at (disk: step 20); the crash's incident says so" \
+  || bad "(n) resumed: $(grep -i 'resumed\|snapshot' n.log | grep -v '^rk agent' | head -5)"
+# ranks 2-5 are not on rank 0's node: rank 0 sent them its generation, which they verified
+# (counted by occurrence: the ranks' lines may share one line of the log)
+n=$(grep -o "rank [2-5]: resumed from rank 0's snapshot of step [0-9]*, sent by rank 0 " n.log | sort -u | wc -l)
+((n == 4)) && ok "(n) the 4 ranks on h2 and h3 took rank 0's generation as rank 0 sent it" \
+  || bad "(n) $n ranks took rank 0's generation as sent: $(grep -i 'resumed from' n.log | head -6)"
+
 # ---- (d) a wrong secret and a wrong job id ----------------------------------------------
 rig_spawn "$name" h1 "${run[@]}" "${slow[@]}" -- "${ex[@]}" --result "$work/d.json" >d.log 2>&1
 sup=$RIG_PID

@@ -12,6 +12,7 @@ import re
 import struct
 import time
 
+import torch
 import torch.distributed as dist
 
 from rekindle import ckpt as _ckpt
@@ -152,20 +153,69 @@ class _Memory:
         self._mem_every = k
         self._mem_next = self.step_no + k
 
-    def _mem_resume(self):
-        """The relaunch's resume from memory, collective: rank 0 weighs the newest snapshot that
-        verifies (snap.agree) against the newest disk checkpoint's step (by its file name);
-        memory wins when at least as new. Every rank reads and verifies that generation; if
-        any cannot, every rank resumes from disk. True when the state came from memory."""
-        step = None
+    def _mem_send_head(self, step, far):
+        """Rank 0 sends its generation of `step` to every rank (a broadcast of its bytes; across
+        hosts the ranks on other nodes than rank 0's have no copy of it); a rank with `far`
+        keeps it once it verifies. (bad, ck): bad the first rank that could not (None: none),
+        ck the verified generation (on a rank with `far`)."""
+        buf, n = None, -1
         if self.rank == 0:
             try:
-                step, skipped = _snap.agree(self._mem_dir, self.world)
-                for s in skipped:
-                    self._say(f"snapshot skipped: {s}")
+                buf = _snap.raw(self._mem_dir, 0, step)
+                n = len(buf)
             except (_ckpt.CheckpointError, OSError) as e:
-                self._say(f"snapshot: no agreed step ({e}): resuming from disk")
-                step = None
+                self._say(f"snapshot of step {step}: cannot send it to the ranks on other nodes: {e}")
+        box = [n]
+        self._collective(dist.broadcast_object_list, box, 0)
+        n = box[0]
+        if n <= 0:
+            return 0, None
+        if buf is None:
+            buf = bytearray(n)
+        t = torch.frombuffer(buf, dtype=torch.uint8)  # the broadcast fills buf in place on the CPU
+        on = t if self.device.type == "cpu" else t.to(self.device)
+        self._collective(dist.broadcast, on, 0)
+        ck, why = None, None
+        if far:
+            if on is not t:
+                t.copy_(on.cpu())
+            try:
+                ck = _snap.from_bytes(buf, step, f"rank 0's snapshot of step {step}, sent by rank 0")
+            except _ckpt.CheckpointError as e:
+                why = str(e)
+                self._say(f"snapshot of step {step} not restored: {e}")
+        oks = [None] * self.world
+        self._collective(dist.all_gather_object, oks, why is None)
+        return next((r for r, ok in enumerate(oks) if not ok), None), ck
+
+    def _mem_resume(self):
+        """The relaunch's resume from memory, collective. Every rank verifies its own
+        generations in its node's directory (snap.held) and every rank learns every rank's
+        verified steps (one all-gather): no directory needs to hold every rank's (across hosts
+        each node holds its own ranks'). Rank 0 takes the newest of its steps that every rank
+        holds, weighs it against the newest disk checkpoint's step (by its file name), memory
+        winning when at least as new, and checks its generation is of this run; it broadcasts
+        the step and its replica hash. Every rank takes rank 0's generation (the replicated
+        state: read from its own node's directory when rank 0 is on its node, else sent by rank
+        0 and verified here) and its own RNG states; a replica hash unlike rank 0's, or any
+        rank that cannot, and every rank resumes from disk. True when the state came from
+        memory."""
+        mine, skipped, newest = [], [], None
+        try:
+            mine, skipped, newest = _snap.held(self._mem_dir, self.rank)
+        except (_ckpt.CheckpointError, OSError) as e:
+            skipped = [str(e)]
+        for s in skipped:
+            self._say(f"snapshot skipped: {s}")
+        lists = [mine]
+        if self.distributed and self.world > 1:
+            lists = [None] * self.world
+            self._collective(dist.all_gather_object, lists, mine)
+        step, head, ck = None, None, None
+        if self.rank == 0:
+            step = next((s for s in lists[0] if all(s in v for v in lists)), None)
+            if step is None:
+                self._say("snapshot: no step that every rank holds in memory: resuming from disk")
             try:
                 disk = max((s for s, _ in _ckpt.list_checkpoints(self.ckpt_dir)), default=-1)
             except (_ckpt.CheckpointError, OSError):
@@ -174,37 +224,58 @@ class _Memory:
                 self._say(f"snapshot: step {step} in memory is older than the checkpoint of step {disk} on disk: "
                           "resuming from disk")
                 step = None
+            if step is not None:
+                try:
+                    ck = newest if newest is not None and newest.step == step else _snap.get(self._mem_dir, 0, step)
+                    why = self._mismatch(ck)
+                    if why is None and ck.world_size != self.world:  # the disk path resumes on another world
+                        why = f"{ck.path}: written by {ck.world_size} ranks, now {self.world}"
+                    head = bytes(ck.items[_HASH_ITEM].data)
+                except (_ckpt.CheckpointError, OSError, KeyError) as e:
+                    why = str(e)
+                if why:
+                    self._say(f"snapshot of step {step} not restored: {why}")
+                    step, ck = None, None
         if self.distributed and self.world > 1:
-            box = [step]
+            box = [step, head]
             self._collective(dist.broadcast_object_list, box, 0)
-            step = box[0]
+            step, head = box
         if step is None:
             return False
-        ck, why = None, None
-        try:  # rank 0's generation (the replicated state) and this rank's own (its RNG states)
-            ck = _snap.get(self._mem_dir, 0, step)
-            why = self._mismatch(ck)
-            if why is None and ck.world_size != self.world:  # the disk path resumes on another world
-                why = f"{ck.path}: written by {ck.world_size} ranks, now {self.world}"
-            if why is None and self.rank != 0:
-                own = _snap.get(self._mem_dir, self.rank, step)
-                if bytes(own.items[_HASH_ITEM].data) != bytes(ck.items[_HASH_ITEM].data):
+        why, far, rng = None, False, {}  # far: rank 0's generation is not on this rank's node
+        if self.rank != 0:
+            try:
+                own = (newest if newest is not None and newest.step == step
+                       else _snap.get(self._mem_dir, self.rank, step))
+                if bytes(own.items[_HASH_ITEM].data) != head:
                     why = (f"{own.path}: this rank's replica hash differs from rank 0's: the replicas were not "
                            "verified at that step")
-                ck.items.update((n, it) for n, it in own.items.items() if n.startswith("rng."))
-        except (_ckpt.CheckpointError, OSError, KeyError) as e:
-            why = str(e)
+                else:
+                    try:  # a rank-0 directory here from before a move is not rank 0's now
+                        ck = _snap.get(self._mem_dir, 0, step)
+                        far = bytes(ck.items[_HASH_ITEM].data) != head
+                    except _snap.SnapshotMissing:
+                        far = True
+                    rng = {n: it for n, it in own.items.items() if n.startswith("rng.")}
+            except (_ckpt.CheckpointError, OSError, KeyError) as e:
+                why = str(e)
         if why:
             self._say(f"snapshot of step {step} not restored: {why}")
-        oks = [why is None]
+        oks = [(why is None, far)]
         if self.distributed and self.world > 1:
             oks = [None] * self.world
-            self._collective(dist.all_gather_object, oks, why is None)
-        if not all(oks):
+            self._collective(dist.all_gather_object, oks, (why is None, far))
+        bad = next((r for r, (ok, _) in enumerate(oks) if not ok), None)
+        if bad is None and any(f for _, f in oks):
+            bad, sent = self._mem_send_head(step, far)
+            if bad is None and far:
+                ck = sent
+        if bad is not None:
             if self.rank == 0:
-                self._say(f"snapshot: rank {oks.index(False)} could not restore step {step} from memory: resuming "
-                          "from disk")
+                self._say(f"snapshot: rank {bad} could not restore step {step} from memory: resuming from disk")
             return False
+        if self.rank != 0:
+            ck.items.update(rng)
         try:
             self._apply(ck)
         except (KeyError, ValueError, RuntimeError) as e:
