@@ -13,7 +13,10 @@ announcing it with Worker.inject(step, fault.index, fault.kind).
 Random (mtbf) faults: exponential gaps with mean mtbf, in seconds since the Injector was made,
 drawn as the C runtime draws them (rekindle/rng.h: xoshiro256** seeded through splitmix64 from
 (seed, index << 32 | rank, launch); -mtbf * log1p(-u) with u from 53 random bits), so a spec,
-rank and launch give the same arrival times in Python as in C.
+rank and launch give the same arrival times in Python as in C. A rank started again in place
+(RK_REJOIN_EPOCH=E, docs/recovery.md "In place") is a new process of the same rank and launch:
+its stream is (seed, index << 32 | rank, launch | E << 32), so that it does not replay its
+predecessor's arrivals (an early one would otherwise end every replacement at the same age).
 """
 
 import math
@@ -326,12 +329,13 @@ class Injector:
     arrival (seconds since the Injector was made, or `clock`) has passed, at most once per call.
     Faults in the done list (RK_INJECT_DONE: fired in earlier launches) never fire."""
 
-    def __init__(self, spec, rank, launch=0, done=None, clock=time.monotonic):
+    def __init__(self, spec, rank, launch=0, done=None, clock=time.monotonic, epoch=0):
         self.faults = parse(spec) if isinstance(spec, (str, bytes, type(None))) else list(spec)
         if not 0 <= rank <= MAX_RANK:
             raise ValueError(f"fault injection: rank {rank} is outside 0..{MAX_RANK}")
         self.rank = rank
         self.launch = launch
+        self.epoch = epoch  # > 0: a rank started again in place, in that rendezvous epoch
         self.listed = done if isinstance(done, (set, frozenset)) else parse_done(done, len(self.faults))
         self.done = set()
         self.fired = set()
@@ -341,7 +345,7 @@ class Injector:
         self._next = {}
         for f in self.faults:
             if f.random and self._applies(f):
-                g = Rng.derive(f.seed, (f.index << 32) | rank, launch)
+                g = Rng.derive(f.seed, (f.index << 32) | rank, launch | (epoch << 32))
                 self._rng[f.index] = g
                 self._next[f.index] = g.exponential(f.mtbf_s)
 
@@ -420,6 +424,13 @@ def from_env(rank, launch=None, env=None):
                                  "is not a decimal launch number")
     if not 0 <= rank <= MAX_RANK:
         raise ValueError(f"fault injection: rank {rank} is outside 0..{MAX_RANK}")
+    epoch = 0
+    et = env.get("RK_REJOIN_EPOCH")
+    if et is not None:
+        r, epoch = _digits(et.encode("utf-8", "surrogateescape"))
+        if r != 1 or epoch >= 1 << 31:
+            raise ValueError(f"RK_REJOIN_EPOCH: '{quote(et.encode('utf-8', 'surrogateescape'))}' "
+                             "is not a decimal epoch")
     try:
         faults = parse(spec)
     except ValueError as e:
@@ -428,4 +439,4 @@ def from_env(rank, launch=None, env=None):
         done = parse_done(env.get("RK_INJECT_DONE"), len(faults))
     except ValueError as e:
         raise ValueError(f"RK_INJECT_DONE: {e}") from None
-    return Injector(faults, rank, launch, done)
+    return Injector(faults, rank, launch, done, epoch=epoch)

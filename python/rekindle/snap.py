@@ -34,8 +34,8 @@ from ._ckptfile import (
 __all__ = [
     "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "MEMAVAIL_ENV", "PARENT_DEFAULT",
     "SnapshotError",
-    "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "held",
-    "make_dir", "name_step", "put", "raw", "remove_dir", "room", "steps",
+    "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "make_dir",
+    "name_step", "put", "raw", "remove_dir", "room", "steps",
 ]  # fmt: skip
 
 PARENT_DEFAULT = "/dev/shm"
@@ -440,33 +440,6 @@ def raw(dir, rank, step):
     rfd, what = _rank_fd(dir, rank)
     try:
         return _read_at(rfd, what, step)[0]
-    finally:
-        os.close(rfd)
-
-
-def held(dir, rank):
-    """(steps, skipped, newest): the steps of rank `rank`'s generations in `dir` that verify,
-    newest first; "<path>: <why>" for each that does not; the newest one's Checkpoint (None if
-    none verifies). ([], [], None) when the rank has no directory yet; SnapshotMissing or
-    SnapshotError if `dir` itself is missing or not usable. What each rank says of its own
-    generations in a resume across nodes, where no directory holds every rank's."""
-    try:
-        rfd, what = _rank_fd(dir, rank)
-    except SnapshotMissing:
-        check_dir(dir)
-        return [], [], None
-    out, skipped, newest = [], [], None
-    try:
-        for s in _scan(rfd):
-            try:
-                c = _get_at(rfd, what, s)
-            except (CheckpointError, StorageError) as e:
-                skipped.append(str(e))
-                continue
-            out.append(s)
-            if newest is None:
-                newest = c
-        return out, skipped, newest
     finally:
         os.close(rfd)
 

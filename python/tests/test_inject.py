@@ -276,6 +276,21 @@ class TestInjector(unittest.TestCase):
         self.assertEqual(inject.from_env(0, env={"RK_INJECT": ""}).faults, [])
         self.assertFalse(inject.privileged())
 
+    def test_replacement_draws_its_own_arrivals(self):
+        """A rank started again in place (RK_REJOIN_EPOCH) is a new process of the same rank and
+        launch: it must not replay its predecessor's random arrivals from its own start."""
+        env = {"RK_INJECT": "crash@mtbf=30s:seed=7", "RK_LAUNCH": "3"}
+        first = inject.from_env(2, env=env)
+        self.assertEqual(first.epoch, 0)
+        again = inject.from_env(2, env=dict(env, RK_REJOIN_EPOCH="0"))
+        self.assertEqual(first.next_arrival(0), again.next_arrival(0))  # epoch 0: the launch's own
+        arrivals = {inject.from_env(2, env=dict(env, RK_REJOIN_EPOCH=str(e))).next_arrival(0) for e in range(1, 6)}
+        self.assertEqual(len(arrivals), 5)
+        self.assertNotIn(first.next_arrival(0), arrivals)
+        for bad in ("x", "-1", "2147483648", ""):
+            with self.assertRaisesRegex(ValueError, "^RK_REJOIN_EPOCH: .* is not a decimal epoch"):
+                inject.from_env(2, env=dict(env, RK_REJOIN_EPOCH=bad))
+
 
 if __name__ == "__main__":
     unittest.main()

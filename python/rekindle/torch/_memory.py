@@ -188,65 +188,15 @@ class _Memory:
         self._collective(dist.all_gather_object, oks, why is None)
         return next((r for r, ok in enumerate(oks) if not ok), None), ck
 
-    def _mem_resume(self):
-        """The relaunch's resume from memory, collective. Every rank verifies its own
-        generations in its node's directory (snap.held) and every rank learns every rank's
-        verified steps (one all-gather): no directory needs to hold every rank's (across hosts
-        each node holds its own ranks'). Rank 0 takes the newest of its steps that every rank
-        holds, weighs it against the newest disk checkpoint's step (by its file name), memory
-        winning when at least as new, and checks its generation is of this run; it broadcasts
-        the step and its replica hash. Every rank takes rank 0's generation (the replicated
-        state: read from its own node's directory when rank 0 is on its node, else sent by rank
-        0 and verified here) and its own RNG states; a replica hash unlike rank 0's, or any
-        rank that cannot, and every rank resumes from disk. True when the state came from
-        memory."""
-        mine, skipped, newest = [], [], None
-        try:
-            mine, skipped, newest = _snap.held(self._mem_dir, self.rank)
-        except (_ckpt.CheckpointError, OSError) as e:
-            skipped = [str(e)]
-        for s in skipped:
-            self._say(f"snapshot skipped: {s}")
-        lists = [mine]
-        if self.distributed and self.world > 1:
-            lists = [None] * self.world
-            self._collective(dist.all_gather_object, lists, mine)
-        step, head, ck = None, None, None
-        if self.rank == 0:
-            step = next((s for s in lists[0] if all(s in v for v in lists)), None)
-            if step is None:
-                self._say("snapshot: no step that every rank holds in memory: resuming from disk")
-            try:
-                disk = max((s for s, _ in _ckpt.list_checkpoints(self.ckpt_dir)), default=-1)
-            except (_ckpt.CheckpointError, OSError):
-                disk = -1
-            if step is not None and step < disk:
-                self._say(f"snapshot: step {step} in memory is older than the checkpoint of step {disk} on disk: "
-                          "resuming from disk")
-                step = None
-            if step is not None:
-                try:
-                    ck = newest if newest is not None and newest.step == step else _snap.get(self._mem_dir, 0, step)
-                    why = self._mismatch(ck)
-                    if why is None and ck.world_size != self.world:  # the disk path resumes on another world
-                        why = f"{ck.path}: written by {ck.world_size} ranks, now {self.world}"
-                    head = bytes(ck.items[_HASH_ITEM].data)
-                except (_ckpt.CheckpointError, OSError, KeyError) as e:
-                    why = str(e)
-                if why:
-                    self._say(f"snapshot of step {step} not restored: {why}")
-                    step, ck = None, None
-        if self.distributed and self.world > 1:
-            box = [step, head]
-            self._collective(dist.broadcast_object_list, box, 0)
-            step, head = box
-        if step is None:
-            return False
-        why, far, rng = None, False, {}  # far: rank 0's generation is not on this rank's node
+    def _mem_take(self, step, head, ck):
+        """Every rank's part of restoring `step`, which rank 0 verified (its generation `ck` on
+        rank 0, its replica hash `head`): every other rank verifies its own generation of it
+        and takes rank 0's; one all-gather of whether each could. (the generation to apply,
+        this rank's RNG items), or (None, {}) on every rank when some rank could not."""
+        why, far, rng = None, False, {}
         if self.rank != 0:
             try:
-                own = (newest if newest is not None and newest.step == step
-                       else _snap.get(self._mem_dir, self.rank, step))
+                own = _snap.get(self._mem_dir, self.rank, step)
                 if bytes(own.items[_HASH_ITEM].data) != head:
                     why = (f"{own.path}: this rank's replica hash differs from rank 0's: the replicas were not "
                            "verified at that step")
@@ -272,8 +222,76 @@ class _Memory:
                 ck = sent
         if bad is not None:
             if self.rank == 0:
-                self._say(f"snapshot: rank {bad} could not restore step {step} from memory: resuming from disk")
-            return False
+                self._say(f"snapshot: rank {bad} could not restore step {step} from memory")
+            return None, {}
+        return ck, rng
+
+    def _mem_resume(self):
+        """The relaunch's resume from memory, collective. Every rank lists its own generations
+        in its node's directory and every rank learns every rank's (one all-gather): no
+        directory needs to hold every rank's (across hosts each node holds its own ranks').
+        The candidates are the steps every rank holds, newest first, at least as new as the
+        newest disk checkpoint (by its file name). For each, until one is restored: rank 0
+        verifies its generation (every checksum) and that it is this run's and broadcasts the
+        step and its replica hash; every other rank verifies its own generation of it, checks
+        its replica hash against rank 0's and takes rank 0's generation (the replicated state:
+        from its own node's directory when rank 0 is on its node, else sent by rank 0 and
+        verified here); every rank learns (one all-gather) whether all could. A generation is
+        read and verified only when its step is a candidate: the newest, in the common case.
+        Never mixed steps. True when the state came from memory."""
+        mine = []
+        try:
+            mine = _snap.steps(self._mem_dir, self.rank)
+        except (_ckpt.CheckpointError, OSError) as e:
+            self._say(f"snapshot: {e}")
+        lists = [mine]
+        if self.distributed and self.world > 1:
+            lists = [None] * self.world
+            self._collective(dist.all_gather_object, lists, mine)
+        cands = []
+        if self.rank == 0:
+            cands = [s for s in lists[0] if all(s in v for v in lists)]
+            if not cands:
+                self._say("snapshot: no step that every rank holds in memory: resuming from disk")
+            try:
+                disk = max((s for s, _ in _ckpt.list_checkpoints(self.ckpt_dir)), default=-1)
+            except (_ckpt.CheckpointError, OSError):
+                disk = -1
+            if cands and cands[0] < disk:
+                self._say(f"snapshot: step {cands[0]} in memory is older than the checkpoint of step {disk} on "
+                          "disk: resuming from disk")
+            cands = [s for s in cands if s >= disk]
+        tried = False
+        while True:
+            step, head, ck = None, None, None
+            if self.rank == 0 and tried and not cands:
+                self._say("snapshot: no other step that every rank holds in memory: resuming from disk")
+            tried = True
+            while self.rank == 0 and cands and step is None:
+                s = cands.pop(0)
+                try:
+                    ck = _snap.get(self._mem_dir, 0, s)
+                    why = self._mismatch(ck)
+                    if why is None and ck.world_size != self.world:  # the disk path resumes on another world
+                        why = f"{ck.path}: written by {ck.world_size} ranks, now {self.world}"
+                    head = bytes(ck.items[_HASH_ITEM].data)
+                except (_ckpt.CheckpointError, OSError, KeyError) as e:
+                    why = str(e)
+                if why:
+                    self._say(f"snapshot of step {s} not restored: {why}")
+                    ck = None
+                else:
+                    step = s
+            if self.distributed and self.world > 1:
+                box = [step, head]
+                self._collective(dist.broadcast_object_list, box, 0)
+                step, head = box
+            if step is None:
+                return False
+            ok, rng = self._mem_take(step, head, ck)
+            if ok is not None:
+                ck = ok
+                break
         if self.rank != 0:
             ck.items.update(rng)
         try:
