@@ -74,6 +74,8 @@ import numpy as np, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 import rekindle.torch as rkt
 rank, steps, store, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if os.environ.get("SNAPDIRS"):  # each rank its own node's snapshot directory (two nodes)
+    os.environ["RK_SNAP_DIR"] = os.environ["SNAPDIRS"].split(",")[rank]
 torch.set_num_threads(1); torch.use_deterministic_algorithms(True)
 dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
 N, B = 256, 32
@@ -116,9 +118,9 @@ dist.destroy_process_group()
 """
 
 
-def small(test, steps, env=None, rc=0):
+def small(test, steps, env=None, rc=0, logs=None):
     """Runs SMALL on 2 ranks, each to exit status rc; returns (rank 0's params hash, or None
-    when rc is not 0, and rank 0's stderr)."""
+    when rc is not 0, and rank 0's stderr); each rank's stderr appended to `logs`, a list."""
     d = rktest.tmpdir(test)
     script = os.path.join(d, "small.py")
     with open(script, "w") as f:
@@ -132,6 +134,8 @@ def small(test, steps, env=None, rc=0):
     procs = [subprocess.Popen([sys.executable, script, str(r), str(steps), store, out], env=e,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
+    if logs is not None:
+        logs.extend(o[1] for o in outs)
     for r, p in enumerate(procs):
         test.assertEqual(p.returncode, rc, f"rank {r}: {outs[r][1][-2000:]}")
     if rc:
@@ -175,6 +179,44 @@ class SmallRanks(unittest.TestCase):
         got, log = small(self, 40, env={"DROPOUT": "1", "RK_CKPT_DIR": ck, "RK_RESUME": "1"})
         self.assertIn("resumed from", log)
         self.assertEqual(got, ref)
+
+    def test_resume_from_two_nodes_memory(self):
+        """Snapshots in memory on two nodes (a directory a rank, as across hosts): the resume
+        agrees on a step from what each rank holds, rank 0 sends its generation to rank 1
+        (whose node has none of rank 0's), and a generation that does not verify on rank 1
+        moves both ranks to the next older step, never mixed; the weights are the fault-free
+        run's (docs/recovery.md, "PyTorch jobs")."""
+        from rekindle import snap
+        ref, _ = small(self, 40, env={"DROPOUT": "1"})
+        for flip in (False, True):
+            d = rktest.tmpdir(self)
+            dirs = [snap.make_dir(d), snap.make_dir(d)]
+            env = {"DROPOUT": "1", "RK_CKPT_DIR": os.path.join(d, "ck"), "CKE": "10", "RK_SNAP_EVERY": "1",
+                   "SNAPDIRS": ",".join(dirs)}
+            small(self, 25, env=env)
+            # as if the job had died after step 24's snapshot: the end's checkpoint (25) gone
+            os.unlink(os.path.join(d, "ck", "ckpt-000000000025.safetensors"))
+            with open(os.path.join(d, "ck", "latest"), "w") as f:
+                f.write("ckpt-000000000020.safetensors\n")
+            self.assertEqual((snap.steps(dirs[0], 0), snap.steps(dirs[0], 1)), ([24, 23], []))
+            self.assertEqual((snap.steps(dirs[1], 1), snap.steps(dirs[1], 0)), ([24, 23], []))
+            want = 24
+            if flip:  # rank 1's newest: a bit flipped in its data
+                p = os.path.join(dirs[1], "rank-1", snap.file_name(24))
+                with open(p, "r+b") as f:
+                    f.seek(-3, os.SEEK_END)
+                    b = f.read(1)
+                    f.seek(-3, os.SEEK_END)
+                    f.write(bytes([b[0] ^ 0x40]))
+                want = 23
+            logs = []
+            got, log0 = small(self, 40, env=dict(env, RK_RESUME="1"), logs=logs)
+            self.assertIn(f"snap-{want:012d}.safetensors (step {want}", log0)
+            self.assertIn("node memory", log0)
+            self.assertIn(f"resumed from rank 0's snapshot of step {want}, sent by rank 0", logs[1])
+            if flip:
+                self.assertIn("snapshot of step 24 not restored", logs[1])
+            self.assertEqual(got, ref, f"flip={flip}")
 
     def test_global_batch_below_the_ranks_is_refused(self):
         # a rank without samples has no mean loss: its norm read as 0.0 pulled the guards'
