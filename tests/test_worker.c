@@ -317,6 +317,60 @@ static void memory_snapshots_resume_before_the_disk(void **state)
     rm_tree(dir);
 }
 
+/* A disk checkpoint's step is put in memory too, whatever K: memory is never older than the
+ * disk, so a relaunch (or a rank replaced in place) restores from memory. K = 3, a checkpoint
+ * every 4 steps: the steps of the checkpoints (4, 8) are held in memory, and a resume after
+ * step 9 restores from memory. */
+static void memory_holds_the_disk_checkpoints_steps(void **state)
+{
+    (void)state;
+    char dir[512], parent[512], snap[RK_SNAP_PATH_MAX];
+    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker_memck_ck"), 0);
+    assert_int_equal(test_dir_make(parent, sizeof parent, "test_worker_memck_shm"), 0);
+    rk_err err = {0};
+    assert_int_equal(rk_snap_dir_make(parent, snap, sizeof snap, &err), RK_OK);
+    setenv(RK_SNAP_DIR_ENV, snap, 1);
+    setenv("RK_SNAP_EVERY", "3", 1);
+    rk_worker_ckpt_opts co;
+    rk_worker_ckpt_opts_default(&co);
+    co.dir = dir;
+    co.every = 4;
+    co.config_json = "{\"test\":\"memory-ckpt\"}";
+    int64_t start = -1, back, steps[4];
+    size_t n = 0;
+    fixture f;
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    for (int64_t s = 0; s < 9; s++) {
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+        if (s + 1 == 4 || s + 1 == 8) { /* the checkpoint's step, just put */
+            assert_int_equal(rk_snap_steps(snap, 0, steps, 4, &n, &err), RK_OK);
+            assert_true(n >= 1);
+            assert_int_equal(steps[0], s + 1);
+        }
+    }
+    float p[8];
+    memcpy(p, f.p, sizeof p);
+    close_worker(&f); /* disk: step 8 (and 4) */
+    assert_int_equal(rk_snap_steps(snap, 0, steps, 4, &n, &err), RK_OK);
+    assert_int_equal(n, 2);
+    assert_true(steps[0] >= 8);
+    co.resume = 1;
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    assert_int_equal(start, steps[0]); /* from memory, at least as new as the disk */
+    if (start == 9)
+        assert_memory_equal(f.p, p, sizeof p);
+    close_worker(&f);
+    unsetenv(RK_SNAP_DIR_ENV);
+    unsetenv("RK_SNAP_EVERY");
+    assert_int_equal(rk_snap_dir_remove(snap, &err), RK_OK);
+    rm_tree(parent);
+    rm_tree(dir);
+}
+
 /* With RK_SNAP_PIN_EVERY=M the first put at or past each multiple of M is pinned (a fresh start
  * pins its first put; a resumed one counts from the step it resumed at), two pins kept; a
  * resume with the generations gone restores a pin, and says so. */
@@ -540,6 +594,7 @@ int main(void)
         cmocka_unit_test(faults_land_in_registered_buffers),
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
         cmocka_unit_test(memory_snapshots_resume_before_the_disk),
+        cmocka_unit_test(memory_holds_the_disk_checkpoints_steps),
         cmocka_unit_test(memory_snapshots_pin_the_first_put_past_each_multiple),
         cmocka_unit_test(memory_snapshots_without_room_for_pins_keep_the_snapshots),
         cmocka_unit_test(the_supervisors_checkpoint_env),

@@ -4,8 +4,10 @@ process. Skips without torch."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 import unittest
 
 import rktest
@@ -52,21 +54,63 @@ class Spare(unittest.TestCase):
         self.addCleanup(lambda: p.poll() is None and p.kill())
         return p, w
 
+    def listener(self):
+        """A socket listening on 127.0.0.1 (rank 0's store of the new rendezvous), its port."""
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        s.setblocking(False)
+        self.addCleanup(s.close)
+        return s, s.getsockname()[1]
+
+    @staticmethod
+    def probed(s):
+        try:
+            s.accept()[0].close()
+            return True
+        except BlockingIOError:
+            return False
+
     def test_a_rank_given_runs_the_script_as_python_would(self):
         p, w = self.start()
-        os.write(w, b"RANK=3\0LOCAL_RANK=1\0MASTER_PORT=41234\0EXIT_WITH=5\0")
+        ls, port = self.listener()
+        os.write(w, b"RANK=3\0LOCAL_RANK=1\0MASTER_ADDR=127.0.0.1\0MASTER_PORT=%d\0EXIT_WITH=5\0" % port)
         os.close(w)
         out, err = p.communicate(timeout=300)
+        # rank 3 waited for rank 0's store to listen before its script ran (a probe connection)
+        self.assertTrue(self.probed(ls), "no probe of MASTER_PORT before the script")
         self.assertEqual(p.returncode, 5, err.decode())  # the script's sys.exit status
         got = json.loads(out.decode().strip().splitlines()[-1])
         self.assertEqual(got["name"], "__main__")
         self.assertEqual(got["argv"], [self.script, "--lr", "0.1"])
         self.assertEqual(got["path0"], self.dir)  # the script's own modules import
-        self.assertEqual((got["rank"], got["local"], got["port"]), ("3", "1", "41234"))
+        self.assertEqual((got["rank"], got["local"], got["port"]), ("3", "1", str(port)))
         self.assertIsNone(got["fd"])  # not left for the script
         self.assertEqual(got["helper"], "3")  # imported after the rank came, not before
         self.assertTrue(got["torch"])
         self.assertRegex(err.decode(), r"rekindle: warm spare \(pid [0-9]+, warmed in [0-9.]+ s\) is rank 3\n")
+
+    def test_rank_0_does_not_wait_for_a_store(self):
+        p, w = self.start()
+        ls, port = self.listener()
+        os.write(w, b"RANK=0\0LOCAL_RANK=0\0MASTER_ADDR=127.0.0.1\0MASTER_PORT=%d\0" % port)
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 0, err.decode())
+        self.assertFalse(self.probed(ls), "rank 0 makes the store: it probes nothing")
+
+    def test_await_store(self):
+        from rekindle.torch._inplace import await_store
+        ls, port = self.listener()
+        await_store("127.0.0.1", port)  # listening: at once, one probe
+        self.assertTrue(self.probed(ls))
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+        s.close()
+        t0 = time.monotonic()
+        await_store("127.0.0.1", free, wait_s=0.3)  # refused throughout: gives up after wait_s
+        self.assertGreaterEqual(time.monotonic() - t0, 0.3)
 
     def test_end_of_file_with_no_rank_runs_nothing(self):
         p, w = self.start()

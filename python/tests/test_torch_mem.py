@@ -169,11 +169,21 @@ class Memory(unittest.TestCase):
         job, h = self.resume()
         self.assertEqual((job.restored_from, job.start_step, h), ("memory", 37, self.ref))
 
-    def test_disk_wins_when_newer(self):
-        # K = 11 from step 0: puts of 0, 11, 22, 33, 44; the disk has 15, 30, 45
-        self.assertEqual(self.crashed_at(46, RK_SNAP_EVERY="11"), [44, 33])
+    def test_disk_checkpoints_steps_are_put(self):
+        """Memory is never older than the disk: K = 11 from step 0 puts 0 and 11; the disk
+        checkpoint of 15 is put too (the next K steps after it: 26), then 30, 41, 45; so a
+        crash at 46 resumes from memory at 45 (a rank replaced in place needs memory)."""
+        self.assertEqual(self.crashed_at(46, RK_SNAP_EVERY="11"), [45, 41])
         job, h = self.resume()
-        self.assertEqual((job.restored_from, job.start_step), ("disk", 45), "44 in memory, 45 on disk")
+        self.assertEqual((job.restored_from, job.start_step), ("memory", 45))
+        self.assertEqual(h, self.ref)
+
+    def test_disk_wins_when_newer(self):
+        # as above, with memory's 45 lost: 41 in memory, 45 on disk
+        self.assertEqual(self.crashed_at(46, RK_SNAP_EVERY="11"), [45, 41])
+        os.unlink(os.path.join(self.sd, "rank-0", snap.file_name(45)))
+        job, h = self.resume()
+        self.assertEqual((job.restored_from, job.start_step), ("disk", 45), "41 in memory, 45 on disk")
         self.assertEqual(h, self.ref)
 
     def test_torn_copy_is_never_restored(self):

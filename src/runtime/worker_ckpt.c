@@ -302,7 +302,10 @@ int rk_worker_ckpt_step_end(rk_worker *w, int64_t steps_done, rk_err *err)
     double dt = now - w->last_step_t;
     w->last_step_t = now;
     w->step_s = w->step_s > 0 ? 0.9 * w->step_s + 0.1 * dt : dt;
-    int put = 0, rc = rk_worker_mem_step_end(w, steps_done, dt, &put, err);
+    /* a disk checkpoint's step is put in memory too: memory is never older than the disk, so
+     * a relaunch (or a rank replaced in place) restores from memory */
+    int put = 0, rc = rk_worker_mem_step_end(w, steps_done, dt, w->ckpt && steps_done >= w->next_at,
+                                             &put, err);
     if (rc)
         return rc;
     if (put)

@@ -94,9 +94,11 @@ void rk_worker_mem_init(rk_worker *w);
  * disk (collective): *used 1 and *step its step, else *used 0 and nothing changed (the
  * caller resumes from disk). Only a communication failure is an error. */
 int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err);
-/* After step `steps_done` - 1 was applied, `step_s` its seconds (collective): a put when due.
- * *put 1 if one was made (its time is not a training step's). A put that cannot be made
+/* After step `steps_done` - 1 was applied, `step_s` its seconds (collective): a put when due
+ * (every K steps), or `force` (the same on every rank: a disk checkpoint of this step is
+ * due). *put 1 if one was made (its time is not a training step's). A put that cannot be made
  * turns snapshots off (one event snapshot_off); only a communication failure is an error. */
-int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int *put, rk_err *err);
+int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int force, int *put,
+                           rk_err *err);
 
 #endif

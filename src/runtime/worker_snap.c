@@ -197,10 +197,11 @@ static int mem_room(rk_worker *w, const char *what, uint64_t bytes, int *ok, cha
     return rc;
 }
 
-int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int *put, rk_err *err)
+int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int force, int *put,
+                           rk_err *err)
 {
     *put = 0;
-    if (!w->mem_on || steps_done < w->mem_next)
+    if (!w->mem_on || (steps_done < w->mem_next && !force))
         return RK_OK;
     rk_ckpt_item *items = malloc((size_t)(w->nbufs + 1) * sizeof *items);
     uint64_t bytes = 0;

@@ -769,7 +769,7 @@ class Job(_Checkpoints, _Memory, _InPlace):
             self._barrier()
             self._exit(EXIT_STOPPED)
         if not final:
-            self._mem_step()  # a snapshot in the node's memory when one is due
+            self._mem_step(force=save)  # a snapshot in the node's memory when due, or of a checkpoint
         return True
 
     # ----------------------------------------------------------------- faults

@@ -9,6 +9,7 @@ there. A mixin of Job (its attributes); relies on _Memory and the comm hook."""
 
 import gc
 import os
+import socket
 import sys
 import time
 import weakref
@@ -21,6 +22,23 @@ from rekindle.torch._hook import _comm_hook
 
 _REJOIN_WAIT_S = 30.0  # how long a survivor waits for rk run's rejoin command
 _EPOCH_ENV = "RK_REJOIN_EPOCH"  # set for a replacement: the epoch of the group it joins
+
+
+def await_store(addr, port, wait_s=_REJOIN_WAIT_S):
+    """Returns once rank 0's store of a new rendezvous accepts connections on addr:port (a
+    probe connection, closed at once; the store counts only clients that say so), or after
+    wait_s. A rank other than 0 joins a new group while rank 0 is still making it: torch's
+    store client retries a refused connection only after a second (torch 1.13: 0.95 s lost
+    when it came 50 ms early), which was most of a replacement's time in place."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((addr, int(port)), timeout=0.2).close()
+            return
+        except (ConnectionRefusedError, socket.timeout):
+            time.sleep(0.002)
+        except OSError:
+            return  # not a refusal (no route, a bad name): the store's client says what is wrong
 
 
 class _Rejoined(Exception):
@@ -135,6 +153,8 @@ class _InPlace:
         buckets when the replacement's does."""
         ddp = self.model
         os.environ["MASTER_PORT"] = str(port)
+        if self.rank != 0:  # rank 0 makes the store: not a second lost to the client's retry
+            await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port)
         dist.init_process_group(backend, rank=self.rank, world_size=self.world)
         new = _DDP(self.module, **kw)
         hooks = {k: v for k, v in ddp.__dict__.items() if k.endswith("hooks")}

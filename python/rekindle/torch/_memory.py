@@ -98,11 +98,14 @@ class _Memory:
         items.append(_ckpt.Item(_HASH_ITEM, "I64", (), struct.pack("<q", h - (1 << 64) if h >= 1 << 63 else h)))
         return items
 
-    def _mem_step(self):
+    def _mem_step(self, force=False):
         """At a step boundary, on every rank, with no collective: when a put is due (K steps
-        after the last, or the boundary is before the last one: a rollback), this rank puts its
-        generation of this step. Rank 0 times its first puts and broadcasts K once."""
-        if self._mem_dir is None or not (self.step_no >= self._mem_next or self.step_no < self._mem_last):
+        after the last, or the boundary is before the last one: a rollback) or `force`d (a disk
+        checkpoint of this step was saved: memory is never older than the disk, so a rank
+        replaced in place or a relaunch restores from memory), this rank puts its generation of
+        this step. Rank 0 times its first puts and broadcasts K once."""
+        if self._mem_dir is None or not (self.step_no >= self._mem_next or self.step_no < self._mem_last
+                                         or (force and self.step_no != self._mem_last)):
             return
         self._mem_last, self._mem_next = self.step_no, self.step_no + self._mem_every
         took = None

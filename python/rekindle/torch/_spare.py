@@ -141,6 +141,13 @@ def main():
     if not env:
         return 0  # the job ended: no rank for this spare
     os.environ.update(env)
+    if env.get("RANK", "0") != "0" and os.environ.get("MASTER_PORT"):
+        # rank 0 (a survivor) makes the new rendezvous's store while this spare, warm, is
+        # already here: the script's init_process_group would find it refused and retry only
+        # a second later (docs/recovery.md "The warm spare")
+        from rekindle.torch._inplace import await_store
+
+        await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ["MASTER_PORT"])
     worker.trace_phase("spare.rank")  # RK_TRACE_LAUNCH: the rank is this spare's from here
     sys.stderr.write("rekindle: warm spare (pid %d, warmed in %.2f s) is rank %s\n"
                      % (_host_pid(), warm_s, env.get("RANK", "?")))
