@@ -244,6 +244,27 @@ static void spoil(const char *path)
     fclose(fp);
 }
 
+/* A memory test's set-up: a checkpoint directory `dir`, a tmpfs stand-in `parent` holding the
+ * job's snapshot directory `snap` (RK_SNAP_DIR), RK_SNAP_EVERY=`every`, checkpoints every 4
+ * steps into `dir` with `config` (names from `tag`). */
+static void mem_setup(const char *tag, const char *every, const char *config, char *dir,
+                      char *parent, char *snap, rk_worker_ckpt_opts *co)
+{
+    char name[128];
+    snprintf(name, sizeof name, "test_worker_%s_ck", tag);
+    assert_int_equal(test_dir_make(dir, 512, name), 0);
+    snprintf(name, sizeof name, "test_worker_%s_shm", tag);
+    assert_int_equal(test_dir_make(parent, 512, name), 0);
+    rk_err err = {0};
+    assert_int_equal(rk_snap_dir_make(parent, snap, RK_SNAP_PATH_MAX, &err), RK_OK);
+    setenv(RK_SNAP_DIR_ENV, snap, 1);
+    setenv("RK_SNAP_EVERY", every, 1);
+    rk_worker_ckpt_opts_default(co);
+    co->dir = dir;
+    co->every = 4;
+    co->config_json = config;
+}
+
 /* With RK_SNAP_DIR (rk run --recovery memory) every step is put in the node's snapshot store
  * (RK_SNAP_EVERY=1) and a resume restores the newest step held there when it is at least as
  * new as the disk's newest checkpoint: the replicated buffers and the rank's local ones (which
@@ -253,17 +274,9 @@ static void memory_snapshots_resume_before_the_disk(void **state)
 {
     (void)state;
     char dir[512], parent[512], snap[RK_SNAP_PATH_MAX];
-    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker_mem_ck"), 0);
-    assert_int_equal(test_dir_make(parent, sizeof parent, "test_worker_mem_shm"), 0);
-    rk_err err = {0};
-    assert_int_equal(rk_snap_dir_make(parent, snap, sizeof snap, &err), RK_OK);
-    setenv(RK_SNAP_DIR_ENV, snap, 1);
-    setenv("RK_SNAP_EVERY", "1", 1);
     rk_worker_ckpt_opts co;
-    rk_worker_ckpt_opts_default(&co);
-    co.dir = dir;
-    co.every = 4;
-    co.config_json = "{\"test\":\"memory\"}";
+    mem_setup("mem", "1", "{\"test\":\"memory\"}", dir, parent, snap, &co);
+    rk_err err = {0};
     int64_t start = -1, back;
     fixture f;
     open_worker(&f, 10);
@@ -325,17 +338,9 @@ static void memory_holds_the_disk_checkpoints_steps(void **state)
 {
     (void)state;
     char dir[512], parent[512], snap[RK_SNAP_PATH_MAX];
-    assert_int_equal(test_dir_make(dir, sizeof dir, "test_worker_memck_ck"), 0);
-    assert_int_equal(test_dir_make(parent, sizeof parent, "test_worker_memck_shm"), 0);
-    rk_err err = {0};
-    assert_int_equal(rk_snap_dir_make(parent, snap, sizeof snap, &err), RK_OK);
-    setenv(RK_SNAP_DIR_ENV, snap, 1);
-    setenv("RK_SNAP_EVERY", "3", 1);
     rk_worker_ckpt_opts co;
-    rk_worker_ckpt_opts_default(&co);
-    co.dir = dir;
-    co.every = 4;
-    co.config_json = "{\"test\":\"memory-ckpt\"}";
+    mem_setup("memck", "3", "{\"test\":\"memory-ckpt\"}", dir, parent, snap, &co);
+    rk_err err = {0};
     int64_t start = -1, back, steps[4];
     size_t n = 0;
     fixture f;
