@@ -11,12 +11,12 @@
 # weights are the fault-free run's. Partner copies
 # (docs/recovery.md "Partner copies on another host"): every rank pins a generation every 5
 # steps (--partner-every 5) and each agent sends its ranks' pins to the next host's agent
-# through rk run. (c) (--partner-every 20) every process of host 2 SIGKILLed once the partners
-# hold the pins of step 20 of ranks 2-5 (h3 those of 2 and 3, h1 those of 4 and 5): the
+# through rk run. (c) (--partner-every 20) every process of host 2 SIGKILLed once h3 holds
+# the same pin (step 20 or 40) of both of h2's ranks, 2 and 3: the
 # relaunch puts ranks 2 and 3 on the spare h4 and leaves every other rank where it was
 # (placement is stable: ranks 4 and 5 stay on h3 with their snapshots); rk run fetches
 # each moving rank's partner copy onto its new host first, so every rank restores from node
-# memory (the disk holds nothing newer: a checkpoint every 50 steps), the events say partner
+# memory (the disk holds nothing newer: no checkpoint before the end), the events say partner
 # for ranks 2 and 3, and the weights are the fault-free run's. (d) hosts 2 and 3 SIGKILLed
 # together (spares h4, h5): ranks 2 and 3 lost both their own copy (h2) and their partner's
 # (h3): the events say disk for them, the relaunch restores from disk, with the fault-free
@@ -115,7 +115,7 @@ all_gone b.log "(b)"
 
 # ---- (c) host 2 lost: its ranks' partner copies go to their new hosts: node memory --------
 rig_spawn "$name" h1 "${run[@]}" --spare-hosts h4:2 --ckpt-dir "$work/ckc" --events "$work/c.ev" \
-  --summary-json "$work/c.sum" --partner-every 20 --inject 'slow@step=0:rank=0:ms=150:for=50' -- "${train[@]}" --ckpt-every 50 \
+  --summary-json "$work/c.sum" --partner-every 20 --inject 'slow@step=0:rank=0:ms=150:for=50' -- "${train[@]}" --ckpt-every 100 \
   >c.log 2>&1
 sup=$RIG_PID
 pids+=("$sup")
@@ -127,24 +127,26 @@ held_at() {
   done
   echo "$n"
 }
-# h2's ranks' partner is h3, h3's is h1 (the next host): once both hold the pins of step 20 of
-# the ranks that will move (2, 3 from h3; 4, 5 from h1), h2 goes
-# partners_hold: the partners hold step 20 (or 40) of ranks 2-5; their steps in $held
+# h2's ranks' partner is h3 (the next host): once h3 holds the same pin of both ranks that
+# will move (2 and 3), h2 goes; with copies of different steps the fetch takes the older, which
+# is as good, but a copy that lags on a loaded machine let the run go on far past it.
+# (No disk checkpoint before the end: a run slowed past step 50 restored from a newer disk
+# checkpoint, rightly, and the test read it as a failure.)
+# partners_hold: h3 holds step 20 (or 40) of ranks 2 and 3, the same; their steps in $held
 partners_hold() {
-  local d1 d3
-  d1=$(snapdirs c.log | sed -n 's/^0 //p' | head -1)
+  local d3
   d3=$(snapdirs c.log | sed -n 's/^2 //p' | head -1)
-  [[ -n $d1 && -n $d3 ]] || return 1
-  held="$(held_at "$d3" 2) $(held_at "$d3" 3) $(held_at "$d1" 4) $(held_at "$d1" 5)"
-  [[ $held =~ ^(20|40)\ (20|40)\ (20|40)\ (20|40)$ ]]
+  [[ -n $d3 ]] || return 1
+  held="$(held_at "$d3" 2) $(held_at "$d3" 3)"
+  [[ $held =~ ^(20|40)\ (20|40)$ && ${held% *} == "${held#* }" ]]
 }
 if wait_for partners_hold 120; then
   victims=$(ip netns pids "$name-h2")
   # shellcheck disable=SC2086
   kill -9 $victims
-  ok "(c) SIGKILLed host 2's $(echo "$victims" | wc -w) processes once ranks 2-5's partner copies held steps $held"
+  ok "(c) SIGKILLed host 2's $(echo "$victims" | wc -w) processes once ranks 2 and 3's partner copies held steps $held"
 else
-  bad "(c) the partner copies of ranks 2-5 never all held step 20: $(grep -v '^rk agent' c.log | tail -3)"
+  bad "(c) the partner copies of ranks 2 and 3 never held one step, 20 or 40: $(grep -v '^rk agent' c.log | tail -3)"
 fi
 wait "$sup"
 st=$?
