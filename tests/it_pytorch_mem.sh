@@ -7,7 +7,8 @@
 # at most the step in flight lost (snapshots every step); with --recovery disk (2 ranks) the
 # same faults but the hang end with the same parameters and the relaunches name the disk. A
 # tmpfs too small for two generations gives one snapshot_off event, disk only, the fault-free
-# parameters.
+# parameters. The checkpoints rk run writes from the snapshots (RK_CKPT_FROM_SNAP) hold what
+# the ranks' own would; a full disk under them stops the job as a storage error.
 # Skips (77) without a python3 that has torch, numpy and xxhash, or without Fashion-MNIST.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -124,6 +125,42 @@ for n in 2 4; do
   events disk$n 'disk checkpoint|nothing \(a fresh start\)' 3 crash,commfail,nan,replica_mismatch
 done
 
+# --- the disk checkpoints rk run writes from the snapshots (RK_CKPT_FROM_SNAP) are rank 0's ----
+# the fault-free run with snapshots: rk run writes its checkpoints (said once), the last one
+# always; each one holds the items of ref2's (the ranks wrote those: --recovery disk) in the same order, with the same
+# metadata and the same bytes, but the unseeded `random` and `numpy` generators' states, which
+# differ from any run to the next
+if sup snap2 2; then ok "2 ranks, checkpoints from the snapshots: fault-free run finishes"
+else bad "2 ranks, checkpoints from the snapshots: exit $?: $(tail -5 "$work/snap2.log")"; fi
+grep -q "written from the ranks' snapshots" "$work/snap2.log" \
+  && ok "snap2: rk run wrote the checkpoints from the snapshots" \
+  || bad "snap2: rk run never said it wrote a checkpoint from the snapshots: $(grep 'rk run' "$work/snap2.log" | tail -4)"
+[[ $(json snap2.json hash 2>/dev/null) == "$(json ref2.json hash)" ]] \
+  && ok "snap2: parameters hash equals the fault-free run's" || bad "snap2: parameters hash differs"
+it_count env PYTHONPATH="$RK_SRC/python" "$py" - "$work/snap2.ck" "$work/ref2.ck" <<'PY'
+import os, re, sys
+from rekindle import ckpt
+a, b = sys.argv[1:3]
+names = lambda d: {f for f in os.listdir(d) if re.fullmatch(r"ckpt-[0-9]+\.safetensors", f)}
+# a checkpoint asked for while the disk still wrote the one before may be superseded by a newer
+# one (docs/recovery.md): the last one is always written
+steps = sorted(names(a) & names(b))
+last = max(names(b))
+print(("ok - " if last in names(a) else "FAIL - ") + f"the last checkpoint {last} was written from the snapshots "
+      f"(of {sorted(names(b))}: {sorted(names(a))})")
+for f in steps:
+    x, y = ckpt.load(os.path.join(a, f)), ckpt.load(os.path.join(b, f))
+    same = list(x.items) == list(y.items)
+    print(("ok - " if same else "FAIL - ") + f"{f}: the same {len(x.items)} items in the same order"
+          + ("" if same else f" ({list(x.items)} against {list(y.items)})"))
+    fields = [(c.step, c.epoch, c.cursor, c.world_size, c.config) for c in (x, y)]
+    print(("ok - " if fields[0] == fields[1] else "FAIL - ") + f"{f}: the same metadata {fields[0]}")
+    diff = [n for n in y.items if not re.match(r"rng\.(random|numpy)", n)
+            and (x.items[n].dtype, x.items[n].shape, bytes(x.items[n].data)) !=
+            (y.items[n].dtype, y.items[n].shape, bytes(y.items[n].data))]
+    print(("ok - " if not diff else "FAIL - ") + f"{f}: every item's bytes equal" + (f" but {diff}" if diff else ""))
+PY
+
 # --- a tmpfs too small for two generations: one snapshot_off, disk only, the job finishes ----
 small="$work/small"
 mkdir -p "$small"
@@ -141,5 +178,40 @@ if unshare -m true 2>/dev/null; then
 else
   echo "(no mount namespace here: the tiny tmpfs case is not run)"
 fi
+
+# --- rk run cannot write a checkpoint from the snapshots: a full disk stops the job -----------
+# (a storage stop, as when rank 0 cannot write: exit 1, one storage incident, no device blamed,
+# no relaunch), whether the job is still running (a checkpoint at step 20, the steps after it
+# slowed) or already done (only the last step's checkpoint)
+full="$work/full"
+mkdir -p "$full"
+for kind in running done; do
+  if ! unshare -m true 2>/dev/null; then echo "(no mount namespace here: the full-disk cases are not run)"; break; fi
+  extra=(--ckpt-every 20) inj=(--inject slow@step=21:rank=0:ms=100)
+  [[ $kind == done ]] && extra=(--ckpt-every 1000) inj=()
+  unshare -m bash -c 'mount -t tmpfs -o size=64k,mode=0755 tmpfs "$0" && "$@"' "$full" \
+    "$RK" run -n 2 --launcher local --heartbeat-timeout 5 --startup-timeout 300 --failure-threshold 1 \
+    --ckpt-dir "$full/ck" --events "$work/full_$kind.events" --summary-json "$work/full_$kind.sum" "${inj[@]}" \
+    -- "${ex[@]}" "${extra[@]}" >"$work/full_$kind.log" 2>&1
+  st=$?
+  [[ $st == 1 ]] && ok "full disk, job $kind: rk run exits 1" || bad "full disk, job $kind: exit $st: $(tail -5 "$work/full_$kind.log")"
+  grep -q "storage error on the checkpoint directory $full/ck: .*No space left on device" "$work/full_$kind.log" \
+    && ok "full disk, job $kind: one line names the directory and the full disk" \
+    || bad "full disk, job $kind: no storage line: $(grep 'rk run' "$work/full_$kind.log" | tail -4)"
+  first=20
+  [[ $kind == done ]] && first=48
+  it_count "$py" - "$work/full_$kind.events" "$work/full_$kind.sum" "$first" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+ev = [e for e in ev if e["kind"] not in ("snapshot_on", "snapshot_held", "snapshot_peak", "inject")]
+s = json.load(open(sys.argv[2]))
+ok = [(e["kind"], e["action"], e["device"]) for e in ev] == [("storage", "stop", None)]
+ok = ok and f"checkpoint of step {sys.argv[3]} " in ev[0]["detail"]
+print(("ok - " if ok else "FAIL - ") + f"one storage incident (stop), no device, naming the checkpoint of step "
+      f"{sys.argv[3]}: {[(e['kind'], e['detail']) for e in ev]}")
+ok = s["incidents"] == {"storage": 1} and s["restarts"] == 0 and s["quarantined"] == 0 and s["outcome"] == "failed"
+print(("ok - " if ok else "FAIL - ") + f"summary: {s['incidents']}, {s['restarts']} restarts, outcome {s['outcome']}")
+PY
+done
 
 it_finish

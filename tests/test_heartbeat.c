@@ -431,7 +431,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
     for (int i = 0; i < 20000; i++) {
         rk_hb_msg a;
         memset(&a, 0, sizeof a);
-        a.type = (rk_hb_type)(i % 7);
+        a.type = (rk_hb_type)(i % 8);
         a.rank = rand() % 65536;
         a.step = ((int64_t)rand() << 31 | rand()) % (i % 3 ? 1000000 : RK_HB_STEP_MAX);
         uint64_t bits = (uint64_t)rand() << 42 ^ (uint64_t)rand() << 21 ^ (uint64_t)rand();
@@ -467,6 +467,7 @@ static void test_format_then_parse_gives_the_same_message(void **state)
             snprintf(a.kind, sizeof a.kind, "hang");
             break;
         case RK_HB_BYE: snprintf(a.status, sizeof a.status, i % 2 ? "done" : "stopped"); break;
+        case RK_HB_SAVE: a.keep = 1 + rand() % 1000; break;
         default: break;
         }
         char line[RK_HB_LINE_MAX];
@@ -500,6 +501,33 @@ static void test_format_then_parse_gives_the_same_message(void **state)
         assert_string_equal(a.detail, b.detail);
         assert_int_equal(a.restore, b.restore);
         assert_int_equal(a.rejoin, b.rejoin);
+        assert_int_equal(a.keep, b.keep);
+    }
+}
+
+/* save (rank 0 asks rk run to write a checkpoint from the snapshots): keep 1..1000, required. */
+static void test_save_line_needs_keep_in_range(void **state)
+{
+    (void)state;
+    rk_hb_msg m;
+    rk_err err = {0};
+    const char *ok = "{\"type\":\"save\",\"rank\":0,\"step\":50,\"keep\":3}";
+    assert_int_equal(rk_hb_msg_parse(ok, strlen(ok), &m, &err), RK_OK);
+    assert_int_equal(m.type, RK_HB_SAVE);
+    assert_int_equal(m.step, 50);
+    assert_int_equal(m.keep, 3);
+    assert_string_equal(rk_hb_type_name(RK_HB_SAVE), "save");
+    const char *bad[] = {
+        "{\"type\":\"save\",\"rank\":0,\"step\":50}",
+        "{\"type\":\"save\",\"rank\":0,\"step\":50,\"keep\":0}",
+        "{\"type\":\"save\",\"rank\":0,\"step\":50,\"keep\":1001}",
+        "{\"type\":\"save\",\"rank\":0,\"step\":50,\"keep\":\"3\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&err, 0, sizeof err);
+        assert_int_equal(rk_hb_msg_parse(bad[i], strlen(bad[i]), &m, &err), RK_EFORMAT);
+        if (!strstr(err.msg, "\"keep\""))
+            fail_msg("%s: %s", bad[i], err.msg);
     }
 }
 
@@ -1505,6 +1533,7 @@ int main(void)
         cmocka_unit_test(test_open_failures_name_the_path_or_field),
         cmocka_unit_test(test_non_finite_loss_is_null_and_finite_numbers_keep_their_bits),
         cmocka_unit_test(test_format_then_parse_gives_the_same_message),
+        cmocka_unit_test(test_save_line_needs_keep_in_range),
         cmocka_unit_test(test_commands_from_the_supervisor_are_seen_by_poll),
         cmocka_unit_test(test_formatted_commands_read_back_on_the_worker_side),
         cmocka_unit_test(test_supervisor_gone_makes_sends_fail_once_without_sigpipe),

@@ -453,16 +453,18 @@ static void test_teardown_due(void **state)
     static const struct {
         int hang, startup, dup_rank;
         double now, since;
-        int due;
+        int due, ckpt_failed;
     } cases[] = {
-        {1, 0, -1, 1.0, 1.0, 1},
-        {0, 1, -1, 1.0, 1.0, 1},
-        {0, 0, -1, 5.0, 1.0, 0},
-        {0, 0, -1, 6.0, 1.0, 0},
-        {0, 0, -1, 6.1, 1.0, 1},
+        {1, 0, -1, 1.0, 1.0, 1, 0},
+        {0, 1, -1, 1.0, 1.0, 1, 0},
+        {0, 0, -1, 5.0, 1.0, 0, 0},
+        {0, 0, -1, 6.0, 1.0, 0, 0},
+        {0, 0, -1, 6.1, 1.0, 1, 0},
         /* two processes said hello as rank 0 (or 3): at once */
-        {0, 0, 0, 1.0, 1.0, 1},
-        {0, 0, 3, 1.0, 1.0, 1},
+        {0, 0, 0, 1.0, 1.0, 1, 0},
+        {0, 0, 3, 1.0, 1.0, 1, 0},
+        /* rk run could not write a checkpoint from the snapshots: no rank exits, at once */
+        {0, 0, -1, 1.0, 1.0, 1, 1},
     };
     for (size_t k = 0; k < N_OF(cases); k++) {
         rk_sup_seen seen;
@@ -470,6 +472,7 @@ static void test_teardown_due(void **state)
         seen.hang = cases[k].hang;
         seen.startup_timeout = cases[k].startup;
         seen.dup_rank = cases[k].dup_rank;
+        seen.ckpt_failed = cases[k].ckpt_failed;
         if (rk_sup_teardown_due(&seen, cases[k].now, cases[k].since, 5.0) != cases[k].due)
             fail_msg("case %zu", k);
     }

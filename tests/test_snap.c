@@ -1319,6 +1319,136 @@ static void test_a_received_copy_appears_only_complete_and_verified(void **state
  * whose .owner names another PID namespace or a pid started at another time, and a link
  * named like a job's directory are not, or are as the rule says; the sweep says what it
  * removed and its bytes. */
+/* ---- a disk checkpoint from the snapshots (rk_snap_to_ckpt) ------------------------------- */
+
+/* rekindle.torch's layout: rank 0 the replicated state, its RNG and the data position; every
+ * other rank its own RNG; each with its replica hash (`hash`). */
+typedef struct tstate {
+    float w[4];
+    uint8_t rng[3][5];
+    int64_t epoch, hash[3], shape_w[1], shape_rng[1];
+    rk_ckpt_item items[3][5];
+    char names[3][32];
+    size_t n[3];
+    rk_ckpt_meta meta;
+} tstate;
+
+static void tstate_init(tstate *s, int world, int64_t step, int64_t hash)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < 4; i++)
+        s->w[i] = (float)step * 0.5f + (float)i;
+    s->epoch = 2;
+    s->shape_w[0] = 4;
+    s->shape_rng[0] = 5;
+    for (int r = 0; r < world; r++) {
+        for (int i = 0; i < 5; i++)
+            s->rng[r][i] = (uint8_t)(step + 11 * r + i);
+        s->hash[r] = hash;
+        size_t k = 0;
+        if (r == 0) {
+            s->items[0][k++] = (rk_ckpt_item){"model.w", "F32", 1, s->shape_w, s->w};
+            s->items[0][k++] = (rk_ckpt_item){"rng.torch", "U8", 1, s->shape_rng, s->rng[0]};
+            s->items[0][k++] = (rk_ckpt_item){"data.epoch", "I64", 0, NULL, &s->epoch};
+        } else {
+            snprintf(s->names[r], sizeof s->names[r], "rng.torch.rank%d", r);
+            s->items[r][k++] = (rk_ckpt_item){s->names[r], "U8", 1, s->shape_rng, s->rng[r]};
+        }
+        s->items[r][k++] = (rk_ckpt_item){RK_SNAP_HASH_ITEM, "I64", 0, NULL, &s->hash[r]};
+        s->n[r] = k;
+    }
+    s->meta = (rk_ckpt_meta){step, 2, step * 4, world, "{\"model\":\"cnn\"}"};
+}
+
+static void tput(const char *dir, tstate *s, int rank)
+{
+    rk_err err = {0};
+    int rc = rk_snap_put(dir, rank, &s->meta, s->items[rank], s->n[rank], &err);
+    if (rc)
+        print_error("put rank %d: %s\n", rank, err.msg);
+    assert_int_equal(rc, RK_OK);
+}
+
+/* The checkpoint is the file rank 0 would write with every rank's items (rk_ckpt_encode of
+ * rank 0's items, the others' after its last rng.*, no hash): byte for byte, read from a pin
+ * when the generation rolled away; a differing hash, a missing rank or a damaged generation
+ * write nothing; unpin removes the pin and only it. */
+static void test_a_checkpoint_from_the_snapshots_is_rank_0s_file(void **state)
+{
+    (void)state;
+    char dir[RK_SNAP_PATH_MAX], ck[600], path[700];
+    job_dir(dir, sizeof dir);
+    snprintf(ck, sizeof ck, "%s/ck_from_snap", g_dir);
+    tstate s;
+    tstate_init(&s, 3, 50, 77);
+    for (int r = 0; r < 3; r++)
+        tput(dir, &s, r);
+    rk_err err = {0};
+    assert_int_equal(rk_snap_pin(dir, 0, 50, &err), RK_OK);
+    tstate later;
+    for (int64_t st = 51; st <= 52; st++) { /* rank 0 goes on: snap-50 is gone, its pin stays */
+        tstate_init(&later, 3, st, 77);
+        tput(dir, &later, 0);
+    }
+    double sec = -1;
+    int rc = rk_snap_to_ckpt(dir, 3, 50, ck, 3, &sec, &err);
+    if (rc)
+        print_error("%s\n", err.msg);
+    assert_int_equal(rc, RK_OK);
+    assert_true(sec >= 0);
+    rk_ckpt_item want[5] = {s.items[0][0], s.items[0][1], s.items[1][0], s.items[2][0],
+                            s.items[0][2]};
+    uint8_t *enc;
+    size_t nenc, nfile;
+    assert_int_equal(rk_ckpt_encode(&s.meta, want, 5, &enc, &nenc, &err), RK_OK);
+    char name[RK_CKPT_NAME_MAX];
+    rk_ckpt_file_name(50, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", ck, name);
+    uint8_t *file = slurp(path, &nfile);
+    assert_int_equal(nfile, nenc);
+    assert_memory_equal(file, enc, nenc);
+    free(file);
+    free(enc);
+
+    /* rank 2's replicas disagree: nothing written */
+    tstate_init(&s, 3, 60, 77);
+    s.hash[2] = 78;
+    for (int r = 0; r < 3; r++)
+        tput(dir, &s, r);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(rk_snap_to_ckpt(dir, 3, 60, ck, 3, NULL, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "rank 2"));
+    rk_ckpt_file_name(60, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", ck, name);
+    assert_int_equal(access(path, F_OK), -1);
+    /* rank 1 has no step 61 */
+    tstate_init(&s, 3, 61, 77);
+    tput(dir, &s, 0);
+    tput(dir, &s, 2);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(rk_snap_to_ckpt(dir, 3, 61, ck, 3, NULL, &err), RK_ENOENT);
+    assert_non_null(strstr(err.msg, "rank 1"));
+    /* rank 2's generation of 61 damaged */
+    tput(dir, &s, 1);
+    flip_byte(gen_path(path, sizeof path, dir, 2, 61), -3);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(rk_snap_to_ckpt(dir, 3, 61, ck, 3, NULL, &err), RK_EFORMAT);
+    assert_non_null(strstr(err.msg, "rank 2"));
+    rk_ckpt_file_name(61, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", ck, name);
+    assert_int_equal(access(path, F_OK), -1);
+
+    /* unpin: the pin goes, twice is fine, a rank without a directory is fine */
+    assert_int_equal(access(pin_path(path, sizeof path, dir, 0, 50), F_OK), 0);
+    assert_int_equal(rk_snap_unpin(dir, 0, 50, &err), RK_OK);
+    assert_int_equal(access(path, F_OK), -1);
+    assert_int_equal(rk_snap_unpin(dir, 0, 50, &err), RK_OK);
+    assert_int_equal(rk_snap_unpin(dir, 9, 50, &err), RK_OK);
+    assert_int_equal(access(gen_path(path, sizeof path, dir, 0, 61), F_OK), 0);
+    assert_int_equal(rk_snap_to_ckpt(dir, 0, 50, ck, 3, NULL, &err), RK_EINVAL);
+    rk_snap_dir_remove(dir, &err);
+}
+
 static void test_sweep_removes_only_the_dead_makers_directories(void **state)
 {
     (void)state;
@@ -1427,6 +1557,7 @@ int main(void)
         cmocka_unit_test(test_agree_counts_pins),
         cmocka_unit_test(test_remove_takes_pins_and_held),
         cmocka_unit_test(test_sweep_removes_only_the_dead_makers_directories),
+        cmocka_unit_test(test_a_checkpoint_from_the_snapshots_is_rank_0s_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

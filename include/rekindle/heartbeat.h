@@ -79,7 +79,8 @@ typedef enum {
     RK_HB_EVENT,
     RK_HB_CKPT,
     RK_HB_INJECT,
-    RK_HB_BYE
+    RK_HB_BYE,
+    RK_HB_SAVE /* appended: the values before it are unchanged */
 } rk_hb_type;
 
 /* One worker message. Fields a type does not carry are 0 / "" (blame 0 too).
@@ -99,6 +100,10 @@ typedef enum {
  *   ckpt    step seconds                          seconds >= 0
  *   inject  step index kind                       index >= 0, kind [a-z_]{1,31}
  *   bye     step status                           status "done" or "stopped"
+ *   save    step keep                             keep 1..1000: rank 0 asks rk run to write
+ *                                                 the checkpoint of `step` from every rank's
+ *                                                 pinned snapshot of it (RK_CKPT_FROM_SNAP),
+ *                                                 keeping the newest `keep` checkpoints
  *
  * Always: rank 0..65535, step >= 0; numbers finite; strings valid UTF-8 without control
  * characters (U+0000-U+001F, U+007F-U+009F). A null loss (sent for NaN or infinity) reads as
@@ -122,6 +127,7 @@ typedef struct rk_hb_msg {
     char device[64], kind[32], action[32], status[16], detail[RK_HB_DETAIL_MAX + 1];
     rk_hb_restore restore; /* hello (last: the layout before it is unchanged) */
     bool rejoin; /* hello: the rank can rejoin a new process group in place (docs/protocol.md) */
+    int keep;    /* save: how many checkpoints the store keeps (last: the layout before it holds) */
 } rk_hb_msg;
 
 /* Parse one line (without its newline; need not be NUL-terminated) into *m. RK_EFORMAT with a

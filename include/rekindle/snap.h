@@ -187,6 +187,13 @@ RK_API int rk_snap_steps(const char *dir, int rank, int64_t *steps, size_t cap, 
  * if the link cannot be made (nothing changed). The rank's writer calls it (between puts). */
 RK_API int rk_snap_pin(const char *dir, int rank, int64_t step, rk_err *err);
 
+/* Remove rank `rank`'s pin of `step` (pin-<step>; its generation, if any, stays). No pin, or no
+ * rank directory: RK_OK. RK_EINVAL for a bad argument or a directory that fails the checks. */
+RK_API int rk_snap_unpin(const char *dir, int rank, int64_t step, rk_err *err);
+/* Remove every pin of rank `rank` of a step below `step` but `spare`'s (-1: none): the pins a
+ * reader no longer needs (rk run, once it wrote the checkpoint of step-1 from them). */
+RK_API int rk_snap_unpin_below(const char *dir, int rank, int64_t step, int64_t spare, rk_err *err);
+
 /* ---- the job ---------------------------------------------------------------------------- */
 
 /* The newest step for which every rank 0..world-1 has a generation or a pin that verifies
@@ -249,6 +256,24 @@ RK_API int rk_snap_recv_write(rk_snap_recv *r, uint64_t off, const void *p, size
  * verified, renamed into place: RK_OK. Frees r either way. */
 RK_API int rk_snap_recv_commit(rk_snap_recv *r, rk_err *err);
 RK_API void rk_snap_recv_abort(rk_snap_recv *r);
+
+/* ---- a disk checkpoint from the snapshots ------------------------------------------------- */
+
+/* Write the checkpoint of `step` into the checkpoint store `ckpt_dir` (rk_ckpt_save, `keep`
+ * newest kept) from the generations (or pins) of `step` of ranks 0..world-1 in DIR, laid out as
+ * rekindle.torch puts them: rank 0's holds the replicated state and its own per-rank items,
+ * every other rank's only its own per-rank items (names unique across the ranks). Every
+ * generation is read and verified (rk_snap_get) and the replica hashes (the I64 item
+ * RK_SNAP_HASH_ITEM, where present) must all be equal. The checkpoint's items are rank 0's in
+ * its order without the hash, with every other rank's, in rank order, after rank 0's last
+ * "rng." item (at the end when it has none); its metadata rank 0's. So the file is byte for
+ * byte the one the job's rank 0 writes when it gathers the other ranks' items itself.
+ * RK_ENOENT naming the rank when one has no generation of `step`; RK_EFORMAT when one does not
+ * verify or the hashes differ (nothing written); the store's errors otherwise (RK_ESTORAGE,
+ * RK_EIO: the disk; RK_ENONFINITE). *seconds (may be NULL): how long it took. */
+#define RK_SNAP_HASH_ITEM "guard.state_hash"
+RK_API int rk_snap_to_ckpt(const char *dir, int world, int64_t step, const char *ckpt_dir, int keep,
+                           double *seconds, rk_err *err);
 
 #ifdef __cplusplus
 }

@@ -35,7 +35,7 @@ __all__ = [
     "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "MEMAVAIL_ENV", "PARENT_DEFAULT",
     "SnapshotError",
     "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "make_dir",
-    "name_step", "put", "raw", "remove_dir", "room", "steps",
+    "name_step", "pin", "put", "raw", "remove_dir", "room", "steps",
 ]  # fmt: skip
 
 PARENT_DEFAULT = "/dev/shm"
@@ -389,6 +389,42 @@ def put(dir, rank, step, items, *, epoch=0, cursor=0, world_size=1, config="{}")
     return os.path.join(os.fspath(dir), rname, name)
 
 
+def pin_name(step):
+    """"pin-<step as 12 digits>.safetensors": a pinned generation (rk_snap_pin_name)."""
+    return "pin-" + file_name(step)[len("snap-"):]
+
+
+def pin(dir, rank, step):
+    """Pin generation `step` of rank `rank`: pin-<step> becomes a hard link to snap-<step> (its
+    bytes never change while pinned: a put unlinks a pinned generation instead of writing over
+    it). Unlike rk_snap_pin it removes no other pin: the reader it is made for removes it
+    (rk run, after it wrote the checkpoint: rk_snap_unpin). SnapshotMissing if there is no
+    such generation; StorageError if the link cannot be made. The rank's writer calls it,
+    between its puts."""
+    name, pname = file_name(step), pin_name(step)
+    rfd, what = _rank_fd(dir, rank)
+    try:
+        try:
+            st = os.stat(name, dir_fd=rfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise SnapshotMissing(f"{what}/{name}: no snapshot of step {step} to pin") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise SnapshotError(f"{what}/{name}: is {kind_name(st.st_mode)}, not a regular file: not pinned")
+        try:
+            ps = os.stat(pname, dir_fd=rfd, follow_symlinks=False)
+            if (ps.st_ino, ps.st_dev) == (st.st_ino, st.st_dev):
+                return
+            os.unlink(pname, dir_fd=rfd)  # an older pin of that step (a rolled-back timeline)
+        except FileNotFoundError:
+            pass
+        try:
+            os.link(name, pname, src_dir_fd=rfd, dst_dir_fd=rfd, follow_symlinks=False)
+        except OSError as e:
+            raise _os_error(e, f"{what}/{pname}: cannot link") from None
+    finally:
+        os.close(rfd)
+
+
 def _read_at(rfd, what, step):
     """(the bytes of generation `step`, its label), unverified."""
     name = file_name(step)
@@ -535,8 +571,9 @@ def _mem_info():
     return avail, total, False
 
 
-def room(dir, bytes_per_gen, ranks_here):
-    """(ok, why): whether KEEP generations of `ranks_here` ranks of `bytes_per_gen` bytes fit in
+def room(dir, bytes_per_gen, ranks_here, keep=KEEP):
+    """(ok, why): whether `keep` generations (KEEP; KEEP + 1 where a pinned one is read while
+    the ranks go on: rk run's checkpoints from the snapshots) of `ranks_here` ranks of `bytes_per_gen` bytes fit in
     the tmpfs of `dir` and in the node's RAM (MemAvailable: tmpfs pages are RAM), each with its
     margin (rk_snap_room's rule, docs/recovery.md)."""
     if ranks_here < 1:
@@ -546,7 +583,7 @@ def room(dir, bytes_per_gen, ranks_here):
     fr = sv.f_frsize or sv.f_bsize
     total, avail = sv.f_blocks * fr, sv.f_bavail * fr
     ram_avail, ram_total, overridden = _mem_info()
-    need = KEEP * ranks_here * bytes_per_gen
+    need = keep * ranks_here * bytes_per_gen
     margin = max(MARGIN_MIN, total // MARGIN_DIV)
     ram_margin = max(MARGIN_MIN, ram_total // MARGIN_DIV)
     tmpfs_fits = need + margin <= avail + held
@@ -555,13 +592,13 @@ def room(dir, bytes_per_gen, ranks_here):
         return True, ""
     mib = 1 << 20
     if not tmpfs_fits:
-        return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB ({KEEP} "
+        return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB ({keep} "
                        f"generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB) and a "
                        f"margin of {margin / mib:.1f} MiB; the tmpfs there has {avail / mib:.1f} "
                        f"MiB free and this job holds {held / mib:.1f} MiB: "
                        f"{(need + margin - avail - held) / mib:.1f} MiB short")
     return False, (f"{_show(os.fspath(dir), 400)}: snapshots need {need / mib:.1f} MiB of RAM "
-                   f"({KEEP} generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB; "
+                   f"({keep} generations x {ranks_here} ranks x {bytes_per_gen / mib:.1f} MiB; "
                    f"tmpfs pages are RAM) and a margin of {ram_margin / mib:.1f} MiB; the node has "
                    f"{ram_avail / mib:.1f} MiB of RAM available (MemAvailable"
                    f"{', from ' + MEMAVAIL_ENV if overridden else ''}) and this job holds "

@@ -2,7 +2,7 @@
 
 Under `rk run` (RK_HEARTBEAT set) a Worker connects to the supervisor's Unix socket when it says
 hello and keeps that one connection; it sends newline-delimited JSON (hello, comm, step, event,
-ckpt, inject, bye) and reads the supervisor's commands (stop, checkpoint) without blocking.
+ckpt, inject, bye, save) and reads the supervisor's commands (stop, checkpoint) without blocking.
 Without RK_HEARTBEAT every call is a no-op: the same script runs standalone.
 
 The rules are the C client's (src/runtime/heartbeat.c): lines of at most 4096 bytes, integers
@@ -470,6 +470,13 @@ class Worker:
         if self._mine():
             self._send({"type": "ckpt", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX),
                         "seconds": _nonneg("seconds", seconds)})
+
+    def save(self, step, keep):
+        """Rank 0 under RK_CKPT_FROM_SNAP=1: every rank has put and pinned its snapshot of
+        `step`; rk run is to write the checkpoint of `step` from them, keeping `keep`."""
+        if self._mine():
+            self._send({"type": "save", "rank": self.rank, "step": _int("step", step, 0, STEP_MAX),
+                        "keep": _int("keep", keep, 1, 1000)})
 
     def inject(self, step, index, kind):
         """Injected fault `index` of RK_INJECT is about to fire (sent before it fires)."""

@@ -184,6 +184,31 @@ class TestStore(unittest.TestCase):
             self.assertEqual(f.read(), b"keep")
         self.assertEqual(snap.steps(self.d, 0), [4, 3])
 
+    def test_a_pin_is_a_link_whose_bytes_survive_the_puts(self):
+        """snap.pin: pin-<step> is a hard link to the generation; the puts after it unlink the
+        pinned generation instead of writing over it, so the pin's bytes stay; it removes no
+        other pin (rk run does, after reading them); a missing step is SnapshotMissing."""
+        rd = os.path.join(self.d, "rank-0")
+        p5 = put(self.d, 0, 5)
+        with open(p5, "rb") as f:
+            before = f.read()
+        snap.pin(self.d, 0, 5)
+        pin = os.path.join(rd, snap.pin_name(5))
+        self.assertEqual(os.lstat(pin).st_ino, os.lstat(p5).st_ino)
+        snap.pin(self.d, 0, 5)  # again: nothing changes
+        for st in (6, 7, 8):
+            put(self.d, 0, st)
+        self.assertFalse(os.path.exists(p5))
+        with open(pin, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.assertEqual(snap.steps(self.d, 0), [8, 7])  # Python's store lists generations only
+        snap.pin(self.d, 0, 7)
+        snap.pin(self.d, 0, 8)
+        self.assertEqual(sorted(n for n in os.listdir(rd) if n.startswith("pin-")),
+                         [snap.pin_name(5), snap.pin_name(7), snap.pin_name(8)])
+        with self.assertRaises(snap.SnapshotMissing):
+            snap.pin(self.d, 0, 6)
+
     def test_dead_writers_temporary_files_go_live_ones_stay(self):
         put(self.d, 0, 1)
         rd = os.path.join(self.d, "rank-0")
@@ -440,6 +465,18 @@ class TestAgainstC(unittest.TestCase):
         self.assertEqual(self.c.put(d2, 0, 2, items(0, 2)), (0, ""))
         self.assertEqual(sorted(os.listdir(rd)), [snap.file_name(1), snap.file_name(2)])
         self.assertEqual(snap.get(d2, 0, 2).step, 2)
+
+    def test_a_python_pin_is_a_pin_to_c(self):
+        """rk run reads the ranks' pins (rk_snap_to_ckpt through rk_snap_get): C lists and
+        reads a generation pinned by snap.pin after the generation itself rolled away."""
+        rc, d = self.c.make_dir(self.tmp)
+        self.assertEqual(rc, 0, d)
+        put(d, 0, 5)
+        snap.pin(d, 0, 5)
+        put(d, 0, 6)
+        put(d, 0, 7)
+        self.assertEqual(self.c.steps(d, 0), [7, 6, 5])
+        self.assertEqual(self.c.get(d, 0, 5), (0, 5))
 
     def test_room_gives_the_same_answer_in_both(self):
         d = snap.make_dir(self.tmp)

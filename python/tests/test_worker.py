@@ -356,8 +356,9 @@ class TestSupervised(unittest.TestCase):
         w.exit_event(104, "storage", "disk full")
         w.ckpt(104, 0.21)
         w.inject(104, 3, "crash")
+        w.save(104, 3)
         w.bye(104, "stopped")
-        got = [x.decode() for x in sup.raw_lines(10)]
+        got = [x.decode() for x in sup.raw_lines(11)]
         self.assertEqual(got, [
             '{"type":"comm","rank":1,"step":100}\n',
             '{"type":"step","rank":1,"step":101,"loss":0.4127,"dt":0.052}\n',
@@ -370,6 +371,7 @@ class TestSupervised(unittest.TestCase):
             '"lost_steps":0,"detail":"disk full"}\n',
             '{"type":"ckpt","rank":1,"step":104,"seconds":0.21}\n',
             '{"type":"inject","rank":1,"step":104,"index":3,"kind":"crash"}\n',
+            '{"type":"save","rank":1,"step":104,"keep":3}\n',
             '{"type":"bye","rank":1,"step":104,"status":"stopped"}\n',
         ])
 
@@ -394,7 +396,8 @@ class TestSupervised(unittest.TestCase):
                lambda: w.event(1, "Nan"), lambda: w.event(1, "x" * 32),
                lambda: w.event(1, "nan", blame=-2), lambda: w.event(1, "nan", action="re do"),
                lambda: w.event(1, "nan", lost_steps=-1), lambda: w.bye(1, "ok"),
-               lambda: w.inject(1, -1, "crash"), lambda: w.ckpt(1, -1.0)]
+               lambda: w.inject(1, -1, "crash"), lambda: w.ckpt(1, -1.0), lambda: w.save(1, 0),
+               lambda: w.save(1, 1001)]
         for f in bad:
             with self.assertRaises(ValueError):
                 f()

@@ -60,6 +60,7 @@ static const ispec I_STEP = {"step", 0, RK_HB_STEP_MAX, "an integer 0..2^53"};
 static const ispec I_LOST = {"lost_steps", 0, RK_HB_STEP_MAX, "an integer 0..2^53"};
 static const ispec I_BLAME = {"blame", -1, RK_HB_RANK_MAX, "an integer -1..65535"};
 static const ispec I_INDEX = {"index", 0, INT_MAX, "an integer >= 0"};
+static const ispec I_KEEP = {"keep", 1, 1000, "an integer 1..1000"};
 
 enum { TEXT, WORD, STATUS };
 
@@ -78,7 +79,8 @@ static const sspec S_STATUS = {"status", 16, STATUS, "\"done\" or \"stopped\""};
 static const sspec S_DETAIL = {"detail", RK_HB_DETAIL_MAX + 1, TEXT,
                                "a string of at most 512 bytes without control characters"};
 
-static const char *const k_types[] = {"hello", "step", "comm", "event", "ckpt", "inject", "bye"};
+static const char *const k_types[] = {"hello", "step",   "comm", "event",
+                                      "ckpt",  "inject", "bye",  "save"};
 #define NTYPES (sizeof k_types / sizeof k_types[0])
 
 const char *rk_hb_type_name(rk_hb_type t)
@@ -167,6 +169,7 @@ static int check_msg(const rk_hb_msg *m, int code, rk_err *err)
             rc = check_str(&S_KIND, m->kind, code, err);
         return rc;
     case RK_HB_BYE: return check_str(&S_STATUS, m->status, code, err);
+    case RK_HB_SAVE: return check_int(&I_KEEP, m->keep, code, err);
     }
     return RK_OK;
 }
@@ -311,6 +314,7 @@ static int parse_fields(json_t *o, rk_hb_msg *m, rk_err *err)
             rc = get_str(o, &S_KIND, false, m->kind, err);
         break;
     case RK_HB_BYE: rc = get_str(o, &S_STATUS, false, m->status, err); break;
+    case RK_HB_SAVE: rc = get_i(o, &I_KEEP, &m->keep, err); break;
     }
     return rc ? rc : check_msg(m, RK_EFORMAT, err); /* what is left: rank < world */
 }
@@ -503,6 +507,7 @@ int rk_hb_msg_format(const rk_hb_msg *m, char *line, size_t cap, size_t *len, rk
         put_str(&o, "kind", m->kind);
         break;
     case RK_HB_BYE: put_str(&o, "status", m->status); break;
+    case RK_HB_SAVE: put(&o, ",\"keep\":%d", m->keep); break;
     }
     put(&o, "}\n");
     if (o.over) {

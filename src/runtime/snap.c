@@ -816,6 +816,61 @@ int rk_snap_pin(const char *dir, int rank, int64_t step, rk_err *err)
     return RK_OK;
 }
 
+int rk_snap_unpin(const char *dir, int rank, int64_t step, rk_err *err)
+{
+    char eb[128], rname[32], rl[LABEL_MAX], pin[RK_CKPT_NAME_MAX];
+    int rc = check_dir_arg(dir, "rk_snap_unpin", err);
+    if (rc)
+        return rc;
+    if (rank < 0 || rk_snap_pin_name(step, pin, sizeof pin) != RK_OK)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d, step %" PRId64 ": negative", dir, rank,
+                               step);
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    label(rl, dir, rname, NULL);
+    int rfd;
+    rc = open_rank(dir, rank, false, &rfd, err);
+    if (rc == RK_ENOENT)
+        return RK_OK; /* no rank directory: no pin */
+    if (rc)
+        return rc;
+    int e = unlinkat(rfd, pin, 0) != 0 && errno != ENOENT ? errno : 0;
+    close(rfd);
+    if (e)
+        return rk_err_set_line(err, rk_err_code_errno(e), "%s/%s: cannot remove the pin: %s", rl,
+                               pin, rk_msg_strerror(e, eb, sizeof eb));
+    return RK_OK;
+}
+
+int rk_snap_unpin_below(const char *dir, int rank, int64_t step, int64_t spare, rk_err *err)
+{
+    char rname[32], rl[LABEL_MAX];
+    int rc = check_dir_arg(dir, "rk_snap_unpin_below", err);
+    if (rc)
+        return rc;
+    if (rank < 0)
+        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d is negative", dir, rank);
+    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
+    label(rl, dir, rname, NULL);
+    int rfd;
+    rc = open_rank(dir, rank, false, &rfd, err);
+    if (rc == RK_ENOENT)
+        return RK_OK;
+    if (rc)
+        return rc;
+    int64_t *v;
+    size_t n;
+    rc = scan_rank(rfd, rl, SCAN_PINS, &v, &n, err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        char name[RK_CKPT_NAME_MAX];
+        if (v[i] < step && v[i] != spare && rk_snap_pin_name(v[i], name, sizeof name) == RK_OK)
+            unlinkat(rfd, name, 0);
+    }
+    if (!rc)
+        free(v);
+    close(rfd);
+    return rc;
+}
+
 /* Append one line to the report, cut to fit (the buffer stays NUL-terminated). */
 static void report_add(char *r, size_t cap, const char *line)
 {

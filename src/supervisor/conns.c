@@ -331,6 +331,10 @@ static int on_line(void *ctx, const char *line, size_t len)
             rk_ledger_ckpt_rec(&s->g, s->launch_no, 0, m.step, m.seconds);
         break;
     case RK_HB_BYE: rank_bye(c, &m); break;
+    case RK_HB_SAVE:
+        if (c->rank == 0) /* rank 0 speaks for the job: every rank pinned the step */
+            sup_snapsave_request(s, m.step, m.keep);
+        break;
     case RK_HB_HELLO: break;
     }
     return 0;

@@ -214,6 +214,8 @@ int rk_rank_env_build(rk_rank_env *e, const rk_rank_env_opts *o, rk_err *err)
         rc = rk_rank_env_add(e, err, "RK_SNAP_DIR=%s", o->snap_dir);
     if (!rc && o->snap_dirs)
         rc = rk_rank_env_add(e, err, "RK_SNAP_DIRS=%s", o->snap_dirs);
+    if (!rc && o->ckpt_from_snap && o->snap_dir && o->ckpt_dir)
+        rc = rk_rank_env_add(e, err, "RK_CKPT_FROM_SNAP=1");
     if (!rc && o->snap_pin_every == RK_SUP_PARTNER_AUTO)
         rc = rk_rank_env_add(e, err, "RK_SNAP_PIN_EVERY=auto");
     else if (!rc && o->snap_pin_every > 0)

@@ -89,6 +89,7 @@ int sup_launcher_start(sup *s, rk_err *err)
         .snap_dir = s->snap_dir[0] ? s->snap_dir : NULL, /* this host's launches only (run.c) */
         .snap_dirs = sdirs,
         .snap_pin_every = sdirs ? s->o->partner_every : 0, /* partner copies (docs/recovery.md) */
+        .ckpt_from_snap = sup_snapsave_on(s), /* this host's snapshots: rk run writes the disk's */
         .inject = s->o->inject,
         .inject_done = done};
     static rk_rank_env re;

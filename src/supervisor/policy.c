@@ -438,7 +438,8 @@ int rk_sup_stuck_ranks(int n, const int64_t *progress, int *stuck, int *first)
 
 int rk_sup_teardown_due(const rk_sup_seen *seen, double now, double since, double wait_s)
 {
-    return seen->hang || seen->startup_timeout || seen->dup_rank >= 0 || now - since > wait_s;
+    return seen->hang || seen->startup_timeout || seen->dup_rank >= 0 || seen->ckpt_failed ||
+           now - since > wait_s;
 }
 
 rk_sup_intr rk_sup_interrupt(int signals, int stop_sent, double now, double since, double grace_s)

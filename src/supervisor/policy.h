@@ -85,7 +85,10 @@ typedef struct rk_sup_seen {
     rk_sup_kind exit_kind;   /* the first event with action "exit" (a rank leaving with that
                               * failure): its kind, NONE if none */
     int exit_rank;           /*   the rank that sent it */
-    int storage_rank;        /* the first rank whose exit event had kind "storage" */
+    int storage_rank;        /* the first rank whose exit event had kind "storage" (0 too when
+                              * rk run could not write a checkpoint from the snapshots) */
+    int ckpt_failed;         /* rk run itself could not write a checkpoint (snapsave.c): no
+                              * rank exits for it, the launch is torn down at once */
     int64_t exit_step;       /* the first exit event's step, -1 none */
     const char *exit_detail; /* ... and its detail (the loop's string), NULL none */
     int dup_rank;            /* a rank that two processes of the launch said hello as, neither

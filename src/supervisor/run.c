@@ -56,6 +56,7 @@ static int start_launch(sup *s, rk_err *err)
     s->restore_said = 0;
     if (s->snap_off && s->snap_dir[0]) { /* a rank said snapshot_off: disk only from here on */
         rk_err e = {0};
+        sup_snapsave_drain(s, 0); /* its writes read the directory */
         if (rk_snap_dir_remove(s->snap_dir, &e))
             sup_say(s, "snapshots: %s", e.msg);
         s->snap_dir[0] = '\0';
@@ -353,7 +354,9 @@ static void run_launches(sup *s, rk_sup_report *rep)
         rk_phase_mark("sup.verdict", s->launch_no, -1);
         if (oc == RK_SUP_FINISHED) {
             sup_resolve_pending(s, s->start_step);
-            rep->end = RK_SUP_END_FINISHED;
+            /* the checkpoints rk run writes from the snapshots are on disk, or the job did not
+             * finish: its last checkpoint is lost (a storage stop, as a rank's) */
+            rep->end = sup_snapsave_drain(s, 1) ? RK_SUP_END_STORAGE : RK_SUP_END_FINISHED;
             return;
         }
         if (oc == RK_SUP_STOP) { /* relaunching cannot help */
@@ -548,6 +551,7 @@ out:
     s->b.ops->kill(s->b.ctx, 0); /* nothing of the job outlives rk run */
     if (s->b.ops->close)
         s->b.ops->close(s->b.ctx);
+    sup_snapsave_drain(s, 0); /* the checkpoints asked for are on disk before the job ends */
     if (s->g.t0 > 0)
         sup_gauge_end(s); /* the peak and the last metrics, before the snapshots go */
     if (s->snap_dir[0]) { /* the ranks are gone: their snapshots go with the job */

@@ -214,6 +214,9 @@ typedef struct sup {
     int npending;
     int64_t pending_last_done;
     int64_t pending_done[RK_SUP_MAX_DEVICES]; /* rank -> steps it had done at the failure */
+    /* ---- snapsave.c: the checkpoint being written from the snapshots, and the next */
+    struct sup_snapsave *ss; /* NULL until the first request */
+    int ss_storage;          /* a write failed for the disk (RK_ESTORAGE, RK_EIO) */
 } sup;
 
 /* ---- job.c: the shared acts (and sup_say, sup_fail, sup_failing, sup_fail_node: backend.h) -- */
@@ -321,6 +324,24 @@ int sup_inplace_hang(sup *s, int rank, const char *detail);
 void sup_inplace_hello(sup *s, const rk_hb_msg *m);
 /* conns.c: a step once every rank said hello: IP_REPLACING -> IP_READY. */
 void sup_inplace_step(sup *s);
+
+/* ---- snapsave.c: disk checkpoints written from the snapshots ------------------------------- */
+
+/* 1 if this launch's ranks are told RK_CKPT_FROM_SNAP=1: the snapshots are in a directory of
+ * this host (snap_dir, not off), a checkpoint directory is given, and the environment does not
+ * say RK_CKPT_FROM_SNAP=0. */
+int sup_snapsave_on(const sup *s);
+/* conns.c: rank 0's save: write the checkpoint of `step` from every rank's pinned snapshot of
+ * it, in the background (one write at a time; a newer request replaces one not yet begun). */
+void sup_snapsave_request(sup *s, int64_t step, int keep);
+/* Once a watch round: a finished write recorded (the ledger's ckpt, or its failure said), the
+ * next begun. */
+void sup_snapsave_tick(sup *s);
+/* Every write requested so far finished (before the snapshot directory is removed, before a
+ * launch whose ranks write their own checkpoints, at the end). 1 if a write ever failed for
+ * the disk (a storage error: the job cannot end as finished). `finished`: the last launch
+ * finished (a storage failure it saw is then recorded here, with no verdict to record it). */
+int sup_snapsave_drain(sup *s, int finished);
 
 /* ---- pending.c ----------------------------------------------------------------------------- */
 

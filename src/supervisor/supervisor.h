@@ -287,6 +287,8 @@ typedef struct rk_rank_env_opts {
     const char *snap_dirs;    /* RK_SNAP_DIRS: across hosts, "HOST=DIR,...": each host's (rk
                                * _rank-env makes it the rank's RK_SNAP_DIR); NULL: not set */
     int snap_pin_every;       /* RK_SNAP_PIN_EVERY (0: not set; RK_SUP_PARTNER_AUTO: auto) */
+    int ckpt_from_snap;       /* RK_CKPT_FROM_SNAP=1: rk run writes the disk checkpoints from
+                               * the ranks' snapshots in snap_dir (snapsave.c) */
     const char *inject;       /* RK_INJECT (NULL: not set) */
     const char *inject_done;  /* RK_INJECT_DONE with RK_INJECT (NULL or "": not set) */
 } rk_rank_env_opts;

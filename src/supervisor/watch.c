@@ -338,7 +338,8 @@ rk_sup_next sup_watch(sup *s)
         sup_expire_strangers(s);
         check_timeouts(s);
         sup_gate_tick(s);
-        sup_gauge_tick(s); /* the snapshot memory and the metrics file, once a second */
+        sup_gauge_tick(s);    /* the snapshot memory and the metrics file, once a second */
+        sup_snapsave_tick(s); /* a checkpoint written from the snapshots */
         status_line(s);
         int code;
         if (s->b.ops->poll(s->b.ctx, &code)) {

@@ -76,7 +76,7 @@ EXIT_STORAGE = getattr(rekindle, "EXIT_STORAGE", 6)
 # scaled loss, the sample count, three command flags, one gradient-norm slot per rank, then
 # four slots per rank for a replica hash in 16-bit pieces (exact in float32; zeros on steps
 # without one: the length never changes, nor, with it, the all-reduce's summation order).
-_V_LOSS, _V_COUNT, _V_STOP, _V_CKPT, _V_LOST, _V_NORMS = range(6)
+_V_LOSS, _V_COUNT, _V_STOP, _V_CKPT, _V_LOST, _V_NOSNAP, _V_NORMS = range(7)
 _SPIKE_WINDOW = 32
 _COMM_GRACE_S = 10.0  # a survivor of a peer's death waits this long for rk run's teardown
 
@@ -210,7 +210,7 @@ class Job(_Checkpoints, _Memory, _InPlace):
         self._snap = None
         self._fresh = False  # the snapshot is of the state now: no step attempt began since
         self._saved_step = -1
-        self._flags = [0.0, 0.0, 0.0]  # agreed stop, checkpoint, lost (from the last step)
+        self._flags = [0.0, 0.0, 0.0, 0.0]  # agreed stop, checkpoint, lost, a rank's snapshots off
         self._stop_local = False
         self._lock = None
         self._hook_calls = 0
@@ -740,26 +740,41 @@ class Job(_Checkpoints, _Memory, _InPlace):
         """Between steps: the agreed commands, the replica check, checkpoints, the stop.
         False after a rollback (the loop replays)."""
         flags = self._flags
-        stop, want_ckpt, lost = flags[0] > 0, flags[1] > 0, flags[2] > 0
+        stop, want_ckpt, lost, nosnap = flags[0] > 0, flags[1] > 0, flags[2] > 0, flags[3] > 0
         if lost:
             self._say("the supervisor is gone; stopping without a checkpoint")
             self._exit(EXIT_FAIL)
+        if self._snap_asked is not None:  # every rank pinned it: they all took part in a step since
+            if self.rank == 0:
+                self.w.save(self._snap_asked, self.keep)
+            self._snap_asked = None
+        if nosnap and self._snap_save:  # agreed: a rank's snapshots went off
+            self._snap_save = False
+            want_ckpt = True  # the last one asked of rk run may be missing a rank's part
+            if self.rank == 0:
+                self._say(f"step {self.step_no}: rank 0 writes the checkpoints from here on (a rank's snapshots "
+                          "are off, or there is no room for rk run to write them from the snapshots)")
         force, self._epoch_snap = self._epoch_snap, False
         save = bool(self.ckpt_dir) and self.step_no != self._saved_step and (
             stop or want_ckpt or final or (self.ckpt_every > 0 and self.step_no % self.ckpt_every == 0
                                            and self.step_no > self.start_step))
+        # rk run writes it from the ranks' snapshots (RK_CKPT_FROM_SNAP): no rank waits for the disk
+        by_run = save and self._snap_save
         verified = self._fresh and self._snap is not None and self._snap["step"] == self.step_no
         # an epoch's first step: a snapshot after the code between the epochs (a scheduler
         # stepped per epoch, the loader's new iterator), so that no rollback goes back past it
         if self.guard and self.hash_every > 0 and (not verified or force):
-            if save or stop or final:  # only a verified state is saved or handed back
+            if (save and not by_run) or stop or final:  # only a verified state is saved or handed back
                 if not self._replica_check():
                     return False
-            elif force or self._snap is None or self.step_no % self.hash_every == 0:
-                # the hash rides in this step's all-reduce; step() compares them
+            elif by_run or force or self._snap is None or self.step_no % self.hash_every == 0:
+                # the hash rides in this step's all-reduce; step() compares them (and rk run
+                # compares the snapshots' before it writes a checkpoint from them)
                 if self._pending is None or self._pending["step"] != self.step_no:
                     self._pending = self._snapshot(hashed=True)
-        if save:
+        if by_run:
+            self._snap_ckpt(stop or final)
+        elif save:
             self._save()
         if stop:
             if self.rank == 0:
@@ -889,8 +904,9 @@ class Job(_Checkpoints, _Memory, _InPlace):
         if device.type == "cpu":  # Python numbers: no torch call per element
             norm = math.sqrt(float(sumsq)) / factor if factor > 0 else 0.0
             return ([float(self._loss_t), float(self._count), float(self._stop_local), float(self._local_ckpt),
-                     float(self.w.lost)] + [0.0] * r + [norm] + tail)
-        flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost)]
+                     float(self.w.lost), float(self._snap_save and (self._snap_short or not self._mem_put_ok))] + [0.0] * r + [norm] + tail)
+        flags = [float(self._count), float(self._stop_local), float(self._local_ckpt), float(self.w.lost),
+                 float(self._snap_save and (self._snap_short or not self._mem_put_ok))]
         head = torch.tensor(flags + [0.0] * r, dtype=dtype, device=device)
         norm = (sumsq.sqrt() / factor if factor > 0 else sumsq * 0).reshape(1).to(dtype)
         tail = torch.tensor(tail, dtype=dtype, device=device)

@@ -24,6 +24,7 @@ _COST_MAX = 0.01  # a put may cost at most this share of the K steps between put
 _EVERY_CAP = 20  # K at most this with no disk checkpoint interval (RK_CKPT_EVERY_DEFAULT)
 _HEADER_BYTES = 65536  # the room rule's allowance for a generation's header
 _HASH_ITEM = "guard.state_hash"  # a generation's replica hash (state_hash), I64
+_SNAP_SAVE_GENS = 4  # a rank's generations at most while rk run writes checkpoints from them
 
 
 def snap_every(put_s, step_s, cap):
@@ -61,7 +62,13 @@ class _Memory:
         self._mem_put_s = 0.0
         self._mem_step_s = 0.0  # the fastest step before a timed put
         self._mem_room = False
+        self._mem_refused = None  # (step, why): the store refused this rank's put of that step
         self._last_step_s = 0.0
+        # rk run writes the disk checkpoints from the snapshots (RK_CKPT_FROM_SNAP=1: it keeps
+        # them in a directory of its host); off for good once a rank's puts are (agreed)
+        self._snap_save = os.environ.get("RK_CKPT_FROM_SNAP") == "1" and self._mem_dir is not None
+        self._snap_asked = None  # the step rank 0 asks rk run to save at the next boundary
+        self._snap_short = False  # rank 0 found no room for the pins of rk run's writes
         try:
             k = snap_every_env(os.environ.get("RK_SNAP_EVERY", ""))
         except ValueError as e:
@@ -116,8 +123,16 @@ class _Memory:
                 self._mem_room = True
                 mine = sum(it.nbytes + 128 for it in items) + _HEADER_BYTES
                 rng = sum(it.nbytes + 128 for it in items if it.name.startswith("rng.")) + _HEADER_BYTES
+                per = -(-(mine + (self.world - 1) * rng) // self.world)
                 try:  # every rank's two generations: rank 0's, and the others' RNG states
-                    ok, why = _snap.room(self._mem_dir, -(-(mine + (self.world - 1) * rng) // self.world), self.world)
+                    ok, why = _snap.room(self._mem_dir, per, self.world)
+                    if ok and self._snap_save:  # and two pinned for rk run's writes: the one it
+                        # reads, one waiting (docs/recovery.md, "Disk checkpoints from the snapshots")
+                        more, short = _snap.room(self._mem_dir, per, self.world, keep=_SNAP_SAVE_GENS)
+                        if not more:
+                            self._snap_short = True
+                            self._say(f"snapshots in memory on, but no room for rk run to write the checkpoints "
+                                      f"from them: rank 0 writes them ({short})")
                 except (_ckpt.CheckpointError, OSError) as e:
                     ok, why = False, str(e)
                 if not ok:
@@ -128,6 +143,7 @@ class _Memory:
                               world_size=self.world, config=self._ckpt_config())
                     took = time.monotonic() - t0
                 except _ckpt.NonFiniteError as e:  # the store's rule: this step is not put, the next may be
+                    self._mem_refused = (self.step_no, str(e))
                     self._say(f"snapshot of step {self.step_no} refused: {e}")
                 except (_ckpt.CheckpointError, OSError) as e:  # StorageError (the tmpfs is full) among them
                     self._mem_off(f"rank {self.rank} could not put its snapshot of step {self.step_no}: {e}")
@@ -155,6 +171,39 @@ class _Memory:
             k = box[0]
         self._mem_every = k
         self._mem_next = self.step_no + k
+
+    def _snap_ckpt(self, now):
+        """A checkpoint of this step, written by rk run from the snapshots: every rank puts its
+        generation of the step and pins it (its bytes stay while rk run reads them, whatever the
+        later puts). Rank 0 asks for the checkpoint at the next boundary, when every rank has
+        pinned (each took part in a step since); `now` (the last step, a stop): after a barrier,
+        now. A put the store refuses for a NaN or an infinity is refused as the checkpoint would
+        be (exit 5, ckpt_refused); a rank whose put failed turns its snapshots off, which every
+        rank learns at the next step (rank 0 then writes the checkpoints)."""
+        self._saved_step = step = self.step_no
+        self._mem_step(force=True)
+        if self._mem_refused is not None and self._mem_refused[0] == step:
+            self._ckpt_refused(f"checkpoint of step {step} refused: {self._mem_refused[1]}")
+        pinned = False
+        if self._mem_put_ok and self._mem_last == step:
+            try:
+                _snap.pin(self._mem_dir, self.rank, step)
+                pinned = True
+            except (_ckpt.CheckpointError, OSError) as e:
+                self._mem_off(f"rank {self.rank} could not pin its snapshot of step {step}: {e}")
+        if not now:
+            self._snap_asked = step
+            return
+        oks = [pinned]  # the last checkpoint is not left to a later step: every rank's part, or rank 0's own
+        if self.distributed and self.world > 1:
+            oks = [None] * self.world
+            self._collective(dist.all_gather_object, oks, pinned)
+        if all(oks):
+            if self.rank == 0:
+                self.w.save(step, self.keep)
+        else:
+            self._snap_save = False
+            self._save()
 
     def _mem_send_head(self, step, far):
         """Rank 0 sends its generation of `step` to every rank (a broadcast of its bytes; across
