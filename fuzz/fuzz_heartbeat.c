@@ -48,7 +48,7 @@ static void same(const rk_hb_msg *a, const rk_hb_msg *b)
     check(strcmp(a->device, b->device) == 0 && strcmp(a->kind, b->kind) == 0);
     check(strcmp(a->action, b->action) == 0 && strcmp(a->status, b->status) == 0);
     check(strcmp(a->detail, b->detail) == 0 && a->stacks == b->stacks);
-    check(a->restore == b->restore && a->rejoin == b->rejoin);
+    check(a->restore == b->restore && a->rejoin == b->rejoin && a->keep == b->keep);
 }
 
 static void parse_one(const char *line, size_t len)
@@ -61,7 +61,9 @@ static void parse_one(const char *line, size_t len)
         check_message(&err, "heartbeat message: ");
     } else {
         check(len < RK_HB_LINE_MAX);
-        check((unsigned)m.type <= RK_HB_BYE);
+        check((unsigned)m.type <= RK_HB_SAVE);
+        if (m.type == RK_HB_SAVE)
+            check(m.keep >= 1 && m.keep <= 1000);
         check(m.rank >= 0 && m.rank <= RK_HB_RANK_MAX && m.step >= 0);
         if (m.type == RK_HB_HELLO)
             check(m.world > m.rank && m.world <= RK_HB_RANK_MAX + 1 && m.pid >= 1 &&

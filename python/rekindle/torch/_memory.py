@@ -24,7 +24,9 @@ _COST_MAX = 0.01  # a put may cost at most this share of the K steps between put
 _EVERY_CAP = 20  # K at most this with no disk checkpoint interval (RK_CKPT_EVERY_DEFAULT)
 _HEADER_BYTES = 65536  # the room rule's allowance for a generation's header
 _HASH_ITEM = "guard.state_hash"  # a generation's replica hash (state_hash), I64
-_SNAP_SAVE_GENS = 4  # a rank's generations at most while rk run writes checkpoints from them
+# a rank's generations at most while rk run writes checkpoints from them: two rolling, the
+# pinned one it writes, a pinned one waiting, and rk run's copy in RAM of the one it writes
+_SNAP_SAVE_GENS = 5
 
 
 def snap_every(put_s, step_s, cap):
@@ -126,8 +128,8 @@ class _Memory:
                 per = -(-(mine + (self.world - 1) * rng) // self.world)
                 try:  # every rank's two generations: rank 0's, and the others' RNG states
                     ok, why = _snap.room(self._mem_dir, per, self.world)
-                    if ok and self._snap_save:  # and two pinned for rk run's writes: the one it
-                        # reads, one waiting (docs/recovery.md, "Disk checkpoints from the snapshots")
+                    if ok and self._snap_save:  # and what rk run's writes hold (_SNAP_SAVE_GENS,
+                        # docs/recovery.md, "Disk checkpoints from the snapshots")
                         more, short = _snap.room(self._mem_dir, per, self.world, keep=_SNAP_SAVE_GENS)
                         if not more:
                             self._snap_short = True
