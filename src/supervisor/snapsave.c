@@ -40,8 +40,6 @@ typedef struct sup_snapsave {
     int64_t next_step;
 } sup_snapsave;
 
-static int told; /* the first checkpoint written from the snapshots was said (one job a process) */
-
 int sup_snapsave_on(const sup *s)
 {
     const char *env = getenv("RK_CKPT_FROM_SNAP");
@@ -152,7 +150,7 @@ static int finish(sup *s, int wait, int live)
     unpin_done(s, w);
     if (w->rc == RK_OK) {
         rk_ledger_ckpt_rec(&s->g, s->launch_no, 0, w->step, w->seconds);
-        if (!told++)
+        if (!s->ss_told++)
             sup_say(s,
                     "checkpoint of step %" PRId64 " written from the ranks' snapshots in %.3f s: "
                     "rk run writes the disk checkpoints, the ranks do not wait for the disk",

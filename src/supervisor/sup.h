@@ -217,6 +217,7 @@ typedef struct sup {
     /* ---- snapsave.c: the checkpoint being written from the snapshots, and the next */
     struct sup_snapsave *ss; /* NULL until the first request */
     int ss_storage;          /* a write failed for the disk (RK_ESTORAGE, RK_EIO) */
+    int ss_told;             /* the first checkpoint written was said */
 } sup;
 
 /* ---- job.c: the shared acts (and sup_say, sup_fail, sup_failing, sup_fail_node: backend.h) -- */

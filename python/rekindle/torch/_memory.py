@@ -68,7 +68,8 @@ class _Memory:
         self._last_step_s = 0.0
         # rk run writes the disk checkpoints from the snapshots (RK_CKPT_FROM_SNAP=1: it keeps
         # them in a directory of its host); off for good once a rank's puts are (agreed)
-        self._snap_save = os.environ.get("RK_CKPT_FROM_SNAP") == "1" and self._mem_dir is not None
+        self._snap_save = (os.environ.get("RK_CKPT_FROM_SNAP") == "1" and self._mem_dir is not None
+                           and self.w.heartbeat is not None)
         self._snap_asked = None  # the step rank 0 asks rk run to save at the next boundary
         self._snap_short = False  # rank 0 found no room for the pins of rk run's writes
         try:
