@@ -219,6 +219,14 @@ snap.put(sys.argv[2], 0, 38, list(c.items.values()), epoch=c.epoch, cursor=c.cur
             f.seek(-5, os.SEEK_END)
             f.write(bytes([b[0] ^ 0x10]))
 
+    def test_a_first_launch_says_nothing_of_memory(self):
+        """An empty snapshot directory (a first launch) is no lack of a common step: the resume
+        says nothing of memory; one whose generations all fail says it resumes from disk."""
+        said = []
+        with mock.patch.object(rkt.Job, "_say", lambda job, msg: said.append(msg)):
+            train(STEPS, dict(self.env, RK_RESUME="1"), stop_at=20, ckpt_every=15)
+        self.assertEqual([m for m in said if "snapshot:" in m and "resuming from disk" in m], [], said)
+
     def test_checksum_failure_is_never_restored(self):
         self.assertEqual(self.crashed_at(37), [37, 36])
         self.flip(37)

@@ -306,7 +306,7 @@ class _Memory:
         cands = []
         if self.rank == 0:
             cands = [s for s in lists[0] if all(s in v for v in lists)]
-            if not cands:
+            if not cands and any(lists):  # none at all: a first launch, nothing to say
                 self._say("snapshot: no step that every rank holds in memory: resuming from disk")
             try:
                 disk = max((s for s, _ in _ckpt.list_checkpoints(self.ckpt_dir)), default=-1)
