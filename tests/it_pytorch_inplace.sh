@@ -10,7 +10,8 @@
 # warm spare. Then 4 ranks through a crash, a communication failure and a hang of three
 # different ranks: the 4-rank fault-free parameters, three in_place incidents, the spare each time.
 # And a failure that reaches its device's --failure-threshold is not replaced in place: the
-# job is relaunched without the device.
+# job is relaunched without the device. And with K timed at run time, a rank replaced after
+# every original rank was (its survivor itself a replacement) takes the survivors' K.
 # Skips (77) without a python3 that has torch, numpy and xxhash, or without Fashion-MNIST.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -130,6 +131,26 @@ ev = [json.loads(l) for l in open(sys.argv[1])]
 acts = [(e["kind"], e["action"], e["rank"]) for e in ev if e["kind"] in ("crash", "quarantine")]
 ok = acts == [("crash", "in_place", 1), ("crash", "relaunch", 1), ("quarantine", "quarantine", 1)]
 print(("ok - " if ok else "FAIL - ") + f"threshold: in place, then a relaunch and the quarantine: {acts}")
+PY
+
+# ---- every original rank replaced, K timed at run time (no RK_SNAP_EVERY) -------------------
+# rank 0 crashes at step 10 (its replacement takes the survivor's K), then rank 1 at step 20:
+# its survivor, rank 0, is itself a replacement. The new rank 1 must take that survivor's K and
+# timing too; it kept its own (untimed) and, three puts later, broadcast a K alone: the job hung
+# (bench/run_goodput's 10-minute runs, once every original rank had been replaced)
+(unset RK_SNAP_EVERY; sup k2 "$n" --recovery inplace --inject "crash@step=10:rank=0,crash@step=20:rank=1")
+st=$?
+[[ $st == 0 ]] && ok "K timed: the job with its faults finishes" || bad "K timed: exit $st: $(tail -8 "$work/k2.log")"
+h=$(json k2.json hash 2>/dev/null)
+[[ -n $h && $h == "$ref" ]] && ok "K timed: parameters hash $h equals the fault-free run's" \
+  || bad "K timed: parameters hash '$h' differs from the fault-free $ref"
+it_count "$py" - "$work/k2.events" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+inp = [(e["kind"], e["rank"]) for e in ev if e["action"] == "in_place"]
+ok = inp == [("crash", 0), ("crash", 1)] and not [e for e in ev if e["action"] == "relaunch" or e["kind"] == "hang"]
+print(("ok - " if ok else "FAIL - ") + f"K timed: two in-place crashes, no hang, no relaunch: "
+      f"{[(e['kind'], e['action'], e['detail'][:120]) for e in ev if e['kind'] not in ('inject',)]}")
 PY
 
 # ---- 4 ranks: a crash of rank 2, a communication failure of rank 3, a hang of rank 1 --------

@@ -67,12 +67,15 @@ class _InPlace:
     def _rejoin_sync(self):
         """The last collective of a rejoin, on every rank (survivors and the replacement): the
         snapshot interval K and whether it is still being timed are the survivors' (the
-        replacement never times nor broadcasts its own)."""
-        mine = {"survivor": not self._replacement, "every": self._mem_every, "timed": self._mem_timed}
+        replacement never times nor broadcasts its own), and so is whether rk run writes the
+        checkpoints (a disk checkpoint is written the same way on every rank)."""
+        mine = {"survivor": not self._replacement, "every": self._mem_every, "timed": self._mem_timed,
+                "snap_save": self._snap_save}
         every = [None] * self.world
         dist.all_gather_object(every, mine)
         first = next((x for x in every if x["survivor"]), mine)
         self._mem_every, self._mem_timed = first["every"], first["timed"]
+        self._snap_save = first["snap_save"]
         self._mem_next = self.step_no  # the restored step is put again, on every rank
 
     def _rejoin(self, exc):
@@ -97,6 +100,12 @@ class _InPlace:
                 self._rejoin_failed(f"no rejoin command within {_REJOIN_WAIT_S:.0f} s after: {what}")
             time.sleep(0.002)
         self._rejoin_epoch = r["epoch"]
+        # a survivor of this failure, whatever it was at its start: the one whose K and timing
+        # the new replacement takes (a process that was itself a replacement once is still
+        # `_replacement` from its start; once every original rank had been replaced, no rank
+        # counted as a survivor, the new replacement kept its own untimed K, and its lone
+        # broadcast of K three puts later hung the job: bench/run_goodput, 10:25 and 11:37)
+        self._replacement = False
         t0 = time.monotonic()
         _worker.trace_phase("py.rejoin")  # RK_TRACE_LAUNCH: the rejoin command is here
         was = self.step_no
