@@ -125,7 +125,9 @@ static const char usage_a[] =
     "  --recovery WHERE        memory (default): with --ckpt-dir and every rank on this host,\n"
     "                          the ranks also keep snapshots in /dev/shm and a relaunch\n"
     "                          restores from them when they are at least as new as the disk's\n"
-    "                          (docs/recovery.md); disk: checkpoints on disk only;\n"
+    "                          (docs/recovery.md); a PyTorch job's disk checkpoints are then\n"
+    "                          written by rk run from the snapshots (RK_CKPT_FROM_SNAP=0 in\n"
+    "                          rk run's environment: by rank 0); disk: checkpoints on disk only;\n"
     "                          inplace: memory, and a PyTorch job's failed rank is replaced\n"
     "                          while the others keep running (--launcher local, --ckpt-dir)\n"
     "  --heartbeat-timeout S   a rank silent this many seconds is hung (default 30)\n"
@@ -156,16 +158,16 @@ static const char usage_a[] =
     "  --stack-dir DIR         hung ranks' stack dumps, in a private directory made in DIR\n"
     "                          (made if missing, this user's or root's; default: the --events\n"
     "                          directory, else one removed at the end)\n"
-    "  --no-pythonpath         no rekindle Python package on the ranks' PYTHONPATH\n"
+    "  --no-pythonpath         no rekindle Python package on the ranks' PYTHONPATH\n";
+/* in three parts: C99 promises string literals of 4095 bytes only */
+static const char usage_b[] =
     "  --hosts LIST            run across hosts (docs/cluster.md): h1:4,h2:4 (HOST:SLOTS;\n"
     "                          a host's devices are 0..SLOTS-1, named HOST:I); one agent a\n"
     "                          host, started through --rsh; -n defaults to the slots\n"
     "  --hostfile FILE         the hosts from an Open MPI hostfile (HOST slots=N a line)\n"
     "  --spare-hosts LIST      hosts used only when others are lost or quarantined\n"
     "  --listen ADDR:PORT      the address the agents connect to (this host's, as the\n"
-    "                          others reach it; port 0: any free one); nothing else listens\n";
-/* in two parts: C99 promises string literals of 4095 bytes only */
-static const char usage_b[] =
+    "                          others reach it; port 0: any free one); nothing else listens\n"
     "  --rsh CMD               how an agent is started: CMD HOST COMMAND (default\n"
     "                          'ssh -o BatchMode=yes'); the job's secret goes on its stdin\n"
     "  --node-timeout S        a host silent this long is lost (default 10)\n"
@@ -181,7 +183,8 @@ static const char usage_b[] =
     "                          defaults to this node's NodeAddr in a batch script\n"
     "  --slurm-drain           drain a quarantined node in Slurm (scontrol update\n"
     "                          state=drain), the reason starting \"rk run: \"\n"
-    "  --quiet                 no periodic status lines\n"
+    "  --quiet                 no periodic status lines\n";
+static const char usage_c[] =
     "  --health MODE           the health gate (docs/health.md): auto (NVML when present,\n"
     "                          default), nvml, sim (a simulated fleet: device ids are its GPU\n"
     "                          indices), off. GPUs scoring below --health-threshold are left\n"
@@ -210,13 +213,14 @@ static const char usage_b[] =
     "  -h, --help              show this help\n"
     "\n"
     "Exit status: 0 the job finished; 1 it could not (out of restarts, too few devices, a\n"
-    "storage error on the checkpoint directory: a worker exited 6); 2 bad usage, or the\n"
-    "worker rejected its arguments (exited 2) or speaks no heartbeat (every rank exited 0\n"
-    "without a hello: docs/protocol.md), or a --predictor that cannot be read as a model;\n"
+    "storage error on the checkpoint directory: a worker exited 6, or rk run could not write\n"
+    "a checkpoint from the snapshots); 2 bad usage, or the worker rejected its arguments\n"
+    "(exited 2) or speaks no heartbeat (every rank exited 0 without a hello:\n"
+    "docs/protocol.md), or a --predictor that cannot be read as a model;\n"
     "130 interrupted (the ranks were asked to checkpoint and stop; torn down after\n"
     "--stop-grace or a second signal).\n";
 
-static char usage_text[sizeof usage_a + sizeof usage_b];
+static char usage_text[sizeof usage_a + sizeof usage_b + sizeof usage_c];
 
 /* --sim-step-time: the default (a simulated minute a step: one reading a step, the
  * predictor's pace) and the most (1000 hours a step) */
@@ -332,7 +336,7 @@ enum {
 
 int rk_cmd_run(int argc, char **argv)
 {
-    snprintf(usage_text, sizeof usage_text, "%s%s", usage_a, usage_b);
+    snprintf(usage_text, sizeof usage_text, "%s%s%s", usage_a, usage_b, usage_c);
     static const struct option longs[] = {
         {"devices", required_argument, 0, OPT_DEVICES},
         {"ckpt-dir", required_argument, 0, OPT_CKPT_DIR},
