@@ -1372,7 +1372,8 @@ static void tput(const char *dir, tstate *s, int rank)
 /* The checkpoint is the file rank 0 would write with every rank's items (rk_ckpt_encode of
  * rank 0's items, the others' after its last rng.*, no hash): byte for byte, read from a pin
  * when the generation rolled away; a differing hash, a missing rank or a damaged generation
- * write nothing; unpin removes the pin and only it. */
+ * write nothing; unpin removes the pin and only it; unpin_below the pins under a step but
+ * one. */
 static void test_a_checkpoint_from_the_snapshots_is_rank_0s_file(void **state)
 {
     (void)state;
@@ -1446,6 +1447,21 @@ static void test_a_checkpoint_from_the_snapshots_is_rank_0s_file(void **state)
     assert_int_equal(rk_snap_unpin(dir, 9, 50, &err), RK_OK);
     assert_int_equal(access(gen_path(path, sizeof path, dir, 0, 61), F_OK), 0);
     assert_int_equal(rk_snap_to_ckpt(dir, 0, 50, ck, 3, NULL, &err), RK_EINVAL);
+
+    /* unpin_below: the pins under the step go, but the spared one's; generations stay */
+    for (int64_t st = 70; st <= 73; st++) {
+        tstate_init(&s, 3, st, 77);
+        tput(dir, &s, 1);
+        assert_int_equal(rk_snap_pin(dir, 1, st, &err), RK_OK); /* C keeps two: 72 and 73 */
+    }
+    assert_int_equal(access(pin_path(path, sizeof path, dir, 1, 72), F_OK), 0);
+    assert_int_equal(rk_snap_unpin_below(dir, 1, 74, 73, &err), RK_OK);
+    assert_int_equal(access(pin_path(path, sizeof path, dir, 1, 72), F_OK), -1);
+    assert_int_equal(access(pin_path(path, sizeof path, dir, 1, 73), F_OK), 0);
+    assert_int_equal(access(gen_path(path, sizeof path, dir, 1, 72), F_OK), 0);
+    assert_int_equal(rk_snap_unpin_below(dir, 1, 74, -1, &err), RK_OK);
+    assert_int_equal(access(pin_path(path, sizeof path, dir, 1, 73), F_OK), -1);
+    assert_int_equal(rk_snap_unpin_below(dir, 9, 74, -1, &err), RK_OK); /* no such rank */
     rk_snap_dir_remove(dir, &err);
 }
 
