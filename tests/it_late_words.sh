@@ -56,11 +56,14 @@ mark("said.1")
 sys.exit(3)
 PY
 
-"$RK" run -n 2 --launcher mpirun --heartbeat-timeout 30 --events "$work/ev.jsonl" \
+RK_TRACE_LAUNCH="$work/trace" "$RK" run -n 2 --launcher mpirun --heartbeat-timeout 30 --events "$work/ev.jsonl" \
   -- python3 "$work/rank.py" "$work" >"$work/run.out" 2>&1 &
 sup=$!
 atexit+=("kill -CONT $sup 2>/dev/null; kill $sup 2>/dev/null")
-if wait_for "[[ -e $work/hello.0 && -e $work/hello.1 ]]" 60; then
+# both hellos read and believed by rk run (its sup.hello trace lines), not only sent: a hello
+# read after its rank was gone cannot be checked against the launch's processes, and is refused
+# with what follows it (on a busy machine rk run was stopped before it had read them)
+if wait_for "[[ -e $work/hello.0 && -e $work/hello.1 && \$(grep -c '^sup.hello ' $work/trace 2>/dev/null) == 2 ]]" 60; then
   kill -STOP "$sup"
   # stopped for sure before the ranks speak: its state is T
   wait_for "[[ \$(awk '{print \$3}' /proc/$sup/stat) == T ]]" 10

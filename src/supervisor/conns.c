@@ -6,6 +6,8 @@
 #define _GNU_SOURCE /* accept4, SO_PEERCRED */
 #include "supervisor/sup.h"
 
+#include "base/phase.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -218,6 +220,7 @@ static int claim_rank(sup *s, const rk_sup_conn *c, const rk_hb_msg *m)
 /* STRANGER -> RANK: connection c is rank m->rank from now on (its hello believed). */
 static void rank_hello(sup *s, rk_sup_conn *c, const rk_hb_msg *m, double now)
 {
+    rk_phase_mark("sup.hello", s->launch_no, m->rank); /* RK_TRACE_LAUNCH: believed */
     sup_inplace_hello(s, m);
     c->st = SUP_CONN_RANK;
     c->rank = m->rank;
