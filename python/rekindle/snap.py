@@ -572,8 +572,9 @@ def _mem_info():
 
 
 def room(dir, bytes_per_gen, ranks_here, keep=KEEP):
-    """(ok, why): whether `keep` generations (KEEP; KEEP + 1 where a pinned one is read while
-    the ranks go on: rk run's checkpoints from the snapshots) of `ranks_here` ranks of `bytes_per_gen` bytes fit in
+    """(ok, why): whether `keep` generations (KEEP by default; rekindle.torch asks for more where
+    rk run writes its checkpoints from the snapshots: the pinned ones and rk run's copy) of
+    `ranks_here` ranks of `bytes_per_gen` bytes fit in
     the tmpfs of `dir` and in the node's RAM (MemAvailable: tmpfs pages are RAM), each with its
     margin (rk_snap_room's rule, docs/recovery.md)."""
     if ranks_here < 1:

@@ -77,6 +77,7 @@ EXIT_STORAGE = getattr(rekindle, "EXIT_STORAGE", 6)
 # four slots per rank for a replica hash in 16-bit pieces (exact in float32; zeros on steps
 # without one: the length never changes, nor, with it, the all-reduce's summation order).
 _V_LOSS, _V_COUNT, _V_STOP, _V_CKPT, _V_LOST, _V_NOSNAP, _V_NORMS = range(7)
+_NO_FLAGS = (0.0,) * (_V_NORMS - _V_STOP)  # the agreed flags before any step: none set
 _SPIKE_WINDOW = 32
 _COMM_GRACE_S = 10.0  # a survivor of a peer's death waits this long for rk run's teardown
 
@@ -210,7 +211,7 @@ class Job(_Checkpoints, _Memory, _InPlace):
         self._snap = None
         self._fresh = False  # the snapshot is of the state now: no step attempt began since
         self._saved_step = -1
-        self._flags = [0.0, 0.0, 0.0, 0.0]  # agreed stop, checkpoint, lost, a rank's snapshots off
+        self._flags = list(_NO_FLAGS)  # agreed stop, checkpoint, lost, a rank's snapshots off
         self._stop_local = False
         self._lock = None
         self._hook_calls = 0

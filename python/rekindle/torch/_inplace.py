@@ -184,7 +184,7 @@ class _InPlace:
         self._spiked = None
         self._rolled_at = -1
         self._restore_next = None
-        self._flags = [0.0, 0.0, 0.0, 0.0]
+        self._flags = [0.0] * len(self._flags)  # none set (Job.__init__ sizes them)
         self._local_ckpt = False
         self._attempt = None
         self._loss_t = None
