@@ -1369,6 +1369,21 @@ static void tput(const char *dir, tstate *s, int rank)
     assert_int_equal(rc, RK_OK);
 }
 
+/* rk_snap_to_ckpt of `step` (3 ranks) fails with `code`, its message naming `who`, and writes
+ * no checkpoint of that step. */
+static void assert_not_written(const char *dir, const char *ck, int64_t step, int code,
+                               const char *who)
+{
+    char name[RK_CKPT_NAME_MAX], path[700];
+    rk_err err = {0};
+    assert_int_equal(rk_snap_to_ckpt(dir, 3, step, ck, 3, NULL, &err), code);
+    if (!strstr(err.msg, who))
+        fail_msg("step %" PRId64 ": '%s' does not name %s", step, err.msg, who);
+    rk_ckpt_file_name(step, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", ck, name);
+    assert_int_equal(access(path, F_OK), -1);
+}
+
 /* The checkpoint is the file rank 0 would write with every rank's items (rk_ckpt_encode of
  * rank 0's items, the others' after its last rng.*, no hash): byte for byte, read from a pin
  * when the generation rolled away; a differing hash, a missing rank or a damaged generation
@@ -1416,28 +1431,16 @@ static void test_a_checkpoint_from_the_snapshots_is_rank_0s_file(void **state)
     s.hash[2] = 78;
     for (int r = 0; r < 3; r++)
         tput(dir, &s, r);
-    memset(&err, 0, sizeof err);
-    assert_int_equal(rk_snap_to_ckpt(dir, 3, 60, ck, 3, NULL, &err), RK_EFORMAT);
-    assert_non_null(strstr(err.msg, "rank 2"));
-    rk_ckpt_file_name(60, name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", ck, name);
-    assert_int_equal(access(path, F_OK), -1);
+    assert_not_written(dir, ck, 60, RK_EFORMAT, "rank 2");
     /* rank 1 has no step 61 */
     tstate_init(&s, 3, 61, 77);
     tput(dir, &s, 0);
     tput(dir, &s, 2);
-    memset(&err, 0, sizeof err);
-    assert_int_equal(rk_snap_to_ckpt(dir, 3, 61, ck, 3, NULL, &err), RK_ENOENT);
-    assert_non_null(strstr(err.msg, "rank 1"));
+    assert_not_written(dir, ck, 61, RK_ENOENT, "rank 1");
     /* rank 2's generation of 61 damaged */
     tput(dir, &s, 1);
     flip_byte(gen_path(path, sizeof path, dir, 2, 61), -3);
-    memset(&err, 0, sizeof err);
-    assert_int_equal(rk_snap_to_ckpt(dir, 3, 61, ck, 3, NULL, &err), RK_EFORMAT);
-    assert_non_null(strstr(err.msg, "rank 2"));
-    rk_ckpt_file_name(61, name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", ck, name);
-    assert_int_equal(access(path, F_OK), -1);
+    assert_not_written(dir, ck, 61, RK_EFORMAT, "rank 2");
 
     /* unpin: the pin goes, twice is fine, a rank without a directory is fine */
     assert_int_equal(access(pin_path(path, sizeof path, dir, 0, 50), F_OK), 0);

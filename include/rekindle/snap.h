@@ -191,7 +191,8 @@ RK_API int rk_snap_pin(const char *dir, int rank, int64_t step, rk_err *err);
  * rank directory: RK_OK. RK_EINVAL for a bad argument or a directory that fails the checks. */
 RK_API int rk_snap_unpin(const char *dir, int rank, int64_t step, rk_err *err);
 /* Remove every pin of rank `rank` of a step below `step` but `spare`'s (-1: none): the pins a
- * reader no longer needs (rk run, once it wrote the checkpoint of step-1 from them). */
+ * reader no longer needs (rk run, once it wrote the checkpoint of step-1 from them). A pin that
+ * cannot be removed is the error (the first; the others are still tried). */
 RK_API int rk_snap_unpin_below(const char *dir, int rank, int64_t step, int64_t spare, rk_err *err);
 
 /* ---- the job ---------------------------------------------------------------------------- */

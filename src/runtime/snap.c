@@ -816,39 +816,19 @@ int rk_snap_pin(const char *dir, int rank, int64_t step, rk_err *err)
     return RK_OK;
 }
 
-int rk_snap_unpin(const char *dir, int rank, int64_t step, rk_err *err)
+/* Remove rank `rank`'s pins of the steps in [lo, hi) but `spare`'s (-1: none); `fn` names the
+ * caller. No rank directory: nothing to remove. The first pin that cannot be removed is the
+ * error (the others are still tried). */
+static int unpin_range(const char *dir, int rank, int64_t lo, int64_t hi, int64_t spare,
+                       const char *fn, rk_err *err)
 {
-    char eb[128], rname[32], rl[LABEL_MAX], pin[RK_CKPT_NAME_MAX];
-    int rc = check_dir_arg(dir, "rk_snap_unpin", err);
+    char eb[128], rname[32], rl[LABEL_MAX];
+    int rc = check_dir_arg(dir, fn, err);
     if (rc)
         return rc;
-    if (rank < 0 || rk_snap_pin_name(step, pin, sizeof pin) != RK_OK)
+    if (rank < 0 || lo < 0)
         return rk_err_set_line(err, RK_EINVAL, "%s: rank %d, step %" PRId64 ": negative", dir, rank,
-                               step);
-    snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
-    label(rl, dir, rname, NULL);
-    int rfd;
-    rc = open_rank(dir, rank, false, &rfd, err);
-    if (rc == RK_ENOENT)
-        return RK_OK; /* no rank directory: no pin */
-    if (rc)
-        return rc;
-    int e = unlinkat(rfd, pin, 0) != 0 && errno != ENOENT ? errno : 0;
-    close(rfd);
-    if (e)
-        return rk_err_set_line(err, rk_err_code_errno(e), "%s/%s: cannot remove the pin: %s", rl,
-                               pin, rk_msg_strerror(e, eb, sizeof eb));
-    return RK_OK;
-}
-
-int rk_snap_unpin_below(const char *dir, int rank, int64_t step, int64_t spare, rk_err *err)
-{
-    char rname[32], rl[LABEL_MAX];
-    int rc = check_dir_arg(dir, "rk_snap_unpin_below", err);
-    if (rc)
-        return rc;
-    if (rank < 0)
-        return rk_err_set_line(err, RK_EINVAL, "%s: rank %d is negative", dir, rank);
+                               lo);
     snprintf(rname, sizeof rname, RANK_PREFIX "%d", rank);
     label(rl, dir, rname, NULL);
     int rfd;
@@ -859,16 +839,32 @@ int rk_snap_unpin_below(const char *dir, int rank, int64_t step, int64_t spare, 
         return rc;
     int64_t *v;
     size_t n;
+    int bad = RK_OK;
     rc = scan_rank(rfd, rl, SCAN_PINS, &v, &n, err);
     for (size_t i = 0; !rc && i < n; i++) {
         char name[RK_CKPT_NAME_MAX];
-        if (v[i] < step && v[i] != spare && rk_snap_pin_name(v[i], name, sizeof name) == RK_OK)
-            unlinkat(rfd, name, 0);
+        if (v[i] < lo || v[i] >= hi || v[i] == spare ||
+            rk_snap_pin_name(v[i], name, sizeof name) != RK_OK || unlinkat(rfd, name, 0) == 0 ||
+            errno == ENOENT)
+            continue;
+        int e = errno;
+        if (!bad) /* the first failure is the answer; the rest are still tried */
+            bad = rk_err_set_line(err, rk_err_code_errno(e), "%s/%s: cannot remove the pin: %s", rl,
+                                  name, rk_msg_strerror(e, eb, sizeof eb));
     }
-    if (!rc)
-        free(v);
+    free(v);
     close(rfd);
-    return rc;
+    return rc ? rc : bad;
+}
+
+int rk_snap_unpin(const char *dir, int rank, int64_t step, rk_err *err)
+{
+    return unpin_range(dir, rank, step, step + 1, -1, "rk_snap_unpin", err);
+}
+
+int rk_snap_unpin_below(const char *dir, int rank, int64_t step, int64_t spare, rk_err *err)
+{
+    return unpin_range(dir, rank, 0, step, spare, "rk_snap_unpin_below", err);
 }
 
 /* Append one line to the report, cut to fit (the buffer stays NUL-terminated). */
