@@ -104,7 +104,8 @@ class _InPlace:
         # the new replacement takes (a process that was itself a replacement once is still
         # `_replacement` from its start; once every original rank had been replaced, no rank
         # counted as a survivor, the new replacement kept its own untimed K, and its lone
-        # broadcast of K three puts later hung the job: bench/run_goodput, 10:25 and 11:37)
+        # broadcast of K three puts later hung the job: every 10-minute PyTorch run of
+        # bench/run_goodput on 2026-12-07, at about 540 s)
         self._replacement = False
         t0 = time.monotonic()
         _worker.trace_phase("py.rejoin")  # RK_TRACE_LAUNCH: the rejoin command is here

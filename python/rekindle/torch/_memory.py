@@ -179,8 +179,9 @@ class _Memory:
         """A checkpoint of this step, written by rk run from the snapshots: every rank puts its
         generation of the step and pins it (its bytes stay while rk run reads them, whatever the
         later puts). Rank 0 asks for the checkpoint at the next boundary, when every rank has
-        pinned (each took part in a step since); `now` (the last step, a stop): after a barrier,
-        now. A put the store refuses for a NaN or an infinity is refused as the checkpoint would
+        pinned (each took part in a step since); `now` (the last step, a stop): at once, after
+        an all-gather of whether every rank pinned (if one could not, rank 0 writes it itself,
+        as without rk run's writes). A put the store refuses for a NaN or an infinity is refused as the checkpoint would
         be (exit 5, ckpt_refused); a rank whose put failed turns its snapshots off, which every
         rank learns at the next step (rank 0 then writes the checkpoints)."""
         self._saved_step = step = self.step_no
