@@ -1267,9 +1267,10 @@ static void test_hello_restore_field_is_optional_and_one_of_three_words(void **s
     snprintf(line, sizeof line, "%s}", base);
     assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
     assert_int_equal(m.restore, RK_HB_RESTORE_UNSAID);
-    const char *words[] = {"none", "disk", "memory"};
-    const rk_hb_restore want[] = {RK_HB_RESTORE_NONE, RK_HB_RESTORE_DISK, RK_HB_RESTORE_MEMORY};
-    for (size_t k = 0; k < 3; k++) {
+    const char *words[] = {"none", "disk", "memory", "peer"};
+    const rk_hb_restore want[] = {RK_HB_RESTORE_NONE, RK_HB_RESTORE_DISK, RK_HB_RESTORE_MEMORY,
+                                  RK_HB_RESTORE_PEER};
+    for (size_t k = 0; k < 4; k++) {
         snprintf(line, sizeof line, "%s,\"restore\":\"%s\"}", base, words[k]);
         assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_OK);
         assert_int_equal(m.restore, want[k]);
@@ -1279,7 +1280,8 @@ static void test_hello_restore_field_is_optional_and_one_of_three_words(void **s
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         snprintf(line, sizeof line, "%s,\"restore\":%s}", base, bad[k]);
         assert_int_equal(rk_hb_msg_parse(line, strlen(line), &m, &err), RK_EFORMAT);
-        assert_non_null(strstr(err.msg, "field \"restore\": expected \"memory\", \"disk\" or"));
+        assert_non_null(
+            strstr(err.msg, "field \"restore\": expected \"memory\", \"peer\", \"disk\""));
     }
     rk_hb_msg h;
     memset(&h, 0, sizeof h);
@@ -1295,7 +1297,7 @@ static void test_hello_restore_field_is_optional_and_one_of_three_words(void **s
     h.restore = RK_HB_RESTORE_MEMORY;
     assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_OK);
     assert_non_null(strstr(out, ",\"restore\":\"memory\"}"));
-    h.restore = (rk_hb_restore)4;
+    h.restore = (rk_hb_restore)5;
     assert_int_equal(rk_hb_msg_format(&h, out, sizeof out, &len, &err), RK_EINVAL);
     assert_non_null(strstr(err.msg, "field \"restore\""));
     /* the client sends it in its hello */

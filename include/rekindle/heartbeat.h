@@ -113,7 +113,8 @@ typedef enum rk_hb_restore {
     RK_HB_RESTORE_UNSAID = 0, /* absent */
     RK_HB_RESTORE_NONE,       /* "none": a fresh start (no snapshot, no checkpoint) */
     RK_HB_RESTORE_DISK,       /* "disk": a checkpoint on disk */
-    RK_HB_RESTORE_MEMORY      /* "memory": the node's snapshot (rekindle/snap.h) */
+    RK_HB_RESTORE_MEMORY,     /* "memory": the node's snapshot (rekindle/snap.h) */
+    RK_HB_RESTORE_PEER        /* "peer": a rank kept in place sent its state (docs/recovery.md) */
 } rk_hb_restore;
 
 typedef struct rk_hb_msg {

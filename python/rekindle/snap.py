@@ -14,10 +14,13 @@ and that verifies, never a mix. Every directory is opened without following a li
 0700 and ours; a generation must be a regular file, opened without following a link.
 """
 
+import errno
 import itertools
 import os
 import stat
+import struct
 import tempfile
+import zlib
 
 from ._ckptfile import (
     CheckpointError,
@@ -34,8 +37,8 @@ from ._ckptfile import (
 __all__ = [
     "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "MEMAVAIL_ENV", "PARENT_DEFAULT",
     "SnapshotError",
-    "SnapshotMissing", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "make_dir",
-    "name_step", "pin", "put", "raw", "remove_dir", "room", "steps",
+    "SnapshotMissing", "RngSlot", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "make_dir",
+    "name_step", "pin", "put", "raw", "remove_dir", "rng_slot_name", "rng_slot_read", "room", "steps",
 ]  # fmt: skip
 
 PARENT_DEFAULT = "/dev/shm"
@@ -268,6 +271,122 @@ def remove_dir(dir):
     except OSError as e:
         raise SnapshotError(f"{_show(dir, 400)}: cannot remove: {e.strerror} (a file not made by "
                             "the snapshot store is left)") from None
+
+
+# ---- a rank's RNG slot (recovery in place) -------------------------------------------------
+
+RNG_SLOT_BYTES = 16384  # one slot: a header and the RNG states (torch's CPU state is 5,056 bytes)
+_RNG_MAGIC = b"RKRNGSL1"
+_RNG_HEAD = struct.Struct("<8sqqqIII")  # magic, step, launch, serial, torch bytes, cuda bytes, crc32
+
+
+def rng_slot_name(rank):
+    """"rng-rank-<R>": the file in the job's cache (DIR/cache) that holds rank R's RNG slots."""
+    return "rng-" + _rank_name(rank)
+
+
+def _cache_fd(dir, make):
+    """(fd of DIR/cache, its label): made (0700) when `make` and missing; checked as the rank
+    directories are (a real directory, ours, 0700)."""
+    dir, jfd = _job_fd(dir)
+    what = f"{_show(dir, 400)}/{CACHE_NAME}"
+    try:
+        if make:
+            try:
+                os.mkdir(CACHE_NAME, 0o700, dir_fd=jfd)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise _os_error(e, f"{what}: cannot create") from None
+        return _open_checked(CACHE_NAME, what, dir_fd=jfd), what
+    finally:
+        os.close(jfd)
+
+
+class RngSlot:
+    """A rank's RNG states of its newest step attempts, written at each attempt's start (a
+    pwrite of a few KiB into a tmpfs: microseconds), so that the rank replaced in place after it
+    died can take its own RNG states of the step the survivors kept (docs/recovery.md, "Healed
+    from the survivors"). Two slots, by the step's parity: a rank killed in the middle of a
+    write leaves the other slot whole, and a torn slot fails its CRC. Each slot names its step
+    and the writer's launch and attempt serial, which the reader must match."""
+
+    def __init__(self, dir, rank):
+        name = rng_slot_name(rank)
+        cfd, what = _cache_fd(dir, make=True)
+        self.label = f"{what}/{name}"
+        try:
+            try:
+                self.fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                                  0o600, dir_fd=cfd)
+            except OSError as e:
+                try:
+                    st = os.stat(name, dir_fd=cfd, follow_symlinks=False)
+                except OSError:
+                    raise _os_error(e, f"{self.label}: cannot open") from None
+                raise SnapshotError(f"{self.label}: is {kind_name(st.st_mode)}, not a regular file") from None
+        finally:
+            os.close(cfd)
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            os.close(self.fd)
+            self.fd = -1
+            raise SnapshotError(f"{self.label}: not a regular file of this user with one link")
+
+    def write(self, step, launch, serial, torch_state, cuda_state=b""):
+        """Slot step % 2 holds these states (bytes) of `step`. ValueError when they do not fit a
+        slot; OSError when the write fails."""
+        n = len(torch_state) + len(cuda_state)
+        if _RNG_HEAD.size + n > RNG_SLOT_BYTES:
+            raise ValueError(f"{self.label}: RNG states of {n} bytes do not fit a slot of {RNG_SLOT_BYTES}")
+        head = _RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, len(torch_state), len(cuda_state), 0)
+        crc = zlib.crc32(cuda_state, zlib.crc32(torch_state, zlib.crc32(head)))
+        buf = b"".join((_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, len(torch_state), len(cuda_state), crc),
+                        torch_state, cuda_state))
+        if os.pwrite(self.fd, buf, (step % 2) * RNG_SLOT_BYTES) != len(buf):
+            raise OSError(errno.ENOSPC, f"{self.label}: short write")
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def rng_slot_read(dir, rank, step, launch, serial):
+    """(torch state, cuda state) (bytes) that rank `rank` wrote for `step` in launch `launch` as
+    attempt `serial`; SnapshotMissing when its slot holds another step or attempt (or there is
+    none), SnapshotError when it is not a regular file or fails its CRC (a torn write)."""
+    name = rng_slot_name(rank)
+    cfd, what = _cache_fd(dir, make=False)
+    L = f"{what}/{name}"
+    try:
+        fd = _open_nofollow(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                            cfd, L, "no RNG slot", "not a regular file")
+    finally:
+        os.close(cfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SnapshotError(f"{L}: not a regular file")
+        buf = os.pread(fd, RNG_SLOT_BYTES, (step % 2) * RNG_SLOT_BYTES)  # bounded: one slot
+    except OSError as e:
+        raise _os_error(e, f"{L}: cannot read") from None
+    finally:
+        os.close(fd)
+    if len(buf) < _RNG_HEAD.size:
+        raise SnapshotMissing(f"{L}: no slot of step {step}")
+    magic, s, la, se, nt, nc, crc = _RNG_HEAD.unpack_from(buf)
+    if magic != _RNG_MAGIC:
+        raise SnapshotError(f"{L}: slot {step % 2} is not an RNG slot")
+    if (s, la, se) != (step, launch, serial):
+        raise SnapshotMissing(f"{L}: slot {step % 2} holds step {s} (launch {la}, attempt {se}), not step {step} "
+                              f"(launch {launch}, attempt {serial})")
+    end = _RNG_HEAD.size + nt + nc
+    if end > len(buf):
+        raise SnapshotError(f"{L}: slot {step % 2} says {nt + nc} bytes of states: more than a slot holds")
+    head = _RNG_HEAD.pack(magic, s, la, se, nt, nc, 0)
+    if zlib.crc32(buf[_RNG_HEAD.size:end], zlib.crc32(head)) != crc:
+        raise SnapshotError(f"{L}: slot {step % 2} (step {step}) fails its CRC: a torn write")
+    return bytes(buf[_RNG_HEAD.size:_RNG_HEAD.size + nt]), bytes(buf[_RNG_HEAD.size + nt:end])
 
 
 # ---- one rank -----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ STORAGE_ERRNOS = frozenset(
 LINE_MAX = 4096  # bytes per line, newline included
 DETAIL_MAX = 512  # bytes of an event's detail
 DEVICE_MAX = 63  # bytes of hello's device
-RESTORES = ("memory", "disk", "none")  # hello's optional restore
+RESTORES = ("memory", "peer", "disk", "none")  # hello's optional restore
 STEP_MAX = 1 << 53  # highest step and lost_steps
 RANK_MAX = 65535
 WORLD_MAX = 65536
@@ -377,7 +377,8 @@ class Worker:
     def hello(self, step=0, restore=None, rejoin=False):
         """Connect (when RK_HEARTBEAT is set) and say hello from `step` (0, or the step of the
         checkpoint resumed from). `restore`, optional: where that state came from, "memory",
-        "disk" or "none" (docs/protocol.md; None: not said). `rejoin`: the rank can leave its
+        "peer" (recovery in place: a rank kept sent it), "disk" or "none" (docs/protocol.md; None:
+        not said). `rejoin`: the rank can leave its
         process group and join a new one on a rejoin command (recovery in place). A supervisor that cannot be
         reached makes the worker lost (alive() is False): the job went with it. Once only."""
         if restore is not None and restore not in RESTORES:

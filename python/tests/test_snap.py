@@ -329,6 +329,49 @@ class TestStore(unittest.TestCase):
         snap.remove_dir(self.d)
         self.assertFalse(os.path.exists(self.d))
 
+    def test_rng_slots_two_by_parity_keyed_and_torn_writes_refused(self):
+        w = snap.RngSlot(self.d, 2)
+        self.addCleanup(w.close)
+        path = os.path.join(self.d, snap.CACHE_NAME, snap.rng_slot_name(2))
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode), 0o700)
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+        with self.assertRaises(snap.SnapshotMissing):  # nothing written yet
+            snap.rng_slot_read(self.d, 2, 7, 1, 9)
+        w.write(7, 1, 9, b"torch-7" * 700, b"cuda7")
+        w.write(8, 1, 10, b"torch-8" * 700)
+        self.assertEqual(snap.rng_slot_read(self.d, 2, 7, 1, 9), (b"torch-7" * 700, b"cuda7"))
+        self.assertEqual(snap.rng_slot_read(self.d, 2, 8, 1, 10), (b"torch-8" * 700, b""))
+        # another step, launch or attempt in the slot: missing, named
+        for step, launch, serial in ((9, 1, 9), (7, 2, 9), (7, 1, 11)):
+            with self.assertRaisesRegex(snap.SnapshotMissing, "holds step 7 .launch 1, attempt 9."):
+                snap.rng_slot_read(self.d, 2, step, launch, serial)
+        w.write(9, 1, 11, b"torch-9" * 700)  # slot 1 again: step 7 is gone, step 8 stays
+        with self.assertRaises(snap.SnapshotMissing):
+            snap.rng_slot_read(self.d, 2, 7, 1, 9)
+        self.assertEqual(snap.rng_slot_read(self.d, 2, 8, 1, 10)[0], b"torch-8" * 700)
+        flip(path, 40 + 100)  # a byte of step 8's states (slot 0): a torn write
+        with self.assertRaisesRegex(snap.SnapshotError, "fails its CRC"):
+            snap.rng_slot_read(self.d, 2, 8, 1, 10)
+        with self.assertRaisesRegex(ValueError, "do not fit"):
+            w.write(10, 1, 12, b"x" * snap.RNG_SLOT_BYTES)
+        # never through a link, never another kind of file; none for another rank
+        os.unlink(path)
+        os.symlink(self.d + ".elsewhere", path)
+        with self.assertRaises(snap.SnapshotError):
+            snap.rng_slot_read(self.d, 2, 9, 1, 11)
+        with self.assertRaises(snap.SnapshotError):
+            snap.RngSlot(self.d, 2)
+        os.unlink(path)
+        os.mkfifo(path, 0o600)
+        with self.assertRaisesRegex(snap.SnapshotError, "not a regular file"):
+            snap.rng_slot_read(self.d, 2, 9, 1, 11)
+        os.unlink(path)
+        with self.assertRaises(snap.SnapshotMissing):
+            snap.rng_slot_read(self.d, 3, 9, 1, 11)
+        snap.RngSlot(self.d, 2).close()  # the cache goes with the directory
+        snap.remove_dir(self.d)
+        self.assertFalse(os.path.exists(self.d))
+
     def test_remove_takes_the_cache_and_never_follows_its_links(self):
         put(self.d, 0, 1)
         cache = os.path.join(self.d, snap.CACHE_NAME)

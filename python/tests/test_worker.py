@@ -317,20 +317,23 @@ class TestSupervised(unittest.TestCase):
         sup = Sup(self)
         with self.assertRaises(ValueError):
             rekindle.Worker(env=env_for(sup)).hello(3, restore="ram")
-        w = rekindle.Worker(env=env_for(sup))
-        w.hello(3, restore="memory")
-        sup.accept()
-        self.addCleanup(w.close)
-        raw = sup.raw_lines(1)[0]
-        self.assertEqual(json.loads(raw)["restore"], "memory", raw)
-        if rktest.librekindle() is not None:  # rk run's parser reads it back
-            lib = ctypes.CDLL(rktest.librekindle())
-            lib.rk_hb_msg_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
-                                            ctypes.POINTER(RkHbMsg), ctypes.POINTER(RkErr)]
-            m, e = RkHbMsg(), RkErr()
-            line = raw.rstrip(b"\n")
-            self.assertEqual(lib.rk_hb_msg_parse(line, len(line), ctypes.byref(m), ctypes.byref(e)), 0)
-            self.assertEqual((m.step, m.restore), (3, 3))  # RK_HB_RESTORE_MEMORY
+        # RK_HB_RESTORE_MEMORY, RK_HB_RESTORE_PEER
+        for word, code in (("memory", 3), ("peer", 4)):
+            sup = Sup(self)
+            w = rekindle.Worker(env=env_for(sup))
+            w.hello(3, restore=word)
+            sup.accept()
+            self.addCleanup(w.close)
+            raw = sup.raw_lines(1)[0]
+            self.assertEqual(json.loads(raw)["restore"], word, raw)
+            if rktest.librekindle() is not None:  # rk run's parser reads it back
+                lib = ctypes.CDLL(rktest.librekindle())
+                lib.rk_hb_msg_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.POINTER(RkHbMsg), ctypes.POINTER(RkErr)]
+                m, e = RkHbMsg(), RkErr()
+                line = raw.rstrip(b"\n")
+                self.assertEqual(lib.rk_hb_msg_parse(line, len(line), ctypes.byref(m), ctypes.byref(e)), 0)
+                self.assertEqual((m.step, m.restore), (3, code))
 
     def test_hello_refuses_a_bad_device(self):
         sup = Sup(self)

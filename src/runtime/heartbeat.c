@@ -89,9 +89,9 @@ const char *rk_hb_type_name(rk_hb_type t)
 }
 
 /* hello's "restore", by rk_hb_restore (UNSAID: the field is absent). */
-static const char *const k_restores[] = {"", "none", "disk", "memory"};
+static const char *const k_restores[] = {"", "none", "disk", "memory", "peer"};
 #define NRESTORES (sizeof k_restores / sizeof k_restores[0])
-#define RESTORE_WANT "\"memory\", \"disk\" or \"none\""
+#define RESTORE_WANT "\"memory\", \"peer\", \"disk\" or \"none\""
 
 const char *rk_hb_restore_name(rk_hb_restore r)
 {

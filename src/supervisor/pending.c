@@ -61,7 +61,12 @@ static void say_restore(const sup *s, rk_incident *i, int64_t resumed_from)
                        : s->restore == RK_HB_RESTORE_NONE ? "nothing (a fresh start)"
                                                           : NULL;
     size_t n = strlen(i->detail);
-    if (from && n < sizeof i->detail && strcmp(i->action, "in_place") == 0)
+    if (s->restore == RK_HB_RESTORE_PEER && n < sizeof i->detail)
+        snprintf(i->detail + n, sizeof i->detail - n,
+                 "; healed at step %lld: the ranks kept their state in memory and the "
+                 "replacement took theirs (only the step in flight lost)",
+                 (long long)resumed_from);
+    else if (from && n < sizeof i->detail && strcmp(i->action, "in_place") == 0)
         snprintf(i->detail + n, sizeof i->detail - n,
                  "; every rank (the replacement and the ranks kept) resumed from %s at step %lld",
                  from, (long long)resumed_from);

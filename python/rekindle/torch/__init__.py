@@ -54,7 +54,7 @@ from rekindle import ckpt as _ckpt
 from rekindle import inject as _inject
 from rekindle import worker as _worker
 from rekindle.torch._checkpoint import _Checkpoints
-from rekindle.torch._hook import _comm_hook, reduce_in
+from rekindle.torch._hook import _comm_hook, guard_buffer_sync, reduce_in
 from rekindle.torch._inplace import _InPlace, _Rejoined
 from rekindle.torch._memory import _Memory
 from rekindle.torch._state import _hash_tensors, _optim_tensors, params_hash, state_hash
@@ -303,6 +303,7 @@ class Job(_Checkpoints, _Memory, _InPlace):
             if self.world > 1 and getattr(model, "will_sync_module_buffers", lambda: False)():
                 # the forward starts with a collective of its own (the buffers' broadcast)
                 model.register_forward_pre_hook(lambda mod, inputs: me() and me()._comm())
+                guard_buffer_sync(me, model)  # a peer that dies in it: recovery in place
                 # each rank's forward leaves its own batch's statistics in the buffers; the
                 # next forward overwrites them with rank 0's: they are no replica's state
                 self._hash_buffers = False
@@ -314,7 +315,10 @@ class Job(_Checkpoints, _Memory, _InPlace):
         self._inplace_init()
         if self.resume and self.ckpt_dir:
             _worker.trace_phase("worker.resume")
-            if not (self._mem_dir and self._mem_resume()):  # the node's snapshot first, if as new
+            if self._rejoin_ok and self._replacement:  # the survivors' state, else the node's snapshot
+                if not self._heal():
+                    self._resume()
+            elif not (self._mem_dir and self._mem_resume()):  # the node's snapshot first, if as new
                 self._resume()
             _worker.trace_phase("worker.resumed")
         if self._rejoin_ok and self._replacement:  # a replacement: the survivors' last collective
@@ -607,6 +611,11 @@ class Job(_Checkpoints, _Memory, _InPlace):
         if r is None:
             return
         self._restore_next = None
+        self._put_back(r)
+
+    def _put_back(self, r):
+        """What a redo or a rollback puts back (_restore_next's): the RNG states, the buffers,
+        the optimiser's hyperparameters, the scheduler."""
         self._restore_rng(r["rng"])
         if r.get("bufs"):
             with torch.no_grad():
@@ -647,6 +656,8 @@ class Job(_Checkpoints, _Memory, _InPlace):
         self._serial += 1
         self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
         self._step_rng = self._capture_rng(cheap=True)
+        if self._slot is not None:  # recovery in place: a replacement of this rank takes them
+            self._slot_put()
         # the loop may step a scheduler or set a learning rate after job.step(): a redo puts
         # them back
         self._step_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]

@@ -20,6 +20,31 @@ _Future = torch._C.Future
 _set_result = torch._C.Future.set_result
 
 
+def guard_buffer_sync(state, ddp):
+    """DDP's broadcast of the module buffers (BatchNorm's statistics) at each forward's start
+    is a collective of its own, outside the communication hook: under recovery in place a peer
+    that died there would raise out of the script's forward. This wraps it (an attribute of the
+    DDP object, kept when a rejoin makes the object anew): the error is the step's `_broken`,
+    the forward goes on with this rank's buffers, the hook skips the all-reduces and job.step()
+    rejoins; without recovery in place it raises as before."""
+    cls_sync = type(ddp)._sync_module_buffers
+    model = weakref.ref(ddp)  # the DDP object holds this function: no cycle through it
+
+    def sync(authoritative_rank):
+        job = state()
+        if job is not None and job._broken is not None:
+            return None  # a peer died in this step already
+        try:
+            return cls_sync(model(), authoritative_rank)
+        except RuntimeError as e:
+            if job is None or not job._rejoin_ok:
+                raise
+            job._broken = e
+            return None
+
+    ddp._sync_module_buffers = sync
+
+
 def _comm_hook(state, bucket):
     """DDP communication hook: the `comm` heartbeat before the first bucket's all-reduce, the
     gradflip fault, each rank's gradient norm before the all-reduce, and (with the last

@@ -7,18 +7,25 @@ the new group, whose internals then replace the old one's), restores the agreed 
 node's snapshot with every rank (the relaunch's _mem_resume, collective) and goes on from
 there. A mixin of Job (its attributes); relies on _Memory and the comm hook."""
 
+import copy
 import gc
 import os
+import random
 import socket
 import sys
 import time
 import weakref
 
+import numpy as np
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as _DDP
 
+from rekindle import ckpt as _ckpt
+from rekindle import snap as _snap
 from rekindle import worker as _worker
 from rekindle.torch._hook import _comm_hook
+from rekindle.torch._state import _item
 
 _REJOIN_WAIT_S = 30.0  # how long a survivor waits for rk run's rejoin command
 _EPOCH_ENV = "RK_REJOIN_EPOCH"  # set for a replacement: the epoch of the group it joins
@@ -63,6 +70,146 @@ class _InPlace:
             os.environ.get("RK_REJOIN") == "1" and self.distributed and self.world > 1
             and isinstance(self.model, _DDP) and dist.get_backend() == "gloo" and self._mem_dir
             and self.w.heartbeat)
+        self._slot = None  # this rank's RNG slot (rekindle.snap.RngSlot), written at each attempt
+        self._healed = None  # the survivor whose state the last heal sent (None: not healed)
+        if self._rejoin_ok:
+            try:
+                self._slot = _snap.RngSlot(self._mem_dir, self.rank)
+            except (_ckpt.CheckpointError, OSError) as e:
+                self._say(f"no RNG slot ({e}): a replacement of this rank restores the node's snapshot")
+
+    def _slot_put(self):
+        """At an attempt's start: this rank's RNG states of the step into its slot (a few us)."""
+        st = self._step_rng
+        try:
+            self._slot.write(self.step_no, self.w.launch, self._serial, st["torch"].numpy().tobytes(),
+                             st["cuda"].numpy().tobytes() if "cuda" in st else b"")
+        except (OSError, ValueError) as e:
+            self._say(f"RNG slot off ({e}): a replacement of this rank restores the node's snapshot")
+            self._slot.close()
+            self._slot = None
+
+    # ------------------------------------------------------------- healed from the survivors
+
+    def _heal_offer(self):
+        """A survivor's part of the heal's first all-gather (None from a replacement): the step
+        it holds, the attempt whose RNG slot the dead rank must have written for it (this
+        attempt's, or at a boundary the next one's), its launch, its last put's step, and
+        whether it can be a source: it has a put whose numpy and Python RNG states are still
+        its states now (the script draws from neither between steps, so the dead rank's are in
+        its generation of that put)."""
+        if self._replacement:
+            return None
+        mid = self._attempt is not None
+        ok, why = True, ""
+        if self._mem_rng is None:
+            ok, why = False, "no snapshot put by this process yet"
+        else:
+            _, n_then, r_then = self._mem_rng
+            n_now = np.random.get_state()
+            if random.getstate() != r_then or n_now[0] != n_then[0] or not np.array_equal(n_now[1], n_then[1]) \
+                    or tuple(n_now[2:]) != tuple(n_then[2:]):
+                ok, why = False, (f"numpy's or Python's global RNG was drawn from since step {self._mem_rng[0]} "
+                                  "(not in the RNG slots)")
+        return {"step": self.step_no, "serial": self._serial if mid else self._serial + 1, "launch": self.w.launch,
+                "put": self._mem_rng[0] if self._mem_rng else -1, "ok": ok, "why": why}
+
+    def _heal_rng(self, plan):
+        """A replacement's own RNG states of the plan's step: torch's (and CUDA's) from the dead
+        rank's slot, numpy's and Python's from its generation of the survivors' last put. Items
+        named as rank 0's (rng.*), which _apply takes when the rank's own are absent."""
+        t, c = _snap.rng_slot_read(self._mem_dir, self.rank, plan["step"], plan["launch"], plan["serial"])
+        gen = _snap.get(self._mem_dir, self.rank, plan["put"])
+        suffix = "" if self.rank == 0 else f".rank{self.rank}"
+        items = {"rng.torch": _item("rng.torch", torch.frombuffer(bytearray(t), dtype=torch.uint8))}
+        if c:
+            items["rng.cuda"] = _item("rng.cuda", torch.frombuffer(bytearray(c), dtype=torch.uint8))
+        for k in ("numpy", "random"):
+            it = gen.items[f"rng.{k}{suffix}"]
+            items[f"rng.{k}"] = _ckpt.Item(f"rng.{k}", it.dtype, it.shape, bytes(it.data))
+        return items
+
+    def _heal_rewind(self):
+        """A survivor that failed inside a step attempt puts back what the attempt changed (the
+        RNG states, the buffers, the hyperparameters, the scheduler): its state is the step's
+        start, as the source's must be."""
+        if self._attempt is None:
+            return
+        self._redo()
+        self._put_back(self._restore_next)
+
+    def _heal(self):
+        """Collective, on every rank once the new group formed (the survivors in _rejoin, the
+        replacement in Job.__init__). The survivors keep their state and the replacement takes
+        it from the lowest survivor (its model, optimiser, scheduler and guard window, sent as
+        the bytes of a generation and verified), with its own RNG states from the dead rank's
+        slot: the step in flight is all that is lost. When that cannot be (the survivors hold
+        different steps: a collective completed on some; the slot holds another step; the
+        script draws from numpy's or Python's RNG), every rank restores the node's snapshot
+        instead (_mem_resume). True when the state was restored either way."""
+        offers = [None] * self.world
+        self._collective(dist.all_gather_object, offers, self._heal_offer())
+        kept = [(r, o) for r, o in enumerate(offers) if o is not None]
+        plan, why = (kept[0][1] if kept else None), None
+        keys = ("step", "serial", "launch", "put")
+        if not kept:
+            why = "no rank was kept"
+        elif any(not o["ok"] for _, o in kept):
+            why = next(f"rank {r}: {o['why']}" for r, o in kept if not o["ok"])
+        elif not self._hash_buffers and kept[0][0] != 0:
+            # DDP broadcasts rank 0's buffers at each forward: rank 0's own (its batches'
+            # statistics) went with it, and no survivor's are the same
+            why = "rank 0's module buffers (DDP broadcasts them at each forward) went with it"
+        elif any(tuple(o[k] for k in keys) != tuple(plan[k] for k in keys) for _, o in kept):
+            why = "the ranks kept hold different steps: " + ", ".join(f"rank {r} step {o['step']}" for r, o in kept)
+        rng = None
+        if why is None:
+            mine = None
+            if self._replacement:
+                try:
+                    rng = self._heal_rng(plan)
+                except (_ckpt.CheckpointError, OSError, KeyError) as e:
+                    mine = str(e)
+            whys = [None] * self.world
+            self._collective(dist.all_gather_object, whys, mine)
+            why = next((f"rank {r}: {w}" for r, w in enumerate(whys) if w), None)
+        if why is None:
+            src, step = kept[0][0], plan["step"]
+            if not self._replacement:
+                self._heal_rewind()
+            buf = None
+            if self.rank == src:
+                try:
+                    hdr, views = _ckpt.encode(step, self._items([]), epoch=self.epoch, cursor=self.cursor,
+                                              world_size=self.world, config=self._ckpt_config(),
+                                              label=f"rank {src}'s state of step {step}")
+                    buf = bytearray(hdr)
+                    for v in views:
+                        buf += memoryview(v).cast("B")
+                except _ckpt.CheckpointError as e:
+                    self._say(f"cannot send the state of step {step} to the replacement: {e}")
+            buf = self._bcast_bytes(src, buf, self._replacement)
+            mine = None if buf is not None else f"rank {src} sent nothing"
+            if buf is not None and self._replacement:
+                try:
+                    ck = _snap.from_bytes(buf, step, f"rank {src}'s state of step {step}, sent by it")
+                    ck.items.update(rng)
+                    self._apply(ck)
+                    self.restored_from = "peer"
+                except (_ckpt.CheckpointError, KeyError, ValueError, RuntimeError) as e:
+                    mine = str(e)
+            whys = [None] * self.world
+            self._collective(dist.all_gather_object, whys, mine)
+            why = next((f"rank {r}: {w}" for r, w in enumerate(whys) if w), None)
+            if why is None:
+                self.start_step = self._saved_step = step
+                self._mem_last = self._mem_next = step
+                self._healed = src
+                return True
+        if self.rank == (kept[0][0] if kept else 0):
+            self._say(f"not healed from the ranks kept ({why}): every rank restores the node's snapshot")
+        self._healed = None
+        return self._mem_resume()
 
     def _rejoin_sync(self):
         """The last collective of a rejoin, on every rank (survivors and the replacement): the
@@ -70,12 +217,13 @@ class _InPlace:
         replacement never times nor broadcasts its own), and so is whether rk run writes the
         checkpoints (a disk checkpoint is written the same way on every rank)."""
         mine = {"survivor": not self._replacement, "every": self._mem_every, "timed": self._mem_timed,
-                "snap_save": self._snap_save}
+                "snap_save": self._snap_save, "serial": self._serial}
         every = [None] * self.world
         dist.all_gather_object(every, mine)
         first = next((x for x in every if x["survivor"]), mine)
         self._mem_every, self._mem_timed = first["every"], first["timed"]
         self._snap_save = first["snap_save"]
+        self._serial = first["serial"]  # the attempts' count, which the RNG slots are keyed by
         self._mem_next = self.step_no  # the restored step is put again, on every rank
 
     def _rejoin(self, exc):
@@ -110,11 +258,12 @@ class _InPlace:
         t0 = time.monotonic()
         _worker.trace_phase("py.rejoin")  # RK_TRACE_LAUNCH: the rejoin command is here
         was = self.step_no
+        mid = self._attempt is not None  # in job.step(): the loop's code after it runs next
         self._rejoining = True
         try:
             self._rejoin_group(r["port"], backend, kw)
             _worker.trace_phase("py.grouped")  # the new group formed: the replacement is in it
-            restored = self._mem_resume()
+            restored = self._heal()
         except Exception as e:  # noqa: BLE001 - any failure here ends the rank as a comm failure
             self._rejoin_failed(f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: "
                                 f"{' '.join(str(e).split())[:200]}")
@@ -126,9 +275,15 @@ class _InPlace:
             self._rejoin_failed(f"rejoin {r['epoch']}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
         self._rejoining = False
         self._rejoin_reset()
+        if mid:
+            # job.step() returns to the loop, whose code after it (a scheduler's step, a learning
+            # rate it sets) belongs to the step not applied: put back at the next attempt's start
+            self._restore_next = self._held_now()
         _worker.trace_phase("py.rejoined")
+        how = (f"kept its state, the replacement took rank {self._healed}'s" if self._healed is not None
+               else "restored from the node's snapshot")
         self._say(f"rejoined in place (epoch {r['epoch']}, port {r['port']}) in {time.monotonic() - t0:.3f} s: "
-                  f"step {was} -> {self.step_no}, restored from the node's snapshot")
+                  f"step {was} -> {self.step_no}, {how}")
 
     def _leave_group(self, exc):
         """Drops every reference this process holds to the old group (the registry's, the
@@ -166,13 +321,27 @@ class _InPlace:
         if self.rank != 0:  # rank 0 makes the store: not a second lost to the client's retry
             await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port)
         dist.init_process_group(backend, rank=self.rank, world_size=self.world)
-        new = _DDP(self.module, **kw)
+        # the constructor broadcasts rank 0's parameters and buffers: a replacement's initial
+        # ones when rank 0 is the one replaced; this rank's own come back after (the heal sends
+        # them to the replacement)
+        with torch.no_grad():
+            held = [t.detach().clone() for t in self.module.state_dict().values()]
+            new = _DDP(self.module, **kw)
+            for t, h in zip(self.module.state_dict().values(), held):
+                t.copy_(h)
+        del held
         hooks = {k: v for k, v in ddp.__dict__.items() if k.endswith("hooks")}
         ddp.__dict__.update({k: v for k, v in new.__dict__.items() if not k.endswith("hooks")})
         ddp.__dict__.update(hooks)
         del new
         ddp.register_comm_hook(weakref.ref(self), _comm_hook)
         self._pg = ddp.process_group
+
+    def _held_now(self):
+        """The state a redo would put back, taken now (a _restore_next)."""
+        return {"rng": self._capture_rng(), "bufs": [b.detach().clone() for b in self._buffers],
+                "groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in self.opt.param_groups],
+                "sched": copy.deepcopy(self.scheduler.state_dict()) if self.scheduler is not None else None}
 
     def _rejoin_reset(self):
         """A survivor's Job state as a replacement's is after its resume: no verified snapshot,

@@ -65,6 +65,8 @@ class _Memory:
         self._mem_step_s = 0.0  # the fastest step before a timed put
         self._mem_room = False
         self._mem_refused = None  # (step, why): the store refused this rank's put of that step
+        self._mem_rng = None  # (step, numpy state, Python state) of this rank's last put
+        self._mem_rng_now = None
         self._last_step_s = 0.0
         # rk run writes the disk checkpoints from the snapshots (RK_CKPT_FROM_SNAP=1: it keeps
         # them in a directory of its host); off for good once a rank's puts are (agreed)
@@ -103,6 +105,7 @@ class _Memory:
         (rng.*), every other rank its own RNG states (rng.*.rank<R>); each with its replica
         hash (guard.state_hash), which a resume compares."""
         rng = self._capture_rng()
+        self._mem_rng_now = rng  # the put's numpy and Python states: a heal checks them (_inplace.py)
         items = self._items([rng]) if self.rank == 0 else self._rng_items(rng, f".rank{self.rank}")
         h = self._mem_hash()
         items.append(_ckpt.Item(_HASH_ITEM, "I64", (), struct.pack("<q", h - (1 << 64) if h >= 1 << 63 else h)))
@@ -145,6 +148,7 @@ class _Memory:
                     _snap.put(self._mem_dir, self.rank, self.step_no, items, epoch=self.epoch, cursor=self.cursor,
                               world_size=self.world, config=self._ckpt_config())
                     took = time.monotonic() - t0
+                    self._mem_rng = (self.step_no, self._mem_rng_now["numpy"], self._mem_rng_now["random"])
                 except _ckpt.NonFiniteError as e:  # the store's rule: this step is not put, the next may be
                     self._mem_refused = (self.step_no, str(e))
                     self._say(f"snapshot of step {self.step_no} refused: {e}")
@@ -214,27 +218,17 @@ class _Memory:
         hosts the ranks on other nodes than rank 0's have no copy of it); a rank with `far`
         keeps it once it verifies. (bad, ck): bad the first rank that could not (None: none),
         ck the verified generation (on a rank with `far`)."""
-        buf, n = None, -1
+        buf = None
         if self.rank == 0:
             try:
                 buf = _snap.raw(self._mem_dir, 0, step)
-                n = len(buf)
             except (_ckpt.CheckpointError, OSError) as e:
                 self._say(f"snapshot of step {step}: cannot send it to the ranks on other nodes: {e}")
-        box = [n]
-        self._collective(dist.broadcast_object_list, box, 0)
-        n = box[0]
-        if n <= 0:
-            return 0, None
+        buf = self._bcast_bytes(0, buf, far)
         if buf is None:
-            buf = bytearray(n)
-        t = torch.frombuffer(buf, dtype=torch.uint8)  # the broadcast fills buf in place on the CPU
-        on = t if self.device.type == "cpu" else t.to(self.device)
-        self._collective(dist.broadcast, on, 0)
+            return 0, None
         ck, why = None, None
         if far:
-            if on is not t:
-                t.copy_(on.cpu())
             try:
                 ck = _snap.from_bytes(buf, step, f"rank 0's snapshot of step {step}, sent by rank 0")
             except _ckpt.CheckpointError as e:
@@ -243,6 +237,24 @@ class _Memory:
         oks = [None] * self.world
         self._collective(dist.all_gather_object, oks, why is None)
         return next((r for r, ok in enumerate(oks) if not ok), None), ck
+
+    def _bcast_bytes(self, root, buf, want=True):
+        """`buf` (a bytearray, or None: nothing to send) broadcast from rank `root` (its length
+        first, then its bytes): the bytes on every rank (on a GPU, copied back only where they
+        are `want`ed), None on every rank when the root had nothing."""
+        box = [len(buf) if self.rank == root and buf is not None else -1]
+        self._collective(dist.broadcast_object_list, box, root)
+        n = box[0]
+        if n <= 0:
+            return None
+        if buf is None or self.rank != root:
+            buf = bytearray(n)
+        t = torch.frombuffer(buf, dtype=torch.uint8)  # the broadcast fills buf in place on the CPU
+        on = t if self.device.type == "cpu" else t.to(self.device)
+        self._collective(dist.broadcast, on, root)
+        if want and on is not t:
+            t.copy_(on.cpu())
+        return buf
 
     def _mem_take(self, step, head, ck):
         """Every rank's part of restoring `step`, which rank 0 verified (its generation `ck` on
