@@ -156,22 +156,27 @@ def _job_fd(dir):
     return dir, _open_checked(dir, _show(dir, 400))
 
 
-def _rank_fd(dir, rank, make=False):
-    """(fd of DIR/rank-<R>, its label); SnapshotMissing if it (or DIR) does not exist."""
+def _sub_fd(dir, name, make):
+    """(fd of DIR/<name>, its label): made (0700) when `make` and missing; checked (a real
+    directory, ours, 0700); SnapshotMissing if it (or DIR) does not exist."""
     dir, jfd = _job_fd(dir)
-    rname = _rank_name(rank)
-    what = f"{_show(dir, 400)}/{rname}"
+    what = f"{_show(dir, 400)}/{name}"
     try:
         if make:
             try:
-                os.mkdir(rname, 0o700, dir_fd=jfd)
+                os.mkdir(name, 0o700, dir_fd=jfd)
             except FileExistsError:
                 pass
             except OSError as e:
                 raise _os_error(e, f"{what}: cannot create") from None
-        return _open_checked(rname, what, dir_fd=jfd), what
+        return _open_checked(name, what, dir_fd=jfd), what
     finally:
         os.close(jfd)
+
+
+def _rank_fd(dir, rank, make=False):
+    """(fd of DIR/rank-<R>, its label); SnapshotMissing if it (or DIR) does not exist."""
+    return _sub_fd(dir, _rank_name(rank), make)
 
 
 def check_dir(dir):
@@ -285,24 +290,6 @@ def rng_slot_name(rank):
     return "rng-" + _rank_name(rank)
 
 
-def _cache_fd(dir, make):
-    """(fd of DIR/cache, its label): made (0700) when `make` and missing; checked as the rank
-    directories are (a real directory, ours, 0700)."""
-    dir, jfd = _job_fd(dir)
-    what = f"{_show(dir, 400)}/{CACHE_NAME}"
-    try:
-        if make:
-            try:
-                os.mkdir(CACHE_NAME, 0o700, dir_fd=jfd)
-            except FileExistsError:
-                pass
-            except OSError as e:
-                raise _os_error(e, f"{what}: cannot create") from None
-        return _open_checked(CACHE_NAME, what, dir_fd=jfd), what
-    finally:
-        os.close(jfd)
-
-
 class RngSlot:
     """A rank's RNG states of its newest step attempts, written at each attempt's start (a
     pwrite of a few KiB into a tmpfs: microseconds), so that the rank replaced in place after it
@@ -313,7 +300,7 @@ class RngSlot:
 
     def __init__(self, dir, rank):
         name = rng_slot_name(rank)
-        cfd, what = _cache_fd(dir, make=True)
+        cfd, what = _sub_fd(dir, CACHE_NAME, True)
         self.label = f"{what}/{name}"
         try:
             try:
@@ -357,7 +344,7 @@ def rng_slot_read(dir, rank, step, launch, serial):
     attempt `serial`; SnapshotMissing when its slot holds another step or attempt (or there is
     none), SnapshotError when it is not a regular file or fails its CRC (a torn write)."""
     name = rng_slot_name(rank)
-    cfd, what = _cache_fd(dir, make=False)
+    cfd, what = _sub_fd(dir, CACHE_NAME, False)
     L = f"{what}/{name}"
     try:
         fd = _open_nofollow(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,

@@ -152,7 +152,9 @@ class _InPlace:
         kept = [(r, o) for r, o in enumerate(offers) if o is not None]
         plan, why = (kept[0][1] if kept else None), None
         keys = ("step", "serial", "launch", "put")
-        if not kept:
+        if os.environ.get("RK_HEAL") == "0":  # for A/B benches: the snapshot always
+            why = "RK_HEAL=0"
+        elif not kept:
             why = "no rank was kept"
         elif any(not o["ok"] for _, o in kept):
             why = next(f"rank {r}: {o['why']}" for r, o in kept if not o["ok"])
