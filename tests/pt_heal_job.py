@@ -3,8 +3,7 @@
 torch RNG drawn every step, seeded per rank), AdamW (state of its own), a warm-up scheduler the
 loop steps after every job.step() whether the step was applied or not, BatchNorm (buffers the
 forward changes) and a DataLoader over a synthetic data set. --np-draws: the loop also draws
-from numpy's global RNG every step (a noise level), which no RNG slot holds. --no-bn: no
-BatchNorm.
+from numpy's global RNG every step (a noise level), which no RNG slot holds.
 
 Writes {"hash": params xxh64, "lr": the scheduler's last rate} to --result (rank 0)."""
 import argparse
@@ -27,7 +26,6 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--np-draws", action="store_true")
-    ap.add_argument("--no-bn", action="store_true", help="no BatchNorm (no buffers broadcast at each forward)")
     ap.add_argument("--result")
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -36,8 +34,7 @@ def main():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2048, 16, generator=g)
     y = (x[:, :4].sum(1) > 0).long() + 2 * (x[:, 4:8].sum(1) > 0).long()
-    norm = nn.Identity() if args.no_bn else nn.BatchNorm1d(64)
-    model = nn.Sequential(nn.Linear(16, 64), norm, nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 4))
+    model = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.3), nn.Linear(64, 4))
     ddp = DDP(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 25))

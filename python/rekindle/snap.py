@@ -38,7 +38,7 @@ __all__ = [
     "DIR_ENV", "DIR_PREFIX", "KEEP", "MARGIN_DIV", "MARGIN_MIN", "MEMAVAIL_ENV", "PARENT_DEFAULT",
     "SnapshotError",
     "SnapshotMissing", "RngSlot", "agree", "bytes_held", "check_dir", "file_name", "from_bytes", "get", "make_dir",
-    "name_step", "pin", "put", "raw", "remove_dir", "rng_slot_name", "rng_slot_read", "room", "steps",
+    "name_step", "pin", "put", "raw", "remove_dir", "rng_slot_name", "rng_slot_read", "rng_slot_size", "room", "steps",
 ]  # fmt: skip
 
 PARENT_DEFAULT = "/dev/shm"
@@ -280,9 +280,11 @@ def remove_dir(dir):
 
 # ---- a rank's RNG slot (recovery in place) -------------------------------------------------
 
-RNG_SLOT_BYTES = 16384  # one slot: a header and the RNG states (torch's CPU state is 5,056 bytes)
-_RNG_MAGIC = b"RKRNGSL1"
-_RNG_HEAD = struct.Struct("<8sqqqIII")  # magic, step, launch, serial, torch bytes, cuda bytes, crc32
+RNG_SLOT_BYTES = 16384  # a slot's room for the RNG states (torch's CPU state is 5,056 bytes)
+RNG_SLOT_EXTRA_MAX = 16 << 20  # the most bytes of buffers a slot holds besides
+_RNG_MAGIC = b"RKRNGSL2"
+# magic, step, launch, serial, the slot's size, torch bytes, cuda bytes, buffer bytes, crc32
+_RNG_HEAD = struct.Struct("<8sqqqIIIII")
 
 
 def rng_slot_name(rank):
@@ -290,15 +292,26 @@ def rng_slot_name(rank):
     return "rng-" + _rank_name(rank)
 
 
+def rng_slot_size(extra=0):
+    """The bytes of one slot that holds `extra` bytes of buffers besides the RNG states (writer
+    and reader compute it alike: the reader is the same program's replacement of the rank);
+    ValueError past RNG_SLOT_EXTRA_MAX."""
+    if not 0 <= extra <= RNG_SLOT_EXTRA_MAX:
+        raise ValueError(f"{extra} bytes of buffers: a slot holds at most {RNG_SLOT_EXTRA_MAX}")
+    return -(-(_RNG_HEAD.size + RNG_SLOT_BYTES + extra) // 4096) * 4096
+
+
 class RngSlot:
     """A rank's RNG states of its newest step attempts, written at each attempt's start (a
     pwrite of a few KiB into a tmpfs: microseconds), so that the rank replaced in place after it
     died can take its own RNG states of the step the survivors kept (docs/recovery.md, "Healed
-    from the survivors"). Two slots, by the step's parity: a rank killed in the middle of a
-    write leaves the other slot whole, and a torn slot fails its CRC. Each slot names its step
-    and the writer's launch and attempt serial, which the reader must match."""
+    from the ranks kept"); and, where asked (`extra`: rank 0 of a job whose buffers DDP
+    broadcasts at each forward), its buffers. Two slots, by the step's parity: a rank killed in
+    the middle of a write leaves the other slot whole, and a torn slot fails its CRC. Each slot
+    names its step and the writer's launch and attempt serial, which the reader must match."""
 
-    def __init__(self, dir, rank):
+    def __init__(self, dir, rank, extra=0):
+        self.size = rng_slot_size(extra)
         name = rng_slot_name(rank)
         cfd, what = _sub_fd(dir, CACHE_NAME, True)
         self.label = f"{what}/{name}"
@@ -320,17 +333,18 @@ class RngSlot:
             self.fd = -1
             raise SnapshotError(f"{self.label}: not a regular file of this user with one link")
 
-    def write(self, step, launch, serial, torch_state, cuda_state=b""):
-        """Slot step % 2 holds these states (bytes) of `step`. ValueError when they do not fit a
-        slot; OSError when the write fails."""
-        n = len(torch_state) + len(cuda_state)
-        if _RNG_HEAD.size + n > RNG_SLOT_BYTES:
-            raise ValueError(f"{self.label}: RNG states of {n} bytes do not fit a slot of {RNG_SLOT_BYTES}")
-        head = _RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, len(torch_state), len(cuda_state), 0)
-        crc = zlib.crc32(cuda_state, zlib.crc32(torch_state, zlib.crc32(head)))
-        buf = b"".join((_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, len(torch_state), len(cuda_state), crc),
-                        torch_state, cuda_state))
-        if os.pwrite(self.fd, buf, (step % 2) * RNG_SLOT_BYTES) != len(buf):
+    def write(self, step, launch, serial, torch_state, cuda_state=b"", bufs=b""):
+        """Slot step % 2 holds these states and buffers (bytes) of `step`. ValueError when they
+        do not fit a slot; OSError when the write fails."""
+        n = len(torch_state) + len(cuda_state) + len(bufs)
+        if _RNG_HEAD.size + n > self.size:
+            raise ValueError(f"{self.label}: {n} bytes of RNG states and buffers do not fit a slot of {self.size}")
+        lens = (self.size, len(torch_state), len(cuda_state), len(bufs))
+        crc = zlib.crc32(_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, *lens, 0))
+        for part in (torch_state, cuda_state, bufs):
+            crc = zlib.crc32(part, crc)
+        buf = b"".join((_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, *lens, crc), torch_state, cuda_state, bufs))
+        if os.pwrite(self.fd, buf, (step % 2) * self.size) != len(buf):
             raise OSError(errno.ENOSPC, f"{self.label}: short write")
 
     def close(self):
@@ -339,10 +353,12 @@ class RngSlot:
             self.fd = -1
 
 
-def rng_slot_read(dir, rank, step, launch, serial):
-    """(torch state, cuda state) (bytes) that rank `rank` wrote for `step` in launch `launch` as
-    attempt `serial`; SnapshotMissing when its slot holds another step or attempt (or there is
-    none), SnapshotError when it is not a regular file or fails its CRC (a torn write)."""
+def rng_slot_read(dir, rank, step, launch, serial, extra=0):
+    """(torch state, cuda state, buffers) (bytes) that rank `rank` wrote for `step` in launch
+    `launch` as attempt `serial`, in slots of rng_slot_size(extra); SnapshotMissing when its
+    slot holds another step or attempt (or there is none), SnapshotError when it is not a
+    regular file, was written with another slot size, or fails its CRC (a torn write)."""
+    size = rng_slot_size(extra)
     name = rng_slot_name(rank)
     cfd, what = _sub_fd(dir, CACHE_NAME, False)
     L = f"{what}/{name}"
@@ -354,26 +370,28 @@ def rng_slot_read(dir, rank, step, launch, serial):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise SnapshotError(f"{L}: not a regular file")
-        buf = os.pread(fd, RNG_SLOT_BYTES, (step % 2) * RNG_SLOT_BYTES)  # bounded: one slot
+        buf = os.pread(fd, size, (step % 2) * size)  # bounded: one slot
     except OSError as e:
         raise _os_error(e, f"{L}: cannot read") from None
     finally:
         os.close(fd)
     if len(buf) < _RNG_HEAD.size:
         raise SnapshotMissing(f"{L}: no slot of step {step}")
-    magic, s, la, se, nt, nc, crc = _RNG_HEAD.unpack_from(buf)
+    magic, s, la, se, sz, nt, nc, nb, crc = _RNG_HEAD.unpack_from(buf)
     if magic != _RNG_MAGIC:
         raise SnapshotError(f"{L}: slot {step % 2} is not an RNG slot")
+    if sz != size:
+        raise SnapshotError(f"{L}: slot {step % 2} was written {sz} bytes long, not {size}")
     if (s, la, se) != (step, launch, serial):
         raise SnapshotMissing(f"{L}: slot {step % 2} holds step {s} (launch {la}, attempt {se}), not step {step} "
                               f"(launch {launch}, attempt {serial})")
-    end = _RNG_HEAD.size + nt + nc
+    end = _RNG_HEAD.size + nt + nc + nb
     if end > len(buf):
-        raise SnapshotError(f"{L}: slot {step % 2} says {nt + nc} bytes of states: more than a slot holds")
-    head = _RNG_HEAD.pack(magic, s, la, se, nt, nc, 0)
-    if zlib.crc32(buf[_RNG_HEAD.size:end], zlib.crc32(head)) != crc:
+        raise SnapshotError(f"{L}: slot {step % 2} says {nt + nc + nb} bytes: more than a slot holds")
+    if zlib.crc32(buf[_RNG_HEAD.size:end], zlib.crc32(_RNG_HEAD.pack(magic, s, la, se, sz, nt, nc, nb, 0))) != crc:
         raise SnapshotError(f"{L}: slot {step % 2} (step {step}) fails its CRC: a torn write")
-    return bytes(buf[_RNG_HEAD.size:_RNG_HEAD.size + nt]), bytes(buf[_RNG_HEAD.size + nt:end])
+    a, b = _RNG_HEAD.size + nt, _RNG_HEAD.size + nt + nc
+    return bytes(buf[_RNG_HEAD.size:a]), bytes(buf[a:b]), bytes(buf[b:end])
 
 
 # ---- one rank -----------------------------------------------------------------------------

@@ -656,8 +656,6 @@ class Job(_Checkpoints, _Memory, _InPlace):
         self._serial += 1
         self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
         self._step_rng = self._capture_rng(cheap=True)
-        if self._slot is not None:  # recovery in place: a replacement of this rank takes them
-            self._slot_put()
         # the loop may step a scheduler or set a learning rate after job.step(): a redo puts
         # them back
         self._step_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]
@@ -667,6 +665,8 @@ class Job(_Checkpoints, _Memory, _InPlace):
         # a redo puts them back (they are small)
         if self._buffers:
             self._step_bufs = [b.detach().clone() for b in self._buffers]
+        if self._slot is not None:  # recovery in place: a replacement of this rank takes them
+            self._slot_put()
         cmds = self.w.poll()
         if "stop" in cmds:
             self._stop_local = True

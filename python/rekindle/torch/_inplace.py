@@ -72,18 +72,25 @@ class _InPlace:
             and self.w.heartbeat)
         self._slot = None  # this rank's RNG slot (rekindle.snap.RngSlot), written at each attempt
         self._healed = None  # the survivor whose state the last heal sent (None: not healed)
+        # rank 0's buffers, where DDP broadcasts them at each forward (BatchNorm's statistics:
+        # rank 0's own, which no survivor holds), go in its slot too (the same size on its
+        # replacement, which reads them)
+        nbytes = sum(b.numel() * b.element_size() for b in self._buffers)
+        self._slot_bufs = self.rank == 0 and not self._hash_buffers and 0 < nbytes <= _snap.RNG_SLOT_EXTRA_MAX
+        self._slot_extra = nbytes if self._slot_bufs else 0
         if self._rejoin_ok:
             try:
-                self._slot = _snap.RngSlot(self._mem_dir, self.rank)
+                self._slot = _snap.RngSlot(self._mem_dir, self.rank, self._slot_extra)
             except (_ckpt.CheckpointError, OSError) as e:
                 self._say(f"no RNG slot ({e}): a replacement of this rank restores the node's snapshot")
 
     def _slot_put(self):
         """At an attempt's start: this rank's RNG states of the step into its slot (a few us)."""
         st = self._step_rng
+        bufs = b"".join(b.cpu().contiguous().numpy().tobytes() for b in self._step_bufs) if self._slot_bufs else b""
         try:
             self._slot.write(self.step_no, self.w.launch, self._serial, st["torch"].numpy().tobytes(),
-                             st["cuda"].numpy().tobytes() if "cuda" in st else b"")
+                             st["cuda"].numpy().tobytes() if "cuda" in st else b"", bufs)
         except (OSError, ValueError) as e:
             self._say(f"RNG slot off ({e}): a replacement of this rank restores the node's snapshot")
             self._slot.close()
@@ -116,9 +123,17 @@ class _InPlace:
 
     def _heal_rng(self, plan):
         """A replacement's own RNG states of the plan's step: torch's (and CUDA's) from the dead
-        rank's slot, numpy's and Python's from its generation of the survivors' last put. Items
-        named as rank 0's (rng.*), which _apply takes when the rank's own are absent."""
-        t, c = _snap.rng_slot_read(self._mem_dir, self.rank, plan["step"], plan["launch"], plan["serial"])
+        rank's slot, numpy's and Python's from its generation of the survivors' last put; as
+        items named as rank 0's (rng.*), which _apply takes when the rank's own are absent. And
+        rank 0's buffers from its slot where DDP broadcasts them (bytes; b"" elsewhere)."""
+        if self.rank == 0 and not self._hash_buffers and not self._slot_bufs:
+            raise _ckpt.CheckpointError("rank 0's module buffers (DDP broadcasts them at each forward) are not in "
+                                        f"its slot (more than {_snap.RNG_SLOT_EXTRA_MAX} bytes)")
+        t, c, bufs = _snap.rng_slot_read(self._mem_dir, self.rank, plan["step"], plan["launch"], plan["serial"],
+                                         self._slot_extra)
+        if len(bufs) != self._slot_extra:
+            raise _ckpt.CheckpointError(f"rank 0's slot of step {plan['step']} holds {len(bufs)} bytes of buffers, "
+                                        f"not {self._slot_extra}")
         gen = _snap.get(self._mem_dir, self.rank, plan["put"])
         suffix = "" if self.rank == 0 else f".rank{self.rank}"
         items = {"rng.torch": _item("rng.torch", torch.frombuffer(bytearray(t), dtype=torch.uint8))}
@@ -127,7 +142,16 @@ class _InPlace:
         for k in ("numpy", "random"):
             it = gen.items[f"rng.{k}{suffix}"]
             items[f"rng.{k}"] = _ckpt.Item(f"rng.{k}", it.dtype, it.shape, bytes(it.data))
-        return items
+        return items, bufs
+
+    def _load_bufs(self, data):
+        """The module's buffers from the bytes of a slot (their order, dtypes and shapes)."""
+        off = 0
+        with torch.no_grad():
+            for b in self._buffers:
+                n = b.numel() * b.element_size()
+                b.copy_(torch.frombuffer(bytearray(data[off:off + n]), dtype=b.dtype).view(b.shape))
+                off += n
 
     def _heal_rewind(self):
         """A survivor that failed inside a step attempt puts back what the attempt changed (the
@@ -158,18 +182,14 @@ class _InPlace:
             why = "no rank was kept"
         elif any(not o["ok"] for _, o in kept):
             why = next(f"rank {r}: {o['why']}" for r, o in kept if not o["ok"])
-        elif not self._hash_buffers and kept[0][0] != 0:
-            # DDP broadcasts rank 0's buffers at each forward: rank 0's own (its batches'
-            # statistics) went with it, and no survivor's are the same
-            why = "rank 0's module buffers (DDP broadcasts them at each forward) went with it"
         elif any(tuple(o[k] for k in keys) != tuple(plan[k] for k in keys) for _, o in kept):
             why = "the ranks kept hold different steps: " + ", ".join(f"rank {r} step {o['step']}" for r, o in kept)
-        rng = None
+        rng, bufs = None, b""
         if why is None:
             mine = None
             if self._replacement:
                 try:
-                    rng = self._heal_rng(plan)
+                    rng, bufs = self._heal_rng(plan)
                 except (_ckpt.CheckpointError, OSError, KeyError) as e:
                     mine = str(e)
             whys = [None] * self.world
@@ -197,6 +217,8 @@ class _InPlace:
                     ck = _snap.from_bytes(buf, step, f"rank {src}'s state of step {step}, sent by it")
                     ck.items.update(rng)
                     self._apply(ck)
+                    if bufs:  # rank 0's own, not the source's
+                        self._load_bufs(bufs)
                     self.restored_from = "peer"
                 except (_ckpt.CheckpointError, KeyError, ValueError, RuntimeError) as e:
                     mine = str(e)
