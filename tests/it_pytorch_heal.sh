@@ -11,8 +11,11 @@
 #   broadcasts at each forward: no survivor holds them) from its slot; the slot was written
 #   before the attempt's copy of the buffers was taken (the previous step's), and the run
 #   ended with other weights;
-# - the loop draws numpy's global RNG every step (--np-draws): not in the slots, so the
-#   snapshot again (said), still the fault-free parameters;
+# - the loop draws numpy's global RNG every step (--np-draws): seen at the snapshot puts (said),
+#   from then on each attempt saves numpy's and Python's states too (a redo puts them back, the
+#   slot holds them): rank 1's crash and rank 0's heal, the fault-free parameters (before, the
+#   heal was refused for such a loop and the snapshot restored);
+# - RK_HEAL=0: every rank restores the node's snapshot, the fault-free parameters;
 # - 4 ranks, a crash of rank 2 and a hang of rank 3: healed, the 4-rank fault-free parameters.
 # Before the buffers' broadcast was guarded, the first death raised out of the forward and
 # the job was relaunched; before the heal, every replacement rolled back to the snapshot.
@@ -89,11 +92,20 @@ check r0 ref "rank 0 twice" $?
 incidents r0 healed 2 "rank 0 twice"
 
 sup nref 2 --recovery disk -- --np-draws
-sup npr 2 --recovery inplace --inject "crash@step=10:rank=1" -- --np-draws
+sup npr 2 --recovery inplace --inject "crash@step=10:rank=1,crash@step=17:rank=0" -- --np-draws
 check npr nref "numpy draws" $?
-incidents npr memory 1 "numpy draws"
-grep -q "not healed from the ranks kept (rank 0: numpy's or Python's global RNG was drawn from since step" \
-  "$work/npr.log" && ok "numpy draws: not healed, and why" || bad "numpy draws: no word why: $(grep -E 'rejoined|heal' "$work/npr.log")"
+incidents npr healed 2 "numpy draws"
+n=$(grep -c "numpy's or Python's global RNG was drawn from between steps [0-9]* and [0-9]*: each step attempt saves them" \
+  "$work/npr.log")
+((n >= 2)) && ok "numpy draws: both ranks say their attempts save numpy's and Python's states ($n lines)" \
+  || bad "numpy draws: $n lines say so: $(grep -i numpy "$work/npr.log" | head -3)"
+
+# RK_HEAL=0: every rank restores the node's snapshot (the path of a heal that cannot be)
+RK_HEAL=0 sup nh 2 --recovery inplace --inject "crash@step=10:rank=1,crash@step=23:rank=0"
+check nh ref "RK_HEAL=0" $?
+incidents nh memory 2 "RK_HEAL=0"
+grep -q "not healed from the ranks kept (RK_HEAL=0): every rank restores the node's snapshot" "$work/nh.log" \
+  && ok "RK_HEAL=0: not healed, and why" || bad "RK_HEAL=0: no word why: $(grep -E 'rejoined|heal' "$work/nh.log")"
 
 sup ref4 4 --recovery disk
 st=$?

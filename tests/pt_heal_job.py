@@ -3,7 +3,7 @@
 torch RNG drawn every step, seeded per rank), AdamW (state of its own), a warm-up scheduler the
 loop steps after every job.step() whether the step was applied or not, BatchNorm (buffers the
 forward changes) and a DataLoader over a synthetic data set. --np-draws: the loop also draws
-from numpy's global RNG every step (a noise level), which no RNG slot holds.
+from numpy's global RNG every step (a noise level).
 
 Writes {"hash": params xxh64, "lr": the scheduler's last rate} to --result (rank 0)."""
 import argparse

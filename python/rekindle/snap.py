@@ -282,9 +282,10 @@ def remove_dir(dir):
 
 RNG_SLOT_BYTES = 16384  # a slot's room for the RNG states (torch's CPU state is 5,056 bytes)
 RNG_SLOT_EXTRA_MAX = 16 << 20  # the most bytes of buffers a slot holds besides
-_RNG_MAGIC = b"RKRNGSL2"
-# magic, step, launch, serial, the slot's size, torch bytes, cuda bytes, buffer bytes, crc32
-_RNG_HEAD = struct.Struct("<8sqqqIIIII")
+_RNG_MAGIC = b"RKRNGSL3"
+# magic, step, launch, serial, the slot's size, bytes of torch's, cuda's, the buffers, more
+# states (numpy's and Python's, where the rank writes them), crc32
+_RNG_HEAD = struct.Struct("<8sqqqIIIIII")
 
 
 def rng_slot_name(rank):
@@ -333,17 +334,18 @@ class RngSlot:
             self.fd = -1
             raise SnapshotError(f"{self.label}: not a regular file of this user with one link")
 
-    def write(self, step, launch, serial, torch_state, cuda_state=b"", bufs=b""):
+    def write(self, step, launch, serial, torch_state, cuda_state=b"", bufs=b"", more=b""):
         """Slot step % 2 holds these states and buffers (bytes) of `step`. ValueError when they
         do not fit a slot; OSError when the write fails."""
-        n = len(torch_state) + len(cuda_state) + len(bufs)
+        parts = (torch_state, cuda_state, bufs, more)
+        n = sum(len(p) for p in parts)
         if _RNG_HEAD.size + n > self.size:
             raise ValueError(f"{self.label}: {n} bytes of RNG states and buffers do not fit a slot of {self.size}")
-        lens = (self.size, len(torch_state), len(cuda_state), len(bufs))
+        lens = (self.size, *(len(p) for p in parts))
         crc = zlib.crc32(_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, *lens, 0))
-        for part in (torch_state, cuda_state, bufs):
+        for part in parts:
             crc = zlib.crc32(part, crc)
-        buf = b"".join((_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, *lens, crc), torch_state, cuda_state, bufs))
+        buf = b"".join((_RNG_HEAD.pack(_RNG_MAGIC, step, launch, serial, *lens, crc), *parts))
         if os.pwrite(self.fd, buf, (step % 2) * self.size) != len(buf):
             raise OSError(errno.ENOSPC, f"{self.label}: short write")
 
@@ -354,7 +356,7 @@ class RngSlot:
 
 
 def rng_slot_read(dir, rank, step, launch, serial, extra=0):
-    """(torch state, cuda state, buffers) (bytes) that rank `rank` wrote for `step` in launch
+    """(torch state, cuda state, buffers, more states) (bytes) that rank `rank` wrote for `step` in launch
     `launch` as attempt `serial`, in slots of rng_slot_size(extra); SnapshotMissing when its
     slot holds another step or attempt (or there is none), SnapshotError when it is not a
     regular file, was written with another slot size, or fails its CRC (a torn write)."""
@@ -377,7 +379,7 @@ def rng_slot_read(dir, rank, step, launch, serial, extra=0):
         os.close(fd)
     if len(buf) < _RNG_HEAD.size:
         raise SnapshotMissing(f"{L}: no slot of step {step}")
-    magic, s, la, se, sz, nt, nc, nb, crc = _RNG_HEAD.unpack_from(buf)
+    magic, s, la, se, sz, *lens, crc = _RNG_HEAD.unpack_from(buf)
     if magic != _RNG_MAGIC:
         raise SnapshotError(f"{L}: slot {step % 2} is not an RNG slot")
     if sz != size:
@@ -385,13 +387,16 @@ def rng_slot_read(dir, rank, step, launch, serial, extra=0):
     if (s, la, se) != (step, launch, serial):
         raise SnapshotMissing(f"{L}: slot {step % 2} holds step {s} (launch {la}, attempt {se}), not step {step} "
                               f"(launch {launch}, attempt {serial})")
-    end = _RNG_HEAD.size + nt + nc + nb
+    end = _RNG_HEAD.size + sum(lens)
     if end > len(buf):
-        raise SnapshotError(f"{L}: slot {step % 2} says {nt + nc + nb} bytes: more than a slot holds")
-    if zlib.crc32(buf[_RNG_HEAD.size:end], zlib.crc32(_RNG_HEAD.pack(magic, s, la, se, sz, nt, nc, nb, 0))) != crc:
+        raise SnapshotError(f"{L}: slot {step % 2} says {sum(lens)} bytes: more than a slot holds")
+    if zlib.crc32(buf[_RNG_HEAD.size:end], zlib.crc32(_RNG_HEAD.pack(magic, s, la, se, sz, *lens, 0))) != crc:
         raise SnapshotError(f"{L}: slot {step % 2} (step {step}) fails its CRC: a torn write")
-    a, b = _RNG_HEAD.size + nt, _RNG_HEAD.size + nt + nc
-    return bytes(buf[_RNG_HEAD.size:a]), bytes(buf[a:b]), bytes(buf[b:end])
+    out, off = [], _RNG_HEAD.size
+    for n in lens:
+        out.append(bytes(buf[off:off + n]))
+        off += n
+    return tuple(out)
 
 
 # ---- one rank -----------------------------------------------------------------------------

@@ -339,8 +339,8 @@ class TestStore(unittest.TestCase):
             snap.rng_slot_read(self.d, 2, 7, 1, 9)
         w.write(7, 1, 9, b"torch-7" * 700, b"cuda7")
         w.write(8, 1, 10, b"torch-8" * 700)
-        self.assertEqual(snap.rng_slot_read(self.d, 2, 7, 1, 9), (b"torch-7" * 700, b"cuda7", b""))
-        self.assertEqual(snap.rng_slot_read(self.d, 2, 8, 1, 10), (b"torch-8" * 700, b"", b""))
+        self.assertEqual(snap.rng_slot_read(self.d, 2, 7, 1, 9), (b"torch-7" * 700, b"cuda7", b"", b""))
+        self.assertEqual(snap.rng_slot_read(self.d, 2, 8, 1, 10), (b"torch-8" * 700, b"", b"", b""))
         # another step, launch or attempt in the slot: missing, named
         for step, launch, serial in ((9, 1, 9), (7, 2, 9), (7, 1, 11)):
             with self.assertRaisesRegex(snap.SnapshotMissing, "holds step 7 .launch 1, attempt 9."):
@@ -349,7 +349,7 @@ class TestStore(unittest.TestCase):
         with self.assertRaises(snap.SnapshotMissing):
             snap.rng_slot_read(self.d, 2, 7, 1, 9)
         self.assertEqual(snap.rng_slot_read(self.d, 2, 8, 1, 10)[0], b"torch-8" * 700)
-        flip(path, 56 + 100)  # a byte of step 8's states (slot 0): a torn write
+        flip(path, 60 + 100)  # a byte of step 8's states (slot 0): a torn write
         with self.assertRaisesRegex(snap.SnapshotError, "fails its CRC"):
             snap.rng_slot_read(self.d, 2, 8, 1, 10)
         with self.assertRaisesRegex(ValueError, "do not fit"):
@@ -379,9 +379,10 @@ class TestStore(unittest.TestCase):
         w = snap.RngSlot(self.d, 0, len(bufs))
         self.addCleanup(w.close)
         w.write(4, 3, 5, b"t4", b"", bufs)
-        w.write(5, 3, 6, b"t5", b"c5", bufs[::-1])
-        self.assertEqual(snap.rng_slot_read(self.d, 0, 4, 3, 5, len(bufs)), (b"t4", b"", bufs))
-        self.assertEqual(snap.rng_slot_read(self.d, 0, 5, 3, 6, len(bufs)), (b"t5", b"c5", bufs[::-1]))
+        w.write(5, 3, 6, b"t5", b"c5", bufs[::-1], b"numpy and random")
+        self.assertEqual(snap.rng_slot_read(self.d, 0, 4, 3, 5, len(bufs)), (b"t4", b"", bufs, b""))
+        self.assertEqual(snap.rng_slot_read(self.d, 0, 5, 3, 6, len(bufs)),
+                         (b"t5", b"c5", bufs[::-1], b"numpy and random"))
         self.assertEqual((w.size, snap.rng_slot_size()), (45056, 20480))  # 4 KiB pages
         with self.assertRaisesRegex(snap.SnapshotError, "was written 45056 bytes long, not 20480"):
             snap.rng_slot_read(self.d, 0, 4, 3, 5)  # read as slots without buffers

@@ -655,7 +655,9 @@ class Job(_Checkpoints, _Memory, _InPlace):
         self._attempt = self.step_no
         self._serial += 1
         self._fresh = False  # a redone attempt may have changed the state (a bit flip): verify again
-        self._step_rng = self._capture_rng(cheap=True)
+        # numpy's and Python's too where the script draws from them between steps (seen at the
+        # snapshot puts: _mem_step): a redo puts them back, the RNG slot holds them
+        self._step_rng = self._capture_rng(cheap=not self._slot_more)
         # the loop may step a scheduler or set a learning rate after job.step(): a redo puts
         # them back
         self._step_groups = [{k: v for k, v in g.items() if k != "params"} for g in self.opt.param_groups]

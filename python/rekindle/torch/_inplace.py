@@ -7,11 +7,13 @@ the new group, whose internals then replace the old one's), restores the agreed 
 node's snapshot with every rank (the relaunch's _mem_resume, collective) and goes on from
 there. A mixin of Job (its attributes); relies on _Memory and the comm hook."""
 
+import array
 import copy
 import gc
 import os
 import random
 import socket
+import struct
 import sys
 import time
 import weakref
@@ -25,7 +27,32 @@ from rekindle import ckpt as _ckpt
 from rekindle import snap as _snap
 from rekindle import worker as _worker
 from rekindle.torch._hook import _comm_hook
-from rekindle.torch._state import _item
+from rekindle.torch._memory import _py_rng_same
+from rekindle.torch._state import _blob, _item
+
+_NP_TAIL = struct.Struct("<iid")  # numpy's MT19937 after its 624 keys: pos, has_gauss, cached
+_PY_TAIL = struct.Struct("<i?d")  # Python's random around its 625 words: version, whether gauss_next, it
+_NP_BYTES = 624 * 4 + _NP_TAIL.size
+
+
+def _py_rng_pack(n, r):
+    """numpy's and Python's global RNG states (get_state(), getstate()) as bytes for a slot
+    (about 15 us: the words as arrays, not one by one)."""
+    if n[0] != "MT19937" or len(n[1]) != 624 or len(r[1]) != 625:
+        raise ValueError(f"RNG states of another kind ({n[0]}, {len(r[1])} words) than a slot holds")
+    return b"".join((np.asarray(n[1], dtype="<u4").tobytes(), _NP_TAIL.pack(int(n[2]), int(n[3]), float(n[4])),
+                     array.array("I", r[1]).tobytes(), _PY_TAIL.pack(r[0], r[2] is not None, r[2] or 0.0)))
+
+
+def _py_rng_unpack(b):
+    """_py_rng_pack's states back: (numpy's, Python's)."""
+    keys = np.frombuffer(b, dtype="<u4", count=624).astype(np.uint32)
+    pos, has_gauss, cached = _NP_TAIL.unpack_from(b, 624 * 4)
+    words = array.array("I")
+    words.frombytes(b[_NP_BYTES:_NP_BYTES + 625 * 4])
+    version, has, g = _PY_TAIL.unpack_from(b, _NP_BYTES + 625 * 4)
+    return ("MT19937", keys, pos, has_gauss, cached), (version, tuple(words), g if has else None)
+
 
 _REJOIN_WAIT_S = 30.0  # how long a survivor waits for rk run's rejoin command
 _EPOCH_ENV = "RK_REJOIN_EPOCH"  # set for a replacement: the epoch of the group it joins
@@ -71,6 +98,7 @@ class _InPlace:
             and isinstance(self.model, _DDP) and dist.get_backend() == "gloo" and self._mem_dir
             and self.w.heartbeat)
         self._slot = None  # this rank's RNG slot (rekindle.snap.RngSlot), written at each attempt
+        self._slot_more = False  # numpy's and Python's states too (the script draws from them: _mem_step)
         self._healed = None  # the survivor whose state the last heal sent (None: not healed)
         # rank 0's buffers, where DDP broadcasts them at each forward (BatchNorm's statistics:
         # rank 0's own, which no survivor holds), go in its slot too (the same size on its
@@ -89,8 +117,9 @@ class _InPlace:
         st = self._step_rng
         bufs = b"".join(b.cpu().contiguous().numpy().tobytes() for b in self._step_bufs) if self._slot_bufs else b""
         try:
+            more = _py_rng_pack(st["numpy"], st["random"]) if "numpy" in st else b""
             self._slot.write(self.step_no, self.w.launch, self._serial, st["torch"].numpy().tobytes(),
-                             st["cuda"].numpy().tobytes() if "cuda" in st else b"", bufs)
+                             st["cuda"].numpy().tobytes() if "cuda" in st else b"", bufs, more)
         except (OSError, ValueError) as e:
             self._say(f"RNG slot off ({e}): a replacement of this rank restores the node's snapshot")
             self._slot.close()
@@ -101,25 +130,23 @@ class _InPlace:
     def _heal_offer(self):
         """A survivor's part of the heal's first all-gather (None from a replacement): the step
         it holds, the attempt whose RNG slot the dead rank must have written for it (this
-        attempt's, or at a boundary the next one's), its launch, its last put's step, and
-        whether it can be a source: it has a put whose numpy and Python RNG states are still
-        its states now (the script draws from neither between steps, so the dead rank's are in
-        its generation of that put)."""
+        attempt's, or at a boundary the next one's), its launch, its last put's step, whether
+        numpy's or Python's global RNG moved since that put (then the replacement needs them
+        from its slot: its generation of the put is stale), and whether it can be a source: a
+        survivor inside an attempt puts back the attempt's draws, which it can for numpy's and
+        Python's only where its attempt saved them (_slot_more)."""
         if self._replacement:
             return None
         mid = self._attempt is not None
+        moved = True
+        if self._mem_rng is not None:
+            moved = not _py_rng_same(self._mem_rng, (None, np.random.get_state(), random.getstate()))
         ok, why = True, ""
-        if self._mem_rng is None:
-            ok, why = False, "no snapshot put by this process yet"
-        else:
-            _, n_then, r_then = self._mem_rng
-            n_now = np.random.get_state()
-            if random.getstate() != r_then or n_now[0] != n_then[0] or not np.array_equal(n_now[1], n_then[1]) \
-                    or tuple(n_now[2:]) != tuple(n_then[2:]):
-                ok, why = False, (f"numpy's or Python's global RNG was drawn from since step {self._mem_rng[0]} "
-                                  "(not in the RNG slots)")
+        if moved and mid and "numpy" not in (self._step_rng or {}):
+            ok, why = False, (f"numpy's or Python's global RNG was drawn from since step "
+                              f"{self._mem_rng[0] if self._mem_rng else 0} and this attempt did not save them")
         return {"step": self.step_no, "serial": self._serial if mid else self._serial + 1, "launch": self.w.launch,
-                "put": self._mem_rng[0] if self._mem_rng else -1, "ok": ok, "why": why}
+                "put": self._mem_rng[0] if self._mem_rng else -1, "moved": moved, "ok": ok, "why": why}
 
     def _heal_rng(self, plan):
         """A replacement's own RNG states of the plan's step: torch's (and CUDA's) from the dead
@@ -129,19 +156,28 @@ class _InPlace:
         if self.rank == 0 and not self._hash_buffers and not self._slot_bufs:
             raise _ckpt.CheckpointError("rank 0's module buffers (DDP broadcasts them at each forward) are not in "
                                         f"its slot (more than {_snap.RNG_SLOT_EXTRA_MAX} bytes)")
-        t, c, bufs = _snap.rng_slot_read(self._mem_dir, self.rank, plan["step"], plan["launch"], plan["serial"],
-                                         self._slot_extra)
+        t, c, bufs, more = _snap.rng_slot_read(self._mem_dir, self.rank, plan["step"], plan["launch"],
+                                               plan["serial"], self._slot_extra)
         if len(bufs) != self._slot_extra:
             raise _ckpt.CheckpointError(f"rank 0's slot of step {plan['step']} holds {len(bufs)} bytes of buffers, "
                                         f"not {self._slot_extra}")
-        gen = _snap.get(self._mem_dir, self.rank, plan["put"])
-        suffix = "" if self.rank == 0 else f".rank{self.rank}"
         items = {"rng.torch": _item("rng.torch", torch.frombuffer(bytearray(t), dtype=torch.uint8))}
         if c:
             items["rng.cuda"] = _item("rng.cuda", torch.frombuffer(bytearray(c), dtype=torch.uint8))
-        for k in ("numpy", "random"):
-            it = gen.items[f"rng.{k}{suffix}"]
-            items[f"rng.{k}"] = _ckpt.Item(f"rng.{k}", it.dtype, it.shape, bytes(it.data))
+        if more:  # the slot's own: the states at the step's start
+            n, r = _py_rng_unpack(more)
+            items["rng.numpy"] = _blob("rng.numpy", {"kind": n[0], "keys": [int(k) for k in n[1]], "pos": n[2],
+                                                     "has_gauss": n[3], "cached": n[4]})
+            items["rng.random"] = _blob("rng.random", {"version": r[0], "state": list(r[1]), "gauss": r[2]})
+        elif plan["moved"] or plan["put"] < 0:
+            raise _ckpt.CheckpointError(f"numpy's and Python's RNG states of step {plan['step']} are not in this "
+                                        "rank's slot, and they moved since the last snapshot")
+        else:  # unchanged since the put: its generation's
+            gen = _snap.get(self._mem_dir, self.rank, plan["put"])
+            suffix = "" if self.rank == 0 else f".rank{self.rank}"
+            for k in ("numpy", "random"):
+                it = gen.items[f"rng.{k}{suffix}"]
+                items[f"rng.{k}"] = _ckpt.Item(f"rng.{k}", it.dtype, it.shape, bytes(it.data))
         return items, bufs
 
     def _load_bufs(self, data):
@@ -175,7 +211,7 @@ class _InPlace:
         self._collective(dist.all_gather_object, offers, self._heal_offer())
         kept = [(r, o) for r, o in enumerate(offers) if o is not None]
         plan, why = (kept[0][1] if kept else None), None
-        keys = ("step", "serial", "launch", "put")
+        keys = ("step", "serial", "launch", "put", "moved")
         if os.environ.get("RK_HEAL") == "0":  # for A/B benches: the snapshot always
             why = "RK_HEAL=0"
         elif not kept:
@@ -238,16 +274,20 @@ class _InPlace:
     def _rejoin_sync(self):
         """The last collective of a rejoin, on every rank (survivors and the replacement): the
         snapshot interval K and whether it is still being timed are the survivors' (the
-        replacement never times nor broadcasts its own), and so is whether rk run writes the
-        checkpoints (a disk checkpoint is written the same way on every rank)."""
+        replacement never times nor broadcasts its own), and so are whether rk run writes the
+        checkpoints (a disk checkpoint is written the same way on every rank), the count of
+        attempts and whether they save numpy's and Python's states (the RNG slots')."""
         mine = {"survivor": not self._replacement, "every": self._mem_every, "timed": self._mem_timed,
-                "snap_save": self._snap_save, "serial": self._serial}
+                "snap_save": self._snap_save, "serial": self._serial, "more": self._slot_more}
         every = [None] * self.world
         dist.all_gather_object(every, mine)
         first = next((x for x in every if x["survivor"]), mine)
         self._mem_every, self._mem_timed = first["every"], first["timed"]
         self._snap_save = first["snap_save"]
         self._serial = first["serial"]  # the attempts' count, which the RNG slots are keyed by
+        # whether the attempts save numpy's and Python's states: the survivors saw the script
+        # draw from them (a replacement would see it only at its second put)
+        self._slot_more = self._slot_more or (self._slot is not None and first["more"])
         self._mem_next = self.step_no  # the restored step is put again, on every rank
 
     def _rejoin(self, exc):

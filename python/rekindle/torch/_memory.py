@@ -12,6 +12,7 @@ import re
 import struct
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -27,6 +28,12 @@ _HASH_ITEM = "guard.state_hash"  # a generation's replica hash (state_hash), I64
 # a rank's generations at most while rk run writes checkpoints from them: two rolling, the
 # pinned one it writes, a pinned one waiting, and rk run's copy in RAM of the one it writes
 _SNAP_SAVE_GENS = 5
+
+
+def _py_rng_same(a, b):
+    """Whether two (step, numpy state, Python state) hold the same numpy and Python states."""
+    na, nb = a[1], b[1]
+    return a[2] == b[2] and na[0] == nb[0] and np.array_equal(na[1], nb[1]) and tuple(na[2:]) == tuple(nb[2:])
 
 
 def snap_every(put_s, step_s, cap):
@@ -148,7 +155,14 @@ class _Memory:
                     _snap.put(self._mem_dir, self.rank, self.step_no, items, epoch=self.epoch, cursor=self.cursor,
                               world_size=self.world, config=self._ckpt_config())
                     took = time.monotonic() - t0
-                    self._mem_rng = (self.step_no, self._mem_rng_now["numpy"], self._mem_rng_now["random"])
+                    now = (self.step_no, self._mem_rng_now["numpy"], self._mem_rng_now["random"])
+                    if self._slot is not None and not self._slot_more and self._mem_rng is not None \
+                            and not _py_rng_same(self._mem_rng, now):
+                        self._slot_more = True  # recovery in place: the RNG slot holds them from now on
+                        self._say(f"numpy's or Python's global RNG was drawn from between steps {self._mem_rng[0]} "
+                                  f"and {self.step_no}: each step attempt saves them too (for a redo, and for a "
+                                  "replacement in place)")
+                    self._mem_rng = now
                 except _ckpt.NonFiniteError as e:  # the store's rule: this step is not put, the next may be
                     self._mem_refused = (self.step_no, str(e))
                     self._say(f"snapshot of step {self.step_no} refused: {e}")
