@@ -281,5 +281,31 @@ snap.put(sys.argv[2], 0, 38, list(c.items.values()), epoch=c.epoch, cursor=c.cur
         self.assertEqual((job.restored_from, job.start_step, h), ("disk", 15, self.ref))
 
 
+
+class TestRngPack(unittest.TestCase):
+    def test_numpy_and_python_states_survive_the_slot_bytes(self):
+        import random
+
+        from rekindle.torch import _inplace
+        for gauss in (False, True):  # Python's gauss_next None, and a float
+            np.random.seed(11)
+            random.seed(12)
+            np.random.normal()  # numpy's cached gaussian
+            if gauss:
+                random.gauss(0, 1)
+            n, r = np.random.get_state(), random.getstate()
+            b = _inplace._py_rng_pack(n, r)
+            self.assertEqual(len(b), 5025)
+            n2, r2 = _inplace._py_rng_unpack(b)
+            self.assertEqual(r2, r)
+            self.assertEqual((n2[0], *n2[2:]), (n[0], *n[2:]))
+            self.assertTrue(np.array_equal(n2[1], n[1]))
+            np.random.set_state(n2)  # what the replacement does: the next draws are the same
+            random.setstate(r2)
+            a = (np.random.normal(), random.gauss(0, 1))
+            np.random.set_state(n)
+            random.setstate(r)
+            self.assertEqual(a, (np.random.normal(), random.gauss(0, 1)))
+
 if __name__ == "__main__":
     unittest.main()
