@@ -202,11 +202,12 @@ class _InPlace:
         """Collective, on every rank once the new group formed (the survivors in _rejoin, the
         replacement in Job.__init__). The survivors keep their state and the replacement takes
         it from the lowest survivor (its model, optimiser, scheduler and guard window, sent as
-        the bytes of a generation and verified), with its own RNG states from the dead rank's
-        slot: the step in flight is all that is lost. When that cannot be (the survivors hold
-        different steps: a collective completed on some; the slot holds another step; the
-        script draws from numpy's or Python's RNG), every rank restores the node's snapshot
-        instead (_mem_resume). True when the state was restored either way."""
+        the bytes of a generation and verified), with its own RNG states (and rank 0 its
+        buffers) from the dead rank's slot: the step in flight is all that is lost. When that
+        cannot be (the survivors hold different steps: a collective completed on some; the slot
+        holds another step or is torn; numpy's or Python's RNG moved and no slot or attempt saved
+        them; RK_HEAL=0), every rank restores the node's snapshot instead (_mem_resume). True
+        when the state was restored either way."""
         offers = [None] * self.world
         self._collective(dist.all_gather_object, offers, self._heal_offer())
         kept = [(r, o) for r, o in enumerate(offers) if o is not None]
