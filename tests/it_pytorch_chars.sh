@@ -7,7 +7,8 @@
 # local` ends with the plain script's bits under torchrun, fault-free and through an injected
 # crash, NaN, bit flip, hang and collective failure and a SIGKILL by pid (on 4 ranks gloo's
 # ring sums depend on each element's place in DDP's buckets: the Job keeps DDP's layouts, a
-# resumed process's first step included). Resumes land in the middle of epochs.
+# resumed process's first step included). Resumes land in the middle of epochs. And under
+# --recovery inplace, three failures healed in place (the epoch loop kept), the same bits.
 # Skips (77) without a python3 that has torch, numpy and xxhash, or without the GPL-3 text.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/itlib.sh"
@@ -87,6 +88,7 @@ PY
   "$RK_SRC/examples/pytorch/plain_chars.py" "${args[@]}" --result plain2.json >plain2.log 2>&1 \
   && ok "2 ranks: the plain script under torchrun" || bad "torchrun: $(tail -5 plain2.log)"
 ref=$(json plain2.json hash 2>/dev/null)
+ref2=$ref
 faulted 2 'crash@step=6:rank=1,nan@step=9:rank=0,bitflip@step=13:rank=1,hang@step=17:rank=1,commfail@step=23:rank=0,slow@step=25:ms=500:for=8' 0 f2
 got=$(json f2.json hash 2>/dev/null)
 [[ -n "$ref" && "$got" == "$ref" ]] && ok "2 ranks: the port under rk run, through the faults, ends with the plain script's bits under torchrun ($got)" \
@@ -108,4 +110,26 @@ got=$(json f4.json hash 2>/dev/null)
 [[ -n "$ref" && "$got" == "$ref" ]] && ok "4 ranks: through the faults, the fault-free run's bits ($got)" \
   || bad "4 ranks: final hash '$got', the fault-free run's '$ref'"
 events 4 f4 3 2
+
+# 2 ranks in place (docs/recovery.md, "Healed from the ranks kept"): the epoch loop over the
+# DataLoader with workers, accumulation under no_sync, autocast, dropout and the scheduler
+# heals each failure (step 7 and 15 mid-epoch, 22 at the third epoch's start) without a
+# relaunch and ends with the plain script's bits. Before, a job.epochs loop was not recovered
+# in place: the survivor exited and the launch was relaunched.
+"${run[@]}" -n 2 --recovery inplace --ckpt-dir ipc --events ip.ev \
+  --inject "crash@step=7:rank=1,commfail@step=15:rank=0,crash@step=22:rank=1" -- \
+  "${port[@]}" --result ip.json >ip.log 2>&1
+st=$?
+[[ $st == 0 ]] && ok "in place: rk run finished through the faults" || bad "in place: rk run exit $st: $(tail -8 ip.log)"
+got=$(json ip.json hash 2>/dev/null)
+[[ -n "$ref2" && "$got" == "$ref2" ]] && ok "in place: the plain script's bits ($got)" \
+  || bad "in place: final hash '$got', the plain script's under torchrun '$ref2'"
+grep -q "0 restarts" ip.log && ok "in place: no relaunch" || bad "in place: a relaunch: $(grep -E 'restart|exits at' ip.log | head -3)"
+it_count "$py" - ip.ev <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+inp = [(e["kind"], e["rank"], "; healed at step" in e["detail"], e["lost_steps"]) for e in ev if e["action"] == "in_place"]
+ok = inp == [("crash", 1, True, 0), ("commfail", 0, True, 0), ("crash", 1, True, 0)]
+print(("ok - " if ok else "FAIL - ") + f"in place: three failures healed, none lost a step done: {inp}")
+PY
 it_finish

@@ -363,9 +363,14 @@ class Job(_Checkpoints, _Memory, _InPlace):
                             "after its last micro-batch): an epoch must hold whole steps")
             self._epoch_no += 1
             self._epoch_start = self.step_no
-        self._between()
-        if not self._boundary(True):  # the last pass was verified: nothing to replay here
-            self._fail_guard(f"replica hashes differ after the last epoch (step {self.step_no})")
+        while True:
+            self._between()
+            try:
+                if not self._boundary(True):  # the last pass was verified: nothing to replay here
+                    self._fail_guard(f"replica hashes differ after the last epoch (step {self.step_no})")
+                break
+            except _Rejoined:  # a peer died at the last boundary: healed at this step
+                continue
         self._finish()
 
     def batches(self, loader):
@@ -696,8 +701,11 @@ class Job(_Checkpoints, _Memory, _InPlace):
         """job.batches: a step attempt begins (the loop asked for its first micro-batch)."""
         while True:
             self._between()
-            if self._boundary(False):
-                break
+            try:
+                if self._boundary(False):
+                    break
+            except _Rejoined:  # a peer died at the boundary: healed, the same step
+                continue
         self._begin()
 
     def _epoch_pass(self, loader):
@@ -740,7 +748,10 @@ class Job(_Checkpoints, _Memory, _InPlace):
         this epoch to replay)."""
         if self.guard and self.hash_every > 0:
             verified = self._fresh and self._snap is not None and self._snap["step"] == self.step_no
-            if not verified and not self._replica_check():
+            try:
+                if not verified and not self._replica_check():
+                    return False
+            except _Rejoined:  # a peer died in the check: healed at this step, check again
                 return False
         return True
 

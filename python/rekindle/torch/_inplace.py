@@ -146,7 +146,8 @@ class _InPlace:
             ok, why = False, (f"numpy's or Python's global RNG was drawn from since step "
                               f"{self._mem_rng[0] if self._mem_rng else 0} and this attempt did not save them")
         return {"step": self.step_no, "serial": self._serial if mid else self._serial + 1, "launch": self.w.launch,
-                "put": self._mem_rng[0] if self._mem_rng else -1, "moved": moved, "ok": ok, "why": why}
+                "put": self._mem_rng[0] if self._mem_rng else -1, "moved": moved, "ok": ok, "why": why,
+                "mode": self._mode}
 
     def _heal_rng(self, plan):
         """A replacement's own RNG states of the plan's step: torch's (and CUDA's) from the dead
@@ -267,9 +268,16 @@ class _InPlace:
                 self._mem_last = self._mem_next = step
                 self._healed = src
                 return True
+        self._healed = None
+        if any(o["mode"] == "epochs" for _, o in kept):
+            # job.epochs: a survivor's loader cannot go back to an older step of its epoch (or
+            # an epoch before): the rank ends, and rk run relaunches the job
+            if self.rank == (kept[0][0] if kept else 0):
+                self._say(f"not healed from the ranks kept ({why}), and a job.epochs loop cannot go back to the "
+                          "node's snapshot in place")
+            return False
         if self.rank == (kept[0][0] if kept else 0):
             self._say(f"not healed from the ranks kept ({why}): every rank restores the node's snapshot")
-        self._healed = None
         return self._mem_resume()
 
     def _rejoin_sync(self):
@@ -295,7 +303,7 @@ class _InPlace:
         """A survivor: the collective failed with `exc`. Waits for the rejoin command, joins
         the new group, restores the agreed step from the node's snapshot. Returns when the
         rank is at that step; exits as before (commfail) when it cannot."""
-        if self._mode != "steps":  # job.epochs: the loader's position is not replayed in place (yet)
+        if self._mode not in ("steps", "epochs"):  # not in the loop yet
             self._comm_failed(exc)
         what = " ".join(str(exc).split())[:200]
         self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {what}; waiting for rk run's "
