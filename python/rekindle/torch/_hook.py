@@ -27,7 +27,9 @@ def guard_buffer_sync(state, ddp):
     DDP object, kept when a rejoin makes the object anew): the error is the step's `_broken`,
     the forward goes on with this rank's buffers, the hook skips the all-reduces and job.step()
     rejoins; without recovery in place it raises as before."""
-    cls_sync = type(ddp)._sync_module_buffers
+    cls_sync = getattr(type(ddp), "_sync_module_buffers", None)
+    if cls_sync is None:  # another torch's DDP: its broadcast is left as it is (it raises)
+        return
     model = weakref.ref(ddp)  # the DDP object holds this function: no cycle through it
 
     def sync(authoritative_rank):
