@@ -117,10 +117,11 @@ def _rank_of(name):
 
 
 def _open_nofollow(name, flags, dir_fd, what, missing, not_kind):
-    """os.open of `name` with `flags` (O_NOFOLLOW among them): SnapshotMissing "what: missing"
-    if absent; a link or another kind of file is SnapshotError "what: is a ..., not_kind"."""
+    """os.open of `name` with `flags` (O_NOFOLLOW among them; with O_CREAT, mode 0600):
+    SnapshotMissing "what: missing" if absent; a link or another kind of file is SnapshotError
+    "what: is a ..., not_kind"."""
     try:
-        return os.open(name, flags, dir_fd=dir_fd)
+        return os.open(name, flags, 0o600, dir_fd=dir_fd)
     except FileNotFoundError:
         raise SnapshotMissing(f"{what}: {missing}") from None
     except OSError as e:
@@ -317,15 +318,8 @@ class RngSlot:
         cfd, what = _sub_fd(dir, CACHE_NAME, True)
         self.label = f"{what}/{name}"
         try:
-            try:
-                self.fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
-                                  0o600, dir_fd=cfd)
-            except OSError as e:
-                try:
-                    st = os.stat(name, dir_fd=cfd, follow_symlinks=False)
-                except OSError:
-                    raise _os_error(e, f"{self.label}: cannot open") from None
-                raise SnapshotError(f"{self.label}: is {kind_name(st.st_mode)}, not a regular file") from None
+            self.fd = _open_nofollow(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                                     cfd, self.label, "cannot create", "not a regular file")
         finally:
             os.close(cfd)
         st = os.fstat(self.fd)
