@@ -12,6 +12,8 @@ timeline that was rolled back) and the temporary files of dead writers. get() ve
 everything and the step inside against the name; agree() gives the newest step every rank has
 and that verifies, never a mix. Every directory is opened without following a link and must be
 0700 and ours; a generation must be a regular file, opened without following a link.
+RngSlot and rng_slot_read: a rank's RNG slots in DIR/cache/rng-rank-<R> (Python only: recovery
+in place for rekindle.torch).
 """
 
 import errno
