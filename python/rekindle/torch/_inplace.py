@@ -221,7 +221,9 @@ class _InPlace:
         elif any(not o["ok"] for _, o in kept):
             why = next(f"rank {r}: {o['why']}" for r, o in kept if not o["ok"])
         elif any(tuple(o[k] for k in keys) != tuple(plan[k] for k in keys) for _, o in kept):
-            why = "the ranks kept hold different steps: " + ", ".join(f"rank {r} step {o['step']}" for r, o in kept)
+            why = "the ranks kept do not agree on the step, the attempt or the RNG states: " + ", ".join(
+                f"rank {r} step {o['step']} attempt {o['serial']} put {o['put']}{' moved' if o['moved'] else ''}"
+                for r, o in kept)
         rng, bufs = None, b""
         if why is None:
             mine = None
