@@ -28,7 +28,7 @@ from rekindle import snap as _snap
 from rekindle import worker as _worker
 from rekindle.torch._hook import _comm_hook
 from rekindle.torch._memory import _py_rng_same
-from rekindle.torch._state import _blob, _item
+from rekindle.torch._state import _item
 
 _NP_TAIL = struct.Struct("<iid")  # numpy's MT19937 after its 624 keys: pos, has_gauss, cached
 _PY_TAIL = struct.Struct("<i?d")  # Python's random around its 625 words: version, whether gauss_next, it
@@ -162,23 +162,24 @@ class _InPlace:
         if len(bufs) != self._slot_extra:
             raise _ckpt.CheckpointError(f"rank 0's slot of step {plan['step']} holds {len(bufs)} bytes of buffers, "
                                         f"not {self._slot_extra}")
-        items = {"rng.torch": _item("rng.torch", torch.frombuffer(bytearray(t), dtype=torch.uint8))}
+        rng = {"torch": torch.frombuffer(bytearray(t), dtype=torch.uint8)}
         if c:
-            items["rng.cuda"] = _item("rng.cuda", torch.frombuffer(bytearray(c), dtype=torch.uint8))
-        if more:  # the slot's own: the states at the step's start
-            n, r = _py_rng_unpack(more)
-            items["rng.numpy"] = _blob("rng.numpy", {"kind": n[0], "keys": [int(k) for k in n[1]], "pos": n[2],
-                                                     "has_gauss": n[3], "cached": n[4]})
-            items["rng.random"] = _blob("rng.random", {"version": r[0], "state": list(r[1]), "gauss": r[2]})
-        elif plan["moved"] or plan["put"] < 0:
+            rng["cuda"] = torch.frombuffer(bytearray(c), dtype=torch.uint8)
+        if more:  # the slot's own: the states at the step's start, as a checkpoint's items
+            rng["numpy"], rng["random"] = _py_rng_unpack(more)
+            return {it.name: it for it in self._rng_items(rng, "")}, bufs
+        if plan["moved"]:  # (also when a survivor has made no put: nothing to compare with)
             raise _ckpt.CheckpointError(f"numpy's and Python's RNG states of step {plan['step']} are not in this "
                                         "rank's slot, and they moved since the last snapshot")
-        else:  # unchanged since the put: its generation's
-            gen = _snap.get(self._mem_dir, self.rank, plan["put"])
-            suffix = "" if self.rank == 0 else f".rank{self.rank}"
-            for k in ("numpy", "random"):
-                it = gen.items[f"rng.{k}{suffix}"]
-                items[f"rng.{k}"] = _ckpt.Item(f"rng.{k}", it.dtype, it.shape, bytes(it.data))
+        # unchanged since the put: its generation's
+        items = {"rng.torch": _item("rng.torch", rng["torch"])}
+        if c:
+            items["rng.cuda"] = _item("rng.cuda", rng["cuda"])
+        gen = _snap.get(self._mem_dir, self.rank, plan["put"])
+        suffix = "" if self.rank == 0 else f".rank{self.rank}"
+        for k in ("numpy", "random"):
+            it = gen.items[f"rng.{k}{suffix}"]
+            items[f"rng.{k}"] = _ckpt.Item(f"rng.{k}", it.dtype, it.shape, bytes(it.data))
         return items, bufs
 
     def _load_bufs(self, data):
@@ -271,14 +272,15 @@ class _InPlace:
                 self._healed = src
                 return True
         self._healed = None
+        says = self.rank == (kept[0][0] if kept else 0)  # one rank says why
         if any(o["mode"] == "epochs" for _, o in kept):
             # job.epochs: a survivor's loader cannot go back to an older step of its epoch (or
             # an epoch before): the rank ends, and rk run relaunches the job
-            if self.rank == (kept[0][0] if kept else 0):
+            if says:
                 self._say(f"not healed from the ranks kept ({why}), and a job.epochs loop cannot go back to the "
                           "node's snapshot in place")
             return False
-        if self.rank == (kept[0][0] if kept else 0):
+        if says:
             self._say(f"not healed from the ranks kept ({why}): every rank restores the node's snapshot")
         return self._mem_resume()
 

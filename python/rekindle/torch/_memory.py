@@ -73,7 +73,6 @@ class _Memory:
         self._mem_room = False
         self._mem_refused = None  # (step, why): the store refused this rank's put of that step
         self._mem_rng = None  # (step, numpy state, Python state) of this rank's last put
-        self._mem_rng_now = None
         self._last_step_s = 0.0
         # rk run writes the disk checkpoints from the snapshots (RK_CKPT_FROM_SNAP=1: it keeps
         # them in a directory of its host); off for good once a rank's puts are (agreed)
@@ -110,13 +109,12 @@ class _Memory:
     def _mem_items(self):
         """This rank's generation: rank 0 the disk checkpoint's items with its own RNG states
         (rng.*), every other rank its own RNG states (rng.*.rank<R>); each with its replica
-        hash (guard.state_hash), which a resume compares."""
+        hash (guard.state_hash), which a resume compares. (items, the RNG states put)."""
         rng = self._capture_rng()
-        self._mem_rng_now = rng  # the put's numpy and Python states: a heal checks them (_inplace.py)
         items = self._items([rng]) if self.rank == 0 else self._rng_items(rng, f".rank{self.rank}")
         h = self._mem_hash()
         items.append(_ckpt.Item(_HASH_ITEM, "I64", (), struct.pack("<q", h - (1 << 64) if h >= 1 << 63 else h)))
-        return items
+        return items, rng
 
     def _mem_step(self, force=False):
         """At a step boundary, on every rank, with no collective: when a put is due (K steps
@@ -131,7 +129,7 @@ class _Memory:
         took = None
         if self._mem_put_ok:
             t0 = time.monotonic()
-            items = self._mem_items()
+            items, put_rng = self._mem_items()
             if self.rank == 0 and not self._mem_room:  # the size is known only now
                 self._mem_room = True
                 mine = sum(it.nbytes + 128 for it in items) + _HEADER_BYTES
@@ -155,7 +153,7 @@ class _Memory:
                     _snap.put(self._mem_dir, self.rank, self.step_no, items, epoch=self.epoch, cursor=self.cursor,
                               world_size=self.world, config=self._ckpt_config())
                     took = time.monotonic() - t0
-                    now = (self.step_no, self._mem_rng_now["numpy"], self._mem_rng_now["random"])
+                    now = (self.step_no, put_rng["numpy"], put_rng["random"])  # a heal compares them (_inplace.py)
                     if self._slot is not None and not self._slot_more and self._mem_rng is not None \
                             and not _py_rng_same(self._mem_rng, now):
                         self._slot_more = True  # recovery in place: the RNG slot holds them from now on
