@@ -89,8 +89,9 @@ h=$(json inplace.json hash 2>/dev/null)
   || bad "parameters hash '$h' differs from the fault-free $ref"
 grep -q "0 restarts" "$work/inplace.log" && ok "no relaunch" || bad "a relaunch: $(grep restart "$work/inplace.log")"
 # Each replacement was the warm spare: started once every rank could rejoin, and again after
-# each replacement, it had imported torch before the fault (docs/recovery.md, "The warm spare")
-sparen=$(grep -c "^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s) is rank 1$" "$work/inplace.log")
+# each replacement, it had imported torch before the fault and run the script ahead, its data
+# read, to its first read of RANK (docs/recovery.md, "The warm spare")
+sparen=$(grep -c "^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s, the script run [0-9.]* s ahead to its read of RANK) is rank 1$" "$work/inplace.log")
 [[ $sparen == 4 ]] && ok "each of the 4 replacements was the warm spare" ||
   bad "$sparen of the 4 replacements were the warm spare: $(grep -i spare "$work/inplace.log" | head -5)"
 
@@ -167,7 +168,7 @@ h=$(json in4.json hash 2>/dev/null)
 [[ -n $h && $h == "$ref4" ]] && ok "4 ranks: parameters hash $h equals the fault-free run's" \
   || bad "4 ranks: parameters hash '$h' differs from the fault-free $ref4"
 grep -q "0 restarts" "$work/in4.log" && ok "4 ranks: no relaunch" || bad "4 ranks: a relaunch: $(grep restart "$work/in4.log")"
-spares=$(sed -n 's/^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s) is rank \([0-9]\)$/\1/p' "$work/in4.log" | tr '\n' ' ')
+spares=$(sed -n 's/^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s, the script run [0-9.]* s ahead to its read of RANK) is rank \([0-9]\)$/\1/p' "$work/in4.log" | tr '\n' ' ')
 [[ $spares == "2 3 1 " ]] && ok "4 ranks: the warm spare became ranks 2, 3, 1 in turn" ||
   bad "4 ranks: the warm spare became ranks '$spares' (want 2 3 1)"
 it_count "$py" - "$work/in4.events" <<'PY'

@@ -93,6 +93,9 @@ def main():
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
+    # the data before the rank is asked for: in place, a warm spare reads it ahead of its rank
+    # (docs/recovery.md, "The warm spare")
+    x, y = load_images(args.data, "train", args.subset)
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(k, v)  # standalone: a group of one
     if os.environ["WORLD_SIZE"] == "1":
@@ -104,7 +107,6 @@ def main():
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    x, y = load_images(args.data, "train", args.subset)
     model = DDP(Net().to(device), device_ids=[device] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 

@@ -42,12 +42,13 @@ class Spare(unittest.TestCase):
         with open(os.path.join(self.dir, "helper_of_the_script.py"), "w") as f:
             f.write(HELPER)
 
-    def start(self):
+    def start(self, script=None, **extra):
         r, w = os.pipe()
         env = dict(os.environ, RK_SPARE_FD=str(r), PYTHONPATH=rktest.PYDIR)
+        env.update(extra)
         env.pop("RANK", None)
         env.pop("LOCAL_RANK", None)
-        p = subprocess.Popen([sys.executable, "-m", "rekindle.torch._spare", self.script, "--lr", "0.1"],
+        p = subprocess.Popen([sys.executable, "-m", "rekindle.torch._spare", script or self.script, "--lr", "0.1"],
                              env=env, pass_fds=(r,), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              cwd="/")
         os.close(r)
@@ -88,7 +89,9 @@ class Spare(unittest.TestCase):
         self.assertIsNone(got["fd"])  # not left for the script
         self.assertEqual(got["helper"], "3")  # imported after the rank came, not before
         self.assertTrue(got["torch"])
-        self.assertRegex(err.decode(), r"rekindle: warm spare \(pid [0-9]+, warmed in [0-9.]+ s\) is rank 3\n")
+        # the script ran ahead until its helper module read RANK
+        self.assertRegex(err.decode(), r"rekindle: warm spare \(pid [0-9]+, warmed in [0-9.]+ s, the script run "
+                                       r"[0-9.]+ s ahead to its read of RANK\) is rank 3\n")
 
     def test_rank_0_does_not_wait_for_a_store(self):
         p, w = self.start()
@@ -147,6 +150,122 @@ class Spare(unittest.TestCase):
                            capture_output=True, timeout=300)
         self.assertEqual(p.returncode, 2)
         self.assertIn(b"RK_SPARE_FD", p.stderr)
+
+    @staticmethod
+    def phases(trace):
+        """The phases of an RK_TRACE_LAUNCH file so far (none before it exists)."""
+        try:
+            with open(trace) as f:
+                return [line.split(" ", 1)[0] for line in f]
+        except FileNotFoundError:
+            return []
+
+    def ahead(self, body, **extra):
+        """A spare of a script BODY with RK_TRACE_LAUNCH, started and run ahead: returns once
+        its trace says the script waits for its rank (spare.ahead: a line the spare writes),
+        or fails after 300 s."""
+        script = os.path.join(self.dir, "ahead.py")
+        with open(script, "w") as f:
+            f.write(body)
+        trace = os.path.join(self.dir, "trace")
+        p, w = self.start(script, RK_TRACE_LAUNCH=trace, **extra)
+        deadline = time.monotonic() + 300
+        while "spare.ahead" not in self.phases(trace):
+            if p.poll() is not None:
+                self.fail("the spare ended before its script waited for a rank: %r" % (p.communicate()[1][-400:],))
+            self.assertLess(time.monotonic(), deadline, "no spare.ahead in the trace after 300 s")
+            time.sleep(0.02)
+        return p, w
+
+    SETUP = """\
+import os, sys
+open(os.path.join(os.path.dirname(__file__), "set-up-done"), "w").close()
+print("set-up done", flush=True)
+sys.stderr.write("a warning of the set-up\\n")
+os.write(1, b"said by C\\n")  # the descriptor, as torch's C++ would
+"""
+
+    def test_the_script_runs_ahead_with_its_output_held_until_the_rank_comes(self):
+        p, w = self.ahead(self.SETUP + 'print("rank", os.environ["RANK"], os.environ.get("WORLD_SIZE"))\n',
+                          WORLD_SIZE="4")
+        # the set-up ran before the rank came, what it said is held back
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "set-up-done")))
+        os.set_blocking(p.stdout.fileno(), False)
+        self.assertIsNone(p.stdout.read(), "output before the rank came")
+        os.set_blocking(p.stdout.fileno(), True)
+        os.write(w, b"RANK=0\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 0, err.decode())
+        self.assertEqual(out.decode(), "set-up done\nsaid by C\nrank 0 4\n")
+        line = (r"rekindle: warm spare \(pid [0-9]+, warmed in [0-9.]+ s, the script run [0-9.]+ s ahead to its "
+                r"read of RANK\) is rank 0\na warning of the set-up\n")
+        self.assertRegex(err.decode(), line)  # the spare's line, then what the set-up said
+
+    def test_end_of_file_after_running_ahead_says_nothing(self):
+        p, w = self.ahead(self.SETUP + 'print(os.environ.get("LOCAL_RANK"))\n')
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual((p.returncode, out, err), (0, b"", b""))
+
+    def test_init_process_group_waits_for_the_rank(self):
+        # no variable read: the rank and store given as arguments; the process group waits,
+        # and once made the process environment (C's getenv, as torch's C++ reads it) is the rank's
+        store = os.path.join(self.dir, "store")
+        p, w = self.ahead(self.SETUP + f"""\
+import ctypes, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+getenv = ctypes.CDLL(None).getenv
+getenv.restype = ctypes.c_char_p
+print("C sees RANK", getenv(b"RANK").decode(), dist.get_world_size())
+""")
+        os.write(w, b"RANK=0\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 0, err.decode())
+        self.assertTrue(out.decode().endswith("C sees RANK 0 1\n"), out)
+        self.assertIn("ahead to its init_process_group) is rank 0", err.decode())
+
+    def test_iterating_the_environment_waits_for_the_rank(self):
+        p, w = self.ahead("import os\nprint(sorted(k for k in dict(os.environ) if k.endswith('RANK')))\n")
+        os.write(w, b"RANK=2\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 0, err.decode())
+        self.assertEqual(out.decode(), "['LOCAL_RANK', 'RANK']\n")
+        self.assertIn("ahead to its look at the whole environment) is rank 2", err.decode())
+
+    def test_a_script_that_fails_ahead_fails_as_the_rank_with_what_it_said(self):
+        p, w = self.ahead(self.SETUP + "raise SystemExit('bad flag')\n")
+        os.write(w, b"RANK=0\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(out.decode(), "set-up done\nsaid by C\n")
+        self.assertRegex(err.decode(), r"ahead to its end\) is rank 0\na warning of the set-up\nbad flag\n$")
+
+    def test_an_installed_module_that_reads_the_rank_when_imported_gets_it(self):
+        lib = os.path.join(self.dir, "site")
+        os.mkdir(lib)
+        with open(os.path.join(lib, "rank_at_import.py"), "w") as f:
+            f.write("import os\nRANK = os.environ.get('RANK')\n")
+        p, w = self.ahead("import rank_at_import\nprint(rank_at_import.RANK)\n",
+                          PYTHONPATH=rktest.PYDIR + os.pathsep + lib)
+        os.write(w, b"RANK=2\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual((p.returncode, out.decode()), (0, "2\n"), err.decode())
+        self.assertIn("ahead to its read of RANK) is rank 2", err.decode())
+
+    def test_ahead_off_runs_nothing_before_the_rank(self):
+        trace = os.path.join(self.dir, "trace")
+        p, w = self.start(RK_TRACE_LAUNCH=trace, RK_SPARE_AHEAD="0")
+        os.write(w, b"RANK=0\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual(p.returncode, 0, err.decode())
+        self.assertRegex(err.decode(), r"rekindle: warm spare \(pid [0-9]+, warmed in [0-9.]+ s\) is rank 0\n")
+        self.assertNotIn("spare.ahead", self.phases(trace))
 
     def test_script_imports_are_those_outside_its_directory(self):
         got = _spare._script_imports(self.script)

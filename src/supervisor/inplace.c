@@ -149,7 +149,9 @@ static void replace(sup *s, int r, int code)
         for (int k = 0; k < s->nconn; k++)
             if (s->c[k].fd >= 0 && s->c[k].st == SUP_CONN_RANK)
                 (void)send(s->c[k].fd, line, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    /* the replacement: the launch's environment, then a new rendezvous and the faults fired */
+    /* the replacement: the launch's environment, then a new rendezvous and the faults fired
+     * (a warm spare's script, run ahead, waits at its first read of one of these:
+     * _RANK_NAMES in python/rekindle/torch/_spare.py) */
     static char env[3][RK_SUP_DONE_MAX + 32];
     char *extra[4];
     int ne = 0;

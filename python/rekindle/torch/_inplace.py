@@ -309,10 +309,12 @@ class _InPlace:
         rank is at that step; exits as before (commfail) when it cannot."""
         if self._mode not in ("steps", "epochs"):  # not in the loop yet
             self._comm_failed(exc)
+        _worker.trace_phase("py.failed")  # RK_TRACE_LAUNCH: the collective failed here
         what = " ".join(str(exc).split())[:200]
         self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {what}; waiting for rk run's "
                   "rejoin command")
         backend, kw = self._leave_group(exc)
+        _worker.trace_phase("py.left")  # the old group dropped: waits for the rejoin command
         deadline = time.monotonic() + _REJOIN_WAIT_S
         while True:
             cmds = self.w.poll()
@@ -375,6 +377,7 @@ class _InPlace:
                   find_unused_parameters=ddp.find_unused_parameters,
                   gradient_as_bucket_view=ddp.gradient_as_bucket_view, static_graph=bool(ddp.static_graph))
         backend = dist.get_backend()
+        old = weakref.ref(dist.group.WORLD)  # the group's Python object: freed once dropped
         exc.__traceback__ = None
         self._broken = None
         self._pg = None
@@ -385,7 +388,13 @@ class _InPlace:
             pass
         for k in ("reducer", "logger", "process_group"):
             ddp.__dict__.pop(k, None)
-        gc.collect()
+        # what still holds it is in a cycle: the young generations first (the failed
+        # collective's futures and frames), a full collection (20-50 ms with torch's objects
+        # here, in the survivors' path) only if that did not free it
+        if old() is not None:
+            gc.collect(1)
+        if old() is not None:
+            gc.collect()
         return backend, kw
 
     def _rejoin_group(self, port, backend, kw):
