@@ -23,6 +23,7 @@
 #include "rekindle/heartbeat.h"
 #include "rekindle/snap.h"
 #include "rekindle/worker.h"
+#include "runtime/worker_internal.h"
 #include "testutil.h"
 
 static FILE *g_notes; /* rank 0's notes in open_worker (NULL: quiet) */
@@ -334,6 +335,33 @@ static void memory_snapshots_resume_before_the_disk(void **state)
  * disk, so a relaunch (or a rank replaced in place) restores from memory. K = 3, a checkpoint
  * every 4 steps: the steps of the checkpoints (4, 8) are held in memory, and a resume after
  * step 9 restores from memory. */
+/* K: the 1 % rule, and with the disk checkpoints' steps put too (every 50 here), those puts
+ * in the 1 %: 1.8 ms a put, 9.6 ms a step gave K 19 alone, so puts at 19, 38, 50 (forced),
+ * 69, 88, 100 (forced): 3 puts each 50 steps, 1.1 % of the steps' time; K 25 puts at 25 and
+ * 50, 0.75 % (the 4-rank PyTorch example's numbers, bench/RESULTS.md). */
+static void snapshot_every_counts_the_forced_puts(void **state)
+{
+    (void)state;
+    assert_true(rk_worker_snap_every(0.001, 0.1, 50, 0) == 1);
+    assert_true(rk_worker_snap_every(0.00101, 0.1, 50, 0) == 2);
+    assert_true(rk_worker_snap_every(0.01, 0.1, 50, 0) == 10);
+    assert_true(rk_worker_snap_every(1.0, 0.1, 50, 0) == 50); /* the cap */
+    assert_true(rk_worker_snap_every(0.01, 0.0, 7, 0) == 7);  /* no step time: the cap */
+    assert_true(rk_worker_snap_every(0.0018, 0.0096, 50, 0) == 19);
+    assert_true(rk_worker_snap_every(0.0018, 0.0096, 50, 50) == 25);
+    /* puts each 50 steps at K: (50 - 1) / K + 1, within 50 x 1 % x step / put */
+    for (double put = 0.0001; put < 0.02; put *= 1.37) {
+        double k = rk_worker_snap_every(put, 0.0096, 50, 50);
+        double puts = (double)(49 / (int64_t)k + 1), budget = 0.5 * 0.0096 / put;
+        assert_true(k >= 1 && k <= 50);
+        assert_true(puts <= budget || k == 50);
+        if (k > 1) /* and the smallest such K */
+            assert_true((double)(49 / (int64_t)(k - 1) + 1) > budget);
+    }
+    assert_true(rk_worker_snap_every(0.00009, 0.0096, 50, 50) == 1); /* cheap: every step */
+    assert_true(rk_worker_snap_every(0.0096, 0.0096, 50, 50) == 50); /* the forced alone: 2 % */
+}
+
 static void memory_holds_the_disk_checkpoints_steps(void **state)
 {
     (void)state;
@@ -599,6 +627,7 @@ int main(void)
         cmocka_unit_test(faults_land_in_registered_buffers),
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
         cmocka_unit_test(memory_snapshots_resume_before_the_disk),
+        cmocka_unit_test(snapshot_every_counts_the_forced_puts),
         cmocka_unit_test(memory_holds_the_disk_checkpoints_steps),
         cmocka_unit_test(memory_snapshots_pin_the_first_put_past_each_multiple),
         cmocka_unit_test(memory_snapshots_without_room_for_pins_keep_the_snapshots),

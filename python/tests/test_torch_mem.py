@@ -91,6 +91,20 @@ class Every(unittest.TestCase):
         self.assertEqual(_memory.snap_every(1.0, 0.1, 50), 50)
         self.assertEqual(_memory.snap_every(0.0, 0.1, 50), 1)
         self.assertEqual(_memory.snap_every(0.01, 0.0, 7), 7)  # no step time: the cap
+        # the disk checkpoints' steps (every 50) put too, counted in the 1 %: the example's
+        # 1.8 ms put and 9.6 ms step gave K 19 (puts at 19, 38, 50, 69, ...: 1.1 %), now 25
+        self.assertEqual(_memory.snap_every(0.0018, 0.0096, 50), 19)
+        self.assertEqual(_memory.snap_every(0.0018, 0.0096, 50, 50), 25)
+        self.assertEqual(_memory.snap_every(0.00009, 0.0096, 50, 50), 1)
+        self.assertEqual(_memory.snap_every(0.0, 0.0096, 50, 50), 1)
+        self.assertEqual(_memory.snap_every(0.0096, 0.0096, 50, 50), 50)  # the forced alone: 2 %
+        for i in range(40):
+            put = 0.0001 * 1.2 ** i
+            k = _memory.snap_every(put, 0.0096, 50, 50)
+            puts, budget = 49 // k + 1, 0.5 * 0.0096 / put
+            self.assertTrue(puts <= budget or k == 50, (put, k))
+            if k > 1:
+                self.assertGreater(49 // (k - 1) + 1, budget, (put, k))  # the smallest such K
 
     def test_env(self):
         self.assertIsNone(_memory.snap_every_env(""))

@@ -100,5 +100,9 @@ int rk_worker_mem_resume(rk_worker *w, int64_t *step, int *used, rk_err *err);
  * turns snapshots off (one event snapshot_off); only a communication failure is an error. */
 int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int force, int *put,
                            rk_err *err);
+/* K, the steps between puts, from a put's and a step's seconds, at most `cap`, the puts
+ * forced every `forced` steps (the disk checkpoints'; 0: none) counted in the 1 % (worker_snap.c).
+ */
+double rk_worker_snap_every(double put, double step, int64_t cap, int64_t forced);
 
 #endif

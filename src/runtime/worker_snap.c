@@ -142,8 +142,33 @@ static void mem_off(rk_worker *w, int64_t step, const char *why)
         fprintf(w->notes, "snapshot: off, checkpoints on disk only: %s\n", why);
 }
 
-/* K from the timed puts: the smallest K with put / (K x step) <= MEM_COST_MAX (put: their
- * mean; step: the fastest step before them), at most the disk checkpoints' interval. Rank 0's
+/* K, the steps between puts (docs/recovery.md, "When it is put"): the smallest K >= 1 with the
+ * puts' time at most MEM_COST_MAX of the steps', at most `cap`; `cap` when the step time is
+ * unknown. Without forced puts (forced 0) that is put / (K x step) <= MEM_COST_MAX. With the
+ * step of every disk checkpoint put too (forced: their interval), K counting from each put,
+ * (forced - 1) / K + 1 puts (integer division) fall in each `forced` steps: K is the smallest
+ * with that many within the budget (the forced ones alone over it: `cap`). The Python Job's
+ * rule is the same (snap_every, python/rekindle/torch/_memory.py). */
+double rk_worker_snap_every(double put, double step, int64_t cap, int64_t forced)
+{
+    if (cap < 1)
+        cap = 1;
+    if (!(step > 0))
+        return (double)cap;
+    double k;
+    if (forced > 1) {
+        double budget = floor(MEM_COST_MAX * (double)forced * step / put + 1e-9); /* puts allowed */
+        if (!(budget >= 1))
+            return (double)cap;
+        k = budget >= (double)forced ? 1.0 : (double)((forced - 1) / (int64_t)budget + 1);
+    } else {
+        k = ceil(put / (MEM_COST_MAX * step) - 1e-9);
+    }
+    return k < 1 ? 1 : k > (double)cap ? (double)cap : k;
+}
+
+/* K from the timed puts (put: their mean; step: the fastest step before them), at most the
+ * disk checkpoints' interval, their steps counted as puts when the interval is fixed. Rank 0's
  * numbers, broadcast: every rank puts the same steps. */
 static int mem_choose_every(rk_worker *w, rk_err *err)
 {
@@ -151,8 +176,7 @@ static int mem_choose_every(rk_worker *w, rk_err *err)
     if (w->rank == 0) {
         double put = w->mem_put_s / MEM_TIMED, step = w->mem_step_s;
         int64_t cap = w->every > 0 ? w->every : RK_CKPT_EVERY_DEFAULT;
-        k = step > 0 ? ceil(put / (MEM_COST_MAX * step)) : (double)cap;
-        k = k < 1 ? 1 : k > (double)cap ? (double)cap : k;
+        k = rk_worker_snap_every(put, step, cap, w->every > 0 ? w->every : 0);
         if (w->notes)
             fprintf(w->notes,
                     "snapshot: a put takes %.2f ms, a step %.2f ms: one every %.0f step%s "

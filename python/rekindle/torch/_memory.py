@@ -36,13 +36,25 @@ def _py_rng_same(a, b):
     return a[2] == b[2] and na[0] == nb[0] and np.array_equal(na[1], nb[1]) and tuple(na[2:]) == tuple(nb[2:])
 
 
-def snap_every(put_s, step_s, cap):
-    """K, the steps between puts: the smallest K >= 1 with put_s / (K x step_s) <= 1 %, at most
-    `cap` (the disk checkpoints' interval); `cap` when the step time is unknown (<= 0)."""
+def snap_every(put_s, step_s, cap, forced=0):
+    """K, the steps between puts: the smallest K >= 1 with the puts' time at most 1 % of the
+    steps', at most `cap` (the disk checkpoints' interval); `cap` when the step time is unknown
+    (<= 0). Without forced puts that is put_s / (K x step_s) <= 1 %. With a put forced every
+    `forced` steps (each disk checkpoint's step: memory is never older than the disk) and K
+    counted from each put, (forced - 1) // K + 1 puts fall in each `forced` steps: the smallest K
+    with that many within the budget (the forced ones alone over it: `cap`). The worker
+    runtime's rule too (rk_worker_snap_every, src/runtime/worker_snap.c)."""
     cap = max(1, int(cap))
     if not step_s > 0:
         return cap
-    return max(1, min(cap, math.ceil(put_s / (_COST_MAX * step_s) - 1e-9)))
+    if forced > 1:
+        budget = forced if put_s <= 0 else math.floor(min(_COST_MAX * forced * step_s / put_s, forced) + 1e-9)
+        if budget < 1:
+            return cap
+        k = 1 if budget >= forced else (forced - 1) // budget + 1
+    else:
+        k = math.ceil(put_s / (_COST_MAX * step_s) - 1e-9)
+    return max(1, min(cap, k))
 
 
 def snap_every_env(text):
@@ -180,7 +192,7 @@ class _Memory:
         k = 1
         if self.rank == 0:
             put = self._mem_put_s / _TIMED
-            k = snap_every(put, self._mem_step_s, self._mem_cap())
+            k = snap_every(put, self._mem_step_s, self._mem_cap(), self.ckpt_every if self.ckpt_every > 0 else 0)
             self._say(f"snapshot: a put takes {put * 1e3:.2f} ms, a step {self._mem_step_s * 1e3:.2f} ms: one every "
                       f"{k} step{'' if k == 1 else 's'} (at most {_COST_MAX * 100:.0f}% of the steps' time, at most "
                       f"every {self._mem_cap()})")
