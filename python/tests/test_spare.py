@@ -244,6 +244,17 @@ print("C sees RANK", getenv(b"RANK").decode(), dist.get_world_size())
         self.assertEqual(out.decode(), "set-up done\nsaid by C\n")
         self.assertRegex(err.decode(), r"ahead to its end\) is rank 0\na warning of the set-up\nbad flag\n$")
 
+    def test_a_process_forked_ahead_of_the_rank_does_not_wait_for_it(self):
+        # a child of the set-up (no thread to read the rank in it): the launch's environment at
+        # once, its output not held; the script itself still waits for its rank
+        p, w = self.ahead("import os\npid = os.fork()\nif pid == 0:\n"
+                          "    print('child sees', os.environ.get('RANK'), flush=True)\n    os._exit(0)\n"
+                          "os.waitpid(pid, 0)\nprint('rank', os.environ['RANK'])\n")
+        os.write(w, b"RANK=1\0LOCAL_RANK=0\0")
+        os.close(w)
+        out, err = p.communicate(timeout=300)
+        self.assertEqual((p.returncode, out.decode()), (0, "child sees None\nrank 1\n"), err.decode())
+
     def test_an_installed_module_that_reads_the_rank_when_imported_gets_it(self):
         lib = os.path.join(self.dir, "site")
         os.mkdir(lib)

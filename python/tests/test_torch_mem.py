@@ -164,7 +164,32 @@ class Memory(unittest.TestCase):
         del env["RK_SNAP_EVERY"]
         job, _, _ = train(40, env, stop_at=30, ckpt_every=15)
         self.assertTrue(1 <= job._mem_every <= 15, job._mem_every)
-        self.assertEqual(job._mem_timed, 4, "the first put and three timed ones")
+        self.assertGreaterEqual(job._mem_timed, 4, "the first put and three timed ones")
+
+    def test_k_is_timed_again_as_the_steps_settle(self):
+        """K is chosen at the 4th put (three timed) and again at the 16th, 64th and 256th, each
+        from the puts and steps since the choice before: the median step of many, not the
+        fastest of the first few (the example's first steps took 20.6 ms against 8.5 ms later:
+        K 8 where the rule wanted 17); then no more."""
+        env = dict(self.env)
+        del env["RK_SNAP_EVERY"]
+        calls = []
+
+        def rule(put, step, cap, forced=0):
+            seen = sorted(sys._getframe(1).f_locals["self"]._mem_steps)  # the Job's, since the last choice
+            calls.append((put, step, cap, forced, len(seen), seen[0] if len(seen) < 8 else seen[len(seen) // 2]))
+            return 1
+
+        with mock.patch.object(_memory, "snap_every", rule):
+            job, _, _ = train(300, env, ckpt_every=50)
+        self.assertEqual(len(calls), 4, calls)  # at puts 4, 16, 64, 256
+        self.assertEqual(job._mem_timed, 256)
+        self.assertTrue(all(c[0] > 0 and c[1] > 0 and c[2:4] == (50, 50) for c in calls), calls)
+        # the steps before the timed puts since the last choice: 3 (the fastest), then 12, 48
+        # and 192 (their median)
+        self.assertEqual([c[4] for c in calls], [3, 12, 48, 192])
+        self.assertEqual([c[1] for c in calls], [c[5] for c in calls])
+        self.assertEqual((job._mem_puts, job._mem_steps), ([], []))
 
     def test_rollback_puts_the_step_again(self):
         """Three NaN trips at step 12 roll back to the verified step 10: step 10 is put again

@@ -20,7 +20,13 @@ from rekindle import ckpt as _ckpt
 from rekindle import snap as _snap
 from rekindle.torch._state import state_hash
 
-_TIMED = 3  # puts timed (after the first, which makes the directory) before K is chosen
+_TIMED = 3  # puts timed (after the first, which makes the directory) before K is first chosen
+# K is chosen again at these counts of puts, from the puts and steps since it last was: the
+# first steps are slow (the other ranks' start, DDP's first buckets), and a K from them alone
+# was 8 where the example's steps settled at 8.5 ms, not the 20.6 ms timed (1.9 % of the time in
+# puts, against the 1 % of the rule)
+_RETIMED = (16, 64, 256)
+_SETTLED = 8  # steps seen before a choice from which the median counts, not the fastest
 _COST_MAX = 0.01  # a put may cost at most this share of the K steps between puts
 _EVERY_CAP = 20  # K at most this with no disk checkpoint interval (RK_CKPT_EVERY_DEFAULT)
 _HEADER_BYTES = 65536  # the room rule's allowance for a generation's header
@@ -79,9 +85,9 @@ class _Memory:
         self._mem_every = 1
         self._mem_next = 0
         self._mem_last = -1  # the step of the last put
-        self._mem_timed = 0
-        self._mem_put_s = 0.0
-        self._mem_step_s = 0.0  # the fastest step before a timed put
+        self._mem_timed = 0  # puts due so far (made or not), up to the last choice of K
+        self._mem_puts = []  # rank 0's timed puts since K was last chosen (s)
+        self._mem_steps = []  # the steps before them (s)
         self._mem_room = False
         self._mem_refused = None  # (step, why): the store refused this rank's put of that step
         self._mem_rng = None  # (step, numpy state, Python state) of this rank's last put
@@ -99,7 +105,7 @@ class _Memory:
             k = None
         if k is not None:
             self._mem_every = k
-            self._mem_timed = _TIMED + 1
+            self._mem_timed = _RETIMED[-1]  # fixed: never timed
 
     def _mem_cap(self):
         return self.ckpt_every if self.ckpt_every > 0 else _EVERY_CAP
@@ -178,24 +184,33 @@ class _Memory:
                     self._say(f"snapshot of step {self.step_no} refused: {e}")
                 except (_ckpt.CheckpointError, OSError) as e:  # StorageError (the tmpfs is full) among them
                     self._mem_off(f"rank {self.rank} could not put its snapshot of step {self.step_no}: {e}")
-        if self._mem_timed > _TIMED:
+        if self._mem_timed >= _RETIMED[-1]:
             return
-        # K: the first put makes the directory and is not timed; the next _TIMED are (rank 0's);
-        # counted on every rank whether its put was made, so that every rank meets the broadcast
+        # K: the first put makes the directory and is not timed; the next are (rank 0's): K is
+        # chosen at the (_TIMED + 1)th put and again at each count of _RETIMED, from the puts
+        # and steps since; counted on every rank whether its put was made, so that every rank
+        # meets the broadcasts
         self._mem_timed += 1
         if self._mem_timed > 1 and took is not None:
-            self._mem_put_s += took
-            if self._mem_step_s <= 0 or 0 < self._last_step_s < self._mem_step_s:
-                self._mem_step_s = self._last_step_s  # the fastest: the cost is not underestimated
-        if self._mem_timed <= _TIMED:
+            self._mem_puts.append(took)
+            if self._last_step_s > 0:
+                self._mem_steps.append(self._last_step_s)
+        if self._mem_timed != _TIMED + 1 and self._mem_timed not in _RETIMED:
             return
-        k = 1
-        if self.rank == 0:
-            put = self._mem_put_s / _TIMED
-            k = snap_every(put, self._mem_step_s, self._mem_cap(), self.ckpt_every if self.ckpt_every > 0 else 0)
-            self._say(f"snapshot: a put takes {put * 1e3:.2f} ms, a step {self._mem_step_s * 1e3:.2f} ms: one every "
-                      f"{k} step{'' if k == 1 else 's'} (at most {_COST_MAX * 100:.0f}% of the steps' time, at most "
-                      f"every {self._mem_cap()})")
+        k = was = self._mem_every
+        if self.rank == 0 and self._mem_puts:
+            put = sum(self._mem_puts) / len(self._mem_puts)
+            steps = sorted(self._mem_steps)
+            # the fastest of a few steps (a slow first step does not hide the cost), the median
+            # of many (a put costs its mean share of the steps' time)
+            step = 0.0 if not steps else steps[0] if len(steps) < _SETTLED else steps[len(steps) // 2]
+            k = snap_every(put, step, self._mem_cap(), self.ckpt_every if self.ckpt_every > 0 else 0)
+            if self._mem_timed == _TIMED + 1 or k != was:
+                self._say(f"snapshot: a put takes {put * 1e3:.2f} ms, a step {step * 1e3:.2f} ms"
+                          f"{'' if len(steps) < _SETTLED else f' (the median of {len(steps)})'}: one every "
+                          f"{k} step{'' if k == 1 else 's'}{'' if self._mem_timed == _TIMED + 1 else f' (was {was})'} "
+                          f"(at most {_COST_MAX * 100:.0f}% of the steps' time, at most every {self._mem_cap()})")
+        self._mem_puts, self._mem_steps = [], []
         if self.distributed and self.world > 1:
             box = [k]
             self._collective(dist.broadcast_object_list, box, 0)

@@ -203,7 +203,22 @@ class _Ahead:
             if orig is not None:
                 self.init.append((m, orig))
                 m.init_process_group = self._gated_init(orig)
+        os.register_at_fork(after_in_child=self._forked)
         threading.Thread(target=self._orders, name="rk-spare-orders", daemon=True).start()
+
+    def _forked(self):
+        """A process the script forked before its rank came (no thread to read the rank in it):
+        the launch's environment, not waited on, and the real output."""
+        if self.open:
+            return
+        self.open = True
+        os.environ, os.environb = self.environ
+        for m, orig in self.init:
+            m.init_process_group = orig
+        for fd, (real, mem) in self.held.items():
+            os.dup2(real, fd)
+            os.close(real)
+            os.close(mem)
 
     def _trace(self, phase):
         from rekindle import worker
