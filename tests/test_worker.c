@@ -362,6 +362,55 @@ static void snapshot_every_counts_the_forced_puts(void **state)
     assert_true(rk_worker_snap_every(0.0096, 0.0096, 50, 50) == 50); /* the forced alone: 2 % */
 }
 
+/* K is chosen at the 4th put and again at the 16th, 64th and 256th, each from the puts and
+ * steps since the choice before (the first steps are slow), then no more: the puts timed since
+ * the last choice are counted, and counted afresh after each. */
+static void snapshot_every_is_chosen_again(void **state)
+{
+    (void)state;
+    char dir[512], parent[512], snap[RK_SNAP_PATH_MAX];
+    rk_worker_ckpt_opts co;
+    mem_setup("retime", "", "{\"test\":\"retime\"}", dir, parent, snap, &co);
+    unsetenv("RK_SNAP_EVERY");
+    rk_err err = {0};
+    int64_t start = -1, back;
+    fixture f;
+    open_worker(&f, 10);
+    assert_int_equal(rk_worker_ckpt(f.w, &co, &start, &err), RK_OK);
+    int last = 1, choices = 0;
+    int64_t s = 0;
+    for (; s < 1200 && f.w->mem_timed < RK_WORKER_MEM_TIMED_LAST; s++) {
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        /* slow first steps, then settled */
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, s < 20 ? 0.02 : 0.001, &err), RK_OK);
+        int t = f.w->mem_timed;
+        if (t == 4 || t == 16 || t == 64 || t == RK_WORKER_MEM_TIMED_LAST) {
+            if (t != last)
+                choices++;
+            last = t;
+            assert_int_equal(f.w->mem_nput, 0); /* just chosen: counted afresh */
+        } else if (t > 1) {
+            assert_int_equal(f.w->mem_nput, t - last);
+        }
+        assert_true(f.w->mem_every >= 1 && f.w->mem_every <= co.every);
+    }
+    assert_int_equal(choices, 4);
+    assert_int_equal(f.w->mem_timed, RK_WORKER_MEM_TIMED_LAST);
+    for (int64_t end = s + 40; s < end; s++) { /* no more timing */
+        assert_int_equal(rk_worker_step_begin(f.w, s, &back, &err), RK_OK);
+        fake_step(&f);
+        assert_int_equal(rk_worker_step_end(f.w, s + 1, 0.5, 0.001, &err), RK_OK);
+    }
+    assert_int_equal(f.w->mem_timed, RK_WORKER_MEM_TIMED_LAST);
+    assert_int_equal(f.w->mem_nput, 0);
+    close_worker(&f);
+    unsetenv(RK_SNAP_DIR_ENV);
+    assert_int_equal(rk_snap_dir_remove(snap, &err), RK_OK);
+    rm_tree(parent);
+    rm_tree(dir);
+}
+
 static void memory_holds_the_disk_checkpoints_steps(void **state)
 {
     (void)state;
@@ -628,6 +677,7 @@ int main(void)
         cmocka_unit_test(builtin_checkpoints_resume_the_same_bits),
         cmocka_unit_test(memory_snapshots_resume_before_the_disk),
         cmocka_unit_test(snapshot_every_counts_the_forced_puts),
+        cmocka_unit_test(snapshot_every_is_chosen_again),
         cmocka_unit_test(memory_holds_the_disk_checkpoints_steps),
         cmocka_unit_test(memory_snapshots_pin_the_first_put_past_each_multiple),
         cmocka_unit_test(memory_snapshots_without_room_for_pins_keep_the_snapshots),

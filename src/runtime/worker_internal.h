@@ -25,6 +25,9 @@ typedef struct wbuf {
     void *snap; /* the verified snapshot's copy (PARAM, STATE, LOCAL) */
 } wbuf;
 
+/* The count of puts at which the snapshots' K is chosen for the last time (worker_snap.c). */
+#define RK_WORKER_MEM_TIMED_LAST 256
+
 struct rk_worker {
     rk_comm *comm;
     int rank, world;
@@ -60,16 +63,19 @@ struct rk_worker {
     double mtbf_s, last_save_s, last_step_t, step_s;
     rk_ckpt_lockfile *held;
     /* snapshots in memory (worker_snap.c, docs/recovery.md) */
-    int mem_on;                   /* RK_SNAP_DIR given, with checkpoints, and not turned off */
-    int mem_room_checked;         /* the room rule was applied at the first put */
-    char mem_dir[PATH_MAX];       /* RK_SNAP_DIR */
-    int64_t mem_every;            /* K, steps between puts (1 while the first puts are timed) */
-    int64_t mem_next;             /* the step of the next put */
-    int mem_timed;                /* puts made, counted to MEM_TIMED + 1: the first (which makes
-                                   * the rank's directory) is not timed, the next MEM_TIMED are */
-    double mem_put_s, mem_step_s; /* their seconds summed; the fastest step before them */
-    int64_t mem_pin_every;        /* M (RK_SNAP_PIN_EVERY): pin the first put at or past each
-                                   * multiple of M; 0: no pins */
+    int mem_on;             /* RK_SNAP_DIR given, with checkpoints, and not turned off */
+    int mem_room_checked;   /* the room rule was applied at the first put */
+    char mem_dir[PATH_MAX]; /* RK_SNAP_DIR */
+    int64_t mem_every;      /* K, steps between puts (1 while the first puts are timed) */
+    int64_t mem_next;       /* the step of the next put */
+    int mem_timed;          /* puts made, counted to RK_WORKER_MEM_TIMED_LAST: the first (which
+                             * makes the rank's directory) is not timed, the next are (worker_snap.c) */
+    double mem_put_s;       /* the seconds of the puts timed since K was last chosen */
+    int mem_nput;           /* ... how many */
+    double mem_steps[RK_WORKER_MEM_TIMED_LAST]; /* the steps before them (s) */
+    int mem_nsteps;
+    int64_t mem_pin_every; /* M (RK_SNAP_PIN_EVERY): pin the first put at or past each
+                            * multiple of M; 0: no pins */
     int mem_pin_auto;      /* RK_SNAP_PIN_EVERY=auto: M chosen at the (MEM_TIMED + 1)th put */
     int64_t mem_puts;      /* puts made by this process */
     double mem_fastest_s;  /* the fastest step at a put so far */

@@ -18,7 +18,12 @@
 #include "rekindle/snap.h"
 #include "runtime/worker_internal.h"
 
-#define MEM_TIMED 3            /* puts timed (after the first) before K is chosen */
+#define MEM_TIMED 3   /* puts timed (after the first) before K is first chosen */
+#define MEM_SETTLED 8 /* steps seen before a choice from which the median counts */
+/* K is chosen again at these counts of puts, from the puts and steps since it last was (the
+ * first steps are slow: the other ranks' start, the first buckets), as the Python Job does
+ * (_RETIMED, python/rekindle/torch/_memory.py); the last is where timing ends */
+static const int mem_retimed[] = {16, 64, RK_WORKER_MEM_TIMED_LAST};
 #define MEM_COST_MAX 0.01      /* a put may cost at most this share of K steps */
 #define MEM_HEADER_BYTES 65536 /* the room rule's allowance for a generation's header */
 #define MEM_PIN_AUTO_S 30.0    /* RK_SNAP_PIN_EVERY=auto: a pin about this often */
@@ -52,7 +57,8 @@ void rk_worker_mem_init(rk_worker *w)
     w->mem_every = 1;
     w->mem_next = 0;
     w->mem_timed = 0;
-    w->mem_put_s = w->mem_step_s = 0;
+    w->mem_put_s = 0;
+    w->mem_nput = w->mem_nsteps = 0;
     if (w->mem_on)
         snprintf(w->mem_dir, sizeof w->mem_dir, "%s", d);
     /* RK_SNAP_EVERY=K (tests and benches): K fixed, the puts not timed */
@@ -61,7 +67,7 @@ void rk_worker_mem_init(rk_worker *w)
     long long every = k && *k ? strtoll(k, &end, 10) : 0;
     if (every >= 1 && end && !*end) {
         w->mem_every = every;
-        w->mem_timed = MEM_TIMED + 1;
+        w->mem_timed = RK_WORKER_MEM_TIMED_LAST; /* never timed */
     } else if (k && *k && w->diag)
         fprintf(w->diag, "%s (rank %d): RK_SNAP_EVERY=%s is not a whole number >= 1: ignored\n",
                 w->name, w->rank, k);
@@ -167,27 +173,54 @@ double rk_worker_snap_every(double put, double step, int64_t cap, int64_t forced
     return k < 1 ? 1 : k > (double)cap ? (double)cap : k;
 }
 
-/* K from the timed puts (put: their mean; step: the fastest step before them), at most the
- * disk checkpoints' interval, their steps counted as puts when the interval is fixed. Rank 0's
- * numbers, broadcast: every rank puts the same steps. */
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* K from the puts timed since the last choice (put: their mean; step: the fastest step before
+ * them while few, the median once MEM_SETTLED or more), at most the disk checkpoints'
+ * interval, their steps counted as puts when the interval is fixed. Rank 0's numbers,
+ * broadcast: every rank puts the same steps. Said at the first choice and when K changes. */
 static int mem_choose_every(rk_worker *w, rk_err *err)
 {
-    double k = 1;
-    if (w->rank == 0) {
-        double put = w->mem_put_s / MEM_TIMED, step = w->mem_step_s;
+    double k = (double)w->mem_every, was = k;
+    if (w->rank == 0 && w->mem_nput > 0) {
+        double put = w->mem_put_s / w->mem_nput, step = 0;
+        int n = w->mem_nsteps;
+        if (n > 0) {
+            qsort(w->mem_steps, (size_t)n, sizeof w->mem_steps[0], dbl_cmp);
+            step = n < MEM_SETTLED ? w->mem_steps[0] : w->mem_steps[n / 2];
+        }
         int64_t cap = w->every > 0 ? w->every : RK_CKPT_EVERY_DEFAULT;
         k = rk_worker_snap_every(put, step, cap, w->every > 0 ? w->every : 0);
-        if (w->notes)
+        int first = w->mem_timed == MEM_TIMED + 1;
+        if (w->notes && (first || k != was))
             fprintf(w->notes,
-                    "snapshot: a put takes %.2f ms, a step %.2f ms: one every %.0f step%s "
+                    "snapshot: a put takes %.2f ms, a step %.2f ms%s: one every %.0f step%s%s "
                     "(at most %.0f%% of the steps' time, at most every %lld)\n",
-                    put * 1e3, step * 1e3, k, k == 1 ? "" : "s", MEM_COST_MAX * 100,
+                    put * 1e3, step * 1e3, n < MEM_SETTLED ? "" : " (a median)", k,
+                    k == 1 ? "" : "s", first ? "" : " (chosen again)", MEM_COST_MAX * 100,
                     (long long)cap);
     }
+    w->mem_put_s = 0;
+    w->mem_nput = w->mem_nsteps = 0;
     int rc = w->world > 1 ? rk_comm_bcast(w->comm, &k, sizeof k, 0, err) : RK_OK;
     if (!rc)
         w->mem_every = (int64_t)k;
     return rc;
+}
+
+/* Whether K is chosen at this count of puts. */
+static int mem_choice_due(int timed)
+{
+    if (timed == MEM_TIMED + 1)
+        return 1;
+    for (size_t i = 0; i < sizeof mem_retimed / sizeof mem_retimed[0]; i++)
+        if (timed == mem_retimed[i])
+            return 1;
+    return 0;
 }
 
 /* Every rank checks its own node's room for two generations of its node's ranks
@@ -285,14 +318,16 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
     if (step_s > 0 && (w->mem_fastest_s <= 0 || step_s < w->mem_fastest_s))
         w->mem_fastest_s = step_s;
     w->mem_next = steps_done + w->mem_every;
-    /* K: the first put makes the rank's directory and is not timed; the next MEM_TIMED are */
-    if (!prc && w->mem_timed <= MEM_TIMED) {
+    /* K: the first put makes the rank's directory and is not timed; the next are, K chosen at
+     * the (MEM_TIMED + 1)th and again at each count of mem_retimed */
+    if (!prc && w->mem_timed < RK_WORKER_MEM_TIMED_LAST) {
         if (w->mem_timed++ > 0) {
             w->mem_put_s += took;
-            if (w->mem_step_s <= 0 || step_s < w->mem_step_s)
-                w->mem_step_s = step_s; /* the fastest: the cost is not underestimated */
+            w->mem_nput++;
+            if (step_s > 0 && w->mem_nsteps < RK_WORKER_MEM_TIMED_LAST)
+                w->mem_steps[w->mem_nsteps++] = step_s;
         }
-        if (w->mem_timed == MEM_TIMED + 1) {
+        if (mem_choice_due(w->mem_timed)) {
             if ((rc = mem_choose_every(w, err)))
                 return rc;
             w->mem_next = steps_done + w->mem_every;
