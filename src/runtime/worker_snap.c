@@ -319,9 +319,11 @@ int rk_worker_mem_step_end(rk_worker *w, int64_t steps_done, double step_s, int 
         w->mem_fastest_s = step_s;
     w->mem_next = steps_done + w->mem_every;
     /* K: the first put makes the rank's directory and is not timed; the next are, K chosen at
-     * the (MEM_TIMED + 1)th and again at each count of mem_retimed */
-    if (!prc && w->mem_timed < RK_WORKER_MEM_TIMED_LAST) {
-        if (w->mem_timed++ > 0) {
+     * the (MEM_TIMED + 1)th and again at each count of mem_retimed. Counted on every rank
+     * whether its put was made or refused (a non-finite state, this rank's alone): every rank
+     * meets each broadcast; only a put made is timed */
+    if (w->mem_timed < RK_WORKER_MEM_TIMED_LAST) {
+        if (w->mem_timed++ > 0 && !prc) {
             w->mem_put_s += took;
             w->mem_nput++;
             if (step_s > 0 && w->mem_nsteps < RK_WORKER_MEM_TIMED_LAST)
