@@ -377,7 +377,10 @@ class _InPlace:
                   find_unused_parameters=ddp.find_unused_parameters,
                   gradient_as_bucket_view=ddp.gradient_as_bucket_view, static_graph=bool(ddp.static_graph))
         backend = dist.get_backend()
-        old = weakref.ref(dist.group.WORLD)  # the group's Python object: freed once dropped
+        try:  # the group's Python object: freed once dropped
+            old = weakref.ref(dist.group.WORLD)
+        except TypeError:  # a backend's group without weak references: the full collection
+            old = lambda: True  # noqa: E731
         exc.__traceback__ = None
         self._broken = None
         self._pg = None

@@ -23,8 +23,8 @@ from rekindle.torch._state import state_hash
 _TIMED = 3  # puts timed (after the first, which makes the directory) before K is first chosen
 # K is chosen again at these counts of puts, from the puts and steps since it last was: the
 # first steps are slow (the other ranks' start, DDP's first buckets), and a K from them alone
-# was 8 where the example's steps settled at 8.5 ms, not the 20.6 ms timed (1.9 % of the time in
-# puts, against the 1 % of the rule)
+# was 8 where the rule wanted 13 (a profiled run of the example: steps timed at 20.6 ms that
+# settled at 11.6 ms; 2.1 % of rank 0's step time in puts, against the 1 % of the rule)
 _RETIMED = (16, 64, 256)
 _SETTLED = 8  # steps seen before a choice from which the median counts, not the fastest
 _COST_MAX = 0.01  # a put may cost at most this share of the K steps between puts
