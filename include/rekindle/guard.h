@@ -39,6 +39,10 @@ typedef struct rk_spike {
 } rk_spike;
 
 /* window >= 3, z > 0 and finite; RK_EINVAL otherwise, RK_ENOMEM. */
+/* The median of v[0..n) (n >= 1; the mean of the middle two when n is even), sorting v in
+ * place. The guards' statistic, and the snapshots' settled step time (worker_snap.c). */
+RK_API double rk_median_sort(double *v, int n);
+
 RK_API int rk_spike_init(rk_spike *s, int window, double z, rk_err *err);
 RK_API void rk_spike_free(rk_spike *s);
 /* 1 if `loss` is a spike: the window is full and loss > median with a z-score above the

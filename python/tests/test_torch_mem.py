@@ -177,7 +177,8 @@ class Memory(unittest.TestCase):
 
         def rule(put, step, cap, forced=0):
             seen = sorted(sys._getframe(1).f_locals["self"]._mem_steps)  # the Job's, since the last choice
-            calls.append((put, step, cap, forced, len(seen), seen[0] if len(seen) < 8 else seen[len(seen) // 2]))
+            n = len(seen)
+            calls.append((put, step, cap, forced, n, seen[0] if n < 8 else (seen[n // 2 - 1] + seen[n // 2]) / 2))
             return 1
 
         with mock.patch.object(_memory, "snap_every", rule):

@@ -14,8 +14,8 @@ static int dbl_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median of v[0..n) (n >= 1), sorting v. */
-static double median_sort(double *v, int n)
+/* rekindle/guard.h */
+double rk_median_sort(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, dbl_cmp);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
@@ -54,10 +54,10 @@ int rk_spike_test(const rk_spike *s, double loss, double *zscore)
     if (!s->v || s->n < s->window)
         return 0;
     memcpy(s->tmp, s->v, (size_t)s->n * sizeof *s->tmp);
-    double med = median_sort(s->tmp, s->n);
+    double med = rk_median_sort(s->tmp, s->n);
     for (int i = 0; i < s->n; i++)
         s->tmp[i] = fabs(s->v[i] - med);
-    double mad = median_sort(s->tmp, s->n);
+    double mad = rk_median_sort(s->tmp, s->n);
     double floor = 1e-2 * fabs(med);
     if (mad < floor)
         mad = floor;
@@ -101,7 +101,7 @@ int rk_guard_outliers(const double *norms, int n, double ratio, unsigned char *f
     if (!ok)
         return flagged;
     if (usable >= 3) {
-        double med = median_sort(ok, usable);
+        double med = rk_median_sort(ok, usable);
         for (int i = 0; i < n; i++)
             if (!flags[i] && norms[i] >= 0 && norms[i] > ratio * med) {
                 flags[i] = 1;

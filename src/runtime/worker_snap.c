@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base/clock.h"
+#include "rekindle/guard.h"
 #include "rekindle/snap.h"
 #include "runtime/worker_internal.h"
 
@@ -173,12 +174,6 @@ double rk_worker_snap_every(double put, double step, int64_t cap, int64_t forced
     return k < 1 ? 1 : k > (double)cap ? (double)cap : k;
 }
 
-static int dbl_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* K from the puts timed since the last choice (put: their mean; step: the fastest step before
  * them while few, the median once MEM_SETTLED or more), at most the disk checkpoints'
  * interval, their steps counted as puts when the interval is fixed. Rank 0's numbers,
@@ -189,10 +184,12 @@ static int mem_choose_every(rk_worker *w, rk_err *err)
     if (w->rank == 0 && w->mem_nput > 0) {
         double put = w->mem_put_s / w->mem_nput, step = 0;
         int n = w->mem_nsteps;
-        if (n > 0) {
-            qsort(w->mem_steps, (size_t)n, sizeof w->mem_steps[0], dbl_cmp);
-            step = n < MEM_SETTLED ? w->mem_steps[0] : w->mem_steps[n / 2];
-        }
+        if (n >= MEM_SETTLED)
+            step = rk_median_sort(w->mem_steps, n);
+        else
+            for (int i = 0; i < n; i++)
+                if (i == 0 || w->mem_steps[i] < step)
+                    step = w->mem_steps[i];
         int64_t cap = w->every > 0 ? w->every : RK_CKPT_EVERY_DEFAULT;
         k = rk_worker_snap_every(put, step, cap, w->every > 0 ? w->every : 0);
         int first = w->mem_timed == MEM_TIMED + 1;
