@@ -9,6 +9,8 @@
 # at most the step in flight lost (the hang's with its stack dump), and rk run relaunched nothing; each replacement was the
 # warm spare. Then 4 ranks through a crash, a communication failure and a hang of three
 # different ranks: the 4-rank fault-free parameters, three in_place incidents, the spare each time.
+# And two failures at once (ranks 1 and 2 crashing at one step), and a rank SIGKILLed while
+# another's replacement starts: both replaced in place, the 4-rank fault-free parameters.
 # And a failure that reaches its device's --failure-threshold is not replaced in place: the
 # job is relaunched without the device. And with K timed at run time, a rank replaced after
 # every original rank was (its survivor itself a replacement) takes the survivors' K; there
@@ -183,5 +185,51 @@ check(all(0 <= e["lost_steps"] <= 1 and e.get("recovery_s") is not None for e in
       f"{[(e['lost_steps'], e.get('recovery_s')) for e in ev if e['action'] == 'in_place']}")
 check(not [e for e in ev if e["action"] == "relaunch"], "4 ranks: no relaunch incident")
 PY
+
+# ---- 4 ranks: a failure during the recovery of another (docs/recovery.md) -------------------
+# two_failures NAME: the job finishes with the 4-rank fault-free parameters, without a relaunch,
+# each failure an in_place incident of its rank, the later one "during the recovery"
+two_failures() {
+  local name=$1 st=$2 h
+  [[ $st == 0 ]] && ok "$name: the job finishes" || bad "$name: exit $st: $(tail -8 "$work/$name.log")"
+  h=$(json "$name.json" hash 2>/dev/null)
+  [[ -n $h && $h == "$ref4" ]] && ok "$name: parameters hash $h equals the fault-free run's" \
+    || bad "$name: parameters hash '$h' differs from the fault-free $ref4"
+  grep -q "0 restarts" "$work/$name.log" && ok "$name: no relaunch" || bad "$name: a relaunch: $(grep restart "$work/$name.log")"
+  it_count "$py" - "$work/$name.events" "$name" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+name = sys.argv[2]
+inp = [e for e in ev if e["action"] == "in_place"]
+ok = sorted((e["kind"], e["rank"]) for e in inp) == [("crash", 1), ("crash", 2)] and \
+    " during the recovery of an earlier failure;" in inp[-1]["detail"] and \
+    not [e for e in ev if e["action"] == "relaunch"] and \
+    all(0 <= e["lost_steps"] <= 1 and e.get("recovery_s") is not None for e in inp)
+print(("ok - " if ok else "FAIL - ") + f"{name}: two in-place crashes (ranks 1 and 2), the later during the "
+      f"recovery, each recovered with at most 1 step lost: {[(e['kind'], e['rank'], e['lost_steps'], e['detail'][:160]) for e in inp]}")
+PY
+}
+# ranks 1 and 2 crash at the same step: both replaced in one rendezvous (before, the second was
+# given up on and the job relaunched from memory)
+sup both "$n" --recovery inplace --inject "crash@step=12:rank=1,crash@step=12:rank=2"
+two_failures both $?
+grep -q "in place: every rank is stepping again, [0-9.]* s after ranks 1 (now pid [0-9]*), 2 (now pid [0-9]*) were replaced" \
+  "$work/both.log" && ok "both: rk run says both ranks were replaced" \
+  || bad "both: no line for both: $(grep 'stepping again' "$work/both.log")"
+# rank 2 SIGKILLed (by its pid) while rank 1's replacement starts (cold: RK_SPARE=0, so that the
+# recovery lasts the seconds of a Python start): its rendezvous is void, the survivors leave
+# it (rank 0 made its store: it waited there for rank 2) and join rk run's next with both
+RK_SPARE=0 sup during "$n" --recovery inplace --inject "crash@step=12:rank=1" &
+sp=$!
+pids+=("$sp")
+victim=""
+wait_for 'grep -q "crash: rank 1 died .* replacing it in place" "$work/during.log" || ! kill -0 "$sp" 2>/dev/null' 300
+victim=$(rank_pid "$sp" 2 train_fashion_mnist.py) && kill -9 "$victim" &&
+  ok "during: SIGKILL to rank 2 (pid $victim) during rank 1's replacement" || bad "during: no rank 2 to kill"
+wait "$sp"
+two_failures during $?
+n0=$(grep -c "^rekindle.torch: rank [03]: rejoined in place (epoch 2, port [0-9]*, after 1 void rendezvous)" "$work/during.log")
+[[ $n0 == 2 ]] && ok "during: ranks 0 and 3 left the void rendezvous and rejoined the next" \
+  || bad "during: $n0 of ranks 0 and 3 say so: $(grep -E 'rejoin|void' "$work/during.log" | head -8)"
 
 it_finish

@@ -347,5 +347,69 @@ class TestRngPack(unittest.TestCase):
             random.setstate(r)
             self.assertEqual(a, (np.random.normal(), random.gauss(0, 1)))
 
+
+class TestVoidRendezvous(unittest.TestCase):
+    """A survivor joining a rendezvous that rk run has made void (a newer rejoin command: a
+    failure during the recovery) is not left waiting for a rank that will never come."""
+
+    class _W:  # the Worker's side _Watch reads: alive() and the newest rejoin command
+        def __init__(self):
+            self.rejoin = {"epoch": 1, "port": 1}
+
+        def alive(self):
+            return True
+
+    def _store(self):
+        import datetime
+        import socket as so
+        with so.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return port, dist.TCPStore("127.0.0.1", port, 2, True, datetime.timedelta(seconds=60),
+                                   wait_for_workers=False, multi_tenant=True)
+
+    def test_a_newer_rejoin_ends_a_store_wait_at_once(self):
+        import threading
+        import time
+
+        from rekindle.torch import _inplace
+        port, store = self._store()
+        w = self._W()
+        watch = _inplace._Watch(w, 1, port)
+        try:
+            threading.Timer(0.3, lambda: w.__setattr__("rejoin", {"epoch": 2, "port": 2})).start()
+            t0 = time.monotonic()
+            with self.assertRaises(RuntimeError):  # the key a dead rank would have set: 60 s
+                store.wait(["rank_2_address"])
+            took = time.monotonic() - t0
+            self.assertTrue(watch.void())
+            self.assertLess(took, 30.0, "the wait lasted the store's timeout")
+        finally:
+            watch.close()
+        self.assertFalse(watch._t.is_alive())
+
+    def test_no_newer_rejoin_touches_nothing(self):
+        from rekindle.torch import _inplace
+        port, store = self._store()
+        watch = _inplace._Watch(self._W(), 1, port)
+        store.set("k", b"v")
+        for _ in range(20):  # the watch runs every 5 ms: it leaves the store's connection open
+            self.assertEqual(store.get("k"), b"v")
+            watch._done.wait(0.01)
+        watch.close()
+        self.assertFalse(watch.void())
+        self.assertEqual(_inplace._shut_store(port + 1 if port < 65535 else port - 1), 0)
+
+    def test_await_store_gives_up_on_a_void_rendezvous(self):
+        import socket as so
+
+        from rekindle.torch import _inplace
+        with so.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # nothing listens there
+        with self.assertRaisesRegex(_inplace._Void, "is void"):
+            _inplace.await_store("127.0.0.1", port, wait_s=30, void=lambda: True)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -4,8 +4,11 @@
  * communication failure is started again by the keeper (launch.c, rk_launch_start_inplace)
  * while the other ranks keep their processes: they are told to rejoin a new rendezvous (a
  * new MASTER_PORT and epoch), and every rank restores the agreed step from the node's
- * snapshot. Anything else (a failure during a replacement, a failure of another kind, a rank
- * that said bye) is given up on: the keeper ends the job and the launch ends as it would have.
+ * snapshot. A failure while a replacement is under way (another rank, or the replacement
+ * itself) voids that rendezvous: a new epoch, every rank of the recovery started again (the
+ * keeper kills a replacement that has not rejoined, and reports its end), the others told to
+ * rejoin it. Anything else (a failure of another kind, no rank kept, a rank that said bye) is
+ * given up on: the keeper ends the job and the launch ends as it would have.
  */
 #include "supervisor/sup.h"
 
@@ -25,10 +28,12 @@ void sup_inplace_reset(sup *s)
                       ? IP_READY
                       : IP_OFF;
     s->ip_rank = -1;
+    s->ip_port = 0;
     s->ip_hung = -1;
     s->ip_hang[0] = '\0';
-    s->ip_t = 0;
-    s->ip_inc = SIZE_MAX;
+    s->ip_t = s->ip_te = 0;
+    memset(s->ip_set, 0, sizeof s->ip_set);
+    memset(s->ip_killed, 0, sizeof s->ip_killed);
     const char *sp = getenv("RK_SPARE"); /* "0": no warm spare (A/B benches) */
     s->ip_spare = sp && strcmp(sp, "0") == 0 ? -1 : 0;
     memset(s->rejoin, 0, sizeof s->rejoin);
@@ -49,6 +54,47 @@ static int all_can_rejoin(sup *s)
     return 1;
 }
 
+/* While replacing: 1 if rank q's failure can be recovered in place too: every rank neither
+ * being replaced nor q said hello with "rejoin" and has not said bye, and there is one. */
+static int kept_can_rejoin(sup *s, int q)
+{
+    int kept = 0;
+    for (int r = 0; r < s->n; r++) {
+        if (r == q || s->ip_set[r])
+            continue;
+        const rk_sup_conn *c = sup_by_rank(s, r);
+        if (!s->rejoin[r] || !c || sup_conn_left(c))
+            return 0;
+        kept++;
+    }
+    return kept > 0;
+}
+
+/* A replacement's environment over the launch's: the epoch's rendezvous and the faults fired
+ * so far (a warm spare's script, run ahead, waits at its first read of one of these:
+ * _RANK_NAMES in python/rekindle/torch/_spare.py). NULL-ended, in static storage. */
+static char **order_env(sup *s)
+{
+    static char env[3][RK_SUP_DONE_MAX + 32];
+    static char *extra[4];
+    int ne = 0;
+    snprintf(env[0], sizeof env[0], "MASTER_PORT=%d", s->ip_port);
+    snprintf(env[1], sizeof env[1], "RK_REJOIN_EPOCH=%d", s->ip_epoch);
+    extra[ne++] = env[0];
+    extra[ne++] = env[1];
+    if (s->o->inject) {
+        size_t w = (size_t)snprintf(env[2], sizeof env[2], "RK_INJECT_DONE=");
+        size_t base = w;
+        for (size_t k = 0; k < rk_inject_count(s->spec) && w + 24 < sizeof env[2]; k++)
+            if (s->fired[k])
+                w += (size_t)snprintf(env[2] + w, sizeof env[2] - w, w > base ? ",%zu" : "%zu", k);
+        if (w > base)
+            extra[ne++] = env[2];
+    }
+    extra[ne] = NULL;
+    return extra;
+}
+
 /* Once every rank can rejoin, and again after each replacement: the keeper starts a warm
  * spare (a process that has imported torch and the script's imports, waiting for a rank), so a
  * replacement does not start Python and import torch on the recovery path. */
@@ -61,7 +107,8 @@ static void ask_spare(sup *s)
 
 int sup_inplace_may(const sup *s, int rank)
 {
-    return s->ip_state == IP_READY && rank >= 0 && rank < s->n && s->rejoin[rank];
+    return (s->ip_state == IP_READY || s->ip_state == IP_REPLACING) && rank >= 0 && rank < s->n &&
+           s->rejoin[rank];
 }
 
 /* The keeper is told to end the job: the launch ends as without recovery in place. */
@@ -73,9 +120,11 @@ static void give_up(sup *s, int rank)
     (void)rk_launch_respawn(&s->l, -1, NULL);
 }
 
-/* IP_READY -> IP_REPLACING: rank r ended with status `code` (128 + signal, or 3). */
+/* IP_READY -> IP_REPLACING, or IP_REPLACING again: rank r ended with status `code` (128 +
+ * signal, or 3). */
 static void replace(sup *s, int r, int code)
 {
+    int again = s->ip_state == IP_REPLACING; /* the rendezvous under way is void */
     rk_sup_conn *c = sup_by_rank(s, r);
     int64_t at = c ? c->done : s->last_done;
     long pid = c ? c->pid : -1;
@@ -89,7 +138,7 @@ static void replace(sup *s, int r, int code)
     else
         snprintf(how, sizeof how, "exited with status %d", code);
     int epoch = ++s->ip_epoch;
-    int port = rk_env_free_port();
+    int port = s->ip_port = rk_env_free_port();
     char kept[256]; /* the ranks kept, with their pids as the kernel named them (SO_PEERCRED) */
     size_t u = 0;
     kept[0] = '\0';
@@ -101,10 +150,11 @@ static void replace(sup *s, int r, int code)
     }
     rk_incident *i = rk_ledger_add(
         &s->g, kind, r, sup_devname(s, r), "in_place",
-        "rank %d (device %s, pid %ld) %s at step %lld%s%s; replaced in place, ranks kept: %s "
+        "rank %d (device %s, pid %ld) %s at step %lld%s%s%s; replaced in place, ranks kept: %s "
         "(rendezvous epoch %d, port %d)",
         r, sup_devname(s, r), pid, how, (long long)at, s->exit_detail[0] ? ": " : "",
-        s->exit_detail, kept, epoch, port);
+        s->exit_detail, again ? " during the recovery of an earlier failure" : "", kept, epoch,
+        port);
     if (s->seen.exit_kind == RK_SUP_KIND_NONE)
         s->exit_detail[0] = '\0'; /* kept for this incident only (conns.c's on_exit_event) */
     /* the old connection is gone: the replacement's hello claims the rank */
@@ -138,49 +188,44 @@ static void replace(sup *s, int r, int code)
     s->stacks[0] = '\0';
     if (i) {
         i->step = at;
-        s->ip_inc = (size_t)(i - s->g.inc);
         sup_pend_relaunch(s, i); /* recovered when every rank steps again; its lost steps */
     }
     s->to_count[r]++; /* a failure of its device, counted by the loop (drain.c) */
     snprintf(s->count_kind[r], sizeof s->count_kind[r], "%s", kind);
+    s->ip_set[r] = 1;
+    int nkill = 0;
+    if (again) /* a replacement that has not rejoined waits in a void rendezvous: the keeper
+                * kills it and reports its end (sup_inplace_tick starts it again, this epoch) */
+        for (int k = 0; k < s->n; k++)
+            if (k != r && s->ip_set[k] && !sup_by_rank(s, k) && !s->ip_killed[k] &&
+                rk_launch_respawn(&s->l, RK_LAUNCH_ORDER_KILL(k), NULL) == RK_OK) {
+                s->ip_killed[k] = 1;
+                nkill++;
+            }
     char line[RK_HB_REJOIN_LINE_MAX];
     size_t len;
     if (rk_hb_rejoin_format(epoch, port, line, sizeof line, &len, NULL) == RK_OK)
         for (int k = 0; k < s->nconn; k++)
             if (s->c[k].fd >= 0 && s->c[k].st == SUP_CONN_RANK)
                 (void)send(s->c[k].fd, line, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    /* the replacement: the launch's environment, then a new rendezvous and the faults fired
-     * (a warm spare's script, run ahead, waits at its first read of one of these:
-     * _RANK_NAMES in python/rekindle/torch/_spare.py) */
-    static char env[3][RK_SUP_DONE_MAX + 32];
-    char *extra[4];
-    int ne = 0;
-    snprintf(env[0], sizeof env[0], "MASTER_PORT=%d", port);
-    snprintf(env[1], sizeof env[1], "RK_REJOIN_EPOCH=%d", epoch);
-    extra[ne++] = env[0];
-    extra[ne++] = env[1];
-    if (s->o->inject) {
-        size_t w = (size_t)snprintf(env[2], sizeof env[2], "RK_INJECT_DONE=");
-        size_t base = w;
-        for (size_t k = 0; k < rk_inject_count(s->spec) && w + 24 < sizeof env[2]; k++)
-            if (s->fired[k])
-                w += (size_t)snprintf(env[2] + w, sizeof env[2] - w, w > base ? ",%zu" : "%zu", k);
-        if (w > base)
-            extra[ne++] = env[2];
-    }
-    extra[ne] = NULL;
     s->ip_state = IP_REPLACING;
     if (s->ip_spare > 0)
         s->ip_spare = 0; /* the keeper's spare (if it has one) becomes rank r */
-    s->ip_rank = r;
-    s->ip_t = rk_ledger_now(&s->g);
+    s->ip_te = rk_ledger_now(&s->g);
+    if (!again) {
+        s->ip_rank = r;
+        s->ip_t = s->ip_te;
+    }
     s->g.in_place++;
     sup_say(s,
             "%s: rank %d %s at step %lld; replacing it in place (the other ranks rejoin: epoch "
-            "%d, port %d)",
-            kind, r, how, (long long)at, epoch, port);
+            "%d, port %d)%s",
+            kind, r, how, (long long)at, epoch, port,
+            !again  ? ""
+            : nkill ? "; a recovery was under way: its replacements not rejoined yet start again"
+                    : "; a recovery was under way");
     rk_phase_mark("sup.inplace", s->launch_no, r); /* RK_TRACE_LAUNCH (base/phase.h) */
-    if (rk_launch_respawn(&s->l, r, extra) != RK_OK) {
+    if (rk_launch_respawn(&s->l, r, order_env(s)) != RK_OK) {
         sup_fail(s, "rank %d could not be started again in place", r);
         give_up(s, r);
     }
@@ -192,8 +237,20 @@ void sup_inplace_tick(sup *s)
         return;
     int code, r;
     while ((r = rk_launch_failed(&s->l, &code)) >= 0) {
-        int ok = s->ip_state == IP_READY && !sup_failing(s) && !sup_stop_sent(s) && r < s->n &&
-                 (code >= 128 || code == RK_EXIT_COMM) && all_can_rejoin(s);
+        if (s->ip_state == IP_REPLACING && r < s->n && s->ip_killed[r]) {
+            /* killed by order (replace): started again in this epoch's rendezvous */
+            s->ip_killed[r] = 0;
+            if (rk_launch_respawn(&s->l, r, order_env(s)) != RK_OK) {
+                sup_fail(s, "rank %d could not be started again in place", r);
+                give_up(s, r);
+            }
+            continue;
+        }
+        int ok = !sup_failing(s) && !sup_stop_sent(s) && r < s->n &&
+                 (code >= 128 || code == RK_EXIT_COMM) &&
+                 (s->ip_state == IP_READY       ? all_can_rejoin(s)
+                  : s->ip_state == IP_REPLACING ? kept_can_rejoin(s, r)
+                                                : 0);
         if (ok && rk_sup_would_quarantine(&s->devs[s->dev[r]], s->o->failure_threshold)) {
             /* this failure sets its device aside: the job is relaunched on the devices left,
              * as without recovery in place, rather than replaced and then stopped to shrink */
@@ -219,7 +276,8 @@ void sup_inplace_tick(sup *s)
                          sup_devname(s, q), (long long)s->last_done);
             give_up(s, q);
         }
-    if (s->ip_state == IP_REPLACING && now - s->ip_t > s->o->startup_timeout_s && !sup_failing(s)) {
+    if (s->ip_state == IP_REPLACING && now - s->ip_te > s->o->startup_timeout_s &&
+        !sup_failing(s)) {
         s->seen.startup_timeout = 1;
         sup_fail(s, "rank %d's replacement did not rejoin within %.0f s", s->ip_rank,
                  s->o->startup_timeout_s);
@@ -247,7 +305,7 @@ void sup_inplace_hello(sup *s, const rk_hb_msg *m)
         return;
     s->rejoin[m->rank] = m->rejoin;
     ask_spare(s);
-    if (s->ip_state != IP_REPLACING || m->rank != s->ip_rank)
+    if (s->ip_state != IP_REPLACING || !s->ip_set[m->rank])
         return;
     for (int r = 0; r < s->n; r++) /* every rank restored the step the replacement says */
         s->hello_step[r] = m->step;
@@ -260,12 +318,29 @@ void sup_inplace_step(sup *s)
     if (s->ip_state != IP_REPLACING)
         return;
     double now = rk_ledger_now(&s->g);
-    const rk_sup_conn *c = sup_by_rank(s, s->ip_rank);
-    sup_say(
-        s,
-        "in place: every rank is stepping again, %.2f s after rank %d was replaced (now pid %ld)",
-        now - s->ip_t, s->ip_rank, c ? c->pid : -1L);
+    char who[256]; /* the ranks replaced, each with its pid now */
+    size_t u = 0;
+    int nset = 0, one = -1;
+    who[0] = '\0';
+    for (int r = 0; r < s->n && u + 48 < sizeof who; r++)
+        if (s->ip_set[r]) {
+            const rk_sup_conn *c = sup_by_rank(s, r);
+            u += (size_t)snprintf(who + u, sizeof who - u, "%s%d (now pid %ld)", u ? ", " : "", r,
+                                  c ? c->pid : -1L);
+            nset++;
+            one = r;
+        }
+    if (nset == 1) {
+        const rk_sup_conn *c = sup_by_rank(s, one);
+        sup_say(s,
+                "in place: every rank is stepping again, %.2f s after rank %d was replaced (now "
+                "pid %ld)",
+                now - s->ip_t, one, c ? c->pid : -1L);
+    } else
+        sup_say(s, "in place: every rank is stepping again, %.2f s after ranks %s were replaced",
+                now - s->ip_t, who);
     s->ip_state = IP_READY;
     s->ip_rank = -1;
+    memset(s->ip_set, 0, sizeof s->ip_set);
     ask_spare(s); /* the next replacement's, started now the job is back at work */
 }

@@ -801,6 +801,12 @@ static void keeper(int pidns, int life, int report, const char **argv, char *con
                     start_spare(argv, env, preload, &set, &spare, &spare_w);
                 continue;
             }
+            if (ok && r <= RK_LAUNCH_ORDER_KILL(0)) { /* its end is reported when reaped */
+                int k = RK_LAUNCH_ORDER_KILL(0) - r;
+                if (k < nchild && child[k] > 0)
+                    kill(child[k], SIGKILL); /* the keeper's own child, by its own pid */
+                continue;
+            }
             if (!ok || r < 0 || r >= nchild ||
                 child[r] > 0) { /* give up (or rk run has gone): the job ends as without */
                 signal_job(pidns, SIGKILL);

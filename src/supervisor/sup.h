@@ -193,20 +193,28 @@ typedef struct sup {
      *     IP_OFF     this launch cannot (not asked, not local, not every hello said rejoin)
      *     IP_READY   -> IP_REPLACING  sup_inplace_tick: the keeper said rank ip_rank died;
      *                                 the survivors told to rejoin, the keeper to start it again
+     *     IP_REPLACING -> IP_REPLACING sup_inplace_tick: another rank failed (a survivor, or a
+     *                                 replacement): a new epoch, every rank of ip_set started
+     *                                 again (docs/recovery.md "A failure during a recovery")
      *     IP_REPLACING -> IP_READY    sup_inplace_step (conns.c: a step once every rank said
      *                                 hello): every rank is stepping again
      *     any        -> IP_OFF        sup_inplace_tick: a failure it does not replace (the
      *                                 keeper told to give up: the launch ends as without) */
     int ip_state;
-    int ip_rank; /* IP_REPLACING: the rank being replaced */
+    unsigned char ip_set[RK_SUP_MAX_DEVICES];    /* IP_REPLACING: rank -> being replaced */
+    unsigned char ip_killed[RK_SUP_MAX_DEVICES]; /* rank -> its replacement killed by order
+                                                  * (a later failure voided its rendezvous):
+                                                  * started again at its end */
+    int ip_rank; /* IP_REPLACING: the first rank replaced (its line, the timeout's blame) */
+    int ip_port; /* IP_REPLACING: the rendezvous' port (MASTER_PORT) of epoch ip_epoch */
     int ip_hung; /* a hung rank killed to be replaced (-1: none): watch.c's hang check waits
                   * for the keeper's word on it */
     char ip_hang[RK_HB_DETAIL_MAX + 64]; /* ... the hang's sentence, for its incident */
-    int ip_epoch;  /* the rendezvous' epoch (RK_REJOIN_EPOCH, rejoin's "epoch"): the job's */
-    double ip_t;   /* IP_REPLACING: since when */
-    size_t ip_inc; /* IP_REPLACING: its incident (index into g.inc) */
-    int ip_spare;  /* the keeper was told to start a warm spare since the last replacement
-                    * (-1: never, RK_SPARE=0) */
+    int ip_epoch; /* the rendezvous' epoch (RK_REJOIN_EPOCH, rejoin's "epoch"): the job's */
+    double ip_t;  /* IP_REPLACING: since when (the first failure) */
+    double ip_te; /* IP_REPLACING: since when the epoch's rendezvous (the startup bound) */
+    int ip_spare; /* the keeper was told to start a warm spare since the last replacement
+                   * (-1: never, RK_SPARE=0) */
     unsigned char rejoin[RK_SUP_MAX_DEVICES]; /* rank -> its hello said rejoin */
     double lost_t[RK_SUP_MAX_DEVICES];        /* rank -> its connection closed (0: not) */
     /* ---- pending.c: incidents waiting for the job to be back at work (index into g.inc) */

@@ -197,8 +197,12 @@ int rk_launch_failed(rk_launch *l, int *code);
  * 4 KiB in all) over the launch's environment; rank -1: give up, end the job; rank
  * RK_LAUNCH_ORDER_SPARE: start a warm spare if none is waiting (a PyTorch rank's `python
  * SCRIPT` only: python/rekindle/torch/_spare.py), which the next replacement becomes instead of
- * a new process. RK_EINVAL if `extra` is too long, RK_EIO if the keeper has gone. */
+ * a new process; rank RK_LAUNCH_ORDER_KILL(r): SIGKILL the keeper's process of rank r (a
+ * replacement that has not rejoined: a second failure made its rendezvous void), whose end the
+ * keeper then reports as any rank's (rk_launch_failed). RK_EINVAL if `extra` is too long,
+ * RK_EIO if the keeper has gone. */
 #define RK_LAUNCH_ORDER_SPARE (-2)
+#define RK_LAUNCH_ORDER_KILL(r) (-3 - (r))
 /* The warm spare's argv from a rank's: `PYTHON [OPTS] SCRIPT ARGS` becomes `PYTHON [OPTS] -m
  * rekindle.torch._spare SCRIPT ARGS` (python/rekindle/torch/_spare.py: it imports torch and the
  * script's imports, waits for a rank, then runs the script as __main__), NULL-ended in out[cap].

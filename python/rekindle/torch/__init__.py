@@ -970,7 +970,9 @@ class Job(_Checkpoints, _Memory, _InPlace):
         try:
             return fn(*a, **kw)
         except Exception as e:
-            if getattr(self, "_rejoin_ok", False) and self._in_steps and not self._rejoining:
+            if getattr(self, "_rejoin_ok", False) and self._rejoining:
+                raise  # a peer failed during the rejoin: _rejoin waits for rk run's next command
+            if getattr(self, "_rejoin_ok", False) and self._in_steps:
                 self._rejoin(e)
                 raise _Rejoined() from None
             self._comm_failed(e)

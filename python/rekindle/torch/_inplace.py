@@ -15,12 +15,14 @@ import random
 import socket
 import struct
 import sys
+import threading
 import time
 import weakref
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 from torch.nn.parallel import DistributedDataParallel as _DDP
 
 from rekindle import ckpt as _ckpt
@@ -58,14 +60,17 @@ _REJOIN_WAIT_S = 30.0  # how long a survivor waits for rk run's rejoin command
 _EPOCH_ENV = "RK_REJOIN_EPOCH"  # set for a replacement: the epoch of the group it joins
 
 
-def await_store(addr, port, wait_s=_REJOIN_WAIT_S):
+def await_store(addr, port, wait_s=_REJOIN_WAIT_S, void=None):
     """Returns once rank 0's store of a new rendezvous accepts connections on addr:port (a
     probe connection, closed at once; the store counts only clients that say so), or after
-    wait_s. A rank other than 0 joins a new group while rank 0 is still making it: torch's
-    store client retries a refused connection only after a second (torch 1.13: 0.95 s lost
-    when it came 50 ms early), which was most of a replacement's time in place."""
+    wait_s, or once `void()` says the rendezvous is void. A rank other than 0 joins a new
+    group while rank 0 is still making it: torch's store client retries a refused connection
+    only after a second (torch 1.13: 0.95 s lost when it came 50 ms early), which was most of
+    a replacement's time in place."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
+        if void is not None and void():
+            raise _Void(f"the rendezvous on port {port} is void: rk run started a newer one")
         try:
             socket.create_connection((addr, int(port)), timeout=0.2).close()
             return
@@ -73,6 +78,100 @@ def await_store(addr, port, wait_s=_REJOIN_WAIT_S):
             time.sleep(0.002)
         except OSError:
             return  # not a refusal (no route, a bad name): the store's client says what is wrong
+
+
+class _Void(RuntimeError):
+    """The rendezvous this rank is joining is void: rk run sent a newer rejoin command (a
+    failure during the recovery)."""
+
+
+def _sockets_to(port):
+    """This process's descriptors of TCP connections to `port` (a rendezvous store's): (fd,
+    inode) pairs, from /proc/self/fd and the namespace's /proc/self/net/tcp{,6}."""
+    inodes = set()
+    for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(name, "rb") as f:
+                lines = f.read(1 << 22).splitlines()[1:]
+        except OSError:
+            continue
+        for ln in lines:
+            f = ln.split()
+            if len(f) > 9 and f[2].rpartition(b":")[2] and int(f[2].rpartition(b":")[2], 16) == port:
+                inodes.add(int(f[9]))
+    out = []
+    if not inodes:
+        return out
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in inodes:
+            out.append((int(fd), int(link[8:-1])))
+    return out
+
+
+def _shut_store(port):
+    """Shuts down (both ways) this process's connections to the store on `port`: a call of
+    torch's blocked on them (a store wait of init_process_group, for a rank that will not
+    come) raises at once. Each descriptor is duplicated and checked to be the same socket
+    first (a descriptor closed and reused meanwhile is not touched); the store's own listening
+    and accepted sockets (rank 0's) are left alone. The number shut."""
+    n = 0
+    for fd, ino in _sockets_to(port):
+        try:
+            d = os.dup(fd)
+        except OSError:
+            continue
+        try:
+            if os.fstat(d).st_ino != ino:
+                continue
+            with socket.socket(fileno=d) as sk:
+                d = -1
+                try:
+                    sk.shutdown(socket.SHUT_RDWR)
+                    n += 1
+                except OSError:
+                    pass
+        finally:
+            if d >= 0:
+                os.close(d)
+    return n
+
+
+class _Watch:
+    """While a survivor joins the rendezvous of `epoch` on `port`: a thread that watches for
+    rk run's newer rejoin command (a failure during this recovery voids the rendezvous) and
+    then shuts this process's connections to the store (_shut_store), so that a wait on a
+    rank that will never come (it died, or rk run killed it to start it again) raises instead
+    of lasting torch's timeout. `void()` says whether it came."""
+
+    def __init__(self, w, epoch, port):
+        self._w, self._epoch, self._port = w, epoch, int(port)
+        self._done = threading.Event()
+        self._void = False
+        self._t = threading.Thread(target=self._run, name="rekindle-rejoin-watch", daemon=True)
+        self._t.start()
+
+    def void(self):
+        return self._void
+
+    def _newer(self):
+        alive = self._w.alive()  # reads what arrived (the lock is the Worker's); keeps commands
+        r = self._w.rejoin
+        return not alive or (r is not None and r["epoch"] > self._epoch)
+
+    def _run(self):
+        while not self._done.wait(0.005):
+            if not self._void and self._newer():
+                self._void = True
+            if self._void:  # again while the main thread is in it: a store client made later
+                _shut_store(self._port)
+
+    def close(self):
+        self._done.set()
+        self._t.join()
 
 
 class _Rejoined(Exception):
@@ -313,20 +412,9 @@ class _InPlace:
         what = " ".join(str(exc).split())[:200]
         self._say(f"collective failed at step {self.step_no}: {type(exc).__name__}: {what}; waiting for rk run's "
                   "rejoin command")
-        backend, kw = self._leave_group(exc)
+        backend, kw = self._ddp_args()
+        self._leave_group(exc)
         _worker.trace_phase("py.left")  # the old group dropped: waits for the rejoin command
-        deadline = time.monotonic() + _REJOIN_WAIT_S
-        while True:
-            cmds = self.w.poll()
-            if "stop" in cmds:
-                self._stop_local = True
-            r = self.w.rejoin
-            if r is not None and r["epoch"] > self._rejoin_epoch:
-                break
-            if not self.w.alive() or time.monotonic() > deadline:
-                self._rejoin_failed(f"no rejoin command within {_REJOIN_WAIT_S:.0f} s after: {what}")
-            time.sleep(0.002)
-        self._rejoin_epoch = r["epoch"]
         # a survivor of this failure, whatever it was at its start: the one whose K and timing
         # the new replacement takes (a process that was itself a replacement once is still
         # `_replacement` from its start; once every original rank had been replaced, no rank
@@ -334,24 +422,33 @@ class _InPlace:
         # broadcast of K three puts later hung the job: every 10-minute PyTorch run of
         # bench/run_goodput on 2026-12-07, at about 540 s)
         self._replacement = False
-        t0 = time.monotonic()
-        _worker.trace_phase("py.rejoin")  # RK_TRACE_LAUNCH: the rejoin command is here
+        t0 = None
         was = self.step_no
         mid = self._attempt is not None  # in job.step(): the loop's code after it runs next
-        self._rejoining = True
-        try:
-            self._rejoin_group(r["port"], backend, kw)
-            _worker.trace_phase("py.grouped")  # the new group formed: the replacement is in it
-            restored = self._heal()
-        except Exception as e:  # noqa: BLE001 - any failure here ends the rank as a comm failure
-            self._rejoin_failed(f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:200]}")
+        tries = []  # the rendezvous voided by a failure during the recovery, and why
+        while True:
+            r = self._rejoin_wait(what if not tries else tries[-1])
+            t0 = t0 or time.monotonic()
+            _worker.trace_phase("py.rejoin")  # RK_TRACE_LAUNCH: the rejoin command is here
+            self._rejoining = True
+            watch = _Watch(self.w, self._rejoin_epoch, r["port"])
+            try:
+                self._rejoin_group(r["port"], backend, kw, watch.void)
+                _worker.trace_phase("py.grouped")  # the new group formed: the replacement is in it
+                restored = self._heal()
+                if restored:
+                    self._rejoin_sync()
+                break
+            except Exception as e:  # noqa: BLE001 - a peer failed during this rejoin: rk run's next
+                why = f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                self._say(f"{why}; waiting for rk run's next rejoin command")
+                tries.append(why)
+                e.__traceback__ = None
+                self._leave_group(e)
+            finally:
+                watch.close()
         if not restored:
             self._rejoin_failed(f"rejoin {r['epoch']}: the node's snapshot could not be restored on every rank")
-        try:
-            self._rejoin_sync()
-        except Exception as e:  # noqa: BLE001
-            self._rejoin_failed(f"rejoin {r['epoch']}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
         self._rejoining = False
         self._rejoin_reset()
         if mid:
@@ -361,8 +458,35 @@ class _InPlace:
         _worker.trace_phase("py.rejoined")
         how = (f"kept its state, the replacement took rank {self._healed}'s" if self._healed is not None
                else "restored from the node's snapshot")
-        self._say(f"rejoined in place (epoch {r['epoch']}, port {r['port']}) in {time.monotonic() - t0:.3f} s: "
+        again = f", after {len(tries)} void rendezvous" if tries else ""
+        self._say(f"rejoined in place (epoch {r['epoch']}, port {r['port']}{again}) in {time.monotonic() - t0:.3f} s: "
                   f"step {was} -> {self.step_no}, {how}")
+
+    def _rejoin_wait(self, after):
+        """Waits for a rejoin command newer than the last one joined (at most _REJOIN_WAIT_S;
+        exits as a communication failure without one): its arguments, its epoch taken."""
+        deadline = time.monotonic() + _REJOIN_WAIT_S
+        while True:
+            cmds = self.w.poll()
+            if "stop" in cmds:
+                self._stop_local = True
+            r = self.w.rejoin
+            if r is not None and r["epoch"] > self._rejoin_epoch:
+                break
+            if not self.w.alive() or time.monotonic() > deadline:
+                self._rejoin_failed(f"no rejoin command within {_REJOIN_WAIT_S:.0f} s after: {after}")
+            time.sleep(0.002)
+        self._rejoin_epoch = r["epoch"]
+        return r
+
+    def _ddp_args(self):
+        """(backend, DDP arguments) for the new group and DDP, from the old ones."""
+        ddp = self.model
+        kw = dict(device_ids=ddp.device_ids, output_device=ddp.output_device, dim=ddp.dim,
+                  broadcast_buffers=ddp.broadcast_buffers, bucket_cap_mb=ddp.bucket_bytes_cap / (1024 * 1024),
+                  find_unused_parameters=ddp.find_unused_parameters,
+                  gradient_as_bucket_view=ddp.gradient_as_bucket_view, static_graph=bool(ddp.static_graph))
+        return dist.get_backend(), kw
 
     def _leave_group(self, exc):
         """Drops every reference this process holds to the old group (the registry's, the
@@ -370,17 +494,12 @@ class _InPlace:
         traceback), so that gloo closes its connections at once: a peer blocked on this rank
         (with 3 or more ranks a ring neighbour, not the dead rank's) gets an error and rejoins
         too, instead of waiting in the old group while this rank waits for it in the new one.
-        Returns (backend, DDP arguments) for the new group and DDP."""
+        Also after a rejoin that failed part way (no group, or one not yet the DDP's)."""
         ddp = self.model
-        kw = dict(device_ids=ddp.device_ids, output_device=ddp.output_device, dim=ddp.dim,
-                  broadcast_buffers=ddp.broadcast_buffers, bucket_cap_mb=ddp.bucket_bytes_cap / (1024 * 1024),
-                  find_unused_parameters=ddp.find_unused_parameters,
-                  gradient_as_bucket_view=ddp.gradient_as_bucket_view, static_graph=bool(ddp.static_graph))
-        backend = dist.get_backend()
         try:  # the group's Python object: freed once dropped
             old = weakref.ref(dist.group.WORLD)
-        except TypeError:  # a backend's group without weak references: the full collection
-            old = lambda: True  # noqa: E731
+        except TypeError:  # none (a rendezvous that failed), or a group without weak references
+            old = (lambda: None) if dist.group.WORLD is None else (lambda: True)  # noqa: E731
         exc.__traceback__ = None
         self._broken = None
         self._pg = None
@@ -398,18 +517,37 @@ class _InPlace:
             gc.collect(1)
         if old() is not None:
             gc.collect()
-        return backend, kw
 
-    def _rejoin_group(self, port, backend, kw):
+    def _rejoin_group(self, port, backend, kw, void=None):
         """Joins the new group (MASTER_PORT `port`, the same rank and world) and makes the
         script's DDP object a new one on it: the constructor's collectives (parameter shapes,
         the module states' broadcast) are the replacement's, and its reducer rebuilds its
-        buckets when the replacement's does."""
+        buckets when the replacement's does. `void()`: the rendezvous is void (_Watch)."""
         ddp = self.model
         os.environ["MASTER_PORT"] = str(port)
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        # torch names the default group by a count of the groups made since the last
+        # destroy_process_group (the prefix of its keys in the store): one whose making failed
+        # (a void rendezvous) counted, and destroying nothing resets nothing; a replacement's
+        # is "0", so must this rank's be, or each waits for the other's keys forever
+        c10d = dist.distributed_c10d
+        if not dist.is_initialized() and getattr(c10d, "_group_count", 0) != 0:
+            c10d._group_count = 0
         if self.rank != 0:  # rank 0 makes the store: not a second lost to the client's retry
-            await_store(os.environ.get("MASTER_ADDR", "127.0.0.1"), port)
-        dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+            await_store(addr, port, void=void)
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world)
+        else:
+            # the store env:// makes, but not waiting for the other ranks in its constructor,
+            # which holds the GIL (torch 1.13) and so would keep _Watch from voiding a
+            # rendezvous a dead rank will never join: init_process_group's own wait for them
+            # (its store-based barrier, gloo's exchange of addresses) lets it run
+            store = dist.TCPStore(addr, int(port), self.world, True, default_pg_timeout,
+                                  wait_for_workers=False, multi_tenant=True)
+            dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=0,
+                                    world_size=self.world)
+            del store
+        if void is not None and void():  # formed, but a newer one is asked for
+            raise _Void(f"the rendezvous on port {port} is void: rk run started a newer one")
         # the constructor broadcasts rank 0's parameters and buffers: a replacement's initial
         # ones when rank 0 is the one replaced; this rank's own come back after (the heal sends
         # them to the replacement)
