@@ -258,6 +258,33 @@ int rk_train_judge_grads(const double *norms, int nranks, double ratio, int *tri
     return RK_OK;
 }
 
+/* A loss spike's check: this rank's forward of the step again (the same samples, dropout's
+ * seed, step and offset: the same masks), its loss compared bit for bit with the first one
+ * (`first`), and one all-reduce of whether any rank's differed. *same: 1 if every rank's was
+ * the same (the spike is the data), 0 if one differed (a transient fault: the step is redone).
+ * A forward changes no state the step keeps (the model has no running statistics; the
+ * gradients are reduced already). */
+static int forward_again(rk_model *m, int n, const float *xb, const uint8_t *yb, float *dlogits,
+                         int global, uint64_t seed, int64_t step, int offset, double first,
+                         rk_comm *comm, int nranks, int *same, rk_err *err)
+{
+    double again = 0.0;
+    int rc;
+    if (n > 0) {
+        const float *logits;
+        if ((rc = rk_model_forward(m, n, xb, 1, seed, (uint64_t)step, (uint64_t)offset, &logits,
+                                   err)) ||
+            (rc = m->be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &again, NULL,
+                                      err)))
+            return rc;
+    }
+    double differs = memcmp(&again, &first, sizeof again) != 0;
+    if (nranks > 1 && (rc = rk_comm_allreduce_sum_f64(comm, &differs, 1, err)))
+        return rc;
+    *same = differs == 0.0;
+    return RK_OK;
+}
+
 /* ---- the loop ----------------------------------------------------------------------------- */
 
 #define MAX_REDO 3 /* trips in a row at one step before a rollback */
@@ -306,7 +333,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
     int epoch = -1, redo = 0, spike_redone = 0, outlier_rank = -1;
     int64_t outlier_step = -1, rolled_for = -1; /* rolled_for: a rollback's failing step */
     double outlier_norm = 0.0;
-    double spike_loss = 0.0, t0 = 0.0, last_report = 0.0;
+    double spike_loss = 0.0, local_loss = 0.0, t0 = 0.0, last_report = 0.0;
     int64_t samples = 0, first = 0, in_epoch = 0;
     while (step < total_steps) {
         if (step / steps_per_epoch != epoch) { /* a new epoch (or back to an earlier one) */
@@ -360,6 +387,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
                 (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &loss, NULL,
                                        err)))
                 break;
+            local_loss = loss;
             if (c->scaler) /* the loss, and so every gradient, times the scale */
                 for (size_t i = 0; i < (size_t)n * RK_CLASSES; i++)
                     dlogits[i] *= c->scaler->scale;
@@ -368,6 +396,7 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
             loss_sum = loss * n;
         } else {
             memset(m->grad_block, 0, m->block_len * sizeof(float));
+            local_loss = 0.0;
         }
         tc = rk_mono_s() - tc;
         if (c->worker && (rc = rk_worker_grads(c->worker, step, err)))
@@ -486,17 +515,30 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         if (c->guard && !skip) {
             double z;
             if (rk_spike_test(&spike, loss, &z)) {
-                if (!spike_redone) { /* once: a transient fault goes away, data does not */
+                int same = 0;
+                /* a finite spike: first every rank's forward again (the step's loss is their
+                 * sum; a third of a step's work, no collective but one flag): the same bits on
+                 * every rank, the data; else the whole step is redone, as a NaN is */
+                if (!spike_redone && isfinite(loss) &&
+                    (rc = forward_again(m, n, xb, yb, dlogits, global, c->seed, step,
+                                        start + offset, local_loss, comm, nranks, &same, err)))
+                    break;
+                if (same)
+                    report(c, res, "spike_kept", "kept", step, -1, 0,
+                           "loss %.6g, robust z %.1f over the last %d steps; every rank's "
+                           "forward again gave the same bits: the data, not a fault",
+                           loss, z, c->spike_window);
+                else if (!spike_redone) { /* once: a transient fault goes away, data does not */
                     spike_redone = 1;
                     spike_loss = loss;
                     report(c, res, "loss_spike", "redo", step, -1, 1,
                            "loss %.6g, robust z %.1f over the last %d steps", loss, z,
                            c->spike_window);
                     continue;
-                }
-                report(c, res, "spike_kept", "kept", step, -1, 0,
-                       "loss %.6g again on the redo (%s): the data, not a fault", loss,
-                       loss == spike_loss ? "same bits" : "a different value");
+                } else
+                    report(c, res, "spike_kept", "kept", step, -1, 0,
+                           "loss %.6g again on the redo (%s): the data, not a fault", loss,
+                           loss == spike_loss ? "same bits" : "a different value");
             }
         }
         if (!skip && (rc = rk_optim_step(opt, m, c, lr_at(c, step, total_steps), err)))
