@@ -228,8 +228,13 @@ victim=$(rank_pid "$sp" 2 train_fashion_mnist.py) && kill -9 "$victim" &&
   ok "during: SIGKILL to rank 2 (pid $victim) during rank 1's replacement" || bad "during: no rank 2 to kill"
 wait "$sp"
 two_failures during $?
-n0=$(grep -c "^rekindle.torch: rank [03]: rejoined in place (epoch 2, port [0-9]*, after 1 void rendezvous)" "$work/during.log")
-[[ $n0 == 2 ]] && ok "during: ranks 0 and 3 left the void rendezvous and rejoined the next" \
-  || bad "during: $n0 of ranks 0 and 3 say so: $(grep -E 'rejoin|void' "$work/during.log" | head -8)"
+# (each its own line, not anchored: the ranks' stderr lines can come out joined; a survivor
+# that had not begun to join epoch 1 when epoch 2 came joins epoch 2 without a void one)
+n0=$(grep -oE "rekindle.torch: rank [03]: rejoined in place \(epoch 2, port [0-9]+(, after 1 void rendezvous)?\)" \
+  "$work/during.log" | sort -u | wc -l)
+nv=$(grep -oE "rekindle.torch: rank [03]: rejoined in place \(epoch 2, port [0-9]+, after 1 void rendezvous\)" \
+  "$work/during.log" | wc -l)
+[[ $n0 == 2 && $nv -ge 1 ]] && ok "during: ranks 0 and 3 rejoined epoch 2 ($nv of them after leaving the void epoch 1)" \
+  || bad "during: $n0 of ranks 0 and 3 rejoined epoch 2, $nv after a void one: $(grep -E 'rejoin|void' "$work/during.log" | tail -8)"
 
 it_finish

@@ -274,6 +274,14 @@ static int on_line(void *ctx, const char *line, size_t len)
     if (m.type == RK_HB_HELLO) {
         char why[160];
         int trusted = c->rank < 0 && hello_trusted(s, c, &m, why, sizeof why);
+        if (trusted && sup_inplace_stale(s, c, (int)m.rank)) {
+            c->st = SUP_CONN_IGNORED;
+            sup_note(s, c,
+                     "ignored a hello for rank %d from pid %ld: a replacement killed by order "
+                     "(a failure during its recovery), started again",
+                     m.rank, c->pid);
+            return 0;
+        }
         if (trusted && m.rank < s->n && claim_rank(s, c, &m))
             return REFUSE; /* a second process says it is this rank */
         if (c->rank >= 0 || m.rank >= s->n || m.world != s->n || sup_by_rank(s, m.rank)) {

@@ -14,6 +14,7 @@
 
 #include "base/phase.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,22 +53,6 @@ static int all_can_rejoin(sup *s)
             return 0;
     }
     return 1;
-}
-
-/* While replacing: 1 if rank q's failure can be recovered in place too: every rank neither
- * being replaced nor q said hello with "rejoin" and has not said bye, and there is one. */
-static int kept_can_rejoin(sup *s, int q)
-{
-    int kept = 0;
-    for (int r = 0; r < s->n; r++) {
-        if (r == q || s->ip_set[r])
-            continue;
-        const rk_sup_conn *c = sup_by_rank(s, r);
-        if (!s->rejoin[r] || !c || sup_conn_left(c))
-            return 0;
-        kept++;
-    }
-    return kept > 0;
 }
 
 /* A replacement's environment over the launch's: the epoch's rendezvous and the faults fired
@@ -120,44 +105,11 @@ static void give_up(sup *s, int rank)
     (void)rk_launch_respawn(&s->l, -1, NULL);
 }
 
-/* IP_READY -> IP_REPLACING, or IP_REPLACING again: rank r ended with status `code` (128 +
- * signal, or 3). */
-static void replace(sup *s, int r, int code)
+/* Rank r's connection and claim forgotten (a failure's, or a stale one of a replacement killed
+ * by order): the next process's hello claims the rank. */
+static void forget_rank(sup *s, int r)
 {
-    int again = s->ip_state == IP_REPLACING; /* the rendezvous under way is void */
     rk_sup_conn *c = sup_by_rank(s, r);
-    int64_t at = c ? c->done : s->last_done;
-    long pid = c ? c->pid : -1;
-    int hung = r == s->ip_hung;
-    const char *kind = hung ? "hang" : code >= 128 ? "crash" : "commfail";
-    char how[RK_HB_DETAIL_MAX + 128];
-    if (hung)
-        snprintf(how, sizeof how, "hung (%s), its stack dumped, killed", s->ip_hang);
-    else if (code >= 128)
-        snprintf(how, sizeof how, "died by signal %d", code - 128);
-    else
-        snprintf(how, sizeof how, "exited with status %d", code);
-    int epoch = ++s->ip_epoch;
-    int port = s->ip_port = rk_env_free_port();
-    char kept[256]; /* the ranks kept, with their pids as the kernel named them (SO_PEERCRED) */
-    size_t u = 0;
-    kept[0] = '\0';
-    for (int q = 0; q < s->n && u + 40 < sizeof kept; q++) {
-        const rk_sup_conn *k = q == r ? NULL : sup_by_rank(s, q);
-        if (k)
-            u += (size_t)snprintf(kept + u, sizeof kept - u, "%s%d (pid %ld)", u ? ", " : "", q,
-                                  k->pid);
-    }
-    rk_incident *i = rk_ledger_add(
-        &s->g, kind, r, sup_devname(s, r), "in_place",
-        "rank %d (device %s, pid %ld) %s at step %lld%s%s%s; replaced in place, ranks kept: %s "
-        "(rendezvous epoch %d, port %d)",
-        r, sup_devname(s, r), pid, how, (long long)at, s->exit_detail[0] ? ": " : "",
-        s->exit_detail, again ? " during the recovery of an earlier failure" : "", kept, epoch,
-        port);
-    if (s->seen.exit_kind == RK_SUP_KIND_NONE)
-        s->exit_detail[0] = '\0'; /* kept for this incident only (conns.c's on_exit_event) */
-    /* the old connection is gone: the replacement's hello claims the rank */
     if (c) {
         if (c->fd >= 0)
             close(c->fd);
@@ -179,6 +131,43 @@ static void replace(sup *s, int r, int code)
         s->exit_word[0] = s->exit_detail[0] = '\0';
         s->seen.exit_detail = NULL;
     }
+}
+
+/* Rank r ended with status `code` (128 + signal, or 3): its incident (of the rendezvous of
+ * s->ip_epoch, s->ip_port), its connection forgotten, its device counted; it joins ip_set. */
+static void fail_rank(sup *s, int r, int code, int again)
+{
+    rk_sup_conn *c = sup_by_rank(s, r);
+    int64_t at = c ? c->done : s->last_done;
+    long pid = c ? c->pid : -1;
+    int hung = r == s->ip_hung;
+    const char *kind = hung ? "hang" : code >= 128 ? "crash" : "commfail";
+    char how[RK_HB_DETAIL_MAX + 128];
+    if (hung)
+        snprintf(how, sizeof how, "hung (%s), its stack dumped, killed", s->ip_hang);
+    else if (code >= 128)
+        snprintf(how, sizeof how, "died by signal %d", code - 128);
+    else
+        snprintf(how, sizeof how, "exited with status %d", code);
+    char kept[256]; /* the ranks kept, with their pids as the kernel named them (SO_PEERCRED) */
+    size_t u = 0;
+    kept[0] = '\0';
+    for (int q = 0; q < s->n && u + 40 < sizeof kept; q++) {
+        const rk_sup_conn *k = q == r ? NULL : sup_by_rank(s, q);
+        if (k)
+            u += (size_t)snprintf(kept + u, sizeof kept - u, "%s%d (pid %ld)", u ? ", " : "", q,
+                                  k->pid);
+    }
+    rk_incident *i = rk_ledger_add(
+        &s->g, kind, r, sup_devname(s, r), "in_place",
+        "rank %d (device %s, %s %ld) %s at step %lld%s%s%s; replaced in place, ranks kept: %s "
+        "(rendezvous epoch %d, port %d)",
+        r, sup_devname(s, r), pid > 0 ? "pid" : "a replacement not rejoined yet, pid", pid, how,
+        (long long)at, s->exit_detail[0] ? ": " : "", s->exit_detail,
+        again ? " during the recovery of an earlier failure" : "", kept, s->ip_epoch, s->ip_port);
+    if (s->seen.exit_kind == RK_SUP_KIND_NONE)
+        s->exit_detail[0] = '\0'; /* kept for this incident only (conns.c's on_exit_event) */
+    forget_rank(s, r);  /* the old connection is gone: the replacement's hello claims the rank */
     s->start_step = -1; /* the replacement's hello says the step every rank restored */
     s->restore = RK_HB_RESTORE_UNSAID;
     s->restore_said = 0;
@@ -193,77 +182,136 @@ static void replace(sup *s, int r, int code)
     s->to_count[r]++; /* a failure of its device, counted by the loop (drain.c) */
     snprintf(s->count_kind[r], sizeof s->count_kind[r], "%s", kind);
     s->ip_set[r] = 1;
-    int nkill = 0;
-    if (again) /* a replacement that has not rejoined waits in a void rendezvous: the keeper
-                * kills it and reports its end (sup_inplace_tick starts it again, this epoch) */
-        for (int k = 0; k < s->n; k++)
-            if (k != r && s->ip_set[k] && !sup_by_rank(s, k) && !s->ip_killed[k] &&
-                rk_launch_respawn(&s->l, RK_LAUNCH_ORDER_KILL(k), NULL) == RK_OK) {
-                s->ip_killed[k] = 1;
-                nkill++;
-            }
-    char line[RK_HB_REJOIN_LINE_MAX];
-    size_t len;
-    if (rk_hb_rejoin_format(epoch, port, line, sizeof line, &len, NULL) == RK_OK)
-        for (int k = 0; k < s->nconn; k++)
-            if (s->c[k].fd >= 0 && s->c[k].st == SUP_CONN_RANK)
-                (void)send(s->c[k].fd, line, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    s->ip_state = IP_REPLACING;
-    if (s->ip_spare > 0)
-        s->ip_spare = 0; /* the keeper's spare (if it has one) becomes rank r */
-    s->ip_te = rk_ledger_now(&s->g);
-    if (!again) {
-        s->ip_rank = r;
-        s->ip_t = s->ip_te;
-    }
     s->g.in_place++;
     sup_say(s,
             "%s: rank %d %s at step %lld; replacing it in place (the other ranks rejoin: epoch "
             "%d, port %d)%s",
-            kind, r, how, (long long)at, epoch, port,
-            !again  ? ""
-            : nkill ? "; a recovery was under way: its replacements not rejoined yet start again"
-                    : "; a recovery was under way");
+            kind, r, how, (long long)at, s->ip_epoch, s->ip_port,
+            again ? "; a recovery was under way: it starts again with this rank" : "");
     rk_phase_mark("sup.inplace", s->launch_no, r); /* RK_TRACE_LAUNCH (base/phase.h) */
-    if (rk_launch_respawn(&s->l, r, order_env(s)) != RK_OK) {
-        sup_fail(s, "rank %d could not be started again in place", r);
-        give_up(s, r);
+}
+
+/* One recovery's rendezvous (IP_READY -> IP_REPLACING, or IP_REPLACING again): the ranks
+ * `failed` (nf of them, with their statuses) ended in this tick; `dead` marks every rank whose
+ * process is known ended and is to be started now (those, and replacements killed by order
+ * whose end the keeper reported). A new epoch and port; a replacement still waiting in a void
+ * rendezvous (in ip_set, no hello, alive) is killed by the keeper, and started again once its
+ * end is reported (sup_inplace_tick); every rank connected is told to rejoin; the dead ones
+ * are started (the first takes the keeper's warm spare, if it has one). */
+static void recover(sup *s, const int *failed, const int *codes, int nf, const unsigned char *dead)
+{
+    int again = s->ip_state == IP_REPLACING; /* the rendezvous under way is void */
+    s->ip_epoch++;
+    s->ip_port = rk_env_free_port();
+    for (int k = 0; k < nf; k++)
+        fail_rank(s, failed[k], codes[k], again || k > 0);
+    if (again) /* a replacement that has not rejoined waits in the void rendezvous */
+        for (int k = 0; k < s->n; k++)
+            if (s->ip_set[k] && !dead[k] && !sup_by_rank(s, k) && !s->ip_killed[k] &&
+                rk_launch_respawn(&s->l, RK_LAUNCH_ORDER_KILL(k), NULL) == RK_OK)
+                s->ip_killed[k] = 1;
+    char line[RK_HB_REJOIN_LINE_MAX];
+    size_t len;
+    if (rk_hb_rejoin_format(s->ip_epoch, s->ip_port, line, sizeof line, &len, NULL) == RK_OK)
+        for (int k = 0; k < s->nconn; k++)
+            if (s->c[k].fd >= 0 && s->c[k].st == SUP_CONN_RANK)
+                (void)send(s->c[k].fd, line, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    s->ip_state = IP_REPLACING;
+    s->ip_te = rk_ledger_now(&s->g);
+    if (!again) {
+        s->ip_rank = failed[0];
+        s->ip_t = s->ip_te;
     }
+    for (int r = 0; r < s->n; r++) {
+        if (!dead[r])
+            continue;
+        if (rk_launch_respawn(&s->l, r, order_env(s)) != RK_OK) {
+            sup_fail(s, "rank %d could not be started again in place", r);
+            give_up(s, r);
+            return;
+        }
+        if (s->ip_spare > 0)
+            s->ip_spare = 0; /* the keeper's spare (if it had one) became this rank */
+    }
+}
+
+/* While replacing, or about to: 1 if the ranks of `out` (and those of ip_set) may be replaced
+ * in place: every other rank said hello with "rejoin" and has not said bye, and one does. */
+static int others_can_rejoin(sup *s, const unsigned char *out)
+{
+    int kept = 0;
+    for (int r = 0; r < s->n; r++) {
+        if (out[r] || s->ip_set[r])
+            continue;
+        const rk_sup_conn *c = sup_by_rank(s, r);
+        if (!s->rejoin[r] || !c || sup_conn_left(c))
+            return 0;
+        kept++;
+    }
+    return kept > 0;
 }
 
 void sup_inplace_tick(sup *s)
 {
     if (!s->l.inplace)
         return;
-    int code, r;
+    /* every end the keeper reported, first: two ranks dying at one step are one recovery */
+    int failed[RK_SUP_MAX_DEVICES], codes[RK_SUP_MAX_DEVICES], nf = 0, ok = 1, blame = -1;
+    unsigned char dead[RK_SUP_MAX_DEVICES], out[RK_SUP_MAX_DEVICES];
+    memset(dead, 0, sizeof dead);
+    memset(out, 0, sizeof out);
+    int code, r, nkilled = 0;
     while ((r = rk_launch_failed(&s->l, &code)) >= 0) {
-        if (s->ip_state == IP_REPLACING && r < s->n && s->ip_killed[r]) {
-            /* killed by order (replace): started again in this epoch's rendezvous */
-            s->ip_killed[r] = 0;
-            if (rk_launch_respawn(&s->l, r, order_env(s)) != RK_OK) {
-                sup_fail(s, "rank %d could not be started again in place", r);
-                give_up(s, r);
-            }
+        if (r >= s->n || r >= RK_SUP_MAX_DEVICES) {
+            ok = 0;
+            blame = blame < 0 ? r : blame;
             continue;
         }
-        int ok = !sup_failing(s) && !sup_stop_sent(s) && r < s->n &&
-                 (code >= 128 || code == RK_EXIT_COMM) &&
-                 (s->ip_state == IP_READY       ? all_can_rejoin(s)
-                  : s->ip_state == IP_REPLACING ? kept_can_rejoin(s, r)
-                                                : 0);
-        if (ok && rk_sup_would_quarantine(&s->devs[s->dev[r]], s->o->failure_threshold)) {
+        if (s->ip_state == IP_REPLACING && s->ip_killed[r]) {
+            /* killed by order (recover): started again in the rendezvous now asked for */
+            s->ip_killed[r] = 0;
+            forget_rank(s, r); /* a hello it sent before it died claims nothing */
+            dead[r] = 1;
+            nkilled++;
+            continue;
+        }
+        if (dead[r]) /* (cannot be: one end a process) */
+            continue;
+        int may = !sup_failing(s) && !sup_stop_sent(s) && (code >= 128 || code == RK_EXIT_COMM) &&
+                  (s->ip_state == IP_READY || s->ip_state == IP_REPLACING) &&
+                  (s->ip_state != IP_READY || all_can_rejoin(s));
+        if (may && rk_sup_would_quarantine(&s->devs[s->dev[r]], s->o->failure_threshold)) {
             /* this failure sets its device aside: the job is relaunched on the devices left,
              * as without recovery in place, rather than replaced and then stopped to shrink */
             sup_say(s,
                     "rank %d's device %s reaches its failure threshold (%d) with this "
                     "failure: not replaced in place; the job goes on without it",
                     r, sup_devname(s, r), s->o->failure_threshold);
-            ok = 0;
+            may = 0;
         }
-        if (ok)
-            replace(s, r, code);
+        if (!may) {
+            ok = 0;
+            blame = blame < 0 ? r : blame;
+            continue;
+        }
+        failed[nf] = r;
+        codes[nf++] = code;
+        dead[r] = out[r] = 1;
+    }
+    if (!ok || (nf > 0 && !others_can_rejoin(s, out)))
+        give_up(s, blame >= 0 ? blame : failed[0]); /* the keeper waits for a word: this one */
+    else if (nf > 0)
+        recover(s, failed, codes, nf, dead);
+    else if (nkilled > 0 && s->ip_state == IP_REPLACING) {
+        if (sup_failing(s) || sup_stop_sent(s))
+            give_up(s, s->ip_rank);
         else
-            give_up(s, r);
+            for (r = 0; r < s->n; r++)
+                if (dead[r] && rk_launch_respawn(&s->l, r, order_env(s)) != RK_OK) {
+                    sup_fail(s, "rank %d could not be started again in place", r);
+                    give_up(s, r);
+                    break;
+                }
     }
     double now = rk_ledger_now(&s->g);
     for (int q = 0; q < s->n && s->ip_state != IP_OFF; q++)
@@ -283,6 +331,16 @@ void sup_inplace_tick(sup *s)
                  s->o->startup_timeout_s);
         give_up(s, s->ip_rank);
     }
+}
+
+int sup_inplace_stale(const sup *s, const rk_sup_conn *c, int rank)
+{
+    if (s->ip_state != IP_REPLACING || rank < 0 || rank >= s->n || !s->ip_set[rank])
+        return 0;
+    if (s->ip_killed[rank])
+        return 1; /* its process was ordered killed: a hello for the rank now is that one's */
+    /* its end already reported, its hello read after: the process is gone */
+    return c->pid > 0 && kill((pid_t)c->pid, 0) != 0 && errno == ESRCH;
 }
 
 int sup_inplace_hang(sup *s, int rank, const char *detail)

@@ -194,8 +194,10 @@ typedef struct sup {
      *     IP_READY   -> IP_REPLACING  sup_inplace_tick: the keeper said rank ip_rank died;
      *                                 the survivors told to rejoin, the keeper to start it again
      *     IP_REPLACING -> IP_REPLACING sup_inplace_tick: another rank failed (a survivor, or a
-     *                                 replacement): a new epoch, every rank of ip_set started
-     *                                 again (docs/recovery.md "A failure during a recovery")
+     *                                 replacement): a new epoch, the failed ranks started
+     *                                 again, and those of ip_set that had not rejoined (killed
+     *                                 by order first; docs/recovery.md "A failure during a
+     *                                 recovery")
      *     IP_REPLACING -> IP_READY    sup_inplace_step (conns.c: a step once every rank said
      *                                 hello): every rank is stepping again
      *     any        -> IP_OFF        sup_inplace_tick: a failure it does not replace (the
@@ -325,6 +327,9 @@ void sup_inplace_tick(sup *s);
 /* 1 if a rank's connection that closed, or its exit event, waits for the keeper's word
  * (the rank may be replaced in place) instead of failing the launch now. */
 int sup_inplace_may(const sup *s, int rank);
+/* 1 if a hello for `rank` on connection c is a stale one while replacing: from a replacement
+ * killed by order (its recovery started again), or from a process already gone. */
+int sup_inplace_stale(const sup *s, const rk_sup_conn *c, int rank);
 /* watch.c: rank `rank` alone made no progress (`detail` says so; its stacks dumped): SIGKILL
  * to its process (the pid its trusted hello named, by the kernel's word), to be replaced when
  * the keeper sees it end. 0 if it cannot be (then the launch fails as without). */

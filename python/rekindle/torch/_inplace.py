@@ -63,12 +63,15 @@ _EPOCH_ENV = "RK_REJOIN_EPOCH"  # set for a replacement: the epoch of the group 
 def await_store(addr, port, wait_s=_REJOIN_WAIT_S, void=None):
     """Returns once rank 0's store of a new rendezvous accepts connections on addr:port (a
     probe connection, closed at once; the store counts only clients that say so), or after
-    wait_s, or once `void()` says the rendezvous is void. A rank other than 0 joins a new
-    group while rank 0 is still making it: torch's store client retries a refused connection
-    only after a second (torch 1.13: 0.95 s lost when it came 50 ms early), which was most of
-    a replacement's time in place."""
+    wait_s; with `void`, not before the store accepts, however long rank 0 (a replacement that
+    starts cold on a busy host) takes, unless `void()` says the rendezvous is void (_Void): a
+    survivor must not go on to torch's store client, whose retries of a refused connection
+    hold the GIL for its whole timeout where _Watch cannot end them. A rank other than 0 joins
+    a new group while rank 0 is still making it: torch's store client retries a refused
+    connection only after a second (torch 1.13: 0.95 s lost when it came 50 ms early), which
+    was most of a replacement's time in place."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    while void is not None or time.monotonic() < deadline:
         if void is not None and void():
             raise _Void(f"the rendezvous on port {port} is void: rk run started a newer one")
         try:
@@ -164,10 +167,13 @@ class _Watch:
 
     def _run(self):
         while not self._done.wait(0.005):
-            if not self._void and self._newer():
-                self._void = True
-            if self._void:  # again while the main thread is in it: a store client made later
-                _shut_store(self._port)
+            try:
+                if not self._void and self._newer():
+                    self._void = True
+                if self._void:  # again while the main thread is in it: a store client made later
+                    _shut_store(self._port)
+            except Exception:  # noqa: BLE001 - the watch goes on (an unreadable /proc entry)
+                pass
 
     def close(self):
         self._done.set()
@@ -439,12 +445,16 @@ class _InPlace:
                 if restored:
                     self._rejoin_sync()
                 break
-            except Exception as e:  # noqa: BLE001 - a peer failed during this rejoin: rk run's next
+            except (RuntimeError, OSError) as e:  # a peer failed during this rejoin (gloo's, the
+                # store's errors; _Void): rk run's next command has the rendezvous to join
                 why = f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
                 self._say(f"{why}; waiting for rk run's next rejoin command")
                 tries.append(why)
                 e.__traceback__ = None
                 self._leave_group(e)
+            except Exception as e:  # noqa: BLE001 - this rank's own: it ends as a comm failure
+                self._rejoin_failed(f"rejoin {r['epoch']} on port {r['port']}: {type(e).__name__}: "
+                                    f"{' '.join(str(e).split())[:200]}")
             finally:
                 watch.close()
         if not restored:
@@ -553,9 +563,11 @@ class _InPlace:
         # them to the replacement)
         with torch.no_grad():
             held = [t.detach().clone() for t in self.module.state_dict().values()]
-            new = _DDP(self.module, **kw)
-            for t, h in zip(self.module.state_dict().values(), held):
-                t.copy_(h)
+            try:
+                new = _DDP(self.module, **kw)
+            finally:  # also when the broadcast failed part way: no bucket of it stays
+                for t, h in zip(self.module.state_dict().values(), held):
+                    t.copy_(h)
         del held
         hooks = {k: v for k, v in ddp.__dict__.items() if k.endswith("hooks")}
         ddp.__dict__.update({k: v for k, v in new.__dict__.items() if not k.endswith("hooks")})
