@@ -9,8 +9,9 @@
 # at most the step in flight lost (the hang's with its stack dump), and rk run relaunched nothing; each replacement was the
 # warm spare. Then 4 ranks through a crash, a communication failure and a hang of three
 # different ranks: the 4-rank fault-free parameters, three in_place incidents, the spare each time.
-# And two failures at once (ranks 1 and 2 crashing at one step), and a rank SIGKILLed while
-# another's replacement starts: both replaced in place, the 4-rank fault-free parameters.
+# And two failures at once (ranks 1 and 2 crashing at one step), a rank SIGKILLed while
+# another's replacement starts, and a replacement crashing at its first step: each replaced in
+# place, the 4-rank fault-free parameters.
 # And a failure that reaches its device's --failure-threshold is not replaced in place: the
 # job is relaunched without the device. And with K timed at run time, a rank replaced after
 # every original rank was (its survivor itself a replacement) takes the survivors' K; there
@@ -236,5 +237,26 @@ nv=$(grep -oE "rekindle.torch: rank [03]: rejoined in place \(epoch 2, port [0-9
   "$work/during.log" | wc -l)
 [[ $n0 == 2 && $nv -ge 1 ]] && ok "during: ranks 0 and 3 rejoined epoch 2 ($nv of them after leaving the void epoch 1)" \
   || bad "during: $n0 of ranks 0 and 3 rejoined epoch 2, $nv after a void one: $(grep -E 'rejoin|void' "$work/during.log" | tail -8)"
+
+# rank 1's replacement crashes at its first step (the spec twice: the second is the
+# replacement's to fire), while the survivors are in their first backward on the new group:
+# with 3 or more ranks its reduction is deferred to the backward's end (_reduce_deferred),
+# whose collectives raised out of the script's backward; the survivors ended as communication
+# failures 10 s later and the job was relaunched (bench/RESULTS.md, a cascade of 22 s)
+sup first "$n" --recovery inplace --inject "crash@step=20:rank=1,crash@step=20:rank=1"
+st=$?
+[[ $st == 0 ]] && ok "first: the job finishes" || bad "first: exit $st: $(tail -8 "$work/first.log")"
+h=$(json first.json hash 2>/dev/null)
+[[ -n $h && $h == "$ref4" ]] && ok "first: parameters hash $h equals the fault-free run's" \
+  || bad "first: parameters hash '$h' differs from the fault-free $ref4"
+grep -q "0 restarts" "$work/first.log" && ok "first: no relaunch" || bad "first: a relaunch: $(grep restart "$work/first.log")"
+it_count "$py" - "$work/first.events" <<'PY'
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+inc = [(e["kind"], e["rank"], e["action"]) for e in ev
+       if e["kind"] not in ("inject", "snapshot_on", "snapshot_peak", "snapshot_held")]
+ok = inc == [("crash", 1, "in_place"), ("crash", 1, "in_place")]
+print(("ok - " if ok else "FAIL - ") + f"first: two in-place crashes of rank 1 and nothing else (no commfail): {inc}")
+PY
 
 it_finish

@@ -898,13 +898,22 @@ class Job(_Checkpoints, _Memory, _InPlace):
         recorded initial layout, or in DDP's rebuilt one, which DDP is made to build now from
         that backward's ready order (rank 0's, broadcast)."""
         kind, self._deferred = self._deferred, None
-        if kind == "initial":
-            reduce_in(self, self._layouts["initial"])
-        elif kind == "rebuilt":
-            reducer = self.model.reducer
-            reducer._rebuild_buckets()
-            self._rebuilt = True
-            reduce_in(self, [b.parameters() for b in reducer._get_zeros_like_grad_buckets()])
+        try:
+            if kind == "initial":
+                reduce_in(self, self._layouts["initial"])
+            elif kind == "rebuilt":
+                reducer = self.model.reducer
+                reducer._rebuild_buckets()  # a broadcast of rank 0's bucket order
+                self._rebuilt = True
+                reduce_in(self, [b.parameters() for b in reducer._get_zeros_like_grad_buckets()])
+        except RuntimeError as e:
+            # a peer died in these collectives (the first backward after a resume or a
+            # rejoin): under recovery in place the step's error, as the hook's (job.step()
+            # rejoins); it raised out of the script's backward, and the rank ended as a
+            # communication failure 10 s later (bench/RESULTS.md, a cascade of 22 s)
+            if not getattr(self, "_rejoin_ok", False):
+                raise
+            self._broken = e
         return None
 
     # ----------------------------------------------------------------- collectives
