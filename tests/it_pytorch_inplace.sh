@@ -164,13 +164,18 @@ n=4
 if sup ref4 "$n" --recovery disk; then ok "4 ranks: fault-free run finishes"
 else bad "4 ranks: fault-free run: exit $?: $(tail -5 "$work/ref4.log")"; it_finish; exit; fi
 ref4=$(json ref4.json hash)
+# finished4 NAME STATUS LABEL: run NAME (4 ranks) exited 0 with the 4-rank fault-free
+# parameters and relaunched nothing
+finished4() {
+  local name=$1 st=$2 label=$3 h
+  [[ $st == 0 ]] && ok "$label: the job with its faults finishes" || bad "$label: exit $st: $(tail -8 "$work/$name.log")"
+  h=$(json "$name.json" hash 2>/dev/null)
+  [[ -n $h && $h == "$ref4" ]] && ok "$label: parameters hash $h equals the fault-free run's" \
+    || bad "$label: parameters hash '$h' differs from the fault-free $ref4"
+  grep -q "0 restarts" "$work/$name.log" && ok "$label: no relaunch" || bad "$label: a relaunch: $(grep restart "$work/$name.log")"
+}
 sup in4 "$n" --recovery inplace --inject "crash@step=10:rank=2,commfail@step=22:rank=3,hang@step=34:rank=1"
-st=$?
-[[ $st == 0 ]] && ok "4 ranks: the job with its faults finishes" || bad "4 ranks: exit $st: $(tail -8 "$work/in4.log")"
-h=$(json in4.json hash 2>/dev/null)
-[[ -n $h && $h == "$ref4" ]] && ok "4 ranks: parameters hash $h equals the fault-free run's" \
-  || bad "4 ranks: parameters hash '$h' differs from the fault-free $ref4"
-grep -q "0 restarts" "$work/in4.log" && ok "4 ranks: no relaunch" || bad "4 ranks: a relaunch: $(grep restart "$work/in4.log")"
+finished4 in4 $? "4 ranks"
 spares=$(sed -n 's/^rekindle: warm spare (pid [0-9]*, warmed in [0-9.]* s, the script run [0-9.]* s ahead to its read of RANK) is rank \([0-9]\)$/\1/p' "$work/in4.log" | tr '\n' ' ')
 [[ $spares == "2 3 1 " ]] && ok "4 ranks: the warm spare became ranks 2, 3, 1 in turn" ||
   bad "4 ranks: the warm spare became ranks '$spares' (want 2 3 1)"
@@ -191,12 +196,8 @@ PY
 # two_failures NAME: the job finishes with the 4-rank fault-free parameters, without a relaunch,
 # each failure an in_place incident of its rank, the later one "during the recovery"
 two_failures() {
-  local name=$1 st=$2 h
-  [[ $st == 0 ]] && ok "$name: the job finishes" || bad "$name: exit $st: $(tail -8 "$work/$name.log")"
-  h=$(json "$name.json" hash 2>/dev/null)
-  [[ -n $h && $h == "$ref4" ]] && ok "$name: parameters hash $h equals the fault-free run's" \
-    || bad "$name: parameters hash '$h' differs from the fault-free $ref4"
-  grep -q "0 restarts" "$work/$name.log" && ok "$name: no relaunch" || bad "$name: a relaunch: $(grep restart "$work/$name.log")"
+  local name=$1
+  finished4 "$name" "$2" "$name"
   it_count "$py" - "$work/$name.events" "$name" <<'PY'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
@@ -244,12 +245,7 @@ nv=$(grep -oE "rekindle.torch: rank [03]: rejoined in place \(epoch 2, port [0-9
 # whose collectives raised out of the script's backward; the survivors ended as communication
 # failures 10 s later and the job was relaunched (bench/RESULTS.md, a cascade of 22 s)
 sup first "$n" --recovery inplace --inject "crash@step=20:rank=1,crash@step=20:rank=1"
-st=$?
-[[ $st == 0 ]] && ok "first: the job finishes" || bad "first: exit $st: $(tail -8 "$work/first.log")"
-h=$(json first.json hash 2>/dev/null)
-[[ -n $h && $h == "$ref4" ]] && ok "first: parameters hash $h equals the fault-free run's" \
-  || bad "first: parameters hash '$h' differs from the fault-free $ref4"
-grep -q "0 restarts" "$work/first.log" && ok "first: no relaunch" || bad "first: a relaunch: $(grep restart "$work/first.log")"
+finished4 first $? first
 it_count "$py" - "$work/first.events" <<'PY'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]

@@ -264,20 +264,27 @@ int rk_train_judge_grads(const double *norms, int nranks, double ratio, int *tri
  * the same (the spike is the data), 0 if one differed (a transient fault: the step is redone).
  * A forward changes no state the step keeps (the model has no running statistics; the
  * gradients are reduced already). */
+/* The training forward of this rank's n samples of step `step` (dropout's masks from seed,
+ * step and offset) and its share of the global batch's loss into *loss, dlogits its gradient. */
+static int forward_loss(rk_model *m, int n, const float *xb, const uint8_t *yb, float *dlogits,
+                        int global, uint64_t seed, int64_t step, int offset, double *loss,
+                        rk_err *err)
+{
+    const float *logits;
+    int rc = rk_model_forward(m, n, xb, 1, seed, (uint64_t)step, (uint64_t)offset, &logits, err);
+    return rc ? rc
+              : m->be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, loss, NULL, err);
+}
+
 static int forward_again(rk_model *m, int n, const float *xb, const uint8_t *yb, float *dlogits,
                          int global, uint64_t seed, int64_t step, int offset, double first,
                          rk_comm *comm, int nranks, int *same, rk_err *err)
 {
     double again = 0.0;
     int rc;
-    if (n > 0) {
-        const float *logits;
-        if ((rc = rk_model_forward(m, n, xb, 1, seed, (uint64_t)step, (uint64_t)offset, &logits,
-                                   err)) ||
-            (rc = m->be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &again, NULL,
-                                      err)))
-            return rc;
-    }
+    if (n > 0 &&
+        (rc = forward_loss(m, n, xb, yb, dlogits, global, seed, step, offset, &again, err)))
+        return rc;
     double differs = memcmp(&again, &first, sizeof again) != 0;
     if (nranks > 1 && (rc = rk_comm_allreduce_sum_f64(comm, &differs, 1, err)))
         return rc;
@@ -381,11 +388,8 @@ int rk_train(rk_model *m, rk_optim *opt, const rk_dataset *train, const rk_datas
         }
         double loss = 0.0, loss_sum = 0.0, tc = rk_mono_s();
         if (n > 0) {
-            const float *logits;
-            if ((rc = rk_model_forward(m, n, xb, 1, c->seed, (uint64_t)step,
-                                       (uint64_t)(start + offset), &logits, err)) ||
-                (rc = be->softmax_xent(n, RK_CLASSES, logits, yb, dlogits, global, &loss, NULL,
-                                       err)))
+            if ((rc = forward_loss(m, n, xb, yb, dlogits, global, c->seed, step, start + offset,
+                                   &loss, err)))
                 break;
             local_loss = loss;
             if (c->scaler) /* the loss, and so every gradient, times the scale */
