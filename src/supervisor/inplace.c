@@ -42,17 +42,28 @@ void sup_inplace_reset(sup *s)
         s->lost_t[r] = 0;
 }
 
-/* 1 if every rank of the launch said hello with "rejoin" and none said bye. */
-static int all_can_rejoin(sup *s)
+/* While replacing, or about to: 1 if the ranks of `out` (and those of ip_set) may be replaced
+ * in place: every other rank said hello with "rejoin" and has not said bye, and one does. */
+static int others_can_rejoin(sup *s, const unsigned char *out)
 {
-    if (sup_hellos(s) < s->n)
-        return 0;
+    int kept = 0;
     for (int r = 0; r < s->n; r++) {
+        if (out[r] || s->ip_set[r])
+            continue;
         const rk_sup_conn *c = sup_by_rank(s, r);
         if (!s->rejoin[r] || !c || sup_conn_left(c))
             return 0;
+        kept++;
     }
-    return 1;
+    return kept > 0;
+}
+
+/* IP_READY (ip_set empty): 1 if every rank of the launch said hello with "rejoin" and none
+ * said bye. */
+static int all_can_rejoin(sup *s)
+{
+    static const unsigned char none[RK_SUP_MAX_DEVICES];
+    return s->ip_state == IP_READY && sup_hellos(s) >= s->n && others_can_rejoin(s, none);
 }
 
 /* A replacement's environment over the launch's: the epoch's rendezvous and the faults fired
@@ -233,22 +244,6 @@ static void recover(sup *s, const int *failed, const int *codes, int nf, const u
         if (s->ip_spare > 0)
             s->ip_spare = 0; /* the keeper's spare (if it had one) became this rank */
     }
-}
-
-/* While replacing, or about to: 1 if the ranks of `out` (and those of ip_set) may be replaced
- * in place: every other rank said hello with "rejoin" and has not said bye, and one does. */
-static int others_can_rejoin(sup *s, const unsigned char *out)
-{
-    int kept = 0;
-    for (int r = 0; r < s->n; r++) {
-        if (out[r] || s->ip_set[r])
-            continue;
-        const rk_sup_conn *c = sup_by_rank(s, r);
-        if (!s->rejoin[r] || !c || sup_conn_left(c))
-            return 0;
-        kept++;
-    }
-    return kept > 0;
 }
 
 void sup_inplace_tick(sup *s)
